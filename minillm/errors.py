@@ -1,0 +1,32 @@
+"""One family of errors. Every message names the file or value at fault and what to do about it.
+
+The CLI catches `MiniLLMError` and prints its message on one line; anything else is a bug.
+"""
+
+
+class MiniLLMError(Exception):
+    """Base of every error minillm raises on purpose (bad input, missing file, ...)."""
+
+
+class WeightsError(MiniLLMError):
+    """A checkpoint that cannot be read or does not fit its config."""
+
+
+class SafetensorsError(WeightsError):
+    """A .safetensors file that is damaged or not in the format."""
+
+
+class ModelNotFoundError(MiniLLMError):
+    """An unknown model name, or a known one that has not been downloaded."""
+
+
+class PromptError(MiniLLMError):
+    """An empty prompt, token ids outside the vocabulary, or a sequence longer than the context."""
+
+
+class ConfigError(MiniLLMError):
+    """A config.json that is missing fields or has impossible values."""
+
+
+class DownloadError(MiniLLMError):
+    """A download that failed or did not verify."""
