@@ -1,0 +1,23 @@
+"""minillm: a from-scratch GPT-2 in pure NumPy that shows where inference time goes.
+
+    import minillm
+    model = minillm.load()                       # the bundled Shakespeare model
+    enc = minillm.tokenizer()
+    ids = enc.encode("ROMEO:")
+    with minillm.Meter() as m:
+        new = minillm.generate(model, ids, 20)   # prefill + 19 cached decode steps
+    print(enc.decode(new), m.steps[1].intensity)
+"""
+
+from .config import GPT2Config
+from .errors import MiniLLMError, PromptError, WeightsError
+from .generate import generate, sample
+from .kvcache import KVCache
+from .load import load
+from .meter import Meter
+from .model import GPT2
+from .tokenizer import tokenizer
+
+__all__ = ["GPT2", "GPT2Config", "KVCache", "Meter", "MiniLLMError", "PromptError", "WeightsError",
+           "generate", "load", "sample", "tokenizer"]
+__version__ = "0.1.0"

@@ -1,0 +1,167 @@
+"""Checkpoints: read and write the Hugging Face GPT-2 layout, and build GPT-2-shaped random weights.
+
+A checkpoint is a directory with `model.safetensors` + `config.json`, or a lone `.safetensors` file
+(the config is then read from the file's metadata, or inferred from the tensor shapes). Names are
+accepted with or without the `transformer.` prefix, with or without the `h.{i}.attn.bias` causal-mask
+buffers, with or without a tied `lm_head.weight`; float16 and bfloat16 load as float32.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .config import GPT2Config
+from .errors import ConfigError, WeightsError
+from .safetensors import read_safetensors, write_safetensors
+
+BLOCK_TENSORS = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
+
+
+def expected_shapes(c: GPT2Config) -> dict[str, tuple[int, ...]]:
+    """Every tensor a GPT-2 checkpoint holds, with its shape ([in, out] for the linear layers)."""
+    d = c.n_embd
+    shapes = {"wte.weight": (c.vocab_size, d), "wpe.weight": (c.n_ctx, d)}
+    for i in range(c.n_layer):
+        h = f"h.{i}."
+        shapes |= {
+            h + "ln_1.weight": (d,), h + "ln_1.bias": (d,),
+            h + "attn.c_attn.weight": (d, 3 * d), h + "attn.c_attn.bias": (3 * d,),
+            h + "attn.c_proj.weight": (d, d), h + "attn.c_proj.bias": (d,),
+            h + "ln_2.weight": (d,), h + "ln_2.bias": (d,),
+            h + "mlp.c_fc.weight": (d, 4 * d), h + "mlp.c_fc.bias": (4 * d,),
+            h + "mlp.c_proj.weight": (4 * d, d), h + "mlp.c_proj.bias": (d,),
+        }
+    shapes |= {"ln_f.weight": (d,), "ln_f.bias": (d,)}
+    return shapes
+
+
+_MASK_BUFFER = re.compile(r"h\.\d+\.attn\.(masked_)?bias$")
+
+
+def canonical_names(tensors: dict[str, np.ndarray], path: Path) -> dict[str, np.ndarray]:
+    """Drop the `transformer.` prefix and the mask buffers; check a tied `lm_head.weight` is wte."""
+    out: dict[str, np.ndarray] = {}
+    lm_head = None
+    for name, t in tensors.items():
+        name = name.removeprefix("transformer.")
+        if _MASK_BUFFER.match(name):
+            continue                     # the causal mask is a constant, not a parameter
+        if name == "lm_head.weight":
+            lm_head = t
+            continue
+        out[name] = t
+    if lm_head is not None and "wte.weight" in out:
+        wte = out["wte.weight"]
+        if lm_head.shape != wte.shape or not np.array_equal(lm_head, wte):
+            raise WeightsError(f"{path}: lm_head.weight differs from wte.weight; minillm implements GPT-2's tied LM head")
+    return out
+
+
+def infer_config(tensors: dict[str, np.ndarray], metadata: dict, path: Path) -> GPT2Config:
+    """The config of a lone .safetensors file: from its metadata if minillm wrote it, else from shapes."""
+    if "config" in metadata:
+        try:
+            return GPT2Config.from_hf(json.loads(metadata["config"]), f"{path} (metadata)")
+        except json.JSONDecodeError:
+            pass
+    if "wte.weight" not in tensors or "wpe.weight" not in tensors:
+        raise WeightsError(f"{path}: no wte.weight/wpe.weight tensors; is this a GPT-2 checkpoint?")
+    V, d = tensors["wte.weight"].shape
+    n_ctx = tensors["wpe.weight"].shape[0]
+    layers = {int(m.group(1)) for k in tensors if (m := re.match(r"h\.(\d+)\.", k))}
+    if d % 64:
+        raise WeightsError(
+            f"{path}: cannot infer the number of heads for width {d} (GPT-2 uses 64 per head); "
+            "put a config.json beside it and load the directory"
+        )
+    return GPT2Config(n_layer=len(layers), n_head=d // 64, n_embd=d, n_ctx=n_ctx, vocab_size=V)
+
+
+def read_config(path: Path) -> GPT2Config:
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise WeightsError(f"{path}: not found; a checkpoint directory needs config.json beside model.safetensors") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid JSON ({e}); re-download or re-save the checkpoint") from None
+    return GPT2Config.from_hf(cfg, str(path))
+
+
+def load_checkpoint(source: str | os.PathLike, dtype=np.float32) -> tuple[GPT2Config, dict[str, np.ndarray]]:
+    """Read a checkpoint directory or .safetensors file -> (config, params in `dtype`, canonical names)."""
+    path = Path(source)
+    if path.is_dir():
+        file, config = path / "model.safetensors", None
+        if not file.is_file():
+            raise WeightsError(f"{path}: no model.safetensors in this directory; is it a Hugging Face GPT-2 checkpoint?")
+        config = read_config(path / "config.json")
+    elif path.is_file():
+        file, config = path, None
+    else:
+        raise WeightsError(f"{path}: no such file or directory")
+    raw, metadata = read_safetensors(file)
+    tensors = canonical_names(raw, file)
+    if config is None:
+        config = infer_config(tensors, metadata, file)
+    want = expected_shapes(config)
+    for name, shape in want.items():
+        if name not in tensors:
+            raise WeightsError(f"{file}: tensor {name} is missing (expected shape {list(shape)}); is the file complete?")
+        if tuple(tensors[name].shape) != shape:
+            raise WeightsError(
+                f"{file}: tensor {name} has shape {list(tensors[name].shape)} but the config "
+                f"({config.n_layer} layers, width {config.n_embd}, vocab {config.vocab_size}, context {config.n_ctx}) "
+                f"needs {list(shape)}"
+            )
+    extra = sorted(set(tensors) - set(want))
+    if extra:
+        raise WeightsError(f"{file}: unexpected tensor {extra[0]} (and {len(extra) - 1} more) for a {config.n_layer}-layer GPT-2")
+    params = {name: np.array(tensors[name], dtype=dtype, copy=True) for name in want}  # off the mmap, into RAM
+    return config, params
+
+
+def random_params(config: GPT2Config, seed: int = 0, std: float = 0.02, dtype=np.float32) -> dict[str, np.ndarray]:
+    """GPT-2-shaped random weights: normal(0, std) matrices, zero biases, unit layer-norm gains. Seeded."""
+    rng = np.random.default_rng(seed)
+    params = {}
+    for name, shape in expected_shapes(config).items():
+        if name.endswith(".bias"):
+            params[name] = np.zeros(shape, dtype=dtype)
+        elif ".ln_" in name or name.startswith("ln_"):
+            params[name] = np.ones(shape, dtype=dtype)
+        else:
+            w = rng.standard_normal(shape, dtype=np.float32)
+            w *= std
+            params[name] = w.astype(dtype, copy=False)
+    return params
+
+
+def save_checkpoint(directory: str | os.PathLike, params: dict[str, np.ndarray], config: GPT2Config,
+                    dtype="float32", metadata: dict[str, str] | None = None) -> Path:
+    """Write `model.safetensors` + `config.json` in the Hugging Face layout, each atomically
+    (a temporary file, then a rename): an interrupted save never leaves a half-written file."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    want = expected_shapes(config)
+    missing = [n for n in want if n not in params]
+    if missing:
+        raise WeightsError(f"cannot save: tensor {missing[0]} is missing from the parameters")
+    tensors = {n: np.ascontiguousarray(params[n], dtype=np.dtype(dtype)) for n in want}
+    meta = {"format": "pt", "config": json.dumps(config.to_hf())} | (metadata or {})
+    write_safetensors(directory / "model.safetensors", tensors, meta)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".config.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(config.to_hf(), f, indent=2)
+            f.write("\n")
+        os.replace(tmp, directory / "config.json")
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return directory

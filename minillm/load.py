@@ -1,0 +1,78 @@
+"""`minillm.load(source)`: one function that finds and builds a model from any of its sources."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import load_checkpoint, random_params
+from .config import PRESETS, GPT2Config
+from .errors import ModelNotFoundError
+from .model import GPT2
+from .paths import package_weights_dir
+
+RANDOM_SEED = 1234
+DOWNLOADABLE = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+# A small random model for when no bundled model is installed, and for quick tests.
+TINY = GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=256, vocab_size=50257)
+
+
+def model_names() -> list[str]:
+    return ["default (the bundled model)", *(f"random-{k}" for k in PRESETS), "random-tiny", *DOWNLOADABLE]
+
+
+def bundled_dir() -> Path:
+    return package_weights_dir()
+
+
+def has_bundled() -> bool:
+    return (bundled_dir() / "model.safetensors").is_file()
+
+
+def random_model(name: str, dtype=np.float32) -> GPT2:
+    size = name.removeprefix("random-")
+    config = TINY if size == "tiny" else PRESETS[size]
+    return GPT2(config, random_params(config, seed=RANDOM_SEED, std=0.02, dtype=dtype), name=name)
+
+
+def load(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = False) -> GPT2:
+    """Load a model.
+
+    source: None or "default" (the bundled Shakespeare model), a directory with model.safetensors +
+    config.json, a .safetensors file, "random-124m" / "random-355m" / "random-774m" / "random-1558m"
+    (GPT-2-shaped random weights, seeded, std 0.02), "random-tiny", or a downloaded "gpt2",
+    "gpt2-medium", "gpt2-large", "gpt2-xl" (`minillm download NAME` fetches them).
+    dtype: float32 (default) or float64 for exactness checks.
+    """
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise ModelNotFoundError(f"dtype {dtype}: minillm computes in float32 or float64")
+    if source is None or source == "default":
+        if has_bundled():
+            config, params = load_checkpoint(bundled_dir(), dtype)
+            return GPT2(config, params, name="minillm-shakespeare")
+        if not quiet:
+            print("minillm: no bundled model is installed; using a small random model (random-tiny)", file=sys.stderr)
+        return random_model("random-tiny", dtype)
+    source_str = str(source)
+    if source_str.startswith("random-"):
+        if source_str.removeprefix("random-") not in (*PRESETS, "tiny"):
+            raise ModelNotFoundError(f"unknown model {source_str!r}; choose one of: {', '.join(model_names())}")
+        return random_model(source_str, dtype)
+    if source_str in DOWNLOADABLE:
+        from .download import find_downloaded
+        where = find_downloaded(source_str)
+        if where is None:
+            raise ModelNotFoundError(f"{source_str} is not downloaded yet; fetch it with: minillm download {source_str}")
+        config, params = load_checkpoint(where, dtype)
+        return GPT2(config, params, name=source_str)
+    path = Path(source_str).expanduser()
+    if not path.exists():
+        raise ModelNotFoundError(
+            f"{source_str}: no such file or directory, and not a model name; choose a checkpoint path or one of: "
+            f"{', '.join(model_names())}"
+        )
+    config, params = load_checkpoint(path, dtype)
+    return GPT2(config, params, name=path.name)

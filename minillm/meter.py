@@ -1,0 +1,158 @@
+"""The counters: what every operation read, wrote and computed, one record per prefill or decode step.
+
+How it works. `ACTIVE` is the meter the operations report to, or None. Each operation in `ops.py`
+does its arithmetic, then `if meter.ACTIVE is not None:` reports the bytes and FLOPs of the arrays it
+actually touched (their shapes and dtypes at run time). With no meter active that test is the only
+cost: one global lookup and one comparison per operation (`minillm bench` measures it).
+
+The model of memory is the plain, unfused one: each operation streams its inputs from memory once
+and writes its outputs once. Bytes are counted by kind:
+
+    weights      parameters (an embedding lookup reads only the rows it gathers)
+    kv_read      keys and values read from the KV cache
+    kv_write     keys and values written into the KV cache
+    activations  everything else: inputs and outputs of each operation
+
+and FLOPs (a multiply-add is 2) by kind:
+
+    matmul       the linear layers and the LM head
+    attention    QK^T and the attention-weighted sum of V
+    other        layer norms, GELU, softmax, residual adds, biases, scaling
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+BYTE_KINDS = ("weights", "kv_read", "kv_write", "activations")
+FLOP_KINDS = ("matmul", "attention", "other")
+
+ACTIVE: "Meter | None" = None  # the meter operations report to; None means no counting at all
+
+
+@dataclass
+class StepRecord:
+    """One prefill or decode step: what it moved, what it computed, how long it took."""
+
+    kind: str           # "prefill" or "decode" ("forward" for a plain forward() outside generation)
+    position: int       # index of the first token this step runs through the blocks
+    n_tokens: int       # how many tokens it runs through the blocks
+    bytes: dict = field(default_factory=lambda: dict.fromkeys(BYTE_KINDS, 0))
+    flops: dict = field(default_factory=lambda: dict.fromkeys(FLOP_KINDS, 0))
+    seconds: float = 0.0
+    ops: dict = field(default_factory=dict)  # op name -> {"calls", "bytes", "flops"}: where it went
+    attended: int = 0   # keys attended by the last token after this step (the t of DESIGN.md's forms)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.bytes.values())
+
+    @property
+    def total_flops(self) -> int:
+        return sum(self.flops.values())
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity: FLOPs per byte moved."""
+        return self.total_flops / self.total_bytes if self.total_bytes else 0.0
+
+    @property
+    def gbps(self) -> float:
+        """Achieved bandwidth: bytes moved / wall time, in GB/s (10^9 bytes)."""
+        return self.total_bytes / self.seconds / 1e9 if self.seconds else 0.0
+
+    @property
+    def gflops(self) -> float:
+        return self.total_flops / self.seconds / 1e9 if self.seconds else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "position": self.position,
+            "n_tokens": self.n_tokens,
+            "attended": self.attended,
+            "bytes": dict(self.bytes),
+            "flops": dict(self.flops),
+            "seconds": self.seconds,
+            "total_bytes": self.total_bytes,
+            "total_flops": self.total_flops,
+            "intensity": self.intensity,
+            "gbps": self.gbps,
+            "gflops": self.gflops,
+        }
+
+
+class Meter:
+    """A context manager: while it is active, every operation reports to it.
+
+    >>> with Meter() as m:
+    ...     ids = generate(model, prompt, 10)
+    >>> m.steps[0].kind, m.steps[0].intensity
+    """
+
+    def __init__(self) -> None:
+        self.steps: list[StepRecord] = []
+        self._open: StepRecord | None = None
+        self._t0 = 0.0
+        self._previous: Meter | None = None
+
+    def __enter__(self) -> "Meter":
+        global ACTIVE
+        self._previous, ACTIVE = ACTIVE, self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global ACTIVE
+        ACTIVE = self._previous
+        self._open = None
+
+    # -- steps: opened and closed by the model's entry points (forward, prefill, decode_step) --
+
+    def begin(self, kind: str, position: int, n_tokens: int) -> bool:
+        """Open a step record. Returns False (and opens nothing) if a step is already open."""
+        if self._open is not None:
+            return False
+        self._open = StepRecord(kind, position, n_tokens)
+        self._t0 = time.perf_counter()
+        return True
+
+    def end(self, attended: int = 0) -> StepRecord:
+        record = self._open
+        record.seconds = time.perf_counter() - self._t0
+        record.attended = attended
+        self._open = None
+        self.steps.append(record)
+        return record
+
+    # -- reports from the operations --
+
+    def count(self, op: str, *, weights=0, kv_read=0, kv_write=0, activations=0,
+              matmul=0, attention=0, other=0) -> None:
+        record = self._open
+        if record is None:  # an operation called on its own, outside any step: still recorded
+            self.begin("op", 0, 0)
+            self.count(op, weights=weights, kv_read=kv_read, kv_write=kv_write,
+                       activations=activations, matmul=matmul, attention=attention, other=other)
+            self.end()
+            return
+        b, f = record.bytes, record.flops
+        b["weights"] += weights
+        b["kv_read"] += kv_read
+        b["kv_write"] += kv_write
+        b["activations"] += activations
+        f["matmul"] += matmul
+        f["attention"] += attention
+        f["other"] += other
+        per_op = record.ops.setdefault(op, {"calls": 0, "bytes": 0, "flops": 0})
+        per_op["calls"] += 1
+        per_op["bytes"] += weights + kv_read + kv_write + activations
+        per_op["flops"] += matmul + attention + other
+
+    # -- summaries --
+
+    def of_kind(self, kind: str) -> list[StepRecord]:
+        return [s for s in self.steps if s.kind == kind]
+
+    def total(self, attr: str) -> float:
+        return sum(getattr(s, attr) for s in self.steps)

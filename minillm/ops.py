@@ -1,0 +1,139 @@
+"""GPT-2's operations, one function each. Each one computes, then reports what it touched to the meter.
+
+Every report is computed from the arrays the operation actually used (`.nbytes`, `.shape`), so the
+counters cannot drift from the code. With no meter active the report is skipped entirely:
+
+    m = meter.ACTIVE
+    if m is not None:
+        m.count(...)
+
+FLOP conventions: a multiply-add is 2 FLOPs. Element-wise work counts per element of output:
+layer norm 7 (mean, subtract, square, variance, normalise, scale, shift), tanh-GELU 8, softmax 5
+(max, subtract, exp, sum, divide), a bias or residual add 1, scaling 1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import meter
+
+GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def embedding(wte: np.ndarray, wpe: np.ndarray, ids: np.ndarray, pos: int) -> np.ndarray:
+    """Token + position embeddings. wte [V, d], wpe [n_ctx, d], ids [T] -> x [T, d].
+
+    Reads only the rows it gathers: T rows of wte and T rows of wpe.
+    """
+    T = ids.shape[0]
+    tok = wte[ids]                   # [T, d]  gather T rows
+    x = tok + wpe[pos:pos + T]       # [T, d]
+    m = meter.ACTIVE
+    if m is not None:
+        m.count("embedding", weights=2 * tok.nbytes, activations=x.nbytes, other=x.size)
+    return x
+
+
+def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    """Normalise each row to mean 0, variance 1, then scale by w and shift by b. [T, d] -> [T, d]."""
+    mean = x.mean(axis=-1, keepdims=True)             # [T, 1]
+    xc = x - mean                                     # [T, d]
+    var = np.mean(xc * xc, axis=-1, keepdims=True)    # [T, 1]
+    y = xc * (1.0 / np.sqrt(var + eps))               # [T, d]
+    y *= w
+    y += b
+    m = meter.ACTIVE
+    if m is not None:
+        m.count("layer_norm", weights=w.nbytes + b.nbytes, activations=x.nbytes + y.nbytes, other=7 * y.size)
+    return y
+
+
+def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """y = x @ W + b with W stored [in, out] as in the GPT-2 checkpoint. [T, in] -> [T, out]."""
+    y = x @ w        # [T, out]
+    y += b
+    m = meter.ACTIVE
+    if m is not None:
+        T, (n_in, n_out) = x.shape[0], w.shape
+        m.count("linear", weights=w.nbytes + b.nbytes, activations=x.nbytes + y.nbytes,
+                matmul=2 * T * n_in * n_out, other=y.size)
+    return y
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """GPT-2's GELU, the tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))). Shape kept."""
+    y = x * x
+    y *= x
+    y *= 0.044715
+    y += x
+    y *= GELU_C
+    np.tanh(y, out=y)
+    y += 1.0
+    y *= x
+    y *= 0.5
+    m = meter.ACTIVE
+    if m is not None:
+        m.count("gelu", activations=x.nbytes + y.nbytes, other=8 * y.size)
+    return y
+
+
+def add(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The residual connection, in place: x += y. [T, d]."""
+    x += y
+    m = meter.ACTIVE
+    if m is not None:
+        m.count("residual", activations=3 * x.nbytes, other=x.size)
+    return x
+
+
+def softmax(s: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, in place (s is a scratch array of scores)."""
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    return s
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, from_cache: bool) -> np.ndarray:
+    """Causal scaled dot-product attention for all heads in one batched product.
+
+    q [H, Tq, hd] are the queries of the Tq newest positions; k, v [H, Tk, hd] are the keys and
+    values of all Tk positions so far (Tk >= Tq), so query i sits at absolute position Tk - Tq + i
+    and may look at keys 0 .. Tk - Tq + i. With Tq == 1 (a decode step) nothing needs masking.
+    The full [Tq, Tk] score matrix is computed, masked half included (DESIGN.md's 4·L·T²·d).
+    Returns [H, Tq, hd].
+    """
+    H, Tq, hd = q.shape
+    Tk = k.shape[1]
+    scores = q @ k.transpose(0, 2, 1)           # [H, Tq, Tk]   QK^T
+    scores *= 1.0 / math.sqrt(hd)
+    if Tq > 1:
+        future = np.arange(Tk) > np.arange(Tk - Tq, Tk)[:, None]   # [Tq, Tk] bool, True above the diagonal
+        scores[:, future] = -np.inf
+    softmax(scores)
+    out = scores @ v                              # [H, Tq, hd]   weighted sum of values
+    m = meter.ACTIVE
+    if m is not None:
+        kv = k.nbytes + v.nbytes
+        m.count("attention",
+                kv_read=kv if from_cache else 0,
+                activations=q.nbytes + out.nbytes + 2 * scores.nbytes + (0 if from_cache else kv),
+                attention=4 * H * Tq * Tk * hd,
+                other=6 * scores.size)
+    return out
+
+
+def lm_head(x: np.ndarray, wte: np.ndarray) -> np.ndarray:
+    """Logits over the vocabulary with the head tied to the token embedding: x @ wte^T. [T, d] -> [T, V].
+
+    Reads all of wte, whatever the number of tokens: the single biggest read of a GPT-2 small step.
+    """
+    logits = x @ wte.T   # [T, V]
+    m = meter.ACTIVE
+    if m is not None:
+        T, (V, d) = x.shape[0], wte.shape
+        m.count("lm_head", weights=wte.nbytes, activations=x.nbytes + logits.nbytes, matmul=2 * T * d * V)
+    return logits
