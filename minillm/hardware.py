@@ -43,11 +43,12 @@ FALLBACK_LLC_BYTES = 32 * MB
 
 # What each bandwidth method does. Each one reads the buffer once and writes almost nothing, so
 # bytes read / time is the read bandwidth that method achieves.
+# matvec and vecmat are the two ways a decode step can read a weight matrix.
 METHODS = {
-    "sum": "x.sum(): NumPy's own reduction, one thread",
-    "dot": "np.dot(x, x): BLAS sdot (both operands are the same memory, so each byte is read once)",
-    "matvec": "W @ v: BLAS sgemv, weights stored [out, in], row by row; what decode does",
-    "vecmat": "v @ W: BLAS sgemv, weights stored [in, out] (the Hugging Face Conv1D layout)",
+    "sum": "x.sum(): NumPy's reduction, one thread",
+    "dot": "np.dot(x, x): BLAS sdot, each byte read once",
+    "matvec": "W @ v: BLAS sgemv, W stored [out, in]",
+    "vecmat": "v @ W: BLAS sgemv, W stored [in, out] (HF Conv1D)",
 }
 
 BYTES_PER_ELEMENT = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
@@ -227,7 +228,7 @@ def measure_matmul_peak(size: int | None = None, repeats: int | None = None) -> 
     if size is None:
         size = 512 if fast else 2048
     if repeats is None:
-        repeats = 2 if fast else 3
+        repeats = 2 if fast else 5
     rng = np.random.default_rng(0)
     a = rng.standard_normal((size, size), dtype=np.float32)
     b = rng.standard_normal((size, size), dtype=np.float32)
@@ -257,6 +258,7 @@ class Hardware:
     method: str = "spec sheet"
     measured_at: str | None = None  # ISO time for a measurement; None for a published figure
     source: str = ""
+    note: str = ""  # a caveat worth printing beside the figures
     cpu: str | None = None
     threads: int | None = None
     fast: bool = False
@@ -277,29 +279,36 @@ class Hardware:
         return self.measured_at is not None
 
 
-def _chip(name: str, bandwidth_gbs: float, peak_tflops: float | None, source: str) -> Hardware:
+def _chip(name: str, bandwidth_gbs: float, peak_tflops: float | None, source: str, note: str = "") -> Hardware:
     peak = None if peak_tflops is None else peak_tflops * 1000.0
-    return Hardware(name=name, bandwidth_gbs=bandwidth_gbs, peak_gflops=peak, source=source)
+    return Hardware(name=name, bandwidth_gbs=bandwidth_gbs, peak_gflops=peak, source=source, note=note)
 
 
-# Published figures: memory bandwidth and dense (no sparsity) FP16 tensor peak.
+_DENSE = "peak: dense FP16 tensor math (spec sheets also quote twice that, with sparsity)"
+
+# Published figures: memory bandwidth (GB/s) and dense FP16 tensor peak (TFLOP/s) where one is given.
 PRESETS: dict[str, Hardware] = {
     chip.name: chip
     for chip in [
-        _chip("a100-40gb", 1555, 312, "NVIDIA A100 datasheet (40 GB PCIe/SXM): 1,555 GB/s HBM2, 312 TFLOP/s dense FP16 tensor"),
-        _chip("a100-80gb", 2039, 312, "NVIDIA A100 datasheet (80 GB SXM): 2,039 GB/s HBM2e (≈ 2 TB/s), 312 TFLOP/s dense FP16 tensor"),
-        _chip("h100-sxm", 3350, 989, "NVIDIA H100 datasheet (SXM5): 3.35 TB/s HBM3, 989 TFLOP/s dense FP16 tensor"),
-        _chip("h200", 4800, 989, "NVIDIA H200 datasheet (SXM): 4.8 TB/s HBM3e, 989 TFLOP/s dense FP16 tensor"),
-        _chip("rtx-4090", 1008, 165, "NVIDIA Ada (AD102) whitepaper, GeForce RTX 4090: 1,008 GB/s GDDR6X, 165 TFLOP/s dense FP16 tensor (FP32 accumulate)"),
-        _chip("apple-m1", 68, None, "Apple M1 tech specs: 68 GB/s unified memory (LPDDR4X)"),
-        _chip("m1-pro", 200, None, "Apple M1 Pro tech specs: 200 GB/s unified memory"),
-        _chip("m1-max", 400, None, "Apple M1 Max tech specs: 400 GB/s unified memory"),
-        _chip("m2", 100, None, "Apple M2 tech specs: 100 GB/s unified memory"),
-        _chip("m3-max", 400, None, "Apple M3 Max tech specs: 300 or 400 GB/s depending on the bin (14-core CPU: 300; 16-core: 400)"),
-        _chip("m4", 120, None, "Apple M4 tech specs: 120 GB/s unified memory"),
-        _chip("m4-pro", 273, None, "Apple M4 Pro tech specs: 273 GB/s unified memory"),
-        _chip("ddr4-3200-dual", 51.2, None, "JEDEC DDR4-3200, two 64-bit channels: 3,200 MT/s × 8 B × 2 = 51.2 GB/s theoretical"),
-        _chip("ddr5-5600-dual", 89.6, None, "JEDEC DDR5-5600, two 64-bit channels: 5,600 MT/s × 8 B × 2 = 89.6 GB/s theoretical"),
+        _chip("a100-40gb", 1555, 312, "NVIDIA A100 datasheet (40 GB PCIe/SXM)", _DENSE),
+        _chip("a100-80gb", 2039, 312, "NVIDIA A100 datasheet (80 GB SXM)",
+              "2,039 GB/s ≈ 2 TB/s, the bandwidth in the seed's 7B example"),
+        _chip("h100-sxm", 3350, 989, "NVIDIA H100 datasheet (SXM)", _DENSE),
+        _chip("h200", 4800, 989, "NVIDIA H200 datasheet (SXM)", _DENSE),
+        _chip("rtx-4090", 1008, 165, "NVIDIA Ada GPU architecture whitepaper (RTX 4090)",
+              "peak: dense FP16 tensor math with FP32 accumulate"),
+        _chip("apple-m1", 68, None, "Apple M1 tech specs"),
+        _chip("m1-pro", 200, None, "Apple M1 Pro tech specs"),
+        _chip("m1-max", 400, None, "Apple M1 Max tech specs"),
+        _chip("m2", 100, None, "Apple M2 tech specs"),
+        _chip("m3-max", 400, None, "Apple M3 Max tech specs",
+              "300 or 400 GB/s depending on the bin: 14-core CPU 300, 16-core 400"),
+        _chip("m4", 120, None, "Apple M4 tech specs"),
+        _chip("m4-pro", 273, None, "Apple M4 Pro tech specs"),
+        _chip("ddr4-3200-dual", 51.2, None, "JEDEC DDR4-3200, dual channel",
+              "theoretical: 3,200 MT/s × 8 bytes × 2 channels"),
+        _chip("ddr5-5600-dual", 89.6, None, "JEDEC DDR5-5600, dual channel",
+              "theoretical: 5,600 MT/s × 8 bytes × 2 channels"),
     ]
 }
 
@@ -396,8 +405,8 @@ def measure_machine(progress: bool = True) -> Hardware:
         llc_bytes=detect_llc_bytes(),
         method=bw["method"],
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        source=(f"measured: {bw['method']} over a {bw['buffer_mb']} MB buffer, "
-                f"float32 {mm['size']}×{mm['size']} matmul" + (" (fast mode: small buffers)" if fast else "")),
+        source=f"measured: {bw['method']}, {bw['buffer_mb']} MB; sgemm {mm['size']}²",
+        note="fast mode (MINILLM_FAST): small buffers, rough figures" if fast else "",
         cpu=cpu,
         threads=cpu_threads(),
         fast=fast,
@@ -527,6 +536,17 @@ def decode_ceiling(n_params: int | float | str, dtype: str, hw: Hardware | str) 
 
 
 _SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+_COUNT = re.compile(
+    r"""\s*
+    (                                        # the number:
+      (?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9][0-9_]*)(?:\.[0-9]*)?   # 124,439,808 or 124_439_808 or 1.5
+      (?:e[+-]?[0-9]+)?                      # optional exponent: 1.5e9
+    | \.[0-9]+(?:e[+-]?[0-9]+)?              # or a leading dot: .5
+    )
+    \s*([kmbgt]?)\s*                          # optional suffix: k, M, B (or G), T
+    """,
+    re.IGNORECASE | re.VERBOSE,
+)
 
 
 def parse_count(text: str | int | float) -> int:
@@ -534,9 +554,7 @@ def parse_count(text: str | int | float) -> int:
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
     else:
-        match = re.fullmatch(r"\s*((?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9][0-9_]*)(?:\.[0-9]*)?(?:e[+-]?[0-9]+)?|\.[0-9]+(?:e[+-]?[0-9]+)?)"
-                             r"\s*([kmbgt]?)\s*",
-                             str(text), re.IGNORECASE)
+        match = _COUNT.fullmatch(str(text))
         if not match:
             raise MiniLLMError(f"cannot read {text!r} as a count; write e.g. 7B, 124M, 350k or 1.5e9")
         value = float(match.group(1).replace(",", "").replace("_", "")) * _SUFFIXES[match.group(2).lower()]
@@ -580,7 +598,9 @@ def _peak(hw: Hardware) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """`minillm hardware`: this machine beside the presets, and the decode ceiling if --params is given."""
+    from rich import box
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     # Check the user's input before spending seconds on measuring.
@@ -601,37 +621,51 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     console = Console()
-    mine = Table(title="This machine (measured)", show_header=False, title_justify="left")
-    mine.add_column(style="bold")
+    mine = Table(title="This machine (measured)", show_header=False, title_justify="left", box=box.SIMPLE)
+    mine.add_column(style="bold", no_wrap=True)
     mine.add_column()
-    mine.add_row("CPU", f"{here.cpu} ({here.threads} threads)")
+    mine.add_row("CPU", f"{escape(str(here.cpu))}, {here.threads} threads")
     mine.add_row("memory read bandwidth", f"{here.bandwidth_gbs:,.1f} GB/s (best method: {here.method})")
     for name, gbs in here.methods.items():
-        mine.add_row(f"  {name}", f"{gbs:,.1f} GB/s  [dim]{METHODS.get(name, '')}[/]")
+        mine.add_row(f"  {name}", f"{gbs:,.1f} GB/s  [dim]{escape(METHODS.get(name, ''))}[/]")
     mine.add_row("float32 matmul peak", f"{here.peak_gflops:,.1f} GFLOP/s ({here.matmul_size}² sgemm)")
-    mine.add_row("ridge point", f"{here.ridge:,.1f} FLOP/byte: below it, work waits on memory")
+    mine.add_row("ridge point", f"{here.ridge:,.1f} FLOP/byte (peak ÷ bandwidth)")
     if here.llc_bytes:
         mine.add_row("last-level cache", f"{here.llc_bytes / MB:g} MB (buffer {here.buffer_mb} MB)")
-    mine.add_row("measured", f"{here.measured_at}{'  [yellow]fast mode[/]' if here.fast else ''}  [dim]{cache_path()}[/]")
+    mine.add_row("measured at", f"{here.measured_at}  [dim]{escape(str(cache_path()))}[/]")
+    if here.fast:
+        mine.add_row("[yellow]note[/]", escape(here.note))
     if here.load_avg is not None and here.threads and here.load_avg > 0.5 * here.threads:
         mine.add_row("[yellow]note[/]", f"load average was {here.load_avg} while measuring: other work may have "
                      "lowered these figures; rerun with --remeasure when the machine is idle")
     console.print(mine)
 
-    chips = Table(title="Known chips (published figures) beside this machine", title_justify="left")
+    chips = Table(title="Known chips (published figures) beside this machine", title_justify="left",
+                  box=box.SIMPLE_HEAD)
     chips.add_column("chip", style="bold", no_wrap=True)
     chips.add_column("bandwidth", justify="right", no_wrap=True)
     chips.add_column("peak", justify="right", no_wrap=True)
-    chips.add_column("ridge FLOP/B", justify="right", no_wrap=True)
+    chips.add_column("ridge", justify="right", no_wrap=True)
     chips.add_column("source", overflow="fold")
+    notes: list[str] = []
     for hw in [here, *PRESETS.values()]:
-        ridge = "—" if hw.ridge is None else f"{hw.ridge:,.1f}"
+        ridge = "—" if hw.ridge is None else f"{hw.ridge:,.0f}" if hw.ridge >= 10 else f"{hw.ridge:.1f}"
         style = "reverse" if chip is not None and hw is chip else None
-        chips.add_row(hw.name, f"{hw.bandwidth_gbs:,.1f} GB/s", _peak(hw), ridge, hw.source, style=style)
+        mark = ""
+        if hw.note and hw.measured_at is None:
+            if hw.note not in notes:
+                notes.append(hw.note)
+            mark = f" [{notes.index(hw.note) + 1}]"
+        chips.add_row(hw.name, f"{_sig(hw.bandwidth_gbs)} GB/s", _peak(hw), ridge, escape(hw.source + mark), style=style)
     console.print(chips)
+    console.print("  [dim]ridge: FLOPs per byte above which work is compute-bound. "
+                  "peak: FP16 for the GPUs, float32 as measured for this machine.[/]")
+    for i, text in enumerate(notes, 1):
+        console.print(f"  [dim]\\[{i}] {escape(text)}[/]")
 
     if ceilings:
-        table = Table(title=f"Decode ceiling, batch 1: {n_params:,} parameters in {dtype}", title_justify="left")
+        table = Table(title=f"Decode ceiling, batch 1: {n_params:,} parameters in {dtype}", title_justify="left",
+                      box=box.SIMPLE_HEAD)
         for heading in ("chip", "GB per token", "ms per token", "tokens/s", "compute ms/token"):
             table.add_column(heading, justify="left" if heading == "chip" else "right", no_wrap=True)
         for c in ceilings:
@@ -641,7 +675,7 @@ def run(args: argparse.Namespace) -> int:
         c = ceilings[0]
         console.print(
             f"{c['n_params']:,} parameters × {c['bytes_per_param']:g} bytes ({dtype}) = {_sig(c['gb_per_token'])} GB "
-            f"per token; at {c['bandwidth_gbs']:,.0f} GB/s ({c['chip']}) that is {_ms(c['ms_per_token'])} ms per token, "
+            f"per token; at {_sig(c['bandwidth_gbs'])} GB/s ({c['chip']}) that is {_ms(c['ms_per_token'])} ms per token, "
             f"about {c['tokens_per_s']:,.0f} tokens/s, whatever the compute.",
             soft_wrap=True,
         )

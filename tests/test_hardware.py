@@ -1,0 +1,258 @@
+"""minillm.hardware: the roofline arithmetic, the seed's 7B example, counts, the cache, the presets."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minillm import hardware
+from minillm.errors import MiniLLMError
+from minillm.hardware import Hardware, decode_ceiling, get_chip, parse_count, roofline
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A fresh $MINILLM_HOME in fast mode, so nothing touches the user's cache or takes long."""
+    monkeypatch.setenv("MINILLM_HOME", str(tmp_path))
+    monkeypatch.setenv("MINILLM_FAST", "1")
+    return tmp_path
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Replace both measurements by instant fakes that count their calls."""
+    calls = {"bandwidth": 0, "matmul": 0}
+
+    def fake_bandwidth(size_mb=None, repeats=None):
+        calls["bandwidth"] += 1
+        return {"bandwidth_gbs": 20.0, "method": "matvec", "methods": {"sum": 10.0, "matvec": 20.0},
+                "buffer_mb": 64, "llc_mb": 32, "repeats": 1, "fast": True}
+
+    def fake_matmul(size=None, repeats=None):
+        calls["matmul"] += 1
+        return {"peak_gflops": 100.0, "size": 512, "repeats": 1, "fast": True}
+
+    monkeypatch.setattr(hardware, "measure_bandwidth", fake_bandwidth)
+    monkeypatch.setattr(hardware, "measure_matmul_peak", fake_matmul)
+    return calls
+
+
+# ----------------------------------------------------------------------------------------- roofline
+
+finite = st.floats(min_value=1.0, max_value=1e15, allow_nan=False, allow_infinity=False)
+rates = st.floats(min_value=1.0, max_value=1e7, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(bytes_moved=finite, flops=finite, bw=rates, peak=rates)
+def test_roofline_arithmetic_and_bound(bytes_moved, flops, bw, peak):
+    hw = Hardware(name="x", bandwidth_gbs=bw, peak_gflops=peak)
+    r = roofline(bytes_moved, flops, hw)
+    assert r.t_memory == pytest.approx(bytes_moved / (bw * 1e9))
+    assert r.t_compute == pytest.approx(flops / (peak * 1e9))
+    assert r.seconds == max(r.t_memory, r.t_compute)
+    assert r.intensity == pytest.approx(flops / bytes_moved)
+    assert r.ridge == pytest.approx(peak / bw)
+    assert r.bound == ("compute" if r.t_compute > r.t_memory else "memory")
+    # Away from the ridge itself, the bound is decided by intensity versus ridge.
+    if r.intensity > r.ridge * (1 + 1e-9):
+        assert r.bound == "compute"
+    elif r.intensity < r.ridge * (1 - 1e-9):
+        assert r.bound == "memory"
+    # The attainable rate is the roof: never above peak, never above intensity × bandwidth.
+    assert r.attainable_gflops <= peak * (1 + 1e-9)
+    assert r.attainable_gflops <= r.intensity * bw * (1 + 1e-9)
+
+
+def test_roofline_decode_is_memory_bound_and_prefill_compute_bound():
+    a100 = get_chip("a100-80gb")
+    n = 7e9
+    decode = roofline(bytes_moved=2 * n, flops=2 * n, hw=a100)          # 1 FLOP per byte
+    prefill = roofline(bytes_moved=2 * n, flops=2 * n * 2048, hw=a100)  # 2,048 tokens share each weight read
+    assert decode.bound == "memory" and decode.intensity == pytest.approx(1.0)
+    assert prefill.bound == "compute" and prefill.intensity == pytest.approx(2048)
+    assert a100.ridge == pytest.approx(312_000 / 2039)
+
+
+def test_roofline_rejects_bad_input():
+    with pytest.raises(MiniLLMError, match="no published FLOP/s peak"):
+        roofline(1, 1, "m2")
+    with pytest.raises(MiniLLMError, match="bytes_moved"):
+        roofline(-1, 1, "h100-sxm")
+    assert roofline(0, 5, "h100-sxm").intensity == math.inf
+
+
+# ------------------------------------------------------------------------------------ decode ceiling
+
+
+def test_seed_example_7b_fp16_on_a100_80gb():
+    c = decode_ceiling(parse_count("7B"), "fp16", "a100-80gb")
+    assert c["bytes_per_token"] == 14e9
+    assert c["gb_per_token"] == pytest.approx(14.0)
+    assert c["ms_per_token"] == pytest.approx(14e9 / 2039e9 * 1e3)
+    assert round(c["ms_per_token"], 1) == 6.9          # "7 ms per token" at ≈ 2 TB/s
+    assert round(c["tokens_per_s"]) == 146             # "~140 tokens/s"
+    assert c["compute_ms_per_token"] < c["ms_per_token"] / 100  # "whatever the compute"
+    at_2tbs = decode_ceiling("7B", "fp16", Hardware(name="2 TB/s", bandwidth_gbs=2000, peak_gflops=None))
+    assert at_2tbs["ms_per_token"] == pytest.approx(7.0)
+    assert at_2tbs["tokens_per_s"] == pytest.approx(1000 / 7)
+
+
+@pytest.mark.parametrize("dtype, per", [("fp32", 4), ("fp16", 2), ("bf16", 2), ("int8", 1), ("int4", 0.5),
+                                        ("float32", 4), ("BF16", 2)])
+def test_decode_ceiling_bytes_per_dtype(dtype, per):
+    assert decode_ceiling(1_000_000, dtype, "h200")["bytes_per_token"] == 1_000_000 * per
+
+
+def test_decode_ceiling_rejects_unknown_dtype():
+    with pytest.raises(MiniLLMError, match="unknown dtype 'int3'"):
+        decode_ceiling(1000, "int3", "h200")
+
+
+# ---------------------------------------------------------------------------------------- counts
+
+
+@pytest.mark.parametrize("text, value", [
+    ("7B", 7_000_000_000), ("124M", 124_000_000), ("1.5e9", 1_500_000_000), ("350k", 350_000),
+    ("1.5b", 1_500_000_000), (" 2T ", 2_000_000_000_000), ("124,439,808", 124_439_808),
+    ("124_439_808", 124_439_808), ("42", 42), (7e9, 7_000_000_000),
+])
+def test_parse_count(text, value):
+    assert parse_count(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "abc", "7Q", "-3", "0", "1,2", "nan", "inf", "1e999", "B"])
+def test_parse_count_rejects(text):
+    with pytest.raises(MiniLLMError):
+        parse_count(text)
+
+
+# ------------------------------------------------------------------------------------------- chips
+
+
+def test_presets_have_sources_and_figures():
+    expected = {"a100-40gb": (1555, 312e3), "a100-80gb": (2039, 312e3), "h100-sxm": (3350, 989e3),
+                "h200": (4800, 989e3), "rtx-4090": (1008, 165e3), "apple-m1": (68, None), "m1-pro": (200, None),
+                "m1-max": (400, None), "m2": (100, None), "m3-max": (400, None), "m4": (120, None),
+                "m4-pro": (273, None), "ddr4-3200-dual": (51.2, None), "ddr5-5600-dual": (89.6, None)}
+    assert set(hardware.PRESETS) == set(expected)
+    for name, (bw, peak) in expected.items():
+        chip = hardware.PRESETS[name]
+        assert (chip.name, chip.bandwidth_gbs, chip.peak_gflops) == (name, bw, peak)
+        assert chip.source and not chip.measured
+    assert "300" in hardware.PRESETS["m3-max"].note
+
+
+def test_get_chip_is_forgiving_about_spelling():
+    assert get_chip("A100_80GB") is hardware.PRESETS["a100-80gb"]
+    assert get_chip("rtx 4090") is hardware.PRESETS["rtx-4090"]
+
+
+def test_unknown_chip_lists_known_names():
+    with pytest.raises(MiniLLMError) as err:
+        get_chip("a100-80")
+    message = str(err.value)
+    assert "'a100-80'" in message and "did you mean 'a100-80gb'" in message.lower()
+    assert all(name in message for name in hardware.PRESETS)
+
+
+# -------------------------------------------------------------------------------------- the cache
+
+
+def test_machine_measures_once_then_reads_the_cache(home, counted):
+    first = hardware.machine(progress=False)
+    assert counted == {"bandwidth": 1, "matmul": 1}
+    assert (home / "hardware.json").is_file()
+    assert not list(home.glob("*.tmp"))  # the atomic write left no temporary file behind
+    record = json.loads((home / "hardware.json").read_text())
+    assert record["fast"] is True and record["cpu"] and record["threads"] >= 1
+
+    second = hardware.machine(progress=False)
+    assert counted == {"bandwidth": 1, "matmul": 1}
+    assert second == first
+    assert second.ridge == pytest.approx(100.0 / 20.0)
+
+    hardware.machine(remeasure=True, progress=False)
+    assert counted == {"bandwidth": 2, "matmul": 2}
+
+
+@pytest.mark.parametrize("garbage", ["{not json", "[]", '{"version": 1}', "",
+                                     '{"version": 1, "name": "x", "bandwidth_gbs": -3, "peak_gflops": 1}'])
+def test_corrupt_cache_is_remeasured(home, counted, garbage):
+    (home / "hardware.json").write_text(garbage)
+    hw = hardware.machine(progress=False)
+    assert counted["bandwidth"] == 1 and hw.bandwidth_gbs == 20.0
+    assert json.loads((home / "hardware.json").read_text())["bandwidth_gbs"] == 20.0
+
+
+def test_fast_record_is_not_reused_for_a_full_measurement(home, counted, monkeypatch):
+    hardware.machine(progress=False)
+    monkeypatch.delenv("MINILLM_FAST")
+    hardware.machine(progress=False)
+    assert counted["bandwidth"] == 2
+
+
+def test_progress_spinner_goes_to_stderr(home, counted, capsys):
+    hardware.machine(progress=True)
+    assert capsys.readouterr().out == ""
+
+
+# ------------------------------------------------------------------------------------ measurements
+
+
+def test_measured_bandwidth_and_peak_are_positive_and_finite(home):
+    bw = hardware.measure_bandwidth(size_mb=32, repeats=1)
+    assert bw["method"] in hardware.METHODS and set(bw["methods"]) == set(hardware.METHODS)
+    assert all(math.isfinite(v) and v > 0 for v in bw["methods"].values())
+    assert bw["bandwidth_gbs"] == max(bw["methods"].values())
+    assert bw["fast"] is True
+    mm = hardware.measure_matmul_peak(size=256, repeats=1)
+    assert math.isfinite(mm["peak_gflops"]) and mm["peak_gflops"] > 0
+
+
+def test_machine_in_fast_mode_end_to_end(home):
+    hw = hardware.machine(progress=False)
+    assert hw.fast and hw.measured and hw.buffer_mb == 64
+    assert math.isfinite(hw.bandwidth_gbs) and hw.bandwidth_gbs > 0
+    assert hw.ridge > 0 and hw.llc_bytes > 0
+
+
+def test_buffer_is_far_larger_than_the_cache():
+    assert hardware.default_buffer_mb(32 * 2**20) >= 256
+    assert hardware.default_buffer_mb(32 * 2**20, fast=True) == 64
+
+
+# -------------------------------------------------------------------------------------------- CLI
+
+
+def _args(*argv):
+    parser = argparse.ArgumentParser()
+    hardware.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_cli_prints_the_seed_example(home, counted, capsys):
+    assert hardware.run(_args("--chip", "a100-80gb", "--params", "7B", "--dtype", "fp16")) == 0
+    out = capsys.readouterr().out
+    assert "14.0 GB per token" in out and "6.9 ms per token" in out and "146 tokens/s" in out
+    assert "a100-40gb" in out and "NVIDIA A100 datasheet" in out  # the presets beside this machine
+
+
+def test_cli_json_has_every_chip_when_no_chip_is_given(home, counted, capsys):
+    assert hardware.run(_args("--params", "124M", "--dtype", "fp32", "--json")) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [c["chip"] for c in data["decode_ceiling"]] == ["this machine", *hardware.PRESETS]
+    assert data["machine"]["bandwidth_gbs"] == 20.0
+
+
+def test_cli_errors_before_measuring(home, counted):
+    with pytest.raises(MiniLLMError, match="unknown chip"):
+        hardware.run(_args("--chip", "tpu-v9"))
+    with pytest.raises(MiniLLMError, match="cannot read '7Q'"):
+        hardware.run(_args("--params", "7Q"))
+    assert counted["bandwidth"] == 0
