@@ -9,7 +9,6 @@ import sys
 import time
 
 import numpy as np
-from rich.console import Console
 from rich.panel import Panel
 
 from . import __version__, hardware, report
@@ -19,9 +18,8 @@ from .load import load, model_names
 from .meter import Meter
 from .tokenizer import tokenizer
 
-# Tables are wide: when output goes to a file or pipe, lay them out for 150 columns, not rich's 80.
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = report.console()
+err = report.console(stderr=True)
 
 MODEL_HELP = ("checkpoint directory or .safetensors file, or a name: " + ", ".join(model_names()))
 
@@ -219,7 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
     hardware.add_arguments(p)
     p.set_defaults(func=hardware.run)
 
-    from . import download
+    from . import bench, download
+    p = sub.add_parser("bench", help="decode speed against the matrix-vector ceiling, per context length",
+                       description="Benchmark cached decode, naive decode and prefill at several context lengths, "
+                                   "beside a bare NumPy matrix-vector pass over the same weights (the ceiling).")
+    bench.add_arguments(p)
+    p.set_defaults(func=bench.run)
+
     p = sub.add_parser("download", help="fetch a real GPT-2 checkpoint (the only command that uses the network)",
                        description="Download a GPT-2 checkpoint from Hugging Face into ~/.cache/minillm "
                                    "(or $MINILLM_HOME), resuming and verifying it.")

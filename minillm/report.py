@@ -6,10 +6,20 @@ this machine's measured figures (`hardware.machine()`); nothing is typed in.
 
 from __future__ import annotations
 
+import sys
+
+from rich.console import Console
 from rich.table import Table
 
 from .hardware import Hardware, roofline
 from .meter import StepRecord
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich console. Tables are wide: sent to a file or a pipe, they are laid out for 150 columns."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(highlight=False, stderr=stderr, soft_wrap=stderr,
+                   width=None if stream.isatty() else 150)
 
 
 def fmt_bytes(n: float) -> str:

@@ -26,17 +26,17 @@ token sees only the context inside its own window (between 0 and n_ctx-1 tokens 
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import tempfile
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from .checkpoint import load_checkpoint, save_checkpoint  # HF layout; each file written atomically
 from .config import GPT2Config
-from .errors import MiniLLMError, WeightsError
+from .errors import MiniLLMError
 
 DEFAULT_DATA_SPLIT = 0.9  # first 90% of the tokens train, the last 10% are held out
 
@@ -504,87 +504,13 @@ def evaluate(params, config: GPT2Config, tokens, batch=8, chunk=256) -> float:
     return total / count
 
 
-# =================================================================================== checkpoints
-
-
-def save_checkpoint(directory, params, config: GPT2Config, dtype="float16", metadata=None) -> None:
-    """`model.safetensors` + `config.json` in the Hugging Face layout, each written atomically."""
-    try:
-        from .checkpoint import save_checkpoint as lead_save  # the project's shared writer, when present
-    except ImportError:
-        lead_save = None
-    if lead_save is not None:
-        lead_save(directory, params, config, dtype=dtype, metadata=metadata)
-        return
-    from .safetensors import write_safetensors
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    tensors = {k: np.asarray(v).astype(dtype) for k, v in params.items()}
-    write_safetensors(directory / "model.safetensors", tensors, metadata)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".config.json.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(config.to_hf(), f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, directory / "config.json")
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def load_checkpoint(directory) -> tuple[dict[str, np.ndarray], GPT2Config]:
-    """float32 params and the config from a directory holding model.safetensors + config.json."""
-    from .safetensors import read_safetensors
-
-    directory = Path(directory)
-    cfg_path, st_path = directory / "config.json", directory / "model.safetensors"
-    for p in (cfg_path, st_path):
-        if not p.is_file():
-            raise WeightsError(f"{p}: not found; a model directory holds model.safetensors and config.json")
-    try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise WeightsError(f"{cfg_path}: not readable JSON ({e})") from None
-    config = GPT2Config.from_hf(cfg, str(cfg_path))
-    tensors, _ = read_safetensors(st_path)
-    params = {}
-    for k, v in tensors.items():
-        k = k.removeprefix("transformer.")
-        if k.endswith(".attn.bias") or k.endswith(".attn.masked_bias") or k == "lm_head.weight":
-            continue  # causal-mask buffers, and the LM head tied to wte
-        params[k] = np.asarray(v, dtype=np.float32)
-    expected = init_params_shapes(config)
-    missing = sorted(set(expected) - set(params))
-    if missing:
-        raise WeightsError(f"{st_path}: missing {len(missing)} tensors ({', '.join(missing[:3])}, ...)")
-    for k, shape in expected.items():
-        if params[k].shape != shape:
-            raise WeightsError(f"{st_path}: {k} has shape {params[k].shape}, config.json implies {shape}")
-    return params, config
-
-
-def init_params_shapes(config: GPT2Config) -> dict[str, tuple]:
-    V, T, d = config.vocab_size, config.n_ctx, config.n_embd
-    shapes = {"wte.weight": (V, d), "wpe.weight": (T, d), "ln_f.weight": (d,), "ln_f.bias": (d,)}
-    for i in range(config.n_layer):
-        h = f"h.{i}."
-        shapes.update({h + "ln_1.weight": (d,), h + "ln_1.bias": (d,), h + "attn.c_attn.weight": (d, 3 * d),
-                       h + "attn.c_attn.bias": (3 * d,), h + "attn.c_proj.weight": (d, d),
-                       h + "attn.c_proj.bias": (d,), h + "ln_2.weight": (d,), h + "ln_2.bias": (d,),
-                       h + "mlp.c_fc.weight": (d, 4 * d), h + "mlp.c_fc.bias": (4 * d,),
-                       h + "mlp.c_proj.weight": (4 * d, d), h + "mlp.c_proj.bias": (d,)})
-    return shapes
+# ================================================================================ held-out loss
 
 
 def heldout_loss(text_path, model) -> float:
     """Held-out loss (nats/token) on the last 10% of the tokens of text_path. model: a directory or (params, config)."""
     if isinstance(model, (str, os.PathLike)):
-        params, config = load_checkpoint(model)
+        config, params = load_checkpoint(model)
     else:
         params, config = model
     tokens = load_tokens(text_path)
@@ -675,10 +601,13 @@ def train(data, out=None, layers=4, heads=4, width=128, context=256, batch=8, st
     if not history or history[-1][0] != step:
         checkpoint_eval(step, ema if ema is not None else float("nan"))
     wall = time.perf_counter() - t0
-    summary = {"steps": step, "tokens_seen": seen, "wall_s": wall, "final_train": ema,
+    # the train loss without dropout, measured like the held-out one, on the first len(heldout) train tokens
+    train_eval = evaluate(params, config, train_tok[:len(heldout)], chunk=chunk)
+    summary = {"steps": step, "tokens_seen": seen, "wall_s": wall, "final_train": ema, "train_eval": train_eval,
                "final_heldout": history[-1][3], "best": best, "config": config, "history": history}
     log(f"done: {step} steps, {seen:,} tokens in {wall / 60:.1f} min ({seen / wall:,.0f} tok/s overall); "
-        f"final train {ema:.4f} held-out {history[-1][3]:.4f}; best held-out {best['heldout']:.4f} at step "
+        f"final train {ema:.4f} (no dropout, first {len(heldout):,} train tokens: {train_eval:.4f}) "
+        f"held-out {history[-1][3]:.4f}; best held-out {best['heldout']:.4f} at step "
         f"{best['step']}" + (f", saved in {out}" if out is not None else ""))
     return summary
 
@@ -709,7 +638,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from rich.console import Console
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 150)  # log lines unwrapped in a file
     for name in ("layers", "heads", "width", "context", "batch", "eval_every", "chunk"):
         v = getattr(args, name)
         if v is not None and v < (0 if name == "eval_every" else 1):

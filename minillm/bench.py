@@ -1,0 +1,249 @@
+"""`minillm bench`: is decode running at the speed of memory?
+
+For each context length it measures, interleaved and repeated (medians reported):
+  - cached decode: one decode_step at that position, tokens/s and achieved GB/s;
+  - naive decode: one forward over that many tokens (LM head on the last only), tokens/s;
+  - prefill of that many tokens, seconds;
+and, in the same run, the **matrix-vector ceiling**: a bare NumPy pass over every weight a decode
+step reads (each linear layer and the LM head as one vector-matrix product, nothing else). A decode
+step cannot beat it; the gap between the two is Python and the small operations.
+
+It also measures the two weight layouts a matrix-vector product can stream ([in, out] as the
+checkpoint stores them, `x @ W`; and [out, in], `W @ x`), and the cost of the meter: the decode step
+with no meter active against the same step with the counting code removed from the operations.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import statistics
+import textwrap
+import time
+import types
+from contextlib import contextmanager
+
+import numpy as np
+
+from . import hardware, kvcache, ops
+from .errors import MiniLLMError
+from .load import load
+from .meter import Meter
+
+
+# -- the ceiling ---------------------------------------------------------------------------------
+
+def decode_weights(model) -> list[np.ndarray]:
+    """The matrices of every linear layer a decode step multiplies a vector by (the LM head's wte aside)."""
+    return [p[name] for p in model.blocks
+            for name in ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")]
+
+
+def matvec_pass(mats: list[np.ndarray], wte: np.ndarray, transposed: bool = False) -> None:
+    """One vector through every matrix: x @ W for [in, out] weights (W @ x if `transposed`, [out, in])."""
+    for w in mats:
+        x = np.ones(w.shape[1] if transposed else w.shape[0], dtype=w.dtype)
+        w @ x if transposed else x @ w
+    x = np.ones(wte.shape[1], dtype=wte.dtype)
+    wte @ x                                               # [V, d] @ [d]: the tied LM head
+
+
+# -- the meter's cost ----------------------------------------------------------------------------
+
+def _strip_meter(fn) -> types.FunctionType:
+    """A copy of `fn` with its meter report removed (`m = meter.ACTIVE` and `if m is not None: ...`)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    func = tree.body[0]
+    func.body = [s for s in func.body if not _is_meter_stmt(s)]
+    func.decorator_list = []
+    code = compile(ast.fix_missing_locations(tree), inspect.getsourcefile(fn), "exec")
+    namespace = dict(fn.__globals__)
+    exec(code, namespace)
+    return namespace[fn.__name__]
+
+
+def _is_meter_stmt(s: ast.stmt) -> bool:
+    src = ast.unparse(s)
+    return src.startswith("m = meter.ACTIVE") or src.startswith("if m is not None")
+
+
+@contextmanager
+def counting_code_removed():
+    """Run with the counting code cut out of every operation, to measure what the meter costs idle."""
+    saved_ops = {name: getattr(ops, name) for name in ("embedding", "layer_norm", "linear", "gelu", "add",
+                                                       "attention", "lm_head")}
+    saved_write = kvcache.KVCache.write
+    try:
+        for name, fn in saved_ops.items():
+            setattr(ops, name, _strip_meter(fn))
+        kvcache.KVCache.write = _strip_meter(saved_write)
+        yield
+    finally:
+        for name, fn in saved_ops.items():
+            setattr(ops, name, fn)
+        kvcache.KVCache.write = saved_write
+
+
+# -- timing --------------------------------------------------------------------------------------
+
+def _time(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def run_bench(model, contexts: list[int], repeats: int = 5, decode_steps: int = 8, progress=None) -> dict:
+    c = model.config
+    if not contexts:
+        raise MiniLLMError("--contexts: give at least one context length")
+    for n in contexts:
+        if not 1 <= n < c.n_ctx - decode_steps:
+            raise MiniLLMError(f"context {n}: must be between 1 and {c.n_ctx - decode_steps - 1} for this model "
+                               f"(context {c.n_ctx}, {decode_steps} decode steps after it)")
+    rng = np.random.default_rng(0)
+    prompts = {n: rng.integers(0, c.vocab_size, n) for n in contexts}
+    mats = decode_weights(model)
+    mats_t = [np.ascontiguousarray(w.T) for w in mats]     # the [out, in] layout, for the comparison
+    wte_t = np.ascontiguousarray(model.wte.T)               # [d, V]: the LM head as x @ W
+    samples: dict = {n: {"cached": [], "naive": [], "prefill": []} for n in contexts}
+    ceiling, layout_io, layout_oi, stripped, idle, metered = [], [], [], [], [], []
+
+    # bytes of one cached decode step at each context: from the meter, as the engine reports them
+    step_bytes, step_flops = {}, {}
+    for n in contexts:
+        _, cache = model.prefill(prompts[n])
+        with Meter() as m:
+            model.decode_step(1, cache)
+        step_bytes[n], step_flops[n] = m.steps[0].total_bytes, m.steps[0].total_flops
+
+    total = repeats * (len(contexts) + 1)
+    for rep in range(repeats):
+        for n in contexts:                                   # interleaved: every measurement once per round
+            prompt = prompts[n]
+            samples[n]["prefill"].append(_time(lambda: model.prefill(prompt)))
+            _, cache = model.prefill(prompt)
+            times = []
+            for _ in range(decode_steps):
+                times.append(_time(lambda: model.decode_step(1, cache)))
+            samples[n]["cached"].append(statistics.median(times))
+            samples[n]["naive"].append(_time(lambda: model.forward(prompt, last_only=True, kind="decode")))
+            if progress:
+                progress()
+        ceiling.append(min(_time(lambda: matvec_pass(mats, model.wte)) for _ in range(3)))
+        layout_io.append(min(_time(lambda: _pass_io(mats, wte_t)) for _ in range(3)))
+        layout_oi.append(min(_time(lambda: matvec_pass(mats_t, model.wte, transposed=True)) for _ in range(3)))
+        # the meter's idle cost: the same decode step with no meter, with the counting code cut out, metered
+        n0 = contexts[0]
+        _, cache = model.prefill(prompts[n0])
+        idle.append(statistics.median(_time(lambda: model.decode_step(1, cache)) for _ in range(decode_steps)))
+        with counting_code_removed():
+            _, cache = model.prefill(prompts[n0])
+            stripped.append(statistics.median(_time(lambda: model.decode_step(1, cache)) for _ in range(decode_steps)))
+        _, cache = model.prefill(prompts[n0])
+        with Meter():
+            metered.append(statistics.median(_time(lambda: model.decode_step(1, cache)) for _ in range(decode_steps)))
+        if progress:
+            progress()
+
+    med = statistics.median
+    ceiling_s = med(ceiling)
+    ceiling_bytes = sum(w.nbytes for w in mats) + model.wte.nbytes
+    rows = []
+    for n in contexts:
+        s = samples[n]
+        t_cached = med(s["cached"])
+        rows.append({
+            "context": n,
+            "cached_tok_s": 1 / t_cached,
+            "cached_ms": t_cached * 1e3,
+            "naive_tok_s": 1 / med(s["naive"]),
+            "naive_ms": med(s["naive"]) * 1e3,
+            "prefill_s": med(s["prefill"]),
+            "step_bytes": step_bytes[n],
+            "step_flops": step_flops[n],
+            "achieved_gbs": step_bytes[n] / t_cached / 1e9,
+            "of_ceiling": ceiling_s / t_cached,
+        })
+    return {
+        "model": model.name,
+        "n_params": model.n_params(),
+        "repeats": repeats,
+        "decode_steps_per_sample": decode_steps,
+        "ceiling_ms": ceiling_s * 1e3,
+        "ceiling_tok_s": 1 / ceiling_s,
+        "ceiling_bytes": ceiling_bytes,
+        "ceiling_gbs": ceiling_bytes / ceiling_s / 1e9,
+        "layout_in_out_ms": med(layout_io) * 1e3,
+        "layout_out_in_ms": med(layout_oi) * 1e3,
+        "meter_idle_ms": med(idle) * 1e3,
+        "meter_removed_ms": med(stripped) * 1e3,
+        "meter_on_ms": med(metered) * 1e3,
+        "rows": rows,
+    }
+
+
+def _pass_io(mats: list[np.ndarray], wte_t: np.ndarray) -> None:
+    """Every weight [in, out], the LM head included (wte^T stored [d, V])."""
+    for w in mats:
+        np.ones(w.shape[0], dtype=w.dtype) @ w
+    np.ones(wte_t.shape[0], dtype=wte_t.dtype) @ wte_t
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", default="random-124m", help="model to benchmark (default random-124m)")
+    parser.add_argument("--contexts", default="16,128,512,1000",
+                        help="comma-separated context lengths (default 16,128,512,1000)")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds; medians are reported (default 5)")
+    parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
+
+
+def parse_contexts(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise MiniLLMError(f"--contexts {text!r}: expected comma-separated integers such as 16,128,512") from None
+
+
+def run(args) -> int:
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from .report import console, fmt_bytes
+
+    contexts = parse_contexts(args.contexts)
+    if args.repeats < 1:
+        raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
+    model = load(args.model)
+    hw = hardware.machine(progress=not args.json)
+    with Progress(console=console(stderr=True), transient=True, disable=args.json) as bar:
+        task = bar.add_task(f"benchmarking {model.name}", total=args.repeats * (len(contexts) + 1))
+        result = run_bench(model, contexts, args.repeats, progress=lambda: bar.advance(task))
+    result["machine"] = {"bandwidth_gbs": hw.bandwidth_gbs, "method": hw.method, "peak_gflops": hw.peak_gflops}
+    for row in result["rows"]:
+        row["of_bandwidth"] = row["achieved_gbs"] / hw.bandwidth_gbs
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    out = console()
+    t = Table(title=f"{model.name}: {model.n_params():,} params, float32, batch 1 "
+                    f"(medians of {args.repeats} interleaved rounds)", title_justify="left")
+    for col in ("context", "cached tok/s", "cached ms/step", "naive tok/s", "prefill", "bytes/step",
+                "achieved GB/s", "% of BW", "% of ceiling"):
+        t.add_column(col, justify="right")
+    for r in result["rows"]:
+        t.add_row(str(r["context"]), f"{r['cached_tok_s']:.1f}", f"{r['cached_ms']:.1f}", f"{r['naive_tok_s']:.2f}",
+                  f"{r['prefill_s']:.3f} s", fmt_bytes(r["step_bytes"]), f"{r['achieved_gbs']:.1f}",
+                  f"{100 * r['of_bandwidth']:.0f}%", f"{100 * r['of_ceiling']:.0f}%")
+    out.print(t)
+    out.print(f"matrix-vector ceiling (every weight a decode step reads, bare NumPy, same run): "
+              f"{result['ceiling_ms']:.1f} ms = {result['ceiling_tok_s']:.1f} tok/s, "
+              f"{fmt_bytes(result['ceiling_bytes'])} at {result['ceiling_gbs']:.1f} GB/s")
+    out.print(f"weight layout: \\[in, out] (x @ W) {result['layout_in_out_ms']:.1f} ms, "
+              f"\\[out, in] (W @ x) {result['layout_out_in_ms']:.1f} ms per pass over every weight")
+    out.print(f"the meter's cost, decode step at context {contexts[0]}: no meter {result['meter_idle_ms']:.2f} ms, "
+              f"counting code removed {result['meter_removed_ms']:.2f} ms, meter on {result['meter_on_ms']:.2f} ms")
+    out.print(f"[dim]this machine: {hw.bandwidth_gbs:.1f} GB/s ({hw.method}), {hw.peak_gflops:.0f} GFLOP/s[/]")
+    return 0

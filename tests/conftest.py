@@ -1,0 +1,42 @@
+"""Shared test fixtures: the Hugging Face reference checkpoints in tests/fixtures/."""
+
+from __future__ import annotations
+
+import os
+
+# One BLAS thread for the tests. The matrices here are tiny, and on a small shared machine OpenBLAS's
+# threads spin against each other (and against any other job): a naive 60-token generation took 3 s
+# with two threads and 0.1 s with one. Must be set before NumPy is first imported; setdefault lets a
+# caller choose otherwise.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import minillm  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REFERENCE_NAMES = ("gpt2-tiny-a", "gpt2-tiny-b")
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A fixture checkpoint loaded by minillm, beside what Hugging Face transformers computed from it."""
+
+    name: str
+    path: Path
+    model: minillm.GPT2
+    prompt: np.ndarray   # int64 [P]
+    greedy: np.ndarray   # int64 [N]: transformers' greedy continuation of the prompt
+    logits: np.ndarray   # float32 [P+N, V]: transformers' forward over prompt + greedy
+
+
+@pytest.fixture(scope="session", params=REFERENCE_NAMES)
+def reference(request) -> Reference:
+    path = FIXTURES / request.param
+    expected = np.load(path / "expected.npz")
+    return Reference(request.param, path, minillm.load(path), expected["input_ids"],
+                     expected["greedy_ids"], expected["logits"])
