@@ -23,6 +23,7 @@ and FLOPs (a multiply-add is 2) by kind:
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 BYTE_KINDS = ("weights", "kv_read", "kv_write", "activations")
@@ -83,6 +84,15 @@ class StepRecord:
         }
 
 
+_NO_STEP = nullcontext()
+
+
+def step(kind: str, position: int, n_tokens: int, attended: int):
+    """The step context of the active meter, or a do-nothing context when no meter is active."""
+    m = ACTIVE
+    return _NO_STEP if m is None else m.step(kind, position, n_tokens, attended)
+
+
 class Meter:
     """A context manager: while it is active, every operation reports to it.
 
@@ -108,6 +118,20 @@ class Meter:
         self._open = None
 
     # -- steps: opened and closed by the model's entry points (forward, prefill, decode_step) --
+
+    @contextmanager
+    def step(self, kind: str, position: int, n_tokens: int, attended: int):
+        """One record around a prefill, decode step or forward. Inside a step already open (a forward
+        called by the naive loop) it adds nothing; a step that raises is dropped, not recorded."""
+        opened = self.begin(kind, position, n_tokens)
+        try:
+            yield
+        except BaseException:
+            if opened:
+                self._open = None
+            raise
+        if opened:
+            self.end(attended)
 
     def begin(self, kind: str, position: int, n_tokens: int) -> bool:
         """Open a step record. Returns False (and opens nothing) if a step is already open."""

@@ -126,13 +126,9 @@ class GPT2:
         """The full causal pass, no cache. ids [T] -> logits [T, V] (or [1, V] with last_only, the way
         nanoGPT scores at inference: the LM head on the last position only)."""
         ids = self.check_ids(ids)
-        m = meter.ACTIVE
-        opened = m is not None and m.begin(kind, 0, ids.size)
-        x = self.hidden(ids)                                              # [T, d]
-        logits = ops.lm_head(x[-1:] if last_only else x, self.wte)        # [T, V] or [1, V]
-        if opened:
-            m.end(attended=ids.size)
-        return logits
+        with meter.step(kind, 0, ids.size, attended=ids.size):
+            x = self.hidden(ids)                                          # [T, d]
+            return ops.lm_head(x[-1:] if last_only else x, self.wte)      # [T, V] or [1, V]
 
     def new_cache(self) -> KVCache:
         return KVCache(self.config, self.dtype)
@@ -143,14 +139,10 @@ class GPT2:
         cache = cache if cache is not None else self.new_cache()
         pos = cache.length
         ids = self.check_ids(ids, pos)
-        m = meter.ACTIVE
-        opened = m is not None and m.begin("prefill", pos, ids.size)
-        x = self.hidden(ids, cache, pos)                                  # [T, d]
-        cache.length = pos + ids.size
-        logits = ops.lm_head(x[-1:], self.wte)[0]                         # [V]
-        if opened:
-            m.end(attended=cache.length)
-        return logits, cache
+        with meter.step("prefill", pos, ids.size, attended=pos + ids.size):
+            x = self.hidden(ids, cache, pos)                              # [T, d]
+            cache.length = pos + ids.size
+            return ops.lm_head(x[-1:], self.wte)[0], cache                # [V]
 
     def decode_step(self, token: int, cache: KVCache) -> np.ndarray:
         """One token at the cache's next position; writes its K and V into the cache in place.
@@ -159,14 +151,10 @@ class GPT2:
         if not 0 <= token < self.config.vocab_size:
             raise PromptError(f"token id {token} is outside this model's vocabulary of {self.config.vocab_size} ids")
         cache.check_room(1)
-        m = meter.ACTIVE
-        opened = m is not None and m.begin("decode", pos, 1)
-        x = self.hidden(np.array([token], dtype=np.intp), cache, pos)     # [1, d]
-        cache.length = pos + 1
-        logits = ops.lm_head(x, self.wte)[0]                              # [V]
-        if opened:
-            m.end(attended=cache.length)
-        return logits
+        with meter.step("decode", pos, 1, attended=pos + 1):
+            x = self.hidden(np.array([token], dtype=np.intp), cache, pos)   # [1, d]
+            cache.length = pos + 1
+            return ops.lm_head(x, self.wte)[0]                            # [V]
 
     def n_params(self) -> int:
         return sum(int(v.size) for v in self.params.values())

@@ -268,8 +268,6 @@ def test_meter_restored_after_an_exception():
     assert meter.ACTIVE is None
 
 
-@pytest.mark.xfail(strict=True, reason="meter.py: a step interrupted by an exception stays open (Meter._open), "
-                                       "so begin() refuses every later step of the same meter")
 def test_steps_after_an_interrupted_step_are_recorded(monkeypatch):
     model = small_model()
     with minillm.Meter() as m:
