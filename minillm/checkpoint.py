@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 
@@ -80,7 +81,11 @@ def infer_config(tensors: dict[str, np.ndarray], metadata: dict, path: Path) -> 
             f"{path}: cannot infer the number of heads for width {d} (GPT-2 uses 64 per head); "
             "put a config.json beside it and load the directory"
         )
-    return GPT2Config(n_layer=len(layers), n_head=d // 64, n_embd=d, n_ctx=n_ctx, vocab_size=V)
+    config = GPT2Config(n_layer=len(layers), n_head=d // 64, n_embd=d, n_ctx=n_ctx, vocab_size=V)
+    print(f"minillm: {path} has no config; inferred {config.n_layer} layers, {config.n_head} heads of 64 "
+          "(GPT-2's head width) from the tensor shapes; put a config.json beside it if that is wrong",
+          file=sys.stderr)
+    return config
 
 
 def read_config(path: Path) -> GPT2Config:
@@ -88,6 +93,8 @@ def read_config(path: Path) -> GPT2Config:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise WeightsError(f"{path}: not found; a checkpoint directory needs config.json beside model.safetensors") from None
+    except OSError as e:
+        raise WeightsError(f"{path}: cannot be read ({e.strerror}); it should be the checkpoint's config.json file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid JSON ({e}); re-download or re-save the checkpoint") from None
     return GPT2Config.from_hf(cfg, str(path))
@@ -102,7 +109,9 @@ def load_checkpoint(source: str | os.PathLike, dtype=np.float32) -> tuple[GPT2Co
             raise WeightsError(f"{path}: no model.safetensors in this directory; is it a Hugging Face GPT-2 checkpoint?")
         config = read_config(path / "config.json")
     elif path.is_file():
-        file, config = path, None
+        file = path
+        beside = path.with_name("config.json")           # a lone file inside a checkpoint directory
+        config = read_config(beside) if beside.is_file() else None
     else:
         raise WeightsError(f"{path}: no such file or directory")
     raw, metadata = read_safetensors(file)

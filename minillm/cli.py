@@ -9,7 +9,9 @@ import sys
 import time
 
 import numpy as np
+from rich.markup import escape
 from rich.panel import Panel
+from rich.text import Text
 
 from . import __version__, hardware, report
 from .errors import MiniLLMError, PromptError
@@ -67,7 +69,7 @@ class TextStream:
 # -- generate ------------------------------------------------------------------------------------
 
 def cmd_generate(args) -> int:
-    check_sampling(args.temperature, args.top_k, args.top_p)
+    check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
     model = load(args.model)
     ids = encode_prompt(model, args.prompt, args.max_new_tokens)
     sys.stdout.write(args.prompt)
@@ -78,7 +80,7 @@ def cmd_generate(args) -> int:
     seconds = time.perf_counter() - t0
     sys.stdout.write("\n")
     err.print(f"[dim]{len(new)} tokens in {seconds:.2f} s ({len(new) / seconds:.1f} tokens/s), "
-              f"{'naive (no KV cache)' if args.no_cache else 'KV-cached'}, model {model.name}[/]")
+              f"{'naive (no KV cache)' if args.no_cache else 'KV-cached'}, model {escape(model.name)}[/]")
     return 0
 
 
@@ -92,7 +94,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def cmd_compare(args) -> int:
-    check_sampling(args.temperature, args.top_k, args.top_p)
+    check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
     model = load(args.model)
     ids = encode_prompt(model, args.prompt, args.max_new_tokens)
     hw = hardware.machine(progress=True)
@@ -109,11 +111,11 @@ def cmd_compare(args) -> int:
         runs[path] = (new, m, seconds)
     (new_c, m_c, s_c), (new_n, m_n, s_n) = runs["cached"], runs["naive"]
 
-    out.print(f"[bold]{model!r}[/]")
+    out.print(Text(repr(model), style="bold"))
     out.print(f"prompt: {len(ids)} tokens, {args.max_new_tokens} new tokens, "
               f"{'greedy' if args.temperature == 0 else f'temperature {args.temperature}, seed {args.seed}'}")
-    out.print(Panel(args.prompt + enc.decode(new_c), title="KV-cached", title_align="left"))
-    out.print(Panel(args.prompt + enc.decode(new_n), title="naive (recompute everything)", title_align="left"))
+    out.print(Panel(Text(args.prompt + enc.decode(new_c)), title="KV-cached", title_align="left"))
+    out.print(Panel(Text(args.prompt + enc.decode(new_n)), title="naive (recompute everything)", title_align="left"))
     diff = first_difference(new_c, new_n)
     if diff is None:
         out.print(f"[green]✓ identical tokens[/] ({len(new_c)} of {len(new_c)})")
@@ -238,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args) or 0
     except MiniLLMError as e:
-        err.print(f"[bold red]error:[/] {e}", markup=True)
+        err.print(f"[bold red]error:[/] {escape(str(e))}")
         return 1
     except KeyboardInterrupt:
         err.print("interrupted")

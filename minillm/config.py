@@ -64,17 +64,18 @@ class GPT2Config:
             missing.append("n_positions")
         if missing:
             raise ConfigError(f"{source}: missing {', '.join(missing)}; is this a GPT-2 config.json?")
+        try:
+            eps = float(cfg.get("layer_norm_epsilon", 1e-5))
+        except (TypeError, ValueError):
+            raise ConfigError(f"{source}: layer_norm_epsilon={cfg.get('layer_norm_epsilon')!r} is not a number") from None
         act = cfg.get("activation_function", "gelu_new")
         if act not in ("gelu_new", "gelu_pytorch_tanh"):
             raise ConfigError(f"{source}: activation_function={act!r}; minillm implements GPT-2's tanh GELU (gelu_new)")
-        return cls(
-            n_layer=cfg["n_layer"],
-            n_head=cfg["n_head"],
-            n_embd=cfg["n_embd"],
-            n_ctx=n_ctx,
-            vocab_size=cfg["vocab_size"],
-            ln_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
-        )
+        try:
+            return cls(n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"], n_ctx=n_ctx,
+                       vocab_size=cfg["vocab_size"], ln_eps=eps)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
 
     def asdict(self) -> dict:
         return asdict(self)

@@ -16,7 +16,9 @@ import numpy as np
 from .errors import MiniLLMError, PromptError
 
 
-def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None, seed: int | None = None) -> None:
+    if seed is not None and seed < 0:
+        raise MiniLLMError(f"seed={seed}: must be a non-negative integer (or unset)")
     if not (temperature >= 0 and np.isfinite(temperature)):
         raise MiniLLMError(f"temperature={temperature}: must be a finite number >= 0 (0 means greedy)")
     if top_k is not None and top_k < 1:
@@ -59,7 +61,7 @@ def generate(model, ids, max_new_tokens: int, *, kv_cache: bool = True, temperat
     `on_token(id)` is called as each token is chosen (the CLI streams text with it).
     """
     ids = model.check_ids(ids)
-    check_sampling(temperature, top_k, top_p)
+    check_sampling(temperature, top_k, top_p, seed)
     n_ctx = model.config.n_ctx
     if max_new_tokens < 0:
         raise PromptError(f"max_new_tokens={max_new_tokens}: must be >= 0")

@@ -114,9 +114,10 @@ class GPT2:
                 "was the prompt tokenized for another model?"
             )
         if pos + ids.size > n_ctx:
+            where = f"after the {pos} already cached, " if pos else ""
             raise PromptError(
-                f"{pos + ids.size} tokens do not fit the context of {n_ctx}: "
-                f"at most {n_ctx - pos} more fit; shorten the prompt"
+                f"{ids.size} tokens do not fit the context of {n_ctx}: {where}at most {n_ctx - pos} fit; "
+                "shorten the prompt"
             )
         return ids.astype(np.intp, copy=False)
 

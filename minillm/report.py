@@ -43,11 +43,12 @@ def fmt_time(s: float) -> str:
 def select(records: list[StepRecord], most: int = 12) -> list[int]:
     """Indexes of the records to show: all of them when few, else the first ones, evenly spaced
     middle ones and the last one."""
-    n = len(records)
+    n, most = len(records), max(most, 2)
     if n <= most:
         return list(range(n))
-    head = list(range(3))
-    middle = [round(3 + i * (n - 4) / (most - 4)) for i in range(most - 4)]
+    head = list(range(min(3, most - 1)))                 # the prefill and the first decode steps
+    k = most - len(head) - 1                              # evenly spaced ones between them and the last
+    middle = [round(len(head) + (i + 1) * (n - 1 - len(head)) / (k + 1)) for i in range(k)]
     return sorted(set(head + middle + [n - 1]))
 
 

@@ -1,0 +1,147 @@
+"""Lesson 1: Tokens. A model never sees letters: text becomes a list of integer ids first.
+
+Run:  python lessons/01_tokens.py        (or: minillm learn 1)
+"""
+
+from __future__ import annotations
+
+try:
+    from minillm.lessons._common import Lesson, run_lesson, token_text
+except ModuleNotFoundError:  # a checkout in which minillm is not installed: use the files beside this one
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from lessons._common import Lesson, run_lesson, token_text
+
+from rich.markup import escape
+from rich.table import Table
+
+import minillm
+
+TITLE = "Tokens: text becomes numbers"
+MINUTES = 4
+WHAT_YOU_WILL_SEE = "a sentence as GPT-2 token ids, the 50,257-id vocabulary, <|endoftext|>"
+
+# Edit these and run the lesson again.
+SENTENCE = "ROMEO: But soft, what light through yonder window breaks?"
+TRICKY = "Tokenization isn't free: 3.14159, 2024, naïve, 東京, and antidisestablishmentarianism."
+
+
+def token_table(enc, ids: list[int]) -> Table:
+    t = Table(header_style="bold")
+    t.add_column("#", justify="right")
+    t.add_column("id", justify="right")
+    t.add_column("token text", style="cyan")
+    t.add_column("bytes", justify="right")
+    for i, token in enumerate(ids):
+        t.add_row(str(i), str(token), token_text(enc, token), str(len(enc.decode_single_token_bytes(token))))
+    return t
+
+
+def lesson(L: Lesson) -> None:
+    L.say("""
+        A language model is a function from **integers to integers**. Before GPT-2 sees your text,
+        a *tokenizer* cuts it into pieces from a fixed list, the **vocabulary**, and replaces each
+        piece by its position in that list: its **token id**. The model predicts the next id; the
+        tokenizer turns ids back into text.
+
+        GPT-2 uses *byte-pair encoding* (BPE): start from single bytes and repeatedly glue together
+        the pair that was most frequent in the training text. Common words become one token, rare
+        words several. minillm builds GPT-2's tokenizer with `tiktoken` from the merge list bundled in
+        `weights/gpt2.tiktoken`, so nothing is downloaded:
+
+        ```python
+        import minillm
+        enc = minillm.tokenizer()
+        ids = enc.encode("ROMEO: But soft, ...")
+        ```
+    """)
+    enc = minillm.tokenizer()
+    ids = enc.encode(SENTENCE)
+    L.show(f"[bold]{escape(repr(SENTENCE))} → {len(ids)} tokens[/]", token_table(enc, ids))
+    L.say("""
+        `␣` marks a space. Notice that the space belongs to the *following* word: `␣soft` is one
+        token. `soft` at the start of a line would be a different token.
+    """)
+    bare, spaced = enc.encode("soft"), enc.encode(" soft")
+    L.show(f"enc.encode('soft') = {bare}    enc.encode(' soft') = {spaced}")
+    L.claim(bare != spaced, "'soft' and ' soft' are different tokens")
+    L.claim(enc.decode(ids) == SENTENCE, "decode(encode(text)) gives back exactly the text")
+    L.claim(len(ids) < len(SENTENCE),
+            f"fewer tokens than characters: {len(SENTENCE)} characters → {len(ids)} tokens "
+            f"({len(SENTENCE) / len(ids):.1f} characters per token)")
+    L.pause()
+
+    L.section("Where tokenization gets lumpy")
+    tricky = enc.encode(TRICKY)
+    L.show(f"[bold]{escape(repr(TRICKY))}[/]\n[bold]{len(TRICKY)} characters → {len(tricky)} tokens[/]", token_table(enc, tricky))
+    L.say("""
+        Numbers split into arbitrary chunks, a rare word costs several tokens, and characters outside
+        ASCII can be split *inside* their UTF-8 bytes (shown as `\\x..`): a single token is not always
+        valid text on its own. Costs in an LLM are counted in tokens, not words: the same sentence
+        can cost very different amounts of work depending on how it tokenizes.
+    """)
+    L.claim(enc.decode(tricky) == TRICKY, "even split characters come back intact when all tokens are decoded")
+    L.pause()
+
+    L.section("The vocabulary")
+    n_vocab = enc.n_vocab
+    eot = enc.eot_token
+    first = [token_text(enc, i) for i in (0, 1, 2, 64, 65, 255)]
+    L.say(f"""
+        GPT-2's vocabulary has **{n_vocab:,}** ids: 256 single bytes (so *any* text can be encoded),
+        {n_vocab - 257:,} merged pieces learned from web text, and one special token.
+        Ids 0, 1, 2, 64, 65, 255 are the bytes {", ".join(f"`{t}`" for t in first)};
+        the last merged piece, id {n_vocab - 2:,}, is `{token_text(enc, n_vocab - 2)}`.
+    """)
+    model = L.load_model()
+    L.say(f"""
+        The model holds one row of numbers per id: its token-embedding table `wte` has shape
+        **{tuple(model.wte.shape)}** ({model.config.vocab_size:,} ids × {model.config.n_embd} numbers
+        each, for the model `{model.name}`). Looking a token up is reading one row; lesson 2 follows
+        those rows through the network.
+    """)
+    L.claim(n_vocab == 50257 == model.config.vocab_size,
+            f"the tokenizer and the model agree: {n_vocab:,} ids")
+    L.pause()
+
+    L.section("<|endoftext|>")
+    special = enc.encode("<|endoftext|>", allowed_special={"<|endoftext|>"})
+    as_text = enc.encode("<|endoftext|>", disallowed_special=())
+    L.say(f"""
+        The one special token, `<|endoftext|>` (id **{eot}**), marks the boundary between documents
+        in training: after it, the model expects a fresh, unrelated text. Generating it means "this
+        text is finished". Because typed text should not be able to fake it, `tiktoken` refuses to
+        encode the string unless you allow it:
+
+        - allowed: `enc.encode("<|endoftext|>", allowed_special={{"<|endoftext|>"}})` → `{special}`
+        - as plain text: `enc.encode("<|endoftext|>", disallowed_special=())` → `{as_text}`
+          ({len(as_text)} ordinary tokens: {" ".join(f"`{token_text(enc, t)}`" for t in as_text)})
+    """)
+    L.claim(special == [eot] == [50256], "<|endoftext|> is the single id 50256")
+    L.claim(len(as_text) > 1, "the same characters, typed as text, are several ordinary tokens")
+
+    L.takeaway(f"""
+        Everything the model does is counted in tokens: {len(ids)} of them for our sentence. The
+        **prompt** is a list of ids the model processes all at once (prefill, lesson 3); each
+        **generated** token is one more id, produced one at a time (decode, lessons 4 to 6).
+    """)
+    hello = enc.encode(" hello world")
+    L.try_it(f"""
+        Edit `SENTENCE` at the top of `lessons/01_tokens.py` (your name, a line of code, a sentence in
+        another language) and run `python lessons/01_tokens.py --no-pause`. English runs around
+        4 characters per token; other scripts can cost one token per byte.
+
+        Or from Python: `python -c "import minillm; print(minillm.tokenizer().encode(' hello world'))"`
+        prints `{hello}`.
+    """)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_lesson(lesson, argv, number=1, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
+                      prog="python lessons/01_tokens.py")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,146 @@
+"""Lesson 4: Naive decode. Generate one token at a time by running the whole sequence again every step.
+
+Run:  python lessons/04_naive_decode.py        (or: minillm learn 4)
+"""
+
+from __future__ import annotations
+
+try:
+    from minillm.lessons._common import (Lesson, bar_chart, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural,
+                                         run_lesson)
+except ModuleNotFoundError:  # a checkout in which minillm is not installed: use the files beside this one
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from lessons._common import Lesson, bar_chart, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural, run_lesson
+
+import statistics
+
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+
+import minillm
+from minillm import report
+
+TITLE = "Naive decode: recompute everything"
+MINUTES = 5
+WHAT_YOU_WILL_SEE = "per-step cost growing with position, total cost growing with length²"
+
+PROMPT = "ROMEO:"
+
+
+def lesson(L: Lesson) -> None:
+    model = L.load_model()
+    c = model.config
+    enc = minillm.tokenizer()
+    ids = enc.encode(PROMPT)
+    P = len(ids)
+    N = min(L.pick(160, 32), c.n_ctx - P)
+    L.say(f"""
+        The model predicts **one** next token per pass. To write {N} tokens, the simplest loop is:
+        run the whole sequence, take the last position's logits, pick a token, append it, repeat.
+
+        ```python
+        seq = list(ids)
+        for _ in range(n):
+            logits = model.forward(seq, last_only=True)   # every token so far, again
+            seq.append(minillm.sample(logits[0]))
+        ```
+
+        That is what `minillm.generate(model, ids, n, kv_cache=False)` does. Step *i* pushes all
+        {P} + *i* tokens through every block, although only the newest one is new: the other
+        positions produce exactly the same keys, values and hidden states as in the step before.
+    """)
+    minillm.generate(model, ids, 2, kv_cache=False)  # warm-up: first touches of the weights
+    with L.status(f"generating {N} tokens the naive way…"):
+        with minillm.Meter() as m:
+            new = minillm.generate(model, ids, N, kv_cache=False)
+    steps = m.steps
+    L.show(Panel(escape(PROMPT) + "[bold]" + escape(enc.decode(new)) + "[/]", title=f"{escape(model.name)}, greedy",
+                 title_align="left"))
+
+    t = Table(header_style="bold", title=f"{N} steps, each one a full forward pass (every step is in m.steps)",
+              title_justify="left")
+    for col in ("step", "tokens run", "FLOPs", "of which LM head", "bytes moved", "time"):
+        t.add_column(col, justify="right")
+    for i in report.select(steps, 10):
+        r = steps[i]
+        t.add_row(str(i), str(r.n_tokens), fmt_flops(r.total_flops), fmt_flops(r.ops["lm_head"]["flops"]),
+                  fmt_bytes(r.total_bytes), fmt_time(r.seconds))
+    L.show(t)
+    L.claim(all(r.n_tokens == P + i for i, r in enumerate(steps)),
+            f"step i runs all {P} + i tokens through the model ({steps[0].n_tokens} … {steps[-1].n_tokens})")
+    L.claim(all(b.total_flops > a.total_flops for a, b in zip(steps, steps[1:])),
+            f"FLOPs grow at every step: {fmt_flops(steps[0].total_flops)} → {fmt_flops(steps[-1].total_flops)}")
+    L.claim(all(b.total_bytes > a.total_bytes for a, b in zip(steps, steps[1:])),
+            f"so do the bytes moved: {fmt_bytes(steps[0].total_bytes)} → {fmt_bytes(steps[-1].total_bytes)}")
+    L.pause()
+
+    L.section("Cost per step grows with position")
+    shown = report.select(steps, 12)
+    L.show(bar_chart("FLOPs per step (counted):",
+                     [(f"step {i}", steps[i].total_flops, fmt_flops(steps[i].total_flops)) for i in shown],
+                     style="red"))
+    L.show(bar_chart("Wall time per step (measured):",
+                     [(f"step {i}", steps[i].seconds, fmt_time(steps[i].seconds)) for i in shown],
+                     style="yellow"))
+    k = max(1, len(steps) // 8)
+    early = statistics.median(r.seconds for r in steps[:k])
+    late = statistics.median(r.seconds for r in steps[-k:])
+    flop_growth = statistics.median(r.total_flops for r in steps[-k:]) / statistics.median(r.total_flops for r in steps[:k])
+    L.say(f"""
+        The last {plural(k, 'step')} did {fmt_x(flop_growth)} the FLOPs of the first and took
+        {fmt_x(late / early)} their time (medians). The LM head is the one part that does not grow: it
+        runs on the last position only. Everything else is recomputed for every token of the sequence.
+    """)
+    if late / early < 1.5:
+        L.note("on this model the time grows more slowly than the FLOPs: at these sizes each step's fixed costs "
+               "(reading the whole LM head, Python and NumPy overhead per operation) weigh as much as the "
+               "recomputation. Try --model random-124m to see time follow the FLOPs.")
+    L.pause()
+
+    L.section("Total cost grows with the square of the length")
+    L.say(f"""
+        Step *i* costs about (P + *i*) tokens' worth of work, so generating *n* tokens costs about
+        P·n + n²/2 tokens' worth: **double the answer, roughly four times the work** once the answer
+        is long compared with the prompt (here P = {P}).
+    """)
+    t = Table(header_style="bold")
+    for col in ("tokens generated", "total FLOPs", "recomputed (all but the LM head)", "× previous", "total time"):
+        t.add_column(col, justify="right")
+    marks = sorted({max(1, N // 4), max(1, N // 2), N})
+    prev = None
+    totals = {}
+    for n in marks:
+        flops = sum(r.total_flops for r in steps[:n])
+        recomputed = sum(r.total_flops - r.ops["lm_head"]["flops"] for r in steps[:n])
+        seconds = sum(r.seconds for r in steps[:n])
+        totals[n] = recomputed
+        t.add_row(str(n), fmt_flops(flops), fmt_flops(recomputed), "" if prev is None else fmt_x(recomputed / prev),
+                  fmt_time(seconds))
+        prev = recomputed
+    L.show(t)
+    ratio = totals[N] / totals[marks[-2]] if len(marks) > 1 else 4.0
+    L.claim(ratio > 3.0, f"doubling the answer from {marks[-2]} to {N} tokens multiplies the recomputed work by "
+                         f"{ratio:.2f}: nearer 4 (= 2², the mark of n² growth) than 2 (the mark of linear growth)")
+    L.takeaway(f"""
+        Naive decode does the prompt's work again for every new token and the answer's work again for
+        every later token. For {N} tokens it pushed {sum(r.n_tokens for r in steps):,} token-positions
+        through the blocks, of which only {P + N - 1} were ever new. The keys and values of old positions
+        never change, so the rest is waste: lesson 5 keeps them in the **KV cache** instead.
+    """)
+    L.try_it("""
+        `minillm generate "ROMEO:" --no-cache --max-new-tokens 200` streams text the naive way: watch
+        it slow down as the text gets longer. Then drop `--no-cache` and compare (lesson 5 measures it).
+    """)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_lesson(lesson, argv, number=4, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
+                      prog="python lessons/04_naive_decode.py")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

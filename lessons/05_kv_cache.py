@@ -1,0 +1,229 @@
+"""Lesson 5: The KV cache. Keep every position's keys and values, and compute each token only once.
+
+Run:  python lessons/05_kv_cache.py        (or: minillm learn 5)
+"""
+
+from __future__ import annotations
+
+try:
+    from minillm.lessons._common import (Lesson, bar_chart, fmt_bytes, fmt_flops, fmt_time, fmt_x, paired_chart,
+                                         run_lesson, token_text)
+except ModuleNotFoundError:  # a checkout in which minillm is not installed: use the files beside this one
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from lessons._common import (Lesson, bar_chart, fmt_bytes, fmt_flops, fmt_time, fmt_x, paired_chart,
+                                 run_lesson, token_text)
+
+import copy
+import time
+
+import numpy as np
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+
+import minillm
+from minillm import ops, report
+from minillm.config import PRESETS
+
+TITLE = "The KV cache: compute each token once"
+MINUTES = 8
+WHAT_YOU_WILL_SEE = "same tokens, flat per-step cost, measured speedups, 72 KiB a token, two classic bugs"
+
+PROMPT = "JULIET: O Romeo, Romeo! wherefore art thou Romeo?"
+
+
+def timed_generate(model, ids, n: int, kv_cache: bool, repeats: int) -> tuple[list[int], minillm.Meter, float]:
+    """Generate n tokens under a Meter; the best wall time of `repeats` runs (the least disturbed one)."""
+    best, out, meter = float("inf"), [], None
+    for _ in range(repeats):
+        with minillm.Meter() as m:
+            t0 = time.perf_counter()
+            out = minillm.generate(model, ids, n, kv_cache=kv_cache)
+            seconds = time.perf_counter() - t0
+        if seconds < best:
+            best, meter = seconds, m
+    return out, meter, best
+
+
+def lesson(L: Lesson) -> None:
+    model = L.load_model()
+    c = model.config
+    enc = minillm.tokenizer()
+    ids = enc.encode(PROMPT)
+    P = len(ids)
+    N = min(L.pick(160, 48), c.n_ctx - P)
+    L.say(f"""
+        In lesson 4 every step recomputed the keys and values of every earlier position, although
+        they never change: position *j*'s key depends only on tokens 0..*j*. The fix: **keep them**.
+        `model.prefill(ids)` fills a cache with the prompt's keys and values (lesson 3); then each
+        `model.decode_step(token, cache)` runs **only the new token** through the blocks, appends its
+        key and value to the cache, and lets its query attend over everything stored.
+
+        ```python
+        logits, cache = model.prefill(ids)            # the prompt, once
+        for _ in range(n - 1):
+            token = minillm.sample(logits)
+            logits = model.decode_step(token, cache)  # one token, reading the cache
+        ```
+
+        `minillm.generate(model, ids, n)` is this loop (`kv_cache=True` is the default). Same
+        prompt, {N} tokens, greedy, both ways:
+    """)
+    minillm.generate(model, ids, 2)                   # warm-up: first touches of weights and cache pages
+    minillm.generate(model, ids, 2, kv_cache=False)
+    with L.status(f"generating {N} tokens twice: naive, then with the KV cache…"):
+        naive, mn, tn = timed_generate(model, ids, N, kv_cache=False, repeats=1)
+        cached, mc, tc = timed_generate(model, ids, N, kv_cache=True, repeats=1)
+    L.show(Panel(escape(PROMPT) + "[bold]" + escape(enc.decode(cached)) + "[/]",
+                 title=f"{escape(model.name)}, greedy, KV-cached", title_align="left"))
+    L.claim(naive == cached, f"naive and cached decode produced the same {N} tokens")
+    decode = mc.of_kind("decode")
+    L.claim(mc.steps[0].kind == "prefill" and mc.steps[0].n_tokens == P and all(r.n_tokens == 1 for r in decode),
+            f"with the cache: one prefill of {P} tokens, then {len(decode)} decode steps of one token each")
+    L.pause()
+
+    L.section("Per-step cost: flat instead of growing")
+    shown = report.select(mn.steps, 10)
+    L.show(paired_chart("FLOPs per step, on one scale (counted by the meter):",
+                        [(f"step {i}", mn.steps[i].total_flops, mc.steps[i].total_flops,
+                          fmt_flops(mn.steps[i].total_flops), fmt_flops(mc.steps[i].total_flops)) for i in shown],
+                        names=("naive ", "cached")))
+    matmul = {r.flops["matmul"] for r in decode}
+    growth = {b.flops["attention"] - a.flops["attention"] for a, b in zip(decode, decode[1:])}
+    L.claim(len(matmul) == 1, f"every cached decode step does the same matrix work: {fmt_flops(matmul.pop())}")
+    L.claim(growth == {4 * c.n_layer * c.n_embd},
+            f"only attention grows, by 4·L·d = {4 * c.n_layer * c.n_embd:,} FLOPs per step: one more key and value to read")
+    L.claim(all(a.total_flops > b.total_flops for a, b in zip(mn.steps[1:], mc.steps[1:])),
+            "after the prefill, every cached step does fewer FLOPs than the naive step at the same position")
+    L.say(f"""
+        Totals for the {N} tokens: naive {fmt_flops(mn.total('total_flops'))} in {fmt_time(tn)};
+        cached {fmt_flops(mc.total('total_flops'))} in {fmt_time(tc)}. What the cache gives up in
+        exchange is the memory to hold it, and the job of reading it: every decode step reads the
+        keys and values of **all** earlier positions ({fmt_bytes(decode[-1].bytes['kv_read'])} at the
+        last step here). Lesson 6 weighs that against the weights.
+    """)
+    L.pause()
+
+    L.section("Speedup, measured")
+    big = model.n_params() > 50e6
+    lengths = [n for n in L.pick([8, 16, 32] if big else [16, 64, 128, 192], [16, 96]) if n <= c.n_ctx - P]
+    repeats = L.pick(2, 1)
+    rows = []
+    with L.status("timing naive and cached decode at several lengths…"):
+        for n in lengths:
+            _, m_n, s_n = timed_generate(model, ids, n, kv_cache=False, repeats=repeats)
+            _, m_c, s_c = timed_generate(model, ids, n, kv_cache=True, repeats=repeats)
+            rows.append((n, s_n, s_c, m_n.total("total_flops") / m_c.total("total_flops")))
+    t = Table(header_style="bold")
+    for col in ("new tokens", "naive", "cached", "speedup (time)", "FLOPs saved"):
+        t.add_column(col, justify="right")
+    for n, s_n, s_c, fr in rows:
+        t.add_row(str(n), fmt_time(s_n), fmt_time(s_c), f"[bold]{fmt_x(s_n / s_c)}[/]", fmt_x(fr))
+    L.show(f"[bold]{escape(model.name)}, {P}-token prompt, best of {repeats} run(s) each[/]", t)
+    L.show(bar_chart("Speedup of the KV cache (measured wall time):",
+                     [(f"{n} tokens", s_n / s_c, fmt_x(s_n / s_c)) for n, s_n, s_c, _ in rows], style="green"))
+    n, s_n, s_c, fr = rows[-1]
+    L.claim(s_n / s_c > 1.0, f"for {n} new tokens the cache is {fmt_x(s_n / s_c)} faster, measured on this machine")
+    L.claim(all(fr > 1.0 for *_, fr in rows) and rows[-1][3] > rows[0][3],
+            "it saves FLOPs at every length, and more the longer the answer")
+    L.say("""
+        The longer the answer, the bigger the win: naive decode's total grows with the square of the
+        length, cached decode's about linearly. At short lengths the fixed costs both share (the LM
+        head, per-operation overhead) hide part of the difference.
+    """)
+    L.pause()
+
+    L.section("What the cache costs: memory")
+    t = Table(header_style="bold")
+    for col in ("model", "L × d", "KV per token", "at 1,024 tokens", "weights (float32)", "KV ÷ weights"):
+        t.add_column(col, justify="right")
+    per = {}
+    for name, cfg in PRESETS.items():
+        per[name] = minillm.KVCache(cfg).bytes_per_token()   # allocates lazily: no page is touched
+        full = per[name] * 1024
+        t.add_row(f"GPT-2 {name}", f"{cfg.n_layer} × {cfg.n_embd}", f"{per[name] / 1024:g} KiB", fmt_bytes(full),
+                  fmt_bytes(4 * cfg.n_params()), f"{full / (4 * cfg.n_params()):.0%}")
+    mine = model.new_cache().bytes_per_token()
+    t.add_row(escape(model.name), f"{c.n_layer} × {c.n_embd}", f"{mine / 1024:g} KiB", fmt_bytes(mine * min(1024, c.n_ctx)),
+              fmt_bytes(model.nbytes()), f"{mine * min(1024, c.n_ctx) / model.nbytes():.0%}" + ("" if c.n_ctx >= 1024 else f" (at {c.n_ctx})"))
+    L.show("[bold]KV cache size, float32 (KVCache(config).bytes_per_token())[/]", t)
+    L.claim(per["124m"] == 2 * 12 * 768 * 4 == 72 * 1024,
+            f"GPT-2 small keeps 2·L·d·4 = {per['124m']:,} bytes = 72 KiB per token, "
+            f"{fmt_bytes(per['124m'] * 1024)} for a full 1,024-token context")
+    users = int(4 * PRESETS["124m"].n_params() // (per["124m"] * 1024)) + 1
+    L.say(f"""
+        Per sequence that looks modest next to the weights. But the weights are shared by every
+        request a server handles, and the cache is not: {users} users at full context on GPT-2 small
+        need more memory for their caches than for the model. For big models with long contexts the
+        cache, not the weights, decides how many requests fit on a GPU (lesson 7).
+    """)
+    L.pause()
+
+    L.section("Two classic bugs, and how minillm avoids them")
+    logits, cache = model.prefill(ids)
+    token = int(np.argmax(logits))
+    reference = model.forward(ids + [token])[-1]              # the truth: the whole sequence, no cache
+    right = model.decode_step(token, copy.deepcopy(cache))
+    wrong_cache = copy.deepcopy(cache)
+    x = model.hidden(np.array([token]), wrong_cache, 0)       # the new token placed at position 0
+    wrong = ops.lm_head(x, model.wte)[0]
+    d_right, d_wrong = np.abs(right - reference).max(), np.abs(wrong - reference).max()
+    L.say(f"""
+        **1. The position offset.** A decode step must embed the new token at position *t* (the number
+        of tokens already cached), store its key and value at slot *t*, and attend over slots 0..*t*.
+        Forget the offset and the new token is embedded as if it were the first one, overwrites the
+        first slot, and sees nothing else. Below, the new token `{token_text(enc, token)}` after the
+        {P}-token prompt, three ways: the whole sequence with `model.forward` (the truth), `model.decode_step`
+        (position {P}), and the blocks called with position 0 (the bug).
+    """)
+    t = Table(header_style="bold")
+    for col in ("", "largest |logit − truth|", "next token"):
+        t.add_column(col, justify="right" if col else "left")
+    t.add_row(escape("model.forward(ids + [token])[-1]"), "0", token_text(enc, int(np.argmax(reference))))
+    t.add_row(f"model.decode_step(token, cache)  (position {P})", f"{d_right:.1e}", token_text(enc, int(np.argmax(right))))
+    t.add_row("blocks at position 0  (the bug)", f"{d_wrong:.3g}", token_text(enc, int(np.argmax(wrong))))
+    L.show(t)
+    L.claim(d_right < 1e-3, "decode_step with the cache gives the logits of a full forward pass (to float32 rounding)")
+    L.claim(d_wrong > 100 * max(d_right, 1e-7), "the missing offset gives different logits: a silent wrong answer")
+    L.say("""
+        minillm cannot make this mistake because the caller never passes a position:
+        `decode_step(token, cache)` reads it from `cache.length` and advances it. Its tests check
+        cached against naive logits at every step.
+
+        **2. The context limit.** GPT-2 learned 1,024 positions (`wpe` has 1,024 rows; this model has
+        its own `n_ctx`). Past the end there is no position embedding and no cache slot; a loop that
+        does not check either crashes deep inside the model or, worse, quietly reuses rows.
+        minillm checks before doing any work:
+    """)
+    for what, fn in ((f"minillm.generate(model, ids, {c.n_ctx})", lambda: minillm.generate(model, ids, c.n_ctx)),
+                     (f"model.prefill({c.n_ctx + 1} tokens)", lambda: model.prefill(np.zeros(c.n_ctx + 1, dtype=np.intp)))):
+        try:
+            fn()
+        except minillm.PromptError as e:
+            L.console.print(f"  [bold]{escape(what)}[/] → [red]PromptError:[/] {escape(str(e))}", soft_wrap=True)
+            raised = True
+        else:
+            raised = False
+        L.claim(raised, f"{what} raises PromptError instead of running past the context")
+    L.takeaway(f"""
+        The KV cache turns decode into **one token's work per step**: same tokens, {fmt_x(rows[-1][1] / rows[-1][2])}
+        faster for {rows[-1][0]} tokens here, paid for with 2·L·d·b bytes of memory per token. Each step
+        still reads **every weight** to produce a single token. Lesson 6 measures what that costs.
+    """)
+    L.try_it("""
+        `minillm compare "ROMEO:" --max-new-tokens 200`: both decodes side by side, with the
+        counters of every step and the measured speedup. Expect identical text, flat cached steps,
+        and a speedup that grows if you raise `--max-new-tokens`.
+    """)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_lesson(lesson, argv, number=5, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
+                      prog="python lessons/05_kv_cache.py")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,376 @@
+"""What every lesson shares: options, pauses, narrative, checked claims and terminal bar charts.
+
+A lesson is a module with TITLE, MINUTES, WHAT_YOU_WILL_SEE, a `lesson(L)` function that tells the
+story, and `main(argv=None) -> int`, which is `run_lesson(...)`. The lesson body calls the same
+public functions a user calls (minillm.load, minillm.tokenizer, model.prefill, minillm.generate,
+minillm.Meter, minillm.hardware); this file only formats what they return.
+
+Options every lesson takes:
+    --no-pause   never wait for Enter (pauses happen only when stdin is a terminal anyway)
+    --fast       smaller models and fewer steps, so the whole course runs in seconds
+                 (also on with the environment variable MINILLM_FAST=1)
+    --model M    run the lesson on another model (e.g. random-124m, or a downloaded gpt2)
+
+Every claim a lesson makes about the numbers is checked with `L.claim(condition, text)`: if one
+fails the lesson stops with a red message and exit status 1, so the tests catch a broken claim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+from rich import box
+from rich.console import Console, Group
+from rich.markdown import Markdown
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+import minillm
+from minillm import hardware
+from minillm.errors import MiniLLMError
+
+FAST_ENV = "MINILLM_FAST"
+
+# ---------------------------------------------------------------------------------------------------
+# Numbers as words
+# ---------------------------------------------------------------------------------------------------
+
+
+def fmt_bytes(n: float) -> str:
+    """Decimal units (1 MB = 10⁶ bytes), as bandwidths are quoted: 498 MB, 75.5 MB, 73.7 kB."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            v = n / scale
+            return f"{v:,.0f} {unit}" if v >= 100 else f"{v:.3g} {unit}"
+    return f"{n:,.0f} B"
+
+
+def fmt_flops(n: float) -> str:
+    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if abs(n) >= scale:
+            v = n / scale
+            return f"{v:,.0f} {unit}" if v >= 100 else f"{v:.3g} {unit}"
+    return f"{n:,.0f} FLOP"
+
+
+def fmt_time(s: float) -> str:
+    if s >= 10:
+        return f"{s:,.1f} s"
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} µs"
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def fmt_prob(p: float) -> str:
+    return f"{p:.1%}" if p >= 0.001 else f"{p:.4%}"
+
+
+def fmt_x(ratio: float) -> str:
+    return f"{ratio:,.0f}×" if ratio >= 100 else f"{ratio:.3g}×"
+
+
+def token_text(enc, token: int) -> str:
+    """A token as the learner should see it: spaces as ␣, newlines as ↵, broken UTF-8 as bytes."""
+    text = enc.decode_single_token_bytes(token).decode("utf-8", errors="backslashreplace")
+    return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Terminal charts
+# ---------------------------------------------------------------------------------------------------
+
+_EIGHTHS = ["", "▏", "▎", "▍", "▌", "▋", "▊", "▉"]
+
+
+def bar(value: float, vmax: float, width: int = 36) -> str:
+    """A horizontal bar of `value` on a scale where `vmax` fills `width` cells, in eighths of a cell."""
+    if vmax <= 0 or value <= 0:
+        return ""
+    cells = max(0.0, min(1.0, value / vmax)) * width
+    full = int(cells)
+    s = "█" * full + _EIGHTHS[int((cells - full) * 8)]
+    return s or "▏"
+
+
+def bar_chart(title: str, rows: Iterable[tuple[str, float, str]], *, style: str = "cyan",
+              width: int = 36, vmax: float | None = None) -> Group:
+    """One bar per row: (label, value, value as text). All bars share one scale (the largest value)."""
+    rows = list(rows)
+    top = vmax if vmax is not None else max((v for _, v, _ in rows), default=0.0)
+    t = Table(box=None, show_header=False, padding=(0, 1))
+    t.add_column(justify="right", no_wrap=True)
+    t.add_column(no_wrap=True, style=style)
+    t.add_column(justify="right", no_wrap=True)
+    for label, value, text in rows:
+        t.add_row(label, bar(value, top, width), text)
+    return Group(Text.from_markup(f"[bold]{title}[/]"), t)
+
+
+def paired_chart(title: str, rows: Iterable[tuple[str, float, float, str, str]], names: tuple[str, str],
+                 styles: tuple[str, str] = ("red", "green"), width: int = 36) -> Group:
+    """Two bars per row on one shared scale: (label, a, b, a as text, b as text)."""
+    rows = list(rows)
+    top = max((max(a, b) for _, a, b, _, _ in rows), default=0.0)
+    t = Table(box=None, show_header=False, padding=(0, 1))
+    t.add_column(justify="right", no_wrap=True)
+    t.add_column(no_wrap=True)
+    t.add_column(no_wrap=True)
+    t.add_column(justify="right", no_wrap=True)
+    for label, a, b, ta, tb in rows:
+        t.add_row(label, Text(names[0], style=styles[0]), Text(bar(a, top, width), style=styles[0]), ta)
+        t.add_row("", Text(names[1], style=styles[1]), Text(bar(b, top, width), style=styles[1]), tb)
+    return Group(Text.from_markup(f"[bold]{title}[/]"), t)
+
+
+def stacked_bar(parts: list[tuple[float, str]], vmax: float, width: int = 50) -> Text:
+    """One bar cut into coloured segments (value, style), on a scale where vmax fills `width`."""
+    out = Text()
+    for value, style in parts:
+        n = round(value / vmax * width) if vmax > 0 else 0
+        if value > 0 and n == 0:
+            n = 1
+        out.append("█" * n, style=style)
+    return out
+
+
+def roofline_plot(bandwidth_gbs: float, peak_gflops: float, points: list[tuple[str, float, float]],
+                  width: int = 64, height: int = 15) -> Text:
+    """A log-log roofline in characters: x = FLOPs per byte, y = GFLOP/s.
+
+    The roof is min(peak, intensity × bandwidth), drawn with dots; each point (letter, intensity,
+    achieved GFLOP/s) is a letter; the ridge (peak ÷ bandwidth) is marked on the x axis with ▲.
+    """
+    import math
+
+    ridge = peak_gflops / bandwidth_gbs
+    xs = [p[1] for p in points if p[1] > 0] + [ridge]
+    ys = [p[2] for p in points if p[2] > 0] + [peak_gflops]
+    x0 = math.floor(math.log10(min(xs) / 2))
+    x1 = math.ceil(math.log10(max(xs) * 2))
+    y1 = math.ceil(math.log10(peak_gflops * 1.5))
+    y0 = min(math.floor(math.log10(min(ys) / 2)), math.floor(math.log10(bandwidth_gbs * 10**x0)))
+    y0 = max(y0, y1 - 6)
+
+    def col(x: float) -> int:
+        return round((math.log10(x) - x0) / (x1 - x0) * (width - 1))
+
+    def row(y: float) -> int:  # 0 = top
+        v = (math.log10(max(y, 10**y0)) - y0) / (y1 - y0)
+        return height - 1 - round(min(1.0, max(0.0, v)) * (height - 1))
+
+    grid = [[(" ", "") for _ in range(width)] for _ in range(height)]
+    for c in range(width):
+        x = 10 ** (x0 + c / (width - 1) * (x1 - x0))
+        grid[row(min(peak_gflops, x * bandwidth_gbs))][c] = ("·", "blue")
+    for label, x, y in points:
+        if x > 0 and y > 0:
+            grid[row(y)][col(x)] = (label, "bold magenta")
+    out = Text()
+    for r, line in enumerate(grid):
+        # a label at each decade of the y axis
+        y_here = 10 ** (y0 + (height - 1 - r) / (height - 1) * (y1 - y0))
+        decade = round(math.log10(y_here))
+        label = f"{10**decade:g}" if row(10**decade) == r else ""
+        out.append(f"{label:>8} ┤", style="dim")
+        for ch, style in line:
+            out.append(ch, style=style or None)
+        out.append("\n")
+    out.append(" " * 9 + "└" + "─" * width + "\n", style="dim")
+    mark = f"▲ ridge {ridge:.3g}"
+    at = col(ridge)
+    out.append(" " * (10 + at) + mark + "\n" if at + len(mark) <= width + 8
+               else " " * (10 + at + 1 - len(mark)) + f"ridge {ridge:.3g} ▲" + "\n", style="blue")
+    ticks = [" "] * (width + 8)
+    for e in range(x0, x1 + 1):
+        text = f"{10**e:g}"
+        c = col(10**e)
+        for i, ch in enumerate(text):
+            if c + i < len(ticks):
+                ticks[c + i] = ch
+    out.append(" " * 10 + "".join(ticks).rstrip() + "\n", style="dim")
+    out.append(" " * 10 + "FLOPs per byte (log)   ·  roof: min(peak, FLOPs/byte × bandwidth), GFLOP/s (log)",
+               style="dim")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# The lesson
+# ---------------------------------------------------------------------------------------------------
+
+
+class ClaimFailed(AssertionError):
+    """A claim the lesson makes about the numbers did not hold on this run."""
+
+
+@dataclass
+class Lesson:
+    number: int
+    title: str
+    fast: bool = False
+    no_pause: bool = False
+    model_name: str | None = None
+    console: Console = field(default_factory=lambda: Console(highlight=False))
+    claims: list[str] = field(default_factory=list)
+    _after_claim: bool = False
+
+    def _gap(self) -> None:
+        """A blank line between a run of checked claims and what follows."""
+        if self._after_claim:
+            self.console.print()
+            self._after_claim = False
+
+    # -- narrative ----------------------------------------------------------------------------
+
+    def say(self, markdown: str) -> None:
+        """A paragraph (or list, or code block) of Markdown."""
+        self._gap()
+        self.console.print(Markdown(textwrap.dedent(markdown).strip()))
+        self.console.print()
+
+    def section(self, title: str) -> None:
+        self._after_claim = False
+        self.console.print()
+        self.console.rule(f"[bold]{title}[/]", align="left")
+        self.console.print()
+
+    def show(self, *renderables) -> None:
+        self._gap()
+        for r in renderables:
+            self.console.print(r)
+        self.console.print()
+
+    def takeaway(self, markdown: str) -> None:
+        self._gap()
+        self.console.print(Panel(Markdown(textwrap.dedent(markdown).strip()), border_style="green",
+                                 title="the point", title_align="left", padding=(0, 1)))
+        self.console.print()
+
+    def note(self, text: str) -> None:
+        self._gap()
+        self.console.print(f"[yellow]note:[/] {text}", soft_wrap=True)
+        self.console.print()
+
+    def pause(self) -> None:
+        """Wait for Enter, only when someone is at a terminal and --no-pause was not given."""
+        if self.no_pause or not sys.stdin.isatty():
+            return
+        try:
+            self.console.input("[dim]── press Enter to go on (Ctrl-C to stop) ──[/]")
+        except EOFError:
+            self.no_pause = True
+
+    def status(self, message: str):
+        """A spinner while something slow runs (nothing is printed when output is not a terminal)."""
+        return self.console.status(message)
+
+    def try_it(self, markdown: str) -> None:
+        self._gap()
+        self.console.print(Panel(Markdown(textwrap.dedent(markdown).strip()), border_style="magenta",
+                                 title="Try it yourself", title_align="left", padding=(0, 1)))
+
+    # -- checked claims -----------------------------------------------------------------------
+
+    def claim(self, ok: bool, text: str) -> None:
+        """State a claim about the numbers just measured; stop the lesson if it does not hold."""
+        if not ok:
+            raise ClaimFailed(text)
+        self.claims.append(text)
+        self.console.print(f"[green]✓ checked:[/] {text}", soft_wrap=True)
+        self._after_claim = True
+
+    # -- what lessons need from minillm -------------------------------------------------------
+
+    def pick(self, full, fast):
+        """The full-experience value, or the fast one under --fast / MINILLM_FAST=1."""
+        return fast if self.fast else full
+
+    def load_model(self, default: str | None = None, fast: str | None = None):
+        """The model for this lesson: --model if given, else `default` (fast mode: `fast`).
+
+        `None` means minillm.load()'s own default, the bundled model (a small random model, with a
+        note, when none is installed yet)."""
+        name = self.model_name or (fast if self.fast and fast is not None else default)
+        with self.status(f"loading {name or 'the bundled model'}…"):
+            model = minillm.load(name, quiet=True)
+        if name is None and model.name == "random-tiny":
+            self.note("no bundled model is installed yet, so this lesson uses a small random model "
+                      "(random-tiny): the numbers are real, the text it writes is gibberish.")
+        return model
+
+    def machine(self) -> hardware.Hardware:
+        """This machine's measured bandwidth and matmul peak (measured once, then cached)."""
+        return hardware.machine(progress=self.console.is_terminal)
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-pause", action="store_true", help="never wait for Enter between parts")
+    parser.add_argument("--fast", action="store_true",
+                        help="smaller models and fewer steps (also: environment MINILLM_FAST=1)")
+    parser.add_argument("--model", default=None, metavar="MODEL",
+                        help="run on another model: random-124m, random-tiny, a checkpoint path, gpt2, ...")
+
+
+def fast_from_env() -> bool:
+    return os.environ.get(FAST_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+@contextlib.contextmanager
+def _fast_env(on: bool) -> Iterator[None]:
+    """While a fast lesson runs, MINILLM_FAST=1 so the hardware measurement is the quick one too."""
+    old = os.environ.get(FAST_ENV)
+    if on:
+        os.environ[FAST_ENV] = "1"
+    try:
+        yield
+    finally:
+        if on:
+            if old is None:
+                os.environ.pop(FAST_ENV, None)
+            else:
+                os.environ[FAST_ENV] = old
+
+
+def make_console() -> Console:
+    # Piped or captured output (tests, `| less`) gets 100 columns instead of rich's default 80.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 100)
+
+
+def run_lesson(body: Callable[[Lesson], None], argv: list[str] | None, *, number: int, title: str,
+               minutes: int, what: str, prog: str | None = None) -> int:
+    """Parse the options, tell the lesson, and turn a failed claim or a user error into exit status 1."""
+    parser = argparse.ArgumentParser(prog=prog or f"lesson {number:02d}", description=f"Lesson {number}: {title}")
+    add_options(parser)
+    args = parser.parse_args(argv)
+    console = make_console()
+    fast = bool(args.fast) or fast_from_env()
+    L = Lesson(number, title, fast=fast, no_pause=args.no_pause, model_name=args.model, console=console)
+    console.print(Panel(f"[bold]Lesson {number}: {title}[/]\n[dim]about {minutes} minutes · {what}[/]"
+                        + ("\n[yellow]fast mode: smaller models and fewer steps[/]" if fast else ""),
+                        border_style="blue", padding=(0, 1)))
+    try:
+        with _fast_env(fast):
+            body(L)
+    except ClaimFailed as e:
+        console.print(f"[bold red]✗ a claim of this lesson did not hold on this run:[/] {e}", soft_wrap=True)
+        return 1
+    except MiniLLMError as e:
+        console.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+        return 1
+    except KeyboardInterrupt:
+        console.print("\n[dim]stopped.[/]")
+        return 130
+    console.print(f"\n[dim]Lesson {number} done: {len(L.claims)} claims checked against this run's numbers.[/]")
+    return 0

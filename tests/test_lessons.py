@@ -1,0 +1,136 @@
+"""The terminal lessons: every one runs in fast mode and its checked claims hold; `minillm learn` lists
+and runs them; pauses wait for Enter only at a terminal."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minillm import learn
+from minillm.errors import MiniLLMError
+from minillm.lessons import _common
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def home(tmp_path_factory):
+    """A private $MINILLM_HOME (the hardware figures are measured once, in fast mode, for all lessons)."""
+    with pytest.MonkeyPatch.context() as mp:
+        path = tmp_path_factory.mktemp("minillm_home")
+        mp.setenv("MINILLM_HOME", str(path))
+        mp.delenv("MINILLM_FAST", raising=False)
+        yield path
+
+
+def test_lessons_are_discovered_in_order_with_their_metadata():
+    numbers = [info.number for info in learn.LESSONS]
+    assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) >= 7
+    for info in learn.LESSONS:
+        assert info.title and info.what and info.minutes > 0
+        module = importlib.import_module(info.module)
+        assert callable(module.main)
+
+
+@pytest.mark.parametrize("info", learn.LESSONS, ids=lambda info: f"{info.number:02d}_{info.slug}")
+def test_lesson_runs_in_fast_mode_and_its_claims_hold(info, capsys):
+    module = importlib.import_module(info.module)
+    rc = module.main(["--fast", "--no-pause"])
+    out = capsys.readouterr().out
+    assert rc == 0, out[-3000:]
+    assert "✓ checked" in out
+    assert "✗" not in out
+    assert "Try it yourself" in out
+    assert os.environ.get("MINILLM_FAST") is None   # the lesson put the environment back
+
+
+def test_listing_shows_every_lesson(capsys):
+    rc = learn.run(argparse.Namespace(lesson=None, no_pause=False, fast=False, model=None))
+    out = capsys.readouterr().out
+    assert rc == 0
+    for info in learn.LESSONS:
+        assert f"{info.number:02d}" in out
+        assert info.title.split(":")[0] in out
+
+
+def test_find_by_number_or_name():
+    assert learn.find("3") == learn.find("03") == learn.find("prefill")
+    assert learn.find("kv-cache") == learn.find("5")
+    with pytest.raises(MiniLLMError, match="no lesson"):
+        learn.find("99")
+
+
+def test_learn_passes_the_options_to_the_lesson(monkeypatch):
+    seen = []
+    module = importlib.import_module(learn.find("2").module)
+    monkeypatch.setattr(module, "main", lambda argv=None: seen.append(argv) or 0)
+    args = argparse.ArgumentParser()
+    learn.add_arguments(args)
+    assert learn.run(args.parse_args(["2", "--fast", "--no-pause", "--model", "random-tiny"])) == 0
+    assert seen == [["--no-pause", "--fast", "--model", "random-tiny"]]
+
+
+def test_cli_wires_learn(capsys):
+    cli = pytest.importorskip("minillm.cli")
+    try:
+        rc = cli.main(["learn"])
+    except SystemExit as e:   # `learn` not wired into the CLI yet
+        pytest.skip(f"minillm learn is not wired yet (exit {e.code})")
+    assert rc == 0
+    assert learn.LESSONS[0].title.split(":")[0] in capsys.readouterr().out
+
+
+def test_a_lesson_runs_as_a_script_without_waiting_when_stdin_is_not_a_terminal(home):
+    """No --no-pause: the pauses must see that stdin is not a terminal and not wait."""
+    proc = subprocess.run([sys.executable, str(ROOT / "lessons" / "01_tokens.py"), "--fast"], cwd=ROOT,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Lesson 1 done" in proc.stdout
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("tty, no_pause, waits", [(True, False, True), (True, True, False), (False, False, False)])
+def test_pause_waits_for_enter_only_at_a_terminal_without_no_pause(monkeypatch, tty, no_pause, waits):
+    stdin = (_Terminal if tty else io.StringIO)("\nrest\n")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    lesson = _common.Lesson(1, "t", no_pause=no_pause, console=_common.Console(file=io.StringIO()))
+    lesson.pause()
+    assert (stdin.tell() > 0) is waits
+
+
+def test_a_failed_claim_stops_the_lesson_with_status_1(capsys):
+    def body(L):
+        L.claim(True, "fine")
+        L.claim(False, "the numbers disagree")
+
+    assert _common.run_lesson(body, ["--no-pause"], number=9, title="t", minutes=1, what="w") == 1
+    assert "the numbers disagree" in capsys.readouterr().out
+
+
+def test_a_user_error_is_one_red_line_and_status_1(capsys):
+    def body(L):
+        L.load_model()
+
+    assert _common.run_lesson(body, ["--no-pause", "--model", "no-such-model"], number=9, title="t",
+                              minutes=1, what="w") == 1
+    out = capsys.readouterr().out
+    assert "error:" in out and "Traceback" not in out
+
+
+def test_fast_mode_from_the_environment(monkeypatch):
+    seen = []
+    monkeypatch.setenv("MINILLM_FAST", "1")
+    assert _common.run_lesson(lambda L: seen.append(L.fast), ["--no-pause"], number=9, title="t",
+                              minutes=1, what="w") == 0
+    assert seen == [True]
