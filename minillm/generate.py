@@ -34,6 +34,7 @@ def sample(logits: np.ndarray, temperature: float = 0.0, top_k: int | None = Non
     temperature 0 is greedy (argmax). Otherwise: divide by the temperature, keep the top_k most
     likely, keep the smallest set whose probability reaches top_p (nucleus), renormalise, draw one.
     """
+    check_sampling(temperature, top_k, top_p)
     if temperature == 0:
         return int(np.argmax(logits))
     order = np.argsort(-logits, kind="stable")            # token ids, most likely first

@@ -9,7 +9,7 @@ import numpy as np
 
 from .checkpoint import load_checkpoint, random_params
 from .config import PRESETS, GPT2Config
-from .errors import ModelNotFoundError
+from .errors import MiniLLMError, ModelNotFoundError
 from .model import GPT2
 from .paths import package_weights_dir
 
@@ -48,7 +48,7 @@ def load(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = Fa
     """
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
-        raise ModelNotFoundError(f"dtype {dtype}: minillm computes in float32 or float64")
+        raise MiniLLMError(f"dtype {dtype}: minillm computes in float32 (default) or float64 (for exactness checks)")
     if source is None or source == "default":
         if has_bundled():
             config, params = load_checkpoint(bundled_dir(), dtype)

@@ -149,6 +149,8 @@ class GPT2:
         """One token at the cache's next position; writes its K and V into the cache in place.
         -> logits [V]."""
         pos = cache.length
+        if not isinstance(token, (int, np.integer)):
+            raise PromptError(f"token {token!r}: a token id must be an integer")
         if not 0 <= token < self.config.vocab_size:
             raise PromptError(f"token id {token} is outside this model's vocabulary of {self.config.vocab_size} ids")
         cache.check_room(1)
