@@ -14,6 +14,8 @@ except ModuleNotFoundError:  # a checkout in which minillm is not installed: use
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
     from lessons._common import Lesson, run_lesson, token_text
 
+import pathlib
+
 from rich.markup import escape
 from rich.table import Table
 
@@ -128,10 +130,11 @@ def lesson(L: Lesson) -> None:
         **generated** token is one more id, produced one at a time (decode, lessons 4 to 6).
     """)
     hello = enc.encode(" hello world")
+    here = pathlib.Path(__file__).resolve()
     L.try_it(f"""
-        Edit `SENTENCE` at the top of `lessons/01_tokens.py` (your name, a line of code, a sentence in
-        another language) and run `python lessons/01_tokens.py --no-pause`. English runs around
-        4 characters per token; other scripts can cost one token per byte.
+        Edit `SENTENCE` at the top of `{here}` (your name, a line of code, a sentence in another
+        language) and run `python {here} --no-pause`. English runs around 4 characters per token;
+        other scripts can cost one token per byte.
 
         Or from Python: `python -c "import minillm; print(minillm.tokenizer().encode(' hello world'))"`
         prints `{hello}`.

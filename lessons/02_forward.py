@@ -198,10 +198,10 @@ def lesson(L: Lesson) -> None:
         only on T: the cost of a pass is set by **how many tokens** go through it. The next lessons are
         about what that means when you generate text one token at a time.
     """)
-    L.try_it("""
-        `python lessons/02_forward.py --model random-124m --no-pause` runs the same walk at GPT-2
+    L.try_it(f"""
+        `minillm learn 2 --model random-124m --no-pause` runs the same walk at GPT-2
         small's real width: d = 768, 12 heads of 64, MLP of 3,072, logits [T, 50257]. Or change
-        `PROMPT` in the file and watch the top-5 change (with a trained model).
+        `PROMPT` in `{__file__}` and watch the top-5 change (with a trained model).
     """)
 
 

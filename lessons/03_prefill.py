@@ -167,7 +167,7 @@ def lesson(L: Lesson) -> None:
         time, first without the cache (lesson 4), then with it (lesson 5).
     """)
     L.try_it("""
-        `python lessons/03_prefill.py --model random-124m --no-pause`: GPT-2 small's prefill
+        `minillm learn 3 --model random-124m --no-pause`: GPT-2 small's prefill
         reaches far higher intensity (d = 768: each weight byte feeds more arithmetic), and its KV
         cache is 72 KiB per token. Lesson 7 puts these numbers on this machine's roofline.
     """)

@@ -359,7 +359,7 @@ def lesson(L: Lesson) -> None:
         (decode)? The meter, the hardware figures and the roofline answer it for any workload.
     """)
     L.try_it(f"""
-        Run this lesson on a bigger model: `python lessons/07_diagnose.py --model random-355m --no-pause`
+        Run this lesson on a bigger model: `minillm learn 7 --model random-355m --no-pause`
         (decode reads {fmt_x(MODELS["355m"].n_params() / MODELS["124m"].n_params())} GPT-2 small's bytes per token;
         see which verdicts shift). Or ask about a chip and a model you care
         about: `minillm hardware --chip h100-sxm --params 70B --dtype fp16` prints its decode ceiling.

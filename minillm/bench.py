@@ -40,13 +40,18 @@ def decode_weights(model) -> list[np.ndarray]:
             for name in ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")]
 
 
-def matvec_pass(mats: list[np.ndarray], wte: np.ndarray, transposed: bool = False) -> None:
-    """One vector through every matrix: x @ W for [in, out] weights (W @ x if `transposed`, [out, in])."""
+def matvec_pass(mats: list[np.ndarray], head: np.ndarray) -> None:
+    """One vector through every [in, out] matrix (x @ W), then the LM head stored [d, V]: the engine's layout."""
     for w in mats:
-        x = np.ones(w.shape[1] if transposed else w.shape[0], dtype=w.dtype)
-        w @ x if transposed else x @ w
-    x = np.ones(wte.shape[1], dtype=wte.dtype)
-    wte @ x                                               # [V, d] @ [d]: the tied LM head
+        np.ones((1, w.shape[0]), dtype=w.dtype) @ w
+    np.ones((1, head.shape[0]), dtype=head.dtype) @ head
+
+
+def matvec_pass_out_in(mats_t: list[np.ndarray], wte: np.ndarray) -> None:
+    """The other layout: every matrix stored [out, in] (W @ x), the LM head as the checkpoint's [V, d]."""
+    for w in mats_t:
+        w @ np.ones(w.shape[1], dtype=w.dtype)
+    wte @ np.ones(wte.shape[1], dtype=wte.dtype)
 
 
 # -- the meter's cost ----------------------------------------------------------------------------
@@ -105,9 +110,9 @@ def run_bench(model, contexts: list[int], repeats: int = 5, decode_steps: int = 
     prompts = {n: rng.integers(0, c.vocab_size, n) for n in contexts}
     mats = decode_weights(model)
     mats_t = [np.ascontiguousarray(w.T) for w in mats]     # the [out, in] layout, for the comparison
-    wte_t = np.ascontiguousarray(model.wte.T)               # [d, V]: the LM head as x @ W
+    wte_vd = np.ascontiguousarray(model.wte)                # [V, d], as the checkpoint stores it
     samples: dict = {n: {"cached": [], "naive": [], "prefill": []} for n in contexts}
-    ceiling, layout_io, layout_oi, stripped, idle, metered = [], [], [], [], [], []
+    ceiling, layout_oi, stripped, idle, metered = [], [], [], [], []
 
     # bytes of one cached decode step at each context: from the meter, as the engine reports them
     step_bytes, step_flops = {}, {}
@@ -130,9 +135,8 @@ def run_bench(model, contexts: list[int], repeats: int = 5, decode_steps: int = 
             samples[n]["naive"].append(_time(lambda: model.forward(prompt, last_only=True, kind="decode")))
             if progress:
                 progress()
-        ceiling.append(min(_time(lambda: matvec_pass(mats, model.wte)) for _ in range(3)))
-        layout_io.append(min(_time(lambda: _pass_io(mats, wte_t)) for _ in range(3)))
-        layout_oi.append(min(_time(lambda: matvec_pass(mats_t, model.wte, transposed=True)) for _ in range(3)))
+        ceiling.append(min(_time(lambda: matvec_pass(mats, model.wte_t)) for _ in range(3)))
+        layout_oi.append(min(_time(lambda: matvec_pass_out_in(mats_t, wte_vd)) for _ in range(3)))
         # the meter's idle cost: the same decode step with no meter, with the counting code cut out, metered
         n0 = contexts[0]
         _, cache = model.prefill(prompts[n0])
@@ -174,20 +178,13 @@ def run_bench(model, contexts: list[int], repeats: int = 5, decode_steps: int = 
         "ceiling_tok_s": 1 / ceiling_s,
         "ceiling_bytes": ceiling_bytes,
         "ceiling_gbs": ceiling_bytes / ceiling_s / 1e9,
-        "layout_in_out_ms": med(layout_io) * 1e3,
+        "layout_in_out_ms": ceiling_s * 1e3,
         "layout_out_in_ms": med(layout_oi) * 1e3,
         "meter_idle_ms": med(idle) * 1e3,
         "meter_removed_ms": med(stripped) * 1e3,
         "meter_on_ms": med(metered) * 1e3,
         "rows": rows,
     }
-
-
-def _pass_io(mats: list[np.ndarray], wte_t: np.ndarray) -> None:
-    """Every weight [in, out], the LM head included (wte^T stored [d, V])."""
-    for w in mats:
-        np.ones(w.shape[0], dtype=w.dtype) @ w
-    np.ones(wte_t.shape[0], dtype=wte_t.dtype) @ wte_t
 
 
 # -- the command ---------------------------------------------------------------------------------

@@ -39,10 +39,14 @@ def embedding(wte: np.ndarray, wpe: np.ndarray, ids: np.ndarray, pos: int) -> np
 
 def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
     """Normalise each row to mean 0, variance 1, then scale by w and shift by b. [T, d] -> [T, d]."""
-    mean = x.mean(axis=-1, keepdims=True)             # [T, 1]
-    xc = x - mean                                     # [T, d]
-    var = np.mean(xc * xc, axis=-1, keepdims=True)    # [T, 1]
-    y = xc * (1.0 / np.sqrt(var + eps))               # [T, d]
+    inv_d = 1.0 / x.shape[-1]
+    mean = np.add.reduce(x, axis=-1, keepdims=True)          # [T, 1]
+    mean *= inv_d
+    y = x - mean                                             # [T, d]  centred
+    var = np.add.reduce(y * y, axis=-1, keepdims=True)       # [T, 1]
+    var *= inv_d
+    var += eps
+    y /= np.sqrt(var, out=var)                               # [T, d]  unit variance
     y *= w
     y += b
     m = meter.ACTIVE
@@ -130,6 +134,7 @@ def lm_head(x: np.ndarray, wte: np.ndarray) -> np.ndarray:
     """Logits over the vocabulary with the head tied to the token embedding: x @ wte^T. [T, d] -> [T, V].
 
     Reads all of wte, whatever the number of tokens: the single biggest read of a GPT-2 small step.
+    (The model stores wte^T contiguous, [d, V], so this streams like every other [in, out] layer.)
     """
     logits = x @ wte.T   # [T, V]
     m = meter.ACTIVE

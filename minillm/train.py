@@ -508,11 +508,15 @@ def evaluate(params, config: GPT2Config, tokens, batch=8, chunk=256) -> float:
 
 
 def heldout_loss(text_path, model) -> float:
-    """Held-out loss (nats/token) on the last 10% of the tokens of text_path. model: a directory or (params, config)."""
+    """Held-out loss (nats/token) on the last 10% of the tokens of text_path (see `evaluate`).
+
+    model: a checkpoint directory (model.safetensors + config.json), or a (params, config) pair in either order.
+    """
     if isinstance(model, (str, os.PathLike)):
         config, params = load_checkpoint(model)
     else:
-        params, config = model
+        a, b = model
+        params, config = (b, a) if isinstance(a, GPT2Config) else (a, b)
     tokens = load_tokens(text_path)
     cut = int(len(tokens) * DEFAULT_DATA_SPLIT)
     heldout = tokens[cut:]
