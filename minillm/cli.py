@@ -219,7 +219,24 @@ def build_parser() -> argparse.ArgumentParser:
     hardware.add_arguments(p)
     p.set_defaults(func=hardware.run)
 
-    from . import bench, download
+    from . import bench, download, learn, train
+    p = sub.add_parser("learn", help="the lessons: from tokens to why decode is memory-bound",
+                       description="List the lessons, or run lesson NN. Every number a lesson shows is measured live.")
+    learn.add_arguments(p)
+    p.set_defaults(func=learn.run)
+
+    p = sub.add_parser("train", help="train a small GPT-2 from scratch in NumPy (hand-written backward)",
+                       description="Train a GPT-2 on a text file with the GPT-2 tokenizer; checkpoints are written "
+                                   "atomically in the Hugging Face layout.")
+    train.add_arguments(p)
+    p.set_defaults(func=train.run)
+
+    p = sub.add_parser("eval", help="held-out loss of a model on the last 10%% of a text",
+                       description="Mean cross-entropy (nats/token) on the last 10%% of the text's tokens, in "
+                                   "windows of the model's context.")
+    train.add_eval_arguments(p)
+    p.set_defaults(func=train.run_eval)
+
     p = sub.add_parser("bench", help="decode speed against the matrix-vector ceiling, per context length",
                        description="Benchmark cached decode, naive decode and prefill at several context lengths, "
                                    "beside a bare NumPy matrix-vector pass over the same weights (the ceiling).")
