@@ -151,9 +151,11 @@ def lesson(L: Lesson) -> None:
     L.say("""
         The weights are read once per pass whatever the number of tokens, while the arithmetic grows
         with every token: intensity climbs with prompt length until the activations (which also
-        grow with T) take over. Per token, a long prompt is cheap; this is why the article calls
-        prefill **compute-bound**: the chip's arithmetic, not its memory, sets the pace. On a GPU
-        the whole prompt is one big matrix multiply that keeps every core busy.
+        grow with T) take over. Per token, a long prompt is cheap. With a real-size model and a long
+        prompt the intensity gets high enough that the chip's arithmetic, not its memory, sets the
+        pace: this is why the article calls prefill **compute-bound** (lesson 7 checks it against this
+        machine's roofline). On a GPU the whole prompt is one big matrix multiply that keeps every
+        core busy.
     """)
     head = records[-1].ops["lm_head"]["bytes"] / records[-1].total_bytes
     if head > 0.5:

@@ -95,6 +95,7 @@ def lesson(L: Lesson) -> None:
         {fmt_x(late / early)} their time (medians). The LM head is the one part that does not grow: it
         runs on the last position only. Everything else is recomputed for every token of the sequence.
     """)
+    L.busy_note()
     if late / early < 1.5:
         L.note("on this model the time grows more slowly than the FLOPs: at these sizes each step's fixed costs "
                "(reading the whole LM head, Python and NumPy overhead per operation) weigh as much as the "

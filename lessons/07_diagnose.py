@@ -33,7 +33,10 @@ MINUTES = 12
 WHAT_YOU_WILL_SEE = "the roofline, which phase dominates three workloads, what each optimization buys"
 
 SYSTEM = ("You are a helpful assistant who answers every question in the manner of William Shakespeare. "
-          "Answer briefly, in verse when you can, and never break character.\n")
+          "Answer briefly, in verse when you can, and never break character. Address the user as 'good "
+          "friend'. If you do not know the answer, say so plainly, as an honest player would, rather than "
+          "invent one. Keep to the facts the user gives you, be courteous, and end every answer with a "
+          "short couplet that sums it up.\n")
 QUESTIONS = ["Q: What is the capital of France?\nA:", "Q: Why is the sky blue?\nA:",
              "Q: How do I boil an egg?\nA:", "Q: Should I learn to play the lute?\nA:"]
 GPUS = ("a100-80gb", "h100-sxm")
@@ -169,6 +172,7 @@ def lesson(L: Lesson) -> None:
                   f"{d['bytes'] / (p['bytes'] + d['bytes']):.0%}",
                   versus(p["seconds"], d["seconds"]), versus(p["roof_gpu"], d["roof_gpu"]))
     L.show("\n".join(f"[bold]{escape(label)}[/]" for label, _, _ in results), t)
+    L.busy_note()
     L.say(f"""
         Shares are of the workload's total; *here* is the time measured on this machine, *A100* the roofline
         time of the same counters (fp16) on an A100. The larger of each pair is in bold.
@@ -233,9 +237,11 @@ def lesson(L: Lesson) -> None:
             f"prefix caching cut the prefill FLOPs of workload C by {1 - after['flops'] / before['flops']:.0%}")
     L.claim(logit_gap < 1e-3, f"and gives the same logits as prefilling the whole prompt (largest difference {logit_gap:.1e})")
     if after["seconds"] >= before["seconds"]:
-        L.note("the measured prefill time did not drop here. Every prefill call also reads the whole LM head (wte) "
-               "for its last position, and a small prompt's saving is small next to that and to per-call overhead; "
-               "the saving grows with the length of the shared prefix and the size of the model.")
+        L.note(f"the measured prefill time did not follow the FLOPs on this run. Every prefill call reads all the "
+               f"weights once ({after['steps']} calls moved {fmt_bytes(after['bytes'])}, {before['steps']} calls "
+               f"{fmt_bytes(before['bytes'])}), so short prefills gain less than their FLOPs suggest; and one run "
+               "of each is a noisy measurement. The saving grows with the length of the shared prefix.")
+        L.busy_note()
     same = sum(a == b for a, b in zip(plain_answers, cached_answers))
     L.say(f"""
         Same answers: {same} of {len(q_ids)} requests generated identical tokens both ways. Prefix caching attacks

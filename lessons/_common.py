@@ -138,11 +138,12 @@ def paired_chart(title: str, rows: Iterable[tuple[str, float, float, str, str]],
 def stacked_bar(parts: list[tuple[float, str]], vmax: float, width: int = 50) -> Text:
     """One bar cut into coloured segments (value, style), on a scale where vmax fills `width`."""
     out = Text()
+    done, start = 0.0, 0
     for value, style in parts:
-        n = round(value / vmax * width) if vmax > 0 else 0
-        if value > 0 and n == 0:
-            n = 1
-        out.append("█" * n, style=style)
+        done += value
+        end = round(done / vmax * width) if vmax > 0 else 0
+        out.append("█" * max(0, end - start), style=style)
+        start = max(start, end)
     return out
 
 
@@ -177,7 +178,11 @@ def roofline_plot(bandwidth_gbs: float, peak_gflops: float, points: list[tuple[s
         grid[row(min(peak_gflops, x * bandwidth_gbs))][c] = ("·", "blue")
     for label, x, y in points:
         if x > 0 and y > 0:
-            grid[row(y)][col(x)] = (label, "bold magenta")
+            r, c = row(y), col(x)
+            for dc in (0, 1, -1, 2, -2, 3, -3):   # two points in one cell: put the second beside it
+                if 0 <= c + dc < width and grid[r][c + dc][0] in " ·":
+                    grid[r][c + dc] = (label, "bold magenta")
+                    break
     out = Text()
     for r, line in enumerate(grid):
         # a label at each decade of the y axis
@@ -271,6 +276,18 @@ class Lesson:
             self.console.input("[dim]── press Enter to go on (Ctrl-C to stop) ──[/]")
         except EOFError:
             self.no_pause = True
+
+    def busy_note(self) -> None:
+        """Say so when other programs are keeping this machine busy: measured times suffer, counts do not."""
+        try:
+            load = os.getloadavg()[0]
+        except (OSError, AttributeError):
+            return
+        threads = hardware.cpu_threads()
+        if load - 1 > 0.5 * threads:
+            self.note(f"this machine is busy (load average {load:.1f} on {threads} hardware threads): other programs "
+                      "share its cores and memory, so the measured times are slower and noisier than the machine can "
+                      "do. The counted FLOPs and bytes are not affected.")
 
     def status(self, message: str):
         """A spinner while something slow runs (nothing is printed when output is not a terminal)."""

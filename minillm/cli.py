@@ -15,7 +15,7 @@ from rich.text import Text
 
 from . import __version__, hardware, report
 from .errors import MiniLLMError, PromptError
-from .generate import check_sampling, generate
+from .generate import check_fits, check_sampling, generate
 from .load import load, model_names
 from .meter import Meter
 from .tokenizer import tokenizer
@@ -43,14 +43,9 @@ def encode_prompt(model, prompt: str, max_new_tokens: int) -> np.ndarray:
         raise PromptError("the prompt is empty: give some text to continue, e.g. \"ROMEO:\"")
     ids = tokenizer().encode(prompt, allowed_special={"<|endoftext|>"})
     ids = model.check_ids(ids)
-    n_ctx = model.config.n_ctx
     if max_new_tokens < 1:
         raise PromptError(f"--max-new-tokens {max_new_tokens}: must be at least 1")
-    if ids.size + max_new_tokens > n_ctx:
-        raise PromptError(
-            f"the prompt is {ids.size} tokens; with {max_new_tokens} new tokens that is beyond the "
-            f"context of {n_ctx}: at most {n_ctx - ids.size} new tokens fit"
-        )
+    check_fits(ids.size, max_new_tokens, model.config.n_ctx)
     return ids
 
 

@@ -27,6 +27,17 @@ def check_sampling(temperature: float, top_k: int | None, top_p: float | None, s
         raise MiniLLMError(f"top_p={top_p}: must be in (0, 1] (or unset)")
 
 
+def check_fits(n_prompt: int, max_new_tokens: int, n_ctx: int) -> None:
+    """Prompt + new tokens must fit the context; say how many new tokens would."""
+    if max_new_tokens < 0:
+        raise PromptError(f"max_new_tokens={max_new_tokens}: must be >= 0")
+    if n_prompt + max_new_tokens > n_ctx:
+        raise PromptError(
+            f"the prompt has {n_prompt} tokens and {max_new_tokens} new tokens were asked for: that is beyond "
+            f"the context of {n_ctx}; at most {n_ctx - n_prompt} new tokens fit"
+        )
+
+
 def sample(logits: np.ndarray, temperature: float = 0.0, top_k: int | None = None,
            top_p: float | None = None, rng: np.random.Generator | None = None) -> int:
     """Pick the next token from logits [V].
@@ -63,14 +74,7 @@ def generate(model, ids, max_new_tokens: int, *, kv_cache: bool = True, temperat
     """
     ids = model.check_ids(ids)
     check_sampling(temperature, top_k, top_p, seed)
-    n_ctx = model.config.n_ctx
-    if max_new_tokens < 0:
-        raise PromptError(f"max_new_tokens={max_new_tokens}: must be >= 0")
-    if ids.size + max_new_tokens > n_ctx:
-        raise PromptError(
-            f"the prompt has {ids.size} tokens and {max_new_tokens} new ones were asked for, "
-            f"but the context holds {n_ctx}: at most {n_ctx - ids.size} new tokens fit"
-        )
+    check_fits(ids.size, max_new_tokens, model.config.n_ctx)
     rng = np.random.default_rng(seed)
     new: list[int] = []
 
