@@ -7,12 +7,8 @@ from __future__ import annotations
 
 try:
     from minillm.lessons._common import Lesson, bar_chart, fmt_bytes, fmt_flops, fmt_time, plural, run_lesson
-except ModuleNotFoundError:  # a checkout in which minillm is not installed: use the files beside this one
-    import pathlib
-    import sys
-
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-    from lessons._common import Lesson, bar_chart, fmt_bytes, fmt_flops, fmt_time, plural, run_lesson
+except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
+    raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
 
 import numpy as np
 from rich.markup import escape

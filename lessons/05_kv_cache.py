@@ -8,15 +8,9 @@ from __future__ import annotations
 try:
     from minillm.lessons._common import (Lesson, bar_chart, fmt_bytes, fmt_flops, fmt_time, fmt_x, paired_chart,
                                          run_lesson, token_text)
-except ModuleNotFoundError:  # a checkout in which minillm is not installed: use the files beside this one
-    import pathlib
-    import sys
+except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
+    raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
 
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-    from lessons._common import (Lesson, bar_chart, fmt_bytes, fmt_flops, fmt_time, fmt_x, paired_chart,
-                                 run_lesson, token_text)
-
-import copy
 import time
 
 import numpy as np
@@ -167,8 +161,8 @@ def lesson(L: Lesson) -> None:
     logits, cache = model.prefill(ids)
     token = int(np.argmax(logits))
     reference = model.forward(ids + [token])[-1]              # the truth: the whole sequence, no cache
-    right = model.decode_step(token, copy.deepcopy(cache))
-    wrong_cache = copy.deepcopy(cache)
+    right = model.decode_step(token, cache.fork())
+    wrong_cache = cache.fork()
     x = model.hidden(np.array([token]), wrong_cache, 0)       # the new token placed at position 0
     wrong = ops.lm_head(x, model.wte)[0]
     d_right, d_wrong = np.abs(right - reference).max(), np.abs(wrong - reference).max()

@@ -8,15 +8,9 @@ from __future__ import annotations
 try:
     from minillm.lessons._common import (Lesson, bar_chart, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural, roofline_plot,
                                          run_lesson)
-except ModuleNotFoundError:  # a checkout in which minillm is not installed: use the files beside this one
-    import pathlib
-    import sys
+except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
+    raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
 
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-    from lessons._common import (Lesson, bar_chart, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural, roofline_plot,
-                                 run_lesson)
-
-import copy
 import math
 import statistics
 
@@ -204,7 +198,7 @@ def lesson(L: Lesson) -> None:
         ```python
         _, base = model.prefill(system_ids)                 # once
         for q in questions:
-            cache = copy.deepcopy(base)                     # the prefix's keys and values
+            cache = base.fork()                     # the prefix's keys and values
             logits, cache = model.prefill(q, cache)         # only the question
             ...decode_step(token, cache) as before
         ```
@@ -214,7 +208,7 @@ def lesson(L: Lesson) -> None:
         with minillm.Meter() as mp:
             _, base = model.prefill(sys_ids)
             for q in q_ids:
-                cache = copy.deepcopy(base)
+                cache = base.fork()
                 logits, cache = model.prefill(q, cache)
                 out = [minillm.sample(logits)]
                 for _ in range(n_answer - 1):
@@ -222,7 +216,7 @@ def lesson(L: Lesson) -> None:
                 cached_answers.append(out)
                 caches.append(cache)
     full_logits, _ = model.prefill(sys_ids + q_ids[-1])                  # the whole prompt at once
-    part_logits, _ = model.prefill(q_ids[-1], copy.deepcopy(base))       # the question after the cached prefix
+    part_logits, _ = model.prefill(q_ids[-1], base.fork())       # the question after the cached prefix
     logit_gap = float(np.abs(full_logits - part_logits).max())
     before, after = phases(mc, hw)["prefill"], phases(mp, hw)["prefill"]
     t = Table(header_style="bold")

@@ -25,7 +25,6 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
-from rich import box
 from rich.console import Console, Group
 from rich.markdown import Markdown
 from rich.panel import Panel

@@ -51,6 +51,15 @@ class KVCache:
         if m is not None:
             m.count("kv_write", kv_write=k.nbytes + v.nbytes)
 
+    def fork(self) -> "KVCache":
+        """A new cache holding a copy of the positions filled so far (a shared prompt prefix, say).
+        Only the filled positions are copied; the rest of the new cache is fresh, untouched memory."""
+        other = KVCache(self.config, self.k.dtype)
+        other.k[:, :, :self.length] = self.k[:, :, :self.length]
+        other.v[:, :, :self.length] = self.v[:, :, :self.length]
+        other.length = self.length
+        return other
+
     def read(self, layer: int, t: int) -> tuple[np.ndarray, np.ndarray]:
         """Views (no copy) of the keys and values of the first t positions of one layer: [H, t, hd] each."""
         return self.k[layer, :, :t], self.v[layer, :, :t]

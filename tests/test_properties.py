@@ -345,3 +345,21 @@ def test_sample_refuses_what_generate_refuses(options):
         check_sampling(options["temperature"], options.get("top_k"), options.get("top_p"))
     with pytest.raises(MiniLLMError):
         sample(np.array([0.0, 5.0, 1.0]), **options, rng=np.random.default_rng(0))
+
+
+@settings(max_examples=20, deadline=None)
+@given(model=models(min_ctx=3), data=st.data())
+def test_a_forked_cache_continues_like_the_original_and_is_independent(model, data):
+    """cache.fork() copies the filled positions: decoding from the fork gives the original's logits,
+    and writing into the fork leaves the original untouched."""
+    ids = data.draw(token_lists(model, max_size=model.config.n_ctx - 2))
+    token = data.draw(st.integers(0, model.config.vocab_size - 1))
+    _, cache = model.prefill(ids)
+    fork = cache.fork()
+    assert fork.length == cache.length and fork.k is not cache.k
+    before = cache.k.copy()
+    from_fork = model.decode_step(token, fork)
+    np.testing.assert_array_equal(cache.k, before)          # the original did not see the fork's write
+    assert cache.length == len(ids) and fork.length == len(ids) + 1
+    from_original = model.decode_step(token, cache)
+    assert_logits_close(from_fork, from_original, np.abs(from_original).max())
