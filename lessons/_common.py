@@ -34,39 +34,13 @@ from rich.text import Text
 import minillm
 from minillm import hardware
 from minillm.errors import MiniLLMError
+from minillm.report import fmt_bytes, fmt_flops, fmt_time  # noqa: F401  (re-exported to the lessons)
 
 FAST_ENV = "MINILLM_FAST"
 
 # ---------------------------------------------------------------------------------------------------
 # Numbers as words
 # ---------------------------------------------------------------------------------------------------
-
-
-def fmt_bytes(n: float) -> str:
-    """Decimal units (1 MB = 10⁶ bytes), as bandwidths are quoted: 498 MB, 75.5 MB, 73.7 kB."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            v = n / scale
-            return f"{v:,.0f} {unit}" if v >= 100 else f"{v:.3g} {unit}"
-    return f"{n:,.0f} B"
-
-
-def fmt_flops(n: float) -> str:
-    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
-        if abs(n) >= scale:
-            v = n / scale
-            return f"{v:,.0f} {unit}" if v >= 100 else f"{v:.3g} {unit}"
-    return f"{n:,.0f} FLOP"
-
-
-def fmt_time(s: float) -> str:
-    if s >= 10:
-        return f"{s:,.1f} s"
-    if s >= 1:
-        return f"{s:.2f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.3g} ms"
-    return f"{s * 1e6:.3g} µs"
 
 
 def plural(n: int, word: str) -> str:

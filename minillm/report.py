@@ -23,21 +23,30 @@ def console(stderr: bool = False) -> Console:
 
 
 def fmt_bytes(n: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    """Decimal units (1 MB = 10⁶ bytes), as bandwidths are quoted: 498 MB, 75.5 MB, 73.7 kB."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}" if n / scale < 100 else f"{n / scale:.0f} {unit}"
-    return f"{n:.0f} B"
+            v = n / scale
+            return f"{v:,.0f} {unit}" if v >= 100 else f"{v:.3g} {unit}"
+    return f"{n:,.0f} B"
 
 
 def fmt_flops(n: float) -> str:
     for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
         if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f} FLOP"
+            v = n / scale
+            return f"{v:,.0f} {unit}" if v >= 100 else f"{v:.3g} {unit}"
+    return f"{n:,.0f} FLOP"
 
 
 def fmt_time(s: float) -> str:
-    return f"{s * 1e3:.1f} ms" if s < 10 else f"{s:.1f} s"
+    if s >= 10:
+        return f"{s:,.1f} s"
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} µs"
 
 
 def select(records: list[StepRecord], most: int = 12) -> list[int]:
