@@ -15,8 +15,14 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 import minillm  # noqa: E402
+
+# No per-example deadline: on a loaded 2-core machine a NumPy example can take longer than
+# hypothesis's 200 ms default without anything being wrong.
+settings.register_profile("minillm", deadline=None)
+settings.load_profile("minillm")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REFERENCE_NAMES = ("gpt2-tiny-a", "gpt2-tiny-b")
