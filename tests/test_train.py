@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import minillm
 from minillm import train as tr
 from minillm.config import GPT2Config
 from minillm.errors import MiniLLMError
@@ -294,3 +295,26 @@ def test_checkpoint_is_atomic(tmp_path, monkeypatch):
         tr.save_checkpoint(out, changed, cfg, dtype="float16")
     assert len(calls) == 3  # it did fail part-way through the data
     assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before
+
+
+@settings(max_examples=10, deadline=None)
+@given(B=st.integers(1, 3), T=st.integers(1, 12), seed=st.integers(0, 2**16))
+def test_training_forward_is_the_engines_forward(B, T, seed):
+    """The training forward (kept for backward) computes the same GPT-2 as the inference engine:
+    its loss equals the cross-entropy of `GPT2.forward`'s logits, in float64."""
+    cfg = GPT2Config(n_layer=2, n_head=2, n_embd=16, n_ctx=16, vocab_size=40)
+    params = tr.init_params(cfg, seed=seed, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    for name, p in params.items():                  # make biases and gains matter
+        if name.endswith(".bias") or ".ln_" in name or name.startswith("ln_"):
+            p += 0.3 * rng.standard_normal(p.shape)
+    idx = rng.integers(0, cfg.vocab_size, (B, T))
+    targets = rng.integers(0, cfg.vocab_size, (B, T))
+    loss_sum, _ = tr.forward(params, cfg, idx, targets, need_grad=False)
+    model = minillm.GPT2(cfg, {k: v.copy() for k, v in params.items()})
+    expected = 0.0
+    for b in range(B):
+        logits = model.forward(idx[b])                                   # [T, V]
+        logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+        expected += float((logz - logits[np.arange(T), targets[b]]).sum())
+    assert loss_sum == pytest.approx(expected, rel=1e-10)
