@@ -169,6 +169,7 @@ def save_checkpoint(directory: str | os.PathLike, params: dict[str, np.ndarray],
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(config.to_hf(), f, indent=2)
             f.write("\n")
+        os.chmod(tmp, 0o644)                              # mkstemp makes it private; a checkpoint is not
         os.replace(tmp, directory / "config.json")
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

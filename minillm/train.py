@@ -627,9 +627,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--batch", type=int, default=8)
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--steps", type=int, default=None, help="optimizer steps (default 1000)")
-    group.add_argument("--minutes", type=float, default=None, help="train for this wall-clock budget instead")
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps (default 1000 if no --minutes)")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="wall-clock budget; with --steps too, stop at whichever comes first")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (warm-up, then cosine to 10%%)")
     parser.add_argument("--warmup", type=int, default=100, help="warm-up steps")
     parser.add_argument("--weight-decay", type=float, default=0.1)
