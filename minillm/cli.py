@@ -74,6 +74,7 @@ def cmd_generate(args) -> int:
                    top_k=args.top_k, top_p=args.top_p, seed=args.seed, on_token=TextStream())
     seconds = time.perf_counter() - t0
     sys.stdout.write("\n")
+    sys.stdout.flush()
     err.print(f"[dim]{len(new)} tokens in {seconds:.2f} s ({len(new) / seconds:.1f} tokens/s), "
               f"{'naive (no KV cache)' if args.no_cache else 'KV-cached'}, model {escape(model.name)}[/]")
     return 0

@@ -318,3 +318,23 @@ def test_training_forward_is_the_engines_forward(B, T, seed):
         logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
         expected += float((logz - logits[np.arange(T), targets[b]]).sum())
     assert loss_sum == pytest.approx(expected, rel=1e-10)
+
+
+def test_cli_glue(tmp_path, capsys):
+    import argparse
+
+    data = tmp_path / "tiny.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    parser = argparse.ArgumentParser()
+    tr.add_arguments(parser)
+    args = parser.parse_args(["--data", str(data), "--out", str(tmp_path / "ck"), "--layers", "1", "--heads", "1",
+                              "--width", "8", "--context", "8", "--batch", "2", "--steps", "3", "--eval-every", "0"])
+    assert tr.run(args) == 0
+    parser = argparse.ArgumentParser()
+    tr.add_eval_arguments(parser)
+    assert tr.run_eval(parser.parse_args(["--model", str(tmp_path / "ck"), "--data", str(data)])) == 0
+    assert "held-out loss" in capsys.readouterr().out
+    bad = argparse.ArgumentParser()
+    tr.add_arguments(bad)
+    with pytest.raises(MiniLLMError, match="--dropout"):
+        tr.run(bad.parse_args(["--data", str(data), "--dropout", "1.5"]))
