@@ -14,7 +14,11 @@ Where the time goes: with GPT-2's vocabulary (V = 50,257) the LM head `logits = 
 cross-entropy dominate. A batch of N = 2,048 tokens makes a [2048, 50257] float32 logits array
 (412 MB) and a gradient as big. So the head and the loss are fused and run over row chunks in one
 reused buffer: logits -> softmax in place -> dlogits in place -> dx and dwte, and the full logits never
-exist at once.
+exist at once. Measured on this 2-core machine (N = 2,048, d = 128): the plain pair below, which allocates
+fresh [N, V] arrays, takes 1.86 s; the fused head 0.81 s with 128-row chunks, 0.72 s with 256, 0.65 s
+with 512 or 1,024, 0.66 s with all 2,048 rows at once. Its ~79 GFLOP then run at ~120 GFLOP/s, close to
+the matmul peak: the head is compute-bound, and 512 rows (a 103 MB buffer) is the default. A whole
+training step of the 4-layer, width-128 model runs at ~1,800-1,950 tokens/s (~1,600 with dropout).
 
 Data and the held-out loss: the text is tokenized with GPT-2's BPE; the first 90% of the *tokens*
 train, the last 10% are held out. Training draws random windows of n_ctx+1 tokens (inputs and their
@@ -242,7 +246,7 @@ def _workspace(name, shape, dtype):
     return buf
 
 
-def lm_head_cross_entropy(x, wte, targets, chunk=256, need_grad=True):
+def lm_head_cross_entropy(x, wte, targets, chunk=512, need_grad=True):
     """Forward *and* backward of logits = x @ wte.T followed by the mean cross-entropy, chunk rows at a time.
 
     x [N, d], wte [V, d], targets [N] -> (loss, dx [N, d], dwte [V, d]); with need_grad=False only the
@@ -346,7 +350,7 @@ def block_backward(dx, cache, h, grads):
     return dx + dln
 
 
-def forward(params, config, idx, targets, dropout=0.0, rng=None, need_grad=True, chunk=256):
+def forward(params, config, idx, targets, dropout=0.0, rng=None, need_grad=True, chunk=512):
     """Mean next-token loss of idx [B, T] against targets [B, T], and what `backward` needs.
 
     The fused head computes the loss's gradient with respect to the final hidden state during the
@@ -385,7 +389,7 @@ def backward(params, config, cache):
     return grads
 
 
-def loss_and_grads(params, config, idx, targets, dropout=0.0, rng=None, chunk=256):
+def loss_and_grads(params, config, idx, targets, dropout=0.0, rng=None, chunk=512):
     loss, cache = forward(params, config, idx, targets, dropout, rng, True, chunk)
     return loss, backward(params, config, cache)
 
@@ -450,7 +454,7 @@ def load_tokens(text_path) -> np.ndarray:
 
     path = Path(text_path)
     if not path.is_file():
-        raise DataError(f"{path}: training text not found; pass --data with the path of a UTF-8 text file")
+        raise DataError(f"{path}: text file not found; pass --data with the path of a UTF-8 text file")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -477,7 +481,7 @@ def get_batch(tokens, batch, n_ctx, rng):
     return windows[:, :-1], windows[:, 1:]
 
 
-def evaluate(params, config: GPT2Config, tokens, batch=8, chunk=256) -> float:
+def evaluate(params, config: GPT2Config, tokens, batch=8, chunk=512) -> float:
     """Mean cross-entropy (nats/token) of predicting tokens[1:], in non-overlapping windows of n_ctx inputs.
 
     Window j feeds tokens[j*n_ctx : (j+1)*n_ctx] and is scored on the next tokens; the final window is
@@ -530,7 +534,7 @@ def heldout_loss(text_path, model) -> float:
 
 def train(data, out=None, layers=4, heads=4, width=128, context=256, batch=8, steps=None, minutes=None,
           lr=3e-3, weight_decay=0.1, dropout=0.0, seed=1337, eval_every=200, warmup=100, clip=1.0,
-          chunk=256, log=print, progress=True, dtype="float16") -> dict:
+          chunk=512, log=print, progress=True, dtype="float16") -> dict:
     """Train on the text at `data`; keep the checkpoint with the best held-out loss in `out`. Returns a summary."""
     if steps is None and minutes is None:
         steps = 1000
@@ -636,7 +640,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dropout", type=float, default=0.0, help="dropout on embeddings, attention and residuals")
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--eval-every", type=int, default=200, help="steps between held-out evaluations")
-    parser.add_argument("--chunk", type=int, default=256, help="rows per chunk of the fused LM head + loss")
+    parser.add_argument("--chunk", type=int, default=512, help="rows per chunk of the fused LM head + loss")
 
 
 def run(args) -> int:
