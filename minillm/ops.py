@@ -9,12 +9,13 @@ counters cannot drift from the code. With no meter active the report is skipped 
 
 FLOP conventions: a multiply-add is 2 FLOPs. Element-wise work counts per element of output:
 layer norm 7 (mean, subtract, square, variance, normalise, scale, shift), tanh-GELU 8, softmax 5
-(max, subtract, exp, sum, divide), a bias or residual add 1, scaling 1.
+(max, subtract, exp, sum, divide), a bias, residual or mask add 1, scaling 1.
 """
 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -97,8 +98,20 @@ def softmax(s: np.ndarray) -> np.ndarray:
     """Softmax over the last axis, in place (s is a scratch array of scores)."""
     s -= s.max(axis=-1, keepdims=True)
     np.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)
+    s *= 1.0 / s.sum(axis=-1, keepdims=True)
     return s
+
+
+@lru_cache(maxsize=16)
+def causal_mask(Tq: int, Tk: int, dtype: np.dtype) -> np.ndarray:
+    """[Tq, Tk]: 0 where query i (at position Tk - Tq + i) may look, -inf at the keys after it."""
+    future = np.arange(Tk) > np.arange(Tk - Tq, Tk)[:, None]       # True above the diagonal
+    mask = np.where(future, -np.inf, 0.0).astype(dtype)
+    mask.flags.writeable = False
+    return mask
+
+
+QUERY_BLOCK = 128  # prefill queries per block: a block attends only to the keys its last query may see
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, from_cache: bool) -> np.ndarray:
@@ -106,27 +119,35 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, from_cache: bool) 
 
     q [H, Tq, hd] are the queries of the Tq newest positions; k, v [H, Tk, hd] are the keys and
     values of all Tk positions so far (Tk >= Tq), so query i sits at absolute position Tk - Tq + i
-    and may look at keys 0 .. Tk - Tq + i. With Tq == 1 (a decode step) nothing needs masking.
-    The full [Tq, Tk] score matrix is computed, masked half included (DESIGN.md's 4·L·T²·d).
+    and may look at keys 0 .. Tk - Tq + i. A decode step (Tq == 1) is one block that needs no mask.
+    A long prefill goes in blocks of QUERY_BLOCK queries, each against only the keys its last query
+    may see: the block's [rows, keys] scores include a masked triangle, but the keys no query of the
+    block may see are never computed (for 512 tokens, 62% of the full T×T matrix).
     Returns [H, Tq, hd].
     """
     H, Tq, hd = q.shape
     Tk = k.shape[1]
-    scores = q @ k.transpose(0, 2, 1)           # [H, Tq, Tk]   QK^T
-    scores *= 1.0 / math.sqrt(hd)
-    if Tq > 1:
-        future = np.arange(Tk) > np.arange(Tk - Tq, Tk)[:, None]   # [Tq, Tk] bool, True above the diagonal
-        scores[:, future] = -np.inf
-    softmax(scores)
-    out = scores @ v                              # [H, Tq, hd]   weighted sum of values
+    q = q * (1.0 / math.sqrt(hd))                      # [H, Tq, hd]  scaled once, before the product
+    out = np.empty_like(q)                             # [H, Tq, hd]
+    scored = 0                                         # query-key pairs computed
+    for r0 in range(0, Tq, QUERY_BLOCK):
+        r1 = min(r0 + QUERY_BLOCK, Tq)
+        keys = Tk - Tq + r1                            # the block's last query sees keys 0 .. keys-1
+        scores = q[:, r0:r1] @ k[:, :keys].transpose(0, 2, 1)   # [H, rows, keys]  QK^T
+        if r1 - r0 > 1:
+            scores += causal_mask(r1 - r0, keys, scores.dtype)
+        softmax(scores)
+        np.matmul(scores, v[:, :keys], out=out[:, r0:r1])       # [H, rows, hd]  weighted sum of values
+        scored += (r1 - r0) * keys
     m = meter.ACTIVE
     if m is not None:
         kv = k.nbytes + v.nbytes
+        score_bytes = H * scored * q.itemsize
         m.count("attention",
                 kv_read=kv if from_cache else 0,
-                activations=q.nbytes + out.nbytes + 2 * scores.nbytes + (0 if from_cache else kv),
-                attention=4 * H * Tq * Tk * hd,
-                other=6 * scores.size)
+                activations=2 * q.nbytes + out.nbytes + 2 * score_bytes + (0 if from_cache else kv),
+                attention=4 * H * scored * hd,
+                other=q.size + (6 if Tq > 1 else 5) * H * scored)
     return out
 
 

@@ -317,3 +317,23 @@ def test_cli_traffic_no_cache_grows(capsys):
         S = r["n_tokens"]
         got = {k: {**r["bytes"], **r["flops"]}[k] for k in CHECKED}
         assert got == closed_forms(config, 4, tokens=S, keys=S, cached=False)
+
+
+@settings(max_examples=8, deadline=None)
+@given(T=st.integers(129, 300), cached=st.booleans())
+def test_long_prefill_attention_counts_the_query_blocks(T, cached):
+    """Past 128 tokens, attention goes in query blocks of 128, each against the keys up to its last
+    query: FLOPs 4·L·d·Σ rows·keys over the blocks (less than the full 4·L·T²·d), matmul unchanged."""
+    config = minillm.GPT2Config(n_layer=2, n_head=2, n_embd=16, n_ctx=320, vocab_size=64)
+    model = build(config, np.float32, 0)
+    ids = np.arange(T) % config.vocab_size
+    with minillm.Meter() as m:
+        model.prefill(ids) if cached else model.forward(ids, last_only=True)
+    (record,) = m.steps
+    L, d = config.n_layer, config.n_embd
+    pairs = 0
+    for first in range(0, T, 128):                      # rows first .. last-1 see keys 0 .. last-1
+        last = min(first + 128, T)
+        pairs += (last - first) * last
+    assert record.flops["attention"] == 4 * L * d * pairs < 4 * L * T * T * d
+    assert record.flops["matmul"] == T * 24 * L * d * d + 2 * d * config.vocab_size
