@@ -89,9 +89,12 @@ def bound_of(r: StepRecord, hw: Hardware) -> str:
 def verdict(r: StepRecord, hw: Hardware, path: str) -> str:
     """One sentence on a step, in plain words, with the numbers that decide it."""
     bound = bound_of(r, hw)
-    what = f"{path} step at position {r.position + r.n_tokens - 1}"
-    if r.n_tokens > 1:
-        what += f" recomputes {r.n_tokens} tokens"
+    if r.kind == "prefill":
+        what = f"prefill of {r.n_tokens} tokens"
+    else:
+        what = f"{path} step at position {r.position + r.n_tokens - 1}"
+        if r.n_tokens > 1:
+            what += f" recomputes {r.n_tokens} tokens"
     return (f"{what}: {r.intensity:.3g} FLOP/byte, {fmt_bytes(r.total_bytes)} moved → {bound}-bound "
             f"(this machine's ridge is {hw.ridge:.3g} FLOP/byte); {r.gbps:.1f} GB/s and {r.gflops:.1f} GFLOP/s "
             f"achieved, {100 * r.gbps / hw.bandwidth_gbs:.0f}% of this machine's {hw.bandwidth_gbs:.1f} GB/s "
