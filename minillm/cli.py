@@ -37,6 +37,12 @@ def add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed for sampling: the same seed gives the same text")
 
 
+def load_model(source):
+    """`load`, with a spinner on stderr while it works (random-1558m takes a while to build)."""
+    with err.status(f"loading {source or 'the bundled model'}…"):
+        return load(source)
+
+
 def encode_prompt(model, prompt: str, max_new_tokens: int) -> np.ndarray:
     """Tokenize a prompt and check, before any work, that it fits the model's vocabulary and context."""
     if not prompt:
@@ -65,7 +71,7 @@ class TextStream:
 
 def cmd_generate(args) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
-    model = load(args.model)
+    model = load_model(args.model)
     ids = encode_prompt(model, args.prompt, args.max_new_tokens)
     sys.stdout.write(args.prompt)
     sys.stdout.flush()
@@ -91,7 +97,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 def cmd_compare(args) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
-    model = load(args.model)
+    model = load_model(args.model)
     ids = encode_prompt(model, args.prompt, args.max_new_tokens)
     hw = hardware.machine(progress=True)
     enc = tokenizer()
@@ -149,7 +155,7 @@ def fmt_total(m: Meter, seconds: float, n_new: int) -> str:
 # -- traffic -------------------------------------------------------------------------------------
 
 def cmd_traffic(args) -> int:
-    model = load(args.model)
+    model = load_model(args.model)
     c = model.config
     if args.prompt_tokens < 1 or args.steps < 1:
         raise PromptError("--prompt-tokens and --steps must be at least 1")
