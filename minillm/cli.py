@@ -39,7 +39,7 @@ def add_sampling(p: argparse.ArgumentParser) -> None:
 
 def load_model(source):
     """`load`, with a spinner on stderr while it works (random-1558m takes a while to build)."""
-    with err.status(f"loading {source or 'the bundled model'}…"):
+    with err.status(f"loading {escape(str(source or 'the bundled model'))}…"):
         return load(source)
 
 
