@@ -209,6 +209,7 @@ def parse_contexts(text: str) -> list[int]:
 
 
 def run(args) -> int:
+    from rich.markup import escape
     from rich.progress import Progress
     from rich.table import Table
 
@@ -220,7 +221,7 @@ def run(args) -> int:
     model = load(args.model)
     hw = hardware.machine(progress=not args.json)
     with Progress(console=console(stderr=True), transient=True, disable=args.json) as bar:
-        task = bar.add_task(f"benchmarking {model.name}", total=args.repeats * (len(contexts) + 1))
+        task = bar.add_task(f"benchmarking {escape(model.name)}", total=args.repeats * (len(contexts) + 1))
         result = run_bench(model, contexts, args.repeats, progress=lambda: bar.advance(task))
     result["machine"] = {"bandwidth_gbs": hw.bandwidth_gbs, "method": hw.method, "peak_gflops": hw.peak_gflops}
     for row in result["rows"]:
@@ -229,7 +230,7 @@ def run(args) -> int:
         print(json.dumps(result))
         return 0
     out = console()
-    t = Table(title=f"{model.name}: {model.n_params():,} params, float32, batch 1 "
+    t = Table(title=f"{escape(model.name)}: {model.n_params():,} params, float32, batch 1 "
                     f"(medians of {args.repeats} interleaved rounds)", title_justify="left")
     for col in ("context", "cached tok/s", "cached ms/step", "naive tok/s", "prefill", "bytes/step",
                 "achieved GB/s", "% of BW", "% of ceiling"):

@@ -104,7 +104,7 @@ def cmd_compare(args) -> int:
     generate(model, ids, min(2, args.max_new_tokens))   # warm-up: first touches of weights and cache pages
     runs = {}
     for path, kv in (("cached", True), ("naive", False)):
-        with out.status(f"[bold]{path} decode[/]: {args.max_new_tokens} tokens with {model.name}…"):
+        with out.status(f"[bold]{path} decode[/]: {args.max_new_tokens} tokens with {escape(model.name)}…"):
             with Meter() as m:
                 t0 = time.perf_counter()
                 new = generate(model, ids, args.max_new_tokens, kv_cache=kv, temperature=args.temperature,
@@ -170,7 +170,7 @@ def cmd_traffic(args) -> int:
             print(json.dumps(r.as_dict()))
         return 0
     hw = hardware.machine(progress=True)
-    title = f"{model.name}: {'naive' if args.no_cache else 'KV-cached'} decode, {args.prompt_tokens}-token prompt"
+    title = f"{escape(model.name)}: {'naive' if args.no_cache else 'KV-cached'} decode, {args.prompt_tokens}-token prompt"
     out.print(report.steps_table(m.steps, hw, title))
     return 0
 
