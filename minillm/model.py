@@ -13,9 +13,9 @@ Three ways in, one code path:
     decode_step(token, cache) one token at the cache's next position, attending over the cache
 
 Parameters keep the Hugging Face checkpoint's names (`h.0.attn.c_attn.weight`, ...) and its
-`[in, out]` layout, so `y = x @ W + b` as in the checkpoint. That is also the layout that streams
-fastest through a decode step's vector-matrix products here (`minillm bench` measures both layouts;
-on a 2-core EPYC, one thread: [in, out] 26 ms per pass over GPT-2 small's blocks, [out, in] 36 ms).
+`[in, out]` layout, so `y = x @ W + b` as in the checkpoint, with no copy at load. `minillm bench`
+measures both layouts: on a 2-core EPYC with one thread, [in, out] took 26 ms per pass over GPT-2
+small's blocks and [out, in] 36 ms; with two threads they were within the machine's noise.
 The one weight stored otherwise is the tied embedding: the checkpoint has wte as [V, d], but the LM
 head multiplies by wte^T, so the model keeps one contiguous [d, V] array and `wte` is its transposed
 view. The LM head then streams [in, out] like every other layer (about 25% faster than [V, d] here),
