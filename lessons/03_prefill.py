@@ -164,10 +164,12 @@ def lesson(L: Lesson) -> None:
         {fmt_bytes(per_token)} per token left behind. Next: generating the answer, one token at a
         time, first without the cache (lesson 4), then with it (lesson 5).
     """)
-    L.try_it("""
+    small = PRESETS["124m"]
+    small_kv = 2 * small.n_layer * small.n_embd * np.dtype(np.float32).itemsize   # 2·L·d·b, float32
+    L.try_it(f"""
         `minillm learn 3 --model random-124m --no-pause`: GPT-2 small's prefill
-        reaches far higher intensity (d = 768: each weight byte feeds more arithmetic), and its KV
-        cache is 72 KiB per token. Lesson 7 puts these numbers on this machine's roofline.
+        reaches far higher intensity (d = {small.n_embd}: each weight byte feeds more arithmetic), and its KV
+        cache is {small_kv // 1024} KiB per token. Lesson 7 puts these numbers on this machine's roofline.
     """)
 
 

@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import minillm
+from minillm.config import PRESETS as GPT2_SIZES
 from minillm.hardware import MB, PRESETS, decode_ceiling
 
 TITLE = "Memory traffic: why decode waits on memory"
@@ -143,7 +144,7 @@ def lesson(L: Lesson) -> None:
         L.note(f"this model's weights ({fmt_bytes(model.nbytes())}) fit in the {hw.llc_bytes / MB:g} MiB last-level "
                "cache, so after the first step they can be read from the cache, not from DRAM, and a step may beat "
                "the DRAM ceiling (or, this small, be held back by per-call overhead instead). "
-               "Run with --model random-124m (498 MB) to measure DRAM.")
+               f"Run with --model random-124m ({fmt_bytes(GPT2_SIZES['124m'].n_params() * 4)}) to measure DRAM.")
     elif not L.fast and L.model_name is None:
         small = minillm.load(quiet=True)
         with L.status(f"the same on the default model ({small.name})…"):

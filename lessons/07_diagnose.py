@@ -88,7 +88,7 @@ def lesson(L: Lesson) -> None:
     pre = m.steps[0]
     dec = sorted(m.of_kind("decode"), key=lambda r: r.seconds)[len(m.of_kind("decode")) // 2]   # the median step
     naive = mn.of_kind("decode")[-1]
-    L.say(f"""
+    L.say("""
         The roofline model: a piece of work that moves *B* bytes and does *F* FLOPs needs at least
         *B* / bandwidth seconds and at least *F* / peak seconds, so its best time is the larger of the two.
         Which one is larger depends only on its **intensity** *F*/*B* against the machine's **ridge**
@@ -167,7 +167,7 @@ def lesson(L: Lesson) -> None:
                   versus(p["seconds"], d["seconds"]), versus(p["roof_gpu"], d["roof_gpu"]))
     L.show("\n".join(f"[bold]{escape(label)}[/]" for label, _, _ in results), t)
     L.busy_note()
-    L.say(f"""
+    L.say("""
         Shares are of the workload's total; *here* is the time measured on this machine, *A100* the roofline
         time of the same counters (fp16) on an A100. The larger of each pair is in bold.
     """)

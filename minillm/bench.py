@@ -122,8 +122,7 @@ def run_bench(model, contexts: list[int], repeats: int = 5, decode_steps: int = 
             model.decode_step(1, cache)
         step_bytes[n], step_flops[n] = m.steps[0].total_bytes, m.steps[0].total_flops
 
-    total = repeats * (len(contexts) + 1)
-    for rep in range(repeats):
+    for _ in range(repeats):
         for n in contexts:                                   # interleaved: every measurement once per round
             prompt = prompts[n]
             samples[n]["prefill"].append(_time(lambda: model.prefill(prompt)))
