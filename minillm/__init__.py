@@ -11,13 +11,16 @@
 
 from .config import GPT2Config
 from .errors import MiniLLMError, PromptError, WeightsError
-from .generate import generate, sample
-from .kvcache import KVCache
-from .load import load
-from .meter import Meter
-from .model import GPT2
+from .engine.generate import generate, sample
+from .cache.contiguous import KVCache
+from .checkpoints.load import load
+from .measure.meter import Meter
+from .models.gpt2 import GPT2
 from .tokenizer import tokenizer
 
 __all__ = ["GPT2", "GPT2Config", "KVCache", "Meter", "MiniLLMError", "PromptError", "WeightsError",
            "generate", "load", "sample", "tokenizer"]
 __version__ = "0.1.0"
+
+# Modules keep their old flat names (minillm.model, minillm.meter, ...): see _compat.
+from . import _compat  # noqa: E402,F401

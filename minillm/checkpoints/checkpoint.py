@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import GPT2Config
-from .errors import ConfigError, WeightsError
-from .safetensors import read_safetensors, write_safetensors
+from ..config import GPT2Config
+from ..errors import ConfigError, WeightsError
+from ..checkpoints.safetensors import read_safetensors, write_safetensors
 
 BLOCK_TENSORS = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import load_checkpoint, random_params
-from .config import PRESETS, GPT2Config
-from .errors import MiniLLMError, ModelNotFoundError
-from .model import GPT2
-from .paths import package_weights_dir
+from ..checkpoints.checkpoint import load_checkpoint, random_params
+from ..config import PRESETS, GPT2Config
+from ..errors import MiniLLMError, ModelNotFoundError
+from ..models.gpt2 import GPT2
+from ..paths import package_weights_dir
 
 RANDOM_SEED = 1234
 DOWNLOADABLE = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -62,7 +62,7 @@ def load(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = Fa
             raise ModelNotFoundError(f"unknown model {source_str!r}; choose one of: {', '.join(model_names())}")
         return random_model(source_str, dtype)
     if source_str in DOWNLOADABLE:
-        from .download import find_downloaded
+        from ..checkpoints.download import find_downloaded
         where = find_downloaded(source_str)
         if where is None:
             raise ModelNotFoundError(f"{source_str} is not downloaded yet; fetch it with: minillm download {source_str}")

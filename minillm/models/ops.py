@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from . import meter
+from ..measure import meter
 
 GELU_C = math.sqrt(2.0 / math.pi)
 

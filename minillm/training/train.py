@@ -38,9 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import load_checkpoint, save_checkpoint  # HF layout; each file written atomically
-from .config import GPT2Config
-from .errors import MiniLLMError
+from ..checkpoints.checkpoint import load_checkpoint, save_checkpoint  # HF layout; each file written atomically
+from ..config import GPT2Config
+from ..errors import MiniLLMError
 
 DEFAULT_DATA_SPLIT = 0.9  # first 90% of the tokens train, the last 10% are held out
 
@@ -450,7 +450,7 @@ def lr_at(progress, step, lr, warmup_steps, min_ratio=0.1):
 
 def load_tokens(text_path) -> np.ndarray:
     """The text at text_path as GPT-2 token ids (int32)."""
-    from .tokenizer import tokenizer
+    from ..tokenizer import tokenizer
 
     path = Path(text_path)
     if not path.is_file():
@@ -670,7 +670,7 @@ def add_eval_arguments(parser) -> None:
 
 
 def run_eval(args) -> int:
-    from .paths import package_weights_dir
+    from ..paths import package_weights_dir
 
     model = args.model if args.model is not None else package_weights_dir()
     loss = heldout_loss(args.data, model)

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from .config import PRESETS
-from .errors import DownloadError, ModelNotFoundError
-from .paths import cache_dir
+from ..config import PRESETS
+from ..errors import DownloadError, ModelNotFoundError
+from ..paths import cache_dir
 
 HF_BASE = "https://huggingface.co"  # overridden by $MINILLM_HF_BASE, then by `base_url=`
 CONFIG_FILE = "config.json"

@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import MiniLLMError, PromptError
+from ..errors import MiniLLMError, PromptError
 
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None, seed: int | None = None) -> None:

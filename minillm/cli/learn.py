@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 
-from .errors import MiniLLMError
+from ..errors import MiniLLMError
 
 _NAME = re.compile(r"^(\d\d)_([a-z0-9_]+)\.py$")
 

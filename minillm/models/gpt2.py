@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import meter, ops
-from .config import GPT2Config
-from .errors import PromptError
-from .kvcache import KVCache
+from ..measure import meter
+from ..models import ops
+from ..config import GPT2Config
+from ..errors import PromptError
+from ..cache.contiguous import KVCache
 
 Block = dict  # one block's parameters, named as in the checkpoint without the "h.{i}." prefix
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import SafetensorsError
+from ..errors import SafetensorsError
 
 # The format's names for element types. BF16 (bfloat16) has no NumPy dtype: it is read as its raw
 # 16-bit patterns and widened to float32 (a bfloat16 is the top half of a float32).

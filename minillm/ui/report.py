@@ -11,8 +11,8 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from .hardware import Hardware, roofline
-from .meter import StepRecord
+from ..measure.hardware import Hardware, roofline
+from ..measure.meter import StepRecord
 
 
 def console(stderr: bool = False) -> Console:

@@ -34,8 +34,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .errors import MiniLLMError
-from .paths import cache_dir
+from ..errors import MiniLLMError
+from ..paths import cache_dir
 
 MB = 2**20
 CACHE_VERSION = 1

@@ -13,12 +13,14 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
-from . import __version__, hardware, report
-from .errors import MiniLLMError, PromptError
-from .generate import check_fits, check_sampling, generate
-from .load import load, model_names
-from .meter import Meter
-from .tokenizer import tokenizer
+from .. import __version__
+from ..measure import hardware
+from ..ui import report
+from ..errors import MiniLLMError, PromptError
+from ..engine.generate import check_fits, check_sampling, generate
+from ..checkpoints.load import load, model_names
+from ..measure.meter import Meter
+from ..tokenizer import tokenizer
 
 out = report.console()
 err = report.console(stderr=True)
@@ -221,7 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
     hardware.add_arguments(p)
     p.set_defaults(func=hardware.run)
 
-    from . import bench, download, learn, train
+    from ..measure import bench
+    from ..checkpoints import download
+    from ..cli import learn
+    from ..training import train
     p = sub.add_parser("learn", help="the lessons: from tokens to why decode is memory-bound",
                        description="List the lessons, or run lesson NN. Every number a lesson shows is measured live.")
     learn.add_arguments(p)

@@ -26,10 +26,12 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from . import hardware, kvcache, ops
-from .errors import MiniLLMError
-from .load import load
-from .meter import Meter
+from ..measure import hardware
+from ..cache import contiguous as kvcache
+from ..models import ops
+from ..errors import MiniLLMError
+from ..checkpoints.load import load
+from ..measure.meter import Meter
 
 
 # -- the ceiling ---------------------------------------------------------------------------------
@@ -212,7 +214,7 @@ def run(args) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from .report import console, fmt_bytes
+    from ..ui.report import console, fmt_bytes
 
     contexts = parse_contexts(args.contexts)
     if args.repeats < 1:

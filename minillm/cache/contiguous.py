@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import meter
-from .config import GPT2Config
-from .errors import PromptError
+from ..measure import meter
+from ..config import GPT2Config
+from ..errors import PromptError
 
 
 class KVCache:

@@ -1,0 +1,39 @@
+"""The flat module names of minillm 0.1 (`minillm.model`, `minillm.meter`, ...) still import: each is
+the moved module itself (one module object, so `minillm.meter.ACTIVE` is the meter the ops see)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+
+MOVED = {
+    "model": "models.gpt2", "ops": "models.ops", "kvcache": "cache.contiguous",
+    "generate": "engine.generate", "safetensors": "checkpoints.safetensors",
+    "checkpoint": "checkpoints.checkpoint", "load": "checkpoints.load", "download": "checkpoints.download",
+    "meter": "measure.meter", "hardware": "measure.hardware", "bench": "measure.bench",
+    "train": "training.train", "learn": "cli.learn", "report": "ui.report",
+}
+# `minillm.generate` and `minillm.load` are functions in the package namespace: their old module
+# names are bound now, so a later `import minillm.generate` cannot replace the function attribute.
+for _old in ("generate", "load"):
+    sys.modules[f"minillm.{_old}"] = importlib.import_module(f"minillm.{MOVED[_old]}")
+
+
+class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        head, _, tail = name.partition(".")
+        if head == "minillm" and tail in MOVED:
+            return importlib.util.spec_from_loader(name, self)
+        return None
+
+    def create_module(self, spec):
+        return importlib.import_module(f"minillm.{MOVED[spec.name.partition('.')[2]]}")
+
+    def exec_module(self, module):
+        pass
+
+
+if not any(isinstance(f, _Alias) for f in sys.meta_path):
+    sys.meta_path.append(_Alias())

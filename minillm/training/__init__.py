@@ -1,0 +1,1 @@
+"""Training: a hand-written backward pass, AdamW, and the loop that made the bundled model."""

@@ -1,0 +1,1 @@
+"""What the terminal shows: number formatting, tables and verdicts (`report`)."""
