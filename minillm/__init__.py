@@ -11,7 +11,8 @@
 
 from .config import GPT2Config
 from .errors import MiniLLMError, PromptError, WeightsError
-from .engine.generate import generate, sample
+from .engine.generate import generate
+from .engine.sampling import sample
 from .cache.contiguous import KVCache
 from .checkpoints.load import load
 from .measure.meter import Meter

@@ -1,0 +1,63 @@
+"""What the commands share: the consoles, the --model and sampling options, loading with a spinner,
+prompt checks, and streaming text."""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import sys
+
+import numpy as np
+from rich.markup import escape
+
+from ..checkpoints.load import load, model_names
+from ..engine.sampling import check_fits
+from ..errors import PromptError
+from ..tokenizer import tokenizer
+from ..ui import report
+
+out = report.console()
+err = report.console(stderr=True)
+
+MODEL_HELP = ("checkpoint directory or .safetensors file, or a name: " + ", ".join(model_names()))
+
+
+def add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, metavar="MODEL", help=MODEL_HELP + " (default: the bundled model)")
+
+
+def add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); higher = more random")
+    p.add_argument("--top-k", type=int, default=None, help="sample only from the K most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="sample only from the smallest set reaching probability P")
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling: the same seed gives the same text")
+
+
+def load_model(source):
+    """`load`, with a spinner on stderr while it works (random-1558m takes a while to build)."""
+    with err.status(f"loading {escape(str(source or 'the bundled model'))}…"):
+        return load(source)
+
+
+def encode_prompt(model, prompt: str, max_new_tokens: int) -> np.ndarray:
+    """Tokenize a prompt and check, before any work, that it fits the model's vocabulary and context."""
+    if not prompt:
+        raise PromptError("the prompt is empty: give some text to continue, e.g. \"ROMEO:\"")
+    ids = tokenizer().encode(prompt, allowed_special={"<|endoftext|>"})
+    ids = model.check_ids(ids)
+    if max_new_tokens < 1:
+        raise PromptError(f"--max-new-tokens {max_new_tokens}: must be at least 1")
+    check_fits(ids.size, max_new_tokens, model.config.n_ctx)
+    return ids
+
+
+class TextStream:
+    """Print tokens as they come; a character split across tokens is held until it is whole."""
+
+    def __init__(self) -> None:
+        self.enc = tokenizer()
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def __call__(self, token: int) -> None:
+        sys.stdout.write(self.utf8.decode(self.enc.decode_single_token_bytes(token)))
+        sys.stdout.flush()
