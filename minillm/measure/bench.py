@@ -75,21 +75,25 @@ def _is_meter_stmt(s: ast.stmt) -> bool:
     return src.startswith("m = meter.ACTIVE") or src.startswith("if m is not None")
 
 
+def _reporters() -> list[tuple[object, str]]:
+    """Every function that reports to the meter: the operations and the caches' reads and writes."""
+    from ..cache import paged
+    return ([(ops, name) for name in ("embedding", "layer_norm", "linear", "gelu", "add", "attention", "lm_head")]
+            + [(cls, name) for cls in (kvcache.KVCache, paged.PagedKVCache) for name in ("write", "read")]
+            + [(kvcache.PassKV, "read")])
+
+
 @contextmanager
 def counting_code_removed():
     """Run with the counting code cut out of every operation, to measure what the meter costs idle."""
-    saved_ops = {name: getattr(ops, name) for name in ("embedding", "layer_norm", "linear", "gelu", "add",
-                                                       "attention", "lm_head")}
-    saved_write = kvcache.KVCache.write
+    saved = [(owner, name, getattr(owner, name)) for owner, name in _reporters()]
     try:
-        for name, fn in saved_ops.items():
-            setattr(ops, name, _strip_meter(fn))
-        kvcache.KVCache.write = _strip_meter(saved_write)
+        for owner, name, fn in saved:
+            setattr(owner, name, _strip_meter(fn))
         yield
     finally:
-        for name, fn in saved_ops.items():
-            setattr(ops, name, fn)
-        kvcache.KVCache.write = saved_write
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
 
 
 # -- timing --------------------------------------------------------------------------------------
@@ -133,7 +137,7 @@ def run_bench(model, contexts: list[int], repeats: int = 5, decode_steps: int = 
             for _ in range(decode_steps):
                 times.append(_time(lambda: model.decode_step(1, cache)))
             samples[n]["cached"].append(statistics.median(times))
-            samples[n]["naive"].append(_time(lambda: model.forward(prompt, last_only=True, kind="decode")))
+            samples[n]["naive"].append(_time(lambda: model.forward(prompt, last_only=True)))
             if progress:
                 progress()
         io, oi = [], []
