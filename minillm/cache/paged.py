@@ -268,3 +268,60 @@ class PagedKVCache:
             self.pool.v[:, :, b] = self.pool.v[:, :, src]
             table.append(b)
         return PagedKVCache(self.pool, table, self.length)
+
+
+class DecodeBatch:
+    """B sequences of one pool taking one new token each, attended as one batch: the block tables
+    are laid out once per step as a [B, blocks] matrix, and each layer writes the B new keys with
+    one scatter and reads everything with one gather, [H, B, T, hd] (T = the longest sequence,
+    rounded up to whole blocks; shorter rows are padded with their own first block and masked).
+
+    The gather is a copy, counted as one: kv_read for the blocks the sequences really hold,
+    activations for writing the copy and for attention reading it (padding included: it is moved).
+    It pays while the sequences are short: one gather instead of B small reads. `GPT2.step` uses it
+    up to `gpt2.BATCHED_DECODE_KEYS` keys; `minillm bench --batch` shows both ways.
+    """
+
+    def __init__(self, pool: PagedKVPool, caches: list[PagedKVCache]) -> None:
+        bs = pool.block_size
+        self.pool, self.caches = pool, caches
+        B = len(caches)
+        pos = np.array([c.length for c in caches], dtype=np.intp)          # each new token's position
+        self.lengths = pos + 1
+        nb = -(-int(self.lengths.max()) // bs)
+        table = np.empty((B, nb), dtype=np.intp)
+        for i, c in enumerate(caches):
+            row = c.table[:nb]
+            table[i, :len(row)] = row
+            table[i, len(row):] = row[0]
+        self.table = table                                                 # [B, nb]
+        self.blocks = table[np.arange(B), pos // bs]                      # where each new key goes
+        self.offsets = pos % bs
+        self.T = nb * bs
+        keys = np.arange(self.T)
+        self.mask = np.where(keys[None, :] < self.lengths[:, None], 0.0, -np.inf).astype(pool.k.dtype)[:, None, :]
+        self.held = int(sum(-(-int(n) // bs) for n in self.lengths)) * bs  # positions in blocks really held
+
+    def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+        """The B new keys and values, [H, B, hd], into their blocks: one scatter each."""
+        self.pool.k[layer][:, self.blocks, self.offsets] = k
+        self.pool.v[layer][:, self.blocks, self.offsets] = v
+        m = meter.ACTIVE
+        if m is not None:
+            m.count("kv_write", kv_write=k.nbytes + v.nbytes)
+
+    def read(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every sequence's keys and values, [H, B, T, hd] each: one gather through the tables."""
+        kp, vp = self.pool.k[layer], self.pool.v[layer]                    # [H, blocks, bs, hd]
+        (H, _, _, hd), B = kp.shape, self.table.shape[0]
+        k = kp[:, self.table].reshape(H, B, self.T, hd)                   # [H, B, nb, bs, hd] -> [H, B, T, hd]
+        v = vp[:, self.table].reshape(H, B, self.T, hd)
+        m = meter.ACTIVE
+        if m is not None:
+            item = k.itemsize
+            m.count("kv_gather", kv_read=2 * H * self.held * hd * item, activations=2 * (k.nbytes + v.nbytes))
+        return k, v
+
+    def advance(self) -> None:
+        for c in self.caches:
+            c.advance(1)

@@ -40,6 +40,9 @@ from ..models import ops
 from ..config import GPT2Config
 from ..errors import PromptError
 from ..cache.contiguous import KVCache, PassKV
+from ..cache.paged import DecodeBatch, PagedKVCache
+
+BATCHED_DECODE_KEYS = 128   # up to this many keys per sequence, a decode batch is attended as one gather
 
 Block = dict  # one block's parameters, named as in the checkpoint without the "h.{i}." prefix
 
@@ -74,13 +77,19 @@ def as_spans(x: np.ndarray, spans, pos: int | None) -> list[Span]:
     return [Span(0, x.shape[0], pos or 0, spans if spans is not None else PassKV())]
 
 
-def self_attention(x: np.ndarray, p: Block, n_head: int, spans: list[Span], layer: int,
+def self_attention(x: np.ndarray, p: Block, n_head: int, spans, layer: int,
                    pos: int | None = None) -> np.ndarray:
     """Multi-head causal self-attention over the rows of x [N, d]. Each sequence's new keys and
-    values go into its cache at its positions, and its queries attend over all its cached positions."""
-    spans = as_spans(x, spans, pos)
+    values go into its cache at its positions, and its queries attend over all its cached positions.
+    spans: one Span per sequence, or a DecodeBatch (B decode tokens attended as one batch)."""
     qkv = ops.linear(x, p["attn.c_attn.weight"], p["attn.c_attn.bias"])   # [N, 3d]
     q, k, v = split_heads(qkv, n_head)                                     # [H, N, hd] each
+    if isinstance(spans, DecodeBatch):                                     # B sequences, one token each
+        spans.write(layer, k, v)
+        k_all, v_all = spans.read(layer)                                   # [H, B, T, hd]
+        a = merge_heads(ops.decode_attention(q, k_all, v_all, spans.mask, spans.lengths))   # [B, d]
+        return ops.linear(a, p["attn.c_proj.weight"], p["attn.c_proj.bias"])
+    spans = as_spans(x, spans, pos)
     if len(spans) == 1:                                                    # one sequence
         a = merge_heads(attend(q, k, v, spans[0], layer))                  # [N, d]
     else:
@@ -107,7 +116,8 @@ def mlp(x: np.ndarray, p: Block) -> np.ndarray:
 def transformer_block(x: np.ndarray, p: Block, config: GPT2Config, spans: list[Span], layer: int,
                       pos: int | None = None) -> np.ndarray:
     """Pre-norm residual block. [N, d] -> [N, d]."""
-    spans = as_spans(x, spans, pos)
+    if not isinstance(spans, DecodeBatch):
+        spans = as_spans(x, spans, pos)
     eps = config.ln_eps
     x = ops.add(x, self_attention(ops.layer_norm(x, p["ln_1.weight"], p["ln_1.bias"], eps),
                                   p, config.n_head, spans, layer))
@@ -200,11 +210,23 @@ class GPT2:
         with meter.step(kind, spans[0].pos, N, attended=max(s.pos + s.n for s in spans),
                         seqs=[(s.pos, s.n) for s in spans]):
             x = ops.embedding(self.wte, self.wpe, ids, positions)                     # [N, d]
+            attn = self.decode_batch(spans) or spans
             for layer, p in enumerate(self.blocks):
-                x = transformer_block(x, p, self.config, spans, layer)                # [N, d]
+                x = transformer_block(x, p, self.config, attn, layer)                 # [N, d]
             for s in spans:
                 s.cache.advance(s.n)
             return self.head(x, spans, wants)
+
+    @staticmethod
+    def decode_batch(spans: list[Span]) -> DecodeBatch | None:
+        """B > 1 decode tokens in one paged pool, none with more than BATCHED_DECODE_KEYS keys: one
+        gather per layer beats B separate reads (see cache/paged.py)."""
+        if len(spans) < 2 or any(s.n != 1 or not isinstance(s.cache, PagedKVCache) for s in spans):
+            return None
+        pool = spans[0].cache.pool
+        if any(s.cache.pool is not pool for s in spans) or max(s.pos for s in spans) >= BATCHED_DECODE_KEYS:
+            return None
+        return DecodeBatch(pool, [s.cache for s in spans])
 
     def head(self, x: np.ndarray, spans: list[Span], wants: list) -> list:
         """ln_f and the LM head on the rows that are scored only. x [N, d] -> logits per sequence."""

@@ -194,6 +194,28 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, from_cache: bool |
     return out
 
 
+def decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
+                     lengths: np.ndarray) -> np.ndarray:
+    """Attention for B sequences' one new query each, in one batched product.
+
+    q [H, B, hd]; k, v [H, B, T, hd], every sequence's keys padded to T; mask [B, 1, T], 0 at each
+    sequence's own keys and -inf past them; lengths [B], its keys. Returns [H, B, hd].
+    Counted as the work of the real keys: the padding is an artefact of the batch layout.
+    """
+    H, B, hd = q.shape
+    q = q * (1.0 / math.sqrt(hd))                                  # [H, B, hd]
+    scores = q[:, :, None, :] @ k.transpose(0, 1, 3, 2)            # [H, B, 1, T]
+    scores += mask
+    softmax(scores)
+    out = (scores @ v)[:, :, 0]                                    # [H, B, hd]
+    m = meter.ACTIVE
+    if m is not None:
+        keys = int(lengths.sum())
+        m.count("attention", activations=2 * q.nbytes + out.nbytes + 2 * H * keys * q.itemsize,
+                attention=4 * H * keys * hd, other=q.size + 5 * H * keys)
+    return out
+
+
 def lm_head(x: np.ndarray, wte: np.ndarray) -> np.ndarray:
     """Logits over the vocabulary with the head tied to the token embedding: x @ wte^T. [T, d] -> [T, V].
 
