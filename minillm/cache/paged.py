@@ -260,14 +260,15 @@ class PagedKVCache:
         each), the partly filled last block is copied so both can write past it."""
         bs = self.block_size
         full = self.length // bs
-        table = [self.pool.allocator.share(b) for b in self.table[:full]]
-        if self.length % bs:
+        tail = []
+        if self.length % bs:                      # first the one allocation that can fail
             b = self.pool.allocator.allocate()
             src = self.table[full]
             self.pool.k[:, :, b] = self.pool.k[:, :, src]
             self.pool.v[:, :, b] = self.pool.v[:, :, src]
-            table.append(b)
-        return PagedKVCache(self.pool, table, self.length)
+            tail.append(b)
+        table = [self.pool.allocator.share(b) for b in self.table[:full]]
+        return PagedKVCache(self.pool, table + tail, self.length)
 
 
 class DecodeBatch:

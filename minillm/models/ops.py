@@ -33,22 +33,26 @@ GELU_C = math.sqrt(2.0 / math.pi)
 # count that is not a multiple of 8 falls to slow edge kernels. So `matmul` runs 2 rows as two
 # matrix-vector products and pads 3..63 rows with zero rows up to a multiple of 8 (a copy of at
 # most 63 rows). Past 64 rows the edge costs a few percent and padding would cost a copy of the
-# whole input, so it is not done. The padding rows are an artefact of the kernel, like its own
-# packing copies: the meter counts the model's work (T rows), not them. `minillm bench --batch`
-# measures all of this on your machine.
+# whole input, so it is not done. Weights under 1 MB stay in the CPU's caches, where packing them is
+# cheap and the plain product is the faster one (measured on a 4x128 model), so they are left alone.
+# The padding rows are an artefact of the kernel, like its own packing copies: the meter counts the
+# model's work (T rows), not them. `minillm bench --batch` measures all of this on your machine.
 
-ROW_PANEL = 8     # the kernel's panel: 3..PAD_BELOW-1 rows are padded up to a multiple of this
+ROW_PANEL = 8          # the kernel's panel: 3..PAD_BELOW-1 rows are padded up to a multiple of this
 PAD_BELOW = 64
+SHAPED_FROM = 1 << 20  # bytes of weight from which the product is shaped at all
 
 
 def padded_rows(T: int) -> int:
-    """The rows `matmul` runs the product on for T rows of input."""
+    """The rows `matmul` runs the product on for T rows of input (for a weight of SHAPED_FROM bytes or more)."""
     return -(-T // ROW_PANEL) * ROW_PANEL if 2 < T < PAD_BELOW else T
 
 
 def matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """x [T, in] @ w [in, out] -> [T, out], shaped for the BLAS kernel (see above)."""
     T = x.shape[0]
+    if w.nbytes < SHAPED_FROM:
+        return x @ w
     if T == 2:
         return np.matmul(x[:, None, :], w)[:, 0]        # [2, 1, in] @ [in, out]: two matrix-vector products
     R = padded_rows(T)
