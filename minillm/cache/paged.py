@@ -45,7 +45,9 @@ class BlockAllocator:
             raise MiniLLMError(f"a paged KV cache needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self.refs = [0] * num_blocks
-        self.free_list: deque[int] = deque(range(num_blocks))
+        self.free_list: deque[int] = deque(range(num_blocks))   # oldest freed first
+        self.on_reuse = None   # called with a block's number when allocate hands it out again
+
 
     @property
     def n_free(self) -> int:
@@ -62,6 +64,17 @@ class BlockAllocator:
                 f"the KV cache's {self.num_blocks} blocks are all in use: give it more memory "
                 "(--kv-memory) or run fewer sequences at once")
         block = self.free_list.popleft()
+        self.refs[block] = 1
+        if self.on_reuse is not None:   # a prefix cache forgets what the block held
+            self.on_reuse(block)
+        return block
+
+    def revive(self, block: int) -> int:
+        """A free block taken back off the free list, used once: a prefix cache's hit on a block
+        that no sequence held any more (its keys and values are still there)."""
+        if self.refs[block] != 0:
+            raise ValueError(f"block {block} is in use: share it instead")
+        self.free_list.remove(block)
         self.refs[block] = 1
         return block
 
@@ -245,7 +258,7 @@ class PagedKVCache:
         if not 0 <= t <= self.length:
             raise ValueError(f"truncate({t}): the cache holds {self.length} positions")
         keep = -(-t // self.block_size)
-        for b in self.table[keep:]:
+        for b in reversed(self.table[keep:]):   # a prompt's last blocks go first to the free list
             self.pool.allocator.release(b)
         del self.table[keep:]
         self._run = min(self._run, keep)
