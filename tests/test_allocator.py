@@ -97,3 +97,86 @@ def test_releasing_a_free_block_or_sharing_one_is_refused():
         a.release(b)
     with pytest.raises(ValueError, match="is free"):
         a.share(b)
+
+
+# -- the same pool with a prefix cache on top (engine/block_manager.py) ----------------------------
+
+from minillm.engine.block_manager import BlockManager  # noqa: E402
+from minillm.engine.sequence import Sequence  # noqa: E402
+
+
+class PrefixCachedPool(RuleBasedStateMachine):
+    """Sequences over a two-letter alphabet (so prefixes repeat) are admitted, computed, grown and
+    freed in any order. Besides the invariants above: every cached block holds the tokens its hash
+    names (each position's key is written as its token, so this is checked on the pool itself), a
+    cached block nobody holds waits on the free list, and no hash names two blocks."""
+
+    seqs = Bundle("cached_seqs")
+
+    def __init__(self):
+        super().__init__()
+        self.pool = PagedKVPool(CONFIG, 10, 2)
+        self.blocks = BlockManager(self.pool, prefix_cache=True)
+        self.live = []
+        self.tokens_of = {}
+
+    def _compute(self, s, n):
+        """Run n pending positions: 'write' each position's token as its key."""
+        c = s.cache
+        for p in range(c.length, c.length + n):
+            b, o = c.table[p // 2], p % 2
+            self.pool.k[0, 0, b, o] = s.tokens[p]
+        c.advance(n)
+        self.blocks.computed(s)
+
+    @rule(target=seqs, prompt=st.lists(st.integers(0, 1), min_size=1, max_size=9))
+    def admit(self, prompt):
+        s = Sequence(prompt, 4)
+        cached = self.blocks.match(s)
+        if self.blocks.blocks_to_admit(s, len(prompt) - cached) > self.blocks.n_free:
+            return s
+        s.cache = self.blocks.admit(s)
+        s.cache.reserve(s.n_pending)
+        assert s.cache.length == cached
+        for p in range(cached):
+            assert self.pool.k[0, 0, s.cache.table[p // 2], p % 2, 0] == prompt[p], "a hit holds other tokens"
+        self._compute(s, s.n_pending)
+        self.live.append(s)
+        return s
+
+    @rule(s=seqs, token=st.integers(0, 1))
+    def grow(self, s, token):
+        if s not in self.live or len(s) >= CONFIG.n_ctx:
+            return
+        s.output.append(token)
+        try:
+            s.cache.reserve(1)
+        except KVCacheFullError:
+            s.output.pop()
+            return
+        self._compute(s, 1)
+
+    @rule(s=consumes(seqs))
+    def free(self, s):
+        if s in self.live:
+            self.blocks.free(s)
+            self.live.remove(s)
+
+    @invariant()
+    def consistent(self):
+        a, m = self.pool.allocator, self.blocks
+        held = Counter(b for s in self.live for b in s.cache.table)
+        assert a.n_free + a.n_used == a.num_blocks
+        assert len(set(a.free_list)) == len(a.free_list)
+        for b in range(a.num_blocks):
+            assert a.refs[b] == held[b], f"block {b}: count {a.refs[b]}, held by {held[b]} sequences"
+            assert (b in a.free_list) == (a.refs[b] == 0)
+        assert len(set(m.cached.values())) == len(m.cached), "two hashes name one block"
+        assert all(m.cached[h] == b for b, h in m.hash_of.items())
+        for s in self.live:          # the blocks a sequence holds hold its tokens
+            for p in range(s.cache.length):
+                assert self.pool.k[0, 0, s.cache.table[p // 2], p % 2, 0] == s.tokens[p]
+
+
+PrefixCachedPool.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestPrefixCachedPool = PrefixCachedPool.TestCase

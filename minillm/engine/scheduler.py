@@ -54,7 +54,10 @@ class Scheduler:
             raise MiniLLMError(
                 f"a request of {len(seq.prompt)} prompt + {seq.max_new_tokens} new tokens needs {need} KV blocks, "
                 f"the pool has {self.blocks.num_blocks}: give more KV memory (--kv-memory) or ask for fewer tokens")
-        self.waiting.append(seq)
+        i = len(self.waiting)                  # the queue stays in order of arrival
+        while i and self.waiting[i - 1].arrival > seq.arrival:
+            i -= 1
+        self.waiting.insert(i, seq)
 
     def abort(self, seq: Sequence) -> None:
         """Drop a sequence wherever it is; its blocks go back at once."""
