@@ -33,6 +33,11 @@ COMMANDS = [
             "Generate for every prompt in FILE at once: one batched prefill, then one step per token for all "
             "unfinished prompts, each weight read once per step for all of them. --compare also runs them one "
             "at a time."),
+    Command("serve-sim", "cli.serve_sim", "a workload through the scheduler: continuous batching, prefix caching",
+            "Serve a workload (Poisson arrivals, a shared system prompt, long prompts, long answers, or your "
+            "JSONL trace) with the scheduler, every step really run on a clock advanced by its measured time; "
+            "show it live, then throughput, time to first token, time between tokens, KV waste and prefix "
+            "hits. --compare runs the same workload several ways."),
     Command("compare", "cli.compare", "naive vs KV-cached decode, step by step, with the counters",
             "Run naive and KV-cached decode on the same prompt with the same sampling; show both texts, whether "
             "the tokens are identical, per-step FLOPs and bytes against this machine's measured bandwidth, "

@@ -1,0 +1,175 @@
+"""`minillm serve-sim`: a workload through the scheduler, every step really run, and the numbers a
+serving benchmark reports (throughput, time to first token, time between tokens, KV waste, prefix
+hits, where the time went and what bound it)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from rich.markup import escape
+from rich.table import Table
+
+from ..engine.engine import Engine
+from ..engine.scheduler import POLICIES
+from ..errors import MiniLLMError
+from ..measure.hardware import machine
+from ..serving.metrics import summarize
+from ..serving.workloads import WORKLOADS, WorkItem, load_workload, write_trace
+from ..ui.live import LiveView
+from ..ui.report import fmt_bytes, fmt_flops, fmt_time
+from .common import add_model, err, load_model, out
+
+COMPARE = {"policies": "sequential, static and continuous", "prefix-cache": "continuous without and with it",
+           "block-size": "continuous at block sizes 8, 16, 32 and 64"}
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?i?b?)\s*", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "ki": 2**10, "mi": 2**20, "gi": 2**30}
+
+
+def parse_bytes(text: str) -> int:
+    """'256MB' -> 256e6; 'MiB', 'GB', 'k' and plain bytes also work."""
+    m = _SIZE.fullmatch(text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise MiniLLMError(f"--kv-memory {text!r}: write a size such as 256MB, 1GB or 512MiB")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--workload", default="poisson", metavar="NAME|FILE.jsonl",
+                   help=f"{', '.join(WORKLOADS)}, or a JSONL trace of your own (default poisson)")
+    p.add_argument("--rate", type=float, default=4.0, help="requests per second, Poisson arrivals (default 4)")
+    p.add_argument("--requests", type=int, default=64, help="how many requests (default 64)")
+    p.add_argument("--seed", type=int, default=0, help="the workload's seed (default 0)")
+    p.add_argument("--policy", default="continuous", choices=POLICIES, help="(default continuous)")
+    p.add_argument("--compare", nargs="?", const="policies", choices=list(COMPARE), default=None,
+                   help="run the same workload several ways, side by side: " +
+                        "; ".join(f"{k}: {v}" for k, v in COMPARE.items()) + " (default policies)")
+    p.add_argument("--prefix-cache", action="store_true", help="share the KV blocks of common prompt prefixes")
+    p.add_argument("--block-size", type=int, default=16, help="positions per KV block (default 16)")
+    p.add_argument("--kv-memory", default="256MB", help="memory for the KV pool (default 256MB)")
+    p.add_argument("--max-seqs", type=int, default=16, help="most sequences in one step; the static batch size (default 16)")
+    p.add_argument("--max-tokens", type=int, default=256,
+                   help="token budget of one step: longer prompts are prefilled in chunks (default 256)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (default); above, request i samples with seed SEED+i")
+    add_model(p)
+    p.add_argument("--json", action="store_true", help="a JSON list, one object per run, instead of tables")
+    p.add_argument("--no-live", action="store_true", help="no live view (it is off anyway when stdout is not a terminal)")
+    p.add_argument("--save-trace", metavar="FILE", help="write the workload as a JSONL trace, to replay or edit")
+
+
+def check(args) -> None:
+    for name, v, lo in (("--requests", args.requests, 1), ("--block-size", args.block_size, 1),
+                        ("--max-seqs", args.max_seqs, 1), ("--max-tokens", args.max_tokens, 1)):
+        if v < lo:
+            raise MiniLLMError(f"{name} {v}: must be at least {lo}")
+    if not args.rate > 0:
+        raise MiniLLMError(f"--rate {args.rate}: requests per second must be more than 0")
+    if not args.temperature >= 0:
+        raise MiniLLMError(f"--temperature {args.temperature}: must be 0 (greedy) or more")
+
+
+def runs(args) -> list[dict]:
+    """The engine settings of each run."""
+    base = dict(policy=args.policy, prefix_cache=args.prefix_cache, block_size=args.block_size)
+    if args.compare == "policies":
+        return [{**base, "policy": p} for p in ("sequential", "static", "continuous")]
+    if args.compare == "prefix-cache":
+        return [{**base, "policy": "continuous", "prefix_cache": pc} for pc in (False, True)]
+    if args.compare == "block-size":
+        return [{**base, "policy": "continuous", "block_size": bs} for bs in (8, 16, 32, 64)]
+    return [base]
+
+
+def label(run: dict, args) -> str:
+    if args.compare == "prefix-cache":
+        return "prefix cache" if run["prefix_cache"] else "no prefix cache"
+    if args.compare == "block-size":
+        return f"block size {run['block_size']}"
+    return run["policy"]
+
+
+def simulate(model, items: list[WorkItem], run: dict, args, live: bool, hw) -> dict:
+    engine = Engine(model, kv_memory=parse_bytes(args.kv_memory), block_size=run["block_size"],
+                    prefix_cache=run["prefix_cache"], policy=run["policy"], max_seqs=args.max_seqs,
+                    max_tokens=args.max_tokens)
+    for w in items:
+        engine.add_request(w.prompt, w.max_tokens, w.sampling, arrival=w.arrival)
+    name = label(run, args)
+    if live:
+        with LiveView(out, title=name) as view:
+            engine.on_step = view
+            engine.run()
+    else:
+        with err.status(f"serving {len(items)} requests: {escape(name)}…"):
+            engine.run()
+    return summarize(engine, name, hw)
+
+
+def _s(x) -> str:
+    return "—" if x is None else fmt_time(x)
+
+
+def table(results: list[dict]) -> Table:
+    t = Table(title="serve-sim", title_justify="left")
+    t.add_column("")
+    for r in results:
+        t.add_column(r["policy"], justify="right")
+
+    def row(name, fn):
+        t.add_row(name, *[fn(r) for r in results])
+
+    row("output tokens/s", lambda r: f"{r['output_tokens_per_s']:.1f}")
+    row("duration", lambda r: _s(r["duration_s"]))
+    row("steps (mean batch)", lambda r: f"{r['steps']} ({r['mean_batch']:.1f})")
+    for k in ("ttft", "tbt", "e2e"):
+        row(f"{k.upper()} p50 / p95", lambda r, k=k: f"{_s(r[f'{k}_p50_s'])} / {_s(r[f'{k}_p95_s'])}")
+    row("prefill tokens (FLOPs)", lambda r: f"{r['prefill_tokens']:,} ({fmt_flops(r['prefill_flops'])})")
+    row("prefix hit rate", lambda r: f"{r['prefix_hit_rate']:.0%}" if r["prefix_cache"] else "off")
+    row("preemptions", lambda r: str(r["preemptions"]))
+    row("KV waste: paged (contiguous)",
+        lambda r: f"{r['kv_waste']:.1%} ({r['kv_waste_contiguous']:.1%})")
+    for kind in ("prefill", "mixed", "decode"):
+        def ph(r, kind=kind):
+            d = r["phases"].get(kind)
+            if not d:
+                return "—"
+            bound = f", {d['bound']}-bound" if "bound" in d else ""
+            return f"{d['share']:.0%} of time{bound}"
+        row(f"{kind} steps", ph)
+    return t
+
+
+def diagnosis(r: dict) -> str:
+    ph = r["phases"]
+    pre = sum(ph[k]["seconds"] for k in ("prefill", "mixed") if k in ph)
+    dec = ph.get("decode", {}).get("seconds", 0.0)
+    if pre > dec:
+        return (f"{escape(r['policy'])}: steps with prompt tokens took {pre / (pre + dec):.0%} of the time: prefill-bound "
+                "work (compute); prefix caching and chunked prefill are what help")
+    return (f"{escape(r['policy'])}: decode steps took {dec / (pre + dec or 1):.0%} of the time: decode is memory-bound; "
+            "bigger batches (continuous batching, more KV memory) are what help")
+
+
+def run(args) -> int:
+    check(args)
+    model = load_model(args.model)
+    c = model.config
+    items = load_workload(args.workload, rate=args.rate, n=args.requests, seed=args.seed,
+                          vocab_size=c.vocab_size, n_ctx=c.n_ctx)
+    if args.temperature > 0:
+        items = [WorkItem(w.arrival, w.prompt, w.max_tokens, args.temperature, w.top_k, w.top_p,
+                          args.seed + i if w.seed is None else w.seed) for i, w in enumerate(items)]
+    if args.save_trace:
+        write_trace(items, args.save_trace)
+    hw = machine(progress=not args.json)
+    live = not args.json and not args.no_live and out.is_terminal
+    results = [simulate(model, items, r, args, live, hw) for r in runs(args)]
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    out.print(table(results))
+    for r in results:
+        out.print(diagnosis(r))
+    return 0

@@ -1,0 +1,1 @@
+"""Serving in miniature: workloads, their metrics, and what serve-sim shows."""

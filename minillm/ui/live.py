@@ -1,0 +1,94 @@
+"""A live view of the engine while it runs: the running sequences and their progress, the KV block
+map filling and freeing, the queue, tokens/s. Drawn with rich's Live; only on a terminal.
+
+    block map:  █ held by a running sequence   ▓ shared by several   ░ cached, nobody holds it
+                (a hit takes it back; a new allocation may evict it)   · free
+"""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+MAX_ROWS = 12          # running sequences shown
+MAX_BLOCKS = 512       # block map cells shown (a bigger pool is sampled)
+
+
+def block_map(engine) -> Text:
+    a, m = engine.pool.allocator, engine.blocks
+    n = a.num_blocks
+    stride = max(1, -(-n // MAX_BLOCKS))
+    text = Text()
+    for b in range(0, n, stride):
+        r = a.refs[b]
+        if r > 1:
+            text.append("▓", style="magenta")
+        elif r == 1:
+            text.append("█", style="green")
+        elif b in m.hash_of:
+            text.append("░", style="cyan")
+        else:
+            text.append("·", style="dim")
+    return text
+
+
+def render(engine, title: str = "") -> Group:
+    sched, steps = engine.scheduler, engine.steps
+    now = engine.now()
+    recent = steps[-20:]
+    span = sum(s.seconds for s in recent)
+    through = sum(s.n_tokens for s in recent)     # positions run in the last steps
+    done = sum(1 for r in engine.requests.values() if r.done)
+    total_out = sum(len(r.output) for r in engine.requests.values())
+    head = Text.assemble(
+        (f"{title}  ", "bold"), f"t = {now:7.2f} s   ",
+        f"running {len(sched.running):3d}   waiting {sum(1 for s in sched.waiting if s.arrival <= now):3d}   ",
+        f"done {done}/{len(engine.requests)}   ",
+        f"tokens out {total_out} ({total_out / now if now else 0.0:.1f}/s)   ",
+        f"positions run {through / span if span else 0.0:6.0f}/s   ",
+        f"preemptions {sched.preemptions}")
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    table.add_column("req", justify="right")
+    table.add_column("prompt", justify="right")
+    table.add_column("progress")
+    table.add_column("KV blocks", justify="right")
+    for s in sched.running[:MAX_ROWS]:
+        req = engine._by_seq[s.id]
+        width = 30
+        filled = int(width * len(s.output) / s.max_new_tokens)
+        prefill = s.n_pending > 1
+        bar = Text("█" * filled + "·" * (width - filled), style="yellow" if prefill else "green")
+        bar.append(f" {len(s.output)}/{s.max_new_tokens}" + ("  prefill" if prefill else ""))
+        table.add_row(str(req.id), str(len(s.prompt)), bar, str(len(s.cache.table) if s.cache else 0))
+    if len(sched.running) > MAX_ROWS:
+        table.add_row("…", "", Text(f"{len(sched.running) - MAX_ROWS} more"), "")
+    a = engine.pool.allocator
+    kv = Text(f"KV blocks: {a.n_used} held, {a.n_free} free of {a.num_blocks} "
+              f"(block size {engine.blocks.block_size}); prefix hit rate {engine.blocks.hit_rate:.0%}")
+    return Group(head, table, kv, block_map(engine))
+
+
+class LiveView:
+    """An engine's on_step callback that redraws the view (at most `fps` times a second)."""
+
+    def __init__(self, console, title: str = "", fps: float = 8.0) -> None:
+        self.live = Live(console=console, auto_refresh=False, transient=False)
+        self.title, self.min_gap = title, 1.0 / fps
+        self._last = -1.0
+
+    def __enter__(self) -> "LiveView":
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.live.__exit__(*exc)
+
+    def __call__(self, engine, info) -> None:
+        import time
+        t = time.perf_counter()
+        if t - self._last < self.min_gap and engine.has_work:
+            return
+        self._last = t
+        self.live.update(render(engine, self.title), refresh=True)
