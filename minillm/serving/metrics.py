@@ -15,6 +15,7 @@
     phases                time, bytes and FLOPs by step kind (prefill, decode, mixed) with the
                           roofline's verdict for each: bound by memory or compute, and how close
                           the measured time came to the roofline's best case
+    scheduler_overhead_share   the engine's time outside the model (scheduling, sampling, bookkeeping)
 """
 
 from __future__ import annotations
@@ -79,13 +80,15 @@ def summarize(engine, label: str | None = None, hw=None) -> dict:
         "kv_waste_contiguous": 1 - total_len / contiguous if contiguous else 0.0,
         "kv_waste_by_block_size": {str(k): v for k, v in by_bs.items()},
         "phases": phases(steps, hw),
+        "scheduler_overhead_share": 1 - sum(s.record.seconds for s in steps if s.record is not None) / (
+            sum(s.seconds for s in steps) or 1.0) if steps and steps[0].record is not None else None,
     }
     return result
 
 
 def phases(steps, hw=None) -> dict:
-    """Seconds, share of step time, bytes, FLOPs and the roofline's verdict, per step kind."""
-    total = sum(s.seconds for s in steps) or 1.0
+    """Seconds, share of the model's time, bytes, FLOPs and the roofline's verdict, per step kind."""
+    total = sum(s.record.seconds for s in steps if s.record is not None) or 1.0
     out = {}
     for kind in ("prefill", "mixed", "decode"):
         recs = [s.record for s in steps if s.record is not None and s.record.kind == kind]

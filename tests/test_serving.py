@@ -1,0 +1,118 @@
+"""Workloads, traces, metrics, and `minillm serve-sim` run for real in a subprocess."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from minillm.config import GPT2Config
+from minillm.engine.engine import Engine
+from minillm.errors import MiniLLMError
+from minillm.serving.metrics import summarize
+from minillm.serving.workloads import WORKLOADS, generate_workload, load_workload, read_trace, write_trace
+
+from test_cli import TINY_A, home, ok, run, user_error  # noqa: F401  (home is a fixture)
+from test_properties import random_model
+
+JSON_KEYS = {"policy", "requests", "output_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "tbt_p50_s", "tbt_p95_s",
+             "prefix_hit_rate", "prefill_flops", "kv_waste", "preemptions"}
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_workloads_are_seeded_and_fit_the_context(name):
+    a = generate_workload(name, rate=2.0, n=20, seed=3, vocab_size=500, n_ctx=128)
+    b = generate_workload(name, rate=2.0, n=20, seed=3, vocab_size=500, n_ctx=128)
+    assert a == b and a != generate_workload(name, rate=2.0, n=20, seed=4, vocab_size=500, n_ctx=128)
+    assert a[0].arrival == 0 and all(x.arrival <= y.arrival for x, y in zip(a, a[1:]))
+    assert all(len(w.prompt) + w.max_tokens <= 128 and w.max_tokens >= 1 and max(w.prompt) < 500 for w in a)
+    if name == "shared-prefix":
+        assert all(w.prompt[:64] == a[0].prompt[:64] for w in a)
+
+
+def test_poisson_arrivals_come_at_the_rate():
+    w = generate_workload("poisson", rate=4.0, n=2000, seed=0)
+    assert 3.7 < len(w) / w[-1].arrival < 4.3
+
+
+def test_a_trace_round_trips(tmp_path):
+    items = generate_workload("poisson", n=5, seed=1, vocab_size=300, n_ctx=64)
+    write_trace(items, tmp_path / "t.jsonl")
+    assert read_trace(tmp_path / "t.jsonl") == items
+    (tmp_path / "text.jsonl").write_text('{"prompt": "a b c", "max_tokens": 3, "arrival": 1.5}\n\n'
+                                         '{"prompt_ids": [1, 2], "temperature": 0.7, "seed": 4}\n')
+    got = load_workload(str(tmp_path / "text.jsonl"))
+    assert [w.prompt for w in got] == [[1, 2], [64, 275, 269]] and got[0].max_tokens == 16
+
+
+@pytest.mark.parametrize("line, words", [
+    ("not json", ["line 1", "not JSON"]),
+    ('{"prompt": "a", "max_tokens": 0}', ["max_tokens"]),
+    ('{"prompt": "a", "promt_ids": [1]}', ["unknown field", "promt_ids"]),
+    ('{"max_tokens": 3}', ["prompt"]),
+    ('{"prompt_ids": [1, "x"]}', ["prompt_ids"]),
+    ('{"prompt": "a", "temperature": -1}', ["temperature"]),
+    ('[1, 2]', ["object"]),
+])
+def test_bad_traces_name_the_line_and_field(tmp_path, line, words):
+    (tmp_path / "bad.jsonl").write_text(line + "\n")
+    with pytest.raises(MiniLLMError) as e:
+        read_trace(tmp_path / "bad.jsonl")
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_metrics_of_a_run():
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=64, vocab_size=60)
+    model = random_model(config, 0, dtype=np.float32)
+    engine = Engine(model, num_blocks=40, block_size=4, prefix_cache=True)
+    for w in generate_workload("shared-prefix", rate=50.0, n=6, seed=0, vocab_size=60, n_ctx=64):
+        engine.add_request(w.prompt, w.max_tokens, arrival=w.arrival)
+    engine.run()
+    r = summarize(engine)
+    assert JSON_KEYS <= set(r)
+    assert r["output_tokens"] == sum(len(q.output) for q in engine.requests.values())
+    assert 0 < r["prefix_hit_rate"] < 1 and r["prefill_flops"] > 0
+    assert 0 <= r["kv_waste"] < r["kv_waste_contiguous"] <= 1
+    assert r["ttft_p50_s"] <= r["ttft_p95_s"] and r["tbt_p50_s"] <= r["tbt_p95_s"]
+    assert r["phases"] and abs(sum(p["share"] for p in r["phases"].values()) - 1) < 1e-9
+
+
+# ------------------------------------------------------------------------ the command, for real
+
+
+def test_serve_sim_json_compare(home):
+    r = ok(run(home, "serve-sim", "--model", TINY_A, "--requests", "6", "--rate", "20", "--compare", "--json"))
+    results = json.loads(r.stdout)
+    assert [x["policy"] for x in results] == ["sequential", "static", "continuous"]
+    for x in results:
+        assert JSON_KEYS <= set(x) and x["requests"] == 6 and 0 <= x["kv_waste"] <= 1
+    assert len({x["output_tokens"] for x in results}) == 1
+
+
+def test_serve_sim_table_with_a_trace_and_the_prefix_cache(home, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"prompt": "a b c " * 8, "max_tokens": 4, "arrival": i * 0.01}) + "\n"
+                             for i in range(4)))
+    r = ok(run(home, "serve-sim", "--model", TINY_A, "--workload", trace, "--compare", "prefix-cache",
+               "--block-size", "4"))
+    assert "prefix hit rate" in r.stdout and "TTFT" in r.stdout and "no prefix cache" in r.stdout
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--workload", "bursty"], ["bursty", "poisson"]),
+    (["--workload", "missing.jsonl"], ["missing.jsonl"]),
+    (["--rate", "0"], ["--rate"]),
+    (["--requests", "0"], ["--requests"]),
+    (["--kv-memory", "lots"], ["--kv-memory", "256MB"]),
+    (["--kv-memory", "1kB"], ["KV memory", "block"]),
+    (["--block-size", "0"], ["--block-size"]),
+])
+def test_serve_sim_bad_input_is_one_clear_line(home, args, words):
+    user_error(run(home, "serve-sim", "--model", TINY_A, "--requests", "2", *args), *words)
+
+
+def test_serve_sim_a_request_too_big_for_the_pool(home):
+    user_error(run(home, "serve-sim", "--model", TINY_A, "--requests", "2", "--kv-memory", "20kB",
+                   "--block-size", "1"), "KV blocks", "--kv-memory")
