@@ -28,7 +28,7 @@ def test_workloads_are_seeded_and_fit_the_context(name):
     assert a[0].arrival == 0 and all(x.arrival <= y.arrival for x, y in zip(a, a[1:]))
     assert all(len(w.prompt) + w.max_tokens <= 128 and w.max_tokens >= 1 and max(w.prompt) < 500 for w in a)
     if name == "shared-prefix":
-        assert all(w.prompt[:64] == a[0].prompt[:64] for w in a)
+        assert all(w.prompt[:31] == a[0].prompt[:31] for w in a)
 
 
 def test_poisson_arrivals_come_at_the_rate():
@@ -64,10 +64,10 @@ def test_bad_traces_name_the_line_and_field(tmp_path, line, words):
 
 
 def test_metrics_of_a_run():
-    config = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=64, vocab_size=60)
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=256, vocab_size=60)
     model = random_model(config, 0, dtype=np.float32)
-    engine = Engine(model, num_blocks=40, block_size=4, prefix_cache=True)
-    for w in generate_workload("shared-prefix", rate=50.0, n=6, seed=0, vocab_size=60, n_ctx=64):
+    engine = Engine(model, num_blocks=200, block_size=4, prefix_cache=True)
+    for w in generate_workload("shared-prefix", rate=50.0, n=6, seed=0, vocab_size=60, n_ctx=256):
         engine.add_request(w.prompt, w.max_tokens, arrival=w.arrival)
     engine.run()
     r = summarize(engine)
@@ -114,5 +114,5 @@ def test_serve_sim_bad_input_is_one_clear_line(home, args, words):
 
 
 def test_serve_sim_a_request_too_big_for_the_pool(home):
-    user_error(run(home, "serve-sim", "--model", TINY_A, "--requests", "2", "--kv-memory", "20kB",
+    user_error(run(home, "serve-sim", "--model", TINY_A, "--requests", "2", "--kv-memory", "3kB",
                    "--block-size", "1"), "KV blocks", "--kv-memory")

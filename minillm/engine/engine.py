@@ -72,7 +72,7 @@ class StepInfo:
     seqs: list            # [(request id, position, n tokens)]
     prefill_tokens: int
     decode_tokens: int
-    lengths: list         # every running sequence's cached length after the step
+    lengths: list         # every running sequence's cached length after the step ran
     kv_used: int          # positions stored in the pool's held blocks (a shared block once)
     kv_reserved: int      # positions of the blocks held
     waiting: int
@@ -174,6 +174,8 @@ class Engine:
         else:
             tokens = run_step(self.model, seqs, chunks)
             record = None
+        used, reserved = self.kv_usage()          # at the step's peak: before the finished let go
+        lengths = [s.cache.length for s in self.scheduler.running]
         self.scheduler.finish_step(batch)
         seconds = time.perf_counter() - t0
         if self.clock is None:
@@ -190,9 +192,7 @@ class Engine:
                 req.finished_at = end
             if req.on_token is not None:
                 req.on_token(req, tok)
-        used, reserved = self.kv_usage()
-        info = StepInfo(start, end - start, spans, sum(chunks) - decode, decode,
-                        [s.cache.length for s in self.scheduler.running], used, reserved,
+        info = StepInfo(start, end - start, spans, sum(chunks) - decode, decode, lengths, used, reserved,
                         len(self.scheduler.waiting), len(self.scheduler.running), self.blocks.n_free, record)
         self.steps.append(info)
         if self.on_step is not None:

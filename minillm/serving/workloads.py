@@ -2,12 +2,13 @@
 
     poisson        requests arrive at `rate` per second (exponential gaps); prompts 16-128 tokens,
                    answers 16-64
-    shared-prefix  every prompt starts with the same 256-token system prompt, then 8-32 tokens of
+    shared-prefix  every prompt starts with the same 250-token system prompt, then 8-32 tokens of
                    its own; answers 8-24 (what prefix caching is for)
     long-prompt    prompts 384-512 tokens, answers 4-16: prefill dominates
     long-answer    prompts 8-32 tokens, answers 128-256: decode dominates
 
-Every generator takes `rate` (requests per second, Poisson arrivals), `n` requests and a `seed`:
+Lengths are for a 1024-token context and shrink in proportion for a smaller one. Every generator
+takes `rate` (requests per second, Poisson arrivals), `n` requests and a `seed`:
 the same seed gives the same workload, so policies compare on the same requests. Prompts are
 random token ids (the ids matter only to the prefix cache, which compares them exactly).
 
@@ -63,22 +64,24 @@ def generate_workload(name: str, *, rate: float = 4.0, n: int = 64, seed: int = 
     hi = min(vocab_size, ID_RANGE)
     t = np.cumsum(rng.exponential(1.0 / rate, n))
     t = t - t[0]                                  # the first request arrives at 0
-    system = rng.integers(0, hi, 256).tolist()
+    k = min(1.0, n_ctx / 1024)                   # lengths shrink with a smaller context
+
+    def draw(lo, hi_):
+        return max(1, int(rng.integers(lo, hi_ + 1) * k))
+
+    system = rng.integers(0, hi, max(1, int(250 * k))).tolist()
     items = []
     for i in range(n):
         if name == "poisson":
-            p, a = rng.integers(16, 129), rng.integers(16, 65)
-            prompt = rng.integers(0, hi, p).tolist()
+            p, a = draw(16, 128), draw(16, 64)
         elif name == "shared-prefix":
-            p, a = rng.integers(8, 33), rng.integers(8, 25)
-            prompt = system + rng.integers(0, hi, p).tolist()
+            p, a = draw(8, 32), draw(8, 24)
         elif name == "long-prompt":
-            p, a = rng.integers(384, 513), rng.integers(4, 17)
-            prompt = rng.integers(0, hi, p).tolist()
+            p, a = draw(384, 512), draw(4, 16)
         else:
-            p, a = rng.integers(8, 33), rng.integers(128, 257)
-            prompt = rng.integers(0, hi, p).tolist()
-        prompt = prompt[:max(1, n_ctx // 2)]
+            p, a = draw(8, 32), draw(128, 256)
+        prompt = (system if name == "shared-prefix" else []) + rng.integers(0, hi, p).tolist()
+        prompt = prompt[:n_ctx - 1]
         a = int(min(a, n_ctx - len(prompt)))
         items.append(WorkItem(float(t[i]), prompt, a))
     return items
