@@ -72,6 +72,7 @@ class StepInfo:
     seqs: list            # [(request id, position, n tokens)]
     prefill_tokens: int
     decode_tokens: int
+    prefill_scored: int   # prompts that reached their end this step (the LM head ran for their first token)
     lengths: list         # every running sequence's cached length after the step ran
     kv_used: int          # positions stored in the pool's held blocks (a shared block once)
     kv_reserved: int      # positions of the blocks held
@@ -167,6 +168,7 @@ class Engine:
         seqs, chunks = [s for s, _ in batch], [n for _, n in batch]
         spans = [(self._by_seq[s.id].id, s.n_computed, n) for s, n in batch]
         decode = sum(n for s, n in batch if s.output and s.n_pending == 1)
+        firsts = sum(1 for s, n in batch if not (s.output and s.n_pending == 1) and n == s.n_pending)
         if self.meter is not None:
             with self.meter:
                 tokens = run_step(self.model, seqs, chunks)
@@ -192,7 +194,7 @@ class Engine:
                 req.finished_at = end
             if req.on_token is not None:
                 req.on_token(req, tok)
-        info = StepInfo(start, end - start, spans, sum(chunks) - decode, decode, lengths, used, reserved,
+        info = StepInfo(start, end - start, spans, sum(chunks) - decode, decode, firsts, lengths, used, reserved,
                         len(self.scheduler.waiting), len(self.scheduler.running), self.blocks.n_free, record)
         self.steps.append(info)
         if self.on_step is not None:

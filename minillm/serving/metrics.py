@@ -10,8 +10,9 @@
                           cache reserving n_ctx per sequence would have wasted for the same
                           sequences, and paged pools of other block sizes (from the same lengths)
     prefix_hit_rate       prompt positions found in the prefix cache / prompt positions looked up
-    prefill_flops         FLOPs of the positions that ran as prompt (the meter's count per step,
-                          split by tokens in a mixed step: a linear layer's FLOPs are per token)
+    prefill_flops         FLOPs of the positions that ran as prompt, from the meter's count per step;
+                          a mixed step is split: the LM head's FLOPs by the rows it scored (a
+                          decode token, or a prompt's last position), the rest by tokens
     phases                time, bytes and FLOPs by step kind (prefill, decode, mixed) with the
                           roofline's verdict for each: bound by memory or compute, and how close
                           the measured time came to the roofline's best case
@@ -49,10 +50,7 @@ def summarize(engine, label: str | None = None, hw=None) -> dict:
     contiguous = n_ctx * len(lengths)
     by_bs = {bs: 1 - total_len / sum(-(-n // bs) * bs for n in lengths) if total_len else 0.0
              for bs in OTHER_BLOCK_SIZES}
-    prefill_flops = 0
-    for s in steps:
-        if s.record is not None and s.n_tokens:
-            prefill_flops += s.record.total_flops * s.prefill_tokens / s.n_tokens
+    prefill_flops = sum(prefill_share(s) for s in steps)
     sched = engine.scheduler
     result = {
         "policy": label or sched.policy,
@@ -86,6 +84,18 @@ def summarize(engine, label: str | None = None, hw=None) -> dict:
     return result
 
 
+def prefill_share(s) -> float:
+    """The FLOPs of a step that belong to its prompt positions."""
+    r = s.record
+    if r is None or not s.prefill_tokens:
+        return 0.0
+    if not s.decode_tokens:
+        return float(r.total_flops)
+    head = r.ops.get("lm_head", {}).get("flops", 0)
+    rows = s.prefill_scored + s.decode_tokens
+    return (r.total_flops - head) * s.prefill_tokens / s.n_tokens + head * s.prefill_scored / rows
+
+
 def phases(steps, hw=None) -> dict:
     """Seconds, share of the model's time, bytes, FLOPs and the roofline's verdict, per step kind."""
     total = sum(s.record.seconds for s in steps if s.record is not None) or 1.0
@@ -112,3 +122,14 @@ def phases(steps, hw=None) -> dict:
             d["of_roofline"] = best / secs if secs else 0.0
         out[kind] = d
     return out
+
+
+def serve(model, items, *, label: str | None = None, hw=None, on_step=None, **engine_kw):
+    """Run a workload (a list of WorkItem) through a fresh engine; returns (summary, engine)."""
+    from ..engine.engine import Engine
+
+    engine = Engine(model, on_step=on_step, **engine_kw)
+    for w in items:
+        engine.add_request(w.prompt, w.max_tokens, w.sampling, arrival=w.arrival)
+    engine.run()
+    return summarize(engine, label, hw), engine
