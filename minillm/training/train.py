@@ -41,6 +41,7 @@ import numpy as np
 from ..checkpoints.checkpoint import load_checkpoint, save_checkpoint  # HF layout; each file written atomically
 from ..config import GPT2Config
 from ..errors import MiniLLMError
+from ..data import BundledText  # the default --data: the bundled text
 
 DEFAULT_DATA_SPLIT = 0.9  # first 90% of the tokens train, the last 10% are held out
 
@@ -624,7 +625,7 @@ def train(data, out=None, layers=4, heads=4, width=128, context=256, batch=8, st
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--data", required=True, help="UTF-8 text to train on (first 90%% of its tokens train)")
+    parser.add_argument("--data", default=BundledText(), help="UTF-8 text to train on (first 90%% of its tokens train; default: the bundled tinyshakespeare)")
     parser.add_argument("--out", default=None, help="directory for the best checkpoint (model.safetensors + config.json)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
@@ -666,7 +667,7 @@ def run(args) -> int:
 
 def add_eval_arguments(parser) -> None:
     parser.add_argument("--model", default=None, help="model directory (default: the bundled model)")
-    parser.add_argument("--data", required=True, help="the text whose last 10%% of tokens is scored")
+    parser.add_argument("--data", default=BundledText(), help="the text whose last 10%% of tokens is scored (default: the bundled tinyshakespeare)")
 
 
 def run_eval(args) -> int:

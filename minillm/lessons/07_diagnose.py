@@ -1,6 +1,6 @@
 """Lesson 7: Diagnose your bottleneck. Put each phase on the roofline, then ask which one dominates a workload.
 
-Run:  python lessons/07_diagnose.py        (or: minillm learn 7)
+Run:  python -m minillm.lessons.07_diagnose        (or: minillm learn 7)
 """
 
 from __future__ import annotations
@@ -368,7 +368,7 @@ def lesson(L: Lesson) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return run_lesson(lesson, argv, number=7, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python lessons/07_diagnose.py")
+                      prog="python -m minillm.lessons.07_diagnose")
 
 
 if __name__ == "__main__":

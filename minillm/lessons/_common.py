@@ -23,6 +23,7 @@ import os
 import sys
 import textwrap
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from rich.console import Console, Group
@@ -270,6 +271,13 @@ class Lesson:
         self._gap()
         self.console.print(Panel(Markdown(textwrap.dedent(markdown).strip()), border_style="magenta",
                                  title="Try it yourself", title_align="left", padding=(0, 1)))
+
+    def copy_hint(self, lesson_file: str, slug: str) -> str:
+        """How to run an edited copy of this lesson: a copy runs anywhere, the installed file stays as it is."""
+        here = Path(lesson_file).resolve()
+        mine = f"my_{self.number:02d}_{slug}.py"
+        return (f"Copy this lesson out of the package and run your copy: `cp {here} {mine}`, then "
+                f"`python {mine} --no-pause`.")
 
     # -- checked claims -----------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Lesson 2: One forward pass. From token ids to a probability for every possible next token.
 
-Run:  python lessons/02_forward.py        (or: minillm learn 2)
+Run:  python -m minillm.lessons.02_forward        (or: minillm learn 2)
 """
 
 from __future__ import annotations
@@ -197,13 +197,13 @@ def lesson(L: Lesson) -> None:
     L.try_it(f"""
         `minillm learn 2 --model random-124m --no-pause` runs the same walk at GPT-2
         small's real width: d = 768, 12 heads of 64, MLP of 3,072, logits [T, 50257]. Or change
-        `PROMPT` in `{__file__}` and watch the top-5 change (with a trained model).
+        `PROMPT` and watch the top-5 change (with a trained model): {L.copy_hint(__file__, "forward")}
     """)
 
 
 def main(argv: list[str] | None = None) -> int:
     return run_lesson(lesson, argv, number=2, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python lessons/02_forward.py")
+                      prog="python -m minillm.lessons.02_forward")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Lesson 1: Tokens. A model never sees letters: text becomes a list of integer ids first.
 
-Run:  python lessons/01_tokens.py        (or: minillm learn 1)
+Run:  python -m minillm.lessons.01_tokens        (or: minillm learn 1)
 """
 
 from __future__ import annotations
@@ -9,8 +9,6 @@ try:
     from minillm.lessons._common import Lesson, run_lesson, token_text
 except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
     raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
-
-import pathlib
 
 from rich.markup import escape
 from rich.table import Table
@@ -46,8 +44,8 @@ def lesson(L: Lesson) -> None:
 
         GPT-2 uses *byte-pair encoding* (BPE): start from single bytes and repeatedly glue together
         the pair that was most frequent in the training text. Common words become one token, rare
-        words several. minillm builds GPT-2's tokenizer with `tiktoken` from the merge list bundled in
-        `weights/gpt2.tiktoken`, so nothing is downloaded:
+        words several. minillm builds GPT-2's tokenizer with `tiktoken` from the merge list it ships
+        (`gpt2.tiktoken`, beside the bundled model), so nothing is downloaded:
 
         ```python
         import minillm
@@ -126,11 +124,10 @@ def lesson(L: Lesson) -> None:
         **generated** token is one more id, produced one at a time (decode, lessons 4 to 6).
     """)
     hello = enc.encode(" hello world")
-    here = pathlib.Path(__file__).resolve()
     L.try_it(f"""
-        Edit `SENTENCE` at the top of `{here}` (your name, a line of code, a sentence in another
-        language) and run `python {here} --no-pause`. English runs around 4 characters per token;
-        other scripts can cost one token per byte.
+        {L.copy_hint(__file__, "tokens")} Change `SENTENCE` at its top (your name, a line of code,
+        a sentence in another language). English runs around 4 characters per token; other scripts
+        can cost one token per byte.
 
         Or from Python: `python -c "import minillm; print(minillm.tokenizer().encode(' hello world'))"`
         prints `{hello}`.
@@ -139,7 +136,7 @@ def lesson(L: Lesson) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return run_lesson(lesson, argv, number=1, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python lessons/01_tokens.py")
+                      prog="python -m minillm.lessons.01_tokens")
 
 
 if __name__ == "__main__":
