@@ -91,8 +91,7 @@ def run_compare(args) -> int:
     note = report.cache_note(model.nbytes(), hw)
     if note:
         out.print(f"[yellow]{note}[/]")
-    out.print(f"[dim]this machine: {hw.bandwidth_gbs:.1f} GB/s ({hw.method}), {hw.peak_gflops:.0f} GFLOP/s "
-              f"float32 matmul, measured {hw.measured_at} (minillm hardware --remeasure to redo)[/]")
+    out.print(f"[dim]this machine: {escape(hardware.provenance(hw))}[/]")
     return 0
 
 
