@@ -163,7 +163,7 @@ def test_compare_random_tiny(home):
 def test_traffic_json(home):
     r = ok(run(home, "traffic", "--model", "random-tiny", "--prompt-tokens", "4", "--steps", "3", "--json"))
     rows = [json.loads(line) for line in r.stdout.splitlines()]
-    assert [x["kind"] for x in rows] == ["prefill", "decode", "decode"]
+    assert [x["kind"] for x in rows] == ["prefill", "decode", "decode", "decode"]   # --steps 3: three decode steps
     assert rows[0]["n_tokens"] == 4 and rows[1]["position"] == 4
 
 
