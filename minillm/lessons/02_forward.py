@@ -50,7 +50,8 @@ def by_part(sizes: dict[str, int]) -> dict[str, int]:
     return parts
 
 
-def lesson(L: Lesson) -> None:
+def first_steps(L: Lesson):
+    """Section: the opening."""
     model = L.load_model()
     c = model.config
     enc = minillm.tokenizer()
@@ -126,8 +127,11 @@ def lesson(L: Lesson) -> None:
         other operation works on each row alone. And the **last** row of the logits is the one that
         predicts the next token: row i predicts token i + 1 (training uses all of them at once).
     """)
-    L.pause()
+    return T, V, c, d, enc, ids, logits, model
 
+
+def the_next_token_distribution(L: Lesson, V, enc, logits):
+    """Section: The next-token distribution."""
     L.section("The next-token distribution")
     probs = ops.softmax(logits[-1:].astype(np.float64))[0]
     top = np.argsort(-probs)[:5]
@@ -148,8 +152,10 @@ def lesson(L: Lesson) -> None:
     if probs[top[0]] < 10.0 / V:
         L.note(f"this model's top probability is only {probs[top[0]]:.4%} (uniform would be {1 / V:.4%}): "
                "random weights know nothing. A trained model puts most of the mass on a few tokens.")
-    L.pause()
 
+
+def where_the_parameters_are(L: Lesson, T, V, c, d, ids, model):
+    """Section: Where the parameters are."""
     L.section("Where the parameters are")
     small = PRESETS["124m"]
     preset_sizes = {name: int(np.prod(s)) for name, s in expected_shapes(small).items()}
@@ -199,6 +205,14 @@ def lesson(L: Lesson) -> None:
         small's real width: d = 768, 12 heads of 64, MLP of 3,072, logits [T, 50257]. Or change
         `PROMPT` and watch the top-5 change (with a trained model): {L.copy_hint(__file__, "forward")}
     """)
+
+
+def lesson(L: Lesson) -> None:
+    T, V, c, d, enc, ids, logits, model = first_steps(L)
+    L.pause()
+    the_next_token_distribution(L, V, enc, logits)
+    L.pause()
+    where_the_parameters_are(L, T, V, c, d, ids, model)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,7 +52,8 @@ def step_table(records: list[tuple[str, minillm.meter.StepRecord]]) -> Table:
     return t
 
 
-def lesson(L: Lesson) -> None:
+def first_steps(L: Lesson):
+    """Section: the opening."""
     model = L.load_model()
     c = model.config
     enc = minillm.tokenizer()
@@ -92,8 +93,11 @@ def lesson(L: Lesson) -> None:
     L.claim(pre.kind == "prefill" and pre.n_tokens == len(ids), f"one prefill step processed all {len(ids)} prompt tokens")
     L.claim(pre.intensity > dec.intensity,
             f"prefill's arithmetic intensity ({pre.intensity:.3g} FLOP/byte) is above a decode step's ({dec.intensity:.3g})")
-    L.pause()
+    return c, cache, enc, ids, model, pre, prompt_kv
 
+
+def the_kv_cache_it_leaves(L: Lesson, c, cache, ids, model, pre, prompt_kv):
+    """Section: The KV cache it leaves behind."""
     L.section("The KV cache it leaves behind")
     per_token = cache.bytes_per_token()
     b = np.dtype(model.dtype).itemsize
@@ -124,8 +128,11 @@ def lesson(L: Lesson) -> None:
         copies it; the pages are only touched as positions fill. Real servers cannot afford that for
         thousands of concurrent requests: managing this memory is lesson 7's *KV-cache management*.
     """)
-    L.pause()
+    return per_token
 
+
+def longer_prompts_higher_intensity(L: Lesson, c, enc, model, per_token):
+    """Section: Longer prompts, higher intensity."""
     L.section("Longer prompts, higher intensity")
     lengths = [n for n in L.pick([1, 2, 4, 8, 16, 32, 64, 128, 256], [1, 8, 64]) if n <= c.n_ctx]
     source = np.resize(np.array(enc.encode(PROMPT)), max(lengths))  # the prompt's tokens, repeated as needed
@@ -171,6 +178,14 @@ def lesson(L: Lesson) -> None:
         reaches far higher intensity (d = {small.n_embd}: each weight byte feeds more arithmetic), and its KV
         cache is {small_kv // 1024} KiB per token. Lesson 7 puts these numbers on this machine's roofline.
     """)
+
+
+def lesson(L: Lesson) -> None:
+    c, cache, enc, ids, model, pre, prompt_kv = first_steps(L)
+    L.pause()
+    per_token = the_kv_cache_it_leaves(L, c, cache, ids, model, pre, prompt_kv)
+    L.pause()
+    longer_prompts_higher_intensity(L, c, enc, model, per_token)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,8 @@ WHAT_YOU_WILL_SEE = "per-step cost growing with position, total cost growing wit
 PROMPT = "ROMEO:"
 
 
-def lesson(L: Lesson) -> None:
+def first_steps(L: Lesson):
+    """Section: the opening."""
     model = L.load_model()
     c = model.config
     enc = minillm.tokenizer()
@@ -72,8 +73,11 @@ def lesson(L: Lesson) -> None:
             f"FLOPs grow at every step: {fmt_flops(steps[0].total_flops)} → {fmt_flops(steps[-1].total_flops)}")
     L.claim(all(b.total_bytes > a.total_bytes for a, b in zip(steps, steps[1:])),
             f"so do the bytes moved: {fmt_bytes(steps[0].total_bytes)} → {fmt_bytes(steps[-1].total_bytes)}")
-    L.pause()
+    return N, P, steps
 
+
+def cost_per_step_grows(L: Lesson, steps):
+    """Section: Cost per step grows with position."""
     L.section("Cost per step grows with position")
     shown = report.select(steps, 12)
     L.show(bar_chart("FLOPs per step (counted):",
@@ -96,8 +100,10 @@ def lesson(L: Lesson) -> None:
         L.note("on this model the time grows more slowly than the FLOPs: at these sizes each step's fixed costs "
                "(reading the whole LM head, Python and NumPy overhead per operation) weigh as much as the "
                "recomputation. Try --model random-124m to see time follow the FLOPs.")
-    L.pause()
 
+
+def total_cost_grows_quadratically(L: Lesson, N, P, steps):
+    """Section: Total cost grows with the square of the length."""
     L.section("Total cost grows with the square of the length")
     L.say(f"""
         Step *i* costs about (P + *i*) tokens' worth of work, so generating *n* tokens costs about
@@ -132,6 +138,14 @@ def lesson(L: Lesson) -> None:
         `minillm generate "ROMEO:" --no-cache --max-new-tokens 200` streams text the naive way: watch
         it slow down as the text gets longer. Then drop `--no-cache` and compare (lesson 5 measures it).
     """)
+
+
+def lesson(L: Lesson) -> None:
+    N, P, steps = first_steps(L)
+    L.pause()
+    cost_per_step_grows(L, steps)
+    L.pause()
+    total_cost_grows_quadratically(L, N, P, steps)
 
 
 def main(argv: list[str] | None = None) -> int:

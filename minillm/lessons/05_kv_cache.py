@@ -42,7 +42,8 @@ def timed_generate(model, ids, n: int, kv_cache: bool, repeats: int) -> tuple[li
     return out, meter, best
 
 
-def lesson(L: Lesson) -> None:
+def first_steps(L: Lesson):
+    """Section: the opening."""
     model = L.load_model()
     c = model.config
     enc = minillm.tokenizer()
@@ -77,8 +78,11 @@ def lesson(L: Lesson) -> None:
     decode = mc.of_kind("decode")
     L.claim(mc.steps[0].kind == "prefill" and mc.steps[0].n_tokens == P and all(r.n_tokens == 1 for r in decode),
             f"with the cache: one prefill of {P} tokens, then {len(decode)} decode steps of one token each")
-    L.pause()
+    return N, P, c, decode, enc, ids, mc, mn, model, tc, tn
 
+
+def per_step_cost_is_flat(L: Lesson, N, c, decode, mc, mn, tc, tn):
+    """Section: Per-step cost: flat instead of growing."""
     L.section("Per-step cost: flat instead of growing")
     shown = report.select(mn.steps, 10)
     L.show(paired_chart("FLOPs per step, on one scale (counted by the meter):",
@@ -99,8 +103,10 @@ def lesson(L: Lesson) -> None:
         keys and values of **all** earlier positions ({fmt_bytes(decode[-1].bytes['kv_read'])} at the
         last step here). Lesson 6 weighs that against the weights.
     """)
-    L.pause()
 
+
+def speedup_measured(L: Lesson, P, c, ids, model):
+    """Section: Speedup, measured."""
     L.section("Speedup, measured")
     big = model.n_params() > 50e6
     lengths = [n for n in L.pick([8, 16, 32] if big else [16, 64, 192], [16, 96]) if n <= c.n_ctx - P]
@@ -129,8 +135,11 @@ def lesson(L: Lesson) -> None:
         length, cached decode's about linearly. At short lengths the fixed costs both share (the LM
         head, per-operation overhead) hide part of the difference.
     """)
-    L.pause()
+    return rows
 
+
+def what_the_cache_costs(L: Lesson, c, model):
+    """Section: What the cache costs: memory."""
     L.section("What the cache costs: memory")
     t = Table(header_style="bold")
     for col in ("model", "L × d", "KV per token", "at 1,024 tokens", "weights (float32)", "KV ÷ weights"):
@@ -155,8 +164,10 @@ def lesson(L: Lesson) -> None:
         need more memory for their caches than for the model. For big models with long contexts the
         cache, not the weights, decides how many requests fit on a GPU (lesson 7).
     """)
-    L.pause()
 
+
+def two_classic_bugs(L: Lesson, P, c, enc, ids, model, rows):
+    """Section: Two classic bugs, and how minillm avoids them."""
     L.section("Two classic bugs, and how minillm avoids them")
     logits, cache = model.prefill(ids)
     token = int(np.argmax(logits))
@@ -213,6 +224,18 @@ def lesson(L: Lesson) -> None:
         counters of every step and the measured speedup. Expect identical text, flat cached steps,
         and a speedup that grows if you raise `--max-new-tokens`.
     """)
+
+
+def lesson(L: Lesson) -> None:
+    N, P, c, decode, enc, ids, mc, mn, model, tc, tn = first_steps(L)
+    L.pause()
+    per_step_cost_is_flat(L, N, c, decode, mc, mn, tc, tn)
+    L.pause()
+    rows = speedup_measured(L, P, c, ids, model)
+    L.pause()
+    what_the_cache_costs(L, c, model)
+    L.pause()
+    two_classic_bugs(L, P, c, enc, ids, model, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

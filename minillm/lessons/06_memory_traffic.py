@@ -37,7 +37,8 @@ def decode_run(model, ids, steps: int) -> list:
     return m.of_kind("decode")
 
 
-def lesson(L: Lesson) -> None:
+def first_steps(L: Lesson):
+    """Section: the opening."""
     model = L.load_model(default="random-124m", fast="random-tiny")
     c = model.config
     L_, d, V = c.n_layer, c.n_embd, c.vocab_size
@@ -56,6 +57,11 @@ def lesson(L: Lesson) -> None:
         steps = decode_run(model, ids, n_steps)
     r = steps[-1]
     t = r.attended
+    return L_, V, b, d, ids, model, n_steps, r, steps, t
+
+
+def what_one_decode_step_moves(L: Lesson, V, model, r, t):
+    """Section: What one decode step moves."""
     L.section("What one decode step moves")
     total = r.total_bytes
     kinds = Table(header_style="bold")
@@ -78,8 +84,10 @@ def lesson(L: Lesson) -> None:
         the weights. The KV cache read grows with the position; the activations are tiny, because there
         is only one token.
     """)
-    L.pause()
 
+
+def counters_equal_closed_forms(L: Lesson, L_, V, b, d, r, t):
+    """Section: The counters agree with the closed forms."""
     L.section("The counters agree with the closed forms")
     forms = [
         ("weights read", "(12·L·d² + 13·L·d + 2·d + V·d)·b + 2·d·b", r.bytes["weights"],
@@ -103,8 +111,10 @@ def lesson(L: Lesson) -> None:
         per weight**: an arithmetic intensity of about 2/{b} = {2 / b:.2g} FLOP/byte, whatever the model
         size. The meter says {r.intensity:.3g}.
     """)
-    L.pause()
 
+
+def can_memory_keep_up(L: Lesson, ids, model, n_steps, r, steps):
+    """Section: This machine: can memory keep up?."""
     L.section("This machine: can memory keep up?")
     with L.status("measuring this machine's memory bandwidth and matmul peak (once; then cached)…"):
         hw = L.machine()
@@ -167,8 +177,11 @@ def lesson(L: Lesson) -> None:
             **{s_gbs:,.1f} GB/s** ({s_gbs / hw.bandwidth_gbs:.0%} of this machine's DRAM bandwidth). {why}
         """)
     L.busy_note()
-    L.pause()
+    return hw
 
+
+def a_big_model_on_a_gpu(L: Lesson, b, hw, model):
+    """Section: The same arithmetic for a big model on a GPU."""
     L.section("The same arithmetic for a big model on a GPU")
     seed = decode_ceiling(7e9, "fp16", "a100-80gb")
     L.say(f"""
@@ -202,6 +215,17 @@ def lesson(L: Lesson) -> None:
         weights for every known chip: 4× the fp16 tokens/s, because it is 4× fewer bytes.
         `minillm traffic --model random-124m --steps 8` prints this lesson's counters for every step.
     """)
+
+
+def lesson(L: Lesson) -> None:
+    L_, V, b, d, ids, model, n_steps, r, steps, t = first_steps(L)
+    what_one_decode_step_moves(L, V, model, r, t)
+    L.pause()
+    counters_equal_closed_forms(L, L_, V, b, d, r, t)
+    L.pause()
+    hw = can_memory_keep_up(L, ids, model, n_steps, r, steps)
+    L.pause()
+    a_big_model_on_a_gpu(L, b, hw, model)
 
 
 def main(argv: list[str] | None = None) -> int:

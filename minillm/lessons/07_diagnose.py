@@ -58,7 +58,8 @@ def phases(m: minillm.Meter, hw) -> dict:
     return out
 
 
-def lesson(L: Lesson) -> None:
+def first_steps(L: Lesson):
+    """Section: the opening."""
     model = L.load_model(default="random-124m", fast="random-tiny")
     c = model.config
     enc = minillm.tokenizer()
@@ -71,8 +72,11 @@ def lesson(L: Lesson) -> None:
         `{escape(model.name)}` and on this machine ({hw.bandwidth_gbs:,.1f} GB/s, {hw.peak_gflops:,.0f} GFLOP/s,
         ridge {hw.ridge:.3g} FLOP/byte), beside two GPUs whose published figures minillm carries.
     """)
+    return c, enc, hw, model, rng
 
-    # -- 1. the three kinds of step on the roofline ------------------------------------------------
+
+def three_steps_on_the_roofline(L: Lesson, c, hw, model, rng):
+    """Section: 1. Three kinds of step on the roofline."""
     L.section("1. Three kinds of step on the roofline")
     P = min(L.pick(128, 64), c.n_ctx // 2)
     ids = rng.integers(0, c.vocab_size, P)
@@ -127,9 +131,11 @@ def lesson(L: Lesson) -> None:
     L.claim(naive.intensity > dec.intensity,
             f"naive decode has the higher intensity ({naive.intensity:.3g}), because it redoes the whole "
             "sequence: a high FLOPs-per-byte figure is not a goal in itself, useful work per second is")
-    L.pause()
+    return dec
 
-    # -- 2. which phase dominates a workload -----------------------------------------------------------
+
+def which_phase_dominates(L: Lesson, c, enc, hw, model, rng):
+    """Section: 2. Which phase dominates? Three workloads."""
     L.section("2. Which phase dominates? Three workloads")
     cap = c.n_ctx
     scen = [
@@ -185,9 +191,11 @@ def lesson(L: Lesson) -> None:
         prefill; answers over ~500 tokens → look at decode; many short requests → look at batching.**
         Measure your own mix before optimizing.
     """)
-    L.pause()
+    return mc, n_answer, plain_answers, q_ids, results, sys_ids
 
-    # -- 3. what helps ---------------------------------------------------------------------------------
+
+def prefix_caching(L: Lesson, hw, mc, model, n_answer, plain_answers, q_ids, sys_ids):
+    """Section: 3a. Prefix caching: compute a shared prompt once."""
     L.section("3a. Prefix caching: compute a shared prompt once")
     L.say(f"""
         Workload C sends the same {len(sys_ids)}-token system prompt with every question, and each request
@@ -241,8 +249,11 @@ def lesson(L: Lesson) -> None:
         Same answers: {same} of {len(q_ids)} requests generated identical tokens both ways. Prefix caching attacks
         **prefill**; it does nothing for the decode steps that follow.
     """)
-    L.pause()
+    return caches
 
+
+def kv_cache_management(L: Lesson, c, caches, sys_ids):
+    """Section: 3b. KV-cache management: memory reserved vs used."""
     L.section("3b. KV-cache management: memory reserved vs used")
     per_tok = caches[0].bytes_per_token()
     lengths = [cache.length for cache in caches]
@@ -274,8 +285,10 @@ def lesson(L: Lesson) -> None:
         requests in the same memory, and pages of a shared prefix can be stored once. More requests in
         memory at once is what makes the next optimization possible.
     """)
-    L.pause()
 
+
+def batching(L: Lesson, dec, hw):
+    """Section: 3c. Batching: share each read of the weights."""
     L.section("3c. Batching: share each read of the weights")
     W = dec.bytes["weights"]
     own = dec.total_bytes - W
@@ -316,8 +329,11 @@ def lesson(L: Lesson) -> None:
         Servers batch continuously (*continuous batching*): a finished sequence leaves the batch and a
         waiting one joins at the next step, which is also the answer to "many short requests".
     """)
-    L.pause()
+    return W
 
+
+def quantization(L: Lesson, hw, model):
+    """Section: 3d. Quantization: fewer bytes per weight."""
     L.section("3d. Quantization: fewer bytes per weight")
     t = Table(header_style="bold")
     t.add_column("weights in")
@@ -337,8 +353,10 @@ def lesson(L: Lesson) -> None:
         Quantization helps **decode** directly, because decode's time is bytes ÷ bandwidth. It helps
         prefill only if the chip also computes faster in the smaller type (GPU tensor cores do).
     """)
-    L.pause()
 
+
+def the_diagnosis(L: Lesson, W, dec, results):
+    """Section: The diagnosis."""
     L.section("The diagnosis")
     (_, _, a), (_, _, b_), (_, _, cc) = results
     L.say(f"""
@@ -364,6 +382,23 @@ def lesson(L: Lesson) -> None:
         see which verdicts shift). Or ask about a chip and a model you care
         about: `minillm hardware --chip h100-sxm --params 70B --dtype fp16` prints its decode ceiling.
     """)
+
+
+def lesson(L: Lesson) -> None:
+    c, enc, hw, model, rng = first_steps(L)
+    dec = three_steps_on_the_roofline(L, c, hw, model, rng)
+    L.pause()
+    mc, n_answer, plain_answers, q_ids, results, sys_ids = which_phase_dominates(L, c, enc, hw, model, rng)
+    L.pause()
+    caches = prefix_caching(L, hw, mc, model, n_answer, plain_answers, q_ids, sys_ids)
+    L.pause()
+    kv_cache_management(L, c, caches, sys_ids)
+    L.pause()
+    W = batching(L, dec, hw)
+    L.pause()
+    quantization(L, hw, model)
+    L.pause()
+    the_diagnosis(L, W, dec, results)
 
 
 def main(argv: list[str] | None = None) -> int:
