@@ -16,6 +16,7 @@ from ..engine.sampling import check_sampling
 from ..errors import PromptError
 from ..measure import hardware
 from ..measure.meter import Meter
+from ..measure.threads import add_threads_option, limited
 from ..tokenizer import tokenizer
 from ..ui import report
 from .common import add_model, add_sampling, encode_prompt, load_model, out
@@ -27,6 +28,7 @@ def add_compare_arguments(p) -> None:
     p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to generate (default 50)")
     add_sampling(p)
     p.add_argument("--rows", type=int, default=12, help="most steps to show per table (default 12)")
+    add_threads_option(p)
 
 
 def add_traffic_arguments(p) -> None:
@@ -35,6 +37,7 @@ def add_traffic_arguments(p) -> None:
     p.add_argument("--steps", type=int, default=8, help="decode steps after the prefill (default 8)")
     p.add_argument("--no-cache", action="store_true", help="naive decode instead of KV-cached")
     p.add_argument("--json", action="store_true", help="one JSON object per step, for scripts")
+    add_threads_option(p)
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -45,6 +48,11 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def run_compare(args) -> int:
+    with limited(args.threads):
+        return _compare(args)
+
+
+def _compare(args) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
     model = load_model(args.model)
     ids = encode_prompt(model, args.prompt, args.max_new_tokens)
@@ -107,6 +115,11 @@ def fmt_total(m: Meter, seconds: float, n_new: int) -> str:
 # -- traffic -------------------------------------------------------------------------------------
 
 def run_traffic(args) -> int:
+    with limited(args.threads):
+        return _traffic(args)
+
+
+def _traffic(args) -> int:
     model = load_model(args.model)
     c = model.config
     if args.prompt_tokens < 1 or args.steps < 1:
