@@ -6,7 +6,7 @@ Run:  python -m minillm.lessons.03_prefill        (or: minillm learn 3)
 from __future__ import annotations
 
 try:
-    from minillm.lessons._common import Lesson, bar_chart, fmt_bytes, fmt_flops, fmt_time, plural, run_lesson
+    from minillm.lessons._common import Lesson, Timing, time_interleaved, bar_chart, fmt_bytes, fmt_flops, fmt_time, plural, run_lesson
 except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
     raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
 
@@ -44,8 +44,8 @@ def step_table(records: list[tuple[str, minillm.meter.StepRecord]]) -> Table:
         ("[bold]FLOPs per byte[/]", lambda r: f"[bold]{r.intensity:.3g}[/]"),
         ("FLOPs per token", lambda r: fmt_flops(r.total_flops / r.n_tokens)),
         ("weight bytes per token", lambda r: fmt_bytes(r.bytes["weights"] / r.n_tokens)),
-        ("wall time", lambda r: fmt_time(r.seconds)),
-        ("time per token", lambda r: fmt_time(r.seconds / r.n_tokens)),
+        ("wall time (one run)", lambda r: fmt_time(r.seconds)),
+        ("time per token (one run)", lambda r: fmt_time(r.seconds / r.n_tokens)),
     ]
     for label, fn in rows:
         t.add_row(label, *(fn(r) for _, r in records))
@@ -142,12 +142,14 @@ def longer_prompts_higher_intensity(L: Lesson, c, enc, model, per_token):
             with minillm.Meter() as m:
                 model.prefill(source[:n])
             records.append(m.steps[0])
+        times = time_interleaved({n: (lambda n=n: model.prefill(source[:n])) for n in lengths}, L.rounds())
     L.show(bar_chart("Arithmetic intensity of prefill (FLOPs per byte moved), by prompt length:",
                      [(plural(r.n_tokens, "token"), r.intensity, f"{r.intensity:.3g} FLOP/B") for r in records],
                      style="magenta"))
-    L.show(bar_chart("Wall time per prompt token (measured):",
-                     [(plural(r.n_tokens, "token"), r.seconds / r.n_tokens, fmt_time(r.seconds / r.n_tokens)) for r in records],
-                     style="cyan"))
+    L.show(bar_chart("Wall time per prompt token (measured: median, ± half the range of the rounds):",
+                     [(plural(n, "token"), times[n].median / n, Timing(tuple(t / n for t in times[n].seconds)).short())
+                      for n in lengths], style="cyan"))
+    L.timing_note()
     L.claim(records[-1].intensity > 2 * records[0].intensity,
             f"a {records[-1].n_tokens}-token prefill does {records[-1].intensity / records[0].intensity:.1f}× "
             f"more FLOPs per byte than a 1-token one")

@@ -339,6 +339,16 @@ class Lesson:
         """A spinner while something slow runs (nothing is printed when output is not a terminal)."""
         return self.console.status(message)
 
+    def sample_panel(self, prompt: str, text: str, title: str, lines: int = 4) -> None:
+        """A generated sample in a panel, cut to its first few lines so the story stays on screen."""
+        from rich.markup import escape
+
+        shown = text.strip("\n").split("\n")
+        cut = len(shown) > lines or len(text) > 80 * lines
+        body = "\n".join(shown[:lines])[: 80 * lines]
+        self.show(Panel(escape(prompt) + "[bold]" + escape(body) + "[/]" + (" [dim]…[/]" if cut else ""),
+                        title=title, title_align="left"))
+
     def try_it(self, markdown: str) -> None:
         self._gap()
         self.console.print(Panel(Markdown(textwrap.dedent(markdown).strip()), border_style="magenta",
