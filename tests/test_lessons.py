@@ -40,11 +40,15 @@ def test_lessons_are_discovered_in_order_with_their_metadata():
 
 
 @pytest.mark.parametrize("info", learn.LESSONS, ids=lambda info: f"{info.number:02d}_{info.slug}")
-def test_lesson_runs_in_fast_mode_and_its_claims_hold(info, capsys):
+def test_lesson_runs_in_fast_mode_and_its_claims_hold(info, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")            # the narrowest terminal a learner is likely to have
     module = importlib.import_module(info.module)
     rc = module.main(["--fast", "--no-pause"])
     out = capsys.readouterr().out
     assert rc == 0, out[-3000:]
+    wide = [line for line in out.splitlines() if len(line) > 80]
+    assert not wide, wide[:3]
+    assert "…" not in out, [line for line in out.splitlines() if "…" in line][:3]   # no cell cut short
     assert "✓ checked" in out
     assert "✗" not in out
     assert "Try it yourself" in out
@@ -134,3 +138,36 @@ def test_fast_mode_from_the_environment(monkeypatch):
     assert _common.run_lesson(lambda L: seen.append(L.fast), ["--no-pause"], number=9, title="t",
                               minutes=1, what="w") == 0
     assert seen == [True]
+
+
+@pytest.mark.parametrize("info", learn.LESSONS, ids=lambda info: f"{info.number:02d}_{info.slug}")
+def test_a_lesson_body_is_one_function_per_section(info):
+    """`lesson(L)` only calls section functions and pauses between them; no section pauses inside."""
+    import ast
+    import inspect
+
+    module = importlib.import_module(info.module)
+    tree = ast.parse(inspect.getsource(module))
+    funcs = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
+    driver = funcs["lesson"]
+    called = [n.func.id for n in ast.walk(driver) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+    pauses = sum(1 for n in ast.walk(driver) if isinstance(n, ast.Attribute) and n.attr == "pause")
+    assert len(called) >= 3 and 1 <= pauses <= len(called) - 1, (called, pauses)   # a heading or a pause between
+    for name in called:
+        body = funcs[name]
+        assert not any(isinstance(n, ast.Attribute) and n.attr == "pause" for n in ast.walk(body)), name
+        assert body.end_lineno - body.lineno < 120, f"{name} is {body.end_lineno - body.lineno} lines"
+
+
+def test_nothing_shipped_points_at_a_file_the_user_does_not_have():
+    """DESIGN.md and STYLE.md do not ship: no module, lesson, package file or the README may cite them."""
+    shipped = [*ROOT.joinpath("minillm").rglob("*.py"), *ROOT.joinpath("minillm").rglob("*.md"), ROOT / "README.md"]
+    # measure/meter.py is being rewritten under issue 9 (one comment there still says "DESIGN.md's forms"):
+    # take it out of this set when that lands.
+    pending = {ROOT / "minillm" / "measure" / "meter.py"}
+    for path in shipped:
+        if path in pending:
+            continue
+        text = path.read_text(encoding="utf-8")
+        for name in ("DESIGN.md", "STYLE.md", "../shared", "seed's"):
+            assert name not in text, f"{path.relative_to(ROOT)} mentions {name}"

@@ -164,11 +164,11 @@ def where_the_parameters_are(L: Lesson, T, V, c, d, ids, model):
     total_small = sum(theirs.values())
     t = Table(header_style="bold")
     t.add_column("part")
-    t.add_column(f"{escape(model.name)}", justify="right")
-    t.add_column("share", justify="right")
-    t.add_column("GPT-2 small (124m)", justify="right")
-    t.add_column("float32", justify="right")
-    t.add_column("share", justify="right")
+    t.add_column("this model", justify="right", no_wrap=True)
+    t.add_column("share", justify="right", no_wrap=True)
+    t.add_column("GPT-2 small", justify="right", no_wrap=True)
+    t.add_column("float32", justify="right", no_wrap=True)
+    t.add_column("share", justify="right", no_wrap=True)
     for part in theirs:
         t.add_row(part, f"{mine[part]:,}", f"{mine[part] / model.n_params():.1%}",
                   f"{theirs[part]:,}", fmt_bytes(4 * theirs[part]), f"{theirs[part] / total_small:.1%}")

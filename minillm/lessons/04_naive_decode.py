@@ -68,7 +68,7 @@ def first_steps(L: Lesson):
                   fmt_bytes(r.total_bytes), fmt_time(r.seconds))
     L.show(t)
     L.claim(all(r.n_tokens == P + i for i, r in enumerate(steps)),
-            f"step i runs all {P} + i tokens through the model ({steps[0].n_tokens} … {steps[-1].n_tokens})")
+            f"step i runs all {P} + i tokens through the model ({steps[0].n_tokens} to {steps[-1].n_tokens})")
     L.claim(all(b.total_flops > a.total_flops for a, b in zip(steps, steps[1:])),
             f"FLOPs grow at every step: {fmt_flops(steps[0].total_flops)} → {fmt_flops(steps[-1].total_flops)}")
     L.claim(all(b.total_bytes > a.total_bytes for a, b in zip(steps, steps[1:])),

@@ -140,7 +140,7 @@ def can_memory_keep_up(L: Lesson, ids, model, n_steps, r, steps):
     ceiling = hw.bandwidth_gbs * 1e9 / step_bytes
     measured = 1.0 / sec
     L.show(bar_chart("Decode speed, tokens per second:", [
-        ("ceiling: bandwidth ÷ bytes per step", ceiling, f"{ceiling:,.1f} tok/s"),
+        ("ceiling: bandwidth ÷ bytes", ceiling, f"{ceiling:,.1f} tok/s"),
         ("measured (median step)", measured, f"{measured:,.1f} tok/s"),
     ], style="green"))
     L.say(f"""

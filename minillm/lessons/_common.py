@@ -151,11 +151,18 @@ def bar(value: float, vmax: float, width: int = 36) -> str:
     return s or "▏"
 
 
+def fit_bar(width: int, label: int, text: int, columns: int = 80) -> int:
+    """The bar width that keeps a chart's row (label, bar, value, padding) within `columns`."""
+    return max(8, min(width, columns - label - text - 6))
+
+
 def bar_chart(title: str, rows: Iterable[tuple[str, float, str]], *, style: str = "cyan",
               width: int = 36, vmax: float | None = None) -> Group:
     """One bar per row: (label, value, value as text). All bars share one scale (the largest value)."""
     rows = list(rows)
     top = vmax if vmax is not None else max((v for _, v, _ in rows), default=0.0)
+    width = fit_bar(width, max((len(label) for label, _, _ in rows), default=0),
+                    max((len(text) for _, _, text in rows), default=0))
     t = Table(box=None, show_header=False, padding=(0, 1))
     t.add_column(justify="right", no_wrap=True)
     t.add_column(no_wrap=True, style=style)
@@ -170,6 +177,8 @@ def paired_chart(title: str, rows: Iterable[tuple[str, float, float, str, str]],
     """Two bars per row on one shared scale: (label, a, b, a as text, b as text)."""
     rows = list(rows)
     top = max((max(a, b) for _, a, b, _, _ in rows), default=0.0)
+    width = fit_bar(width, max((len(r[0]) for r in rows), default=0) + max(len(n) for n in names) + 1,
+                    max((max(len(r[3]), len(r[4])) for r in rows), default=0))
     t = Table(box=None, show_header=False, padding=(0, 1))
     t.add_column(justify="right", no_wrap=True)
     t.add_column(no_wrap=True)
@@ -346,7 +355,7 @@ class Lesson:
         shown = text.strip("\n").split("\n")
         cut = len(shown) > lines or len(text) > 80 * lines
         body = "\n".join(shown[:lines])[: 80 * lines]
-        self.show(Panel(escape(prompt) + "[bold]" + escape(body) + "[/]" + (" [dim]…[/]" if cut else ""),
+        self.show(Panel(escape(prompt) + "[bold]" + escape(body) + "[/]" + (" [dim](cut here)[/]" if cut else ""),
                         title=title, title_align="left"))
 
     def try_it(self, markdown: str) -> None:
@@ -444,8 +453,8 @@ def _fast_env(on: bool) -> Iterator[None]:
 
 
 def make_console() -> Console:
-    # Piped or captured output (tests, `| less`) gets 100 columns instead of rich's default 80.
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 100)
+    # Piped or captured output (tests, `| less`) gets 100 columns instead of rich's default 80, or $COLUMNS.
+    return Console(highlight=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 100)
 
 
 def run_lesson(body: Callable[[Lesson], None], argv: list[str] | None, *, number: int, title: str,
