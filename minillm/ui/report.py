@@ -101,6 +101,20 @@ def steps_table(records: list[StepRecord], hw: Hardware | None, title: str, rows
     return t
 
 
+def fused_bytes(r: StepRecord, config, itemsize: int) -> int:
+    """The bytes of a step in the **fused** view of memory, as a fused GPU kernel moves them.
+
+    The meter counts the unfused view, as NumPy runs: every operation reads its inputs from memory
+    and writes its outputs back, so a long prefill moves its activations many times over. A fused
+    kernel keeps the inside of a block on chip: it moves the weights, the KV cache read and written,
+    each block's input and output ([T, d] each), the embedding's output and the logits it keeps."""
+    L, d, V = config.n_layer, config.n_embd, config.vocab_size
+    T = r.n_tokens
+    lm_rows = T if r.kind == "forward" else 1
+    activations = (2 * L * T * d + T * d + lm_rows * V) * itemsize
+    return r.bytes["weights"] + r.bytes["kv_read"] + r.bytes["kv_write"] + activations
+
+
 def bound_of(r: StepRecord, hw: Hardware) -> str:
     """"memory" or "compute": which roof binds this step on this machine."""
     return roofline(r.total_bytes, r.total_flops, hw).bound
