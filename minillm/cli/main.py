@@ -39,6 +39,10 @@ COMMANDS = [
     Command("hardware", "measure.hardware", "this machine's measured bandwidth and peak, presets, decode ceilings",
             "Measure (once, then cached) this machine's memory bandwidth and float32 matmul peak; show known "
             "chips; compute the decode ceiling of a model size."),
+    Command("diagnose", "cli.diagnose", "your workload: which phase dominates here and on a GPU, and what helps",
+            "Prefill a prompt of your length and run decode steps from it under the meter; show each phase's "
+            "work and roofline time here and on a chosen chip, time to first token, batched throughput against "
+            "latency, and which optimization attacks the phase that dominates."),
     Command("bench", "measure.bench", "decode speed against the matrix-vector ceiling, per context length",
             "Benchmark cached decode, naive decode and prefill at several context lengths, beside a bare NumPy "
             "matrix-vector pass over the same weights (the ceiling)."),
