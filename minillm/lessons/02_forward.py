@@ -177,8 +177,9 @@ def where_the_parameters_are(L: Lesson, T, V, c, d, ids, model):
     L.show(bar_chart("GPT-2 small, bytes by part (float32):",
                      [(part, 4 * n, fmt_bytes(4 * n)) for part, n in theirs.items()], style="blue"))
     share = theirs["wte (token embedding = LM head)"] / total_small
-    L.claim(total_small == small.n_params() == 124_439_808,
-            f"GPT-2 small has {total_small:,} parameters (computed from the checkpoint's shapes, nothing allocated)")
+    L.claim(sum(mine.values()) == model.n_params() and total_small == small.n_params(),
+            f"the loaded model's arrays hold exactly its n_params() = {model.n_params():,} numbers, and GPT-2 "
+            f"small's checkpoint shapes add up to its config's count, {total_small:,} (nothing allocated)")
     L.claim(0.28 < share < 0.36, f"the tied token embedding wte is about a third of GPT-2 small: {share:.1%}")
     L.say("""
         The LM head has **no weights of its own**: GPT-2 multiplies by `wte` transposed
