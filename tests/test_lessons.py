@@ -171,3 +171,36 @@ def test_nothing_shipped_points_at_a_file_the_user_does_not_have():
         text = path.read_text(encoding="utf-8")
         for name in ("DESIGN.md", "STYLE.md", "../shared", "seed's"):
             assert name not in text, f"{path.relative_to(ROOT)} mentions {name}"
+
+
+def _lesson(number):
+    return importlib.import_module(next(i.module for i in learn.LESSONS if i.number == number))
+
+
+def test_claims_fail_on_a_wrong_engine_cache_size(monkeypatch, capsys):
+    """Lesson 5 checks the run: a cache that misreports its size per token fails the lesson."""
+    import minillm
+
+    real = minillm.KVCache.bytes_per_token
+    monkeypatch.setattr(minillm.KVCache, "bytes_per_token", lambda self: real(self) + 4)
+    assert _lesson(5).main(["--fast", "--no-pause"]) == 1
+    assert "did not hold" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("number", [6, 7])
+def test_claims_fail_when_the_meter_counts_the_lm_head_weights_twice(number, monkeypatch, capsys):
+    """Lessons 6 and 7 check this run's weight bytes (not published constants): a meter that counts the
+    LM head's read of wte twice, or that ignores the dtype, fails them."""
+    from minillm.measure import meter
+
+    real = meter.Meter.count
+
+    def wrong(self, op, **kw):
+        if op == "lm_head" or (number == 7 and kw.get("weights") and self._open is not None
+                               and self._open.kind == "decode"):
+            kw["weights"] = 2 * kw.get("weights", 0) if op == "lm_head" else kw["weights"] + 1
+        return real(self, op, **kw)
+
+    monkeypatch.setattr(meter.Meter, "count", wrong)
+    assert _lesson(number).main(["--fast", "--no-pause"]) == 1
+    assert "did not hold" in capsys.readouterr().out

@@ -415,12 +415,14 @@ def quantization(L: Lesson, hw, model):
     """)
 
 
-def the_diagnosis(L: Lesson, W, dec, results):
+def the_diagnosis(L: Lesson, W, dec, hw, results):
     """Section: The diagnosis."""
     L.section("The diagnosis")
     (_, _, a), (_, _, b_), (_, _, cc) = results
     L.say(f"""
-        - **Long prompts** → *prefill*, which waits on arithmetic. In this run, A's prefill did
+        - **Long prompts** → *prefill*, which waits on arithmetic once the prompt is long enough: in fp16
+          with fused kernels, past about the chip's ridge in tokens ({PRESETS['a100-80gb'].ridge:.0f} on an A100),
+          sooner on this CPU (ridge {hw.ridge:.2g}). In this run, A's prefill did
           {a['prefill']['flops'] / (a['prefill']['flops'] + a['decode']['flops']):.0%} of the FLOPs.
           What helps: more FLOP/s, prefix caching when prompts repeat, lower-precision math.
         - **Long answers** → *decode*, which waits on memory. B's decode moved
@@ -440,7 +442,10 @@ def the_diagnosis(L: Lesson, W, dec, results):
         Run this lesson on a bigger model: `minillm learn 7 --model random-355m --no-pause`
         (decode reads {fmt_x(MODELS["355m"].n_params() / MODELS["124m"].n_params())} GPT-2 small's bytes per token;
         see which verdicts shift). Or ask about a chip and a model you care
-        about: `minillm hardware --chip h100-sxm --params 70B --dtype fp16` prints its decode ceiling.
+        about: `minillm hardware --chip h100 --params 70B --dtype fp16` prints its decode ceiling.
+        For your own mix of prompt and answer lengths, `minillm diagnose --prompt-tokens 800
+        --answer-tokens 200 --chip h100` runs it under the meter and says which phase dominates,
+        the time to first token, batched throughput against latency, and what helps.
     """)
 
 
@@ -458,7 +463,7 @@ def lesson(L: Lesson) -> None:
     L.pause()
     quantization(L, hw, model)
     L.pause()
-    the_diagnosis(L, W, dec, results)
+    the_diagnosis(L, W, dec, hw, results)
 
 
 def main(argv: list[str] | None = None) -> int:
