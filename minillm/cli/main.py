@@ -29,6 +29,10 @@ COMMANDS = [
             "List the lessons, or run lesson NN. Every number a lesson shows is measured live."),
     Command("generate", "cli.generate", "continue a prompt, streaming the text",
             "Continue PROMPT with the model, printing tokens as they are generated."),
+    Command("generate-batch", "cli.batch", "many prompts at once, in shared batched steps",
+            "Generate for every prompt in FILE at once: one batched prefill, then one step per token for all "
+            "unfinished prompts, each weight read once per step for all of them. --compare also runs them one "
+            "at a time."),
     Command("compare", "cli.compare", "naive vs KV-cached decode, step by step, with the counters",
             "Run naive and KV-cached decode on the same prompt with the same sampling; show both texts, whether "
             "the tokens are identical, per-step FLOPs and bytes against this machine's measured bandwidth, "
