@@ -169,12 +169,7 @@ def test_a_lesson_body_is_one_function_per_section(info):
 def test_nothing_shipped_points_at_a_file_the_user_does_not_have():
     """DESIGN.md and STYLE.md do not ship: no module, lesson, package file or the README may cite them."""
     shipped = [*ROOT.joinpath("minillm").rglob("*.py"), *ROOT.joinpath("minillm").rglob("*.md"), ROOT / "README.md"]
-    # measure/meter.py is being rewritten under issue 9 (one comment there still says "DESIGN.md's forms"):
-    # take it out of this set when that lands.
-    pending = {ROOT / "minillm" / "measure" / "meter.py"}
     for path in shipped:
-        if path in pending:
-            continue
         text = path.read_text(encoding="utf-8")
         for name in ("DESIGN.md", "STYLE.md", "../shared", "seed's"):
             assert name not in text, f"{path.relative_to(ROOT)} mentions {name}"
