@@ -199,7 +199,8 @@ def test_routes_methods_and_sizes(served):
     status, _, raw = request(served, "POST", "/v1/completions", raw=b"{}",
                              headers={"Content-Length": str(10 << 20)})
     assert status == 413 and "at most" in json.loads(raw)["error"]["message"]
-    assert json.loads(request(served, "GET", "/v1/models")[2])["data"][0]["id"] == "test-model"
+    assert json.loads(request(served, "GET", "/v1/models")[2])["data"][0] | {"created": 0} == {
+        "id": "test-model", "object": "model", "created": 0, "owned_by": "minillm", "max_model_len": 96}
     assert json.loads(request(served, "GET", "/health")[2]) == {"status": "ok"}
     status, _, raw = request(served, "POST", "/v1/completions", {"prompt": "still here", "max_tokens": 2})
     assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] >= 1
@@ -290,3 +291,27 @@ def test_the_command_rejects_bad_options_in_one_line(tmp_path, args, words):
     assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 3
     for w in words:
         assert w in r.stderr
+
+
+def test_loadgen_against_the_server(served):
+    from minillm.serving.loadgen import run_load
+    host, port = served.server_address[:2]
+    r = run_load(f"http://{host}:{port}", "poisson", rate=50.0, n=6, seed=1, timeout=60)
+    assert r["ok"] == 6 and not r["errors"]
+    assert r["output_tokens"] > 0 and r["output_tokens_per_s"] > 0
+    assert 0 < r["ttft_p50_s"] <= r["ttft_p95_s"] and r["e2e_p95_s"] >= r["ttft_p95_s"]
+    s = r["server"]
+    assert s["prefill_tokens"] > 0 and s["decode_tokens"] > 0 and s["bottleneck"] in ("prefill", "decode")
+    r2 = run_load(f"http://{host}:{port}", "long-prompt", rate=50.0, n=3, seed=1, timeout=60)
+    assert r2["ok"] == 3    # prompts clipped to the model's context, read from /v1/models
+
+
+def test_loadgen_says_when_no_server_is_there(tmp_path):
+    env = dict(os.environ) | {"MINILLM_HOME": str(tmp_path)}
+    env.pop("PYTHONPATH", None)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, "-m", "minillm", "loadgen", "--url", f"http://127.0.0.1:{port}",
+                        "--requests", "2"], capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
+    assert r.returncode == 1 and "no server" in r.stderr and "Traceback" not in r.stderr

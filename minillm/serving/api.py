@@ -131,6 +131,6 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def models(name: str) -> dict:
+def models(name: str, n_ctx: int) -> dict:
     return {"object": "list", "data": [{"id": name, "object": "model", "created": int(time.time()),
-                                        "owned_by": "minillm"}]}
+                                        "owned_by": "minillm", "max_model_len": n_ctx}]}

@@ -108,7 +108,7 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/health":
             self.send_json(200, {"status": "ok" if self.server.loop.thread.is_alive() else "engine stopped"})
         elif path == "/v1/models":
-            self.send_json(200, models(self.server.model_name))
+            self.send_json(200, models(self.server.model_name, self.server.loop.model.config.n_ctx))
         else:
             data = self.server.loop.metrics.render().encode()
             self.send_response(200)
