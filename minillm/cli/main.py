@@ -33,6 +33,15 @@ COMMANDS = [
             "Generate for every prompt in FILE at once: one batched prefill, then one step per token for all "
             "unfinished prompts, each weight read once per step for all of them. --compare also runs them one "
             "at a time."),
+    Command("serve", "cli.serve", "an OpenAI-compatible HTTP server with live /metrics",
+            "Serve POST /v1/completions (OpenAI's format, streaming included), GET /v1/models, /health and "
+            "/metrics (Prometheus text: bytes and FLOPs by kind, prefill and decode seconds, KV blocks, "
+            "latency histograms) on the continuous-batching engine loop. Loopback only unless --host says "
+            "otherwise."),
+    Command("loadgen", "cli.loadgen", "open-loop load on a running server: throughput, TTFT, TBT",
+            "Send a seeded workload to a running `minillm serve` at Poisson arrival times, streaming, and report "
+            "throughput, time to first token and time between tokens (p50, p95) as the clients measured them, "
+            "and, from the server's /metrics, whether prefill or decode took its time."),
     Command("compare", "cli.compare", "naive vs KV-cached decode, step by step, with the counters",
             "Run naive and KV-cached decode on the same prompt with the same sampling; show both texts, whether "
             "the tokens are identical, per-step FLOPs and bytes against this machine's measured bandwidth, "

@@ -78,8 +78,10 @@ def _is_meter_stmt(s: ast.stmt) -> bool:
 def _reporters() -> list[tuple[object, str]]:
     """Every function that reports to the meter: the operations and the caches' reads and writes."""
     from ..cache import paged
-    return ([(ops, name) for name in ("embedding", "layer_norm", "linear", "gelu", "add", "attention", "lm_head")]
-            + [(cls, name) for cls in (kvcache.KVCache, paged.PagedKVCache) for name in ("write", "read")]
+    return ([(ops, name) for name in ("embedding", "layer_norm", "linear", "gelu", "add", "attention",
+                                      "decode_attention", "lm_head")]
+            + [(cls, name) for cls in (kvcache.KVCache, paged.PagedKVCache, paged.DecodeBatch)
+               for name in ("write", "read")]
             + [(kvcache.PassKV, "read")])
 
 
