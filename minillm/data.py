@@ -1,7 +1,7 @@
 """The training text that ships with minillm: tinyshakespeare (public domain, ~1.1 MB, stored gzipped).
 
 `minillm train` and `minillm eval` read it when no `--data` is given. The package holds it
-compressed (`minillm/weights/tinyshakespeare.txt.gz`); the first use writes the plain text once
+compressed (`weights/tinyshakespeare.txt.gz`, installed as package data of `minillm.weights`); the first use writes the plain text once
 under `cache_dir()/data/`, and later uses read that copy.
 """
 

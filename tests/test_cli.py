@@ -543,16 +543,16 @@ def test_non_editable_install(home, tmp_path):
     assert Path(lessons).is_relative_to(site) and Path(lessons).is_dir()
     assert n == "3"
     for folder, installed in (("weights", Path(weights)), ("lessons", Path(lessons))):   # all package data
-        for f in (src / "minillm" / folder).rglob("*"):        # the copy that was installed, not the live checkout
+        for f in (src / folder).rglob("*"):        # the copy that was installed, not the live checkout
             if f.is_file() and "__pycache__" not in f.parts and not f.name.endswith((".pyc", ".part")):
-                assert (installed / f.relative_to(src / "minillm" / folder)).is_file(), f"{folder}/{f.name} is not installed"
+                assert (installed / f.relative_to(src / folder)).is_file(), f"{folder}/{f.name} is not installed"
 
     r = ok(run(home, "generate", "ROMEO:", "--max-new-tokens", "5", cwd=cwd, env=env))
     assert r.stdout.startswith("ROMEO:")
     r = ok(run(home, "compare", "ROMEO:", "--model", "random-tiny", "--max-new-tokens", "3", cwd=cwd, env=env))
     assert "identical tokens" in r.stdout
 
-    first_lesson = sorted((src / "minillm" / "lessons").glob("[0-9]*.py"))[:1]
+    first_lesson = sorted((src / "lessons").glob("[0-9]*.py"))[:1]
     for lesson in first_lesson:   # a lesson runs from the installed package, not from a checkout
         r = subprocess.run([sys.executable, "-m", f"minillm.lessons.{lesson.stem}", "--no-pause", "--fast"],
                            stdin=subprocess.DEVNULL, capture_output=True, text=True, encoding="utf-8",

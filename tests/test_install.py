@@ -72,3 +72,12 @@ def test_train_and_eval_default_to_the_bundled_text(tmp_path):
     r = subprocess.run([sys.executable, "-m", "minillm", "eval", "--model", str(out)],
                        capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert r.returncode == 0 and "held-out loss" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_every_package_is_listed_for_installation():
+    """A folder of minillm/ with an __init__.py that pyproject.toml does not list is left out of
+    `pip install .` (editable installs hide it; this caught minillm.serving)."""
+    tomllib = pytest.importorskip("tomllib")   # Python 3.11+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "minillm").rglob("__init__.py")}
+    assert found <= listed, f"not in pyproject.toml's packages: {sorted(found - listed)}"

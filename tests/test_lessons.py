@@ -93,7 +93,7 @@ def test_cli_wires_learn(capsys):
 
 def test_a_lesson_runs_as_a_script_without_waiting_when_stdin_is_not_a_terminal(home):
     """No --no-pause: the pauses must see that stdin is not a terminal and not wait."""
-    proc = subprocess.run([sys.executable, str(ROOT / "minillm" / "lessons" / "01_tokens.py"), "--fast"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, str(ROOT / "lessons" / "01_tokens.py"), "--fast"], cwd=ROOT,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Lesson 1 done" in proc.stdout

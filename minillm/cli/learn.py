@@ -1,6 +1,6 @@
 """`minillm learn`: the terminal lessons, listed or run.
 
-The lessons live in `minillm/lessons/NN_slug.py` (the package `minillm.lessons`). Each module has
+The lessons live in `lessons/NN_slug.py` (installed as the package `minillm.lessons`). Each module has
 TITLE, MINUTES, WHAT_YOU_WILL_SEE and `main(argv=None) -> int`; `LESSONS` is discovered from them.
 
     minillm learn              the list: number, title, minutes, what you will see
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         total = sum(info.minutes for info in LESSONS)
         console.print(f"  [dim]{len(LESSONS)} lessons, about {total} minutes in all. Options: --fast (quick "
                       "run, smaller models), --no-pause, --model NAME, --threads N. Each lesson is also a script: "
-                      "python -m minillm.lessons.01_tokens[/]")
+                      "python lessons/01_tokens.py in a checkout[/]")
         return 0
     info = find(str(which))
     argv = []

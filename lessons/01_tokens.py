@@ -1,6 +1,6 @@
 """Lesson 1: Tokens. A model never sees letters: text becomes a list of integer ids first.
 
-Run:  python -m minillm.lessons.01_tokens        (or: minillm learn 1)
+Run:  python lessons/01_tokens.py        (or: minillm learn 1)
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def lesson(L: Lesson) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return run_lesson(lesson, argv, number=1, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python -m minillm.lessons.01_tokens")
+                      prog="python lessons/01_tokens.py")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Lesson 2: One forward pass. From token ids to a probability for every possible next token.
 
-Run:  python -m minillm.lessons.02_forward        (or: minillm learn 2)
+Run:  python lessons/02_forward.py        (or: minillm learn 2)
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ def lesson(L: Lesson) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return run_lesson(lesson, argv, number=2, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python -m minillm.lessons.02_forward")
+                      prog="python lessons/02_forward.py")
 
 
 if __name__ == "__main__":

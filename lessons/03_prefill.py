@@ -1,6 +1,6 @@
 """Lesson 3: Prefill. The whole prompt goes through the model in one pass and leaves a KV cache behind.
 
-Run:  python -m minillm.lessons.03_prefill        (or: minillm learn 3)
+Run:  python lessons/03_prefill.py        (or: minillm learn 3)
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def lesson(L: Lesson) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return run_lesson(lesson, argv, number=3, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python -m minillm.lessons.03_prefill")
+                      prog="python lessons/03_prefill.py")
 
 
 if __name__ == "__main__":

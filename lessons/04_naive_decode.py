@@ -1,6 +1,6 @@
 """Lesson 4: Naive decode. Generate one token at a time by running the whole sequence again every step.
 
-Run:  python -m minillm.lessons.04_naive_decode        (or: minillm learn 4)
+Run:  python lessons/04_naive_decode.py        (or: minillm learn 4)
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def lesson(L: Lesson) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return run_lesson(lesson, argv, number=4, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python -m minillm.lessons.04_naive_decode")
+                      prog="python lessons/04_naive_decode.py")
 
 
 if __name__ == "__main__":

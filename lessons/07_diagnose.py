@@ -1,6 +1,6 @@
 """Lesson 7: Diagnose your bottleneck. Put each phase on the roofline, then ask which one dominates a workload.
 
-Run:  python -m minillm.lessons.07_diagnose        (or: minillm learn 7)
+Run:  python lessons/07_diagnose.py        (or: minillm learn 7)
 """
 
 from __future__ import annotations
@@ -468,7 +468,7 @@ def lesson(L: Lesson) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return run_lesson(lesson, argv, number=7, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python -m minillm.lessons.07_diagnose")
+                      prog="python lessons/07_diagnose.py")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Lesson 6: Memory traffic. A decode step reads every weight to produce one token: memory sets the pace.
 
-Run:  python -m minillm.lessons.06_memory_traffic        (or: minillm learn 6)
+Run:  python lessons/06_memory_traffic.py        (or: minillm learn 6)
 """
 
 from __future__ import annotations
@@ -239,7 +239,7 @@ def lesson(L: Lesson) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return run_lesson(lesson, argv, number=6, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python -m minillm.lessons.06_memory_traffic")
+                      prog="python lessons/06_memory_traffic.py")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Lesson 5: The KV cache. Keep every position's keys and values, and compute each token only once.
 
-Run:  python -m minillm.lessons.05_kv_cache        (or: minillm learn 5)
+Run:  python lessons/05_kv_cache.py        (or: minillm learn 5)
 """
 
 from __future__ import annotations
@@ -247,7 +247,7 @@ def lesson(L: Lesson) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return run_lesson(lesson, argv, number=5, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python -m minillm.lessons.05_kv_cache")
+                      prog="python lessons/05_kv_cache.py")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Lesson 8: Batching. One read of the weights, many tokens: what it buys decode, measured.
 
-Run:  python -m minillm.lessons.08_batching        (or: minillm learn 8)
+Run:  python lessons/08_batching.py        (or: minillm learn 8)
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def the_ridge(L: Lesson, model, sweep: dict, hw) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return run_lesson(lesson, argv, number=8, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python -m minillm.lessons.08_batching")
+                      prog="python lessons/08_batching.py")
 
 
 if __name__ == "__main__":
