@@ -37,6 +37,19 @@ def blas_name() -> str | None:
     return None
 
 
+def blas_kernel() -> str | None:
+    """The kernel family the BLAS chose for this CPU ('Haswell', 'Zen', ...). OPENBLAS_CORETYPE can force
+    an older, slower one: benchmark figures should say which ran."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return None
+    for p in threadpool_info():
+        if p.get("user_api") == "blas":
+            return p.get("architecture")
+    return None
+
+
 @contextlib.contextmanager
 def limited(threads: int | None) -> Iterator[None]:
     """Run the block with BLAS on `threads` threads (None: leave it as it is)."""
