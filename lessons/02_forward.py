@@ -83,7 +83,7 @@ def first_steps(L: Lesson):
     rows.append((f"  ops.linear(h, c_attn {shape(p['attn.c_attn.weight'])})", shape(qkv), "queries, keys, values side by side"))
     q, k, v = model_module.split_heads(qkv, H)
     rows.append(("  split_heads(qkv, H) → q, k, v", shape(q), f"{H} heads of {d // H} numbers each"))
-    a = ops.attention(q, k, v, from_cache=False)
+    a = ops.attention(q, k, v)
     rows.append(("  ops.attention(q, k, v)", shape(a), "each position mixes the values of positions ≤ it"))
     merged = model_module.merge_heads(a)
     rows.append(("  merge_heads(a)", shape(merged), "heads side by side again"))

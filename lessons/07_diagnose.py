@@ -22,6 +22,7 @@ import minillm
 from minillm import report
 from minillm.config import PRESETS as MODELS
 from minillm.hardware import PRESETS, decode_ceiling, roofline
+from minillm.measure.batching import run_batch_bench
 
 TITLE = "Diagnose your bottleneck"
 MINUTES = 12
@@ -337,42 +338,53 @@ def kv_cache_management(L: Lesson, c, caches, sys_ids):
     """)
 
 
-def batching(L: Lesson, dec, hw):
+def batching(L: Lesson, dec, hw, model):
     """Section: 3c. Batching: share each read of the weights."""
     L.section("3c. Batching: share each read of the weights")
     W = dec.bytes["weights"]
-    own = dec.total_bytes - W
-    F = dec.total_flops
+    measured = L.pick([1, 4, 16], [1, 4])
+    with L.status(f"decode steps with B = {', '.join(map(str, measured))} sequences at once…"):
+        sweep = run_batch_bench(model, measured, hw, context=16, repeats=L.pick(3, 2))
+    rows = sweep["rows"]
+    one, top = rows[0], rows[-1]
+    per_seq = (top["bytes"] - one["bytes"]) / (top["batch"] - 1)       # each extra sequence's own bytes
+    per_flops = (top["flops"] - one["flops"]) / (top["batch"] - 1)
+    shared = one["bytes"] - per_seq                                      # read once per step: the weights
     L.say(f"""
-        A cached decode step reads {fmt_bytes(W)} of weights and {fmt_bytes(own)} of its own (KV cache,
-        activations) to do {fmt_flops(F)}. If **B** sequences decode together, the weights are read once
-        for all of them: B × {fmt_flops(F)} of work for {fmt_bytes(W)} + B × {fmt_bytes(own)} of traffic.
-        minillm decodes one sequence at a time, so this table is the roofline arithmetic on its counters,
-        not a measurement.
+        `minillm.generate_batch` and `model.step` decode **B** sequences in one step: their B tokens are B
+        rows of every product, so the weights are read once for all of them. The rows below are measured
+        with the engine (lesson 8 has the whole sweep); the larger B are projected from the counts the meter
+        made at B = {one['batch']} and {top['batch']}: {fmt_bytes(shared)} read once per step, {fmt_bytes(per_seq)} and
+        {fmt_flops(per_flops)} more for each sequence.
     """)
     t = Table(header_style="bold")
-    for col in ("batch B", "FLOP/B", "this machine", "tokens/s here (roof)", "A100 (fp16)", "tokens/s A100 (roof)"):
+    for col in ("batch B", "FLOP/B", "tokens/s here", "bound here", "A100 (fp16)", "tokens/s A100 (roof)"):
         t.add_column(col, justify="right")
-    crossing = None
-    inten = []
-    for B in (1, 4, 16, 64, 256, 1024):
-        here = roofline(W + B * own, B * F, hw)
-        gpu = roofline((W + B * own) * FP16, B * F, GPUS[0])
+    crossing, inten = None, []
+    for B in measured + [64, 256, 1024]:
+        row = next((r for r in rows if r["batch"] == B), None)
+        nbytes, flops = (row["bytes"], row["flops"]) if row else (shared + B * per_seq, B * per_flops)
+        here = roofline(nbytes, flops, hw)
+        gpu = roofline(nbytes * FP16, flops, GPUS[0])
         inten.append(here.intensity)
         if crossing is None and gpu.bound == "compute":
             crossing = B
-        t.add_row(str(B), f"{here.intensity:.3g}", here.bound, f"{B / here.seconds:,.0f}", gpu.bound,
-                  f"{B / gpu.seconds:,.0f}")
+        speed = f"{row['tok_s']:,.0f} measured" if row else f"{B / here.seconds:,.0f} roof"
+        t.add_row(str(B), f"{here.intensity:.3g}", speed, here.bound, gpu.bound, f"{B / gpu.seconds:,.0f}")
     L.show(t)
-    L.claim(all(y > x for x, y in zip(inten, inten[1:])), "the more sequences share a weight read, the higher the intensity")
-    cap_gpu = F / (own * FP16)
+    L.busy_note()
+    L.claim(all(y > x for x, y in zip(inten, inten[1:])),
+            "the more sequences share a weight read, the higher the intensity (counted at the measured B)")
+    L.claim(top["tok_s"] > one["tok_s"], f"B = {top['batch']} made {fmt_x(top['tok_s'] / one['tok_s'])} the tokens "
+                                         f"per second of B = 1 on this machine, measured")
+    cap_gpu = per_flops / (per_seq * FP16)
     if crossing:
         verdict = f"On the A100 decode turns compute-bound at around B = {crossing}."
     else:
         verdict = (f"On the A100 it stays memory-bound even at B = 1,024: each sequence brings its own KV-cache reads "
-                   f"and activations, so the intensity can never pass F ÷ own bytes = {cap_gpu:.3g} FLOP/byte in fp16, "
-                   "below the A100's ridge. That is why newer models shrink the KV cache (multi-query and "
-                   "grouped-query attention share keys and values between heads).")
+                   f"and activations, so the intensity can never pass its FLOPs ÷ its own bytes = {cap_gpu:.3g} "
+                   "FLOP/byte in fp16, below the A100's ridge. That is why newer models shrink the KV cache "
+                   "(multi-query and grouped-query attention share keys and values between heads).")
     L.say(f"""
         Batching turns the weight read from a per-token cost into a per-step cost: tokens per second grow
         almost in proportion to B as long as the weights dominate the traffic. {verdict}
@@ -459,7 +471,7 @@ def lesson(L: Lesson) -> None:
     L.pause()
     kv_cache_management(L, c, caches, sys_ids)
     L.pause()
-    W = batching(L, dec, hw)
+    W = batching(L, dec, hw, model)
     L.pause()
     quantization(L, hw, model)
     L.pause()
