@@ -170,8 +170,9 @@ def check_finite(a: np.ndarray, what: str) -> None:
 
     A finite sum proves every element finite (NaN and inf propagate), in one pass with no temporary;
     only when the sum is not finite (a NaN, or finite values that overflow it) is each element checked."""
-    if np.isfinite(a.sum()):
-        return
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(a.sum()):
+            return
     bad = np.count_nonzero(~np.isfinite(a))
     if bad:
         raise WeightsError(f"{what} holds {bad:,} NaN or infinite value{'s' if bad > 1 else ''}; the checkpoint is "
