@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import minillm
 from minillm import train as tr
 from minillm.config import GPT2Config
-from minillm.errors import MiniLLMError
+from minillm.errors import MiniLLMError, WeightsError
 
 FEW = settings(max_examples=6, deadline=None)
 H = 1e-6
@@ -291,7 +291,7 @@ def test_checkpoint_is_atomic(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sf, "_little_endian_bytes", fail_on_third_tensor)
     changed = {k: v + 1.0 for k, v in params.items()}
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(WeightsError, match="cannot save the checkpoint there \\(disk full\\)"):
         tr.save_checkpoint(out, changed, cfg, dtype="float16")
     assert len(calls) == 3  # it did fail part-way through the data
     assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before

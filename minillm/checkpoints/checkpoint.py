@@ -179,8 +179,11 @@ def check_finite(a: np.ndarray, what: str) -> None:
                            "damaged (or training diverged): re-download it, or use an earlier checkpoint")
 
 
-def random_params(config: GPT2Config, seed: int = 0, std: float = 0.02, dtype=np.float32) -> dict[str, np.ndarray]:
-    """GPT-2-shaped random weights: normal(0, std) matrices, zero biases, unit layer-norm gains. Seeded."""
+def random_params(config: GPT2Config, seed: int = 0, std: float = 0.02, dtype=np.float32,
+                  residual_std: float | None = None) -> dict[str, np.ndarray]:
+    """GPT-2-shaped random weights: normal(0, std) matrices, zero biases, unit layer-norm gains. Seeded.
+    residual_std: the std of the two projections into the residual stream (`attn.c_proj`, `mlp.c_proj`),
+    if not `std` (GPT-2 trains from std/sqrt(2L) there: `training.model.init_params`)."""
     rng = np.random.default_rng(seed)
     params = {}
     for name, shape in expected_shapes(config).items():
@@ -190,7 +193,7 @@ def random_params(config: GPT2Config, seed: int = 0, std: float = 0.02, dtype=np
             params[name] = np.ones(shape, dtype=dtype)
         else:
             w = rng.standard_normal(shape, dtype=np.float32)
-            w *= std
+            w *= residual_std if residual_std is not None and name.endswith("c_proj.weight") else std
             params[name] = w.astype(dtype, copy=False)
     return params
 
