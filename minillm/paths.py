@@ -12,6 +12,8 @@ from importlib import resources
 from pathlib import Path
 from typing import IO, Iterator
 
+from .errors import MiniLLMError
+
 
 def package_weights_dir() -> Path:
     """The bundled `weights/` folder, installed as the `minillm.weights` package."""
@@ -26,7 +28,16 @@ def package_lessons_dir() -> Path:
 def cache_dir() -> Path:
     """`$MINILLM_HOME`, else `~/.cache/minillm`: downloaded checkpoints and measured hardware figures."""
     home = os.environ.get("MINILLM_HOME")
-    return Path(home) if home else Path.home() / ".cache" / "minillm"
+    return expand_user(home) if home else expand_user("~") / ".cache" / "minillm"
+
+
+def expand_user(path: str | os.PathLike) -> Path:
+    """`Path(path).expanduser()`, with an unknown `~user` (or no home at all) a clear MiniLLMError."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        raise MiniLLMError(f"{path}: cannot find the home directory that {str(path).split('/')[0]} names; "
+                           "give the full path") from None
 
 
 # ------------------------------------------------------------------------------ reading and writing
