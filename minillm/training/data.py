@@ -11,13 +11,13 @@ window (between 0 and n_ctx-1 tokens before it).
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 
 from ..checkpoints.checkpoint import load_checkpoint
 from ..config import GPT2Config
 from ..errors import MiniLLMError
+from ..paths import expand_user, not_a_regular_file, read_capped
 from .model import forward
 
 DEFAULT_DATA_SPLIT = 0.9  # first 90% of the tokens train, the last 10% are held out
@@ -27,15 +27,22 @@ class DataError(MiniLLMError):
     """A training text that is missing, unreadable or too short."""
 
 
+MAX_TEXT_BYTES = 1 << 30  # 1 GiB of text is ~250M tokens: days of training at this speed
+
+
 def load_tokens(text_path) -> np.ndarray:
     """The text at text_path as GPT-2 token ids (int32)."""
     from ..tokenizer import tokenizer
 
-    path = Path(text_path)
-    if not path.is_file():
-        raise DataError(f"{path}: text file not found; pass --data with the path of a UTF-8 text file")
+    path = expand_user(text_path)
+    problem = not_a_regular_file(path)
+    if problem is not None:
+        raise DataError(f"{path}: {problem}; pass --data with the path of a UTF-8 text file")
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = read_capped(path, MAX_TEXT_BYTES)
+        if raw is None:
+            raise DataError(f"{path}: over {MAX_TEXT_BYTES >> 30} GiB; pass a smaller text (or a slice of it)")
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: cannot read as UTF-8 text ({e})") from None
     return np.asarray(tokenizer().encode_ordinary(text), dtype=np.int32)
@@ -105,4 +112,11 @@ def heldout_loss(text_path, model) -> float:
     heldout = tokens[cut:]
     if len(heldout) < 2:
         raise DataError(f"{text_path}: {len(tokens)} tokens leave fewer than 2 held-out tokens")
-    return evaluate(params, config, heldout)
+    if heldout.max() >= config.vocab_size:
+        raise DataError(f"{text_path}: holds GPT-2 token {int(heldout.max())}, outside this model's vocabulary of "
+                        f"{config.vocab_size}; the text is read with GPT-2's tokenizer, so use a model with its "
+                        "50,257 tokens")
+    loss = evaluate(params, config, heldout)
+    if not np.isfinite(loss):
+        raise MiniLLMError(f"the held-out loss is {loss}: the model computes non-finite numbers; check its weights")
+    return loss

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import numpy as np
 from ..checkpoints.checkpoint import load_checkpoint, save_checkpoint  # noqa: F401  (HF layout; atomic)
 from ..config import GPT2Config
 from ..errors import MiniLLMError
+from ..paths import expand_user
 from .data import DEFAULT_DATA_SPLIT, DataError, evaluate, get_batch, heldout_loss, load_tokens, split_tokens  # noqa: F401
 from .model import backward, block_backward, block_forward, forward, init_params, loss_and_grads  # noqa: F401
 from .ops import (attention_backward, attention_forward, cross_entropy_backward, cross_entropy_forward,  # noqa: F401
@@ -37,6 +39,8 @@ def train(data, out=None, layers=4, heads=4, width=128, context=256, batch=8, st
     config = GPT2Config(n_layer=layers, n_head=heads, n_embd=width, n_ctx=context)
     tokens = load_tokens(data)
     train_tok, heldout = split_tokens(tokens, context, str(data))
+    if out is not None:
+        out = check_out(out)
     rng = np.random.default_rng(seed)
     params = init_params(config, seed)
     opt = AdamW(params, weight_decay)
@@ -85,6 +89,10 @@ def train(data, out=None, layers=4, heads=4, width=128, context=256, batch=8, st
             ts = time.perf_counter()
             x, y = get_batch(train_tok, batch, context, rng)
             loss, grads = loss_and_grads(params, config, x, y, dropout, rng if dropout > 0 else None, chunk)
+            if not math.isfinite(loss):
+                raise MiniLLMError(f"training diverged at step {step + 1}: the loss is {loss}; try a lower --lr"
+                                   + (f" (the best checkpoint so far, step {best['step']}, is in {out})"
+                                      if out is not None and best["step"] else ""))
             norm = clip_grad_norm(grads, clip)
             rate = lr_at(progress_frac, step, lr, warmup)
             opt.step(params, grads, rate)
@@ -112,8 +120,24 @@ def train(data, out=None, layers=4, heads=4, width=128, context=256, batch=8, st
     log(f"done: {step} steps, {seen:,} tokens in {wall / 60:.1f} min ({seen / wall:,.0f} tok/s overall); "
         f"final train {ema:.4f} (no dropout, first {len(heldout):,} train tokens: {train_eval:.4f}) "
         f"held-out {history[-1][3]:.4f}; best held-out {best['heldout']:.4f} at step "
-        f"{best['step']}" + (f", saved in {out}" if out is not None else ""))
+        f"{best['step']}" + (f", saved in {out}" if out is not None and "tokens" in best else ""))
     return summary
+
+
+def check_out(out) -> Path:
+    """Make the checkpoint folder now and write a file in it: a bad --out fails before the run, not at
+    its first save, hours in."""
+    out = expand_user(out)
+    if out.exists() and not out.is_dir():
+        raise MiniLLMError(f"--out {out}: is a file, not a folder; choose a folder for the checkpoint")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise MiniLLMError(f"--out {out}: cannot write a checkpoint there ({e.strerror}); "
+                           "choose a folder you can write to") from None
+    return out
 
 
 # ========================================================================================== the CLI
@@ -149,8 +173,14 @@ def run(args) -> int:
             raise MiniLLMError(f"--{name.replace('_', '-')}={v}: must be positive")
     if args.steps is not None and args.steps < 1:
         raise MiniLLMError(f"--steps={args.steps}: must be at least 1")
-    if args.minutes is not None and args.minutes <= 0:
-        raise MiniLLMError(f"--minutes={args.minutes}: must be positive")
+    if args.minutes is not None and not 0 < args.minutes < math.inf:
+        raise MiniLLMError(f"--minutes={args.minutes}: must be a positive number")
+    if not 0 < args.lr < math.inf:
+        raise MiniLLMError(f"--lr={args.lr}: must be a positive number")
+    if not 0 <= args.weight_decay < math.inf:
+        raise MiniLLMError(f"--weight-decay={args.weight_decay}: must be a number >= 0")
+    if args.warmup < 0:
+        raise MiniLLMError(f"--warmup={args.warmup}: must be >= 0")
     if not 0.0 <= args.dropout < 1.0:
         raise MiniLLMError(f"--dropout={args.dropout}: must be in [0, 1)")
     train(args.data, out=args.out, layers=args.layers, heads=args.heads, width=args.width, context=args.context,
@@ -161,14 +191,14 @@ def run(args) -> int:
 
 
 def add_eval_arguments(parser) -> None:
-    parser.add_argument("--model", default=None, help="model directory (default: the bundled model)")
+    parser.add_argument("--model", default=None, help="checkpoint directory or model name (default: the bundled model)")
     parser.add_argument("--data", required=True, help="the text whose last 10%% of tokens is scored")
 
 
 def run_eval(args) -> int:
-    from ..paths import package_weights_dir
+    from ..checkpoints.load import load
 
-    model = args.model if args.model is not None else package_weights_dir()
-    loss = heldout_loss(args.data, model)
+    model = load(args.model)                 # a checkpoint or any model name; default the bundled model
+    loss = heldout_loss(args.data, (model.params, model.config))
     print(f"held-out loss {loss:.4f} nats/token (perplexity {math.exp(loss):.1f}) on the last 10% of {args.data}")
     return 0
