@@ -162,3 +162,15 @@ def test_prompt_from_a_file_or_stdin(home, tmp_path):
     user_error(run(home, "generate", *FAST), "--prompt-file")
     user_error(run(home, "generate", "hi", "--prompt-file", big, *FAST), "not both")
     user_error(run(home, "generate", "--prompt-file", tmp_path, *FAST), "is a directory")
+
+
+def test_the_stream_prints_a_last_partial_character_as_decode_does(capsys):
+    from minillm.cli.common import TextStream
+    from minillm.tokenizer import tokenizer
+
+    for tokens in ([30266], [40, 30266], [30266, 30266, 30266]):
+        stream = TextStream()
+        for t in tokens:
+            stream(t)
+        stream.close()
+        assert capsys.readouterr().out == tokenizer().decode(tokens)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -305,3 +307,19 @@ def test_interrupt_is_cleaned_up_too(tmp_path, monkeypatch):
         write_safetensors(tmp_path / "k.safetensors", {"a": np.zeros(4)})
     monkeypatch.undo()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_temporary_file_left_by_a_killed_writer_is_removed_by_the_next_write(tmp_path):
+    """SIGKILL inside a save leaves `.<name>.<pid>-<random>.tmp`; a live writer's temporary is kept."""
+    path = tmp_path / "m.safetensors"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    left = tmp_path / f".m.safetensors.{dead}-abc.tmp"
+    left.write_bytes(b"half a file")
+    live = tmp_path / f".m.safetensors.{os.getppid()}-xyz.tmp"
+    live.write_bytes(b"someone else is writing")
+    other = tmp_path / f".other.{dead}-abc.tmp"
+    other.write_bytes(b"not ours")
+    write_safetensors(path, {"a": np.zeros(2, np.float32)})
+    assert not left.exists() and live.exists() and other.exists()
+    assert read_safetensors(path)[0]["a"].shape == (2,)
