@@ -11,16 +11,18 @@
 
 from .config import GPT2Config
 from .errors import MiniLLMError, PromptError, WeightsError
+from .engine.batch import generate_batch
 from .engine.generate import generate
 from .engine.sampling import sample
 from .cache.contiguous import KVCache
+from .cache.paged import PagedKVCache, PagedKVPool
 from .checkpoints.load import load
 from .measure.meter import Meter
 from .models.gpt2 import GPT2
 from .tokenizer import tokenizer
 
-__all__ = ["GPT2", "GPT2Config", "KVCache", "Meter", "MiniLLMError", "PromptError", "WeightsError",
-           "generate", "load", "sample", "tokenizer"]
+__all__ = ["GPT2", "GPT2Config", "KVCache", "Meter", "MiniLLMError", "PagedKVCache", "PagedKVPool", "PromptError",
+           "WeightsError", "generate", "generate_batch", "load", "sample", "tokenizer"]
 __version__ = "0.1.0"
 
 # Modules keep their old flat names (minillm.model, minillm.meter, ...): see _compat.

@@ -162,7 +162,7 @@ def test_compare_random_tiny(home):
 def test_traffic_json(home):
     r = ok(run(home, "traffic", "--model", "random-tiny", "--prompt-tokens", "4", "--steps", "3", "--json"))
     rows = [json.loads(line) for line in r.stdout.splitlines()]
-    assert [x["kind"] for x in rows] == ["prefill", "decode", "decode"]
+    assert [x["kind"] for x in rows] == ["prefill", "decode", "decode", "decode"]   # --steps 3: three decode steps
     assert rows[0]["n_tokens"] == 4 and rows[1]["position"] == 4
 
 
@@ -172,7 +172,8 @@ def test_traffic_table(home):
 
 
 # Written out, not read from the parser under test: a command that drops out of the parser must fail here.
-SUBCOMMANDS = ["bench", "compare", "download", "eval", "generate", "hardware", "learn", "traffic", "train"]
+SUBCOMMANDS = ["bench", "compare", "diagnose", "download", "eval", "generate", "generate-batch", "hardware", "learn",
+               "loadgen", "serve", "traffic", "train"]
 
 
 def test_help(home):

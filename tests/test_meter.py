@@ -281,7 +281,7 @@ def test_steps_after_an_interrupted_step_are_recorded(monkeypatch):
 
 # -- the CLI ----------------------------------------------------------------------------------
 
-TINY_ARGS = ["traffic", "--model", "random-tiny", "--prompt-tokens", "5", "--steps", "4", "--json"]
+TINY_ARGS = ["traffic", "--model", "random-tiny", "--prompt-tokens", "5", "--steps", "3", "--json"]   # 3 decode steps after the prefill
 
 
 def test_cli_traffic_json_matches_closed_forms():

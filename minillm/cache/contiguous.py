@@ -1,18 +1,36 @@
-"""The KV cache: every layer's keys and values for every position so far, preallocated to n_ctx.
+"""The contiguous KV cache: every layer's keys and values for every position of one sequence,
+preallocated to n_ctx.
 
 Layout [L, H, n_ctx, hd]: for one layer, the keys of all heads are one [H, t, hd] view
 `k[layer, :, :t]`, so a decode step attends over every head in one batched product, with no
 per-step concatenation and no copy of what the cache already holds. The arrays are allocated
-once (the pages are touched only as positions fill), and a step writes only its own position.
+once (the pages are touched only as positions fill), and a step writes only its own positions.
+
+Every cache speaks the same small protocol, and the model uses nothing else:
+
+    length                    positions filled so far (read-only for the model)
+    reserve(n)                make room for n more positions, or raise PromptError saying why not
+    write(layer, pos, k, v)   store keys and values [H, n, hd] of positions pos .. pos+n-1
+    read(layer, t)            keys and values of positions 0 .. t-1, [H, t, hd] each; reports the read
+    advance(n)                the step is done: n more positions are filled
+    truncate(t)               forget every position from t on (speculative decoding's roll-back)
+    free()                    give the memory back (a paged cache returns its blocks)
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..measure import meter
 from ..config import GPT2Config
 from ..errors import PromptError
+from ..measure import meter
+
+
+def no_room(length: int, n_new: int, n_ctx: int) -> PromptError:
+    return PromptError(
+        f"the KV cache holds {length} of {n_ctx} positions; {n_new} more do not fit "
+        f"(the model's context is {n_ctx} tokens): shorten the prompt or generate fewer tokens"
+    )
 
 
 class KVCache:
@@ -35,12 +53,15 @@ class KVCache:
     def nbytes_used(self) -> int:
         return self.length * self.bytes_per_token()
 
-    def check_room(self, n_new: int) -> None:
+    def nbytes_reserved(self) -> int:
+        """What this cache holds in memory whatever its length: all n_ctx positions."""
+        return self.k.nbytes + self.v.nbytes
+
+    def reserve(self, n_new: int) -> None:
         if self.length + n_new > self.n_ctx:
-            raise PromptError(
-                f"the KV cache holds {self.length} of {self.n_ctx} positions; {n_new} more do not fit "
-                f"(the model's context is {self.n_ctx} tokens): shorten the prompt or generate fewer tokens"
-            )
+            raise no_room(self.length, n_new, self.n_ctx)
+
+    check_room = reserve   # the 0.1 name
 
     def write(self, layer: int, pos: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store keys and values [H, T, hd] of positions pos .. pos+T-1 for one layer, in place."""
@@ -51,6 +72,27 @@ class KVCache:
         if m is not None:
             m.count("kv_write", kv_write=k.nbytes + v.nbytes)
 
+    def read(self, layer: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """Views (no copy) of the keys and values of the first t positions of one layer: [H, t, hd] each.
+        Attention streams them once: counted here as the KV-cache read."""
+        k, v = self.k[layer, :, :t], self.v[layer, :, :t]
+        m = meter.ACTIVE
+        if m is not None:
+            m.count("kv_read", kv_read=k.nbytes + v.nbytes)
+        return k, v
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+    def truncate(self, t: int) -> None:
+        """Keep positions 0 .. t-1; the rest will be written over."""
+        if not 0 <= t <= self.length:
+            raise ValueError(f"truncate({t}): the cache holds {self.length} positions")
+        self.length = t
+
+    def free(self) -> None:
+        self.length = 0
+
     def fork(self) -> "KVCache":
         """A new cache holding a copy of the positions filled so far (a shared prompt prefix, say).
         Only the filled positions are copied; the rest of the new cache is fresh, untouched memory."""
@@ -60,6 +102,25 @@ class KVCache:
         other.length = self.length
         return other
 
+
+class PassKV:
+    """The "cache" of a cache-less forward pass: it holds this pass's keys and values (views, no
+    copy) just long enough for attention to read them, and counts that read as activations."""
+
+    length = 0
+
+    def reserve(self, n_new: int) -> None:
+        pass
+
+    def write(self, layer: int, pos: int, k: np.ndarray, v: np.ndarray) -> None:
+        self._k, self._v = k, v
+
     def read(self, layer: int, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """Views (no copy) of the keys and values of the first t positions of one layer: [H, t, hd] each."""
-        return self.k[layer, :, :t], self.v[layer, :, :t]
+        k, v = self._k, self._v
+        m = meter.ACTIVE
+        if m is not None:
+            m.count("attention", activations=k.nbytes + v.nbytes)
+        return k, v
+
+    def advance(self, n: int) -> None:
+        self._k = self._v = None

@@ -31,6 +31,19 @@ COMMANDS = [
             "List the lessons, or run lesson NN. Every number a lesson shows is measured live."),
     Command("generate", "cli.generate", "continue a prompt, streaming the text",
             "Continue PROMPT with the model, printing tokens as they are generated."),
+    Command("generate-batch", "cli.batch", "many prompts at once, in shared batched steps",
+            "Generate for every prompt in FILE at once: one batched prefill, then one step per token for all "
+            "unfinished prompts, each weight read once per step for all of them. --compare also runs them one "
+            "at a time."),
+    Command("serve", "cli.serve", "an OpenAI-compatible HTTP server with live /metrics",
+            "Serve POST /v1/completions (OpenAI's format, streaming included), GET /v1/models, /health and "
+            "/metrics (Prometheus text: bytes and FLOPs by kind, prefill and decode seconds, KV blocks, "
+            "latency histograms) on the continuous-batching engine loop. Loopback only unless --host says "
+            "otherwise."),
+    Command("loadgen", "cli.loadgen", "open-loop load on a running server: throughput, TTFT, TBT",
+            "Send a seeded workload to a running `minillm serve` at Poisson arrival times, streaming, and report "
+            "throughput, time to first token and time between tokens (p50, p95) as the clients measured them, "
+            "and, from the server's /metrics, whether prefill or decode took its time."),
     Command("compare", "cli.compare", "naive vs KV-cached decode, step by step, with the counters",
             "Run naive and KV-cached decode on the same prompt with the same sampling; show both texts, whether "
             "the tokens are identical, per-step FLOPs and bytes against this machine's measured bandwidth, "
@@ -41,6 +54,10 @@ COMMANDS = [
     Command("hardware", "measure.hardware", "this machine's measured bandwidth and peak, presets, decode ceilings",
             "Measure (once, then cached) this machine's memory bandwidth and float32 matmul peak; show known "
             "chips; compute the decode ceiling of a model size."),
+    Command("diagnose", "cli.diagnose", "your workload: which phase dominates here and on a GPU, and what helps",
+            "Prefill a prompt of your length and run decode steps from it under the meter; show each phase's "
+            "work and roofline time here and on a chosen chip, time to first token, batched throughput against "
+            "latency, and which optimization attacks the phase that dominates."),
     Command("bench", "measure.bench", "decode speed against the matrix-vector ceiling, per context length",
             "Benchmark cached decode, naive decode and prefill at several context lengths, beside a bare NumPy "
             "matrix-vector pass over the same weights (the ceiling)."),

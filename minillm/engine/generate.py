@@ -13,7 +13,16 @@ from typing import Callable
 
 import numpy as np
 
+from ..measure import meter
+
 from .sampling import check_fits, check_sampling, sample  # noqa: F401  (minillm.generate.sample, as before)
+
+
+def naive_step(model, seq: list[int], kind: str) -> np.ndarray:
+    """forward() over the whole sequence, scoring its last position, recorded by the meter as a
+    prefill or decode step (what it stands in for). -> logits [V]."""
+    with meter.step(kind, 0, len(seq), attended=len(seq)):
+        return model.forward(seq, last_only=True)[0]
 
 
 def generate(model, ids, max_new_tokens: int, *, kv_cache: bool = True, temperature: float = 0.0,
@@ -48,8 +57,7 @@ def generate(model, ids, max_new_tokens: int, *, kv_cache: bool = True, temperat
             token = pick(model.decode_step(token, cache))      # one token, reading the cache
     else:
         seq = list(ids)
-        logits = model.forward(seq, last_only=True, kind="prefill")[0]
-        seq.append(pick(logits))
+        seq.append(pick(naive_step(model, seq, "prefill")))
         for _ in range(max_new_tokens - 1):                    # the whole sequence, every step
-            seq.append(pick(model.forward(seq, last_only=True, kind="decode")[0]))
+            seq.append(pick(naive_step(model, seq, "decode")))
     return new

@@ -32,6 +32,7 @@ from ..models import ops
 from ..errors import MiniLLMError
 from ..checkpoints.load import load
 from ..measure.meter import Meter
+from .threads import add_threads_option, blas_kernel, blas_name, blas_threads, limited
 
 
 # -- the ceiling ---------------------------------------------------------------------------------
@@ -75,21 +76,27 @@ def _is_meter_stmt(s: ast.stmt) -> bool:
     return src.startswith("m = meter.ACTIVE") or src.startswith("if m is not None")
 
 
+def _reporters() -> list[tuple[object, str]]:
+    """Every function that reports to the meter: the operations and the caches' reads and writes."""
+    from ..cache import paged
+    return ([(ops, name) for name in ("embedding", "layer_norm", "linear", "gelu", "add", "attention",
+                                      "decode_attention", "lm_head")]
+            + [(cls, name) for cls in (kvcache.KVCache, paged.PagedKVCache, paged.DecodeBatch)
+               for name in ("write", "read")]
+            + [(kvcache.PassKV, "read")])
+
+
 @contextmanager
 def counting_code_removed():
     """Run with the counting code cut out of every operation, to measure what the meter costs idle."""
-    saved_ops = {name: getattr(ops, name) for name in ("embedding", "layer_norm", "linear", "gelu", "add",
-                                                       "attention", "lm_head")}
-    saved_write = kvcache.KVCache.write
+    saved = [(owner, name, getattr(owner, name)) for owner, name in _reporters()]
     try:
-        for name, fn in saved_ops.items():
-            setattr(ops, name, _strip_meter(fn))
-        kvcache.KVCache.write = _strip_meter(saved_write)
+        for owner, name, fn in saved:
+            setattr(owner, name, _strip_meter(fn))
         yield
     finally:
-        for name, fn in saved_ops.items():
-            setattr(ops, name, fn)
-        kvcache.KVCache.write = saved_write
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
 
 
 # -- timing --------------------------------------------------------------------------------------
@@ -133,7 +140,7 @@ def run_bench(model, contexts: list[int], repeats: int = 5, decode_steps: int = 
             for _ in range(decode_steps):
                 times.append(_time(lambda: model.decode_step(1, cache)))
             samples[n]["cached"].append(statistics.median(times))
-            samples[n]["naive"].append(_time(lambda: model.forward(prompt, last_only=True, kind="decode")))
+            samples[n]["naive"].append(_time(lambda: model.forward(prompt, last_only=True)))
             if progress:
                 progress()
         io, oi = [], []
@@ -199,28 +206,42 @@ def add_arguments(parser) -> None:
     parser.add_argument("--contexts", default="16,128,512,1000",
                         help="comma-separated context lengths (default 16,128,512,1000)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds; medians are reported (default 5)")
+    parser.add_argument("--batch", default=None, metavar="B,B,...",
+                        help="instead: decode with B sequences at once, for each B (e.g. 1,2,4,8,16,32), against "
+                             "the roofline and bare passes over the weights; shows this machine's critical batch")
+    parser.add_argument("--batch-context", type=int, default=16, metavar="N",
+                        help="with --batch: prompt length of every sequence (default 16)")
+    add_threads_option(parser)
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
 
 
-def parse_contexts(text: str) -> list[int]:
+def parse_contexts(text: str, option: str = "--contexts") -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise MiniLLMError(f"--contexts {text!r}: expected comma-separated integers such as 16,128,512") from None
+        raise MiniLLMError(f"{option} {text!r}: expected comma-separated integers such as 16,128,512") from None
 
 
 def run(args) -> int:
+    contexts = parse_contexts(args.contexts)
+    if args.repeats < 1:
+        raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
+    batches = parse_contexts(args.batch, "--batch") if args.batch is not None else None
+    model = load(args.model)
+    hw = hardware.machine(progress=not args.json)
+    with limited(args.threads):
+        if batches is not None:
+            return run_batches(args, model, batches, hw)
+        return run_contexts(args, model, contexts, hw)
+
+
+def run_contexts(args, model, contexts: list[int], hw) -> int:
     from rich.markup import escape
     from rich.progress import Progress
     from rich.table import Table
 
     from ..ui.report import console, fmt_bytes
 
-    contexts = parse_contexts(args.contexts)
-    if args.repeats < 1:
-        raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
-    model = load(args.model)
-    hw = hardware.machine(progress=not args.json)
     with Progress(console=console(stderr=True), transient=True, disable=args.json) as bar:
         task = bar.add_task(f"benchmarking {escape(model.name)}", total=args.repeats * (len(contexts) + 1))
         result = run_bench(model, contexts, args.repeats, progress=lambda: bar.advance(task))
@@ -250,3 +271,51 @@ def run(args) -> int:
               f"counting code removed {result['meter_removed_ms']:.2f} ms, meter on {result['meter_on_ms']:.2f} ms")
     out.print(f"[dim]this machine: {hw.bandwidth_gbs:.1f} GB/s ({hw.method}), {hw.peak_gflops:.0f} GFLOP/s[/]")
     return 0
+
+
+def run_batches(args, model, batches: list[int], hw) -> int:
+    from rich.markup import escape
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from ..ui.report import console
+    from .batching import run_batch_bench
+
+    with Progress(console=console(stderr=True), transient=True, disable=args.json) as bar:
+        task = bar.add_task(f"batched decode, {escape(model.name)}", total=args.repeats * len(batches))
+        result = run_batch_bench(model, batches, hw, context=args.batch_context, repeats=args.repeats,
+                                 progress=lambda: bar.advance(task))
+    result["machine"] = {"bandwidth_gbs": hw.bandwidth_gbs, "method": hw.method, "peak_gflops": hw.peak_gflops}
+    result["threads"] = blas_threads()
+    result["blas"] = blas_name()
+    result["blas_kernel"] = blas_kernel()
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    out = console()
+    t = Table(title=f"{escape(model.name)}: decode with B sequences at once, prompts of {result['context']} "
+                    f"(medians of {args.repeats} interleaved rounds)", title_justify="left")
+    for col in ("B", "tok/s", "ms/step", "roofline", "FLOP/B", "GB/s", "GFLOP/s", "x @ W", "engine"):
+        t.add_column(col, justify="right")
+    for r in result["rows"]:
+        t.add_row(str(r["batch"]), f"{r['tok_s']:.0f}", f"{r['ms_step']:.1f}",
+                  f"{r['roofline_ms']:.1f} {r['bound'][:3]}", f"{r['intensity']:.1f}", f"{r['gbps']:.1f}",
+                  f"{r['gflops']:.1f}", f"{r['bare_plain_ms']:.1f}", f"{r['bare_engine_ms']:.1f}")
+    out.print(t)
+    out.print("[dim]roofline: max(bytes / bandwidth, FLOPs / peak) for the step's counted bytes and FLOPs; "
+              "x @ W and engine: ms for one bare pass of B rows over every weight, the plain product and "
+              "minillm's ops.matmul (2 rows as matrix-vector products, 3-63 padded to a multiple of 8)[/]")
+    base = next((r for r in result["rows"] if r["batch"] == 1), None)
+    if base:
+        best = max(result["rows"], key=lambda r: r["tok_s"])
+        out.print(f"B = 1: {base['ms_step']:.1f} ms a step; bare matrix-vector pass \\[in, out] "
+                  f"{result['bare_in_out_ms']:.1f} ms, \\[out, in] {result['bare_out_in_ms']:.1f} ms: the engine runs "
+                  f"at {100 * result['b1_of_bare']:.0f}% of the faster. Best: B = {best['batch']}, "
+                  f"{best['tok_s'] / base['tok_s']:.1f}× the tokens/s of B = 1.")
+    cb = result["critical_batch"]
+    out.print(f"critical batch on this machine: {'none (the KV cache grows as fast as the work)' if cb is None else f'B ≈ {cb}'}"
+              f" — ridge {result['ridge_flops_per_byte']:.1f} FLOP/byte = {hw.peak_gflops:.0f} GFLOP/s ÷ "
+              f"{hw.bandwidth_gbs:.1f} GB/s; BLAS: {result['blas']} ({result['blas_kernel']} kernels), "
+              f"{result['threads']} threads")
+    return 0
+

@@ -36,14 +36,20 @@ ACTIVE: "Meter | None" = None  # the meter operations report to; None means no c
 class StepRecord:
     """One prefill or decode step: what it moved, what it computed, how long it took."""
 
-    kind: str           # "prefill" or "decode" ("forward" for a plain forward() outside generation)
+    kind: str           # "prefill", "decode", "mixed" (a batch of both), or "forward" (no cache)
     position: int       # index of the first token this step runs through the blocks
     n_tokens: int       # how many tokens it runs through the blocks
     bytes: dict = field(default_factory=lambda: dict.fromkeys(BYTE_KINDS, 0))
     flops: dict = field(default_factory=lambda: dict.fromkeys(FLOP_KINDS, 0))
     seconds: float = 0.0
     ops: dict = field(default_factory=dict)  # op name -> {"calls", "bytes", "flops"}: where it went
-    attended: int = 0   # keys attended by the last token after this step (the t of DESIGN.md's forms)
+    attended: int = 0   # keys attended by the last token after this step (the largest, in a batch)
+    seqs: list = field(default_factory=list)  # [(position, n_tokens)] per sequence in the step
+
+    @property
+    def n_seqs(self) -> int:
+        """How many sequences the step ran (1 for prefill, decode_step and forward)."""
+        return len(self.seqs) or 1
 
     @property
     def total_bytes(self) -> int:
@@ -73,6 +79,8 @@ class StepRecord:
             "position": self.position,
             "n_tokens": self.n_tokens,
             "attended": self.attended,
+            "n_seqs": self.n_seqs,
+            "seqs": [list(s) for s in self.seqs],
             "bytes": dict(self.bytes),
             "flops": dict(self.flops),
             "seconds": self.seconds,
@@ -87,10 +95,10 @@ class StepRecord:
 _NO_STEP = nullcontext()
 
 
-def step(kind: str, position: int, n_tokens: int, attended: int):
+def step(kind: str, position: int, n_tokens: int, attended: int, seqs=None):
     """The step context of the active meter, or a do-nothing context when no meter is active."""
     m = ACTIVE
-    return _NO_STEP if m is None else m.step(kind, position, n_tokens, attended)
+    return _NO_STEP if m is None else m.step(kind, position, n_tokens, attended, seqs)
 
 
 class Meter:
@@ -120,10 +128,12 @@ class Meter:
     # -- steps: opened and closed by the model's entry points (forward, prefill, decode_step) --
 
     @contextmanager
-    def step(self, kind: str, position: int, n_tokens: int, attended: int):
+    def step(self, kind: str, position: int, n_tokens: int, attended: int, seqs=None):
         """One record around a prefill, decode step or forward. Inside a step already open (a forward
         called by the naive loop) it adds nothing; a step that raises is dropped, not recorded."""
         opened = self.begin(kind, position, n_tokens)
+        if opened and seqs:
+            self._open.seqs = list(seqs)
         try:
             yield
         except BaseException:

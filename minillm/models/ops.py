@@ -24,17 +24,61 @@ from ..measure import meter
 GELU_C = math.sqrt(2.0 / math.pi)
 
 
-def embedding(wte: np.ndarray, wpe: np.ndarray, ids: np.ndarray, pos: int) -> np.ndarray:
-    """Token + position embeddings. wte [V, d], wpe [n_ctx, d], ids [T] -> x [T, d].
+# -- the product at the heart of every layer --------------------------------------------------------
+#
+# OpenBLAS multiplies [rows, in] @ [in, out] in panels of 8 rows. Measured on GPT-2 small's weights
+# (2-core EPYC, 2 threads, Haswell kernels), one pass over all of them: 1 row runs as a
+# matrix-vector product, ~19 ms; 2 rows as one matrix-matrix product take ~42 ms, more than two
+# separate matrix-vector products (~31 ms); 3-7 rows take 40-58 ms, but 8 rows take ~39 ms: a row
+# count that is not a multiple of 8 falls to slow edge kernels. So `matmul` runs 2 rows as two
+# matrix-vector products and pads 3..63 rows with zero rows up to a multiple of 8 (a copy of at
+# most 63 rows). Past 64 rows the edge costs a few percent and padding would cost a copy of the
+# whole input, so it is not done. Weights under 1 MB stay in the CPU's caches, where packing them is
+# cheap and the plain product is the faster one (measured on a 4x128 model), so they are left alone.
+# The padding rows are an artefact of the kernel, like its own packing copies: the meter counts the
+# model's work (T rows), not them. `minillm bench --batch` measures all of this on your machine.
 
-    Reads only the rows it gathers: T rows of wte and T rows of wpe.
+ROW_PANEL = 8          # the kernel's panel: 3..PAD_BELOW-1 rows are padded up to a multiple of this
+PAD_BELOW = 64
+SHAPED_FROM = 1 << 20  # bytes of weight from which the product is shaped at all
+
+
+def padded_rows(T: int) -> int:
+    """The rows `matmul` runs the product on for T rows of input (for a weight of SHAPED_FROM bytes or more)."""
+    return -(-T // ROW_PANEL) * ROW_PANEL if 2 < T < PAD_BELOW else T
+
+
+def matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x [T, in] @ w [in, out] -> [T, out], shaped for the BLAS kernel (see above)."""
+    T = x.shape[0]
+    if w.nbytes < SHAPED_FROM:
+        return x @ w
+    if T == 2:
+        return np.matmul(x[:, None, :], w)[:, 0]        # [2, 1, in] @ [in, out]: two matrix-vector products
+    R = padded_rows(T)
+    if R != T:
+        xp = np.zeros((R, x.shape[1]), dtype=x.dtype)   # [R, in], rows T.. are zeros
+        xp[:T] = x
+        return (xp @ w)[:T]
+    return x @ w
+
+
+def embedding(wte: np.ndarray, wpe: np.ndarray, ids: np.ndarray, positions) -> np.ndarray:
+    """Token + position embeddings. wte [V, d], wpe [n_ctx, d], ids [N], positions [N] (or the first
+    position, an int, the others following it) -> x [N, d].
+
+    Reads only the rows it gathers: N rows of wte and N rows of wpe.
     """
-    T = ids.shape[0]
-    tok = wte[ids]                   # [T, d]  gather T rows
-    x = tok + wpe[pos:pos + T]       # [T, d]
+    N = ids.shape[0]
+    if np.isscalar(positions):
+        pos = wpe[positions:positions + N]   # [N, d]  a slice: one sequence's consecutive positions
+    else:
+        pos = wpe[positions]                 # [N, d]  gather: the positions of several sequences
+    x = wte[ids]                             # [N, d]  gather N rows
+    x += pos
     m = meter.ACTIVE
     if m is not None:
-        m.count("embedding", weights=2 * tok.nbytes, activations=x.nbytes, other=x.size)
+        m.count("embedding", weights=2 * x.nbytes, activations=x.nbytes, other=x.size)
     return x
 
 
@@ -58,7 +102,7 @@ def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.nd
 
 def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     """y = x @ W + b with W stored [in, out] as in the GPT-2 checkpoint. [T, in] -> [T, out]."""
-    y = x @ w        # [T, out]
+    y = matmul(x, w)     # [T, out]
     y += b
     m = meter.ACTIVE
     if m is not None:
@@ -114,7 +158,7 @@ def causal_mask(Tq: int, Tk: int, dtype: np.dtype) -> np.ndarray:
 QUERY_BLOCK = 128  # prefill queries per block: a block attends only to the keys its last query may see
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, from_cache: bool) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Causal scaled dot-product attention for all heads in one batched product.
 
     q [H, Tq, hd] are the queries of the Tq newest positions; k, v [H, Tk, hd] are the keys and
@@ -124,6 +168,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, from_cache: bool) 
     may see: the block's [rows, keys] scores include a masked triangle, but the keys no query of the
     block may see are never computed (for 512 tokens, 62% of the full T×T matrix).
     Returns [H, Tq, hd].
+
+    Reading k and v is counted by whoever handed them over: a KV cache's `read` as kv_read, the
+    pass-through of a cache-less forward as activations.
     """
     H, Tq, hd = q.shape
     Tk = k.shape[1]
@@ -141,13 +188,33 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, from_cache: bool) 
         scored += (r1 - r0) * keys
     m = meter.ACTIVE
     if m is not None:
-        kv = k.nbytes + v.nbytes
         score_bytes = H * scored * q.itemsize
         m.count("attention",
-                kv_read=kv if from_cache else 0,
-                activations=2 * q.nbytes + out.nbytes + 2 * score_bytes + (0 if from_cache else kv),
+                activations=2 * q.nbytes + out.nbytes + 2 * score_bytes,
                 attention=4 * H * scored * hd,
                 other=q.size + (6 if Tq > 1 else 5) * H * scored)
+    return out
+
+
+def decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
+                     lengths: np.ndarray) -> np.ndarray:
+    """Attention for B sequences' one new query each, in one batched product.
+
+    q [H, B, hd]; k, v [H, B, T, hd], every sequence's keys padded to T; mask [B, 1, T], 0 at each
+    sequence's own keys and -inf past them; lengths [B], its keys. Returns [H, B, hd].
+    Counted as the work of the real keys: the padding is an artefact of the batch layout.
+    """
+    H, B, hd = q.shape
+    q = q * (1.0 / math.sqrt(hd))                                  # [H, B, hd]
+    scores = q[:, :, None, :] @ k.transpose(0, 1, 3, 2)            # [H, B, 1, T]
+    scores += mask
+    softmax(scores)
+    out = (scores @ v)[:, :, 0]                                    # [H, B, hd]
+    m = meter.ACTIVE
+    if m is not None:
+        keys = int(lengths.sum())
+        m.count("attention", activations=2 * q.nbytes + out.nbytes + 2 * H * keys * q.itemsize,
+                attention=4 * H * keys * hd, other=q.size + 5 * H * keys)
     return out
 
 
@@ -157,7 +224,7 @@ def lm_head(x: np.ndarray, wte: np.ndarray) -> np.ndarray:
     Reads all of wte, whatever the number of tokens: the single biggest read of a GPT-2 small step.
     (The model stores wte^T contiguous, [d, V], so this streams like every other [in, out] layer.)
     """
-    logits = x @ wte.T   # [T, V]
+    logits = matmul(x, wte.T)   # [T, V]
     m = meter.ACTIVE
     if m is not None:
         T, (V, d) = x.shape[0], wte.shape

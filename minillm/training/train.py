@@ -19,6 +19,7 @@ import numpy as np
 
 from ..checkpoints.checkpoint import load_checkpoint, save_checkpoint  # noqa: F401  (HF layout; atomic)
 from ..config import GPT2Config
+from ..data import BundledText  # the default --data: the bundled text
 from ..errors import MiniLLMError
 from ..paths import expand_user
 from .data import DEFAULT_DATA_SPLIT, DataError, evaluate, get_batch, heldout_loss, load_tokens, split_tokens  # noqa: F401
@@ -144,7 +145,7 @@ def check_out(out) -> Path:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--data", required=True, help="UTF-8 text to train on (first 90%% of its tokens train)")
+    parser.add_argument("--data", default=BundledText(), help="UTF-8 text to train on (first 90%% of its tokens train; default: the bundled tinyshakespeare)")
     parser.add_argument("--out", default=None, help="directory for the best checkpoint (model.safetensors + config.json)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
@@ -192,7 +193,7 @@ def run(args) -> int:
 
 def add_eval_arguments(parser) -> None:
     parser.add_argument("--model", default=None, help="checkpoint directory or model name (default: the bundled model)")
-    parser.add_argument("--data", required=True, help="the text whose last 10%% of tokens is scored")
+    parser.add_argument("--data", default=BundledText(), help="the text whose last 10%% of tokens is scored (default: the bundled tinyshakespeare)")
 
 
 def run_eval(args) -> int:

@@ -1,0 +1,204 @@
+"""Lesson 8: Batching. One read of the weights, many tokens: what it buys decode, measured.
+
+Run:  python lessons/08_batching.py        (or: minillm learn 8)
+"""
+
+from __future__ import annotations
+
+try:
+    from minillm.lessons._common import (Lesson, bar_chart, fmt_bytes, fmt_time, fmt_x, roofline_plot,
+                                         run_lesson)
+except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
+    raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
+
+import statistics
+import time
+
+import numpy as np
+from rich.markup import escape
+from rich.table import Table
+
+import minillm
+from minillm.measure.batching import run_batch_bench
+from minillm.measure.hardware import get_chip
+
+TITLE = "Batching: one weight read, many tokens"
+MINUTES = 7
+WHAT_YOU_WILL_SEE = "B sequences per decode step, tokens/s against the roofline, the small-batch cliff"
+
+PROMPTS = ["ROMEO:", "JULIET:", "First Citizen:", "KING RICHARD III:", "HAMLET:", "MENENIUS:",
+           "LADY MACBETH:", "PROSPERO:"]
+
+
+def lesson(L: Lesson) -> None:
+    model = L.load_model(default="random-124m", fast="random-tiny")
+    hw = L.machine()
+    intro(L, model)
+    same_tokens(L, model)
+    sweep = measure(L, model, hw)
+    the_sweep(L, model, sweep, hw)
+    the_cliff(L, sweep)
+    the_ridge(L, model, sweep, hw)
+    L.try_it("""
+        `minillm bench --batch 1,2,4,8,16,32` is this lesson's sweep, with `--json` for scripts.
+        `minillm generate-batch prompts.txt --compare` runs your own prompts (one per line) in shared
+        steps and one at a time, and says how much faster the first was and whether the tokens agree.
+        In Python: `minillm.generate_batch(model, [ids1, ids2, ...], 50)`.
+    """)
+
+
+def intro(L: Lesson, model) -> None:
+    L.say(f"""
+        Lesson 6 showed that a decode step reads every weight to make **one** token:
+        {fmt_bytes(model.nbytes())} for `{escape(model.name)}`, about 2 FLOPs per parameter, so about
+        {2 / np.dtype(model.dtype).itemsize:.2g} FLOP per byte, far below this machine's ridge.
+
+        Every serving engine answers the same way: run **B sequences in one step**. Their B new tokens
+        are B rows of one matrix, so every weight, read once, is used B times. `model.step` takes a list
+        of (tokens, KV cache) pairs, one per sequence; only attention looks at each sequence on its own,
+        over its own cache.
+    """)
+    L.pause()
+
+
+def same_tokens(L: Lesson, model) -> None:
+    L.section("The same tokens, alone or batched")
+    enc = minillm.tokenizer()
+    prompts = [enc.encode(p) for p in PROMPTS[:L.pick(8, 4)]]
+    n = L.pick(24, 8)
+    kw = dict(temperature=0.8, top_k=40, seed=7)
+    batched = minillm.generate_batch(model, prompts, n, **kw)
+    alone = [minillm.generate(model, p, n, **kw) for p in prompts]
+    times = {"batched": [], "alone": []}
+    for _ in range(L.pick(3, 2)):                      # interleaved repeats, medians
+        t0 = time.perf_counter()
+        minillm.generate_batch(model, prompts, n, **kw)
+        times["batched"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for p in prompts:
+            minillm.generate(model, p, n, **kw)
+        times["alone"].append(time.perf_counter() - t0)
+    tb, ta = statistics.median(times["batched"]), statistics.median(times["alone"])
+    same = sum(a == b for a, b in zip(alone, batched))
+    t = Table(header_style="bold")
+    t.add_column("prompt")
+    t.add_column("batched continuation (sampled, seed 7)")
+    t.add_column("alone", justify="center")
+    for p, a, b in zip(PROMPTS, alone, batched):
+        t.add_row(escape(p), escape(enc.decode(b)[:48].replace("\n", " ")), "same" if a == b else "differs")
+    L.show(t)
+    L.claim(same == len(prompts), f"all {len(prompts)} sequences got the same tokens batched as alone "
+                                  "(each samples with its own settings and its own random stream)")
+    L.say(f"""
+        {len(prompts)} prompts × {n} tokens: batched {fmt_time(tb)}, one at a time {fmt_time(ta)}
+        (medians of {len(times['alone'])} interleaved runs): **{fmt_x(ta / tb)}**. The tokens do not change
+        because nothing a sequence samples with is shared: its logits are its own rows of each product,
+        and its random generator is its own. (In float32 a batched product sums in another order than
+        a single row's, so two logits tied to a millionth could flip; the tests prove equality in float64.)
+    """)
+    L.pause()
+
+
+def measure(L: Lesson, model, hw) -> dict:
+    batches = L.pick([1, 2, 4, 8, 16, 32], [1, 2, 4, 8])
+    with L.status(f"decode steps with B = {', '.join(map(str, batches))} sequences…"):
+        return run_batch_bench(model, batches, hw, context=16, repeats=L.pick(5, 2))
+
+
+def the_sweep(L: Lesson, model, sweep: dict, hw) -> None:
+    L.section("The sweep: B sequences per step")
+    rows = sweep["rows"]
+    base = rows[0]
+    t = Table(header_style="bold")
+    for col in ("B", "tokens/s", "ms/step", "roofline ms", "bound", "weights read", "FLOPs"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(str(r["batch"]), f"{r['tok_s']:.0f}", f"{r['ms_step']:.1f}", f"{r['roofline_ms']:.1f}",
+                  r["bound"], fmt_bytes(r["bytes"]), f"{r['flops'] / 1e9:.2f} G")
+    L.show(t, bar_chart("tokens per second", [(f"B = {r['batch']}", r["tok_s"], f"{r['tok_s']:.0f}") for r in rows]))
+    L.busy_note()
+    best = max(rows, key=lambda r: r["tok_s"])
+    L.claim(rows[-1]["bytes"] < 2 * base["bytes"],
+            f"B = {rows[-1]['batch']} moves {fmt_bytes(rows[-1]['bytes'])} a step against {fmt_bytes(base['bytes'])} "
+            f"at B = 1 (counted by the meter): the weights are read once per step, not once per sequence")
+    L.claim(best["tok_s"] > base["tok_s"],
+            f"B = {best['batch']} made {fmt_x(best['tok_s'] / base['tok_s'])} the tokens per second of B = 1, "
+            "from the same weight read")
+    L.say(f"""
+        The roofline column is max(bytes ÷ {hw.bandwidth_gbs:.1f} GB/s, FLOPs ÷ {hw.peak_gflops:.0f} GFLOP/s) for
+        each step's counted bytes and FLOPs: the fastest this machine could run that step. While a step is
+        memory-bound its time hardly grows with B: the bytes barely grow (B rows of activations and B
+        sequences' KV caches), the FLOPs grow B times but stay under the memory time.
+    """)
+    L.pause()
+
+
+def the_cliff(L: Lesson, sweep: dict) -> None:
+    L.section("The small-batch cliff, and what fixed it")
+    rows = [r for r in sweep["rows"] if r["batch"] <= 8]
+    t = Table(header_style="bold")
+    for col in ("rows B", "x @ W, plain", "minillm's ops.matmul", "B × one row"):
+        t.add_column(col, justify="right")
+    one = rows[0]["bare_plain_ms"]
+    for r in rows:
+        t.add_row(str(r["batch"]), f"{r['bare_plain_ms']:.1f} ms", f"{r['bare_engine_ms']:.1f} ms",
+                  f"{r['batch'] * one:.1f} ms")
+    L.show(t)
+    two = next((r for r in rows if r["batch"] == 2), None)
+    here = ""
+    if two is not None:
+        ratio = two["bare_plain_ms"] / one
+        here = (f"Here, 2 rows through the plain product took {fmt_x(ratio)} the time of 1 row"
+                + (": the cliff. " if ratio > 1.3 else ": this run shows no cliff at 2 rows. ")
+                + f"`ops.matmul` took {fmt_x(two['bare_engine_ms'] / one)}. ")
+    L.say(f"""
+        Each column is one bare pass of B rows over every weight of the model, nothing else, timed in this
+        run. The roofline says 2 rows should cost about what 1 row costs. {here}With OpenBLAS, 1 row runs as
+        a matrix-vector product, but 2-7 rows run as a matrix-matrix product that copies ("packs") the
+        weights into its own layout and works in panels of 8 rows, so a few rows pay for 8, and a row
+        count that is not a multiple of 8 lands on slower edge kernels. minillm's `ops.matmul` was chosen
+        by measuring those shapes: for weights of 1 MB and more, 2 rows as two matrix-vector products in
+        one call, 3-63 rows padded with zero rows to a multiple of 8. The padding rows are computed but never counted: the meter counts
+        the model's work, not the kernel's.
+    """)
+    L.pause()
+
+
+def the_ridge(L: Lesson, model, sweep: dict, hw) -> None:
+    L.section("Where decode turns compute-bound")
+    rows = sweep["rows"]
+    ridge = sweep["ridge_flops_per_byte"]
+    points = [(chr(ord("a") + i), r["intensity"], r["gflops"]) for i, r in enumerate(rows)]
+    L.show(roofline_plot(hw.bandwidth_gbs, hw.peak_gflops, points),
+           "   ".join(f"[bold magenta]{p[0]}[/] B = {r['batch']}" for p, r in zip(points, rows)))
+    cb = sweep["critical_batch"]
+    a100 = get_chip("a100-80gb")
+    grow = rows[-1]["intensity"] / rows[0]["intensity"]
+    L.claim(grow > 0.5 * rows[-1]["batch"] / rows[0]["batch"],
+            f"intensity grows with B: {rows[0]['intensity']:.2f} FLOP/byte at B = 1, {rows[-1]['intensity']:.2f} at "
+            f"B = {rows[-1]['batch']} ({fmt_x(grow)}, counted)")
+    L.say(f"""
+        Each letter is one batch size: its counted FLOPs per byte and the GFLOP/s it reached. Batching slides
+        decode to the right along the roof. This machine's ridge is {ridge:.1f} FLOP/byte
+        ({hw.peak_gflops:.0f} GFLOP/s ÷ {hw.bandwidth_gbs:.1f} GB/s); from the counted bytes and FLOPs at B = 1 and 2,
+        decode reaches it at **B ≈ {cb if cb is not None else 'never'}** with {sweep['context']}-token contexts.
+        Past that, more sequences cost more time per step: the step waits on arithmetic, like a prefill. On a GPU
+        the ridge is far higher (an A100 80 GB in fp16: {a100.peak_gflops / 1e3:.0f} TFLOP/s ÷
+        {a100.bandwidth_gbs:,.0f} GB/s = {a100.ridge:.0f} FLOP/byte), which is why servers batch dozens to hundreds
+        of sequences, and why each sequence's KV cache, which grows with its length and is read by its own
+        attention, decides how many fit. minillm's batches keep their caches in one pool of fixed-size
+        blocks (`minillm.PagedKVPool`): a sequence takes a block only when it needs one.
+    """)
+    L.takeaway("""
+        A decode step costs one read of the weights, whether it makes one token or B. Batching B sequences
+        makes B tokens for that read, until the arithmetic catches up with the memory traffic at the ridge.
+    """)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_lesson(lesson, argv, number=8, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
+                      prog="python lessons/08_batching.py")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,328 @@
+"""The paged KV cache: PagedAttention's memory layout, in NumPy.
+
+A contiguous cache reserves n_ctx positions per sequence whatever it will use. A paged cache cuts
+the memory into fixed-size blocks of `block_size` positions, one pool for all sequences, and gives a
+sequence a block only when its previous one is full: a sequence wastes at most one partly filled
+block. Each sequence keeps a block table (its blocks, in order); position p lives in block
+`table[p // block_size]` at offset `p % block_size`.
+
+    pool.k  [L, H, num_blocks, block_size, hd]   (and pool.v): one layer's pool is [H, blocks, bs, hd]
+
+Blocks are numbered; the allocator keeps a free list and a reference count per block, so a block
+can be shared by several sequences (a common prompt prefix) and returns to the free list only when
+its last user lets it go.
+
+Reading a sequence's keys for attention: when its blocks are one ascending run (b, b+1, ...), the
+[H, t, hd] keys are a view of the pool, no copy; otherwise they are gathered through the block
+table into a fresh array. That gather is a real copy, counted as such: the pool is read (kv_read),
+the copy written and then read again by attention (activations).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from ..config import GPT2Config
+from ..errors import MiniLLMError, PromptError
+from ..measure import meter
+from .contiguous import no_room
+
+
+class KVCacheFullError(MiniLLMError):
+    """The paged pool has no free block left."""
+
+
+class BlockAllocator:
+    """Block numbers 0 .. num_blocks-1: a free list and a reference count per block.
+
+    Invariants (a stateful property test checks them): every block is either free (count 0, on the
+    free list once) or used (count >= 1, not on the list); free + used = total."""
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise MiniLLMError(f"a paged KV cache needs at least one block, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.refs = [0] * num_blocks
+        self.free_list: deque[int] = deque(range(num_blocks))
+
+    @property
+    def n_free(self) -> int:
+        return len(self.free_list)
+
+    @property
+    def n_used(self) -> int:
+        return self.num_blocks - len(self.free_list)
+
+    def allocate(self) -> int:
+        """A free block, now used once. Raises KVCacheFullError when none is left."""
+        if not self.free_list:
+            raise KVCacheFullError(
+                f"the KV cache's {self.num_blocks} blocks are all in use: give it more memory "
+                "(--kv-memory) or run fewer sequences at once")
+        block = self.free_list.popleft()
+        self.refs[block] = 1
+        return block
+
+    def share(self, block: int) -> int:
+        """One more user of a used block."""
+        if self.refs[block] < 1:
+            raise ValueError(f"block {block} is free: it cannot be shared")
+        self.refs[block] += 1
+        return block
+
+    def release(self, block: int) -> bool:
+        """One user fewer; the block is free again (True) when it was the last one."""
+        if self.refs[block] < 1:
+            raise ValueError(f"block {block} is already free (released twice?)")
+        self.refs[block] -= 1
+        if self.refs[block] == 0:
+            self.free_list.append(block)
+            return True
+        return False
+
+
+class PagedKVPool:
+    """The memory: K and V blocks for every layer, shared by all sequences, and their allocator."""
+
+    def __init__(self, config: GPT2Config, num_blocks: int, block_size: int = 16, dtype=np.float32) -> None:
+        if block_size < 1:
+            raise MiniLLMError(f"block_size={block_size}: must be at least 1")
+        self.config = config
+        self.block_size = block_size
+        self.allocator = BlockAllocator(num_blocks)
+        shape = (config.n_layer, config.n_head, num_blocks, block_size, config.head_dim)
+        self.k = np.zeros(shape, dtype=dtype)   # [L, H, blocks, bs, hd]; pages are touched as blocks fill
+        self.v = np.zeros(shape, dtype=dtype)
+
+    @classmethod
+    def block_nbytes_for(cls, config: GPT2Config, block_size: int, dtype=np.float32) -> int:
+        return 2 * config.n_layer * config.n_embd * block_size * np.dtype(dtype).itemsize
+
+    @classmethod
+    def from_memory(cls, config: GPT2Config, nbytes: int, block_size: int = 16, dtype=np.float32) -> "PagedKVPool":
+        """As many blocks as fit in nbytes of K and V."""
+        per_block = cls.block_nbytes_for(config, block_size, dtype)
+        if nbytes < per_block:
+            raise MiniLLMError(
+                f"a KV memory of {nbytes:,} bytes holds no block: one block of {block_size} positions takes "
+                f"{per_block:,} bytes for this model; give at least that much")
+        return cls(config, nbytes // per_block, block_size, dtype)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.allocator.num_blocks
+
+    @property
+    def block_nbytes(self) -> int:
+        return self.block_nbytes_for(self.config, self.block_size, self.k.dtype)
+
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def sequence(self) -> "PagedKVCache":
+        """A new, empty sequence in this pool."""
+        return PagedKVCache(self)
+
+
+class PagedKVCache:
+    """One sequence's view of a pool: its block table and its length. Speaks the cache protocol."""
+
+    def __init__(self, pool: PagedKVPool, table: list[int] | None = None, length: int = 0) -> None:
+        self.pool = pool
+        self.config = pool.config
+        self.table: list[int] = table if table is not None else []
+        self.length = length
+        self._run = self._run_length(0, 0)   # how many leading blocks form one ascending run
+
+    def _run_length(self, start: int, run: int) -> int:
+        """The ascending run at the table's head, given `run` over its first `start` blocks."""
+        t = self.table
+        if run < start or not t:
+            return run
+        run = max(run, 1)
+        while run < len(t) and t[run] == t[run - 1] + 1:
+            run += 1
+        return run
+
+    @property
+    def n_ctx(self) -> int:
+        return self.config.n_ctx
+
+    @property
+    def block_size(self) -> int:
+        return self.pool.block_size
+
+    def bytes_per_token(self) -> int:
+        return self.pool.block_nbytes // self.pool.block_size
+
+    def nbytes_used(self) -> int:
+        return self.length * self.bytes_per_token()
+
+    def nbytes_reserved(self) -> int:
+        """The blocks this sequence holds (its last one may be partly empty)."""
+        return len(self.table) * self.pool.block_nbytes
+
+    def blocks_needed(self, n_new: int) -> int:
+        """How many more blocks n_new more positions take."""
+        return max(0, -(-(self.length + n_new) // self.block_size) - len(self.table))
+
+    def reserve(self, n_new: int) -> None:
+        """Room for n_new more positions: new blocks from the pool, all or none."""
+        if self.length + n_new > self.n_ctx:
+            raise no_room(self.length, n_new, self.n_ctx)
+        need = self.blocks_needed(n_new)
+        got = []
+        try:
+            for _ in range(need):
+                got.append(self.pool.allocator.allocate())
+        except KVCacheFullError:
+            for b in got:
+                self.pool.allocator.release(b)
+            raise
+        before = len(self.table)
+        self.table.extend(got)
+        self._run = self._run_length(before, self._run)
+
+    check_room = reserve
+
+    def _where(self, pos: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        p = np.arange(pos, pos + n)
+        return np.asarray(self.table, dtype=np.intp)[p // self.block_size], p % self.block_size
+
+    def write(self, layer: int, pos: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Store keys and values [H, n, hd] of positions pos .. pos+n-1 into their blocks."""
+        n = k.shape[1]
+        if n == 1:
+            b, o = self.table[pos // self.block_size], pos % self.block_size
+            self.pool.k[layer, :, b, o] = k[:, 0]
+            self.pool.v[layer, :, b, o] = v[:, 0]
+        else:
+            blocks, offsets = self._where(pos, n)
+            self.pool.k[layer][:, blocks, offsets] = k
+            self.pool.v[layer][:, blocks, offsets] = v
+        m = meter.ACTIVE
+        if m is not None:
+            m.count("kv_write", kv_write=k.nbytes + v.nbytes)
+
+    def contiguous(self, n_blocks: int) -> bool:
+        """Are the first n_blocks of the table one ascending run (b, b+1, ...)? (Kept up to date by
+        reserve and truncate: change the table only through them.)"""
+        return n_blocks <= self._run
+
+    def read(self, layer: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """Keys and values of positions 0 .. t-1, [H, t, hd] each: a view of the pool when the blocks
+        are one ascending run, else a copy gathered through the block table."""
+        bs = self.block_size
+        nb = -(-t // bs)
+        H, hd = self.config.n_head, self.config.head_dim
+        kp, vp = self.pool.k[layer], self.pool.v[layer]          # [H, blocks, bs, hd]
+        if self.contiguous(nb):
+            b0 = self.table[0]
+            k = kp[:, b0:b0 + nb].reshape(H, nb * bs, hd)[:, :t]  # a view: no copy
+            v = vp[:, b0:b0 + nb].reshape(H, nb * bs, hd)[:, :t]
+            gathered = 0
+        else:
+            idx = self.table[:nb]                                  # a gather: one copy of nb blocks (np.take
+            k = np.take(kp, idx, axis=1).reshape(H, nb * bs, hd)[:, :t]   # writes it C-ordered, so the
+            v = np.take(vp, idx, axis=1).reshape(H, nb * bs, hd)[:, :t]   # reshape is free; kp[:, idx] is not)
+            gathered = 2 * H * nb * bs * hd * kp.itemsize
+        m = meter.ACTIVE
+        if m is not None:
+            used = k.nbytes + v.nbytes
+            if gathered:   # read the blocks, write the copy, attention reads the copy
+                m.count("kv_gather", kv_read=gathered, activations=gathered + used)
+            else:
+                m.count("kv_read", kv_read=used)
+        return k, v
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+    def truncate(self, t: int) -> None:
+        """Keep positions 0 .. t-1 and give back the blocks past them."""
+        if not 0 <= t <= self.length:
+            raise ValueError(f"truncate({t}): the cache holds {self.length} positions")
+        keep = -(-t // self.block_size)
+        for b in self.table[keep:]:
+            self.pool.allocator.release(b)
+        del self.table[keep:]
+        self._run = min(self._run, keep)
+        self.length = t
+
+    def free(self) -> None:
+        """Every block back to the pool (shared ones only lose this user)."""
+        self.truncate(0)
+
+    def fork(self) -> "PagedKVCache":
+        """A second sequence with the same positions: full blocks are shared (one more reference
+        each), the partly filled last block is copied so both can write past it."""
+        bs = self.block_size
+        full = self.length // bs
+        tail = []
+        if self.length % bs:                      # first the one allocation that can fail
+            b = self.pool.allocator.allocate()
+            src = self.table[full]
+            self.pool.k[:, :, b] = self.pool.k[:, :, src]
+            self.pool.v[:, :, b] = self.pool.v[:, :, src]
+            tail.append(b)
+        table = [self.pool.allocator.share(b) for b in self.table[:full]]
+        return PagedKVCache(self.pool, table + tail, self.length)
+
+
+class DecodeBatch:
+    """B sequences of one pool taking one new token each, attended as one batch: the block tables
+    are laid out once per step as a [B, blocks] matrix, and each layer writes the B new keys with
+    one scatter and reads everything with one gather, [H, B, T, hd] (T = the longest sequence,
+    rounded up to whole blocks; shorter rows are padded with their own first block and masked).
+
+    The gather is a copy, counted as one: kv_read for the blocks the sequences really hold,
+    activations for writing the copy and for attention reading it (padding included: it is moved).
+    It pays while the sequences are short: one gather instead of B small reads. `GPT2.step` uses it
+    up to `gpt2.BATCHED_DECODE_KEYS` keys; `minillm bench --batch` shows both ways.
+    """
+
+    def __init__(self, pool: PagedKVPool, caches: list[PagedKVCache]) -> None:
+        bs = pool.block_size
+        self.pool, self.caches = pool, caches
+        B = len(caches)
+        pos = np.array([c.length for c in caches], dtype=np.intp)          # each new token's position
+        self.lengths = pos + 1
+        nb = -(-int(self.lengths.max()) // bs)
+        table = np.empty((B, nb), dtype=np.intp)
+        for i, c in enumerate(caches):
+            row = c.table[:nb]
+            table[i, :len(row)] = row
+            table[i, len(row):] = row[0]
+        self.table = table                                                 # [B, nb]
+        self.blocks = table[np.arange(B), pos // bs]                      # where each new key goes
+        self.offsets = pos % bs
+        self.T = nb * bs
+        keys = np.arange(self.T)
+        self.mask = np.where(keys[None, :] < self.lengths[:, None], 0.0, -np.inf).astype(pool.k.dtype)[:, None, :]
+        self.held = int(sum(-(-int(n) // bs) for n in self.lengths)) * bs  # positions in blocks really held
+
+    def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+        """The B new keys and values, [H, B, hd], into their blocks: one scatter each."""
+        self.pool.k[layer][:, self.blocks, self.offsets] = k
+        self.pool.v[layer][:, self.blocks, self.offsets] = v
+        m = meter.ACTIVE
+        if m is not None:
+            m.count("kv_write", kv_write=k.nbytes + v.nbytes)
+
+    def read(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every sequence's keys and values, [H, B, T, hd] each: one gather through the tables."""
+        kp, vp = self.pool.k[layer], self.pool.v[layer]                    # [H, blocks, bs, hd]
+        (H, _, _, hd), B = kp.shape, self.table.shape[0]
+        k = np.take(kp, self.table, axis=1).reshape(H, B, self.T, hd)     # [H, B, nb, bs, hd] -> [H, B, T, hd]
+        v = np.take(vp, self.table, axis=1).reshape(H, B, self.T, hd)
+        m = meter.ACTIVE
+        if m is not None:
+            item = k.itemsize
+            m.count("kv_gather", kv_read=2 * H * self.held * hd * item, activations=2 * (k.nbytes + v.nbytes))
+        return k, v
+
+    def advance(self) -> None:
+        for c in self.caches:
+            c.advance(1)

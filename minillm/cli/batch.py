@@ -1,0 +1,126 @@
+"""`minillm generate-batch`: many prompts in shared batched steps, and what that buys."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from rich.markup import escape
+from rich.panel import Panel
+from rich.text import Text
+
+from ..engine.batch import generate_batch
+from ..engine.generate import generate
+from ..engine.sampling import check_sampling
+from ..errors import MiniLLMError, PromptError
+from ..tokenizer import tokenizer
+from .common import add_model, add_sampling, err, load_model, out
+
+
+def add_arguments(p) -> None:
+    p.add_argument("file", metavar="FILE",
+                   help="prompts, one per line (blank lines skipped), or JSON lines "
+                        '{"prompt": ..., "max_new_tokens": ..., "seed": ...}; - reads standard input')
+    add_model(p)
+    p.add_argument("--max-new-tokens", type=int, default=50, help="tokens per prompt unless a line says (default 50)")
+    add_sampling(p)
+    p.add_argument("--block-size", type=int, default=16, help="positions per KV-cache block (default 16)")
+    p.add_argument("--compare", action="store_true",
+                   help="also generate each prompt alone, one after another: same tokens? how much faster?")
+    p.add_argument("--json", action="store_true", help="one JSON object per prompt instead of text panels")
+
+
+def read_prompts(path: str, default_new: int, default_seed) -> list[tuple[str, int, int | None]]:
+    """[(prompt, max_new_tokens, seed)] from a text or JSON-lines file (or '-')."""
+    if path == "-":
+        text, name = sys.stdin.read(), "standard input"
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise MiniLLMError(f"{path}: no such file (give a text file with one prompt per line)")
+        try:
+            text, name = p.read_text(encoding="utf-8"), path
+        except (OSError, UnicodeDecodeError) as e:
+            raise MiniLLMError(f"{path}: cannot be read as UTF-8 text ({e.__class__.__name__})") from None
+    rows = []
+    for no, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                obj = json.loads(line)
+                prompt = obj["prompt"]
+                n = obj.get("max_new_tokens", default_new)
+                seed = obj.get("seed", default_seed)
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+                raise MiniLLMError(f"{name}, line {no}: expected a JSON object with a \"prompt\" string") from None
+            if not isinstance(prompt, str) or not isinstance(n, int) or not (seed is None or isinstance(seed, int)):
+                raise MiniLLMError(f"{name}, line {no}: \"prompt\" must be a string, \"max_new_tokens\" and "
+                                   "\"seed\" integers")
+            rows.append((prompt, n, seed, no))
+        else:
+            rows.append((line, default_new, default_seed, no))
+    if not rows:
+        raise MiniLLMError(f"{name}: no prompts in it (one prompt per line)")
+    return rows
+
+
+def run(args) -> int:
+    check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
+    if args.block_size < 1:
+        raise MiniLLMError(f"--block-size {args.block_size}: must be at least 1")
+    rows = read_prompts(args.file, args.max_new_tokens, args.seed)
+    model = load_model(args.model)
+    enc = tokenizer()
+    ids = [enc.encode(p, allowed_special={"<|endoftext|>"}) for p, *_ in rows]
+    limits = [n for _, n, _, _ in rows]
+    seeds = [s for _, _, s, _ in rows]
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    steps = []
+    with err.status(f"{len(rows)} prompts in shared steps…") as status:
+        def on_step(seqs):
+            steps.append(len(seqs))
+            status.update(f"{len(rows)} prompts in shared steps: step {len(steps)}, {len(seqs)} sequences")
+        t0 = time.perf_counter()
+        try:
+            new = generate_batch(model, ids, limits, seed=seeds, cache="paged", block_size=args.block_size,
+                                 on_step=on_step, **sampling)
+        except PromptError as e:
+            raise PromptError(_line_of(str(e), rows)) from None
+        seconds = time.perf_counter() - t0
+    alone = alone_s = None
+    if args.compare:
+        with err.status("the same prompts one at a time…"):
+            t0 = time.perf_counter()
+            alone = [generate(model, i, n, seed=s, **sampling) for i, n, s in zip(ids, limits, seeds)]
+            alone_s = time.perf_counter() - t0
+    n_tokens = sum(len(t) for t in new)
+    if args.json:
+        for (prompt, *_), tokens in zip(rows, new):
+            print(json.dumps({"prompt": prompt, "text": enc.decode(tokens), "tokens": tokens}))
+        return 0
+    for i, ((prompt, *_), tokens) in enumerate(zip(rows, new)):
+        out.print(Panel(Text(prompt + enc.decode(tokens)), title=f"{i}", title_align="left"))
+    out.print(f"[bold]{len(rows)} prompts, {n_tokens} new tokens in {seconds:.2f} s "
+              f"({n_tokens / seconds:.1f} tokens/s)[/], {len(steps)} batched steps of up to {max(steps, default=0)} "
+              f"sequences, model {escape(model.name)}")
+    if alone is not None:
+        same = sum(a == b for a, b in zip(alone, new))
+        out.print(f"one at a time: {alone_s:.2f} s ({n_tokens / alone_s:.1f} tokens/s): batching was "
+                  f"[bold]{alone_s / seconds:.2f}×[/] faster; identical tokens for {same} of {len(rows)} prompts"
+                  + ("" if same == len(rows) else
+                     " (a batched product sums in another order: in float32 a near-tie between two tokens can flip)"))
+    return 0
+
+
+def _line_of(message: str, rows) -> str:
+    """'prompt 3: ...' from generate_batch, said with the file's line number."""
+    if message.startswith("prompt "):
+        head, _, rest = message.partition(": ")
+        try:
+            return f"line {rows[int(head.split()[1])][3]}: {rest}"
+        except (ValueError, IndexError):
+            pass
+    return message

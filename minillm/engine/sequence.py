@@ -1,0 +1,91 @@
+"""A sequence: one request's tokens, its sampling settings and its own random stream.
+
+Everything that decides a sequence's next token travels with it, so its tokens do not depend on
+what it is batched with: the same prompt, settings and seed give the same tokens alone or in any
+batch (up to the float rounding of a batched product, see `engine/batch.py`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from .sampling import check_sampling, sample
+
+EOT = 50256   # <|endoftext|> in GPT-2's vocabulary
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a sequence picks its tokens: temperature 0 is greedy; seed None draws fresh entropy."""
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        check_sampling(self.temperature, self.top_k, self.top_p, self.seed)
+
+
+class Sequence:
+    """One request on its way through the engine.
+
+    tokens = prompt + output. The KV cache (`cache`) holds the first `cache.length` of them; the
+    rest are pending: a whole prompt, the rest of a prompt after a chunk, or the one token sampled
+    last step. A sequence is finished at `max_new_tokens` tokens, or at `<|endoftext|>` if
+    `stop_at_eot` (off by default, as in `generate`).
+    """
+
+    _ids = itertools.count()
+
+    def __init__(self, prompt, max_new_tokens: int, sampling: SamplingParams = SamplingParams(), *,
+                 stop_at_eot: bool = False, arrival: float = 0.0, seq_id: int | None = None) -> None:
+        self.id = next(self._ids) if seq_id is None else seq_id
+        self.prompt = [int(t) for t in prompt]
+        self.output: list[int] = []
+        self.max_new_tokens = max_new_tokens
+        self.sampling = sampling
+        self.rng = np.random.default_rng(sampling.seed)
+        self.stop_at_eot = stop_at_eot
+        self.arrival = arrival
+        self.cache = None          # set by whoever runs the sequence: any cache of the protocol
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    def __len__(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def n_computed(self) -> int:
+        """Positions already in the KV cache."""
+        return self.cache.length if self.cache is not None else 0
+
+    @property
+    def n_pending(self) -> int:
+        return len(self) - self.n_computed
+
+    def pending(self, limit: int | None = None) -> list[int]:
+        """The next tokens to run through the model (at most `limit`)."""
+        start = self.n_computed
+        end = len(self) if limit is None else min(len(self), start + limit)
+        return self.tokens[start:end]
+
+    @property
+    def finished(self) -> bool:
+        return len(self.output) >= self.max_new_tokens or (
+            self.stop_at_eot and bool(self.output) and self.output[-1] == EOT)
+
+    def append(self, logits: np.ndarray) -> int:
+        """Sample the next token from the logits of the last position, with this sequence's own stream."""
+        s = self.sampling
+        token = sample(logits, s.temperature, s.top_k, s.top_p, self.rng)
+        self.output.append(token)
+        return token
+
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.id}, prompt {len(self.prompt)} tokens, {len(self.output)}/"
+                f"{self.max_new_tokens} new, {self.n_computed} cached)")

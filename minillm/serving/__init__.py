@@ -1,0 +1,2 @@
+"""Serving: an OpenAI-compatible HTTP server on the engine loop, its Prometheus metrics, and a
+load generator to diagnose it with."""
