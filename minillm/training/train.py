@@ -20,7 +20,7 @@ import numpy as np
 from ..checkpoints.checkpoint import load_checkpoint, save_checkpoint  # noqa: F401  (HF layout; atomic)
 from ..config import GPT2Config
 from ..data import BundledText  # the default --data: the bundled text
-from ..errors import MiniLLMError
+from ..errors import MiniLLMError, WeightsError
 from ..paths import expand_user
 from .data import DEFAULT_DATA_SPLIT, DataError, evaluate, get_batch, heldout_loss, load_tokens, split_tokens  # noqa: F401
 from .model import backward, block_backward, block_forward, forward, init_params, loss_and_grads  # noqa: F401
@@ -64,10 +64,16 @@ def train(data, out=None, layers=4, heads=4, width=128, context=256, batch=8, st
         if val < best["heldout"]:
             best.update(heldout=val, step=step, train=train_loss, tokens=seen, minutes=(time.perf_counter() - t0) / 60)
             if out is not None:
-                save_checkpoint(out, params, config, dtype=dtype, metadata={
-                    "step": str(step), "heldout_loss": f"{val:.4f}", "train_loss": f"{train_loss:.4f}",
-                    "tokens_seen": str(seen), "seed": str(seed), "data": Path(data).name})
-                msg += "  (saved)"
+                try:
+                    save_checkpoint(out, params, config, dtype=dtype, metadata={
+                        "step": str(step), "heldout_loss": f"{val:.4f}", "train_loss": f"{train_loss:.4f}",
+                        "tokens_seen": str(seen), "seed": str(seed), "data": Path(data).name})
+                    msg += "  (saved)"
+                    best["unsaved"] = None
+                except WeightsError as e:          # disk full, say: the run goes on, the next best tries again
+                    msg += "  (NOT saved)"
+                    best["unsaved"] = str(e)
+                    log(f"warning: {e}; training goes on, and the next better held-out loss is saved")
         log(msg + f"  [eval {time.perf_counter() - te:.1f}s]")
         return val
 
@@ -116,12 +122,15 @@ def train(data, out=None, layers=4, heads=4, width=128, context=256, batch=8, st
     wall = time.perf_counter() - t0
     # the train loss without dropout, measured like the held-out one, on the first len(heldout) train tokens
     train_eval = evaluate(params, config, train_tok[:len(heldout)], chunk=chunk)
+    if best.get("unsaved"):
+        raise MiniLLMError(f"the best checkpoint (step {best['step']}, held-out {best['heldout']:.4f}) could not be "
+                           f"saved: {best['unsaved']}")
     summary = {"steps": step, "tokens_seen": seen, "wall_s": wall, "final_train": ema, "train_eval": train_eval,
                "final_heldout": history[-1][3], "best": best, "config": config, "history": history}
     log(f"done: {step} steps, {seen:,} tokens in {wall / 60:.1f} min ({seen / wall:,.0f} tok/s overall); "
         f"final train {ema:.4f} (no dropout, first {len(heldout):,} train tokens: {train_eval:.4f}) "
         f"held-out {history[-1][3]:.4f}; best held-out {best['heldout']:.4f} at step "
-        f"{best['step']}" + (f", saved in {out}" if out is not None and "tokens" in best else ""))
+        f"{best['step']}" + (f", saved in {out}" if out is not None and "unsaved" in best else ""))
     return summary
 
 
