@@ -4,7 +4,9 @@ its `add_arguments` and `run` functions, and its help. User errors print one red
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import sys
 from typing import NamedTuple
 
@@ -12,7 +14,7 @@ from rich.markup import escape
 
 from .. import __version__
 from ..errors import MiniLLMError
-from .common import err
+from .common import STDOUT_CLOSED, err
 
 
 class Command(NamedTuple):
@@ -89,18 +91,40 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run one command. A user error, an interrupt, or a standard output that is closed, full or gone
+    (`> /dev/full`, `>&-`, `| head`) ends with one line on stderr and a non-zero status, never a traceback."""
+    if STDOUT_CLOSED:                           # started with stdout closed (`>&-`)
+        err.print("[bold red]error:[/] standard output is closed; redirect it to a file or /dev/null")
+        return 1
     try:
-        return args.func(args) or 0
+        args = build_parser().parse_args(argv)
+        status = args.func(args) or 0
+        sys.stdout.flush()                      # a full disk shows here, not in the interpreter's exit
+        return status
     except MiniLLMError as e:
         err.print(f"[bold red]error:[/] {escape(str(e))}")
         return 1
     except KeyboardInterrupt:
         err.print("interrupted")
         return 130
-    except BrokenPipeError:
+    except BrokenPipeError:                     # `minillm ... | head`: the reader has all it wanted
+        _discard_stdout()
         return 0
+    except OSError as e:                        # files are written through MiniLLMErrors: this is stdout
+        if e.errno not in (errno.ENOSPC, errno.EBADF, errno.EIO, errno.EDQUOT) or e.filename is not None:
+            raise
+        _discard_stdout()
+        err.print(f"[bold red]error:[/] cannot write to standard output ({e.strerror}); "
+                  "redirect it somewhere with space")
+        return 1
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush at exit has nothing left to fail on."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":
