@@ -10,11 +10,10 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 
 from .errors import MiniLLMError
-from .paths import cache_dir, package_weights_dir
+from .paths import atomic_write, cache_dir, package_weights_dir
 
 NAME = "tinyshakespeare.txt"
 SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"   # of the plain text
@@ -38,14 +37,8 @@ def bundled_text_path() -> Path:
         raise MiniLLMError(f"{source}: the bundled training text is damaged (SHA-256 differs); reinstall minillm")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=NAME + ".", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(text)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_write(target) as f:
+            f.write(text)
     except OSError as e:
         raise MiniLLMError(f"cannot write the bundled training text to {target} ({e}); set MINILLM_HOME "
                            "to a writable folder, or pass --data") from None

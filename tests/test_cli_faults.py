@@ -174,3 +174,21 @@ def test_the_stream_prints_a_last_partial_character_as_decode_does(capsys):
             stream(t)
         stream.close()
         assert capsys.readouterr().out == tokenizer().decode(tokens)
+
+
+@pytest.mark.parametrize("delay", [0.02, 0.06, 0.12, 0.2, 0.35])
+def test_ctrl_c_while_the_command_is_still_starting(home, delay):
+    """Ctrl-C in the first fraction of a second (NumPy and the commands still importing): a quiet
+    exit, never a KeyboardInterrupt traceback."""
+    import time
+    p = subprocess.Popen([sys.executable, "-m", "minillm", "traffic", "--model", "random-tiny"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(home), cwd=REPO)
+    time.sleep(delay)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    # At the earliest delays the signal can land in Python's own start-up (the site module), which no
+    # program can catch; what must never appear is a traceback through minillm's own modules.
+    ours = [line for line in err.splitlines() if line.strip().startswith("File ") and "/minillm/" in line]
+    assert not ours, err
+    if "Traceback" not in err:
+        assert p.returncode in (0, 130, -signal.SIGINT), (p.returncode, err)

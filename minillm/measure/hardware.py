@@ -22,7 +22,6 @@ import contextlib
 import json
 import math
 import os
-import tempfile
 from dataclasses import asdict, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..errors import MiniLLMError
-from ..paths import cache_dir
+from ..paths import atomic_write, cache_dir
 from .chips import (_DENSE, ALIASES, BYTES_PER_ELEMENT, DTYPE_ALIASES, PRESETS, Hardware, Roofline, _chip, _dtype_key,  # noqa: F401
                     decode_ceiling, get_chip, parse_count, roofline)
 from .probe import (BLOCK, FALLBACK_LLC_BYTES, MB, METHODS, _best_seconds, _parse_size,  # noqa: F401
@@ -161,19 +160,10 @@ def provenance(hw: Hardware) -> str:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    """Write to a temporary file beside `path`, then rename over it: readers see old or new, never half."""
+    """Readers see the old figures or the new ones, never half (paths.atomic_write)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with atomic_write(path, text=True) as f:
+        f.write(text)
 
 
 @contextlib.contextmanager
