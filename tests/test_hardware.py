@@ -197,9 +197,14 @@ def test_fast_record_is_not_reused_for_a_full_measurement(home, counted, monkeyp
     assert counted["bandwidth"] == 2
 
 
-def test_progress_spinner_goes_to_stderr(home, counted, capsys):
+def test_progress_spinner_goes_to_stderr(home, counted, capsys, monkeypatch):
+    # rich draws a spinner only on a terminal: make every console one, or a spinner on stdout would
+    # pass unseen (it did).
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.setenv("TTY_INTERACTIVE", "1")
     hardware.machine(progress=True)
-    assert capsys.readouterr().out == ""
+    got = capsys.readouterr()
+    assert got.out == "" and "Measuring" in got.err, got
 
 
 # ------------------------------------------------------------------------------------ measurements
@@ -222,8 +227,14 @@ def test_machine_in_fast_mode_end_to_end(home):
     assert hw.ridge > 0 and hw.llc_bytes > 0
 
 
-def test_buffer_is_far_larger_than_the_cache():
-    assert hardware.default_buffer_mb(32 * 2**20) >= 256
+def test_buffer_is_far_larger_than_the_cache(monkeypatch):
+    from minillm.measure import probe
+    monkeypatch.setattr(probe, "available_memory_bytes", lambda: 64 * 2**30)
+    assert hardware.default_buffer_mb(64 * 2**20) == 512          # 8 × a 64 MiB cache, past the floor
+    assert hardware.default_buffer_mb(2**20) == 256               # the 256 MB floor for a small cache
+    assert hardware.default_buffer_mb(1024 * 2**20) == 4096       # capped at 4 GB
+    monkeypatch.setattr(probe, "available_memory_bytes", lambda: 1024 * 2**20)
+    assert hardware.default_buffer_mb(64 * 2**20) == 256          # at most a quarter of free memory
     assert hardware.default_buffer_mb(32 * 2**20, fast=True) == 64
 
 
