@@ -10,8 +10,6 @@ try:
 except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
     raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
 
-import pathlib
-
 from rich.markup import escape
 from rich.table import Table
 
@@ -37,7 +35,8 @@ def token_table(enc, ids: list[int]) -> Table:
     return t
 
 
-def lesson(L: Lesson) -> None:
+def first_steps(L: Lesson):
+    """Section: the opening."""
     L.say("""
         A language model is a function from **integers to integers**. Before GPT-2 sees your text,
         a *tokenizer* cuts it into pieces from a fixed list, the **vocabulary**, and replaces each
@@ -46,8 +45,8 @@ def lesson(L: Lesson) -> None:
 
         GPT-2 uses *byte-pair encoding* (BPE): start from single bytes and repeatedly glue together
         the pair that was most frequent in the training text. Common words become one token, rare
-        words several. minillm builds GPT-2's tokenizer with `tiktoken` from the merge list bundled in
-        `weights/gpt2.tiktoken`, so nothing is downloaded:
+        words several. minillm builds GPT-2's tokenizer with `tiktoken` from the merge list it ships
+        (`gpt2.tiktoken`, beside the bundled model), so nothing is downloaded:
 
         ```python
         import minillm
@@ -69,8 +68,11 @@ def lesson(L: Lesson) -> None:
     L.claim(len(ids) < len(SENTENCE),
             f"fewer tokens than characters: {len(SENTENCE)} characters → {len(ids)} tokens "
             f"({len(SENTENCE) / len(ids):.1f} characters per token)")
-    L.pause()
+    return enc, ids
 
+
+def where_tokenization_gets_lumpy(L: Lesson, enc):
+    """Section: Where tokenization gets lumpy."""
     L.section("Where tokenization gets lumpy")
     tricky = enc.encode(TRICKY)
     L.show(f"[bold]{escape(repr(TRICKY))}[/]\n[bold]{len(TRICKY)} characters → {len(tricky)} tokens[/]", token_table(enc, tricky))
@@ -81,8 +83,10 @@ def lesson(L: Lesson) -> None:
         can cost very different amounts of work depending on how it tokenizes.
     """)
     L.claim(enc.decode(tricky) == TRICKY, "even split characters come back intact when all tokens are decoded")
-    L.pause()
 
+
+def the_vocabulary(L: Lesson, enc):
+    """Section: The vocabulary."""
     L.section("The vocabulary")
     n_vocab = enc.n_vocab
     eot = enc.eot_token
@@ -102,8 +106,11 @@ def lesson(L: Lesson) -> None:
     """)
     L.claim(n_vocab == 50257 == model.config.vocab_size,
             f"the tokenizer and the model agree: {n_vocab:,} ids")
-    L.pause()
+    return eot
 
+
+def endoftext(L: Lesson, enc, eot, ids):
+    """Section: <|endoftext|>."""
     L.section("<|endoftext|>")
     special = enc.encode("<|endoftext|>", allowed_special={"<|endoftext|>"})
     as_text = enc.encode("<|endoftext|>", disallowed_special=())
@@ -126,15 +133,24 @@ def lesson(L: Lesson) -> None:
         **generated** token is one more id, produced one at a time (decode, lessons 4 to 6).
     """)
     hello = enc.encode(" hello world")
-    here = pathlib.Path(__file__).resolve()
     L.try_it(f"""
-        Edit `SENTENCE` at the top of `{here}` (your name, a line of code, a sentence in another
-        language) and run `python {here} --no-pause`. English runs around 4 characters per token;
-        other scripts can cost one token per byte.
+        {L.copy_hint(__file__, "tokens")} Change `SENTENCE` at its top (your name, a line of code,
+        a sentence in another language). English runs around 4 characters per token; other scripts
+        can cost one token per byte.
 
         Or from Python: `python -c "import minillm; print(minillm.tokenizer().encode(' hello world'))"`
         prints `{hello}`.
     """)
+
+
+def lesson(L: Lesson) -> None:
+    enc, ids = first_steps(L)
+    L.pause()
+    where_tokenization_gets_lumpy(L, enc)
+    L.pause()
+    eot = the_vocabulary(L, enc)
+    L.pause()
+    endoftext(L, enc, eot, ids)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,7 +50,8 @@ def by_part(sizes: dict[str, int]) -> dict[str, int]:
     return parts
 
 
-def lesson(L: Lesson) -> None:
+def first_steps(L: Lesson):
+    """Section: the opening."""
     model = L.load_model()
     c = model.config
     enc = minillm.tokenizer()
@@ -82,7 +83,7 @@ def lesson(L: Lesson) -> None:
     rows.append((f"  ops.linear(h, c_attn {shape(p['attn.c_attn.weight'])})", shape(qkv), "queries, keys, values side by side"))
     q, k, v = model_module.split_heads(qkv, H)
     rows.append(("  split_heads(qkv, H) → q, k, v", shape(q), f"{H} heads of {d // H} numbers each"))
-    a = ops.attention(q, k, v, from_cache=False)
+    a = ops.attention(q, k, v)
     rows.append(("  ops.attention(q, k, v)", shape(a), "each position mixes the values of positions ≤ it"))
     merged = model_module.merge_heads(a)
     rows.append(("  merge_heads(a)", shape(merged), "heads side by side again"))
@@ -126,8 +127,11 @@ def lesson(L: Lesson) -> None:
         other operation works on each row alone. And the **last** row of the logits is the one that
         predicts the next token: row i predicts token i + 1 (training uses all of them at once).
     """)
-    L.pause()
+    return T, V, c, d, enc, ids, logits, model
 
+
+def the_next_token_distribution(L: Lesson, V, enc, logits):
+    """Section: The next-token distribution."""
     L.section("The next-token distribution")
     probs = ops.softmax(logits[-1:].astype(np.float64))[0]
     top = np.argsort(-probs)[:5]
@@ -148,8 +152,10 @@ def lesson(L: Lesson) -> None:
     if probs[top[0]] < 10.0 / V:
         L.note(f"this model's top probability is only {probs[top[0]]:.4%} (uniform would be {1 / V:.4%}): "
                "random weights know nothing. A trained model puts most of the mass on a few tokens.")
-    L.pause()
 
+
+def where_the_parameters_are(L: Lesson, T, V, c, d, ids, model):
+    """Section: Where the parameters are."""
     L.section("Where the parameters are")
     small = PRESETS["124m"]
     preset_sizes = {name: int(np.prod(s)) for name, s in expected_shapes(small).items()}
@@ -158,11 +164,11 @@ def lesson(L: Lesson) -> None:
     total_small = sum(theirs.values())
     t = Table(header_style="bold")
     t.add_column("part")
-    t.add_column(f"{escape(model.name)}", justify="right")
-    t.add_column("share", justify="right")
-    t.add_column("GPT-2 small (124m)", justify="right")
-    t.add_column("float32", justify="right")
-    t.add_column("share", justify="right")
+    t.add_column("this model", justify="right", no_wrap=True)
+    t.add_column("share", justify="right", no_wrap=True)
+    t.add_column("GPT-2 small", justify="right", no_wrap=True)
+    t.add_column("float32", justify="right", no_wrap=True)
+    t.add_column("share", justify="right", no_wrap=True)
     for part in theirs:
         t.add_row(part, f"{mine[part]:,}", f"{mine[part] / model.n_params():.1%}",
                   f"{theirs[part]:,}", fmt_bytes(4 * theirs[part]), f"{theirs[part] / total_small:.1%}")
@@ -171,8 +177,9 @@ def lesson(L: Lesson) -> None:
     L.show(bar_chart("GPT-2 small, bytes by part (float32):",
                      [(part, 4 * n, fmt_bytes(4 * n)) for part, n in theirs.items()], style="blue"))
     share = theirs["wte (token embedding = LM head)"] / total_small
-    L.claim(total_small == small.n_params() == 124_439_808,
-            f"GPT-2 small has {total_small:,} parameters (computed from the checkpoint's shapes, nothing allocated)")
+    L.claim(sum(mine.values()) == model.n_params() and total_small == small.n_params(),
+            f"the loaded model's arrays hold exactly its n_params() = {model.n_params():,} numbers, and GPT-2 "
+            f"small's checkpoint shapes add up to its config's count, {total_small:,} (nothing allocated)")
     L.claim(0.28 < share < 0.36, f"the tied token embedding wte is about a third of GPT-2 small: {share:.1%}")
     L.say("""
         The LM head has **no weights of its own**: GPT-2 multiplies by `wte` transposed
@@ -197,8 +204,16 @@ def lesson(L: Lesson) -> None:
     L.try_it(f"""
         `minillm learn 2 --model random-124m --no-pause` runs the same walk at GPT-2
         small's real width: d = 768, 12 heads of 64, MLP of 3,072, logits [T, 50257]. Or change
-        `PROMPT` in `{__file__}` and watch the top-5 change (with a trained model).
+        `PROMPT` and watch the top-5 change (with a trained model): {L.copy_hint(__file__, "forward")}
     """)
+
+
+def lesson(L: Lesson) -> None:
+    T, V, c, d, enc, ids, logits, model = first_steps(L)
+    L.pause()
+    the_next_token_distribution(L, V, enc, logits)
+    L.pause()
+    where_the_parameters_are(L, T, V, c, d, ids, model)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,7 @@ Run:  python lessons/03_prefill.py        (or: minillm learn 3)
 from __future__ import annotations
 
 try:
-    from minillm.lessons._common import Lesson, bar_chart, fmt_bytes, fmt_flops, fmt_time, plural, run_lesson
+    from minillm.lessons._common import Lesson, Timing, time_interleaved, bar_chart, fmt_bytes, fmt_flops, fmt_time, plural, run_lesson
 except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
     raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
 
@@ -44,15 +44,16 @@ def step_table(records: list[tuple[str, minillm.meter.StepRecord]]) -> Table:
         ("[bold]FLOPs per byte[/]", lambda r: f"[bold]{r.intensity:.3g}[/]"),
         ("FLOPs per token", lambda r: fmt_flops(r.total_flops / r.n_tokens)),
         ("weight bytes per token", lambda r: fmt_bytes(r.bytes["weights"] / r.n_tokens)),
-        ("wall time", lambda r: fmt_time(r.seconds)),
-        ("time per token", lambda r: fmt_time(r.seconds / r.n_tokens)),
+        ("wall time (one run)", lambda r: fmt_time(r.seconds)),
+        ("time per token (one run)", lambda r: fmt_time(r.seconds / r.n_tokens)),
     ]
     for label, fn in rows:
         t.add_row(label, *(fn(r) for _, r in records))
     return t
 
 
-def lesson(L: Lesson) -> None:
+def first_steps(L: Lesson):
+    """Section: the opening."""
     model = L.load_model()
     c = model.config
     enc = minillm.tokenizer()
@@ -92,8 +93,11 @@ def lesson(L: Lesson) -> None:
     L.claim(pre.kind == "prefill" and pre.n_tokens == len(ids), f"one prefill step processed all {len(ids)} prompt tokens")
     L.claim(pre.intensity > dec.intensity,
             f"prefill's arithmetic intensity ({pre.intensity:.3g} FLOP/byte) is above a decode step's ({dec.intensity:.3g})")
-    L.pause()
+    return c, cache, enc, ids, model, pre, prompt_kv
 
+
+def the_kv_cache_it_leaves(L: Lesson, c, cache, ids, model, pre, prompt_kv):
+    """Section: The KV cache it leaves behind."""
     L.section("The KV cache it leaves behind")
     per_token = cache.bytes_per_token()
     b = np.dtype(model.dtype).itemsize
@@ -124,8 +128,11 @@ def lesson(L: Lesson) -> None:
         copies it; the pages are only touched as positions fill. Real servers cannot afford that for
         thousands of concurrent requests: managing this memory is lesson 7's *KV-cache management*.
     """)
-    L.pause()
+    return per_token
 
+
+def longer_prompts_higher_intensity(L: Lesson, c, enc, model, per_token):
+    """Section: Longer prompts, higher intensity."""
     L.section("Longer prompts, higher intensity")
     lengths = [n for n in L.pick([1, 2, 4, 8, 16, 32, 64, 128, 256], [1, 8, 64]) if n <= c.n_ctx]
     source = np.resize(np.array(enc.encode(PROMPT)), max(lengths))  # the prompt's tokens, repeated as needed
@@ -135,12 +142,14 @@ def lesson(L: Lesson) -> None:
             with minillm.Meter() as m:
                 model.prefill(source[:n])
             records.append(m.steps[0])
+        times = time_interleaved({n: (lambda n=n: model.prefill(source[:n])) for n in lengths}, L.rounds())
     L.show(bar_chart("Arithmetic intensity of prefill (FLOPs per byte moved), by prompt length:",
                      [(plural(r.n_tokens, "token"), r.intensity, f"{r.intensity:.3g} FLOP/B") for r in records],
                      style="magenta"))
-    L.show(bar_chart("Wall time per prompt token (measured):",
-                     [(plural(r.n_tokens, "token"), r.seconds / r.n_tokens, fmt_time(r.seconds / r.n_tokens)) for r in records],
-                     style="cyan"))
+    L.show(bar_chart("Wall time per prompt token (measured: median, ± half the range of the rounds):",
+                     [(plural(n, "token"), times[n].median / n, Timing(tuple(t / n for t in times[n].seconds)).short())
+                      for n in lengths], style="cyan"))
+    L.timing_note()
     L.claim(records[-1].intensity > 2 * records[0].intensity,
             f"a {records[-1].n_tokens}-token prefill does {records[-1].intensity / records[0].intensity:.1f}× "
             f"more FLOPs per byte than a 1-token one")
@@ -171,6 +180,14 @@ def lesson(L: Lesson) -> None:
         reaches far higher intensity (d = {small.n_embd}: each weight byte feeds more arithmetic), and its KV
         cache is {small_kv // 1024} KiB per token. Lesson 7 puts these numbers on this machine's roofline.
     """)
+
+
+def lesson(L: Lesson) -> None:
+    c, cache, enc, ids, model, pre, prompt_kv = first_steps(L)
+    L.pause()
+    per_token = the_kv_cache_it_leaves(L, c, cache, ids, model, pre, prompt_kv)
+    L.pause()
+    longer_prompts_higher_intensity(L, c, enc, model, per_token)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,12 +6,10 @@ Run:  python lessons/05_kv_cache.py        (or: minillm learn 5)
 from __future__ import annotations
 
 try:
-    from minillm.lessons._common import (Lesson, bar_chart, fmt_bytes, fmt_flops, fmt_time, fmt_x, paired_chart,
+    from minillm.lessons._common import (Lesson, ratio_range, time_interleaved, bar_chart, fmt_bytes, fmt_flops, fmt_time, fmt_x, paired_chart,
                                          run_lesson, token_text)
 except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
     raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
-
-import time
 
 import numpy as np
 from rich.markup import escape
@@ -27,22 +25,18 @@ MINUTES = 8
 WHAT_YOU_WILL_SEE = "same tokens, flat per-step cost, measured speedups, 72 KiB a token, two classic bugs"
 
 PROMPT = "JULIET: O Romeo, Romeo! wherefore art thou Romeo?"
+SAMPLING = {"temperature": 0.8, "top_k": 40, "seed": 1}   # a seeded sample: greedy text loops
 
 
-def timed_generate(model, ids, n: int, kv_cache: bool, repeats: int) -> tuple[list[int], minillm.Meter, float]:
-    """Generate n tokens under a Meter; the best wall time of `repeats` runs (the least disturbed one)."""
-    best, out, meter = float("inf"), [], None
-    for _ in range(repeats):
-        with minillm.Meter() as m:
-            t0 = time.perf_counter()
-            out = minillm.generate(model, ids, n, kv_cache=kv_cache)
-            seconds = time.perf_counter() - t0
-        if seconds < best:
-            best, meter = seconds, m
-    return out, meter, best
+def metered_generate(model, ids, n: int, kv_cache: bool, **sampling) -> tuple[list[int], minillm.Meter]:
+    """Generate n tokens under a Meter: the tokens and every step's counters."""
+    with minillm.Meter() as m:
+        out = minillm.generate(model, ids, n, kv_cache=kv_cache, **sampling)
+    return out, m
 
 
-def lesson(L: Lesson) -> None:
+def first_steps(L: Lesson):
+    """Section: the opening."""
     model = L.load_model()
     c = model.config
     enc = minillm.tokenizer()
@@ -64,21 +58,23 @@ def lesson(L: Lesson) -> None:
         ```
 
         `minillm.generate(model, ids, n)` is this loop (`kv_cache=True` is the default). Same
-        prompt, {N} tokens, greedy, both ways:
+        prompt, {N} tokens, sampled with the same seed (temperature 0.8, top-k 40, seed 1), both ways:
     """)
     minillm.generate(model, ids, 2)                   # warm-up: first touches of weights and cache pages
     minillm.generate(model, ids, 2, kv_cache=False)
     with L.status(f"generating {N} tokens twice: naive, then with the KV cache…"):
-        naive, mn, tn = timed_generate(model, ids, N, kv_cache=False, repeats=1)
-        cached, mc, tc = timed_generate(model, ids, N, kv_cache=True, repeats=1)
-    L.show(Panel(escape(PROMPT) + "[bold]" + escape(enc.decode(cached)) + "[/]",
-                 title=f"{escape(model.name)}, greedy, KV-cached", title_align="left"))
+        naive, mn = metered_generate(model, ids, N, kv_cache=False, **SAMPLING)
+        cached, mc = metered_generate(model, ids, N, kv_cache=True, **SAMPLING)
+    L.sample_panel(PROMPT, enc.decode(cached), f"{escape(model.name)}, seed 1, KV-cached: the first lines")
     L.claim(naive == cached, f"naive and cached decode produced the same {N} tokens")
     decode = mc.of_kind("decode")
     L.claim(mc.steps[0].kind == "prefill" and mc.steps[0].n_tokens == P and all(r.n_tokens == 1 for r in decode),
             f"with the cache: one prefill of {P} tokens, then {len(decode)} decode steps of one token each")
-    L.pause()
+    return N, P, c, decode, enc, ids, mc, mn, model
 
+
+def per_step_cost_is_flat(L: Lesson, N, c, decode, mc, mn):
+    """Section: Per-step cost: flat instead of growing."""
     L.section("Per-step cost: flat instead of growing")
     shown = report.select(mn.steps, 10)
     L.show(paired_chart("FLOPs per step, on one scale (counted by the meter):",
@@ -93,35 +89,47 @@ def lesson(L: Lesson) -> None:
     L.claim(all(a.total_flops > b.total_flops for a, b in zip(mn.steps[1:], mc.steps[1:])),
             "after the prefill, every cached step does fewer FLOPs than the naive step at the same position")
     L.say(f"""
-        Totals for the {N} tokens: naive {fmt_flops(mn.total('total_flops'))} in {fmt_time(tn)};
-        cached {fmt_flops(mc.total('total_flops'))} in {fmt_time(tc)}. What the cache gives up in
+        Totals for the {N} tokens: naive {fmt_flops(mn.total('total_flops'))}, cached
+        {fmt_flops(mc.total('total_flops'))} (the next part times them). What the cache gives up in
         exchange is the memory to hold it, and the job of reading it: every decode step reads the
         keys and values of **all** earlier positions ({fmt_bytes(decode[-1].bytes['kv_read'])} at the
         last step here). Lesson 6 weighs that against the weights.
     """)
-    L.pause()
 
+
+def speedup_measured(L: Lesson, P, c, ids, model):
+    """Section: Speedup, measured."""
     L.section("Speedup, measured")
     big = model.n_params() > 50e6
     lengths = [n for n in L.pick([8, 16, 32] if big else [16, 64, 192], [16, 96]) if n <= c.n_ctx - P]
-    repeats = 2  # best of two: the run least disturbed by other programs
     rows = []
-    with L.status("timing naive and cached decode at several lengths…"):
+    with L.status("timing naive and cached decode at several lengths, in turns…"):
+        work = {}
         for n in lengths:
-            _, m_n, s_n = timed_generate(model, ids, n, kv_cache=False, repeats=repeats)
-            _, m_c, s_c = timed_generate(model, ids, n, kv_cache=True, repeats=repeats)
-            rows.append((n, s_n, s_c, m_n.total("total_flops") / m_c.total("total_flops")))
+            work[("naive", n)] = lambda n=n: minillm.generate(model, ids, n, kv_cache=False)
+            work[("cached", n)] = lambda n=n: minillm.generate(model, ids, n, kv_cache=True)
+        times = time_interleaved(work, L.rounds())
+        for n in lengths:
+            _, m_n = metered_generate(model, ids, n, kv_cache=False)
+            _, m_c = metered_generate(model, ids, n, kv_cache=True)
+            rows.append((n, times[("naive", n)], times[("cached", n)],
+                         m_n.total("total_flops") / m_c.total("total_flops")))
     t = Table(header_style="bold")
     for col in ("new tokens", "naive", "cached", "speedup (time)", "FLOPs saved"):
         t.add_column(col, justify="right")
     for n, s_n, s_c, fr in rows:
-        t.add_row(str(n), fmt_time(s_n), fmt_time(s_c), f"[bold]{fmt_x(s_n / s_c)}[/]", fmt_x(fr))
-    L.show(f"[bold]{escape(model.name)}, {P}-token prompt, best of {repeats} run(s) each[/]", t)
-    L.show(bar_chart("Speedup of the KV cache (measured wall time):",
-                     [(f"{n} tokens", s_n / s_c, fmt_x(s_n / s_c)) for n, s_n, s_c, _ in rows], style="green"))
+        mid, lo, hi = ratio_range(s_n, s_c)
+        t.add_row(str(n), s_n.short(), s_c.short(), f"[bold]{fmt_x(mid)}[/] ({fmt_x(lo)}–{fmt_x(hi)})", fmt_x(fr))
+    L.show(f"[bold]{escape(model.name)}, {P}-token prompt, greedy; times: median ± half the range[/]", t)
+    L.timing_note()
+    L.show(bar_chart("Speedup of the KV cache (measured wall time, median of the rounds):",
+                     [(f"{n} tokens", ratio_range(s_n, s_c)[0], fmt_x(ratio_range(s_n, s_c)[0]))
+                      for n, s_n, s_c, _ in rows], style="green"))
     L.busy_note()
     n, s_n, s_c, fr = rows[-1]
-    L.claim(s_n / s_c > 1.0, f"for {n} new tokens the cache is {fmt_x(s_n / s_c)} faster, measured on this machine")
+    mid, lo, hi = ratio_range(s_n, s_c)
+    L.claim(lo > 1.0, f"for {n} new tokens the cache was faster in every round: {fmt_x(lo)} to {fmt_x(hi)}, "
+                      f"measured on this machine")
     L.claim(all(fr > 1.0 for *_, fr in rows) and rows[-1][3] > rows[0][3],
             "it saves FLOPs at every length, and more the longer the answer")
     L.say("""
@@ -129,34 +137,44 @@ def lesson(L: Lesson) -> None:
         length, cached decode's about linearly. At short lengths the fixed costs both share (the LM
         head, per-operation overhead) hide part of the difference.
     """)
-    L.pause()
+    return rows
 
+
+def what_the_cache_costs(L: Lesson, c, decode, model):
+    """Section: What the cache costs: memory."""
     L.section("What the cache costs: memory")
     t = Table(header_style="bold")
-    for col in ("model", "L × d", "KV per token", "at 1,024 tokens", "weights (float32)", "KV ÷ weights"):
-        t.add_column(col, justify="right")
+    for col in ("model", "KV/token", "context", "KV, full", "weights", "KV/weights"):
+        t.add_column(col, justify="right", no_wrap=True)
     per = {}
     for name, cfg in PRESETS.items():
         per[name] = minillm.KVCache(cfg).bytes_per_token()   # allocates lazily: no page is touched
-        full = per[name] * 1024
-        t.add_row(f"GPT-2 {name}", f"{cfg.n_layer} × {cfg.n_embd}", f"{per[name] / 1024:g} KiB", fmt_bytes(full),
-                  fmt_bytes(4 * cfg.n_params()), f"{full / (4 * cfg.n_params()):.0%}")
+        full = per[name] * cfg.n_ctx
+        t.add_row(f"GPT-2 {name}", f"{per[name] / 1024:g} KiB", f"{cfg.n_ctx:,}",
+                  fmt_bytes(full), fmt_bytes(4 * cfg.n_params()), f"{full / (4 * cfg.n_params()):.0%}")
     mine = model.new_cache().bytes_per_token()
-    t.add_row(escape(model.name), f"{c.n_layer} × {c.n_embd}", f"{mine / 1024:g} KiB", fmt_bytes(mine * min(1024, c.n_ctx)),
-              fmt_bytes(model.nbytes()), f"{mine * min(1024, c.n_ctx) / model.nbytes():.0%}" + ("" if c.n_ctx >= 1024 else f" (at {c.n_ctx})"))
-    L.show("[bold]KV cache size, float32 (KVCache(config).bytes_per_token())[/]", t)
-    L.claim(per["124m"] == 2 * 12 * 768 * 4 == 72 * 1024,
-            f"GPT-2 small keeps 2·L·d·4 = {per['124m']:,} bytes = 72 KiB per token, "
-            f"{fmt_bytes(per['124m'] * 1024)} for a full 1,024-token context")
-    users = int(4 * PRESETS["124m"].n_params() // (per["124m"] * 1024)) + 1
+    t.add_row(escape(model.name), f"{mine / 1024:g} KiB", f"{c.n_ctx:,}",
+              fmt_bytes(mine * c.n_ctx), fmt_bytes(model.nbytes()), f"{mine * c.n_ctx / model.nbytes():.0%}")
+    L.show("[bold]KV cache size, float32 (KVCache(config).bytes_per_token()), at each model's full context[/]", t)
+    small = PRESETS["124m"]
+    written = {r.bytes["kv_write"] for r in decode}
+    L.claim(written == {mine} and mine == 2 * c.n_layer * c.n_embd * np.dtype(model.dtype).itemsize,
+            f"every decode step of this run wrote exactly one token of cache, {mine:,} bytes = 2·L·d·b "
+            f"(counted by the meter, sized by the cache)")
+    L.claim(per["124m"] == 2 * small.n_layer * small.n_embd * 4,
+            f"GPT-2 small keeps 2·L·d·4 = {per['124m']:,} bytes = {per['124m'] / 1024:g} KiB per token, "
+            f"{fmt_bytes(per['124m'] * small.n_ctx)} for a full {small.n_ctx:,}-token context")
+    users = int(4 * small.n_params() // (per["124m"] * small.n_ctx)) + 1
     L.say(f"""
         Per sequence that looks modest next to the weights. But the weights are shared by every
         request a server handles, and the cache is not: {users} users at full context on GPT-2 small
         need more memory for their caches than for the model. For big models with long contexts the
         cache, not the weights, decides how many requests fit on a GPU (lesson 7).
     """)
-    L.pause()
 
+
+def two_classic_bugs(L: Lesson, P, c, enc, ids, model, rows):
+    """Section: Two classic bugs, and how minillm avoids them."""
     L.section("Two classic bugs, and how minillm avoids them")
     logits, cache = model.prefill(ids)
     token = int(np.argmax(logits))
@@ -198,13 +216,13 @@ def lesson(L: Lesson) -> None:
         try:
             fn()
         except minillm.PromptError as e:
-            L.console.print(f"  [bold]{escape(what)}[/] → [red]PromptError:[/] {escape(str(e))}", soft_wrap=True)
+            L.console.print(f"  [bold]{escape(what)}[/] → [red]PromptError:[/] {escape(str(e))}")
             raised = True
         else:
             raised = False
         L.claim(raised, f"{what} raises PromptError instead of running past the context")
     L.takeaway(f"""
-        The KV cache turns decode into **one token's work per step**: same tokens, {fmt_x(rows[-1][1] / rows[-1][2])}
+        The KV cache turns decode into **one token's work per step**: same tokens, {fmt_x(ratio_range(rows[-1][1], rows[-1][2])[0])}
         faster for {rows[-1][0]} tokens here, paid for with 2·L·d·b bytes of memory per token. Each step
         still reads **every weight** to produce a single token. Lesson 6 measures what that costs.
     """)
@@ -213,6 +231,18 @@ def lesson(L: Lesson) -> None:
         counters of every step and the measured speedup. Expect identical text, flat cached steps,
         and a speedup that grows if you raise `--max-new-tokens`.
     """)
+
+
+def lesson(L: Lesson) -> None:
+    N, P, c, decode, enc, ids, mc, mn, model = first_steps(L)
+    L.pause()
+    per_step_cost_is_flat(L, N, c, decode, mc, mn)
+    L.pause()
+    rows = speedup_measured(L, P, c, ids, model)
+    L.pause()
+    what_the_cache_costs(L, c, decode, model)
+    L.pause()
+    two_classic_bugs(L, P, c, enc, ids, model, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,7 @@ Run:  python lessons/07_diagnose.py        (or: minillm learn 7)
 from __future__ import annotations
 
 try:
-    from minillm.lessons._common import (Lesson, bar_chart, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural, roofline_plot,
+    from minillm.lessons._common import (Lesson, fmt_ratio, ratio_range, time_interleaved, bar_chart, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural, roofline_plot,
                                          run_lesson)
 except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
     raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
@@ -19,8 +19,10 @@ from rich.markup import escape
 from rich.table import Table
 
 import minillm
+from minillm import report
 from minillm.config import PRESETS as MODELS
 from minillm.hardware import PRESETS, decode_ceiling, roofline
+from minillm.measure.batching import run_batch_bench
 
 TITLE = "Diagnose your bottleneck"
 MINUTES = 12
@@ -38,10 +40,16 @@ FP16 = 0.5  # the GPU columns assume fp16 weights and activations: half the floa
 
 
 def gpu_roof(r, chip: str):
+    """The roofline on a GPU, unfused view: every byte the meter counted, in fp16."""
     return roofline(r.total_bytes * FP16, r.total_flops, chip)
 
 
-def phases(m: minillm.Meter, hw) -> dict:
+def gpu_roof_fused(r, chip: str, model):
+    """The roofline on a GPU, fused view: weights, KV and each block's input and output, in fp16."""
+    return roofline(report.fused_bytes(r, model.config, 4) * FP16, r.total_flops, chip)
+
+
+def phases(m: minillm.Meter, hw, model) -> dict:
     """Prefill and decode totals of a run: counted work, measured time, and roofline times."""
     out = {}
     for kind in ("prefill", "decode"):
@@ -54,11 +62,13 @@ def phases(m: minillm.Meter, hw) -> dict:
             "seconds": sum(r.seconds for r in rs),
             "roof_here": sum(roofline(r.total_bytes, r.total_flops, hw).seconds for r in rs),
             "roof_gpu": sum(gpu_roof(r, GPUS[0]).seconds for r in rs),
+            "roof_gpu_fused": sum(gpu_roof_fused(r, GPUS[0], model).seconds for r in rs),
         }
     return out
 
 
-def lesson(L: Lesson) -> None:
+def first_steps(L: Lesson):
+    """Section: the opening."""
     model = L.load_model(default="random-124m", fast="random-tiny")
     c = model.config
     enc = minillm.tokenizer()
@@ -71,8 +81,11 @@ def lesson(L: Lesson) -> None:
         `{escape(model.name)}` and on this machine ({hw.bandwidth_gbs:,.1f} GB/s, {hw.peak_gflops:,.0f} GFLOP/s,
         ridge {hw.ridge:.3g} FLOP/byte), beside two GPUs whose published figures minillm carries.
     """)
+    return c, enc, hw, model, rng
 
-    # -- 1. the three kinds of step on the roofline ------------------------------------------------
+
+def three_steps_on_the_roofline(L: Lesson, c, hw, model, rng):
+    """Section: 1. Three kinds of step on the roofline."""
     L.section("1. Three kinds of step on the roofline")
     P = min(L.pick(128, 64), c.n_ctx // 2)
     ids = rng.integers(0, c.vocab_size, P)
@@ -93,22 +106,39 @@ def lesson(L: Lesson) -> None:
         *B* / bandwidth seconds and at least *F* / peak seconds, so its best time is the larger of the two.
         Which one is larger depends only on its **intensity** *F*/*B* against the machine's **ridge**
         (peak ÷ bandwidth). `minillm.hardware.roofline(bytes, flops, hw)` applies it. The GPU columns
-        assume fp16: half the float32 bytes the meter counted.
+        assume fp16: half the float32 bytes.
+
+        The bytes depend on a **view of memory**. *Unfused*, as NumPy runs and as the meter counts:
+        every operation reads its inputs from memory and writes its outputs back, so a long prefill
+        moves its activations many times over. *Fused*, as a fused GPU kernel runs: only the weights,
+        the KV cache and each block's input and output cross memory; the rest stays on chip.
+        `minillm.report.fused_bytes(record, config, 4)` computes the second from the first.
     """)
     t = Table(header_style="bold")
-    for col in ("step", "FLOPs", "bytes", "FLOP/B", "measured here"):
-        t.add_column(col, justify="left" if col == "step" else "right")
+    for col in ("step (tokens)", "FLOPs", "bytes unfused", "fused", "FLOP/B unfused", "fused", "time here"):
+        t.add_column(col, justify="left" if col.startswith("step") else "right", no_wrap=col != "step (tokens)")
     roof = Table(header_style="bold")
-    for col in ("step", "this machine", "A100 (fp16)", "H100 (fp16)"):
-        roof.add_column(col, justify="left" if col == "step" else "right")
-    rows = [(f"P  prefill, {pre.n_tokens} tokens", pre), ("D  cached decode, 1 token", dec),
-            (f"N  naive decode, {naive.n_tokens} tokens", naive)]
+    for col in ("step", "here, unfused", "A100, unfused", "A100, fused", "H100, fused"):
+        roof.add_column(col, justify="left" if col == "step" else "right", no_wrap=True)
+    rows = [(f"P prefill {pre.n_tokens}", pre), ("D decode 1", dec), (f"N naive {naive.n_tokens}", naive)]
     for label, r in rows:
-        t.add_row(label, fmt_flops(r.total_flops), fmt_bytes(r.total_bytes), f"{r.intensity:.3g}", fmt_time(r.seconds))
-        cells = [roofline(r.total_bytes, r.total_flops, hw), *(gpu_roof(r, g) for g in GPUS)]
-        roof.add_row(label[0], *(f"{x.bound}, ≥{fmt_time(x.seconds)}" for x in cells))
+        fused = report.fused_bytes(r, c, 4)
+        t.add_row(label, fmt_flops(r.total_flops), fmt_bytes(r.total_bytes), fmt_bytes(fused),
+                  f"{r.intensity:.3g}", f"{r.total_flops / fused:.3g}", fmt_time(r.seconds))
+        cells = [roofline(r.total_bytes, r.total_flops, hw), gpu_roof(r, GPUS[0]), gpu_roof_fused(r, GPUS[0], model),
+                 gpu_roof_fused(r, GPUS[1], model)]
+        roof.add_row(label[0], *(f"{x.bound} ≥{fmt_time(x.seconds)}" for x in cells))
     L.show(t)
-    L.show("[bold]The roofline's verdict for each step (memory- or compute-bound) and its best possible time[/]", roof)
+    L.show("[bold]The roofline's verdict for each step (memory- or compute-bound) and its best possible time, "
+           "in the view of memory each column names[/]", roof)
+    pre_a100 = gpu_roof_fused(pre, GPUS[0], model)
+    L.say(f"""
+        Fused, the {pre.n_tokens}-token prefill does {pre.total_flops / report.fused_bytes(pre, c, 4):.3g} FLOPs per
+        float32 byte ({pre_a100.intensity:.3g} per fp16 byte); the A100's ridge is {pre_a100.ridge:.0f}, so on
+        the A100 this prefill is **{pre_a100.bound}-bound**. In fp16 a prefill does about one FLOP per byte per
+        prompt token on the weights, so prompts longer than about the ridge in tokens make it wait on
+        arithmetic there, shorter ones still wait on memory.
+    """)
     L.show(roofline_plot(hw.bandwidth_gbs, hw.peak_gflops,
                          [("P", pre.intensity, pre.gflops), ("D", dec.intensity, dec.gflops),
                           ("N", naive.intensity, naive.gflops)]))
@@ -123,13 +153,18 @@ def lesson(L: Lesson) -> None:
             f"prefill's intensity ({pre.intensity:.3g}) is above cached decode's ({dec.intensity:.3g})")
     L.claim(dec.intensity < hw.ridge, f"cached decode ({dec.intensity:.3g} FLOP/B) is below this machine's ridge "
                                       f"({hw.ridge:.3g}): memory-bound")
-    L.claim(all(gpu_roof(dec, g).bound == "memory" for g in GPUS), "cached decode is memory-bound on the A100 and H100 too")
+    L.claim(all(gpu_roof(dec, g).bound == gpu_roof_fused(dec, g, model).bound == "memory" for g in GPUS),
+            "cached decode is memory-bound on the A100 and H100 too, in both views of memory")
+    L.claim(all(report.fused_bytes(r, c, 4) <= r.total_bytes for _, r in rows),
+            "the fused view never moves more bytes than the unfused one the meter counted")
     L.claim(naive.intensity > dec.intensity,
             f"naive decode has the higher intensity ({naive.intensity:.3g}), because it redoes the whole "
             "sequence: a high FLOPs-per-byte figure is not a goal in itself, useful work per second is")
-    L.pause()
+    return dec
 
-    # -- 2. which phase dominates a workload -----------------------------------------------------------
+
+def which_phase_dominates(L: Lesson, c, enc, hw, model, rng):
+    """Section: 2. Which phase dominates? Three workloads."""
     L.section("2. Which phase dominates? Three workloads")
     cap = c.n_ctx
     scen = [
@@ -145,16 +180,16 @@ def lesson(L: Lesson) -> None:
         with L.status(f"{label.strip()}: {p_len}-token prompt, {n_new} new tokens…"):
             with minillm.Meter() as ms:
                 minillm.generate(model, prompt, n_new)
-        results.append((label, f"{p_len} + {n_new}", phases(ms, hw)))
+        results.append((label, f"{p_len} + {n_new}", phases(ms, hw, model)))
     label_c = f"C: {len(QUESTIONS)} short requests with a shared system prompt"
     with L.status("C: short requests one after another…"):
         with minillm.Meter() as mc:
             plain_answers = [minillm.generate(model, sys_ids + q, n_answer) for q in q_ids]
     results.append((label_c, f"{len(QUESTIONS)} × ({len(sys_ids)}+~{round(statistics.mean(map(len, q_ids)))} + {n_answer})",
-                    phases(mc, hw)))
+                    phases(mc, hw, model)))
     t = Table(header_style="bold")
     for col in ("", "tokens in + out", "prefill's FLOPs", "decode's bytes", "here: prefill | decode",
-                "A100: prefill | decode"):
+                "A100, fused: prefill | decode"):
         t.add_column(col, justify="left" if not col else "right")
 
     def versus(p: float, d: float) -> str:
@@ -164,19 +199,33 @@ def lesson(L: Lesson) -> None:
         p, d = ph["prefill"], ph["decode"]
         t.add_row(label[0], sizes, f"{p['flops'] / (p['flops'] + d['flops']):.0%}",
                   f"{d['bytes'] / (p['bytes'] + d['bytes']):.0%}",
-                  versus(p["seconds"], d["seconds"]), versus(p["roof_gpu"], d["roof_gpu"]))
+                  versus(p["seconds"], d["seconds"]), versus(p["roof_gpu_fused"], d["roof_gpu_fused"]))
     L.show("\n".join(f"[bold]{escape(label)}[/]" for label, _, _ in results), t)
     L.busy_note()
     L.say("""
-        Shares are of the workload's total; *here* is the time measured on this machine, *A100* the roofline
-        time of the same counters (fp16) on an A100. The larger of each pair is in bold.
+        Shares are of the workload's total; *here* is the time measured on this machine (one run, summed over
+        its steps), *A100, fused* the roofline time of the same FLOPs on an A100 with the fused view's fp16
+        bytes. The larger of each pair is in bold.
     """)
     (_, _, a), (_, _, b_), _ = results
+
+    def dominant(ph, key):
+        return "prefill" if ph["prefill"][key] > ph["decode"][key] else "decode"
+
+    L.say(f"""
+        Workload A: prefill does {a['prefill']['flops'] / (a['prefill']['flops'] + a['decode']['flops']):.0%} of
+        the FLOPs; {dominant(a, 'seconds')} took longer here, and {dominant(a, 'roof_gpu_fused')} would take longer
+        on the A100. Workload B: decode moves {b_['decode']['bytes'] / (b_['prefill']['bytes'] + b_['decode']['bytes']):.0%}
+        of the bytes, and {dominant(b_, 'roof_gpu_fused')} would dominate on the A100.
+    """)
     L.claim(a["prefill"]["flops"] > a["decode"]["flops"],
             f"A: the long prompt makes prefill do most of the arithmetic "
             f"({a['prefill']['flops'] / (a['prefill']['flops'] + a['decode']['flops']):.0%} of the FLOPs)")
-    L.claim(b_["decode"]["bytes"] > b_["prefill"]["bytes"] and b_["decode"]["roof_gpu"] > b_["prefill"]["roof_gpu"],
-            "B: the long answer makes decode move most of the bytes, and decode dominates on the A100")
+    L.claim(b_["decode"]["bytes"] > b_["prefill"]["bytes"]
+            and b_["decode"]["roof_gpu_fused"] > b_["prefill"]["roof_gpu_fused"]
+            and b_["decode"]["roof_gpu"] > b_["prefill"]["roof_gpu"],
+            "B: the long answer makes decode move most of the bytes, and decode dominates on the A100 "
+            "in both views of memory")
     L.say("""
         The same counters can give different verdicts on different machines. A CPU has little arithmetic
         per byte of bandwidth (a low ridge), so a long prompt's prefill is slow there. A GPU has a huge
@@ -185,9 +234,11 @@ def lesson(L: Lesson) -> None:
         prefill; answers over ~500 tokens → look at decode; many short requests → look at batching.**
         Measure your own mix before optimizing.
     """)
-    L.pause()
+    return mc, n_answer, plain_answers, q_ids, results, sys_ids
 
-    # -- 3. what helps ---------------------------------------------------------------------------------
+
+def prefix_caching(L: Lesson, hw, mc, model, n_answer, plain_answers, q_ids, sys_ids):
+    """Section: 3a. Prefix caching: compute a shared prompt once."""
     L.section("3a. Prefix caching: compute a shared prompt once")
     L.say(f"""
         Workload C sends the same {len(sys_ids)}-token system prompt with every question, and each request
@@ -218,31 +269,42 @@ def lesson(L: Lesson) -> None:
     full_logits, _ = model.prefill(sys_ids + q_ids[-1])                  # the whole prompt at once
     part_logits, _ = model.prefill(q_ids[-1], base.fork())       # the question after the cached prefix
     logit_gap = float(np.abs(full_logits - part_logits).max())
-    before, after = phases(mc, hw)["prefill"], phases(mp, hw)["prefill"]
+    before, after = phases(mc, hw, model)["prefill"], phases(mp, hw, model)["prefill"]
+    with L.status("timing both ways of prefilling C's prompts, in turns…"):
+        times = time_interleaved({
+            "full": lambda: [model.prefill(sys_ids + q) for q in q_ids],
+            "prefix": lambda: [model.prefill(q, base.fork()) for q in q_ids],
+        }, L.rounds())
     t = Table(header_style="bold")
-    for col in ("", "prefill calls", "tokens", "FLOPs", "bytes", "time (measured)"):
-        t.add_column(col, justify="left" if not col else "right")
+    for col in ("", "prefill calls", "tokens", "FLOPs", "bytes", "time"):
+        t.add_column(col, justify="left" if not col else "right", no_wrap=bool(col))
     t.add_row("every request prefills everything", str(before["steps"]), f"{before['tokens']:,}",
-              fmt_flops(before["flops"]), fmt_bytes(before["bytes"]), fmt_time(before["seconds"]))
+              fmt_flops(before["flops"]), fmt_bytes(before["bytes"]), times["full"].short())
     t.add_row("prefix computed once", str(after["steps"]), f"{after['tokens']:,}", fmt_flops(after["flops"]),
-              fmt_bytes(after["bytes"]), fmt_time(after["seconds"]))
+              fmt_bytes(after["bytes"]), times["prefix"].short())
     L.show(t)
+    L.timing_note()
+    L.say(f"""
+        Timed in turns, prefilling everything took {fmt_ratio(ratio_range(times['full'], times['prefix']))} the
+        time of starting from the cached prefix (the prefix's own prefill, done once, is not in the second
+        figure). Time follows FLOPs only partly: every prefill call reads all the weights once, whatever
+        its length, so short prefills gain less than their FLOPs suggest. The saving grows with the length
+        of the shared prefix.
+    """)
     L.claim(after["flops"] < before["flops"],
             f"prefix caching cut the prefill FLOPs of workload C by {1 - after['flops'] / before['flops']:.0%}")
     L.claim(logit_gap < 1e-3, f"and gives the same logits as prefilling the whole prompt (largest difference {logit_gap:.1e})")
-    if after["seconds"] >= before["seconds"]:
-        L.note(f"the measured prefill time did not follow the FLOPs on this run. Every prefill call reads all the "
-               f"weights once ({after['steps']} calls moved {fmt_bytes(after['bytes'])}, {before['steps']} calls "
-               f"{fmt_bytes(before['bytes'])}), so short prefills gain less than their FLOPs suggest; and one run "
-               "of each is a noisy measurement. The saving grows with the length of the shared prefix.")
-        L.busy_note()
+    L.busy_note()
     same = sum(a == b for a, b in zip(plain_answers, cached_answers))
     L.say(f"""
         Same answers: {same} of {len(q_ids)} requests generated identical tokens both ways. Prefix caching attacks
         **prefill**; it does nothing for the decode steps that follow.
     """)
-    L.pause()
+    return caches
 
+
+def kv_cache_management(L: Lesson, c, caches, sys_ids):
+    """Section: 3b. KV-cache management: memory reserved vs used."""
     L.section("3b. KV-cache management: memory reserved vs used")
     per_tok = caches[0].bytes_per_token()
     lengths = [cache.length for cache in caches]
@@ -274,50 +336,66 @@ def lesson(L: Lesson) -> None:
         requests in the same memory, and pages of a shared prefix can be stored once. More requests in
         memory at once is what makes the next optimization possible.
     """)
-    L.pause()
 
+
+def batching(L: Lesson, dec, hw, model):
+    """Section: 3c. Batching: share each read of the weights."""
     L.section("3c. Batching: share each read of the weights")
     W = dec.bytes["weights"]
-    own = dec.total_bytes - W
-    F = dec.total_flops
+    measured = L.pick([1, 4, 16], [1, 4])
+    with L.status(f"decode steps with B = {', '.join(map(str, measured))} sequences at once…"):
+        sweep = run_batch_bench(model, measured, hw, context=16, repeats=L.pick(3, 2))
+    rows = sweep["rows"]
+    one, top = rows[0], rows[-1]
+    per_seq = (top["bytes"] - one["bytes"]) / (top["batch"] - 1)       # each extra sequence's own bytes
+    per_flops = (top["flops"] - one["flops"]) / (top["batch"] - 1)
+    shared = one["bytes"] - per_seq                                      # read once per step: the weights
     L.say(f"""
-        A cached decode step reads {fmt_bytes(W)} of weights and {fmt_bytes(own)} of its own (KV cache,
-        activations) to do {fmt_flops(F)}. If **B** sequences decode together, the weights are read once
-        for all of them: B × {fmt_flops(F)} of work for {fmt_bytes(W)} + B × {fmt_bytes(own)} of traffic.
-        minillm decodes one sequence at a time, so this table is the roofline arithmetic on its counters,
-        not a measurement.
+        `minillm.generate_batch` and `model.step` decode **B** sequences in one step: their B tokens are B
+        rows of every product, so the weights are read once for all of them. The rows below are measured
+        with the engine (lesson 8 has the whole sweep); the larger B are projected from the counts the meter
+        made at B = {one['batch']} and {top['batch']}: {fmt_bytes(shared)} read once per step, {fmt_bytes(per_seq)} and
+        {fmt_flops(per_flops)} more for each sequence.
     """)
     t = Table(header_style="bold")
-    for col in ("batch B", "FLOP/B", "this machine", "tokens/s here (roof)", "A100 (fp16)", "tokens/s A100 (roof)"):
+    for col in ("batch B", "FLOP/B", "tokens/s here", "bound here", "A100 (fp16)", "tokens/s A100 (roof)"):
         t.add_column(col, justify="right")
-    crossing = None
-    inten = []
-    for B in (1, 4, 16, 64, 256, 1024):
-        here = roofline(W + B * own, B * F, hw)
-        gpu = roofline((W + B * own) * FP16, B * F, GPUS[0])
+    crossing, inten = None, []
+    for B in measured + [64, 256, 1024]:
+        row = next((r for r in rows if r["batch"] == B), None)
+        nbytes, flops = (row["bytes"], row["flops"]) if row else (shared + B * per_seq, B * per_flops)
+        here = roofline(nbytes, flops, hw)
+        gpu = roofline(nbytes * FP16, flops, GPUS[0])
         inten.append(here.intensity)
         if crossing is None and gpu.bound == "compute":
             crossing = B
-        t.add_row(str(B), f"{here.intensity:.3g}", here.bound, f"{B / here.seconds:,.0f}", gpu.bound,
-                  f"{B / gpu.seconds:,.0f}")
+        speed = f"{row['tok_s']:,.0f} measured" if row else f"{B / here.seconds:,.0f} roof"
+        t.add_row(str(B), f"{here.intensity:.3g}", speed, here.bound, gpu.bound, f"{B / gpu.seconds:,.0f}")
     L.show(t)
-    L.claim(all(y > x for x, y in zip(inten, inten[1:])), "the more sequences share a weight read, the higher the intensity")
-    cap_gpu = F / (own * FP16)
+    L.busy_note()
+    L.claim(all(y > x for x, y in zip(inten, inten[1:])),
+            "the more sequences share a weight read, the higher the intensity (counted at the measured B)")
+    L.claim(top["tok_s"] > one["tok_s"], f"B = {top['batch']} made {fmt_x(top['tok_s'] / one['tok_s'])} the tokens "
+                                         f"per second of B = 1 on this machine, measured")
+    cap_gpu = per_flops / (per_seq * FP16)
     if crossing:
         verdict = f"On the A100 decode turns compute-bound at around B = {crossing}."
     else:
         verdict = (f"On the A100 it stays memory-bound even at B = 1,024: each sequence brings its own KV-cache reads "
-                   f"and activations, so the intensity can never pass F ÷ own bytes = {cap_gpu:.3g} FLOP/byte in fp16, "
-                   "below the A100's ridge. That is why newer models shrink the KV cache (multi-query and "
-                   "grouped-query attention share keys and values between heads).")
+                   f"and activations, so the intensity can never pass its FLOPs ÷ its own bytes = {cap_gpu:.3g} "
+                   "FLOP/byte in fp16, below the A100's ridge. That is why newer models shrink the KV cache "
+                   "(multi-query and grouped-query attention share keys and values between heads).")
     L.say(f"""
         Batching turns the weight read from a per-token cost into a per-step cost: tokens per second grow
         almost in proportion to B as long as the weights dominate the traffic. {verdict}
         Servers batch continuously (*continuous batching*): a finished sequence leaves the batch and a
         waiting one joins at the next step, which is also the answer to "many short requests".
     """)
-    L.pause()
+    return W
 
+
+def quantization(L: Lesson, hw, model):
+    """Section: 3d. Quantization: fewer bytes per weight."""
     L.section("3d. Quantization: fewer bytes per weight")
     t = Table(header_style="bold")
     t.add_column("weights in")
@@ -332,17 +410,31 @@ def lesson(L: Lesson) -> None:
         t.add_row(dt, fmt_bytes(here["bytes_per_token"]), f"{here['tokens_per_s']:,.0f} tok/s", f"{gpu['tokens_per_s']:,.0f} tok/s")
     L.show(f"[bold]{escape(model.name)}, {model.n_params():,} parameters, batch 1: minillm.hardware.decode_ceiling[/]", t)
     L.show(bar_chart("Decode ceiling on this machine:", [(dt, v, f"{v:,.0f} tok/s") for dt, v in ceil.items()], style="green"))
-    L.claim(abs(ceil["int4"] / ceil["fp32"] - 8) < 1e-9, "4-bit weights raise the decode ceiling 8× over float32: 8× fewer bytes")
+    # The ceiling's premise, checked on the engine: a step's weight bytes scale with the bytes per weight.
+    tiny = {np.dtype(dt).itemsize: minillm.load("random-tiny", dtype=dt, quiet=True) for dt in (np.float32, np.float64)}
+    read = {}
+    for size, m in tiny.items():
+        with minillm.Meter() as mm:
+            minillm.generate(m, [1, 2, 3], 2)
+        read[size] = mm.of_kind("decode")[0].bytes["weights"]
+    L.claim(read[8] == 2 * read[4] and read[4] > 0,
+            f"the engine's decode step reads weight bytes in proportion to the bytes per weight (random-tiny: "
+            f"{fmt_bytes(read[8])} in float64, {fmt_bytes(read[4])} in float32), so 4-bit weights, 8× fewer "
+            f"bytes than float32, raise the ceiling {ceil['int4'] / ceil['fp32']:.0f}×")
     L.say("""
         Quantization helps **decode** directly, because decode's time is bytes ÷ bandwidth. It helps
         prefill only if the chip also computes faster in the smaller type (GPU tensor cores do).
     """)
-    L.pause()
 
+
+def the_diagnosis(L: Lesson, W, dec, hw, results):
+    """Section: The diagnosis."""
     L.section("The diagnosis")
     (_, _, a), (_, _, b_), (_, _, cc) = results
     L.say(f"""
-        - **Long prompts** → *prefill*, which waits on arithmetic. In this run, A's prefill did
+        - **Long prompts** → *prefill*, which waits on arithmetic once the prompt is long enough: in fp16
+          with fused kernels, past about the chip's ridge in tokens ({PRESETS['a100-80gb'].ridge:.0f} on an A100),
+          sooner on this CPU (ridge {hw.ridge:.2g}). In this run, A's prefill did
           {a['prefill']['flops'] / (a['prefill']['flops'] + a['decode']['flops']):.0%} of the FLOPs.
           What helps: more FLOP/s, prefix caching when prompts repeat, lower-precision math.
         - **Long answers** → *decode*, which waits on memory. B's decode moved
@@ -362,8 +454,28 @@ def lesson(L: Lesson) -> None:
         Run this lesson on a bigger model: `minillm learn 7 --model random-355m --no-pause`
         (decode reads {fmt_x(MODELS["355m"].n_params() / MODELS["124m"].n_params())} GPT-2 small's bytes per token;
         see which verdicts shift). Or ask about a chip and a model you care
-        about: `minillm hardware --chip h100-sxm --params 70B --dtype fp16` prints its decode ceiling.
+        about: `minillm hardware --chip h100 --params 70B --dtype fp16` prints its decode ceiling.
+        For your own mix of prompt and answer lengths, `minillm diagnose --prompt-tokens 800
+        --answer-tokens 200 --chip h100` runs it under the meter and says which phase dominates,
+        the time to first token, batched throughput against latency, and what helps.
     """)
+
+
+def lesson(L: Lesson) -> None:
+    c, enc, hw, model, rng = first_steps(L)
+    dec = three_steps_on_the_roofline(L, c, hw, model, rng)
+    L.pause()
+    mc, n_answer, plain_answers, q_ids, results, sys_ids = which_phase_dominates(L, c, enc, hw, model, rng)
+    L.pause()
+    caches = prefix_caching(L, hw, mc, model, n_answer, plain_answers, q_ids, sys_ids)
+    L.pause()
+    kv_cache_management(L, c, caches, sys_ids)
+    L.pause()
+    W = batching(L, dec, hw, model)
+    L.pause()
+    quantization(L, hw, model)
+    L.pause()
+    the_diagnosis(L, W, dec, hw, results)
 
 
 def main(argv: list[str] | None = None) -> int:

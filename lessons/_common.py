@@ -20,9 +20,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import statistics
 import sys
 import textwrap
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from rich.console import Console, Group
@@ -34,6 +37,7 @@ from rich.text import Text
 import minillm
 from minillm import hardware
 from minillm.errors import MiniLLMError
+from minillm.measure.threads import add_threads_option, blas_threads, limited
 from minillm.report import fmt_bytes, fmt_flops, fmt_time  # noqa: F401  (re-exported to the lessons)
 
 FAST_ENV = "MINILLM_FAST"
@@ -62,6 +66,75 @@ def token_text(enc, token: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
+# Timings: repeated, interleaved, shown with their spread
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Wall times of one piece of work over several rounds: the median, and the range it moved in."""
+
+    seconds: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def lo(self) -> float:
+        return min(self.seconds)
+
+    @property
+    def hi(self) -> float:
+        return max(self.seconds)
+
+    @property
+    def n(self) -> int:
+        return len(self.seconds)
+
+    def text(self) -> str:
+        """'148 µs (median of 5, 140 µs–160 µs)'; a single sample says so."""
+        if self.n == 1:
+            return f"{fmt_time(self.median)} (one run)"
+        return f"{fmt_time(self.median)} (median of {self.n}, {fmt_time(self.lo)}–{fmt_time(self.hi)})"
+
+    def short(self) -> str:
+        """'148 µs ±8%': the median and half the range, relative."""
+        if self.n == 1 or self.median <= 0:
+            return fmt_time(self.median)
+        return f"{fmt_time(self.median)} ±{50 * (self.hi - self.lo) / self.median:.0f}%"
+
+
+def ratio_range(a: Timing, b: Timing) -> tuple[float, float, float]:
+    """a ÷ b: the ratio of the medians, and the smallest and largest ratio of the same rounds' times."""
+    per_round = [x / y for x, y in zip(a.seconds, b.seconds) if y > 0]
+    return a.median / b.median, min(per_round), max(per_round)
+
+
+def time_interleaved(work: dict[str, Callable[[], object]], rounds: int, warmup: bool = True) -> dict[str, Timing]:
+    """Time each piece of work once per round, in turn, for `rounds` rounds (after one untimed warm-up each).
+
+    Interleaving puts every piece of work under the same passing load: a busy moment of the machine
+    slows one round of each, not every sample of one of them."""
+    if warmup:
+        for fn in work.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in work}
+    for _ in range(max(1, rounds)):
+        for name, fn in work.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: Timing(tuple(ts)) for name, ts in times.items()}
+
+
+def fmt_ratio(r: tuple[float, float, float]) -> str:
+    """(median ratio, lo, hi) → '3.1× (2.8×–3.4× over the rounds)'."""
+    mid, lo, hi = r
+    return f"{fmt_x(mid)} ({fmt_x(lo)}–{fmt_x(hi)} over the rounds)"
+
+
+# ---------------------------------------------------------------------------------------------------
 # Terminal charts
 # ---------------------------------------------------------------------------------------------------
 
@@ -78,11 +151,18 @@ def bar(value: float, vmax: float, width: int = 36) -> str:
     return s or "▏"
 
 
+def fit_bar(width: int, label: int, text: int, columns: int = 80) -> int:
+    """The bar width that keeps a chart's row (label, bar, value, padding) within `columns`."""
+    return max(8, min(width, columns - label - text - 6))
+
+
 def bar_chart(title: str, rows: Iterable[tuple[str, float, str]], *, style: str = "cyan",
               width: int = 36, vmax: float | None = None) -> Group:
     """One bar per row: (label, value, value as text). All bars share one scale (the largest value)."""
     rows = list(rows)
     top = vmax if vmax is not None else max((v for _, v, _ in rows), default=0.0)
+    width = fit_bar(width, max((len(label) for label, _, _ in rows), default=0),
+                    max((len(text) for _, _, text in rows), default=0))
     t = Table(box=None, show_header=False, padding=(0, 1))
     t.add_column(justify="right", no_wrap=True)
     t.add_column(no_wrap=True, style=style)
@@ -97,6 +177,8 @@ def paired_chart(title: str, rows: Iterable[tuple[str, float, float, str, str]],
     """Two bars per row on one shared scale: (label, a, b, a as text, b as text)."""
     rows = list(rows)
     top = max((max(a, b) for _, a, b, _, _ in rows), default=0.0)
+    width = fit_bar(width, max((len(r[0]) for r in rows), default=0) + max(len(n) for n in names) + 1,
+                    max((max(len(r[3]), len(r[4])) for r in rows), default=0))
     t = Table(box=None, show_header=False, padding=(0, 1))
     t.add_column(justify="right", no_wrap=True)
     t.add_column(no_wrap=True)
@@ -238,7 +320,7 @@ class Lesson:
 
     def note(self, text: str) -> None:
         self._gap()
-        self.console.print(f"[yellow]note:[/] {text}", soft_wrap=True)
+        self.console.print(f"[yellow]note:[/] {text}")
         self.console.print()
 
     def pause(self) -> None:
@@ -266,10 +348,27 @@ class Lesson:
         """A spinner while something slow runs (nothing is printed when output is not a terminal)."""
         return self.console.status(message)
 
+    def sample_panel(self, prompt: str, text: str, title: str, lines: int = 4) -> None:
+        """A generated sample in a panel, cut to its first few lines so the story stays on screen."""
+        from rich.markup import escape
+
+        shown = text.strip("\n").split("\n")
+        cut = len(shown) > lines or len(text) > 80 * lines
+        body = "\n".join(shown[:lines])[: 80 * lines]
+        self.show(Panel(escape(prompt) + "[bold]" + escape(body) + "[/]" + (" [dim](cut here)[/]" if cut else ""),
+                        title=title, title_align="left"))
+
     def try_it(self, markdown: str) -> None:
         self._gap()
         self.console.print(Panel(Markdown(textwrap.dedent(markdown).strip()), border_style="magenta",
                                  title="Try it yourself", title_align="left", padding=(0, 1)))
+
+    def copy_hint(self, lesson_file: str, slug: str) -> str:
+        """How to run an edited copy of this lesson: a copy runs anywhere, the installed file stays as it is."""
+        here = Path(lesson_file).resolve()
+        mine = f"my_{self.number:02d}_{slug}.py"
+        return (f"Copy this lesson out of the package and run your copy: `cp {here} {mine}`, then "
+                f"`python {mine} --no-pause`.")
 
     # -- checked claims -----------------------------------------------------------------------
 
@@ -278,10 +377,29 @@ class Lesson:
         if not ok:
             raise ClaimFailed(text)
         self.claims.append(text)
-        self.console.print(f"[green]✓ checked:[/] {text}", soft_wrap=True)
+        self.console.print(f"[green]✓ checked:[/] {text}")
         self._after_claim = True
 
     # -- what lessons need from minillm -------------------------------------------------------
+
+    def rounds(self) -> int:
+        """How many interleaved rounds a timing gets: 5 in full mode, 2 in fast mode."""
+        return self.pick(5, 2)
+
+    def conditions(self) -> str:
+        """The conditions the times were measured under: BLAS threads and the load average."""
+        threads = blas_threads()
+        load = hardware.load_average()
+        parts = [f"{threads} BLAS thread{'s' if threads != 1 else ''}" if threads else "BLAS threads unknown"]
+        if load is not None:
+            parts.append(f"load average {load:.2f} on {plural(hardware.cpu_threads(), 'hardware thread')}")
+        return ", ".join(parts)
+
+    def timing_note(self) -> None:
+        """A dim line under a timing: how it was measured, and under what conditions."""
+        self.console.print(f"[dim]times: median and range of {self.rounds()} interleaved rounds; "
+                           f"{self.conditions()}[/]")
+        self.console.print()
 
     def pick(self, full, fast):
         """The full-experience value, or the fast one under --fast / MINILLM_FAST=1."""
@@ -306,6 +424,7 @@ class Lesson:
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
+    add_threads_option(parser)
     parser.add_argument("--no-pause", action="store_true", help="never wait for Enter between parts")
     parser.add_argument("--fast", action="store_true",
                         help="smaller models and fewer steps (also: environment MINILLM_FAST=1)")
@@ -334,8 +453,8 @@ def _fast_env(on: bool) -> Iterator[None]:
 
 
 def make_console() -> Console:
-    # Piped or captured output (tests, `| less`) gets 100 columns instead of rich's default 80.
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 100)
+    # Piped or captured output (tests, `| less`) gets 100 columns instead of rich's default 80, or $COLUMNS.
+    return Console(highlight=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 100)
 
 
 def run_lesson(body: Callable[[Lesson], None], argv: list[str] | None, *, number: int, title: str,
@@ -347,17 +466,18 @@ def run_lesson(body: Callable[[Lesson], None], argv: list[str] | None, *, number
     console = make_console()
     fast = bool(args.fast) or fast_from_env()
     L = Lesson(number, title, fast=fast, no_pause=args.no_pause, model_name=args.model, console=console)
-    console.print(Panel(f"[bold]Lesson {number}: {title}[/]\n[dim]about {minutes} minutes · {what}[/]"
-                        + ("\n[yellow]fast mode: smaller models and fewer steps[/]" if fast else ""),
-                        border_style="blue", padding=(0, 1)))
     try:
-        with _fast_env(fast):
+        with limited(args.threads), _fast_env(fast):
+            console.print(Panel(f"[bold]Lesson {number}: {title}[/]\n[dim]about {minutes} minutes · {what}[/]"
+                                f"\n[dim]{L.conditions()}[/]"
+                                + ("\n[yellow]fast mode: smaller models and fewer steps[/]" if fast else ""),
+                                border_style="blue", padding=(0, 1)))
             body(L)
     except ClaimFailed as e:
-        console.print(f"[bold red]✗ a claim of this lesson did not hold on this run:[/] {e}", soft_wrap=True)
+        console.print(f"[bold red]✗ a claim of this lesson did not hold on this run:[/] {e}")
         return 1
     except MiniLLMError as e:
-        console.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+        console.print(f"[bold red]error:[/] {e}")
         return 1
     except KeyboardInterrupt:
         console.print("\n[dim]stopped.[/]")

@@ -9,21 +9,41 @@
     print(enc.decode(new), m.steps[1].intensity)
 """
 
-from .config import GPT2Config
-from .errors import MiniLLMError, PromptError, WeightsError
-from .engine.batch import generate_batch
-from .engine.generate import generate
-from .engine.sampling import sample
-from .cache.contiguous import KVCache
-from .cache.paged import PagedKVCache, PagedKVPool
-from .checkpoints.load import load
-from .measure.meter import Meter
-from .models.gpt2 import GPT2
-from .tokenizer import tokenizer
+import os as _os
+import sys as _sys
+
+
+def _starting_the_command() -> bool:
+    """Is this import the `minillm` command starting (its console script, or `python -m minillm`)?"""
+    first = _os.path.basename(_sys.argv[0]) if _sys.argv else ""
+    return first in ("minillm", "-m") or _sys.argv[0].endswith(_os.path.join("minillm", "__main__.py"))
+
+
+try:
+    from .config import GPT2Config
+    from .errors import MiniLLMError, PromptError, WeightsError
+    from .engine.batch import generate_batch
+    from .engine.generate import generate
+    from .engine.sampling import sample
+    from .cache.contiguous import KVCache
+    from .cache.paged import PagedKVCache, PagedKVPool
+    from .checkpoints.load import load
+    from .measure.meter import Meter
+    from .models.gpt2 import GPT2
+    from .tokenizer import tokenizer
+except KeyboardInterrupt:          # Ctrl-C while the command is still importing NumPy: exit quietly
+    if _starting_the_command():
+        raise SystemExit(130) from None
+    raise
 
 __all__ = ["GPT2", "GPT2Config", "KVCache", "Meter", "MiniLLMError", "PagedKVCache", "PagedKVPool", "PromptError",
            "WeightsError", "generate", "generate_batch", "load", "sample", "tokenizer"]
 __version__ = "0.1.0"
 
 # Modules keep their old flat names (minillm.model, minillm.meter, ...): see _compat.
-from . import _compat  # noqa: E402,F401
+try:
+    from . import _compat  # noqa: E402,F401
+except KeyboardInterrupt:
+    if _starting_the_command():
+        raise SystemExit(130) from None
+    raise

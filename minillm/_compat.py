@@ -7,6 +7,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+from pathlib import Path
 
 MOVED = {
     "model": "models.gpt2", "ops": "models.ops", "kvcache": "cache.contiguous",
@@ -35,5 +36,23 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
+class _Checkout(importlib.abc.MetaPathFinder):
+    """`weights/` and `lessons/` sit beside `minillm/` in the repository and become `minillm.weights`
+    and `minillm.lessons` when the package is installed. Run from the repository root, Python
+    imports the source folder `minillm/` instead of the installed package, and those two are not
+    in it: this finder, asked last, finds them in the checkout."""
+
+    ROOT = Path(__file__).resolve().parents[1]
+
+    def find_spec(self, name, path=None, target=None):
+        head, _, tail = name.partition(".")
+        folder = self.ROOT / tail
+        if head == "minillm" and tail in ("weights", "lessons") and (folder / "__init__.py").is_file():
+            return importlib.util.spec_from_file_location(name, folder / "__init__.py",
+                                                          submodule_search_locations=[str(folder)])
+        return None
+
+
 if not any(isinstance(f, _Alias) for f in sys.meta_path):
     sys.meta_path.append(_Alias())
+    sys.meta_path.append(_Checkout())

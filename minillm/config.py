@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from .errors import ConfigError
@@ -66,8 +67,11 @@ class GPT2Config:
             raise ConfigError(f"{source}: missing {', '.join(missing)}; is this a GPT-2 config.json?")
         try:
             eps = float(cfg.get("layer_norm_epsilon", 1e-5))
-        except (TypeError, ValueError):
-            raise ConfigError(f"{source}: layer_norm_epsilon={cfg.get('layer_norm_epsilon')!r} is not a number") from None
+        except (TypeError, ValueError, OverflowError):     # OverflowError: a 400-digit integer
+            eps = math.nan
+        if not 0 < eps < math.inf:
+            raise ConfigError(f"{source}: layer_norm_epsilon={str(cfg.get('layer_norm_epsilon'))[:40]} "
+                              "is not a positive finite number") from None
         act = cfg.get("activation_function", "gelu_new")
         if act not in ("gelu_new", "gelu_pytorch_tanh"):
             raise ConfigError(f"{source}: activation_function={act!r}; minillm implements GPT-2's tanh GELU (gelu_new)")

@@ -1,10 +1,18 @@
-"""Where minillm finds its files: package data (found through the package, never the cwd) and the cache."""
+"""Where minillm finds its files (package data, found through the package, never the cwd; the cache), and
+the two ways it touches them: only regular files are read, and every file is written atomically."""
 
 from __future__ import annotations
 
+import glob
 import os
+import stat
+import tempfile
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
+from typing import IO, Iterator
+
+from .errors import MiniLLMError
 
 
 def package_weights_dir() -> Path:
@@ -20,4 +28,80 @@ def package_lessons_dir() -> Path:
 def cache_dir() -> Path:
     """`$MINILLM_HOME`, else `~/.cache/minillm`: downloaded checkpoints and measured hardware figures."""
     home = os.environ.get("MINILLM_HOME")
-    return Path(home) if home else Path.home() / ".cache" / "minillm"
+    return expand_user(home) if home else expand_user("~") / ".cache" / "minillm"
+
+
+def expand_user(path: str | os.PathLike) -> Path:
+    """`Path(path).expanduser()`, with an unknown `~user` (or no home at all) a clear MiniLLMError."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        raise MiniLLMError(f"{path}: cannot find the home directory that {str(path).split('/')[0]} names; "
+                           "give the full path") from None
+
+
+# ------------------------------------------------------------------------------ reading and writing
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def not_a_regular_file(path: Path) -> str | None:
+    """None if `path` is a regular file (after symlinks), else what it is instead, e.g. "is a FIFO (named
+    pipe), not a regular file". Checked before opening: a FIFO would block, /dev/zero never ends."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "not found"
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return f"is {kind}, not a regular file"
+
+
+def read_capped(path: Path, cap: int) -> bytes | None:
+    """The bytes of a regular file, or None if it holds more than `cap` bytes (read no further)."""
+    with open(path, "rb") as f:
+        data = f.read(cap + 1)
+    return None if len(data) > cap else data
+
+
+def _stale_temps(path: Path) -> None:
+    """Remove temporary files of `path` left by a writer that was killed (its process is gone)."""
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        pid = tmp.name[len(path.name) + 2:].partition("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True          # it exists but belongs to someone else
+    return True
+
+
+@contextmanager
+def atomic_write(path: str | os.PathLike, text: bool = False) -> Iterator[IO]:
+    """Write `path` all at once or not at all: yield a file open on `.<name>.<pid>-<random>.tmp` beside it;
+    when the block ends it is flushed to disk and renamed over `path` in one step. On any failure,
+    Ctrl-C included, the temporary file is deleted and `path` is left as it was; one left by a killed
+    writer is removed by the next write to the same path."""
+    path = Path(path)
+    _stale_temps(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w" if text else "wb", **({"encoding": "utf-8"} if text else {})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)        # mkstemp makes it owner-only; these files are ordinary data
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +15,7 @@ import pytest
 import minillm
 from minillm.checkpoint import expected_shapes, load_checkpoint, random_params, save_checkpoint
 from minillm.config import PRESETS, GPT2Config
-from minillm.errors import ModelNotFoundError, WeightsError
+from minillm.errors import ConfigError, ModelNotFoundError, WeightsError
 from minillm.safetensors import write_safetensors
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -210,6 +213,90 @@ def test_a_directory_without_model_safetensors_is_a_weights_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(SMALL.to_hf()))
     with pytest.raises(WeightsError, match="model.safetensors"):
         load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("n_layer", [10**7, 2**31])
+@pytest.mark.parametrize("where", ["metadata", "config.json"])
+def test_a_config_claiming_huge_sizes_costs_no_more_than_the_file(tmp_path, n_layer, where):
+    """A tiny file whose config says 10**7 layers once built every expected name first: 25 s, 3 GB."""
+    config = SMALL.to_hf() | {"n_layer": n_layer}
+    params = nontrivial_params(SMALL)
+    if where == "metadata":
+        path = tmp_path / "lone.safetensors"
+        write_safetensors(path, {"wte.weight": params["wte.weight"]}, {"config": json.dumps(config)})
+    else:
+        path = write_checkpoint_dir(tmp_path / "ckpt", params, config)
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    with pytest.raises(WeightsError, match=f"the config's {n_layer} layers need {12 * n_layer + 4:,} tensors"):
+        load_checkpoint(path)
+    seconds, peak = time.perf_counter() - t0, tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert seconds < 2 and peak < 10_000_000, (seconds, peak)
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf"])
+def test_a_non_finite_weight_is_refused_by_name(tmp_path, bad):
+    params = nontrivial_params(SMALL)
+    params["h.1.mlp.c_fc.weight"][3, 5] = float(bad)
+    write_checkpoint_dir(tmp_path / "ckpt", params, SMALL.to_hf())
+    with pytest.raises(WeightsError, match=re.escape("tensor h.1.mlp.c_fc.weight holds 1 NaN or infinite value;")):
+        load_checkpoint(tmp_path / "ckpt")
+
+
+def test_finite_weights_whose_sum_overflows_still_load(tmp_path):
+    params = nontrivial_params(SMALL)
+    params["wte.weight"][:4] = 3e38                           # finite, but their float32 sum is inf
+    write_checkpoint_dir(tmp_path / "ckpt", params, SMALL.to_hf())
+    assert load_checkpoint(tmp_path / "ckpt")[1]["wte.weight"][0, 0] == np.float32(3e38)
+
+
+@pytest.mark.parametrize("value, words", [
+    ("1" + "0" * 400, "layer_norm_epsilon=1000"), ("nan", "layer_norm_epsilon=nan"), (-1, "layer_norm_epsilon=-1"),
+    ([1e-5], "layer_norm_epsilon=[1e-05]")])
+def test_an_impossible_epsilon_is_a_config_error(tmp_path, value, words):
+    config = SMALL.to_hf() | {"layer_norm_epsilon": float(value) if value == "nan" else
+                              int(value) if isinstance(value, str) else value}
+    write_checkpoint_dir(tmp_path / "ckpt", nontrivial_params(SMALL), config)
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        load_checkpoint(tmp_path / "ckpt")
+
+
+def test_a_config_nested_too_deep_is_a_config_error(tmp_path):
+    folder = write_checkpoint_dir(tmp_path / "ckpt", nontrivial_params(SMALL), {})
+    (folder / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_checkpoint(folder)
+
+
+@pytest.mark.parametrize("shape", [[SMALL.vocab_size * SMALL.n_embd], [SMALL.vocab_size, SMALL.n_embd, 1]])
+def test_a_vector_or_cube_embedding_is_named(tmp_path, shape):
+    params = nontrivial_params(SMALL)
+    params["wte.weight"] = params["wte.weight"].reshape(shape)
+    path = tmp_path / "lone.safetensors"
+    write_safetensors(path, params)                            # no config: inferred from the shapes
+    with pytest.raises(WeightsError, match=re.escape(f"tensor wte.weight has shape {shape}")):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory"])
+def test_config_json_that_is_not_a_regular_file_is_named_not_read(tmp_path, kind):
+    """A FIFO used to hang the loader forever; a link to /dev/zero read until memory ran out."""
+    folder = write_checkpoint_dir(tmp_path / "ckpt", nontrivial_params(SMALL), {})
+    (folder / "config.json").unlink()
+    {"fifo": lambda p: os.mkfifo(p), "dev-zero": lambda p: p.symlink_to("/dev/zero"),
+     "directory": lambda p: p.mkdir()}[kind](folder / "config.json")
+    with pytest.raises(WeightsError, match="config.json: is a (FIFO|character device|directory)"):
+        load_checkpoint(folder)
+
+
+@pytest.mark.parametrize("source", ["/dev/null", "/dev/zero", "fifo"])
+def test_a_model_path_that_is_not_a_regular_file_says_what_it_is(tmp_path, source):
+    if source == "fifo":
+        source = tmp_path / "fifo"
+        os.mkfifo(source)
+    with pytest.raises(WeightsError, match="is a (character device|FIFO)"):
+        minillm.load(source)
 
 
 # -- load(): names and dtypes --------------------------------------------------------------------------

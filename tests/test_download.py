@@ -6,17 +6,31 @@ import argparse
 import hashlib
 import json
 import socket
+import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from minillm import download as dl
+from minillm.config import PRESETS
+from minillm.safetensors import write_safetensors
 from minillm.errors import DownloadError, ModelNotFoundError
 
-WEIGHTS = bytes(range(256)) * 1200 + b"tail"  # ~300 KB, not a multiple of the 1 MiB chunk
+def _safetensors_bytes() -> bytes:
+    with tempfile.TemporaryDirectory() as d:
+        write_safetensors(Path(d) / "w.safetensors", {"w": np.arange(75_001, dtype=np.float32)})
+        return (Path(d) / "w.safetensors").read_bytes()
+
+
+WEIGHTS = _safetensors_bytes()  # ~300 KB, not a multiple of the 1 MiB chunk; a real safetensors file
 WEIGHTS_SHA = hashlib.sha256(WEIGHTS).hexdigest()
-CONFIG = json.dumps({"n_layer": 2, "n_head": 2, "n_embd": 8, "n_positions": 16, "vocab_size": 50257}).encode()
+
+
+def config_of(name: str) -> bytes:
+    return json.dumps(PRESETS[dl.KNOWN_MODELS[name].preset].to_hf()).encode()
 
 
 class FakeHub(ThreadingHTTPServer):
@@ -33,11 +47,12 @@ class FakeHub(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
         self.files: dict[str, bytes] = {}
         for name in dl.KNOWN_MODELS:
-            self.files[f"/openai-community/{name}/resolve/main/config.json"] = CONFIG
+            self.files[f"/openai-community/{name}/resolve/main/config.json"] = config_of(name)
             self.files[f"/openai-community/{name}/resolve/main/model.safetensors"] = WEIGHTS
         self.cut_after: int | None = None
         self.ignore_range = False
         self.ranges: list[str | None] = []
+        self.length_header: str | None = None  # the weights' Content-Length as sent ("" for none)
 
     @property
     def base(self) -> str:
@@ -71,7 +86,9 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self.send_response(200)
         rest = body[start:]
-        self.send_header("Content-Length", str(len(rest)))
+        length = self.server.length_header if self.path.endswith(".safetensors") else None
+        if length != "":                                 # "" sends no Content-Length at all
+            self.send_header("Content-Length", length or str(len(rest)))
         self.end_headers()
         if self.server.cut_after is not None and self.path.endswith(".safetensors"):
             rest = rest[: self.server.cut_after]  # promise everything, deliver a part, hang up
@@ -100,7 +117,7 @@ def test_download_success(hub, home):
     folder = dl.download("gpt2", base_url=hub.base, progress=False, expected_sha256=WEIGHTS_SHA)
     assert folder == home / "gpt2"
     assert (folder / "model.safetensors").read_bytes() == WEIGHTS
-    assert (folder / "config.json").read_bytes() == CONFIG
+    assert (folder / "config.json").read_bytes() == config_of("gpt2")
     assert not list(folder.glob("*.part"))
     assert dl.find_downloaded("gpt2") == folder
 
@@ -216,3 +233,75 @@ def test_cli_run(hub, home, monkeypatch, capsys):
     assert 'minillm generate "Hello" --model gpt2-medium' in out
     with pytest.raises(SystemExit):
         parser.parse_args(["gpt3"])
+
+
+# ------------------------------------------------------------- files that are not what they claim
+
+
+def weights_url(name: str) -> str:
+    return f"/openai-community/{name}/resolve/main/model.safetensors"
+
+
+@pytest.mark.parametrize("bad", ["html", "truncated header", "flipped header byte"])
+def test_unpinned_bad_weights_are_never_downloaded(hub, home, capsys, bad):
+    hub.files[weights_url("gpt2-medium")] = {
+        "html": b"<!DOCTYPE html><html><body>Sign in</body></html>",
+        "truncated header": WEIGHTS[:40],
+        "flipped header byte": WEIGHTS[:20] + b"}" + WEIGHTS[21:],
+    }[bad]
+    for _ in range(2):                                   # and a rerun does not call it downloaded either
+        with pytest.raises(DownloadError, match="deleted it"):
+            dl.download("gpt2-medium", base_url=hub.base, progress=False)
+        assert dl.find_downloaded("gpt2-medium") is None
+        assert "already downloaded" not in capsys.readouterr().err
+        assert not (home / "gpt2-medium" / "model.safetensors").exists()
+
+
+def test_unpinned_download_says_no_hash_is_pinned_and_marks_it_verified(hub, home, capsys):
+    folder = dl.download("gpt2-medium", base_url=hub.base, progress=False)
+    assert "no published SHA-256 is pinned" in capsys.readouterr().err
+    assert dl.find_downloaded("gpt2-medium") == folder
+    (folder / dl.VERIFIED).unlink()                      # files without the mark are not downloaded
+    assert dl.find_downloaded("gpt2-medium") is None
+
+
+def test_a_config_that_is_not_the_models_is_refused(hub, home):
+    hub.files["/openai-community/gpt2-large/resolve/main/config.json"] = b"<html>502 Bad Gateway</html>"
+    with pytest.raises(DownloadError, match="not a GPT-2 config"):
+        dl.download("gpt2-large", base_url=hub.base, progress=False)
+    hub.files["/openai-community/gpt2-large/resolve/main/config.json"] = config_of("gpt2")
+    with pytest.raises(DownloadError, match="12-layer, width-768 model, not gpt2-large"):
+        dl.download("gpt2-large", base_url=hub.base, progress=False)
+    assert dl.find_downloaded("gpt2-large") is None
+
+
+def test_files_left_unverified_are_verified_before_they_count(hub, home):
+    folder = home / "gpt2"
+    folder.mkdir()
+    (folder / "config.json").write_bytes(config_of("gpt2"))
+    (folder / "model.safetensors").write_bytes(WEIGHTS[:-1] + b"X")    # whole-looking, but wrong
+    with pytest.raises(DownloadError, match="SHA-256 mismatch"):
+        dl.download("gpt2", base_url=hub.base, progress=False, expected_sha256=WEIGHTS_SHA)
+    assert dl.find_downloaded("gpt2") is None
+
+
+@pytest.mark.parametrize("length, words", [("", "did not say how big"), ("12abc", "bad Content-Length '12abc'")])
+def test_unpinned_weights_need_a_size_from_the_server(hub, length, words):
+    hub.length_header = length
+    with pytest.raises(DownloadError, match=words):
+        dl.download("gpt2-xl", base_url=hub.base, progress=False)
+
+
+def test_a_bad_base_url_or_folder_is_a_download_error(hub, home, tmp_path):
+    with pytest.raises(DownloadError, match="not a usable URL"):
+        dl.download("gpt2", base_url="nowhere", progress=False)
+    (tmp_path / "file").write_text("x")
+    for folder in (tmp_path / "file", tmp_path / "file" / "sub", "/proc/minillm"):
+        with pytest.raises(DownloadError, match="cannot make the download folder"):
+            dl.download("gpt2", folder, base_url=hub.base, progress=False)
+
+
+def test_disk_full_keeps_the_part_and_says_so(hub, home, monkeypatch):
+    monkeypatch.setattr(dl, "open", lambda *a, **k: open("/dev/full", "wb"), raising=False)
+    with pytest.raises(DownloadError, match="cannot write .No space left on device."):
+        dl.download("gpt2", base_url=hub.base, progress=False, expected_sha256=WEIGHTS_SHA)

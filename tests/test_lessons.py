@@ -40,11 +40,15 @@ def test_lessons_are_discovered_in_order_with_their_metadata():
 
 
 @pytest.mark.parametrize("info", learn.LESSONS, ids=lambda info: f"{info.number:02d}_{info.slug}")
-def test_lesson_runs_in_fast_mode_and_its_claims_hold(info, capsys):
+def test_lesson_runs_in_fast_mode_and_its_claims_hold(info, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")            # the narrowest terminal a learner is likely to have
     module = importlib.import_module(info.module)
     rc = module.main(["--fast", "--no-pause"])
     out = capsys.readouterr().out
     assert rc == 0, out[-3000:]
+    wide = [line for line in out.splitlines() if len(line) > 80]
+    assert not wide, wide[:3]
+    assert "…" not in out, [line for line in out.splitlines() if "…" in line][:3]   # no cell cut short
     assert "✓ checked" in out
     assert "✗" not in out
     assert "Try it yourself" in out
@@ -78,12 +82,9 @@ def test_learn_passes_the_options_to_the_lesson(monkeypatch):
 
 
 def test_cli_wires_learn(capsys):
-    cli = pytest.importorskip("minillm.cli")
-    try:
-        rc = cli.main(["learn"])
-    except SystemExit as e:   # `learn` not wired into the CLI yet
-        pytest.skip(f"minillm learn is not wired yet (exit {e.code})")
-    assert rc == 0
+    from minillm import cli
+
+    assert cli.main(["learn"]) == 0           # unwired, argparse exits 2 (SystemExit): the test fails
     assert learn.LESSONS[0].title.split(":")[0] in capsys.readouterr().out
 
 
@@ -134,3 +135,71 @@ def test_fast_mode_from_the_environment(monkeypatch):
     assert _common.run_lesson(lambda L: seen.append(L.fast), ["--no-pause"], number=9, title="t",
                               minutes=1, what="w") == 0
     assert seen == [True]
+
+
+@pytest.mark.parametrize("info", learn.LESSONS, ids=lambda info: f"{info.number:02d}_{info.slug}")
+def test_a_lesson_body_is_one_function_per_section(info):
+    """`lesson(L)` calls one function per section; a pause comes between sections (in the driver, or as
+    a section's last statement), never inside one."""
+    import ast
+    import inspect
+
+    module = importlib.import_module(info.module)
+    tree = ast.parse(inspect.getsource(module))
+    funcs = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
+    driver = funcs["lesson"]
+    called = [n.func.id for n in ast.walk(driver) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+    pauses = sum(1 for n in ast.walk(driver) if isinstance(n, ast.Attribute) and n.attr == "pause")
+    assert len(called) >= 3 and pauses <= len(called) - 1, (called, pauses)   # a heading or a pause between
+    for name in called:
+        if name not in funcs:
+            continue
+        body = funcs[name]
+        inner = [n for n in ast.walk(body) if isinstance(n, ast.Attribute) and n.attr == "pause"]
+        last = body.body[-1]
+        at_end = (isinstance(last, ast.Expr) and isinstance(last.value, ast.Call)
+                  and isinstance(last.value.func, ast.Attribute) and last.value.func.attr == "pause")
+        assert len(inner) <= int(at_end), f"{name} pauses inside a section"
+        assert body.end_lineno - body.lineno < 120, f"{name} is {body.end_lineno - body.lineno} lines"
+
+
+def test_nothing_shipped_points_at_a_file_the_user_does_not_have():
+    """DESIGN.md and STYLE.md do not ship: no module, lesson, package file or the README may cite them."""
+    shipped = [*ROOT.joinpath("minillm").rglob("*.py"), *ROOT.joinpath("minillm").rglob("*.md"), ROOT / "README.md"]
+    for path in shipped:
+        text = path.read_text(encoding="utf-8")
+        for name in ("DESIGN.md", "STYLE.md", "../shared", "seed's"):
+            assert name not in text, f"{path.relative_to(ROOT)} mentions {name}"
+
+
+def _lesson(number):
+    return importlib.import_module(next(i.module for i in learn.LESSONS if i.number == number))
+
+
+def test_claims_fail_on_a_wrong_engine_cache_size(monkeypatch, capsys):
+    """Lesson 5 checks the run: a cache that misreports its size per token fails the lesson."""
+    import minillm
+
+    real = minillm.KVCache.bytes_per_token
+    monkeypatch.setattr(minillm.KVCache, "bytes_per_token", lambda self: real(self) + 4)
+    assert _lesson(5).main(["--fast", "--no-pause"]) == 1
+    assert "did not hold" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("number", [6, 7])
+def test_claims_fail_when_the_meter_counts_the_lm_head_weights_twice(number, monkeypatch, capsys):
+    """Lessons 6 and 7 check this run's weight bytes (not published constants): a meter that counts the
+    LM head's read of wte twice, or that ignores the dtype, fails them."""
+    from minillm.measure import meter
+
+    real = meter.Meter.count
+
+    def wrong(self, op, **kw):
+        if op == "lm_head" or (number == 7 and kw.get("weights") and self._open is not None
+                               and self._open.kind == "decode"):
+            kw["weights"] = 2 * kw.get("weights", 0) if op == "lm_head" else kw["weights"] + 1
+        return real(self, op, **kw)
+
+    monkeypatch.setattr(meter.Meter, "count", wrong)
+    assert _lesson(number).main(["--fast", "--no-pause"]) == 1
+    assert "did not hold" in capsys.readouterr().out

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -100,9 +102,9 @@ def test_bf16_read_as_float32(tmp_path):
     np.testing.assert_array_equal(x.ravel(), values)
 
 
-def test_padding_unused_trailing_bytes_and_empty_file_body(tmp_path):
+def test_padding_and_empty_file_body(tmp_path):
     path = raw_file(tmp_path / "p.safetensors", {"x": entry(), "__metadata__": {"k": "v"}},
-                    np.array([1, 2], np.float32).tobytes() + b"junk", pad=5)
+                    np.array([1, 2], np.float32).tobytes(), pad=5)
     tensors, meta = read_safetensors(path)
     np.testing.assert_array_equal(tensors["x"], [1, 2])
     assert meta == {"k": "v"}
@@ -160,6 +162,15 @@ DAMAGE = {
     "length mismatch": ({"x": entry(shape=[3])}, GOOD, {}, "holds 8 bytes but shape [3] of F32 needs 12"),
     "huge shape": ({"x": entry(shape=[10**12, 10**12])}, GOOD, {}, "needs 4000000000000000000000000"),
     "overlap": ({"a": entry(offsets=(0, 8)), "b": entry(shape=[1], offsets=(4, 8))}, GOOD, {}, "overlap"),
+    "list dtype": ({"x": entry(["F32"])}, GOOD, {}, "unknown dtype ['F32']"),
+    "too many dimensions": ({"x": entry(shape=[1] * 65 + [2])}, GOOD, {}, "66 dimensions"),
+    "empty with a huge side": ({"x": entry(shape=[0, 2**63], offsets=(0, 0)), "y": entry()}, GOOD, {}, "too large for an array"),
+    "duplicate key": (b'{"x": ' + json.dumps(entry()).encode() + b', "x": '
+                      + json.dumps(entry(shape=[1], offsets=(0, 4))).encode() + b"}", GOOD, {}, "'x' appears twice"),
+    "gap": ({"a": entry(shape=[1], offsets=(0, 4)), "b": entry(shape=[0], offsets=(8, 8))}, GOOD, {},
+            "bytes 4..8 of the data section belong to no tensor"),
+    "trailing bytes": ({"x": entry()}, GOOD + b"junk", {}, "the tensors cover 8 bytes but the data section holds 12"),
+    "deep JSON": (b"[" * 100_000 + b"]" * 100_000, GOOD, {}, "not valid JSON"),
     "bad metadata": ({"x": entry(), "__metadata__": {"k": 1}}, GOOD, {}, "__metadata__"),
     "huge header length": ({}, b"", {"length": 2**63}, "over the format's 100000000-byte cap"),
     "header claims more than file": ({"x": entry()}, GOOD, {"length": 5000}, "header claims 5000 bytes but"),
@@ -201,6 +212,19 @@ def test_empty_or_shorter_than_length_field(tmp_path, content):
     path = tmp_path / "short.safetensors"
     path.write_bytes(content)
     with pytest.raises(SafetensorsError, match="empty|too short"):
+        read_safetensors(path)
+
+
+def test_header_length_a_few_bytes_short_is_named(tmp_path):
+    """The padding spaces keep the JSON valid when N is short: every tensor would be read shifted."""
+    path = tmp_path / "s.safetensors"
+    write_safetensors(path, {"a": np.arange(6, dtype=np.float32), "b": np.ones(3, np.float32)})
+    raw = bytearray(path.read_bytes())
+    n = int.from_bytes(raw[:8], "little")
+    assert raw[8 + n - 1:8 + n] == b" "                            # the writer padded this header
+    raw[:8] = (n - 1).to_bytes(8, "little")
+    path.write_bytes(bytes(raw))
+    with pytest.raises(SafetensorsError, match="cover 36 bytes but the data section holds 37"):
         read_safetensors(path)
 
 
@@ -283,3 +307,19 @@ def test_interrupt_is_cleaned_up_too(tmp_path, monkeypatch):
         write_safetensors(tmp_path / "k.safetensors", {"a": np.zeros(4)})
     monkeypatch.undo()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_temporary_file_left_by_a_killed_writer_is_removed_by_the_next_write(tmp_path):
+    """SIGKILL inside a save leaves `.<name>.<pid>-<random>.tmp`; a live writer's temporary is kept."""
+    path = tmp_path / "m.safetensors"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    left = tmp_path / f".m.safetensors.{dead}-abc.tmp"
+    left.write_bytes(b"half a file")
+    live = tmp_path / f".m.safetensors.{os.getppid()}-xyz.tmp"
+    live.write_bytes(b"someone else is writing")
+    other = tmp_path / f".other.{dead}-abc.tmp"
+    other.write_bytes(b"not ours")
+    write_safetensors(path, {"a": np.zeros(2, np.float32)})
+    assert not left.exists() and live.exists() and other.exists()
+    assert read_safetensors(path)[0]["a"].shape == (2,)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import minillm
 from minillm import train as tr
 from minillm.config import GPT2Config
-from minillm.errors import MiniLLMError
+from minillm.errors import MiniLLMError, WeightsError
 
 FEW = settings(max_examples=6, deadline=None)
 H = 1e-6
@@ -291,7 +291,7 @@ def test_checkpoint_is_atomic(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sf, "_little_endian_bytes", fail_on_third_tensor)
     changed = {k: v + 1.0 for k, v in params.items()}
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(WeightsError, match="cannot save the checkpoint there \\(disk full\\)"):
         tr.save_checkpoint(out, changed, cfg, dtype="float16")
     assert len(calls) == 3  # it did fail part-way through the data
     assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before
@@ -338,3 +338,31 @@ def test_cli_glue(tmp_path, capsys):
     tr.add_arguments(bad)
     with pytest.raises(MiniLLMError, match="--dropout"):
         tr.run(bad.parse_args(["--data", str(data), "--dropout", "1.5"]))
+
+
+def test_a_save_that_fails_does_not_lose_the_run(tmp_path, monkeypatch):
+    """Disk full at one save: a warning, training goes on, the next better checkpoint is saved."""
+    data = tmp_path / "text.txt"
+    data.write_text("to be or not to be, that is the question " * 300)
+    real, calls = tr.save_checkpoint, []
+
+    def full_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise WeightsError("ck: cannot save the checkpoint there (No space left on device)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tr, "save_checkpoint", full_once)
+    lines = []
+    tr.train(data, out=tmp_path / "ck", layers=1, heads=1, width=8, context=8, batch=2, steps=40, eval_every=10,
+             lr=1e-2, warmup=2, log=lines.append, progress=False)
+    assert any("NOT saved" in line for line in lines) and any("warning: ck: cannot save" in line for line in lines)
+    assert len(calls) >= 2 and (tmp_path / "ck" / "model.safetensors").is_file()
+
+    def always_full(*args, **kwargs):
+        raise WeightsError("ck: full")
+
+    monkeypatch.setattr(tr, "save_checkpoint", always_full)
+    with pytest.raises(MiniLLMError, match="could not be saved: ck: full"):
+        tr.train(data, out=tmp_path / "ck2", layers=1, heads=1, width=8, context=8, batch=2, steps=10,
+                 eval_every=0, log=lines.append, progress=False)

@@ -237,9 +237,9 @@ class PagedKVCache:
             v = vp[:, b0:b0 + nb].reshape(H, nb * bs, hd)[:, :t]
             gathered = 0
         else:
-            idx = self.table[:nb]
-            k = kp[:, idx].reshape(H, nb * bs, hd)[:, :t]          # a gather: one copy of nb blocks
-            v = vp[:, idx].reshape(H, nb * bs, hd)[:, :t]
+            idx = self.table[:nb]                                  # a gather: one copy of nb blocks (np.take
+            k = np.take(kp, idx, axis=1).reshape(H, nb * bs, hd)[:, :t]   # writes it C-ordered, so the
+            v = np.take(vp, idx, axis=1).reshape(H, nb * bs, hd)[:, :t]   # reshape is free; kp[:, idx] is not)
             gathered = 2 * H * nb * bs * hd * kp.itemsize
         m = meter.ACTIVE
         if m is not None:
@@ -328,8 +328,8 @@ class DecodeBatch:
         """Every sequence's keys and values, [H, B, T, hd] each: one gather through the tables."""
         kp, vp = self.pool.k[layer], self.pool.v[layer]                    # [H, blocks, bs, hd]
         (H, _, _, hd), B = kp.shape, self.table.shape[0]
-        k = kp[:, self.table].reshape(H, B, self.T, hd)                   # [H, B, nb, bs, hd] -> [H, B, T, hd]
-        v = vp[:, self.table].reshape(H, B, self.T, hd)
+        k = np.take(kp, self.table, axis=1).reshape(H, B, self.T, hd)     # [H, B, nb, bs, hd] -> [H, B, T, hd]
+        v = np.take(vp, self.table, axis=1).reshape(H, B, self.T, hd)
         m = meter.ACTIVE
         if m is not None:
             item = k.itemsize

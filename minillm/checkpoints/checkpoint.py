@@ -12,34 +12,41 @@ import json
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
 from ..config import GPT2Config
 from ..errors import ConfigError, WeightsError
 from ..checkpoints.safetensors import read_safetensors, write_safetensors
+from ..paths import atomic_write, not_a_regular_file, read_capped
 
 BLOCK_TENSORS = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
 
 
-def expected_shapes(c: GPT2Config) -> dict[str, tuple[int, ...]]:
-    """Every tensor a GPT-2 checkpoint holds, with its shape ([in, out] for the linear layers)."""
+def iter_expected(c: GPT2Config) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Every tensor a GPT-2 checkpoint holds, with its shape ([in, out] for the linear layers), one at a
+    time: checking a file against a config stops at the first one missing, so a config claiming 10**7
+    layers costs no more than the file's own tensors."""
     d = c.n_embd
-    shapes = {"wte.weight": (c.vocab_size, d), "wpe.weight": (c.n_ctx, d)}
+    yield from {"wte.weight": (c.vocab_size, d), "wpe.weight": (c.n_ctx, d)}.items()
     for i in range(c.n_layer):
         h = f"h.{i}."
-        shapes |= {
+        yield from {
             h + "ln_1.weight": (d,), h + "ln_1.bias": (d,),
             h + "attn.c_attn.weight": (d, 3 * d), h + "attn.c_attn.bias": (3 * d,),
             h + "attn.c_proj.weight": (d, d), h + "attn.c_proj.bias": (d,),
             h + "ln_2.weight": (d,), h + "ln_2.bias": (d,),
             h + "mlp.c_fc.weight": (d, 4 * d), h + "mlp.c_fc.bias": (4 * d,),
             h + "mlp.c_proj.weight": (4 * d, d), h + "mlp.c_proj.bias": (d,),
-        }
-    shapes |= {"ln_f.weight": (d,), "ln_f.bias": (d,)}
-    return shapes
+        }.items()
+    yield from {"ln_f.weight": (d,), "ln_f.bias": (d,)}.items()
+
+
+def expected_shapes(c: GPT2Config) -> dict[str, tuple[int, ...]]:
+    """Every tensor a GPT-2 checkpoint holds, with its shape."""
+    return dict(iter_expected(c))
 
 
 _MASK_BUFFER = re.compile(r"h\.\d+\.attn\.(masked_)?bias$")
@@ -69,10 +76,14 @@ def infer_config(tensors: dict[str, np.ndarray], metadata: dict, path: Path) -> 
     if "config" in metadata:
         try:
             return GPT2Config.from_hf(json.loads(metadata["config"]), f"{path} (metadata)")
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             pass
     if "wte.weight" not in tensors or "wpe.weight" not in tensors:
         raise WeightsError(f"{path}: no wte.weight/wpe.weight tensors; is this a GPT-2 checkpoint?")
+    for name in ("wte.weight", "wpe.weight"):
+        if tensors[name].ndim != 2:
+            raise WeightsError(f"{path}: tensor {name} has shape {list(tensors[name].shape)}; GPT-2's is a matrix "
+                               "[rows, width]; is this a GPT-2 checkpoint?")
     V, d = tensors["wte.weight"].shape
     n_ctx = tensors["wpe.weight"].shape[0]
     layers = {int(m.group(1)) for k in tensors if (m := re.match(r"h\.(\d+)\.", k))}
@@ -88,14 +99,24 @@ def infer_config(tensors: dict[str, np.ndarray], metadata: dict, path: Path) -> 
     return config
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a GPT-2 config.json is under 1 KB
+
+
 def read_config(path: Path) -> GPT2Config:
+    problem = not_a_regular_file(path)
+    if problem == "not found":
+        raise WeightsError(f"{path}: not found; a checkpoint directory needs config.json beside model.safetensors")
+    if problem is not None:
+        raise WeightsError(f"{path}: {problem}; it should be the checkpoint's config.json file")
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise WeightsError(f"{path}: not found; a checkpoint directory needs config.json beside model.safetensors") from None
+        raw = read_capped(path, MAX_CONFIG_BYTES)
+        if raw is None:
+            raise ConfigError(f"{path}: over {MAX_CONFIG_BYTES:,} bytes, too big for a config.json; "
+                              "re-download or re-save the checkpoint")
+        cfg = json.loads(raw.decode("utf-8"))
     except OSError as e:
         raise WeightsError(f"{path}: cannot be read ({e.strerror}); it should be the checkpoint's config.json file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:           # bad JSON, bad UTF-8, nested too deep
         raise ConfigError(f"{path}: not valid JSON ({e}); re-download or re-save the checkpoint") from None
     return GPT2Config.from_hf(cfg, str(path))
 
@@ -112,31 +133,57 @@ def load_checkpoint(source: str | os.PathLike, dtype=np.float32) -> tuple[GPT2Co
         file = path
         beside = path.with_name("config.json")           # a lone file inside a checkpoint directory
         config = read_config(beside) if beside.is_file() else None
+    elif path.exists():
+        raise WeightsError(f"{path}: {not_a_regular_file(path)}; pass a checkpoint directory or a .safetensors file")
     else:
         raise WeightsError(f"{path}: no such file or directory")
     raw, metadata = read_safetensors(file)
     tensors = canonical_names(raw, file)
     if config is None:
         config = infer_config(tensors, metadata, file)
-    want = expected_shapes(config)
-    for name, shape in want.items():
+    for name, shape in iter_expected(config):                 # stops at the first missing: bounded by the file
         if name not in tensors:
-            raise WeightsError(f"{file}: tensor {name} is missing (expected shape {list(shape)}); is the file complete?")
+            n_want = 12 * config.n_layer + 4
+            more = (f"; the config's {config.n_layer} layers need {n_want:,} tensors and the file holds "
+                    f"{len(tensors):,}" if n_want > len(tensors) else "")
+            raise WeightsError(f"{file}: tensor {name} is missing (expected shape {list(shape)}){more}; "
+                               "is the file complete, and the config the one for it?")
         if tuple(tensors[name].shape) != shape:
             raise WeightsError(
                 f"{file}: tensor {name} has shape {list(tensors[name].shape)} but the config "
                 f"({config.n_layer} layers, width {config.n_embd}, vocab {config.vocab_size}, context {config.n_ctx}) "
                 f"needs {list(shape)}"
             )
+    want = expected_shapes(config)
     extra = sorted(set(tensors) - set(want))
     if extra:
         raise WeightsError(f"{file}: unexpected tensor {extra[0]} (and {len(extra) - 1} more) for a {config.n_layer}-layer GPT-2")
-    params = {name: np.array(tensors[name], dtype=dtype, copy=True) for name in want}  # off the mmap, into RAM
+    params = {}
+    for name in want:
+        params[name] = np.array(tensors[name], dtype=dtype, copy=True)  # off the mmap, into RAM
+        check_finite(params[name], f"{file}: tensor {name}")
     return config, params
 
 
-def random_params(config: GPT2Config, seed: int = 0, std: float = 0.02, dtype=np.float32) -> dict[str, np.ndarray]:
-    """GPT-2-shaped random weights: normal(0, std) matrices, zero biases, unit layer-norm gains. Seeded."""
+def check_finite(a: np.ndarray, what: str) -> None:
+    """Refuse NaN and infinities: one would turn every logit into NaN and the text into "!!!!".
+
+    A finite sum proves every element finite (NaN and inf propagate), in one pass with no temporary;
+    only when the sum is not finite (a NaN, or finite values that overflow it) is each element checked."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(a.sum()):
+            return
+    bad = np.count_nonzero(~np.isfinite(a))
+    if bad:
+        raise WeightsError(f"{what} holds {bad:,} NaN or infinite value{'s' if bad > 1 else ''}; the checkpoint is "
+                           "damaged (or training diverged): re-download it, or use an earlier checkpoint")
+
+
+def random_params(config: GPT2Config, seed: int = 0, std: float = 0.02, dtype=np.float32,
+                  residual_std: float | None = None) -> dict[str, np.ndarray]:
+    """GPT-2-shaped random weights: normal(0, std) matrices, zero biases, unit layer-norm gains. Seeded.
+    residual_std: the std of the two projections into the residual stream (`attn.c_proj`, `mlp.c_proj`),
+    if not `std` (GPT-2 trains from std/sqrt(2L) there: `training.model.init_params`)."""
     rng = np.random.default_rng(seed)
     params = {}
     for name, shape in expected_shapes(config).items():
@@ -146,7 +193,7 @@ def random_params(config: GPT2Config, seed: int = 0, std: float = 0.02, dtype=np
             params[name] = np.ones(shape, dtype=dtype)
         else:
             w = rng.standard_normal(shape, dtype=np.float32)
-            w *= std
+            w *= residual_std if residual_std is not None and name.endswith("c_proj.weight") else std
             params[name] = w.astype(dtype, copy=False)
     return params
 
@@ -156,22 +203,19 @@ def save_checkpoint(directory: str | os.PathLike, params: dict[str, np.ndarray],
     """Write `model.safetensors` + `config.json` in the Hugging Face layout, each atomically
     (a temporary file, then a rename): an interrupted save never leaves a half-written file."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     want = expected_shapes(config)
     missing = [n for n in want if n not in params]
     if missing:
         raise WeightsError(f"cannot save: tensor {missing[0]} is missing from the parameters")
     tensors = {n: np.ascontiguousarray(params[n], dtype=np.dtype(dtype)) for n in want}
     meta = {"format": "pt", "config": json.dumps(config.to_hf())} | (metadata or {})
-    write_safetensors(directory / "model.safetensors", tensors, meta)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".config.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        directory.mkdir(parents=True, exist_ok=True)
+        write_safetensors(directory / "model.safetensors", tensors, meta)
+        with atomic_write(directory / "config.json", text=True) as f:
             json.dump(config.to_hf(), f, indent=2)
             f.write("\n")
-        os.chmod(tmp, 0o644)                              # mkstemp makes it private; a checkpoint is not
-        os.replace(tmp, directory / "config.json")
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    except OSError as e:                                  # disk full, read-only, ...: nothing half-written
+        raise WeightsError(f"{directory}: cannot save the checkpoint there ({e.strerror or e}); "
+                           "free some space or choose another folder") from None
     return directory

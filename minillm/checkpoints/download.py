@@ -4,8 +4,10 @@ Each model is two files from `openai-community/<name>`: `config.json` (the hyper
 `model.safetensors` (the weights). A file is streamed into `<file>.part`, and only renamed to its
 final name once it is complete and its SHA-256 matches. So:
 
-* a file at the final path is always whole and verified (a crash can leave a `.part`, never a
-  half-written `model.safetensors`);
+* a file at the final path is always whole (a crash can leave a `.part`, never a half-written
+  `model.safetensors`), and the folder counts as downloaded only once `.verified` is written, after
+  the checks: the pinned SHA-256 where one is known, else the server's size, a complete transfer,
+  and a file that reads as safetensors beside this model's config.json;
 * an interrupted download resumes: the next run asks the server for the rest only
   (`Range: bytes=<size of .part>-`) and hashes the old bytes plus the new ones.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import http.client
+import json
 import os
 import sys
 import urllib.error
@@ -26,9 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
+from ..checkpoints.checkpoint import read_config
+from ..checkpoints.safetensors import read_header
 from ..config import PRESETS
-from ..errors import DownloadError, ModelNotFoundError
-from ..paths import cache_dir
+from ..errors import DownloadError, MiniLLMError, ModelNotFoundError, SafetensorsError
+from ..paths import atomic_write, cache_dir, expand_user
 
 HF_BASE = "https://huggingface.co"  # overridden by $MINILLM_HF_BASE, then by `base_url=`
 CONFIG_FILE = "config.json"
@@ -64,8 +69,9 @@ KNOWN_MODELS: dict[str, ModelInfo] = {
         "gpt2", "124m", size=548_105_171,
         sha256="248dfc3911869ec493c76e65bf2fcf7f615828b0254c12b473182f0f81d3a707",
     ),
-    # No pinned hash for the larger ones yet: the download checks the size against the server's
-    # Content-Length and prints the SHA-256 it computed, so it can be recorded here.
+    # No published hash could be found for the larger ones (the hub was out of reach): a download of
+    # these must have its size stated by the server, arrive whole, and read as a safetensors file whose
+    # config.json is this model's; its SHA-256 is printed, so that it can be pinned here.
     "gpt2-medium": _info("gpt2-medium", "355m"),
     "gpt2-large": _info("gpt2-large", "774m"),
     "gpt2-xl": _info("gpt2-xl", "1558m"),
@@ -82,15 +88,27 @@ def model_info(name: str) -> ModelInfo:
         ) from None
 
 
-def find_downloaded(name: str) -> Path | None:
-    """The cache folder holding both files of model `name`, or None if it is not (fully) downloaded.
+VERIFIED = ".verified"  # written last, once every check passed: without it a folder is not "downloaded"
 
-    Only final files count: a leftover `.part` means the download is unfinished.
+
+def find_downloaded(name: str) -> Path | None:
+    """The cache folder holding model `name`, verified, or None if it is not (fully) downloaded.
+
+    Only a folder whose files passed `download`'s checks counts: a leftover `.part`, or files that
+    were never verified, mean the download is unfinished.
     Raises `ModelNotFoundError` for a name that is not in `KNOWN_MODELS`.
     """
     model_info(name)
     folder = cache_dir() / name
-    return folder if all((folder / f).is_file() for f in FILES) else None
+    return folder if _is_verified(folder) else None
+
+
+def _is_verified(folder: Path) -> bool:
+    try:
+        mark = json.loads((folder / VERIFIED).read_text())
+        return (folder / CONFIG_FILE).is_file() and (folder / WEIGHTS_FILE).stat().st_size == mark["size"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def download(
@@ -107,32 +125,65 @@ def download(
     base_url: the server; default `$MINILLM_HF_BASE`, else https://huggingface.co.
     progress: draw a progress bar (bytes, speed, ETA) on stderr.
     expected_sha256: the weights' hash, overriding the one in `KNOWN_MODELS` (tests use this). When
-        no hash is known at all, the file must be as long as the server said, and its hash is printed.
+        no hash is known at all, the server must say the file's size, the file must arrive whole and
+        read as safetensors, and its hash is printed.
 
-    Files already at their final paths are kept as they are. Raises `DownloadError` when the
-    network fails (re-running resumes from the `.part`) or the hash does not match (the `.part`
-    is deleted, nothing is left at the final path).
+    A folder is done once its `.verified` mark is written, after the checks. Raises `DownloadError`
+    when the network fails (re-running resumes from the `.part`) or a check fails (the bad file is
+    deleted).
     """
     info = model_info(name)
     base = base_url or os.environ.get("MINILLM_HF_BASE") or HF_BASE
-    target = Path(directory) if directory is not None else cache_dir() / name
-    target.mkdir(parents=True, exist_ok=True)
+    target = expand_user(directory) if directory is not None else cache_dir() / name
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DownloadError(f"{target}: cannot make the download folder there ({e.strerror}); "
+                            "choose another with --dir or $MINILLM_HOME") from None
 
     # The known size belongs to the known hash: a caller's own hash means a different file.
     sha256 = expected_sha256 or info.sha256
     size = info.size if expected_sha256 is None else None
 
-    if all((target / f).is_file() for f in FILES):
+    if _is_verified(target):
         _say(f"{name} is already downloaded in {target}; delete its files to download again")
         return target
     fetch_file(info.url(base, CONFIG_FILE), target / CONFIG_FILE, progress=False)
+    _check_config(info, target / CONFIG_FILE)
     digest = fetch_file(
         info.url(base, WEIGHTS_FILE), target / WEIGHTS_FILE,
         expected_sha256=sha256, expected_size=size, progress=progress,
     )
-    if sha256 is None and digest is not None:
-        _say(f"{WEIGHTS_FILE}: SHA-256 {digest} (no known hash to check it against; record this one)")
+    weights = target / WEIGHTS_FILE
+    if digest is None:                     # there from an earlier run, never verified: verify it now
+        digest = _verify(weights, str(weights), None, size, sha256)
+    try:
+        read_header(weights)               # an HTML error page or a damaged header stops here
+    except SafetensorsError as e:
+        weights.unlink()
+        raise DownloadError(f"{e}; deleted it, re-run to download it again") from None
+    with atomic_write(target / VERIFIED, text=True) as f:
+        json.dump({"sha256": digest, "size": weights.stat().st_size, "pinned": sha256 is not None}, f)
+    if sha256 is None:
+        _say(f"{WEIGHTS_FILE}: no published SHA-256 is pinned for {name}; checked instead: the size the server "
+             f"gave, the whole transfer, the safetensors structure and config.json (a changed byte inside the "
+             f"weights cannot be caught that way). Its SHA-256: {digest}")
     return target
+
+
+def _check_config(info: ModelInfo, path: Path) -> None:
+    """config.json must be this model's: an error page, or another model's config, is deleted."""
+    want = PRESETS[info.preset]
+    try:
+        got = read_config(path)
+        problem = None if (got.n_layer, got.n_head, got.n_embd, got.vocab_size) == \
+            (want.n_layer, want.n_head, want.n_embd, want.vocab_size) else \
+            f"is for a {got.n_layer}-layer, width-{got.n_embd} model, not {info.name}"
+    except MiniLLMError as e:
+        problem = f"is not a GPT-2 config ({e})"
+    if problem:
+        path.unlink()
+        raise DownloadError(f"{path}: {problem}; deleted it, re-run to download it again")
 
 
 def fetch_file(
@@ -164,8 +215,19 @@ def fetch_file(
     else:
         with response:
             have, total = _start_offset(response, url, part, have)
-            with open(part, "ab" if have else "wb") as out:
-                _stream(response, out, url, have, total, final.name, progress)
+            if total is None and expected_sha256 is None and expected_size is None and final.suffix != ".json":
+                raise DownloadError(f"{url}: the server did not say how big the file is, and no hash is pinned "
+                                    "for it: it could not be verified; try again later")
+            try:
+                out = open(part, "ab" if have else "wb")
+            except OSError as e:
+                raise DownloadError(f"{part}: cannot be written ({e.strerror}); choose another --dir") from None
+            try:
+                with out:
+                    _stream(response, out, url, have, total, final.name, progress)
+            except OSError as e:                                # disk full: the .part keeps what it has
+                raise DownloadError(f"{part}: cannot write ({e.strerror}); free some space, "
+                                    "then re-run to resume") from None
 
     digest = _verify(part, url, total, expected_size, expected_sha256)
     os.replace(part, final)
@@ -180,9 +242,11 @@ def _open(url: str, have: int) -> tuple[http.client.HTTPResponse | None, int | N
     headers = {"User-Agent": "minillm"}
     if have:
         headers["Range"] = f"bytes={have}-"
-    request = urllib.request.Request(url, headers=headers)
     try:
+        request = urllib.request.Request(url, headers=headers)
         return urllib.request.urlopen(request, timeout=TIMEOUT_S), None
+    except ValueError as e:                # not a URL at all: "unknown url type"
+        raise DownloadError(f"{url}: not a usable URL ({e}); check $MINILLM_HF_BASE") from None
     except urllib.error.HTTPError as e:  # the server answered, but not with the file
         e.close()
         if e.code == 416 and have:
@@ -203,8 +267,7 @@ def _start_offset(response: http.client.HTTPResponse, url: str, part: Path, have
     206 Partial Content: the server honoured our Range, the body continues the `.part`.
     200 OK: the server sent the whole file (it ignored the Range, or we sent none): start over.
     """
-    length = response.headers.get("Content-Length")
-    length = int(length) if length is not None else None
+    length = _number(response.headers.get("Content-Length"), url, "Content-Length")
     if response.status != 206:
         if have:
             _say(f"{part.name}: the server does not resume downloads; starting over")
@@ -214,17 +277,27 @@ def _start_offset(response: http.client.HTTPResponse, url: str, part: Path, have
     try:
         first_last, total_text = content_range.removeprefix("bytes ").split("/")
         first = int(first_last.split("-")[0])
+        total = None if total_text == "*" else int(total_text)
     except ValueError:
-        raise DownloadError(f"{url}: bad Content-Range {content_range!r} in a 206 answer") from None
+        raise DownloadError(f"{url}: bad Content-Range {content_range!r} in a 206 answer; try again later") from None
     if first != have:
         part.unlink()
         raise DownloadError(
             f"{url}: asked to resume at byte {have}, the server sent from byte {first}; "
             "deleted the partial file, re-run to start over"
         )
-    if total_text != "*":
-        return have, int(total_text)
+    if total is not None:
+        return have, total
     return have, have + length if length is not None else None
+
+
+def _number(value: str | None, url: str, header: str) -> int | None:
+    """A header's non-negative integer, None if absent; anything else is the server's fault."""
+    if value is None:
+        return None
+    if not value.strip().isdigit():
+        raise DownloadError(f"{url}: bad {header} {value[:40]!r} from the server; try again later")
+    return int(value)
 
 
 def _stream(
@@ -234,14 +307,17 @@ def _stream(
     """Copy the response body to `out` in chunks, advancing the progress bar."""
     with _progress_bar(label, have, total, progress) as advance:
         done = have
-        try:
-            while chunk := response.read(CHUNK):
-                out.write(chunk)
-                done += len(chunk)
-                advance(len(chunk))
-        except (OSError, http.client.HTTPException) as e:  # reset, timeout, broken chunking
-            out.flush()
-            raise DownloadError(_stopped(url, done, total, e)) from None
+        while True:
+            try:
+                chunk = response.read(CHUNK)
+            except (OSError, http.client.HTTPException) as e:  # reset, timeout, broken chunking
+                out.flush()
+                raise DownloadError(_stopped(url, done, total, e)) from None
+            if not chunk:
+                break
+            out.write(chunk)                                    # an OSError here: see fetch_file
+            done += len(chunk)
+            advance(len(chunk))
     if total is not None and done < total:  # the server closed the connection early
         raise DownloadError(_stopped(url, done, total, "connection closed early"))
 

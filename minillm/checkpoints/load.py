@@ -9,9 +9,9 @@ import numpy as np
 
 from ..checkpoints.checkpoint import load_checkpoint, random_params
 from ..config import PRESETS, GPT2Config
-from ..errors import MiniLLMError, ModelNotFoundError
+from ..errors import MiniLLMError, ModelNotFoundError, WeightsError
 from ..models.gpt2 import GPT2
-from ..paths import package_weights_dir
+from ..paths import expand_user, not_a_regular_file, package_weights_dir
 
 RANDOM_SEED = 1234
 DOWNLOADABLE = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -68,11 +68,14 @@ def load(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = Fa
             raise ModelNotFoundError(f"{source_str} is not downloaded yet; fetch it with: minillm download {source_str}")
         config, params = load_checkpoint(where, dtype)
         return GPT2(config, params, name=source_str)
-    path = Path(source_str).expanduser()
-    if not path.exists():
+    path = expand_user(source_str)
+    problem = not_a_regular_file(path)
+    if problem == "not found":
         raise ModelNotFoundError(
             f"{source_str}: no such file or directory, and not a model name; choose a checkpoint path or one of: "
             f"{', '.join(model_names())}"
         )
+    if problem is not None and problem.startswith("cannot"):   # a name too long, a loop of links, no permission
+        raise WeightsError(f"{source_str}: {problem}; choose a checkpoint path or one of: {', '.join(model_names())}")
     config, params = load_checkpoint(path, dtype)
     return GPT2(config, params, name=path.name)

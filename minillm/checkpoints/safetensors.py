@@ -18,12 +18,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import SafetensorsError
+from ..paths import atomic_write, not_a_regular_file
 
 # The format's names for element types. BF16 (bfloat16) has no NumPy dtype: it is read as its raw
 # 16-bit patterns and widened to float32 (a bfloat16 is the top half of a float32).
@@ -43,6 +43,7 @@ DTYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype("?"),
 }
 MAX_HEADER_BYTES = 100_000_000  # the format's cap on N
+MAX_DIMS = 32  # NumPy 1's limit on an array's dimensions (NumPy 2 allows 64)
 METADATA_KEY = "__metadata__"
 _DAMAGED = "the file is damaged or not a safetensors file; re-download or re-save it"
 
@@ -56,8 +57,12 @@ def _error(path, problem: str, fix: str = _DAMAGED) -> SafetensorsError:
 
 def _read_raw_header(path: Path) -> tuple[bytes, int]:
     """The header's bytes and the file's size, after checking that the file holds them."""
-    if path.is_dir():
-        raise _error(path, "is a directory, not a .safetensors file", "pass the model.safetensors file inside it")
+    problem = not_a_regular_file(path)
+    if problem == "not found":
+        raise _error(path, "not found", "check the path, or download the model first")
+    if problem is not None:
+        fix = "pass the model.safetensors file inside it" if path.is_dir() else "pass a .safetensors file"
+        raise _error(path, problem, fix)
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -71,8 +76,6 @@ def _read_raw_header(path: Path) -> tuple[bytes, int]:
                 raise _error(path, f"header claims {n} bytes but the file has only {size - 8} after the length "
                                    "field (truncated download?)")
             return f.read(n), size
-    except FileNotFoundError:
-        raise _error(path, "not found", "check the path, or download the model first") from None
     except OSError as e:
         raise _error(path, f"cannot be read ({e.strerror or e})", "check that it exists and is readable") from None
 
@@ -84,12 +87,22 @@ def _parse_json(path: Path, raw: bytes) -> dict:
     except UnicodeDecodeError as e:
         raise _error(path, f"header is not UTF-8 text (bad byte at position {e.start})") from None
     try:
-        header = json.loads(text)
+        header = json.loads(text, object_pairs_hook=_no_duplicates)
     except (ValueError, RecursionError) as e:
         raise _error(path, f"header is not valid JSON ({e})") from None
     if not isinstance(header, dict):
         raise _error(path, f"header is a JSON {type(header).__name__}, expected an object of tensors")
     return header
+
+
+def _no_duplicates(pairs: list) -> dict:
+    """A JSON object, refusing a key given twice (which one would count is anyone's guess)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"key {key!r} appears twice")
+    return obj
 
 
 def _is_int(x) -> bool:
@@ -113,11 +126,15 @@ def _check_entry(path: Path, name: str, entry, data_size: int) -> None:
     if missing:
         raise _error(path, f"{where}: entry is missing {', '.join(missing)}")
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         raise _error(path, f"{where}: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})",
                      "re-save the checkpoint in one of those dtypes")
     if not isinstance(shape, list) or not all(_is_int(s) and s >= 0 for s in shape):
         raise _error(path, f"{where}: shape {shape!r} is not a list of non-negative integers")
+    if len(shape) > MAX_DIMS:
+        raise _error(path, f"{where}: has {len(shape)} dimensions, more than NumPy's {MAX_DIMS}")
+    if 0 in shape and math.prod(s for s in shape if s) > np.iinfo(np.intp).max:  # NumPy's limit, even when empty
+        raise _error(path, f"{where}: shape {shape} is empty but too large for an array")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)):
         raise _error(path, f"{where}: data_offsets {offsets!r} is not a pair of integers [begin, end]")
     begin, end = offsets
@@ -129,13 +146,20 @@ def _check_entry(path: Path, name: str, entry, data_size: int) -> None:
         raise _error(path, f"{where}: holds {end - begin} bytes but shape {shape} of {dtype} needs {expected}")
 
 
-def _check_no_overlap(path: Path, entries: dict) -> None:
-    """Sorted by where they begin, each tensor must end before the next starts (empty ones take no room)."""
-    spans = sorted((e["data_offsets"][0], e["data_offsets"][1], name) for name, e in entries.items()
-                   if e["data_offsets"][0] < e["data_offsets"][1])
-    for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
-        if begin < end:
-            raise _error(path, f"tensors {first!r} and {second!r} overlap in the data section")
+def _check_coverage(path: Path, entries: dict, data_size: int) -> None:
+    """The tensors, sorted by where they begin, must tile the data section exactly: back to back from
+    byte 0 to its end, no overlap, no gap (as the format's own reader requires). A header length a few
+    bytes short, say, would otherwise shift every tensor and still parse."""
+    pos, previous = 0, None
+    for begin, end, name in sorted((e["data_offsets"][0], e["data_offsets"][1], name) for name, e in entries.items()):
+        if begin < pos:
+            raise _error(path, f"tensors {previous!r} and {name!r} overlap in the data section")
+        if begin > pos:
+            raise _error(path, f"bytes {pos}..{begin} of the data section belong to no tensor (before {name!r})")
+        pos, previous = end, name
+    if pos != data_size:
+        raise _error(path, f"the tensors cover {pos} bytes but the data section holds {data_size} "
+                           "(a wrong header length, or bytes appended?)")
 
 
 def _parse(path) -> tuple[dict, dict[str, str], int, int]:
@@ -145,10 +169,10 @@ def _parse(path) -> tuple[dict, dict[str, str], int, int]:
     header = _parse_json(path, raw)
     metadata = _check_metadata(path, header.pop(METADATA_KEY, None))
     data_start = 8 + len(raw)
-    data_size = size - data_start  # bytes past the last tensor are unused and ignored
+    data_size = size - data_start
     for name, entry in header.items():
         _check_entry(path, name, entry, data_size)
-    _check_no_overlap(path, header)
+    _check_coverage(path, header, data_size)
     return header, metadata, data_start, data_size
 
 
@@ -218,7 +242,8 @@ def write_safetensors(path, tensors: dict[str, np.ndarray], metadata: dict[str, 
     """Write `tensors` (and string `metadata`) to `path` atomically: all of it, or nothing.
 
     The file is written under a temporary name in the same folder, flushed to disk, then renamed over
-    `path`; a reader never sees half a file, and a failed write leaves the old file (if any) untouched.
+    `path` (`paths.atomic_write`): a reader never sees half a file, and a failed write leaves the old
+    file (if any) untouched.
     """
     path = Path(path)
     for name in tensors:
@@ -226,20 +251,8 @@ def write_safetensors(path, tensors: dict[str, np.ndarray], metadata: dict[str, 
             raise SafetensorsError(f"tensor name {name!r}: names must be strings other than {METADATA_KEY!r}")
     arrays = {name: np.asarray(t) for name, t in tensors.items()}
     header = _build_header(arrays, metadata)  # checks dtypes before anything touches the disk
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(len(header).to_bytes(8, "little"))
-            f.write(header)
-            for name in sorted(arrays):
-                f.write(_little_endian_bytes(arrays[name]))
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; a checkpoint is ordinary data
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_write(path) as f:
+        f.write(len(header).to_bytes(8, "little"))
+        f.write(header)
+        for name in sorted(arrays):
+            f.write(_little_endian_bytes(arrays[name]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import os
 import sys
 
 import numpy as np
@@ -16,6 +17,9 @@ from ..errors import PromptError
 from ..tokenizer import tokenizer
 from ..ui import report
 
+STDOUT_CLOSED = sys.stdout is None     # `minillm ... >&-`: main() says so; until then, write nowhere
+if STDOUT_CLOSED:
+    sys.stdout = open(os.devnull, "w")
 out = report.console()
 err = report.console(stderr=True)
 
@@ -43,6 +47,12 @@ def encode_prompt(model, prompt: str, max_new_tokens: int) -> np.ndarray:
     """Tokenize a prompt and check, before any work, that it fits the model's vocabulary and context."""
     if not prompt:
         raise PromptError("the prompt is empty: give some text to continue, e.g. \"ROMEO:\"")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:                # bytes that were not UTF-8 arrive as lone surrogates
+        bad = prompt[e.start].encode("utf-8", "surrogateescape")
+        raise PromptError(f"the prompt is not valid UTF-8 (byte 0x{bad.hex()} at character {e.start}); "
+                          "give it as UTF-8 text") from None
     ids = tokenizer().encode(prompt, allowed_special={"<|endoftext|>"})
     ids = model.check_ids(ids)
     if max_new_tokens < 1:
@@ -60,4 +70,9 @@ class TextStream:
 
     def __call__(self, token: int) -> None:
         sys.stdout.write(self.utf8.decode(self.enc.decode_single_token_bytes(token)))
+        sys.stdout.flush()
+
+    def close(self) -> None:
+        """Print what is still held: a last character left incomplete prints as U+FFFD, as `decode` gives."""
+        sys.stdout.write(self.utf8.decode(b"", final=True))
         sys.stdout.flush()

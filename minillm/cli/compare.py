@@ -16,6 +16,7 @@ from ..engine.sampling import check_sampling
 from ..errors import PromptError
 from ..measure import hardware
 from ..measure.meter import Meter
+from ..measure.threads import add_threads_option, limited
 from ..tokenizer import tokenizer
 from ..ui import report
 from .common import add_model, add_sampling, encode_prompt, load_model, out
@@ -27,14 +28,16 @@ def add_compare_arguments(p) -> None:
     p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to generate (default 50)")
     add_sampling(p)
     p.add_argument("--rows", type=int, default=12, help="most steps to show per table (default 12)")
+    add_threads_option(p)
 
 
 def add_traffic_arguments(p) -> None:
     add_model(p)
     p.add_argument("--prompt-tokens", type=int, default=16, help="prompt length in tokens (default 16)")
-    p.add_argument("--steps", type=int, default=8, help="tokens to generate (default 8)")
+    p.add_argument("--steps", type=int, default=8, help="decode steps after the prefill (default 8)")
     p.add_argument("--no-cache", action="store_true", help="naive decode instead of KV-cached")
     p.add_argument("--json", action="store_true", help="one JSON object per step, for scripts")
+    add_threads_option(p)
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -45,6 +48,11 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def run_compare(args) -> int:
+    with limited(args.threads):
+        return _compare(args)
+
+
+def _compare(args) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
     model = load_model(args.model)
     ids = encode_prompt(model, args.prompt, args.max_new_tokens)
@@ -73,9 +81,13 @@ def run_compare(args) -> int:
     else:
         out.print(f"[red]✗ the tokens differ from new token {diff}[/] (cached {new_c[diff]}, naive {new_n[diff]})")
 
+    note = report.cache_note(model.nbytes(), hw)
+    if note:   # said first: a cache-resident model does not show the memory wall this command is about
+        out.print(Panel(Text(note), title="cache-resident model", title_align="left", border_style="yellow"))
     rows = report.select(m_c.steps, args.rows)
-    out.print(report.steps_table(m_c.steps, hw, "KV-cached: prefill once, then one token per step", rows))
-    out.print(report.steps_table(m_n.steps, hw, "Naive: every step runs the whole sequence again", rows))
+    w = out.width
+    out.print(report.steps_table(m_c.steps, hw, "KV-cached: prefill once, then one token per step", rows, width=w))
+    out.print(report.steps_table(m_n.steps, hw, "Naive: every step runs the whole sequence again", rows, width=w))
 
     for path, (new, m, seconds) in runs.items():
         out.print(f"[bold]{path:6}[/] {fmt_total(m, seconds, len(new))}")
@@ -88,11 +100,10 @@ def run_compare(args) -> int:
     if len(m_c.steps) > 1:
         out.print("• " + report.verdict(m_c.steps[-1], hw, "cached"))
         out.print("• " + report.verdict(m_n.steps[-1], hw, "naive"))
-    note = report.cache_note(model.nbytes(), hw)
     if note:
-        out.print(f"[yellow]{note}[/]")
-    out.print(f"[dim]this machine: {hw.bandwidth_gbs:.1f} GB/s ({hw.method}), {hw.peak_gflops:.0f} GFLOP/s "
-              f"float32 matmul, measured {hw.measured_at} (minillm hardware --remeasure to redo)[/]")
+        out.print("[yellow]• cache-resident: the weights came from the CPU cache, so these verdicts describe "
+                  "the cache, not DRAM (try --model random-124m)[/]")
+    out.print(f"[dim]this machine: {escape(hardware.provenance(hw))}[/]")
     return 0
 
 
@@ -104,21 +115,29 @@ def fmt_total(m: Meter, seconds: float, n_new: int) -> str:
 # -- traffic -------------------------------------------------------------------------------------
 
 def run_traffic(args) -> int:
+    with limited(args.threads):
+        return _traffic(args)
+
+
+def _traffic(args) -> int:
     model = load_model(args.model)
     c = model.config
     if args.prompt_tokens < 1 or args.steps < 1:
         raise PromptError("--prompt-tokens and --steps must be at least 1")
+    if args.prompt_tokens >= c.n_ctx:
+        raise PromptError(f"--prompt-tokens {args.prompt_tokens} does not fit {escape(model.name)}'s context of "
+                          f"{c.n_ctx} tokens with room for a decode step: give at most {c.n_ctx - 1}")
     if args.prompt_tokens + args.steps > c.n_ctx:
         raise PromptError(f"--prompt-tokens {args.prompt_tokens} + --steps {args.steps} is beyond the context of "
-                          f"{c.n_ctx}: at most {c.n_ctx - args.prompt_tokens} steps fit")
+                          f"{c.n_ctx}: with this prompt at most {c.n_ctx - args.prompt_tokens} steps fit")
     ids = np.random.default_rng(0).integers(0, c.vocab_size, args.prompt_tokens)   # a seeded random prompt
-    with Meter() as m:
-        generate(model, ids, args.steps, kv_cache=not args.no_cache)
+    with Meter() as m:   # the prefill, then --steps decode steps (the prefill gives the first new token)
+        generate(model, ids, args.steps + 1, kv_cache=not args.no_cache)
     if args.json:
         for r in m.steps:
             print(json.dumps(r.as_dict()))
         return 0
     hw = hardware.machine(progress=True)
     title = f"{escape(model.name)}: {'naive' if args.no_cache else 'KV-cached'} decode, {args.prompt_tokens}-token prompt"
-    out.print(report.steps_table(m.steps, hw, title))
+    out.print(report.steps_table(m.steps, hw, title, width=out.width))
     return 0

@@ -9,26 +9,63 @@ from rich.markup import escape
 
 from ..engine.generate import generate
 from ..engine.sampling import check_sampling
+from ..errors import PromptError
+from ..paths import expand_user, not_a_regular_file, read_capped
 from .common import TextStream, add_model, add_sampling, encode_prompt, err, load_model
 
 
+MAX_PROMPT_BYTES = 16 << 20  # far beyond any context (1,024 tokens are ~4 KB of text)
+
+
 def add_arguments(p) -> None:
-    p.add_argument("prompt", metavar="PROMPT")
+    p.add_argument("prompt", metavar="PROMPT", nargs="?", help="the text to continue (or use --prompt-file)")
+    p.add_argument("--prompt-file", metavar="FILE", default=None,
+                   help="read the prompt from a UTF-8 text file, or from standard input if FILE is -")
     add_model(p)
     p.add_argument("--max-new-tokens", type=int, default=100, help="how many tokens to generate (default 100)")
     add_sampling(p)
     p.add_argument("--no-cache", action="store_true", help="naive decode: recompute the whole sequence every step")
 
 
+def read_prompt(args) -> str:
+    """PROMPT, or the text of --prompt-file (a regular file, or - for standard input): exactly one of them."""
+    if (args.prompt is None) == (args.prompt_file is None):
+        which = "not both" if args.prompt is not None else "one of them is needed"
+        raise PromptError(f"give the prompt as PROMPT or with --prompt-file FILE (- for standard input): {which}")
+    if args.prompt is not None:
+        return args.prompt
+    name = args.prompt_file
+    if name == "-":
+        name, raw = "standard input", sys.stdin.buffer.read(MAX_PROMPT_BYTES + 1)
+    else:
+        path = expand_user(name)
+        problem = not_a_regular_file(path)
+        if problem is not None:
+            raise PromptError(f"--prompt-file {name}: {problem}; give a UTF-8 text file, or - for standard input")
+        try:
+            raw = read_capped(path, MAX_PROMPT_BYTES)
+        except OSError as e:
+            raise PromptError(f"--prompt-file {name}: cannot be read ({e.strerror})") from None
+    if raw is None or len(raw) > MAX_PROMPT_BYTES:
+        raise PromptError(f"{name}: over {MAX_PROMPT_BYTES >> 20} MiB, far more than any context holds")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PromptError(f"{name}: not UTF-8 text (bad byte 0x{raw[e.start]:02x} at byte {e.start})") from None
+
+
 def run(args) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
+    prompt = read_prompt(args)
     model = load_model(args.model)
-    ids = encode_prompt(model, args.prompt, args.max_new_tokens)
-    sys.stdout.write(args.prompt)
+    ids = encode_prompt(model, prompt, args.max_new_tokens)
+    sys.stdout.write(prompt)
     sys.stdout.flush()
     t0 = time.perf_counter()
+    stream = TextStream()
     new = generate(model, ids, args.max_new_tokens, kv_cache=not args.no_cache, temperature=args.temperature,
-                   top_k=args.top_k, top_p=args.top_p, seed=args.seed, on_token=TextStream())
+                   top_k=args.top_k, top_p=args.top_p, seed=args.seed, on_token=stream)
+    stream.close()
     seconds = time.perf_counter() - t0
     sys.stdout.write("\n")
     sys.stdout.flush()

@@ -1,6 +1,6 @@
 """`minillm learn`: the terminal lessons, listed or run.
 
-The lessons live in `lessons/NN_slug.py`, installed as the package `minillm.lessons`. Each module has
+The lessons live in `lessons/NN_slug.py` (installed as the package `minillm.lessons`). Each module has
 TITLE, MINUTES, WHAT_YOU_WILL_SEE and `main(argv=None) -> int`; `LESSONS` is discovered from them.
 
     minillm learn              the list: number, title, minutes, what you will see
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from ..errors import MiniLLMError
+from ..measure.threads import add_threads_option
 
 _NAME = re.compile(r"^(\d\d)_([a-z0-9_]+)\.py$")
 
@@ -68,6 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="smaller models and fewer steps (also: environment MINILLM_FAST=1)")
     parser.add_argument("--model", default=None, metavar="MODEL",
                         help="run the lesson on another model: random-124m, random-tiny, a checkpoint path, gpt2, ...")
+    add_threads_option(parser)
 
 
 def listing():
@@ -95,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(listing())
         total = sum(info.minutes for info in LESSONS)
         console.print(f"  [dim]{len(LESSONS)} lessons, about {total} minutes in all. Options: --fast (quick "
-                      "run, smaller models), --no-pause, --model NAME. Each lesson is also a script: "
-                      "python lessons/01_tokens.py[/]")
+                      "run, smaller models), --no-pause, --model NAME, --threads N. Each lesson is also a script: "
+                      "python lessons/01_tokens.py in a checkout[/]")
         return 0
     info = find(str(which))
     argv = []
@@ -106,4 +108,6 @@ def run(args: argparse.Namespace) -> int:
         argv.append("--fast")
     if getattr(args, "model", None):
         argv += ["--model", args.model]
+    if getattr(args, "threads", None) is not None:
+        argv += ["--threads", str(args.threads)]
     return importlib.import_module(info.module).main(argv)

@@ -4,7 +4,9 @@ its `add_arguments` and `run` functions, and its help. User errors print one red
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import sys
 from typing import NamedTuple
 
@@ -12,7 +14,7 @@ from rich.markup import escape
 
 from .. import __version__
 from ..errors import MiniLLMError
-from .common import err
+from .common import STDOUT_CLOSED, err
 
 
 class Command(NamedTuple):
@@ -38,6 +40,15 @@ COMMANDS = [
             "JSONL trace) with the scheduler, every step really run on a clock advanced by its measured time; "
             "show it live, then throughput, time to first token, time between tokens, KV waste and prefix "
             "hits. --compare runs the same workload several ways."),
+    Command("serve", "cli.serve", "an OpenAI-compatible HTTP server with live /metrics",
+            "Serve POST /v1/completions (OpenAI's format, streaming included), GET /v1/models, /health and "
+            "/metrics (Prometheus text: bytes and FLOPs by kind, prefill and decode seconds, KV blocks, "
+            "latency histograms) on the continuous-batching engine loop. Loopback only unless --host says "
+            "otherwise."),
+    Command("loadgen", "cli.loadgen", "open-loop load on a running server: throughput, TTFT, TBT",
+            "Send a seeded workload to a running `minillm serve` at Poisson arrival times, streaming, and report "
+            "throughput, time to first token and time between tokens (p50, p95) as the clients measured them, "
+            "and, from the server's /metrics, whether prefill or decode took its time."),
     Command("compare", "cli.compare", "naive vs KV-cached decode, step by step, with the counters",
             "Run naive and KV-cached decode on the same prompt with the same sampling; show both texts, whether "
             "the tokens are identical, per-step FLOPs and bytes against this machine's measured bandwidth, "
@@ -48,6 +59,10 @@ COMMANDS = [
     Command("hardware", "measure.hardware", "this machine's measured bandwidth and peak, presets, decode ceilings",
             "Measure (once, then cached) this machine's memory bandwidth and float32 matmul peak; show known "
             "chips; compute the decode ceiling of a model size."),
+    Command("diagnose", "cli.diagnose", "your workload: which phase dominates here and on a GPU, and what helps",
+            "Prefill a prompt of your length and run decode steps from it under the meter; show each phase's "
+            "work and roofline time here and on a chosen chip, time to first token, batched throughput against "
+            "latency, and which optimization attacks the phase that dominates."),
     Command("bench", "measure.bench", "decode speed against the matrix-vector ceiling, per context length",
             "Benchmark cached decode, naive decode and prefill at several context lengths, beside a bare NumPy "
             "matrix-vector pass over the same weights (the ceiling)."),
@@ -81,18 +96,40 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run one command. A user error, an interrupt, or a standard output that is closed, full or gone
+    (`> /dev/full`, `>&-`, `| head`) ends with one line on stderr and a non-zero status, never a traceback."""
+    if STDOUT_CLOSED:                           # started with stdout closed (`>&-`)
+        err.print("[bold red]error:[/] standard output is closed; redirect it to a file or /dev/null")
+        return 1
     try:
-        return args.func(args) or 0
+        args = build_parser().parse_args(argv)
+        status = args.func(args) or 0
+        sys.stdout.flush()                      # a full disk shows here, not in the interpreter's exit
+        return status
     except MiniLLMError as e:
         err.print(f"[bold red]error:[/] {escape(str(e))}")
         return 1
     except KeyboardInterrupt:
         err.print("interrupted")
         return 130
-    except BrokenPipeError:
+    except BrokenPipeError:                     # `minillm ... | head`: the reader has all it wanted
+        _discard_stdout()
         return 0
+    except OSError as e:                        # files are written through MiniLLMErrors: this is stdout
+        if e.errno not in (errno.ENOSPC, errno.EBADF, errno.EIO, errno.EDQUOT) or e.filename is not None:
+            raise
+        _discard_stdout()
+        err.print(f"[bold red]error:[/] cannot write to standard output ({e.strerror}); "
+                  "redirect it somewhere with space")
+        return 1
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush at exit has nothing left to fail on."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -36,12 +36,28 @@ def sample(logits: np.ndarray, temperature: float = 0.0, top_k: int | None = Non
 
     temperature 0 is greedy (argmax). Otherwise: divide by the temperature, keep the top_k most
     likely, keep the smallest set whose probability reaches top_p (nucleus), renormalise, draw one.
+    Limits, for every finite temperature: a temperature so small that logits/temperature overflows
+    is greedy (ties split evenly); logits of +inf take all the probability, shared evenly; -inf ones
+    get none. NaN logits, or all -inf, leave no distribution to draw from: a MiniLLMError.
     """
     check_sampling(temperature, top_k, top_p)
+    logits = np.asarray(logits)
+    if np.isnan(logits).any() or not (logits > -np.inf).any():
+        what = "NaN" if np.isnan(logits).any() else "-inf for every token"
+        raise MiniLLMError(f"the model's logits are {what}: there is no next token to pick; "
+                           "its weights (or a computation) went non-finite: check the checkpoint")
     if temperature == 0:
         return int(np.argmax(logits))
     order = np.argsort(-logits, kind="stable")            # token ids, most likely first
-    z = logits[order] / temperature
+    top = logits[order[0]]
+    if top == np.inf:                                     # certain: draw among the +inf tokens only
+        order = order[:np.count_nonzero(logits == np.inf)]
+        z = np.zeros(order.size)
+    else:
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            z = logits[order] / temperature               # (in float32 a tiny temperature rounds to 0, a huge one to inf)
+            if not np.isfinite(z[0]) or np.isnan(z[-1]):  # overflowed, or -inf/inf: shift first, in float64
+                z = (logits[order].astype(np.float64) - top) / np.float64(temperature)  # top 0, rest <= 0
     if top_k is not None:
         z = z[:top_k]
     p = np.exp(z - z[0])

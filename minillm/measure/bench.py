@@ -32,6 +32,7 @@ from ..models import ops
 from ..errors import MiniLLMError
 from ..checkpoints.load import load
 from ..measure.meter import Meter
+from .threads import add_threads_option, blas_kernel, blas_name, blas_threads, limited
 
 
 # -- the ceiling ---------------------------------------------------------------------------------
@@ -78,8 +79,10 @@ def _is_meter_stmt(s: ast.stmt) -> bool:
 def _reporters() -> list[tuple[object, str]]:
     """Every function that reports to the meter: the operations and the caches' reads and writes."""
     from ..cache import paged
-    return ([(ops, name) for name in ("embedding", "layer_norm", "linear", "gelu", "add", "attention", "lm_head")]
-            + [(cls, name) for cls in (kvcache.KVCache, paged.PagedKVCache) for name in ("write", "read")]
+    return ([(ops, name) for name in ("embedding", "layer_norm", "linear", "gelu", "add", "attention",
+                                      "decode_attention", "lm_head")]
+            + [(cls, name) for cls in (kvcache.KVCache, paged.PagedKVCache, paged.DecodeBatch)
+               for name in ("write", "read")]
             + [(kvcache.PassKV, "read")])
 
 
@@ -208,6 +211,7 @@ def add_arguments(parser) -> None:
                              "the roofline and bare passes over the weights; shows this machine's critical batch")
     parser.add_argument("--batch-context", type=int, default=16, metavar="N",
                         help="with --batch: prompt length of every sequence (default 16)")
+    add_threads_option(parser)
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
 
 
@@ -219,20 +223,25 @@ def parse_contexts(text: str, option: str = "--contexts") -> list[int]:
 
 
 def run(args) -> int:
-    from rich.markup import escape
-    from rich.progress import Progress
-    from rich.table import Table
-
-    from ..ui.report import console, fmt_bytes
-
     contexts = parse_contexts(args.contexts)
     if args.repeats < 1:
         raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
     batches = parse_contexts(args.batch, "--batch") if args.batch is not None else None
     model = load(args.model)
     hw = hardware.machine(progress=not args.json)
-    if batches is not None:
-        return run_batches(args, model, batches, hw)
+    with limited(args.threads):
+        if batches is not None:
+            return run_batches(args, model, batches, hw)
+        return run_contexts(args, model, contexts, hw)
+
+
+def run_contexts(args, model, contexts: list[int], hw) -> int:
+    from rich.markup import escape
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from ..ui.report import console, fmt_bytes
+
     with Progress(console=console(stderr=True), transient=True, disable=args.json) as bar:
         task = bar.add_task(f"benchmarking {escape(model.name)}", total=args.repeats * (len(contexts) + 1))
         result = run_bench(model, contexts, args.repeats, progress=lambda: bar.advance(task))
@@ -278,6 +287,8 @@ def run_batches(args, model, batches: list[int], hw) -> int:
                                  progress=lambda: bar.advance(task))
     result["machine"] = {"bandwidth_gbs": hw.bandwidth_gbs, "method": hw.method, "peak_gflops": hw.peak_gflops}
     result["threads"] = blas_threads()
+    result["blas"] = blas_name()
+    result["blas_kernel"] = blas_kernel()
     if args.json:
         print(json.dumps(result))
         return 0
@@ -304,15 +315,7 @@ def run_batches(args, model, batches: list[int], hw) -> int:
     cb = result["critical_batch"]
     out.print(f"critical batch on this machine: {'none (the KV cache grows as fast as the work)' if cb is None else f'B ≈ {cb}'}"
               f" — ridge {result['ridge_flops_per_byte']:.1f} FLOP/byte = {hw.peak_gflops:.0f} GFLOP/s ÷ "
-              f"{hw.bandwidth_gbs:.1f} GB/s; BLAS threads: {result['threads']}")
+              f"{hw.bandwidth_gbs:.1f} GB/s; BLAS: {result['blas']} ({result['blas_kernel']} kernels), "
+              f"{result['threads']} threads")
     return 0
 
-
-def blas_threads() -> int | None:
-    """How many threads the BLAS runs products on (threadpoolctl's answer, when it is installed)."""
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        return None
-    counts = [p.get("num_threads") for p in threadpool_info() if p.get("user_api") == "blas"]
-    return counts[0] if counts else None

@@ -158,7 +158,7 @@ def causal_mask(Tq: int, Tk: int, dtype: np.dtype) -> np.ndarray:
 QUERY_BLOCK = 128  # prefill queries per block: a block attends only to the keys its last query may see
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, from_cache: bool | None = None) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Causal scaled dot-product attention for all heads in one batched product.
 
     q [H, Tq, hd] are the queries of the Tq newest positions; k, v [H, Tk, hd] are the keys and
@@ -169,9 +169,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, from_cache: bool |
     block may see are never computed (for 512 tokens, 62% of the full T×T matrix).
     Returns [H, Tq, hd].
 
-    Reading k and v is counted by whoever handed them over (a KV cache's `read`, as kv_read; the
-    pass-through of a cache-less forward, as activations). `from_cache=False` is the 0.1 way to say
-    "k and v are activations": they are then counted here.
+    Reading k and v is counted by whoever handed them over: a KV cache's `read` as kv_read, the
+    pass-through of a cache-less forward as activations.
     """
     H, Tq, hd = q.shape
     Tk = k.shape[1]
@@ -191,8 +190,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, from_cache: bool |
     if m is not None:
         score_bytes = H * scored * q.itemsize
         m.count("attention",
-                activations=2 * q.nbytes + out.nbytes + 2 * score_bytes
-                + (k.nbytes + v.nbytes if from_cache is False else 0),
+                activations=2 * q.nbytes + out.nbytes + 2 * score_bytes,
                 attention=4 * H * scored * hd,
                 other=q.size + (6 if Tq > 1 else 5) * H * scored)
     return out

@@ -1,1 +1,2 @@
-"""Serving in miniature: workloads, their metrics, and what serve-sim shows."""
+"""Serving: workloads, their metrics and the simulator (serve-sim); an OpenAI-compatible HTTP server
+on the engine loop, its Prometheus metrics, and a load generator to diagnose it with."""

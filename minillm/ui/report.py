@@ -6,8 +6,10 @@ this machine's measured figures (`hardware.machine()`); nothing is typed in.
 
 from __future__ import annotations
 
+import os
 import sys
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -16,10 +18,10 @@ from ..measure.meter import StepRecord
 
 
 def console(stderr: bool = False) -> Console:
-    """A rich console. Tables are wide: sent to a file or a pipe, they are laid out for 150 columns."""
+    """A rich console. Sent to a file or a pipe, output is laid out for 150 columns (or $COLUMNS)."""
     stream = sys.stderr if stderr else sys.stdout
     return Console(highlight=False, stderr=stderr, soft_wrap=stderr,
-                   width=None if stream.isatty() else 150)
+                   width=None if stream.isatty() or os.environ.get("COLUMNS") else 150)
 
 
 def fmt_bytes(n: float) -> str:
@@ -61,24 +63,56 @@ def select(records: list[StepRecord], most: int = 12) -> list[int]:
     return sorted(set(head + middle + [n - 1]))
 
 
-def steps_table(records: list[StepRecord], hw: Hardware | None, title: str, rows: list[int] | None = None) -> Table:
-    """One row per step: tokens processed, FLOPs, bytes by kind, intensity, time, GB/s, % of bandwidth."""
-    t = Table(title=title, title_justify="left", header_style="bold")
-    for col in ("step", "kind", "pos", "tokens", "FLOPs", "weights", "KV read", "KV write",
-                "activations", "FLOP/B", "time", "GB/s"):
-        t.add_column(col, justify="left" if col == "kind" else "right")
+NARROW = 120   # below this many columns, a table of steps drops the bytes-by-kind breakdown
+
+
+def last_position(r: StepRecord) -> int:
+    """The position of the last token a step runs through the blocks: the one whose logits it gives.
+
+    A cached decode step runs one token (its own position); a prefill or a naive step runs every
+    position from 0, so its last position is where the new token is predicted from."""
+    return r.position + r.n_tokens - 1
+
+
+def steps_table(records: list[StepRecord], hw: Hardware | None, title: str, rows: list[int] | None = None,
+                width: int | None = None) -> Table:
+    """One row per step: tokens processed, FLOPs, bytes, intensity, time, GB/s, % of bandwidth.
+
+    `width` is the console's: below `NARROW` columns the bytes are one total (fits 80 columns);
+    wider, they are split by kind (weights, KV read, KV write, activations)."""
+    narrow = width is not None and width < NARROW
+    t = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
+              padding=(0, 1) if not narrow else (0, 0, 0, 1), collapse_padding=True)
+    byte_cols = ("bytes",) if narrow else ("weights", "KV read", "KV write", "activations")
+    for col in ("step", "kind", "pos", "tokens", "FLOPs", *byte_cols, "FLOP/B", "time", "GB/s"):
+        t.add_column(col, justify="left" if col == "kind" else "right", no_wrap=True)
     if hw is not None:
-        t.add_column("% of BW", justify="right")
+        t.add_column("% BW" if narrow else "% of BW", justify="right", no_wrap=True)
     for i in rows if rows is not None else range(len(records)):
         r = records[i]
         b = r.bytes
-        row = [str(i), r.kind, str(r.position), str(r.n_tokens), fmt_flops(r.total_flops),
-               fmt_bytes(b["weights"]), fmt_bytes(b["kv_read"]), fmt_bytes(b["kv_write"]),
-               fmt_bytes(b["activations"]), f"{r.intensity:.3g}", fmt_time(r.seconds), f"{r.gbps:.1f}"]
+        moved = ([fmt_bytes(r.total_bytes)] if narrow else
+                 [fmt_bytes(b["weights"]), fmt_bytes(b["kv_read"]), fmt_bytes(b["kv_write"]), fmt_bytes(b["activations"])])
+        row = [str(i), r.kind, str(last_position(r)), str(r.n_tokens), fmt_flops(r.total_flops), *moved,
+               f"{r.intensity:.3g}", fmt_time(r.seconds), f"{r.gbps:.1f}"]
         if hw is not None:
             row.append(f"{100 * r.gbps / hw.bandwidth_gbs:.0f}%")
         t.add_row(*row)
     return t
+
+
+def fused_bytes(r: StepRecord, config, itemsize: int) -> int:
+    """The bytes of a step in the **fused** view of memory, as a fused GPU kernel moves them.
+
+    The meter counts the unfused view, as NumPy runs: every operation reads its inputs from memory
+    and writes its outputs back, so a long prefill moves its activations many times over. A fused
+    kernel keeps the inside of a block on chip: it moves the weights, the KV cache read and written,
+    each block's input and output ([T, d] each), the embedding's output and the logits it keeps."""
+    L, d, V = config.n_layer, config.n_embd, config.vocab_size
+    T = r.n_tokens
+    lm_rows = T if r.kind == "forward" else 1
+    activations = (2 * L * T * d + T * d + lm_rows * V) * itemsize
+    return r.bytes["weights"] + r.bytes["kv_read"] + r.bytes["kv_write"] + activations
 
 
 def bound_of(r: StepRecord, hw: Hardware) -> str:
@@ -87,24 +121,38 @@ def bound_of(r: StepRecord, hw: Hardware) -> str:
 
 
 def verdict(r: StepRecord, hw: Hardware, path: str) -> str:
-    """One sentence on a step, in plain words, with the numbers that decide it."""
+    """One sentence on a step, in plain words, with the numbers that decide it (bytes as the meter counts
+    them: the unfused view, every operation's inputs and outputs through memory, as NumPy runs)."""
     bound = bound_of(r, hw)
     if r.kind == "prefill":
         what = f"prefill of {r.n_tokens} tokens"
     else:
-        what = f"{path} step at position {r.position + r.n_tokens - 1}"
+        what = f"{path} step at position {last_position(r)}"
         if r.n_tokens > 1:
             what += f" recomputes {r.n_tokens} tokens"
-    return (f"{what}: {r.intensity:.3g} FLOP/byte, {fmt_bytes(r.total_bytes)} moved → {bound}-bound "
+    return (f"{what}: {r.intensity:.3g} FLOP/byte, {fmt_bytes(r.total_bytes)} moved (unfused) → {bound}-bound "
             f"(this machine's ridge is {hw.ridge:.3g} FLOP/byte); {r.gbps:.1f} GB/s and {r.gflops:.1f} GFLOP/s "
             f"achieved, {100 * r.gbps / hw.bandwidth_gbs:.0f}% of this machine's {hw.bandwidth_gbs:.1f} GB/s "
             f"and {100 * r.gflops / hw.peak_gflops:.0f}% of its {hw.peak_gflops:.0f} GFLOP/s")
 
 
+def fmt_mib(n: float) -> str:
+    """A cache size in binary units, as CPUs quote them: 32 MiB, 512 KiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def cache_resident(model_bytes: int, hw: Hardware) -> bool:
+    return bool(hw.llc_bytes) and model_bytes <= hw.llc_bytes
+
+
 def cache_note(model_bytes: int, hw: Hardware) -> str | None:
     """When the weights fit in the last-level cache, DRAM is not what a decode step measures."""
-    if hw.llc_bytes and model_bytes <= hw.llc_bytes:
-        return (f"Note: this model's weights ({fmt_bytes(model_bytes)}) fit in the {fmt_bytes(hw.llc_bytes)} "
-                "last-level cache, so decode reads them from cache, not DRAM: GB/s above the DRAM bandwidth is "
-                "possible. Use --model random-124m to measure DRAM.")
+    if cache_resident(model_bytes, hw):
+        return (f"This model's weights ({fmt_mib(model_bytes)}) fit in this CPU's {fmt_mib(hw.llc_bytes)} "
+                "last-level cache, so a decode step reads them from the cache, not from DRAM: the GB/s below "
+                "are cache speeds, and this run cannot show decode waiting on memory. To see it, run a "
+                "model the size of GPT-2 small (about 500 MB a step): add --model random-124m.")
     return None

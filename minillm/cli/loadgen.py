@@ -1,0 +1,44 @@
+"""`minillm loadgen`: send a workload to a running `minillm serve` and report what clients felt."""
+
+from __future__ import annotations
+
+import json
+
+from rich.table import Table
+
+from ..serving.loadgen import run_load
+from .common import err, out
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default http://127.0.0.1:8000)")
+    p.add_argument("--workload", default="poisson",
+                   help="poisson (short prompts and answers), long-prompt, long-answer, shared-prefix (default poisson)")
+    p.add_argument("--rate", type=float, default=2.0, help="requests per second, Poisson arrivals (default 2)")
+    p.add_argument("--requests", type=int, default=32, help="how many requests (default 32)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the arrival times and lengths (default 0)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds one request may take (default 300)")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+
+
+def run(args) -> int:
+    with err.status(f"{args.requests} requests at {args.rate:g}/s to {args.url}…"):
+        r = run_load(args.url, args.workload, args.rate, args.requests, args.seed, args.timeout)
+    if args.json:
+        print(json.dumps(r))
+        return 0
+    ms = lambda s: "-" if s is None else f"{s * 1e3:.0f} ms"  # noqa: E731
+    t = Table(title=f"{r['workload']} at {r['rate']:g} req/s: {r['ok']} of {r['requests']} ok", title_justify="left")
+    for col in ("", "p50", "p95"):
+        t.add_column(col, justify="right")
+    t.add_row("time to first token", ms(r["ttft_p50_s"]), ms(r["ttft_p95_s"]))
+    t.add_row("time between tokens", ms(r["tbt_p50_s"]), ms(r["tbt_p95_s"]))
+    t.add_row("end to end", ms(r["e2e_p50_s"]), ms(r["e2e_p95_s"]))
+    out.print(t)
+    s = r["server"]
+    out.print(f"output: {r['output_tokens']} tokens in {r['wall_s']:.1f} s = {r['output_tokens_per_s']:.1f} tokens/s"
+              + (f"; errors: {r['errors']}" if r["errors"] else ""))
+    out.print(f"server (from /metrics): prefill {s['prefill_s']:.2f} s for {s['prefill_tokens']:.0f} tokens, "
+              f"decode {s['decode_s']:.2f} s for {s['decode_tokens']:.0f} tokens, {s['preemptions']:.0f} preemptions: "
+              f"[bold]{s['bottleneck']}[/] took the server's time")
+    return 0

@@ -1,0 +1,86 @@
+"""`minillm serve`: an OpenAI-compatible completions server on the continuous-batching engine loop."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import signal
+import threading
+
+from rich.markup import escape
+
+from ..errors import MiniLLMError
+from ..serving.http import Server
+from ..serving.loop import EngineLoop
+from .common import add_model, err, load_model
+
+SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.I)
+UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
+         "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str, option: str) -> int:
+    m = SIZE.match(text or "")
+    unit = (m.group(2) or "").lower() if m else None
+    if not m or unit not in UNITS:
+        raise MiniLLMError(f"{option} {text!r}: give a size such as 256MB, 1GB or 512MiB")
+    return int(float(m.group(1)) * UNITS[unit])
+
+
+def add_arguments(p) -> None:
+    add_model(p)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: only this machine can connect)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--max-batch", type=int, default=16, help="most sequences in one step (default 16)")
+    p.add_argument("--kv-memory", default="256MB", help="memory for the paged KV cache (default 256MB)")
+    p.add_argument("--block-size", type=int, default=16, help="positions per KV-cache block (default 16)")
+    p.add_argument("--max-waiting", type=int, default=64,
+                   help="requests that may wait for a place in the batch; more get 429 (default 64)")
+    p.add_argument("--quiet", action="store_true", help="do not log each request on stderr")
+
+
+def run(args) -> int:
+    for name in ("max_batch", "block_size", "max_waiting"):
+        if getattr(args, name) < 1:
+            raise MiniLLMError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+    if not 0 <= args.port <= 65535:
+        raise MiniLLMError(f"--port {args.port}: must be between 0 and 65535")
+    kv = parse_size(args.kv_memory, "--kv-memory")
+    model = load_model(args.model)
+    loop = EngineLoop(model, kv_memory=kv, block_size=args.block_size, max_batch=args.max_batch,
+                      max_waiting=args.max_waiting)
+    try:
+        server = Server((args.host, args.port), loop, model.name, log=None if args.quiet else _log)
+    except OSError as e:
+        raise MiniLLMError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e} "
+                           "(is another server on that port? try --port 0)") from None
+    host, port = server.server_address[:2]
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    where = "loopback: only this machine can connect" if loopback else \
+        "NOT loopback: other machines can connect, as --host asked"
+    err.print(f"minillm serve: {escape(model.name)} on http://{host}:{port} ({where}); "
+              f"KV pool {loop.pool.num_blocks} blocks of {args.block_size} positions, batch up to {args.max_batch}. "
+              "Ctrl-C stops.", soft_wrap=True)
+    print(f"listening on http://{host}:{port}", flush=True)
+    loop.start()
+
+    def stop(signum, frame):
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.server_close()
+        loop.stop(grace=5.0)
+    err.print("minillm serve: stopped")
+    return 0
+
+
+def _log(line: str) -> None:
+    err.print(f"[dim]{escape(line)}[/]", soft_wrap=True)

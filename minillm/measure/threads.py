@@ -1,0 +1,71 @@
+"""How many threads BLAS runs with, and a way to set it: timings mean little without that number.
+
+threadpoolctl reads and sets the thread pools of the BLAS libraries NumPy loaded (OpenBLAS, MKL,
+BLIS) while the process runs, so `--threads N` works without restarting Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import numpy as np  # noqa: F401  (loads the BLAS whose pool we read)
+
+from ..errors import MiniLLMError
+
+
+def blas_threads() -> int | None:
+    """The threads NumPy's BLAS uses now (the largest pool if several are loaded), or None if unknown."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return None
+    pools = [p.get("num_threads") for p in threadpool_info() if p.get("user_api") == "blas"]
+    pools = [n for n in pools if isinstance(n, int)]
+    return max(pools) if pools else None
+
+
+def blas_name() -> str | None:
+    """'openblas 0.3.31', 'mkl 2024.1', ...: the BLAS NumPy runs on, when threadpoolctl can tell."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return None
+    for p in threadpool_info():
+        if p.get("user_api") == "blas":
+            return f"{p.get('internal_api', '?')} {p.get('version') or ''}".strip()
+    return None
+
+
+def blas_kernel() -> str | None:
+    """The kernel family the BLAS chose for this CPU ('Haswell', 'Zen', ...). OPENBLAS_CORETYPE can force
+    an older, slower one: benchmark figures should say which ran."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return None
+    for p in threadpool_info():
+        if p.get("user_api") == "blas":
+            return p.get("architecture")
+    return None
+
+
+@contextlib.contextmanager
+def limited(threads: int | None) -> Iterator[None]:
+    """Run the block with BLAS on `threads` threads (None: leave it as it is)."""
+    if threads is None:
+        yield
+        return
+    if not isinstance(threads, int) or threads < 1:
+        raise MiniLLMError(f"--threads {threads!r}: give a whole number of threads, at least 1")
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        raise MiniLLMError("--threads needs threadpoolctl: pip install threadpoolctl") from None
+    with threadpool_limits(limits=threads, user_api="blas"):
+        yield
+
+
+def add_threads_option(parser) -> None:
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="BLAS threads for the timed work (default: as NumPy starts, see `minillm hardware`)")

@@ -1,0 +1,317 @@
+"""`minillm serve` over real HTTP on 127.0.0.1 (an ephemeral port, every wait bounded): concurrent
+streaming clients get exactly `minillm.generate`'s tokens, a client that leaves frees its blocks,
+every bad request gets its status and an OpenAI-style JSON error, the server keeps serving, the
+official `openai` client works against it, and the command starts and stops cleanly.
+
+The model is a random float64 GPT-2 with the real vocabulary (so text round-trips through the
+tokenizer): in float64 a batched step's logits equal a lone sequence's to rounding, so the tokens
+are exactly equal (tests/test_batch.py proves it on its own).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import minillm
+from minillm.config import GPT2Config
+from minillm.engine.sequence import EOT
+from minillm.serving.http import Server
+from minillm.serving.loop import EngineLoop
+from minillm.serving.prom import parse
+
+from test_properties import random_model
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = GPT2Config(n_layer=2, n_head=2, n_embd=16, n_ctx=96, vocab_size=50257)
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = random_model(CONFIG, 3, std=0.3)
+    m.name = "test-model"
+    return m
+
+
+def start(model, **kw):
+    loop = EngineLoop(model, kv_memory=kw.pop("kv_memory", 4 << 20), block_size=4, **kw)
+    server = Server(("127.0.0.1", 0), loop, model.name)
+    loop.start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return server, loop
+
+
+@pytest.fixture(scope="module")
+def served(model):
+    server, loop = start(model, max_batch=8)
+    yield server
+    server.shutdown()
+    server.server_close()
+    loop.stop(grace=1)
+
+
+def request(server, method, path, body=None, raw: bytes | None = None, headers=None, timeout=30):
+    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=timeout)
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    conn.request(method, path, body=data, headers=headers or {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    out = r.status, dict(r.getheaders()), r.read()
+    conn.close()
+    return out
+
+
+def stream_text(server, body, timeout=60):
+    """POST with stream: true; the concatenated text, the finish reason and the usage chunk."""
+    status, _, raw = request(server, "POST", "/v1/completions", {**body, "stream": True,
+                                                                  "stream_options": {"include_usage": True}},
+                             timeout=timeout)
+    assert status == 200, raw
+    events = [line[6:] for line in raw.decode().split("\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1]
+    return text, finish, chunks[-1]["usage"]
+
+
+def alone(model, prompt, n, temperature, seed):
+    enc = minillm.tokenizer()
+    ids = minillm.generate(model, enc.encode(prompt), n, temperature=temperature, seed=seed)
+    if EOT in ids:
+        ids = ids[:ids.index(EOT)]
+        return enc.decode(ids), "stop"
+    return enc.decode(ids), "length"
+
+
+def metrics(server) -> dict:
+    return parse(request(server, "GET", "/metrics")[2].decode())
+
+
+def test_concurrent_streaming_clients_get_generate_alone(served, model):
+    cases = [(f"ROMEO {i}:", 6 + 3 * i, 0.0 if i % 2 else 0.9, i) for i in range(6)]
+    results = [None] * len(cases)
+
+    def client(i, prompt, n, temperature, seed):
+        results[i] = stream_text(served, {"prompt": prompt, "max_tokens": n, "temperature": temperature, "seed": seed})
+
+    threads = [threading.Thread(target=client, args=(i, *c)) for i, c in enumerate(cases)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for (prompt, n, temperature, seed), (text, finish, use) in zip(cases, results):
+        assert (text, finish) == alone(model, prompt, n, temperature, seed)
+        assert use["prompt_tokens"] == len(minillm.tokenizer().encode(prompt))
+        assert use["total_tokens"] == use["prompt_tokens"] + use["completion_tokens"]
+    m = metrics(served)
+    assert m["minillm_kv_blocks_used"] == 0 and m["minillm_requests_running"] == 0
+    assert m['minillm_bytes_total{kind="weights"}'] > 0 and m['minillm_step_seconds_total{phase="decode"}'] > 0
+
+
+def test_a_plain_reply_and_token_id_prompts(served, model):
+    status, _, raw = request(served, "POST", "/v1/completions",
+                             {"prompt": [464, 2068, 7586], "max_tokens": 5, "temperature": 0, "user": "x"})
+    body = json.loads(raw)
+    assert status == 200 and body["object"] == "text_completion"
+    enc = minillm.tokenizer()
+    want = minillm.generate(model, [464, 2068, 7586], 5)
+    assert body["choices"][0]["text"] == enc.decode(want[:want.index(EOT)] if EOT in want else want)
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": body["usage"]["completion_tokens"],
+                             "total_tokens": 3 + body["usage"]["completion_tokens"]}
+
+
+def test_stop_strings_cut_the_text(served, model):
+    text, _, _ = stream_text(served, {"prompt": "a", "max_tokens": 30, "temperature": 0})
+    if len(text) < 4:
+        pytest.skip("the random model's greedy text is too short to cut")
+    stop = text[2:4]
+    cut, finish, _ = stream_text(served, {"prompt": "a", "max_tokens": 30, "temperature": 0, "stop": [stop]})
+    assert finish == "stop" and cut == text[:text.index(stop)]
+
+
+def test_a_client_that_leaves_frees_its_blocks(served):
+    host, port = served.server_address[:2]
+    s = socket.create_connection((host, port), timeout=10)
+    body = json.dumps({"prompt": "long", "max_tokens": 90, "temperature": 1.0, "stream": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    got = b""
+    while b"data: " not in got:
+        chunk = s.recv(4096)
+        assert chunk, "the server closed the stream before its first token"
+        got += chunk
+    deadline = time.time() + 10
+    while metrics(served)["minillm_kv_blocks_used"] == 0 and time.time() < deadline:
+        time.sleep(0.01)
+    s.close()
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        m = metrics(served)
+        if m["minillm_kv_blocks_used"] == 0 and m["minillm_requests_running"] == 0:
+            break
+        time.sleep(0.05)
+    assert m["minillm_kv_blocks_used"] == 0, "the disconnected client's blocks are still held"
+    assert m["minillm_requests_cancelled_total"] >= 1
+
+
+@pytest.mark.parametrize("body, status, param", [
+    (b"{not json", 400, None),
+    (b"[1, 2]", 400, None),
+    (json.dumps({"max_tokens": 3}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": 5}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": ["a", "b"]}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": [1, 99999999]}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": "a", "max_tokens": "3"}).encode(), 400, "max_tokens"),
+    (json.dumps({"prompt": "a", "max_tokens": 0}).encode(), 400, "max_tokens"),
+    (json.dumps({"prompt": "a", "max_tokens": 500}).encode(), 400, "max_tokens"),
+    (json.dumps({"prompt": "word " * 200}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": "a", "temperature": -1}).encode(), 400, "temperature"),
+    (json.dumps({"prompt": "a", "top_p": 0}).encode(), 400, "top_p"),
+    (json.dumps({"prompt": "a", "seed": -3}).encode(), 400, "seed"),
+    (json.dumps({"prompt": "a", "stop": [1]}).encode(), 400, "stop"),
+    (json.dumps({"prompt": "a", "stream": "yes"}).encode(), 400, "stream"),
+    (json.dumps({"prompt": "a", "n": 2}).encode(), 400, "n"),
+    (json.dumps({"prompt": "a", "logprobs": 3}).encode(), 400, "logprobs"),
+])
+def test_bad_requests_get_400_naming_the_field(served, body, status, param):
+    got, headers, raw = request(served, "POST", "/v1/completions", raw=body)
+    err = json.loads(raw)["error"]
+    assert got == status and err["param"] == param and err["message"], err
+    assert headers["Content-Type"] == "application/json"
+
+
+def test_routes_methods_and_sizes(served):
+    assert request(served, "GET", "/nope")[0] == 404
+    status, headers, raw = request(served, "GET", "/v1/completions")
+    assert status == 405 and headers["Allow"] == "POST" and json.loads(raw)["error"]["code"] == 405
+    assert request(served, "DELETE", "/v1/models")[0] == 405
+    status, _, raw = request(served, "POST", "/v1/completions", raw=b"{}",
+                             headers={"Content-Length": str(10 << 20)})
+    assert status == 413 and "at most" in json.loads(raw)["error"]["message"]
+    assert json.loads(request(served, "GET", "/v1/models")[2])["data"][0] | {"created": 0} == {
+        "id": "test-model", "object": "model", "created": 0, "owned_by": "minillm", "max_model_len": 96}
+    assert json.loads(request(served, "GET", "/health")[2]) == {"status": "ok"}
+    status, _, raw = request(served, "POST", "/v1/completions", {"prompt": "still here", "max_tokens": 2})
+    assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] >= 1
+
+
+def test_a_full_queue_gets_429_with_retry_after(model):
+    server, loop = start(model, max_waiting=0)
+    try:
+        status, headers, raw = request(server, "POST", "/v1/completions", {"prompt": "a", "max_tokens": 2})
+        assert status == 429 and headers["Retry-After"] == "1"
+        assert json.loads(raw)["error"]["type"] == "rate_limit_error"
+    finally:
+        server.shutdown()
+        server.server_close()
+        loop.stop(grace=0)
+    assert not loop.thread.is_alive()
+
+
+def test_preemption_under_a_tiny_kv_budget_keeps_the_tokens(model):
+    """A pool of a few blocks: sequences are preempted and recomputed; their tokens do not change."""
+    server, loop = start(model, kv_memory=12 * 2 * 2 * 16 * 4 * 8, max_batch=4)   # 12 blocks of 4 positions
+    try:
+        cases = [(f"p{i}", 20, 0.8, i) for i in range(4)]
+        results = [None] * 4
+        threads = [threading.Thread(target=lambda i=i, c=c: results.__setitem__(
+            i, stream_text(server, {"prompt": c[0], "max_tokens": c[1], "temperature": c[2], "seed": c[3]})))
+            for i, c in enumerate(cases)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        for c, (text, finish, _) in zip(cases, results):
+            assert (text, finish) == alone(model, *c)
+        assert loop.batcher.preemptions > 0 and loop.pool.allocator.n_free == loop.pool.num_blocks
+    finally:
+        server.shutdown()
+        server.server_close()
+        loop.stop(grace=0)
+
+
+def test_the_official_openai_client(served, model):
+    openai = pytest.importorskip("openai")
+    host, port = served.server_address[:2]
+    client = openai.OpenAI(base_url=f"http://{host}:{port}/v1", api_key="none", max_retries=0, timeout=60)
+    r = client.completions.create(model="test-model", prompt="ROMEO:", max_tokens=6, temperature=0)
+    assert (r.choices[0].text, r.choices[0].finish_reason) == alone(model, "ROMEO:", 6, 0.0, None)
+    assert r.usage.prompt_tokens == 3 and r.usage.total_tokens == 3 + r.usage.completion_tokens
+    parts = list(client.completions.create(model="test-model", prompt="ROMEO:", max_tokens=6, temperature=0,
+                                           stream=True, stream_options={"include_usage": True}))
+    assert "".join(p.choices[0].text for p in parts if p.choices) == r.choices[0].text
+    assert parts[-1].usage.completion_tokens == r.usage.completion_tokens
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="test-model", prompt="ROMEO:", max_tokens=-1)
+    assert [m.id for m in client.models.list()] == ["test-model"]
+
+
+def test_the_command_starts_serves_and_stops_on_sigterm(tmp_path):
+    env = dict(os.environ) | {"MINILLM_HOME": str(tmp_path), "MINILLM_FAST": "1"}
+    env.pop("PYTHONPATH", None)
+    p = subprocess.Popen([sys.executable, "-m", "minillm", "serve", "--model", "random-tiny", "--port", "0",
+                          "--kv-memory", "8MB"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         cwd=REPO, env=env)
+    try:
+        line = p.stdout.readline()
+        assert line.startswith("listening on http://127.0.0.1:"), (line, p.stderr.read() if p.poll() else "")
+        port = int(line.rsplit(":", 1)[1])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "a", "max_tokens": 3}))
+        assert conn.getresponse().status == 200
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == 0
+        assert "loopback" in p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--port", "70000"], ["--port"]),
+    (["--kv-memory", "lots"], ["--kv-memory", "256MB"]),
+    (["--max-batch", "0"], ["--max-batch"]),
+])
+def test_the_command_rejects_bad_options_in_one_line(tmp_path, args, words):
+    env = dict(os.environ) | {"MINILLM_HOME": str(tmp_path)}
+    env.pop("PYTHONPATH", None)
+    r = subprocess.run([sys.executable, "-m", "minillm", "serve", "--model", "random-tiny", *args],
+                       capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 3
+    for w in words:
+        assert w in r.stderr
+
+
+def test_loadgen_against_the_server(served):
+    from minillm.serving.loadgen import run_load
+    host, port = served.server_address[:2]
+    r = run_load(f"http://{host}:{port}", "poisson", rate=50.0, n=6, seed=1, timeout=60)
+    assert r["ok"] == 6 and not r["errors"]
+    assert r["output_tokens"] > 0 and r["output_tokens_per_s"] > 0
+    assert 0 < r["ttft_p50_s"] <= r["ttft_p95_s"] and r["e2e_p95_s"] >= r["ttft_p95_s"]
+    s = r["server"]
+    assert s["prefill_tokens"] > 0 and s["decode_tokens"] > 0 and s["bottleneck"] in ("prefill", "decode")
+    r2 = run_load(f"http://{host}:{port}", "long-prompt", rate=50.0, n=3, seed=1, timeout=60)
+    assert r2["ok"] == 3    # prompts clipped to the model's context, read from /v1/models
+
+
+def test_loadgen_says_when_no_server_is_there(tmp_path):
+    env = dict(os.environ) | {"MINILLM_HOME": str(tmp_path)}
+    env.pop("PYTHONPATH", None)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, "-m", "minillm", "loadgen", "--url", f"http://127.0.0.1:{port}",
+                        "--requests", "2"], capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
+    assert r.returncode == 1 and "no server" in r.stderr and "Traceback" not in r.stderr
