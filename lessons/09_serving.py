@@ -11,6 +11,7 @@ try:
 except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
     raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
 
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
@@ -19,9 +20,9 @@ from minillm.serving.metrics import serve
 from minillm.serving.workloads import WorkItem, generate_workload
 from minillm.ui.report import fmt_time
 
-TITLE = "Serving: continuous batching and paged KV memory"
+TITLE = "Serving: continuous batching"
 MINUTES = 8
-WHAT_YOU_WILL_SEE = "one workload under three schedulers: throughput, time to first token, KV waste, preemption"
+WHAT_YOU_WILL_SEE = "three schedulers, one workload; KV waste; preemption"
 
 
 def lesson(L: Lesson) -> None:
@@ -30,6 +31,7 @@ def lesson(L: Lesson) -> None:
     intro(L)
     items = workload(L, model)
     runs = policies(L, model, items, hw)
+    L.pause()
     kv_waste(L, model, runs)
     preemption(L, model, items)
     L.try_it("""
@@ -86,13 +88,14 @@ def policies(L: Lesson, model, items, hw) -> dict:
     for policy in ("sequential", "static", "continuous"):
         with L.status(f"serving {len(items)} requests, {policy}…"):
             runs[policy] = serve(model, items, policy=policy, max_seqs=8, hw=hw)
-    t = Table(header_style="bold")
-    for col in ("policy", "tokens/s", "TTFT p50", "TTFT p95", "TBT p50", "TBT p95", "mean batch", "steps"):
-        t.add_column(col, justify="right")
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("policy", "tok/s", "TTFT p50", "TTFT p95", "TBT p50", "TBT p95", "batch", "steps"):
+        t.add_column(col, justify="right", no_wrap=True)
     for p, (r, _) in runs.items():
         t.add_row(p, f"{r['output_tokens_per_s']:.1f}", fmt_time(r["ttft_p50_s"]), fmt_time(r["ttft_p95_s"]),
                   fmt_time(r["tbt_p50_s"]), fmt_time(r["tbt_p95_s"]), f"{r['mean_batch']:.1f}", str(r["steps"]))
-    L.show(t, bar_chart("output tokens per second", [(p, r["output_tokens_per_s"], f"{r['output_tokens_per_s']:.1f}")
+    L.show(t, "[dim]tok/s: output tokens per second; batch: sequences per step, on average[/]",
+           bar_chart("output tokens per second", [(p, r["output_tokens_per_s"], f"{r['output_tokens_per_s']:.1f}")
                                                      for p, (r, _) in runs.items()]))
     L.busy_note()
     outs = {p: [q.output for q in e.requests.values()] for p, (_, e) in runs.items()}
@@ -119,7 +122,6 @@ def policies(L: Lesson, model, items, hw) -> dict:
         time's: a bigger step, and now and then a prompt chunk in it. That is the trade Sarathi-Serve
         tunes with the token budget (`--max-tokens`).
     """)
-    L.pause()
     return runs
 
 
@@ -128,7 +130,7 @@ def kv_waste(L: Lesson, model, runs: dict) -> None:
     r = runs["continuous"][0]
     c = model.config
     per_pos = PagedKVPool.block_nbytes_for(c, 1, model.dtype)
-    t = Table(header_style="bold")
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     t.add_column("cache")
     t.add_column("wasted: reserved but holding no key", justify="right")
     t.add_row(f"contiguous, {c.n_ctx} positions per sequence", f"{r['kv_waste_contiguous']:.1%}")

@@ -12,15 +12,16 @@ try:
 except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
     raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
 
+from rich import box
 from rich.table import Table
 
 from minillm.serving.metrics import serve
 from minillm.serving.workloads import WorkItem, generate_workload
 from minillm.ui.report import fmt_flops, fmt_time
 
-TITLE = "Prefix caching, and diagnosing a workload"
+TITLE = "Prefix caching; diagnosis"
 MINUTES = 8
-WHAT_YOU_WILL_SEE = "a shared system prompt's prefill skipped, hits against block size, prefill- or decode-bound"
+WHAT_YOU_WILL_SEE = "a shared prompt computed once; block size; which phase bound it"
 
 
 def lesson(L: Lesson) -> None:
@@ -56,9 +57,9 @@ def with_and_without(L: Lesson, model, items, system: int, hw) -> None:
     for pc in (False, True):
         with L.status(f"serving, prefix cache {'on' if pc else 'off'}…"):
             runs[pc] = serve(model, items, prefix_cache=pc, hw=hw)
-    t = Table(header_style="bold")
-    for col in ("prefix cache", "prompt positions run", "prefill FLOPs", "hit rate", "TTFT p50", "TTFT p95", "tokens/s"):
-        t.add_column(col, justify="right")
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("prefix cache", "prompt run", "prefill FLOPs", "hits", "TTFT p50", "TTFT p95", "tok/s"):
+        t.add_column(col, justify="right", no_wrap=True)
     for pc, (r, _) in runs.items():
         t.add_row("on" if pc else "off", f"{r['prefill_tokens']:,}", fmt_flops(r["prefill_flops"]),
                   f"{r['prefix_hit_rate']:.0%}" if pc else "—", fmt_time(r["ttft_p50_s"]), fmt_time(r["ttft_p95_s"]),
@@ -95,7 +96,7 @@ def block_sizes(L: Lesson, model, items, system: int) -> None:
         with L.status(f"block size {bs}…"):
             r, _ = serve(model, items, prefix_cache=True, block_size=bs, policy="sequential")
         rows.append((bs, r))
-    t = Table(header_style="bold")
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("block size", "positions found cached", "hit rate", "per later request"):
         t.add_column(col, justify="right")
     for bs, r in rows:
@@ -125,10 +126,9 @@ def diagnose(L: Lesson, model, hw) -> None:
                                   vocab_size=c.vocab_size, n_ctx=c.n_ctx)
         with L.status(f"serving {name}…"):
             runs[name] = serve(model, items, hw=hw)[0]
-    t = Table(header_style="bold")
-    for col in ("workload", "prompt pos.", "decode tok.", "time: prompt", "time: decode", "prompt steps",
-                "decode steps"):
-        t.add_column(col, justify="right")
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("workload", "prompt", "decode", "t prompt", "t decode", "prompt is", "decode is"):
+        t.add_column(col, justify="right", no_wrap=True)
     for name, r in runs.items():
         ph = r["phases"]
         pre = sum(ph[k]["share"] for k in ("prefill", "mixed") if k in ph)
@@ -136,8 +136,8 @@ def diagnose(L: Lesson, model, hw) -> None:
         pv = verdict("prefill") if "prefill" in ph else verdict("mixed")
         t.add_row(name, f"{r['prefill_tokens']:,}", f"{r['decode_tokens']:,}", f"{pre:.0%}",
                   f"{ph.get('decode', {}).get('share', 0):.0%}", pv, verdict("decode"))
-    L.show(t, "[dim]time: the share of the model's time in steps with prompt tokens and in decode-only steps; "
-              "prompt/decode steps: what bound them by the roofline, most of their time[/]")
+    L.show(t, "[dim]prompt, decode: positions run as prompt and decode tokens; t: the share of the model's time in steps with prompt tokens and in decode-only steps; "
+              "prompt is, decode is: what bound those steps by the roofline, most of their time[/]")
     lp, la = runs["long-prompt"], runs["long-answer"]
     L.claim(lp["prefill_tokens"] > 10 * lp["decode_tokens"] and la["decode_tokens"] > 2 * la["prefill_tokens"],
             f"long prompts: {lp['prefill_tokens']:,} prompt positions for {lp['decode_tokens']:,} decode tokens; "
