@@ -116,3 +116,21 @@ def test_serve_sim_bad_input_is_one_clear_line(home, args, words):
 def test_serve_sim_a_request_too_big_for_the_pool(home):
     user_error(run(home, "serve-sim", "--model", TINY_A, "--requests", "2", "--kv-memory", "3kB",
                    "--block-size", "1"), "KV blocks", "--kv-memory")
+
+
+def test_the_live_view_draws_the_queue_and_the_block_map():
+    from rich.console import Console
+
+    from minillm.ui.live import render
+
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=256, vocab_size=60)
+    engine = Engine(random_model(config, 0, dtype=np.float32), num_blocks=64, block_size=4, prefix_cache=True)
+    for w in generate_workload("shared-prefix", rate=1000.0, n=5, seed=0, vocab_size=60, n_ctx=256):
+        engine.add_request(w.prompt, w.max_tokens, arrival=w.arrival)
+    for _ in range(3):
+        engine.step()
+    console = Console(record=True, width=80, force_terminal=False)
+    console.print(render(engine, "continuous"))
+    text = console.export_text()
+    assert "running" in text and "KV blocks" in text and "█" in text
+    assert all(len(line) <= 80 for line in text.splitlines())

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..cache.paged import PagedKVPool
-from ..engine.sampling import check_fits
+from .sampling import check_fits
 from ..errors import MiniLLMError
 from ..measure.meter import Meter
 from .batch import run_step

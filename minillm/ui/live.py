@@ -7,6 +7,8 @@ map filling and freeing, the queue, tokens/s. Drawn with rich's Live; only on a 
 
 from __future__ import annotations
 
+import time
+
 from rich.console import Group
 from rich.live import Live
 from rich.table import Table
@@ -86,7 +88,6 @@ class LiveView:
         self.live.__exit__(*exc)
 
     def __call__(self, engine, info) -> None:
-        import time
         t = time.perf_counter()
         if t - self._last < self.min_gap and engine.has_work:
             return
