@@ -234,7 +234,7 @@ def test_preemption_under_a_tiny_kv_budget_keeps_the_tokens(model):
             t.join(timeout=120)
         for c, (text, finish, _) in zip(cases, results):
             assert (text, finish) == alone(model, *c)
-        assert loop.batcher.preemptions > 0 and loop.pool.allocator.n_free == loop.pool.num_blocks
+        assert loop.preemptions > 0 and loop.pool.allocator.n_free == loop.pool.num_blocks
     finally:
         server.shutdown()
         server.server_close()
@@ -315,3 +315,37 @@ def test_loadgen_says_when_no_server_is_there(tmp_path):
     r = subprocess.run([sys.executable, "-m", "minillm", "loadgen", "--url", f"http://127.0.0.1:{port}",
                         "--requests", "2"], capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
     assert r.returncode == 1 and "no server" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_prefix_cache_serves_shared_prompts_with_the_same_tokens(model):
+    server, loop = start(model, prefix_cache=True, max_batch=4)
+    try:
+        system = list(range(100, 140))                                   # 40 shared ids: 10 full blocks
+        for q in ([7, 8], [9], [10, 11, 12]):
+            status, _, raw = request(server, "POST", "/v1/completions",
+                                     {"prompt": system + q, "max_tokens": 5, "temperature": 0})
+            text = json.loads(raw)["choices"][0]["text"]
+            ids = minillm.generate(model, system + q, 5)
+            assert status == 200 and text == minillm.tokenizer().decode(ids[:ids.index(EOT)] if EOT in ids else ids)
+        assert metrics(server)["minillm_prefix_cache_hit_rate"] > 0.5
+    finally:
+        server.shutdown()
+        server.server_close()
+        loop.stop(grace=0)
+
+
+def test_the_live_view_draws_real_traffic(model):
+    import io
+    from rich.console import Console
+    from minillm.ui.live import LiveView
+    buf = io.StringIO()
+    view = LiveView(Console(file=buf, force_terminal=True, width=100), title="serve test")
+    server, loop = start(model, on_step=view)
+    try:
+        with view:
+            stream_text(server, {"prompt": "ROMEO:", "max_tokens": 8, "temperature": 0})
+        assert "KV blocks" in buf.getvalue() and "serve test" in buf.getvalue()
+    finally:
+        server.shutdown()
+        server.server_close()
+        loop.stop(grace=0)

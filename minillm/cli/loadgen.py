@@ -12,8 +12,9 @@ from .common import err, out
 
 def add_arguments(p) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default http://127.0.0.1:8000)")
-    p.add_argument("--workload", default="poisson",
-                   help="poisson (short prompts and answers), long-prompt, long-answer, shared-prefix (default poisson)")
+    p.add_argument("--workload", default="poisson", metavar="NAME|FILE.jsonl",
+                   help="poisson, shared-prefix, long-prompt, long-answer (serve-sim's workloads, same seed same "
+                        "requests), or a JSONL trace (default poisson)")
     p.add_argument("--rate", type=float, default=2.0, help="requests per second, Poisson arrivals (default 2)")
     p.add_argument("--requests", type=int, default=32, help="how many requests (default 32)")
     p.add_argument("--seed", type=int, default=0, help="seed of the arrival times and lengths (default 0)")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
-import re
 import signal
+import sys
 import threading
 
 from rich.markup import escape
@@ -12,20 +13,9 @@ from rich.markup import escape
 from ..errors import MiniLLMError
 from ..serving.http import Server
 from ..serving.loop import EngineLoop
+from ..ui.live import LiveView
+from .serve_sim import parse_bytes
 from .common import add_model, err, load_model
-
-SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.I)
-UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
-         "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_size(text: str, option: str) -> int:
-    m = SIZE.match(text or "")
-    unit = (m.group(2) or "").lower() if m else None
-    if not m or unit not in UNITS:
-        raise MiniLLMError(f"{option} {text!r}: give a size such as 256MB, 1GB or 512MiB")
-    return int(float(m.group(1)) * UNITS[unit])
-
 
 def add_arguments(p) -> None:
     add_model(p)
@@ -37,7 +27,11 @@ def add_arguments(p) -> None:
     p.add_argument("--block-size", type=int, default=16, help="positions per KV-cache block (default 16)")
     p.add_argument("--max-waiting", type=int, default=64,
                    help="requests that may wait for a place in the batch; more get 429 (default 64)")
-    p.add_argument("--quiet", action="store_true", help="do not log each request on stderr")
+    p.add_argument("--prefix-cache", action="store_true",
+                   help="keep full KV blocks of earlier prompts and reuse them for prompts that start the same")
+    p.add_argument("--live", action=argparse.BooleanOptionalAction, default=None,
+                   help="the serving simulator's live view, driven by real traffic (default: on at a terminal)")
+    p.add_argument("--quiet", action="store_true", help="no live view and no request log on stderr")
 
 
 def run(args) -> int:
@@ -46,12 +40,15 @@ def run(args) -> int:
             raise MiniLLMError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
     if not 0 <= args.port <= 65535:
         raise MiniLLMError(f"--port {args.port}: must be between 0 and 65535")
-    kv = parse_size(args.kv_memory, "--kv-memory")
+    kv = parse_bytes(args.kv_memory)
     model = load_model(args.model)
+    live = (args.live if args.live is not None else sys.stderr.isatty()) and not args.quiet
+    view = LiveView(err, title=f"minillm serve: {model.name}") if live else None
     loop = EngineLoop(model, kv_memory=kv, block_size=args.block_size, max_batch=args.max_batch,
-                      max_waiting=args.max_waiting)
+                      max_waiting=args.max_waiting, prefix_cache=args.prefix_cache, on_step=view)
     try:
-        server = Server((args.host, args.port), loop, model.name, log=None if args.quiet else _log)
+        server = Server((args.host, args.port), loop, model.name,
+                        log=None if (args.quiet or live) else _log)
     except OSError as e:
         raise MiniLLMError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e} "
                            "(is another server on that port? try --port 0)") from None
@@ -63,7 +60,8 @@ def run(args) -> int:
     where = "loopback: only this machine can connect" if loopback else \
         "NOT loopback: other machines can connect, as --host asked"
     err.print(f"minillm serve: {escape(model.name)} on http://{host}:{port} ({where}); "
-              f"KV pool {loop.pool.num_blocks} blocks of {args.block_size} positions, batch up to {args.max_batch}. "
+              f"KV pool {loop.pool.num_blocks} blocks of {args.block_size} positions, batch up to {args.max_batch}"
+              f"{', prefix cache on' if args.prefix_cache else ''}. "
               "Ctrl-C stops.", soft_wrap=True)
     print(f"listening on http://{host}:{port}", flush=True)
     loop.start()
@@ -74,7 +72,11 @@ def run(args) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        server.serve_forever(poll_interval=0.2)
+        if view is not None:
+            with view:
+                server.serve_forever(poll_interval=0.2)
+        else:
+            server.serve_forever(poll_interval=0.2)
     finally:
         server.server_close()
         loop.stop(grace=5.0)

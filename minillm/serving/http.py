@@ -173,7 +173,7 @@ class Handler(BaseHTTPRequestHandler):
         for piece, finish in self.events(r):
             parts.append(piece)
         self.send_json(200, completion(cid, self.server.model_name, "".join(parts), finish,
-                                       usage(len(r.req.prompt_ids), len(r.seq.output)), created))
+                                       usage(len(r.req.prompt_ids), r.n_tokens), created))
 
     def stream(self, r) -> None:
         cid, created, name = new_id(), int(time.time()), self.server.model_name
@@ -188,7 +188,7 @@ class Handler(BaseHTTPRequestHandler):
                 if piece or finish:
                     self.sse(completion(cid, name, piece, finish, None, created))
             if r.req.include_usage:
-                body = completion(cid, name, "", None, usage(len(r.req.prompt_ids), len(r.seq.output)), created)
+                body = completion(cid, name, "", None, usage(len(r.req.prompt_ids), r.n_tokens), created)
                 body["choices"] = []
                 self.sse(body)
             self.wfile.write(b"data: [DONE]\n\n")

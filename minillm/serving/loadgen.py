@@ -1,6 +1,7 @@
 """`minillm loadgen`: an open-loop load generator for `minillm serve`.
 
-Requests are sent at seeded Poisson arrival times whatever the server's pace (open loop: a slow
+The requests are `minillm serve-sim`'s workloads (the same seed gives the same requests, so a real
+server's figures sit beside the simulator's), sent at their arrival times whatever the server's pace (open loop: a slow
 server builds a queue, as real traffic does), each one streaming, each in its own thread. The
 client measures what a user feels: time to first token (request sent -> first text), time between
 tokens, end-to-end latency, and output tokens per second over the run. Before and after, it reads
@@ -21,6 +22,7 @@ import numpy as np
 
 from ..errors import MiniLLMError
 from .prom import parse
+from .workloads import WorkItem, load_workload
 
 
 @dataclass
@@ -34,32 +36,13 @@ class Result:
     tokens: int = 0
 
 
-def workload_requests(name: str, n: int, rate: float, seed: int, n_ctx: int = 1024, vocab: int = 50257):
-    """[(arrival s, prompt ids, max_tokens)] for a named workload, seeded, each fitting n_ctx."""
-    rng = np.random.default_rng(seed)
-    arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
-    shapes = {"poisson": ((8, 64), (8, 64)), "long-prompt": ((192, 256), (4, 8)),
-              "long-answer": ((4, 8), (96, 160)), "shared-prefix": ((0, 0), (16, 32))}
-    if name not in shapes:
-        raise MiniLLMError(f"--workload {name!r}: choose one of {', '.join(shapes)}")
-    (p0, p1), (a0, a1) = shapes[name]
-    system = rng.integers(0, vocab, 128).tolist()
-    out = []
-    for t in arrivals:
-        if name == "shared-prefix":
-            prompt = system + rng.integers(0, vocab, int(rng.integers(4, 16))).tolist()
-        else:
-            prompt = rng.integers(0, vocab, int(rng.integers(p0, p1 + 1))).tolist()
-        prompt = prompt[-(n_ctx - a1):]
-        out.append((float(t), prompt, int(rng.integers(a0, a1 + 1))))
-    return out
-
-
-def one(host: str, port: int, prompt, max_tokens: int, result: Result, timeout: float) -> None:
+def one(host: str, port: int, item: WorkItem, result: Result, timeout: float) -> None:
     try:
         conn = http.client.HTTPConnection(host, port, timeout=timeout)
-        body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                           "stream_options": {"include_usage": True}})
+        body = {"prompt": item.prompt, "max_tokens": item.max_tokens, "temperature": item.temperature,
+                "stream": True, "stream_options": {"include_usage": True}}
+        body |= {k: v for k, v in (("top_k", item.top_k), ("top_p", item.top_p), ("seed", item.seed)) if v is not None}
+        body = json.dumps(body)
         conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
         r = conn.getresponse()
         result.status = r.status
@@ -110,16 +93,16 @@ def run_load(url: str, workload: str, rate: float, n: int, seed: int = 0, timeou
     conn = http.client.HTTPConnection(host, port, timeout=10)
     conn.request("GET", "/v1/models")
     n_ctx = json.loads(conn.getresponse().read())["data"][0].get("max_model_len", 1024)
-    reqs = workload_requests(workload, n, rate, seed, n_ctx)
+    items = load_workload(workload, rate=rate, n=n, seed=seed, n_ctx=n_ctx)
     results, threads = [], []
     t0 = time.perf_counter()
-    for at, prompt, max_tokens in reqs:
-        delay = t0 + at - time.perf_counter()
+    for item in items:
+        delay = t0 + item.arrival - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
         res = Result(sent=time.perf_counter())
         results.append(res)
-        th = threading.Thread(target=one, args=(host, port, prompt, max_tokens, res, timeout), daemon=True)
+        th = threading.Thread(target=one, args=(host, port, item, res, timeout), daemon=True)
         th.start()
         threads.append(th)
     for th in threads:
@@ -134,7 +117,7 @@ def run_load(url: str, workload: str, rate: float, n: int, seed: int = 0, timeou
     prefill_s = delta.get('minillm_step_seconds_total{phase="prefill"}', 0.0)
     decode_s = delta.get('minillm_step_seconds_total{phase="decode"}', 0.0)
     return {
-        "url": f"http://{host}:{port}", "workload": workload, "rate": rate, "requests": n, "ok": len(ok),
+        "url": f"http://{host}:{port}", "workload": workload, "rate": rate, "requests": len(items), "ok": len(ok),
         "errors": {str(r.status or r.error.split(':')[0]): sum(1 for x in results if x.status == r.status)
                    for r in results if r not in ok},
         "wall_s": wall, "output_tokens": sum(r.tokens for r in ok),
