@@ -311,15 +311,15 @@ def kv_cache_management(L: Lesson, c, caches, sys_ids):
     block = 16
     reserved = sum(cache.k.nbytes + cache.v.nbytes for cache in caches)
     used = sum(cache.nbytes_used() for cache in caches)
-    paged = sum(math.ceil(n / block) for n in lengths) * block * per_tok
+    paged = paged_bytes(c, lengths, block, 0)                  # a real paged pool, filled to these lengths
     shared_blocks = len(sys_ids) // block
-    paged_shared = (shared_blocks + sum(math.ceil(n / block) - shared_blocks for n in lengths)) * block * per_tok
+    paged_shared = paged_bytes(c, lengths, block, len(sys_ids))  # ... the system prompt's full blocks shared
     t = Table(header_style="bold")
     for col in ("policy", f"KV memory for these {len(caches)} requests", "vs used", "requests per GB"):
         t.add_column(col, justify="left" if col == "policy" else "right")
-    for name, total in ((f"whole context ({c.n_ctx}) each, as minillm", reserved),
+    for name, total in ((f"whole context ({c.n_ctx}) each, KVCache", reserved),
                         ("exactly what is used", used),
-                        (f"{block}-token pages (PagedAttention)", paged),
+                        (f"{block}-token pages, PagedKVPool", paged),
                         ("pages, prefix pages shared", paged_shared)):
         t.add_row(name, fmt_bytes(total), fmt_x(total / used), f"{1e9 / (total / len(caches)):,.0f}")
     L.show(t)
@@ -331,11 +331,29 @@ def kv_cache_management(L: Lesson, c, caches, sys_ids):
                                       f"{fmt_bytes(paged - paged_shared)}")
     L.say(f"""
         Each request here holds {min(lengths)}–{max(lengths)} positions of a {c.n_ctx}-position cache. Reserving
-        the maximum per request (simple, and what minillm does) wastes most of the memory; allocating
-        the cache in small pages on demand, as vLLM's PagedAttention does, lets a server fit many more
-        requests in the same memory, and pages of a shared prefix can be stored once. More requests in
-        memory at once is what makes the next optimization possible.
+        the maximum per request (simple, and what the lessons' `KVCache` does) wastes most of the memory;
+        allocating the cache in small pages on demand, as vLLM's PagedAttention does and minillm's
+        `PagedKVPool` does (the page rows above are that pool's blocks in use), lets a server fit many
+        more requests in the same memory, and pages of a shared prefix can be stored once. Lesson 9
+        measures the waste over a whole workload (`minillm serve-sim --compare block-size`), lesson 10
+        what prefix sharing saves (`--compare prefix-cache`).
     """)
+
+
+def paged_bytes(c, lengths: list[int], block: int, shared: int) -> int:
+    """K and V bytes a paged pool holds for sequences of these lengths, whose first `shared` positions
+    are one prefix stored once (forked from one sequence): the allocator's blocks in use × block bytes."""
+    pool = minillm.PagedKVPool(c, sum(math.ceil(n / block) for n in lengths) + 1, block)
+    base = pool.sequence()
+    base.reserve(shared)
+    base.advance(shared)
+    for n in lengths:
+        s = base.fork() if shared else pool.sequence()
+        s.reserve(n - s.length)
+        s.advance(n - s.length)
+    if shared:
+        base.free()
+    return pool.allocator.n_used * pool.block_nbytes
 
 
 def batching(L: Lesson, dec, hw, model):

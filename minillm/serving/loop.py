@@ -38,7 +38,7 @@ class Request:
 
 class EngineLoop:
     def __init__(self, model, *, kv_memory: int, block_size: int = 16, max_batch: int = 16,
-                 max_waiting: int = 64, token_budget: int = 512, prefix_cache: bool = False,
+                 max_waiting: int = 64, token_budget: int = 256, prefix_cache: bool = False,
                  on_step=None) -> None:
         self.model = model
         self.engine = Engine(model, kv_memory=kv_memory, block_size=block_size, prefix_cache=prefix_cache,
