@@ -180,3 +180,28 @@ class PrefixCachedPool(RuleBasedStateMachine):
 
 PrefixCachedPool.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 TestPrefixCachedPool = PrefixCachedPool.TestCase
+
+
+
+def test_a_whole_cached_prompt_is_admitted_when_its_own_unheld_last_block_is_the_only_free_one():
+    """(hypothesis found it) Admitting a prompt that is cached whole copies its last block; that
+    must not need a block more than blocks_to_admit counted, even when the free block the copy is
+    handed is that last block itself."""
+    pool = PagedKVPool(CONFIG, 3, 2)
+    blocks = BlockManager(pool, prefix_cache=True)
+    first = Sequence([1, 0, 1, 0], 4)
+    first.cache = blocks.admit(first)
+    first.cache.reserve(4)
+    a, b = first.cache.table
+    pool.k[0, 0, a], pool.k[0, 0, b] = 7.0, 9.0
+    first.cache.advance(4)
+    blocks.computed(first)
+    blocks.free(first)                                   # both blocks cached, nobody holds them
+    other = pool.allocator.allocate()                    # the third block is taken
+    assert other not in (a, b) and pool.allocator.n_free == 2
+    again = Sequence([1, 0, 1, 0], 4)
+    assert blocks.blocks_to_admit(again, 1) == 2
+    again.cache = blocks.admit(again)
+    assert again.cache.length == 3 and pool.allocator.n_free == 0
+    k, _ = again.cache.read(0, 3)
+    assert (k[0, :2] == 7.0).all() and (k[0, 2] == 9.0).all()

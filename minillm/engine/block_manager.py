@@ -120,17 +120,15 @@ class BlockManager:
             table.append(a.share(b) if a.refs[b] else a.revive(b))
         if n % bs:                        # the whole prompt was cached: copy its last block, write after it
             src = self.cached[hashes[full]]
-            src = a.share(src) if a.refs[src] else a.revive(src)   # held, so the copy cannot evict it
             try:
-                b = a.allocate()
+                b = a.allocate()          # first: an unheld src stays intact unless it is the block handed out
             except KVCacheFullError:
-                a.release(src)
                 for t in reversed(table):
                     a.release(t)
                 raise
-            self.pool.k[:, :, b] = self.pool.k[:, :, src]
-            self.pool.v[:, :, b] = self.pool.v[:, :, src]
-            a.release(src)
+            if b != src:                  # (b == src: the block already holds what the copy would write)
+                self.pool.k[:, :, b] = self.pool.k[:, :, src]
+                self.pool.v[:, :, b] = self.pool.v[:, :, src]
             table.append(b)
         self.hit_tokens += n
         self.hashes[seq.id] = hashes[:full]
