@@ -25,6 +25,7 @@ try:
     from .engine.batch import generate_batch
     from .engine.generate import generate
     from .engine.sampling import sample
+    from .engine.speculative import speculative_generate
     from .cache.contiguous import KVCache
     from .cache.paged import PagedKVCache, PagedKVPool
     from .checkpoints.load import load
@@ -37,7 +38,8 @@ except KeyboardInterrupt:          # Ctrl-C while the command is still importing
     raise
 
 __all__ = ["GPT2", "GPT2Config", "KVCache", "Meter", "MiniLLMError", "PagedKVCache", "PagedKVPool", "PromptError",
-           "WeightsError", "generate", "generate_batch", "load", "sample", "tokenizer"]
+           "WeightsError", "generate", "generate_batch", "load", "sample", "speculative_generate",
+           "tokenizer"]
 __version__ = "0.1.0"
 
 # Modules keep their old flat names (minillm.model, minillm.meter, ...): see _compat.

@@ -19,12 +19,17 @@ DOWNLOADABLE = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 TINY = GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=256, vocab_size=50257)
 
 
+# The bundled models, trained here on the bundled text: name -> (folder under weights/, model name)
+BUNDLED = {"small": ("", "minillm-shakespeare"), "large": ("large", "minillm-shakespeare-large")}
+
+
 def model_names() -> list[str]:
-    return ["default (the bundled model)", *(f"random-{k}" for k in PRESETS), "random-tiny", *DOWNLOADABLE]
+    return ["default or small (the bundled model)", "large (the bundled 8-layer model)",
+            *(f"random-{k}" for k in PRESETS), "random-tiny", *DOWNLOADABLE]
 
 
-def bundled_dir() -> Path:
-    return package_weights_dir()
+def bundled_dir(which: str = "small") -> Path:
+    return package_weights_dir() / BUNDLED[which][0]
 
 
 def has_bundled() -> bool:
@@ -40,7 +45,8 @@ def random_model(name: str, dtype=np.float32) -> GPT2:
 def load(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = False) -> GPT2:
     """Load a model.
 
-    source: None or "default" (the bundled Shakespeare model), a directory with model.safetensors +
+    source: None or "default" or "small" (the bundled Shakespeare model), "large" (the bundled
+    8-layer one, beyond the CPU's last-level cache in float32), a directory with model.safetensors +
     config.json, a .safetensors file, "random-124m" / "random-355m" / "random-774m" / "random-1558m"
     (GPT-2-shaped random weights, seeded, std 0.02), "random-tiny", or a downloaded "gpt2",
     "gpt2-medium", "gpt2-large", "gpt2-xl" (`minillm download NAME` fetches them).
@@ -49,7 +55,13 @@ def load(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = Fa
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise MiniLLMError(f"dtype {dtype}: minillm computes in float32 (default) or float64 (for exactness checks)")
-    if source is None or source == "default":
+    if source == "large":
+        if not (bundled_dir("large") / "model.safetensors").is_file():
+            raise ModelNotFoundError(f"the large bundled model is not installed (no {bundled_dir('large')}/"
+                                     "model.safetensors); reinstall minillm, or choose another model")
+        config, params = load_checkpoint(bundled_dir("large"), dtype)
+        return GPT2(config, params, name=BUNDLED["large"][1])
+    if source is None or source in ("default", "small"):
         if has_bundled():
             config, params = load_checkpoint(bundled_dir(), dtype)
             return GPT2(config, params, name="minillm-shakespeare")

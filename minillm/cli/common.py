@@ -37,6 +37,29 @@ def add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed for sampling: the same seed gives the same text")
 
 
+def add_speculative(p: argparse.ArgumentParser, default: str | None = None) -> None:
+    dflt = f"default {default}" if default else "default: none, plain decode"
+    p.add_argument("--draft", default=default, metavar="DRAFT",
+                   help="speculative decoding: who guesses the next tokens for the model to check in one step: "
+                        "'ngram' (the continuation of an earlier repeat of the text, no model) or a smaller model "
+                        f"with the same tokenizer (a name such as small, or a checkpoint); 'none' for plain decode ({dflt})")
+    p.add_argument("--speculate-k", type=int, default=4, metavar="K",
+                   help="guesses per round, 1 to 16 (default 4): one step of the model checks all K")
+
+
+def load_draft(name, model):
+    """The --draft value: None (or 'none'), 'ngram', or a model loaded like --model."""
+    if name is None or name == "none":
+        return None
+    if name == "ngram":
+        return "ngram"
+    draft = load_model(name)
+    if draft.config.vocab_size != model.config.vocab_size:
+        raise PromptError(f"--draft {name}: its vocabulary ({draft.config.vocab_size} ids) is not the model's "
+                          f"({model.config.vocab_size}); a draft must share the tokenizer")
+    return draft
+
+
 def load_model(source):
     """`load`, with a spinner on stderr while it works (random-1558m takes a while to build)."""
     with err.status(f"loading {escape(str(source or 'the bundled model'))}…"):

@@ -1,5 +1,5 @@
-"""`minillm compare` (naive against KV-cached decode, with the counters) and `minillm traffic`
-(every step's counters, as a table or JSON lines)."""
+"""`minillm compare` (naive, KV-cached and speculative decode side by side, with the counters) and
+`minillm traffic` (every step's counters, as a table or JSON lines)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ from rich.text import Text
 
 from ..engine.generate import generate
 from ..engine.sampling import check_sampling
-from ..errors import PromptError
+from ..engine.speculative import MAX_K, speculative_generate
+from ..errors import MiniLLMError, PromptError
 from ..measure import hardware
 from ..measure.meter import Meter
 from ..measure.threads import add_threads_option, limited
 from ..tokenizer import tokenizer
 from ..ui import report
-from .common import add_model, add_sampling, encode_prompt, load_model, out
+from .common import add_model, add_sampling, add_speculative, encode_prompt, load_draft, load_model, out
 
 
 def add_compare_arguments(p) -> None:
@@ -28,6 +29,7 @@ def add_compare_arguments(p) -> None:
     p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to generate (default 50)")
     add_sampling(p)
     p.add_argument("--rows", type=int, default=12, help="most steps to show per table (default 12)")
+    add_speculative(p, default="ngram")
     add_threads_option(p)
 
 
@@ -54,8 +56,11 @@ def run_compare(args) -> int:
 
 def _compare(args) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
+    if not 1 <= args.speculate_k <= MAX_K:
+        raise MiniLLMError(f"--speculate-k {args.speculate_k}: guesses per round must be 1 to {MAX_K}")
     model = load_model(args.model)
     ids = encode_prompt(model, args.prompt, args.max_new_tokens)
+    draft = load_draft(args.draft, model)
     hw = hardware.machine(progress=True)
     enc = tokenizer()
     generate(model, ids, min(2, args.max_new_tokens))   # warm-up: first touches of weights and cache pages
@@ -68,6 +73,18 @@ def _compare(args) -> int:
                                top_k=args.top_k, top_p=args.top_p, seed=args.seed)
                 seconds = time.perf_counter() - t0
         runs[path] = (new, m, seconds)
+    spec = None
+    if draft is not None:
+        name = "ngram" if draft == "ngram" else draft.name
+        with out.status(f"[bold]speculative decode[/]: draft {escape(name)}, k {args.speculate_k}…"):
+            with Meter() as m:
+                t0 = time.perf_counter()
+                new, stats = speculative_generate(model, ids, args.max_new_tokens, draft=draft, k=args.speculate_k,
+                                                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                                  seed=args.seed)
+                seconds = time.perf_counter() - t0
+        runs["speculative"] = (new, m, seconds)
+        spec = stats
     (new_c, m_c, s_c), (new_n, m_n, s_n) = runs["cached"], runs["naive"]
 
     out.print(Text(repr(model), style="bold"))
@@ -75,11 +92,20 @@ def _compare(args) -> int:
               f"{'greedy' if args.temperature == 0 else f'temperature {args.temperature}, seed {args.seed}'}")
     out.print(Panel(Text(args.prompt + enc.decode(new_c)), title="KV-cached", title_align="left"))
     out.print(Panel(Text(args.prompt + enc.decode(new_n)), title="naive (recompute everything)", title_align="left"))
-    diff = first_difference(new_c, new_n)
-    if diff is None:
-        out.print(f"[green]✓ identical tokens[/] ({len(new_c)} of {len(new_c)})")
-    else:
-        out.print(f"[red]✗ the tokens differ from new token {diff}[/] (cached {new_c[diff]}, naive {new_n[diff]})")
+    if spec is not None:
+        out.print(Panel(Text(args.prompt + enc.decode(runs["speculative"][0])),
+                        title=f"speculative (draft {spec.draft}, k {spec.k})", title_align="left"))
+    others = [("naive", new_n)] + ([("speculative", runs["speculative"][0])] if spec is not None else [])
+    for path, new in others:
+        diff = first_difference(new_c, new)
+        if diff is None:
+            out.print(f"[green]✓ {path}: identical tokens to cached[/] ({len(new_c)} of {len(new_c)})")
+        elif path == "speculative" and args.temperature > 0:
+            out.print(f"[dim]• speculative sampling: each token follows the model's own distribution, but the "
+                      f"random draws differ, so the text may too (from new token {diff})[/]")
+        else:
+            out.print(f"[red]✗ {path}: the tokens differ from cached from new token {diff}[/] "
+                      f"(cached {new_c[diff]}, {path} {new[diff]})")
 
     note = report.cache_note(model.nbytes(), hw)
     if note:   # said first: a cache-resident model does not show the memory wall this command is about
@@ -94,6 +120,8 @@ def _compare(args) -> int:
     out.print(f"[bold]speedup of the KV cache: {s_n / s_c:.2f}×[/] in time, "
               f"{m_n.total('total_flops') / m_c.total('total_flops'):.1f}× fewer FLOPs, "
               f"{m_n.total('total_bytes') / m_c.total('total_bytes'):.2f}× fewer bytes")
+    if spec is not None:
+        out.print(speculative_summary(spec, m_c, runs["speculative"][2], s_c))
 
     out.print("\n[bold]Verdict[/]")
     out.print("• " + report.verdict(m_c.steps[0], hw, "prefill"))
@@ -105,6 +133,21 @@ def _compare(args) -> int:
                   "the cache, not DRAM (try --model random-124m)[/]")
     out.print(f"[dim]this machine: {escape(hardware.provenance(hw))}[/]")
     return 0
+
+
+def speculative_summary(stats, m_cached: Meter, s_spec: float, s_cached: float) -> str:
+    """The speculative run against cached decode: guesses kept, tokens per weight read, bytes per token."""
+    decode = m_cached.of_kind("decode")
+    if not stats.rounds:
+        return "[bold]speculative[/]: one token only, from the prefill: nothing to guess"
+    plain = sum(r.total_bytes for r in decode) / len(decode) if decode else 0.0
+    per = (f"{report.fmt_bytes(stats.bytes_per_token)} moved per token kept "
+           f"(draft {report.fmt_bytes(stats.draft_bytes / stats.kept)}, model {report.fmt_bytes(stats.target_bytes / stats.kept)})")
+    if plain:
+        per += f" against {report.fmt_bytes(plain)} per cached decode step"
+    return (f"[bold]speculative: {s_cached / s_spec:.2f}× the speed of cached decode[/]; {stats.accepted} of "
+            f"{stats.drafted} guesses accepted ({stats.acceptance_rate:.0%}), {stats.tokens_per_round:.2f} tokens per "
+            f"step of the model ({len(stats.rounds)} steps); {per}")
 
 
 def fmt_total(m: Meter, seconds: float, n_new: int) -> str:

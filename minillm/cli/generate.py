@@ -11,7 +11,9 @@ from ..engine.generate import generate
 from ..engine.sampling import check_sampling
 from ..errors import PromptError
 from ..paths import expand_user, not_a_regular_file, read_capped
-from .common import TextStream, add_model, add_sampling, encode_prompt, err, load_model
+from ..engine.speculative import MAX_K, speculative_generate
+from ..errors import MiniLLMError
+from .common import TextStream, add_model, add_sampling, add_speculative, encode_prompt, err, load_draft, load_model
 
 
 MAX_PROMPT_BYTES = 16 << 20  # far beyond any context (1,024 tokens are ~4 KB of text)
@@ -25,6 +27,7 @@ def add_arguments(p) -> None:
     p.add_argument("--max-new-tokens", type=int, default=100, help="how many tokens to generate (default 100)")
     add_sampling(p)
     p.add_argument("--no-cache", action="store_true", help="naive decode: recompute the whole sequence every step")
+    add_speculative(p)
 
 
 def read_prompt(args) -> str:
@@ -56,19 +59,35 @@ def read_prompt(args) -> str:
 
 def run(args) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
+    if not 1 <= args.speculate_k <= MAX_K:
+        raise MiniLLMError(f"--speculate-k {args.speculate_k}: guesses per round must be 1 to {MAX_K}")
+    if args.no_cache and args.draft not in (None, "none"):
+        raise MiniLLMError("--draft needs the KV cache (it rolls the cache back past rejected guesses): "
+                           "drop --no-cache or --draft")
     prompt = read_prompt(args)
     model = load_model(args.model)
     ids = encode_prompt(model, prompt, args.max_new_tokens)
+    draft = load_draft(args.draft, model)
     sys.stdout.write(prompt)
     sys.stdout.flush()
     t0 = time.perf_counter()
     stream = TextStream()
-    new = generate(model, ids, args.max_new_tokens, kv_cache=not args.no_cache, temperature=args.temperature,
-                   top_k=args.top_k, top_p=args.top_p, seed=args.seed, on_token=stream)
+    stats = None
+    if draft is None:
+        new = generate(model, ids, args.max_new_tokens, kv_cache=not args.no_cache, temperature=args.temperature,
+                       top_k=args.top_k, top_p=args.top_p, seed=args.seed, on_token=stream)
+    else:
+        new, stats = speculative_generate(model, ids, args.max_new_tokens, draft=draft, k=args.speculate_k,
+                                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                          seed=args.seed, on_token=stream)
     stream.close()
     seconds = time.perf_counter() - t0
     sys.stdout.write("\n")
     sys.stdout.flush()
+    how = "naive (no KV cache)" if args.no_cache else "KV-cached"
+    if stats is not None:
+        how = (f"speculative, draft {escape(stats.draft)}, k {stats.k}: {stats.accepted} of {stats.drafted} guesses "
+               f"accepted ({stats.acceptance_rate:.0%}), {stats.tokens_per_round:.2f} tokens per step of the model")
     err.print(f"[dim]{len(new)} tokens in {seconds:.2f} s ({len(new) / seconds:.1f} tokens/s), "
-              f"{'naive (no KV cache)' if args.no_cache else 'KV-cached'}, model {escape(model.name)}[/]")
+              f"{how}, model {escape(model.name)}[/]")
     return 0

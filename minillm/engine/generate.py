@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..errors import MiniLLMError
 from ..measure import meter
 
 from .sampling import check_fits, check_sampling, sample  # noqa: F401  (minillm.generate.sample, as before)
@@ -27,14 +28,25 @@ def naive_step(model, seq: list[int], kind: str) -> np.ndarray:
 
 def generate(model, ids, max_new_tokens: int, *, kv_cache: bool = True, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-             on_token: Callable[[int], None] | None = None) -> list[int]:
+             on_token: Callable[[int], None] | None = None, draft=None, speculate_k: int = 4) -> list[int]:
     """Generate `max_new_tokens` tokens after the prompt `ids`; returns the new tokens.
 
     kv_cache=True: prefill the prompt, then one decode_step per token.
     kv_cache=False: the naive loop, recomputing the whole sequence every step (the LM head on the
     last position only, as nanoGPT does at inference).
+    draft: speculative decoding (speculative.py): "ngram" or a smaller model guesses `speculate_k`
+    tokens a round and one step of this model checks them all. Greedy tokens are the same as
+    without a draft; sampled ones follow the same distribution.
     `on_token(id)` is called as each token is chosen (the CLI streams text with it).
     """
+    if draft is not None:
+        if not kv_cache:
+            raise MiniLLMError("speculative decoding (a draft) needs the KV cache: it rolls the cache back "
+                               "past rejected guesses; drop --no-cache or the draft")
+        from .speculative import speculative_generate
+        new, _ = speculative_generate(model, ids, max_new_tokens, draft=draft, k=speculate_k, temperature=temperature,
+                                      top_k=top_k, top_p=top_p, seed=seed, on_token=on_token)
+        return new
     ids = model.check_ids(ids)
     check_sampling(temperature, top_k, top_p, seed)
     check_fits(ids.size, max_new_tokens, model.config.n_ctx)

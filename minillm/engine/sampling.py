@@ -41,13 +41,43 @@ def sample(logits: np.ndarray, temperature: float = 0.0, top_k: int | None = Non
     get none. NaN logits, or all -inf, leave no distribution to draw from: a MiniLLMError.
     """
     check_sampling(temperature, top_k, top_p)
+    logits = check_logits(logits)
+    if temperature == 0:
+        return int(np.argmax(logits))
+    order, p = sorted_distribution(logits, temperature, top_k, top_p)
+    rng = rng if rng is not None else np.random.default_rng()
+    i = int(np.searchsorted(np.cumsum(p), rng.random() * p.sum(), side="right"))
+    return int(order[min(i, p.size - 1)])
+
+
+def distribution(logits: np.ndarray, temperature: float = 0.0, top_k: int | None = None,
+                 top_p: float | None = None) -> np.ndarray:
+    """The probabilities `sample` draws from, as a float64 vector [V] (temperature 0: all on the
+    argmax). Speculative decoding compares the target's and the draft's with it."""
+    check_sampling(temperature, top_k, top_p)
+    logits = check_logits(logits)
+    out = np.zeros(logits.shape[-1])
+    if temperature == 0:
+        out[int(np.argmax(logits))] = 1.0
+        return out
+    order, p = sorted_distribution(logits, temperature, top_k, top_p)
+    out[order[:p.size]] = p
+    return out
+
+
+def check_logits(logits) -> np.ndarray:
     logits = np.asarray(logits)
     if np.isnan(logits).any() or not (logits > -np.inf).any():
         what = "NaN" if np.isnan(logits).any() else "-inf for every token"
         raise MiniLLMError(f"the model's logits are {what}: there is no next token to pick; "
                            "its weights (or a computation) went non-finite: check the checkpoint")
-    if temperature == 0:
-        return int(np.argmax(logits))
+    return logits
+
+
+def sorted_distribution(logits: np.ndarray, temperature: float, top_k: int | None,
+                        top_p: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids, most likely first; their probabilities p, summing to 1), p possibly shorter
+    than the ids: the tokens past it have probability 0. temperature > 0."""
     order = np.argsort(-logits, kind="stable")            # token ids, most likely first
     top = logits[order[0]]
     if top == np.inf:                                     # certain: draw among the +inf tokens only
@@ -65,6 +95,4 @@ def sample(logits: np.ndarray, temperature: float = 0.0, top_k: int | None = Non
     if top_p is not None:
         keep = int(np.searchsorted(np.cumsum(p), top_p)) + 1   # smallest prefix reaching top_p
         p = p[:keep] / p[:keep].sum()
-    rng = rng if rng is not None else np.random.default_rng()
-    i = int(np.searchsorted(np.cumsum(p), rng.random() * p.sum(), side="right"))
-    return int(order[min(i, p.size - 1)])
+    return order, p

@@ -202,7 +202,8 @@ def run_bench(model, contexts: list[int], repeats: int = 5, decode_steps: int = 
 # -- the command ---------------------------------------------------------------------------------
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", default="random-124m", help="model to benchmark (default random-124m)")
+    parser.add_argument("--model", default=None,
+                        help="model to benchmark (default random-124m; with --speculate, the bundled large model)")
     parser.add_argument("--contexts", default="16,128,512,1000",
                         help="comma-separated context lengths (default 16,128,512,1000)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds; medians are reported (default 5)")
@@ -211,6 +212,15 @@ def add_arguments(parser) -> None:
                              "the roofline and bare passes over the weights; shows this machine's critical batch")
     parser.add_argument("--batch-context", type=int, default=16, metavar="N",
                         help="with --batch: prompt length of every sequence (default 16)")
+    parser.add_argument("--speculate", default=None, metavar="K,K,...",
+                        help="instead: speculative decoding with K guesses per round, for each K (e.g. 1,2,4,8), "
+                             "against plain cached decode, on real held-out text")
+    parser.add_argument("--draft", default="ngram,small", metavar="D,D,...",
+                        help="with --speculate: the drafts, 'ngram' and/or models (default ngram,small)")
+    parser.add_argument("--prompts", type=int, default=4, metavar="N",
+                        help="with --speculate: prompts from the held-out text (default 4)")
+    parser.add_argument("--new-tokens", type=int, default=48, metavar="N",
+                        help="with --speculate: greedy tokens per prompt (default 48)")
     add_threads_option(parser)
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
 
@@ -227,9 +237,20 @@ def run(args) -> int:
     if args.repeats < 1:
         raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
     batches = parse_contexts(args.batch, "--batch") if args.batch is not None else None
-    model = load(args.model)
+    ks = parse_contexts(args.speculate, "--speculate") if args.speculate is not None else None
+    if ks is not None:
+        from ..engine.speculative import MAX_K
+        if batches is not None:
+            raise MiniLLMError("--batch and --speculate measure different things: give one of them")
+        if not ks or any(not 1 <= k <= MAX_K for k in ks):
+            raise MiniLLMError(f"--speculate {args.speculate}: each K must be 1 to {MAX_K}, e.g. 1,2,4,8")
+        if args.prompts < 1 or args.new_tokens < 2:
+            raise MiniLLMError("--prompts must be at least 1 and --new-tokens at least 2")
+    model = load(args.model or ("large" if ks is not None else "random-124m"))
     hw = hardware.machine(progress=not args.json)
     with limited(args.threads):
+        if ks is not None:
+            return run_speculation(args, model, ks, hw)
         if batches is not None:
             return run_batches(args, model, batches, hw)
         return run_contexts(args, model, contexts, hw)
@@ -319,3 +340,61 @@ def run_batches(args, model, batches: list[int], hw) -> int:
               f"{result['threads']} threads")
     return 0
 
+
+
+def run_speculation(args, model, ks: list[int], hw) -> int:
+    from rich.markup import escape
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from ..ui.report import console, fmt_bytes
+    from .speculation import heldout_prompts, run_speculation_bench
+
+    drafts = {}
+    for name in [d.strip() for d in args.draft.split(",") if d.strip()]:
+        if name == "ngram":
+            drafts[name] = "ngram"
+        else:
+            d = load(name)
+            if d.config.vocab_size != model.config.vocab_size:
+                raise MiniLLMError(f"--draft {name}: its vocabulary ({d.config.vocab_size} ids) is not the model's "
+                                   f"({model.config.vocab_size})")
+            drafts[d.name] = d
+    if not drafts:
+        raise MiniLLMError("--draft: give at least one draft, e.g. ngram,small")
+    length = 32
+    if length + args.new_tokens > model.config.n_ctx:
+        raise MiniLLMError(f"--new-tokens {args.new_tokens}: with {length}-token prompts at most "
+                           f"{model.config.n_ctx - length} fit {model.name}'s context")
+    prompts = heldout_prompts(model, args.prompts, length)
+    with Progress(console=console(stderr=True), transient=True, disable=args.json) as bar:
+        task = bar.add_task(f"speculative decode, {escape(model.name)}", total=args.repeats * len(prompts))
+        result = run_speculation_bench(model, drafts, ks, prompts, args.new_tokens, args.repeats,
+                                       progress=lambda: bar.advance(task))
+    result.update(model=model.name, model_bytes=model.nbytes(), threads=blas_threads(), blas=blas_name(),
+                  blas_kernel=blas_kernel(), machine={"bandwidth_gbs": hw.bandwidth_gbs, "llc_bytes": hw.llc_bytes})
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    out = console()
+    p = result["plain"]
+    t = Table(title=f"{escape(model.name)} ({fmt_bytes(model.nbytes())} of weights): speculative against plain "
+                    f"cached decode, greedy, {len(prompts)} held-out prompts of {length} tokens, {args.new_tokens} "
+                    f"new tokens each (medians of {args.repeats} interleaved rounds)", title_justify="left")
+    for col in ("draft", "k", "accepted", "tokens/step", "tok/s", "speedup", "bytes/token", "verify ms", "same"):
+        t.add_column(col, justify="right")
+    t.add_row("plain", "-", "-", "1.00", f"{p['tok_s']:.1f}", "1.00×", fmt_bytes(p["bytes_per_token"]),
+              f"{p['ms_step']:.1f}", "")
+    for r in result["rows"]:
+        t.add_row(escape(r["draft"]), str(r["k"]), f"{100 * r['acceptance']:.0f}%", f"{r['tokens_per_step']:.2f}",
+                  f"{r['tok_s']:.1f}", f"{r['speedup']:.2f}×", fmt_bytes(r["bytes_per_token"]),
+                  "-" if r["verify_ms"] is None else f"{r['verify_ms']:.1f}",
+                  "" if r["same_tokens"] is None else ("✓" if r["same_tokens"] else "✗"))
+    out.print(t)
+    best = max(result["rows"], key=lambda r: r["speedup"])
+    out.print(f"[dim]verify ms: one step of the model over k+1 tokens (plain row: one decode step); bytes/token: "
+              f"draft and model, as metered, per token kept; same: the greedy tokens equal plain decode's[/]")
+    out.print(f"best: draft {escape(best['draft'])}, k = {best['k']}: {best['speedup']:.2f}× plain decode "
+              f"({best['tokens_per_step']:.2f} tokens per step of the model, {100 * best['acceptance']:.0f}% of guesses "
+              f"accepted); BLAS: {result['blas']} ({result['blas_kernel']} kernels), {result['threads']} threads")
+    return 0

@@ -167,7 +167,7 @@ class GPT2:
 
     # -- the one way in ---------------------------------------------------------------------------
 
-    def step(self, batch, *, scores="last") -> list:
+    def step(self, batch, *, scores="last", kind: str | None = None) -> list:
         """Run a flattened batch through the model once.
 
         batch: [(ids, cache), ...], one entry per sequence: its new token ids [n_i] (a prompt, a
@@ -178,9 +178,11 @@ class GPT2:
         scores: "last" (default) gives each sequence the logits of its last new position, [V];
         "all" gives [n_i, V], every new position (speculative decoding verifies k drafts with them);
         None gives None (a prompt chunk whose end is not reached yet). A list sets it per sequence.
+        kind: what the meter calls this step (default: "decode", "prefill" or "mixed", from its
+        shape; speculative decoding names its steps "draft" and "verify").
         Returns one entry per sequence, in order.
         """
-        return self._step(batch, scores, kind=None)
+        return self._step(batch, scores, kind=kind)
 
     def _step(self, batch, scores, kind: str | None) -> list:
         if not batch:

@@ -1,0 +1,303 @@
+"""Speculative decoding: a cheap draft guesses k tokens, the target checks all k in one pass.
+
+A decode step reads every weight to make one token, so a step over k+1 tokens costs about what a
+step over one does while decode is memory-bound. Speculative decoding spends that slack:
+
+    draft    d1 .. dk              k guesses: k steps of a small model, or a lookup in the text so
+                                   far (n-gram: the continuation of the latest earlier match)
+    verify   [last, d1 .. dk]      ONE target step over k+1 tokens: its weights read once, logits
+                                   at every position (p1 .. pk+1)
+    accept   d1 .. da              the longest prefix the target agrees with, then one token of the
+                                   target's own: the correction at a+1, or a bonus from pk+1
+    roll back                      both caches forget every position past the kept tokens
+
+Each round keeps a+1 tokens (1 to k+1) for one weight read of the target. Greedy: a guess is
+agreed when it is the target's argmax, so the tokens are plain greedy's. Sampling: guess d with
+draft probability q(d) is accepted with probability min(1, p(d)/q(d)); a rejection draws from
+max(0, p - q), renormalised (Leviathan et al. 2023; Chen et al. 2023). Every kept token is then
+distributed exactly as the target's sampler would draw it; only the random stream differs from
+plain sampling, so a seed gives other (equally likely) tokens than `generate` without a draft.
+
+Invariant between rounds: the target's cache holds every token but the last one; the draft's holds
+a prefix of them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..errors import MiniLLMError, PromptError
+from ..measure import meter
+from .sampling import check_fits, check_sampling, distribution, sample
+
+MAX_K = 16
+
+
+# -- drafts ---------------------------------------------------------------------------------------
+
+class NgramDraft:
+    """Prompt lookup: find the longest suffix of the text so far (max_n tokens down to min_n) that
+    occurred earlier, and guess the k tokens that followed its latest occurrence. No model, no
+    weights: its guesses cost nothing but are right only where the text repeats itself."""
+
+    name = "ngram"
+
+    def __init__(self, max_n: int = 3, min_n: int = 1) -> None:
+        if not 1 <= min_n <= max_n:
+            raise MiniLLMError(f"n-gram draft: need 1 <= min_n <= max_n, got {min_n}, {max_n}")
+        self.max_n, self.min_n = max_n, min_n
+
+    def begin(self, prompt: np.ndarray, room: int) -> None:
+        pass
+
+    def propose(self, tokens: list[int], k: int, sampling: tuple, rng) -> tuple[list[int], list]:
+        """Up to k guesses (maybe none), and their draft probabilities: None, a certainty (q = 1)."""
+        t = np.asarray(tokens)
+        for n in range(min(self.max_n, t.size - 1), self.min_n - 1, -1):
+            windows = np.lib.stride_tricks.sliding_window_view(t[:-1], n)    # every earlier n-gram
+            hits = np.flatnonzero((windows == t[-n:]).all(axis=1))
+            if hits.size:
+                start = int(hits[-1]) + n                                    # after the latest match
+                guess = [int(x) for x in t[start:start + k]]
+                return guess, [None] * len(guess)
+        return [], []
+
+    def keep(self, n: int) -> None:
+        pass
+
+
+class ModelDraft:
+    """A smaller model guesses: k decode steps over its own KV cache (its steps are metered as
+    "draft"). It must share the target's vocabulary."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.name = model.name
+        self.cache = None
+
+    def begin(self, prompt: np.ndarray, room: int) -> None:
+        n_ctx = self.model.config.n_ctx
+        if prompt.size + room > n_ctx:
+            raise PromptError(f"the draft {self.model.name}'s context is {n_ctx} tokens: the prompt ({prompt.size}) "
+                              f"and the tokens asked for do not fit it; ask for at most {n_ctx - prompt.size} new "
+                              "tokens, or draft with ngram")
+        self.cache = self.model.new_cache()
+
+    def propose(self, tokens: list[int], k: int, sampling: tuple, rng) -> tuple[list[int], list]:
+        if k == 0:
+            return [], []
+        temperature = sampling[0]
+        chunk = np.asarray(tokens[self.cache.length:], dtype=np.intp)      # what it has not seen yet (>= 1)
+        guesses, qs = [], []
+        for _ in range(k):
+            (logits,) = self.model.step([(chunk, self.cache)], kind="draft")
+            if temperature == 0:
+                d, q = int(np.argmax(logits)), None
+            else:
+                q = distribution(logits, *sampling)
+                d = sample(logits, *sampling, rng)
+            guesses.append(d)
+            qs.append(q)
+            chunk = np.array([d], dtype=np.intp)
+        return guesses, qs
+
+    def keep(self, n: int) -> None:
+        """The first n tokens of the sequence are right: forget any cached position past them."""
+        if self.cache.length > n:
+            self.cache.truncate(n)
+
+
+def make_draft(draft, target):
+    """A draft from what the user gave: "ngram", a model (GPT2), or an object with the draft
+    protocol (begin, propose, keep)."""
+    if isinstance(draft, str):
+        if draft == "ngram":
+            return NgramDraft()
+        raise MiniLLMError(f"draft={draft!r}: give 'ngram' or a model (minillm.load(...))")
+    if hasattr(draft, "propose"):
+        return draft
+    if hasattr(draft, "step") and hasattr(draft, "config"):
+        if draft.config.vocab_size != target.config.vocab_size:
+            raise MiniLLMError(f"the draft {draft.name} has a vocabulary of {draft.config.vocab_size} ids and the "
+                               f"target {target.name} one of {target.config.vocab_size}: they must share a tokenizer")
+        if draft is target:
+            raise MiniLLMError("the draft is the target model itself: it would only add work; "
+                               "give a smaller model or 'ngram'")
+        return ModelDraft(draft)
+    raise MiniLLMError(f"draft={draft!r}: give 'ngram' or a model (minillm.load(...))")
+
+
+# -- the record of a run ------------------------------------------------------------------------
+
+@dataclass
+class Round:
+    """One draft-verify round."""
+    drafted: int
+    accepted: int
+    seconds_draft: float
+    seconds_verify: float
+    seconds: float                                     # the whole round: draft, verify, judge, roll back
+    draft_steps: list = field(default_factory=list)    # the meter's records of the draft's steps
+    verify_step: object = None                         # ... and of the target's verify step
+
+    @property
+    def kept(self) -> int:
+        """Tokens this round added: the agreed guesses and one of the target's own."""
+        return self.accepted + 1
+
+    @property
+    def draft_bytes(self) -> int:
+        return sum(s.total_bytes for s in self.draft_steps)
+
+    @property
+    def target_bytes(self) -> int:
+        return self.verify_step.total_bytes if self.verify_step is not None else 0
+
+
+@dataclass
+class SpeculativeStats:
+    """What a speculative run did: its rounds (after the prefill, whose logits give the first token)."""
+    draft: str
+    k: int
+    rounds: list = field(default_factory=list)
+
+    def _sum(self, attr: str):
+        return sum(getattr(r, attr) for r in self.rounds)
+
+    @property
+    def drafted(self) -> int:
+        return self._sum("drafted")
+
+    @property
+    def accepted(self) -> int:
+        return self._sum("accepted")
+
+    @property
+    def kept(self) -> int:
+        return self._sum("kept")
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Guesses the target agreed with / guesses made."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        """Tokens kept per target weight read (plain decode: 1)."""
+        return self.kept / len(self.rounds) if self.rounds else 0.0
+
+    @property
+    def seconds(self) -> float:
+        """Wall time of the rounds (the prefill and first token excluded)."""
+        return self._sum("seconds")
+
+    @property
+    def draft_bytes(self) -> int:
+        return self._sum("draft_bytes")
+
+    @property
+    def target_bytes(self) -> int:
+        return self._sum("target_bytes")
+
+    @property
+    def bytes_per_token(self) -> float:
+        """Bytes moved (draft and target, as metered) per token kept."""
+        return (self.draft_bytes + self.target_bytes) / self.kept if self.kept else 0.0
+
+
+# -- the loop -------------------------------------------------------------------------------------
+
+def speculative_generate(model, ids, max_new_tokens: int, *, draft="ngram", k: int = 4, temperature: float = 0.0,
+                         top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                         on_token: Callable[[int], None] | None = None,
+                         on_round: Callable | None = None) -> tuple[list[int], SpeculativeStats]:
+    """Generate `max_new_tokens` tokens after `ids` with `model` as the target and `draft` ("ngram",
+    a smaller model, or a draft object) guessing `k` tokens per round. Returns (new tokens, stats).
+
+    `on_round(round, target_cache, draft)` is called after each round's roll-back (tests read the
+    caches there)."""
+    ids = model.check_ids(ids)
+    check_sampling(temperature, top_k, top_p, seed)
+    check_fits(ids.size, max_new_tokens, model.config.n_ctx)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= MAX_K:
+        raise MiniLLMError(f"speculate_k={k!r}: guesses per round must be a whole number from 1 to {MAX_K}")
+    drafter = make_draft(draft, model)
+    stats = SpeculativeStats(getattr(drafter, "name", type(drafter).__name__), int(k))
+    sampling = (temperature, top_k, top_p)
+    rng = np.random.default_rng(seed)
+    tokens = [int(t) for t in ids]
+    new: list[int] = []
+
+    def keep(token: int) -> None:
+        tokens.append(token)
+        new.append(token)
+        if on_token is not None:
+            on_token(token)
+
+    if max_new_tokens == 0:
+        return new, stats
+    drafter.begin(ids, max_new_tokens)
+    logits, cache = model.prefill(ids)                              # the prompt; its logits give token 1
+    keep(sample(logits, temperature, top_k, top_p, rng))
+    while len(new) < max_new_tokens:
+        n = len(tokens)                                             # the target's cache holds n - 1
+        m = meter.ACTIVE
+        i0 = len(m.steps) if m is not None else 0
+        t0 = time.perf_counter()
+        guesses, qs = drafter.propose(tokens, min(k, max_new_tokens - len(new) - 1), sampling, rng)
+        t1 = time.perf_counter()
+        i1 = len(m.steps) if m is not None else 0
+        chunk = np.array([tokens[-1], *guesses], dtype=np.intp)
+        (rows,) = model.step([(chunk, cache)], scores="all", kind="verify" if guesses else "decode")   # [g+1, V]
+        t2 = time.perf_counter()
+        accepted = 0
+        for i, d in enumerate(guesses):
+            token = judge(rows[i], d, qs[i], sampling, rng)
+            if token is None:                                        # agreed
+                accepted += 1
+                keep(d)
+            else:                                                    # the target's correction
+                keep(token)
+                break
+        else:
+            keep(sample(rows[-1], temperature, top_k, top_p, rng))  # all agreed: the bonus token
+        cache.truncate(n + accepted)                                 # forget the rejected guesses
+        drafter.keep(n + accepted)
+        t3 = time.perf_counter()
+        steps = m.steps if m is not None else []
+        r = Round(len(guesses), accepted, t1 - t0, t2 - t1, t3 - t0, steps[i0:i1],
+                  steps[i1] if len(steps) > i1 else None)
+        stats.rounds.append(r)
+        if on_round is not None:
+            on_round(r, cache, drafter)
+    return new, stats
+
+
+def judge(logits: np.ndarray, guess: int, q, sampling: tuple, rng) -> int | None:
+    """None if the target accepts the guess, else the token it puts there instead.
+
+    Greedy: accepted when it is the target's argmax, else the argmax. Sampling: accepted with
+    probability min(1, p(guess)/q(guess)) (q None: a certain guess, q = 1); else a draw from the
+    residual max(0, p - q), renormalised."""
+    temperature = sampling[0]
+    if temperature == 0:
+        best = int(np.argmax(logits))
+        return None if best == guess else best
+    p = distribution(logits, *sampling)
+    q_guess = 1.0 if q is None else q[guess]
+    if rng.random() < min(1.0, p[guess] / q_guess):
+        return None
+    residual = p.copy()
+    if q is None:
+        residual[guess] = 0.0
+    else:
+        np.maximum(p - q, 0.0, out=residual)
+    total = residual.sum()
+    if not total > 0:        # p == q: a rejection has probability 0; draw from p if rounding gets here
+        residual, total = p, p.sum()
+    i = int(np.searchsorted(np.cumsum(residual), rng.random() * total, side="right"))
+    return min(i, residual.size - 1)
