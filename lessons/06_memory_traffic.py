@@ -40,7 +40,7 @@ def decode_run(model, ids, steps: int) -> list:
 
 def first_steps(L: Lesson):
     """Section: the opening."""
-    model = L.load_model(default="random-124m", fast="random-tiny")
+    model = L.load_model(default="large", fast="random-tiny")   # real text, weights beyond the CPU's cache
     c = model.config
     L_, d, V = c.n_layer, c.n_embd, c.vocab_size
     b = np.dtype(model.dtype).itemsize
@@ -163,7 +163,7 @@ def can_memory_keep_up(L: Lesson, ids, model, n_steps, r, steps):
         L.note(f"this model's weights ({fmt_bytes(model.nbytes())}) fit in the {hw.llc_bytes / MB:g} MiB last-level "
                "cache, so after the first step they can be read from the cache, not from DRAM, and a step may beat "
                "the DRAM ceiling (or, this small, be held back by per-call overhead instead). "
-               f"Run with --model random-124m ({fmt_bytes(GPT2_SIZES['124m'].n_params() * 4)}) to measure DRAM.")
+               f"Run with --model large, or random-124m ({fmt_bytes(GPT2_SIZES['124m'].n_params() * 4)}), to measure DRAM.")
     elif not L.fast and L.model_name is None:
         small = minillm.load(quiet=True)
         with L.status(f"the same on the default model ({small.name})…"):
@@ -222,7 +222,8 @@ def a_big_model_on_a_gpu(L: Lesson, b, hw, model, r):
     L.try_it("""
         `minillm hardware --params 7B --dtype int4` prints the decode ceiling of a 7B model in 4-bit
         weights for every known chip: 4× the fp16 tokens/s, because it is 4× fewer bytes.
-        `minillm traffic --model random-124m --steps 8` prints this lesson's counters for every step.
+        `minillm traffic --model large --steps 8` prints this lesson's counters for every step
+        (`--model random-124m` for GPT-2 small's size).
     """)
 
 

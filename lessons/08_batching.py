@@ -152,8 +152,8 @@ def the_cliff(L: Lesson, sweep: dict) -> None:
                 + (": the cliff. " if ratio > 1.3 else ": this run shows no cliff at 2 rows. ")
                 + f"`ops.matmul` took {fmt_x(two['bare_engine_ms'] / one)}. ")
     L.say(f"""
-        Each column is one bare pass of B rows over every weight of the model, nothing else, timed in this
-        run. The roofline says 2 rows should cost about what 1 row costs. {here}With OpenBLAS, 1 row runs as
+        Each column is the time of one bare pass of B rows over every weight of the model, nothing else
+        (the median of this run's interleaved rounds). The roofline says 2 rows should cost about what 1 row costs. {here}With OpenBLAS, 1 row runs as
         a matrix-vector product, but 2-7 rows run as a matrix-matrix product that copies ("packs") the
         weights into its own layout and works in panels of 8 rows, so a few rows pay for 8, and a row
         count that is not a multiple of 8 lands on slower edge kernels. minillm's `ops.matmul` was chosen

@@ -74,7 +74,7 @@ def workload(L: Lesson, model) -> list[WorkItem]:
     items = [WorkItem(w.arrival, w.prompt, w.max_tokens, 0.8, top_k=40, seed=i) for i, w in enumerate(items)]
     L.say(f"""
         One request alone took about {fmt_time(per_request)} here, so one at a time serves about
-        {1 / per_request:.2g} requests a second. The workload: {n} requests arriving at **{rate:.2g} per second**
+        {1 / per_request:.2g} request{'' if f'{1 / per_request:.2g}' == '1' else 's'} a second. The workload: {n} requests arriving at **{rate:.2g} per second**
         (three times that), prompts of {min(len(w.prompt) for w in items)}-{max(len(w.prompt) for w in items)}
         tokens, answers of {min(w.max_tokens for w in items)}-{max(w.max_tokens for w in items)}, sampled at
         temperature 0.8 from the 40 likeliest tokens, each request with its own seed.

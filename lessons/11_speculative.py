@@ -81,11 +81,14 @@ def one_read(L: Lesson, model, prompt) -> None:
         L.claim(timing[5].median < 4 * base,
                 f"a step over 5 tokens took {fmt_x(timing[5].median / base)} the time of a step over one, "
                 "less than the 5× of five decode steps")
-    L.say("""
-        The time grows more slowly than the tokens, but it is not flat: the FLOPs grow with k, and
-        the BLAS kernel for a few rows is less efficient than the one for a single row (lesson 8 met
-        that cliff). Checking k guesses costs *about* one weight read, and the measured ratio above is
-        the exchange rate the speedup must beat.
+    hw = L.machine()
+    i1, i9 = counted[1].intensity, counted[9].intensity
+    L.say(f"""
+        The bytes stay put; the time does not stay flat. The FLOPs grow with every token: a step over 9
+        does {i9:.2g} FLOP per byte moved against {i1:.2g} for one, on the way to this machine's ridge
+        of {hw.ridge:.2g}, and the BLAS kernel for a few rows is less efficient than the one for a
+        single row (lesson 8 met that cliff). So checking k guesses costs one weight read but
+        {fmt_x(timing[5].median / base)} a step's time for k = 4: the exchange rate the guesses must beat.
     """)
     L.pause()
 
@@ -105,6 +108,10 @@ def same_tokens(L: Lesson, model, draft, prompt) -> None:
     """)
     n = L.pick(48, 12)
     plain = minillm.generate(model, prompt, n)
+    _, shown = speculative_generate(model, prompt, n, draft=draft, k=4)
+    L.show(rounds_picture(shown.rounds[:L.pick(8, 4)], f"the first rounds with {escape(draft.name)}, k = 4"),
+           "[dim][green]green[/]: a guess the model agreed with, kept; [red]red[/]: rejected (and every guess "
+           "after it); [bold cyan]blue[/]: the model's own token, one per round[/]")
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("draft", "k", "guesses", "kept", "tokens per step", "same tokens"):
         t.add_column(col, justify="right")
@@ -123,6 +130,26 @@ def same_tokens(L: Lesson, model, draft, prompt) -> None:
         output's distribution against the model's with a chi-square test.
     """)
     L.pause()
+
+
+def rounds_picture(rounds, title: str):
+    """One line per round: its guesses, kept or rejected, then the model's own token."""
+    from rich.console import Group
+    from rich.text import Text
+
+    from minillm.lessons._common import token_text
+
+    enc = minillm.tokenizer()
+    lines = [Text.from_markup(f"[bold]{title}[/]")]
+    for i, r in enumerate(rounds, 1):
+        line = Text(f"round {i}: ", style="dim")
+        for j, g in enumerate(r.guesses):
+            line.append(f"[{token_text(enc, g)}]", style="green" if j < r.accepted else "red strike")
+            line.append(" ")
+        line.append(f"→ {token_text(enc, r.token)}", style="bold cyan")
+        line.append(f"   kept {r.kept}", style="dim")
+        lines.append(line)
+    return Group(*lines)
 
 
 def measure(L: Lesson, model, draft) -> dict:
@@ -170,25 +197,32 @@ def when_it_vanishes(L: Lesson, model, draft, sweep: dict) -> None:
     L.show(bar_chart("best speedup over plain decode, per draft", [
         (escape(name), r["speedup"], f"{r['speedup']:.2f}× at k = {r['k']}") for name, r in by_draft.items()],
         vmax=max(1.0, best["speedup"])))
+    plain_ms, draft_ms = sweep["plain"]["ms_step"], sweep["draft_ms"].get(draft.name)
+    cost = (f"one of its decode steps took {draft_ms:.2g} ms here, {draft_ms / plain_ms:.0%} of one of the "
+            f"model's ({plain_ms:.2g} ms), so k guesses cost {draft_ms / plain_ms:.2g}·k steps of the model"
+            if draft_ms else "its k steps are not free")
     L.say(f"""
         A round keeps a+1 tokens for one check of the model plus k draft steps. The speedup is
         (tokens kept per round) × (time of a plain step) ÷ (time of a round). It vanishes when:
 
-        - **the draft is too slow**: {escape(draft.name)}'s k steps are not free; if they cost as much
-          as the tokens they save, the gain is gone (a draft should be 10× or more cheaper);
+        - **the draft is too slow**: {escape(draft.name)} has {draft.nbytes() / model.nbytes():.0%} of the
+          model's weight bytes, and {cost}; a draft should cost a tenth of a step or less;
         - **the draft is too often wrong**: with acceptance near 0 every round keeps one token and pays
           for a check of k+1; the n-gram draft is right only where the text repeats itself;
-        - **the model is not memory-bound**: a check of k+1 tokens costs about one step only while the
-          step is bound by its weight read. A model whose weights sit in the CPU cache, or a step already
-          carrying a batch near the ridge (lesson 8), pays for every extra token in FLOPs.
+        - **the model is not memory-bound enough**: a check of k+1 tokens costs about one step only while
+          the step is bound by its weight read. A small model's step is partly fixed per-operation cost,
+          a wide LM head at a few rows nears the ridge, and a step already carrying a batch near the
+          ridge (lesson 8) pays for every extra token in FLOPs. Real LLMs on GPUs are far more
+          memory-bound than this: there a check of 5 tokens costs little more than one.
 
         Here the best was draft {escape(best['draft'])} at k = {best['k']}: {best['speedup']:.2f}× plain
-        decode of `{escape(model.name)}`.
+        decode of `{escape(model.name)}`, with {best['tokens_per_step']:.2f} tokens kept per check.
     """)
     L.takeaway("""
-        Decode is memory-bound, so a step over k+1 tokens costs about one step over one. Speculative
-        decoding turns that slack into tokens whenever a cheap guess is often right, and with the
-        acceptance rule it changes nothing about what the model says.
+        Decode is memory-bound, so a step over k+1 tokens reads the weights once and costs far less than
+        k+1 steps. Speculative decoding turns that slack into tokens when a guess is cheap and often
+        right; how much it buys is the tokens kept per check against what a check and the guesses
+        cost. With the acceptance rule it changes nothing about what the model says.
     """)
 
 

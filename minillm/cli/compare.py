@@ -130,7 +130,7 @@ def _compare(args) -> int:
         out.print("• " + report.verdict(m_n.steps[-1], hw, "naive"))
     if note:
         out.print("[yellow]• cache-resident: the weights came from the CPU cache, so these verdicts describe "
-                  "the cache, not DRAM (try --model random-124m)[/]")
+                  "the cache, not DRAM (try --model large: real text from DRAM, or random-124m)[/]")
     out.print(f"[dim]this machine: {escape(hardware.provenance(hw))}[/]")
     return 0
 

@@ -143,6 +143,8 @@ class Round:
     seconds: float                                     # the whole round: draft, verify, judge, roll back
     draft_steps: list = field(default_factory=list)    # the meter's records of the draft's steps
     verify_step: object = None                         # ... and of the target's verify step
+    guesses: list = field(default_factory=list)        # the draft's tokens (the first `accepted` were kept)
+    token: int = -1                                    # the target's own token that ended the round
 
     @property
     def kept(self) -> int:
@@ -270,7 +272,7 @@ def speculative_generate(model, ids, max_new_tokens: int, *, draft="ngram", k: i
         t3 = time.perf_counter()
         steps = m.steps if m is not None else []
         r = Round(len(guesses), accepted, t1 - t0, t2 - t1, t3 - t0, steps[i0:i1],
-                  steps[i1] if len(steps) > i1 else None)
+                  steps[i1] if len(steps) > i1 else None, guesses, tokens[-1])
         stats.rounds.append(r)
         if on_round is not None:
             on_round(r, cache, drafter)

@@ -36,7 +36,8 @@ ACTIVE: "Meter | None" = None  # the meter operations report to; None means no c
 class StepRecord:
     """One prefill or decode step: what it moved, what it computed, how long it took."""
 
-    kind: str           # "prefill", "decode", "mixed" (a batch of both), or "forward" (no cache)
+    kind: str           # "prefill", "decode", "mixed" (a batch of both), "forward" (no cache), or
+                        # "draft" / "verify" (speculative decoding's draft steps and checks)
     position: int       # index of the first token this step runs through the blocks
     n_tokens: int       # how many tokens it runs through the blocks
     bytes: dict = field(default_factory=lambda: dict.fromkeys(BYTE_KINDS, 0))

@@ -70,7 +70,8 @@ def run_speculation_bench(model, drafts: dict, ks: list[int], prompts: list[np.n
                                    "rounds": len(stats.rounds), "draft_bytes": stats.draft_bytes,
                                    "target_bytes": stats.target_bytes,
                                    "verify_s": [x.verify_step.seconds for x in stats.rounds
-                                                if x.verify_step is not None and x.drafted == k]}
+                                                if x.verify_step is not None and x.drafted == k],
+                                   "draft_s": [d.seconds for x in stats.rounds for d in x.draft_steps[1:]]}
             if progress is not None:
                 progress()
 
@@ -100,5 +101,10 @@ def run_speculation_bench(model, drafts: dict, ks: list[int], prompts: list[np.n
             "verify_ms": 1e3 * statistics.median(verify) if verify else None,
             "same_tokens": same[c] if temperature == 0 else None,
         })
-    return {"plain": plain, "rows": rows, "prompts": len(prompts), "prompt_tokens": int(prompts[0].size),
+    draft_ms = {}
+    for name in drafts:
+        ds = [s for c in configs if c[0] == name for v in per[c].values() for s in v["draft_s"]]
+        if ds:
+            draft_ms[name] = 1e3 * statistics.median(ds)
+    return {"plain": plain, "rows": rows, "draft_ms": draft_ms, "prompts": len(prompts), "prompt_tokens": int(prompts[0].size),
             "new_tokens": new_tokens, "repeats": repeats, "temperature": temperature}
