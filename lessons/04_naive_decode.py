@@ -51,7 +51,7 @@ def first_steps(L: Lesson):
         {P} + *i* tokens through every block, although only the newest one is new: the other
         positions produce exactly the same keys, values and hidden states as in the step before.
     """)
-    minillm.generate(model, ids, 2, kv_cache=False)  # warm-up: first touches of the weights
+    minillm.generate(model, ids, min(2, N), kv_cache=False)  # warm-up: first touches of the weights
     with L.status(f"generating {N} tokens the naive way…"):
         with minillm.Meter() as m:
             new = minillm.generate(model, ids, N, kv_cache=False, **SAMPLING)

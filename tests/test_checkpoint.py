@@ -269,6 +269,45 @@ def test_a_config_nested_too_deep_is_a_config_error(tmp_path):
         load_checkpoint(folder)
 
 
+def test_a_config_json_over_one_mib_is_refused_unparsed(tmp_path):
+    """config.json is read with a 1 MiB cap: a file of exactly the cap loads, one byte more is refused by
+    its size (not parsed), with one line naming the file and what to do."""
+    from minillm.checkpoints.checkpoint import MAX_CONFIG_BYTES
+
+    assert MAX_CONFIG_BYTES == 1 << 20
+    folder = write_checkpoint_dir(tmp_path / "ckpt", nontrivial_params(SMALL), {})
+    text = json.dumps(SMALL.to_hf())
+    (folder / "config.json").write_text(text + " " * (MAX_CONFIG_BYTES - len(text)))   # valid JSON, padded
+    assert (folder / "config.json").stat().st_size == MAX_CONFIG_BYTES
+    assert load_checkpoint(folder)[0] == SMALL
+    (folder / "config.json").write_text(text + " " * (MAX_CONFIG_BYTES + 1 - len(text)))
+    with pytest.raises(ConfigError) as e:
+        load_checkpoint(folder)
+    message = str(e.value)
+    assert "config.json: over 1,048,576 bytes" in message and "re-download or re-save" in message, message
+    assert "\n" not in message and "not valid JSON" not in message, message
+
+
+@pytest.mark.parametrize("where", ["config.json", "no config"])
+def test_a_scalar_position_embedding_is_named(tmp_path, where):
+    """A 0-D wpe.weight: one WeightsError naming the tensor and its shape, and saying what to do."""
+    params = nontrivial_params(SMALL)
+    params["wpe.weight"] = np.array(1.5, dtype=np.float32)
+    if where == "config.json":
+        source = write_checkpoint_dir(tmp_path / "ckpt", params, SMALL.to_hf())
+        words = ["tensor wpe.weight has shape []", f"needs [{SMALL.n_ctx}, {SMALL.n_embd}]", "re-download or re-save"]
+    else:
+        source = tmp_path / "lone.safetensors"
+        write_safetensors(source, params)                      # no config: inferred from the shapes
+        words = ["tensor wpe.weight has shape []", "GPT-2's is a matrix", "is this a GPT-2 checkpoint?"]
+    with pytest.raises(WeightsError) as e:
+        minillm.load(source)
+    message = str(e.value)
+    assert "\n" not in message, message
+    for w in words:
+        assert w in message, (w, message)
+
+
 @pytest.mark.parametrize("shape", [[SMALL.vocab_size * SMALL.n_embd], [SMALL.vocab_size, SMALL.n_embd, 1]])
 def test_a_vector_or_cube_embedding_is_named(tmp_path, shape):
     params = nontrivial_params(SMALL)

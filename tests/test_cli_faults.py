@@ -192,3 +192,39 @@ def test_ctrl_c_while_the_command_is_still_starting(home, delay):
     assert not ours, err
     if "Traceback" not in err:
         assert p.returncode in (0, 130, -signal.SIGINT), (p.returncode, err)
+
+
+def test_a_config_json_over_one_mib(home, tmp_path):
+    """config.json is read with a 1 MiB cap: a bigger one (valid JSON, padded) is one line, not parsed."""
+    d = checkpoint(tmp_path)
+    text = (d / "config.json").read_text()
+    (d / "config.json").write_text(text + " " * (1 << 20))
+    user_error(run(home, "generate", IN_VOCAB, "--model", d, timeout=30), "config.json", "over 1,048,576 bytes",
+               "re-download or re-save")
+
+
+def test_a_scalar_position_embedding(home, tmp_path):
+    tensors = fixture_tensors()
+    tensors["transformer.wpe.weight"] = np.array(0.5, dtype=np.float32)             # 0-D
+    d = checkpoint(tmp_path, tensors=tensors)
+    user_error(run(home, "generate", IN_VOCAB, "--model", d, timeout=30), "tensor wpe.weight has shape []",
+               "re-download or re-save")
+    (tmp_path / "a").mkdir()
+    write_safetensors(tmp_path / "a" / "lone.safetensors", tensors)                  # no config beside it
+    user_error(run(home, "generate", IN_VOCAB, "--model", tmp_path / "a" / "lone.safetensors", timeout=30),
+               "tensor wpe.weight has shape []", "is this a GPT-2 checkpoint?")
+
+
+def test_a_minillm_home_that_is_a_file(tmp_path):
+    """Commands that must write under $MINILLM_HOME (the bundled text's copy, downloads) stop with one line;
+    `hardware` still shows its figures and says in one note why they were not cached."""
+    home = tmp_path / "home"
+    home.write_text("not a folder")
+    user_error(run(home, "eval", "--model", "random-tiny", timeout=60), str(home), "Not a directory", "MINILLM_HOME")
+    user_error(run(home, "download", "gpt2", timeout=60), str(home / "gpt2"), "Not a directory", "MINILLM_HOME")
+    r = ok(run(home, "hardware", env=cli_env(home, COLUMNS="1000"), timeout=60))
+    assert "memory read bandwidth" in r.stdout
+    note = [line for line in r.stderr.splitlines() if "could not cache" in line]
+    assert len(note) == 1, r.stderr
+    assert f"{home} is not a directory" in note[0] and "MINILLM_HOME" in note[0], note
+    assert home.read_text() == "not a folder"

@@ -53,6 +53,7 @@ class FakeHub(ThreadingHTTPServer):
         self.ignore_range = False
         self.ranges: list[str | None] = []
         self.length_header: str | None = None  # the weights' Content-Length as sent ("" for none)
+        self.range_header: str | None = None   # the Content-Range of a 206 or 416 answer as sent, if not the true one
 
     @property
     def base(self) -> str:
@@ -77,12 +78,14 @@ class Handler(BaseHTTPRequestHandler):
             start = int(rng.removeprefix("bytes=").split("-")[0])
             if start >= len(body):
                 self.send_response(416)
-                self.send_header("Content-Range", f"bytes */{len(body)}")
+                self.send_header("Content-Range", f"bytes */{len(body)}"
+                                 if self.server.range_header is None else self.server.range_header)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
             self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}"
+                             if self.server.range_header is None else self.server.range_header)
         else:
             self.send_response(200)
         rest = body[start:]
@@ -285,7 +288,8 @@ def test_files_left_unverified_are_verified_before_they_count(hub, home):
     assert dl.find_downloaded("gpt2") is None
 
 
-@pytest.mark.parametrize("length, words", [("", "did not say how big"), ("12abc", "bad Content-Length '12abc'")])
+@pytest.mark.parametrize("length, words", [("", "did not say how big"), ("12abc", "bad Content-Length '12abc'"),
+                                           ("\xb2", "bad Content-Length '\xb2'")])
 def test_unpinned_weights_need_a_size_from_the_server(hub, length, words):
     hub.length_header = length
     with pytest.raises(DownloadError, match=words):
@@ -305,3 +309,45 @@ def test_disk_full_keeps_the_part_and_says_so(hub, home, monkeypatch):
     monkeypatch.setattr(dl, "open", lambda *a, **k: open("/dev/full", "wb"), raising=False)
     with pytest.raises(DownloadError, match="cannot write .No space left on device."):
         dl.download("gpt2", base_url=hub.base, progress=False, expected_sha256=WEIGHTS_SHA)
+
+
+LAST = len(WEIGHTS) - 1
+
+
+@pytest.mark.parametrize("content_range", [
+    "bytes abc-def/xyz", f"bytes 100000-{LAST}/lots", "kilobytes", f"bytes 100000-{LAST}/{LAST + 1}/1", "",
+    f"bytes 100000-{LAST}/-5",
+    f"bytes \xb2-{LAST}/{LAST + 1}", f"bytes 100000-{LAST}/\xb2",
+])
+def test_a_resume_answer_with_a_bad_content_range_is_refused_and_the_part_kept(hub, home, content_range):
+    """A 206 whose Content-Range is not `bytes <digits>-<digits>/<digits or *>`: one DownloadError naming
+    the header, and the partial file kept as it was, so a later run can still resume it."""
+    hub.cut_after = 100_000
+    with pytest.raises(DownloadError, match="re-run to resume"):
+        dl.download("gpt2", base_url=hub.base, progress=False, expected_sha256=WEIGHTS_SHA)
+    part = home / "gpt2" / "model.safetensors.part"
+    assert part.read_bytes() == WEIGHTS[:100_000]
+    hub.cut_after, hub.range_header = None, content_range
+    with pytest.raises(DownloadError) as e:
+        dl.download("gpt2", base_url=hub.base, progress=False, expected_sha256=WEIGHTS_SHA)
+    assert f"bad Content-Range {content_range!r} in a 206 answer" in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
+    assert hub.ranges[-1] == "bytes=100000-"
+    assert part.read_bytes() == WEIGHTS[:100_000]
+    assert not (home / "gpt2" / "model.safetensors").exists() and dl.find_downloaded("gpt2") is None
+    hub.range_header = None                                 # a good answer now resumes it
+    dl.download("gpt2", base_url=hub.base, progress=False, expected_sha256=WEIGHTS_SHA)
+    assert (home / "gpt2" / "model.safetensors").read_bytes() == WEIGHTS
+
+
+@pytest.mark.parametrize("content_range", ["bytes */lots", "bytes */\xb2", "bytes */-5", ""])
+def test_a_finished_part_answered_416_with_a_bad_content_range_is_still_verified(hub, home, content_range):
+    """The 416 that says a .part is already whole: a size that is not digits is ignored (never a traceback),
+    and the file is verified by its hash as usual."""
+    folder = home / "gpt2"
+    folder.mkdir()
+    (folder / "model.safetensors.part").write_bytes(WEIGHTS)
+    hub.range_header = content_range
+    dl.download("gpt2", base_url=hub.base, progress=False, expected_sha256=WEIGHTS_SHA)
+    assert hub.ranges[-1] == f"bytes={len(WEIGHTS)}-"
+    assert (folder / "model.safetensors").read_bytes() == WEIGHTS

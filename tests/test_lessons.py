@@ -203,3 +203,84 @@ def test_claims_fail_when_the_meter_counts_the_lm_head_weights_twice(number, mon
     monkeypatch.setattr(meter.Meter, "count", wrong)
     assert _lesson(number).main(["--fast", "--no-pause"]) == 1
     assert "did not hold" in capsys.readouterr().out
+
+
+def test_lesson_5s_cache_table_shows_each_models_own_context(monkeypatch):
+    """The "context" column of lesson 5's KV table is each model's own n_ctx (1,024 for the GPT-2 presets,
+    256 for the bundled model), and "KV, full" is that model's bytes per token times it: one context
+    shared by every row was a bug (the bundled model's 256-token figure under "1,024 tokens")."""
+    import io
+
+    import numpy as np
+    from rich.console import Console
+
+    import minillm
+    from minillm.config import PRESETS
+
+    lesson = _lesson(5)
+    model = minillm.load(quiet=True)
+    c = model.config
+    with minillm.Meter() as m:
+        minillm.generate(model, [464, 2068], 3)
+    L = _common.Lesson(5, "test", fast=True, no_pause=True, console=Console(file=io.StringIO(), width=200))
+    shown = []
+    monkeypatch.setattr(L, "show", lambda *renderables: shown.extend(renderables))
+    lesson.what_the_cache_costs(L, c, m.of_kind("decode"), model)
+    (table,) = [r for r in shown if hasattr(r, "columns")]
+    columns = {col.header: [str(cell) for cell in col.cells] for col in table.columns}
+    rows = dict(zip(columns["model"], zip(columns["context"], columns["KV, full"], columns["KV/token"])))
+    expected = {f"GPT-2 {name}": cfg for name, cfg in PRESETS.items()} | {model.name: c}
+    assert set(rows) == set(expected), rows
+    for name, cfg in expected.items():
+        per = minillm.KVCache(cfg).bytes_per_token() if name != model.name else model.new_cache().bytes_per_token()
+        assert per == 2 * cfg.n_layer * cfg.n_embd * (4 if name != model.name else np.dtype(model.dtype).itemsize)
+        assert rows[name] == (f"{cfg.n_ctx:,}", _common.fmt_bytes(per * cfg.n_ctx), f"{per / 1024:g} KiB"), (name, rows)
+    contexts = {rows[name][0] for name in rows}
+    assert {"1,024", f"{c.n_ctx:,}"} <= contexts and c.n_ctx != 1024, contexts   # the test can tell them apart
+
+
+@pytest.mark.parametrize("wrong", ["the model's n_params counts the tied LM head again",
+                                   "the config's n_params forgets the final layer norm"])
+def test_lesson_2s_parameter_claim_fails_on_a_wrong_count(wrong, monkeypatch, capsys):
+    """Lesson 2 checks n_params() against the arrays it loaded and GPT-2 small's shapes against its config
+    count: either count going wrong fails the lesson."""
+    import minillm
+    from minillm.config import GPT2Config
+
+    if wrong.startswith("the model's"):
+        real = minillm.GPT2.n_params
+        monkeypatch.setattr(minillm.GPT2, "n_params", lambda self: real(self) + self.params["wte.weight"].size)
+    else:
+        real = GPT2Config.n_params
+        monkeypatch.setattr(GPT2Config, "n_params", lambda self: real(self) - 2 * self.n_embd)
+    assert _lesson(2).main(["--fast", "--no-pause"]) == 1
+    out = capsys.readouterr().out
+    assert "did not hold" in out and "n_params()" in out.split("did not hold")[1], out[-2000:]
+
+
+def test_lesson_4s_claims_fail_when_the_naive_loop_reuses_a_cache(monkeypatch, capsys):
+    """Lesson 4 checks that each naive step ran the whole sequence: a `kv_cache=False` that is ignored
+    (the steps are a prefill and one-token decodes) fails it."""
+    import minillm
+
+    real = minillm.generate
+    monkeypatch.setattr(minillm, "generate", lambda model, ids, n, kv_cache=True, **kw: real(model, ids, n, **kw))
+    assert _lesson(4).main(["--fast", "--no-pause"]) == 1
+    out = capsys.readouterr().out
+    assert "did not hold" in out and "tokens through the model" in out.split("did not hold")[1], out[-2000:]
+
+
+def test_lesson_4s_quadratic_claim_fails_on_a_run_too_short_to_compare(tmp_path, capsys):
+    """A model whose context leaves room for one new token has no half-length run to compare with: the
+    "double the answer, about four times the work" claim must fail, not hold by default."""
+    import minillm
+    from minillm.checkpoint import random_params, save_checkpoint
+    from minillm.config import GPT2Config
+
+    lesson = _lesson(4)
+    P = len(minillm.tokenizer().encode(lesson.PROMPT))
+    config = GPT2Config(n_layer=1, n_head=1, n_embd=8, n_ctx=P + 1, vocab_size=50257)
+    save_checkpoint(tmp_path / "short", random_params(config), config)
+    assert lesson.main(["--fast", "--no-pause", "--model", str(tmp_path / "short")]) == 1
+    out = capsys.readouterr().out
+    assert "did not hold" in out and "doubling the answer" in out.split("did not hold")[1], out[-2000:]

@@ -152,7 +152,8 @@ def load_checkpoint(source: str | os.PathLike, dtype=np.float32) -> tuple[GPT2Co
             raise WeightsError(
                 f"{file}: tensor {name} has shape {list(tensors[name].shape)} but the config "
                 f"({config.n_layer} layers, width {config.n_embd}, vocab {config.vocab_size}, context {config.n_ctx}) "
-                f"needs {list(shape)}"
+                f"needs {list(shape)}; is config.json the one for these weights? "
+                "re-download or re-save the checkpoint"
             )
     want = expected_shapes(config)
     extra = sorted(set(tensors) - set(want))

@@ -21,6 +21,7 @@ import hashlib
 import http.client
 import json
 import os
+import re
 import sys
 import urllib.error
 import urllib.request
@@ -251,7 +252,7 @@ def _open(url: str, have: int) -> tuple[http.client.HTTPResponse | None, int | N
         e.close()
         if e.code == 416 and have:
             size = (e.headers.get("Content-Range") or "").removeprefix("bytes */")
-            return None, int(size) if size.isdigit() else None
+            return None, int(size) if _DIGITS.fullmatch(size) else None
         hint = "; is the model name right?" if e.code == 404 else "; try again later"
         raise DownloadError(f"{url}: server answered HTTP {e.code} {e.reason}{hint}") from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:  # no answer at all
@@ -272,14 +273,13 @@ def _start_offset(response: http.client.HTTPResponse, url: str, part: Path, have
         if have:
             _say(f"{part.name}: the server does not resume downloads; starting over")
         return 0, length
-    # Content-Range: bytes <first>-<last>/<total or *>
+    # Content-Range: bytes <first>-<last>/<total or *>, in ASCII digits (int() would also take "-5", "1_0", "²")
     content_range = response.headers.get("Content-Range", "")
-    try:
-        first_last, total_text = content_range.removeprefix("bytes ").split("/")
-        first = int(first_last.split("-")[0])
-        total = None if total_text == "*" else int(total_text)
-    except ValueError:
-        raise DownloadError(f"{url}: bad Content-Range {content_range!r} in a 206 answer; try again later") from None
+    match = _CONTENT_RANGE.fullmatch(content_range)
+    if match is None:
+        raise DownloadError(f"{url}: bad Content-Range {content_range!r} in a 206 answer; try again later")
+    first = int(match["first"])
+    total = None if match["total"] == "*" else int(match["total"])
     if first != have:
         part.unlink()
         raise DownloadError(
@@ -291,11 +291,15 @@ def _start_offset(response: http.client.HTTPResponse, url: str, part: Path, have
     return have, have + length if length is not None else None
 
 
+_DIGITS = re.compile(r"[0-9]+")
+_CONTENT_RANGE = re.compile(r"bytes (?P<first>[0-9]+)-(?P<last>[0-9]+)/(?P<total>[0-9]+|\*)")
+
+
 def _number(value: str | None, url: str, header: str) -> int | None:
-    """A header's non-negative integer, None if absent; anything else is the server's fault."""
+    """A header's non-negative integer in ASCII digits, None if absent; anything else is the server's fault."""
     if value is None:
         return None
-    if not value.strip().isdigit():
+    if not _DIGITS.fullmatch(value.strip()):       # str.isdigit() also takes "²", which int() refuses
         raise DownloadError(f"{url}: bad {header} {value[:40]!r} from the server; try again later")
     return int(value)
 

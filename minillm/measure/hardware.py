@@ -226,8 +226,14 @@ def machine(remeasure: bool = False, progress: bool = True) -> Hardware:
     except OSError as exc:
         if progress:
             from rich.console import Console
+            from rich.markup import escape
 
-            Console(stderr=True).print(f"[yellow]note:[/] could not cache hardware figures at {path}: {exc}")
+            # mkdir of a folder whose name is taken by a file raises FileExistsError: say what is wrong
+            reason = (f"{exc.filename} is not a directory" if isinstance(exc, FileExistsError)
+                      else exc.strerror or str(exc))
+            Console(stderr=True).print(f"[yellow]note:[/] could not cache hardware figures at {escape(str(path))} "
+                                       f"({escape(str(reason))}); they will be measured again next time: set "
+                                       "MINILLM_HOME to a writable folder to keep them")
     return hw
 
 
