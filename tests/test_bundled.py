@@ -23,7 +23,7 @@ def test_both_bundled_models_load_by_name(models):
     assert large.name == "minillm-shakespeare-large"
     c = large.config
     assert (c.n_layer, c.n_head, c.n_embd, c.n_ctx, c.vocab_size) == (8, 8, 256, 256, 50257)
-    assert large.dtype == np.float32 and large.nbytes() > 3 * small.nbytes()
+    assert large.dtype == np.float32 and large.nbytes() > 2.5 * small.nbytes()
 
 
 def test_the_large_model_beats_the_small_one_on_held_out_text(models):

@@ -97,6 +97,7 @@ def test_compare_on_a_cache_resident_model_says_so_first_and_fits_80_columns():
     r = run_cli("compare", "ROMEO:", "--max-new-tokens", "4")
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert "cache-resident" in out and "--model random-124m" in out
+    flat = " ".join(out.replace("│", " ").split())            # words, whatever the wrapping
+    assert "cache-resident" in out and "--model large" in flat and "--model random-124m" in flat
     assert out.index("cache-resident") < out.index("KV-cached: prefill once")
     assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80

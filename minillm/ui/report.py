@@ -153,6 +153,7 @@ def cache_note(model_bytes: int, hw: Hardware) -> str | None:
     if cache_resident(model_bytes, hw):
         return (f"This model's weights ({fmt_mib(model_bytes)}) fit in this CPU's {fmt_mib(hw.llc_bytes)} "
                 "last-level cache, so a decode step reads them from the cache, not from DRAM: the GB/s below "
-                "are cache speeds, and this run cannot show decode waiting on memory. To see it, run a "
-                "model the size of GPT-2 small (about 500 MB a step): add --model random-124m.")
+                "are cache speeds, and this run cannot show decode waiting on memory. To see it, add "
+                "--model large (the bundled 77 MB model, real text) or --model random-124m (GPT-2 small's "
+                "size, about 500 MB a step).")
     return None
