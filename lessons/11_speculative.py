@@ -72,7 +72,8 @@ def one_read(L: Lesson, model, prompt) -> None:
     L.show(bar_chart("time of one step over n new tokens", [
         (f"n = {n}", timing[n].median, f"{1e3 * timing[n].median:.1f} ms  {fmt_x(timing[n].median / base)}")
         for n in sizes]))
-    L.timing_note()
+    L.console.print(f"[dim]times: median and range of {L.pick(7, 3)} interleaved rounds; {L.conditions()}[/]")
+    L.console.print()
     w1, w9 = counted[1].bytes["weights"], counted[9].bytes["weights"]
     L.claim(w9 - w1 == 8 * 2 * model.config.n_embd * model.dtype.itemsize,
             f"the meter counts {fmt_bytes(w1)} of weights for 1 token and {fmt_bytes(w9)} for 9: the same read, "
@@ -113,7 +114,7 @@ def same_tokens(L: Lesson, model, draft, prompt) -> None:
            "[dim][green]green[/]: a guess the model agreed with, kept; [red]red[/]: rejected (and every guess "
            "after it); [bold cyan]blue[/]: the model's own token, one per round[/]")
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("draft", "k", "guesses", "kept", "tokens per step", "same tokens"):
+    for col in ("draft", "k", "guesses", "accepted", "tokens per step", "same tokens"):
         t.add_column(col, justify="right")
     same = True
     for name, d in (("ngram", "ngram"), (draft.name, draft)):
@@ -173,14 +174,15 @@ def against_k(L: Lesson, model, sweep: dict) -> None:
                   f"{r['tok_s']:.1f}", f"{r['speedup']:.2f}×", fmt_bytes(r["bytes_per_token"]))
     L.show(t, "[dim]tokens/step: tokens kept per step of the model; bytes per token: the draft's and the model's, "
               "as metered, per token kept; greedy, real held-out text[/]")
-    L.timing_note()
+    L.console.print(f"[dim]times: medians of {sweep['repeats']} interleaved rounds; {L.conditions()}[/]")
+    L.console.print()
     L.claim(all(r["same_tokens"] for r in sweep["rows"]), "every k, both drafts: the same tokens as plain decode")
     ngram = [r for r in sweep["rows"] if r["draft"] == "ngram" and r["acceptance"] > 0]
     L.claim(all(r["bytes_per_token"] < p["bytes_per_token"] for r in ngram),
             "wherever the n-gram draft had a guess accepted, the bytes moved per token kept fell below plain "
             "decode's: one weight read was shared by several tokens")
     L.say("""
-        More guesses per round keep more tokens per step, but each later guess is right less often
+        More guesses per round can keep more tokens per step, but each later guess is right less often
         (it is conditioned on all the earlier ones being right), and a wrong guess still cost its share
         of the check and, for a model draft, a draft step.
     """)

@@ -46,3 +46,16 @@ def test_bad_speculative_options_are_one_clear_line(home):
     user_error(run(home, "compare", "ROMEO:", "--speculate-k", "99"), "--speculate-k")
     user_error(run(home, "bench", "--speculate", "0"), "--speculate")
     user_error(run(home, "bench", "--speculate", "2", "--batch", "2"), "--batch", "--speculate")
+    user_error(run(home, "generate", "ROMEO:", "--draft", "small"), "the model itself")
+    user_error(run(home, "bench", "--speculate", "2", "--model", "small", "--draft", "small"), "the model itself")
+
+
+def test_one_new_token_with_a_draft_says_no_guesses_were_made(home):
+    r = ok(run(home, "generate", "ROMEO:", "--max-new-tokens", "1", "--draft", "ngram"))
+    assert "no guesses were made" in r.stderr
+
+
+def test_sampling_with_a_draft_says_the_draws_differ(home):
+    r = ok(run(home, "generate", "ROMEO:", "--max-new-tokens", "6", "--draft", "random-tiny", "--temperature", "0.8",
+               "--seed", "1"))
+    assert "follows the model's own distribution" in r.stderr

@@ -237,3 +237,16 @@ def test_bad_drafts_and_settings_are_one_clear_error():
         speculative_generate(target, [1] * 5, 10, draft=short)
     with pytest.raises(MiniLLMError, match="needs the KV cache"):
         minillm.generate(target, [1], 4, kv_cache=False, draft="ngram")
+
+
+def test_a_draft_context_holds_the_prompt_and_all_but_two_of_the_new_tokens():
+    """The draft never sees the last token and stops guessing one short of the end: a draft whose
+    context is 32 serves a 2-token prompt and 32 new tokens, and says how many fit past that."""
+    target = random_model(GPT2Config(n_layer=1, n_head=1, n_embd=8, n_ctx=64, vocab_size=20), seed=1)
+    short = random_model(GPT2Config(n_layer=1, n_head=1, n_embd=8, n_ctx=32, vocab_size=20), seed=2)
+    new, _ = speculative_generate(target, [1, 2], 32, draft=short, k=8)
+    assert new == minillm.generate(target, [1, 2], 32)
+    with pytest.raises(PromptError, match="at most 32 new tokens"):
+        speculative_generate(target, [1, 2], 33, draft=short)
+    with pytest.raises(PromptError, match="the prompt alone"):
+        speculative_generate(target, list(range(20)) * 2, 5, draft=short)

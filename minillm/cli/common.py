@@ -54,6 +54,9 @@ def load_draft(name, model):
     if name == "ngram":
         return "ngram"
     draft = load_model(name)
+    if draft.name == model.name and draft.nbytes() == model.nbytes():
+        raise PromptError(f"--draft {name} is the model itself: it would guess right every time and save "
+                          "nothing (its guesses cost a full step each); give a smaller model, or ngram")
     if draft.config.vocab_size != model.config.vocab_size:
         raise PromptError(f"--draft {name}: its vocabulary ({draft.config.vocab_size} ids) is not the model's "
                           f"({model.config.vocab_size}); a draft must share the tokenizer")

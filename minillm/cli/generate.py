@@ -85,9 +85,14 @@ def run(args) -> int:
     sys.stdout.write("\n")
     sys.stdout.flush()
     how = "naive (no KV cache)" if args.no_cache else "KV-cached"
-    if stats is not None:
+    if stats is not None and not stats.drafted:
+        how = f"speculative, draft {escape(stats.draft)}, k {stats.k}: no guesses were made"
+    elif stats is not None:
         how = (f"speculative, draft {escape(stats.draft)}, k {stats.k}: {stats.accepted} of {stats.drafted} guesses "
                f"accepted ({stats.acceptance_rate:.0%}), {stats.tokens_per_round:.2f} tokens per step of the model")
+        if args.temperature > 0:
+            how += ("; sampled with the acceptance rule: each token follows the model's own distribution, but the "
+                    "draws, and so the text, differ from the same seed without a draft")
     err.print(f"[dim]{len(new)} tokens in {seconds:.2f} s ({len(new) / seconds:.1f} tokens/s), "
               f"{how}, model {escape(model.name)}[/]")
     return 0

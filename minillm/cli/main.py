@@ -49,10 +49,10 @@ COMMANDS = [
             "Send a seeded workload to a running `minillm serve` at Poisson arrival times, streaming, and report "
             "throughput, time to first token and time between tokens (p50, p95) as the clients measured them, "
             "and, from the server's /metrics, whether prefill or decode took its time."),
-    Command("compare", "cli.compare", "naive vs KV-cached decode, step by step, with the counters",
-            "Run naive and KV-cached decode on the same prompt with the same sampling; show both texts, whether "
-            "the tokens are identical, per-step FLOPs and bytes against this machine's measured bandwidth, "
-            "and a verdict.", add="add_compare_arguments", run="run_compare"),
+    Command("compare", "cli.compare", "naive vs KV-cached (vs speculative) decode, step by step, with the counters",
+            "Run naive and KV-cached decode on the same prompt with the same sampling, and speculative decode "
+            "with --draft (default ngram; --draft none skips it); show the texts, whether the tokens are "
+            "identical, per-step FLOPs and bytes against this machine's measured bandwidth, and a verdict.", add="add_compare_arguments", run="run_compare"),
     Command("traffic", "cli.compare", "per-step memory traffic and FLOPs, as a table or JSON lines",
             "Generate from a seeded random prompt and print every step's counters.",
             add="add_traffic_arguments", run="run_traffic"),

@@ -42,7 +42,7 @@ def generate(model, ids, max_new_tokens: int, *, kv_cache: bool = True, temperat
     if draft is not None:
         if not kv_cache:
             raise MiniLLMError("speculative decoding (a draft) needs the KV cache: it rolls the cache back "
-                               "past rejected guesses; drop --no-cache or the draft")
+                               "past rejected guesses; drop kv_cache=False (--no-cache) or the draft")
         from .speculative import speculative_generate
         new, _ = speculative_generate(model, ids, max_new_tokens, draft=draft, k=speculate_k, temperature=temperature,
                                       top_k=top_k, top_p=top_p, seed=seed, on_token=on_token)

@@ -80,11 +80,15 @@ class ModelDraft:
         self.cache = None
 
     def begin(self, prompt: np.ndarray, room: int) -> None:
+        """A fresh cache. The draft holds at most prompt + room - 2 positions (it never sees the last
+        token, and guesses stop one short of the end), and runs only when room >= 3."""
         n_ctx = self.model.config.n_ctx
-        if prompt.size + room > n_ctx:
-            raise PromptError(f"the draft {self.model.name}'s context is {n_ctx} tokens: the prompt ({prompt.size}) "
-                              f"and the tokens asked for do not fit it; ask for at most {n_ctx - prompt.size} new "
-                              "tokens, or draft with ngram")
+        if room >= 3 and prompt.size + room - 2 > n_ctx:
+            fits = n_ctx - prompt.size + 2
+            how = (f"ask for at most {fits} new tokens" if fits >= 3 else
+                   f"the prompt alone ({prompt.size} tokens) is too long for it")
+            raise PromptError(f"the draft {self.model.name}'s context is {n_ctx} tokens: {how}, "
+                              "or draft with ngram")
         self.cache = self.model.new_cache()
 
     def propose(self, tokens: list[int], k: int, sampling: tuple, rng) -> tuple[list[int], list]:
@@ -97,9 +101,9 @@ class ModelDraft:
             (logits,) = self.model.step([(chunk, self.cache)], kind="draft")
             if temperature == 0:
                 d, q = int(np.argmax(logits)), None
-            else:
+            else:                                   # draw the guess from q itself: one sort, not two
                 q = distribution(logits, *sampling)
-                d = sample(logits, *sampling, rng)
+                d = min(int(np.searchsorted(np.cumsum(q), rng.random() * q.sum(), side="right")), q.size - 1)
             guesses.append(d)
             qs.append(q)
             chunk = np.array([d], dtype=np.intp)
@@ -207,7 +211,8 @@ class SpeculativeStats:
 
     @property
     def bytes_per_token(self) -> float:
-        """Bytes moved (draft and target, as metered) per token kept."""
+        """Bytes moved (draft and target, as metered) per token kept. The byte counts and the step
+        records come from the meter: run under `with minillm.Meter():`, else they are 0."""
         return (self.draft_bytes + self.target_bytes) / self.kept if self.kept else 0.0
 
 

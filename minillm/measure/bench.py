@@ -356,6 +356,8 @@ def run_speculation(args, model, ks: list[int], hw) -> int:
             drafts[name] = "ngram"
         else:
             d = load(name)
+            if d.name == model.name and d.nbytes() == model.nbytes():
+                raise MiniLLMError(f"--draft {name} is the model itself: give a smaller model, or ngram")
             if d.config.vocab_size != model.config.vocab_size:
                 raise MiniLLMError(f"--draft {name}: its vocabulary ({d.config.vocab_size} ids) is not the model's "
                                    f"({model.config.vocab_size})")
