@@ -216,6 +216,8 @@ def test_the_ngram_draft_guesses_the_continuation_of_the_latest_longest_match():
     assert d.propose([1, 2, 9, 1, 2, 8, 1, 2], 2, (0.0, None, None), None)[0] == [8, 1]   # latest match
     assert d.propose([1, 2, 3, 4], 2, (0.0, None, None), None) == ([], [])                 # no repeat
     assert d.propose([4, 4], 5, (0.0, None, None), None)[0] == [4]                        # what there is
+    assert d.propose([5] * 6, 8, (0.0, None, None), None)[0] == [5, 5, 5]                 # a loop: the longest
+    assert d.propose([1, 2] * 4, 8, (0.0, None, None), None)[0] == [1, 2, 1, 2]
 
 
 # -- clear errors ------------------------------------------------------------------------------------

@@ -41,7 +41,8 @@ MAX_K = 16
 
 class NgramDraft:
     """Prompt lookup: find the longest suffix of the text so far (max_n tokens down to min_n) that
-    occurred earlier, and guess the k tokens that followed its latest occurrence. No model, no
+    occurred earlier, and guess the k tokens that followed its latest occurrence (the latest with k
+    tokens after it, if any). No model, no
     weights: its guesses cost nothing but are right only where the text repeats itself."""
 
     name = "ngram"
@@ -61,7 +62,11 @@ class NgramDraft:
             windows = np.lib.stride_tricks.sliding_window_view(t[:-1], n)    # every earlier n-gram
             hits = np.flatnonzero((windows == t[-n:]).all(axis=1))
             if hits.size:
-                start = int(hits[-1]) + n                                    # after the latest match
+                # the latest match with k tokens after it; else the earliest (the longest continuation:
+                # in a loop of period p the latest match has only p tokens after it)
+                room = t.size - (hits + n)
+                full = hits[room >= k]
+                start = int(full[-1] if full.size else hits[0]) + n
                 guess = [int(x) for x in t[start:start + k]]
                 return guess, [None] * len(guess)
         return [], []
