@@ -39,6 +39,14 @@ def test_bench_speculate_json(home):
     assert result["plain"]["tok_s"] > 0 and result["model"] == "minillm-shakespeare"
 
 
+def test_bench_speculate_fits_80_columns(home):
+    from test_cli import cli_env
+    r = ok(run(home, "bench", "--speculate", "1,2", "--model", "default", "--draft", "ngram,random-tiny",
+               "--prompts", "1", "--new-tokens", "6", "--repeats", "1", env=cli_env(home, COLUMNS="80")))
+    assert "random-tiny" in r.stdout and "every run gave plain greedy decode's tokens" in r.stdout
+    assert "…" not in r.stdout and max(len(line) for line in r.stdout.splitlines()) <= 80
+
+
 def test_bad_speculative_options_are_one_clear_line(home):
     user_error(run(home, "generate", "ROMEO:", "--speculate-k", "0", "--draft", "ngram"), "--speculate-k")
     user_error(run(home, "generate", "ROMEO:", "--draft", "ngram", "--no-cache"), "--draft", "--no-cache")

@@ -53,13 +53,10 @@ def load_draft(name, model):
         return None
     if name == "ngram":
         return "ngram"
+    from ..engine.speculative import check_draft_model
+
     draft = load_model(name)
-    if draft.name == model.name and draft.nbytes() == model.nbytes():
-        raise PromptError(f"--draft {name} is the model itself: it would guess right every time and save "
-                          "nothing (its guesses cost a full step each); give a smaller model, or ngram")
-    if draft.config.vocab_size != model.config.vocab_size:
-        raise PromptError(f"--draft {name}: its vocabulary ({draft.config.vocab_size} ids) is not the model's "
-                          f"({model.config.vocab_size}); a draft must share the tokenizer")
+    check_draft_model(draft, model)
     return draft
 
 

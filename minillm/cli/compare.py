@@ -13,8 +13,8 @@ from rich.text import Text
 
 from ..engine.generate import generate
 from ..engine.sampling import check_sampling
-from ..engine.speculative import MAX_K, speculative_generate
-from ..errors import MiniLLMError, PromptError
+from ..engine.speculative import check_k, speculative_generate
+from ..errors import PromptError
 from ..measure import hardware
 from ..measure.meter import Meter
 from ..measure.threads import add_threads_option, limited
@@ -56,8 +56,7 @@ def run_compare(args) -> int:
 
 def _compare(args) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
-    if not 1 <= args.speculate_k <= MAX_K:
-        raise MiniLLMError(f"--speculate-k {args.speculate_k}: guesses per round must be 1 to {MAX_K}")
+    check_k(args.speculate_k, "--speculate-k")   # before loading anything
     model = load_model(args.model)
     ids = encode_prompt(model, args.prompt, args.max_new_tokens)
     draft = load_draft(args.draft, model)

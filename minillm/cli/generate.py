@@ -11,7 +11,7 @@ from ..engine.generate import generate
 from ..engine.sampling import check_sampling
 from ..errors import PromptError
 from ..paths import expand_user, not_a_regular_file, read_capped
-from ..engine.speculative import MAX_K, speculative_generate
+from ..engine.speculative import check_k, speculative_generate
 from ..errors import MiniLLMError
 from .common import TextStream, add_model, add_sampling, add_speculative, encode_prompt, err, load_draft, load_model
 
@@ -59,8 +59,7 @@ def read_prompt(args) -> str:
 
 def run(args) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
-    if not 1 <= args.speculate_k <= MAX_K:
-        raise MiniLLMError(f"--speculate-k {args.speculate_k}: guesses per round must be 1 to {MAX_K}")
+    check_k(args.speculate_k, "--speculate-k")   # before loading anything
     if args.no_cache and args.draft not in (None, "none"):
         raise MiniLLMError("--draft needs the KV cache (it rolls the cache back past rejected guesses): "
                            "drop --no-cache or --draft")

@@ -45,9 +45,13 @@ def sample(logits: np.ndarray, temperature: float = 0.0, top_k: int | None = Non
     if temperature == 0:
         return int(np.argmax(logits))
     order, p = sorted_distribution(logits, temperature, top_k, top_p)
-    rng = rng if rng is not None else np.random.default_rng()
+    return int(order[draw(p, rng if rng is not None else np.random.default_rng())])
+
+
+def draw(p: np.ndarray, rng: np.random.Generator) -> int:
+    """An index drawn with probability p[i] / p.sum() (one uniform number from rng)."""
     i = int(np.searchsorted(np.cumsum(p), rng.random() * p.sum(), side="right"))
-    return int(order[min(i, p.size - 1)])
+    return min(i, p.size - 1)
 
 
 def distribution(logits: np.ndarray, temperature: float = 0.0, top_k: int | None = None,

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import MiniLLMError, PromptError
 from ..measure import meter
-from .sampling import check_fits, check_sampling, distribution, sample
+from .sampling import check_fits, check_sampling, distribution, draw, sample
 
 MAX_K = 16
 
@@ -108,7 +108,7 @@ class ModelDraft:
                 d, q = int(np.argmax(logits)), None
             else:                                   # draw the guess from q itself: one sort, not two
                 q = distribution(logits, *sampling)
-                d = min(int(np.searchsorted(np.cumsum(q), rng.random() * q.sum(), side="right")), q.size - 1)
+                d = draw(q, rng)
             guesses.append(d)
             qs.append(q)
             chunk = np.array([d], dtype=np.intp)
@@ -118,6 +118,28 @@ class ModelDraft:
         """The first n tokens of the sequence are right: forget any cached position past them."""
         if self.cache.length > n:
             self.cache.truncate(n)
+
+
+def check_k(k, option: str | None = None) -> int:
+    """k, the guesses per round, as an int; `option` names the command-line flag it came from."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= MAX_K:
+        what = f"{option} {k}" if option else f"speculate_k={k!r}"
+        raise MiniLLMError(f"{what}: guesses per round must be a whole number from 1 to {MAX_K}")
+    return int(k)
+
+
+def check_draft_model(draft, target) -> None:
+    """A model can draft for the target if it shares its vocabulary and is not the target itself
+    (the same object, or another load of the same weights: same config, same position table and
+    first embedding columns)."""
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise MiniLLMError(f"the draft {draft.name} has a vocabulary of {draft.config.vocab_size} ids and the "
+                           f"model {target.name} one of {target.config.vocab_size}: they must share a tokenizer")
+    same_weights = (draft.config == target.config and draft.wpe.shape == target.wpe.shape
+                    and np.array_equal(draft.wpe, target.wpe) and np.array_equal(draft.wte_t[:, :64], target.wte_t[:, :64]))
+    if draft is target or same_weights:
+        raise MiniLLMError(f"the draft {draft.name} is the model itself: it would guess right every time and "
+                           "save nothing (each guess costs a full step); give a smaller model, or ngram")
 
 
 def make_draft(draft, target):
@@ -130,12 +152,7 @@ def make_draft(draft, target):
     if hasattr(draft, "propose"):
         return draft
     if hasattr(draft, "step") and hasattr(draft, "config"):
-        if draft.config.vocab_size != target.config.vocab_size:
-            raise MiniLLMError(f"the draft {draft.name} has a vocabulary of {draft.config.vocab_size} ids and the "
-                               f"target {target.name} one of {target.config.vocab_size}: they must share a tokenizer")
-        if draft is target:
-            raise MiniLLMError("the draft is the target model itself: it would only add work; "
-                               "give a smaller model or 'ngram'")
+        check_draft_model(draft, target)
         return ModelDraft(draft)
     raise MiniLLMError(f"draft={draft!r}: give 'ngram' or a model (minillm.load(...))")
 
@@ -235,10 +252,9 @@ def speculative_generate(model, ids, max_new_tokens: int, *, draft="ngram", k: i
     ids = model.check_ids(ids)
     check_sampling(temperature, top_k, top_p, seed)
     check_fits(ids.size, max_new_tokens, model.config.n_ctx)
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= MAX_K:
-        raise MiniLLMError(f"speculate_k={k!r}: guesses per round must be a whole number from 1 to {MAX_K}")
+    k = check_k(k)
     drafter = make_draft(draft, model)
-    stats = SpeculativeStats(getattr(drafter, "name", type(drafter).__name__), int(k))
+    stats = SpeculativeStats(getattr(drafter, "name", type(drafter).__name__), k)
     sampling = (temperature, top_k, top_p)
     rng = np.random.default_rng(seed)
     tokens = [int(t) for t in ids]
@@ -303,13 +319,11 @@ def judge(logits: np.ndarray, guess: int, q, sampling: tuple, rng) -> int | None
     q_guess = 1.0 if q is None else q[guess]
     if rng.random() < min(1.0, p[guess] / q_guess):
         return None
-    residual = p.copy()
     if q is None:
+        residual = p.copy()
         residual[guess] = 0.0
     else:
-        np.maximum(p - q, 0.0, out=residual)
-    total = residual.sum()
-    if not total > 0:        # p == q: a rejection has probability 0; draw from p if rounding gets here
-        residual, total = p, p.sum()
-    i = int(np.searchsorted(np.cumsum(residual), rng.random() * total, side="right"))
-    return min(i, residual.size - 1)
+        residual = np.maximum(p - q, 0.0)
+    if not residual.sum() > 0:   # p == q: a rejection has probability 0; draw from p if rounding gets here
+        residual = p
+    return draw(residual, rng)

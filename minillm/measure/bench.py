@@ -343,11 +343,13 @@ def run_batches(args, model, batches: list[int], hw) -> int:
 
 
 def run_speculation(args, model, ks: list[int], hw) -> int:
+    from rich import box
     from rich.markup import escape
     from rich.progress import Progress
     from rich.table import Table
 
     from ..ui.report import console, fmt_bytes
+    from ..engine.speculative import check_draft_model
     from .speculation import heldout_prompts, run_speculation_bench
 
     drafts = {}
@@ -356,11 +358,7 @@ def run_speculation(args, model, ks: list[int], hw) -> int:
             drafts[name] = "ngram"
         else:
             d = load(name)
-            if d.name == model.name and d.nbytes() == model.nbytes():
-                raise MiniLLMError(f"--draft {name} is the model itself: give a smaller model, or ngram")
-            if d.config.vocab_size != model.config.vocab_size:
-                raise MiniLLMError(f"--draft {name}: its vocabulary ({d.config.vocab_size} ids) is not the model's "
-                                   f"({model.config.vocab_size})")
+            check_draft_model(d, model)
             drafts[d.name] = d
     if not drafts:
         raise MiniLLMError("--draft: give at least one draft, e.g. ngram,small")
@@ -368,7 +366,7 @@ def run_speculation(args, model, ks: list[int], hw) -> int:
     if length + args.new_tokens > model.config.n_ctx:
         raise MiniLLMError(f"--new-tokens {args.new_tokens}: with {length}-token prompts at most "
                            f"{model.config.n_ctx - length} fit {model.name}'s context")
-    prompts = heldout_prompts(model, args.prompts, length)
+    prompts = heldout_prompts(args.prompts, length)
     with Progress(console=console(stderr=True), transient=True, disable=args.json) as bar:
         task = bar.add_task(f"speculative decode, {escape(model.name)}", total=args.repeats * len(prompts))
         result = run_speculation_bench(model, drafts, ks, prompts, args.new_tokens, args.repeats,
@@ -381,21 +379,25 @@ def run_speculation(args, model, ks: list[int], hw) -> int:
     out = console()
     p = result["plain"]
     t = Table(title=f"{escape(model.name)} ({fmt_bytes(model.nbytes())} of weights): speculative against plain "
-                    f"cached decode, greedy, {len(prompts)} held-out prompts of {length} tokens, {args.new_tokens} "
-                    f"new tokens each (medians of {args.repeats} interleaved rounds)", title_justify="left")
-    for col in ("draft", "k", "accepted", "tokens/step", "tok/s", "speedup", "bytes/token", "verify ms", "same"):
-        t.add_column(col, justify="right")
-    t.add_row("plain", "-", "-", "1.00", f"{p['tok_s']:.1f}", "1.00×", fmt_bytes(p["bytes_per_token"]),
-              f"{p['ms_step']:.1f}", "")
+                    f"cached decode, greedy, {len(prompts)} held-out prompt{'s' if len(prompts) > 1 else ''} of {length} tokens, {args.new_tokens} "
+                    f"new tokens each (medians of {args.repeats} interleaved rounds)", title_justify="left",
+              box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("draft", "k", "acc", "tok/check", "tok/s", "×", "MB/tok", "ms"):
+        t.add_column(col, justify="right", no_wrap=True)
+    t.add_row("plain", "-", "-", "1.00", f"{p['tok_s']:.1f}", "1.00", f"{p['bytes_per_token'] / 1e6:.1f}",
+              f"{p['ms_step']:.1f}")
     for r in result["rows"]:
         t.add_row(escape(r["draft"]), str(r["k"]), f"{100 * r['acceptance']:.0f}%", f"{r['tokens_per_step']:.2f}",
-                  f"{r['tok_s']:.1f}", f"{r['speedup']:.2f}×", fmt_bytes(r["bytes_per_token"]),
-                  "-" if r["verify_ms"] is None else f"{r['verify_ms']:.1f}",
-                  "" if r["same_tokens"] is None else ("✓" if r["same_tokens"] else "✗"))
+                  f"{r['tok_s']:.1f}", f"{r['speedup']:.2f}", f"{r['bytes_per_token'] / 1e6:.1f}",
+                  "-" if r["verify_ms"] is None else f"{r['verify_ms']:.1f}")
     out.print(t)
+    differ = [f"{r['draft']} k={r['k']}" for r in result["rows"] if r["same_tokens"] is False]
+    out.print("[dim]acc: guesses accepted; tok/check: tokens kept per step of the model; ×: tokens/s against "
+              "plain decode; MB/tok: draft and model, as metered, per token kept; ms: one step of the model over "
+              "k+1 tokens (plain row: one decode step)[/]")
+    out.print("[green]✓ every run gave plain greedy decode's tokens[/]" if not differ else
+              f"[red]✗ the tokens differ from plain decode's: {escape(', '.join(differ))}[/]")
     best = max(result["rows"], key=lambda r: r["speedup"])
-    out.print(f"[dim]verify ms: one step of the model over k+1 tokens (plain row: one decode step); bytes/token: "
-              f"draft and model, as metered, per token kept; same: the greedy tokens equal plain decode's[/]")
     out.print(f"best: draft {escape(best['draft'])}, k = {best['k']}: {best['speedup']:.2f}× plain decode "
               f"({best['tokens_per_step']:.2f} tokens per step of the model, {100 * best['acceptance']:.0f}% of guesses "
               f"accepted); BLAS: {result['blas']} ({result['blas_kernel']} kernels), {result['threads']} threads")

@@ -13,7 +13,6 @@ plain decode step (the claim that checking k guesses costs about one weight read
 from __future__ import annotations
 
 import statistics
-import time
 
 import numpy as np
 
@@ -22,7 +21,7 @@ from ..engine.speculative import speculative_generate
 from .meter import Meter
 
 
-def heldout_prompts(model, n_prompts: int, length: int) -> list[np.ndarray]:
+def heldout_prompts(n_prompts: int, length: int) -> list[np.ndarray]:
     """`n_prompts` windows of `length` tokens, evenly spaced through the held-out tenth of the
     bundled text."""
     from ..training.data import DEFAULT_DATA_SPLIT, load_tokens
@@ -36,11 +35,9 @@ def heldout_prompts(model, n_prompts: int, length: int) -> list[np.ndarray]:
 
 def _plain(model, prompt, n):
     with Meter() as m:
-        t0 = time.perf_counter()
         new = generate(model, prompt, n)
-        total = time.perf_counter() - t0
     decode = m.of_kind("decode")
-    return new, sum(s.seconds for s in decode), decode, total
+    return new, sum(s.seconds for s in decode), decode
 
 
 def run_speculation_bench(model, drafts: dict, ks: list[int], prompts: list[np.ndarray], new_tokens: int,
@@ -52,7 +49,7 @@ def run_speculation_bench(model, drafts: dict, ks: list[int], prompts: list[np.n
     same = {c: True for c in configs}
     for r in range(repeats):
         for p_i, prompt in enumerate(prompts):
-            plain_new, seconds, decode, _ = _plain(model, prompt, new_tokens)
+            plain_new, seconds, decode = _plain(model, prompt, new_tokens)
             times[None].append((p_i, seconds))
             if r == 0:
                 per[None][p_i] = {"steps": len(decode), "bytes": sum(s.total_bytes for s in decode),
