@@ -19,7 +19,7 @@ from rich.table import Table
 import minillm
 from minillm.engine.speculative import speculative_generate
 from minillm.measure.chips import PRESETS
-from minillm.measure.meter import Meter
+from minillm.meter import Meter
 from minillm.measure.speculation import heldout_prompts, run_speculation_bench
 
 TITLE = "Speculative decoding: guess cheaply, check in one read"

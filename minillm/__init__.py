@@ -29,7 +29,7 @@ try:
     from .cache.contiguous import KVCache
     from .cache.paged import PagedKVCache, PagedKVPool
     from .checkpoints.load import load
-    from .measure.meter import Meter
+    from .meter import Meter
     from .models.gpt2 import GPT2
     from .tokenizer import tokenizer
 except KeyboardInterrupt:          # Ctrl-C while the command is still importing NumPy: exit quietly

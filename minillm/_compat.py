@@ -1,5 +1,5 @@
 """The flat module names of minillm 0.1 (`minillm.model`, `minillm.meter`, ...) still import: each is
-the moved module itself (one module object, so `minillm.meter.ACTIVE` is the meter the ops see)."""
+the moved module itself (one module object, so `minillm.hardware.X` is the module itself)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ MOVED = {
     "model": "models.gpt2", "ops": "models.ops", "kvcache": "cache.contiguous",
     "generate": "engine.generate", "safetensors": "checkpoints.safetensors",
     "checkpoint": "checkpoints.checkpoint", "load": "checkpoints.load", "download": "checkpoints.download",
-    "meter": "measure.meter", "hardware": "measure.hardware", "bench": "measure.bench",
+    "hardware": "measure.hardware", "bench": "measure.bench",
     "train": "training.train", "learn": "cli.learn", "report": "ui.report",
 }
 # `minillm.generate` and `minillm.load` are functions in the package namespace: their old module

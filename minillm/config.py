@@ -32,6 +32,11 @@ class GPT2Config:
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
+    @property
+    def n_kv_head(self) -> int:
+        """Heads of keys and values the KV cache holds: GPT-2 gives every query head its own."""
+        return self.n_head
+
     def n_params(self) -> int:
         """Parameters in the checkpoint (the LM head is tied to `wte`, so it adds none)."""
         L, d, V, T = self.n_layer, self.n_embd, self.vocab_size, self.n_ctx

@@ -18,7 +18,7 @@ def test_with_no_meter_active_no_operation_counts(monkeypatch):
 
     monkeypatch.setattr(meter.Meter, "count", refuse)
     model = minillm.load("random-tiny")
-    assert meter.ACTIVE is None
+    assert meter.active() is None
     assert len(minillm.generate(model, [1, 2, 3], 4)) == 4
 
 
@@ -30,8 +30,8 @@ def test_counting_code_removed_strips_the_reports_and_computes_the_same():
     expected_step = model.decode_step(ids[2], cache)
     with bench.counting_code_removed():
         for name in ("embedding", "layer_norm", "linear", "gelu", "add", "attention", "lm_head"):
-            assert "ACTIVE" not in getattr(ops, name).__code__.co_names, f"{name} still reads meter.ACTIVE"
-        assert "ACTIVE" not in kvcache.KVCache.write.__code__.co_names
+            assert "active" not in getattr(ops, name).__code__.co_names, f"{name} still reads meter.active()"
+        assert "active" not in kvcache.KVCache.write.__code__.co_names
         with minillm.Meter() as m:                     # nothing reports, so no records
             stripped = model.forward(ids)
         assert m.steps == [] or all(s.total_bytes == 0 for s in m.steps)
@@ -39,7 +39,7 @@ def test_counting_code_removed_strips_the_reports_and_computes_the_same():
         stripped_step = model.decode_step(ids[2], cache)
     np.testing.assert_array_equal(stripped, expected)
     np.testing.assert_array_equal(stripped_step, expected_step)
-    assert "ACTIVE" in ops.linear.__code__.co_names     # restored afterwards
+    assert "active" in ops.linear.__code__.co_names     # restored afterwards
 
 
 def test_bench_json_on_a_tiny_model(capsys, tmp_path, monkeypatch):

@@ -97,10 +97,10 @@ def test_counting_code_removed_covers_the_paged_cache_and_batched_decode():
     expected = batched_step()
     with bench.counting_code_removed():
         for fn in (PagedKVCache.read, PagedKVCache.write, DecodeBatch.read, DecodeBatch.write):
-            assert "ACTIVE" not in fn.__code__.co_names
+            assert "active" not in fn.__code__.co_names
         with minillm.Meter() as m:
             got = batched_step()
         assert all(s.total_bytes == 0 and s.total_flops == 0 for s in m.steps)
     for a, b in zip(got, expected):
         np.testing.assert_array_equal(a, b)
-    assert "ACTIVE" in DecodeBatch.read.__code__.co_names
+    assert "active" in DecodeBatch.read.__code__.co_names

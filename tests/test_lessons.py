@@ -190,7 +190,7 @@ def test_claims_fail_on_a_wrong_engine_cache_size(monkeypatch, capsys):
 def test_claims_fail_when_the_meter_counts_the_lm_head_weights_twice(number, monkeypatch, capsys):
     """Lessons 6 and 7 check this run's weight bytes (not published constants): a meter that counts the
     LM head's read of wte twice, or that ignores the dtype, fails them."""
-    from minillm.measure import meter
+    from minillm import meter
 
     real = meter.Meter.count
 

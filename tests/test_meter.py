@@ -235,28 +235,28 @@ def small_model(dtype=np.float32) -> minillm.GPT2:
 
 def test_no_meter_no_records():
     model = small_model()
-    assert meter.ACTIVE is None
+    assert meter.active() is None
     minillm.generate(model, [1, 2, 3], 4)
     model.forward([1, 2, 3])
     m = minillm.Meter()
     assert m.steps == []
     with m:
         pass
-    assert m.steps == [] and meter.ACTIVE is None
+    assert m.steps == [] and meter.active() is None
 
 
 def test_nested_meters():
     model = small_model()
     with minillm.Meter() as outer:
-        assert meter.ACTIVE is outer
+        assert meter.active() is outer
         with minillm.Meter() as inner:
-            assert meter.ACTIVE is inner
+            assert meter.active() is inner
             minillm.generate(model, [1, 2, 3], 3)
-        assert meter.ACTIVE is outer
+        assert meter.active() is outer
         assert [s.kind for s in inner.steps] == ["prefill", "decode", "decode"]
         assert outer.steps == []
         model.forward([4, 5])
-    assert meter.ACTIVE is None
+    assert meter.active() is None
     assert [s.kind for s in outer.steps] == ["forward"]
     assert len(inner.steps) == 3
 
@@ -265,7 +265,7 @@ def test_meter_restored_after_an_exception():
     with pytest.raises(ZeroDivisionError):
         with minillm.Meter():
             1 / 0
-    assert meter.ACTIVE is None
+    assert meter.active() is None
 
 
 def test_steps_after_an_interrupted_step_are_recorded(monkeypatch):
@@ -337,3 +337,42 @@ def test_long_prefill_attention_counts_the_query_blocks(T, cached):
         pairs += (last - first) * last
     assert record.flops["attention"] == 4 * L * d * pairs < 4 * L * T * T * d
     assert record.flops["matmul"] == T * 24 * L * d * d + 2 * d * config.vocab_size
+
+
+def test_each_thread_counts_into_its_own_meter():
+    """Two threads run metered work at once: each meter holds exactly its own steps (the meter used to
+    be one process-wide global, so one thread's steps landed in the other's meter)."""
+    import threading
+    model = small_model()
+    start = threading.Barrier(2)
+    meters, errors = {}, []
+
+    def work(name, prompt, n):
+        try:
+            with minillm.Meter() as m:
+                start.wait(timeout=10)
+                for _ in range(5):
+                    minillm.generate(model, prompt, n)
+            meters[name] = m
+        except Exception as e:     # pragma: no cover - reported below
+            errors.append(e)
+
+    a = threading.Thread(target=work, args=("a", [1, 2, 3], 3))
+    b = threading.Thread(target=work, args=("b", [4, 5, 6, 7, 8], 6))
+    a.start(), b.start(), a.join(), b.join()
+    assert not errors
+    assert [s.kind for s in meters["a"].steps] == (["prefill"] + ["decode"] * 2) * 5
+    assert [s.kind for s in meters["b"].steps] == (["prefill"] + ["decode"] * 5) * 5
+    assert {s.n_tokens for s in meters["a"].steps if s.kind == "prefill"} == {3}
+    assert {s.n_tokens for s in meters["b"].steps if s.kind == "prefill"} == {5}
+    assert meter.active() is None
+
+
+def test_a_thread_started_inside_a_meter_counts_nothing_into_it():
+    import threading
+    model = small_model()
+    with minillm.Meter() as m:
+        t = threading.Thread(target=lambda: minillm.generate(model, [1, 2], 3))
+        t.start()
+        t.join()
+    assert m.steps == []

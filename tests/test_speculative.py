@@ -23,7 +23,7 @@ from minillm.engine import speculative
 from minillm.engine.sampling import distribution
 from minillm.engine.speculative import NgramDraft, speculative_generate
 from minillm.errors import MiniLLMError, PromptError
-from minillm.measure.meter import Meter
+from minillm.meter import Meter
 
 from test_properties import assert_logits_close, configs, random_model
 

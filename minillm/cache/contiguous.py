@@ -1,7 +1,8 @@
 """The contiguous KV cache: every layer's keys and values for every position of one sequence,
 preallocated to n_ctx.
 
-Layout [L, H, n_ctx, hd]: for one layer, the keys of all heads are one [H, t, hd] view
+Layout [L, Hkv, n_ctx, hd] (Hkv = the model's KV heads: GPT-2's H, fewer with grouped-query
+attention): for one layer, the keys of all heads are one [Hkv, t, hd] view
 `k[layer, :, :t]`, so a decode step attends over every head in one batched product, with no
 per-step concatenation and no copy of what the cache already holds. The arrays are allocated
 once (the pages are touched only as positions fill), and a step writes only its own positions.
@@ -23,7 +24,7 @@ import numpy as np
 
 from ..config import GPT2Config
 from ..errors import PromptError
-from ..measure import meter
+from .. import meter
 
 
 def no_room(length: int, n_new: int, n_ctx: int) -> PromptError:
@@ -35,7 +36,7 @@ def no_room(length: int, n_new: int, n_ctx: int) -> PromptError:
 
 class KVCache:
     def __init__(self, config: GPT2Config, dtype=np.float32) -> None:
-        shape = (config.n_layer, config.n_head, config.n_ctx, config.head_dim)
+        shape = (config.n_layer, config.n_kv_head, config.n_ctx, config.head_dim)
         self.config = config
         self.k = np.zeros(shape, dtype=dtype)   # [L, H, n_ctx, hd]
         self.v = np.zeros(shape, dtype=dtype)   # [L, H, n_ctx, hd]
@@ -46,7 +47,7 @@ class KVCache:
         return self.config.n_ctx
 
     def bytes_per_token(self) -> int:
-        """K and V, every layer: 2·L·d·b (72 KiB for GPT-2 small in float32)."""
+        """K and V, every layer: 2·L·Hkv·hd·b (72 KiB for GPT-2 small in float32, where Hkv·hd = d)."""
         L, H, _, hd = self.k.shape
         return 2 * L * H * hd * self.k.itemsize
 
@@ -68,7 +69,7 @@ class KVCache:
         T = k.shape[1]
         self.k[layer, :, pos:pos + T] = k
         self.v[layer, :, pos:pos + T] = v
-        m = meter.ACTIVE
+        m = meter.active()
         if m is not None:
             m.count("kv_write", kv_write=k.nbytes + v.nbytes)
 
@@ -76,7 +77,7 @@ class KVCache:
         """Views (no copy) of the keys and values of the first t positions of one layer: [H, t, hd] each.
         Attention streams them once: counted here as the KV-cache read."""
         k, v = self.k[layer, :, :t], self.v[layer, :, :t]
-        m = meter.ACTIVE
+        m = meter.active()
         if m is not None:
             m.count("kv_read", kv_read=k.nbytes + v.nbytes)
         return k, v
@@ -117,7 +118,7 @@ class PassKV:
 
     def read(self, layer: int, t: int) -> tuple[np.ndarray, np.ndarray]:
         k, v = self._k, self._v
-        m = meter.ACTIVE
+        m = meter.active()
         if m is not None:
             m.count("attention", activations=k.nbytes + v.nbytes)
         return k, v

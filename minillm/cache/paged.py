@@ -6,7 +6,7 @@ sequence a block only when its previous one is full: a sequence wastes at most o
 block. Each sequence keeps a block table (its blocks, in order); position p lives in block
 `table[p // block_size]` at offset `p % block_size`.
 
-    pool.k  [L, H, num_blocks, block_size, hd]   (and pool.v): one layer's pool is [H, blocks, bs, hd]
+    pool.k  [L, Hkv, num_blocks, block_size, hd]   (and pool.v): one layer's pool is [Hkv, blocks, bs, hd]
 
 Blocks are numbered; the allocator keeps a free list and a reference count per block, so a block
 can be shared by several sequences (a common prompt prefix) and returns to the free list only when
@@ -26,7 +26,7 @@ import numpy as np
 
 from ..config import GPT2Config
 from ..errors import MiniLLMError, PromptError
-from ..measure import meter
+from .. import meter
 from .contiguous import no_room
 
 
@@ -105,13 +105,13 @@ class PagedKVPool:
         self.config = config
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
-        shape = (config.n_layer, config.n_head, num_blocks, block_size, config.head_dim)
+        shape = (config.n_layer, config.n_kv_head, num_blocks, block_size, config.head_dim)
         self.k = np.zeros(shape, dtype=dtype)   # [L, H, blocks, bs, hd]; pages are touched as blocks fill
         self.v = np.zeros(shape, dtype=dtype)
 
     @classmethod
     def block_nbytes_for(cls, config: GPT2Config, block_size: int, dtype=np.float32) -> int:
-        return 2 * config.n_layer * config.n_embd * block_size * np.dtype(dtype).itemsize
+        return 2 * config.n_layer * config.n_kv_head * config.head_dim * block_size * np.dtype(dtype).itemsize
 
     @classmethod
     def from_memory(cls, config: GPT2Config, nbytes: int, block_size: int = 16, dtype=np.float32) -> "PagedKVPool":
@@ -215,7 +215,7 @@ class PagedKVCache:
             blocks, offsets = self._where(pos, n)
             self.pool.k[layer][:, blocks, offsets] = k
             self.pool.v[layer][:, blocks, offsets] = v
-        m = meter.ACTIVE
+        m = meter.active()
         if m is not None:
             m.count("kv_write", kv_write=k.nbytes + v.nbytes)
 
@@ -229,7 +229,7 @@ class PagedKVCache:
         are one ascending run, else a copy gathered through the block table."""
         bs = self.block_size
         nb = -(-t // bs)
-        H, hd = self.config.n_head, self.config.head_dim
+        H, hd = self.config.n_kv_head, self.config.head_dim
         kp, vp = self.pool.k[layer], self.pool.v[layer]          # [H, blocks, bs, hd]
         if self.contiguous(nb):
             b0 = self.table[0]
@@ -241,7 +241,7 @@ class PagedKVCache:
             k = np.take(kp, idx, axis=1).reshape(H, nb * bs, hd)[:, :t]   # writes it C-ordered, so the
             v = np.take(vp, idx, axis=1).reshape(H, nb * bs, hd)[:, :t]   # reshape is free; kp[:, idx] is not)
             gathered = 2 * H * nb * bs * hd * kp.itemsize
-        m = meter.ACTIVE
+        m = meter.active()
         if m is not None:
             used = k.nbytes + v.nbytes
             if gathered:   # read the blocks, write the copy, attention reads the copy
@@ -320,7 +320,7 @@ class DecodeBatch:
         """The B new keys and values, [H, B, hd], into their blocks: one scatter each."""
         self.pool.k[layer][:, self.blocks, self.offsets] = k
         self.pool.v[layer][:, self.blocks, self.offsets] = v
-        m = meter.ACTIVE
+        m = meter.active()
         if m is not None:
             m.count("kv_write", kv_write=k.nbytes + v.nbytes)
 
@@ -330,7 +330,7 @@ class DecodeBatch:
         (H, _, _, hd), B = kp.shape, self.table.shape[0]
         k = np.take(kp, self.table, axis=1).reshape(H, B, self.T, hd)     # [H, B, nb, bs, hd] -> [H, B, T, hd]
         v = np.take(vp, self.table, axis=1).reshape(H, B, self.T, hd)
-        m = meter.ACTIVE
+        m = meter.active()
         if m is not None:
             item = k.itemsize
             m.count("kv_gather", kv_read=2 * H * self.held * hd * item, activations=2 * (k.nbytes + v.nbytes))

@@ -16,7 +16,7 @@ from ..engine.sampling import check_sampling
 from ..engine.speculative import check_k, speculative_generate
 from ..errors import PromptError
 from ..measure import hardware
-from ..measure.meter import Meter
+from ..meter import Meter
 from ..measure.threads import add_threads_option, limited
 from ..tokenizer import tokenizer
 from ..ui import report

@@ -22,7 +22,7 @@ from rich.table import Table
 from ..errors import PromptError
 from ..measure import hardware
 from ..measure.chips import get_chip, roofline
-from ..measure.meter import Meter
+from ..meter import Meter
 from ..measure.threads import add_threads_option, limited
 from ..ui import report
 from .common import MODEL_HELP, load_model, out

@@ -28,7 +28,7 @@ import numpy as np
 from ..cache.paged import PagedKVPool
 from .sampling import check_fits
 from ..errors import MiniLLMError
-from ..measure.meter import Meter
+from ..meter import Meter
 from .batch import run_step
 from .block_manager import BlockManager
 from .scheduler import Scheduler

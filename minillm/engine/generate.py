@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import MiniLLMError
-from ..measure import meter
+from .. import meter
 
 from .sampling import check_fits, check_sampling, sample  # noqa: F401  (minillm.generate.sample, as before)
 

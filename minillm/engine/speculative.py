@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import MiniLLMError, PromptError
-from ..measure import meter
+from .. import meter
 from .sampling import check_fits, check_sampling, distribution, draw, sample
 
 MAX_K = 16
@@ -273,7 +273,7 @@ def speculative_generate(model, ids, max_new_tokens: int, *, draft="ngram", k: i
     keep(sample(logits, temperature, top_k, top_p, rng))
     while len(new) < max_new_tokens:
         n = len(tokens)                                             # the target's cache holds n - 1
-        m = meter.ACTIVE
+        m = meter.active()
         i0 = len(m.steps) if m is not None else 0
         t0 = time.perf_counter()
         guesses, qs = drafter.propose(tokens, min(k, max_new_tokens - len(new) - 1), sampling, rng)

@@ -29,7 +29,7 @@ from ..engine.sequence import Sequence
 from ..errors import MiniLLMError
 from ..models import ops
 from .bench import decode_weights, matvec_pass, matvec_pass_out_in
-from .meter import Meter
+from ..meter import Meter
 
 
 def bare_pass(mats: list[np.ndarray], head: np.ndarray, B: int, shaped: bool) -> float:

@@ -31,7 +31,7 @@ from ..cache import contiguous as kvcache
 from ..models import ops
 from ..errors import MiniLLMError
 from ..checkpoints.load import load
-from ..measure.meter import Meter
+from ..meter import Meter
 from .threads import add_threads_option, blas_kernel, blas_name, blas_threads, limited
 
 
@@ -60,7 +60,7 @@ def matvec_pass_out_in(mats_t: list[np.ndarray], wte: np.ndarray) -> None:
 # -- the meter's cost ----------------------------------------------------------------------------
 
 def _strip_meter(fn) -> types.FunctionType:
-    """A copy of `fn` with its meter report removed (`m = meter.ACTIVE` and `if m is not None: ...`)."""
+    """A copy of `fn` with its meter report removed (`m = meter.active()` and `if m is not None: ...`)."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     func = tree.body[0]
     func.body = [s for s in func.body if not _is_meter_stmt(s)]
@@ -73,7 +73,7 @@ def _strip_meter(fn) -> types.FunctionType:
 
 def _is_meter_stmt(s: ast.stmt) -> bool:
     src = ast.unparse(s)
-    return src.startswith("m = meter.ACTIVE") or src.startswith("if m is not None")
+    return src.startswith("m = meter.active()") or src.startswith("if m is not None")
 
 
 def _reporters() -> list[tuple[object, str]]:

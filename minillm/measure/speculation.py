@@ -18,7 +18,7 @@ import numpy as np
 
 from ..engine.generate import generate
 from ..engine.speculative import speculative_generate
-from .meter import Meter
+from ..meter import Meter
 
 
 def heldout_prompts(n_prompts: int, length: int) -> list[np.ndarray]:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..measure import meter
+from .. import meter
 from ..models import ops
 from ..config import GPT2Config
 from ..errors import PromptError

@@ -3,7 +3,7 @@
 Every report is computed from the arrays the operation actually used (`.nbytes`, `.shape`), so the
 counters cannot drift from the code. With no meter active the report is skipped entirely:
 
-    m = meter.ACTIVE
+    m = meter.active()
     if m is not None:
         m.count(...)
 
@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..measure import meter
+from .. import meter
 
 GELU_C = math.sqrt(2.0 / math.pi)
 
@@ -76,7 +76,7 @@ def embedding(wte: np.ndarray, wpe: np.ndarray, ids: np.ndarray, positions) -> n
         pos = wpe[positions]                 # [N, d]  gather: the positions of several sequences
     x = wte[ids]                             # [N, d]  gather N rows
     x += pos
-    m = meter.ACTIVE
+    m = meter.active()
     if m is not None:
         m.count("embedding", weights=2 * x.nbytes, activations=x.nbytes, other=x.size)
     return x
@@ -94,21 +94,22 @@ def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.nd
     y /= np.sqrt(var, out=var)                               # [T, d]  unit variance
     y *= w
     y += b
-    m = meter.ACTIVE
+    m = meter.active()
     if m is not None:
         m.count("layer_norm", weights=w.nbytes + b.nbytes, activations=x.nbytes + y.nbytes, other=7 * y.size)
     return y
 
 
-def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """y = x @ W + b with W stored [in, out] as in the GPT-2 checkpoint. [T, in] -> [T, out]."""
+def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """y = x @ W (+ b) with W stored [in, out] as in the GPT-2 checkpoint. [T, in] -> [T, out]."""
     y = matmul(x, w)     # [T, out]
-    y += b
-    m = meter.ACTIVE
+    if b is not None:
+        y += b
+    m = meter.active()
     if m is not None:
         T, (n_in, n_out) = x.shape[0], w.shape
-        m.count("linear", weights=w.nbytes + b.nbytes, activations=x.nbytes + y.nbytes,
-                matmul=2 * T * n_in * n_out, other=y.size)
+        m.count("linear", weights=w.nbytes + (0 if b is None else b.nbytes), activations=x.nbytes + y.nbytes,
+                matmul=2 * T * n_in * n_out, other=0 if b is None else y.size)
     return y
 
 
@@ -123,7 +124,7 @@ def gelu(x: np.ndarray) -> np.ndarray:
     y += 1.0
     y *= x
     y *= 0.5
-    m = meter.ACTIVE
+    m = meter.active()
     if m is not None:
         m.count("gelu", activations=x.nbytes + y.nbytes, other=8 * y.size)
     return y
@@ -132,7 +133,7 @@ def gelu(x: np.ndarray) -> np.ndarray:
 def add(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """The residual connection, in place: x += y. [T, d]."""
     x += y
-    m = meter.ACTIVE
+    m = meter.active()
     if m is not None:
         m.count("residual", activations=3 * x.nbytes, other=x.size)
     return x
@@ -161,32 +162,42 @@ QUERY_BLOCK = 128  # prefill queries per block: a block attends only to the keys
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Causal scaled dot-product attention for all heads in one batched product.
 
-    q [H, Tq, hd] are the queries of the Tq newest positions; k, v [H, Tk, hd] are the keys and
+    q [H, Tq, hd] are the queries of the Tq newest positions; k, v [Hkv, Tk, hd] are the keys and
     values of all Tk positions so far (Tk >= Tq), so query i sits at absolute position Tk - Tq + i
-    and may look at keys 0 .. Tk - Tq + i. A decode step (Tq == 1) is one block that needs no mask.
-    A long prefill goes in blocks of QUERY_BLOCK queries, each against only the keys its last query
-    may see: the block's [rows, keys] scores include a masked triangle, but the keys no query of the
-    block may see are never computed (for 512 tokens, 62% of the full T×T matrix).
+    and may look at keys 0 .. Tk - Tq + i. Grouped-query attention: H = g·Hkv query heads share
+    each key/value head, query heads j·g .. j·g+g-1 reading KV head j (GPT-2: g = 1); the g heads of
+    a group are stacked as rows of one product, so each KV head is read once for all of them.
+    A decode step (Tq == 1) is one block that needs no mask. A long prefill goes in blocks of
+    QUERY_BLOCK queries, each against only the keys its last query may see: the block's
+    [rows, keys] scores include a masked triangle, but the keys no query of the block may see are
+    never computed (for 512 tokens, 62% of the full T×T matrix).
     Returns [H, Tq, hd].
 
     Reading k and v is counted by whoever handed them over: a KV cache's `read` as kv_read, the
     pass-through of a cache-less forward as activations.
     """
     H, Tq, hd = q.shape
-    Tk = k.shape[1]
+    Hkv, Tk = k.shape[0], k.shape[1]
+    g = H // Hkv                                       # query heads per KV head
     q = q * (1.0 / math.sqrt(hd))                      # [H, Tq, hd]  scaled once, before the product
     out = np.empty_like(q)                             # [H, Tq, hd]
-    scored = 0                                         # query-key pairs computed
+    q4, out4 = q.reshape(Hkv, g, Tq, hd), out.reshape(Hkv, g, Tq, hd)
+    scored = 0                                         # query-key pairs computed, per query head
     for r0 in range(0, Tq, QUERY_BLOCK):
         r1 = min(r0 + QUERY_BLOCK, Tq)
+        rows = r1 - r0
         keys = Tk - Tq + r1                            # the block's last query sees keys 0 .. keys-1
-        scores = q[:, r0:r1] @ k[:, :keys].transpose(0, 2, 1)   # [H, rows, keys]  QK^T
-        if r1 - r0 > 1:
-            scores += causal_mask(r1 - r0, keys, scores.dtype)
+        qb = q4[:, :, r0:r1].reshape(Hkv, g * rows, hd)                # [Hkv, g·rows, hd]
+        scores = qb @ k[:, :keys].transpose(0, 2, 1)                   # [Hkv, g·rows, keys]  QK^T
+        if rows > 1:
+            scores.reshape(Hkv, g, rows, keys)[...] += causal_mask(rows, keys, scores.dtype)
         softmax(scores)
-        np.matmul(scores, v[:, :keys], out=out[:, r0:r1])       # [H, rows, hd]  weighted sum of values
-        scored += (r1 - r0) * keys
-    m = meter.ACTIVE
+        if g == 1:                                                     # [H, rows, hd]  weighted sum of values
+            np.matmul(scores, v[:, :keys], out=out[:, r0:r1])
+        else:
+            out4[:, :, r0:r1] = (scores @ v[:, :keys]).reshape(Hkv, g, rows, hd)
+        scored += rows * keys
+    m = meter.active()
     if m is not None:
         score_bytes = H * scored * q.itemsize
         m.count("attention",
@@ -200,17 +211,21 @@ def decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarr
                      lengths: np.ndarray) -> np.ndarray:
     """Attention for B sequences' one new query each, in one batched product.
 
-    q [H, B, hd]; k, v [H, B, T, hd], every sequence's keys padded to T; mask [B, 1, T], 0 at each
-    sequence's own keys and -inf past them; lengths [B], its keys. Returns [H, B, hd].
+    q [H, B, hd]; k, v [Hkv, B, T, hd], every sequence's keys padded to T (H = g·Hkv, as in
+    `attention`); mask [B, 1, T], 0 at each sequence's own keys and -inf past them; lengths [B],
+    its keys. Returns [H, B, hd].
     Counted as the work of the real keys: the padding is an artefact of the batch layout.
     """
     H, B, hd = q.shape
+    Hkv = k.shape[0]
+    g = H // Hkv
     q = q * (1.0 / math.sqrt(hd))                                  # [H, B, hd]
-    scores = q[:, :, None, :] @ k.transpose(0, 1, 3, 2)            # [H, B, 1, T]
+    qg = q.reshape(Hkv, g, B, hd).transpose(0, 2, 1, 3)            # [Hkv, B, g, hd]
+    scores = qg @ k.transpose(0, 1, 3, 2)                          # [Hkv, B, g, T]
     scores += mask
     softmax(scores)
-    out = (scores @ v)[:, :, 0]                                    # [H, B, hd]
-    m = meter.ACTIVE
+    out = (scores @ v).transpose(0, 2, 1, 3).reshape(H, B, hd)     # [Hkv, B, g, hd] -> [H, B, hd]
+    m = meter.active()
     if m is not None:
         keys = int(lengths.sum())
         m.count("attention", activations=2 * q.nbytes + out.nbytes + 2 * H * keys * q.itemsize,
@@ -225,7 +240,7 @@ def lm_head(x: np.ndarray, wte: np.ndarray) -> np.ndarray:
     (The model stores wte^T contiguous, [d, V], so this streams like every other [in, out] layer.)
     """
     logits = matmul(x, wte.T)   # [T, V]
-    m = meter.ACTIVE
+    m = meter.active()
     if m is not None:
         T, (V, d) = x.shape[0], wte.shape
         m.count("lm_head", weights=wte.nbytes, activations=x.nbytes + logits.nbytes, matmul=2 * T * d * V)

@@ -13,7 +13,7 @@ import time
 from ..engine.engine import Engine
 from ..engine.sequence import EOT
 from ..errors import MiniLLMError
-from ..measure.meter import BYTE_KINDS, FLOP_KINDS
+from ..meter import BYTE_KINDS, FLOP_KINDS
 from .api import ApiError, CompletionRequest
 from .prom import Registry
 

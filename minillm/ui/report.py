@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..measure.hardware import Hardware, roofline
-from ..measure.meter import StepRecord
+from ..meter import StepRecord
 
 
 def console(stderr: bool = False) -> Console:

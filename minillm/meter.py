@@ -1,9 +1,13 @@
 """The counters: what every operation read, wrote and computed, one record per prefill or decode step.
 
-How it works. `ACTIVE` is the meter the operations report to, or None. Each operation in `ops.py`
-does its arithmetic, then `if meter.ACTIVE is not None:` reports the bytes and FLOPs of the arrays it
-actually touched (their shapes and dtypes at run time). With no meter active that test is the only
-cost: one global lookup and one comparison per operation (`minillm bench` measures it).
+How it works. `active()` is the meter the operations report to, or None. Each operation in `ops.py`
+does its arithmetic, then `m = meter.active()` and, if that is not None, reports the bytes and FLOPs
+of the arrays it actually touched (their shapes and dtypes at run time). With no meter active that
+is the only cost: one context-variable lookup and one comparison per operation.
+
+The active meter is a `contextvars.ContextVar`: each thread (and each asyncio task) has its own, so
+a server's engine thread counts its steps into its meter while work on any other thread goes into
+that thread's meter, or nowhere. A new thread starts with none.
 
 The model of memory is the plain, unfused one: each operation streams its inputs from memory once
 and writes its outputs once. Bytes are counted by kind:
@@ -24,12 +28,14 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 BYTE_KINDS = ("weights", "kv_read", "kv_write", "activations")
 FLOP_KINDS = ("matmul", "attention", "other")
 
-ACTIVE: "Meter | None" = None  # the meter operations report to; None means no counting at all
+_ACTIVE: ContextVar = ContextVar("minillm_meter", default=None)
+active = _ACTIVE.get   # the meter operations report to in this thread, or None: no counting at all
 
 
 @dataclass
@@ -98,7 +104,7 @@ _NO_STEP = nullcontext()
 
 def step(kind: str, position: int, n_tokens: int, attended: int, seqs=None):
     """The step context of the active meter, or a do-nothing context when no meter is active."""
-    m = ACTIVE
+    m = _ACTIVE.get()
     return _NO_STEP if m is None else m.step(kind, position, n_tokens, attended, seqs)
 
 
@@ -114,16 +120,14 @@ class Meter:
         self.steps: list[StepRecord] = []
         self._open: StepRecord | None = None
         self._t0 = 0.0
-        self._previous: Meter | None = None
+        self._tokens: list = []   # one per `with`, to restore what was active before it
 
     def __enter__(self) -> "Meter":
-        global ACTIVE
-        self._previous, ACTIVE = ACTIVE, self
+        self._tokens.append(_ACTIVE.set(self))
         return self
 
     def __exit__(self, *exc) -> None:
-        global ACTIVE
-        ACTIVE = self._previous
+        _ACTIVE.reset(self._tokens.pop())
         self._open = None
 
     # -- steps: opened and closed by the model's entry points (forward, prefill, decode_step) --
