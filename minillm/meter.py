@@ -22,6 +22,12 @@ and FLOPs (a multiply-add is 2) by kind:
     matmul       the linear layers and the LM head
     attention    QK^T and the attention-weighted sum of V
     other        layer norms, GELU, softmax, residual adds, biases, scaling
+    dequant      widening quantized weights to floats (models/quant.py; 0 for float weights)
+
+Quantized weights also move bytes that never reach DRAM: each tile is widened into a float32
+scratch buffer that stays in the CPU's cache, then multiplied there. That traffic is counted apart,
+in `StepRecord.scratch`, not in `bytes`: `bytes` is what memory moves, the scratch is what the
+cache moves so that memory moves less.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 BYTE_KINDS = ("weights", "kv_read", "kv_write", "activations")
-FLOP_KINDS = ("matmul", "attention", "other")
+FLOP_KINDS = ("matmul", "attention", "other", "dequant")
 
 _ACTIVE: ContextVar = ContextVar("minillm_meter", default=None)
 active = _ACTIVE.get   # the meter operations report to in this thread, or None: no counting at all
@@ -52,6 +58,7 @@ class StepRecord:
     ops: dict = field(default_factory=dict)  # op name -> {"calls", "bytes", "flops"}: where it went
     attended: int = 0   # keys attended by the last token after this step (the largest, in a batch)
     seqs: list = field(default_factory=list)  # [(position, n_tokens)] per sequence in the step
+    scratch: int = 0    # bytes widened quantized weights moved through the in-cache scratch (not DRAM)
 
     @property
     def n_seqs(self) -> int:
@@ -89,6 +96,7 @@ class StepRecord:
             "n_seqs": self.n_seqs,
             "seqs": [list(s) for s in self.seqs],
             "bytes": dict(self.bytes),
+            "scratch": self.scratch,
             "flops": dict(self.flops),
             "seconds": self.seconds,
             "total_bytes": self.total_bytes,
@@ -167,12 +175,13 @@ class Meter:
     # -- reports from the operations --
 
     def count(self, op: str, *, weights=0, kv_read=0, kv_write=0, activations=0,
-              matmul=0, attention=0, other=0) -> None:
+              matmul=0, attention=0, other=0, dequant=0, scratch=0) -> None:
         record = self._open
         if record is None:  # an operation called on its own, outside any step: still recorded
             self.begin("op", 0, 0)
             self.count(op, weights=weights, kv_read=kv_read, kv_write=kv_write,
-                       activations=activations, matmul=matmul, attention=attention, other=other)
+                       activations=activations, matmul=matmul, attention=attention, other=other,
+                       dequant=dequant, scratch=scratch)
             self.end()
             return
         b, f = record.bytes, record.flops
@@ -183,10 +192,14 @@ class Meter:
         f["matmul"] += matmul
         f["attention"] += attention
         f["other"] += other
+        f["dequant"] += dequant
+        record.scratch += scratch
         per_op = record.ops.setdefault(op, {"calls": 0, "bytes": 0, "flops": 0})
         per_op["calls"] += 1
         per_op["bytes"] += weights + kv_read + kv_write + activations
-        per_op["flops"] += matmul + attention + other
+        per_op["flops"] += matmul + attention + other + dequant
+        if scratch:
+            per_op["scratch"] = per_op.get("scratch", 0) + scratch
 
     # -- summaries --
 

@@ -42,7 +42,27 @@ def random_model(name: str, dtype=np.float32) -> GPT2:
     return GPT2(config, random_params(config, seed=RANDOM_SEED, std=0.02, dtype=dtype), name=name)
 
 
-def load(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = False) -> GPT2:
+def load(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = False,
+         weights: str = "float32") -> GPT2:
+    """Load a model (see `load_float`), its weights as `weights` says: "float32" (or "native": as the
+    checkpoint has them, float for every checkpoint minillm reads today), or "q8_0", "q4_0",
+    "q4_1": quantized at load as GGUF defines them (models/quant.py), kept quantized in memory."""
+    from ..models.quant import FORMATS, WEIGHTS, quantize_params
+    w = str(weights).lower()
+    if w not in (*WEIGHTS, *FORMATS, "float64"):
+        raise MiniLLMError(f"weights={weights!r}: choose one of {', '.join(WEIGHTS)} or q4_1")
+    if w == "float64":
+        dtype, w = np.float64, "float32"
+    model = load_float(source, dtype=dtype, quiet=quiet)
+    if w in FORMATS:
+        if model.config.n_embd % 32:
+            raise WeightsError(f"{model.name}: width {model.config.n_embd} is not a multiple of 32, the "
+                               f"block of {w}; use --weights float32")
+        model = GPT2(model.config, quantize_params(model.params, w), name=model.name)
+    return model
+
+
+def load_float(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = False) -> GPT2:
     """Load a model.
 
     source: None or "default" or "small" (the bundled Shakespeare model), "large" (the bundled

@@ -37,6 +37,7 @@ import numpy as np
 
 from .. import meter
 from ..models import ops
+from ..models.quant import QuantMatrix
 from ..config import GPT2Config
 from ..errors import PromptError
 from ..cache.contiguous import KVCache, PassKV
@@ -132,10 +133,14 @@ class GPT2:
         self.config = config
         self.params = params
         self.name = name or f"gpt2-{config.n_layer}x{config.n_embd}"
-        self.wte_t = np.ascontiguousarray(params["wte.weight"].T)         # [d, V]: the LM head's layout
-        self.wte = params["wte.weight"] = self.wte_t.T                    # [V, d]: a view of the same memory
+        if isinstance(params["wte.weight"], QuantMatrix):                 # quantized [V, d] rows, as GGUF's
+            self.wte, self.wte_t = params["wte.weight"], None             # token_embd: embedding and head
+        else:
+            self.wte_t = np.ascontiguousarray(params["wte.weight"].T)     # [d, V]: the LM head's layout
+            self.wte = params["wte.weight"] = self.wte_t.T                # [V, d]: a view of the same memory
         self.wpe = params["wpe.weight"]                                   # [n_ctx, d]
-        self.dtype = self.wte.dtype
+        self.dtype = self.wpe.dtype
+        self.weights = next((v.fmt.name for v in params.values() if isinstance(v, QuantMatrix)), self.dtype.name)
         self.blocks: list[Block] = [
             {k[len(f"h.{i}."):]: v for k, v in params.items() if k.startswith(f"h.{i}.")}
             for i in range(config.n_layer)

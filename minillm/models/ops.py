@@ -20,6 +20,7 @@ from functools import lru_cache
 import numpy as np
 
 from .. import meter
+from .quant import QuantMatrix
 
 GELU_C = math.sqrt(2.0 / math.pi)
 
@@ -48,8 +49,11 @@ def padded_rows(T: int) -> int:
     return -(-T // ROW_PANEL) * ROW_PANEL if 2 < T < PAD_BELOW else T
 
 
-def matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """x [T, in] @ w [in, out] -> [T, out], shaped for the BLAS kernel (see above)."""
+def matmul(x: np.ndarray, w) -> np.ndarray:
+    """x [T, in] @ w [in, out] -> [T, out], shaped for the BLAS kernel (see above). A quantized w
+    (models/quant.py) holds the [out, in] rows, as GGUF does, and multiplies tile by tile."""
+    if isinstance(w, QuantMatrix):
+        return w.matmul_t(x)
     T = x.shape[0]
     if w.nbytes < SHAPED_FROM:
         return x @ w
@@ -70,15 +74,21 @@ def embedding(wte: np.ndarray, wpe: np.ndarray, ids: np.ndarray, positions) -> n
     Reads only the rows it gathers: N rows of wte and N rows of wpe.
     """
     N = ids.shape[0]
+    quantized = isinstance(wte, QuantMatrix)
     if np.isscalar(positions):
         pos = wpe[positions:positions + N]   # [N, d]  a slice: one sequence's consecutive positions
     else:
         pos = wpe[positions]                 # [N, d]  gather: the positions of several sequences
-    x = wte[ids]                             # [N, d]  gather N rows
+    x = wte.rows(ids, pos.dtype) if quantized else wte[ids]   # [N, d]  gather N rows
     x += pos
     m = meter.active()
     if m is not None:
-        m.count("embedding", weights=2 * x.nbytes, activations=x.nbytes, other=x.size)
+        if quantized:   # the N rows' blocks, dequantized straight into x
+            c = wte.rows_counts(N)
+            m.count("embedding", weights=c["weights"] + pos.nbytes, activations=x.nbytes, other=x.size,
+                    dequant=c["dequant"])
+        else:
+            m.count("embedding", weights=2 * x.nbytes, activations=x.nbytes, other=x.size)
     return x
 
 
@@ -108,8 +118,13 @@ def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndar
     m = meter.active()
     if m is not None:
         T, (n_in, n_out) = x.shape[0], w.shape
+        q = {}
+        if isinstance(w, QuantMatrix):                     # [out, in] rows: bytes as stored, widening apart
+            n_out, n_in = w.shape
+            c = w.counts(T, x.itemsize)
+            q = {"dequant": c["dequant"], "scratch": c["scratch"]}
         m.count("linear", weights=w.nbytes + (0 if b is None else b.nbytes), activations=x.nbytes + y.nbytes,
-                matmul=2 * T * n_in * n_out, other=0 if b is None else y.size)
+                matmul=2 * T * n_in * n_out, other=0 if b is None else y.size, **q)
     return y
 
 
@@ -239,9 +254,14 @@ def lm_head(x: np.ndarray, wte: np.ndarray) -> np.ndarray:
     Reads all of wte, whatever the number of tokens: the single biggest read of a GPT-2 small step.
     (The model stores wte^T contiguous, [d, V], so this streams like every other [in, out] layer.)
     """
-    logits = matmul(x, wte.T)   # [T, V]
+    quantized = isinstance(wte, QuantMatrix)   # then wte holds the [V, d] rows, as GGUF's token_embd
+    logits = wte.matmul_t(x) if quantized else matmul(x, wte.T)   # [T, V]
     m = meter.active()
     if m is not None:
         T, (V, d) = x.shape[0], wte.shape
-        m.count("lm_head", weights=wte.nbytes, activations=x.nbytes + logits.nbytes, matmul=2 * T * d * V)
+        q = {}
+        if quantized:
+            c = wte.counts(T, x.itemsize)
+            q = {"dequant": c["dequant"], "scratch": c["scratch"]}
+        m.count("lm_head", weights=wte.nbytes, activations=x.nbytes + logits.nbytes, matmul=2 * T * d * V, **q)
     return logits
