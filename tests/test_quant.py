@@ -1,0 +1,252 @@
+"""Quantized weights (models/quant.py): the formats as GGUF defines them, the tiled product, the
+meter's closed forms, and the model's invariants with quantized weights.
+
+References: the `gguf` package (llama.cpp's own Python library) quantizes and dequantizes Q8_0,
+Q4_0 and Q4_1 in NumPy, bit-exact with ggml's C reference for Q8_0; ours must give the same bytes
+and the same floats.
+
+Tolerances. The product `x @ dequantize(W)^T` is the same sum in another order (tile by tile,
+block sums first on the decode path): float32 rounding, bounded by 1e-5 times |x| @ the absolute
+terms the kernel sums (|W|, and for Q4 the stored d·q and m before the -8 and minimum are folded
+in; a sum of up to a few hundred terms, each off by 2^-24 relative: ~1e-6 at most). The model properties use
+float64 compute on quantized weights, so they keep test_properties' 1e-9 of the logit scale.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import minillm
+from minillm import meter
+from minillm.config import GPT2Config
+from minillm.errors import MiniLLMError, WeightsError
+from minillm.models import quant
+from minillm.models.quant import QK, QuantMatrix, f16_to_f32, quantize_params
+
+from test_properties import REL_TOL, random_model
+
+GG = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0, "q4_1": GGMLQuantizationType.Q4_1}
+FMTS = tuple(GG)
+
+
+@st.composite
+def matrices(draw, max_rows: int = 9, max_blocks: int = 5):
+    """A float32 [R, C] matrix with C a multiple of 32: rough values, whole zero blocks, one
+    block with a single large value, values of one sign only."""
+    R = draw(st.integers(1, max_rows))
+    nb = draw(st.integers(1, max_blocks))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    scale = draw(st.sampled_from([1e-3, 0.02, 1.0, 30.0]))
+    w = (rng.standard_normal((R, nb * QK)) * scale).astype(np.float32)
+    kind = draw(st.sampled_from(["plain", "zeros", "spike", "positive"]))
+    if kind == "zeros":
+        w[rng.integers(R), :QK] = 0
+    elif kind == "spike":
+        w[rng.integers(R), rng.integers(nb * QK)] = 50 * scale
+    elif kind == "positive":
+        w = np.abs(w)
+    return w
+
+
+# -- the formats --------------------------------------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(matrices(), st.sampled_from(FMTS))
+def test_quantize_gives_gguf_bytes_and_dequantize_its_floats(w, fmt):
+    ref = quants.quantize(w, GG[fmt])                        # uint8 [R, nb * block bytes]
+    qm = QuantMatrix.quantize(w, fmt)
+    assert np.array_equal(qm.to_gguf_blocks(), ref)
+    assert qm.nbytes == ref.nbytes == w.size // QK * GGML_QUANT_SIZES[GG[fmt]][1]
+    deq = quants.dequantize(ref, GG[fmt])
+    assert np.array_equal(qm.dequantize(), deq)
+    back = QuantMatrix.from_gguf_blocks(ref, fmt, w.shape)
+    assert np.array_equal(back.to_gguf_blocks(), ref) and np.array_equal(back.dequantize(), deq)
+    ids = np.array([w.shape[0] - 1, 0, w.shape[0] - 1])
+    assert np.array_equal(qm.rows(ids), deq[ids])
+
+
+def round_trip_bound(w: np.ndarray, fmt: str) -> np.ndarray:
+    """Per value, the most a quantize -> dequantize round trip may move it, from the format's
+    definition (d and m are stored in float16: relative rounding 2^-11, plus 2^-24 absolute for
+    float16's subnormals; then float32 arithmetic)."""
+    b = w.reshape(-1, QK).astype(np.float64)
+    amax = np.abs(b).max(axis=1, keepdims=True)
+    h = 2.0 ** -11
+    if fmt == "q8_0":        # q = round(w/d), d = amax/127: half a step, + |q| ≤ 127 times d's rounding
+        d = amax / 127
+        bound = d / 2 + 127 * (d * h + 2.0 ** -24)
+    elif fmt == "q4_0":      # d = -max/8: q - 8 covers -8..7; the value opposite the max loses one step
+        d = amax / 8
+        bound = d + 8 * (d * h + 2.0 ** -24)
+    else:                    # d = (max - min)/15, q = round((w - min)/d): half a step, + m's rounding
+        lo, hi = b.min(axis=1, keepdims=True), b.max(axis=1, keepdims=True)
+        d = (hi - lo) / 15
+        bound = d / 2 + 15 * (d * h + 2.0 ** -24) + np.abs(lo) * h + 2.0 ** -24
+    return np.broadcast_to(bound * (1 + 1e-5) + 1e-30, b.shape).reshape(w.shape)
+
+
+@settings(max_examples=60, deadline=None)
+@given(matrices(), st.sampled_from(FMTS))
+def test_round_trip_within_the_formats_bound(w, fmt):
+    err = np.abs(QuantMatrix.quantize(w, fmt).dequantize().astype(np.float64) - w)
+    bound = round_trip_bound(w, fmt)
+    assert (err <= bound).all(), f"worst excess {(err - bound).max()} at {np.unravel_index((err - bound).argmax(), w.shape)}"
+
+
+def test_round_trip_bound_is_tight_enough_to_catch_a_wrong_scale():
+    """The bound is no blanket: a Q8_0 scale one step off (amax/126) breaks it."""
+    w = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    qm = QuantMatrix.quantize(w, "q8_0")
+    qm.d = (f16_to_f32(qm.d) * np.float32(127 / 126)).astype(np.float16)
+    assert (np.abs(qm.dequantize() - w) > round_trip_bound(w, "q8_0")).any()
+
+
+def test_f16_to_f32_is_exact_for_every_finite_half():
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    h = h[np.isfinite(h)]
+    assert np.array_equal(f16_to_f32(h).view(np.uint32), h.astype(np.float32).view(np.uint32))
+
+
+def test_bad_shapes_and_names_say_what_to_do():
+    with pytest.raises(WeightsError, match="multiple of 32"):
+        QuantMatrix.quantize(np.zeros((3, 40), np.float32), "q8_0")
+    with pytest.raises(WeightsError, match="q8_0, q4_0, q4_1"):
+        QuantMatrix.quantize(np.zeros((3, 32), np.float32), "q3_k")
+    with pytest.raises(MiniLLMError, match="weights="):
+        minillm.load("random-tiny", weights="int3")
+
+
+# -- the product ----------------------------------------------------------------------------------
+
+@settings(max_examples=80, deadline=None)
+@given(matrices(max_rows=40), st.sampled_from(FMTS), st.integers(1, 20), st.integers(32, 2048),
+       st.sampled_from([np.float32, np.float64]), st.integers(0, 2**16))
+def test_the_tiled_product_is_x_times_the_dequantized_matrix(w, fmt, T, tile_bytes, dtype, seed):
+    """Random shapes, decode (T ≤ DECODE_ROWS) and prefill rows, tiles from one row to all rows
+    (the last tile partial), float32 and float64."""
+    qm = QuantMatrix.quantize(w, fmt)
+    x = np.random.default_rng(seed).standard_normal((T, w.shape[1])).astype(dtype)
+    old = quant.TILE_BYTES
+    quant.TILE_BYTES = tile_bytes
+    try:
+        got = qm.matmul_t(x)
+    finally:
+        quant.TILE_BYTES = old
+    deq = qm.dequantize(np.float64)
+    want = x.astype(np.float64) @ deq.T
+    # The terms the kernel rounds: d·q (q up to 15 for Q4: the sum before the -8 and the
+    # minimum) and m, not only d·(q - 8): the same sum, grouped as the format stores it.
+    stored = np.repeat(np.abs(f16_to_f32(qm.d)).astype(np.float64), QK, axis=1) * (16 if fmt != "q8_0" else 0)
+    if qm.m is not None:
+        stored += np.repeat(np.abs(f16_to_f32(qm.m)).astype(np.float64), QK, axis=1)
+    scale = np.abs(x).astype(np.float64) @ (np.abs(deq) + stored).T
+    eps = 1e-5 if dtype == np.float32 else 1e-13
+    assert got.dtype == dtype and got.shape == (T, w.shape[0])
+    assert (np.abs(got - want) <= eps * scale + 1e-30).all()
+
+
+def test_the_product_check_catches_a_swapped_nibble_order():
+    """Break the Q4 planes on purpose (high and low nibbles swapped): the product must notice."""
+    w = np.random.default_rng(1).standard_normal((8, 64)).astype(np.float32)
+    qm = QuantMatrix.quantize(w, "q4_0")
+    x = np.random.default_rng(2).standard_normal((1, 64)).astype(np.float32)
+    good = qm.matmul_t(x)
+    qm.q = (qm.q >> 4) | (qm.q << 4)
+    assert np.abs(qm.matmul_t(x) - good).max() > 1e-2
+
+
+# -- the meter ----------------------------------------------------------------------------------
+
+def block_bytes(fmt: str) -> int:
+    return GGML_QUANT_SIZES[GG[fmt]][1]          # from the gguf package: Q8_0 34, Q4_0 18, Q4_1 20
+
+
+def quant_closed_forms(c: GPT2Config, fmt: str, b: int, tokens: int, lm_rows: int = 1) -> dict:
+    """Weights and scratch of one step on a quantized GPT-2 (float compute of b bytes):
+
+        weights  = (12·L·d² + V·d)/32 · block bytes        the quantized matrices, scales included
+                 + (13·L·d + 2·d)·b                         biases and layer norms, float
+                 + tokens·(d/32·block bytes + d·b)          the gathered rows of wte and wpe
+        scratch  = 2·b·(12·L·d² + V·d)·(1 + s/32)           each widened value and each of its s
+                                                            float16 numbers (Q4_1: 2) written, read
+    """
+    L, d, V = c.n_layer, c.n_embd, c.vocab_size
+    bb, s = block_bytes(fmt), 2 if fmt == "q4_1" else 1
+    mats = 12 * L * d * d + V * d
+    return {"weights": mats // QK * bb + (13 * L * d + 2 * d) * b + tokens * (d // QK * bb + d * b),
+            "scratch": 2 * b * (mats + s * mats // QK),
+            "matmul": tokens * 24 * L * d * d + lm_rows * 2 * d * V}
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 2), st.sampled_from([32, 64]), st.integers(40, 200),
+       st.sampled_from(FMTS), st.sampled_from([np.float32, np.float64]), st.integers(1, 12), st.integers(0, 99))
+def test_the_meter_counts_quantized_bytes_exactly(L, H, d, V, fmt, dtype, P, seed):
+    config = GPT2Config(n_layer=L, n_head=H, n_embd=d, n_ctx=32, vocab_size=V)
+    float_model = random_model(config, seed, dtype=dtype)
+    model = minillm.GPT2(config, quantize_params(float_model.params, fmt))
+    b = np.dtype(dtype).itemsize
+    prompt = np.arange(P) % V
+    with meter.Meter() as m:
+        _, cache = model.prefill(prompt)
+        model.decode_step(1, cache)
+    prefill, decode = m.steps
+    for r, tokens in ((prefill, P), (decode, 1)):
+        want = quant_closed_forms(config, fmt, b, tokens)
+        got = {"weights": r.bytes["weights"], "scratch": r.scratch, "matmul": r.flops["matmul"]}
+        assert got == want, (r.kind, got, want)
+        assert r.flops["dequant"] > 0 and r.bytes["kv_read"] > 0
+    with meter.Meter() as m:                                   # float weights: no scratch, no dequant
+        float_model.decode_step(1, float_model.prefill(prompt)[1])
+    assert m.steps[0].scratch == 0 and m.steps[0].flops["dequant"] == 0
+
+
+# -- the model's invariants, quantized ----------------------------------------------------------
+
+@settings(max_examples=12, deadline=None)
+@given(st.sampled_from([(32, 1), (64, 2)]), st.sampled_from(FMTS), st.integers(1, 20), st.integers(1, 8),
+       st.integers(0, 999))
+def test_cached_equals_naive_with_quantized_weights(shape, fmt, P, n, seed):
+    d, H = shape
+    config = GPT2Config(n_layer=2, n_head=H, n_embd=d, n_ctx=32, vocab_size=97)
+    model = minillm.GPT2(config, quantize_params(random_model(config, seed, std=0.3).params, fmt))
+    prompt = list(np.random.default_rng(seed).integers(0, 97, P))
+    assert minillm.generate(model, prompt, n) == minillm.generate(model, prompt, n, kv_cache=False)
+    ids = np.array(prompt)
+    full = model.forward(ids)
+    logits, cache = model.prefill(ids[:1])
+    for t, tok in enumerate(ids[1:], 1):
+        logits = model.decode_step(int(tok), cache)
+        np.testing.assert_allclose(logits, full[t], rtol=0, atol=REL_TOL * max(1.0, np.abs(full[t]).max()))
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.sampled_from(FMTS), st.lists(st.tuples(st.integers(1, 12), st.integers(1, 6)), min_size=2, max_size=5),
+       st.sampled_from(["contiguous", "paged"]), st.integers(0, 999))
+def test_batched_equals_alone_with_quantized_weights(fmt, seqs, cache, seed):
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=32, vocab_size=97)
+    model = minillm.GPT2(config, quantize_params(random_model(config, seed, std=0.3).params, fmt))
+    rng = np.random.default_rng(seed)
+    prompts = [list(rng.integers(0, 97, P)) for P, _ in seqs]
+    limits = [n for _, n in seqs]
+    got = minillm.generate_batch(model, prompts, limits, cache=cache)
+    assert got == [minillm.generate(model, p, n) for p, n in zip(prompts, limits)]
+
+
+@pytest.mark.parametrize("source", ["small", "large"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_bundled_models_quantized_cached_naive_batched(source, fmt):
+    """The bundled GPT-2s, float32 compute on quantized weights: the same greedy tokens cached and
+    naive, batched and alone; the weights really are the quantized bytes."""
+    model = minillm.load(source, weights=fmt)
+    full = minillm.load(source)
+    assert model.weights == fmt and model.nbytes() < full.nbytes() / (3.5 if fmt == "q8_0" else 6)
+    enc = minillm.tokenizer()
+    prompts = [enc.encode("ROMEO:"), enc.encode("First Citizen:\nWe are"), enc.encode("O")]
+    alone = [minillm.generate(model, p, 12) for p in prompts]
+    assert alone[0] == minillm.generate(model, prompts[0], 12, kv_cache=False)
+    assert minillm.generate_batch(model, prompts, [12] * 3) == alone
