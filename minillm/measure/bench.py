@@ -221,6 +221,10 @@ def add_arguments(parser) -> None:
                         help="with --speculate: prompts from the held-out text (default 4)")
     parser.add_argument("--new-tokens", type=int, default=48, metavar="N",
                         help="with --speculate: greedy tokens per prompt (default 48)")
+    parser.add_argument("--weights", default=None, metavar="W,W,...",
+                        help="instead: decode and prefill with the model's weights in each format (float32, "
+                             "q8_0, q4_0, q4_1), interleaved: bytes per step, tokens/s, % of each format's own "
+                             "ceiling, the widening's share (at the first of --contexts)")
     add_threads_option(parser)
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
 
@@ -246,6 +250,14 @@ def run(args) -> int:
             raise MiniLLMError(f"--speculate {args.speculate}: each K must be 1 to {MAX_K}, e.g. 1,2,4,8")
         if args.prompts < 1 or args.new_tokens < 2:
             raise MiniLLMError("--prompts must be at least 1 and --new-tokens at least 2")
+    if args.weights is not None:
+        if batches is not None or ks is not None:
+            raise MiniLLMError("--weights measures weight formats alone: leave out --batch and --speculate")
+        from .quantization import parse_formats, run as run_weights
+        parse_formats(args.weights)
+        hw = hardware.machine(progress=not args.json)
+        with limited(args.threads):
+            return run_weights(args, hw)
     model = load(args.model or ("large" if ks is not None else "random-124m"))
     hw = hardware.machine(progress=not args.json)
     with limited(args.threads):

@@ -1,0 +1,182 @@
+"""`minillm bench --weights float32,q8_0,q4_0`: do fewer bytes per weight make decode faster?
+
+One model, loaded once per weight format. Interleaved rounds (each format once per round, medians
+reported) of:
+  - a cached decode step (batch 1) after a prompt of `context` tokens: tokens/s;
+  - a prefill of `prefill` tokens: seconds;
+  - for a quantized format, the widening alone: every tile of every quantized matrix turned into
+    floats exactly as a decode step does it (scales too), without the products; its time against
+    the decode step's is the widening's share of the step.
+The bytes of a decode step are the meter's (the quantized bytes, scales included, for the
+matrices); each format's own ceiling is those bytes at this machine's measured bandwidth, so
+"% of ceiling" says how close each format gets to what its bytes allow.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import numpy as np
+
+from ..checkpoints.load import load
+from ..errors import MiniLLMError
+from ..meter import Meter
+from ..models.quant import FORMATS, QuantMatrix, _scratch, f16_to_f32, TILE_BYTES, DECODE_ROWS
+
+FORMAT_NAMES = ("float32", *FORMATS)
+
+
+def parse_formats(text: str) -> list[str]:
+    names = [w.strip().lower() for w in text.split(",") if w.strip()]
+    bad = [w for w in names if w not in FORMAT_NAMES]
+    if not names or bad:
+        raise MiniLLMError(f"--weights {text!r}: give formats from {', '.join(FORMAT_NAMES)}, e.g. float32,q8_0,q4_0")
+    return list(dict.fromkeys(names))
+
+
+def quantized_matrices(model) -> list[QuantMatrix]:
+    return [v for v in model.params.values() if isinstance(v, QuantMatrix)]
+
+
+def widen_pass(mats: list[QuantMatrix]) -> None:
+    """What a decode step's products do to widen, and nothing else: per matrix its scales, then
+    every tile of integers into the reused float32 scratch."""
+    for w in mats:
+        R, C = w.shape
+        f16_to_f32(w.d, _scratch(w.d.size, np.float32, "scales").reshape(w.d.shape))
+        if w.m is not None:
+            f16_to_f32(w.m, _scratch(w.m.size, np.float32, "mins").reshape(w.m.shape))
+        rows = max(1, min(R, TILE_BYTES // (C * 4)))
+        scratch = _scratch(rows * C, np.float32).reshape(rows, C)
+        for r0 in range(0, R, rows):
+            r1 = min(R, r0 + rows)
+            w._widen_raw(w.q[r0:r1], scratch[:r1 - r0])
+
+
+def _time(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def run_quant_bench(source, formats: list[str], *, context: int = 16, prefill: int = 128, repeats: int = 5,
+                    decode_steps: int = 4, progress=None) -> dict:
+    models = {w: load(source, weights=w) for w in formats}
+    first = next(iter(models.values()))
+    c = first.config
+    if context + repeats * decode_steps + 1 > c.n_ctx or prefill > c.n_ctx:
+        raise MiniLLMError(f"context {context} and prefill {prefill} must fit {first.name}'s context of {c.n_ctx}")
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, c.vocab_size, context)
+    long_prompt = rng.integers(0, c.vocab_size, prefill)
+    counted = {}
+    for w, model in models.items():
+        _, cache = model.prefill(prompt)
+        with Meter() as m:
+            model.decode_step(1, cache)
+        with Meter() as mp:
+            model.prefill(long_prompt)
+        counted[w] = (m.steps[0], mp.steps[0])
+    samples = {w: {"decode": [], "prefill": [], "widen": []} for w in formats}
+    for _ in range(repeats):
+        for w, model in models.items():                      # interleaved: each format once per round
+            _, cache = model.prefill(prompt)
+            samples[w]["decode"].append(statistics.median(
+                _time(lambda: model.decode_step(1, cache)) for _ in range(decode_steps)))
+            samples[w]["prefill"].append(_time(lambda: model.prefill(long_prompt)))
+            mats = quantized_matrices(model)
+            if mats:
+                samples[w]["widen"].append(min(_time(lambda: widen_pass(mats)) for _ in range(2)))
+            if progress:
+                progress()
+    med = statistics.median
+    rows = []
+    for w, model in models.items():
+        dec, pre = counted[w]
+        s = samples[w]
+        t = med(s["decode"])
+        rows.append({
+            "weights": w,
+            "model_bytes": model.nbytes(),
+            "step_bytes": dec.total_bytes,
+            "weight_bytes": dec.bytes["weights"],
+            "scratch_bytes": dec.scratch,
+            "dequant_flops": dec.flops["dequant"],
+            "decode_ms": t * 1e3,
+            "tok_s": 1 / t,
+            "prefill_s": med(s["prefill"]),
+            "prefill_tok_s": prefill / med(s["prefill"]),
+            "prefill_gflops": pre.total_flops / med(s["prefill"]) / 1e9,
+            "widen_ms": med(s["widen"]) * 1e3 if s["widen"] else 0.0,
+            "widen_share": med(s["widen"]) / t if s["widen"] else 0.0,
+        })
+    return {"model": first.name, "n_params": first.n_params(), "context": context, "prefill": prefill,
+            "repeats": repeats, "decode_rows": DECODE_ROWS, "tile_bytes": TILE_BYTES, "rows": rows,
+            "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+
+
+def run(args, hw) -> int:
+    import json
+
+    from rich.markup import escape
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from ..ui.report import console, fmt_bytes
+    from .threads import blas_kernel, blas_name, blas_threads
+
+    formats = parse_formats(args.weights)
+    source = args.model or "random-124m"
+    context = parse_first_context(args.contexts)
+    with Progress(console=console(stderr=True), transient=True, disable=args.json) as bar:
+        task = bar.add_task(f"weights {', '.join(formats)}", total=args.repeats * len(formats))
+        result = run_quant_bench(source, formats, context=context, repeats=args.repeats,
+                                 progress=lambda: bar.advance(task))
+    bw = hw.bandwidth_gbs
+    for r in result["rows"]:
+        r["ceiling_tok_s"] = bw * 1e9 / r["step_bytes"]
+        r["of_ceiling"] = r["tok_s"] / r["ceiling_tok_s"]
+    result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(),
+                  machine={"bandwidth_gbs": bw, "llc_bytes": hw.llc_bytes})
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    out = console()
+    t = Table(title=f"{escape(result['model'])}: decode at context {context}, batch 1, by weight format "
+                    f"(medians of {args.repeats} interleaved rounds)", title_justify="left")
+    for col in ("weights", "bytes/step", "ceiling", "tok/s", "% ceil", "widen ms", "widen %", "prefill"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for r in result["rows"]:
+        t.add_row(r["weights"], fmt_bytes(r["step_bytes"]), f"{r['ceiling_tok_s']:.0f}/s", f"{r['tok_s']:.1f}",
+                  f"{100 * r['of_ceiling']:.0f}%", f"{r['widen_ms']:.1f}" if r["widen_ms"] else "-",
+                  f"{100 * r['widen_share']:.0f}%" if r["widen_ms"] else "-",
+                  f"{result['prefill'] / r['prefill_s']:.0f} tok/s")
+    out.print(t)
+    out.print("[dim]bytes/step: counted by the meter (quantized matrices at their own size, scales included); "
+              f"ceiling: those bytes at this machine's {bw:.1f} GB/s; widen: turning every quantized weight "
+              f"into floats as a decode step does, alone; prefill: {result['prefill']} tokens[/]")
+    base = next((r for r in result["rows"] if r["weights"] == "float32"), None)
+    for r in result["rows"]:
+        if base is None or r is base:
+            continue
+        verdict = "faster" if r["tok_s"] > base["tok_s"] else "slower"
+        out.print(f"{r['weights']}: {base['step_bytes'] / r['step_bytes']:.1f}× fewer bytes than float32, "
+                  f"decode {r['tok_s'] / base['tok_s']:.2f}× float32's tokens/s ({verdict}); widening alone takes "
+                  f"{r['widen_ms']:.1f} ms, {r['widen_ms'] / base['decode_ms']:.2f}× float32's whole step")
+    llc = hw.llc_bytes
+    if llc and base is not None:
+        out.print(f"[dim]float32 weights {fmt_bytes(base['model_bytes'])} against the last-level cache "
+                  f"{fmt_bytes(llc)}: {'beyond' if base['model_bytes'] > llc else 'within'} it[/]")
+    load_note = f"; load average {result['load_average']:.1f}" if result["load_average"] is not None else ""
+    out.print(f"BLAS: {result['blas']} ({result['blas_kernel']} kernels), {result['threads']} threads; widening: "
+              f"NumPy, one thread, tiles of {TILE_BYTES // 1024} KiB{load_note}")
+    return 0
+
+
+def parse_first_context(text: str) -> int:
+    try:
+        return int(text.split(",")[0])
+    except ValueError:
+        raise MiniLLMError(f"--contexts {text!r}: expected integers such as 16,128") from None
