@@ -72,7 +72,7 @@ def run(args) -> int:
     if args.block_size < 1:
         raise MiniLLMError(f"--block-size {args.block_size}: must be at least 1")
     rows = read_prompts(args.file, args.max_new_tokens, args.seed)
-    model = load_model(args.model)
+    model = load_model(args.model, args.weights)
     enc = tokenizer()
     ids = [enc.encode(p, allowed_special={"<|endoftext|>"}) for p, *_ in rows]
     limits = [n for _, n, _, _ in rows]

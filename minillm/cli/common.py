@@ -26,8 +26,17 @@ err = report.console(stderr=True)
 MODEL_HELP = ("checkpoint directory or .safetensors file, or a name: " + ", ".join(model_names()))
 
 
+WEIGHTS_HELP = ("the weights in memory: float32 (default), q8_0, q4_0 or q4_1 (quantized at load as GGUF "
+                "defines them, multiplied without widening the whole matrix), native (as the file has them)")
+
+
 def add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, metavar="MODEL", help=MODEL_HELP + " (default: the bundled model)")
+    add_weights(p)
+
+
+def add_weights(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--weights", default="float32", metavar="FORMAT", help=WEIGHTS_HELP)
 
 
 def add_sampling(p: argparse.ArgumentParser) -> None:
@@ -55,15 +64,15 @@ def load_draft(name, model):
         return "ngram"
     from ..engine.speculative import check_draft_model
 
-    draft = load_model(name)
+    draft = load_model(name, getattr(model, "weights", "float32"))
     check_draft_model(draft, model)
     return draft
 
 
-def load_model(source):
+def load_model(source, weights: str = "float32"):
     """`load`, with a spinner on stderr while it works (random-1558m takes a while to build)."""
     with err.status(f"loading {escape(str(source or 'the bundled model'))}…"):
-        return load(source)
+        return load(source, weights=weights)
 
 
 def encode_prompt(model, prompt: str, max_new_tokens: int) -> np.ndarray:

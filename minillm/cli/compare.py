@@ -57,7 +57,7 @@ def run_compare(args) -> int:
 def _compare(args) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
     check_k(args.speculate_k, "--speculate-k")   # before loading anything
-    model = load_model(args.model)
+    model = load_model(args.model, args.weights)
     ids = encode_prompt(model, args.prompt, args.max_new_tokens)
     draft = load_draft(args.draft, model)
     hw = hardware.machine(progress=True)
@@ -162,7 +162,7 @@ def run_traffic(args) -> int:
 
 
 def _traffic(args) -> int:
-    model = load_model(args.model)
+    model = load_model(args.model, args.weights)
     c = model.config
     if args.prompt_tokens < 1 or args.steps < 1:
         raise PromptError("--prompt-tokens and --steps must be at least 1")

@@ -103,7 +103,7 @@ def _run(args) -> int:
     if P < 1 or N < 1 or not 0 <= S < P:
         raise PromptError("--prompt-tokens and --answer-tokens must be at least 1, and --shared-prefix from 0 to "
                           "less than --prompt-tokens")
-    model = load_model(args.model)
+    model = load_model(args.model, args.weights)
     c = model.config
     if P + N > c.n_ctx:
         raise PromptError(f"--prompt-tokens {P} + --answer-tokens {N} is beyond {escape(model.name)}'s context of "

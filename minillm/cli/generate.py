@@ -64,7 +64,7 @@ def run(args) -> int:
         raise MiniLLMError("--draft needs the KV cache (it rolls the cache back past rejected guesses): "
                            "drop --no-cache or --draft")
     prompt = read_prompt(args)
-    model = load_model(args.model)
+    model = load_model(args.model, args.weights)
     ids = encode_prompt(model, prompt, args.max_new_tokens)
     draft = load_draft(args.draft, model)
     sys.stdout.write(prompt)

@@ -72,6 +72,9 @@ COMMANDS = [
     Command("eval", "training.train", "held-out loss of a model on the last 10%% of a text",
             "Mean cross-entropy (nats/token) on the last 10%% of the text's tokens, in windows of the model's "
             "context.", add="add_eval_arguments", run="run_eval"),
+    Command("quantize", "cli.quantize", "write a model's weights as a quantized GGUF file (Q8_0, Q4_0, Q4_1)",
+            "Quantize a model's matrices as GGUF defines Q8_0, Q4_0 or Q4_1 and write a GGUF file with the "
+            "gguf package (GPT-2 architecture metadata and tokenizer, as llama.cpp reads them)."),
     Command("download", "checkpoints.download",
             "fetch a real GPT-2 checkpoint (the only command that uses the network)",
             "Download a GPT-2 checkpoint from Hugging Face into ~/.cache/minillm (or $MINILLM_HOME), resuming "

@@ -41,7 +41,7 @@ def run(args) -> int:
     if not 0 <= args.port <= 65535:
         raise MiniLLMError(f"--port {args.port}: must be between 0 and 65535")
     kv = parse_bytes(args.kv_memory)
-    model = load_model(args.model)
+    model = load_model(args.model, args.weights)
     live = (args.live if args.live is not None else sys.stderr.isatty()) and not args.quiet
     view = LiveView(err, title=f"minillm serve: {model.name}") if live else None
     loop = EngineLoop(model, kv_memory=kv, block_size=args.block_size, max_batch=args.max_batch,

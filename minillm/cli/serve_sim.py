@@ -154,7 +154,7 @@ def diagnosis(r: dict) -> str:
 
 def run(args) -> int:
     check(args)
-    model = load_model(args.model)
+    model = load_model(args.model, args.weights)
     c = model.config
     items = load_workload(args.workload, rate=args.rate, n=args.requests, seed=args.seed,
                           vocab_size=c.vocab_size, n_ctx=c.n_ctx)

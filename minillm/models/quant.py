@@ -380,3 +380,15 @@ def quantize_params(params: dict, fmt: Format | str) -> dict:
         else:
             out[name] = w
     return out
+
+
+def dequantize_params(params: dict) -> dict:
+    """The float parameters a quantized model computes with (quantize_params undone, up to the
+    rounding it did): linear weights back to [in, out], wte to [V, d]; float ones as they are."""
+    out = {}
+    for name, w in params.items():
+        if isinstance(w, QuantMatrix):
+            out[name] = w.dequantize() if name == "wte.weight" else np.ascontiguousarray(w.dequantize().T)
+        else:
+            out[name] = w
+    return out

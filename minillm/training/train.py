@@ -202,13 +202,20 @@ def run(args) -> int:
 
 def add_eval_arguments(parser) -> None:
     parser.add_argument("--model", default=None, help="checkpoint directory or model name (default: the bundled model)")
+    parser.add_argument("--weights", default="float32", metavar="FORMAT",
+                        help="float32 (default), q8_0, q4_0 or q4_1: score the model with its weights quantized "
+                             "as GGUF defines them (the loss of the dequantized values: the quantized product "
+                             "computes x @ dequantize(W) to float32 rounding)")
     parser.add_argument("--data", default=BundledText(), help="the text whose last 10%% of tokens is scored (default: the bundled tinyshakespeare)")
 
 
 def run_eval(args) -> int:
     from ..checkpoints.load import load
 
-    model = load(args.model)                 # a checkpoint or any model name; default the bundled model
-    loss = heldout_loss(args.data, (model.params, model.config))
-    print(f"held-out loss {loss:.4f} nats/token (perplexity {math.exp(loss):.1f}) on the last 10% of {args.data}")
+    from ..models.quant import dequantize_params
+
+    model = load(args.model, weights=args.weights)   # a checkpoint or any model name; default the bundled model
+    loss = heldout_loss(args.data, (dequantize_params(model.params), model.config))
+    what = "" if model.weights in ("float32", "float64") else f" with {model.weights} weights"
+    print(f"held-out loss {loss:.4f} nats/token (perplexity {math.exp(loss):.1f}){what} on the last 10% of {args.data}")
     return 0
