@@ -250,3 +250,46 @@ def test_bundled_models_quantized_cached_naive_batched(source, fmt):
     alone = [minillm.generate(model, p, 12) for p in prompts]
     assert alone[0] == minillm.generate(model, prompts[0], 12, kv_cache=False)
     assert minillm.generate_batch(model, prompts, [12] * 3) == alone
+
+
+# -- the commands ---------------------------------------------------------------------------------
+
+def test_quantize_writes_a_gguf_that_reads_back_as_the_model(tmp_path):
+    """`minillm quantize` for real: the file's GPT-2 metadata, tokenizer and tensors, read back with
+    the gguf package, are the model's (each quantized matrix the same blocks, dequantized the same)."""
+    import gguf
+    from test_cli import ok, run, user_error
+
+    out = tmp_path / "small-q4_0.gguf"
+    r = ok(run(tmp_path, "quantize", "small", "--format", "q4_0", "--out", out))
+    assert "q4_0" in r.stdout and out.is_file() and not list(tmp_path.glob("*.partial"))
+    reader = gguf.GGUFReader(str(out))
+    field = lambda k: reader.fields[k].contents()                       # noqa: E731
+    model = minillm.load("small", weights="q4_0")
+    c = model.config
+    assert field("general.architecture") == "gpt2" and field("general.file_type") == 2
+    assert (field("gpt2.block_count"), field("gpt2.embedding_length"), field("gpt2.attention.head_count"),
+            field("gpt2.context_length"), field("gpt2.feed_forward_length")) == (
+            c.n_layer, c.n_embd, c.n_head, c.n_ctx, 4 * c.n_embd)
+    tokens = field("tokenizer.ggml.tokens")
+    assert len(tokens) == 50257 and tokens[50256] == "<|endoftext|>" and tokens[262] == "Ġthe"
+    assert len(field("tokenizer.ggml.merges")) == 50000 and field("tokenizer.ggml.merges")[0] == "Ġ t"
+    tensors = {t.name: t for t in reader.tensors}
+    assert len(tensors) == len(model.params)
+    qkv = tensors["blk.1.attn_qkv.weight"]
+    assert qkv.tensor_type == gguf.GGMLQuantizationType.Q4_0
+    mine = model.params["h.1.attn.c_attn.weight"]
+    assert np.array_equal(np.asarray(qkv.data).reshape(mine.shape[0], -1), mine.to_gguf_blocks())
+    emb = tensors["token_embd.weight"]
+    assert np.array_equal(gguf.quants.dequantize(emb.data, emb.tensor_type), model.wte.dequantize())
+    assert tensors["position_embd.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    user_error(run(tmp_path, "quantize", "small", "--format", "q4_0", "--out", tmp_path), "directory")
+    user_error(run(tmp_path, "quantize", "small", "--out", tmp_path / "no" / "x.gguf"), "does not exist")
+
+
+def test_weights_option_reaches_generate_and_eval(tmp_path):
+    from test_cli import ok, run, user_error
+
+    r = ok(run(tmp_path, "generate", "ROMEO:", "--max-new-tokens", "5", "--weights", "q8_0"))
+    assert r.stdout.strip()
+    user_error(run(tmp_path, "generate", "ROMEO:", "--weights", "q2"), "weights=")
