@@ -283,6 +283,11 @@ def test_quantize_writes_a_gguf_that_reads_back_as_the_model(tmp_path):
     emb = tensors["token_embd.weight"]
     assert np.array_equal(gguf.quants.dequantize(emb.data, emb.tensor_type), model.wte.dequantize())
     assert tensors["position_embd.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    native = minillm.load(out, weights="native")                        # the file's own Q4_0 blocks
+    assert native.weights == "q4_0" and native.nbytes() == model.nbytes()
+    ids = np.arange(3, 30)
+    assert np.array_equal(native.forward(ids), model.forward(ids))
+    assert minillm.load(out).weights == "float32"
     user_error(run(tmp_path, "quantize", "small", "--format", "q4_0", "--out", tmp_path), "directory")
     user_error(run(tmp_path, "quantize", "small", "--out", tmp_path / "no" / "x.gguf"), "does not exist")
 

@@ -53,6 +53,17 @@ def load(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = Fa
         raise MiniLLMError(f"weights={weights!r}: choose one of {', '.join(WEIGHTS)} or q4_1")
     if w == "float64":
         dtype, w = np.float64, "float32"
+    if str(source).endswith(".gguf"):                       # a GPT-2 GGUF, as `minillm quantize` writes it
+        from .gguf_gpt2 import read_gguf
+        path = expand_user(str(source))
+        if not path.is_file():
+            raise ModelNotFoundError(f"{source}: no such GGUF file")
+        config, params = read_gguf(path, "native" if w in ("native", *FORMATS) else "float32")
+        model = GPT2(config, params, name=path.stem)
+        if w in FORMATS and model.weights != w:            # another format wanted: from the file's floats
+            config, params = read_gguf(path, "float32")
+            model = GPT2(config, quantize_params(params, w), name=path.stem)
+        return model
     model = load_float(source, dtype=dtype, quiet=quiet)
     if w in FORMATS:
         if model.config.n_embd % 32:
