@@ -120,6 +120,7 @@ def run_quant_bench(source, formats: list[str], *, context: int = 16, prefill: i
 def run(args, hw) -> int:
     import json
 
+    from rich import box
     from rich.markup import escape
     from rich.progress import Progress
     from rich.table import Table
@@ -145,7 +146,8 @@ def run(args, hw) -> int:
         return 0
     out = console()
     t = Table(title=f"{escape(result['model'])}: decode at context {context}, batch 1, by weight format "
-                    f"(medians of {args.repeats} interleaved rounds)", title_justify="left")
+                    f"(medians of {args.repeats} interleaved rounds)", title_justify="left",
+              box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("weights", "bytes/step", "ceiling", "tok/s", "% ceil", "widen ms", "widen %", "prefill"):
         t.add_column(col, justify="right", no_wrap=True)
     for r in result["rows"]:
