@@ -154,7 +154,7 @@ def run(args, hw) -> int:
         t.add_row(r["weights"], fmt_bytes(r["step_bytes"]), f"{r['ceiling_tok_s']:.0f}/s", f"{r['tok_s']:.1f}",
                   f"{100 * r['of_ceiling']:.0f}%", f"{r['widen_ms']:.1f}" if r["widen_ms"] else "-",
                   f"{100 * r['widen_share']:.0f}%" if r["widen_ms"] else "-",
-                  f"{result['prefill'] / r['prefill_s']:.0f} tok/s")
+                  f"{result['prefill'] / r['prefill_s']:.0f}/s")
     out.print(t)
     out.print("[dim]bytes/step: counted by the meter (quantized matrices at their own size, scales included); "
               f"ceiling: those bytes at this machine's {bw:.1f} GB/s; widen: turning every quantized weight "
