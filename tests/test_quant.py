@@ -298,3 +298,22 @@ def test_weights_option_reaches_generate_and_eval(tmp_path):
     r = ok(run(tmp_path, "generate", "ROMEO:", "--max-new-tokens", "5", "--weights", "q8_0"))
     assert r.stdout.strip()
     user_error(run(tmp_path, "generate", "ROMEO:", "--weights", "q2"), "weights=")
+
+
+def test_bench_weights_measures_each_format(tmp_path):
+    import json
+
+    from test_cli import ok, run, user_error
+
+    r = ok(run(tmp_path, "bench", "--model", "random-tiny", "--weights", "float32,q8_0,q4_0", "--repeats", "1",
+               "--json", timeout=300))
+    res = json.loads(r.stdout)
+    rows = {row["weights"]: row for row in res["rows"]}
+    assert list(rows) == ["float32", "q8_0", "q4_0"]
+    f, q8, q4 = rows["float32"], rows["q8_0"], rows["q4_0"]
+    assert q4["weight_bytes"] < q8["weight_bytes"] < f["weight_bytes"]
+    assert f["scratch_bytes"] == 0 and f["widen_ms"] == 0 and q8["scratch_bytes"] > 0 and q8["widen_ms"] > 0
+    for row in rows.values():
+        assert row["tok_s"] > 0 and 0 < row["of_ceiling"] and row["ceiling_tok_s"] > 0
+    assert res["threads"] and res["blas_kernel"]
+    user_error(run(tmp_path, "bench", "--weights", "float32,int3"), "--weights")
