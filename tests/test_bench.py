@@ -8,7 +8,10 @@ import json
 import numpy as np
 
 import minillm
-from minillm import bench, kvcache, meter, ops
+from minillm import meter
+from minillm.measure import bench
+from minillm.cache import contiguous as kvcache
+from minillm.models import ops
 from minillm.cli import main
 
 

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from minillm.safetensors import write_safetensors
+from minillm.checkpoints.safetensors import write_safetensors
 from test_cli import (IN_VOCAB, REPO, TINY_A, checkpoint, cli_env, fixture_tensors, home, join_file, ok,  # noqa: F401
                       run, split_file, user_error)
 

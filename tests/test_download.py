@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minillm import download as dl
+from minillm.checkpoints import download as dl
 from minillm.config import PRESETS
-from minillm.safetensors import write_safetensors
+from minillm.checkpoints.safetensors import write_safetensors
 from minillm.errors import DownloadError, ModelNotFoundError
 
 def _safetensors_bytes() -> bytes:

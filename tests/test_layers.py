@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minillm"
 # Lowest first. A module belongs to the longest entry that is its name or a parent of it; an import
 # may point to its own layer or a lower one.
 LAYERS: list[tuple[str, ...]] = [
-    ("minillm.errors", "minillm.config", "minillm.paths", "minillm.data", "minillm._compat", "minillm.weights"),
+    ("minillm.errors", "minillm.config", "minillm.paths", "minillm.data", "minillm._checkout", "minillm.weights"),
     ("minillm.meter",),
     ("minillm.models.ops",),
     ("minillm.cache",),

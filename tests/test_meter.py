@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import minillm
 from minillm import meter
-from minillm.checkpoint import random_params
+from minillm.checkpoints.checkpoint import random_params
 from minillm.cli import main
 
 CHECKED = ("weights", "kv_read", "kv_write", "matmul", "attention")

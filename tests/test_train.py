@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minillm
-from minillm import train as tr
+from minillm.training import train as tr
 from minillm.config import GPT2Config
 from minillm.errors import MiniLLMError, WeightsError
 
@@ -273,7 +273,7 @@ def test_bad_data_raises_clear_errors(tmp_path):
 
 def test_checkpoint_is_atomic(tmp_path, monkeypatch):
     """A save that fails half-way leaves the previous checkpoint intact and no stray files."""
-    import minillm.safetensors as sf
+    import minillm.checkpoints.safetensors as sf
 
     cfg = GPT2Config(n_layer=1, n_head=1, n_embd=4, n_ctx=4, vocab_size=10)
     params = tr.init_params(cfg, seed=0)

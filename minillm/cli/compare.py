@@ -17,10 +17,9 @@ from ..engine.speculative import check_k, speculative_generate
 from ..errors import PromptError
 from ..measure import hardware
 from ..meter import Meter
-from ..measure.threads import add_threads_option, limited
 from ..tokenizer import tokenizer
 from ..ui import report
-from .common import add_model, add_sampling, add_speculative, encode_prompt, load_draft, load_model, out
+from .common import add_model, add_sampling, add_speculative, encode_prompt, load_draft, load_model, note_if_busy, out
 
 
 def add_compare_arguments(p) -> None:
@@ -30,7 +29,6 @@ def add_compare_arguments(p) -> None:
     add_sampling(p)
     p.add_argument("--rows", type=int, default=12, help="most steps to show per table (default 12)")
     add_speculative(p, default="ngram")
-    add_threads_option(p)
 
 
 def add_traffic_arguments(p) -> None:
@@ -39,7 +37,6 @@ def add_traffic_arguments(p) -> None:
     p.add_argument("--steps", type=int, default=8, help="decode steps after the prefill (default 8)")
     p.add_argument("--no-cache", action="store_true", help="naive decode instead of KV-cached")
     p.add_argument("--json", action="store_true", help="one JSON object per step, for scripts")
-    add_threads_option(p)
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -50,17 +47,13 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def run_compare(args) -> int:
-    with limited(args.threads):
-        return _compare(args)
-
-
-def _compare(args) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
     check_k(args.speculate_k, "--speculate-k")   # before loading anything
     model = load_model(args.model)
     ids = encode_prompt(model, args.prompt, args.max_new_tokens)
     draft = load_draft(args.draft, model)
     hw = hardware.machine(progress=True)
+    note_if_busy(args)
     enc = tokenizer()
     generate(model, ids, min(2, args.max_new_tokens))   # warm-up: first touches of weights and cache pages
     runs = {}
@@ -157,11 +150,6 @@ def fmt_total(m: Meter, seconds: float, n_new: int) -> str:
 # -- traffic -------------------------------------------------------------------------------------
 
 def run_traffic(args) -> int:
-    with limited(args.threads):
-        return _traffic(args)
-
-
-def _traffic(args) -> int:
     model = load_model(args.model)
     c = model.config
     if args.prompt_tokens < 1 or args.steps < 1:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..measure.hardware import roofline
+from ..engine.engine import Engine
 
 OTHER_BLOCK_SIZES = (1, 8, 16, 32, 64)
 
@@ -114,7 +114,7 @@ def phases(steps, hw=None) -> dict:
             bound = {"memory": 0.0, "compute": 0.0}
             best = 0.0
             for r in recs:
-                rl = roofline(r.total_bytes, r.total_flops, hw)
+                rl = hw.roofline(r.total_bytes, r.total_flops)
                 bound[rl.bound] += r.seconds
                 best += rl.seconds
             d["bound"] = max(bound, key=bound.get)
@@ -126,8 +126,6 @@ def phases(steps, hw=None) -> dict:
 
 def serve(model, items, *, label: str | None = None, hw=None, on_step=None, **engine_kw):
     """Run a workload (a list of WorkItem) through a fresh engine; returns (summary, engine)."""
-    from ..engine.engine import Engine
-
     engine = Engine(model, on_step=on_step, **engine_kw)
     for w in items:
         engine.add_request(w.prompt, w.max_tokens, w.sampling, arrival=w.arrival)
