@@ -15,8 +15,8 @@ from rich.table import Table
 from ..checkpoints.load import load
 from ..engine.speculative import MAX_K, check_draft_model
 from ..errors import MiniLLMError
-from ..measure.batching import run_batch_bench
-from ..measure.bench import run_bench
+from ..measure.batching import check_batches, run_batch_bench
+from ..measure.bench import check_contexts, run_bench
 from ..measure.hardware import machine
 from ..measure.speculation import heldout_prompts, run_speculation_bench
 from ..measure.threads import blas_kernel, blas_name, blas_threads
@@ -67,6 +67,10 @@ def run(args) -> int:
         if args.prompts < 1 or args.new_tokens < 2:
             raise MiniLLMError("--prompts must be at least 1 and --new-tokens at least 2")
     model = load(args.model or ("large" if ks is not None else "random-124m"))
+    if batches is not None:
+        check_batches(model, batches, args.batch_context)
+    elif ks is None:
+        check_contexts(model, contexts)
     hw = machine(progress=not args.json)     # this thread count's figures (measured once, then cached)
     if ks is not None:
         result, show = bench_speculation(args, model, ks, hw)

@@ -120,7 +120,8 @@ def _time(fn) -> float:
     return time.perf_counter() - t0
 
 
-def run_bench(model, contexts: list[int], repeats: int = 5, decode_steps: int = 8, progress=None) -> dict:
+def check_contexts(model, contexts: list[int], decode_steps: int = 8) -> None:
+    """Refuse context lengths that leave no room for `decode_steps` decode steps after them."""
     c = model.config
     if not contexts:
         raise MiniLLMError("--contexts: give at least one context length")
@@ -128,6 +129,11 @@ def run_bench(model, contexts: list[int], repeats: int = 5, decode_steps: int = 
         if not 1 <= n < c.n_ctx - decode_steps:
             raise MiniLLMError(f"context {n}: must be between 1 and {c.n_ctx - decode_steps - 1} for this model "
                                f"(context {c.n_ctx}, {decode_steps} decode steps after it)")
+
+
+def run_bench(model, contexts: list[int], repeats: int = 5, decode_steps: int = 8, progress=None) -> dict:
+    check_contexts(model, contexts, decode_steps)
+    c = model.config
     rng = np.random.default_rng(0)
     prompts = {n: rng.integers(0, c.vocab_size, n) for n in contexts}
     mats = decode_weights(model)

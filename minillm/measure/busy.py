@@ -33,10 +33,10 @@ def assess(threads: int, cpus: int, load: float | None, share: float) -> str | N
     crowded = load is not None and load > cpus - threads + 0.5
     if not crowded and share >= FAIR_SHARE:
         return None
-    seen = [f"load average {load:.1f} on {cpus} CPU{'s' if cpus != 1 else ''}"] if load is not None else []
-    seen.append(f"a probe got {share:.0%} of a core")
-    fix = "use --threads 1, or close other work" if threads > 1 else "close other work, or run again later"
-    return f"this machine is busy ({', '.join(seen)}): timings will be slower and noisier than usual; {fix}"
+    seen = [f"load {load:.1f} on {cpus} CPU{'s' if cpus != 1 else ''}"] if load is not None else []
+    seen.append(f"this process got {share:.0%} of a core")
+    fix = "try --threads 1 or close other work" if threads > 1 else "close other work or run again later"
+    return f"busy machine ({'; '.join(seen)}): timings run slow and noisy; {fix}"
 
 
 def busy_note(threads: int | None = None) -> str | None:
