@@ -91,8 +91,10 @@ def test_counting_code_removed_covers_the_paged_cache_and_batched_decode():
     def batched_step():
         pool = PagedKVPool(model.config, 16, 4)
         caches = [pool.sequence() for _ in range(3)]
+        for c in caches:
+            c.reserve(4)
         model.step([([1, 2, 3], c) for c in caches])
-        return model.step([([4], c) for c in caches])       # a DecodeBatch: one gather per layer
+        return model.step([([4], c) for c in caches])       # a batched decode: one gather per layer
 
     with minillm.Meter() as counted:
         expected = batched_step()

@@ -110,8 +110,8 @@ def run_compare(args) -> int:
     for path, (new, m, seconds) in runs.items():
         out.print(f"[bold]{path:6}[/] {fmt_total(m, seconds, len(new))}")
     out.print(f"[bold]speedup of the KV cache: {s_n / s_c:.2f}×[/] in time, "
-              f"{m_n.total('total_flops') / m_c.total('total_flops'):.1f}× fewer FLOPs, "
-              f"{m_n.total('total_bytes') / m_c.total('total_bytes'):.2f}× fewer bytes")
+              f"{m_n.totals().flops / m_c.totals().flops:.1f}× fewer FLOPs, "
+              f"{m_n.totals().bytes / m_c.totals().bytes:.2f}× fewer bytes")
     if spec is not None:
         out.print(speculative_summary(spec, m_c, runs["speculative"][2], s_c))
 
@@ -129,10 +129,10 @@ def run_compare(args) -> int:
 
 def speculative_summary(stats, m_cached: Meter, s_spec: float, s_cached: float) -> str:
     """The speculative run against cached decode: guesses kept, tokens per weight read, bytes per token."""
-    decode = m_cached.of_kind("decode")
+    decode = m_cached.totals("decode")
     if not stats.rounds:
         return "[bold]speculative[/]: one token only, from the prefill: nothing to guess"
-    plain = sum(r.total_bytes for r in decode) / len(decode) if decode else 0.0
+    plain = decode.bytes / decode.steps if decode.steps else 0.0
     per = (f"{report.fmt_bytes(stats.bytes_per_token)} moved per token kept "
            f"(draft {report.fmt_bytes(stats.draft_bytes / stats.kept)}, model {report.fmt_bytes(stats.target_bytes / stats.kept)})")
     if plain:
@@ -144,7 +144,7 @@ def speculative_summary(stats, m_cached: Meter, s_spec: float, s_cached: float) 
 
 def fmt_total(m: Meter, seconds: float, n_new: int) -> str:
     return (f"{seconds:.3f} s for {n_new} tokens ({n_new / seconds:.1f} tokens/s), "
-            f"{report.fmt_flops(m.total('total_flops'))}, {report.fmt_bytes(m.total('total_bytes'))} moved")
+            f"{report.fmt_flops(m.totals().flops)}, {report.fmt_bytes(m.totals().bytes)} moved")
 
 
 # -- traffic -------------------------------------------------------------------------------------

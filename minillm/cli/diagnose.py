@@ -22,7 +22,7 @@ from rich.table import Table
 from ..errors import PromptError
 from ..measure import hardware
 from ..measure.chips import get_chip, roofline
-from ..meter import Meter
+from ..meter import Meter, totals
 from ..ui import report
 from .common import MODEL_HELP, load_model, note_if_busy, out
 
@@ -49,9 +49,9 @@ class Phase:
 
 
 def _phase(records, config) -> Phase:
-    return Phase(flops=sum(r.total_flops for r in records), bytes=sum(r.total_bytes for r in records),
-                 fused=sum(report.fused_bytes(r, config, 4) for r in records),
-                 weights=sum(r.bytes["weights"] for r in records))
+    t = totals(records)
+    return Phase(flops=t.flops, bytes=t.bytes, fused=sum(report.fused_bytes(r, config, 4) for r in records),
+                 weights=t.weights)
 
 
 def measure_workload(model, prompt_tokens: int, answer_tokens: int):
