@@ -109,15 +109,16 @@ def bench_contexts(args, model, contexts: list[int], hw):
     def show():
         t = Table(title=f"{escape(model.name)}: {model.n_params():,} params, float32, batch 1 "
                         f"(medians of {args.repeats} interleaved rounds)", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
-        for col in ("context", "cached\ntok/s", "cached\nms/step", "naive\ntok/s", "prefill", "bytes\n/step",
-                    "achieved\nGB/s", "% of\nBW", "% of\nceiling"):
+                  box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+        for col in ("ctx", "tok/s", "ms/step", "naive tok/s", "prefill", "bytes/step", "GB/s", "% BW", "% ceil"):
             t.add_column(col, justify="right", no_wrap=True)
         for r in result["rows"]:
             t.add_row(str(r["context"]), f"{r['cached_tok_s']:.1f}", f"{r['cached_ms']:.1f}",
                       f"{r['naive_tok_s']:.2f}", f"{r['prefill_s']:.3f} s", fmt_bytes(r["step_bytes"]),
                       f"{r['achieved_gbs']:.1f}", f"{100 * r['of_bandwidth']:.0f}%", f"{100 * r['of_ceiling']:.0f}%")
         out.print(t)
+        out.print("[dim]ctx: context length; tok/s, ms/step, bytes/step, GB/s: cached decode; naive: the whole "
+                  "sequence again every step; % BW: of this machine's bandwidth; % ceil: of the ceiling below[/]")
         out.print(f"matrix-vector ceiling (every weight a decode step reads, bare NumPy, same run): "
                   f"{result['ceiling_ms']:.1f} ms = {result['ceiling_tok_s']:.1f} tok/s, "
                   f"{fmt_bytes(result['ceiling_bytes'])} at {result['ceiling_gbs']:.1f} GB/s")
@@ -139,7 +140,7 @@ def bench_batches(args, model, batches: list[int], hw):
     def show():
         t = Table(title=f"{escape(model.name)}: decode with B sequences at once, prompts of {result['context']} "
                         f"(medians of {args.repeats} interleaved rounds)", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
+                  box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
         for col in ("B", "tok/s", "ms/step", "roofline", "FLOP/B", "GB/s", "GFLOP/s", "x @ W", "engine"):
             t.add_column(col, justify="right", no_wrap=True)
         for r in result["rows"]:
@@ -191,7 +192,8 @@ def bench_speculation(args, model, ks: list[int], hw):
         t = Table(title=f"{escape(model.name)} ({fmt_bytes(model.nbytes())} of weights): speculative against "
                         f"plain cached decode, greedy, {len(prompts)} held-out prompt{'s' if len(prompts) > 1 else ''} "
                         f"of {length} tokens, {args.new_tokens} new tokens each (medians of {args.repeats} "
-                        "interleaved rounds)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+                        "interleaved rounds)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  padding=(0, 1, 0, 0))
         for col in ("draft", "k", "acc", "tok/check", "tok/s", "×", "MB/tok", "ms"):
             t.add_column(col, justify="right", no_wrap=True)
         t.add_row("plain", "-", "-", "1.00", f"{p['tok_s']:.1f}", "1.00", f"{p['bytes_per_token'] / 1e6:.1f}",
