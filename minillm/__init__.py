@@ -47,12 +47,11 @@ def _starting_the_command() -> bool:
     return first in ("minillm", "-m") or _sys.argv[0].endswith(_os.path.join("minillm", "__main__.py"))
 
 
-from . import _checkout  # noqa: E402,F401  (lessons/ and weights/ found from a checkout)
-
-# Imported now, not on first use: importing the module `minillm.tokenizer` binds that name in this
-# package, and the function must be what stays bound.
 try:
-    from .tokenizer import tokenizer  # noqa: E402
+    from . import _checkout  # noqa: F401  (lessons/ and weights/ found from a checkout)
+    # Imported now, not on first use: importing the module `minillm.tokenizer` binds that name in
+    # this package, and the function must be what stays bound.
+    from .tokenizer import tokenizer
 except KeyboardInterrupt:          # Ctrl-C while the command is still starting: exit quietly
     if _starting_the_command():
         raise SystemExit(130) from None

@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from ..checkpoints.load import load, model_names
 from ..engine.sampling import check_fits
+from ..engine.speculative import check_draft_model
 from ..errors import MiniLLMError, PromptError
 from ..measure.busy import busy_note
 from ..tokenizer import tokenizer
@@ -93,8 +94,6 @@ def load_draft(name, model):
         return None
     if name == "ngram":
         return "ngram"
-    from ..engine.speculative import check_draft_model
-
     draft = load_model(name)
     check_draft_model(draft, model)
     return draft

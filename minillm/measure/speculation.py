@@ -18,15 +18,14 @@ import numpy as np
 
 from ..engine.generate import generate
 from ..engine.speculative import speculative_generate
+from ..data import BundledText
 from ..meter import Meter
+from ..training.data import DEFAULT_DATA_SPLIT, load_tokens
 
 
 def heldout_prompts(n_prompts: int, length: int) -> list[np.ndarray]:
     """`n_prompts` windows of `length` tokens, evenly spaced through the held-out tenth of the
     bundled text."""
-    from ..training.data import DEFAULT_DATA_SPLIT, load_tokens
-    from ..data import BundledText
-
     tokens = load_tokens(BundledText())
     held = tokens[int(len(tokens) * DEFAULT_DATA_SPLIT):]
     starts = np.linspace(0, len(held) - length - 1, n_prompts).astype(int)
