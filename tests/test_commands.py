@@ -120,3 +120,19 @@ def test_a_starved_probe_is_busy_even_when_the_load_looks_low():
 
 def test_the_probe_measures_a_share_of_one_core():
     assert 0.0 < busy.cpu_share(0.02) <= 1.0
+
+
+def test_hardware_figures_follow_threads(tmp_path):
+    """`--threads 2` then the default (one thread in the tests): two records, each run shown its own."""
+    import json
+
+    env = cli_env(tmp_path, OPENBLAS_NUM_THREADS="1")
+    shown = []
+    for extra in (["--threads", "2"], []):
+        r = subprocess.run([sys.executable, "-m", "minillm", "hardware", "--json", *extra], capture_output=True,
+                           text=True, cwd=REPO, env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        shown.append(json.loads(r.stdout)["machine"]["blas_threads"])
+    assert shown == [2, 1]
+    records = json.loads((tmp_path / "hardware.json").read_text())["records"]
+    assert sorted(r["blas_threads"] for r in records) == [1, 2]
