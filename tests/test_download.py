@@ -1,4 +1,4 @@
-"""`minillm.download` against a local HTTP server on 127.0.0.1: success, bad hash, resume, no network."""
+"""`minillm.checkpoints.download` against a local HTTP server on 127.0.0.1: success, bad hash, resume, no network."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""minillm.hardware: the roofline arithmetic, the seed's 7B example, counts, the cache, the presets."""
+"""minillm.measure.hardware and chips: the roofline arithmetic, the seed's 7B example, counts, the cache, the presets."""
 
 from __future__ import annotations
 

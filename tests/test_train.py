@@ -1,4 +1,4 @@
-"""The hand-written backward passes of minillm.train, checked against central finite differences.
+"""The hand-written backward passes of minillm.training, checked against central finite differences.
 
 Every check runs in float64 on small shapes: for an op y = f(x), pick a random upstream gradient g,
 and compare the analytic dL/dx of L = sum(g * y) with (L(x + h) - L(x - h)) / 2h, element by element.

@@ -161,6 +161,8 @@ def run_traffic(args) -> int:
         raise PromptError(f"--prompt-tokens {args.prompt_tokens} + --steps {args.steps} is beyond the context of "
                           f"{c.n_ctx}: with this prompt at most {c.n_ctx - args.prompt_tokens} steps fit")
     ids = np.random.default_rng(0).integers(0, c.vocab_size, args.prompt_tokens)   # a seeded random prompt
+    if not args.json:
+        note_if_busy(args)
     with Meter() as m:   # the prefill, then --steps decode steps (the prefill gives the first new token)
         generate(model, ids, args.steps + 1, kv_cache=not args.no_cache)
     if args.json:

@@ -102,7 +102,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             getattr(module, c.add)(p)
             if c.threads:
                 add_threads_option(p)
-            p.set_defaults(func=getattr(module, c.run), threads_flag=c.threads)
+            p.set_defaults(func=getattr(module, c.run))
     return parser
 
 
@@ -113,10 +113,8 @@ def chosen(argv: list[str]) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the parsed command, on --threads BLAS threads if it computes and the option was given."""
-    if not getattr(args, "threads_flag", False):
-        return args.func(args) or 0
-    with limited(args.threads):
+    """Run the parsed command, on --threads BLAS threads if it takes the option and it was given."""
+    with limited(getattr(args, "threads", None)):
         return args.func(args) or 0
 
 
