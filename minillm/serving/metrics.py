@@ -106,10 +106,9 @@ def phases(steps, hw=None) -> dict:
         if not recs:
             continue
         t = totals(recs)
-        secs, b, f = t.seconds, t.bytes, t.flops
-        d = {"steps": t.steps, "seconds": secs, "share": secs / total, "bytes": b, "flops": f,
-             "intensity": f / b if b else 0.0, "gbps": b / secs / 1e9 if secs else 0.0,
-             "gflops": f / secs / 1e9 if secs else 0.0}
+        secs = t.seconds
+        d = {"steps": t.steps, "seconds": secs, "share": secs / total, "bytes": t.bytes, "flops": t.flops,
+             "intensity": t.intensity, "gbps": t.gbps, "gflops": t.gflops}
         if hw is not None and hw.peak_gflops:
             # the verdict of each step on its own, then time-weighted
             bound = {"memory": 0.0, "compute": 0.0}
