@@ -136,3 +136,18 @@ def test_hardware_figures_follow_threads(tmp_path):
     assert shown == [2, 1]
     records = json.loads((tmp_path / "hardware.json").read_text())["records"]
     assert sorted(r["blas_threads"] for r in records) == [1, 2]
+
+
+def test_the_thread_limit_holds_on_every_thread():
+    """`--threads` is applied once, in main, for the whole process: the server's engine thread, started
+    inside it, runs on the same number of BLAS threads."""
+    import threading
+
+    from minillm.measure.threads import blas_threads, limited
+
+    before, seen = blas_threads(), []
+    with limited(2):
+        worker = threading.Thread(target=lambda: seen.append(blas_threads()))
+        worker.start()
+        worker.join()
+    assert seen == [2] and blas_threads() == before
