@@ -117,66 +117,6 @@ def run_quant_bench(source, formats: list[str], *, context: int = 16, prefill: i
             "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
 
 
-def run(args, hw) -> int:
-    import json
-
-    from rich import box
-    from rich.markup import escape
-    from rich.progress import Progress
-    from rich.table import Table
-
-    from ..ui.report import console, fmt_bytes
-    from .threads import blas_kernel, blas_name, blas_threads
-
-    formats = parse_formats(args.weights)
-    source = args.model or "random-124m"
-    context = parse_first_context(args.contexts)
-    with Progress(console=console(stderr=True), transient=True, disable=args.json) as bar:
-        task = bar.add_task(f"weights {', '.join(formats)}", total=args.repeats * len(formats))
-        result = run_quant_bench(source, formats, context=context, repeats=args.repeats,
-                                 progress=lambda: bar.advance(task))
-    bw = hw.bandwidth_gbs
-    for r in result["rows"]:
-        r["ceiling_tok_s"] = bw * 1e9 / r["step_bytes"]
-        r["of_ceiling"] = r["tok_s"] / r["ceiling_tok_s"]
-    result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(),
-                  machine={"bandwidth_gbs": bw, "llc_bytes": hw.llc_bytes})
-    if args.json:
-        print(json.dumps(result))
-        return 0
-    out = console()
-    t = Table(title=f"{escape(result['model'])}: decode at context {context}, batch 1, by weight format "
-                    f"(medians of {args.repeats} interleaved rounds)", title_justify="left",
-              box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("weights", "bytes/step", "ceiling", "tok/s", "% ceil", "widen ms", "widen %", "prefill"):
-        t.add_column(col, justify="right", no_wrap=True)
-    for r in result["rows"]:
-        t.add_row(r["weights"], fmt_bytes(r["step_bytes"]), f"{r['ceiling_tok_s']:.0f}/s", f"{r['tok_s']:.1f}",
-                  f"{100 * r['of_ceiling']:.0f}%", f"{r['widen_ms']:.1f}" if r["widen_ms"] else "-",
-                  f"{100 * r['widen_share']:.0f}%" if r["widen_ms"] else "-",
-                  f"{result['prefill'] / r['prefill_s']:.0f}/s")
-    out.print(t)
-    out.print("[dim]bytes/step: counted by the meter (quantized matrices at their own size, scales included); "
-              f"ceiling: those bytes at this machine's {bw:.1f} GB/s; widen: turning every quantized weight "
-              f"into floats as a decode step does, alone; prefill: {result['prefill']} tokens[/]")
-    base = next((r for r in result["rows"] if r["weights"] == "float32"), None)
-    for r in result["rows"]:
-        if base is None or r is base:
-            continue
-        verdict = "faster" if r["tok_s"] > base["tok_s"] else "slower"
-        out.print(f"{r['weights']}: {base['step_bytes'] / r['step_bytes']:.1f}× fewer bytes than float32, "
-                  f"decode {r['tok_s'] / base['tok_s']:.2f}× float32's tokens/s ({verdict}); widening alone takes "
-                  f"{r['widen_ms']:.1f} ms, {r['widen_ms'] / base['decode_ms']:.2f}× float32's whole step")
-    llc = hw.llc_bytes
-    if llc and base is not None:
-        out.print(f"[dim]float32 weights {fmt_bytes(base['model_bytes'])} against the last-level cache "
-                  f"{fmt_bytes(llc)}: {'beyond' if base['model_bytes'] > llc else 'within'} it[/]")
-    load_note = f"; load average {result['load_average']:.1f}" if result["load_average"] is not None else ""
-    out.print(f"BLAS: {result['blas']} ({result['blas_kernel']} kernels), {result['threads']} threads; widening: "
-              f"NumPy, one thread, tiles of {TILE_BYTES // 1024} KiB{load_note}")
-    return 0
-
-
 def parse_first_context(text: str) -> int:
     try:
         return int(text.split(",")[0])
