@@ -24,7 +24,7 @@ from ..measure import hardware
 from ..measure.chips import get_chip, roofline
 from ..meter import Meter, totals
 from ..ui import report
-from .common import MODEL_HELP, load_model, note_if_busy, out
+from .common import MODEL_HELP, add_weights, load_model, note_if_busy, out
 
 FP16 = 0.5          # the chip columns assume fp16 weights and activations: half the float32 bytes
 BATCHES = (1, 8, 32)
@@ -38,6 +38,7 @@ def add_arguments(p) -> None:
     p.add_argument("--chip", default="a100", metavar="NAME", help="the chip to compare with (default a100)")
     p.add_argument("--model", default="random-124m", metavar="MODEL",
                    help=MODEL_HELP + " (default: random-124m, GPT-2 small's size, so the weights come from DRAM)")
+    add_weights(p)
 
 
 @dataclass
