@@ -64,8 +64,9 @@ def matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def embedding(wte: np.ndarray, wpe: np.ndarray, ids: np.ndarray, positions) -> np.ndarray:
-    """Token + position embeddings. wte [V, d], wpe [n_ctx, d], ids [N], positions [N] (or the first
-    position, an int, the others following it) -> x [N, d].
+    """Token + position embeddings. wte [V, d], wpe [n_ctx, d], ids [N], positions: the rows of wpe,
+    an index array [N], a slice (one sequence's consecutive positions: a view, no gather) or the
+    first position, an int, the others following it -> x [N, d].
 
     Reads only the rows it gathers: N rows of wte and N rows of wpe.
     """
@@ -73,7 +74,7 @@ def embedding(wte: np.ndarray, wpe: np.ndarray, ids: np.ndarray, positions) -> n
     if np.isscalar(positions):
         pos = wpe[positions:positions + N]   # [N, d]  a slice: one sequence's consecutive positions
     else:
-        pos = wpe[positions]                 # [N, d]  gather: the positions of several sequences
+        pos = wpe[positions]                 # [N, d]  a slice's view, or a gather for several sequences
     x = wte[ids]                             # [N, d]  gather N rows
     x += pos
     m = meter.active()
