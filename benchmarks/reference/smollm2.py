@@ -6,7 +6,8 @@ import them), with the GGUF that `minillm download smollm2-135m` keeps:
     python benchmarks/reference/smollm2.py PATH/TO/SmolLM2-135M-Instruct.Q4_1.gguf weights/tinyshakespeare.txt.gz
 
 It writes tests/fixtures/smollm2/expected.npz (the chat prompt's ids, transformers' greedy answer,
-its float32 logits on prompt + answer) and tests/fixtures/smollm2/tokenizer.json (transformers'
+the 256 largest of its float32 logits at every
+position of prompt + answer, with their ids) and tests/fixtures/smollm2/tokenizer.json (transformers'
 ids for a varied corpus, as its GGUF tokenizer gives them with add_special_tokens=False).
 """
 import gzip
@@ -49,7 +50,10 @@ with torch.no_grad():
             break
     logits = model(seq[None]).logits[0].numpy().astype(np.float32)
 greedy = seq[len(prompt):].numpy()
+TOP = 256                                       # per row, the 256 largest logits: what sampling can reach
+top_ids = np.argsort(-logits, axis=1)[:, :TOP]
 np.savez_compressed(out / "expected.npz", chat_text=np.array(text), input_ids=prompt.numpy(),
-                    greedy_ids=greedy, logits=logits)
+                    greedy_ids=greedy, top_ids=top_ids.astype(np.int32),
+                    top_logits=np.take_along_axis(logits, top_ids, axis=1))
 print(repr(text))
 print(repr(tok.decode(greedy)))
