@@ -30,13 +30,13 @@ from typing import Iterator
 
 import numpy as np
 
-from .. import meter
+from functools import partial
+
 from ..config import LlamaConfig
-from ..errors import PromptError, WeightsError
-from ..cache.contiguous import KVCache, PassKV
-from ..cache.paged import DecodeBatch
+from ..errors import WeightsError
 from . import ops
-from .gpt2 import GPT2, Span, merge_heads
+from .base import CausalLM
+from .gpt2 import merge_heads
 
 Block = dict   # one block's parameters, fused names (see `fuse_block`)
 
@@ -122,26 +122,11 @@ def split_qkv(qkv: np.ndarray, H: int, Hkv: int) -> tuple[np.ndarray, np.ndarray
     return heads[:H], heads[H:H + Hkv], heads[H + Hkv:]
 
 
-def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, spans, layer: int) -> np.ndarray:
-    """Store each sequence's new keys and values in its cache; its queries attend over all its
-    positions. q [H, N, hd], k, v [Hkv, N, hd] -> [N, H·hd].
-    spans: one Span per sequence, or a DecodeBatch (B decode tokens of one paged pool as one gather)."""
-    if isinstance(spans, DecodeBatch):
-        spans.write(layer, k, v)
-        k_all, v_all = spans.read(layer)                                     # [Hkv, B, T, hd]
-        return merge_heads(ops.decode_attention(q, k_all, v_all, spans.mask, spans.lengths))
-    out = []
-    for s in spans:
-        rows = slice(s.r0, s.r0 + s.n)
-        s.cache.write(layer, s.pos, k[:, rows], v[:, rows])
-        k_all, v_all = s.cache.read(layer, s.pos + s.n)                      # [Hkv, pos+n, hd]
-        out.append(merge_heads(ops.attention(q[:, rows], k_all, v_all)))     # [n, H·hd]
-    return out[0] if len(out) == 1 else np.concatenate(out)
-
-
 def self_attention(x: np.ndarray, p: Block, c: LlamaConfig, cos: np.ndarray, sin: np.ndarray,
-                   spans, layer: int) -> np.ndarray:
-    """Grouped-query attention with rotary positions. x [N, d], cos/sin [N, hd/2] -> [N, d]."""
+                   attend) -> np.ndarray:
+    """Grouped-query attention with rotary positions. x [N, d], cos/sin [N, hd/2] -> [N, d].
+    `attend(q, k, v)` stores the new keys and values and lets each sequence's queries attend over
+    its own positions (the step's plan, models/plan.py)."""
     qkv = ops.linear(x, p["qkv.weight"], p.get("qkv.bias"))                 # [N, (H + 2·Hkv)·hd]
     q, k, v = split_qkv(qkv, c.n_head, c.n_kv_head)                         # [H|Hkv, N, hd]
     if c.qk_norm:                                                           # Qwen3: per-head norms
@@ -149,7 +134,7 @@ def self_attention(x: np.ndarray, p: Block, c: LlamaConfig, cos: np.ndarray, sin
         k = ops.rms_norm(k, p["k_norm.weight"], c.eps)
     q = ops.rope(q, cos, sin)                                               # [H, N, hd]
     k = ops.rope(k, cos, sin)                                               # [Hkv, N, hd]
-    a = attend(q, k, v, spans, layer)                                       # [N, H·hd]
+    a = merge_heads(attend(q, k, v))                                        # [N, H·hd]
     return ops.linear(a, p["o_proj.weight"], p.get("o_proj.bias"))          # [N, d]
 
 
@@ -159,21 +144,18 @@ def mlp(x: np.ndarray, p: Block) -> np.ndarray:
     return ops.linear(ops.swiglu(h), p["down_proj.weight"], p.get("down_proj.bias"))   # [N, d]
 
 
-def transformer_block(x: np.ndarray, p: Block, c: LlamaConfig, cos, sin, spans, layer: int) -> np.ndarray:
+def transformer_block(x: np.ndarray, p: Block, c: LlamaConfig, cos, sin, attend) -> np.ndarray:
     """Pre-norm residual block. [N, d] -> [N, d]."""
-    x = ops.add(x, self_attention(ops.rms_norm(x, p["input_layernorm.weight"], c.eps), p, c, cos, sin,
-                                  spans, layer))
+    x = ops.add(x, self_attention(ops.rms_norm(x, p["input_layernorm.weight"], c.eps), p, c, cos, sin, attend))
     x = ops.add(x, mlp(ops.rms_norm(x, p["post_attention_layernorm.weight"], c.eps), p))
     return x
 
 
 # -- the model ----------------------------------------------------------------------------------------
 
-class Llama(GPT2):
+class Llama(CausalLM):
     """A Llama-family model: a config and checkpoint tensors (Hugging Face names without `model.`).
-
-    Shares GPT-2's one way in (`step`) and its special cases (`forward`, `prefill`, `decode_step`):
-    only the blocks, the embedding and the head differ."""
+    Shares GPT-2's one way in (`CausalLM.step`) and its special cases: only `run` and `head` differ."""
 
     def __init__(self, config: LlamaConfig, tensors: dict[str, np.ndarray], *, name: str = "",
                  dtype=None, eos_ids: tuple[int, ...] = ()) -> None:
@@ -182,6 +164,7 @@ class Llama(GPT2):
         self.name = name or f"{c.arch}-{c.n_layer}x{c.n_embd}"
         self.dtype = dtype
         self.eos_ids = tuple(eos_ids)
+        self.tokenizer = None                                                             # set by the loader
         head = tensors["embed_tokens.weight"] if c.tied else tensors["lm_head.weight"]    # [V, d]
         self.wte_t = np.ascontiguousarray(np.asarray(head).T, dtype=dtype)                # [d, V]: the head
         embed = self.wte_t.T if c.tied else np.asarray(tensors["embed_tokens.weight"], dtype=dtype)
@@ -195,74 +178,17 @@ class Llama(GPT2):
             self.params.update({f"layers.{i}.{k}": v for k, v in p.items()})
         self.cos, self.sin = ops.rope_tables(c.n_ctx, c.head_dim, c.theta, dtype)        # [n_ctx, hd/2]
 
-    def _step(self, batch, scores, kind: str | None) -> list:
-        if not batch:
-            raise PromptError("a step needs at least one sequence")
-        wants = [scores] * len(batch) if scores is None or isinstance(scores, str) else list(scores)
-        if len(wants) != len(batch) or any(w not in ("last", "all", None) for w in wants):
-            raise ValueError(f"scores={scores!r}: 'last', 'all', None, or one of those per sequence")
-        caches = [cache for _, cache in batch]
-        if len({id(c) for c in caches}) != len(caches):
-            raise PromptError("the same KV cache appears twice in one step: each sequence needs its own")
-        chunks = [self.check_ids(ids, cache.length) for ids, cache in batch]
-        for ids, cache in zip(chunks, caches):
-            cache.reserve(ids.size)
-        spans, r0 = [], 0
-        for ids, cache in zip(chunks, caches):
-            spans.append(Span(r0, ids.size, cache.length, cache))
-            r0 += ids.size
-        ids = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
-        positions = np.concatenate([np.arange(s.pos, s.pos + s.n) for s in spans])
-        if kind is None:
-            decode = all(s.n == 1 and s.pos > 0 for s in spans)
-            kind = "decode" if decode else "prefill" if all(s.n > 1 or s.pos == 0 for s in spans) else "mixed"
-        with meter.step(kind, spans[0].pos, r0, attended=max(s.pos + s.n for s in spans),
-                        seqs=[(s.pos, s.n) for s in spans]):
-            x = self.run(ids, positions, self.decode_batch(spans) or spans)     # [N, d]
-            for s in spans:
-                s.cache.advance(s.n)
-            return self.head(x, spans, wants)
-
-    def run(self, ids: np.ndarray, positions: np.ndarray, spans) -> np.ndarray:
-        """Embeddings, then every block (not the final norm). ids, positions [N] -> x [N, d]."""
-        x = ops.token_embedding(self.wte, ids)                                 # [N, d]
-        cos, sin = self.cos[positions], self.sin[positions]                     # [N, hd/2] each
+    def run(self, plan) -> np.ndarray:
+        """Embeddings, then every block (not the final norm). plan.ids, plan.positions [N] -> x [N, d]."""
+        x = ops.token_embedding(self.wte, plan.ids)                                # [N, d]
+        cos, sin = self.cos[plan.positions], self.sin[plan.positions]              # [N, hd/2] each
         for layer, p in enumerate(self.blocks):
-            x = transformer_block(x, p, self.config, cos, sin, spans, layer)    # [N, d]
+            x = transformer_block(x, p, self.config, cos, sin, partial(plan.attend, layer))   # [N, d]
         return x
 
-    def head(self, x: np.ndarray, spans: list[Span], wants: list) -> list:
-        """The final RMS norm and the LM head on the scored rows only. x [N, d] -> logits per sequence."""
-        rows = []
-        for s, w in zip(spans, wants):
-            if w == "last":
-                rows.append(s.r0 + s.n - 1)
-            elif w == "all":
-                rows.extend(range(s.r0, s.r0 + s.n))
-        if not rows:
-            return [None] * len(spans)
-        h = x[rows] if len(rows) < x.shape[0] else x                           # [S, d]
-        logits = ops.lm_head(ops.rms_norm(h, self.norm, self.config.eps), self.wte_t.T)   # [S, V]
-        out, i = [], 0
-        for s, w in zip(spans, wants):
-            if w is None:
-                out.append(None)
-            elif w == "last":
-                out.append(logits[i])
-                i += 1
-            else:
-                out.append(logits[i:i + s.n])
-                i += s.n
-        return out
-
-    def hidden(self, ids, cache=None, pos: int = 0) -> np.ndarray:
-        ids = np.asarray(ids, dtype=np.intp)
-        spans = [Span(0, ids.size, pos, cache if cache is not None else PassKV())]
-        x = self.run(ids, np.arange(pos, pos + ids.size), spans)
-        return ops.rms_norm(x, self.norm, self.config.eps)
-
-    def new_cache(self) -> KVCache:
-        return KVCache(self.config, self.dtype)
+    def head(self, h: np.ndarray) -> np.ndarray:
+        """The final RMS norm and the LM head, on the scored rows. h [S, d] -> logits [S, V]."""
+        return ops.lm_head(ops.rms_norm(h, self.norm, self.config.eps), self.wte_t.T)
 
     def __repr__(self) -> str:
         c = self.config
