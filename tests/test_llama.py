@@ -208,3 +208,28 @@ def test_sentencepiece_tokenizer_is_refused(tmp_path):
 def test_gpt2_models_keep_gpt2s_tokenizer():
     assert minillm.tokenizer().encode("Hello world") == [15496, 995]
     assert minillm.tokenizer(minillm.load("random-tiny")).encode("Hello world") == [15496, 995]
+
+
+def test_shapes_give_kv_bytes_per_token():
+    from minillm.measure.shapes import SHAPES, kv_bytes_per_token, sequences_that_fit, shape
+    assert kv_bytes_per_token(shape("gpt2-124m"), 4) == 73_728
+    s = shape("smollm2-135m")
+    assert kv_bytes_per_token(s, 4) == 46_080
+    assert kv_bytes_per_token(s, 4) * s["n_head"] // s["n_kv_head"] == 138_240
+    assert SHAPES["smollm2-135m"].n_params() == 134_515_008                  # the GGUF's own count
+    l2, l3 = shape("llama-2-7b"), shape("llama-3-8b")
+    assert kv_bytes_per_token(l2, 2) == 4 * kv_bytes_per_token(l3, 2)        # 32 KV heads against 8
+    assert sequences_that_fit(l3, 8192, 2, 80e9) > 3 * sequences_that_fit(l2, 8192, 2, 80e9)
+    with pytest.raises(MiniLLMError, match="Did you mean llama-3-8b"):
+        shape("llama-8b")
+
+
+def test_hardware_shape_command():
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "minillm", "hardware", "--chip", "a100", "--shape", "llama-3-8b",
+                           "--context", "8192"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "128 KiB (512 KiB with a KV head per query head)" in done.stdout
+    assert "sequences of 8,192 tokens whose KV fits beside the weights in 80 GB: 59" in done.stdout
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80

@@ -18,6 +18,7 @@ model (`roofline`, `decode_ceiling`); this module caches the measurement (`machi
 from __future__ import annotations
 
 import argparse
+import re
 import contextlib
 import json
 import math
@@ -246,6 +247,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `minillm hardware`."""
     parser.add_argument("--chip", metavar="NAME", help=f"a known chip: {', '.join(PRESETS)}")
     parser.add_argument("--params", metavar="N", help="model size for the decode ceiling: 7B, 124M, 1.5e9, ...")
+    parser.add_argument("--shape", metavar="NAME", help="a model shape by name (llama-3-8b, llama-2-7b, mistral-7b, "
+                        "qwen2.5-7b, smollm2-135m, gpt2-124m, ...): weights and KV bytes per token from it")
+    parser.add_argument("--context", type=int, default=None, metavar="T",
+                        help="with --shape: tokens in the KV cache for the decode step (default: the shape's context)")
     parser.add_argument("--dtype", default="fp16", choices=list(BYTES_PER_ELEMENT),
                         help="bytes per weight for the decode ceiling (default fp16)")
     parser.add_argument("--remeasure", action="store_true", help="measure this machine again, replacing the cache")
@@ -284,6 +289,8 @@ def _run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     # Check the user's input before spending seconds on measuring.
+    if getattr(args, "shape", None):
+        return _run_shape(args)
     chip = get_chip(args.chip) if args.chip else None
     n_params = parse_count(args.params) if args.params else None
     dtype = _dtype_key(args.dtype)
@@ -364,4 +371,38 @@ def _run(args: argparse.Namespace) -> int:
             f"about {c['tokens_per_s']:,.0f} tokens/s, whatever the compute.",
             soft_wrap=True,
         )
+    return 0
+
+
+def _run_shape(args: argparse.Namespace) -> int:
+    """`minillm hardware --shape NAME [--chip C] [--context T]`: a decode step's bytes from the shape."""
+    from rich.console import Console
+    from .shapes import decode_step_bytes, kv_bytes_per_token, sequences_that_fit, shape
+    s = shape(args.shape)
+    if args.params:
+        raise MiniLLMError("--params and --shape both give the model's size: choose one")
+    context = args.context if args.context is not None else s["n_ctx"]
+    if context < 1:
+        raise MiniLLMError(f"--context {context}: must be at least 1")
+    b = BYTES_PER_ELEMENT[_dtype_key(args.dtype)]
+    hw = get_chip(args.chip) if args.chip else machine(progress=True)
+    step = decode_step_bytes(s, context, b)
+    kv_tok = kv_bytes_per_token(s, b)
+    mha = kv_tok * s["n_head"] / s["n_kv_head"]
+    ms = step["total"] / (hw.bandwidth_gbs * 1e9) * 1e3
+    out = [f"{s['name']} ({args.dtype}): {s['n_params'] / 1e9:.2f}B params, {s['n_layer']} layers, "
+           f"{s['n_head']} heads, {s['n_kv_head']} KV heads of {s['head_dim']}",
+           f"  KV per token: 2·L·Hkv·hd·b = {kv_tok / 1024:,.0f} KiB"
+           + (f" ({mha / 1024:,.0f} KiB with a KV head per query head)" if mha != kv_tok else ""),
+           f"  weights per decode step: {step['weights'] / 1e9:,.2f} GB",
+           f"  KV read at context {context:,}: {step['kv'] / 1e9:,.2f} GB "
+           f"({step['kv'] / step['weights']:.0%} of the weights)",
+           f"  decode, batch 1, on {hw.name} ({_sig(hw.bandwidth_gbs)} GB/s): {ms:,.2f} ms/token, "
+           f"~{1e3 / ms:,.0f} tokens/s"]
+    gb = re.search(r"(\d+)gb", hw.name)
+    if gb:
+        n = sequences_that_fit(s, context, b, int(gb.group(1)) * 1e9)
+        out.append(f"  sequences of {context:,} tokens whose KV fits beside the weights in "
+                   f"{gb.group(1)} GB: {n:,}")
+    Console().print("\n".join(out), highlight=False, soft_wrap=True)
     return 0
