@@ -157,6 +157,8 @@ class Llama(CausalLM):
     """A Llama-family model: a config and checkpoint tensors (Hugging Face names without `model.`).
     Shares GPT-2's one way in (`CausalLM.step`) and its special cases: only `run` and `head` differ."""
 
+    MATRICES = ("qkv.weight", "o_proj.weight", "gate_up.weight", "down_proj.weight")   # a block's products
+
     def __init__(self, config: LlamaConfig, tensors: dict[str, np.ndarray], *, name: str = "",
                  dtype=None, eos_ids: tuple[int, ...] = ()) -> None:
         c = self.config = config
