@@ -10,7 +10,6 @@ this machine's measured bandwidth (`minillm hardware`, when it has been measured
 from __future__ import annotations
 
 import sys
-import time
 
 import numpy as np
 from rich.markup import escape
@@ -57,21 +56,22 @@ def answer(model, cache, held: list[int], ids: list[int], max_new: int, pick, on
 
 
 def counters_line(m: Meter) -> str:
+    """One line (under 80 columns) of what the step counters saw in this answer."""
     pre = [s for s in m.steps if s.kind == "prefill"]
     dec = [s for s in m.steps if s.kind == "decode"]
-    parts = [f"prefill {sum(s.n_tokens for s in pre)} tokens in {sum(s.seconds for s in pre) * 1e3:.0f} ms"]
+    line = f"prefill {sum(s.n_tokens for s in pre)} tok {sum(s.seconds for s in pre) * 1e3:.0f} ms"
     if dec:
         secs = sum(s.seconds for s in dec)
         gbs = sum(s.total_bytes for s in dec) / secs / 1e9
-        parts.append(f"decode {len(dec) / secs:.1f} tok/s, {gbs:.2f} GB/s")
+        line += f" | decode {len(dec) / secs:.1f} tok/s, {gbs:.2f} GB/s"
         try:
             from ..measure.hardware import cache_path, _load_cached
             hw = _load_cached(cache_path(), want_full=False)
         except Exception:       # no figures yet: the share is left out, not guessed
             hw = None
         if hw is not None:
-            parts.append(f"{gbs / hw.bandwidth_gbs:.0%} of the measured {hw.bandwidth_gbs:.1f} GB/s")
-    return ", ".join(parts)
+            line += f" = {gbs / hw.bandwidth_gbs:.0%} of {hw.bandwidth_gbs:.1f} GB/s measured"
+    return line
 
 
 def run(args) -> int:
@@ -103,11 +103,10 @@ def run(args) -> int:
             continue
         ids = chat.prompt_ids(line)
         stream = TextStream(model, skip=model.eos_ids)
-        t0 = time.perf_counter()
         with Meter() as m:
             new, held = answer(model, cache, held, ids, args.max_new_tokens, pick, stream)
         stream.close()
         sys.stdout.write("\n")
         sys.stdout.flush()
         chat.answered(tok.decode([t for t in new if t not in model.eos_ids]))
-        err.print(f"[dim]{escape(counters_line(m))}; {time.perf_counter() - t0:.1f} s[/]")
+        err.print(f"[dim]{escape(counters_line(m))}[/]")
