@@ -110,7 +110,12 @@ def from_gguf_metadata(md: dict, where) -> ModelTokenizer:
                            f"{', '.join(PRE_TOKENIZERS)}")
     tokens = md.get("tokenizer.ggml.tokens") or []
     merges = md.get("tokenizer.ggml.merges") or []
-    types = md.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    types = md.get("tokenizer.ggml.token_type") or [1] * len(tokens) if isinstance(tokens, list) else []
+    if not (isinstance(tokens, list) and tokens and all(isinstance(t, str) for t in tokens)
+            and isinstance(merges, list) and all(isinstance(m, str) and " " in m for m in merges)
+            and isinstance(types, list) and len(types) == len(tokens)):
+        raise WeightsError(f"{where}: the tokenizer's tokens, merges or token types are missing or damaged; "
+                           "re-download the file")
     vocab = {t: i for i, t in enumerate(tokens)}
     try:
         pairs = [tuple(m.split(" ", 1)) for m in merges]

@@ -129,7 +129,7 @@ def test_unknown_architecture_and_missing_tensors_are_named(tmp_path):
 
 
 @settings(max_examples=40)
-@given(cut=st.floats(0.0, 0.999), flips=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)),
+@given(cut=st.floats(0.0, 0.999), flips=st.lists(st.tuples(st.integers(0, 6000), st.integers(0, 255)),
                                                   max_size=4))
 def test_damaged_gguf_is_one_clear_error(tiny_gguf, tmp_path_factory, cut, flips):
     data = bytearray(tiny_gguf.read_bytes())
@@ -141,8 +141,8 @@ def test_damaged_gguf_is_one_clear_error(tiny_gguf, tmp_path_factory, cut, flips
     path.write_bytes(bytes(data))
     try:
         minillm.load(path)
-    except MiniLLMError as e:
-        assert "\n" not in str(e) and str(path) in str(e) or "bad.gguf" in str(e)
+    except MiniLLMError as e:                  # one line naming the file; anything else fails the test
+        assert "\n" not in str(e) and "bad.gguf" in str(e)
 
 
 def test_lying_counts_are_refused_before_reading(tmp_path):

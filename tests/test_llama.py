@@ -233,3 +233,24 @@ def test_hardware_shape_command():
     assert "128 KiB (512 KiB with a KV head per query head)" in done.stdout
     assert "sequences of 8,192 tokens whose KV fits beside the weights in 80 GB: 59" in done.stdout
     assert max(len(line) for line in done.stdout.splitlines()) <= 80
+
+
+@settings(max_examples=6)
+@given(c=configs(), seed=st.integers(0, 10**6), policy=st.sampled_from(["continuous", "static", "sequential"]),
+       prefix=st.booleans(), block_size=st.sampled_from([2, 4, 16]))
+def test_engine_policies_and_prefix_cache_equal_alone(c, seed, policy, prefix, block_size):
+    """Every scheduler policy, with and without prefix caching (requests share a prefix), gives
+    each request what plain greedy decode gives it alone; a stop id ends a request early."""
+    from minillm.engine.engine import Engine
+    model = build(c, np.float64)
+    rng = np.random.default_rng(seed)
+    shared = rng.integers(0, c.vocab_size, 9).tolist()
+    prompts = [shared + rng.integers(0, c.vocab_size, n).tolist() for n in (1, 4, 2)]
+    alone = [minillm.generate(model, p, 5) for p in prompts]
+    engine = Engine(model, num_blocks=64, block_size=block_size, prefix_cache=prefix, policy=policy)
+    stop = alone[0][2]
+    reqs = [engine.add_request(p, 5, stop_ids=(stop,) if i == 0 else ()) for i, p in enumerate(prompts)]
+    engine.run()
+    first = alone[0][:alone[0].index(stop) + 1]
+    assert reqs[0].output == first and reqs[0].finish_reason == "stop"
+    assert [r.output for r in reqs[1:]] == alone[1:]
