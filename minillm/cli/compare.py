@@ -61,7 +61,7 @@ def _compare(args) -> int:
     ids = encode_prompt(model, args.prompt, args.max_new_tokens)
     draft = load_draft(args.draft, model)
     hw = hardware.machine(progress=True)
-    enc = tokenizer()
+    enc = tokenizer(model)
     generate(model, ids, min(2, args.max_new_tokens))   # warm-up: first touches of weights and cache pages
     runs = {}
     for path, kv in (("cached", True), ("naive", False)):
