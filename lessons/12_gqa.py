@@ -59,17 +59,17 @@ def kv_per_token(L: Lesson) -> None:
     smol = SHAPES["smollm2-135m"]
     mha = Llama_like(smol, n_kv_head=smol.n_head)
     rows = [("GPT-2 124M", gpt2, gpt2.n_params()), ("SmolLM2-135M", smol, smol.n_params()),
-            ("SmolLM2, every head kept", mha, mha.n_params())]
+            ("SmolLM2 as MHA", mha, mha.n_params())]
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("model", "params", "layers", "heads / KV heads", "hd", "KV bytes per token (float32)"):
+    for col in ("model", "params", "layers", "heads/KV", "hd", "KV bytes/token"):
         t.add_column(col, justify="right", no_wrap=True)
     per = {}
     for name, c, n in rows:
         per[name] = KVCache(_small_ctx(c)).bytes_per_token()
         t.add_row(name, f"{n / 1e6:.0f}M", str(c.n_layer), f"{c.n_head} / {c.n_kv_head}", str(c.head_dim),
                   f"{per[name]:,}")
-    L.show(t)
-    g, s, m = per["GPT-2 124M"], per["SmolLM2-135M"], per["SmolLM2, every head kept"]
+    L.show(t, "[dim]float32; MHA: a key/value head for every query head[/]")
+    g, s, m = per["GPT-2 124M"], per["SmolLM2-135M"], per["SmolLM2 as MHA"]
     L.claim(s == 2 * 30 * 3 * 64 * 4 and g == 2 * 12 * 768 * 4,
             f"the caches allocate 2·L·Hkv·hd·4 bytes per token: {g:,} for GPT-2, {s:,} for SmolLM2")
     L.claim(s < g < m, f"SmolLM2 has {smol.n_layer / gpt2.n_layer:.1f}× GPT-2's layers, yet its KV per token is "
@@ -140,7 +140,7 @@ def batch_limit(L: Lesson) -> None:
     chip = CHIPS["a100-80gb"]
     ctx, b = 4096, 2
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("model (fp16)", "weights", "KV per token", f"KV per {ctx:,}-token seq", "seqs in 80 GB"):
+    for col in ("model (fp16)", "weights", "KV/token", "KV/seq", "seqs in 80 GB"):
         t.add_column(col, justify="right", no_wrap=True)
     fit = {}
     for name in ("llama-2-7b", "llama-3-8b"):
@@ -148,7 +148,7 @@ def batch_limit(L: Lesson) -> None:
         fit[name] = sequences_that_fit(s, ctx, b, 80e9)
         t.add_row(name, fmt_bytes(s["n_params"] * b), fmt_bytes(kv_bytes_per_token(s, b)),
                   fmt_bytes(ctx * kv_bytes_per_token(s, b)), f"{fit[name]:,}")
-    L.show(t, f"[dim]{chip.name}: {chip.bandwidth_gbs:,.0f} GB/s ({chip.source})[/]")
+    L.show(t, f"[dim]{ctx:,} tokens per sequence; {chip.name}, {chip.source}[/]")
     L.claim(fit["llama-3-8b"] > 3 * fit["llama-2-7b"],
             f"at {ctx:,} tokens each, {fit['llama-3-8b']} Llama-3-8B sequences fit beside the weights against "
             f"{fit['llama-2-7b']} of Llama-2-7B: {fmt_x(fit['llama-3-8b'] / fit['llama-2-7b'])}, a bigger batch "
