@@ -146,7 +146,7 @@ def test_meter_closed_forms_of_a_decode_step(c, dtype, t):
     norms = 4 * (2 * d + (H + Hkv) * hd * c.qk_norm)                # two RMS norms of d, q/k norms per head
     rope = 3 * (H + Hkv) * hd
     softmax = 5 * H * T + H * hd                                    # + the query scaling
-    other = L * (biases + norms + rope + 5 * F + 2 * d + softmax) + 4 * d
+    other = L * (biases + norms + rope + 6 * F + 2 * d + softmax) + 4 * d
     assert s.flops["other"] == other
 
 

@@ -130,10 +130,12 @@ def self_attention(x: np.ndarray, p: Block, c: LlamaConfig, cos: np.ndarray, sin
     qkv = ops.linear(x, p["qkv.weight"], p.get("qkv.bias"))                 # [N, (H + 2·Hkv)·hd]
     q, k, v = split_qkv(qkv, c.n_head, c.n_kv_head)                         # [H|Hkv, N, hd]
     if c.qk_norm:                                                           # Qwen3: per-head norms
-        q = ops.rms_norm(q, p["q_norm.weight"], c.eps)
-        k = ops.rms_norm(k, p["k_norm.weight"], c.eps)
-    q = ops.rope(q, cos, sin)                                               # [H, N, hd]
-    k = ops.rope(k, cos, sin)                                               # [Hkv, N, hd]
+        qk = np.concatenate([ops.rms_norm(q, p["q_norm.weight"], c.eps),
+                             ops.rms_norm(k, p["k_norm.weight"], c.eps)])   # [H + Hkv, N, hd]
+    else:
+        qk = qkv.reshape(qkv.shape[0], -1, c.head_dim)[:, :c.n_head + c.n_kv_head].transpose(1, 0, 2)
+    qk = ops.rope(qk, cos, sin)                                             # q and k turned in one pass
+    q, k = qk[:c.n_head], qk[c.n_head:]                                     # [H, N, hd], [Hkv, N, hd]
     a = merge_heads(attend(q, k, v))                                        # [N, H·hd]
     return ops.linear(a, p["o_proj.weight"], p.get("o_proj.bias"))          # [N, d]
 

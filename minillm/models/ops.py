@@ -250,8 +250,8 @@ def lm_head(x: np.ndarray, wte: np.ndarray) -> np.ndarray:
 # -- the Llama family's operations (models/llama.py) --------------------------------------------------
 #
 # FLOP conventions, as above, per element of output: RMS norm 4 (square, sum, normalise, scale),
-# rotary embedding 3 (two products and a sum per rotated coordinate), SwiGLU 5 (silu's negate, exp,
-# add and divide, then the product with the up projection).
+# rotary embedding 3 (two products and a sum per rotated coordinate), SwiGLU 6 (sigmoid as halve,
+# tanh, add, halve; the product with the gate, then with the up projection).
 
 
 def token_embedding(wte: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -305,17 +305,18 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 
 def swiglu(gate_up: np.ndarray) -> np.ndarray:
-    """The SwiGLU gate: silu(gate) · up, where silu(g) = g / (1 + e^-g).
+    """The SwiGLU gate: silu(gate) · up, where silu(g) = g·sigmoid(g) = g·(1 + tanh(g/2))/2 (the
+    tanh form never overflows, so no floating-point state to switch per call).
     gate_up [N, 2F] (the gate and up projections side by side, one product) -> [N, F]."""
     F = gate_up.shape[-1] // 2
     gate, up = gate_up[:, :F], gate_up[:, F:]               # [N, F] each
-    y = np.negative(gate)
-    with np.errstate(over="ignore"):                        # e^-g overflows to inf for g < -88: silu -> -0
-        np.exp(y, out=y)
+    y = gate * 0.5
+    np.tanh(y, out=y)
     y += 1.0
-    np.divide(gate, y, out=y)                               # silu(gate)
+    y *= 0.5                                                # sigmoid(gate)
+    y *= gate
     y *= up
     m = meter.active()
     if m is not None:
-        m.count("swiglu", activations=gate_up.nbytes + y.nbytes, other=5 * y.size)
+        m.count("swiglu", activations=gate_up.nbytes + y.nbytes, other=6 * y.size)
     return y
