@@ -15,7 +15,7 @@ import numpy as np
 
 from ..config import LLAMA_TYPES, LlamaConfig
 from ..errors import ConfigError, WeightsError
-from ..paths import not_a_regular_file, read_capped
+from ..paths import not_a_regular_file
 from .checkpoint import check_finite
 from .safetensors import read_safetensors
 
@@ -28,9 +28,9 @@ def read_json(path: Path) -> dict:
     if problem is not None:
         raise WeightsError(f"{path}: {problem}")
     try:
-        raw = read_capped(path, MAX_JSON_BYTES)
-        if raw is None:
+        if path.stat().st_size > MAX_JSON_BYTES:         # checked first: reading is then exactly the file
             raise ConfigError(f"{path}: over {MAX_JSON_BYTES:,} bytes, too big for this JSON file")
+        raw = path.read_bytes()
         value = json.loads(raw.decode("utf-8"))
     except OSError as e:
         raise WeightsError(f"{path}: cannot be read ({e.strerror})") from None
