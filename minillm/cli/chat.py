@@ -64,11 +64,8 @@ def counters_line(m: Meter) -> str:
         secs = sum(s.seconds for s in dec)
         gbs = sum(s.total_bytes for s in dec) / secs / 1e9
         line += f" | decode {len(dec) / secs:.1f} tok/s, {gbs:.2f} GB/s"
-        try:
-            from ..measure.hardware import cache_path, _load_cached
-            hw = _load_cached(cache_path(), want_full=False)
-        except Exception:       # no figures yet: the share is left out, not guessed
-            hw = None
+        from ..measure.hardware import cached
+        hw = cached()           # this setup's measured figures; none yet: the share is left out, not guessed
         if hw is not None:
             line += f" = {gbs / hw.bandwidth_gbs:.0%} of {hw.bandwidth_gbs:.1f} GB/s measured"
     return line
