@@ -105,3 +105,14 @@ def test_generate_chat_command_answers_as_transformers(home):
                            "What is the capital of France?"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "The capital of France is Paris."
+
+
+def test_chat_command_keeps_history_and_reports_the_counters(home):
+    env = {**os.environ, "MINILLM_HOME": str(home), "OPENBLAS_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "minillm", "chat", "--model", "smollm2-135m",
+                           "--max-new-tokens", "24"], input="What is the capital of France?\n/exit\n",
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "The capital of France is Paris." in done.stdout
+    line = next(x for x in done.stderr.splitlines() if x.startswith("prefill"))
+    assert line.startswith("prefill 37 tok ") and "tok/s" in line and len(line) <= 80

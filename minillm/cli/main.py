@@ -38,8 +38,8 @@ COMMANDS = [
             "Continue PROMPT with the model, printing tokens as they are generated.", threads=True),
     Command("chat", "cli.chat", "talk to a chat model (e.g. smollm2-135m), streaming, with the counters",
             "Chat in the terminal with a model's own chat template: streaming answers, --system, the history "
-            "kept in the KV cache; after each answer, prefill time, decode tokens/s and GB/s (and the share of the bandwidth `minillm hardware` measured). Ctrl-D or /exit "
-            "leaves.", threads=True),
+            "kept in the KV cache; after each answer, prefill time, decode tokens/s and GB/s, and their share "
+            "of the bandwidth `minillm hardware` measured. Ctrl-D or /exit leaves.", threads=True),
     Command("generate-batch", "cli.batch", "many prompts at once, in shared batched steps",
             "Generate for every prompt in FILE at once: one batched prefill, then one step per token for all "
             "unfinished prompts, each weight read once per step for all of them. --compare also runs them one "
