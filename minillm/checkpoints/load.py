@@ -15,6 +15,7 @@ from ..paths import expand_user, not_a_regular_file, package_weights_dir
 
 RANDOM_SEED = 1234
 DOWNLOADABLE = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+LLAMA_DOWNLOADABLE = ("smollm2-135m",)   # a Llama-family chat model (checkpoints/smollm.py)
 # A small random model for when no bundled model is installed, and for quick tests.
 TINY = GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=256, vocab_size=50257)
 
@@ -25,7 +26,8 @@ BUNDLED = {"small": ("", "minillm-shakespeare"), "large": ("large", "minillm-sha
 
 def model_names() -> list[str]:
     return ["default or small (the bundled model)", "large (the bundled 8-layer model)",
-            *(f"random-{k}" for k in PRESETS), "random-tiny", *DOWNLOADABLE]
+            *(f"random-{k}" for k in PRESETS), "random-tiny", *DOWNLOADABLE, *LLAMA_DOWNLOADABLE,
+            "a Hugging Face llama/qwen2/qwen3 folder", "a .gguf file"]
 
 
 def bundled_dir(which: str = "small") -> Path:
@@ -53,11 +55,9 @@ def load(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = Fa
         raise MiniLLMError(f"weights={weights!r}: choose one of {', '.join(WEIGHTS)} or q4_1")
     if w == "float64":
         dtype, w = np.float64, "float32"
-    if str(source).endswith(".gguf"):                       # a GPT-2 GGUF, as `minillm quantize` writes it
+    if str(source).endswith(".gguf") and _gguf_arch(expand_user(str(source))) == "gpt2":   # as `quantize` writes
         from .gguf_gpt2 import read_gguf
         path = expand_user(str(source))
-        if not path.is_file():
-            raise ModelNotFoundError(f"{source}: no such GGUF file")
         config, params = read_gguf(path, "native" if w in ("native", *FORMATS) else "float32")
         model = GPT2(config, params, name=path.stem)
         if w in FORMATS and model.weights != w:            # another format wanted: from the file's floats
@@ -66,11 +66,22 @@ def load(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = Fa
         return model
     model = load_float(source, dtype=dtype, quiet=quiet)
     if w in FORMATS:
+        if not isinstance(model, GPT2):
+            raise WeightsError(f"{model.name}: --weights {w} quantizes GPT-2 models for now; use --weights float32")
         if model.config.n_embd % 32:
             raise WeightsError(f"{model.name}: width {model.config.n_embd} is not a multiple of 32, the "
                                f"block of {w}; use --weights float32")
         model = GPT2(model.config, quantize_params(model.params, w), name=model.name)
     return model
+
+
+def _gguf_arch(path) -> str | None:
+    """general.architecture of a GGUF file, or None if it cannot be read (the loader then says why)."""
+    try:
+        import gguf
+        return gguf.GGUFReader(str(path)).fields["general.architecture"].contents()
+    except Exception:      # noqa: BLE001  (any unreadable file: the full loader reports it properly)
+        return None
 
 
 def load_float(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = False) -> GPT2:
@@ -104,6 +115,13 @@ def load_float(source: str | Path | None = None, *, dtype=np.float32, quiet: boo
         if source_str.removeprefix("random-") not in (*PRESETS, "tiny"):
             raise ModelNotFoundError(f"unknown model {source_str!r}; choose one of: {', '.join(model_names())}")
         return random_model(source_str, dtype)
+    if source_str in LLAMA_DOWNLOADABLE:
+        from ..checkpoints import smollm
+        from ..checkpoints.llama_load import load_llama
+        where = smollm.find()
+        if where is None:
+            raise ModelNotFoundError(f"{source_str} is not downloaded yet; fetch it with: minillm download {source_str}")
+        return load_llama(where, dtype, name=source_str)
     if source_str in DOWNLOADABLE:
         from ..checkpoints.download import find_downloaded
         where = find_downloaded(source_str)
@@ -120,5 +138,8 @@ def load_float(source: str | Path | None = None, *, dtype=np.float32, quiet: boo
         )
     if problem is not None and problem.startswith("cannot"):   # a name too long, a loop of links, no permission
         raise WeightsError(f"{source_str}: {problem}; choose a checkpoint path or one of: {', '.join(model_names())}")
+    from ..checkpoints.llama_load import load_llama, sniff
+    if sniff(path) is not None:                      # a GGUF file, or a llama/qwen2/qwen3 folder
+        return load_llama(path, dtype)
     config, params = load_checkpoint(path, dtype)
     return GPT2(config, params, name=path.name)
