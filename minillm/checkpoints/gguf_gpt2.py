@@ -11,7 +11,6 @@ converter keeps 1-D tensors (and minillm keeps wpe).
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -53,13 +52,11 @@ def _byte_chars() -> dict[int, str]:
     return chars
 
 
-@lru_cache(maxsize=1)
-def gpt2_vocab() -> tuple[list[str], list[str]]:
+def gpt2_vocab(enc) -> tuple[list[str], list[str]]:
     """(tokens, merges) of GPT-2's tokenizer in the byte-level form GGUF and Hugging Face store.
     Each merge is found from the ranks alone: a token's bytes, merged by BPE with only the ranks
-    below its own, end as exactly two parts, the pair whose merge made it."""
-    from ..tokenizer import tokenizer
-    enc = tokenizer()
+    below its own, end as exactly two parts, the pair whose merge made it. enc: GPT-2's tiktoken
+    encoding (`minillm.tokenizer()`)."""
     ranks = enc._mergeable_ranks
     chars = _byte_chars()
     show = lambda b: "".join(chars[x] for x in b)                         # noqa: E731
@@ -82,8 +79,9 @@ def gpt2_vocab() -> tuple[list[str], list[str]]:
     return tokens, merges
 
 
-def write_gguf(model, path: Path, fmt: str, progress=None) -> None:
-    """The model (its params as they are in memory: quantized or float32) as a GGUF file at path,
+def write_gguf(model, path: Path, fmt: str, enc) -> None:
+    """The model (its params as they are in memory: quantized or float32) and GPT-2's tokenizer `enc`
+    as a GGUF file at path,
     written to a temporary name and renamed, so no half-written file is ever left."""
     import os
     import gguf
@@ -103,7 +101,7 @@ def write_gguf(model, path: Path, fmt: str, progress=None) -> None:
     w.add_block_count(c.n_layer)
     w.add_head_count(c.n_head)
     w.add_layer_norm_eps(c.ln_eps)
-    tokens, merges = gpt2_vocab()
+    tokens, merges = gpt2_vocab(enc)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")
     w.add_token_list(tokens)

@@ -24,6 +24,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from ..checkpoints.gguf_gpt2 import write_gguf
+    from ..tokenizer import tokenizer
 
     path = Path(args.out).expanduser()
     if path.is_dir():
@@ -33,7 +34,7 @@ def run(args) -> int:
     model = load_model(args.source, args.format)
     with err.status(f"writing {escape(str(path))}…"):
         try:
-            write_gguf(model, path, args.format)
+            write_gguf(model, path, args.format, tokenizer())
         except OSError as e:
             raise MiniLLMError(f"cannot write {path}: {e.strerror or e}") from None
     out.print(f"{escape(model.name)}: {model.n_params():,} parameters, {fmt_bytes(model.nbytes())} as "
