@@ -52,6 +52,20 @@ class Handoff:
         return self.k.nbytes + self.v.nbytes
 
 
+def measure_copy_gbps(nbytes: int = 32 * 2**20, rounds: int = 5) -> float:
+    """This machine's copy bandwidth in gigabits per second: the best of a few copies of an nbytes
+    buffer (bytes copied per second, x 8). The default link: moving KV within one machine's memory."""
+    import time
+    src = np.ones(nbytes // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(rounds):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t)
+    return nbytes * 8 / best / 1e9
+
+
 def parse_split(text: str) -> tuple[int, int]:
     """'1:1' -> (1, 1): BLAS threads of the prefill engine and of the decode engine."""
     p, sep, d = text.partition(":")
@@ -191,6 +205,10 @@ class Disaggregated:
         self.inbox.sort(key=lambda x: x.ready_at)
         self.handed.append(h)
 
+    @property
+    def has_work(self) -> bool:
+        return min(self._next_prefill(), self._next_decode()) < float("inf")
+
     def run(self) -> None:
         while self.step():
             pass
@@ -227,6 +245,38 @@ class Disaggregated:
                            split=f"{self.p_threads}:{self.d_threads}")
 
 
+class OnThreads:
+    """An engine whose every step runs on `threads` BLAS threads."""
+
+    def __init__(self, engine: Engine, threads: int | None) -> None:
+        self.engine, self.threads = engine, threads
+
+    @property
+    def has_work(self) -> bool:
+        return self.engine.has_work
+
+    def step(self) -> None:
+        with limited(self.threads):
+            self.engine.step()
+
+
+def run_interleaved(runners: list) -> None:
+    """Step each runner (an engine, OnThreads, Disaggregated) in turn, one step each, until all are
+    done: each keeps its own simulated clock, and a passing load on the machine slows a step of each
+    of them, not the whole run of one."""
+    live = list(runners)
+    while live:
+        for r in list(live):
+            if not r.has_work:
+                live.remove(r)
+                continue
+            e = getattr(r, "engine", r)
+            n, t = len(getattr(e, "steps", ())), getattr(e, "time", None)
+            r.step()
+            if isinstance(e, Engine) and len(e.steps) == n and e.time == t:
+                raise MiniLLMError("the scheduler can run nothing and no request is on its way (a bug)")
+
+
 def _budget(n: int) -> dict:
     """The engine's step-budget keyword, before and after its rename."""
     import inspect
@@ -251,24 +301,38 @@ def run_summary(rows: list[tuple], engines: list[Engine], slo: dict | None, labe
             "fit": [step_fit(e.steps) for e in engines], **extra}
 
 
-def colocated(model, items, *, threads: int, slo: dict | None = None, label: str = "", on_step=None,
-              **engine_kw) -> tuple[dict, Engine]:
-    """The same requests through one engine on `threads` BLAS threads; summarised as the split is."""
-    e = Engine(model, on_step=on_step, **{k: v for k, v in engine_kw.items() if k != "max_batched_tokens"},
-               **_budget(engine_kw.get("max_batched_tokens", 256)))
+def colocated_engine(model, items, *, max_batched_tokens: int = 256, **engine_kw) -> Engine:
+    """One engine with the requests queued (not run)."""
+    e = Engine(model, **engine_kw, **_budget(max_batched_tokens))
     for w in items:
         e.add_request(w.prompt, w.max_tokens, w.sampling, arrival=w.arrival)
-    with limited(threads):
-        e.run()
+    return e
+
+
+def colocated_summary(e: Engine, threads: int | None, slo: dict | None = None, label: str = "") -> dict:
     rows = [(r.arrival, r.token_times, r.done) for r in e.requests.values()]
     return run_summary(rows, [e], slo, label, threads=threads, kv_bytes_moved=0, link_seconds=0.0,
-                       handoffs=0, split="colocated"), e
+                       handoffs=0, split="colocated")
 
 
-def disaggregated(model, items, *, p_threads: int, d_threads: int, link_gbps: float, slo: dict | None = None,
-                  label: str = "", **engine_kw) -> tuple[dict, Disaggregated]:
+def colocated(model, items, *, threads: int, slo: dict | None = None, label: str = "",
+              **engine_kw) -> tuple[dict, Engine]:
+    """The same requests through one engine on `threads` BLAS threads; summarised as the split is."""
+    e = colocated_engine(model, items, **engine_kw)
+    with limited(threads):
+        e.run()
+    return colocated_summary(e, threads, slo, label), e
+
+
+def disaggregated_engines(model, items, *, p_threads: int, d_threads: int, link_gbps: float,
+                          **engine_kw) -> Disaggregated:
     d = Disaggregated(model, p_threads=p_threads, d_threads=d_threads, link_gbps=link_gbps, **engine_kw)
     for w in items:
         d.add(w.prompt, w.max_tokens, w.sampling, arrival=w.arrival)
+    return d
+
+
+def disaggregated(model, items, *, slo: dict | None = None, label: str = "", **kw) -> tuple[dict, Disaggregated]:
+    d = disaggregated_engines(model, items, **kw)
     d.run()
     return d.summary(slo, label), d
