@@ -292,6 +292,8 @@ def run(args) -> int:
         return 0
     out.print(budget_table(results) if args.compare == "budget" else table(results))
     if args.compare == "budget":
+        out.print("[dim]budget: tokens one step may run (none: every prompt whole, no chunking); good/s: "
+                  "requests per second that met every target; met: their share[/]")
         out.print(f"[dim]{escape(setting(args, results[0]))}[/]")
         for line in budget_verdict(results, fit, args.slo_targets):
             out.print(line)
@@ -373,11 +375,10 @@ def disagg_table(results: list[dict]) -> Table:
 def budget_table(results: list[dict]) -> Table:
     """--compare budget: one row per budget, so it fits 80 columns."""
     slo = results[0].get("slo") if results else None
-    cols = [("budget", lambda r: escape(r["policy"].removeprefix("budget "))),
+    cols = [("budget", lambda r: "none" if r["budget"] is None else str(r["budget"])),
             ("tok/s", lambda r: f"{r['output_tokens_per_s']:.1f}"),
             ("TTFT p50", lambda r: _s(r["ttft_p50_s"])), ("p95", lambda r: _s(r["ttft_p95_s"])),
-            ("TBT p95", lambda r: _s(r["tbt_p95_s"])), ("p99", lambda r: _s(r["tbt_p99_s"])),
-            ("TPOT p95", lambda r: _s(r["tpot_p95_s"]))]
+            ("TBT p95", lambda r: _s(r["tbt_p95_s"])), ("p99", lambda r: _s(r["tbt_p99_s"]))]
     if slo:
         cols.append(("good/s", lambda r: f"{r['goodput_rps']:.2f}"))
         cols.append(("met", lambda r: f"{r['slo_met']['all']:.0%}"))

@@ -29,7 +29,7 @@ from ..engine.engine import Engine, Request
 from ..engine.sequence import Sequence
 from ..errors import MiniLLMError
 from ..measure.threads import limited
-from .metrics import latency, step_fit
+from .metrics import latency, per_request, step_fit
 
 
 @dataclass
@@ -46,10 +46,10 @@ class Handoff:
     ready_at: float             # when the last byte arrived at the decode engine
     k: np.ndarray               # [L, Hkv, T, hd]
     v: np.ndarray
+    nbytes: int = 0             # the bytes sent: K and V of every layer and prompt position
 
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+    def __post_init__(self) -> None:
+        self.nbytes = self.k.nbytes + self.v.nbytes
 
 
 def measure_copy_gbps(nbytes: int = 32 * 2**20, rounds: int = 5) -> float:
@@ -120,7 +120,7 @@ class Disaggregated:
 
     def __init__(self, model, *, p_threads: int, d_threads: int, link_gbps: float, kv_memory: int | None = None,
                  num_blocks: int | None = None, block_size: int = 16, max_seqs: int = 16,
-                 max_batched_tokens: int = 256, on_step=None) -> None:
+                 max_batched_tokens: int = 256, on_step=None, keep_kv: bool = False) -> None:
         if not link_gbps > 0:
             raise MiniLLMError(f"--link-gbps {link_gbps}: the link's speed must be above 0 Gb/s")
         kw = dict(kv_memory=kv_memory, num_blocks=num_blocks, block_size=block_size, max_seqs=max_seqs)
@@ -129,6 +129,7 @@ class Disaggregated:
         self.p_threads, self.d_threads = p_threads, d_threads
         self.link_gbps = float(link_gbps)
         self.on_step = on_step
+        self.keep_kv = keep_kv               # keep each handoff's KV after the decode engine took it (tests)
         self.inbox: list[Handoff] = []       # on the link or arrived, not yet taken by the decode engine
         self.handed: list[Handoff] = []      # every handoff made (its KV dropped once taken)
         self.firsts: dict = {}               # request id -> (arrival, first token time, token)
@@ -163,7 +164,8 @@ class Disaggregated:
             if import_kv(e, self.inbox[0]) is None:
                 break
             h = self.inbox.pop(0)
-            h.k = h.v = None                   # the bytes now live in the decode engine's pool
+            if not self.keep_kv:
+                h.k = h.v = None                  # the bytes now live in the decode engine's pool
 
     def step(self) -> bool:
         """One step of whichever engine's clock is behind. False when both are done."""
@@ -238,7 +240,7 @@ class Disaggregated:
             d = self.decode.requests.get(rid)
             done = d is None or d.done
             rows.append((arrival, self.token_times(rid), done))
-        return run_summary(rows, [self.prefill, self.decode], slo, label,
+        return run_summary(rows, [self.prefill, self.decode], slo, label, ids=list(self.order),
                            threads=self.p_threads + self.d_threads,
                            kv_bytes_moved=self.kv_bytes, link_seconds=self.link_seconds,
                            link_gbps=self.link_gbps, handoffs=len(self.handed),
@@ -284,7 +286,8 @@ def _budget(n: int) -> dict:
     return {"max_batched_tokens": n} if "max_batched_tokens" in params else {"max_tokens": n}
 
 
-def run_summary(rows: list[tuple], engines: list[Engine], slo: dict | None, label: str, **extra) -> dict:
+def run_summary(rows: list[tuple], engines: list[Engine], slo: dict | None, label: str, ids=None,
+                **extra) -> dict:
     """Throughput, latency and goodput from each request's (arrival, token times, finished), and
     how busy each engine was (the share of the run its steps took)."""
     start = min((a for a, _, _ in rows), default=0.0)
@@ -298,7 +301,8 @@ def run_summary(rows: list[tuple], engines: list[Engine], slo: dict | None, labe
             **latency(rows, duration, slo or {}),
             "steps": len(steps), "busy": busy,
             "prefill_tokens": sum(s.prefill_tokens for s in steps),
-            "fit": [step_fit(e.steps) for e in engines], **extra}
+            "fit": [step_fit(e.steps) for e in engines],
+            "per_request": per_request(rows, ids if ids is not None else list(range(len(rows)))), **extra}
 
 
 def colocated_engine(model, items, *, max_batched_tokens: int = 256, **engine_kw) -> Engine:
@@ -311,7 +315,7 @@ def colocated_engine(model, items, *, max_batched_tokens: int = 256, **engine_kw
 
 def colocated_summary(e: Engine, threads: int | None, slo: dict | None = None, label: str = "") -> dict:
     rows = [(r.arrival, r.token_times, r.done) for r in e.requests.values()]
-    return run_summary(rows, [e], slo, label, threads=threads, kv_bytes_moved=0, link_seconds=0.0,
+    return run_summary(rows, [e], slo, label, ids=list(e.requests), threads=threads, kv_bytes_moved=0, link_seconds=0.0,
                        handoffs=0, split="colocated")
 
 

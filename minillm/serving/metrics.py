@@ -114,6 +114,17 @@ def latency(per_request: list[tuple], duration: float, slo: dict[str, float]) ->
     return out
 
 
+def per_request(rows: list[tuple], ids: list) -> list[dict]:
+    """Each request's view: its arrival, TTFT, TPOT, its longest gap and the time of every token."""
+    out = []
+    for rid, (a, t, done) in zip(ids, rows):
+        gaps = [y - x for x, y in zip(t, t[1:])]
+        out.append({"id": rid, "arrival_s": a, "finished": bool(done), "tokens": len(t),
+                    "ttft_s": t[0] - a if t else None, "tpot_s": request_tpot(t[0], t[-1], len(t)) if t else None,
+                    "max_gap_s": max(gaps, default=None), "token_times_s": list(t)})
+    return out
+
+
 def worst_stall(steps) -> dict | None:
     """The step with prompt tokens that held the most decoding sequences longest: seconds x decode
     tokens waiting in it (each running sequence waits the whole step for its next token)."""
@@ -188,6 +199,7 @@ def summarize(engine, label: str | None = None, hw=None, slo: dict | None = None
         "kv_waste_by_block_size": {str(k): v for k, v in by_bs.items()},
         "phases": phases(steps, hw),
         "worst_stall": worst_stall(steps),
+        "per_request": per_request([(r.arrival, r.token_times, r.done) for r in reqs], [r.id for r in reqs]),
         "scheduler_overhead_share": 1 - sum(s.record.seconds for s in steps if s.record is not None) / (
             sum(s.seconds for s in steps) or 1.0) if steps and steps[0].record is not None else None,
     }
