@@ -213,3 +213,50 @@ def test_serve_sim_disaggregation_compare(home):
 ])
 def test_serve_sim_bad_targets_and_splits_are_one_clear_line(home, args, words):
     user_error(run(home, "serve-sim", "--model", TINY_A, "--requests", "2", *args), *words)
+
+
+def test_loadgen_slo_against_minillm_serve(tmp_path):
+    import http.client
+    import os
+    import subprocess
+    import sys
+
+    from minillm.serving.prom import parse
+    from test_cli import REPO
+
+    env = dict(os.environ) | {"MINILLM_HOME": str(tmp_path), "MINILLM_FAST": "1"}
+    env.pop("PYTHONPATH", None)
+    p = subprocess.Popen([sys.executable, "-m", "minillm", "serve", "--model", "random-tiny", "--port", "0",
+                          "--kv-memory", "8MB"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         cwd=REPO, env=env)
+    try:
+        line = p.stdout.readline()
+        assert line.startswith("listening on http://127.0.0.1:"), (line, p.stderr.read() if p.poll() else "")
+        url = line.split()[-1]
+        r = subprocess.run([sys.executable, "-m", "minillm", "loadgen", "--url", url, "--requests", "5",
+                            "--rate", "20", "--slo", "ttft=30,tpot=10", "--json"], capture_output=True, text=True,
+                           cwd=REPO, env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        res = json.loads(r.stdout)
+        assert res["ok"] == 5 and res["slo"] == {"ttft": 30.0, "tpot": 10.0}
+        assert res["good_requests"] == 5 and res["slo_met"]["all"] == 1.0        # targets no run misses
+        assert res["goodput_rps"] == pytest.approx(5 / res["wall_s"])
+        assert res["tpot_p50_s"] <= res["tpot_p95_s"]
+        r = subprocess.run([sys.executable, "-m", "minillm", "loadgen", "--url", url, "--requests", "3",
+                            "--rate", "20", "--slo", "ttft=1e-6"], capture_output=True, text=True,
+                           cwd=REPO, env=env, timeout=120)
+        words = " ".join(r.stdout.split())
+        assert r.returncode == 0 and "goodput: 0 of 3 requests met every target" in words, r.stdout + r.stderr
+        bad = subprocess.run([sys.executable, "-m", "minillm", "loadgen", "--url", url, "--slo", "tpot"],
+                             capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
+        assert bad.returncode != 0 and "--slo" in bad.stderr and "Traceback" not in bad.stderr
+        host, port = url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.request("GET", "/metrics")
+        m = parse(conn.getresponse().read().decode())
+        assert m["minillm_time_per_output_token_seconds_count"] >= 5
+        assert m["minillm_time_to_first_token_seconds_count"] >= 8
+        assert 'minillm_time_per_output_token_seconds_bucket{le="0.05"}' in m
+    finally:
+        p.terminate()
+        p.wait(timeout=30)

@@ -175,6 +175,9 @@ class EngineLoop:
             self.metrics.inc("generated_tokens_total", "tokens generated for clients")
             r.events.put(("token", token))
             if req.seq.finished:
+                if r.n_tokens > 1:
+                    self.metrics.observe("time_per_output_token_seconds", "per request: (last token - first "
+                                         "token) / (tokens - 1)", (now - r.first_token_at) / (r.n_tokens - 1))
                 self._finish(r, "stop" if req.seq.output[-1] == EOT else "length")
         self._forget_old()
 
