@@ -11,14 +11,14 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from ..engine.engine import Engine
 from ..engine.scheduler import POLICIES
 from ..errors import MiniLLMError
 from ..measure.hardware import machine
 from ..measure.threads import blas_kernel, blas_threads
-from ..serving.disagg import (OnThreads, _budget, colocated_engine, colocated_summary, disaggregated_engines,
+from ..engine.engine import Engine
+from ..serving.disagg import (OnThreads, colocated_engine, colocated_summary, disaggregated_engines,
                               measure_copy_gbps, parse_split, run_interleaved)
-from ..serving.metrics import SLO_KEYS, parse_slo, step_fit, summarize
+from ..serving.metrics import parse_slo, step_fit, summarize
 from ..serving.workloads import WORKLOADS, WorkItem, load_workload, write_trace
 from ..ui.live import LiveView
 from ..ui.report import fmt_bytes, fmt_flops, fmt_time
@@ -132,7 +132,7 @@ def make_engine(model, items: list[WorkItem], run: dict, args) -> Engine:
     budget = run.get("budget", budget_of(args)) or no_chunking(model, args)
     engine = Engine(model, kv_memory=parse_bytes(args.kv_memory), block_size=run["block_size"],
                     prefix_cache=run["prefix_cache"], policy=run["policy"], max_seqs=args.max_seqs,
-                    **_budget(budget))
+                    max_batched_tokens=budget)
     for w in items:
         engine.add_request(w.prompt, w.max_tokens, w.sampling, arrival=w.arrival)
     return engine

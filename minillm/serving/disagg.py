@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..engine.block_manager import Match
 from ..engine.engine import Engine, Request
-from ..engine.sequence import Sequence
 from ..errors import MiniLLMError
 from ..measure.threads import limited
 from .metrics import latency, per_request, step_fit
@@ -41,6 +41,7 @@ class Handoff:
     max_new_tokens: int
     sampling: object
     rng: object                 # the sequence's own random stream, where it stands after `first`
+    stop_ids: tuple
     arrival: float              # when the request reached the prefill engine
     first_at: float             # when the first token was sampled (prefill engine's clock)
     ready_at: float             # when the last byte arrived at the decode engine
@@ -94,19 +95,19 @@ def import_kv(engine: Engine, h: Handoff) -> Request | None:
     T = len(h.prompt)
     if len(sched.running) >= sched.max_seqs or blocks.blocks_for(T + 1) > blocks.n_free:
         return None
-    seq = Sequence(h.prompt, h.max_new_tokens, h.sampling, arrival=h.arrival)
+    req = engine.new_request(h.prompt, h.max_new_tokens, h.sampling, arrival=h.arrival,
+                             request_id=h.request_id, stop_ids=h.stop_ids)
+    seq = req.seq
     seq.output = [h.first]
     seq.rng = h.rng
-    cache = blocks.admit(seq)              # no prefix cache here: an empty table
-    cache.reserve(T + 1)                   # the prompt's positions and the pending first token's
+    engine.add(req)                        # queued ...
+    sched.waiting.remove(seq)              # ... and taken at once, its KV already computed:
+    blocks.admit(seq, Match())             # blocks for the prompt and the pending first token
+    cache = seq.cache
     for layer in range(h.k.shape[0]):
         cache.write(layer, 0, h.k[layer], h.v[layer])
     cache.advance(T)
-    seq.cache = cache
     sched.running.append(seq)
-    req = Request(h.request_id, seq, h.arrival)
-    engine.requests[h.request_id] = req
-    engine._by_seq[seq.id] = req
     return req
 
 
@@ -124,8 +125,8 @@ class Disaggregated:
         if not link_gbps > 0:
             raise MiniLLMError(f"--link-gbps {link_gbps}: the link's speed must be above 0 Gb/s")
         kw = dict(kv_memory=kv_memory, num_blocks=num_blocks, block_size=block_size, max_seqs=max_seqs)
-        self.prefill = Engine(model, **kw, **_budget(max_batched_tokens))
-        self.decode = Engine(model, **kw, **_budget(max_batched_tokens))
+        self.prefill = Engine(model, **kw, max_batched_tokens=max_batched_tokens)
+        self.decode = Engine(model, **kw, max_batched_tokens=max_batched_tokens)
         self.p_threads, self.d_threads = p_threads, d_threads
         self.link_gbps = float(link_gbps)
         self.on_step = on_step
@@ -199,7 +200,7 @@ class Disaggregated:
         nbytes = k.nbytes + v.nbytes
         link = nbytes * 8 / (self.link_gbps * 1e9)
         h = Handoff(req.id, list(req.seq.prompt), tok, req.seq.max_new_tokens, req.seq.sampling, req.seq.rng,
-                    req.arrival, at, at + link, k, v)
+                    tuple(req.seq.stop_ids), req.arrival, at, at + link, k, v)
         e.abort(req.id)                        # the prefill engine's blocks back at once
         self.kv_bytes += nbytes
         self.link_seconds += link
@@ -279,13 +280,6 @@ def run_interleaved(runners: list) -> None:
                 raise MiniLLMError("the scheduler can run nothing and no request is on its way (a bug)")
 
 
-def _budget(n: int) -> dict:
-    """The engine's step-budget keyword, before and after its rename."""
-    import inspect
-    params = inspect.signature(Engine.__init__).parameters
-    return {"max_batched_tokens": n} if "max_batched_tokens" in params else {"max_tokens": n}
-
-
 def run_summary(rows: list[tuple], engines: list[Engine], slo: dict | None, label: str, ids=None,
                 **extra) -> dict:
     """Throughput, latency and goodput from each request's (arrival, token times, finished), and
@@ -307,7 +301,7 @@ def run_summary(rows: list[tuple], engines: list[Engine], slo: dict | None, labe
 
 def colocated_engine(model, items, *, max_batched_tokens: int = 256, **engine_kw) -> Engine:
     """One engine with the requests queued (not run)."""
-    e = Engine(model, **engine_kw, **_budget(max_batched_tokens))
+    e = Engine(model, **engine_kw, max_batched_tokens=max_batched_tokens)
     for w in items:
         e.add_request(w.prompt, w.max_tokens, w.sampling, arrival=w.arrival)
     return e
