@@ -260,3 +260,30 @@ def test_loadgen_slo_against_minillm_serve(tmp_path):
     finally:
         p.terminate()
         p.wait(timeout=30)
+
+
+def test_the_live_view_marks_the_step_a_long_prefill_stalled_everyone():
+    from rich.console import Console
+
+    from minillm.engine.engine import Engine
+    from minillm.ui.live import LiveView
+
+    model = random_model(CONFIG, 2, dtype=np.float32)
+    import io
+
+    from minillm.ui.live import render
+
+    engine = Engine(model, num_blocks=64, block_size=4, max_batched_tokens=64)
+    for i in range(3):
+        engine.add_request([1 + i, 2, 3], 12, arrival=0.0)
+    engine.add_request(list(range(1, 41)), 2, arrival=1e-9)      # a long prompt among running decodes
+    with LiveView(Console(file=io.StringIO(), width=80, force_terminal=True), title="mixed", fps=1e9) as view:
+        engine.on_step = view
+        engine.run()
+    stalls = [(i, s) for i, s in enumerate(engine.steps, 1) if s.prefill_tokens >= 40 and s.decode_tokens]
+    assert view.stall is not None and view.stall["step"] == stalls[0][0]
+    console = Console(record=True, width=80, force_terminal=False)
+    console.print(render(engine, "mixed", view.stall))
+    text = console.export_text()
+    assert "◆ stall: step" in text and "40 prompt tokens held 3 decodes" in text
+    assert all(len(line) <= 80 for line in text.splitlines())
