@@ -287,3 +287,20 @@ def test_the_live_view_marks_the_step_a_long_prefill_stalled_everyone():
     text = console.export_text()
     assert "◆ stall: step" in text and "40 prompt tokens held 3 decodes" in text
     assert all(len(line) <= 80 for line in text.splitlines())
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_a_handed_off_request_preempted_on_the_decode_engine_is_recomputed_there(temperature):
+    model = random_model(CONFIG, 5, dtype=np.float64)
+    items = [WorkItem(0.0, list(range(1 + i, 9 + i)), 24, temperature, seed=i if temperature else None)
+             for i in range(4)]
+    d = Disaggregated(model, p_threads=1, d_threads=1, link_gbps=100, num_blocks=16, block_size=4,
+                      max_seqs=4, max_batched_tokens=64)
+    for w in items:
+        d.add(w.prompt, w.max_tokens, w.sampling, arrival=w.arrival)
+    d.run()
+    assert d.decode.scheduler.preemptions > 0
+    outs = d.outputs()
+    for rid, w in zip(d.order, items):
+        assert outs[rid] == generate(model, w.prompt, w.max_tokens, temperature=w.temperature, seed=w.seed)
+    assert all(e.blocks.n_free == e.blocks.num_blocks for e in (d.prefill, d.decode))
