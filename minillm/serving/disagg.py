@@ -274,9 +274,9 @@ def run_interleaved(runners: list) -> None:
                 live.remove(r)
                 continue
             e = getattr(r, "engine", r)
-            n, t = len(getattr(e, "steps", ())), getattr(e, "time", None)
+            n, t = getattr(e, "n_steps", None), getattr(e, "time", None)
             r.step()
-            if isinstance(e, Engine) and len(e.steps) == n and e.time == t:
+            if isinstance(e, Engine) and e.n_steps == n and e.time == t:
                 raise MiniLLMError("the scheduler can run nothing and no request is on its way (a bug)")
 
 
