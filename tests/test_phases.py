@@ -194,7 +194,7 @@ def test_serve_sim_disaggregation_compare(home):
     r = ok(run(home, "serve-sim", "--model", TINY_A, "--workload", "mixed", "--requests", "6", "--rate", "50",
                "--compare", "disagg", "--slo", "ttft=0.5,tpot=0.05", "--link-gbps", "100", env=env, timeout=300))
     words = " ".join(r.stdout.split())
-    assert "split 1:1" in words and "KV moved" in words and "busy" in words
+    assert "split 1:1" in words and "KV sent" in words and "busy" in words
     assert all(len(line) <= 80 for line in r.stdout.splitlines())
     r = ok(run(home, "serve-sim", "--model", TINY_A, "--workload", "mixed", "--requests", "6", "--rate", "50",
                "--disaggregate", "1:1", "--json", timeout=300))

@@ -251,8 +251,15 @@ def budget_verdict(results: list[dict], fit: dict | None, slo: dict) -> list[str
                          f"up to {max(0, room):.0f} tokens" + ("" if room > 0 else
                          " (the fixed part alone is longer: no budget meets it on every step here)") + ".")
         hi, lo = best(results, "goodput_rps", True)
-        lines.append(f"Goodput ({slo_text(slo)}) favours {name(hi)} ({hi['goodput_rps']:.2f} req/s, "
-                     f"{hi['slo_met']['all']:.0%} met every target; {name(lo)}: {lo['goodput_rps']:.2f}).")
+        if hi["good_requests"] == 0:
+            met = ", ".join(f"{k.upper()} {max(r['slo_met'][k] for r in results):.0%}" for k in slo)
+            lines.append(f"No budget met every target ({slo_text(slo)}) for any request: goodput 0 at every "
+                         f"budget (the most that met each: {met}).")
+        elif hi["goodput_rps"] == lo["goodput_rps"]:
+            lines.append(f"Goodput ({slo_text(slo)}) is the same at every budget ({hi['goodput_rps']:.2f} req/s).")
+        else:
+            lines.append(f"Goodput ({slo_text(slo)}) favours {name(hi)} ({hi['goodput_rps']:.2f} req/s, "
+                         f"{hi['slo_met']['all']:.0%} met every target; {name(lo)}: {lo['goodput_rps']:.2f}).")
     return lines
 
 
@@ -325,14 +332,14 @@ def disagg(model, items: list[WorkItem], args, hw) -> int:
     budget = budget_of(args)
     runners = []
     if args.compare == "disagg":
-        for b, name in ((budget, f"one, chunks {budget}"), (no_chunking(model, args), "one, no chunks")):
+        for b, name in ((budget, f"one, chunk {budget}"), (no_chunking(model, args), "one, whole")):
             e = colocated_engine(model, items, kv_memory=2 * kv, max_batched_tokens=b, **kw)
             runners.append((name, OnThreads(e, p + d)))
     links = [link] + ([REAL_LINK_GBPS] if args.compare == "disagg" and abs(link - REAL_LINK_GBPS) > 1e-9 else [])
     for g in links:
         split = disaggregated_engines(model, items, p_threads=p, d_threads=d, link_gbps=g, kv_memory=kv,
                                       max_batched_tokens=budget, **kw)
-        runners.append((f"split {p}:{d}, {g:.3g}Gb/s", split))
+        runners.append((f"split {p}:{d} {g:.3g}G", split))
     with err.status(f"serving {len(items)} requests, {len(runners)} ways, interleaved…"):
         run_interleaved([r for _, r in runners])
     results = []
@@ -357,16 +364,19 @@ def disagg_table(results: list[dict]) -> Table:
     """One row per run, so it fits 80 columns."""
     slo = results[0].get("slo") if results else None
     cols = [("run", lambda r: escape(r["label"])), ("tok/s", lambda r: f"{r['output_tokens_per_s']:.1f}"),
-            ("TTFT p95", lambda r: _s(r["ttft_p95_s"])), ("TPOT p95", lambda r: _s(r["tpot_p95_s"])),
-            ("TBT p99", lambda r: _s(r["tbt_p99_s"]))]
+            ("TTFT95", lambda r: _s(r["ttft_p95_s"])), ("TPOT95", lambda r: _s(r["tpot_p95_s"])),
+            ("TBT99", lambda r: _s(r["tbt_p99_s"]))]
     if slo:
         cols.append(("good/s", lambda r: f"{r['goodput_rps']:.2f}"))
-    cols += [("KV moved", lambda r: fmt_bytes(r["kv_bytes_moved"])),
+    cols += [("KV sent", lambda r: fmt_bytes(r["kv_bytes_moved"])),
              ("busy", lambda r: "/".join(f"{b:.0%}" for b in r["busy"]))]
     t = Table(title="serve-sim: prefill/decode split" + (f"; goodput: {slo_text(slo)}" if slo else ""),
-              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, caption_justify="left",
+              padding=(0, 1, 0, 1), collapse_padding=True,
+              caption="one: one engine on P+D threads, prompts in chunks or whole; split P:D at a link of "
+                      "G Gb/s; 95, 99: percentiles; busy: share of the run each engine's steps took")
     for name, _ in cols:
-        t.add_column(name, justify="left" if name == "run" else "right", no_wrap=True)
+        t.add_column(name, justify="left" if name == "run" else "right", no_wrap=True, min_width=len(name))
     for r in results:
         t.add_row(*[fn(r) for _, fn in cols])
     return t
@@ -403,14 +413,19 @@ def disagg_verdict(results: list[dict]) -> list[str]:
     for key, what, high in figures:
         hi, lo = best(results, key, high)
         f = (lambda x: f"{x:.2f}") if key in ("output_tokens_per_s", "goodput_rps") else fmt_time
+        if hi[key] == lo[key]:
+            lines.append(f"{what}: the same in every run ({f(hi[key])}).")
+            continue
         lines.append(f"{what}: best {escape(hi['label'])} ({f(hi[key])}), worst {escape(lo['label'])} ({f(lo[key])}).")
     s, c = splits[0], one[0]
-    lost = [what for key, what, high in figures
-            if s[key] is not None and c[key] is not None and (s[key] < c[key] if high else s[key] > c[key])]
-    if lost:
-        lines.append(f"The split loses to {escape(c['label'])} on {', '.join(lost)}. Why, measured:")
-    else:
-        lines.append(f"The split beats {escape(c['label'])} on every figure above. Measured:")
+    known = [(key, what, high) for key, what, high in figures if s[key] is not None and c[key] is not None]
+    lost = [what for key, what, high in known if (s[key] < c[key] if high else s[key] > c[key])]
+    tied = [what for key, what, high in known if s[key] == c[key]]
+    won = [what for key, what, high in known if what not in lost and what not in tied]
+    verdict = "; ".join(x for x in (f"wins on {', '.join(won)}" if won else "",
+                                    f"loses on {', '.join(lost)}" if lost else "",
+                                    f"ties on {', '.join(tied)}" if tied else "") if x)
+    lines.append(f"Against {escape(c['label'])} the split {verdict}. Measured:")
     lines.append(f"  busy: prefill engine {s['busy'][0]:.0%}, decode engine {s['busy'][1]:.0%} of the run "
                  f"(one engine: {c['busy'][0]:.0%}); a share of the machine idles when its phase has no work.")
     fp, fd, fc = s["fit"][0], s["fit"][1], c["fit"][0]
