@@ -5,7 +5,6 @@ hits, where the time went and what bound it)."""
 from __future__ import annotations
 
 import json
-import re
 
 from rich import box
 from rich.markup import escape
@@ -22,25 +21,14 @@ from ..serving.metrics import parse_slo, step_fit, summarize
 from ..serving.workloads import WORKLOADS, WorkItem, load_workload, write_trace
 from ..ui.live import LiveView
 from ..ui.report import fmt_bytes, fmt_flops, fmt_time
-from .common import add_model, err, load_model, out
+from .common import (add_batch_limits, add_kv_options, add_model, at_least_one, err, load_model, note_if_busy, out,
+                     parse_bytes)
 
 BUDGETS = (32, 128, 512, 2048, None)       # --compare budget; None: no chunking
 COMPARE = {"policies": "sequential, static and continuous", "prefix-cache": "continuous without and with it",
            "block-size": "continuous at block sizes 8, 16, 32 and 64",
            "budget": "step token budgets 32, 128, 512, 2048 and no chunking",
            "disagg": "prefill/decode split against one engine on the same threads, with and without chunking"}
-_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?i?b?)\s*", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "ki": 2**10, "mi": 2**20, "gi": 2**30}
-
-
-def parse_bytes(text: str) -> int:
-    """'256MB' -> 256e6; 'MiB', 'GB', 'k' and plain bytes also work."""
-    m = _SIZE.fullmatch(text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise MiniLLMError(f"--kv-memory {text!r}: write a size such as 256MB, 1GB or 512MiB")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
 
 def add_arguments(p) -> None:
     p.add_argument("--workload", default="poisson", metavar="NAME|FILE.jsonl",
@@ -53,11 +41,8 @@ def add_arguments(p) -> None:
                    help="run the same workload several ways, side by side: " +
                         "; ".join(f"{k}: {v}" for k, v in COMPARE.items()) + " (default policies)")
     p.add_argument("--prefix-cache", action="store_true", help="share the KV blocks of common prompt prefixes")
-    p.add_argument("--block-size", type=int, default=16, help="positions per KV block (default 16)")
-    p.add_argument("--kv-memory", default="256MB", help="memory for the KV pool (default 256MB)")
-    p.add_argument("--max-seqs", type=int, default=16, help="most sequences in one step; the static batch size (default 16)")
-    p.add_argument("--max-tokens", type=int, default=256,
-                   help="token budget of one step: longer prompts are prefilled in chunks (default 256)")
+    add_kv_options(p)
+    add_batch_limits(p)
     p.add_argument("--slo", metavar="ttft=S,tpot=S", default=None,
                    help="latency targets in seconds (either alone): report goodput, the requests per second "
                         "that met every target, and the share that met each")
@@ -75,16 +60,13 @@ def add_arguments(p) -> None:
 
 
 def budget_of(args) -> int:
-    """The step token budget (--max-tokens, or --max-batched-tokens once it is named so)."""
-    v = getattr(args, "max_batched_tokens", None)
-    return args.max_tokens if v is None else v
+    """The step token budget (--max-batched-tokens)."""
+    return args.max_batched_tokens
 
 
 def check(args) -> None:
-    for name, v, lo in (("--requests", args.requests, 1), ("--block-size", args.block_size, 1),
-                        ("--max-seqs", args.max_seqs, 1), ("--max-tokens", args.max_tokens, 1)):
-        if v < lo:
-            raise MiniLLMError(f"{name} {v}: must be at least {lo}")
+    at_least_one(args, "requests", "block_size", "max_seqs", "max_batched_tokens")
+    parse_bytes(args.kv_memory)
     if not args.rate > 0:
         raise MiniLLMError(f"--rate {args.rate}: requests per second must be more than 0")
     if not args.temperature >= 0:
@@ -286,6 +268,8 @@ def run(args) -> int:
     if args.save_trace:
         write_trace(items, args.save_trace)
     hw = machine(progress=not args.json)
+    if not args.json:
+        note_if_busy(args)
     live = not args.json and not args.no_live and out.is_terminal
     if args.split or args.compare == "disagg":
         return disagg(model, items, args, hw)

@@ -35,7 +35,6 @@ import numpy as np
 
 from ..engine.engine import Engine
 from ..errors import MiniLLMError
-from ..measure.hardware import roofline
 from ..meter import totals
 
 OTHER_BLOCK_SIZES = (1, 8, 16, 32, 64)
@@ -237,7 +236,7 @@ def phases(steps, hw=None) -> dict:
             bound = {"memory": 0.0, "compute": 0.0}
             best = 0.0
             for r in recs:
-                rl = roofline(r.total_bytes, r.total_flops, hw)
+                rl = hw.roofline(r.total_bytes, r.total_flops)
                 bound[rl.bound] += r.seconds
                 best += rl.seconds
             d["bound"] = max(bound, key=bound.get)
