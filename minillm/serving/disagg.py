@@ -21,6 +21,7 @@ has no work.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +29,6 @@ import numpy as np
 from ..engine.block_manager import Match
 from ..engine.engine import Engine, Request
 from ..errors import MiniLLMError
-from ..measure.threads import limited
 from .metrics import latency, per_request, step_fit
 
 
@@ -51,6 +51,14 @@ class Handoff:
 
     def __post_init__(self) -> None:
         self.nbytes = self.k.nbytes + self.v.nbytes
+
+
+def limited(threads: int | None):
+    """BLAS on `threads` threads for the block (threadpoolctl); None leaves it as it is."""
+    if threads is None:
+        return contextlib.nullcontext()
+    from threadpoolctl import threadpool_limits
+    return threadpool_limits(limits=threads, user_api="blas")
 
 
 def measure_copy_gbps(nbytes: int = 32 * 2**20, rounds: int = 5) -> float:
