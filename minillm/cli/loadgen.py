@@ -7,6 +7,7 @@ import json
 from rich.table import Table
 
 from ..serving.loadgen import run_load
+from ..serving.metrics import parse_slo
 from .common import err, out
 
 
@@ -19,12 +20,16 @@ def add_arguments(p) -> None:
     p.add_argument("--requests", type=int, default=32, help="how many requests (default 32)")
     p.add_argument("--seed", type=int, default=0, help="seed of the arrival times and lengths (default 0)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one request may take (default 300)")
+    p.add_argument("--slo", metavar="ttft=S,tpot=S", default=None,
+                   help="latency targets in seconds (either alone): report goodput, the requests per second "
+                        "that met every target, and the share that met each")
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
 
 
 def run(args) -> int:
+    slo = parse_slo(args.slo)
     with err.status(f"{args.requests} requests at {args.rate:g}/s to {args.url}…"):
-        r = run_load(args.url, args.workload, args.rate, args.requests, args.seed, args.timeout)
+        r = run_load(args.url, args.workload, args.rate, args.requests, args.seed, args.timeout, slo)
     if args.json:
         print(json.dumps(r))
         return 0
@@ -34,11 +39,16 @@ def run(args) -> int:
         t.add_column(col, justify="right")
     t.add_row("time to first token", ms(r["ttft_p50_s"]), ms(r["ttft_p95_s"]))
     t.add_row("time between tokens", ms(r["tbt_p50_s"]), ms(r["tbt_p95_s"]))
+    t.add_row("time per output token", ms(r["tpot_p50_s"]), ms(r["tpot_p95_s"]))
     t.add_row("end to end", ms(r["e2e_p50_s"]), ms(r["e2e_p95_s"]))
     out.print(t)
     s = r["server"]
     out.print(f"output: {r['output_tokens']} tokens in {r['wall_s']:.1f} s = {r['output_tokens_per_s']:.1f} tokens/s"
               + (f"; errors: {r['errors']}" if r["errors"] else ""))
+    if slo:
+        met = ", ".join(f"{k.upper()} ≤ {ms(v)}: {r['slo_met'][k]:.0%}" for k, v in slo.items())
+        out.print(f"goodput: {r['good_requests']} of {r['requests']} requests met every target = "
+                  f"{r['goodput_rps']:.2f} requests/s ({met})")
     out.print(f"server (from /metrics): prefill {s['prefill_s']:.2f} s for {s['prefill_tokens']:.0f} tokens, "
               f"decode {s['decode_s']:.2f} s for {s['decode_tokens']:.0f} tokens, {s['preemptions']:.0f} preemptions: "
               f"[bold]{s['bottleneck']}[/] took the server's time")

@@ -6,22 +6,29 @@ from __future__ import annotations
 
 import json
 
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
 from ..engine.scheduler import POLICIES
 from ..errors import MiniLLMError
 from ..measure.hardware import machine
-from ..serving.metrics import serve
+from ..measure.threads import blas_kernel, blas_threads
+from ..engine.engine import Engine
+from ..serving.disagg import (OnThreads, colocated_engine, colocated_summary, disaggregated_engines,
+                              measure_copy_gbps, parse_split, run_interleaved)
+from ..serving.metrics import parse_slo, step_fit, summarize
 from ..serving.workloads import WORKLOADS, WorkItem, load_workload, write_trace
 from ..ui.live import LiveView
-from ..ui.report import fmt_flops, fmt_time
+from ..ui.report import fmt_bytes, fmt_flops, fmt_time
 from .common import (add_batch_limits, add_kv_options, add_model, at_least_one, err, load_model, note_if_busy, out,
                      parse_bytes)
 
+BUDGETS = (32, 128, 512, 2048, None)       # --compare budget; None: no chunking
 COMPARE = {"policies": "sequential, static and continuous", "prefix-cache": "continuous without and with it",
-           "block-size": "continuous at block sizes 8, 16, 32 and 64"}
-
+           "block-size": "continuous at block sizes 8, 16, 32 and 64",
+           "budget": "step token budgets 32, 128, 512, 2048 and no chunking",
+           "disagg": "prefill/decode split against one engine on the same threads, with and without chunking"}
 
 def add_arguments(p) -> None:
     p.add_argument("--workload", default="poisson", metavar="NAME|FILE.jsonl",
@@ -36,12 +43,25 @@ def add_arguments(p) -> None:
     p.add_argument("--prefix-cache", action="store_true", help="share the KV blocks of common prompt prefixes")
     add_kv_options(p)
     add_batch_limits(p)
+    p.add_argument("--slo", metavar="ttft=S,tpot=S", default=None,
+                   help="latency targets in seconds (either alone): report goodput, the requests per second "
+                        "that met every target, and the share that met each")
+    p.add_argument("--disaggregate", metavar="P:D", default=None,
+                   help="a prefill engine on P BLAS threads and a decode engine on D, KV sent between them")
+    p.add_argument("--link-gbps", type=float, default=None,
+                   help="the link the KV crosses, Gb/s (default: this machine's copy bandwidth; a real "
+                        "link: 25 or 100)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0 = greedy (default); above, request i samples with seed SEED+i")
     add_model(p)
     p.add_argument("--json", action="store_true", help="a JSON list, one object per run, instead of tables")
     p.add_argument("--no-live", action="store_true", help="no live view (it is off anyway when stdout is not a terminal)")
     p.add_argument("--save-trace", metavar="FILE", help="write the workload as a JSONL trace, to replay or edit")
+
+
+def budget_of(args) -> int:
+    """The step token budget (--max-batched-tokens)."""
+    return args.max_batched_tokens
 
 
 def check(args) -> None:
@@ -51,6 +71,14 @@ def check(args) -> None:
         raise MiniLLMError(f"--rate {args.rate}: requests per second must be more than 0")
     if not args.temperature >= 0:
         raise MiniLLMError(f"--temperature {args.temperature}: must be 0 (greedy) or more")
+    args.slo_targets = parse_slo(args.slo)
+    args.split = parse_split(args.disaggregate) if args.disaggregate else None
+    if args.link_gbps is not None and not args.link_gbps > 0:
+        raise MiniLLMError(f"--link-gbps {args.link_gbps}: the link's speed must be above 0 Gb/s")
+    if args.disaggregate and args.compare not in (None, "disagg"):
+        raise MiniLLMError(f"--disaggregate runs alone or with --compare disagg, not --compare {args.compare}")
+    if (args.disaggregate or args.compare == "disagg") and args.prefix_cache:
+        raise MiniLLMError("--prefix-cache does not work with disaggregation here: leave one of them out")
 
 
 def runs(args) -> list[dict]:
@@ -62,6 +90,8 @@ def runs(args) -> list[dict]:
         return [{**base, "policy": "continuous", "prefix_cache": pc} for pc in (False, True)]
     if args.compare == "block-size":
         return [{**base, "policy": "continuous", "block_size": bs} for bs in (8, 16, 32, 64)]
+    if args.compare == "budget":
+        return [{**base, "policy": "continuous", "budget": b} for b in BUDGETS]
     return [base]
 
 
@@ -70,20 +100,56 @@ def label(run: dict, args) -> str:
         return "prefix cache" if run["prefix_cache"] else "no prefix cache"
     if args.compare == "block-size":
         return f"block size {run['block_size']}"
+    if args.compare == "budget":
+        return "no chunking" if run["budget"] is None else f"budget {run['budget']}"
     return run["policy"]
 
 
+def no_chunking(model, args) -> int:
+    """A budget no step can fill: every prompt runs whole, in the step that admits it."""
+    return model.config.n_ctx * args.max_seqs
+
+
+def make_engine(model, items: list[WorkItem], run: dict, args) -> Engine:
+    budget = run.get("budget", budget_of(args)) or no_chunking(model, args)
+    engine = Engine(model, kv_memory=parse_bytes(args.kv_memory), block_size=run["block_size"],
+                    prefix_cache=run["prefix_cache"], policy=run["policy"], max_seqs=args.max_seqs,
+                    max_batched_tokens=budget)
+    for w in items:
+        engine.add_request(w.prompt, w.max_tokens, w.sampling, arrival=w.arrival)
+    return engine
+
+
+def result(engine: Engine, name: str, args, hw) -> dict:
+    r = summarize(engine, name, hw, args.slo_targets)
+    r["fit"] = step_fit(engine.steps)
+    r["threads"], r["blas"] = blas_threads(), blas_kernel()
+    return r
+
+
 def simulate(model, items: list[WorkItem], run: dict, args, live: bool, hw) -> dict:
-    """One run of the workload, shown live (or with a spinner on stderr); its summary."""
+    engine = make_engine(model, items, run, args)
     name = label(run, args)
-    engine_kw = dict(kv_memory=parse_bytes(args.kv_memory), block_size=run["block_size"],
-                     prefix_cache=run["prefix_cache"], policy=run["policy"], max_seqs=args.max_seqs,
-                     max_batched_tokens=args.max_batched_tokens)
     if live:
         with LiveView(out, title=name) as view:
-            return serve(model, items, label=name, hw=hw, on_step=view, **engine_kw)[0]
-    with err.status(f"serving {len(items)} requests: {escape(name)}…"):
-        return serve(model, items, label=name, hw=hw, **engine_kw)[0]
+            engine.on_step = view
+            engine.run()
+    else:
+        with err.status(f"serving {len(items)} requests: {escape(name)}…"):
+            engine.run()
+    return result(engine, name, args, hw)
+
+
+def sweep(model, items: list[WorkItem], args, hw) -> tuple[list[dict], dict | None]:
+    """--compare budget: every budget's engine on the same requests, stepped in turn (interleaved),
+    and one fit of step time against tokens over all their steps."""
+    engines = [(label(r, args), make_engine(model, items, r, args)) for r in runs(args)]
+    with err.status(f"serving {len(items)} requests at {len(engines)} budgets, interleaved…"):
+        run_interleaved([OnThreads(e, getattr(args, "threads", None)) for _, e in engines])
+    results = [result(e, name, args, hw) for name, e in engines]
+    for r, b in zip(results, BUDGETS):
+        r["budget"] = b
+    return results, step_fit([s for _, e in engines for s in e.steps])
 
 
 def _s(x) -> str:
@@ -104,6 +170,14 @@ def table(results: list[dict]) -> Table:
     row("steps (mean batch)", lambda r: f"{r['steps']} ({r['mean_batch']:.1f})")
     for k in ("ttft", "tbt", "e2e"):
         row(f"{k.upper()} p50 / p95", lambda r, k=k: f"{_s(r[f'{k}_p50_s'])} / {_s(r[f'{k}_p95_s'])}")
+    row("TBT p99 (TPOT p95)", lambda r: f"{_s(r['tbt_p99_s'])} ({_s(r['tpot_p95_s'])})")
+    if results and "slo" in results[0]:
+        row(f"goodput ({slo_text(results[0]['slo'])})",
+            lambda r: f"{r['goodput_rps']:.2f}/s ({r['slo_met']['all']:.0%})")
+        for k in results[0]["slo"]:
+            row(f"  met {k.upper()}", lambda r, k=k: f"{r['slo_met'][k]:.0%}")
+    row("worst stall: prompt tok, time", lambda r: "—" if not r.get("worst_stall") else
+        f"{r['worst_stall']['prefill_tokens']}, {_s(r['worst_stall']['seconds'])}")
     row("prefill tokens (FLOPs)", lambda r: f"{r['prefill_tokens']:,} ({fmt_flops(r['prefill_flops'])})")
     row("prefix hit rate", lambda r: f"{r['prefix_hit_rate']:.0%}" if r["prefix_cache"] else "off")
     row("preemptions", lambda r: str(r["preemptions"]))
@@ -118,6 +192,57 @@ def table(results: list[dict]) -> Table:
             return f"{d['share']:.0%} of time{bound}"
         row(f"{kind} steps", ph)
     return t
+
+
+def slo_text(slo: dict) -> str:
+    return ", ".join(f"{k.upper()}≤{fmt_time(v)}" for k, v in slo.items())
+
+
+def best(results: list[dict], key: str, high: bool) -> tuple[dict, dict]:
+    """(best, worst) run by a figure; runs without it are left out."""
+    have = [r for r in results if r.get(key) is not None]
+    order = sorted(have, key=lambda r: r[key], reverse=high)
+    return order[0], order[-1]
+
+
+def budget_verdict(results: list[dict], fit: dict | None, slo: dict) -> list[str]:
+    """Which budget this machine favours for which target, from the runs and the fit of step time."""
+    lines = []
+    name = lambda r: r["policy"]  # noqa: E731
+    if fit is not None:
+        a, b = fit["fixed_s"], fit["per_token_s"]
+        lines.append(f"Step time ≈ {fmt_time(a)} + {fmt_time(b)} per token (least squares over "
+                     f"{fit['steps']} steps of every budget, r² {fit['r2']:.2f}).")
+        if a > 0 and b > 0:
+            lines.append(f"The fixed part (weights read once, scheduling) costs as much as {a / b:.0f} "
+                         f"tokens: a budget well below that pays it in many more steps; a prompt of N "
+                         f"tokens in one step holds every running decode about N × {fmt_time(b)}.")
+    hi, lo = best(results, "output_tokens_per_s", True)
+    lines.append(f"Throughput favours {name(hi)} ({hi['output_tokens_per_s']:.1f} tok/s; "
+                 f"{name(lo)}: {lo['output_tokens_per_s']:.1f}).")
+    hi, lo = best(results, "tbt_p99_s", False)
+    lines.append(f"The p99 gap between tokens favours {name(hi)} ({fmt_time(hi['tbt_p99_s'])}; "
+                 f"{name(lo)}: {fmt_time(lo['tbt_p99_s'])}).")
+    hi, lo = best(results, "ttft_p95_s", False)
+    lines.append(f"TTFT p95 favours {name(hi)} ({fmt_time(hi['ttft_p95_s'])}; {name(lo)}: "
+                 f"{fmt_time(lo['ttft_p95_s'])}).")
+    if slo:
+        if fit is not None and "tpot" in slo and fit["per_token_s"] > 0:
+            room = (slo["tpot"] - fit["fixed_s"]) / fit["per_token_s"]
+            lines.append(f"A TPOT target of {fmt_time(slo['tpot'])}: by the fit a step stays within it "
+                         f"up to {max(0, room):.0f} tokens" + ("" if room > 0 else
+                         " (the fixed part alone is longer: no budget meets it on every step here)") + ".")
+        hi, lo = best(results, "goodput_rps", True)
+        if hi["good_requests"] == 0:
+            met = ", ".join(f"{k.upper()} {max(r['slo_met'][k] for r in results):.0%}" for k in slo)
+            lines.append(f"No budget met every target ({slo_text(slo)}) for any request: goodput 0 at every "
+                         f"budget (the most that met each: {met}).")
+        elif hi["goodput_rps"] == lo["goodput_rps"]:
+            lines.append(f"Goodput ({slo_text(slo)}) is the same at every budget ({hi['goodput_rps']:.2f} req/s).")
+        else:
+            lines.append(f"Goodput ({slo_text(slo)}) favours {name(hi)} ({hi['goodput_rps']:.2f} req/s, "
+                         f"{hi['slo_met']['all']:.0%} met every target; {name(lo)}: {lo['goodput_rps']:.2f}).")
+    return lines
 
 
 def diagnosis(r: dict) -> str:
@@ -146,11 +271,157 @@ def run(args) -> int:
     if not args.json:
         note_if_busy(args)
     live = not args.json and not args.no_live and out.is_terminal
-    results = [simulate(model, items, r, args, live, hw) for r in runs(args)]
+    if args.split or args.compare == "disagg":
+        return disagg(model, items, args, hw)
+    fit = None
+    if args.compare == "budget":
+        results, fit = sweep(model, items, args, hw)
+    else:
+        results = [simulate(model, items, r, args, live, hw) for r in runs(args)]
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
-    out.print(table(results))
+    out.print(budget_table(results) if args.compare == "budget" else table(results))
+    if args.compare == "budget":
+        out.print("[dim]budget: tokens one step may run (none: every prompt whole, no chunking); good/s: "
+                  "requests per second that met every target; met: their share[/]")
+        out.print(f"[dim]{escape(setting(args, results[0]))}[/]")
+        for line in budget_verdict(results, fit, args.slo_targets):
+            out.print(line)
+        return 0
     for r in results:
         out.print(diagnosis(r))
     return 0
+
+
+def setting(args, r: dict) -> str:
+    return (f"{args.requests} requests of {args.workload}, {args.rate:g}/s, seed {args.seed}; BLAS "
+            f"threads {r.get('threads')}, kernel {r.get('blas') or 'unknown'}; steps interleaved")
+
+
+REAL_LINK_GBPS = 25.0     # a real network link (25 GbE) beside this machine's memory copy
+
+
+def disagg(model, items: list[WorkItem], args, hw) -> int:
+    """--disaggregate P:D, and --compare disagg: the split against one engine on P + D threads."""
+    p, d = args.split or (1, 1)
+    kv = parse_bytes(args.kv_memory)
+    if args.link_gbps is None:
+        with err.status("measuring this machine's copy bandwidth…"):
+            link = measure_copy_gbps()
+        link_name = "this machine's copy"
+    else:
+        link, link_name = args.link_gbps, "given"
+    kw = dict(block_size=args.block_size, max_seqs=args.max_seqs)
+    budget = budget_of(args)
+    runners = []
+    if args.compare == "disagg":
+        for b, name in ((budget, f"one, chunk {budget}"), (no_chunking(model, args), "one, whole")):
+            e = colocated_engine(model, items, kv_memory=2 * kv, max_batched_tokens=b, **kw)
+            runners.append((name, OnThreads(e, p + d)))
+    links = [link] + ([REAL_LINK_GBPS] if args.compare == "disagg" and abs(link - REAL_LINK_GBPS) > 1e-9 else [])
+    for g in links:
+        split = disaggregated_engines(model, items, p_threads=p, d_threads=d, link_gbps=g, kv_memory=kv,
+                                      max_batched_tokens=budget, **kw)
+        runners.append((f"split {p}:{d} {g:.3g}G", split))
+    with err.status(f"serving {len(items)} requests, {len(runners)} ways, interleaved…"):
+        run_interleaved([r for _, r in runners])
+    results = []
+    for name, r in runners:
+        s = (colocated_summary(r.engine, r.threads, args.slo_targets, name) if isinstance(r, OnThreads)
+             else r.summary(args.slo_targets, name))
+        s["blas"] = blas_kernel()
+        results.append(s)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    out.print(disagg_table(results))
+    out.print(f"[dim]{escape(setting(args, {'threads': f'{p}+{d}', 'blas': blas_kernel()}))}; link "
+              f"{link:.3g} Gb/s ({link_name}); the split's engines have {args.kv_memory} of KV each, the one "
+              "engine both[/]")
+    for line in disagg_verdict(results):
+        out.print(line)
+    return 0
+
+
+def disagg_table(results: list[dict]) -> Table:
+    """One row per run, so it fits 80 columns."""
+    slo = results[0].get("slo") if results else None
+    cols = [("run", lambda r: escape(r["label"])), ("tok/s", lambda r: f"{r['output_tokens_per_s']:.1f}"),
+            ("TTFT95", lambda r: _s(r["ttft_p95_s"])), ("TPOT95", lambda r: _s(r["tpot_p95_s"])),
+            ("TBT99", lambda r: _s(r["tbt_p99_s"]))]
+    if slo:
+        cols.append(("good/s", lambda r: f"{r['goodput_rps']:.2f}"))
+    cols += [("KV sent", lambda r: fmt_bytes(r["kv_bytes_moved"])),
+             ("busy", lambda r: "/".join(f"{b:.0%}" for b in r["busy"]))]
+    t = Table(title="serve-sim: prefill/decode split" + (f"; goodput: {slo_text(slo)}" if slo else ""),
+              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, caption_justify="left",
+              padding=(0, 1, 0, 1), collapse_padding=True,
+              caption="one: one engine on P+D threads, prompts in chunks or whole; split P:D at a link of "
+                      "G Gb/s; 95, 99: percentiles; busy: share of the run each engine's steps took")
+    for name, _ in cols:
+        t.add_column(name, justify="left" if name == "run" else "right", no_wrap=True, min_width=len(name))
+    for r in results:
+        t.add_row(*[fn(r) for _, fn in cols])
+    return t
+
+
+def budget_table(results: list[dict]) -> Table:
+    """--compare budget: one row per budget, so it fits 80 columns."""
+    slo = results[0].get("slo") if results else None
+    cols = [("budget", lambda r: "none" if r["budget"] is None else str(r["budget"])),
+            ("tok/s", lambda r: f"{r['output_tokens_per_s']:.1f}"),
+            ("TTFT p50", lambda r: _s(r["ttft_p50_s"])), ("p95", lambda r: _s(r["ttft_p95_s"])),
+            ("TBT p95", lambda r: _s(r["tbt_p95_s"])), ("p99", lambda r: _s(r["tbt_p99_s"]))]
+    if slo:
+        cols.append(("good/s", lambda r: f"{r['goodput_rps']:.2f}"))
+        cols.append(("met", lambda r: f"{r['slo_met']['all']:.0%}"))
+    t = Table(title="serve-sim: step token budget" + (f"; goodput: {slo_text(slo)}" if slo else ""),
+              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name, _ in cols:
+        t.add_column(name, justify="right")
+    for r in results:
+        t.add_row(*[fn(r) for _, fn in cols])
+    return t
+
+
+def disagg_verdict(results: list[dict]) -> list[str]:
+    """Where the split wins and where it loses, and why, from the runs' own figures."""
+    lines = []
+    one = [r for r in results if r["split"] == "colocated"]
+    splits = [r for r in results if r["split"] != "colocated"]
+    if not one or not splits:
+        return lines
+    figures = [("output_tokens_per_s", "tok/s", True), ("ttft_p95_s", "TTFT p95", False),
+               ("tpot_p95_s", "TPOT p95", False)] + ([("goodput_rps", "goodput", True)] if "slo" in one[0] else [])
+    for key, what, high in figures:
+        hi, lo = best(results, key, high)
+        f = (lambda x: f"{x:.2f}") if key in ("output_tokens_per_s", "goodput_rps") else fmt_time
+        if hi[key] == lo[key]:
+            lines.append(f"{what}: the same in every run ({f(hi[key])}).")
+            continue
+        lines.append(f"{what}: best {escape(hi['label'])} ({f(hi[key])}), worst {escape(lo['label'])} ({f(lo[key])}).")
+    s, c = splits[0], one[0]
+    known = [(key, what, high) for key, what, high in figures if s[key] is not None and c[key] is not None]
+    lost = [what for key, what, high in known if (s[key] < c[key] if high else s[key] > c[key])]
+    tied = [what for key, what, high in known if s[key] == c[key]]
+    won = [what for key, what, high in known if what not in lost and what not in tied]
+    verdict = "; ".join(x for x in (f"wins on {', '.join(won)}" if won else "",
+                                    f"loses on {', '.join(lost)}" if lost else "",
+                                    f"ties on {', '.join(tied)}" if tied else "") if x)
+    lines.append(f"Against {escape(c['label'])} the split {verdict}. Measured:")
+    lines.append(f"  busy: prefill engine {s['busy'][0]:.0%}, decode engine {s['busy'][1]:.0%} of the run "
+                 f"(one engine: {c['busy'][0]:.0%}); a share of the machine idles when its phase has no work.")
+    fp, fd, fc = s["fit"][0], s["fit"][1], c["fit"][0]
+    if fp and fc:
+        lines.append(f"  a prompt token: {fmt_time(fp['per_token_s'])} on the prefill engine's "
+                     f"{s['split'].split(':')[0]} thread(s), {fmt_time(fc['per_token_s'])} on one engine's "
+                     f"{c['threads']} (fits of step time against tokens).")
+    if fd and fc:
+        lines.append(f"  a step's fixed part: {fmt_time(fd['fixed_s'])} on the decode engine, "
+                     f"{fmt_time(fc['fixed_s'])} on one engine.")
+    n = max(1, s["handoffs"])
+    lines.append(f"  KV moved: {fmt_bytes(s['kv_bytes_moved'])} in {s['handoffs']} handoffs "
+                 f"({fmt_bytes(s['kv_bytes_moved'] / n)} each), {fmt_time(s['link_seconds'] / n)} each on a "
+                 f"{s['link_gbps']:.3g} Gb/s link, before the request's second token.")
+    return lines

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from ..errors import MiniLLMError
+from .metrics import goodput, request_tpot
 from .prom import parse
 from .workloads import WorkItem, load_workload
 
@@ -69,6 +70,20 @@ def one(host: str, port: int, item: WorkItem, result: Result, timeout: float) ->
         result.error = f"{e.__class__.__name__}: {e}"
 
 
+def slo_figures(results: list[Result], wall: float, slo: dict | None) -> dict:
+    """TPOT per request ((last token - first) / (tokens - 1), tokens as the text chunks streamed),
+    and with targets, goodput over the run's wall time (serving/metrics.py's definitions)."""
+    rows = []
+    for r in results:
+        done = r.status == 200 and r.end is not None and r.first is not None
+        ttft = r.first - r.sent if r.first is not None else None
+        tpot = request_tpot(r.first, r.first + sum(r.gaps), len(r.gaps) + 1) if r.first is not None else None
+        rows.append((ttft, tpot, done))
+    tpots = [t for _, t, _ in rows if t is not None]
+    out = {"tpot_p50_s": pct(tpots, 50), "tpot_p95_s": pct(tpots, 95)}
+    return out | (goodput(rows, wall, slo) if slo else {})
+
+
 def server_metrics(host: str, port: int) -> dict:
     conn = http.client.HTTPConnection(host, port, timeout=10)
     conn.request("GET", "/metrics")
@@ -79,7 +94,8 @@ def pct(values, q):
     return float(np.percentile(values, q)) if values else None
 
 
-def run_load(url: str, workload: str, rate: float, n: int, seed: int = 0, timeout: float = 300.0) -> dict:
+def run_load(url: str, workload: str, rate: float, n: int, seed: int = 0, timeout: float = 300.0,
+             slo: dict | None = None) -> dict:
     parts = urlsplit(url if "://" in url else f"http://{url}")
     if parts.scheme != "http" or not parts.hostname:
         raise MiniLLMError(f"--url {url!r}: expected http://HOST:PORT (the address minillm serve printed)")
@@ -116,7 +132,7 @@ def run_load(url: str, workload: str, rate: float, n: int, seed: int = 0, timeou
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     prefill_s = delta.get('minillm_step_seconds_total{phase="prefill"}', 0.0)
     decode_s = delta.get('minillm_step_seconds_total{phase="decode"}', 0.0)
-    return {
+    return slo_figures(results, wall, slo) | {
         "url": f"http://{host}:{port}", "workload": workload, "rate": rate, "requests": len(items), "ok": len(ok),
         "errors": {str(r.status or r.error.split(':')[0]): sum(1 for x in results if x.status == r.status)
                    for r in results if r not in ok},

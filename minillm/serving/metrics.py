@@ -4,7 +4,17 @@
     ttft                  time to first token: arrival -> the end of the step that sampled it
                           (queueing and the whole prefill included)
     tbt                   time between tokens of one request (every gap, all requests pooled)
+    tbt                   ...; p95/p99: the gap that 95% / 99% of gaps are no longer than
+    tpot                  time per output token, per request: (last token - first token) / (tokens - 1),
+                          the mean gap of one request (a request of one token has none)
     e2e                   arrival -> last token
+    goodput               requests per second that met every latency target given (--slo
+                          ttft=0.5,tpot=0.05; either alone), over the same duration as throughput;
+                          `slo_met` is the share of requests that met each target, and all of them.
+                          A request of one token meets any TPOT target; an aborted one meets none
+    worst_stall           the step that kept running sequences waiting longest for their next token
+                          because prompt tokens ran in it: its index, time, prompt tokens and the
+                          decode tokens (sequences) that waited
     kv_waste              1 - positions stored / positions reserved, summed over steps: the paged
                           pool as it ran (a shared block counts once), beside what a contiguous
                           cache reserving n_ctx per sequence would have wasted for the same
@@ -24,24 +34,135 @@ from __future__ import annotations
 import numpy as np
 
 from ..engine.engine import Engine
+from ..errors import MiniLLMError
 from ..meter import totals
 
 OTHER_BLOCK_SIZES = (1, 8, 16, 32, 64)
+
+
+SLO_KEYS = {"ttft": "time to first token", "tpot": "time per output token"}
 
 
 def pct(values, q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
 
 
-def summarize(engine, label: str | None = None, hw=None) -> dict:
+def parse_slo(text: str | None) -> dict[str, float]:
+    """'ttft=0.5,tpot=0.05' -> {'ttft': 0.5, 'tpot': 0.05} (seconds; either alone); None -> {}."""
+    if text is None:
+        return {}
+    example = "write targets in seconds, e.g. --slo ttft=0.5,tpot=0.05 (either alone)"
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        key, eq, value = (x.strip() for x in part.partition("="))
+        if not eq or not key:
+            raise MiniLLMError(f"--slo {text!r}: {part.strip()!r} is not NAME=SECONDS; {example}")
+        if key.lower() not in SLO_KEYS:
+            raise MiniLLMError(f"--slo {text!r}: unknown target {key!r}; the targets are ttft and tpot")
+        key = key.lower()
+        if key in out:
+            raise MiniLLMError(f"--slo {text!r}: {key} is given twice")
+        try:
+            v = float(value.removesuffix("s"))
+        except ValueError:
+            raise MiniLLMError(f"--slo {text!r}: {key}={value!r} is not a number of seconds") from None
+        if not (v > 0 and np.isfinite(v)):
+            raise MiniLLMError(f"--slo {text!r}: {key} must be a number of seconds above 0")
+        out[key] = v
+    return out
+
+
+def request_tpot(first: float | None, last: float | None, n_tokens: int) -> float | None:
+    """(last token - first token) / (tokens - 1); None for a request of fewer than two tokens."""
+    if first is None or last is None or n_tokens < 2:
+        return None
+    return (last - first) / (n_tokens - 1)
+
+
+def goodput(per_request: list[tuple], duration: float, slo: dict[str, float]) -> dict:
+    """per_request: (ttft or None, tpot or None, finished) for every request sent. Goodput: requests
+    that finished and met every target, per second of `duration`; and the share that met each."""
+    n = len(per_request)
+
+    def meets(ttft, tpot, finished, key):
+        if not finished:
+            return False
+        if key == "ttft":
+            return ttft is not None and ttft <= slo["ttft"]
+        return tpot is None or tpot <= slo["tpot"]          # one token: no gap to miss the target by
+
+    each = {k: sum(meets(*r, k) for r in per_request) for k in slo}
+    good = sum(all(meets(*r, k) for k in slo) for r in per_request)
+    return {"slo": dict(slo), "good_requests": good,
+            "goodput_rps": good / duration if duration > 0 else 0.0,
+            "slo_met": {**{k: v / n if n else 0.0 for k, v in each.items()}, "all": good / n if n else 0.0}}
+
+
+def latency(per_request: list[tuple], duration: float, slo: dict[str, float]) -> dict:
+    """TTFT, TPOT and TBT figures from each request's (arrival, token times, finished); with goodput
+    when targets are given."""
+    ttft = [t[0] - a for a, t, _ in per_request if t]
+    tpot = [x for x in (request_tpot(t[0], t[-1], len(t)) if t else None for _, t, _ in per_request)
+            if x is not None]
+    tbt = [b - a for _, t, _ in per_request for a, b in zip(t, t[1:])]
+    out = {"ttft_p50_s": pct(ttft, 50), "ttft_p95_s": pct(ttft, 95),
+           "tpot_p50_s": pct(tpot, 50), "tpot_p95_s": pct(tpot, 95),
+           "tbt_p50_s": pct(tbt, 50), "tbt_p95_s": pct(tbt, 95), "tbt_p99_s": pct(tbt, 99)}
+    if slo:
+        rows = [(t[0] - a if t else None, request_tpot(t[0], t[-1], len(t)) if t else None, done)
+                for a, t, done in per_request]
+        out |= goodput(rows, duration, slo)
+    return out
+
+
+def per_request(rows: list[tuple], ids: list) -> list[dict]:
+    """Each request's view: its arrival, TTFT, TPOT, its longest gap and the time of every token."""
+    out = []
+    for rid, (a, t, done) in zip(ids, rows):
+        gaps = [y - x for x, y in zip(t, t[1:])]
+        out.append({"id": rid, "arrival_s": a, "finished": bool(done), "tokens": len(t),
+                    "ttft_s": t[0] - a if t else None, "tpot_s": request_tpot(t[0], t[-1], len(t)) if t else None,
+                    "max_gap_s": max(gaps, default=None), "token_times_s": list(t)})
+    return out
+
+
+def worst_stall(steps) -> dict | None:
+    """The step with prompt tokens that held the most decoding sequences longest: seconds x decode
+    tokens waiting in it (each running sequence waits the whole step for its next token)."""
+    best, score = None, 0.0
+    for i, s in enumerate(steps):
+        if s.prefill_tokens and s.decode_tokens and s.seconds * s.decode_tokens > score:
+            best, score = (i, s), s.seconds * s.decode_tokens
+    if best is None:
+        return None
+    i, s = best
+    return {"step": i, "start_s": s.start, "seconds": s.seconds, "prefill_tokens": s.prefill_tokens,
+            "decode_tokens": s.decode_tokens}
+
+
+def step_fit(steps) -> dict | None:
+    """Least squares of a step's measured seconds against the tokens in it: seconds = a + b x tokens.
+    a is what every step pays whatever its size (the weights read once, the scheduling); b each token's
+    share of the arithmetic. A step of budget B takes about a + b x B."""
+    n = np.array([s.n_tokens for s in steps], dtype=float)
+    t = np.array([s.seconds for s in steps], dtype=float)
+    if len(steps) < 3 or np.ptp(n) == 0:
+        return None
+    b, a = np.polyfit(n, t, 1)
+    pred = a + b * n
+    ss = float(((t - t.mean()) ** 2).sum())
+    r2 = 1 - float(((t - pred) ** 2).sum()) / ss if ss else 0.0
+    return {"fixed_s": float(a), "per_token_s": float(b), "r2": r2, "steps": len(steps),
+            "max_tokens": int(n.max())}
+
+
+def summarize(engine, label: str | None = None, hw=None, slo: dict | None = None) -> dict:
     reqs = [r for r in engine.requests.values() if not r.aborted]
     steps = engine.steps
     out_tokens = sum(len(r.output) for r in reqs)
     start = min((r.arrival for r in reqs), default=0.0)
     end = max((r.finished_at for r in reqs if r.finished_at is not None), default=start)
     duration = end - start
-    ttft = [r.ttft for r in reqs if r.ttft is not None]
-    tbt = [d for r in reqs for d in r.tbt]
     e2e = [r.finished_at - r.arrival for r in reqs if r.finished_at is not None]
     n_ctx = engine.model.config.n_ctx
     used = sum(s.kv_used for s in steps)
@@ -65,8 +186,7 @@ def summarize(engine, label: str | None = None, hw=None) -> dict:
         "steps": len(steps),
         "output_tokens": out_tokens,
         "output_tokens_per_s": out_tokens / duration if duration > 0 else 0.0,
-        "ttft_p50_s": pct(ttft, 50), "ttft_p95_s": pct(ttft, 95),
-        "tbt_p50_s": pct(tbt, 50), "tbt_p95_s": pct(tbt, 95),
+        **latency([(r.arrival, r.token_times, r.done) for r in reqs], duration, slo or {}),
         "e2e_p50_s": pct(e2e, 50), "e2e_p95_s": pct(e2e, 95),
         "mean_batch": float(np.mean([len(s.seqs) for s in steps])) if steps else 0.0,
         "preemptions": sched.preemptions,
@@ -79,6 +199,8 @@ def summarize(engine, label: str | None = None, hw=None) -> dict:
         "kv_waste_contiguous": 1 - total_len / contiguous if contiguous else 0.0,
         "kv_waste_by_block_size": {str(k): v for k, v in by_bs.items()},
         "phases": phases(steps, hw),
+        "worst_stall": worst_stall(steps),
+        "per_request": per_request([(r.arrival, r.token_times, r.done) for r in reqs], [r.id for r in reqs]),
         "scheduler_overhead_share": 1 - sum(s.record.seconds for s in steps if s.record is not None) / (
             sum(s.seconds for s in steps) or 1.0) if steps and steps[0].record is not None else None,
     }

@@ -6,6 +6,10 @@
                    its own; answers 8-24 (what prefix caching is for)
     long-prompt    prompts 384-512 tokens, answers 4-16: prefill dominates
     long-answer    prompts 8-32 tokens, answers 128-256: decode dominates
+    mixed          short chats (prompts 16-64 tokens, answers 32-96) and, one request in eight,
+                   a long document (prompts 640-900 tokens, answers 8-32; one at a seeded place in
+                   each run of eight requests): a long prefill lands
+                   among running decodes (what chunked prefill and disaggregation are for)
 
 Lengths are for a 1024-token context and shrink in proportion for a smaller one. Every generator
 takes `rate` (requests per second, Poisson arrivals), `n` requests and a `seed`:
@@ -32,7 +36,8 @@ import numpy as np
 from ..engine.sequence import SamplingParams
 from ..errors import MiniLLMError
 
-WORKLOADS = ("poisson", "shared-prefix", "long-prompt", "long-answer")
+WORKLOADS = ("poisson", "shared-prefix", "long-prompt", "long-answer", "mixed")
+MIXED_EVERY = 8   # `mixed`: one long document in each run of this many requests
 ID_RANGE = 50000          # prompt ids drawn from 0 .. ID_RANGE-1 (or the vocabulary, if smaller)
 
 
@@ -78,6 +83,11 @@ def generate_workload(name: str, *, rate: float = 4.0, n: int = 64, seed: int = 
             p, a = draw(8, 32), draw(8, 24)
         elif name == "long-prompt":
             p, a = draw(384, 512), draw(4, 16)
+        elif name == "mixed":
+            if i % MIXED_EVERY == 0:
+                at = i + int(rng.integers(0, MIXED_EVERY))
+            long = i == at
+            p, a = (draw(640, 900), draw(8, 32)) if long else (draw(16, 64), draw(32, 96))
         else:
             p, a = draw(8, 32), draw(128, 256)
         prompt = (system if name == "shared-prefix" else []) + rng.integers(0, hi, p).tolist()

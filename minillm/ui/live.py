@@ -1,5 +1,6 @@
 """A live view of the engine while it runs: the running sequences and their progress, the KV block
-map filling and freeing, the queue, tokens/s. Drawn with rich's Live; only on a terminal.
+map filling and freeing, the queue, tokens/s, and (◆) the step in which prompt tokens held the
+running decodes longest so far: seconds x decodes waiting. Drawn with rich's Live; only on a terminal.
 
     block map:  █ held by a running sequence   ▓ shared by several   ░ cached, nobody holds it
                 (a hit takes it back; a new allocation may evict it)   · free
@@ -36,7 +37,7 @@ def block_map(engine) -> Text:
     return text
 
 
-def render(engine, title: str = "") -> Group:
+def render(engine, title: str = "", stall: dict | None = None) -> Group:
     sched, steps = engine.scheduler, engine.steps
     now = engine.now()
     recent = [steps[-i] for i in range(1, min(20, len(steps)) + 1)]   # the last 20 steps
@@ -69,7 +70,12 @@ def render(engine, title: str = "") -> Group:
     a = engine.pool.allocator
     kv = Text(f"KV blocks: {a.n_used} held, {a.n_free} free of {a.num_blocks} "
               f"(block size {engine.blocks.block_size}); prefix hit rate {engine.blocks.hit_rate:.0%}")
-    return Group(head, table, kv, block_map(engine))
+    parts = [head, table, kv, block_map(engine)]
+    if stall is not None:      # the step in which a prompt held the running decodes longest so far
+        parts.append(Text(f"◆ stall: step {stall['step']}, t {stall['start_s']:.2f} s: "
+                          f"{stall['prefill_tokens']} prompt tokens held {stall['decode_tokens']} "
+                          f"decodes {stall['seconds'] * 1e3:.0f} ms", style="red"))
+    return Group(*parts)
 
 
 class LiveView:
@@ -79,6 +85,8 @@ class LiveView:
         self.live = Live(console=console, auto_refresh=False, transient=False)
         self.title, self.min_gap = title, 1.0 / fps
         self._last = -1.0
+        self.stall: dict | None = None
+        self._n = 0
 
     def __enter__(self) -> "LiveView":
         self.live.__enter__()
@@ -88,8 +96,14 @@ class LiveView:
         self.live.__exit__(*exc)
 
     def __call__(self, engine, info) -> None:
+        self._n += 1
+        if info.prefill_tokens and info.decode_tokens and (
+                self.stall is None or info.seconds * info.decode_tokens
+                > self.stall["seconds"] * self.stall["decode_tokens"]):
+            self.stall = {"step": self._n, "start_s": info.start, "seconds": info.seconds,
+                          "prefill_tokens": info.prefill_tokens, "decode_tokens": info.decode_tokens}
         t = time.perf_counter()
         if t - self._last < self.min_gap and engine.has_work:
             return
         self._last = t
-        self.live.update(render(engine, self.title), refresh=True)
+        self.live.update(render(engine, self.title, self.stall), refresh=True)
