@@ -317,7 +317,7 @@ def roofline_plot(bandwidth_gbs: float, peak_gflops: float, points: list[tuple[s
             if c + i < len(ticks):
                 ticks[c + i] = ch
     out.append(" " * 10 + "".join(ticks).rstrip() + "\n", style="dim")
-    out.append(" " * 10 + "FLOPs per byte (log)   ·  roof: min(peak, FLOPs/byte × bandwidth), GFLOP/s (log)",
+    out.append(" " * 10 + "FLOP/byte (log) · roof: min(peak, FLOP/byte × bandwidth), GFLOP/s (log)",
                style="dim")
     return out
 
@@ -397,6 +397,23 @@ class Lesson:
     def status(self, message: str):
         """A spinner while something slow runs (nothing is printed when output is not a terminal)."""
         return self.console.status(message)
+
+    @contextlib.contextmanager
+    def progress(self, description: str, total: int) -> Iterator[Callable[[], None]]:
+        """A progress bar on stderr for long work (shown only at a terminal); yields `advance()`."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task(description, total=total)
+            yield lambda: bar.advance(task)
+
+    def progress_range(self, n: int, description: str):
+        """range(n) with a progress bar on stderr (at a terminal)."""
+        with self.progress(description, n) as advance:
+            for i in range(n):
+                yield i
+                advance()
 
     def sample_panel(self, prompt: str, text: str, title: str, lines: int = 4) -> None:
         """A generated sample in a panel, cut to its first few lines so the story stays on screen."""
