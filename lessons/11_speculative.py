@@ -180,14 +180,14 @@ def against_k(L: Lesson, model, sweep: dict) -> None:
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("draft", "k", "guesses", "accepted", "kept/step", "speedup", "bytes/token"):
         t.add_column(col, justify="right", no_wrap=True)
-    t.add_row("plain", "-", "-", "-", "1.00", f"1.00× ({p['tok_s']:.1f}/s)", fmt_bytes(p["bytes_per_token"]))
+    t.add_row("plain", "-", "-", "-", "1.00", "1.00×", fmt_bytes(p["bytes_per_token"]))
     for r in sweep["rows"]:
         t.add_row(escape(r["draft"]), str(r["k"]), f"{r['drafted'] / max(1, r['rounds']):.2f}",
                   f"{r['acceptance']:.0%}", f"{r['tokens_per_step']:.2f}",
                   f"{r['speedup']:.2f}×", fmt_bytes(r["bytes_per_token"]))
     L.show(t, "[dim]guesses: guesses made per round (the n-gram draft makes none when nothing matches); "
               "accepted: accepted ÷ guessed; kept/step: tokens kept per step of the model; speedup: tokens per "
-              "second against plain decode's; bytes/token: the "
+              f"second against plain decode's ({p['tok_s']:.1f} tokens/s); bytes/token: the "
               "draft's and the model's, as metered, per token kept; greedy, real held-out text[/]")
     L.console.print(f"[dim]times: medians of {sweep['repeats']} interleaved rounds; {L.conditions()}[/]")
     L.console.print()
