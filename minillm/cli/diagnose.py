@@ -105,9 +105,12 @@ def _run(args) -> int:
                           "less than --prompt-tokens")
     model = load_model(args.model)
     c = model.config
+    if P >= c.n_ctx:
+        raise PromptError(f"--prompt-tokens {P} does not fit {escape(model.name)}'s context of {c.n_ctx}: the prompt "
+                          f"and at least one answer token need at most {c.n_ctx - 1} prompt tokens")
     if P + N > c.n_ctx:
         raise PromptError(f"--prompt-tokens {P} + --answer-tokens {N} is beyond {escape(model.name)}'s context of "
-                          f"{c.n_ctx}: with this prompt at most {max(0, c.n_ctx - P)} answer tokens fit")
+                          f"{c.n_ctx}: with this prompt at most {c.n_ctx - P} answer tokens fit")
     hw = hardware.machine(progress=True)
     with out.status(f"prefilling {P} tokens and running two decode steps on {escape(model.name)}…"):
         pre, pre_seconds, dec, first, growth, n_decode = measure_workload(model, P, N)
@@ -131,8 +134,8 @@ def _run(args) -> int:
               _t(here(dec)), _t(on_chip(dec)))
     out.print(t)
     out.print(f"[dim]here: the roofline with this machine's figures, bytes unfused (as NumPy runs); "
-              f"{chip.name}: the roofline with published figures, fused bytes in fp16. This machine: "
-              f"{escape(hardware.provenance(hw))}.[/]")
+              f"{chip.name}: the roofline with published figures, ideal-fusion bytes in fp16 (a lower bound). "
+              f"This machine: {escape(hardware.provenance(hw))}.[/]")
 
     # Latency: time to first token, time per output token, the whole answer.
     tpot_here = roofline(first.total_bytes, first.total_flops, hw).seconds if first else 0.0
@@ -177,7 +180,9 @@ def _run(args) -> int:
         tips.append("batching: the table above, more requests per weight read")
         tips.append("quantization: fewer bytes per weight, and decode's time is bytes ÷ bandwidth")
     else:
-        tips.append("fused attention kernels and chunked prefill: the prefill's arithmetic and activations")
+        tips.append("more FLOP/s: 8-bit math (W8A8, FP8) or several GPUs (tensor parallelism); fewer prompt "
+                    "tokens; chunked prefill does not shorten a prefill, it keeps one from stalling other "
+                    "requests' decode")
     if S:
         saved = S / P
         tips.append(f"prefix caching: the {S} shared tokens are {saved:.0%} of every prompt's prefill, computed "
