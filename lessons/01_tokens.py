@@ -62,6 +62,7 @@ def opening(L: Lesson, enc) -> int:
         ids = enc.encode("ROMEO: But soft, ...")
         ```
     """)
+    L.pause()
     ids = enc.encode(SENTENCE)
     L.show(f"[bold]{escape(repr(SENTENCE))} → {len(ids)} tokens[/]", token_table(enc, ids))
     L.say("""

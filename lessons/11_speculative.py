@@ -49,6 +49,7 @@ def one_read(L: Lesson, model, prompt) -> None:
 
         First the cost of checking. Steps over 1 to 9 new tokens at the same position, from one cache:
     """)
+    L.pause()
     _, cache = model.prefill(prompt)
     n0 = cache.length
     sizes = [1, 2, 3, 5, 9]

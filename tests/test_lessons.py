@@ -260,7 +260,7 @@ def test_lesson_2s_parameter_claim_fails_on_a_wrong_count(wrong, monkeypatch, ca
         real = GPT2Config.n_params
         monkeypatch.setattr(GPT2Config, "n_params", lambda self: real(self) - 2 * self.n_embd)
     assert _lesson(2).main(["--fast", "--no-pause"]) == 1
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
     assert "did not hold" in out and "n_params()" in out.split("did not hold")[1], out[-2000:]
 
 
@@ -272,7 +272,7 @@ def test_lesson_4s_claims_fail_when_the_naive_loop_reuses_a_cache(monkeypatch, c
     real = minillm.generate
     monkeypatch.setattr(minillm, "generate", lambda model, ids, n, kv_cache=True, **kw: real(model, ids, n, **kw))
     assert _lesson(4).main(["--fast", "--no-pause"]) == 1
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
     assert "did not hold" in out and "tokens through the model" in out.split("did not hold")[1], out[-2000:]
 
 
@@ -288,7 +288,7 @@ def test_lesson_4s_quadratic_claim_fails_on_a_run_too_short_to_compare(tmp_path,
     config = GPT2Config(n_layer=1, n_head=1, n_embd=8, n_ctx=P + 1, vocab_size=50257)
     save_checkpoint(tmp_path / "short", random_params(config), config)
     assert lesson.main(["--fast", "--no-pause", "--model", str(tmp_path / "short")]) == 1
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
     assert "did not hold" in out and "doubling the answer" in out.split("did not hold")[1], out[-2000:]
 
 
@@ -367,12 +367,13 @@ def test_lesson_8s_critical_batch_sentence_names_the_tables_own_verdicts(monkeyp
     assert "B ≈ 17" in text and "between B = 8 and B = 16" in text
 
 
-@pytest.mark.parametrize("ratio, words, wrong", [(3.9, "much higher", "a little"), (1.1, "about the same", "higher"),
-                                                 (1.5, "somewhat higher", "much")])
-def test_lesson_9s_time_between_tokens_sentence_follows_the_ratio(ratio, words, wrong):
+@pytest.mark.parametrize("ratio, words", [(3.9, "3.9× one at a time's: much higher"),
+                                          (1.1, "about the same as one at a time's (1.1×)"),
+                                          (1.5, "1.5× one at a time's: somewhat higher")])
+def test_lesson_9s_time_between_tokens_sentence_follows_the_ratio(ratio, words):
     """E7: the README's run had TBT p50 3.9× one at a time's; the lesson said 'a little higher'."""
     text = _lesson(9).tbt_words(ratio, 11.2)
-    assert words in text and wrong not in text.split(":")[0] + text.split(":")[1].split(",")[0]
+    assert words in text and "a little" not in text
 
 
 def test_lesson_10_and_serve_sim_read_the_decode_verdict_they_print():
