@@ -12,7 +12,7 @@ import minillm
 from minillm.lessons._common import Lesson, run_lesson, token_text
 
 TITLE = "Tokens: text becomes numbers"
-MINUTES = 4
+MINUTES = 3
 WHAT_YOU_WILL_SEE = "a sentence as GPT-2 token ids, the 50,257-id vocabulary, <|endoftext|>"
 TIMED = False   # nothing here is timed: no busy-machine note
 

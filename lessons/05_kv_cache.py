@@ -16,7 +16,7 @@ from minillm.lessons._common import (Lesson, bar_chart, faster_words, fmt_bytes,
 from minillm.ui import report
 
 TITLE = "The KV cache: compute each token once"
-MINUTES = 8
+MINUTES = 6
 WHAT_YOU_WILL_SEE = "same tokens, flat per-step cost, measured speedups, 72 KiB a token, two classic bugs"
 
 PROMPT = "JULIET: O Romeo, Romeo! wherefore art thou Romeo?"

@@ -21,7 +21,7 @@ from minillm.measure.chips import PRESETS, decode_ceiling, roofline
 from minillm.ui import report
 
 TITLE = "Diagnose your bottleneck"
-MINUTES = 12
+MINUTES = 9
 WHAT_YOU_WILL_SEE = "the roofline, which phase dominates three workloads, what each optimization buys"
 
 SYSTEM = ("You are a helpful assistant who answers every question in the manner of William Shakespeare. "

@@ -19,7 +19,7 @@ from minillm.serving.workloads import WorkItem, generate_workload
 from minillm.ui.report import fmt_time
 
 TITLE = "Serving: continuous batching"
-MINUTES = 8
+MINUTES = 6
 WHAT_YOU_WILL_SEE = "three schedulers, one workload; KV waste; preemption"
 
 

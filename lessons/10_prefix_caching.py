@@ -18,7 +18,7 @@ from minillm.serving.workloads import WorkItem, generate_workload
 from minillm.ui.report import fmt_flops, fmt_time
 
 TITLE = "Prefix caching; diagnosis"
-MINUTES = 8
+MINUTES = 5
 WHAT_YOU_WILL_SEE = "a shared prompt computed once; block size; which phase bound it"
 
 

@@ -19,7 +19,7 @@ from minillm.meter import Meter
 from minillm.measure.speculation import heldout_prompts, run_speculation_bench
 
 TITLE = "Speculative decoding: guess cheaply, check in one read"
-MINUTES = 8
+MINUTES = 6
 WHAT_YOU_WILL_SEE = "k+1 tokens for one weight read, acceptance against k, a speedup and where it goes"
 
 
