@@ -213,13 +213,16 @@ def against_k(L: Lesson, model, sweep: dict) -> None:
         k1 = next((r for r in model_rows if r["k"] == 1), model_rows[0])
         alpha = alpha_from(k1["tokens_per_step"], k1["k"])
         rows = [(r["k"], r["tokens_per_step"], expected_tokens(alpha, r["k"])) for r in model_rows]
+        c = sweep["draft_ms"].get(k1["draft"], 0.0) / sweep["plain"]["ms_step"]
         t2 = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
-                   title=f"{escape(k1['draft'])}: α = {alpha:.2f}, fitted at k = {k1['k']}", title_justify="left")
-        for col in ("k", "tokens per check, measured", "E from the formula"):
+                   title=f"{escape(k1['draft'])}: α = {alpha:.2f}, fitted at k = {k1['k']}; c = {c:.2f}",
+                   title_justify="left")
+        for col in ("k", "kept/check", "E, formula", "speedup, E÷(ck+1)", "measured"):
             t2.add_column(col, justify="right")
-        for k, got, want in rows:
-            t2.add_row(str(k), f"{got:.2f}", f"{want:.2f}")
-        L.show(t2)
+        for (k, got, want), r in zip(rows, model_rows):
+            t2.add_row(str(k), f"{got:.2f}", f"{want:.2f}", f"{want / (c * k + 1):.2f}×", f"{r['speedup']:.2f}×")
+        L.show(t2, "[dim]c: one draft step's time ÷ one plain step's, measured; the formula counts a check of "
+                   "k+1 tokens as one step (the first part of this lesson measured what it costs here)[/]")
         worst = max(abs(got - want) / want for _, got, want in rows)
         acc = [r["acceptance"] for r in model_rows]
         if worst >= 0.15:
