@@ -54,7 +54,7 @@ def start(model, **kw):
 
 @pytest.fixture(scope="module")
 def served(model):
-    server, loop = start(model, max_batch=8)
+    server, loop = start(model, max_seqs=8)
     yield server
     server.shutdown()
     server.server_close()
@@ -221,7 +221,7 @@ def test_a_full_queue_gets_429_with_retry_after(model):
 
 def test_preemption_under_a_tiny_kv_budget_keeps_the_tokens(model):
     """A pool of a few blocks: sequences are preempted and recomputed; their tokens do not change."""
-    server, loop = start(model, kv_memory=12 * 2 * 2 * 16 * 4 * 8, max_batch=4)   # 12 blocks of 4 positions
+    server, loop = start(model, kv_memory=12 * 2 * 2 * 16 * 4 * 8, max_seqs=4)   # 12 blocks of 4 positions
     try:
         cases = [(f"p{i}", 20, 0.8, i) for i in range(4)]
         results = [None] * 4
@@ -318,7 +318,7 @@ def test_loadgen_says_when_no_server_is_there(tmp_path):
 
 
 def test_the_prefix_cache_serves_shared_prompts_with_the_same_tokens(model):
-    server, loop = start(model, prefix_cache=True, max_batch=4)
+    server, loop = start(model, prefix_cache=True, max_seqs=4)
     try:
         system = list(range(100, 140))                                   # 40 shared ids: 10 full blocks
         for q in ([7, 8], [9], [10, 11, 12]):

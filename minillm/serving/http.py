@@ -10,7 +10,6 @@ import queue
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from ..engine.sequence import EOT
 from ..tokenizer import tokenizer
 from .api import ApiError, completion, models, new_id, parse_completion, usage
 from .loop import EngineLoop
@@ -146,7 +145,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def events(self, r):
         """(text, finish_reason or None) as tokens arrive; cancels the sequence at a stop string."""
-        text = Text(r.req.stop)
+        text = Text(r.api.stop)
         while True:
             try:
                 what, value = r.events.get(timeout=EVENT_TIMEOUT)
@@ -155,7 +154,7 @@ class Handler(BaseHTTPRequestHandler):
                 yield text.finish(), "error"
                 return
             if what == "token":
-                if value == EOT:                   # <|endoftext|> ends the text; it is not part of it
+                if value in r.seq.stop_ids:        # an end-of-sequence token ends the text; it is not part of it
                     continue
                 piece = text.push(value)
                 if text.stopped:
@@ -173,7 +172,7 @@ class Handler(BaseHTTPRequestHandler):
         for piece, finish in self.events(r):
             parts.append(piece)
         self.send_json(200, completion(cid, self.server.model_name, "".join(parts), finish,
-                                       usage(len(r.req.prompt_ids), r.n_tokens), created))
+                                       usage(len(r.seq.prompt), r.n_tokens), created))
 
     def stream(self, r) -> None:
         cid, created, name = new_id(), int(time.time()), self.server.model_name
@@ -187,8 +186,8 @@ class Handler(BaseHTTPRequestHandler):
             for piece, finish in self.events(r):
                 if piece or finish:
                     self.sse(completion(cid, name, piece, finish, None, created))
-            if r.req.include_usage:
-                body = completion(cid, name, "", None, usage(len(r.req.prompt_ids), r.n_tokens), created)
+            if r.api.include_usage:
+                body = completion(cid, name, "", None, usage(len(r.seq.prompt), r.n_tokens), created)
                 body["choices"] = []
                 self.sse(body)
             self.wfile.write(b"data: [DONE]\n\n")
