@@ -46,16 +46,13 @@ def gpu_roof_fused(r, chip: str, model):
 
 
 def phases(m: minillm.Meter, hw, model) -> dict:
-    """Prefill and decode totals of a run: counted work, measured time, and roofline times."""
+    """Prefill and decode totals of a run (`Meter.totals`): counted work, measured time, and roofline times."""
     out = {}
     for kind in ("prefill", "decode"):
-        rs = m.of_kind(kind)
+        tot, rs = m.totals(kind), m.of_kind(kind)
         out[kind] = {
-            "steps": len(rs),
-            "tokens": sum(r.n_tokens for r in rs),
-            "flops": sum(r.total_flops for r in rs),
-            "bytes": sum(r.total_bytes for r in rs),
-            "seconds": sum(r.seconds for r in rs),
+            "steps": tot.steps, "tokens": tot.tokens, "flops": tot.flops, "bytes": tot.bytes,
+            "seconds": tot.seconds,
             "roof_here": sum(roofline(r.total_bytes, r.total_flops, hw).seconds for r in rs),
             "roof_gpu": sum(gpu_roof(r, GPUS[0]).seconds for r in rs),
             "roof_gpu_fused": sum(gpu_roof_fused(r, GPUS[0], model).seconds for r in rs),
