@@ -14,17 +14,16 @@ from ..errors import MiniLLMError
 from ..serving.http import Server
 from ..serving.loop import EngineLoop
 from ..ui.live import LiveView
-from .serve_sim import parse_bytes
-from .common import add_model, err, load_model
+from .common import add_batch_limits, add_kv_options, add_model, at_least_one, err, load_model, note_if_busy, parse_bytes
+
 
 def add_arguments(p) -> None:
     add_model(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: only this machine can connect)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
-    p.add_argument("--max-batch", type=int, default=16, help="most sequences in one step (default 16)")
-    p.add_argument("--kv-memory", default="256MB", help="memory for the paged KV cache (default 256MB)")
-    p.add_argument("--block-size", type=int, default=16, help="positions per KV-cache block (default 16)")
+    add_batch_limits(p)
+    add_kv_options(p)
     p.add_argument("--max-waiting", type=int, default=64,
                    help="requests that may wait for a place in the batch; more get 429 (default 64)")
     p.add_argument("--prefix-cache", action="store_true",
@@ -35,17 +34,16 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    for name in ("max_batch", "block_size", "max_waiting"):
-        if getattr(args, name) < 1:
-            raise MiniLLMError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+    at_least_one(args, "max_seqs", "max_batched_tokens", "block_size", "max_waiting")
     if not 0 <= args.port <= 65535:
         raise MiniLLMError(f"--port {args.port}: must be between 0 and 65535")
     kv = parse_bytes(args.kv_memory)
     model = load_model(args.model)
     live = (args.live if args.live is not None else sys.stderr.isatty()) and not args.quiet
     view = LiveView(err, title=f"minillm serve: {model.name}") if live else None
-    loop = EngineLoop(model, kv_memory=kv, block_size=args.block_size, max_seqs=args.max_batch,
-                      max_waiting=args.max_waiting, prefix_cache=args.prefix_cache, on_step=view)
+    loop = EngineLoop(model, kv_memory=kv, block_size=args.block_size, max_seqs=args.max_seqs,
+                      max_batched_tokens=args.max_batched_tokens, max_waiting=args.max_waiting,
+                      prefix_cache=args.prefix_cache, on_step=view)
     try:
         server = Server((args.host, args.port), loop, model.name,
                         log=None if (args.quiet or live) else _log)
@@ -60,9 +58,11 @@ def run(args) -> int:
     where = "loopback: only this machine can connect" if loopback else \
         "NOT loopback: other machines can connect, as --host asked"
     err.print(f"minillm serve: {escape(model.name)} on http://{host}:{port} ({where}); "
-              f"KV pool {loop.pool.num_blocks} blocks of {args.block_size} positions, batch up to {args.max_batch}"
+              f"KV pool {loop.pool.num_blocks} blocks of {args.block_size} positions, up to {args.max_seqs} "
+              f"sequences and {args.max_batched_tokens} tokens a step"
               f"{', prefix cache on' if args.prefix_cache else ''}. "
-              "Ctrl-C stops.", soft_wrap=True)
+              "Ctrl-C stops.", soft_wrap=False)
+    note_if_busy(args)
     print(f"listening on http://{host}:{port}", flush=True)
     loop.start()
 
