@@ -5,23 +5,31 @@ Run:  python lessons/01_tokens.py        (or: minillm learn 1)
 
 from __future__ import annotations
 
-try:
-    from minillm.lessons._common import Lesson, run_lesson, token_text
-except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
-    raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
-
 from rich.markup import escape
 from rich.table import Table
 
 import minillm
+from minillm.lessons._common import Lesson, run_lesson, token_text
 
 TITLE = "Tokens: text becomes numbers"
-MINUTES = 4
+MINUTES = 3
 WHAT_YOU_WILL_SEE = "a sentence as GPT-2 token ids, the 50,257-id vocabulary, <|endoftext|>"
+TIMED = False   # nothing here is timed: no busy-machine note
 
 # Edit these and run the lesson again.
 SENTENCE = "ROMEO: But soft, what light through yonder window breaks?"
 TRICKY = "Tokenization isn't free: 3.14159, 2024, naïve, 東京, and antidisestablishmentarianism."
+
+
+def lesson(L: Lesson) -> None:
+    enc = minillm.tokenizer()
+    n_tokens = opening(L, enc)
+    L.pause()
+    where_tokenization_gets_lumpy(L, enc)
+    L.pause()
+    the_vocabulary(L, enc)
+    L.pause()
+    endoftext(L, enc, n_tokens)
 
 
 def token_table(enc, ids: list[int]) -> Table:
@@ -35,8 +43,7 @@ def token_table(enc, ids: list[int]) -> Table:
     return t
 
 
-def first_steps(L: Lesson):
-    """Section: the opening."""
+def opening(L: Lesson, enc) -> int:
     L.say("""
         A language model is a function from **integers to integers**. Before GPT-2 sees your text,
         a *tokenizer* cuts it into pieces from a fixed list, the **vocabulary**, and replaces each
@@ -45,8 +52,9 @@ def first_steps(L: Lesson):
 
         GPT-2 uses *byte-pair encoding* (BPE): start from single bytes and repeatedly glue together
         the pair that was most frequent in the training text. Common words become one token, rare
-        words several. minillm builds GPT-2's tokenizer with `tiktoken` from the merge list it ships
-        (`gpt2.tiktoken`, beside the bundled model), so nothing is downloaded:
+        words several. minillm builds GPT-2's tokenizer with `tiktoken` from the rank table it ships
+        (`gpt2.tiktoken`, beside the bundled model: each token's bytes and its rank, from which the
+        merges follow), so nothing is downloaded:
 
         ```python
         import minillm
@@ -54,7 +62,7 @@ def first_steps(L: Lesson):
         ids = enc.encode("ROMEO: But soft, ...")
         ```
     """)
-    enc = minillm.tokenizer()
+    L.pause()
     ids = enc.encode(SENTENCE)
     L.show(f"[bold]{escape(repr(SENTENCE))} → {len(ids)} tokens[/]", token_table(enc, ids))
     L.say("""
@@ -68,11 +76,10 @@ def first_steps(L: Lesson):
     L.claim(len(ids) < len(SENTENCE),
             f"fewer tokens than characters: {len(SENTENCE)} characters → {len(ids)} tokens "
             f"({len(SENTENCE) / len(ids):.1f} characters per token)")
-    return enc, ids
+    return len(ids)
 
 
-def where_tokenization_gets_lumpy(L: Lesson, enc):
-    """Section: Where tokenization gets lumpy."""
+def where_tokenization_gets_lumpy(L: Lesson, enc) -> None:
     L.section("Where tokenization gets lumpy")
     tricky = enc.encode(TRICKY)
     L.show(f"[bold]{escape(repr(TRICKY))}[/]\n[bold]{len(TRICKY)} characters → {len(tricky)} tokens[/]", token_table(enc, tricky))
@@ -85,11 +92,9 @@ def where_tokenization_gets_lumpy(L: Lesson, enc):
     L.claim(enc.decode(tricky) == TRICKY, "even split characters come back intact when all tokens are decoded")
 
 
-def the_vocabulary(L: Lesson, enc):
-    """Section: The vocabulary."""
+def the_vocabulary(L: Lesson, enc) -> None:
     L.section("The vocabulary")
     n_vocab = enc.n_vocab
-    eot = enc.eot_token
     first = [token_text(enc, i) for i in (0, 1, 2, 64, 65, 255)]
     L.say(f"""
         GPT-2's vocabulary has **{n_vocab:,}** ids: 256 single bytes (so *any* text can be encoded),
@@ -104,14 +109,13 @@ def the_vocabulary(L: Lesson, enc):
         each, for the model `{model.name}`). Looking a token up is reading one row; lesson 2 follows
         those rows through the network.
     """)
-    L.claim(n_vocab == 50257 == model.config.vocab_size,
-            f"the tokenizer and the model agree: {n_vocab:,} ids")
-    return eot
+    L.claim(n_vocab == model.config.vocab_size,
+            f"the tokenizer and the model `{escape(model.name)}` agree: {n_vocab:,} ids")
 
 
-def endoftext(L: Lesson, enc, eot, ids):
-    """Section: <|endoftext|>."""
+def endoftext(L: Lesson, enc, n_tokens: int) -> None:
     L.section("<|endoftext|>")
+    eot = enc.eot_token
     special = enc.encode("<|endoftext|>", allowed_special={"<|endoftext|>"})
     as_text = enc.encode("<|endoftext|>", disallowed_special=())
     L.say(f"""
@@ -124,11 +128,11 @@ def endoftext(L: Lesson, enc, eot, ids):
         - as plain text: `enc.encode("<|endoftext|>", disallowed_special=())` → `{as_text}`
           ({len(as_text)} ordinary tokens: {" ".join(f"`{token_text(enc, t)}`" for t in as_text)})
     """)
-    L.claim(special == [eot] == [50256], "<|endoftext|> is the single id 50256")
+    L.claim(special == [eot], f"<|endoftext|>, allowed, encodes to the single id {eot}")
     L.claim(len(as_text) > 1, "the same characters, typed as text, are several ordinary tokens")
 
     L.takeaway(f"""
-        Everything the model does is counted in tokens: {len(ids)} of them for our sentence. The
+        Everything the model does is counted in tokens: {n_tokens} of them for our sentence. The
         **prompt** is a list of ids the model processes all at once (prefill, lesson 3); each
         **generated** token is one more id, produced one at a time (decode, lessons 4 to 6).
     """)
@@ -143,19 +147,8 @@ def endoftext(L: Lesson, enc, eot, ids):
     """)
 
 
-def lesson(L: Lesson) -> None:
-    enc, ids = first_steps(L)
-    L.pause()
-    where_tokenization_gets_lumpy(L, enc)
-    L.pause()
-    eot = the_vocabulary(L, enc)
-    L.pause()
-    endoftext(L, enc, eot, ids)
-
-
 def main(argv: list[str] | None = None) -> int:
-    return run_lesson(lesson, argv, number=1, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python lessons/01_tokens.py")
+    return run_lesson(lesson, argv)
 
 
 if __name__ == "__main__":

@@ -5,26 +5,84 @@ Run:  python lessons/02_forward.py        (or: minillm learn 2)
 
 from __future__ import annotations
 
-try:
-    from minillm.lessons._common import Lesson, bar_chart, fmt_bytes, fmt_flops, fmt_prob, run_lesson, token_text
-except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
-    raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
-
 import numpy as np
 from rich.markup import escape
 from rich.table import Table
 
 import minillm
-from minillm.models import gpt2 as model_module
-from minillm.models import ops
-from minillm.checkpoints.checkpoint import expected_shapes
 from minillm.config import PRESETS
+from minillm.lessons._common import Lesson, bar_chart, fmt_bytes, fmt_flops, fmt_prob, run_lesson, token_text
+from minillm.models import ops
 
 TITLE = "One forward pass: ids in, probabilities out"
-MINUTES = 6
+MINUTES = 4
 WHAT_YOU_WILL_SEE = "real array shapes through every layer, the top-5 next tokens, parameters by part"
+TIMED = False   # counts only: no busy-machine note
 
 PROMPT = "ROMEO: But soft, what light through yonder window"
+
+
+def lesson(L: Lesson) -> None:
+    model = L.load_model()
+    enc = minillm.tokenizer()
+    ids = np.array(enc.encode(PROMPT))
+    logits = shapes_through_the_model(L, model, ids)
+    L.pause()
+    the_next_token_distribution(L, model, enc, logits)
+    L.pause()
+    where_the_parameters_are(L, model, ids)
+
+
+# -- the block, written out over minillm.models.ops (the model's own block is the same calls) ---------
+
+
+def split_heads(qkv: np.ndarray, n_head: int):
+    """[T, 3d] -> q, k, v, each [H, T, hd]."""
+    T, three_d = qkv.shape
+    qkv = qkv.reshape(T, 3, n_head, three_d // (3 * n_head)).transpose(1, 2, 0, 3)   # [3, H, T, hd]
+    return qkv[0], qkv[1], qkv[2]
+
+
+def merge_heads(a: np.ndarray) -> np.ndarray:
+    """[H, T, hd] -> [T, d]: the heads side by side again."""
+    H, T, hd = a.shape
+    return a.transpose(1, 0, 2).reshape(T, H * hd)
+
+
+def block(x: np.ndarray, p: dict, n_head: int, eps: float, rows: list | None = None) -> np.ndarray:
+    """One GPT-2 block: x + attention(ln_1(x)), then + mlp(ln_2(x)). [T, d] -> [T, d].
+    With `rows`, each call's name, output shape and meaning is appended to it."""
+    def note(call, a, what=""):
+        if rows is not None:
+            rows.append((call, "[" + ", ".join(str(n) for n in a.shape) + "]", what))
+        return a
+
+    def shape(name):
+        return "[" + ", ".join(str(n) for n in p[name].shape) + "]"
+
+    h = note("  ops.layer_norm(x, ln_1)", ops.layer_norm(x, p["ln_1.weight"], p["ln_1.bias"], eps),
+             "each row: mean 0, variance 1, then scale, shift")
+    qkv = note(f"  ops.linear(h, c_attn {shape('attn.c_attn.weight')})",
+               ops.linear(h, p["attn.c_attn.weight"], p["attn.c_attn.bias"]), "queries, keys, values side by side")
+    q, k, v = split_heads(qkv, n_head)
+    note("  split_heads(qkv, H) → q, k, v", q, f"{n_head} heads of {q.shape[-1]} numbers each")
+    a = note("  ops.attention(q, k, v)", ops.attention(q, k, v), "each position mixes the values of positions ≤ it")
+    merged = note("  merge_heads(a)", merge_heads(a), "heads side by side again")
+    att = note(f"  ops.linear(·, attn.c_proj {shape('attn.c_proj.weight')})",
+               ops.linear(merged, p["attn.c_proj.weight"], p["attn.c_proj.bias"]))
+    x = note("  x = ops.add(x, ·)", ops.add(x, att), "residual: add the result to the stream")
+    h = note("  ops.layer_norm(x, ln_2)", ops.layer_norm(x, p["ln_2.weight"], p["ln_2.bias"], eps))
+    up = note(f"  ops.linear(h, c_fc {shape('mlp.c_fc.weight')})",
+              ops.linear(h, p["mlp.c_fc.weight"], p["mlp.c_fc.bias"]), "MLP: 4× wider")
+    g = note("  ops.gelu(·)", ops.gelu(up), "tanh-GELU, element by element")
+    down = note(f"  ops.linear(·, mlp.c_proj {shape('mlp.c_proj.weight')})",
+                ops.linear(g, p["mlp.c_proj.weight"], p["mlp.c_proj.bias"]), "back to width d")
+    return note("  x = ops.add(x, ·)", ops.add(x, down), "end of the block")
+
+
+def block_params(model, layer: int) -> dict:
+    prefix = f"h.{layer}."
+    return {k[len(prefix):]: v for k, v in model.params.items() if k.startswith(prefix)}
 
 
 def part_of(name: str) -> str:
@@ -39,6 +97,19 @@ def part_of(name: str) -> str:
     return "layer norms (ln_1, ln_2, ln_f)"
 
 
+def gpt2_sizes(c) -> dict[str, int]:
+    """The number of values in each of a GPT-2 config's tensors, from its shapes (nothing allocated)."""
+    d, f = c.n_embd, 4 * c.n_embd
+    sizes = {"wte.weight": c.vocab_size * d, "wpe.weight": c.n_ctx * d, "ln_f.weight": d, "ln_f.bias": d}
+    for i in range(c.n_layer):
+        for name, n in (("ln_1.weight", d), ("ln_1.bias", d), ("attn.c_attn.weight", d * 3 * d),
+                        ("attn.c_attn.bias", 3 * d), ("attn.c_proj.weight", d * d), ("attn.c_proj.bias", d),
+                        ("ln_2.weight", d), ("ln_2.bias", d), ("mlp.c_fc.weight", d * f), ("mlp.c_fc.bias", f),
+                        ("mlp.c_proj.weight", f * d), ("mlp.c_proj.bias", d)):
+            sizes[f"h.{i}.{name}"] = n
+    return sizes
+
+
 PARTS = ["wte (token embedding = LM head)", "wpe (position embedding)", "attention (c_attn, c_proj)",
          "MLP (c_fc, c_proj)", "layer norms (ln_1, ln_2, ln_f)"]
 
@@ -50,89 +121,62 @@ def by_part(sizes: dict[str, int]) -> dict[str, int]:
     return parts
 
 
-def first_steps(L: Lesson):
-    """Section: the opening."""
-    model = L.load_model()
+def shapes_through_the_model(L: Lesson, model, ids) -> np.ndarray:
     c = model.config
-    enc = minillm.tokenizer()
-    ids = np.array(enc.encode(PROMPT))
     T, d, H, V = ids.size, c.n_embd, c.n_head, c.vocab_size
     L.say(f"""
         `{escape(repr(model))}`
 
         GPT-2 turns **T** token ids into **T** rows of **d** numbers (the *residual stream*), passes
-        them through **L** identical *blocks*, normalises them once more, and multiplies by the
-        embedding table again to get one score (*logit*) per vocabulary entry. Here T = {T} tokens
-        of `{escape(PROMPT)}`, d = {d}, L = {c.n_layer}, H = {H} heads, V = {V:,}.
+        them through **L** *blocks* (identical in shape, each with its own weights), normalises them
+        once more, and multiplies by the embedding table again to get one score (*logit*) per
+        vocabulary entry. Here T = {T} tokens of `{escape(PROMPT)}`, d = {d}, L = {c.n_layer},
+        H = {H} heads, V = {V:,}.
 
-        Below, every shape was read from the array that minillm's own functions returned: the
-        lesson calls `ops.embedding`, `ops.layer_norm`, `ops.linear`, `ops.attention`, `ops.gelu`,
-        `ops.lm_head` by hand for block 0, then `model.transformer_block` for the others.
+        Inside attention each position makes three vectors: a **query** (what it looks for), a
+        **key** (what it offers to later queries) and a **value** (what it passes on when a query
+        matches its key).
     """)
+    L.pause()
+    L.say("""
+        Below, every shape was read from the array that minillm's own functions returned: the lesson
+        calls `ops.embedding`, `ops.layer_norm`, `ops.linear`, `ops.attention`, `ops.gelu`,
+        `ops.lm_head` by hand (the `block` function at the top of this file), for every block.
+    """)
+    wte, wpe = model.params["wte.weight"], model.params["wpe.weight"]
     rows: list[tuple[str, str, str]] = []
-
-    def shape(a) -> str:
-        return "[" + ", ".join(str(n) for n in a.shape) + "]"
-
-    p = model.blocks[0]
-    x = ops.embedding(model.wte, model.wpe, ids, 0)
-    rows.append(("ops.embedding(wte, wpe, ids, 0)", shape(x), "row ids of wte + rows 0..T-1 of wpe"))
-    h = ops.layer_norm(x, p["ln_1.weight"], p["ln_1.bias"], c.ln_eps)
-    rows.append(("  ops.layer_norm(x, ln_1)", shape(h), "each row: mean 0, variance 1, then scale, shift"))
-    qkv = ops.linear(h, p["attn.c_attn.weight"], p["attn.c_attn.bias"])
-    rows.append((f"  ops.linear(h, c_attn {shape(p['attn.c_attn.weight'])})", shape(qkv), "queries, keys, values side by side"))
-    q, k, v = model_module.split_heads(qkv, H)
-    rows.append(("  split_heads(qkv, H) → q, k, v", shape(q), f"{H} heads of {d // H} numbers each"))
-    a = ops.attention(q, k, v)
-    rows.append(("  ops.attention(q, k, v)", shape(a), "each position mixes the values of positions ≤ it"))
-    merged = model_module.merge_heads(a)
-    rows.append(("  merge_heads(a)", shape(merged), "heads side by side again"))
-    att = ops.linear(merged, p["attn.c_proj.weight"], p["attn.c_proj.bias"])
-    rows.append((f"  ops.linear(·, attn.c_proj {shape(p['attn.c_proj.weight'])})", shape(att), ""))
-    x = ops.add(x, att)
-    rows.append(("  x = ops.add(x, ·)", shape(x), "residual: add the result to the stream"))
-    h = ops.layer_norm(x, p["ln_2.weight"], p["ln_2.bias"], c.ln_eps)
-    rows.append(("  ops.layer_norm(x, ln_2)", shape(h), ""))
-    up = ops.linear(h, p["mlp.c_fc.weight"], p["mlp.c_fc.bias"])
-    rows.append((f"  ops.linear(h, c_fc {shape(p['mlp.c_fc.weight'])})", shape(up), "MLP: 4× wider"))
-    g = ops.gelu(up)
-    rows.append(("  ops.gelu(·)", shape(g), "tanh-GELU, element by element"))
-    down = ops.linear(g, p["mlp.c_proj.weight"], p["mlp.c_proj.bias"])
-    rows.append((f"  ops.linear(·, mlp.c_proj {shape(p['mlp.c_proj.weight'])})", shape(down), "back to width d"))
-    x = ops.add(x, down)
-    rows.append(("  x = ops.add(x, ·)", shape(x), "end of block 0"))
+    x = ops.embedding(wte, wpe, ids, 0)
+    rows.append(("ops.embedding(wte, wpe, ids, 0)", f"[{T}, {d}]", "row ids of wte + rows 0..T-1 of wpe"))
+    x = block(x, block_params(model, 0), H, c.ln_eps, rows)
     for layer in range(1, c.n_layer):
-        x = model_module.transformer_block(x, model.blocks[layer], c.n_head, c.ln_eps,
-                                           lambda q, k, v: ops.attention(q, k, v))   # no cache: attend in place
+        x = block(x, block_params(model, layer), H, c.ln_eps)
     if c.n_layer > 1:
-        rows.append((f"model.transformer_block × {c.n_layer - 1}", shape(x), f"blocks 1..{c.n_layer - 1}, same shapes"))
+        rows.append((f"block(x, ...) × {c.n_layer - 1}", f"[{T}, {d}]", f"blocks 1..{c.n_layer - 1}, same shapes"))
     x = ops.layer_norm(x, model.params["ln_f.weight"], model.params["ln_f.bias"], c.ln_eps)
-    rows.append(("ops.layer_norm(x, ln_f)", shape(x), "final norm"))
-    logits = ops.lm_head(x, model.wte)
-    rows.append(("ops.lm_head(x, wte)  # x @ wte.T", shape(logits), "a score for every id, at every position"))
-
+    rows.append(("ops.layer_norm(x, ln_f)", f"[{T}, {d}]", "final norm"))
+    logits = ops.lm_head(x, wte)
+    rows.append(("ops.lm_head(x, wte)  # x @ wte.T", "[" + ", ".join(map(str, logits.shape)) + "]",
+                 "a score for every id, at every position"))
     t = Table(header_style="bold")
     t.add_column("call")
     t.add_column("shape", justify="right", style="cyan", no_wrap=True)
     t.add_column("what", style="dim")
-    for call, s, what in rows:
-        t.add_row(escape(call), s, what)
+    for call, s_, what in rows:
+        t.add_row(escape(call), s_, what)
     L.show(f"[bold]Shapes through {escape(model.name)}, T = {T}[/]", t)
-    L.claim(logits.shape == (T, V), f"the logits are [T, V] = [{T}, {V:,}]: one row of scores per position")
     reference = model.forward(ids)
-    L.claim(np.allclose(logits, reference, rtol=1e-5, atol=1e-5),
-            "calling the ops by hand gives the same logits as model.forward(ids) "
+    L.claim(logits.shape == reference.shape == (T, V) and np.allclose(logits, reference, rtol=1e-5, atol=1e-5),
+            f"calling the ops by hand gives model.forward(ids)'s logits, [T, V] = [{T}, {V:,}] "
             f"(largest difference {np.abs(logits - reference).max():.1e})")
     L.say("""
         Two things to notice. **Attention is the only place positions talk to each other**; every
         other operation works on each row alone. And the **last** row of the logits is the one that
         predicts the next token: row i predicts token i + 1 (training uses all of them at once).
     """)
-    return T, V, c, d, enc, ids, logits, model
+    return logits
 
 
-def the_next_token_distribution(L: Lesson, V, enc, logits):
-    """Section: The next-token distribution."""
+def the_next_token_distribution(L: Lesson, model, enc, logits) -> None:
     L.section("The next-token distribution")
     probs = ops.softmax(logits[-1:].astype(np.float64))[0]
     top = np.argsort(-probs)[:5]
@@ -150,18 +194,19 @@ def the_next_token_distribution(L: Lesson, V, enc, logits):
         `minillm.sample(logits, temperature=0.8, top_k=5, rng=...)` draws among the top 5. Eight
         draws: {" ".join(f"`{token_text(enc, t)}`" for t in draws)}.
     """)
+    V = model.config.vocab_size
     if probs[top[0]] < 10.0 / V:
         L.note(f"this model's top probability is only {probs[top[0]]:.4%} (uniform would be {1 / V:.4%}): "
                "random weights know nothing. A trained model puts most of the mass on a few tokens.")
 
 
-def where_the_parameters_are(L: Lesson, T, V, c, d, ids, model):
-    """Section: Where the parameters are."""
+def where_the_parameters_are(L: Lesson, model, ids) -> None:
     L.section("Where the parameters are")
+    c = model.config
+    T, d, V = ids.size, c.n_embd, c.vocab_size
     small = PRESETS["124m"]
-    preset_sizes = {name: int(np.prod(s)) for name, s in expected_shapes(small).items()}
     mine = by_part({name: int(a.size) for name, a in model.params.items()})
-    theirs = by_part(preset_sizes)
+    theirs = by_part(gpt2_sizes(small))
     total_small = sum(theirs.values())
     t = Table(header_style="bold")
     t.add_column("part")
@@ -177,16 +222,17 @@ def where_the_parameters_are(L: Lesson, T, V, c, d, ids, model):
     L.show(t)
     L.show(bar_chart("GPT-2 small, bytes by part (float32):",
                      [(part, 4 * n, fmt_bytes(4 * n)) for part, n in theirs.items()], style="blue"))
-    share = theirs["wte (token embedding = LM head)"] / total_small
-    L.claim(sum(mine.values()) == model.n_params() and total_small == small.n_params(),
-            f"the loaded model's arrays hold exactly its n_params() = {model.n_params():,} numbers, and GPT-2 "
-            f"small's checkpoint shapes add up to its config's count, {total_small:,} (nothing allocated)")
-    L.claim(0.28 < share < 0.36, f"the tied token embedding wte is about a third of GPT-2 small: {share:.1%}")
-    L.say("""
+    share = theirs[PARTS[0]] / total_small
+    L.claim(sum(mine.values()) == model.n_params() == c.n_params(),
+            f"the loaded arrays hold {sum(mine.values()):,} numbers: the model's n_params() and its config's "
+            "closed form (V·d + n_ctx·d + L·(12·d² + 13·d) + 2·d) agree")
+    L.fact(f"GPT-2 small's tied token embedding wte is {share:.1%} of its {total_small:,} parameters "
+           "(from its shapes)")
+    L.say(f"""
         The LM head has **no weights of its own**: GPT-2 multiplies by `wte` transposed
         (`ops.lm_head(x, wte)` is `x @ wte.T`). So `wte` is read twice per pass: a few rows for the
         embedding, and **all** of it for the logits. Remember this in lesson 6: for GPT-2 small the
-        LM head alone is about a third of the bytes every generated token has to read.
+        LM head alone is {share:.0%} of the weight bytes every generated token has to read.
     """)
 
     with minillm.Meter() as m:
@@ -209,17 +255,8 @@ def where_the_parameters_are(L: Lesson, T, V, c, d, ids, model):
     """)
 
 
-def lesson(L: Lesson) -> None:
-    T, V, c, d, enc, ids, logits, model = first_steps(L)
-    L.pause()
-    the_next_token_distribution(L, V, enc, logits)
-    L.pause()
-    where_the_parameters_are(L, T, V, c, d, ids, model)
-
-
 def main(argv: list[str] | None = None) -> int:
-    return run_lesson(lesson, argv, number=2, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python lessons/02_forward.py")
+    return run_lesson(lesson, argv)
 
 
 if __name__ == "__main__":

@@ -5,27 +5,37 @@ Run:  python lessons/03_prefill.py        (or: minillm learn 3)
 
 from __future__ import annotations
 
-try:
-    from minillm.lessons._common import Lesson, Timing, time_interleaved, bar_chart, fmt_bytes, fmt_flops, fmt_time, plural, run_lesson
-except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
-    raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
-
 import numpy as np
 from rich.markup import escape
 from rich.table import Table
 
 import minillm
 from minillm.config import PRESETS
+from minillm.lessons._common import (Lesson, Timing, bar_chart, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural,
+                                     run_lesson, time_interleaved)
+from minillm.measure.chips import PRESETS as CHIPS
 
 TITLE = "Prefill: the whole prompt in one pass"
-MINUTES = 6
+MINUTES = 4
 WHAT_YOU_WILL_SEE = "a prompt's FLOPs and bytes, the KV cache it leaves, intensity rising with length"
 
 PROMPT = ("JULIET: O Romeo, Romeo! wherefore art thou Romeo? Deny thy father and refuse thy name; "
           "Or, if thou wilt not, be but sworn my love, And I'll no longer be a Capulet.")
 
 
-def step_table(records: list[tuple[str, minillm.meter.StepRecord]]) -> Table:
+def lesson(L: Lesson) -> None:
+    model = L.load_model()
+    enc = minillm.tokenizer()
+    ids = enc.encode(PROMPT)[: model.config.n_ctx - 1]
+    intro(L, len(ids))
+    pre, cache = one_prefill(L, model, ids)
+    L.pause()
+    the_kv_cache_it_leaves(L, model, ids, pre, cache)
+    L.pause()
+    longer_prompts_higher_intensity(L, model, enc)
+
+
+def step_table(records: list) -> Table:
     t = Table(header_style="bold")
     t.add_column("")
     for name, _ in records:
@@ -52,18 +62,14 @@ def step_table(records: list[tuple[str, minillm.meter.StepRecord]]) -> Table:
     return t
 
 
-def first_steps(L: Lesson):
-    """Section: the opening."""
-    model = L.load_model()
-    c = model.config
-    enc = minillm.tokenizer()
-    ids = enc.encode(PROMPT)[: c.n_ctx - 1]
+def intro(L: Lesson, n: int) -> None:
     L.say(f"""
         Generating text has two phases. **Prefill** runs the whole prompt through the model at once:
-        all {len(ids)} tokens of our prompt go through every block together, as one [T, d] matrix.
+        all {n} tokens of our prompt go through every block together, as one [T, d] matrix.
         That is the same pass as lesson 2, with one addition: each block stores the **keys and
-        values** it computed for every position in a **KV cache**, so that later tokens can attend to
-        the prompt without recomputing it.
+        values** it computed for every position in a **KV cache**. A new token's query must meet
+        every earlier key and value, but earlier queries are never needed again: so keys and
+        values are kept, and later tokens attend to the prompt without recomputing it.
 
         ```python
         with minillm.Meter() as m:
@@ -71,11 +77,15 @@ def first_steps(L: Lesson):
         record = m.steps[0]                      # what the pass read, wrote and computed
         ```
     """)
+    L.pause()
+
+
+def one_prefill(L: Lesson, model, ids):
+    c = model.config
     model.prefill(ids[:4])  # warm-up: first touches of the weights and of a cache
     with minillm.Meter() as m:
         logits, cache = model.prefill(ids)
     pre = m.steps[0]
-    prompt_kv = cache.nbytes_used()
     first = int(np.argmax(logits))
     with minillm.Meter() as m1:
         model.decode_step(first, cache)
@@ -93,18 +103,22 @@ def first_steps(L: Lesson):
     L.claim(pre.kind == "prefill" and pre.n_tokens == len(ids), f"one prefill step processed all {len(ids)} prompt tokens")
     L.claim(pre.intensity > dec.intensity,
             f"prefill's arithmetic intensity ({pre.intensity:.3g} FLOP/byte) is above a decode step's ({dec.intensity:.3g})")
-    return c, cache, enc, ids, model, pre, prompt_kv
+    return pre, cache
 
 
-def the_kv_cache_it_leaves(L: Lesson, c, cache, ids, model, pre, prompt_kv):
-    """Section: The KV cache it leaves behind."""
+def the_kv_cache_it_leaves(L: Lesson, model, ids, pre, cache) -> None:
     L.section("The KV cache it leaves behind")
+    c = model.config
     per_token = cache.bytes_per_token()
+    prompt_kv = pre.bytes["kv_write"]
     b = np.dtype(model.dtype).itemsize
     L.say(f"""
-        For every position, every layer keeps one key and one value vector of width d: that is
-        **2 · L · d · b** bytes per token = 2 · {c.n_layer} · {c.n_embd} · {b} = **{per_token:,} bytes**
-        ({per_token / 1024:g} KiB) for `{escape(model.name)}` in {np.dtype(model.dtype).name}.
+        For every position, every layer keeps one key and one value vector for each of its KV heads:
+        **2 · L · H_kv · hd · b** bytes per token (H_kv KV heads of hd numbers; GPT-2 has one KV head
+        per query head, so H_kv · hd = d) = 2 · {c.n_layer} · {c.n_kv_head} · {c.head_dim} · {b} =
+        **{per_token:,} bytes** ({per_token / 1024:g} KiB) for `{escape(model.name)}` in
+        {np.dtype(model.dtype).name}. Models with grouped-query attention share each KV head among
+        several query heads: Llama-3-8B keeps 8 KV heads for 32 query heads, 4× less cache per token.
     """)
     t = Table(header_style="bold")
     t.add_column("")
@@ -117,23 +131,23 @@ def the_kv_cache_it_leaves(L: Lesson, c, cache, ids, model, pre, prompt_kv):
     small = minillm.KVCache(PRESETS["124m"])
     t.add_row("GPT-2 small, full context (1,024)", "1,024", fmt_bytes(small.bytes_per_token() * 1024))
     L.show(t)
-    L.claim(per_token == 2 * c.n_layer * c.n_embd * b, f"bytes per token = 2·L·d·b = {per_token:,}")
+    L.fact(f"bytes per token = 2·L·H_kv·hd·b = {per_token:,} (cache.bytes_per_token() is this formula)")
     L.claim(pre.bytes["kv_write"] == len(ids) * per_token,
             f"the meter saw the prefill write exactly {len(ids)} tokens' worth of keys and values "
             f"({fmt_bytes(pre.bytes['kv_write'])})")
-    L.claim(prompt_kv == pre.bytes["kv_write"] and cache.nbytes_used() == prompt_kv + per_token,
-            "the cache holds the prompt after prefill, and one more token after the decode step")
+    L.claim(cache.nbytes_used() == prompt_kv + per_token,
+            "the cache holds the prompt's keys and values, and one more token's after the decode step")
     L.say("""
         minillm allocates the cache for the whole context once, up front, so a decode step never
         copies it; the pages are only touched as positions fill. Real servers cannot afford that for
         thousands of concurrent requests: managing this memory is lesson 7's *KV-cache management*.
     """)
-    return per_token
 
 
-def longer_prompts_higher_intensity(L: Lesson, c, enc, model, per_token):
-    """Section: Longer prompts, higher intensity."""
+def longer_prompts_higher_intensity(L: Lesson, model, enc) -> None:
     L.section("Longer prompts, higher intensity")
+    c = model.config
+    per_token = model.new_cache().bytes_per_token()
     lengths = [n for n in L.pick([1, 2, 4, 8, 16, 32, 64, 128, 256], [1, 8, 64]) if n <= c.n_ctx]
     source = np.resize(np.array(enc.encode(PROMPT)), max(lengths))  # the prompt's tokens, repeated as needed
     records = []
@@ -153,14 +167,28 @@ def longer_prompts_higher_intensity(L: Lesson, c, enc, model, per_token):
     L.claim(records[-1].intensity > 2 * records[0].intensity,
             f"a {records[-1].n_tokens}-token prefill does {records[-1].intensity / records[0].intensity:.1f}× "
             f"more FLOPs per byte than a 1-token one")
-    L.say("""
+    per_tok = [times[n].median / n for n in lengths]
+    falls = all(b_ < a_ for a_, b_ in zip(per_tok, per_tok[1:]))
+    cheap = per_tok[-1] / per_tok[0]
+    if falls:
+        timed = f"fell at every length, to {fmt_x(cheap)} the 1-token figure: per token, a long prompt is cheap"
+    elif cheap < 0.5:
+        timed = (f"fell overall, to {fmt_x(cheap)} the 1-token figure, though not at every length (a busy "
+                 "machine or a kernel change between sizes shows as a bump)")
+    else:
+        timed = (f"ended at {fmt_x(cheap)} the 1-token figure: in this run the times do not show it (on a busy "
+                 "machine, try --threads 1)")
+    L.say(f"""
         The weights are read once per pass whatever the number of tokens, while the arithmetic grows
         with every token: intensity climbs with prompt length until the activations (which also
-        grow with T) take over. Per token, a long prompt is cheap. With a real-size model and a long
-        prompt the intensity gets high enough that the chip's arithmetic, not its memory, sets the
-        pace: this is why the article calls prefill **compute-bound** (lesson 7 checks it against this
-        machine's roofline). On a GPU the whole prompt is one big matrix multiply that keeps every
-        core busy.
+        grow with T) take over. Measured, the time per prompt token {timed}.
+
+        When the intensity passes the chip's **ridge** (its peak FLOP/s ÷ its bandwidth, lesson 7), the
+        arithmetic, not the memory, sets the pace: that is why the article calls prefill
+        **compute-bound**. It holds for prompts longer than about the ridge in tokens: in fp16 a prefill
+        does about one FLOP per weight byte per prompt token, and an A100's ridge is
+        {CHIPS['a100-80gb'].ridge:.0f} FLOP/byte, an H100's {CHIPS['h100-sxm'].ridge:.0f}. A 25-token prompt on
+        a GPU still waits on memory. A CPU core's ridge is much lower (lesson 7 measures this one's).
     """)
     head = records[-1].ops["lm_head"]["bytes"] / records[-1].total_bytes
     if head > 0.5:
@@ -176,23 +204,15 @@ def longer_prompts_higher_intensity(L: Lesson, c, enc, model, per_token):
     small = PRESETS["124m"]
     small_kv = 2 * small.n_layer * small.n_embd * np.dtype(np.float32).itemsize   # 2·L·d·b, float32
     L.try_it(f"""
-        `minillm learn 3 --model random-124m --no-pause`: GPT-2 small's prefill
-        reaches far higher intensity (d = {small.n_embd}: each weight byte feeds more arithmetic), and its KV
-        cache is {small_kv // 1024} KiB per token. Lesson 7 puts these numbers on this machine's roofline.
+        `minillm learn 3 --model random-124m --no-pause`: GPT-2 small's prefill reaches far higher
+        intensity (its blocks, which every prompt token shares, are most of its weights, and each
+        token's activations are small next to its d² arithmetic), and its KV cache is
+        {small_kv // 1024} KiB per token. Lesson 7 puts these numbers on this machine's roofline.
     """)
 
 
-def lesson(L: Lesson) -> None:
-    c, cache, enc, ids, model, pre, prompt_kv = first_steps(L)
-    L.pause()
-    per_token = the_kv_cache_it_leaves(L, c, cache, ids, model, pre, prompt_kv)
-    L.pause()
-    longer_prompts_higher_intensity(L, c, enc, model, per_token)
-
-
 def main(argv: list[str] | None = None) -> int:
-    return run_lesson(lesson, argv, number=3, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python lessons/03_prefill.py")
+    return run_lesson(lesson, argv)
 
 
 if __name__ == "__main__":

@@ -5,22 +5,16 @@ Run:  python lessons/04_naive_decode.py        (or: minillm learn 4)
 
 from __future__ import annotations
 
-try:
-    from minillm.lessons._common import (Lesson, fmt_ratio, ratio_range, time_interleaved, bar_chart, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural,
-                                         run_lesson)
-except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
-    raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
-
-
 from rich.markup import escape
-from rich.panel import Panel
 from rich.table import Table
 
 import minillm
+from minillm.lessons._common import (Lesson, bar_chart, fmt_bytes, fmt_flops, fmt_ratio, fmt_time, fmt_x,
+                                     growth_words, ratio_range, run_lesson, time_interleaved)
 from minillm.ui import report
 
 TITLE = "Naive decode: recompute everything"
-MINUTES = 5
+MINUTES = 3
 WHAT_YOU_WILL_SEE = "per-step cost growing with position, total cost growing with length²"
 
 PROMPT = "ROMEO:"
@@ -28,14 +22,20 @@ SAMPLING = {"temperature": 0.8, "top_k": 40, "seed": 1}   # a seeded sample: gre
 SAMPLING_TEXT = "temperature 0.8, top-k 40, seed 1"
 
 
-def first_steps(L: Lesson):
-    """Section: the opening."""
+def lesson(L: Lesson) -> None:
     model = L.load_model()
-    c = model.config
     enc = minillm.tokenizer()
     ids = enc.encode(PROMPT)
-    P = len(ids)
-    N = min(L.pick(160, 32), c.n_ctx - P)
+    N = min(L.pick(160, 32), model.config.n_ctx - len(ids))
+    intro(L, len(ids), N)
+    steps, new = naive_run(L, model, enc, ids, N)
+    L.pause()
+    cost_per_step_grows(L, model, steps, ids + new)
+    L.pause()
+    total_cost_grows_quadratically(L, steps)
+
+
+def intro(L: Lesson, P: int, N: int) -> None:
     L.say(f"""
         The model predicts **one** next token per pass. To write {N} tokens, the simplest loop is:
         run the whole sequence, take the last position's logits, pick a token, append it, repeat.
@@ -51,6 +51,11 @@ def first_steps(L: Lesson):
         {P} + *i* tokens through every block, although only the newest one is new: the other
         positions produce exactly the same keys, values and hidden states as in the step before.
     """)
+    L.pause()
+
+
+def naive_run(L: Lesson, model, enc, ids, N: int):
+    P = len(ids)
     minillm.generate(model, ids, min(2, N), kv_cache=False)  # warm-up: first touches of the weights
     with L.status(f"generating {N} tokens the naive way…"):
         with minillm.Meter() as m:
@@ -73,11 +78,10 @@ def first_steps(L: Lesson):
             f"FLOPs grow at every step: {fmt_flops(steps[0].total_flops)} → {fmt_flops(steps[-1].total_flops)}")
     L.claim(all(b.total_bytes > a.total_bytes for a, b in zip(steps, steps[1:])),
             f"so do the bytes moved: {fmt_bytes(steps[0].total_bytes)} → {fmt_bytes(steps[-1].total_bytes)}")
-    return N, P, steps, model, ids + new
+    return steps, new
 
 
-def cost_per_step_grows(L: Lesson, steps, model, seq):
-    """Section: Cost per step grows with position."""
+def cost_per_step_grows(L: Lesson, model, steps, seq) -> None:
     L.section("Cost per step grows with position")
     shown = report.select(steps, 12)
     L.show(bar_chart("FLOPs per step (counted):",
@@ -93,14 +97,15 @@ def cost_per_step_grows(L: Lesson, steps, model, seq):
                      style="yellow"))
     L.timing_note()
     flop_growth = steps[-1].total_flops / steps[0].total_flops
+    ratio = ratio_range(times["last"], times["first"])
+    why = ("Each step also has fixed costs (reading the whole LM head, the Python and NumPy overhead of each "
+           "operation): they are why the time grew less than the FLOPs here; `--model random-124m` has less of "
+           "them in proportion." if ratio[0] < 0.8 * flop_growth else "")
     L.say(f"""
         The last step did {fmt_x(flop_growth)} the FLOPs of the first and took
-        {fmt_ratio(ratio_range(times["last"], times["first"]))} its time. The LM head is the one part that
-        does not grow: it runs on the last position only. Everything else is recomputed for every
-        token of the sequence. Time need not grow as fast as the FLOPs: each step also has fixed costs
-        (reading the whole LM head, the Python and NumPy overhead of each operation), and on a small
-        model they weigh as much as the recomputation; `--model random-124m` shows time following
-        the FLOPs more closely.
+        {fmt_ratio(ratio)} its time: the time {growth_words(ratio[0], flop_growth)}. The LM head is the
+        one part that does not grow: it runs on the last position only. Everything else is recomputed
+        for every token of the sequence. {why}
     """)
     L.claim(steps[-1].total_flops - steps[-1].ops["lm_head"]["flops"]
             > (P + last) / P * 0.99 * (steps[0].total_flops - steps[0].ops["lm_head"]["flops"]),
@@ -109,13 +114,15 @@ def cost_per_step_grows(L: Lesson, steps, model, seq):
     L.busy_note()
 
 
-def total_cost_grows_quadratically(L: Lesson, N, P, steps):
-    """Section: Total cost grows with the square of the length."""
+def total_cost_grows_quadratically(L: Lesson, steps) -> None:
     L.section("Total cost grows with the square of the length")
+    P, N = steps[0].n_tokens, len(steps)
     L.say(f"""
-        Step *i* costs about (P + *i*) tokens' worth of work, so generating *n* tokens costs about
+        Step *i* costs about (P + *i*) tokens' worth of matrix work, so generating *n* tokens costs about
         P·n + n²/2 tokens' worth: **double the answer, roughly four times the work** once the answer
-        is long compared with the prompt (here P = {P}).
+        is long compared with the prompt (here P = {P}). Attention grows one power faster (step *i*
+        compares P + *i* queries with P + *i* keys, so its total grows like n³), but at these lengths
+        it is a small part of the FLOPs.
     """)
     t = Table(header_style="bold")
     for col in ("tokens generated", "total FLOPs", "recomputed (all but the LM head)", "× previous", "time (one run)"):
@@ -148,17 +155,8 @@ def total_cost_grows_quadratically(L: Lesson, N, P, steps):
     """)
 
 
-def lesson(L: Lesson) -> None:
-    N, P, steps, model, seq = first_steps(L)
-    L.pause()
-    cost_per_step_grows(L, steps, model, seq)
-    L.pause()
-    total_cost_grows_quadratically(L, N, P, steps)
-
-
 def main(argv: list[str] | None = None) -> int:
-    return run_lesson(lesson, argv, number=4, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python lessons/04_naive_decode.py")
+    return run_lesson(lesson, argv)
 
 
 if __name__ == "__main__":

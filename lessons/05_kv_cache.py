@@ -5,28 +5,31 @@ Run:  python lessons/05_kv_cache.py        (or: minillm learn 5)
 
 from __future__ import annotations
 
-try:
-    from minillm.lessons._common import (Lesson, ratio_range, time_interleaved, bar_chart, fmt_bytes, fmt_flops, fmt_time, fmt_x, paired_chart,
-                                         run_lesson, token_text)
-except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
-    raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
-
 import numpy as np
 from rich.markup import escape
-from rich.panel import Panel
 from rich.table import Table
 
 import minillm
-from minillm.models import ops
-from minillm.ui import report
 from minillm.config import PRESETS
+from minillm.lessons._common import (Lesson, bar_chart, faster_words, fmt_bytes, fmt_flops, fmt_x, paired_chart,
+                                     ratio_range, run_lesson, time_interleaved, token_text)
+from minillm.ui import report
 
 TITLE = "The KV cache: compute each token once"
-MINUTES = 8
+MINUTES = 6
 WHAT_YOU_WILL_SEE = "same tokens, flat per-step cost, measured speedups, 72 KiB a token, two classic bugs"
 
 PROMPT = "JULIET: O Romeo, Romeo! wherefore art thou Romeo?"
 SAMPLING = {"temperature": 0.8, "top_k": 40, "seed": 1}   # a seeded sample: greedy text loops
+
+# Published shapes of two 7-8B models (their configs) and GPU memory sizes (datasheets): enough to size
+# a KV cache. KV bytes per token = 2 · layers · KV heads · head size · bytes per number.
+BIG_MODELS = {   # name: (parameters, layers, KV heads, head size)
+    "Llama-2-7B (MHA: 32 KV heads)": (6.74e9, 32, 32, 128),
+    "Llama-3-8B (GQA: 8 KV heads)": (8.03e9, 32, 8, 128),
+}
+GPU_MEMORY_GB = {"A100 80 GB": 80, "H100 SXM 80 GB": 80, "H200 141 GB": 141}
+MEMORY_USE = 0.9        # the share of GPU memory a server takes (vLLM's gpu_memory_utilization default)
 
 
 def metered_generate(model, ids, n: int, kv_cache: bool, **sampling) -> tuple[list[int], minillm.Meter]:
@@ -36,14 +39,24 @@ def metered_generate(model, ids, n: int, kv_cache: bool, **sampling) -> tuple[li
     return out, m
 
 
-def first_steps(L: Lesson):
-    """Section: the opening."""
+def lesson(L: Lesson) -> None:
     model = L.load_model()
-    c = model.config
     enc = minillm.tokenizer()
     ids = enc.encode(PROMPT)
-    P = len(ids)
-    N = min(L.pick(160, 48), c.n_ctx - P)
+    N = min(L.pick(160, 48), model.config.n_ctx - len(ids))
+    intro(L, N)
+    mn, mc = same_tokens(L, model, enc, ids, N)
+    L.pause()
+    per_step_cost_is_flat(L, model, mn, mc)
+    L.pause()
+    rows = speedup_measured(L, model, ids)
+    L.pause()
+    what_the_cache_costs(L, model, mc.of_kind("decode"))
+    L.pause()
+    two_classic_bugs(L, model, enc, ids, rows)
+
+
+def intro(L: Lesson, N: int) -> None:
     L.say(f"""
         In lesson 4 every step recomputed the keys and values of every earlier position, although
         they never change: position *j*'s key depends only on tokens 0..*j*. The fix: **keep them**.
@@ -59,8 +72,13 @@ def first_steps(L: Lesson):
         ```
 
         `minillm.generate(model, ids, n)` is this loop (`kv_cache=True` is the default). Same
-        prompt, {N} tokens, sampled with the same seed (temperature 0.8, top-k 40, seed 1), both ways:
+        prompt, {N} tokens, sampled with the same seed (temperature 0.8, top-k 40, seed 1), both ways.
     """)
+    L.pause()
+
+
+def same_tokens(L: Lesson, model, enc, ids, N: int):
+    P = len(ids)
     minillm.generate(model, ids, 2)                   # warm-up: first touches of weights and cache pages
     minillm.generate(model, ids, 2, kv_cache=False)
     with L.status(f"generating {N} tokens twice: naive, then with the KV cache…"):
@@ -71,12 +89,12 @@ def first_steps(L: Lesson):
     decode = mc.of_kind("decode")
     L.claim(mc.steps[0].kind == "prefill" and mc.steps[0].n_tokens == P and all(r.n_tokens == 1 for r in decode),
             f"with the cache: one prefill of {P} tokens, then {len(decode)} decode steps of one token each")
-    return N, P, c, decode, enc, ids, mc, mn, model
+    return mn, mc
 
 
-def per_step_cost_is_flat(L: Lesson, N, c, decode, mc, mn):
-    """Section: Per-step cost: flat instead of growing."""
+def per_step_cost_is_flat(L: Lesson, model, mn, mc) -> None:
     L.section("Per-step cost: flat instead of growing")
+    c, decode, N = model.config, mc.of_kind("decode"), len(mc.steps)
     shown = report.select(mn.steps, 10)
     L.show(paired_chart("FLOPs per step, on one scale (counted by the meter):",
                         [(f"step {i}", mn.steps[i].total_flops, mc.steps[i].total_flops,
@@ -85,8 +103,9 @@ def per_step_cost_is_flat(L: Lesson, N, c, decode, mc, mn):
     matmul = {r.flops["matmul"] for r in decode}
     growth = {b.flops["attention"] - a.flops["attention"] for a, b in zip(decode, decode[1:])}
     L.claim(len(matmul) == 1, f"every cached decode step does the same matrix work: {fmt_flops(matmul.pop())}")
-    L.claim(growth == {4 * c.n_layer * c.n_embd},
-            f"only attention grows, by 4·L·d = {4 * c.n_layer * c.n_embd:,} FLOPs per step: one more key and value to read")
+    grow = 4 * c.n_layer * c.n_head * c.head_dim
+    L.claim(growth == {grow},
+            f"only attention grows, by 4·L·H·hd = {grow:,} FLOPs per step: one more key and value to read")
     L.claim(all(a.total_flops > b.total_flops for a, b in zip(mn.steps[1:], mc.steps[1:])),
             "after the prefill, every cached step does fewer FLOPs than the naive step at the same position")
     L.say(f"""
@@ -98,9 +117,9 @@ def per_step_cost_is_flat(L: Lesson, N, c, decode, mc, mn):
     """)
 
 
-def speedup_measured(L: Lesson, P, c, ids, model):
-    """Section: Speedup, measured."""
+def speedup_measured(L: Lesson, model, ids) -> list:
     L.section("Speedup, measured")
+    P, c = len(ids), model.config
     big = model.n_params() > 50e6
     lengths = [n for n in L.pick([8, 16, 32] if big else [16, 64, 192], [16, 96]) if n <= c.n_ctx - P]
     rows = []
@@ -128,22 +147,26 @@ def speedup_measured(L: Lesson, P, c, ids, model):
                       for n, s_n, s_c, _ in rows], style="green"))
     L.busy_note()
     n, s_n, s_c, fr = rows[-1]
-    mid, lo, hi = ratio_range(s_n, s_c)
-    L.claim(lo > 1.0, f"for {n} new tokens the cache was faster in every round: {fmt_x(lo)} to {fmt_x(hi)}, "
-                      f"measured on this machine")
     L.claim(all(fr > 1.0 for *_, fr in rows) and rows[-1][3] > rows[0][3],
-            "it saves FLOPs at every length, and more the longer the answer")
+            "it saves FLOPs at every length, and more the longer the answer (counted)")
+    # Timed: the claim asks only for the median, with the FLOPs saved at least 2× (a margin a busy
+    # machine's noise, which the interleaved rounds share, does not close).
+    mid = ratio_range(s_c, s_n)
+    L.say(f"For {n} new tokens, " + faster_words(mid, "the cache", "naive decode") + ".")
+    if fr >= 2:
+        L.claim(mid[0] < 1.0, f"for {n} new tokens, saving {fmt_x(fr)} the FLOPs, the cached decode took less "
+                              f"time than the naive one at the median of the interleaved rounds")
     L.say("""
-        The longer the answer, the bigger the win: naive decode's total grows with the square of the
-        length, cached decode's about linearly. At short lengths the fixed costs both share (the LM
-        head, per-operation overhead) hide part of the difference.
+        The longer the answer, the more the cache saves: naive decode's total FLOPs grow with the
+        square of the length, cached decode's about linearly. At short lengths the fixed costs both
+        share (the LM head, per-operation overhead) hide part of the difference in time.
     """)
     return rows
 
 
-def what_the_cache_costs(L: Lesson, c, decode, model):
-    """Section: What the cache costs: memory."""
+def what_the_cache_costs(L: Lesson, model, decode) -> None:
     L.section("What the cache costs: memory")
+    c = model.config
     t = Table(header_style="bold")
     for col in ("model", "KV/token", "context", "KV, full", "weights", "KV/weights"):
         t.add_column(col, justify="right", no_wrap=True)
@@ -162,26 +185,49 @@ def what_the_cache_costs(L: Lesson, c, decode, model):
     L.claim(written == {mine} and mine == 2 * c.n_layer * c.n_embd * np.dtype(model.dtype).itemsize,
             f"every decode step of this run wrote exactly one token of cache, {mine:,} bytes = 2·L·d·b "
             f"(counted by the meter, sized by the cache)")
-    L.claim(per["124m"] == 2 * small.n_layer * small.n_embd * 4,
-            f"GPT-2 small keeps 2·L·d·4 = {per['124m']:,} bytes = {per['124m'] / 1024:g} KiB per token, "
-            f"{fmt_bytes(per['124m'] * small.n_ctx)} for a full {small.n_ctx:,}-token context")
+    L.fact(f"GPT-2 small keeps 2·L·d·4 = {per['124m']:,} bytes = {per['124m'] / 1024:g} KiB per token, "
+           f"{fmt_bytes(per['124m'] * small.n_ctx)} for a full {small.n_ctx:,}-token context")
     users = int(4 * small.n_params() // (per["124m"] * small.n_ctx)) + 1
     L.say(f"""
         Per sequence that looks modest next to the weights. But the weights are shared by every
         request a server handles, and the cache is not: {users} users at full context on GPT-2 small
         need more memory for their caches than for the model. For big models with long contexts the
-        cache, not the weights, decides how many requests fit on a GPU (lesson 7).
+        cache, not the weights, decides how many requests fit on a GPU:
+
+        **sequences that fit ≈ (GPU memory × {MEMORY_USE} − weights) ÷ (KV bytes per token × context)**
+    """)
+    L.pause()
+    ctx = 4096
+    t = Table(header_style="bold", title=f"fp16, {ctx:,}-token contexts, {MEMORY_USE:.0%} of memory used",
+              title_justify="left")
+    t.add_column("model")
+    t.add_column("KV/token", justify="right")
+    for gpu in GPU_MEMORY_GB:
+        t.add_column(gpu, justify="right")
+    fits = {}
+    for name, (n, layers, kv_heads, hd) in BIG_MODELS.items():
+        kv = 2 * layers * kv_heads * hd * 2
+        fits[name] = [max(0, int((gb * 1e9 * MEMORY_USE - 2 * n) // (kv * ctx))) for gb in GPU_MEMORY_GB.values()]
+        t.add_row(name, f"{kv // 1024} KiB", *(f"{f} seqs" for f in fits[name]))
+    L.show(t)
+    mha, gqa = fits.values()
+    L.say(f"""
+        Grouped-query attention (GQA) keeps fewer KV heads than query heads, so the same GPU holds
+        {fmt_x(gqa[0] / max(1, mha[0]))} the sequences. Past that count a server must queue or preempt
+        requests (lesson 9); lesson 8 shows why it wants big batches in the first place.
     """)
 
 
-def two_classic_bugs(L: Lesson, P, c, enc, ids, model, rows):
-    """Section: Two classic bugs, and how minillm avoids them."""
+def two_classic_bugs(L: Lesson, model, enc, ids, rows) -> None:
     L.section("Two classic bugs, and how minillm avoids them")
+    P, c = len(ids), model.config
     logits, cache = model.prefill(ids)
     token = int(np.argmax(logits))
     reference = model.forward(ids + [token])[-1]              # the truth: the whole sequence, no cache
     right = model.decode_step(token, cache.fork())
-    wrong = model.forward([token])[-1]                        # the new token at position 0, seeing only itself
+    # The bug: the new token embedded at position 0, written over slot 0, attending over slot 0 alone.
+    # That is exactly a pass over the one token with no cache: a forward of [token].
+    wrong = model.forward([token])[-1]
     d_right, d_wrong = np.abs(right - reference).max(), np.abs(wrong - reference).max()
     L.say(f"""
         **1. The position offset.** A decode step must embed the new token at position *t* (the number
@@ -189,14 +235,16 @@ def two_classic_bugs(L: Lesson, P, c, enc, ids, model, rows):
         Forget the offset and the new token is embedded as if it were the first one, overwrites the
         first slot, and sees nothing else. Below, the new token `{token_text(enc, token)}` after the
         {P}-token prompt, three ways: the whole sequence with `model.forward` (the truth), `model.decode_step`
-        (position {P}), and the blocks called with position 0 (the bug).
+        (position {P}), and what a step with the offset forgotten computes: the token at position 0,
+        attending to itself alone, which is `model.forward([token])` (the bug).
     """)
     t = Table(header_style="bold")
     for col in ("", "largest |logit − truth|", "next token"):
         t.add_column(col, justify="right" if col else "left")
     t.add_row(escape("model.forward(ids + [token])[-1]"), "0", token_text(enc, int(np.argmax(reference))))
     t.add_row(f"model.decode_step(token, cache)  (position {P})", f"{d_right:.1e}", token_text(enc, int(np.argmax(right))))
-    t.add_row("blocks at position 0  (the bug)", f"{d_wrong:.3g}", token_text(enc, int(np.argmax(wrong))))
+    t.add_row(escape("model.forward([token])  (position 0: the bug)"), f"{d_wrong:.3g}",
+              token_text(enc, int(np.argmax(wrong))))
     L.show(t)
     L.claim(d_right < 1e-3, "decode_step with the cache gives the logits of a full forward pass (to float32 rounding)")
     L.claim(d_wrong > 100 * max(d_right, 1e-7), "the missing offset gives different logits: a silent wrong answer")
@@ -221,8 +269,10 @@ def two_classic_bugs(L: Lesson, P, c, enc, ids, model, rows):
             raised = False
         L.claim(raised, f"{what} raises PromptError instead of running past the context")
     L.takeaway(f"""
-        The KV cache turns decode into **one token's work per step**: same tokens, {fmt_x(ratio_range(rows[-1][1], rows[-1][2])[0])}
-        faster for {rows[-1][0]} tokens here, paid for with 2·L·d·b bytes of memory per token. Each step
+        The KV cache turns decode into **one token's work per step**: same tokens,
+        {fmt_x(rows[-1][3])} fewer FLOPs for {rows[-1][0]} tokens here (and
+        {fmt_x(ratio_range(rows[-1][1], rows[-1][2])[0])} the speed, measured), paid for with
+        2·L·H_kv·hd·b bytes of memory per token. Each step
         still reads **every weight** to produce a single token. Lesson 6 measures what that costs.
     """)
     L.try_it("""
@@ -232,21 +282,8 @@ def two_classic_bugs(L: Lesson, P, c, enc, ids, model, rows):
     """)
 
 
-def lesson(L: Lesson) -> None:
-    N, P, c, decode, enc, ids, mc, mn, model = first_steps(L)
-    L.pause()
-    per_step_cost_is_flat(L, N, c, decode, mc, mn)
-    L.pause()
-    rows = speedup_measured(L, P, c, ids, model)
-    L.pause()
-    what_the_cache_costs(L, c, decode, model)
-    L.pause()
-    two_classic_bugs(L, P, c, enc, ids, model, rows)
-
-
 def main(argv: list[str] | None = None) -> int:
-    return run_lesson(lesson, argv, number=5, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python lessons/05_kv_cache.py")
+    return run_lesson(lesson, argv)
 
 
 if __name__ == "__main__":

@@ -5,12 +5,6 @@ Run:  python lessons/06_memory_traffic.py        (or: minillm learn 6)
 
 from __future__ import annotations
 
-try:
-    from minillm.lessons._common import (Lesson, Timing, bar, bar_chart, fmt_bytes, fmt_time, run_lesson,
-                                         stacked_bar)
-except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
-    raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
-
 import statistics
 
 import numpy as np
@@ -19,12 +13,15 @@ from rich.table import Table
 
 import minillm
 from minillm.config import PRESETS as GPT2_SIZES
+from minillm.lessons._common import (Lesson, Timing, bar, bar_chart, fmt_bytes, fmt_time, fmt_x, run_lesson,
+                                     stacked_bar)
 from minillm.measure import hardware
-from minillm.measure.chips import PRESETS, decode_ceiling
+from minillm.measure.chips import PRESETS as CHIPS
+from minillm.measure.chips import decode_ceiling
 from minillm.measure.probe import MB
 
 TITLE = "Memory traffic: why decode waits on memory"
-MINUTES = 8
+MINUTES = 6
 WHAT_YOU_WILL_SEE = "a decode step's bytes, this machine's bandwidth, the decode ceiling, 7B on an A100"
 
 PROMPT = "ROMEO: But soft, what light through yonder window breaks?"
@@ -39,15 +36,22 @@ def decode_run(model, ids, steps: int) -> list:
     return m.of_kind("decode")
 
 
-def first_steps(L: Lesson):
-    """Section: the opening."""
+def lesson(L: Lesson) -> None:
     model = L.load_model(default="large", fast="random-tiny")   # real text, weights beyond the CPU's cache
-    c = model.config
-    L_, d, V = c.n_layer, c.n_embd, c.vocab_size
-    b = np.dtype(model.dtype).itemsize
-    enc = minillm.tokenizer()
-    ids = enc.encode(PROMPT)
-    n_steps = L.pick(12, 8)
+    ids = minillm.tokenizer().encode(PROMPT)
+    intro(L, model)
+    with L.status(f"decode steps on {model.name}…"):
+        steps = decode_run(model, ids, L.pick(12, 8))
+    what_one_decode_step_moves(L, model, steps[-1])
+    L.pause()
+    counters_equal_closed_forms(L, model, steps[-1])
+    L.pause()
+    hw = can_memory_keep_up(L, model, ids, steps)
+    L.pause()
+    a_big_model_on_a_gpu(L, model, hw, steps[-1])
+
+
+def intro(L: Lesson, model) -> None:
     L.say(f"""
         Lesson 5 made decode do one token's worth of arithmetic per step. But one token's worth of
         arithmetic still needs **all** the weights: every matrix of every block, and the whole LM head,
@@ -55,16 +59,12 @@ def first_steps(L: Lesson):
         `{escape(model.name)}` ({model.n_params():,} parameters, {fmt_bytes(model.nbytes())} in
         {np.dtype(model.dtype).name}) and sets them against this machine's measured bandwidth.
     """)
-    with L.status(f"{n_steps} decode steps on {model.name}…"):
-        steps = decode_run(model, ids, n_steps)
-    r = steps[-1]
-    t = r.attended
-    return L_, V, b, d, ids, model, n_steps, r, steps, t
+    L.pause()
 
 
-def what_one_decode_step_moves(L: Lesson, V, model, r, t):
-    """Section: What one decode step moves."""
+def what_one_decode_step_moves(L: Lesson, model, r) -> None:
     L.section("What one decode step moves")
+    V, t = model.config.vocab_size, r.attended
     total = r.total_bytes
     kinds = Table(header_style="bold")
     for col in ("kind", "bytes", "share", ""):
@@ -81,16 +81,17 @@ def what_one_decode_step_moves(L: Lesson, V, model, r, t):
     L.claim(r.bytes["weights"] > total / 2, f"weights are most of what a decode step moves: {r.bytes['weights'] / total:.0%}")
     head = r.ops["lm_head"]["bytes"] / total
     L.say(f"""
-        The biggest single read is the **LM head**: all of `wte` ({fmt_bytes(model.wte.nbytes)}) to score
+        The biggest single read is the **LM head**: all of `wte` ({fmt_bytes(model.params['wte.weight'].nbytes)}) to score
         {V:,} candidates for one position ({head:.0%} of the step). The blocks' matrices are the rest of
         the weights. The KV cache read grows with the position; the activations are tiny, because there
         is only one token.
     """)
 
 
-def counters_equal_closed_forms(L: Lesson, L_, V, b, d, r, t):
-    """Section: The counters agree with the closed forms."""
+def counters_equal_closed_forms(L: Lesson, model, r) -> None:
     L.section("The counters agree with the closed forms")
+    c, t, b = model.config, r.attended, np.dtype(model.dtype).itemsize
+    L_, d, V = c.n_layer, c.n_embd, c.vocab_size
     forms = [
         ("weights read", "(12·L·d² + 13·L·d + 2·d + V·d)·b + 2·d·b", r.bytes["weights"],
          (12 * L_ * d * d + 13 * L_ * d + 2 * d + V * d) * b + 2 * d * b),
@@ -115,9 +116,9 @@ def counters_equal_closed_forms(L: Lesson, L_, V, b, d, r, t):
     """)
 
 
-def can_memory_keep_up(L: Lesson, ids, model, n_steps, r, steps):
-    """Section: This machine: can memory keep up?."""
+def can_memory_keep_up(L: Lesson, model, ids, steps):
     L.section("This machine: can memory keep up?")
+    r, n_steps = steps[-1], len(steps)
     with L.status("measuring this machine's memory bandwidth and matmul peak (once; then cached)…"):
         hw = L.machine()
     ht = Table(show_header=False, box=None)
@@ -132,10 +133,17 @@ def can_memory_keep_up(L: Lesson, ids, model, n_steps, r, steps):
         ht.add_row("last-level cache", f"{hw.llc_bytes / MB:g} MiB")
     if hw.fast:
         ht.add_row("[yellow]note[/]", "fast mode: a small buffer, rough figures")
-    L.show("[bold]minillm.hardware.machine()[/]", ht)
-    L.claim(r.intensity < hw.ridge,
-            f"decode's {r.intensity:.3g} FLOP/byte is below this machine's ridge of {hw.ridge:.3g}: "
-            "decode is memory-bound here")
+    L.show("[bold]minillm.measure.hardware.machine()[/]", ht)
+    side = "below" if r.intensity < hw.ridge else "above"
+    L.say(f"""
+        The **ridge** is peak ÷ bandwidth: the FLOPs a piece of work must do per byte it moves to keep
+        the arithmetic busy. Below it, work waits on memory; above it, on arithmetic (lesson 7 draws
+        it). Decode's {r.intensity:.3g} FLOP/byte is {side} this machine's ridge of {hw.ridge:.3g}:
+        {"decode is memory-bound here" if side == "below" else "decode is compute-bound here"}.
+        The ridge {hw.ridge:.3g} is one measurement of this CPU in float32 at {hw.blas_threads or "?"}
+        BLAS threads; a server CPU with wide vector units and more cores has a ridge of tens of
+        FLOP/byte, a GPU's tensor cores in fp16 of hundreds.
+    """)
     sec = statistics.median(s.seconds for s in steps)
     spread = Timing(tuple(s.seconds for s in steps))
     step_bytes = statistics.median(s.total_bytes for s in steps)
@@ -187,16 +195,20 @@ def can_memory_keep_up(L: Lesson, ids, model, n_steps, r, steps):
     return hw
 
 
-def a_big_model_on_a_gpu(L: Lesson, b, hw, model, r):
-    """Section: The same arithmetic for a big model on a GPU."""
+def a_big_model_on_a_gpu(L: Lesson, model, hw, r) -> None:
     L.section("The same arithmetic for a big model on a GPU")
+    b = np.dtype(model.dtype).itemsize
     seed = decode_ceiling(7e9, "fp16", "a100-80gb")
     L.say(f"""
         The article's example: a 7B-parameter model in fp16 is **{seed['gb_per_token']:.0f} GB** of weights.
         On an A100 80 GB ({seed['bandwidth_gbs']:,.0f} GB/s) reading them once takes
-        **{seed['ms_per_token']:.1f} ms**, so batch-1 decode tops out near **{seed['tokens_per_s']:.0f} tokens/s**;
-        the arithmetic (2 FLOPs per weight at 312 TFLOP/s) would take only {seed['compute_ms_per_token']:.3f} ms.
-        `minillm.hardware.decode_ceiling(7e9, "fp16", "a100-80gb")` computes it:
+        **{seed['ms_per_token']:.1f} ms**: batch-1 decode makes at most one token per full read of the
+        weights, about **{seed['tokens_per_s']:.0f} tokens/s**; the arithmetic (2 FLOPs per weight at
+        312 TFLOP/s) would take only {seed['compute_ms_per_token']:.3f} ms. In practice memory delivers
+        80-90% of the datasheet figure and the KV cache adds its bytes, so about
+        {0.8 * seed['tokens_per_s']:.0f}-{0.9 * seed['tokens_per_s']:.0f} tokens/s; speculative decoding
+        (lesson 11) makes several tokens per read and beats it.
+        `minillm.measure.chips.decode_ceiling(7e9, "fp16", "a100-80gb")` computes it:
     """)
     weights_read = r.bytes["weights"]
     all_weights = model.n_params() * b
@@ -207,41 +219,59 @@ def a_big_model_on_a_gpu(L: Lesson, b, hw, model, r):
     ct = Table(header_style="bold")
     for col in ("chip", "bandwidth", f"{model.name} ({model.n_params() / 1e6:.0f}M, fp32)", "7B, fp16", "7B, int4"):
         ct.add_column(col, justify="right" if col != "chip" else "left")
-    for chip in (hw, PRESETS["a100-80gb"], PRESETS["h100-sxm"], PRESETS["rtx-4090"], PRESETS["m1-pro"]):
+    for chip in (hw, CHIPS["a100-80gb"], CHIPS["h100-sxm"], CHIPS["rtx-4090"], CHIPS["m1-pro"]):
         mine = decode_ceiling(model.n_params(), "fp32", chip)
         big = decode_ceiling(7e9, "fp16", chip)
         q4 = decode_ceiling(7e9, "int4", chip)
         ct.add_row(chip.name, f"{chip.bandwidth_gbs:,.0f} GB/s", f"{mine['tokens_per_s']:,.0f} tok/s",
                    f"{big['tokens_per_s']:,.1f} tok/s", f"{q4['tokens_per_s']:,.1f} tok/s")
     L.show("[bold]Decode ceilings, batch 1 (bandwidth ÷ weight bytes; the KV cache would add to the bytes)[/]", ct)
+    L.say("""
+        The int4 column is the ideal, 4 bits a weight. Real 4-bit formats carry a scale (and often a
+        zero point) per group of 32-128 weights, about 4.25-4.5 bits in all, often keep the embeddings
+        and the LM head in fp16, and their kernels at batch 1 rarely reach full bandwidth: 3-3.5× the
+        fp16 speed is typical, not 4×.
+    """)
+    L.pause()
+    long_context(L, model, r)
     L.takeaway(f"""
-        A decode step reads every weight once to make one token: about {2 / b:.2g} FLOP per byte here, far below
-        any chip's ridge. Its speed is **bandwidth ÷ bytes per token**, so what speeds it up is more bandwidth
-        or fewer bytes (smaller weights: quantization; several sequences sharing one read: batching), not
-        more FLOP/s. This is why decode is called **memory-bound**.
+        A decode step reads every weight once to make one token: about {2 / b:.2g} FLOP per byte here, below
+        the ridge of every chip minillm knows. Its speed is **bandwidth ÷ bytes per token**, so what speeds it up is more bandwidth
+        or fewer bytes (smaller weights: quantization; several sequences sharing one read: batching; several
+        tokens per read: speculative decoding), not more FLOP/s. This is why decode is called **memory-bound**.
     """)
     L.try_it("""
         `minillm hardware --params 7B --dtype int4` prints the decode ceiling of a 7B model in 4-bit
-        weights for every known chip: 4× the fp16 tokens/s, because it is 4× fewer bytes.
+        weights for every known chip: the ideal 4× the fp16 tokens/s, from 4× fewer bytes.
         `minillm traffic --model large --steps 8` prints this lesson's counters for every step
         (`--model random-124m` for GPT-2 small's size).
     """)
 
 
-def lesson(L: Lesson) -> None:
-    L_, V, b, d, ids, model, n_steps, r, steps, t = first_steps(L)
-    what_one_decode_step_moves(L, V, model, r, t)
-    L.pause()
-    counters_equal_closed_forms(L, L_, V, b, d, r, t)
-    L.pause()
-    hw = can_memory_keep_up(L, ids, model, n_steps, r, steps)
-    L.pause()
-    a_big_model_on_a_gpu(L, b, hw, model, r)
+def long_context(L: Lesson, model, r) -> None:
+    """X2: at long contexts and big batches a decode step reads more KV cache than weights."""
+    L.section("At long contexts, the KV cache overtakes the weights")
+    c = model.config
+    per_token = 2 * c.n_layer * c.n_kv_head * c.head_dim * np.dtype(model.dtype).itemsize
+    t_here = r.bytes["weights"] / per_token
+    kv7, w7 = 2 * 32 * 32 * 128 * 2, 2 * 6.74e9      # Llama-2-7B in fp16: MHA, 32 layers, 32 KV heads of 128
+    L.say(f"""
+        A decode step at position t reads t positions of keys and values: 2·L·H_kv·hd·b·t bytes. In this
+        run that was {fmt_bytes(r.bytes['kv_read'])} against {fmt_bytes(r.bytes['weights'])} of weights, at
+        t = {r.attended}. One sequence's KV read equals the weights at t ≈ weights ÷ (KV bytes per token) =
+        **{t_here:,.0f} positions** for `{escape(model.name)}` (its context is {c.n_ctx:,}).
+
+        For a 7B model with one KV head per query head (Llama-2-7B, fp16): {fmt_bytes(kv7)} per token,
+        so one sequence reads as much KV as weights at {w7 / kv7:,.0f} tokens, and a batch of 32
+        sequences at 4,096 tokens reads {fmt_bytes(32 * 4096 * kv7)} of KV per step against
+        {fmt_bytes(w7)} of weights: {fmt_x(32 * 4096 * kv7 / w7)}. Batching shares the weight read, never the
+        KV read (each sequence has its own). That is why grouped-query attention, KV caches in 8 bits,
+        and attention kernels that split long contexts across the chip (FlashDecoding) matter.
+    """)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_lesson(lesson, argv, number=6, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python lessons/06_memory_traffic.py")
+    return run_lesson(lesson, argv)
 
 
 if __name__ == "__main__":

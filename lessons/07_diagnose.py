@@ -5,12 +5,6 @@ Run:  python lessons/07_diagnose.py        (or: minillm learn 7)
 
 from __future__ import annotations
 
-try:
-    from minillm.lessons._common import (Lesson, fmt_ratio, ratio_range, time_interleaved, bar_chart, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural, roofline_plot,
-                                         run_lesson)
-except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
-    raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
-
 import math
 import statistics
 
@@ -19,13 +13,15 @@ from rich.markup import escape
 from rich.table import Table
 
 import minillm
-from minillm.ui import report
 from minillm.config import PRESETS as MODELS
-from minillm.measure.chips import PRESETS, decode_ceiling, roofline
+from minillm.lessons._common import (Lesson, bar_chart, faster_words, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural,
+                                     ratio_range, roofline_plot, run_lesson, time_interleaved)
 from minillm.measure.batching import run_batch_bench
+from minillm.measure.chips import PRESETS, decode_ceiling, roofline
+from minillm.ui import report
 
 TITLE = "Diagnose your bottleneck"
-MINUTES = 12
+MINUTES = 9
 WHAT_YOU_WILL_SEE = "the roofline, which phase dominates three workloads, what each optimization buys"
 
 SYSTEM = ("You are a helpful assistant who answers every question in the manner of William Shakespeare. "
@@ -50,16 +46,13 @@ def gpu_roof_fused(r, chip: str, model):
 
 
 def phases(m: minillm.Meter, hw, model) -> dict:
-    """Prefill and decode totals of a run: counted work, measured time, and roofline times."""
+    """Prefill and decode totals of a run (`Meter.totals`): counted work, measured time, and roofline times."""
     out = {}
     for kind in ("prefill", "decode"):
-        rs = m.of_kind(kind)
+        tot, rs = m.totals(kind), m.of_kind(kind)
         out[kind] = {
-            "steps": len(rs),
-            "tokens": sum(r.n_tokens for r in rs),
-            "flops": sum(r.total_flops for r in rs),
-            "bytes": sum(r.total_bytes for r in rs),
-            "seconds": sum(r.seconds for r in rs),
+            "steps": tot.steps, "tokens": tot.tokens, "flops": tot.flops, "bytes": tot.bytes,
+            "seconds": tot.seconds,
             "roof_here": sum(roofline(r.total_bytes, r.total_flops, hw).seconds for r in rs),
             "roof_gpu": sum(gpu_roof(r, GPUS[0]).seconds for r in rs),
             "roof_gpu_fused": sum(gpu_roof_fused(r, GPUS[0], model).seconds for r in rs),
@@ -67,26 +60,47 @@ def phases(m: minillm.Meter, hw, model) -> dict:
     return out
 
 
-def first_steps(L: Lesson):
-    """Section: the opening."""
+def lesson(L: Lesson) -> None:
     model = L.load_model(default="random-124m", fast="random-tiny")
-    c = model.config
-    enc = minillm.tokenizer()
     with L.status("measuring this machine's memory bandwidth and matmul peak (once; then cached)…"):
         hw = L.machine()
     rng = np.random.default_rng(0)
+    intro(L, model, hw)
+    dec = three_steps_on_the_roofline(L, model, hw, rng)
+    L.pause()
+    work = which_phase_dominates(L, model, hw, rng)
+    L.pause()
+    caches = prefix_caching(L, model, hw, work)
+    L.pause()
+    kv_cache_management(L, model, caches, len(work["sys_ids"]))
+    L.pause()
+    batching(L, model, dec, hw)
+    L.pause()
+    quantization(L, model, hw)
+    L.pause()
+    on_a_gpu(L)
+    L.pause()
+    the_diagnosis(L, dec, hw, work["results"])
+
+
+def intro(L: Lesson, model, hw) -> None:
     L.say(f"""
         The article closes with a diagnosis guide: find out **which phase** your workload spends its time
         in, then pick the optimization that attacks **that** phase. This lesson does it with numbers, on
         `{escape(model.name)}` and on this machine ({hw.bandwidth_gbs:,.1f} GB/s, {hw.peak_gflops:,.0f} GFLOP/s,
         ridge {hw.ridge:.3g} FLOP/byte), beside two GPUs whose published figures minillm carries.
+
+        The **roofline** model: a piece of work that moves *N* bytes and does *F* FLOPs needs at least
+        *N* / bandwidth seconds and at least *F* / peak seconds, so its best time is the larger of the
+        two. Which one is larger depends only on its **intensity** *F*/*N* against the machine's
+        **ridge** (peak ÷ bandwidth). `minillm.measure.chips.roofline(bytes, flops, hw)` applies it.
     """)
-    return c, enc, hw, model, rng
+    L.pause()
 
 
-def three_steps_on_the_roofline(L: Lesson, c, hw, model, rng):
-    """Section: 1. Three kinds of step on the roofline."""
+def three_steps_on_the_roofline(L: Lesson, model, hw, rng):
     L.section("1. Three kinds of step on the roofline")
+    c = model.config
     P = min(L.pick(128, 64), c.n_ctx // 2)
     ids = rng.integers(0, c.vocab_size, P)
     model.prefill(ids[:8])  # warm-up
@@ -102,35 +116,35 @@ def three_steps_on_the_roofline(L: Lesson, c, hw, model, rng):
     dec = sorted(m.of_kind("decode"), key=lambda r: r.seconds)[len(m.of_kind("decode")) // 2]   # the median step
     naive = mn.of_kind("decode")[-1]
     L.say("""
-        The roofline model: a piece of work that moves *B* bytes and does *F* FLOPs needs at least
-        *B* / bandwidth seconds and at least *F* / peak seconds, so its best time is the larger of the two.
-        Which one is larger depends only on its **intensity** *F*/*B* against the machine's **ridge**
-        (peak ÷ bandwidth). `minillm.hardware.roofline(bytes, flops, hw)` applies it. The GPU columns
-        assume fp16: half the float32 bytes.
-
         The bytes depend on a **view of memory**. *Unfused*, as NumPy runs and as the meter counts:
         every operation reads its inputs from memory and writes its outputs back, so a long prefill
-        moves its activations many times over. *Fused*, as a fused GPU kernel runs: only the weights,
-        the KV cache and each block's input and output cross memory; the rest stays on chip.
-        `minillm.report.fused_bytes(record, config, 4)` computes the second from the first.
+        moves its activations many times over (the T×T attention scores among them). *Ideal fusion*,
+        a lower bound: only the weights, the KV cache and each block's input and output cross memory;
+        the rest stays on chip. Real GPU engines sit between the two: FlashAttention keeps the T×T
+        scores on chip, but separate matrix kernels still write their outputs to memory.
+        `minillm.ui.report.fused_bytes(record, config, 4)` computes the ideal from the meter's counts.
+
+        The tables below give, for a prefill (P), a cached decode step (D) and a naive decode step (N):
+        their counts, then each view's verdict and its **best possible time** (≥: no run can be faster).
+        The GPU columns assume fp16: half the float32 bytes.
     """)
     t = Table(header_style="bold")
-    for col in ("step (tokens)", "FLOPs", "bytes unfused", "fused", "FLOP/B unfused", "fused", "time here"):
+    for col in ("step (tokens)", "FLOPs", "bytes", "fused", "FLOP/byte", "fused", "time here"):
         t.add_column(col, justify="left" if col.startswith("step") else "right", no_wrap=col != "step (tokens)")
     roof = Table(header_style="bold")
-    for col in ("step", "here, unfused", "A100, unfused", "A100, fused", "H100, fused"):
+    for col in ("step", "here (unfused)", "A100 (ideal fusion)", "H100 (ideal fusion)"):
         roof.add_column(col, justify="left" if col == "step" else "right", no_wrap=True)
     rows = [(f"P prefill {pre.n_tokens}", pre), ("D decode 1", dec), (f"N naive {naive.n_tokens}", naive)]
     for label, r in rows:
         fused = report.fused_bytes(r, c, 4)
         t.add_row(label, fmt_flops(r.total_flops), fmt_bytes(r.total_bytes), fmt_bytes(fused),
                   f"{r.intensity:.3g}", f"{r.total_flops / fused:.3g}", fmt_time(r.seconds))
-        cells = [roofline(r.total_bytes, r.total_flops, hw), gpu_roof(r, GPUS[0]), gpu_roof_fused(r, GPUS[0], model),
+        cells = [roofline(r.total_bytes, r.total_flops, hw), gpu_roof_fused(r, GPUS[0], model),
                  gpu_roof_fused(r, GPUS[1], model)]
         roof.add_row(label[0], *(f"{x.bound} ≥{fmt_time(x.seconds)}" for x in cells))
-    L.show(t)
-    L.show("[bold]The roofline's verdict for each step (memory- or compute-bound) and its best possible time, "
-           "in the view of memory each column names[/]", roof)
+    L.show(t, "[dim]bytes, FLOP/byte: unfused, as the meter counts; fused: the ideal fusion view[/]")
+    L.show("[bold]Each step's roofline verdict (memory- or compute-bound) and best possible time, in the "
+           "view of memory each column names (fused: the ideal)[/]", roof)
     pre_a100 = gpu_roof_fused(pre, GPUS[0], model)
     L.say(f"""
         Fused, the {pre.n_tokens}-token prefill does {pre.total_flops / report.fused_bytes(pre, c, 4):.3g} FLOPs per
@@ -145,27 +159,28 @@ def three_steps_on_the_roofline(L: Lesson, c, hw, model, rng):
     L.say(f"""
         Each letter sits at its intensity and at the GFLOP/s it **achieved** here (FLOPs ÷ measured time).
         Left of the ridge the roof slopes: there, more bandwidth would mean more speed. Right of it the
-        roof is flat: only more arithmetic would help. Ridges: this machine {hw.ridge:.3g}, A100
-        {PRESETS['a100-80gb'].ridge:.0f}, H100 {PRESETS['h100-sxm'].ridge:.0f} FLOP/byte. A GPU's ridge
-        is far higher: it has much more arithmetic per byte of bandwidth than a CPU.
+        roof is flat: only more arithmetic would help. Ridges: this machine {hw.ridge:.3g} (float32, as
+        measured at {hw.blas_threads or "?"} BLAS threads), A100 {PRESETS['a100-80gb'].ridge:.0f}, H100
+        {PRESETS['h100-sxm'].ridge:.0f} FLOP/byte (dense fp16 tensor math). The GPUs' ridges are higher
+        partly from fp16 tensor cores: a server CPU computing in bf16 on many cores reaches tens of
+        FLOP/byte, and this figure is for float32 on a shared machine.
     """)
     L.claim(pre.intensity > dec.intensity,
             f"prefill's intensity ({pre.intensity:.3g}) is above cached decode's ({dec.intensity:.3g})")
-    L.claim(dec.intensity < hw.ridge, f"cached decode ({dec.intensity:.3g} FLOP/B) is below this machine's ridge "
-                                      f"({hw.ridge:.3g}): memory-bound")
-    L.claim(all(gpu_roof(dec, g).bound == gpu_roof_fused(dec, g, model).bound == "memory" for g in GPUS),
-            "cached decode is memory-bound on the A100 and H100 too, in both views of memory")
-    L.claim(all(report.fused_bytes(r, c, 4) <= r.total_bytes for _, r in rows),
-            "the fused view never moves more bytes than the unfused one the meter counted")
+    here = "below" if dec.intensity < hw.ridge else "above"
+    L.say(f"Cached decode's {dec.intensity:.3g} FLOP/byte is {here} this machine's ridge ({hw.ridge:.3g}): "
+          f"{'memory' if here == 'below' else 'compute'}-bound here.")
+    L.fact("cached decode at batch 1 is memory-bound on the A100 and H100: about 2 FLOPs per weight, 2 bytes "
+           "per fp16 weight, 1 FLOP/byte, against ridges of 153 and 295")
     L.claim(naive.intensity > dec.intensity,
             f"naive decode has the higher intensity ({naive.intensity:.3g}), because it redoes the whole "
             "sequence: a high FLOPs-per-byte figure is not a goal in itself, useful work per second is")
     return dec
 
 
-def which_phase_dominates(L: Lesson, c, enc, hw, model, rng):
-    """Section: 2. Which phase dominates? Three workloads."""
+def which_phase_dominates(L: Lesson, model, hw, rng) -> dict:
     L.section("2. Which phase dominates? Three workloads")
+    c, enc = model.config, minillm.tokenizer()
     cap = c.n_ctx
     scen = [
         ("A: long prompt, short answer", min(L.pick(384, 160), cap - 16), L.pick(8, 4), 1),
@@ -188,8 +203,14 @@ def which_phase_dominates(L: Lesson, c, enc, hw, model, rng):
     results.append((label_c, f"{len(QUESTIONS)} × ({len(sys_ids)}+~{round(statistics.mean(map(len, q_ids)))} + {n_answer})",
                     phases(mc, hw, model)))
     t = Table(header_style="bold")
-    for col in ("", "tokens in + out", "prefill's FLOPs", "decode's bytes", "here: prefill | decode",
-                "A100, fused: prefill | decode"):
+    L.say("""
+        Below, for each workload: the share of its FLOPs done in prefill, the share of its bytes moved
+        in decode, and the time of each phase, prefill | decode: *here* as measured on this machine (one
+        run, summed over its steps), *A100* the roofline time of the same FLOPs on an A100 with the ideal
+        fused view's fp16 bytes. The larger of each pair is in bold.
+    """)
+    for col in ("", "tokens in + out", "prefill's share of FLOPs", "decode's share of bytes", "here: prefill | decode",
+                "A100: prefill | decode"):
         t.add_column(col, justify="left" if not col else "right")
 
     def versus(p: float, d: float) -> str:
@@ -202,11 +223,6 @@ def which_phase_dominates(L: Lesson, c, enc, hw, model, rng):
                   versus(p["seconds"], d["seconds"]), versus(p["roof_gpu_fused"], d["roof_gpu_fused"]))
     L.show("\n".join(f"[bold]{escape(label)}[/]" for label, _, _ in results), t)
     L.busy_note()
-    L.say("""
-        Shares are of the workload's total; *here* is the time measured on this machine (one run, summed over
-        its steps), *A100, fused* the roofline time of the same FLOPs on an A100 with the fused view's fp16
-        bytes. The larger of each pair is in bold.
-    """)
     (_, _, a), (_, _, b_), _ = results
 
     def dominant(ph, key):
@@ -226,25 +242,36 @@ def which_phase_dominates(L: Lesson, c, enc, hw, model, rng):
             and b_["decode"]["roof_gpu"] > b_["prefill"]["roof_gpu"],
             "B: the long answer makes decode move most of the bytes, and decode dominates on the A100 "
             "in both views of memory")
-    L.say("""
+    a100 = PRESETS["a100-80gb"]
+    P_, N_, B_ = 1000, 200, 32
+    alone = (P_ / N_) / a100.ridge
+    batched = alone * B_
+    L.say(f"""
         The same counters can give different verdicts on different machines. A CPU has little arithmetic
         per byte of bandwidth (a low ridge), so a long prompt's prefill is slow there. A GPU has a huge
         peak, so prefill gets cheap and the token-by-token decode, waiting on memory, is what is left.
-        That is why the article's rules of thumb are about GPUs: **prompts over ~1k tokens → look at
-        prefill; answers over ~500 tokens → look at decode; many short requests → look at batching.**
-        Measure your own mix before optimizing.
+        On a GPU in fp16, for one request alone: prefill ≈ 2·params·P ÷ peak and decode ≈ N_out · 2·params ÷
+        bandwidth, so **prefill ÷ decode ≈ (P ÷ N_out) ÷ ridge**. A {P_:,}-token prompt with a {N_}-token answer
+        on an A100: {alone:.0%}, decode dominates. In a server, B requests' decodes share each weight read,
+        so decode's time per request falls by about B and the ratio becomes ≈ P·B ÷ (N_out·ridge): at
+        B = {B_}, {batched:.2g}. That is where the article's rule of thumb **prompts over ~1k tokens → look
+        at prefill** comes from: batched serving. Measure your own mix before optimizing.
     """)
-    return mc, n_answer, plain_answers, q_ids, results, sys_ids
+    return {"mc": mc, "n_answer": n_answer, "plain_answers": plain_answers, "q_ids": q_ids,
+            "results": results, "sys_ids": sys_ids}
 
 
-def prefix_caching(L: Lesson, hw, mc, model, n_answer, plain_answers, q_ids, sys_ids):
-    """Section: 3a. Prefix caching: compute a shared prompt once."""
+def prefix_caching(L: Lesson, model, hw, work: dict) -> list:
     L.section("3a. Prefix caching: compute a shared prompt once")
+    mc, n_answer, plain_answers = work["mc"], work["n_answer"], work["plain_answers"]
+    q_ids, sys_ids = work["q_ids"], work["sys_ids"]
     L.say(f"""
         Workload C sends the same {len(sys_ids)}-token system prompt with every question, and each request
         prefilled it again. With **prefix caching** a server keeps the KV cache of the shared prefix and
-        starts each request from a copy of it, prefilling only the new tokens. minillm's public API can
-        do it: `model.prefill(ids, cache)` continues a cache that already holds tokens.
+        prefills only each request's new tokens. A real server (vLLM, SGLang) shares the prefix's KV
+        blocks by reference and copies at most a partly filled last block; the contiguous `KVCache`
+        below copies the prefix with `fork()`, the simple version (lesson 10 shows the real one).
+        `model.prefill(ids, cache)` continues a cache that already holds tokens.
 
         ```python
         _, base = model.prefill(system_ids)                 # once
@@ -270,10 +297,14 @@ def prefix_caching(L: Lesson, hw, mc, model, n_answer, plain_answers, q_ids, sys
     part_logits, _ = model.prefill(q_ids[-1], base.fork())       # the question after the cached prefix
     logit_gap = float(np.abs(full_logits - part_logits).max())
     before, after = phases(mc, hw, model)["prefill"], phases(mp, hw, model)["prefill"]
+    def with_prefix():
+        _, shared = model.prefill(sys_ids)            # the prefix once, in the time as in the FLOPs
+        return [model.prefill(q, shared.fork()) for q in q_ids]
+
     with L.status("timing both ways of prefilling C's prompts, in turns…"):
         times = time_interleaved({
             "full": lambda: [model.prefill(sys_ids + q) for q in q_ids],
-            "prefix": lambda: [model.prefill(q, base.fork()) for q in q_ids],
+            "prefix": with_prefix,
         }, L.rounds())
     t = Table(header_style="bold")
     for col in ("", "prefill calls", "tokens", "FLOPs", "bytes", "time"):
@@ -284,12 +315,13 @@ def prefix_caching(L: Lesson, hw, mc, model, n_answer, plain_answers, q_ids, sys
               fmt_bytes(after["bytes"]), times["prefix"].short())
     L.show(t)
     L.timing_note()
+    ratio = ratio_range(times["prefix"], times["full"])
     L.say(f"""
-        Timed in turns, prefilling everything took {fmt_ratio(ratio_range(times['full'], times['prefix']))} the
-        time of starting from the cached prefix (the prefix's own prefill, done once, is not in the second
-        figure). Time follows FLOPs only partly: every prefill call reads all the weights once, whatever
-        its length, so short prefills gain less than their FLOPs suggest. The saving grows with the length
-        of the shared prefix.
+        Both rows count and time the same work: the second includes the prefix's own prefill, done once.
+        Timed in turns, {faster_words(ratio, "the prefix computed once", "prefilling everything")}. Time
+        follows FLOPs only partly: every prefill call reads all the weights once, whatever its length,
+        so short prefills gain less than their FLOPs suggest. The saving grows with the length of the
+        shared prefix.
     """)
     L.claim(after["flops"] < before["flops"],
             f"prefix caching cut the prefill FLOPs of workload C by {1 - after['flops'] / before['flops']:.0%}")
@@ -298,22 +330,24 @@ def prefix_caching(L: Lesson, hw, mc, model, n_answer, plain_answers, q_ids, sys
     same = sum(a == b for a, b in zip(plain_answers, cached_answers))
     L.say(f"""
         Same answers: {same} of {len(q_ids)} requests generated identical tokens both ways. Prefix caching attacks
-        **prefill**; it does nothing for the decode steps that follow.
+        **prefill**: the decode steps that follow do the same FLOPs. It helps decode indirectly: shared
+        blocks free KV memory, so more sequences fit in a batch, and attention kernels that read a shared
+        prefix once for many sequences (cascade attention) can cut decode's KV reads too.
     """)
     return caches
 
 
-def kv_cache_management(L: Lesson, c, caches, sys_ids):
-    """Section: 3b. KV-cache management: memory reserved vs used."""
+def kv_cache_management(L: Lesson, model, caches, n_system: int) -> None:
     L.section("3b. KV-cache management: memory reserved vs used")
+    c = model.config
     per_tok = caches[0].bytes_per_token()
     lengths = [cache.length for cache in caches]
     block = 16
     reserved = sum(cache.k.nbytes + cache.v.nbytes for cache in caches)
     used = sum(cache.nbytes_used() for cache in caches)
     paged = paged_bytes(c, lengths, block, 0)                  # a real paged pool, filled to these lengths
-    shared_blocks = len(sys_ids) // block
-    paged_shared = paged_bytes(c, lengths, block, len(sys_ids))  # ... the system prompt's full blocks shared
+    shared_blocks = n_system // block
+    paged_shared = paged_bytes(c, lengths, block, n_system)  # ... the system prompt's full blocks shared
     t = Table(header_style="bold")
     for col in ("policy", f"KV memory for these {len(caches)} requests", "vs used", "requests per GB"):
         t.add_column(col, justify="left" if col == "policy" else "right")
@@ -323,9 +357,11 @@ def kv_cache_management(L: Lesson, c, caches, sys_ids):
                         ("pages, prefix pages shared", paged_shared)):
         t.add_row(name, fmt_bytes(total), fmt_x(total / used), f"{1e9 / (total / len(caches)):,.0f}")
     L.show(t)
-    L.claim(reserved > paged >= used and paged - used < len(caches) * block * per_tok,
-            f"the requests use {used / reserved:.1%} of what a whole-context reservation sets aside; "
-            f"{block}-token pages waste less than one page per request")
+    L.claim(reserved > paged >= used,
+            f"the requests use {used / reserved:.1%} of what a whole-context reservation sets aside, and the "
+            f"paged pool held {fmt_x(paged / used)} what they use")
+    L.fact(f"{block}-token pages waste less than one page per request: a request takes a page only when its "
+           f"last one is full ({fmt_bytes(paged - used)} here, under {len(caches)} × {fmt_bytes(block * per_tok)})")
     if shared_blocks:
         L.claim(paged_shared < paged, f"sharing the prefix's {plural(shared_blocks, 'full page')} saves another "
                                       f"{fmt_bytes(paged - paged_shared)}")
@@ -356,10 +392,8 @@ def paged_bytes(c, lengths: list[int], block: int, shared: int) -> int:
     return pool.allocator.n_used * pool.block_nbytes
 
 
-def batching(L: Lesson, dec, hw, model):
-    """Section: 3c. Batching: share each read of the weights."""
+def batching(L: Lesson, model, dec, hw) -> None:
     L.section("3c. Batching: share each read of the weights")
-    W = dec.bytes["weights"]
     measured = L.pick([1, 4, 16], [1, 4])
     with L.status(f"decode steps with B = {', '.join(map(str, measured))} sequences at once…"):
         sweep = run_batch_bench(model, measured, hw, context=16, repeats=L.pick(3, 2))
@@ -367,53 +401,65 @@ def batching(L: Lesson, dec, hw, model):
     one, top = rows[0], rows[-1]
     per_seq = (top["bytes"] - one["bytes"]) / (top["batch"] - 1)       # each extra sequence's own bytes
     per_flops = (top["flops"] - one["flops"]) / (top["batch"] - 1)
-    shared = one["bytes"] - per_seq                                      # read once per step: the weights
     L.say(f"""
         `minillm.generate_batch` and `model.step` decode **B** sequences in one step: their B tokens are B
         rows of every product, so the weights are read once for all of them. The rows below are measured
-        with the engine (lesson 8 has the whole sweep); the larger B are projected from the counts the meter
-        made at B = {one['batch']} and {top['batch']}: {fmt_bytes(shared)} read once per step, {fmt_bytes(per_seq)} and
-        {fmt_flops(per_flops)} more for each sequence.
+        with the engine at {sweep['context']}-token contexts (lesson 8 has the whole sweep); larger B are
+        projected from the meter's counts at B = {one['batch']} and {top['batch']}: a step at B = 1 moved
+        {fmt_bytes(one['bytes'])}, each further sequence added {fmt_bytes(per_seq)} and {fmt_flops(per_flops)}.
     """)
+    # The GPU columns: the ideal fused view in fp16, from a real B = 1 decode step (`dec`, section 1).
+    W = dec.bytes["weights"]
+    own = report.fused_bytes(dec, model.config, 4) - W               # a sequence's own bytes, fused, fp32
+    a100 = PRESETS[GPUS[0]]
     t = Table(header_style="bold")
-    for col in ("batch B", "FLOP/B", "tokens/s here", "bound here", "A100 (fp16)", "tokens/s A100 (roof)"):
+    for col in ("batch", "FLOP/byte", "tokens/s here", "bound here", "A100, fused", "tokens/s A100"):
         t.add_column(col, justify="right")
-    crossing, inten = None, []
+    inten = []
     for B in measured + [64, 256, 1024]:
         row = next((r for r in rows if r["batch"] == B), None)
-        nbytes, flops = (row["bytes"], row["flops"]) if row else (shared + B * per_seq, B * per_flops)
+        nbytes, flops = (row["bytes"], row["flops"]) if row else (one["bytes"] + (B - 1) * per_seq, B * per_flops)
         here = roofline(nbytes, flops, hw)
-        gpu = roofline(nbytes * FP16, flops, GPUS[0])
+        gpu = roofline((W + B * own) * FP16, B * dec.total_flops, a100)
         inten.append(here.intensity)
-        if crossing is None and gpu.bound == "compute":
-            crossing = B
         speed = f"{row['tok_s']:,.0f} measured" if row else f"{B / here.seconds:,.0f} roof"
         t.add_row(str(B), f"{here.intensity:.3g}", speed, here.bound, gpu.bound, f"{B / gpu.seconds:,.0f}")
     L.show(t)
     L.busy_note()
     L.claim(all(y > x for x, y in zip(inten, inten[1:])),
             "the more sequences share a weight read, the higher the intensity (counted at the measured B)")
-    L.claim(top["tok_s"] > one["tok_s"], f"B = {top['batch']} made {fmt_x(top['tok_s'] / one['tok_s'])} the tokens "
-                                         f"per second of B = 1 on this machine, measured")
-    cap_gpu = per_flops / (per_seq * FP16)
-    if crossing:
-        verdict = f"On the A100 decode turns compute-bound at around B = {crossing}."
-    else:
-        verdict = (f"On the A100 it stays memory-bound even at B = 1,024: each sequence brings its own KV-cache reads "
-                   f"and activations, so the intensity can never pass its FLOPs ÷ its own bytes = {cap_gpu:.3g} "
-                   "FLOP/byte in fp16, below the A100's ridge. That is why newer models shrink the KV cache "
-                   "(multi-query and grouped-query attention share keys and values between heads).")
-    L.say(f"""
-        Batching turns the weight read from a per-token cost into a per-step cost: tokens per second grow
-        almost in proportion to B as long as the weights dominate the traffic. {verdict}
+    gain = top["tok_s"] / one["tok_s"]
+    L.say(f"B = {top['batch']} made {fmt_x(gain)} the tokens per second of B = 1 on this machine, measured "
+          f"({'more' if gain > 1 else 'no more'} tokens from the same weight read).")
+    L.say(batching_words(dec.total_flops, W * FP16, own * FP16, a100.ridge, dec.attended))
+    L.say("""
         Servers batch continuously (*continuous batching*): a finished sequence leaves the batch and a
         waiting one joins at the next step, which is also the answer to "many short requests".
     """)
-    return W
 
 
-def quantization(L: Lesson, hw, model):
-    """Section: 3d. Quantization: fewer bytes per weight."""
+def batching_words(flops: float, weight_bytes: float, own_bytes: float, ridge: float, context: int) -> str:
+    """Where decode turns compute-bound on a GPU, from one sequence's FLOPs and bytes against the ridge.
+
+    A step of B sequences does B·flops over weight_bytes + B·own_bytes: its intensity rises with B
+    toward the cap flops ÷ own_bytes. The crossing B* = ridge·weight_bytes ÷ (flops − ridge·own_bytes)
+    exists only when the cap is above the ridge; weights alone (own_bytes = 0) give ridge·b ÷ 2."""
+    cap = flops / own_bytes if own_bytes else math.inf
+    weights_only = ridge * weight_bytes / flops
+    if cap > ridge:
+        b_star = ridge * weight_bytes / (flops - ridge * own_bytes)
+        return (f"On the A100 (ideal fusion, fp16) decode turns compute-bound near **B ≈ {b_star:,.0f}**: the "
+                f"weights alone would give B\\* ≈ ridge·b/2 = {weights_only:,.0f}, and each sequence's own bytes "
+                f"(KV cache at {context} positions, activations) raise it. The intensity can rise to "
+                f"{cap:,.0f} FLOP/byte, above the ridge of {ridge:.0f}.")
+    return (f"On the A100 (ideal fusion, fp16) decode never turns compute-bound at this context: each sequence "
+            f"brings its own bytes (its KV cache, its row of logits), so the intensity can never pass its FLOPs ÷ its own bytes = "
+            f"{cap:.3g} FLOP/byte, below the ridge of {ridge:.0f} (weights alone would turn at B ≈ "
+            f"{weights_only:,.0f}). That is why newer models shrink the KV cache: multi-query and grouped-query "
+            "attention share keys and values between heads.")
+
+
+def quantization(L: Lesson, model, hw) -> None:
     L.section("3d. Quantization: fewer bytes per weight")
     t = Table(header_style="bold")
     t.add_column("weights in")
@@ -426,7 +472,7 @@ def quantization(L: Lesson, hw, model):
         gpu = decode_ceiling(model.n_params(), dt, GPUS[0])
         ceil[dt] = here["tokens_per_s"]
         t.add_row(dt, fmt_bytes(here["bytes_per_token"]), f"{here['tokens_per_s']:,.0f} tok/s", f"{gpu['tokens_per_s']:,.0f} tok/s")
-    L.show(f"[bold]{escape(model.name)}, {model.n_params():,} parameters, batch 1: minillm.hardware.decode_ceiling[/]", t)
+    L.show(f"[bold]{escape(model.name)}, {model.n_params():,} parameters, batch 1: chips.decode_ceiling[/]", t)
     L.show(bar_chart("Decode ceiling on this machine:", [(dt, v, f"{v:,.0f} tok/s") for dt, v in ceil.items()], style="green"))
     # The ceiling's premise, checked on the engine: a step's weight bytes scale with the bytes per weight.
     tiny = {np.dtype(dt).itemsize: minillm.load("random-tiny", dtype=dt, quiet=True) for dt in (np.float32, np.float64)}
@@ -437,27 +483,62 @@ def quantization(L: Lesson, hw, model):
         read[size] = mm.of_kind("decode")[0].bytes["weights"]
     L.claim(read[8] == 2 * read[4] and read[4] > 0,
             f"the engine's decode step reads weight bytes in proportion to the bytes per weight (random-tiny: "
-            f"{fmt_bytes(read[8])} in float64, {fmt_bytes(read[4])} in float32), so 4-bit weights, 8× fewer "
-            f"bytes than float32, raise the ceiling {ceil['int4'] / ceil['fp32']:.0f}×")
-    L.say("""
-        Quantization helps **decode** directly, because decode's time is bytes ÷ bandwidth. It helps
-        prefill only if the chip also computes faster in the smaller type (GPU tensor cores do).
+            f"{fmt_bytes(read[8])} in float64, {fmt_bytes(read[4])} in float32, measured)")
+    L.say(f"""
+        The int4 row is the ceiling's formula at 4 bits a weight ({ceil['int4'] / ceil['fp32']:.0f}× float32):
+        the ideal, not measured here. Real 4-bit formats spend about 4.25-4.5 bits a weight (a scale per
+        group) and keep the KV cache and activations in 16 bits.
+
+        Quantization helps **decode** directly, because decode's time is bytes ÷ bandwidth. For prefill
+        it depends on the kind. **Weight-only** formats (GPTQ, AWQ, GGUF Q4: *W4A16*) turn the weights
+        back into fp16 and compute in fp16: fewer bytes, the same FLOP time, so they help decode and
+        not prefill (the unpacking can even slow it). **Weights and activations** in 8 bits (*W8A8*
+        INT8, or FP8) use the tensor cores' faster 8-bit math: fewer bytes *and* faster FLOPs, so they
+        help both. Every format trades some accuracy; KV caches can be quantized too (FP8 KV).
     """)
 
 
-def the_diagnosis(L: Lesson, W, dec, hw, results):
-    """Section: The diagnosis."""
+def on_a_gpu(L: Lesson) -> None:
+    L.section("Beyond this machine: diagnosing a GPU")
+    h100 = PRESETS["h100-sxm"]
+    big = decode_ceiling(70e9, "fp16", h100)
+    L.say(f"""
+        minillm measures its own steps. On a GPU, the same questions have their own tools:
+
+        - **MBU and MFU** (model bandwidth and FLOP utilisation): bytes a step must move ÷ its time ÷ the
+          datasheet bandwidth, and FLOPs ÷ time ÷ peak. They are this project's "% BW" and "% of peak".
+        - `nvidia-smi dmon -s u` shows *sm%* and *mem%*: the share of time **any** kernel ran and the
+          share of time memory was read or written, not the share of FLOPs or bandwidth used; a
+          memory-bound decode can show sm 100%. (`-s p` is power and temperature, not bandwidth.)
+          DCGM's DRAM-active metric and Nsight Compute give real bandwidth use.
+        - The serving engine's own metrics (vLLM's `/metrics`, minillm's too): time to first token,
+          time between tokens, batch size, KV blocks in use.
+
+        A model that does not fit one GPU: 70B parameters in fp16 are {big['gb_per_token']:.0f} GB, more
+        than an 80 GB H100 holds, so `minillm hardware --chip h100 --params 70B` prints a ceiling
+        ({big['tokens_per_s']:.0f} tokens/s) no single H100 can run. **Tensor parallelism** splits every
+        weight matrix over n GPUs: each reads 1/n of the weights per step, so the ceiling becomes n ×
+        bandwidth ÷ bytes (2 H100s: {2 * h100.bandwidth_gbs / big['gb_per_token']:.0f} tokens/s, 4:
+        {4 * h100.bandwidth_gbs / big['gb_per_token']:.0f}), less the time of the all-reduce that joins
+        the parts after every layer.
+    """)
+
+
+def the_diagnosis(L: Lesson, dec, hw, results) -> None:
     L.section("The diagnosis")
     (_, _, a), (_, _, b_), (_, _, cc) = results
+    W = dec.bytes["weights"]
     L.say(f"""
         - **Long prompts** → *prefill*, which waits on arithmetic once the prompt is long enough: in fp16
           with fused kernels, past about the chip's ridge in tokens ({PRESETS['a100-80gb'].ridge:.0f} on an A100),
           sooner on this CPU (ridge {hw.ridge:.2g}). In this run, A's prefill did
           {a['prefill']['flops'] / (a['prefill']['flops'] + a['decode']['flops']):.0%} of the FLOPs.
-          What helps: more FLOP/s, prefix caching when prompts repeat, lower-precision math.
+          What helps: more FLOP/s (8-bit math: W8A8, FP8), prefix caching when prompts repeat, fewer
+          prompt tokens, several GPUs (tensor parallelism) or separate prefill machines (disaggregation).
         - **Long answers** → *decode*, which waits on memory. B's decode moved
           {b_['decode']['bytes'] / (b_['prefill']['bytes'] + b_['decode']['bytes']):.0%} of the bytes, at
-          {dec.intensity:.2g} FLOP/byte. What helps: more bandwidth, quantization, batching, a lean KV cache.
+          {dec.intensity:.2g} FLOP/byte. What helps: more bandwidth, quantization, batching, a lean KV cache,
+          speculative decoding.
         - **Many short requests** → the weights are read again for every request's every step. C made
           {cc['decode']['steps']} decode steps, each reading {fmt_bytes(W)} of weights, and prefilled the same
           system prompt {len(QUESTIONS)} times. What helps: continuous batching, prefix caching, paged KV memory
@@ -472,33 +553,15 @@ def the_diagnosis(L: Lesson, W, dec, hw, results):
         Run this lesson on a bigger model: `minillm learn 7 --model random-355m --no-pause`
         (decode reads {fmt_x(MODELS["355m"].n_params() / MODELS["124m"].n_params())} GPT-2 small's bytes per token;
         see which verdicts shift). Or ask about a chip and a model you care
-        about: `minillm hardware --chip h100 --params 70B --dtype fp16` prints its decode ceiling.
+        about: `minillm hardware --chip h100 --params 8B --dtype fp16` prints its decode ceiling.
         For your own mix of prompt and answer lengths, `minillm diagnose --prompt-tokens 800
         --answer-tokens 200 --chip h100` runs it under the meter and says which phase dominates,
         the time to first token, batched throughput against latency, and what helps.
     """)
 
 
-def lesson(L: Lesson) -> None:
-    c, enc, hw, model, rng = first_steps(L)
-    dec = three_steps_on_the_roofline(L, c, hw, model, rng)
-    L.pause()
-    mc, n_answer, plain_answers, q_ids, results, sys_ids = which_phase_dominates(L, c, enc, hw, model, rng)
-    L.pause()
-    caches = prefix_caching(L, hw, mc, model, n_answer, plain_answers, q_ids, sys_ids)
-    L.pause()
-    kv_cache_management(L, c, caches, sys_ids)
-    L.pause()
-    W = batching(L, dec, hw, model)
-    L.pause()
-    quantization(L, hw, model)
-    L.pause()
-    the_diagnosis(L, W, dec, hw, results)
-
-
 def main(argv: list[str] | None = None) -> int:
-    return run_lesson(lesson, argv, number=7, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python lessons/07_diagnose.py")
+    return run_lesson(lesson, argv)
 
 
 if __name__ == "__main__":

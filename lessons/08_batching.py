@@ -5,12 +5,6 @@ Run:  python lessons/08_batching.py        (or: minillm learn 8)
 
 from __future__ import annotations
 
-try:
-    from minillm.lessons._common import (Lesson, bar_chart, fmt_bytes, fmt_time, fmt_x, roofline_plot,
-                                         run_lesson)
-except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
-    raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
-
 import statistics
 import time
 
@@ -19,11 +13,13 @@ from rich.markup import escape
 from rich.table import Table
 
 import minillm
+from minillm.lessons._common import (Lesson, bar_chart, fmt_bytes, fmt_time, fmt_x, growth_words, roofline_plot,
+                                     run_lesson)
 from minillm.measure.batching import run_batch_bench
 from minillm.measure.chips import get_chip
 
 TITLE = "Batching: one weight read, many tokens"
-MINUTES = 7
+MINUTES = 5
 WHAT_YOU_WILL_SEE = "B sequences per decode step, tokens/s against the roofline, the small-batch cliff"
 
 PROMPTS = ["ROMEO:", "JULIET:", "First Citizen:", "KING RICHARD III:", "HAMLET:", "MENENIUS:",
@@ -49,9 +45,9 @@ def lesson(L: Lesson) -> None:
 
 def intro(L: Lesson, model) -> None:
     L.say(f"""
-        Lesson 6 showed that a decode step reads every weight to make **one** token:
-        {fmt_bytes(model.nbytes())} for `{escape(model.name)}`, about 2 FLOPs per parameter, so about
-        {2 / np.dtype(model.dtype).itemsize:.2g} FLOP per byte, far below this machine's ridge.
+        Lesson 6 showed that a decode step reads every weight to make **one** token: for
+        `{escape(model.name)}`, {fmt_bytes(model.nbytes())} of weights, about 2 FLOPs per parameter, so
+        about {2 / np.dtype(model.dtype).itemsize:.2g} FLOP per byte: below this machine's ridge (lesson 6).
 
         Every serving engine answers the same way: run **B sequences in one step**. Their B new tokens
         are B rows of one matrix, so every weight, read once, is used B times. `model.step` takes a list
@@ -67,10 +63,11 @@ def same_tokens(L: Lesson, model) -> None:
     prompts = [enc.encode(p) for p in PROMPTS[:L.pick(8, 4)]]
     n = L.pick(24, 8)
     kw = dict(temperature=0.8, top_k=40, seed=7)
-    batched = minillm.generate_batch(model, prompts, n, **kw)
-    alone = [minillm.generate(model, p, n, **kw) for p in prompts]
+    with L.status("the prompts batched, then one at a time…"):
+        batched = minillm.generate_batch(model, prompts, n, **kw)
+        alone = [minillm.generate(model, p, n, **kw) for p in prompts]
     times = {"batched": [], "alone": []}
-    for _ in range(L.pick(3, 2)):                      # interleaved repeats, medians
+    for _ in L.progress_range(L.pick(3, 2), "timing batched against one at a time"):   # interleaved, medians
         t0 = time.perf_counter()
         minillm.generate_batch(model, prompts, n, **kw)
         times["batched"].append(time.perf_counter() - t0)
@@ -91,7 +88,8 @@ def same_tokens(L: Lesson, model) -> None:
                                   "(each samples with its own settings and its own random stream)")
     L.say(f"""
         {len(prompts)} prompts × {n} tokens: batched {fmt_time(tb)}, one at a time {fmt_time(ta)}
-        (medians of {len(times['alone'])} interleaved runs): **{fmt_x(ta / tb)}**. The tokens do not change
+        (medians of {len(times['alone'])} interleaved runs): batched took **{fmt_x(tb / ta)}** the time.
+        The tokens do not change
         because nothing a sequence samples with is shared: its logits are its own rows of each product,
         and its random generator is its own. (In float32 a batched product sums in another order than
         a single row's, so two logits tied to a millionth could flip; the tests prove equality in float64.)
@@ -101,8 +99,9 @@ def same_tokens(L: Lesson, model) -> None:
 
 def measure(L: Lesson, model, hw) -> dict:
     batches = L.pick([1, 2, 4, 8, 16, 32], [1, 2, 4, 8])
-    with L.status(f"decode steps with B = {', '.join(map(str, batches))} sequences…"):
-        return run_batch_bench(model, batches, hw, context=16, repeats=L.pick(5, 2))
+    repeats = L.pick(5, 2)
+    with L.progress(f"decode steps, B = {', '.join(map(str, batches))}", repeats * len(batches)) as advance:
+        return run_batch_bench(model, batches, hw, context=16, repeats=repeats, progress=advance)
 
 
 def the_sweep(L: Lesson, model, sweep: dict, hw) -> None:
@@ -110,7 +109,7 @@ def the_sweep(L: Lesson, model, sweep: dict, hw) -> None:
     rows = sweep["rows"]
     base = rows[0]
     t = Table(header_style="bold")
-    for col in ("B", "tokens/s", "ms/step", "roofline ms", "bound", "weights read", "FLOPs"):
+    for col in ("B", "tokens/s", "ms/step", "roofline ms", "bound", "bytes moved", "FLOPs"):
         t.add_column(col, justify="right")
     for r in rows:
         t.add_row(str(r["batch"]), f"{r['tok_s']:.0f}", f"{r['ms_step']:.1f}", f"{r['roofline_ms']:.1f}",
@@ -121,20 +120,27 @@ def the_sweep(L: Lesson, model, sweep: dict, hw) -> None:
     L.claim(rows[-1]["bytes"] < 2 * base["bytes"],
             f"B = {rows[-1]['batch']} moves {fmt_bytes(rows[-1]['bytes'])} a step against {fmt_bytes(base['bytes'])} "
             f"at B = 1 (counted by the meter): the weights are read once per step, not once per sequence")
-    L.claim(best["tok_s"] > base["tok_s"],
-            f"B = {best['batch']} made {fmt_x(best['tok_s'] / base['tok_s'])} the tokens per second of B = 1, "
-            "from the same weight read")
+    gain = best["tok_s"] / base["tok_s"]
+    L.say(f"Measured: the best batch, B = {best['batch']}, made {fmt_x(gain)} the tokens per second of B = 1"
+          + (", from the same weight read." if gain > 1 else
+             ": on this run batching bought no speed (a busy machine can hide it; the counts above do not "
+             "change)."))
+    grow = rows[-1]["ms_step"] / base["ms_step"]
+    work = rows[-1]["batch"] / base["batch"]
+    memory = [r["batch"] for r in rows if r["bound"] == "memory"]
     L.say(f"""
         The roofline column is max(bytes ÷ {hw.bandwidth_gbs:.1f} GB/s, FLOPs ÷ {hw.peak_gflops:.0f} GFLOP/s) for
-        each step's counted bytes and FLOPs: the fastest this machine could run that step. While a step is
-        memory-bound its time hardly grows with B: the bytes barely grow (B rows of activations and B
-        sequences' KV caches), the FLOPs grow B times but stay under the memory time.
+        each step's counted bytes and FLOPs: the fastest this machine could run that step. From B = 1 to
+        B = {rows[-1]['batch']} the measured time per step {growth_words(grow, work)}. While a step is
+        memory-bound (here B = {', '.join(map(str, memory)) or 'none'}), the roofline time barely grows: the
+        bytes barely grow (B rows of activations and B sequences' KV caches), the FLOPs grow B times but
+        stay under the memory time. Past that, the FLOPs set the time.
     """)
     L.pause()
 
 
 def the_cliff(L: Lesson, sweep: dict) -> None:
-    L.section("The small-batch cliff, and what fixed it")
+    L.section("The small-batch cliff")
     rows = [r for r in sweep["rows"] if r["batch"] <= 8]
     t = Table(header_style="bold")
     for col in ("rows B", "x @ W, plain", "minillm's ops.matmul", "B × one row"):
@@ -151,6 +157,10 @@ def the_cliff(L: Lesson, sweep: dict) -> None:
         here = (f"Here, 2 rows through the plain product took {fmt_x(ratio)} the time of 1 row"
                 + (": the cliff. " if ratio > 1.3 else ": this run shows no cliff at 2 rows. ")
                 + f"`ops.matmul` took {fmt_x(two['bare_engine_ms'] / one)}. ")
+    wins = [r["batch"] for r in rows if r["batch"] > 1 and r["bare_engine_ms"] < r["bare_plain_ms"]]
+    losses = [r["batch"] for r in rows if r["batch"] > 1 and r["bare_engine_ms"] >= r["bare_plain_ms"]]
+    here += (f"In this run `ops.matmul` was faster than the plain product at B = {', '.join(map(str, wins)) or 'none'}"
+             + (f" and not at B = {', '.join(map(str, losses))}" if losses else "") + ". ")
     L.say(f"""
         Each column is the time of one bare pass of B rows over every weight of the model, nothing else
         (the median of this run's interleaved rounds). The roofline says 2 rows should cost about what 1 row costs. {here}With OpenBLAS, 1 row runs as
@@ -158,8 +168,9 @@ def the_cliff(L: Lesson, sweep: dict) -> None:
         weights into its own layout and works in panels of 8 rows, so a few rows pay for 8, and a row
         count that is not a multiple of 8 lands on slower edge kernels. minillm's `ops.matmul` was chosen
         by measuring those shapes: for weights of 1 MB and more, 2 rows as two matrix-vector products in
-        one call, 3-63 rows padded with zero rows to a multiple of 8. The padding rows are computed but never counted: the meter counts
-        the model's work, not the kernel's.
+        one call, 3-63 rows padded with zero rows to a multiple of 8 (on the machine it was measured on;
+        the table says whether it wins on this one). The padding rows are computed but never counted:
+        the meter counts the model's work, not the kernel's.
     """)
     L.pause()
 
@@ -173,21 +184,41 @@ def the_ridge(L: Lesson, model, sweep: dict, hw) -> None:
            "   ".join(f"[bold magenta]{p[0]}[/] B = {r['batch']}" for p, r in zip(points, rows)))
     cb = sweep["critical_batch"]
     a100 = get_chip("a100-80gb")
+    b = np.dtype(model.dtype).itemsize
     grow = rows[-1]["intensity"] / rows[0]["intensity"]
     L.claim(grow > 0.5 * rows[-1]["batch"] / rows[0]["batch"],
             f"intensity grows with B: {rows[0]['intensity']:.2f} FLOP/byte at B = 1, {rows[-1]['intensity']:.2f} at "
             f"B = {rows[-1]['batch']} ({fmt_x(grow)}, counted)")
+    first = next((r["batch"] for r in rows if r["bound"] == "compute"), None)
+    last_mem = max((r["batch"] for r in rows if r["bound"] == "memory" and (first is None or r["batch"] < first)),
+                   default=None)
+    if first is None:
+        table = f"every measured B, up to {rows[-1]['batch']}, is memory-bound by its own counts"
+    elif last_mem is None:
+        table = f"every measured B is compute-bound by its own counts, from B = {first}"
+    else:
+        table = f"the measured rows turn compute-bound between B = {last_mem} and B = {first}, by their own counts"
     L.say(f"""
         Each letter is one batch size: its counted FLOPs per byte and the GFLOP/s it reached. Batching slides
         decode to the right along the roof. This machine's ridge is {ridge:.1f} FLOP/byte
-        ({hw.peak_gflops:.0f} GFLOP/s ÷ {hw.bandwidth_gbs:.1f} GB/s); from the counted bytes and FLOPs at B = 1 and 2,
-        decode reaches it at **B ≈ {cb if cb is not None else 'never'}** with {sweep['context']}-token contexts.
-        Past that, more sequences cost more time per step: the step waits on arithmetic, like a prefill. On a GPU
-        the ridge is far higher (an A100 80 GB in fp16: {a100.peak_gflops / 1e3:.0f} TFLOP/s ÷
-        {a100.bandwidth_gbs:,.0f} GB/s = {a100.ridge:.0f} FLOP/byte), which is why servers batch dozens to hundreds
-        of sequences, and why each sequence's KV cache, which grows with its length and is read by its own
-        attention, decides how many fit. minillm's batches keep their caches in one pool of fixed-size
-        blocks (`minillm.PagedKVPool`): a sequence takes a block only when it needs one.
+        ({hw.peak_gflops:.0f} GFLOP/s ÷ {hw.bandwidth_gbs:.1f} GB/s).
+
+        **The critical batch.** A step of B sequences does about 2·params·B FLOPs and reads the weights,
+        params·b bytes, once: its intensity is about 2B/b, which reaches the ridge at
+        **B\\* ≈ ridge · b / 2** = {ridge:.1f} · {b} / 2 = **{ridge * b / 2:.0f}** from the weights alone.
+        Each sequence's own bytes (KV cache, activations) add to the bytes and push B\\* up. From the counted
+        bytes and FLOPs at B = 1 and 2, decode reaches the ridge at **B ≈ {cb if cb is not None else 'never'}**
+        with {sweep['context']}-token contexts; {table}. Past the critical batch more sequences cost more time
+        per step: the step waits on arithmetic, like a prefill.
+
+        On a GPU the ridge is far higher (an A100 80 GB in fp16: {a100.peak_gflops / 1e3:.0f} TFLOP/s ÷
+        {a100.bandwidth_gbs:,.0f} GB/s = {a100.ridge:.0f} FLOP/byte, so B\\* ≈ {a100.ridge:.0f} · 2 / 2 =
+        {a100.ridge:.0f} from the weights), which is why servers batch dozens to hundreds of sequences.
+        Attention does not share that way: each sequence's KV cache is read by its own query only, so
+        attention stays near 1 FLOP/byte in fp16 whatever B (about g with g query heads per KV head).
+        That is why each sequence's KV cache, which grows with its length, decides how many fit (lesson 5).
+        minillm's batches keep their caches in one pool of fixed-size blocks (`minillm.PagedKVPool`):
+        a sequence takes a block only when it needs one.
     """)
     L.takeaway("""
         A decode step costs one read of the weights, whether it makes one token or B. Batching B sequences
@@ -196,8 +227,7 @@ def the_ridge(L: Lesson, model, sweep: dict, hw) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_lesson(lesson, argv, number=8, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python lessons/08_batching.py")
+    return run_lesson(lesson, argv)
 
 
 if __name__ == "__main__":

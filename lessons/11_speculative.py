@@ -6,11 +6,6 @@ Run:  python lessons/11_speculative.py        (or: minillm learn 11)
 
 from __future__ import annotations
 
-try:
-    from minillm.lessons._common import (Lesson, bar_chart, fmt_bytes, fmt_x, run_lesson, time_interleaved)
-except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
-    raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
-
 import numpy as np
 from rich import box
 from rich.markup import escape
@@ -18,12 +13,13 @@ from rich.table import Table
 
 import minillm
 from minillm.engine.speculative import speculative_generate
+from minillm.lessons._common import Lesson, bar_chart, fmt_bytes, fmt_x, run_lesson, time_interleaved
 from minillm.measure.chips import PRESETS
 from minillm.meter import Meter
 from minillm.measure.speculation import heldout_prompts, run_speculation_bench
 
 TITLE = "Speculative decoding: guess cheaply, check in one read"
-MINUTES = 8
+MINUTES = 6
 WHAT_YOU_WILL_SEE = "k+1 tokens for one weight read, acceptance against k, a speedup and where it goes"
 
 
@@ -53,6 +49,7 @@ def one_read(L: Lesson, model, prompt) -> None:
 
         First the cost of checking. Steps over 1 to 9 new tokens at the same position, from one cache:
     """)
+    L.pause()
     _, cache = model.prefill(prompt)
     n0 = cache.length
     sizes = [1, 2, 3, 5, 9]
@@ -60,7 +57,7 @@ def one_read(L: Lesson, model, prompt) -> None:
     def run(n):
         def work():
             cache.truncate(n0)
-            cache.reserve(n)
+            cache.reserve(n)                       # the caller reserves KV room; the model only computes
             with minillm.meter.label("verify"):
                 model.step([(np.arange(n) + 100, cache)], scores="all")
         return work
@@ -81,10 +78,11 @@ def one_read(L: Lesson, model, prompt) -> None:
     L.claim(w9 - w1 == 8 * 2 * model.config.n_embd * model.dtype.itemsize,
             f"the meter counts {fmt_bytes(w1)} of weights for 1 token and {fmt_bytes(w9)} for 9: the same read, "
             "plus the 8 more embedding rows gathered")
-    if not L.fast:
-        L.claim(timing[5].median < 4 * base,
-                f"a step over 5 tokens took {fmt_x(timing[5].median / base)} the time of a step over one, "
-                "less than the 5× of five decode steps")
+    five = timing[5].median / base
+    L.say(f"A step over 5 tokens took {fmt_x(five)} the time of a step over one: "
+          + ("less than the 5× of five decode steps." if five < 4.5 else
+             "on this run, about as much as five decode steps or more (a busy machine, or a small model whose "
+             "steps are mostly fixed costs)."))
     hw = L.machine()
     i1, i9 = counted[1].intensity, counted[9].intensity
     L.say(f"""
@@ -92,7 +90,7 @@ def one_read(L: Lesson, model, prompt) -> None:
         does {i9:.2g} FLOP per byte moved against {i1:.2g} for one, on the way to this machine's ridge
         of {hw.ridge:.2g}, and the BLAS kernel for a few rows is less efficient than the one for a
         single row (lesson 8 met that cliff). So checking k guesses costs one weight read but
-        {fmt_x(timing[5].median / base)} a step's time for k = 4: the exchange rate the guesses must beat.
+        {fmt_x(five)} a step's time for k = 4: the exchange rate the guesses must beat.
     """)
     L.pause()
 
@@ -136,6 +134,20 @@ def same_tokens(L: Lesson, model, draft, prompt) -> None:
     L.pause()
 
 
+def expected_tokens(alpha: float, k: int) -> float:
+    """E = (1 − α^(k+1)) / (1 − α): tokens kept per round of k guesses, each accepted with chance α."""
+    return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def alpha_from(tokens_per_round: float, k: int) -> float:
+    """The α whose E(α, k) equals the measured tokens per round (bisection; E rises with α)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens(mid, k) < tokens_per_round else (lo, mid)
+    return (lo + hi) / 2
+
+
 def rounds_picture(rounds, title: str):
     """One line per round: its guesses, kept or rejected, then the model's own token."""
     from rich.console import Group
@@ -169,14 +181,17 @@ def measure(L: Lesson, model, draft) -> dict:
 def against_k(L: Lesson, model, sweep: dict) -> None:
     p = sweep["plain"]
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("draft", "k", "accepted", "tokens/step", "tok/s", "speedup", "bytes per token"):
+    for col in ("draft", "k", "guesses", "accepted", "kept/step", "speedup", "bytes/token"):
         t.add_column(col, justify="right", no_wrap=True)
-    t.add_row("plain", "-", "-", "1.00", f"{p['tok_s']:.1f}", "1.00×", fmt_bytes(p["bytes_per_token"]))
+    t.add_row("plain", "-", "-", "-", "1.00", "1.00×", fmt_bytes(p["bytes_per_token"]))
     for r in sweep["rows"]:
-        t.add_row(escape(r["draft"]), str(r["k"]), f"{r['acceptance']:.0%}", f"{r['tokens_per_step']:.2f}",
-                  f"{r['tok_s']:.1f}", f"{r['speedup']:.2f}×", fmt_bytes(r["bytes_per_token"]))
-    L.show(t, "[dim]tokens/step: tokens kept per step of the model; bytes per token: the draft's and the model's, "
-              "as metered, per token kept; greedy, real held-out text[/]")
+        t.add_row(escape(r["draft"]), str(r["k"]), f"{r['drafted'] / max(1, r['rounds']):.2f}",
+                  f"{r['acceptance']:.0%}", f"{r['tokens_per_step']:.2f}",
+                  f"{r['speedup']:.2f}×", fmt_bytes(r["bytes_per_token"]))
+    L.show(t, "[dim]guesses: guesses made per round (the n-gram draft makes none when nothing matches); "
+              "accepted: accepted ÷ guessed; kept/step: tokens kept per step of the model; speedup: tokens per "
+              f"second against plain decode's ({p['tok_s']:.1f} tokens/s); bytes/token: the "
+              "draft's and the model's, as metered, per token kept; greedy, real held-out text[/]")
     L.console.print(f"[dim]times: medians of {sweep['repeats']} interleaved rounds; {L.conditions()}[/]")
     L.console.print()
     L.claim(all(r["same_tokens"] for r in sweep["rows"]), "every k, both drafts: the same tokens as plain decode")
@@ -184,11 +199,42 @@ def against_k(L: Lesson, model, sweep: dict) -> None:
     L.claim(all(r["bytes_per_token"] < p["bytes_per_token"] for r in ngram),
             "wherever the n-gram draft had a guess accepted, the bytes moved per token kept fell below plain "
             "decode's: one weight read was shared by several tokens")
+    model_rows = [r for r in sweep["rows"] if r["draft"] != "ngram"]
     L.say("""
-        More guesses per round can keep more tokens per step, but each later guess is right less often
-        (it is conditioned on all the earlier ones being right), and a wrong guess still cost its share
-        of the check and, for a model draft, a draft step.
+        Two different shares. **accepted** is accepted guesses ÷ guesses made. The literature's **α** is
+        the chance that one guess is accepted given that every guess before it was: guess i is kept with
+        probability α^i, so later guesses are *reached* less often even when α stays the same, and the
+        accepted share falls with k. A round of k guesses keeps on average
+
+        **E = (1 − α^(k+1)) ÷ (1 − α)** tokens (the accepted guesses and the model's own token),
+
+        and with a draft step costing c model steps, the speedup is about **E ÷ (c·k + 1)** (Leviathan et
+        al.), before the cost of checking k+1 tokens at once, which the first part of this lesson measured.
     """)
+    if model_rows:
+        k1 = next((r for r in model_rows if r["k"] == 1), model_rows[0])
+        alpha = alpha_from(k1["tokens_per_step"], k1["k"])
+        rows = [(r["k"], r["tokens_per_step"], expected_tokens(alpha, r["k"])) for r in model_rows]
+        c = sweep["draft_ms"].get(k1["draft"], 0.0) / sweep["plain"]["ms_step"]
+        t2 = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
+                   title=f"{escape(k1['draft'])}: α = {alpha:.2f}, fitted at k = {k1['k']}; c = {c:.2f}",
+                   title_justify="left")
+        for col in ("k", "kept/check", "E, formula", "speedup, E÷(ck+1)", "measured"):
+            t2.add_column(col, justify="right")
+        for (k, got, want), r in zip(rows, model_rows):
+            t2.add_row(str(k), f"{got:.2f}", f"{want:.2f}", f"{want / (c * k + 1):.2f}×", f"{r['speedup']:.2f}×")
+        L.show(t2, "[dim]c: one draft step's time ÷ one plain step's, measured; the formula counts a check of "
+                   "k+1 tokens as one step (the first part of this lesson measured what it costs here)[/]")
+        worst = max(abs(got - want) / want for _, got, want in rows)
+        acc = [r["acceptance"] for r in model_rows]
+        if worst >= 0.15:
+            fit = "only loosely here: α itself changes with k on this text."
+        elif acc[-1] < acc[0]:
+            fit = ("here, while the accepted share fell from {:.0%} to {:.0%}: later guesses are reached less "
+                   "often, not right less often.".format(acc[0], acc[-1]))
+        else:
+            fit = "here."
+        L.say(f"The formula with one α follows the measured tokens per check within {worst:.0%} at every k {fit}")
     L.pause()
 
 
@@ -208,8 +254,9 @@ def when_it_vanishes(L: Lesson, model, draft, sweep: dict) -> None:
             f"model's ({plain_ms:.2g} ms), so k guesses cost {draft_ms / plain_ms:.2g}·k steps of the model"
             if draft_ms else "its k steps are not free")
     L.say(f"""
-        A round keeps a+1 tokens for one check of the model plus k draft steps. The speedup is
-        (tokens kept per round) × (time of a plain step) ÷ (time of a round). It vanishes when:
+        If a guesses of a round are accepted, the round keeps a+1 tokens for one check of the model plus
+        k draft steps. The speedup is (tokens kept per round) × (time of a plain step) ÷ (time of a
+        round). It vanishes when:
 
         - **the draft is too slow**: {escape(draft.name)} has {draft.nbytes() / model.nbytes():.0%} of the
           model's weight bytes, and {cost}; a draft should cost a tenth of a step or less;
@@ -218,12 +265,15 @@ def when_it_vanishes(L: Lesson, model, draft, sweep: dict) -> None:
         - **the model is not memory-bound enough**: a check of k+1 tokens costs about one step only while
           the step is bound by its weight read. A small model's step is partly fixed per-operation cost,
           a wide LM head at a few rows nears the ridge, and a step already carrying a batch near the
-          ridge (lesson 8) pays for every extra token in FLOPs. Real LLMs on GPUs are far more
-          memory-bound than this: a check of 5 tokens of a 7B model in fp16 does 2·5 FLOPs per 2-byte
-          weight, {2 * 5 / 2:.0f} FLOP/byte, against an A100's ridge of {a100.ridge:.0f}.
+          ridge (lesson 8) pays for every extra token in FLOPs: speculation buys less as the batch
+          grows. Real LLMs on GPUs are far more memory-bound than this: a check of 5 tokens of a 7B
+          model in fp16 does 2·5 FLOPs per 2-byte weight, {2 * 5 / 2:.0f} FLOP/byte, against an A100's
+          ridge of {a100.ridge:.0f}.
 
         Here the best was draft {escape(best['draft'])} at k = {best['k']}: {best['speedup']:.2f}× plain
-        decode of `{escape(model.name)}`, with {best['tokens_per_step']:.2f} tokens kept per check.
+        decode of `{escape(model.name)}`, with {best['tokens_per_step']:.2f} tokens kept per check. The
+        shares depend on the text: `minillm bench --speculate` runs other prompts and lengths, so the same
+        draft and k can show another acceptance there.
     """)
     L.takeaway("""
         Decode is memory-bound, so a step over k+1 tokens reads the weights once and costs far less than
@@ -234,8 +284,7 @@ def when_it_vanishes(L: Lesson, model, draft, sweep: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_lesson(lesson, argv, number=11, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python lessons/11_speculative.py")
+    return run_lesson(lesson, argv)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,16 @@
 """What every lesson shares: options, pauses, narrative, checked claims and terminal bar charts.
 
-A lesson is a module with TITLE, MINUTES, WHAT_YOU_WILL_SEE, a `lesson(L)` function that tells the
-story, and `main(argv=None) -> int`, which is `run_lesson(...)`. The lesson body calls the same
-public functions a user calls (minillm.load, minillm.tokenizer, model.prefill, minillm.generate,
-minillm.Meter, minillm.hardware); this file only formats what they return.
+A lesson is a module `NN_slug.py` with TITLE, MINUTES, WHAT_YOU_WILL_SEE, a `lesson(L)` function
+that tells the story (one function per section, each taking what it needs), and
+
+    def main(argv=None) -> int:
+        return run_lesson(lesson, argv)
+
+`run_lesson` reads the number and the script name from the file name and the rest from the module.
+The lesson body calls the same public functions a user calls (minillm.load, minillm.tokenizer,
+model.prefill, minillm.generate, minillm.Meter, minillm.measure.hardware); this file only formats
+what they return, and chooses the words of every comparison from the numbers it compares (the
+`*_words` functions below, which the tests feed both sides of each comparison).
 
 Options every lesson takes:
     --no-pause   never wait for Enter (pauses happen only when stdin is a terminal anyway)
@@ -35,11 +42,15 @@ from rich.table import Table
 from rich.text import Text
 
 import minillm
-from minillm.measure import hardware, probe
-from minillm.measure.chips import Hardware
 from minillm.errors import MiniLLMError
+from minillm.measure import hardware, probe
 from minillm.measure.threads import add_threads_option, blas_threads, limited
 from minillm.ui.report import fmt_bytes, fmt_flops, fmt_time  # noqa: F401  (re-exported to the lessons)
+
+try:   # one line on a busy machine, with the fix (shared with the commands)
+    from minillm.measure.busy import busy_note as _busy_line
+except ImportError:   # pragma: no cover - until the shared check exists
+    _busy_line = None
 
 FAST_ENV = "MINILLM_FAST"
 
@@ -58,6 +69,50 @@ def fmt_prob(p: float) -> str:
 
 def fmt_x(ratio: float) -> str:
     return f"{ratio:,.0f}×" if ratio >= 100 else f"{ratio:.3g}×"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Words chosen by the numbers: every sentence that compares or ranks goes through one of these
+# ---------------------------------------------------------------------------------------------------
+
+
+def growth_words(ratio: float, work: float) -> str:
+    """How a time grew (`ratio` = last ÷ first) while the work grew `work` times: the words follow the
+    numbers. 'hardly grew' only below 1.25×; 'in proportion' only within 25% of `work`."""
+    if ratio < 1.25:
+        return f"hardly grew ({fmt_x(ratio)} for {fmt_x(work)} the work)"
+    if ratio < 0.8 * work:
+        return f"grew {fmt_x(ratio)}, less than the {fmt_x(work)} of the work"
+    if ratio <= 1.25 * work:
+        return f"grew about in proportion to the work ({fmt_x(ratio)} for {fmt_x(work)})"
+    return f"grew more than the work ({fmt_x(ratio)} for {fmt_x(work)})"
+
+
+def faster_words(ratio: tuple[float, float, float], what: str, than: str) -> str:
+    """'X took 0.4× the time of Y in every round' and the like, from (median, lo, hi) of X ÷ Y per round."""
+    mid, lo, hi = ratio
+    if hi < 1.0:
+        how = "faster in every round"
+    elif lo > 1.0:
+        how = "slower in every round"
+    elif mid < 0.9:
+        how = "faster at the median, though not in every round"
+    elif mid > 1.1:
+        how = "slower at the median, though not in every round"
+    else:
+        how = "about as fast (within 10% at the median)"
+    return f"{what} took {fmt_ratio(ratio)} the time of {than}: {how}"
+
+
+def fall_words(time_ratio: float, work_ratio: float, what: str = "time") -> str:
+    """A time fell `time_ratio`× (before ÷ after) while the work fell `work_ratio`×: which fell more."""
+    if time_ratio > 1.1 * work_ratio:
+        rel = "more than"
+    elif time_ratio < work_ratio / 1.1:
+        rel = "less than"
+    else:
+        rel = "about as much as"
+    return f"{what} fell {fmt_x(time_ratio)}, {rel} the {fmt_x(work_ratio)} of the work"
 
 
 def token_text(enc, token: int) -> str:
@@ -262,7 +317,7 @@ def roofline_plot(bandwidth_gbs: float, peak_gflops: float, points: list[tuple[s
             if c + i < len(ticks):
                 ticks[c + i] = ch
     out.append(" " * 10 + "".join(ticks).rstrip() + "\n", style="dim")
-    out.append(" " * 10 + "FLOPs per byte (log)   ·  roof: min(peak, FLOPs/byte × bandwidth), GFLOP/s (log)",
+    out.append(" " * 10 + "FLOP/byte (log) · roof: min(peak, FLOP/byte × bandwidth), GFLOP/s (log)",
                style="dim")
     return out
 
@@ -335,19 +390,30 @@ class Lesson:
 
     def busy_note(self) -> None:
         """Say so when other programs are keeping this machine busy: measured times suffer, counts do not."""
-        try:
-            load = os.getloadavg()[0]
-        except (OSError, AttributeError):
-            return
-        threads = probe.cpu_threads()
-        if load - 1 > 0.5 * threads:
-            self.note(f"this machine is busy (load average {load:.1f} on {threads} hardware threads): other programs "
-                      "share its cores and memory, so the measured times are slower and noisier than the machine can "
-                      "do. The counted FLOPs and bytes are not affected.")
+        line = busy_line()
+        if line:
+            self.note(line)
 
     def status(self, message: str):
         """A spinner while something slow runs (nothing is printed when output is not a terminal)."""
         return self.console.status(message)
+
+    @contextlib.contextmanager
+    def progress(self, description: str, total: int) -> Iterator[Callable[[], None]]:
+        """A progress bar on stderr for long work (shown only at a terminal); yields `advance()`."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task(description, total=total)
+            yield lambda: bar.advance(task)
+
+    def progress_range(self, n: int, description: str):
+        """range(n) with a progress bar on stderr (at a terminal)."""
+        with self.progress(description, n) as advance:
+            for i in range(n):
+                yield i
+                advance()
 
     def sample_panel(self, prompt: str, text: str, title: str, lines: int = 4) -> None:
         """A generated sample in a panel, cut to its first few lines so the story stays on screen."""
@@ -379,6 +445,11 @@ class Lesson:
             raise ClaimFailed(text)
         self.claims.append(text)
         self.console.print(f"[green]✓ checked:[/] {text}")
+        self._after_claim = True
+
+    def fact(self, text: str) -> None:
+        """A fact true by construction (a definition, a formula, a published constant): shown, not checked."""
+        self.console.print(f"[blue]= by definition:[/] {text}")
         self._after_claim = True
 
     # -- what lessons need from minillm -------------------------------------------------------
@@ -419,7 +490,7 @@ class Lesson:
                       "(random-tiny): the numbers are real, the text it writes is gibberish.")
         return model
 
-    def machine(self) -> Hardware:
+    def machine(self):
         """This machine's measured bandwidth and matmul peak (measured once, then cached)."""
         return hardware.machine(progress=self.console.is_terminal)
 
@@ -453,15 +524,44 @@ def _fast_env(on: bool) -> Iterator[None]:
                 os.environ[FAST_ENV] = old
 
 
+def busy_line() -> str | None:
+    """One line when other programs keep this machine busy, with the fix; None when it is quiet."""
+    threads = blas_threads()
+    if _busy_line is not None:
+        return _busy_line(threads)
+    load = probe.load_average()
+    if load is None:
+        return None
+    cores = probe.cpu_threads()
+    if load - 1 <= 0.5 * cores:
+        return None
+    return (f"this machine is busy (load average {load:.1f} on {plural(cores, 'hardware thread')}): measured times "
+            "are slower and noisier than it can do; the counted FLOPs and bytes are not affected. For steadier "
+            "times, run again with --threads 1 or when the machine is quieter.")
+
+
 def make_console() -> Console:
-    # Piped or captured output (tests, `| less`) gets 100 columns instead of rich's default 80, or $COLUMNS.
-    return Console(highlight=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 100)
+    # Piped or captured output (tests, `| less`) gets 80 columns, the narrowest terminal, or $COLUMNS.
+    return Console(highlight=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 80)
 
 
-def run_lesson(body: Callable[[Lesson], None], argv: list[str] | None, *, number: int, title: str,
-               minutes: int, what: str, prog: str | None = None) -> int:
-    """Parse the options, tell the lesson, and turn a failed claim or a user error into exit status 1."""
-    parser = argparse.ArgumentParser(prog=prog or f"lesson {number:02d}", description=f"Lesson {number}: {title}")
+def run_lesson(body: Callable[[Lesson], None], argv: list[str] | None = None, *, number: int | None = None,
+               title: str | None = None, minutes: int | None = None, what: str | None = None,
+               prog: str | None = None) -> int:
+    """Parse the options, tell the lesson, and turn a failed claim or a user error into exit status 1.
+
+    The number and the script name come from the lesson's file name (`03_prefill.py`), the title,
+    minutes and summary from its TITLE, MINUTES and WHAT_YOU_WILL_SEE; keywords override them."""
+    module = sys.modules.get(getattr(body, "__module__", ""), None)
+    file = Path(getattr(module, "__file__", "") or "lesson.py")
+    if number is None:
+        number = int(file.name[:2]) if file.name[:2].isdigit() else 0
+    title = title if title is not None else getattr(module, "TITLE", "")
+    minutes = minutes if minutes is not None else getattr(module, "MINUTES", 0)
+    what = what if what is not None else getattr(module, "WHAT_YOU_WILL_SEE", "")
+    timed = getattr(module, "TIMED", True)
+    prog = prog or (f"python lessons/{file.name}" if file.name[:2].isdigit() else f"lesson {number:02d}")
+    parser = argparse.ArgumentParser(prog=prog, description=f"Lesson {number}: {title}")
     add_options(parser)
     args = parser.parse_args(argv)
     console = make_console()
@@ -473,6 +573,8 @@ def run_lesson(body: Callable[[Lesson], None], argv: list[str] | None, *, number
                                 f"\n[dim]{L.conditions()}[/]"
                                 + ("\n[yellow]fast mode: smaller models and fewer steps[/]" if fast else ""),
                                 border_style="blue", padding=(0, 1)))
+            if timed:           # before the first number: a busy machine makes every time below slower
+                L.busy_note()
             body(L)
     except ClaimFailed as e:
         console.print(f"[bold red]✗ a claim of this lesson did not hold on this run:[/] {e}")

@@ -129,7 +129,8 @@ def run(args) -> int:
               _t(here(dec)), _t(on_chip(dec)))
     out.print(t)
     out.print(f"[dim]here: the roofline with this machine's figures, bytes unfused (as NumPy runs); "
-              f"{chip.name}: the roofline with published figures, fused bytes in fp16. This machine: "
+              f"{chip.name}: the roofline with published figures, ideal-fusion bytes in fp16 (a lower bound). "
+              f"This machine: "
               f"{escape(hardware.provenance(hw))}.[/]")
 
     # Latency: time to first token, time per output token, the whole answer.
@@ -175,7 +176,9 @@ def run(args) -> int:
         tips.append("batching: the table above, more requests per weight read")
         tips.append("quantization: fewer bytes per weight, and decode's time is bytes ÷ bandwidth")
     else:
-        tips.append("fused attention kernels and chunked prefill: the prefill's arithmetic and activations")
+        tips.append("more FLOP/s: 8-bit math (W8A8, FP8) or several GPUs (tensor parallelism); fewer prompt "
+                    "tokens; chunked prefill does not shorten a prefill, it keeps one from stalling other "
+                    "requests' decode")
     if S:
         saved = S / P
         tips.append(f"prefix caching: the {S} shared tokens are {saved:.0%} of every prompt's prefill, computed "

@@ -246,14 +246,27 @@ def budget_verdict(results: list[dict], fit: dict | None, slo: dict) -> list[str
 
 
 def diagnosis(r: dict) -> str:
+    """Which kind of step took the time, and what bound it: read from the run's own phase verdicts."""
     ph = r["phases"]
     pre = sum(ph[k]["seconds"] for k in ("prefill", "mixed") if k in ph)
     dec = ph.get("decode", {}).get("seconds", 0.0)
+    total = pre + dec or 1.0
     if pre > dec:
-        return (f"{escape(r['policy'])}: steps with prompt tokens took {pre / (pre + dec):.0%} of the time: prefill-bound "
-                "work (compute); prefix caching and chunked prefill are what help")
-    return (f"{escape(r['policy'])}: decode steps took {dec / (pre + dec or 1):.0%} of the time: decode is memory-bound; "
-            "bigger batches (continuous batching, more KV memory) are what help")
+        kinds = [ph[k] for k in ("prefill", "mixed") if k in ph]
+        bound = max(kinds, key=lambda d: d["seconds"]).get("bound")
+        how = f", mostly {bound}-bound by the roofline" if bound else ""
+        return (f"{escape(r['policy'])}: steps with prompt tokens took {pre / total:.0%} of the time{how}; "
+                "what helps: prefix caching and shorter prompts (less prefill), faster arithmetic; a smaller "
+                "token budget (chunked prefill) keeps long prompts from stalling the others' decode")
+    bound = ph.get("decode", {}).get("bound")
+    if bound == "compute":
+        return (f"{escape(r['policy'])}: decode steps took {dec / total:.0%} of the time and were mostly "
+                f"compute-bound (mean batch {r['mean_batch']:.1f}, past this machine's critical batch): bigger "
+                "batches no longer come free; fewer FLOPs per token or faster arithmetic help")
+    how = " and were mostly memory-bound" if bound == "memory" else ""
+    return (f"{escape(r['policy'])}: decode steps took {dec / total:.0%} of the time{how}: "
+            + ("bigger batches (continuous batching, more KV memory) and fewer bytes per weight help"
+               if bound == "memory" else "run with the machine's figures for a verdict"))
 
 
 def run(args) -> int:

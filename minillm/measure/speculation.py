@@ -91,6 +91,7 @@ def run_speculation_bench(model, drafts: dict, ks: list[int], prompts: list[np.n
             "draft": name, "k": k, "tok_s": agg["kept"] / s, "speedup": (agg["kept"] / s) / plain["tok_s"],
             "acceptance": agg["accepted"] / agg["drafted"] if agg["drafted"] else 0.0,
             "tokens_per_step": agg["kept"] / agg["rounds"] if agg["rounds"] else 0.0,
+            "drafted": agg["drafted"], "rounds": agg["rounds"],
             "bytes_per_token": (agg["draft_bytes"] + agg["target_bytes"]) / agg["kept"],
             "draft_bytes_per_token": agg["draft_bytes"] / agg["kept"],
             "verify_ms": 1e3 * statistics.median(verify) if verify else None,

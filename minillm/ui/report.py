@@ -91,12 +91,14 @@ def steps_table(records: list[StepRecord], hw: Hardware | None, title: str, rows
 
 
 def fused_bytes(r: StepRecord, config, itemsize: int) -> int:
-    """The bytes of a step in the **fused** view of memory, as a fused GPU kernel moves them.
+    """The bytes of a step under **ideal fusion**: a lower bound on what a GPU engine moves.
 
     The meter counts the unfused view, as NumPy runs: every operation reads its inputs from memory
-    and writes its outputs back, so a long prefill moves its activations many times over. A fused
-    kernel keeps the inside of a block on chip: it moves the weights, the KV cache read and written,
-    each block's input and output ([T, d] each), the embedding's output and the logits it keeps."""
+    and writes its outputs back, so a long prefill moves its activations many times over. Ideal
+    fusion keeps the inside of a block on chip: it moves the weights, the KV cache read and written,
+    each block's input and output ([T, d] each), the embedding's output and the logits it keeps.
+    Real engines sit between the two: FlashAttention keeps attention's T×T scores on chip, but the
+    separate matrix kernels still write their outputs (about 10-14·T·d per layer) to memory."""
     L, d, V = config.n_layer, config.n_embd, config.vocab_size
     T = r.n_tokens
     lm_rows = T if r.kind == "forward" else 1
