@@ -27,7 +27,7 @@ import pytest
 import minillm
 from minillm.config import GPT2Config
 from minillm.engine.sequence import EOT
-from minillm.serving.http import Server
+from minillm.serving.http import Limits, Server
 from minillm.serving.loop import EngineLoop
 from minillm.serving.prom import parse
 
@@ -44,11 +44,11 @@ def model():
     return m
 
 
-def start(model, **kw):
+def start(model, limits=None, api_key=None, metrics_key=False, **kw):
     loop = EngineLoop(model, kv_memory=kw.pop("kv_memory", 4 << 20), block_size=4, **kw)
-    server = Server(("127.0.0.1", 0), loop, model.name)
+    server = Server(("127.0.0.1", 0), loop, model.name, limits=limits, api_key=api_key, metrics_key=metrics_key)
     loop.start()
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    server.start()
     return server, loop
 
 
@@ -66,7 +66,7 @@ def request(server, method, path, body=None, raw: bytes | None = None, headers=N
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     conn.request(method, path, body=data, headers=headers or {"Content-Type": "application/json"})
     r = conn.getresponse()
-    out = r.status, dict(r.getheaders()), r.read()
+    out = r.status, r.headers, r.read()
     conn.close()
     return out
 
@@ -144,7 +144,7 @@ def test_a_client_that_leaves_frees_its_blocks(served):
     host, port = served.server_address[:2]
     s = socket.create_connection((host, port), timeout=10)
     body = json.dumps({"prompt": "long", "max_tokens": 90, "temperature": 1.0, "stream": True}).encode()
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     got = b""
     while b"data: " not in got:
@@ -197,7 +197,7 @@ def test_routes_methods_and_sizes(served):
     assert status == 405 and headers["Allow"] == "POST" and json.loads(raw)["error"]["code"] == 405
     assert request(served, "DELETE", "/v1/models")[0] == 405
     status, _, raw = request(served, "POST", "/v1/completions", raw=b"{}",
-                             headers={"Content-Length": str(10 << 20)})
+                             headers={"Content-Length": str(10 << 20), "Content-Type": "application/json"})
     assert status == 413 and "at most" in json.loads(raw)["error"]["message"]
     assert json.loads(request(served, "GET", "/v1/models")[2])["data"][0] | {"created": 0} == {
         "id": "test-model", "object": "model", "created": 0, "owned_by": "minillm", "max_model_len": 96}
@@ -268,7 +268,8 @@ def test_the_command_starts_serves_and_stops_on_sigterm(tmp_path):
         assert line.startswith("listening on http://127.0.0.1:"), (line, p.stderr.read() if p.poll() else "")
         port = int(line.rsplit(":", 1)[1])
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "a", "max_tokens": 3}))
+        conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "a", "max_tokens": 3}),
+                     headers={"Content-Type": "application/json"})
         assert conn.getresponse().status == 200
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=30) == 0

@@ -5,6 +5,7 @@ Every step's meter record feeds the Prometheus metrics."""
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import queue
 import threading
@@ -25,10 +26,10 @@ class Request:
 
     _ids = itertools.count()
 
-    def __init__(self, req: CompletionRequest) -> None:
+    def __init__(self, req: CompletionRequest, events: queue.Queue | None = None) -> None:
         self.id = next(self._ids)
         self.req = req
-        self.events: queue.Queue = queue.Queue()
+        self.events: queue.Queue = queue.Queue() if events is None else events
         self.arrival = time.perf_counter()
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
@@ -62,7 +63,7 @@ class EngineLoop:
 
     # -- from the HTTP handlers ----------------------------------------------------------------
 
-    def submit(self, req: CompletionRequest) -> Request:
+    def submit(self, req: CompletionRequest, events: queue.Queue | None = None) -> Request:
         if not self.accepting:
             raise ApiError(503, "the server is shutting down", kind="server_error", headers={"Retry-After": "5"})
         blocks = self.engine.blocks
@@ -74,7 +75,7 @@ class EngineLoop:
         if len(self.engine.scheduler.waiting) + self.inbox.qsize() >= self.max_waiting:
             raise ApiError(429, f"{self.max_waiting} requests are already waiting: try again shortly",
                            kind="rate_limit_error", headers={"Retry-After": "1"})
-        r = Request(req)
+        r = Request(req, events)
         self.inbox.put(("add", r))
         return r
 
@@ -141,6 +142,7 @@ class EngineLoop:
                 return
 
     def _step(self) -> None:
+        began = time.perf_counter()
         made = self.engine.step()
         now = time.perf_counter()
         info = self.engine.steps[-1] if self.engine.steps else None
@@ -167,6 +169,7 @@ class EngineLoop:
             if r.first_token_at is None:
                 r.first_token_at = now
                 self.metrics.observe("time_to_first_token_seconds", "arrival to first token", now - r.arrival)
+                self.metrics.observe("queue_wait_seconds", "", max(0.0, began - r.arrival))
             else:
                 self.metrics.observe("time_between_tokens_seconds", "time between a request's tokens",
                                      now - r.last_token_at)
@@ -197,6 +200,9 @@ class EngineLoop:
             del e.meter.steps[:-KEEP_STEPS]
 
     def _finish(self, r: Request, reason: str) -> None:
+        if reason in ("stop", "length") and r.n_tokens > 1:
+            self.metrics.observe("time_per_output_token_seconds", "",
+                                 (r.last_token_at - r.first_token_at) / (r.n_tokens - 1))
         r.done = True
         self.live.pop(r.id, None)
         r.events.put(("done", reason))
@@ -208,7 +214,36 @@ class EngineLoop:
         self.metrics.set("requests_waiting", "requests waiting for admission", len(e.scheduler.waiting))
         self.metrics.set("kv_blocks_used", "KV-cache blocks held by requests", e.blocks.num_blocks - free)
         self.metrics.set("kv_blocks_free", "KV-cache blocks free (cached prefixes nobody holds included)", free)
-        self.metrics.set("preemptions", "sequences preempted (recomputed) so far", e.scheduler.preemptions)
+        self.metrics.set("preemptions_total", "", e.scheduler.preemptions)
+        self.metrics.set("queue_expected_wait_seconds", "", self.expected_wait())
         if e.blocks.prefix_cache:
             self.metrics.set("prefix_cache_hit_rate", "prompt positions found in the prefix cache",
                              e.blocks.hit_rate)
+
+    # -- added for the HTTP front end (issue 21) ------------------------------------------------------
+
+    def expected_wait(self) -> float:
+        """Seconds a request submitted now would wait for a place in the batch: the running
+        sequences' remaining tokens and the queue ahead played out on the batch's slots
+        (each slot frees when its sequence has made its last token), at the median time of the
+        recent steps. An estimate: it ignores KV-block limits, stop strings and EOT. Engine thread
+        only (`_gauges` publishes it as the gauge queue_expected_wait_seconds for other threads)."""
+        e = self.engine
+        sched = e.scheduler
+        running = list(sched.running)
+        waiting = list(sched.waiting)
+        ahead = self.inbox.qsize()
+        if len(running) < sched.max_seqs and not waiting and not ahead:
+            return 0.0
+        times = [s.record.seconds for s in list(e.steps)[-16:] if s.record is not None]
+        step_s = sorted(times)[len(times) // 2] if times else 0.05
+        slots = sorted(max(0, s.max_new_tokens - len(s.output)) for s in running)
+        slots = [0] * (sched.max_seqs - len(slots)) + slots
+        if not slots:
+            return 0.0
+        heapq.heapify(slots)
+        mean_new = (sum(s.max_new_tokens for s in waiting) / len(waiting)) if waiting else \
+            (sum(s.max_new_tokens for s in running) / max(1, len(running)))
+        for n in [s.max_new_tokens for s in waiting] + [mean_new] * ahead:
+            heapq.heappush(slots, heapq.heappop(slots) + n)
+        return slots[0] * step_s
