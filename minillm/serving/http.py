@@ -255,6 +255,12 @@ class Front:
         if len(scope.get("raw_path", b"")) + len(scope.get("query_string", b"")) > self.limits.max_url:
             return json_response(414, error_body(414, f"the URL is longer than {self.limits.max_url} characters"),
                                  {"Connection": "close"})
+        if sum(len(k) + len(v) + 4 for k, v in scope["headers"]) > self.limits.max_header:
+            return json_response(431, error_body(431, f"the request's headers are longer than "
+                                                 f"{self.limits.max_header:,} bytes"), {"Connection": "close"})
+        if "transfer-encoding" in headers and "content-length" in headers:     # a smuggling attempt, or a bug
+            return json_response(400, error_body(400, "send Content-Length or Transfer-Encoding, not both"),
+                                 {"Connection": "close"})
         host = host_of(headers.get("host", ""))
         if self.loopback and "host" in headers and not is_loopback_host(host):
             return json_response(403, error_body(403, f"Host {printable(host, 60)!r} is not this machine: a server "
