@@ -696,3 +696,25 @@ def test_the_command_refuses_a_public_address_without_a_key(tmp_path):
                         "--port", "0"], capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
     assert r.returncode == 1 and "--api-key" in r.stderr and "--insecure-no-key" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_loadgen_never_counts_a_cut_off_stream_as_ok(model):
+    from minillm.serving.loadgen import run_load
+    server, loop = start(model, max_batch=2)
+    out = {}
+    try:
+        t = threading.Thread(target=lambda: out.update(run_load(
+            f"http://127.0.0.1:{server.server_address[1]}", "long-answer", rate=100.0, n=4, seed=2, timeout=60)))
+        t.start()
+        deadline = time.time() + 30
+        while metrics(server)["minillm_generated_tokens_total"] < 5 and time.time() < deadline:
+            time.sleep(0.005)
+        for r in list(loop.live.values()):      # what a shutdown does to requests still running
+            loop.cancel(r)
+        t.join(timeout=90)
+    finally:
+        server.shutdown()
+        server.server_close()
+        loop.stop(grace=0)
+    assert out["ok"] + sum(out["errors"].values()) == 4
+    assert out["errors"].get("error-event", 0) >= 1 and out["ok"] < 4, out
