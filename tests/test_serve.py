@@ -718,3 +718,51 @@ def test_loadgen_never_counts_a_cut_off_stream_as_ok(model):
         loop.stop(grace=0)
     assert out["ok"] + sum(out["errors"].values()) == 4
     assert out["errors"].get("error-event", 0) >= 1 and out["ok"] < 4, out
+
+
+def test_monitor_rows_from_a_live_server(served, tmp_path):
+    env = dict(os.environ) | {"MINILLM_HOME": str(tmp_path), "MINILLM_FAST": "1"}
+    env.pop("PYTHONPATH", None)
+    url = f"http://127.0.0.1:{served.server_address[1]}"
+    p = subprocess.Popen([sys.executable, "-m", "minillm", "monitor", url, "--count", "2", "--interval", "1",
+                          "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    before = metrics(served)
+    deadline = time.time() + 120
+    while p.poll() is None and time.time() < deadline:      # traffic for as long as the monitor watches
+        stream_text(served, {"prompt": "ROMEO:", "max_tokens": 20, "temperature": 0})
+    out, errs = p.communicate(timeout=120)
+    assert p.returncode == 0, errs
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert len(rows) == 2 and all(r["server"] == "minillm" for r in rows)
+    seen = sum(r["decode_tok_s"] * r["interval_s"] for r in rows)
+    made = metrics(served)['minillm_tokens_processed_total{phase="decode"}'] - \
+        before['minillm_tokens_processed_total{phase="decode"}']
+    assert 0 < seen <= made + 1e-6
+    assert any(r["gb_s"] > 0 and 0 < r["bandwidth_share"] for r in rows)
+    p = subprocess.run([sys.executable, "-m", "minillm", "monitor", url, "--count", "1", "--interval", "0.2"],
+                       capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert p.returncode == 0 and all(len(line) <= 80 for line in p.stdout.splitlines()), p.stdout
+    assert p.stdout.splitlines()[-1].split()[-1] in ("idle", "decode/mem", "prefill/cmp", "decode/cmp", "prefill/mem")
+
+
+def test_monitor_reads_vllm_and_llama_cpp_metrics():
+    from minillm.cli.monitor import flavour, quantities, row
+    vllm = parse('vllm:num_requests_running{model_name="m"} 3\nvllm:num_requests_waiting{model_name="m"} 1\n'
+                 'vllm:prompt_tokens_total{model_name="m"} 1000\nvllm:generation_tokens_total{model_name="m"} 50\n'
+                 'vllm:kv_cache_usage_perc{model_name="m"} 0.25\nvllm:num_preemptions_total{model_name="m"} 0\n'
+                 'vllm:request_prefill_time_seconds_sum{model_name="m"} 1.0\n'
+                 'vllm:request_decode_time_seconds_sum{model_name="m"} 2.0\n')
+    later = dict(vllm) | {'vllm:generation_tokens_total{model_name="m"}': 250,
+                          'vllm:request_decode_time_seconds_sum{model_name="m"}': 6.0}
+    assert flavour(vllm) == "vllm"
+    r = row(quantities(vllm, "vllm"), quantities(later, "vllm"), 2.0, 10.0, 100.0)
+    assert r["decode_tok_s"] == 100 and r["prefill_tok_s"] == 0 and r["kv_used_pct"] == 25
+    assert r["gb_s"] is None and r["waits_on"] == "decode" and r["running"] == 3
+    cpp = parse("llamacpp:prompt_tokens_total 10\nllamacpp:tokens_predicted_total 7\n"
+                "llamacpp:prompt_seconds_total 0.5\nllamacpp:tokens_predicted_seconds_total 0.1\n"
+                "llamacpp:requests_processing 1\nllamacpp:requests_deferred 0\n")
+    assert flavour(cpp) == "llama.cpp"
+    r = row(quantities(cpp, "llama.cpp"), quantities(cpp | {"llamacpp:prompt_tokens_total": 110,
+                                                            "llamacpp:prompt_seconds_total": 1.5}, "llama.cpp"),
+            1.0, 10.0, 100.0)
+    assert r["prefill_tok_s"] == 100 and r["waits_on"] == "prefill" and r["preemptions"] is None

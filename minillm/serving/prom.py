@@ -14,6 +14,8 @@ from __future__ import annotations
 import bisect
 import threading
 
+from ..meter import BYTE_KINDS, FLOP_KINDS
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
 TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
@@ -36,8 +38,8 @@ SERIES: dict[str, tuple] = {
                            "counts as prefill)", [{"phase": "prefill"}, {"phase": "decode"}]),
     "tokens_processed_total": ("counter", "tokens run through the model, by phase",
                                [{"phase": "prefill"}, {"phase": "decode"}]),
-    "bytes_total": ("counter", "bytes moved by the model's steps, by kind", []),
-    "flops_total": ("counter", "FLOPs done by the model's steps, by kind", []),
+    "bytes_total": ("counter", "bytes moved by the model's steps, by kind", [{"kind": k} for k in BYTE_KINDS]),
+    "flops_total": ("counter", "FLOPs done by the model's steps, by kind", [{"kind": k} for k in FLOP_KINDS]),
     "requests_running": ("gauge", "requests in the running batch", [{}]),
     "requests_waiting": ("gauge", "requests waiting for admission", [{}]),
     "kv_blocks_used": ("gauge", "KV-cache blocks held by requests", [{}]),
