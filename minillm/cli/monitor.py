@@ -178,8 +178,9 @@ def run(args) -> int:
     from ..measure.hardware import machine
     hw = machine(progress=not args.json)
     if not args.json:
-        print(f"# {kind} at http://{host}:{port}; shares of this machine's {hw.bandwidth_gbs:.1f} GB/s and "
-              f"{hw.peak_gflops:.0f} GFLOP/s", flush=True)
+        print(f"# {kind} at http://{host}:{port}", flush=True)
+        print(f"# %bw, %pk: shares of this machine's {hw.bandwidth_gbs:.1f} GB/s and {hw.peak_gflops:.0f} GFLOP/s",
+              flush=True)
         if kind != "minillm":
             print(f"# {kind} exports no bytes or FLOPs: those columns show -", flush=True)
         for line in HEADER:
