@@ -118,6 +118,13 @@ def test_the_distribution_test_fails_on_a_broken_sampler(model, monkeypatch):
     assert d > KS_CRIT / np.sqrt(n), f"a broken sampler passed: KS distance {d:.4f} over {n} draws"
 
 
+def test_the_distribution_test_fails_on_the_wrong_temperature(model):
+    prompts = prompts_for(model, 1)
+    batched = generate_batch(model, prompts, N_NEW, temperature=0.7, seed=list(range(N_SEQ)))
+    d, n = ks_statistic(model, prompts, batched, 1.0)         # checked against temperature 1
+    assert d > KS_CRIT / np.sqrt(n), f"temperature 0.7 passed as 1: KS distance {d:.4f} over {n} draws"
+
+
 @pytest.mark.slow
 def test_the_bundled_model_under_batching():
     """The trained bundled model (float32), 32 Shakespeare prompts x 32 tokens: sampled sequences

@@ -8,11 +8,21 @@ A decode step reads every weight to make one token per sequence; batching B sequ
 tokens for about the same read, until the arithmetic (2·params FLOPs per token) catches up with
 the memory traffic: `minillm bench --batch` measures where that happens on your machine.
 
-Same tokens as alone: each sequence samples with its own settings and random stream, from its own
-logits. The logits of a sequence in a batch are those it gets alone up to float rounding (a
-[B, d] @ [d, out] product sums in another order than a [1, d] one), so greedy tokens can differ
-only where two logits tie to within that rounding (about 1e-6 relative in float32); the property
-tests prove equality in float64.
+What batching keeps (tests/test_batch_float32.py checks it on the float32 path, 32 sequences x 32
+tokens): each sequence samples with its own settings and its own seeded random stream, from its own
+rows of each product. But a [B, d] @ [d, out] product sums in another order than a [1, d] one, so in
+float32 a sequence's logits in a batch differ from its logits alone in the last bits (about 1e-6
+relative). Hence:
+
+    greedy    the same tokens as alone, except where the two best logits tie within that rounding
+    sampled   the same distribution as alone; the same tokens except where the uniform number of a
+              draw falls within rounding of a boundary of the cumulative distribution, or two tokens
+              tie (the bundled model, 32 x 32 at temperature 1: 2 of 32 sequences left their alone
+              tokens, each at such a point, and went their own way after it)
+
+In float64 the rounding is far below any gap a test meets, and the property tests find the tokens
+equal. Which other sequences share a step is what changes the rounding: a request can get other
+sampled tokens under load than alone, from the same distribution.
 """
 
 from __future__ import annotations
@@ -55,8 +65,10 @@ def generate_batch(model, prompts, max_new_tokens, *, temperature: float = 0.0, 
     """Generate for every prompt at once, in shared batched steps; returns the new tokens per prompt.
 
     prompts: a list of token-id lists. max_new_tokens: an int, or one per prompt. seed: an int
-    (every prompt then gets exactly what `generate(..., seed=seed)` gives it alone), or one per
-    prompt, or None. cache: "paged" (one pool of `block_size`-position blocks, sized to fit every
+    (every prompt then samples from the random stream `generate(..., seed=seed)` uses alone: the same
+    tokens in float64; in float32 the same greedy tokens except at ties, and sampled tokens from the
+    same distribution, equal except where a draw falls within rounding of a boundary: see the
+    module's docstring), or one per prompt, or None. cache: "paged" (one pool of `block_size`-position blocks, sized to fit every
     sequence) or "contiguous" (one n_ctx cache per sequence). `on_step(seqs)` is called after each
     step with the sequences that ran in it.
     """
