@@ -102,7 +102,8 @@ def first_steps(L: Lesson):
     x = ops.add(x, down)
     rows.append(("  x = ops.add(x, ·)", shape(x), "end of block 0"))
     for layer in range(1, c.n_layer):
-        x = model_module.transformer_block(x, model.blocks[layer], c, None, layer, 0)
+        x = model_module.transformer_block(x, model.blocks[layer], c.n_head, c.ln_eps,
+                                           lambda q, k, v: ops.attention(q, k, v))   # no cache: attend in place
     if c.n_layer > 1:
         rows.append((f"model.transformer_block × {c.n_layer - 1}", shape(x), f"blocks 1..{c.n_layer - 1}, same shapes"))
     x = ops.layer_norm(x, model.params["ln_f.weight"], model.params["ln_f.bias"], c.ln_eps)

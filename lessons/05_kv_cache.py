@@ -180,9 +180,7 @@ def two_classic_bugs(L: Lesson, P, c, enc, ids, model, rows):
     token = int(np.argmax(logits))
     reference = model.forward(ids + [token])[-1]              # the truth: the whole sequence, no cache
     right = model.decode_step(token, cache.fork())
-    wrong_cache = cache.fork()
-    x = model.hidden(np.array([token]), wrong_cache, 0)       # the new token placed at position 0
-    wrong = ops.lm_head(x, model.wte)[0]
+    wrong = model.forward([token])[-1]                        # the new token at position 0, seeing only itself
     d_right, d_wrong = np.abs(right - reference).max(), np.abs(wrong - reference).max()
     L.say(f"""
         **1. The position offset.** A decode step must embed the new token at position *t* (the number

@@ -60,7 +60,9 @@ def one_read(L: Lesson, model, prompt) -> None:
     def run(n):
         def work():
             cache.truncate(n0)
-            model.step([(np.arange(n) + 100, cache)], scores="all", kind="verify")
+            cache.reserve(n)
+            with minillm.meter.label("verify"):
+                model.step([(np.arange(n) + 100, cache)], scores="all")
         return work
 
     timing = time_interleaved({n: run(n) for n in sizes}, L.pick(7, 3))

@@ -38,6 +38,37 @@ _ACTIVE: ContextVar = ContextVar("minillm_meter", default=None)
 active = _ACTIVE.get   # the meter operations report to in this thread, or None: no counting at all
 
 
+@dataclass(frozen=True)
+class Totals:
+    """Step records of one kind added up: what a phase of a run counted and how long it took."""
+    steps: int
+    tokens: int
+    bytes: int
+    flops: int
+    seconds: float
+    weights: int          # the weight bytes among `bytes`
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes else 0.0
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.seconds / 1e9 if self.seconds else 0.0
+
+    @property
+    def gflops(self) -> float:
+        return self.flops / self.seconds / 1e9 if self.seconds else 0.0
+
+
+def totals(records, kind: str | None = None) -> Totals:
+    """Add up step records (those of `kind` only, if given)."""
+    rs = [r for r in records if r is not None and (kind is None or r.kind == kind)]
+    return Totals(steps=len(rs), tokens=sum(r.n_tokens for r in rs), bytes=sum(r.total_bytes for r in rs),
+                  flops=sum(r.total_flops for r in rs), seconds=sum(r.seconds for r in rs),
+                  weights=sum(r.bytes["weights"] for r in rs))
+
+
 @dataclass
 class StepRecord:
     """One prefill or decode step: what it moved, what it computed, how long it took."""
@@ -108,6 +139,23 @@ def step(kind: str, position: int, n_tokens: int, attended: int, seqs=None):
     return _NO_STEP if m is None else m.step(kind, position, n_tokens, attended, seqs)
 
 
+@contextmanager
+def label(kind: str, *, unless_labelled: bool = False):
+    """Record the steps run inside as `kind` instead of the kind their shape gives ("prefill",
+    "decode", "mixed"): speculative decoding's "draft" and "verify", the naive loop's "prefill" and
+    "decode" (each of its steps is a cache-less forward), a plain forward's "forward".
+    unless_labelled: keep a label set further out (the naive loop's, around a forward)."""
+    m = _ACTIVE.get()
+    if m is None or (unless_labelled and m.label is not None):
+        yield
+        return
+    before, m.label = m.label, kind
+    try:
+        yield
+    finally:
+        m.label = before
+
+
 class Meter:
     """A context manager: while it is active, every operation reports to it.
 
@@ -121,6 +169,9 @@ class Meter:
         self._open: StepRecord | None = None
         self._t0 = 0.0
         self._tokens: list = []   # one per `with`, to restore what was active before it
+        self.label: str | None = None   # set by `meter.label(...)`: the kind of the steps opened now
+        self.keep: int | None = None    # keep only the last `keep` records (a server runs for days)
+        self._captures: list[list] = []
 
     def __enter__(self) -> "Meter":
         self._tokens.append(_ACTIVE.set(self))
@@ -152,7 +203,7 @@ class Meter:
         """Open a step record. Returns False (and opens nothing) if a step is already open."""
         if self._open is not None:
             return False
-        self._open = StepRecord(kind, position, n_tokens)
+        self._open = StepRecord(self.label or kind, position, n_tokens)
         self._t0 = time.perf_counter()
         return True
 
@@ -162,6 +213,10 @@ class Meter:
         record.attended = attended
         self._open = None
         self.steps.append(record)
+        if self.keep is not None and len(self.steps) > self.keep:
+            del self.steps[:-self.keep]
+        for recs in self._captures:
+            recs.append(record)
         return record
 
     # -- reports from the operations --
@@ -192,6 +247,21 @@ class Meter:
 
     def of_kind(self, kind: str) -> list[StepRecord]:
         return [s for s in self.steps if s.kind == kind]
+
+    def totals(self, kind: str | None = None) -> Totals:
+        """The steps of one kind ("prefill", "decode", ...; None: all) added up."""
+        return totals(self.steps, kind)
+
+    @contextmanager
+    def capture(self):
+        """The records of the steps that end inside the block, as a list filled as they end:
+        `with m.capture() as recs: ...` (speculative rounds take their steps this way)."""
+        recs: list[StepRecord] = []
+        self._captures.append(recs)
+        try:
+            yield recs
+        finally:
+            self._captures.remove(recs)
 
     def total(self, attr: str) -> float:
         return sum(getattr(s, attr) for s in self.steps)

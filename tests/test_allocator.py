@@ -132,12 +132,12 @@ class PrefixCachedPool(RuleBasedStateMachine):
     @rule(target=seqs, prompt=st.lists(st.integers(0, 1), min_size=1, max_size=9))
     def admit(self, prompt):
         s = Sequence(prompt, 4)
-        cached = self.blocks.match(s)
-        if self.blocks.blocks_to_admit(s, len(prompt) - cached) > self.blocks.n_free:
+        m = self.blocks.match(s)
+        cached = m.cached
+        if not self.blocks.can_admit(s, m):
             return s
-        s.cache = self.blocks.admit(s)
-        s.cache.reserve(s.n_pending)
-        assert s.cache.length == cached
+        self.blocks.admit(s, m)
+        assert s.cache.length == cached and s.cache.capacity >= len(s)
         for p in range(cached):
             assert self.pool.k[0, 0, s.cache.table[p // 2], p % 2, 0] == prompt[p], "a hit holds other tokens"
         self._compute(s, s.n_pending)
@@ -150,7 +150,7 @@ class PrefixCachedPool(RuleBasedStateMachine):
             return
         s.output.append(token)
         try:
-            s.cache.reserve(1)
+            self.blocks.append(s, 1)
         except KVCacheFullError:
             s.output.pop()
             return
@@ -190,8 +190,7 @@ def test_a_whole_cached_prompt_is_admitted_when_its_own_unheld_last_block_is_the
     pool = PagedKVPool(CONFIG, 3, 2)
     blocks = BlockManager(pool, prefix_cache=True)
     first = Sequence([1, 0, 1, 0], 4)
-    first.cache = blocks.admit(first)
-    first.cache.reserve(4)
+    blocks.admit(first, blocks.match(first))
     a, b = first.cache.table
     pool.k[0, 0, a], pool.k[0, 0, b] = 7.0, 9.0
     first.cache.advance(4)
@@ -200,8 +199,9 @@ def test_a_whole_cached_prompt_is_admitted_when_its_own_unheld_last_block_is_the
     other = pool.allocator.allocate()                    # the third block is taken
     assert other not in (a, b) and pool.allocator.n_free == 2
     again = Sequence([1, 0, 1, 0], 4)
-    assert blocks.blocks_to_admit(again, 1) == 2
-    again.cache = blocks.admit(again)
+    m = blocks.match(again)
+    assert blocks.blocks_to_admit(again, m) == 2
+    blocks.admit(again, m)
     assert again.cache.length == 3 and pool.allocator.n_free == 0
     k, _ = again.cache.read(0, 3)
     assert (k[0, :2] == 7.0).all() and (k[0, 2] == 9.0).all()

@@ -14,6 +14,9 @@ two sequences) moves logits by 1e-3 or more.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from unittest.mock import patch
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -21,26 +24,40 @@ from hypothesis import strategies as st
 
 import minillm
 from minillm.cache.contiguous import KVCache
-from minillm.cache.paged import PagedKVPool
+from minillm.cache.paged import PagedKVPool, reserve_step
 from minillm.config import GPT2Config
-from minillm.engine.batch import run_step
+from minillm.engine import runner
+from minillm.engine.runner import run_step
 from minillm.engine.sequence import SamplingParams, Sequence
 from minillm.errors import PromptError
-from minillm.models import gpt2
+from minillm.models import plan
 
 from test_properties import REL_TOL, configs, random_model
 
 
 class Traced(Sequence):
-    """A Sequence that keeps the logits it sampled each token from."""
+    """A Sequence that keeps the logits it sampled each token from (`tracing` records them: the
+    runner samples each sequence with its own random stream, which names the sequence)."""
+
+    by_rng: dict = {}
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
         self.logits = []
+        Traced.by_rng[id(self.rng)] = self.logits
 
-    def append(self, logits):
-        self.logits.append(np.array(logits))
-        return super().append(logits)
+
+@contextmanager
+def tracing():
+    """While inside, every token the runner samples records its logits on its Traced sequence."""
+    original = runner.pick
+
+    def pick(logits, temperature, top_k, top_p, rng):
+        Traced.by_rng.get(id(rng), []).append(np.array(logits))
+        return original(logits, temperature, top_k, top_p, rng)
+
+    with patch.object(runner, "pick", pick):
+        yield
 
 
 def alone(model, prompt, n, sampling: SamplingParams):
@@ -94,7 +111,10 @@ def run_workload(model, seqs, sampling, cache, block_size, chunk_seed, pool_bloc
         active = [s for join, s in traced if join <= step and not s.finished]
         if active:
             chunks = [int(rng.integers(1, s.n_pending + 1)) for s in active]
-            run_step(model, active, chunks)
+            for s, n in zip(active, chunks):
+                s.cache.reserve(n)
+            with tracing():
+                run_step(model, active, chunks)
             for s in active:
                 if s.finished:
                     s.cache.free()
@@ -236,7 +256,7 @@ def test_a_full_pool_says_what_to_do_and_takes_nothing():
     config = GPT2Config(n_layer=1, n_head=1, n_embd=8, n_ctx=64, vocab_size=10)
     pool = PagedKVPool(config, 3, 4)
     a = pool.sequence()
-    with pytest.raises(minillm.MiniLLMError, match="blocks are all in use"):
+    with pytest.raises(minillm.MiniLLMError, match="4 KV blocks are needed and 3 of 3 are free"):
         a.reserve(13)
     assert pool.allocator.n_free == 3 and a.table == []
     with pytest.raises(minillm.MiniLLMError, match="holds no block"):
@@ -254,6 +274,7 @@ def test_forward_chunked_prefill_and_decode_agree_past_the_query_blocks():
     for cache in (model.new_cache(), PagedKVPool(config, 40, 8, np.float64).sequence()):
         parts, start = [], 0
         for n in (100, 150, 30):                                       # chunks crossing 128 and 256
+            cache.reserve(n)
             (lg,) = model.step([(ids[start:start + n], cache)], scores="all")
             parts.append(lg)
             start += n
@@ -268,16 +289,41 @@ def test_batched_decode_gather_and_per_sequence_reads_agree(monkeypatch):
     model = random_model(config, 2)
     prompts = [[1, 2, 3], list(range(20)), [7] * 9]
     results = []
-    for limit in (0, gpt2.BATCHED_DECODE_KEYS):
-        monkeypatch.setattr(gpt2, "BATCHED_DECODE_KEYS", limit)
+    for limit in (0, plan.BATCHED_DECODE_KEYS):
+        monkeypatch.setattr(plan, "BATCHED_DECODE_KEYS", limit)
         seqs = [Traced(p, 8) for p in prompts]
         pool = PagedKVPool(config, 20, 4, np.float64)
         for s in seqs:
             s.cache = pool.sequence()
         while not all(s.finished for s in seqs):
-            run_step(model, [s for s in seqs if not s.finished])
+            live = [s for s in seqs if not s.finished]
+            for s in live:
+                s.cache.reserve(s.n_pending)
+            with tracing():
+                run_step(model, live)
         results.append(seqs)
     for a, b in zip(*results):
         assert a.output == b.output
         for x, y in zip(a.logits, b.logits):
             np.testing.assert_allclose(x, y, rtol=0, atol=REL_TOL * max(1.0, np.abs(y).max()))
+
+
+def test_a_step_one_block_short_reserves_nothing():
+    """A batch whose blocks the pool is one short of: nothing is reserved, for any sequence (the model
+    used to reserve each cache in turn, so the ones before the failing cache kept blocks for
+    positions never written). The model itself reserves nothing: an unreserved step is refused."""
+    config = GPT2Config(n_layer=1, n_head=1, n_embd=8, n_ctx=64, vocab_size=10)
+    model = random_model(config, 0)
+    pool = PagedKVPool(config, 5, 4, np.float64)
+    caches = [pool.sequence() for _ in range(3)]
+    batch = [([1] * 8, caches[0]), ([2] * 5, caches[1]), ([3] * 5, caches[2])]   # 2 + 2 + 2 = 6 blocks
+    with pytest.raises(minillm.MiniLLMError, match="6 KV blocks are needed and 5 of 5 are free"):
+        reserve_step([(c, len(ids)) for ids, c in batch])
+    assert pool.allocator.n_free == 5 and all(c.table == [] for c in caches)
+    with pytest.raises(PromptError, match="reserve them first"):
+        model.step(batch)
+    assert pool.allocator.n_free == 5 and all(c.table == [] and c.length == 0 for c in caches)
+    reserve_step([(c, len(ids)) for ids, c in batch[:2]])            # 4 blocks: fits
+    assert pool.allocator.n_free == 1
+    model.step(batch[:2])
+    assert [c.length for c in caches] == [8, 5, 0]

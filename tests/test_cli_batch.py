@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 
 import minillm
-from minillm.cache.paged import DecodeBatch, PagedKVCache, PagedKVPool
+from minillm.cache.paged import PagedKVCache, PagedKVPool
+from minillm.models.plan import BatchedDecode
 from minillm.measure import bench
 
 REPO = Path(__file__).resolve().parent.parent
@@ -91,16 +92,18 @@ def test_counting_code_removed_covers_the_paged_cache_and_batched_decode():
     def batched_step():
         pool = PagedKVPool(model.config, 16, 4)
         caches = [pool.sequence() for _ in range(3)]
+        for c in caches:
+            c.reserve(4)
         model.step([([1, 2, 3], c) for c in caches])
-        return model.step([([4], c) for c in caches])       # a DecodeBatch: one gather per layer
+        return model.step([([4], c) for c in caches])       # a batched decode: one gather per layer
 
     expected = batched_step()
     with bench.counting_code_removed():
-        for fn in (PagedKVCache.read, PagedKVCache.write, DecodeBatch.read, DecodeBatch.write):
+        for fn in (PagedKVCache.read, PagedKVCache.write, BatchedDecode.read, BatchedDecode.write):
             assert "active" not in fn.__code__.co_names
         with minillm.Meter() as m:
             got = batched_step()
         assert all(s.total_bytes == 0 and s.total_flops == 0 for s in m.steps)
     for a, b in zip(got, expected):
         np.testing.assert_array_equal(a, b)
-    assert "active" in DecodeBatch.read.__code__.co_names
+    assert "active" in BatchedDecode.read.__code__.co_names

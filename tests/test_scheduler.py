@@ -13,6 +13,8 @@ step or a prefix computed in another step only sums in another order (1e-15 of t
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import numpy as np
 import pytest
 from hypothesis import event, given, settings
@@ -20,6 +22,7 @@ from hypothesis import strategies as st
 
 import minillm
 from minillm.config import GPT2Config
+from minillm.engine import runner
 from minillm.engine.block_manager import BlockManager, block_hash
 from minillm.engine.engine import Engine
 from minillm.engine.scheduler import POLICIES
@@ -59,19 +62,19 @@ def test_every_request_gets_its_tokens_alone(w, policy, prefix_cache, block_size
     model = random_model(config, seed)
     biggest = max(-(-(len(p) + n) // block_size) for p, n, _ in reqs)
     engine = Engine(model, num_blocks=biggest + spare, block_size=block_size, prefix_cache=prefix_cache,
-                    policy=policy, max_seqs=max_seqs, max_tokens=budget)
+                    policy=policy, max_seqs=max_seqs, max_batched_tokens=budget)
     made = {}
-    rs = [engine.add_request(p, n, sampling_for(temperature, i), arrival=t,
-                             on_token=lambda r, tok: made.setdefault(r.id, []).append(tok))
-          for i, (p, n, t) in enumerate(reqs)]
-    engine.run()
+    rs = [engine.add_request(p, n, sampling_for(temperature, i), arrival=t) for i, (p, n, t) in enumerate(reqs)]
+    while engine.has_work:
+        for r, tok in engine.step():
+            made.setdefault(r.id, []).append(tok)
     event(f"preempted: {engine.scheduler.preemptions > 0}")
     event(f"prefix hits: {engine.blocks.hit_tokens > 0}")
     for i, ((prompt, n, _), r) in enumerate(zip(reqs, rs)):
         s = sampling_for(temperature, i)
         alone = minillm.generate(model, prompt, n, temperature=s.temperature, seed=s.seed)
         assert r.output == alone, f"request {i} ({policy}, prefix cache {prefix_cache}): tokens differ from alone"
-        assert made.get(r.id) == alone, f"request {i}: the callbacks did not see its tokens"
+        assert made.get(r.id) == alone, f"request {i}: the steps did not hand over its tokens"
         assert len(r.token_times) == n and r.ttft >= 0 and all(d >= 0 for d in r.tbt)
     a = engine.pool.allocator
     assert a.n_free == a.num_blocks, "blocks left held after the workload ended"
@@ -85,7 +88,7 @@ def test_a_tiny_pool_forces_preemption_and_the_tokens_stay():
     rng = np.random.default_rng(0)
     prompts = [list(rng.integers(0, 60, 6)) for _ in range(5)]
     for prefix_cache in (False, True):
-        engine = Engine(model, num_blocks=7, block_size=4, prefix_cache=prefix_cache, max_seqs=5, max_tokens=64)
+        engine = Engine(model, num_blocks=7, block_size=4, prefix_cache=prefix_cache, max_seqs=5, max_batched_tokens=64)
         rs = [engine.add_request(p, 20, SamplingParams(temperature=1.0, seed=i)) for i, p in enumerate(prompts)]
         engine.run()
         assert engine.scheduler.preemptions > 0, "the pool was meant to run out"
@@ -99,13 +102,15 @@ def traced_logits(model, engine_kwargs, prompts, n):
     engine = Engine(model, **engine_kwargs)
     seen = {}
     rs = [engine.add_request(p, n) for p in prompts]
-    original = [r.seq.append for r in rs]
-    for r, app in zip(rs, original):
-        def append(logits, r=r, app=app):
-            seen.setdefault(r.id, []).append(np.array(logits))
-            return app(logits)
-        r.seq.append = append
-    engine.run()
+    by_rng = {id(r.seq.rng): r.id for r in rs}
+    original = runner.pick
+
+    def pick(logits, temperature, top_k, top_p, rng):
+        seen.setdefault(by_rng[id(rng)], []).append(np.array(logits))
+        return original(logits, temperature, top_k, top_p, rng)
+
+    with patch.object(runner, "pick", pick):
+        engine.run()
     return [seen[r.id] for r in rs], engine
 
 
@@ -150,7 +155,7 @@ def test_unreferenced_cached_blocks_are_evicted_least_recently_used():
         engine.add_request(p, 2)
         engine.run()
     m = engine.blocks
-    kept = [m.match(engine.add_request(p, 1).seq) for p in ([1] * 8 + [0], [2] * 8 + [0], [3] * 8 + [0])]
+    kept = [m.match(engine.add_request(p, 1).seq).cached for p in ([1] * 8 + [0], [2] * 8 + [0], [3] * 8 + [0])]
     assert kept[0] == 0 and kept[1] > 0 and kept[2] == 8, f"cached positions per prompt: {kept}"
 
 
@@ -180,6 +185,12 @@ def test_bad_requests_are_refused_with_one_line():
     with pytest.raises(MiniLLMError, match="KV blocks"):
         engine.add_request(list(range(9)), 3)
     with pytest.raises(MiniLLMError, match="max_new_tokens"):
-        engine.add_request([1], 0)
+        engine.add_request([1], -1)
+    with pytest.raises(MiniLLMError, match="max_new_tokens"):
+        engine.add_request([1], 2.0)
+    nothing = engine.add_request([1], 0)           # 0 new tokens: done at once, as generate([1], 0) == []
+    assert nothing.done and nothing.output == [] == minillm.generate(model, [1], 0)
+    with pytest.raises(MiniLLMError, match="kv_memory"):
+        Engine(model, kv_memory=0)
     with pytest.raises(MiniLLMError, match="policy"):
         Engine(model, num_blocks=2, policy="fastest")

@@ -54,7 +54,7 @@ def start(model, limits=None, api_key=None, metrics_key=False, **kw):
 
 @pytest.fixture(scope="module")
 def served(model):
-    server, loop = start(model, max_batch=8)
+    server, loop = start(model, max_seqs=8)
     yield server
     server.shutdown()
     server.server_close()
@@ -239,7 +239,7 @@ def test_a_full_queue_gets_429_with_retry_after(model):
 
 def test_preemption_under_a_tiny_kv_budget_keeps_the_tokens(model):
     """A pool of a few blocks: sequences are preempted and recomputed; their tokens do not change."""
-    server, loop = start(model, kv_memory=12 * 2 * 2 * 16 * 4 * 8, max_batch=4)   # 12 blocks of 4 positions
+    server, loop = start(model, kv_memory=12 * 2 * 2 * 16 * 4 * 8, max_seqs=4)   # 12 blocks of 4 positions
     try:
         cases = [(f"p{i}", 20, 0.8, i) for i in range(4)]
         results = [None] * 4
@@ -337,7 +337,7 @@ def test_loadgen_says_when_no_server_is_there(tmp_path):
 
 
 def test_the_prefix_cache_serves_shared_prompts_with_the_same_tokens(model):
-    server, loop = start(model, prefix_cache=True, max_batch=4)
+    server, loop = start(model, prefix_cache=True, max_seqs=4)
     try:
         system = list(range(100, 140))                                   # 40 shared ids: 10 full blocks
         for q in ([7, 8], [9], [10, 11, 12]):
@@ -418,7 +418,7 @@ LOCAL = b"Host: 127.0.0.1\r\nContent-Type: application/json\r\n"
 def tight(model):
     """A server with small limits: 8 connections, 1 s to send a request, 1 s idle keep-alive."""
     server, loop = start(model, limits=Limits(max_connections=8, request_timeout=1.0, keep_alive=1.0,
-                                              max_header=4096), max_batch=4)
+                                              max_header=4096), max_seqs=4)
     yield server, loop
     server.shutdown()
     server.server_close()
@@ -516,7 +516,7 @@ def test_a_plain_request_whose_client_leaves_is_cancelled(served):
 
 
 def test_a_request_expected_to_wait_too_long_is_refused_up_front(model):
-    server, loop = start(model, limits=Limits(max_queue_wait=0.005), max_batch=1)
+    server, loop = start(model, limits=Limits(max_queue_wait=0.005), max_seqs=1)
     try:
         first = threading.Thread(target=stream_text, args=(server, {"prompt": "x", "max_tokens": 90,
                                                                     "temperature": 0}))
@@ -700,7 +700,7 @@ def test_the_command_refuses_a_public_address_without_a_key(tmp_path):
 
 def test_loadgen_never_counts_a_cut_off_stream_as_ok(model):
     from minillm.serving.loadgen import run_load
-    server, loop = start(model, max_batch=2)
+    server, loop = start(model, max_seqs=2)
     out = {}
     try:
         t = threading.Thread(target=lambda: out.update(run_load(

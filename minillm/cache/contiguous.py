@@ -10,6 +10,7 @@ once (the pages are touched only as positions fill), and a step writes only its 
 Every cache speaks the same small protocol, and the model uses nothing else:
 
     length                    positions filled so far (read-only for the model)
+    capacity                  positions it has room for now (a step may fill up to this)
     reserve(n)                make room for n more positions, or raise PromptError saying why not
     write(layer, pos, k, v)   store keys and values [H, n, hd] of positions pos .. pos+n-1
     read(layer, t)            keys and values of positions 0 .. t-1, [H, t, hd] each; reports the read
@@ -34,13 +35,11 @@ def no_room(length: int, n_new: int, n_ctx: int) -> PromptError:
     )
 
 
-class KVCache:
-    def __init__(self, config: GPT2Config, dtype=np.float32) -> None:
-        shape = (config.n_layer, config.n_kv_head, config.n_ctx, config.head_dim)
-        self.config = config
-        self.k = np.zeros(shape, dtype=dtype)   # [L, H, n_ctx, hd]
-        self.v = np.zeros(shape, dtype=dtype)   # [L, H, n_ctx, hd]
-        self.length = 0                         # positions filled so far
+class CacheBase:
+    """What every KV cache shares: its length, the context it lives in, and the checks on both."""
+
+    config: GPT2Config
+    length: int = 0
 
     @property
     def n_ctx(self) -> int:
@@ -48,21 +47,39 @@ class KVCache:
 
     def bytes_per_token(self) -> int:
         """K and V, every layer: 2·L·Hkv·hd·b (72 KiB for GPT-2 small in float32, where Hkv·hd = d)."""
-        L, H, _, hd = self.k.shape
-        return 2 * L * H * hd * self.k.itemsize
+        c = self.config
+        return 2 * c.n_layer * c.n_kv_head * c.head_dim * self.dtype.itemsize
 
     def nbytes_used(self) -> int:
         return self.length * self.bytes_per_token()
 
-    def nbytes_reserved(self) -> int:
-        """What this cache holds in memory whatever its length: all n_ctx positions."""
-        return self.k.nbytes + self.v.nbytes
-
-    def reserve(self, n_new: int) -> None:
+    def check_fits(self, n_new: int) -> None:
         if self.length + n_new > self.n_ctx:
             raise no_room(self.length, n_new, self.n_ctx)
 
-    check_room = reserve   # the 0.1 name
+    def advance(self, n: int) -> None:
+        self.length += n
+
+    def check_truncate(self, t: int) -> None:
+        if not 0 <= t <= self.length:
+            raise ValueError(f"truncate({t}): the cache holds {self.length} positions")
+
+
+class KVCache(CacheBase):
+    def __init__(self, config: GPT2Config, dtype=np.float32) -> None:
+        shape = (config.n_layer, config.n_kv_head, config.n_ctx, config.head_dim)
+        self.config = config
+        self.dtype = np.dtype(dtype)
+        self.k = np.zeros(shape, dtype=dtype)   # [L, Hkv, n_ctx, hd]
+        self.v = np.zeros(shape, dtype=dtype)   # [L, Hkv, n_ctx, hd]
+        self.length = 0                         # positions filled so far
+
+    @property
+    def capacity(self) -> int:
+        return self.n_ctx
+
+    def reserve(self, n_new: int) -> None:
+        self.check_fits(n_new)
 
     def write(self, layer: int, pos: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store keys and values [H, T, hd] of positions pos .. pos+T-1 for one layer, in place."""
@@ -82,13 +99,9 @@ class KVCache:
             m.count("kv_read", kv_read=k.nbytes + v.nbytes)
         return k, v
 
-    def advance(self, n: int) -> None:
-        self.length += n
-
     def truncate(self, t: int) -> None:
         """Keep positions 0 .. t-1; the rest will be written over."""
-        if not 0 <= t <= self.length:
-            raise ValueError(f"truncate({t}): the cache holds {self.length} positions")
+        self.check_truncate(t)
         self.length = t
 
     def free(self) -> None:
@@ -109,6 +122,7 @@ class PassKV:
     copy) just long enough for attention to read them, and counts that read as activations."""
 
     length = 0
+    capacity = float("inf")
 
     def reserve(self, n_new: int) -> None:
         pass

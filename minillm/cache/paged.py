@@ -27,7 +27,7 @@ import numpy as np
 from ..config import GPT2Config
 from ..errors import MiniLLMError, PromptError
 from .. import meter
-from .contiguous import no_room
+from .contiguous import CacheBase
 
 
 class KVCacheFullError(MiniLLMError):
@@ -48,7 +48,6 @@ class BlockAllocator:
         self.free_list: deque[int] = deque(range(num_blocks))   # oldest freed first
         self.on_reuse = None   # called with a block's number when allocate hands it out again
 
-
     @property
     def n_free(self) -> int:
         return len(self.free_list)
@@ -68,6 +67,14 @@ class BlockAllocator:
         if self.on_reuse is not None:   # a prefix cache forgets what the block held
             self.on_reuse(block)
         return block
+
+    def allocate_many(self, n: int) -> list[int]:
+        """n free blocks, all or none: KVCacheFullError (taking nothing) when fewer are free."""
+        if n > len(self.free_list):
+            raise KVCacheFullError(
+                f"{n} KV blocks are needed and {len(self.free_list)} of {self.num_blocks} are free: give the "
+                "cache more memory (--kv-memory) or run fewer sequences at once")
+        return [self.allocate() for _ in range(n)]
 
     def revive(self, block: int) -> int:
         """A free block taken back off the free list, used once: a prefix cache's hit on a block
@@ -134,17 +141,23 @@ class PagedKVPool:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
+    def copy_block(self, src: int, dst: int) -> None:
+        """Block dst's keys and values become a copy of block src's, every layer."""
+        self.k[:, :, dst] = self.k[:, :, src]
+        self.v[:, :, dst] = self.v[:, :, src]
+
     def sequence(self) -> "PagedKVCache":
         """A new, empty sequence in this pool."""
         return PagedKVCache(self)
 
 
-class PagedKVCache:
+class PagedKVCache(CacheBase):
     """One sequence's view of a pool: its block table and its length. Speaks the cache protocol."""
 
     def __init__(self, pool: PagedKVPool, table: list[int] | None = None, length: int = 0) -> None:
         self.pool = pool
         self.config = pool.config
+        self.dtype = pool.k.dtype
         self.table: list[int] = table if table is not None else []
         self.length = length
         self._run = self._run_length(0, 0)   # how many leading blocks form one ascending run
@@ -160,22 +173,13 @@ class PagedKVCache:
         return run
 
     @property
-    def n_ctx(self) -> int:
-        return self.config.n_ctx
-
-    @property
     def block_size(self) -> int:
         return self.pool.block_size
 
-    def bytes_per_token(self) -> int:
-        return self.pool.block_nbytes // self.pool.block_size
-
-    def nbytes_used(self) -> int:
-        return self.length * self.bytes_per_token()
-
-    def nbytes_reserved(self) -> int:
-        """The blocks this sequence holds (its last one may be partly empty)."""
-        return len(self.table) * self.pool.block_nbytes
+    @property
+    def capacity(self) -> int:
+        """Positions its blocks hold room for (up to the context)."""
+        return min(len(self.table) * self.block_size, self.n_ctx)
 
     def blocks_needed(self, n_new: int) -> int:
         """How many more blocks n_new more positions take."""
@@ -183,22 +187,14 @@ class PagedKVCache:
 
     def reserve(self, n_new: int) -> None:
         """Room for n_new more positions: new blocks from the pool, all or none."""
-        if self.length + n_new > self.n_ctx:
-            raise no_room(self.length, n_new, self.n_ctx)
-        need = self.blocks_needed(n_new)
-        got = []
-        try:
-            for _ in range(need):
-                got.append(self.pool.allocator.allocate())
-        except KVCacheFullError:
-            for b in got:
-                self.pool.allocator.release(b)
-            raise
-        before = len(self.table)
-        self.table.extend(got)
-        self._run = self._run_length(before, self._run)
+        self.check_fits(n_new)
+        self.extend(self.pool.allocator.allocate_many(self.blocks_needed(n_new)))
 
-    check_room = reserve
+    def extend(self, blocks: list[int]) -> None:
+        """Append blocks (already allocated to this sequence) to the table."""
+        before = len(self.table)
+        self.table.extend(blocks)
+        self._run = self._run_length(before, self._run)
 
     def _where(self, pos: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         p = np.arange(pos, pos + n)
@@ -250,13 +246,9 @@ class PagedKVCache:
                 m.count("kv_read", kv_read=used)
         return k, v
 
-    def advance(self, n: int) -> None:
-        self.length += n
-
     def truncate(self, t: int) -> None:
         """Keep positions 0 .. t-1 and give back the blocks past them."""
-        if not 0 <= t <= self.length:
-            raise ValueError(f"truncate({t}): the cache holds {self.length} positions")
+        self.check_truncate(t)
         keep = -(-t // self.block_size)
         for b in reversed(self.table[keep:]):   # a prompt's last blocks go first to the free list
             self.pool.allocator.release(b)
@@ -276,66 +268,27 @@ class PagedKVCache:
         tail = []
         if self.length % bs:                      # first the one allocation that can fail
             b = self.pool.allocator.allocate()
-            src = self.table[full]
-            self.pool.k[:, :, b] = self.pool.k[:, :, src]
-            self.pool.v[:, :, b] = self.pool.v[:, :, src]
+            self.pool.copy_block(self.table[full], b)
             tail.append(b)
         table = [self.pool.allocator.share(b) for b in self.table[:full]]
         return PagedKVCache(self.pool, table + tail, self.length)
 
 
-class DecodeBatch:
-    """B sequences of one pool taking one new token each, attended as one batch: the block tables
-    are laid out once per step as a [B, blocks] matrix, and each layer writes the B new keys with
-    one scatter and reads everything with one gather, [H, B, T, hd] (T = the longest sequence,
-    rounded up to whole blocks; shorter rows are padded with their own first block and masked).
-
-    The gather is a copy, counted as one: kv_read for the blocks the sequences really hold,
-    activations for writing the copy and for attention reading it (padding included: it is moved).
-    It pays while the sequences are short: one gather instead of B small reads. `GPT2.step` uses it
-    up to `gpt2.BATCHED_DECODE_KEYS` keys; `minillm bench --batch` shows both ways.
-    """
-
-    def __init__(self, pool: PagedKVPool, caches: list[PagedKVCache]) -> None:
-        bs = pool.block_size
-        self.pool, self.caches = pool, caches
-        B = len(caches)
-        pos = np.array([c.length for c in caches], dtype=np.intp)          # each new token's position
-        self.lengths = pos + 1
-        nb = -(-int(self.lengths.max()) // bs)
-        table = np.empty((B, nb), dtype=np.intp)
-        for i, c in enumerate(caches):
-            row = c.table[:nb]
-            table[i, :len(row)] = row
-            table[i, len(row):] = row[0]
-        self.table = table                                                 # [B, nb]
-        self.blocks = table[np.arange(B), pos // bs]                      # where each new key goes
-        self.offsets = pos % bs
-        self.T = nb * bs
-        keys = np.arange(self.T)
-        self.mask = np.where(keys[None, :] < self.lengths[:, None], 0.0, -np.inf).astype(pool.k.dtype)[:, None, :]
-        self.held = int(sum(-(-int(n) // bs) for n in self.lengths)) * bs  # positions in blocks really held
-
-    def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
-        """The B new keys and values, [H, B, hd], into their blocks: one scatter each."""
-        self.pool.k[layer][:, self.blocks, self.offsets] = k
-        self.pool.v[layer][:, self.blocks, self.offsets] = v
-        m = meter.active()
-        if m is not None:
-            m.count("kv_write", kv_write=k.nbytes + v.nbytes)
-
-    def read(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """Every sequence's keys and values, [H, B, T, hd] each: one gather through the tables."""
-        kp, vp = self.pool.k[layer], self.pool.v[layer]                    # [H, blocks, bs, hd]
-        (H, _, _, hd), B = kp.shape, self.table.shape[0]
-        k = np.take(kp, self.table, axis=1).reshape(H, B, self.T, hd)     # [H, B, nb, bs, hd] -> [H, B, T, hd]
-        v = np.take(vp, self.table, axis=1).reshape(H, B, self.T, hd)
-        m = meter.active()
-        if m is not None:
-            item = k.itemsize
-            m.count("kv_gather", kv_read=2 * H * self.held * hd * item, activations=2 * (k.nbytes + v.nbytes))
-        return k, v
-
-    def advance(self) -> None:
-        for c in self.caches:
-            c.advance(1)
+def reserve_step(items) -> None:
+    """Room for every (cache, n new positions) of one step, or for none: the blocks all these paged
+    caches need are counted first and taken only if the pool has them all (KVCacheFullError, taking
+    nothing, otherwise). Contiguous caches only check that they fit their context."""
+    for cache, n in items:
+        cache.check_fits(n)
+    need: dict = {}
+    for cache, n in items:
+        pool = getattr(cache, "pool", None)
+        if pool is not None:
+            need.setdefault(id(pool), [pool, 0])[1] += cache.blocks_needed(n)
+    for pool, n_blocks in need.values():
+        if n_blocks > pool.allocator.n_free:
+            raise KVCacheFullError(
+                f"{n_blocks} KV blocks are needed and {pool.allocator.n_free} of {pool.num_blocks} are free: "
+                "give the cache more memory (--kv-memory) or run fewer sequences at once")
+    for cache, n in items:
+        cache.reserve(n)

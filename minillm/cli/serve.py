@@ -72,7 +72,7 @@ def run(args) -> int:
     model = load_model(args.model)
     live = (args.live if args.live is not None else sys.stderr.isatty()) and not args.quiet
     view = LiveView(err, title=f"minillm serve: {model.name}") if live else None
-    loop = EngineLoop(model, kv_memory=kv, block_size=args.block_size, max_batch=args.max_batch,
+    loop = EngineLoop(model, kv_memory=kv, block_size=args.block_size, max_seqs=args.max_batch,
                       max_waiting=args.max_waiting, prefix_cache=args.prefix_cache, on_step=view)
     limits = Limits(max_connections=args.max_connections, request_timeout=args.request_timeout,
                     keep_alive=args.keep_alive, max_queue_wait=args.max_queue_wait, backlog=args.backlog)

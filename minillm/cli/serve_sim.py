@@ -10,11 +10,10 @@ import re
 from rich.markup import escape
 from rich.table import Table
 
-from ..engine.engine import Engine
 from ..engine.scheduler import POLICIES
 from ..errors import MiniLLMError
 from ..measure.hardware import machine
-from ..serving.metrics import summarize
+from ..serving.metrics import serve
 from ..serving.workloads import WORKLOADS, WorkItem, load_workload, write_trace
 from ..ui.live import LiveView
 from ..ui.report import fmt_bytes, fmt_flops, fmt_time
@@ -91,20 +90,15 @@ def label(run: dict, args) -> str:
 
 
 def simulate(model, items: list[WorkItem], run: dict, args, live: bool, hw) -> dict:
-    engine = Engine(model, kv_memory=parse_bytes(args.kv_memory), block_size=run["block_size"],
-                    prefix_cache=run["prefix_cache"], policy=run["policy"], max_seqs=args.max_seqs,
-                    max_tokens=args.max_tokens)
-    for w in items:
-        engine.add_request(w.prompt, w.max_tokens, w.sampling, arrival=w.arrival)
     name = label(run, args)
+    kw = dict(label=name, hw=hw, kv_memory=parse_bytes(args.kv_memory), block_size=run["block_size"],
+              prefix_cache=run["prefix_cache"], policy=run["policy"], max_seqs=args.max_seqs,
+              max_batched_tokens=args.max_tokens)
     if live:
         with LiveView(out, title=name) as view:
-            engine.on_step = view
-            engine.run()
-    else:
-        with err.status(f"serving {len(items)} requests: {escape(name)}…"):
-            engine.run()
-    return summarize(engine, name, hw)
+            return serve(model, items, on_step=view, **kw)[0]
+    with err.status(f"serving {len(items)} requests: {escape(name)}…"):
+        return serve(model, items, **kw)[0]
 
 
 def _s(x) -> str:

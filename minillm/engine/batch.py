@@ -1,5 +1,5 @@
-"""Many sequences in shared steps: `run_step` (one batched step over any set of sequences) and
-`generate_batch` (the user-facing call).
+"""Many sequences in shared steps: `generate_batch`, the user-facing call, run on the engine (one
+batched step over any set of sequences is `runner.run_step`).
 
     step 1:  every prompt, as one flattened batch     prefill: the weights read once for all prompts
     step 2+: one new token per unfinished sequence     decode: B tokens for one read of the weights
@@ -29,26 +29,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cache.contiguous import KVCache
-from ..cache.paged import PagedKVPool
 from ..errors import PromptError
+from .engine import Engine
+from .runner import run_step  # noqa: F401  (one batched step: the engine's, and tests' by hand)
 from .sampling import check_fits, check_sampling
-from .sequence import SamplingParams, Sequence
-
-
-def run_step(model, seqs: list[Sequence], chunks: list[int] | None = None) -> list[int | None]:
-    """One batched step: each sequence runs its pending tokens (or the first chunks[i] of them,
-    chunked prefill), and samples a token if that reaches its end. Returns the sampled token per
-    sequence, None where a prompt chunk did not reach the end yet."""
-    batch, wants = [], []
-    for i, s in enumerate(seqs):
-        todo = s.pending(None if chunks is None else chunks[i])
-        if not todo:
-            raise PromptError(f"{s!r} has nothing to run: finished, or its last token is not sampled yet")
-        batch.append((todo, s.cache))
-        wants.append("last" if s.n_computed + len(todo) == len(s) else None)
-    logits = model.step(batch, scores=wants)
-    return [None if lg is None else s.append(lg) for s, lg in zip(seqs, logits)]
+from .sequence import SamplingParams
 
 
 def _per_prompt(value, n: int, name: str) -> list:
@@ -64,13 +49,15 @@ def generate_batch(model, prompts, max_new_tokens, *, temperature: float = 0.0, 
                    on_step=None) -> list[list[int]]:
     """Generate for every prompt at once, in shared batched steps; returns the new tokens per prompt.
 
-    prompts: a list of token-id lists. max_new_tokens: an int, or one per prompt. seed: an int
-    (every prompt then samples from the random stream `generate(..., seed=seed)` uses alone: the same
-    tokens in float64; in float32 the same greedy tokens except at ties, and sampled tokens from the
-    same distribution, equal except where a draw falls within rounding of a boundary: see the
-    module's docstring), or one per prompt, or None. cache: "paged" (one pool of `block_size`-position blocks, sized to fit every
+    prompts: a list of token-id lists. max_new_tokens: an int, or one per prompt (0 gives []).
+    seed: an int (every prompt gets the stream `generate(..., seed=seed)` uses alone), or one per
+    prompt, or None. cache: "paged" (one pool of `block_size`-position blocks, sized to fit every
     sequence) or "contiguous" (one n_ctx cache per sequence). `on_step(seqs)` is called after each
     step with the sequences that ran in it.
+
+    It runs on the engine: every request admitted at once as one static batch, every prompt in the
+    first step, then one decode token per unfinished sequence per step. What holds against
+    `generate` alone: see this module's docstring.
     """
     if isinstance(prompts, np.ndarray) or not isinstance(prompts, (list, tuple)) or not prompts:
         raise PromptError("prompts: expected a non-empty list of token-id lists")
@@ -78,35 +65,23 @@ def generate_batch(model, prompts, max_new_tokens, *, temperature: float = 0.0, 
     limits = _per_prompt(max_new_tokens, n, "max_new_tokens")
     seeds = _per_prompt(seed, n, "seed")
     check_sampling(temperature, top_k, top_p)
-    seqs = []
-    for i, (prompt, limit, s) in enumerate(zip(prompts, limits, seeds)):
+    if cache not in ("paged", "contiguous"):
+        raise PromptError(f"cache={cache!r}: 'paged' or 'contiguous'")
+    checked = []
+    for i, (prompt, limit) in enumerate(zip(prompts, limits)):
         try:
             ids = model.check_ids(prompt)
-            if not isinstance(limit, (int, np.integer)):
+            if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)):
                 raise PromptError(f"max_new_tokens={limit!r}: must be an integer")
             check_fits(ids.size, int(limit), model.config.n_ctx)
         except PromptError as e:
             raise PromptError(f"prompt {i}: {e}") from None
-        seqs.append(Sequence(ids, int(limit), SamplingParams(temperature, top_k, top_p, s)))
-    if cache == "paged":
-        bs = block_size
-        pool = PagedKVPool(model.config, sum(-(-(len(s.prompt) + s.max_new_tokens) // bs) for s in seqs) or 1,
-                           bs, model.dtype)
-        for s in seqs:
-            s.cache = pool.sequence()
-    elif cache == "contiguous":
-        for s in seqs:
-            s.cache = KVCache(model.config, model.dtype)
-    else:
-        raise PromptError(f"cache={cache!r}: 'paged' or 'contiguous'")
-
-    running = [s for s in seqs if not s.finished]
-    while running:
-        run_step(model, running)
-        if on_step is not None:
-            on_step(running)
-        for s in running:
-            if s.finished:
-                s.cache.free()
-        running = [s for s in running if not s.finished]
-    return [s.output for s in seqs]
+        checked.append((ids, int(limit)))
+    blocks = sum(-(-(ids.size + limit) // block_size) for ids, limit in checked)
+    engine = Engine(model, num_blocks=max(blocks, 1), block_size=block_size, cache=cache, policy="static",
+                    max_seqs=n, max_batched_tokens=max(sum(ids.size for ids, _ in checked), 1), meter=False,
+                    on_step=None if on_step is None else (lambda e, info: on_step(info.sequences)))
+    reqs = [engine.add_request(ids, limit, SamplingParams(temperature, top_k, top_p, s))
+            for (ids, limit), s in zip(checked, seeds)]
+    engine.run()
+    return [r.output for r in reqs]

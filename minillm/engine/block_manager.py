@@ -16,14 +16,21 @@ any more stays on the allocator's free list with its contents: a later hit takes
 A prompt that is cached whole still computes its last position (its logits give the first new
 token): its last cached block is copied into a fresh block, and the sequence starts one position
 before the end of the prompt.
+
+The scheduler asks this module for everything about memory (can this sequence grow by n positions,
+how many fit, admit it, free it) and never looks inside a cache: the block manager alone allocates.
+`ContiguousBlocks` is the same interface over one n_ctx cache per sequence (what `generate_batch(...,
+cache="contiguous")` runs on): it never runs out of blocks, it only reserves the whole context.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..cache.contiguous import KVCache
 from ..cache.paged import KVCacheFullError, PagedKVCache, PagedKVPool
 from .sequence import Sequence
 
@@ -33,6 +40,14 @@ def block_hash(parent: bytes | None, tokens) -> bytes:
     h = hashlib.blake2b(parent or b"", digest_size=16)
     h.update(np.asarray(tokens, dtype=np.int64).tobytes())
     return h.digest()
+
+
+@dataclass
+class Match:
+    """What the prefix cache holds of a sequence: its first `cached` positions, in the blocks named
+    by `hashes` (the chain of its leading full blocks that are cached, computed once per admission)."""
+    cached: int = 0
+    hashes: list = field(default_factory=list)
 
 
 class BlockManager:
@@ -65,91 +80,111 @@ class BlockManager:
     def blocks_for(self, n_positions: int) -> int:
         return -(-n_positions // self.block_size)
 
+    def fits(self, n_positions: int) -> bool:
+        """Could a sequence of n_positions ever run here (with the whole pool to itself)?"""
+        return self.blocks_for(n_positions) <= self.num_blocks
+
+    def blocks_held(self, seq: Sequence) -> int:
+        return len(seq.cache.table) if seq.cache is not None else 0
+
+    def usage(self, seqs) -> tuple[int, int]:
+        """(positions stored, positions reserved) in the blocks these sequences hold; a shared block
+        counts once."""
+        bs, filled = self.block_size, {}
+        for s in seqs:
+            c = s.cache
+            for j, b in enumerate(c.table):
+                filled[b] = max(filled.get(b, 0), min(bs, max(0, c.length - j * bs)))
+        return sum(filled.values()), len(filled) * bs
+
     def _forget(self, block: int) -> None:
         h = self.hash_of.pop(block, None)
         if h is not None and self.cached.get(h) == block:
             del self.cached[h]
 
-    # -- a sequence's cache ----------------------------------------------------------------------
+    # -- a running sequence's growth -------------------------------------------------------------
 
-    def _chain(self, tokens: list[int], n_blocks: int, start: list[bytes]) -> list[bytes]:
-        bs, out = self.block_size, list(start)
-        for j in range(len(out), n_blocks):
-            out.append(block_hash(out[-1] if out else None, tokens[j * bs:(j + 1) * bs]))
-        return out
+    def can_append(self, seq: Sequence, n: int) -> bool:
+        """Are there free blocks for n more positions of the sequence?"""
+        return seq.cache.blocks_needed(n) <= self.n_free
 
-    def match(self, seq: Sequence) -> int:
-        """How many of the sequence's leading positions the cache holds (whole blocks; nothing
-        is taken). At most every position but the last."""
+    def room(self, seq: Sequence) -> int:
+        """How many more positions the sequence can take now: its blocks' room and every free block."""
+        c = seq.cache
+        return (len(c.table) + self.n_free) * self.block_size - c.length
+
+    def append(self, seq: Sequence, n: int) -> None:
+        """Blocks for n more positions (all or none)."""
+        seq.cache.reserve(n)
+
+    # -- admission ---------------------------------------------------------------------------------
+
+    def match(self, seq: Sequence) -> Match:
+        """How many of the sequence's leading positions the cache holds (whole blocks; nothing is
+        taken). At most every position but the last, whose logits give the next token."""
         if not self.prefix_cache:
-            return 0
-        tokens = seq.tokens
-        hashes = self._chain(tokens, len(tokens) // self.block_size, [])
-        n = 0
-        for h in hashes:
+            return Match()
+        tokens, bs = seq.tokens, self.block_size
+        hashes: list[bytes] = []
+        for j in range(len(tokens) // bs):
+            h = block_hash(hashes[-1] if hashes else None, tokens[j * bs:(j + 1) * bs])
             if h not in self.cached:
                 break
-            n += 1
-        return min(n * self.block_size, len(tokens) - 1)
+            hashes.append(h)
+        return Match(min(len(hashes) * bs, len(tokens) - 1), hashes)
 
-    def blocks_to_admit(self, seq: Sequence, n_first: int) -> int:
-        """Free blocks that admitting `seq` and running its first `n_first` uncached positions takes
-        (a cached block nobody holds is counted: reviving it takes it off the free list)."""
-        cached = self.match(seq)
-        bs = self.block_size
-        total = self.blocks_for(cached + n_first)
-        n_shared = cached // bs
-        revived = sum(1 for h in self._chain(seq.tokens, n_shared, [])
-                      if self.allocator.refs[self.cached[h]] == 0)
-        return total - n_shared + revived
+    def blocks_to_admit(self, seq: Sequence, m: Match) -> int:
+        """Free blocks admitting the sequence takes: its whole pending length's blocks, less the cached
+        ones it shares (a cached block nobody holds is taken off the free list: it counts)."""
+        shared = m.cached // self.block_size
+        revived = sum(1 for h in m.hashes[:shared] if self.allocator.refs[self.cached[h]] == 0)
+        return self.blocks_for(len(seq)) - shared + revived
 
-    def admit(self, seq: Sequence) -> PagedKVCache:
-        """A cache for the sequence, holding the cached blocks of its prefix (shared), its length
-        the number of cached positions. Raises KVCacheFullError (taking nothing) if a needed copy
-        finds no free block."""
+    def can_admit(self, seq: Sequence, m: Match) -> bool:
+        return self.blocks_to_admit(seq, m) <= self.n_free
+
+    def admit(self, seq: Sequence, m: Match) -> None:
+        """Give the sequence a cache holding the cached blocks of its prefix (shared) and free blocks
+        for every other position it has now. Raises KVCacheFullError (taking nothing) if they are
+        not there: check `can_admit` first."""
         bs, a = self.block_size, self.allocator
-        tokens = seq.tokens
         if self.prefix_cache:
-            self.lookup_tokens += len(tokens)
-        n = self.match(seq)
-        full = n // bs
-        hashes = self._chain(tokens, full + (1 if n % bs else 0), [])
-        table = []
-        for h in hashes[:full]:
-            b = self.cached[h]
-            table.append(a.share(b) if a.refs[b] else a.revive(b))
-        if n % bs:                        # the whole prompt was cached: copy its last block, write after it
-            src = self.cached[hashes[full]]
-            try:
+            self.lookup_tokens += len(seq)
+        full = m.cached // bs
+        table = [a.share(b) if a.refs[b] else a.revive(b) for b in (self.cached[h] for h in m.hashes[:full])]
+        try:
+            if m.cached % bs:             # the whole prompt was cached: copy its last block, write after it
+                src = self.cached[m.hashes[full]]
                 b = a.allocate()          # first: an unheld src stays intact unless it is the block handed out
-            except KVCacheFullError:
-                for t in reversed(table):
-                    a.release(t)
-                raise
-            if b != src:                  # (b == src: the block already holds what the copy would write)
-                self.pool.k[:, :, b] = self.pool.k[:, :, src]
-                self.pool.v[:, :, b] = self.pool.v[:, :, src]
-            table.append(b)
-        self.hit_tokens += n
-        self.hashes[seq.id] = hashes[:full]
-        return PagedKVCache(self.pool, table, n)
+                if b != src:              # (b == src: the block already holds what the copy would write)
+                    self.pool.copy_block(src, b)
+                table.append(b)
+            cache = PagedKVCache(self.pool, table, m.cached)
+            cache.reserve(len(seq) - m.cached)
+        except KVCacheFullError:
+            for t in reversed(table):
+                a.release(t)
+            raise
+        self.hit_tokens += m.cached
+        self.hashes[seq.id] = m.hashes[:full]
+        seq.cache = cache
+
+    # -- after a step, and at the end ----------------------------------------------------------------
 
     def computed(self, seq: Sequence) -> None:
         """After a step: name the sequence's newly completed full blocks so later requests find them."""
         if not self.prefix_cache or seq.cache is None:
             return
-        cache = seq.cache
-        full = cache.length // self.block_size
+        cache, bs = seq.cache, self.block_size
+        full = cache.length // bs
         known = self.hashes.setdefault(seq.id, [])
-        if full <= len(known):
-            return
-        hashes = self._chain(seq.tokens, full, known)
+        tokens = seq.tokens
         for j in range(len(known), full):
-            h, b = hashes[j], cache.table[j]
+            h, b = block_hash(known[-1] if known else None, tokens[j * bs:(j + 1) * bs]), cache.table[j]
+            known.append(h)
             if h not in self.cached and b not in self.hash_of:
                 self.cached[h] = b
                 self.hash_of[b] = h
-        self.hashes[seq.id] = hashes
 
     def free(self, seq: Sequence) -> None:
         """Every block of the sequence back (cached ones stay findable until they are evicted)."""
@@ -162,3 +197,52 @@ class BlockManager:
     def hit_rate(self) -> float:
         """Prompt positions found in the cache / prompt positions looked up."""
         return self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0
+
+
+class ContiguousBlocks:
+    """The block manager's interface over contiguous caches: each sequence gets one n_ctx cache, so a
+    sequence can always grow to the context, and there is no prefix cache."""
+
+    prefix_cache = False
+    hit_rate = hit_tokens = 0
+
+    def __init__(self, config, dtype) -> None:
+        self.config, self.dtype = config, dtype
+        self.block_size = config.n_ctx           # one "block" per sequence: its whole context
+        self.n_free = self.num_blocks = 1 << 62  # never the limit
+
+    def fits(self, n_positions: int) -> bool:
+        return n_positions <= self.config.n_ctx
+
+    def blocks_for(self, n_positions: int) -> int:
+        return 1
+
+    def blocks_held(self, seq: Sequence) -> int:
+        return 1 if seq.cache is not None else 0
+
+    def usage(self, seqs) -> tuple[int, int]:
+        return sum(s.cache.length for s in seqs), len(seqs) * self.config.n_ctx
+
+    def can_append(self, seq: Sequence, n: int) -> bool:
+        return seq.cache.length + n <= self.config.n_ctx
+
+    def room(self, seq: Sequence) -> int:
+        return self.config.n_ctx - seq.cache.length
+
+    def append(self, seq: Sequence, n: int) -> None:
+        seq.cache.reserve(n)
+
+    def match(self, seq: Sequence) -> Match:
+        return Match()
+
+    def can_admit(self, seq: Sequence, m: Match) -> bool:
+        return True
+
+    def admit(self, seq: Sequence, m: Match) -> None:
+        seq.cache = KVCache(self.config, self.dtype)
+
+    def computed(self, seq: Sequence) -> None:
+        pass
+
+    def free(self, seq: Sequence) -> None:
+        seq.cache = None

@@ -13,16 +13,15 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import MiniLLMError
 from .. import meter
-
-from .sampling import check_fits, check_sampling, sample  # noqa: F401  (minillm.generate.sample, as before)
+from ..errors import MiniLLMError
+from .sampling import check_fits, check_sampling, sample
 
 
 def naive_step(model, seq: list[int], kind: str) -> np.ndarray:
     """forward() over the whole sequence, scoring its last position, recorded by the meter as a
     prefill or decode step (what it stands in for). -> logits [V]."""
-    with meter.step(kind, 0, len(seq), attended=len(seq)):
+    with meter.label(kind):
         return model.forward(seq, last_only=True)[0]
 
 

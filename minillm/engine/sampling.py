@@ -41,11 +41,17 @@ def sample(logits: np.ndarray, temperature: float = 0.0, top_k: int | None = Non
     get none. NaN logits, or all -inf, leave no distribution to draw from: a MiniLLMError.
     """
     check_sampling(temperature, top_k, top_p)
+    return pick(logits, temperature, top_k, top_p, rng if rng is not None else np.random.default_rng())
+
+
+def pick(logits: np.ndarray, temperature: float, top_k: int | None, top_p: float | None,
+         rng: np.random.Generator) -> int:
+    """`sample` with settings already checked (a sequence's were checked once, when it was made)."""
     logits = check_logits(logits)
     if temperature == 0:
         return int(np.argmax(logits))
     order, p = sorted_distribution(logits, temperature, top_k, top_p)
-    return int(order[draw(p, rng if rng is not None else np.random.default_rng())])
+    return int(order[draw(p, rng)])
 
 
 def draw(p: np.ndarray, rng: np.random.Generator) -> int:

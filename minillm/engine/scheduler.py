@@ -1,6 +1,6 @@
 """The scheduler: which sequences run in the next step, and how many of their tokens.
 
-Each step has a token budget (`max_tokens`) and a batch limit (`max_seqs`). The scheduler fills it
+Each step has a token budget (`max_batched_tokens`) and a batch limit (`max_seqs`). The scheduler fills it
 in this order:
 
   1. running sequences, oldest first: a decode token each, or the next chunk of a prompt that did
@@ -17,7 +17,8 @@ never been stopped.
 
 Policies, the same code with different admission:
 
-    continuous   admit whenever there is room (Orca's iteration-level scheduling)
+    continuous   admit whenever there is room (Orca's iteration-level scheduling; prompts that do
+                 not fit the budget run in chunks beside decodes, as in Sarathi-Serve)
     static       admit a batch of up to max_seqs only when the last batch has finished
     sequential   static with one sequence: one request at a time
 """
@@ -35,25 +36,32 @@ POLICIES = ("continuous", "static", "sequential")
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, policy: str = "continuous", max_seqs: int = 16,
-                 max_tokens: int = 256) -> None:
+                 max_batched_tokens: int = 256) -> None:
         if policy not in POLICIES:
             raise MiniLLMError(f"policy {policy!r}: choose one of {', '.join(POLICIES)}")
-        if max_seqs < 1 or max_tokens < 1:
-            raise MiniLLMError(f"max_seqs={max_seqs}, max_tokens={max_tokens}: both must be at least 1")
+        if max_seqs < 1 or max_batched_tokens < 1:
+            raise MiniLLMError(f"max_seqs={max_seqs}, max_batched_tokens={max_batched_tokens}: "
+                               "both must be at least 1")
         self.blocks = blocks
         self.policy = policy
         self.max_seqs = 1 if policy == "sequential" else max_seqs
-        self.max_tokens = max_tokens
+        self.max_batched_tokens = max_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions = 0
 
-    def add(self, seq: Sequence) -> None:
-        need = self.blocks.blocks_for(len(seq.prompt) + seq.max_new_tokens)
-        if need > self.blocks.num_blocks:
+    def check(self, seq: Sequence) -> None:
+        """Could this request ever run here? A clear error if its prompt and answer need more KV memory
+        than there is."""
+        n = len(seq.prompt) + seq.max_new_tokens
+        if not self.blocks.fits(n):
             raise MiniLLMError(
-                f"a request of {len(seq.prompt)} prompt + {seq.max_new_tokens} new tokens needs {need} KV blocks, "
-                f"the pool has {self.blocks.num_blocks}: give more KV memory (--kv-memory) or ask for fewer tokens")
+                f"a request of {len(seq.prompt)} prompt + {seq.max_new_tokens} new tokens needs "
+                f"{self.blocks.blocks_for(n)} KV blocks, the pool has {self.blocks.num_blocks}: give more KV "
+                "memory (--kv-memory) or ask for fewer tokens")
+
+    def add(self, seq: Sequence) -> None:
+        self.check(seq)
         i = len(self.waiting)                  # the queue stays in order of arrival
         while i and self.waiting[i - 1].arrival > seq.arrival:
             i -= 1
@@ -80,16 +88,15 @@ class Scheduler:
     def schedule(self, now: float = float("inf")) -> list[tuple[Sequence, int]]:
         """The next step: (sequence, tokens to run) pairs, their blocks already reserved. Requests
         that arrive after `now` wait. Empty when nothing can run."""
-        budget, out = self.max_tokens, []
-        bs = self.blocks.block_size
+        budget, out = self.max_batched_tokens, []
         for s in list(self.running):
             if s not in self.running:          # preempted for an older sequence in this loop
                 continue
             n = min(s.n_pending, budget)
             if n == 0:
                 continue
-            while s.cache.blocks_needed(n) > self.blocks.n_free:
-                room = (len(s.cache.table) + self.blocks.n_free) * bs - s.cache.length
+            while not self.blocks.can_append(s, n):
+                room = self.blocks.room(s)
                 if room >= 1 and n > 1:        # a prompt chunk: run what fits
                     n = room
                     break
@@ -98,7 +105,7 @@ class Scheduler:
                     break
             if s not in self.running:
                 continue
-            s.cache.reserve(n)
+            self.blocks.append(s, n)
             out.append((s, n))
             budget -= n
         if self.policy == "continuous" or not self.running:
@@ -111,12 +118,11 @@ class Scheduler:
             s = self.waiting[0]
             if s.arrival > now:
                 break
-            cached = self.blocks.match(s)
-            if self.blocks.blocks_to_admit(s, len(s) - cached) > self.blocks.n_free:
+            match = self.blocks.match(s)        # the prompt's hash chain, once per admission
+            if not self.blocks.can_admit(s, match):
                 break
             self.waiting.popleft()
-            s.cache = self.blocks.admit(s)
-            s.cache.reserve(s.n_pending)        # the whole prompt's blocks, checked above
+            self.blocks.admit(s, match)         # the cached prefix shared, the rest's blocks reserved
             self.running.append(s)
             n = min(s.n_pending, budget)
             if n:

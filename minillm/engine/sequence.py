@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .sampling import check_sampling, sample
+from .sampling import check_sampling
 
-EOT = 50256   # <|endoftext|> in GPT-2's vocabulary
+EOT = 50256   # GPT-2's <|endoftext|> (a model's own end ids: `model.eos_ids`)
 
 
 @dataclass(frozen=True)
@@ -34,21 +34,21 @@ class Sequence:
 
     tokens = prompt + output. The KV cache (`cache`) holds the first `cache.length` of them; the
     rest are pending: a whole prompt, the rest of a prompt after a chunk, or the one token sampled
-    last step. A sequence is finished at `max_new_tokens` tokens, or at `<|endoftext|>` if
-    `stop_at_eot` (off by default, as in `generate`).
+    last step. A sequence is finished at `max_new_tokens` tokens, or at any token of `stop_ids`
+    (none by default, as in `generate`; a server passes the model's end-of-sequence ids).
     """
 
     _ids = itertools.count()
 
     def __init__(self, prompt, max_new_tokens: int, sampling: SamplingParams = SamplingParams(), *,
-                 stop_at_eot: bool = False, arrival: float = 0.0, seq_id: int | None = None) -> None:
+                 stop_ids=(), arrival: float = 0.0, seq_id: int | None = None) -> None:
         self.id = next(self._ids) if seq_id is None else seq_id
         self.prompt = [int(t) for t in prompt]
         self.output: list[int] = []
         self.max_new_tokens = max_new_tokens
         self.sampling = sampling
         self.rng = np.random.default_rng(sampling.seed)
-        self.stop_at_eot = stop_at_eot
+        self.stop_ids = frozenset(int(t) for t in stop_ids)
         self.arrival = arrival
         self.cache = None          # set by whoever runs the sequence: any cache of the protocol
 
@@ -75,15 +75,17 @@ class Sequence:
         return self.tokens[start:end]
 
     @property
-    def finished(self) -> bool:
-        return len(self.output) >= self.max_new_tokens or (
-            self.stop_at_eot and bool(self.output) and self.output[-1] == EOT)
+    def stopped(self) -> bool:
+        """Ended by a stop token (not by its length)."""
+        return bool(self.output) and self.output[-1] in self.stop_ids
 
-    def append(self, logits: np.ndarray) -> int:
-        """Sample the next token from the logits of the last position, with this sequence's own stream."""
-        s = self.sampling
-        token = sample(logits, s.temperature, s.top_k, s.top_p, self.rng)
-        self.output.append(token)
+    @property
+    def finished(self) -> bool:
+        return len(self.output) >= self.max_new_tokens or self.stopped
+
+    def append(self, token: int) -> int:
+        """The token sampled for this sequence (engine/batch.py samples with its own stream)."""
+        self.output.append(int(token))
         return token
 
     def __repr__(self) -> str:

@@ -25,6 +25,7 @@ a prefix of them.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -32,7 +33,7 @@ import numpy as np
 
 from ..errors import MiniLLMError, PromptError
 from .. import meter
-from .sampling import check_fits, check_sampling, distribution, draw, sample
+from .sampling import check_fits, check_sampling, distribution, draw, pick
 
 MAX_K = 16
 
@@ -103,7 +104,9 @@ class ModelDraft:
         chunk = np.asarray(tokens[self.cache.length:], dtype=np.intp)      # what it has not seen yet (>= 1)
         guesses, qs = [], []
         for _ in range(k):
-            (logits,) = self.model.step([(chunk, self.cache)], kind="draft")
+            self.cache.reserve(chunk.size)
+            with meter.label("draft"):
+                (logits,) = self.model.step([(chunk, self.cache)])
             if temperature == 0:
                 d, q = int(np.argmax(logits)), None
             else:                                   # draw the guess from q itself: one sort, not two
@@ -240,12 +243,40 @@ class SpeculativeStats:
 
 # -- the loop -------------------------------------------------------------------------------------
 
+def speculative_round(model, cache, drafter, tokens: list[int], k: int, sampling: tuple, rng) -> tuple[list[int], Round]:
+    """One round: guess, verify, accept, roll back. The target's cache holds every token but the last.
+    Returns the tokens kept (the agreed guesses and one of the target's own) and the round's record."""
+    n = len(tokens)
+    t0 = time.perf_counter()
+    guesses, qs = drafter.propose(tokens, k, sampling, rng)                       # guess
+    t1 = time.perf_counter()
+    chunk = np.array([tokens[-1], *guesses], dtype=np.intp)
+    cache.reserve(chunk.size)
+    with meter.label("verify" if guesses else "decode"):
+        (rows,) = model.step([(chunk, cache)], scores="all")                     # verify: [g+1, V]
+    t2 = time.perf_counter()
+    kept = []
+    for i, d in enumerate(guesses):                                              # accept
+        token = judge(rows[i], d, qs[i], sampling, rng)
+        kept.append(d if token is None else token)
+        if token is not None:                                                    # the target's correction
+            break
+    else:
+        kept.append(pick(rows[-1], *sampling, rng))                              # all agreed: the bonus token
+    accepted = len(kept) - 1
+    cache.truncate(n + accepted)                                                 # roll back the rejected guesses
+    drafter.keep(n + accepted)
+    t3 = time.perf_counter()
+    return kept, Round(len(guesses), accepted, t1 - t0, t2 - t1, t3 - t0, guesses=guesses, token=kept[-1])
+
+
 def speculative_generate(model, ids, max_new_tokens: int, *, draft="ngram", k: int = 4, temperature: float = 0.0,
                          top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                          on_token: Callable[[int], None] | None = None,
                          on_round: Callable | None = None) -> tuple[list[int], SpeculativeStats]:
     """Generate `max_new_tokens` tokens after `ids` with `model` as the target and `draft` ("ngram",
     a smaller model, or a draft object) guessing `k` tokens per round. Returns (new tokens, stats).
+    Run under a `minillm.Meter()`, each round keeps the meter's records of its draft and verify steps.
 
     `on_round(round, target_cache, draft)` is called after each round's roll-back (tests read the
     caches there)."""
@@ -260,45 +291,26 @@ def speculative_generate(model, ids, max_new_tokens: int, *, draft="ngram", k: i
     tokens = [int(t) for t in ids]
     new: list[int] = []
 
-    def keep(token: int) -> None:
-        tokens.append(token)
-        new.append(token)
-        if on_token is not None:
-            on_token(token)
+    def keep(more: list[int]) -> None:
+        for token in more:
+            tokens.append(token)
+            new.append(token)
+            if on_token is not None:
+                on_token(token)
 
     if max_new_tokens == 0:
         return new, stats
     drafter.begin(ids, max_new_tokens)
     logits, cache = model.prefill(ids)                              # the prompt; its logits give token 1
-    keep(sample(logits, temperature, top_k, top_p, rng))
+    keep([pick(logits, *sampling, rng)])
+    m = meter.active()
     while len(new) < max_new_tokens:
-        n = len(tokens)                                             # the target's cache holds n - 1
-        m = meter.active()
-        i0 = len(m.steps) if m is not None else 0
-        t0 = time.perf_counter()
-        guesses, qs = drafter.propose(tokens, min(k, max_new_tokens - len(new) - 1), sampling, rng)
-        t1 = time.perf_counter()
-        i1 = len(m.steps) if m is not None else 0
-        chunk = np.array([tokens[-1], *guesses], dtype=np.intp)
-        (rows,) = model.step([(chunk, cache)], scores="all", kind="verify" if guesses else "decode")   # [g+1, V]
-        t2 = time.perf_counter()
-        accepted = 0
-        for i, d in enumerate(guesses):
-            token = judge(rows[i], d, qs[i], sampling, rng)
-            if token is None:                                        # agreed
-                accepted += 1
-                keep(d)
-            else:                                                    # the target's correction
-                keep(token)
-                break
-        else:
-            keep(sample(rows[-1], temperature, top_k, top_p, rng))  # all agreed: the bonus token
-        cache.truncate(n + accepted)                                 # forget the rejected guesses
-        drafter.keep(n + accepted)
-        t3 = time.perf_counter()
-        steps = m.steps if m is not None else []
-        r = Round(len(guesses), accepted, t1 - t0, t2 - t1, t3 - t0, steps[i0:i1],
-                  steps[i1] if len(steps) > i1 else None, guesses, tokens[-1])
+        with (m.capture() if m is not None else nullcontext([])) as recs:
+            kept, r = speculative_round(model, cache, drafter, tokens, min(k, max_new_tokens - len(new) - 1),
+                                        sampling, rng)
+        r.draft_steps = [x for x in recs if x.kind == "draft"]
+        r.verify_step = next((x for x in recs if x.kind != "draft"), None)
+        keep(kept)
         stats.rounds.append(r)
         if on_round is not None:
             on_round(r, cache, drafter)

@@ -1,7 +1,7 @@
 """`minillm bench --batch`: what batching buys decode, measured against the roofline.
 
 For each batch size B, B sequences with `context`-token prompts are prefilled, then decode steps
-run all B at once (`engine.batch.run_step`, the paged KV cache: the path `generate_batch` takes).
+run all B at once (`engine.runner.run_step`, the paged KV cache: the path `generate_batch` takes).
 Interleaved rounds, medians. Beside each B, in the same run:
 
   - the meter's bytes and FLOPs of one such step, its intensity, and the roofline's step time
@@ -23,8 +23,8 @@ import time
 
 import numpy as np
 
-from ..cache.paged import PagedKVPool
-from ..engine.batch import run_step
+from ..cache.paged import PagedKVPool, reserve_step
+from ..engine.runner import run_step
 from ..engine.sequence import Sequence
 from ..errors import MiniLLMError
 from ..models import ops
@@ -43,6 +43,13 @@ def bare_pass(mats: list[np.ndarray], head: np.ndarray, B: int, shaped: bool) ->
     return time.perf_counter() - t0
 
 
+def step(model, seqs: list[Sequence]) -> None:
+    """One batched step over the sequences, their blocks reserved first (as the engine's block
+    manager would)."""
+    reserve_step([(s.cache, s.n_pending) for s in seqs])
+    run_step(model, seqs)
+
+
 def start(model, B: int, context: int, steps: int, rng) -> list[Sequence]:
     """B sequences, prompts of `context` random tokens, prefilled in one batched step."""
     c = model.config
@@ -50,7 +57,7 @@ def start(model, B: int, context: int, steps: int, rng) -> list[Sequence]:
     seqs = [Sequence(rng.integers(0, c.vocab_size, context), steps + 1) for _ in range(B)]
     for s in seqs:
         s.cache = pool.sequence()
-    run_step(model, seqs)
+    step(model, seqs)
     return seqs
 
 
@@ -89,7 +96,7 @@ def run_batch_bench(model, batches: list[int], hw, context: int = 16, repeats: i
     counts = {}
     for B, seqs in runs.items():
         with Meter() as m:
-            run_step(model, seqs)
+            step(model, seqs)
         counts[B] = m.steps[0]
         rewind(seqs, context)
     step_s = {B: [] for B in batches}
@@ -102,7 +109,7 @@ def run_batch_bench(model, batches: list[int], hw, context: int = 16, repeats: i
             times = []
             for _ in range(steps):
                 t0 = time.perf_counter()
-                run_step(model, seqs)
+                step(model, seqs)
                 times.append(time.perf_counter() - t0)
             rewind(seqs, context)
             step_s[B].append(statistics.median(times))
@@ -150,7 +157,7 @@ def run_batch_bench(model, batches: list[int], hw, context: int = 16, repeats: i
 def _counts_at(model, context, steps, rng, B) -> tuple[int, int]:
     seqs = start(model, B, context, steps, rng)
     with Meter() as m:
-        run_step(model, seqs)
+        step(model, seqs)
     return m.steps[0].total_bytes, m.steps[0].total_flops
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..measure import hardware
 from ..cache import contiguous as kvcache
-from ..models import ops
+from ..models import ops, plan
 from ..errors import MiniLLMError
 from ..checkpoints.load import load
 from ..meter import Meter
@@ -81,7 +81,7 @@ def _reporters() -> list[tuple[object, str]]:
     from ..cache import paged
     return ([(ops, name) for name in ("embedding", "layer_norm", "linear", "gelu", "add", "attention",
                                       "decode_attention", "lm_head")]
-            + [(cls, name) for cls in (kvcache.KVCache, paged.PagedKVCache, paged.DecodeBatch)
+            + [(cls, name) for cls in (kvcache.KVCache, paged.PagedKVCache, plan.BatchedDecode)
                for name in ("write", "read")]
             + [(kvcache.PassKV, "read")])
 

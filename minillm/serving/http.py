@@ -50,7 +50,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ..engine.sequence import EOT
 from ..tokenizer import tokenizer
 from .api import ApiError, completion, error_body, models, new_id, parse_completion, parse_json, usage
 from .loop import EngineLoop
@@ -400,7 +399,7 @@ class Front:
         """One event: (text to show, finish reason or None, whether the request has ended)."""
         what, value = event
         if what == "token":
-            if value == EOT:                  # <|endoftext|> ends the text; it is not part of it
+            if value in r.seq.stop_ids:       # an end-of-sequence token ends the text; it is not part of it
                 return "", None, False
             piece = text.push(value)
             if text.stopped:
@@ -424,8 +423,8 @@ class Front:
                 if ended:
                     break
                 event = await events.get_async()
-            if r.req.include_usage:
-                body = completion(cid, name, "", None, usage(len(r.req.prompt_ids), r.n_tokens), created)
+            if r.api.include_usage:
+                body = completion(cid, name, "", None, usage(len(r.seq.prompt), r.n_tokens), created)
                 body["choices"] = []
                 yield self.chunk(body)
             yield b"data: [DONE]\n\n"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..engine.engine import Engine
 from ..measure.hardware import roofline
 
 OTHER_BLOCK_SIZES = (1, 8, 16, 32, 64)
@@ -59,7 +60,7 @@ def summarize(engine, label: str | None = None, hw=None) -> dict:
         "block_size": engine.blocks.block_size,
         "kv_blocks": engine.blocks.num_blocks,
         "max_seqs": sched.max_seqs,
-        "max_tokens_per_step": sched.max_tokens,
+        "max_batched_tokens": sched.max_batched_tokens,
         "duration_s": duration,
         "steps": len(steps),
         "output_tokens": out_tokens,
@@ -125,9 +126,8 @@ def phases(steps, hw=None) -> dict:
 
 
 def serve(model, items, *, label: str | None = None, hw=None, on_step=None, **engine_kw):
-    """Run a workload (a list of WorkItem) through a fresh engine; returns (summary, engine)."""
-    from ..engine.engine import Engine
-
+    """Run a workload (a list of WorkItem) through a fresh engine on simulated time; returns
+    (summary, engine). `serve-sim`, the lessons and the benchmarks all run workloads through here."""
     engine = Engine(model, on_step=on_step, **engine_kw)
     for w in items:
         engine.add_request(w.prompt, w.max_tokens, w.sampling, arrival=w.arrival)

@@ -39,7 +39,7 @@ def block_map(engine) -> Text:
 def render(engine, title: str = "") -> Group:
     sched, steps = engine.scheduler, engine.steps
     now = engine.now()
-    recent = steps[-20:]
+    recent = [steps[-i] for i in range(1, min(20, len(steps)) + 1)]   # the last 20 steps
     span = sum(s.seconds for s in recent)
     through = sum(s.n_tokens for s in recent)     # positions run in the last steps
     done = sum(1 for r in engine.requests.values() if r.done)
@@ -57,13 +57,13 @@ def render(engine, title: str = "") -> Group:
     table.add_column("progress")
     table.add_column("KV blocks", justify="right")
     for s in sched.running[:MAX_ROWS]:
-        req = engine._by_seq[s.id]
+        req = engine.request_of(s)
         width = 30
         filled = int(width * len(s.output) / s.max_new_tokens)
         prefill = s.n_pending > 1
         bar = Text("█" * filled + "·" * (width - filled), style="yellow" if prefill else "green")
         bar.append(f" {len(s.output)}/{s.max_new_tokens}" + ("  prefill" if prefill else ""))
-        table.add_row(str(req.id), str(len(s.prompt)), bar, str(len(s.cache.table) if s.cache else 0))
+        table.add_row(str(req.id), str(len(s.prompt)), bar, str(engine.blocks.blocks_held(s)))
     if len(sched.running) > MAX_ROWS:
         table.add_row("…", "", Text(f"{len(sched.running) - MAX_ROWS} more"), "")
     a = engine.pool.allocator

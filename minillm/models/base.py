@@ -1,0 +1,109 @@
+"""What every architecture shares: one way in (`step`) and its three special cases.
+
+    step([(ids, cache), ...])  a flattened batch: several sequences, each with its new tokens (a
+                               prompt chunk or one decode token) and its own KV cache; the weights
+                               are read once for all of them, each attends over its own positions
+    forward(ids)               the whole causal pass of one sequence, no cache: logits everywhere
+    prefill(ids)               one sequence's prompt in one pass, filling a KV cache on the way
+    decode_step(token, cache)  one token at the cache's next position, attending over the cache
+
+An architecture (GPT-2, Llama) is a subclass with two methods, the model itself:
+
+    run(plan)  -> x [N, d]     embeddings, then every block (plan: models/plan.py)
+    head(h)    -> [S, V]       the final norm and the LM head, on the rows that are scored
+
+`step` plans the batch, runs the model, advances the caches and splits the logits per sequence;
+it never allocates KV memory (the caller reserves: `cache.reserve(n)`, or the engine's block
+manager) and never names its steps for the meter (`with meter.label("verify"):` does that).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import meter
+from ..cache.contiguous import KVCache, PassKV
+from ..errors import PromptError
+from .plan import check_ids, plan_step
+
+
+class CausalLM:
+    config: object
+    params: dict
+    name: str
+    dtype: np.dtype
+    eos_ids: tuple = ()          # token ids that end a sequence (a server stops there)
+
+    # -- the model: each architecture's own ------------------------------------------------------
+
+    def run(self, plan) -> np.ndarray:
+        raise NotImplementedError
+
+    def head(self, h: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    # -- the one way in ---------------------------------------------------------------------------
+
+    def check_ids(self, ids, pos: int = 0) -> np.ndarray:
+        """Token ids as a 1-D integer array, inside the vocabulary and the context; clear errors otherwise."""
+        return check_ids(ids, self.config, pos)
+
+    def step(self, batch, *, scores="last") -> list:
+        """Run a flattened batch through the model once.
+
+        batch: [(ids, cache), ...], one entry per sequence: its new token ids [n_i] (a prompt, a
+        prompt chunk, or one decode token) and its KV cache, which holds its earlier positions, has
+        room reserved for these, and receives them. The n_i tokens of all sequences are the rows
+        of one matrix: every weight is read once for the whole step. Each cache advances by n_i.
+
+        scores: "last" (default) gives each sequence the logits of its last new position, [V];
+        "all" gives [n_i, V], every new position (speculative decoding verifies k drafts with them);
+        None gives None (a prompt chunk whose end is not reached yet). A list sets it per sequence.
+        Returns one entry per sequence, in order.
+        """
+        plan = plan_step(batch, scores, self.config)
+        with plan.meter_step():
+            x = self.run(plan)                                            # [N, d]
+            plan.advance()
+            if not plan.rows:
+                return [None] * len(plan.spans)
+            h = x if len(plan.rows) == x.shape[0] else x[plan.rows]       # [S, d]
+            return plan.split(self.head(h))                               # [S, V] -> per sequence
+
+    # -- the three special cases --------------------------------------------------------------------
+
+    def forward(self, ids, *, last_only: bool = False) -> np.ndarray:
+        """The full causal pass, no cache. ids [T] -> logits [T, V] (or [1, V] with last_only, the way
+        nanoGPT scores at inference: the LM head on the last position only)."""
+        with meter.label("forward", unless_labelled=True):
+            (logits,) = self.step([(ids, PassKV())], scores="last" if last_only else "all")
+        return logits[None] if last_only else logits
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.config, self.dtype)
+
+    def prefill(self, ids, cache=None) -> tuple[np.ndarray, KVCache]:
+        """The whole prompt in one pass, filling a KV cache. ids [T] -> (logits [V] of the last
+        position, the cache holding all T positions). With a cache that already holds positions,
+        the prompt continues after them (a chunk of a longer prompt)."""
+        cache = cache if cache is not None else self.new_cache()
+        ids = self.check_ids(ids, cache.length)
+        cache.reserve(ids.size)
+        with meter.label("prefill", unless_labelled=True):    # a one-token chunk is still prefill
+            (logits,) = self.step([(ids, cache)])
+        return logits, cache
+
+    def decode_step(self, token: int, cache) -> np.ndarray:
+        """One token at the cache's next position; writes its K and V into the cache in place.
+        -> logits [V]."""
+        if not isinstance(token, (int, np.integer)):
+            raise PromptError(f"token {token!r}: a token id must be an integer")
+        cache.reserve(1)
+        (logits,) = self.step([(np.array([token], dtype=np.intp), cache)])
+        return logits
+
+    def n_params(self) -> int:
+        return sum(int(v.size) for v in self.params.values())
+
+    def nbytes(self) -> int:
+        return sum(int(v.nbytes) for v in self.params.values())

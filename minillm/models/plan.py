@@ -1,0 +1,239 @@
+"""One step's plan, built once before the blocks run.
+
+A step is a flattened batch: several sequences, each with its new tokens and its own KV cache. The
+blocks need four things from it, and nothing else:
+
+    ids        [N]   every new token, all sequences' rows one after the other
+    positions  [N]   each row's position in its own sequence (RoPE and GPT-2's position table read it)
+    attend(layer, q, k, v)    q [H, N, hd], k and v [Hkv, N, hd] -> [H, N, hd]: store each
+                     sequence's new keys and values in its cache, and let each sequence's queries
+                     attend over its own positions only
+    scored rows      which rows the LM head runs on (the last of a sequence, all of them, or none)
+
+`plan_step` builds it once (in the spirit of nano-vllm's prepare_prefill/prepare_decode), choosing
+how attention runs: a decode batch of short sequences in one paged pool as one gather per layer
+(`BatchedDecode`), anything else sequence by sequence over its own cache (`PerSequence`). Both
+implement `attend`, so the blocks never ask which one they got.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import meter
+from ..errors import PromptError
+from . import ops
+
+BATCHED_DECODE_KEYS = 128   # up to this many keys per sequence, a decode batch is attended as one gather
+SCORES = ("last", "all", None)
+
+
+@dataclass(frozen=True)
+class Span:
+    """One sequence's rows in a step: rows r0 .. r0+n-1 are its new tokens at positions pos .. pos+n-1."""
+    r0: int
+    n: int
+    pos: int
+    cache: object      # anything with the cache protocol (cache/contiguous.py)
+
+
+class PerSequence:
+    """Each sequence in turn: write its new K, V into its cache, read every position so far, attend."""
+
+    def __init__(self, spans: list[Span]) -> None:
+        self.spans = spans
+
+    def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        if len(self.spans) == 1:
+            return self.one(self.spans[0], layer, q, k, v)
+        out = np.empty_like(q)                                             # [H, N, hd]
+        for s in self.spans:
+            rows = slice(s.r0, s.r0 + s.n)
+            out[:, rows] = self.one(s, layer, q[:, rows], k[:, rows], v[:, rows])
+        return out
+
+    @staticmethod
+    def one(s: Span, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """One sequence: store its new K, V [Hkv, n, hd], then its queries attend over every position so far."""
+        s.cache.write(layer, s.pos, k, v)
+        k_all, v_all = s.cache.read(layer, s.pos + s.n)                    # [Hkv, pos+n, hd]
+        return ops.attention(q, k_all, v_all)                              # [H, n, hd]
+
+
+class BatchedDecode:
+    """B sequences of one paged pool taking one new token each, attended as one batch: the block tables
+    are laid out once per step as a [B, blocks] matrix, and each layer writes the B new keys with
+    one scatter and reads everything with one gather, [Hkv, B, T, hd] (T = the longest sequence,
+    rounded up to whole blocks; shorter rows are padded with their own first block and masked).
+
+    The gather is a copy, counted as one: kv_read for the blocks the sequences really hold,
+    activations for writing the copy and for attention reading it (padding included: it is moved).
+    It pays while the sequences are short: one gather instead of B small reads. `plan_step` uses it
+    up to BATCHED_DECODE_KEYS keys; `minillm bench --batch` shows both ways.
+    """
+
+    def __init__(self, pool, caches: list) -> None:
+        bs = pool.block_size
+        self.pool = pool
+        B = len(caches)
+        pos = np.array([c.length for c in caches], dtype=np.intp)          # each new token's position
+        self.lengths = pos + 1
+        nb = -(-int(self.lengths.max()) // bs)
+        table = np.empty((B, nb), dtype=np.intp)
+        for i, c in enumerate(caches):
+            row = c.table[:nb]
+            table[i, :len(row)] = row
+            table[i, len(row):] = row[0]
+        self.table = table                                                 # [B, nb]
+        self.blocks = table[np.arange(B), pos // bs]                      # where each new key goes
+        self.offsets = pos % bs
+        self.T = nb * bs
+        keys = np.arange(self.T)
+        self.mask = np.where(keys[None, :] < self.lengths[:, None], 0.0, -np.inf).astype(pool.k.dtype)[:, None, :]
+        self.held = int(sum(-(-int(n) // bs) for n in self.lengths)) * bs  # positions in blocks really held
+
+    def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """q [H, B, hd], the B new keys and values [Hkv, B, hd] -> [H, B, hd]."""
+        self.write(layer, k, v)
+        k_all, v_all = self.read(layer)                                    # [Hkv, B, T, hd]
+        return ops.decode_attention(q, k_all, v_all, self.mask, self.lengths)
+
+    def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+        """The B new keys and values, [Hkv, B, hd], into their blocks: one scatter each."""
+        self.pool.k[layer][:, self.blocks, self.offsets] = k
+        self.pool.v[layer][:, self.blocks, self.offsets] = v
+        m = meter.active()
+        if m is not None:
+            m.count("kv_write", kv_write=k.nbytes + v.nbytes)
+
+    def read(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every sequence's keys and values, [Hkv, B, T, hd] each: one gather through the tables."""
+        kp, vp = self.pool.k[layer], self.pool.v[layer]                    # [Hkv, blocks, bs, hd]
+        (H, _, _, hd), B = kp.shape, self.table.shape[0]
+        k = np.take(kp, self.table, axis=1).reshape(H, B, self.T, hd)     # [Hkv, B, nb, bs, hd] -> [Hkv, B, T, hd]
+        v = np.take(vp, self.table, axis=1).reshape(H, B, self.T, hd)
+        m = meter.active()
+        if m is not None:
+            m.count("kv_gather", kv_read=2 * H * self.held * hd * k.itemsize, activations=2 * (k.nbytes + v.nbytes))
+        return k, v
+
+
+def batched_decode(spans: list[Span]) -> BatchedDecode | None:
+    """B > 1 decode tokens in one paged pool, none with more than BATCHED_DECODE_KEYS keys: one
+    gather per layer beats B separate reads."""
+    if len(spans) < 2 or any(s.n != 1 for s in spans):
+        return None
+    pool = getattr(spans[0].cache, "pool", None)
+    if pool is None or any(getattr(s.cache, "pool", None) is not pool for s in spans):
+        return None
+    if max(s.pos for s in spans) >= BATCHED_DECODE_KEYS:
+        return None
+    return BatchedDecode(pool, [s.cache for s in spans])
+
+
+def check_ids(ids, config, pos: int = 0) -> np.ndarray:
+    """Token ids as a 1-D integer array, inside the vocabulary and the context; clear errors otherwise."""
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or ids.size == 0:
+        raise PromptError(f"expected a non-empty list of token ids, got shape {ids.shape}: the prompt is empty")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise PromptError(f"token ids must be integers, got dtype {ids.dtype}")
+    V, n_ctx = config.vocab_size, config.n_ctx
+    bad = ids[(ids < 0) | (ids >= V)]
+    if bad.size:
+        raise PromptError(
+            f"token id {int(bad[0])} is outside this model's vocabulary of {V} ids (0..{V - 1}); "
+            "was the prompt tokenized for another model?"
+        )
+    if pos + ids.size > n_ctx:
+        where = f"after the {pos} already cached, " if pos else ""
+        raise PromptError(
+            f"{ids.size} tokens do not fit the context of {n_ctx}: {where}at most {n_ctx - pos} fit; "
+            "shorten the prompt"
+        )
+    return ids.astype(np.intp, copy=False)
+
+
+class StepPlan:
+    """What the blocks and the head need from one step (see the module's docstring)."""
+
+    def __init__(self, spans: list[Span], ids: np.ndarray, positions: np.ndarray, wants: list) -> None:
+        self.spans = spans
+        self.ids = ids                      # [N]
+        self.positions = positions          # [N]
+        self.wants = wants                  # per sequence: "last", "all" or None
+        self.attention = batched_decode(spans) or PerSequence(spans)
+        self.attend = self.attention.attend
+        rows = []
+        for s, w in zip(spans, wants):
+            if w == "last":
+                rows.append(s.r0 + s.n - 1)
+            elif w == "all":
+                rows.extend(range(s.r0, s.r0 + s.n))
+        self.rows = rows                    # the rows the LM head scores
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.ids.size)
+
+    @property
+    def kind(self) -> str:
+        """What the step is, from its shape: "decode" (one new token per sequence, each after a
+        cached prompt), "prefill" (prompts or prompt chunks only) or "mixed"."""
+        if all(s.n == 1 and s.pos > 0 for s in self.spans):
+            return "decode"
+        return "prefill" if all(s.n > 1 or s.pos == 0 for s in self.spans) else "mixed"
+
+    def meter_step(self):
+        """The meter's record around this step (a no-op with no meter active)."""
+        return meter.step(self.kind, self.spans[0].pos, self.n_tokens,
+                          attended=max(s.pos + s.n for s in self.spans),
+                          seqs=[(s.pos, s.n) for s in self.spans])
+
+    def advance(self) -> None:
+        """The step ran: every cache now holds its new positions."""
+        for s in self.spans:
+            s.cache.advance(s.n)
+
+    def split(self, logits: np.ndarray | None) -> list:
+        """The head's [S, V] logits, one entry per sequence: [V] (last), [n, V] (all) or None."""
+        out, i = [], 0
+        for s, w in zip(self.spans, self.wants):
+            if w is None:
+                out.append(None)
+            elif w == "last":
+                out.append(logits[i])
+                i += 1
+            else:
+                out.append(logits[i:i + s.n])
+                i += s.n
+        return out
+
+
+def plan_step(batch, scores, config) -> StepPlan:
+    """Check a step's batch [(ids, cache), ...] and lay it out. Every cache must already have room for
+    its new positions (`cache.reserve(n)`: the caller's job, the engine's block manager in a server)."""
+    if not batch:
+        raise PromptError("a step needs at least one sequence")
+    wants = [scores] * len(batch) if scores is None or isinstance(scores, str) else list(scores)
+    if len(wants) != len(batch) or any(w not in SCORES for w in wants):
+        raise ValueError(f"scores={scores!r}: 'last', 'all', None, or one of those per sequence")
+    caches = [cache for _, cache in batch]
+    if len({id(c) for c in caches}) != len(caches):
+        raise PromptError("the same KV cache appears twice in one step: each sequence needs its own")
+    chunks = [check_ids(ids, config, cache.length) for ids, cache in batch]
+    spans, r0 = [], 0
+    for ids, cache in zip(chunks, caches):
+        if cache.length + ids.size > cache.capacity:
+            raise PromptError(f"the KV cache has room for {cache.capacity - cache.length} more positions and the "
+                              f"step brings {ids.size}: reserve them first (cache.reserve(n))")
+        spans.append(Span(r0, ids.size, cache.length, cache))
+        r0 += ids.size
+    if len(spans) == 1:
+        ids, positions = chunks[0], np.arange(spans[0].pos, spans[0].pos + r0)
+    else:
+        ids = np.concatenate(chunks)
+        positions = np.concatenate([np.arange(s.pos, s.pos + s.n) for s in spans])
+    return StepPlan(spans, ids, positions, wants)
