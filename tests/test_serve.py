@@ -639,6 +639,10 @@ def test_metrics_parse_strictly_and_start_at_zero(model):
         for name, (kind, _, _) in SERIES.items():
             full = f"minillm_{name}".removesuffix("_total") if kind == "counter" else f"minillm_{name}"
             assert full in families and families[full].type == kind, name
+        for name in ("minillm_preemptions", "minillm_requests_rejected", "minillm_requests_cancelled",
+                     "minillm_client_disconnects", "minillm_bytes"):
+            assert families[name].type == "counter", name                       # written as NAME_total
+        assert families["minillm_queue_wait_seconds"].type == "histogram"
         samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                    for f in families.values() for s in f.samples}
         assert samples[("minillm_requests_rejected_total", (("code", "429"),))] == 0
