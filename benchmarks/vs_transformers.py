@@ -104,9 +104,9 @@ except ImportError as e:   # pragma: no cover - depends on the environment
              "transformers && /tmp/tfvenv/bin/pip install -e .")
 
 import minillm  # noqa: E402
-from minillm.checkpoint import save_checkpoint  # noqa: E402
+from minillm.checkpoints.checkpoint import save_checkpoint  # noqa: E402
 from minillm.errors import MiniLLMError  # noqa: E402
-from minillm.report import fmt_time  # noqa: E402
+from minillm.ui.report import fmt_time  # noqa: E402
 
 transformers.logging.set_verbosity_error()   # no config warnings (a tiny vocabulary vs GPT-2's bos/eos ids)
 transformers.logging.disable_progress_bar()  # no "Loading weights" bar

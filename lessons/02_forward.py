@@ -15,9 +15,9 @@ from rich.markup import escape
 from rich.table import Table
 
 import minillm
-from minillm import model as model_module
-from minillm import ops
-from minillm.checkpoint import expected_shapes
+from minillm.models import gpt2 as model_module
+from minillm.models import ops
+from minillm.checkpoints.checkpoint import expected_shapes
 from minillm.config import PRESETS
 
 TITLE = "One forward pass: ids in, probabilities out"

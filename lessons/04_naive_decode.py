@@ -17,7 +17,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 import minillm
-from minillm import report
+from minillm.ui import report
 
 TITLE = "Naive decode: recompute everything"
 MINUTES = 5

@@ -17,7 +17,8 @@ from rich.panel import Panel
 from rich.table import Table
 
 import minillm
-from minillm import ops, report
+from minillm.models import ops
+from minillm.ui import report
 from minillm.config import PRESETS
 
 TITLE = "The KV cache: compute each token once"

@@ -19,8 +19,9 @@ from rich.table import Table
 
 import minillm
 from minillm.config import PRESETS as GPT2_SIZES
-from minillm import hardware
-from minillm.hardware import MB, PRESETS, decode_ceiling
+from minillm.measure import hardware
+from minillm.measure.chips import PRESETS, decode_ceiling
+from minillm.measure.probe import MB
 
 TITLE = "Memory traffic: why decode waits on memory"
 MINUTES = 8

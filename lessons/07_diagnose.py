@@ -19,9 +19,9 @@ from rich.markup import escape
 from rich.table import Table
 
 import minillm
-from minillm import report
+from minillm.ui import report
 from minillm.config import PRESETS as MODELS
-from minillm.hardware import PRESETS, decode_ceiling, roofline
+from minillm.measure.chips import PRESETS, decode_ceiling, roofline
 from minillm.measure.batching import run_batch_bench
 
 TITLE = "Diagnose your bottleneck"

@@ -20,7 +20,7 @@ from rich.table import Table
 
 import minillm
 from minillm.measure.batching import run_batch_bench
-from minillm.measure.hardware import get_chip
+from minillm.measure.chips import get_chip
 
 TITLE = "Batching: one weight read, many tokens"
 MINUTES = 7

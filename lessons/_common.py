@@ -35,10 +35,11 @@ from rich.table import Table
 from rich.text import Text
 
 import minillm
-from minillm import hardware
+from minillm.measure import hardware, probe
+from minillm.measure.chips import Hardware
 from minillm.errors import MiniLLMError
 from minillm.measure.threads import add_threads_option, blas_threads, limited
-from minillm.report import fmt_bytes, fmt_flops, fmt_time  # noqa: F401  (re-exported to the lessons)
+from minillm.ui.report import fmt_bytes, fmt_flops, fmt_time  # noqa: F401  (re-exported to the lessons)
 
 FAST_ENV = "MINILLM_FAST"
 
@@ -338,7 +339,7 @@ class Lesson:
             load = os.getloadavg()[0]
         except (OSError, AttributeError):
             return
-        threads = hardware.cpu_threads()
+        threads = probe.cpu_threads()
         if load - 1 > 0.5 * threads:
             self.note(f"this machine is busy (load average {load:.1f} on {threads} hardware threads): other programs "
                       "share its cores and memory, so the measured times are slower and noisier than the machine can "
@@ -389,10 +390,10 @@ class Lesson:
     def conditions(self) -> str:
         """The conditions the times were measured under: BLAS threads and the load average."""
         threads = blas_threads()
-        load = hardware.load_average()
+        load = probe.load_average()
         parts = [f"{threads} BLAS thread{'s' if threads != 1 else ''}" if threads else "BLAS threads unknown"]
         if load is not None:
-            parts.append(f"load average {load:.2f} on {plural(hardware.cpu_threads(), 'hardware thread')}")
+            parts.append(f"load average {load:.2f} on {plural(probe.cpu_threads(), 'hardware thread')}")
         return ", ".join(parts)
 
     def timing_note(self) -> None:
@@ -418,7 +419,7 @@ class Lesson:
                       "(random-tiny): the numbers are real, the text it writes is gibberish.")
         return model
 
-    def machine(self) -> hardware.Hardware:
+    def machine(self) -> Hardware:
         """This machine's measured bandwidth and matmul peak (measured once, then cached)."""
         return hardware.machine(progress=self.console.is_terminal)
 

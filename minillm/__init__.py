@@ -7,10 +7,38 @@
     with minillm.Meter() as m:
         new = minillm.generate(model, ids, 20)   # prefill + 19 cached decode steps
     print(enc.decode(new), m.steps[1].intensity)
+
+The names below load with the first use of any of them (`import minillm` itself is quick, so
+`minillm --help` does not wait for NumPy). Each lives in one module, named beside it.
 """
 
+import importlib as _importlib
 import os as _os
 import sys as _sys
+
+__version__ = "0.2.0"
+
+# public name -> the module that defines it
+_API = {
+    "GPT2Config": "config", "MiniLLMError": "errors", "PromptError": "errors", "WeightsError": "errors",
+    "generate_batch": "engine.batch", "generate": "engine.generate", "sample": "engine.sampling",
+    "speculative_generate": "engine.speculative", "KVCache": "cache.contiguous",
+    "PagedKVCache": "cache.paged", "PagedKVPool": "cache.paged", "load": "checkpoints.load",
+    "Meter": "meter", "GPT2": "models.gpt2",
+}
+__all__ = sorted([*_API, "tokenizer"])
+
+
+def __getattr__(name: str):
+    if name in _API:
+        value = getattr(_importlib.import_module(f"minillm.{_API[name]}"), name)
+        globals()[name] = value               # found once; later lookups are plain attributes
+        return value
+    raise AttributeError(f"module 'minillm' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_API))
 
 
 def _starting_the_command() -> bool:
@@ -20,32 +48,11 @@ def _starting_the_command() -> bool:
 
 
 try:
-    from .config import GPT2Config
-    from .errors import MiniLLMError, PromptError, WeightsError
-    from .engine.batch import generate_batch
-    from .engine.generate import generate
-    from .engine.sampling import sample
-    from .engine.speculative import speculative_generate
-    from .cache.contiguous import KVCache
-    from .cache.paged import PagedKVCache, PagedKVPool
-    from .checkpoints.load import load
-    from .meter import Meter
-    from .models.gpt2 import GPT2
+    from . import _checkout  # noqa: F401  (lessons/ and weights/ found from a checkout)
+    # Imported now, not on first use: importing the module `minillm.tokenizer` binds that name in
+    # this package, and the function must be what stays bound.
     from .tokenizer import tokenizer
-except KeyboardInterrupt:          # Ctrl-C while the command is still importing NumPy: exit quietly
-    if _starting_the_command():
-        raise SystemExit(130) from None
-    raise
-
-__all__ = ["GPT2", "GPT2Config", "KVCache", "Meter", "MiniLLMError", "PagedKVCache", "PagedKVPool", "PromptError",
-           "WeightsError", "generate", "generate_batch", "load", "sample", "speculative_generate",
-           "tokenizer"]
-__version__ = "0.1.0"
-
-# Modules keep their old flat names (minillm.model, minillm.meter, ...): see _compat.
-try:
-    from . import _compat  # noqa: E402,F401
-except KeyboardInterrupt:
+except KeyboardInterrupt:          # Ctrl-C while the command is still starting: exit quietly
     if _starting_the_command():
         raise SystemExit(130) from None
     raise

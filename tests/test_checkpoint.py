@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import minillm
-from minillm.checkpoint import expected_shapes, load_checkpoint, random_params, save_checkpoint
+from minillm.checkpoints.checkpoint import expected_shapes, load_checkpoint, random_params, save_checkpoint
 from minillm.config import PRESETS, GPT2Config
 from minillm.errors import ConfigError, ModelNotFoundError, WeightsError
-from minillm.safetensors import write_safetensors
+from minillm.checkpoints.safetensors import write_safetensors
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SMALL = GPT2Config(n_layer=2, n_head=2, n_embd=16, n_ctx=12, vocab_size=40)

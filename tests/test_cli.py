@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import minillm
-from minillm.safetensors import read_safetensors, write_safetensors
+from minillm.checkpoints.safetensors import read_safetensors, write_safetensors
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY_A = FIXTURES / "gpt2-tiny-a"   # float32, vocab 512, context 64

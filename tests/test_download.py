@@ -1,4 +1,4 @@
-"""`minillm.download` against a local HTTP server on 127.0.0.1: success, bad hash, resume, no network."""
+"""`minillm.checkpoints.download` against a local HTTP server on 127.0.0.1: success, bad hash, resume, no network."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minillm import download as dl
+from minillm.checkpoints import download as dl
+from minillm.cli import download as download_cli
 from minillm.config import PRESETS
-from minillm.safetensors import write_safetensors
+from minillm.checkpoints.safetensors import write_safetensors
 from minillm.errors import DownloadError, ModelNotFoundError
 
 def _safetensors_bytes() -> bytes:
@@ -228,9 +229,9 @@ def test_known_models_table():
 def test_cli_run(hub, home, monkeypatch, capsys):
     monkeypatch.setenv("MINILLM_HF_BASE", hub.base)
     parser = argparse.ArgumentParser()
-    dl.add_arguments(parser)
+    download_cli.add_arguments(parser)
     args = parser.parse_args(["gpt2-medium"])  # no pinned hash, so the test file is accepted
-    assert dl.run(args) == 0
+    assert download_cli.run(args) == 0
     out = capsys.readouterr().out
     assert str(home / "gpt2-medium") in out
     assert 'minillm generate "Hello" --model gpt2-medium' in out

@@ -18,7 +18,7 @@ import minillm
 from minillm.checkpoints.checkpoint import expected_shapes
 from minillm.config import GPT2Config
 from minillm.errors import MiniLLMError
-from minillm.safetensors import read_safetensors
+from minillm.checkpoints.safetensors import read_safetensors
 
 CONFIG = GPT2Config(n_layer=1, n_head=1, n_embd=4, n_ctx=4, vocab_size=8)
 SHAPES = expected_shapes(CONFIG)

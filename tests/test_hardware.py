@@ -1,4 +1,4 @@
-"""minillm.hardware: the roofline arithmetic, the seed's 7B example, counts, the cache, the presets."""
+"""minillm.measure.hardware and chips: the roofline arithmetic, the seed's 7B example, counts, the cache, the presets."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minillm import hardware
+from minillm.cli import hardware as hardware_cli
 from minillm.errors import MiniLLMError
-from minillm.hardware import Hardware, decode_ceiling, get_chip, parse_count, roofline
+from minillm.measure import hardware, probe
+from minillm.measure.chips import PRESETS, Hardware, decode_ceiling, get_chip, parse_count, roofline
 
 
 @pytest.fixture
@@ -140,17 +141,17 @@ def test_presets_have_sources_and_figures():
                 "h200": (4800, 989e3), "rtx-4090": (1008, 165e3), "apple-m1": (68, None), "m1-pro": (200, None),
                 "m1-max": (400, None), "m2": (100, None), "m3-max": (400, None), "m4": (120, None),
                 "m4-pro": (273, None), "ddr4-3200-dual": (51.2, None), "ddr5-5600-dual": (89.6, None)}
-    assert set(hardware.PRESETS) == set(expected)
+    assert set(PRESETS) == set(expected)
     for name, (bw, peak) in expected.items():
-        chip = hardware.PRESETS[name]
+        chip = PRESETS[name]
         assert (chip.name, chip.bandwidth_gbs, chip.peak_gflops) == (name, bw, peak)
         assert chip.source and not chip.measured
-    assert "300" in hardware.PRESETS["m3-max"].note
+    assert "300" in PRESETS["m3-max"].note
 
 
 def test_get_chip_is_forgiving_about_spelling():
-    assert get_chip("A100_80GB") is hardware.PRESETS["a100-80gb"]
-    assert get_chip("rtx 4090") is hardware.PRESETS["rtx-4090"]
+    assert get_chip("A100_80GB") is PRESETS["a100-80gb"]
+    assert get_chip("rtx 4090") is PRESETS["rtx-4090"]
 
 
 def test_unknown_chip_lists_known_names():
@@ -158,7 +159,7 @@ def test_unknown_chip_lists_known_names():
         get_chip("a100-80")
     message = str(err.value)
     assert "'a100-80'" in message and "did you mean 'a100-80gb'" in message.lower()
-    assert all(name in message for name in hardware.PRESETS)
+    assert all(name in message for name in PRESETS)
 
 
 # -------------------------------------------------------------------------------------- the cache
@@ -169,7 +170,7 @@ def test_machine_measures_once_then_reads_the_cache(home, counted):
     assert counted == {"bandwidth": 1, "matmul": 1}
     assert (home / "hardware.json").is_file()
     assert not list(home.glob("*.tmp"))  # the atomic write left no temporary file behind
-    record = json.loads((home / "hardware.json").read_text())
+    [record] = json.loads((home / "hardware.json").read_text())["records"]
     assert record["fast"] is True and record["cpu"] and record["threads"] >= 1
 
     second = hardware.machine(progress=False)
@@ -187,7 +188,7 @@ def test_corrupt_cache_is_remeasured(home, counted, garbage):
     (home / "hardware.json").write_text(garbage)
     hw = hardware.machine(progress=False)
     assert counted["bandwidth"] == 1 and hw.bandwidth_gbs == 20.0
-    assert json.loads((home / "hardware.json").read_text())["bandwidth_gbs"] == 20.0
+    assert json.loads((home / "hardware.json").read_text())["records"][0]["bandwidth_gbs"] == 20.0
 
 
 def test_fast_record_is_not_reused_for_a_full_measurement(home, counted, monkeypatch):
@@ -212,7 +213,7 @@ def test_progress_spinner_goes_to_stderr(home, counted, capsys, monkeypatch):
 
 def test_measured_bandwidth_and_peak_are_positive_and_finite(home):
     bw = hardware.measure_bandwidth(size_mb=32, repeats=1)
-    assert bw["method"] in hardware.METHODS and set(bw["methods"]) == set(hardware.METHODS)
+    assert bw["method"] in probe.METHODS and set(bw["methods"]) == set(probe.METHODS)
     assert all(math.isfinite(v) and v > 0 for v in bw["methods"].values())
     assert bw["bandwidth_gbs"] == max(bw["methods"].values())
     assert bw["fast"] is True
@@ -228,14 +229,13 @@ def test_machine_in_fast_mode_end_to_end(home):
 
 
 def test_buffer_is_far_larger_than_the_cache(monkeypatch):
-    from minillm.measure import probe
     monkeypatch.setattr(probe, "available_memory_bytes", lambda: 64 * 2**30)
-    assert hardware.default_buffer_mb(64 * 2**20) == 512          # 8 × a 64 MiB cache, past the floor
-    assert hardware.default_buffer_mb(2**20) == 256               # the 256 MB floor for a small cache
-    assert hardware.default_buffer_mb(1024 * 2**20) == 4096       # capped at 4 GB
+    assert probe.default_buffer_mb(64 * 2**20) == 512          # 8 × a 64 MiB cache, past the floor
+    assert probe.default_buffer_mb(2**20) == 256               # the 256 MB floor for a small cache
+    assert probe.default_buffer_mb(1024 * 2**20) == 4096       # capped at 4 GB
     monkeypatch.setattr(probe, "available_memory_bytes", lambda: 1024 * 2**20)
-    assert hardware.default_buffer_mb(64 * 2**20) == 256          # at most a quarter of free memory
-    assert hardware.default_buffer_mb(32 * 2**20, fast=True) == 64
+    assert probe.default_buffer_mb(64 * 2**20) == 256          # at most a quarter of free memory
+    assert probe.default_buffer_mb(32 * 2**20, fast=True) == 64
 
 
 # -------------------------------------------------------------------------------------------- CLI
@@ -243,29 +243,29 @@ def test_buffer_is_far_larger_than_the_cache(monkeypatch):
 
 def _args(*argv):
     parser = argparse.ArgumentParser()
-    hardware.add_arguments(parser)
+    hardware_cli.add_arguments(parser)
     return parser.parse_args(list(argv))
 
 
 def test_cli_prints_the_seed_example(home, counted, capsys):
-    assert hardware.run(_args("--chip", "a100-80gb", "--params", "7B", "--dtype", "fp16")) == 0
+    assert hardware_cli.run(_args("--chip", "a100-80gb", "--params", "7B", "--dtype", "fp16")) == 0
     out = capsys.readouterr().out
     assert "14.0 GB per token" in out and "6.9 ms per token" in out and "146 tokens/s" in out
     assert "a100-40gb" in out and "NVIDIA A100 datasheet" in out  # the presets beside this machine
 
 
 def test_cli_json_has_every_chip_when_no_chip_is_given(home, counted, capsys):
-    assert hardware.run(_args("--params", "124M", "--dtype", "fp32", "--json")) == 0
+    assert hardware_cli.run(_args("--params", "124M", "--dtype", "fp32", "--json")) == 0
     data = json.loads(capsys.readouterr().out)
-    assert [c["chip"] for c in data["decode_ceiling"]] == ["this machine", *hardware.PRESETS]
+    assert [c["chip"] for c in data["decode_ceiling"]] == ["this machine", *PRESETS]
     assert data["machine"]["bandwidth_gbs"] == 20.0
 
 
 def test_cli_errors_before_measuring(home, counted):
     with pytest.raises(MiniLLMError, match="unknown chip"):
-        hardware.run(_args("--chip", "tpu-v9"))
+        hardware_cli.run(_args("--chip", "tpu-v9"))
     with pytest.raises(MiniLLMError, match="cannot read '7Q'"):
-        hardware.run(_args("--params", "7Q"))
+        hardware_cli.run(_args("--params", "7Q"))
     assert counted["bandwidth"] == 0
 
 
@@ -275,7 +275,7 @@ def test_cli_errors_before_measuring(home, counted):
 @pytest.mark.parametrize("alias, chip", [("h100", "h100-sxm"), ("H100", "h100-sxm"), ("a100", "a100-80gb"),
                                          ("4090", "rtx-4090"), ("M1", "apple-m1")])
 def test_common_chip_aliases(alias, chip):
-    assert get_chip(alias) is hardware.PRESETS[chip]
+    assert get_chip(alias) is PRESETS[chip]
 
 
 def test_a_near_miss_suggests_the_family_not_a_neighbour():
@@ -292,13 +292,13 @@ def test_a_near_miss_suggests_the_family_not_a_neighbour():
 def test_a_cache_with_the_right_machine_but_wrong_types_is_measured_again(home, counted, field, bad, capsys):
     hardware.machine(progress=False)
     path = home / "hardware.json"
-    record = json.loads(path.read_text())
-    record[field] = bad
-    path.write_text(json.dumps(record))
+    data = json.loads(path.read_text())
+    data["records"][0][field] = bad
+    path.write_text(json.dumps(data))
     hw = hardware.machine(progress=False)          # no traceback: measured again
     assert counted == {"bandwidth": 2, "matmul": 2}
     assert isinstance(hw.methods, dict) and isinstance(hw.threads, int)
-    assert hardware.run(argparse.Namespace(chip=None, params="7B", dtype="fp16", remeasure=False, json=False,
+    assert hardware_cli.run(argparse.Namespace(chip=None, params="7B", dtype="fp16", remeasure=False, json=False,
                                            threads=None)) == 0
     assert "GB/s" in capsys.readouterr().out
 
@@ -309,11 +309,44 @@ def test_a_cache_from_another_thread_count_or_numpy_is_measured_again(home, coun
     hardware.machine(progress=False)
     assert counted["bandwidth"] == 2
     path = home / "hardware.json"
-    record = json.loads(path.read_text())
-    record["numpy_version"] = "0.0.1"
-    path.write_text(json.dumps(record))
+    data = json.loads(path.read_text())
+    assert sorted(r["blas_threads"] for r in data["records"])[-1] == 97 and len(data["records"]) == 2
+    for r in data["records"]:
+        r["numpy_version"] = "0.0.1"
+    path.write_text(json.dumps(data))
     hardware.machine(progress=False)
     assert counted["bandwidth"] == 3
+
+
+def test_each_thread_count_keeps_its_own_figures(home, counted, monkeypatch):
+    """Measured at 2 threads and at 1, each is kept: going back and forth measures nothing more, and
+    a run never gets the other thread count's figures."""
+    rates = {2: 20.0, 1: 9.0}
+    threads = {"now": 2}
+    monkeypatch.setattr(hardware, "blas_threads", lambda: threads["now"])
+    monkeypatch.setattr(hardware, "measure_bandwidth", lambda: {
+        "bandwidth_gbs": rates[threads["now"]], "method": "matvec", "methods": {"matvec": rates[threads["now"]]},
+        "buffer_mb": 64})
+    two = hardware.machine(progress=False)
+    threads["now"] = 1
+    one = hardware.machine(progress=False)
+    threads["now"] = 2
+    assert hardware.machine(progress=False) == two and two.bandwidth_gbs == 20.0 and two.blas_threads == 2
+    threads["now"] = 1
+    assert hardware.machine(progress=False) == one and one.bandwidth_gbs == 9.0 and one.blas_threads == 1
+    assert counted["matmul"] == 2                               # one measurement per thread count
+    hardware.machine(remeasure=True, progress=False)            # replaces this thread count's record only
+    assert len(json.loads((home / "hardware.json").read_text())["records"]) == 2
+
+
+def test_a_stale_record_is_measured_again(home, counted):
+    hardware.machine(progress=False)
+    path = home / "hardware.json"
+    data = json.loads(path.read_text())
+    data["records"][0]["measured_at"] = "2001-01-01T00:00:00+00:00"
+    path.write_text(json.dumps(data))
+    hw = hardware.machine(progress=False)
+    assert counted["bandwidth"] == 2 and not hardware.is_stale(hw)
 
 
 def test_provenance_shows_age_load_and_staleness(home, counted):
@@ -342,7 +375,7 @@ def test_the_measured_bandwidth_bounds_the_engines_achieved_bandwidth(tmp_path, 
     after = hardware.measure_bandwidth(repeats=3)["bandwidth_gbs"]
     ceiling = max(before, after)
     steps = [s for s in meter.steps if s.kind == "decode"]
-    assert steps and all(s.bytes["weights"] > 4 * hardware.detect_llc_bytes() for s in steps)
+    assert steps and all(s.bytes["weights"] > 4 * probe.detect_llc_bytes() for s in steps)
     # The median step, not the luckiest one: on a shared 2-core machine a single 20 ms step can land in
     # a quiet moment that neither bandwidth measurement saw (that flaked once in a full-suite run).
     typical = sorted(s.gbps for s in steps)[len(steps) // 2]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from minillm import learn
+from minillm.cli import learn
 from minillm.errors import MiniLLMError
 from minillm.lessons import _common
 
@@ -274,7 +274,7 @@ def test_lesson_4s_quadratic_claim_fails_on_a_run_too_short_to_compare(tmp_path,
     """A model whose context leaves room for one new token has no half-length run to compare with: the
     "double the answer, about four times the work" claim must fail, not hold by default."""
     import minillm
-    from minillm.checkpoint import random_params, save_checkpoint
+    from minillm.checkpoints.checkpoint import random_params, save_checkpoint
     from minillm.config import GPT2Config
 
     lesson = _lesson(4)

@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 
 import minillm
 from minillm import meter
-from minillm.checkpoint import random_params
+from minillm.checkpoints.checkpoint import random_params
 from minillm.cli import main
+from minillm.models import ops
 
 CHECKED = ("weights", "kv_read", "kv_write", "matmul", "attention")
 
@@ -272,7 +273,7 @@ def test_steps_after_an_interrupted_step_are_recorded(monkeypatch):
     model = small_model()
     with minillm.Meter() as m:
         with monkeypatch.context() as patch:
-            patch.setattr(minillm.ops, "gelu", lambda x: 1 / 0)
+            patch.setattr(ops, "gelu", lambda x: 1 / 0)
             with pytest.raises(ZeroDivisionError):
                 model.forward([1, 2])
         model.forward([1, 2, 3])

@@ -25,11 +25,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import minillm
-from minillm import ops
-from minillm.checkpoint import random_params
+from minillm.models import ops
+from minillm.checkpoints.checkpoint import random_params
 from minillm.config import GPT2Config
 from minillm.errors import MiniLLMError, PromptError
-from minillm.generate import check_sampling, sample
+from minillm.engine.sampling import check_sampling, sample
 
 REL_TOL = 1e-9
 

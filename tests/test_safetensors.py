@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-import minillm.safetensors as stf
+import minillm.checkpoints.safetensors as stf
 from minillm.errors import MiniLLMError, SafetensorsError
-from minillm.safetensors import read_header, read_safetensors, write_safetensors
+from minillm.checkpoints.safetensors import read_header, read_safetensors, write_safetensors
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -134,3 +134,6 @@ def test_the_live_view_draws_the_queue_and_the_block_map():
     text = console.export_text()
     assert "running" in text and "KV blocks" in text and "█" in text
     assert all(len(line) <= 80 for line in text.splitlines())
+    lines = text.splitlines()          # the header in whole lines, none cut or wrapped mid-phrase
+    assert lines[0].strip() == "continuous" and lines[1].startswith("t = ") and lines[1].rstrip().endswith("/5")
+    assert lines[2].startswith("tokens out ") and "preemptions " in lines[2]

@@ -16,7 +16,6 @@ Only the standard library (`urllib`) talks to the network; `rich` draws the prog
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import http.client
 import json
@@ -388,25 +387,3 @@ def _progress_bar(label: str, done: int, total: int | None, enabled: bool) -> It
 def _say(message: str) -> None:
     """Status lines go to stderr, so stdout keeps only the command's result."""
     print(message, file=sys.stderr)
-
-
-# ---- CLI glue: `minillm download <name> [--dir DIR]` -------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of `minillm download`."""
-    sizes = ", ".join(f"{n} ({i.params / 1e6:.0f}M)" for n, i in KNOWN_MODELS.items())
-    parser.add_argument("name", choices=list(KNOWN_MODELS), metavar="name", help=f"the model: {sizes}")
-    parser.add_argument(
-        "--dir", type=Path, default=None,
-        help="folder to put the files in (default: $MINILLM_HOME/<name>, else ~/.cache/minillm/<name>)",
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    """`minillm download`: fetch the model, say where it went and what to run next."""
-    folder = download(args.name, args.dir)
-    model = args.name if args.dir is None else str(folder)
-    print(f"{args.name} is ready in {folder}")
-    print(f'next: minillm generate "Hello" --model {model}')
-    return 0

@@ -16,7 +16,7 @@ from ..engine.generate import generate
 from ..engine.sampling import check_sampling
 from ..errors import MiniLLMError, PromptError
 from ..tokenizer import tokenizer
-from .common import add_model, add_sampling, err, load_model, out
+from .common import add_model, add_sampling, at_least_one, err, load_model, note_if_busy, out
 
 
 def add_arguments(p) -> None:
@@ -59,6 +59,8 @@ def read_prompts(path: str, default_new: int, default_seed) -> list[tuple[str, i
             if not isinstance(prompt, str) or not isinstance(n, int) or not (seed is None or isinstance(seed, int)):
                 raise MiniLLMError(f"{name}, line {no}: \"prompt\" must be a string, \"max_new_tokens\" and "
                                    "\"seed\" integers")
+            if n < 1:
+                raise MiniLLMError(f"{name}, line {no}: \"max_new_tokens\" {n}: must be at least 1")
             rows.append((prompt, n, seed, no))
         else:
             rows.append((line, default_new, default_seed, no))
@@ -69,8 +71,7 @@ def read_prompts(path: str, default_new: int, default_seed) -> list[tuple[str, i
 
 def run(args) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
-    if args.block_size < 1:
-        raise MiniLLMError(f"--block-size {args.block_size}: must be at least 1")
+    at_least_one(args, "max_new_tokens", "block_size")
     rows = read_prompts(args.file, args.max_new_tokens, args.seed)
     model = load_model(args.model)
     enc = tokenizer()
@@ -78,6 +79,7 @@ def run(args) -> int:
     limits = [n for _, n, _, _ in rows]
     seeds = [s for _, _, s, _ in rows]
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    note_if_busy(args)
     steps = []
     with err.status(f"{len(rows)} prompts in shared steps…") as status:
         def on_step(seqs):

@@ -1,11 +1,11 @@
-"""What the commands share: the consoles, the --model and sampling options, loading with a spinner,
-prompt checks, and streaming text."""
+"""What the commands share: the --model, sampling and KV-cache options, loading with a spinner,
+prompt checks, the busy-machine note, and streaming text."""
 
 from __future__ import annotations
 
 import argparse
 import codecs
-import os
+import re
 import sys
 
 import numpy as np
@@ -13,15 +13,11 @@ from rich.markup import escape
 
 from ..checkpoints.load import load, model_names
 from ..engine.sampling import check_fits
-from ..errors import PromptError
+from ..engine.speculative import check_draft_model
+from ..errors import MiniLLMError, PromptError
+from ..measure.busy import busy_note
 from ..tokenizer import tokenizer
-from ..ui import report
-
-STDOUT_CLOSED = sys.stdout is None     # `minillm ... >&-`: main() says so; until then, write nowhere
-if STDOUT_CLOSED:
-    sys.stdout = open(os.devnull, "w")
-out = report.console()
-err = report.console(stderr=True)
+from .console import err, out  # noqa: F401  (the consoles every command prints on)
 
 MODEL_HELP = ("checkpoint directory or .safetensors file, or a name: " + ", ".join(model_names()))
 
@@ -47,14 +43,57 @@ def add_speculative(p: argparse.ArgumentParser, default: str | None = None) -> N
                    help="guesses per round, 1 to 16 (default 4): one step of the model checks all K")
 
 
+def add_kv_options(p: argparse.ArgumentParser) -> None:
+    """The paged KV cache's size and block size, as `serve` and `serve-sim` take them."""
+    p.add_argument("--kv-memory", default="256MB", metavar="SIZE",
+                   help="memory for the paged KV cache: 256MB, 1GB, 512MiB ... (default 256MB)")
+    p.add_argument("--block-size", type=int, default=16, help="positions per KV-cache block (default 16)")
+
+
+def add_batch_limits(p: argparse.ArgumentParser) -> None:
+    """The step's limits, as `serve` and `serve-sim` take them (the engine's max_seqs and max_batched_tokens)."""
+    p.add_argument("--max-seqs", type=int, default=16, metavar="N",
+                   help="most sequences in one step; the static policy's batch size (default 16)")
+    p.add_argument("--max-batched-tokens", type=int, default=256, metavar="N",
+                   help="token budget of one step: longer prompts are prefilled in chunks (default 256)")
+
+
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?i?b?)\s*", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "ki": 2**10, "mi": 2**20, "gi": 2**30}
+
+
+def parse_bytes(text: str, option: str = "--kv-memory") -> int:
+    """'256MB' -> 256e6; 'MiB', 'GB', 'k' and plain bytes also work. Zero is refused."""
+    m = _SIZE.fullmatch(text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise MiniLLMError(f"{option} {text!r}: write a size such as 256MB, 1GB or 512MiB")
+    size = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if size < 1:
+        raise MiniLLMError(f"{option} {text!r}: the KV cache needs some memory: give a size such as 256MB")
+    return size
+
+
+def at_least_one(args, *names: str) -> None:
+    """Refuse, with the option's name, any of the integer options `names` that is below 1."""
+    for name in names:
+        if getattr(args, name) < 1:
+            raise MiniLLMError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+
+
+def note_if_busy(args) -> None:
+    """Before the first timing: one line on stderr if the machine is busy, with the fix."""
+    note = busy_note(getattr(args, "threads", None))
+    if note:
+        err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=False)
+
+
 def load_draft(name, model):
     """The --draft value: None (or 'none'), 'ngram', or a model loaded like --model."""
     if name is None or name == "none":
         return None
     if name == "ngram":
         return "ngram"
-    from ..engine.speculative import check_draft_model
-
     draft = load_model(name)
     check_draft_model(draft, model)
     return draft

@@ -17,10 +17,9 @@ from ..engine.speculative import check_k, speculative_generate
 from ..errors import PromptError
 from ..measure import hardware
 from ..meter import Meter
-from ..measure.threads import add_threads_option, limited
 from ..tokenizer import tokenizer
 from ..ui import report
-from .common import add_model, add_sampling, add_speculative, encode_prompt, load_draft, load_model, out
+from .common import add_model, add_sampling, add_speculative, encode_prompt, load_draft, load_model, note_if_busy, out
 
 
 def add_compare_arguments(p) -> None:
@@ -30,7 +29,6 @@ def add_compare_arguments(p) -> None:
     add_sampling(p)
     p.add_argument("--rows", type=int, default=12, help="most steps to show per table (default 12)")
     add_speculative(p, default="ngram")
-    add_threads_option(p)
 
 
 def add_traffic_arguments(p) -> None:
@@ -39,7 +37,6 @@ def add_traffic_arguments(p) -> None:
     p.add_argument("--steps", type=int, default=8, help="decode steps after the prefill (default 8)")
     p.add_argument("--no-cache", action="store_true", help="naive decode instead of KV-cached")
     p.add_argument("--json", action="store_true", help="one JSON object per step, for scripts")
-    add_threads_option(p)
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -50,17 +47,13 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def run_compare(args) -> int:
-    with limited(args.threads):
-        return _compare(args)
-
-
-def _compare(args) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
     check_k(args.speculate_k, "--speculate-k")   # before loading anything
     model = load_model(args.model)
     ids = encode_prompt(model, args.prompt, args.max_new_tokens)
     draft = load_draft(args.draft, model)
     hw = hardware.machine(progress=True)
+    note_if_busy(args)
     enc = tokenizer()
     generate(model, ids, min(2, args.max_new_tokens))   # warm-up: first touches of weights and cache pages
     runs = {}
@@ -117,8 +110,8 @@ def _compare(args) -> int:
     for path, (new, m, seconds) in runs.items():
         out.print(f"[bold]{path:6}[/] {fmt_total(m, seconds, len(new))}")
     out.print(f"[bold]speedup of the KV cache: {s_n / s_c:.2f}×[/] in time, "
-              f"{m_n.total('total_flops') / m_c.total('total_flops'):.1f}× fewer FLOPs, "
-              f"{m_n.total('total_bytes') / m_c.total('total_bytes'):.2f}× fewer bytes")
+              f"{m_n.totals().flops / m_c.totals().flops:.1f}× fewer FLOPs, "
+              f"{m_n.totals().bytes / m_c.totals().bytes:.2f}× fewer bytes")
     if spec is not None:
         out.print(speculative_summary(spec, m_c, runs["speculative"][2], s_c))
 
@@ -136,10 +129,10 @@ def _compare(args) -> int:
 
 def speculative_summary(stats, m_cached: Meter, s_spec: float, s_cached: float) -> str:
     """The speculative run against cached decode: guesses kept, tokens per weight read, bytes per token."""
-    decode = m_cached.of_kind("decode")
+    decode = m_cached.totals("decode")
     if not stats.rounds:
         return "[bold]speculative[/]: one token only, from the prefill: nothing to guess"
-    plain = sum(r.total_bytes for r in decode) / len(decode) if decode else 0.0
+    plain = decode.bytes / decode.steps if decode.steps else 0.0
     per = (f"{report.fmt_bytes(stats.bytes_per_token)} moved per token kept "
            f"(draft {report.fmt_bytes(stats.draft_bytes / stats.kept)}, model {report.fmt_bytes(stats.target_bytes / stats.kept)})")
     if plain:
@@ -151,17 +144,12 @@ def speculative_summary(stats, m_cached: Meter, s_spec: float, s_cached: float) 
 
 def fmt_total(m: Meter, seconds: float, n_new: int) -> str:
     return (f"{seconds:.3f} s for {n_new} tokens ({n_new / seconds:.1f} tokens/s), "
-            f"{report.fmt_flops(m.total('total_flops'))}, {report.fmt_bytes(m.total('total_bytes'))} moved")
+            f"{report.fmt_flops(m.totals().flops)}, {report.fmt_bytes(m.totals().bytes)} moved")
 
 
 # -- traffic -------------------------------------------------------------------------------------
 
 def run_traffic(args) -> int:
-    with limited(args.threads):
-        return _traffic(args)
-
-
-def _traffic(args) -> int:
     model = load_model(args.model)
     c = model.config
     if args.prompt_tokens < 1 or args.steps < 1:
@@ -173,6 +161,8 @@ def _traffic(args) -> int:
         raise PromptError(f"--prompt-tokens {args.prompt_tokens} + --steps {args.steps} is beyond the context of "
                           f"{c.n_ctx}: with this prompt at most {c.n_ctx - args.prompt_tokens} steps fit")
     ids = np.random.default_rng(0).integers(0, c.vocab_size, args.prompt_tokens)   # a seeded random prompt
+    if not args.json:
+        note_if_busy(args)
     with Meter() as m:   # the prefill, then --steps decode steps (the prefill gives the first new token)
         generate(model, ids, args.steps + 1, kv_cache=not args.no_cache)
     if args.json:

@@ -22,10 +22,9 @@ from rich.table import Table
 from ..errors import PromptError
 from ..measure import hardware
 from ..measure.chips import get_chip, roofline
-from ..meter import Meter
-from ..measure.threads import add_threads_option, limited
+from ..meter import Meter, totals
 from ..ui import report
-from .common import MODEL_HELP, load_model, out
+from .common import MODEL_HELP, load_model, note_if_busy, out
 
 FP16 = 0.5          # the chip columns assume fp16 weights and activations: half the float32 bytes
 BATCHES = (1, 8, 32)
@@ -39,7 +38,6 @@ def add_arguments(p) -> None:
     p.add_argument("--chip", default="a100", metavar="NAME", help="the chip to compare with (default a100)")
     p.add_argument("--model", default="random-124m", metavar="MODEL",
                    help=MODEL_HELP + " (default: random-124m, GPT-2 small's size, so the weights come from DRAM)")
-    add_threads_option(p)
 
 
 @dataclass
@@ -51,9 +49,9 @@ class Phase:
 
 
 def _phase(records, config) -> Phase:
-    return Phase(flops=sum(r.total_flops for r in records), bytes=sum(r.total_bytes for r in records),
-                 fused=sum(report.fused_bytes(r, config, 4) for r in records),
-                 weights=sum(r.bytes["weights"] for r in records))
+    t = totals(records)
+    return Phase(flops=t.flops, bytes=t.bytes, fused=sum(report.fused_bytes(r, config, 4) for r in records),
+                 weights=t.weights)
 
 
 def measure_workload(model, prompt_tokens: int, answer_tokens: int):
@@ -90,11 +88,6 @@ def _t(seconds: float) -> str:
 
 
 def run(args) -> int:
-    with limited(args.threads):
-        return _run(args)
-
-
-def _run(args) -> int:
     chip = get_chip(args.chip)
     if chip.peak_gflops is None:
         raise PromptError(f"--chip {args.chip}: {chip.name} has no published FLOP/s peak; choose a GPU preset "
@@ -105,10 +98,14 @@ def _run(args) -> int:
                           "less than --prompt-tokens")
     model = load_model(args.model)
     c = model.config
+    if P >= c.n_ctx:
+        raise PromptError(f"--prompt-tokens {P} does not fit {escape(model.name)}'s context of {c.n_ctx} with room "
+                          f"for an answer: give at most {c.n_ctx - 1}")
     if P + N > c.n_ctx:
         raise PromptError(f"--prompt-tokens {P} + --answer-tokens {N} is beyond {escape(model.name)}'s context of "
-                          f"{c.n_ctx}: with this prompt at most {max(0, c.n_ctx - P)} answer tokens fit")
+                          f"{c.n_ctx}: with this prompt at most {c.n_ctx - P} answer tokens fit")
     hw = hardware.machine(progress=True)
+    note_if_busy(args)
     with out.status(f"prefilling {P} tokens and running two decode steps on {escape(model.name)}…"):
         pre, pre_seconds, dec, first, growth, n_decode = measure_workload(model, P, N)
     prefill = _phase([pre], c)

@@ -9,11 +9,11 @@ from rich.markup import escape
 
 from ..engine.generate import generate
 from ..engine.sampling import check_sampling
-from ..errors import PromptError
-from ..paths import expand_user, not_a_regular_file, read_capped
 from ..engine.speculative import check_k, speculative_generate
-from ..errors import MiniLLMError
-from .common import TextStream, add_model, add_sampling, add_speculative, encode_prompt, err, load_draft, load_model
+from ..errors import MiniLLMError, PromptError
+from ..paths import expand_user, not_a_regular_file, read_capped
+from .common import (TextStream, add_model, add_sampling, add_speculative, encode_prompt, err, load_draft, load_model,
+                     note_if_busy)
 
 
 MAX_PROMPT_BYTES = 16 << 20  # far beyond any context (1,024 tokens are ~4 KB of text)
@@ -67,6 +67,7 @@ def run(args) -> int:
     model = load_model(args.model)
     ids = encode_prompt(model, prompt, args.max_new_tokens)
     draft = load_draft(args.draft, model)
+    note_if_busy(args)
     sys.stdout.write(prompt)
     sys.stdout.flush()
     t0 = time.perf_counter()
@@ -93,5 +94,5 @@ def run(args) -> int:
             how += ("; sampled with the acceptance rule: each token follows the model's own distribution, but the "
                     "draws, and so the text, differ from the same seed without a draft")
     err.print(f"[dim]{len(new)} tokens in {seconds:.2f} s ({len(new) / seconds:.1f} tokens/s), "
-              f"{how}, model {escape(model.name)}[/]")
+              f"{how}, model {escape(model.name)}[/]", soft_wrap=False)
     return 0

@@ -13,8 +13,7 @@ from ..errors import MiniLLMError
 from ..serving.http import Limits, Server, is_loopback_host
 from ..serving.loop import EngineLoop
 from ..ui.live import LiveView
-from .serve_sim import parse_bytes
-from .common import add_model, err, load_model
+from .common import add_batch_limits, add_kv_options, add_model, at_least_one, err, load_model, note_if_busy, parse_bytes
 
 
 def add_arguments(p) -> None:
@@ -22,9 +21,8 @@ def add_arguments(p) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: only this machine can connect)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
-    p.add_argument("--max-batch", type=int, default=16, help="most sequences in one step (default 16)")
-    p.add_argument("--kv-memory", default="256MB", help="memory for the paged KV cache (default 256MB)")
-    p.add_argument("--block-size", type=int, default=16, help="positions per KV-cache block (default 16)")
+    add_batch_limits(p)
+    add_kv_options(p)
     p.add_argument("--max-waiting", type=int, default=64,
                    help="requests that may wait for a place in the batch; more get 429 (default 64)")
     p.add_argument("--max-queue-wait", type=float, default=60.0, metavar="S",
@@ -52,9 +50,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    for name in ("max_batch", "block_size", "max_waiting", "max_connections", "backlog"):
-        if getattr(args, name) < 1:
-            raise MiniLLMError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+    at_least_one(args, "max_seqs", "max_batched_tokens", "block_size", "max_waiting", "max_connections", "backlog")
     for name in ("max_queue_wait", "request_timeout", "keep_alive"):
         if not getattr(args, name) > 0:
             raise MiniLLMError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be more than 0 seconds")
@@ -72,8 +68,9 @@ def run(args) -> int:
     model = load_model(args.model)
     live = (args.live if args.live is not None else sys.stderr.isatty()) and not args.quiet
     view = LiveView(err, title=f"minillm serve: {model.name}") if live else None
-    loop = EngineLoop(model, kv_memory=kv, block_size=args.block_size, max_seqs=args.max_batch,
-                      max_waiting=args.max_waiting, prefix_cache=args.prefix_cache, on_step=view)
+    loop = EngineLoop(model, kv_memory=kv, block_size=args.block_size, max_seqs=args.max_seqs,
+                      max_batched_tokens=args.max_batched_tokens, max_waiting=args.max_waiting,
+                      prefix_cache=args.prefix_cache, on_step=view)
     limits = Limits(max_connections=args.max_connections, request_timeout=args.request_timeout,
                     keep_alive=args.keep_alive, max_queue_wait=args.max_queue_wait, backlog=args.backlog)
     try:
@@ -88,9 +85,11 @@ def run(args) -> int:
     key = "API key required" if args.api_key else "no API key"
     shown = f"[{host}]" if ":" in host else host
     err.print(f"minillm serve: {escape(model.name)} on http://{shown}:{port} ({where}; {key}); "
-              f"KV pool {loop.pool.num_blocks} blocks of {args.block_size} positions, batch up to {args.max_batch}"
+              f"KV pool {loop.pool.num_blocks} blocks of {args.block_size} positions, up to {args.max_seqs} "
+              f"sequences and {args.max_batched_tokens} tokens a step"
               f"{', prefix cache on' if args.prefix_cache else ''}. "
-              "Ctrl-C stops.", soft_wrap=True)
+              "Ctrl-C stops.", soft_wrap=False)
+    note_if_busy(args)
     print(f"listening on http://{shown}:{port}", flush=True)
     loop.start()
     # uvicorn takes SIGINT/SIGTERM while it runs and raises them again once it has stopped: these

@@ -5,7 +5,6 @@ hits, where the time went and what bound it)."""
 from __future__ import annotations
 
 import json
-import re
 
 from rich.markup import escape
 from rich.table import Table
@@ -16,22 +15,12 @@ from ..measure.hardware import machine
 from ..serving.metrics import serve
 from ..serving.workloads import WORKLOADS, WorkItem, load_workload, write_trace
 from ..ui.live import LiveView
-from ..ui.report import fmt_bytes, fmt_flops, fmt_time
-from .common import add_model, err, load_model, out
+from ..ui.report import fmt_flops, fmt_time
+from .common import (add_batch_limits, add_kv_options, add_model, at_least_one, err, load_model, note_if_busy, out,
+                     parse_bytes)
 
 COMPARE = {"policies": "sequential, static and continuous", "prefix-cache": "continuous without and with it",
            "block-size": "continuous at block sizes 8, 16, 32 and 64"}
-_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?i?b?)\s*", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "ki": 2**10, "mi": 2**20, "gi": 2**30}
-
-
-def parse_bytes(text: str) -> int:
-    """'256MB' -> 256e6; 'MiB', 'GB', 'k' and plain bytes also work."""
-    m = _SIZE.fullmatch(text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise MiniLLMError(f"--kv-memory {text!r}: write a size such as 256MB, 1GB or 512MiB")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
 def add_arguments(p) -> None:
@@ -45,11 +34,8 @@ def add_arguments(p) -> None:
                    help="run the same workload several ways, side by side: " +
                         "; ".join(f"{k}: {v}" for k, v in COMPARE.items()) + " (default policies)")
     p.add_argument("--prefix-cache", action="store_true", help="share the KV blocks of common prompt prefixes")
-    p.add_argument("--block-size", type=int, default=16, help="positions per KV block (default 16)")
-    p.add_argument("--kv-memory", default="256MB", help="memory for the KV pool (default 256MB)")
-    p.add_argument("--max-seqs", type=int, default=16, help="most sequences in one step; the static batch size (default 16)")
-    p.add_argument("--max-tokens", type=int, default=256,
-                   help="token budget of one step: longer prompts are prefilled in chunks (default 256)")
+    add_kv_options(p)
+    add_batch_limits(p)
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0 = greedy (default); above, request i samples with seed SEED+i")
     add_model(p)
@@ -59,10 +45,8 @@ def add_arguments(p) -> None:
 
 
 def check(args) -> None:
-    for name, v, lo in (("--requests", args.requests, 1), ("--block-size", args.block_size, 1),
-                        ("--max-seqs", args.max_seqs, 1), ("--max-tokens", args.max_tokens, 1)):
-        if v < lo:
-            raise MiniLLMError(f"{name} {v}: must be at least {lo}")
+    at_least_one(args, "requests", "block_size", "max_seqs", "max_batched_tokens")
+    parse_bytes(args.kv_memory)
     if not args.rate > 0:
         raise MiniLLMError(f"--rate {args.rate}: requests per second must be more than 0")
     if not args.temperature >= 0:
@@ -90,15 +74,16 @@ def label(run: dict, args) -> str:
 
 
 def simulate(model, items: list[WorkItem], run: dict, args, live: bool, hw) -> dict:
+    """One run of the workload, shown live (or with a spinner on stderr); its summary."""
     name = label(run, args)
-    kw = dict(label=name, hw=hw, kv_memory=parse_bytes(args.kv_memory), block_size=run["block_size"],
-              prefix_cache=run["prefix_cache"], policy=run["policy"], max_seqs=args.max_seqs,
-              max_batched_tokens=args.max_tokens)
+    engine_kw = dict(kv_memory=parse_bytes(args.kv_memory), block_size=run["block_size"],
+                     prefix_cache=run["prefix_cache"], policy=run["policy"], max_seqs=args.max_seqs,
+                     max_batched_tokens=args.max_batched_tokens)
     if live:
         with LiveView(out, title=name) as view:
-            return serve(model, items, on_step=view, **kw)[0]
+            return serve(model, items, label=name, hw=hw, on_step=view, **engine_kw)[0]
     with err.status(f"serving {len(items)} requests: {escape(name)}…"):
-        return serve(model, items, **kw)[0]
+        return serve(model, items, label=name, hw=hw, **engine_kw)[0]
 
 
 def _s(x) -> str:
@@ -158,6 +143,8 @@ def run(args) -> int:
     if args.save_trace:
         write_trace(items, args.save_trace)
     hw = machine(progress=not args.json)
+    if not args.json:
+        note_if_busy(args)
     live = not args.json and not args.no_live and out.is_terminal
     results = [simulate(model, items, r, args, live, hw) for r in runs(args)]
     if args.json:

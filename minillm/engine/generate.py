@@ -15,7 +15,9 @@ import numpy as np
 
 from .. import meter
 from ..errors import MiniLLMError
-from .sampling import check_fits, check_sampling, sample
+from .speculative import speculative_generate
+from . import sampling
+from .sampling import check_fits, check_sampling
 
 
 def naive_step(model, seq: list[int], kind: str) -> np.ndarray:
@@ -42,7 +44,6 @@ def generate(model, ids, max_new_tokens: int, *, kv_cache: bool = True, temperat
         if not kv_cache:
             raise MiniLLMError("speculative decoding (a draft) needs the KV cache: it rolls the cache back "
                                "past rejected guesses; drop kv_cache=False (--no-cache) or the draft")
-        from .speculative import speculative_generate
         new, _ = speculative_generate(model, ids, max_new_tokens, draft=draft, k=speculate_k, temperature=temperature,
                                       top_k=top_k, top_p=top_p, seed=seed, on_token=on_token)
         return new
@@ -53,7 +54,7 @@ def generate(model, ids, max_new_tokens: int, *, kv_cache: bool = True, temperat
     new: list[int] = []
 
     def pick(logits: np.ndarray) -> int:
-        token = sample(logits, temperature, top_k, top_p, rng)
+        token = sampling.pick(logits, temperature, top_k, top_p, rng)      # the settings were checked above
         new.append(token)
         if on_token is not None:
             on_token(token)

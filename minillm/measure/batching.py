@@ -81,13 +81,17 @@ def critical_batch(b1: tuple[int, int], b2: tuple[int, int], hw) -> int | None:
     return max(1, math.ceil(B))
 
 
-def run_batch_bench(model, batches: list[int], hw, context: int = 16, repeats: int = 5, steps: int = 4,
-                    progress=None) -> dict:
-    c = model.config
+def check_batches(model, batches: list[int], context: int = 16, steps: int = 4) -> None:
+    """Refuse batch sizes below 1 and a context that leaves no room for `steps` decode steps."""
     if not batches or any(B < 1 for B in batches):
         raise MiniLLMError("--batch: give batch sizes of at least 1, such as 1,2,4,8")
-    if context + steps + 1 > c.n_ctx:
-        raise MiniLLMError(f"--batch-context {context}: at most {c.n_ctx - steps - 1} for this model")
+    if context + steps + 1 > model.config.n_ctx:
+        raise MiniLLMError(f"--batch-context {context}: at most {model.config.n_ctx - steps - 1} for this model")
+
+
+def run_batch_bench(model, batches: list[int], hw, context: int = 16, repeats: int = 5, steps: int = 4,
+                    progress=None) -> dict:
+    check_batches(model, batches, context, steps)
     rng = np.random.default_rng(0)
     mats = decode_weights(model)
     mats_t = [np.ascontiguousarray(w.T) for w in mats]

@@ -56,6 +56,10 @@ class Hardware:
     def measured(self) -> bool:
         return self.measured_at is not None
 
+    def roofline(self, bytes_moved: float, flops: float) -> Roofline:
+        """`roofline(bytes_moved, flops, self)`: what this machine would do with that work."""
+        return roofline(bytes_moved, flops, self)
+
 
 def _chip(name: str, bandwidth_gbs: float, peak_tflops: float | None, source: str, note: str = "") -> Hardware:
     peak = None if peak_tflops is None else peak_tflops * 1000.0

@@ -11,17 +11,15 @@ Their ratio, the **ridge point** (FLOPs per byte), is the arithmetic intensity a
 work stops waiting on memory and starts waiting on arithmetic. `probe` measures both numbers on this
 machine, `chips` carries the published figures for well-known chips (`PRESETS`) and the roofline
 model (`roofline`, `decode_ceiling`); this module caches the measurement (`machine()`, under
-`cache_dir()/hardware.json`), says how old and how trustworthy it is (`provenance`), and is the
-`minillm hardware` command (`add_arguments`, `run`). Every name of the three is importable from here.
+`cache_dir()/hardware.json`, one record per machine, NumPy and BLAS thread count) and says how old
+and how trustworthy it is (`provenance`). The `minillm hardware` command is `minillm.cli.hardware`.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
-import os
 from dataclasses import asdict, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,17 +27,13 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..errors import MiniLLMError
 from ..paths import atomic_write, cache_dir
-from .chips import (_DENSE, ALIASES, BYTES_PER_ELEMENT, DTYPE_ALIASES, PRESETS, Hardware, Roofline, _chip, _dtype_key,  # noqa: F401
-                    decode_ceiling, get_chip, parse_count, roofline)
-from .probe import (BLOCK, FALLBACK_LLC_BYTES, MB, METHODS, _best_seconds, _parse_size,  # noqa: F401
-                    available_memory_bytes, cpu_model, cpu_threads, default_buffer_mb, detect_llc_bytes,
-                    fast_mode, load_average, measure_bandwidth, measure_matmul_peak)
-from .threads import add_threads_option, blas_threads, limited
+from .chips import Hardware
+from .probe import cpu_model, cpu_threads, detect_llc_bytes, fast_mode, load_average, measure_bandwidth, measure_matmul_peak
+from .threads import blas_threads
 
-CACHE_VERSION = 2   # 2: more bandwidth methods, BLAS threads and NumPy version recorded
-STALE_DAYS = 30     # an older measurement is shown with a note to measure again
+CACHE_VERSION = 3   # 3: one record per machine, NumPy version and BLAS thread count, all kept
+STALE_DAYS = 30     # an older measurement is measured again
 
 
 def cache_path() -> Path:
@@ -65,7 +59,7 @@ def _positive(x) -> bool:
 
 def valid_record(record) -> Hardware | None:
     """The Hardware a cached JSON record describes, or None if any field is missing or of the wrong type."""
-    if not isinstance(record, dict) or record.get("version") != CACHE_VERSION:
+    if not isinstance(record, dict):
         return None
     known = {f.name for f in fields(Hardware)}
     values = {k: v for k, v in record.items() if k in known}
@@ -88,25 +82,47 @@ def valid_record(record) -> Hardware | None:
     return Hardware(**values)
 
 
-def _load_cached(path: Path, want_full: bool) -> Hardware | None:
-    """The cached record, or None if it is missing, unreadable, of wrong types, from another machine or
-    another setup (NumPy version, BLAS threads), or not good enough.
-
-    A fast-mode record is not reused for a full measurement; a corrupt file is simply measured again.
-    """
+def _cached_records(path: Path) -> list[dict]:
+    """The records in the cache file (none if it is missing, unreadable or of another version)."""
     try:
-        hw = valid_record(json.loads(path.read_text()))
+        data = json.loads(path.read_text())
     except (OSError, ValueError, TypeError, RecursionError):
-        return None
-    if hw is None:
-        return None
-    if hw.cpu != cpu_model() or hw.threads != cpu_threads():
-        return None  # a shared $MINILLM_HOME seen from another machine
-    if hw.numpy_version != np.__version__ or hw.blas_threads != blas_threads():
-        return None  # another NumPy or another thread count: another ceiling
-    if want_full and hw.fast:
-        return None
-    return hw
+        return []
+    if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or not isinstance(data.get("records"), list):
+        return []
+    return data["records"]
+
+
+def _setup() -> tuple:
+    """What a measurement holds for: this machine (CPU, hardware threads), NumPy, BLAS threads now."""
+    return cpu_model(), cpu_threads(), np.__version__, blas_threads()
+
+
+def _setup_of(hw: Hardware) -> tuple:
+    return hw.cpu, hw.threads, hw.numpy_version, hw.blas_threads
+
+
+def _load_cached(path: Path, want_full: bool) -> Hardware | None:
+    """The cached record for this machine, NumPy and BLAS thread count, or None if there is none that
+    is whole, of the right types, fresh (under STALE_DAYS) and good enough.
+
+    Each thread count has its own record: figures measured on 2 threads are never used for a run on
+    1. A fast-mode record is not reused for a full measurement; a corrupt file is simply measured again.
+    """
+    setup = _setup()
+    for record in _cached_records(path):
+        hw = valid_record(record)
+        if hw is None or _setup_of(hw) != setup or is_stale(hw):
+            continue
+        if want_full and hw.fast:
+            continue
+        return hw
+    return None
+
+
+def cached() -> Hardware | None:
+    """This setup's cached figures, if `machine()` would use them without measuring."""
+    return _load_cached(cache_path(), want_full=not fast_mode())
 
 
 def age_seconds(hw: Hardware, now: datetime | None = None) -> float | None:
@@ -209,20 +225,23 @@ def measure_machine(progress: bool = True) -> Hardware:
 
 
 def machine(remeasure: bool = False, progress: bool = True) -> Hardware:
-    """This machine's figures: read from `cache_dir()/hardware.json`, or measured (a few seconds) and cached.
+    """This machine's figures at the BLAS thread count in force now: read from `cache_dir()/hardware.json`,
+    or measured (a few seconds) and cached beside those of other thread counts.
 
-    `remeasure=True` measures again and replaces the cache. With `progress`, a spinner on stderr
+    `remeasure=True` measures again and replaces this thread count's record. With `progress`, a spinner on stderr
     says what is being measured. If the cache cannot be written the figures are still returned.
     """
     path = cache_path()
     if not remeasure:
-        cached = _load_cached(path, want_full=not fast_mode())
-        if cached is not None:
-            return cached
+        hw = cached()
+        if hw is not None:
+            return hw
     hw = measure_machine(progress=progress)
-    record = {"version": CACHE_VERSION, **asdict(hw)}
+    others = [r for r in _cached_records(path)
+              if (kept := valid_record(r)) is not None and _setup_of(kept) != _setup_of(hw)]
     try:
-        _write_atomically(path, json.dumps(record, indent=2) + "\n")
+        _write_atomically(path, json.dumps({"version": CACHE_VERSION, "records": [*others, asdict(hw)]},
+                                           indent=2) + "\n")
     except OSError as exc:
         if progress:
             from rich.console import Console
@@ -235,133 +254,3 @@ def machine(remeasure: bool = False, progress: bool = True) -> Hardware:
                                        f"({escape(str(reason))}); they will be measured again next time: set "
                                        "MINILLM_HOME to a writable folder to keep them")
     return hw
-
-
-# --------------------------------------------------------------------------------------------------
-# `minillm hardware`
-# --------------------------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of `minillm hardware`."""
-    parser.add_argument("--chip", metavar="NAME", help=f"a known chip: {', '.join(PRESETS)}")
-    parser.add_argument("--params", metavar="N", help="model size for the decode ceiling: 7B, 124M, 1.5e9, ...")
-    parser.add_argument("--dtype", default="fp16", choices=list(BYTES_PER_ELEMENT),
-                        help="bytes per weight for the decode ceiling (default fp16)")
-    parser.add_argument("--remeasure", action="store_true", help="measure this machine again, replacing the cache")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of tables")
-    add_threads_option(parser)
-
-
-def _sig(x: float, digits: int = 3) -> str:
-    """A number to `digits` significant figures, never in scientific notation: 14.0, 0.497, 2,039."""
-    if x == 0 or not math.isfinite(x):
-        return str(x)
-    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
-    return f"{x:,.{decimals}f}"
-
-
-def _ms(x: float) -> str:
-    return f"{x:,.1f}" if x >= 1 else _sig(x, 2)
-
-
-def _peak(hw: Hardware) -> str:
-    if hw.peak_gflops is None:
-        return "—"
-    return f"{hw.peak_gflops / 1000:,.0f} TFLOP/s" if hw.peak_gflops >= 10_000 else f"{hw.peak_gflops:,.1f} GFLOP/s"
-
-
-def run(args: argparse.Namespace) -> int:
-    """`minillm hardware`: this machine beside the presets, and the decode ceiling if --params is given."""
-    with limited(getattr(args, "threads", None)):
-        return _run(args)
-
-
-def _run(args: argparse.Namespace) -> int:
-    from rich import box
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    # Check the user's input before spending seconds on measuring.
-    chip = get_chip(args.chip) if args.chip else None
-    n_params = parse_count(args.params) if args.params else None
-    dtype = _dtype_key(args.dtype)
-
-    here = machine(remeasure=args.remeasure, progress=not args.json)
-    targets = [chip] if chip else [here, *PRESETS.values()]
-    ceilings = [decode_ceiling(n_params, dtype, hw) for hw in targets] if n_params else []
-
-    if args.json:
-        print(json.dumps({
-            "machine": {**asdict(here), "ridge": here.ridge},
-            "presets": {name: {**asdict(hw), "ridge": hw.ridge} for name, hw in PRESETS.items()},
-            "decode_ceiling": ceilings,
-        }, indent=2))
-        return 0
-
-    console = Console()
-    mine = Table(title="This machine (measured)", show_header=False, title_justify="left", box=box.SIMPLE)
-    mine.add_column(style="bold", no_wrap=True)
-    mine.add_column()
-    mine.add_row("CPU", f"{escape(str(here.cpu))}, {here.threads} threads")
-    mine.add_row("memory read bandwidth", f"{here.bandwidth_gbs:,.1f} GB/s (best method: {here.method})")
-    for name, gbs in here.methods.items():
-        mine.add_row(f"  {name}", f"{gbs:,.1f} GB/s  [dim]{escape(METHODS.get(name, ''))}[/]")
-    mine.add_row("float32 matmul peak", f"{here.peak_gflops:,.1f} GFLOP/s ({here.matmul_size}² sgemm)")
-    mine.add_row("ridge point", f"{here.ridge:,.1f} FLOP/byte (peak ÷ bandwidth)")
-    if here.llc_bytes:
-        mine.add_row("last-level cache", f"{here.llc_bytes / MB:g} MiB (buffer {here.buffer_mb} MiB)")
-    mine.add_row("BLAS threads", f"{here.blas_threads or 'unknown'} (set with --threads N; NumPy {here.numpy_version})")
-    age = age_seconds(here)
-    load = f", load average {here.load_avg:g}" if here.load_avg is not None else ""
-    mine.add_row("measured", f"{here.measured_at} ({fmt_age(age)}{load})  [dim]{escape(str(cache_path()))}[/]")
-    if here.fast:
-        mine.add_row("[yellow]note[/]", escape(here.note))
-    if was_busy(here):
-        mine.add_row("[yellow]note[/]", f"load average was {here.load_avg} while measuring: other work may have "
-                     "lowered these figures; rerun with --remeasure when the machine is idle")
-    if is_stale(here):
-        mine.add_row("[yellow]note[/]", f"measured more than {STALE_DAYS} days ago: rerun with --remeasure")
-    console.print(mine)
-
-    chips = Table(title="Known chips (published figures) beside this machine", title_justify="left",
-                  box=box.SIMPLE_HEAD)
-    chips.add_column("chip", style="bold", no_wrap=True)
-    chips.add_column("bandwidth", justify="right", no_wrap=True)
-    chips.add_column("peak", justify="right", no_wrap=True)
-    chips.add_column("ridge", justify="right", no_wrap=True)
-    chips.add_column("source", overflow="fold")
-    notes: list[str] = []
-    for hw in [here, *PRESETS.values()]:
-        ridge = "—" if hw.ridge is None else f"{hw.ridge:,.0f}" if hw.ridge >= 10 else f"{hw.ridge:.1f}"
-        style = "reverse" if chip is not None and hw is chip else None
-        mark = ""
-        if hw.note and hw.measured_at is None:
-            if hw.note not in notes:
-                notes.append(hw.note)
-            mark = f" [{notes.index(hw.note) + 1}]"
-        chips.add_row(hw.name, f"{_sig(hw.bandwidth_gbs)} GB/s", _peak(hw), ridge, escape(hw.source + mark), style=style)
-    console.print(chips)
-    console.print("  [dim]ridge: FLOPs per byte above which work is compute-bound. "
-                  "peak: FP16 for the GPUs, float32 as measured for this machine.[/]")
-    for i, text in enumerate(notes, 1):
-        console.print(f"  [dim]\\[{i}] {escape(text)}[/]")
-
-    if ceilings:
-        table = Table(title=f"Decode ceiling, batch 1: {n_params:,} parameters in {dtype}", title_justify="left",
-                      box=box.SIMPLE_HEAD)
-        for heading in ("chip", "GB per token", "ms per token", "tokens/s", "compute ms/token"):
-            table.add_column(heading, justify="left" if heading == "chip" else "right", no_wrap=True)
-        for c in ceilings:
-            compute = "—" if c["compute_ms_per_token"] is None else _ms(c["compute_ms_per_token"])
-            table.add_row(c["chip"], _sig(c["gb_per_token"]), _ms(c["ms_per_token"]), f"{c['tokens_per_s']:,.0f}", compute)
-        console.print(table)
-        c = ceilings[0]
-        console.print(
-            f"{c['n_params']:,} parameters × {c['bytes_per_param']:g} bytes ({dtype}) = {_sig(c['gb_per_token'])} GB "
-            f"per token; at {_sig(c['bandwidth_gbs'])} GB/s ({c['chip']}) that is {_ms(c['ms_per_token'])} ms per token, "
-            f"about {c['tokens_per_s']:,.0f} tokens/s, whatever the compute.",
-            soft_wrap=True,
-        )
-    return 0

@@ -18,15 +18,14 @@ import numpy as np
 
 from ..engine.generate import generate
 from ..engine.speculative import speculative_generate
+from ..data import BundledText
 from ..meter import Meter
+from ..training.data import DEFAULT_DATA_SPLIT, load_tokens
 
 
 def heldout_prompts(n_prompts: int, length: int) -> list[np.ndarray]:
     """`n_prompts` windows of `length` tokens, evenly spaced through the held-out tenth of the
     bundled text."""
-    from ..training.data import DEFAULT_DATA_SPLIT, load_tokens
-    from ..data import BundledText
-
     tokens = load_tokens(BundledText())
     held = tokens[int(len(tokens) * DEFAULT_DATA_SPLIT):]
     starts = np.linspace(0, len(held) - length - 1, n_prompts).astype(int)
@@ -36,8 +35,7 @@ def heldout_prompts(n_prompts: int, length: int) -> list[np.ndarray]:
 def _plain(model, prompt, n):
     with Meter() as m:
         new = generate(model, prompt, n)
-    decode = m.of_kind("decode")
-    return new, sum(s.seconds for s in decode), decode
+    return new, m.totals("decode"), m.of_kind("decode")
 
 
 def run_speculation_bench(model, drafts: dict, ks: list[int], prompts: list[np.ndarray], new_tokens: int,
@@ -49,10 +47,10 @@ def run_speculation_bench(model, drafts: dict, ks: list[int], prompts: list[np.n
     same = {c: True for c in configs}
     for r in range(repeats):
         for p_i, prompt in enumerate(prompts):
-            plain_new, seconds, decode = _plain(model, prompt, new_tokens)
-            times[None].append((p_i, seconds))
+            plain_new, total, decode = _plain(model, prompt, new_tokens)
+            times[None].append((p_i, total.seconds))
             if r == 0:
-                per[None][p_i] = {"steps": len(decode), "bytes": sum(s.total_bytes for s in decode),
+                per[None][p_i] = {"steps": total.steps, "bytes": total.bytes,
                                   "step_s": [s.seconds for s in decode]}
             for c in configs:
                 name, k = c

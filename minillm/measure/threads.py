@@ -1,7 +1,8 @@
 """How many threads BLAS runs with, and a way to set it: timings mean little without that number.
 
 threadpoolctl reads and sets the thread pools of the BLAS libraries NumPy loaded (OpenBLAS, MKL,
-BLIS) while the process runs, so `--threads N` works without restarting Python.
+BLIS) while the process runs, so `--threads N` works without restarting Python. The limit holds
+for the whole process, the server's engine thread included.
 """
 
 from __future__ import annotations
@@ -9,44 +10,38 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-import numpy as np  # noqa: F401  (loads the BLAS whose pool we read)
-
 from ..errors import MiniLLMError
+
+
+def _blas_pools() -> list[dict]:
+    """threadpoolctl's view of the BLAS pools NumPy loaded (none if threadpoolctl is missing)."""
+    import numpy  # noqa: F401  (threadpoolctl sees only the libraries already loaded)
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return []
+    return [p for p in threadpool_info() if p.get("user_api") == "blas"]
 
 
 def blas_threads() -> int | None:
     """The threads NumPy's BLAS uses now (the largest pool if several are loaded), or None if unknown."""
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        return None
-    pools = [p.get("num_threads") for p in threadpool_info() if p.get("user_api") == "blas"]
+    pools = [p.get("num_threads") for p in _blas_pools()]
     pools = [n for n in pools if isinstance(n, int)]
     return max(pools) if pools else None
 
 
 def blas_name() -> str | None:
     """'openblas 0.3.31', 'mkl 2024.1', ...: the BLAS NumPy runs on, when threadpoolctl can tell."""
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        return None
-    for p in threadpool_info():
-        if p.get("user_api") == "blas":
-            return f"{p.get('internal_api', '?')} {p.get('version') or ''}".strip()
+    for p in _blas_pools():
+        return f"{p.get('internal_api', '?')} {p.get('version') or ''}".strip()
     return None
 
 
 def blas_kernel() -> str | None:
     """The kernel family the BLAS chose for this CPU ('Haswell', 'Zen', ...). OPENBLAS_CORETYPE can force
     an older, slower one: benchmark figures should say which ran."""
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        return None
-    for p in threadpool_info():
-        if p.get("user_api") == "blas":
-            return p.get("architecture")
+    for p in _blas_pools():
+        return p.get("architecture")
     return None
 
 
@@ -56,8 +51,9 @@ def limited(threads: int | None) -> Iterator[None]:
     if threads is None:
         yield
         return
-    if not isinstance(threads, int) or threads < 1:
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise MiniLLMError(f"--threads {threads!r}: give a whole number of threads, at least 1")
+    _blas_pools()                      # NumPy's BLAS loaded before its pool is limited
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:
@@ -68,4 +64,5 @@ def limited(threads: int | None) -> Iterator[None]:
 
 def add_threads_option(parser) -> None:
     parser.add_argument("--threads", type=int, default=None, metavar="N",
-                        help="BLAS threads for the timed work (default: as NumPy starts, see `minillm hardware`)")
+                        help="BLAS threads for the work (default: as NumPy starts; 1 gives steadier "
+                             "timings on a busy machine)")

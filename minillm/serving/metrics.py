@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..engine.engine import Engine
-from ..measure.hardware import roofline
+from ..meter import totals
 
 OTHER_BLOCK_SIZES = (1, 8, 16, 32, 64)
 
@@ -105,17 +105,16 @@ def phases(steps, hw=None) -> dict:
         recs = [s.record for s in steps if s.record is not None and s.record.kind == kind]
         if not recs:
             continue
-        secs = sum(r.seconds for r in recs)
-        b, f = sum(r.total_bytes for r in recs), sum(r.total_flops for r in recs)
-        d = {"steps": len(recs), "seconds": secs, "share": secs / total, "bytes": b, "flops": f,
-             "intensity": f / b if b else 0.0, "gbps": b / secs / 1e9 if secs else 0.0,
-             "gflops": f / secs / 1e9 if secs else 0.0}
+        t = totals(recs)
+        secs = t.seconds
+        d = {"steps": t.steps, "seconds": secs, "share": secs / total, "bytes": t.bytes, "flops": t.flops,
+             "intensity": t.intensity, "gbps": t.gbps, "gflops": t.gflops}
         if hw is not None and hw.peak_gflops:
             # the verdict of each step on its own, then time-weighted
             bound = {"memory": 0.0, "compute": 0.0}
             best = 0.0
             for r in recs:
-                rl = roofline(r.total_bytes, r.total_flops, hw)
+                rl = hw.roofline(r.total_bytes, r.total_flops)
                 bound[rl.bound] += r.seconds
                 best += rl.seconds
             d["bound"] = max(bound, key=bound.get)

@@ -18,6 +18,7 @@ from ..checkpoints.checkpoint import load_checkpoint
 from ..config import GPT2Config
 from ..errors import MiniLLMError
 from ..paths import expand_user, not_a_regular_file, read_capped
+from ..tokenizer import tokenizer
 from .model import forward
 
 DEFAULT_DATA_SPLIT = 0.9  # first 90% of the tokens train, the last 10% are held out
@@ -32,8 +33,6 @@ MAX_TEXT_BYTES = 1 << 30  # 1 GiB of text is ~250M tokens: days of training at t
 
 def load_tokens(text_path) -> np.ndarray:
     """The text at text_path as GPT-2 token ids (int32)."""
-    from ..tokenizer import tokenizer
-
     path = expand_user(text_path)
     problem = not_a_regular_file(path)
     if problem is not None:

@@ -1,7 +1,7 @@
-"""Train a GPT-2 from scratch in NumPy, with every backward pass written by hand: the loop and the
-`train` and `eval` commands. The pieces: `ops.py` (each operation's forward and backward side by side),
-`model.py` (the whole network), `optim.py` (AdamW, clipping, the schedule), `data.py` (tokens, batches,
-the held-out loss). Their names are importable from here too (`from minillm.train import AdamW`).
+"""Train a GPT-2 from scratch in NumPy, with every backward pass written by hand: the loop. The pieces:
+`ops.py` (each operation's forward and backward side by side), `model.py` (the whole network),
+`optim.py` (AdamW, clipping, the schedule), `data.py` (tokens, batches, the held-out loss). The
+`train` and `eval` commands are `minillm.cli.train`.
 
 A whole training step of the 4-layer, width-128 model runs at ~1,800-1,950 tokens/s (~1,600 with
 dropout) on this 2-core machine.
@@ -10,25 +10,19 @@ dropout) on this 2-core machine.
 from __future__ import annotations
 
 import math
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from ..checkpoints.checkpoint import load_checkpoint, save_checkpoint  # noqa: F401  (HF layout; atomic)
+from ..checkpoints.checkpoint import save_checkpoint
 from ..config import GPT2Config
-from ..data import BundledText  # the default --data: the bundled text
 from ..errors import MiniLLMError, WeightsError
 from ..paths import expand_user
-from .data import DEFAULT_DATA_SPLIT, DataError, evaluate, get_batch, heldout_loss, load_tokens, split_tokens  # noqa: F401
-from .model import backward, block_backward, block_forward, forward, init_params, loss_and_grads  # noqa: F401
-from .ops import (attention_backward, attention_forward, cross_entropy_backward, cross_entropy_forward,  # noqa: F401
-                  dropout_backward, dropout_forward, embedding_backward, embedding_forward, gelu_backward,
-                  gelu_forward, layernorm_backward, layernorm_forward, linear_backward, linear_forward,
-                  lm_head_backward, lm_head_cross_entropy, lm_head_forward)
-from .optim import AdamW, clip_grad_norm, decays, lr_at  # noqa: F401
+from .data import evaluate, get_batch, load_tokens, split_tokens
+from .model import init_params, loss_and_grads
+from .optim import AdamW, clip_grad_norm, lr_at
 
 
 def train(data, out=None, layers=4, heads=4, width=128, context=256, batch=8, steps=None, minutes=None,
@@ -148,67 +142,3 @@ def check_out(out) -> Path:
         raise MiniLLMError(f"--out {out}: cannot write a checkpoint there ({e.strerror}); "
                            "choose a folder you can write to") from None
     return out
-
-
-# ========================================================================================== the CLI
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("--data", default=BundledText(), help="UTF-8 text to train on (first 90%% of its tokens train; default: the bundled tinyshakespeare)")
-    parser.add_argument("--out", default=None, help="directory for the best checkpoint (model.safetensors + config.json)")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--context", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=None, help="optimizer steps (default 1000 if no --minutes)")
-    parser.add_argument("--minutes", type=float, default=None,
-                        help="wall-clock budget; with --steps too, stop at whichever comes first")
-    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (warm-up, then cosine to 10%%)")
-    parser.add_argument("--warmup", type=int, default=100, help="warm-up steps")
-    parser.add_argument("--weight-decay", type=float, default=0.1)
-    parser.add_argument("--dropout", type=float, default=0.0, help="dropout on embeddings, attention and residuals")
-    parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument("--eval-every", type=int, default=200, help="steps between held-out evaluations")
-    parser.add_argument("--chunk", type=int, default=512, help="rows per chunk of the fused LM head + loss")
-
-
-def run(args) -> int:
-    from rich.console import Console
-
-    console = Console(width=None if sys.stdout.isatty() else 150)  # log lines unwrapped in a file
-    for name in ("layers", "heads", "width", "context", "batch", "eval_every", "chunk"):
-        v = getattr(args, name)
-        if v is not None and v < (0 if name == "eval_every" else 1):
-            raise MiniLLMError(f"--{name.replace('_', '-')}={v}: must be positive")
-    if args.steps is not None and args.steps < 1:
-        raise MiniLLMError(f"--steps={args.steps}: must be at least 1")
-    if args.minutes is not None and not 0 < args.minutes < math.inf:
-        raise MiniLLMError(f"--minutes={args.minutes}: must be a positive number")
-    if not 0 < args.lr < math.inf:
-        raise MiniLLMError(f"--lr={args.lr}: must be a positive number")
-    if not 0 <= args.weight_decay < math.inf:
-        raise MiniLLMError(f"--weight-decay={args.weight_decay}: must be a number >= 0")
-    if args.warmup < 0:
-        raise MiniLLMError(f"--warmup={args.warmup}: must be >= 0")
-    if not 0.0 <= args.dropout < 1.0:
-        raise MiniLLMError(f"--dropout={args.dropout}: must be in [0, 1)")
-    train(args.data, out=args.out, layers=args.layers, heads=args.heads, width=args.width, context=args.context,
-          batch=args.batch, steps=args.steps, minutes=args.minutes, lr=args.lr, weight_decay=args.weight_decay,
-          dropout=args.dropout, seed=args.seed, eval_every=args.eval_every, warmup=args.warmup,
-          chunk=args.chunk, log=console.log)
-    return 0
-
-
-def add_eval_arguments(parser) -> None:
-    parser.add_argument("--model", default=None, help="checkpoint directory or model name (default: the bundled model)")
-    parser.add_argument("--data", default=BundledText(), help="the text whose last 10%% of tokens is scored (default: the bundled tinyshakespeare)")
-
-
-def run_eval(args) -> int:
-    from ..checkpoints.load import load
-
-    model = load(args.model)                 # a checkpoint or any model name; default the bundled model
-    loss = heldout_loss(args.data, (model.params, model.config))
-    print(f"held-out loss {loss:.4f} nats/token (perplexity {math.exp(loss):.1f}) on the last 10% of {args.data}")
-    return 0

@@ -44,12 +44,12 @@ def render(engine, title: str = "") -> Group:
     through = sum(s.n_tokens for s in recent)     # positions run in the last steps
     done = sum(1 for r in engine.requests.values() if r.done)
     total_out = sum(len(r.output) for r in engine.requests.values())
-    head = Text.assemble(
-        (f"{title}  ", "bold"), f"t = {now:7.2f} s   ",
+    head = Text.assemble(                           # three short lines: each fits 80 columns
+        (f"{title}\n", "bold"), f"t = {now:7.2f} s   ",
         f"running {len(sched.running):3d}   waiting {sum(1 for s in sched.waiting if s.arrival <= now):3d}   ",
-        f"done {done}/{len(engine.requests)}   ",
+        f"done {done}/{len(engine.requests)}\n",
         f"tokens out {total_out} ({total_out / now if now else 0.0:.1f}/s)   ",
-        f"positions run {through / span if span else 0.0:6.0f}/s   ",
+        f"positions run {through / span if span else 0.0:.0f}/s   ",
         f"preemptions {sched.preemptions}")
     table = Table(box=None, pad_edge=False, show_edge=False)
     table.add_column("req", justify="right")

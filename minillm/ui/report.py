@@ -6,22 +6,11 @@ this machine's measured figures (`hardware.machine()`); nothing is typed in.
 
 from __future__ import annotations
 
-import os
-import sys
-
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
-from ..measure.hardware import Hardware, roofline
+from ..measure.chips import Hardware, roofline
 from ..meter import StepRecord
-
-
-def console(stderr: bool = False) -> Console:
-    """A rich console. Sent to a file or a pipe, output is laid out for 150 columns (or $COLUMNS)."""
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(highlight=False, stderr=stderr, soft_wrap=stderr,
-                   width=None if stream.isatty() or os.environ.get("COLUMNS") else 150)
 
 
 def fmt_bytes(n: float) -> str:

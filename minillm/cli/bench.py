@@ -1,0 +1,216 @@
+"""`minillm bench`: decode against the matrix-vector ceiling per context length (default), batched
+decode against the roofline (--batch), or speculative decoding against plain decode (--speculate).
+The measurements live in `minillm.measure` (bench, batching, speculation); this module runs them
+with a progress bar on stderr and prints their tables."""
+
+from __future__ import annotations
+
+import json
+
+from rich import box
+from rich.markup import escape
+from rich.progress import Progress
+from rich.table import Table
+
+from ..checkpoints.load import load
+from ..engine.speculative import MAX_K, check_draft_model
+from ..errors import MiniLLMError
+from ..measure.batching import check_batches, run_batch_bench
+from ..measure.bench import check_contexts, run_bench
+from ..measure.hardware import machine
+from ..measure.speculation import heldout_prompts, run_speculation_bench
+from ..measure.threads import blas_kernel, blas_name, blas_threads
+from ..ui.report import fmt_bytes
+from .common import err, note_if_busy, out
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", default=None,
+                        help="model to benchmark (default random-124m; with --speculate, the bundled large model)")
+    parser.add_argument("--contexts", default="16,128,512,1000",
+                        help="comma-separated context lengths (default 16,128,512,1000)")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds; medians are reported (default 5)")
+    parser.add_argument("--batch", default=None, metavar="B,B,...",
+                        help="instead: decode with B sequences at once, for each B (e.g. 1,2,4,8,16,32), against "
+                             "the roofline and bare passes over the weights; shows this machine's critical batch")
+    parser.add_argument("--batch-context", type=int, default=16, metavar="N",
+                        help="with --batch: prompt length of every sequence (default 16)")
+    parser.add_argument("--speculate", default=None, metavar="K,K,...",
+                        help="instead: speculative decoding with K guesses per round, for each K (e.g. 1,2,4,8), "
+                             "against plain cached decode, on real held-out text")
+    parser.add_argument("--draft", default="ngram,small", metavar="D,D,...",
+                        help="with --speculate: the drafts, 'ngram' and/or models (default ngram,small)")
+    parser.add_argument("--prompts", type=int, default=4, metavar="N",
+                        help="with --speculate: prompts from the held-out text (default 4)")
+    parser.add_argument("--new-tokens", type=int, default=48, metavar="N",
+                        help="with --speculate: greedy tokens per prompt (default 48)")
+    parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
+
+
+def parse_contexts(text: str, option: str = "--contexts") -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise MiniLLMError(f"{option} {text!r}: expected comma-separated integers such as 16,128,512") from None
+
+
+def run(args) -> int:
+    contexts = parse_contexts(args.contexts)
+    if args.repeats < 1:
+        raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
+    batches = parse_contexts(args.batch, "--batch") if args.batch is not None else None
+    ks = parse_contexts(args.speculate, "--speculate") if args.speculate is not None else None
+    if ks is not None:
+        if batches is not None:
+            raise MiniLLMError("--batch and --speculate measure different things: give one of them")
+        if not ks or any(not 1 <= k <= MAX_K for k in ks):
+            raise MiniLLMError(f"--speculate {args.speculate}: each K must be 1 to {MAX_K}, e.g. 1,2,4,8")
+        if args.prompts < 1 or args.new_tokens < 2:
+            raise MiniLLMError("--prompts must be at least 1 and --new-tokens at least 2")
+    model = load(args.model or ("large" if ks is not None else "random-124m"))
+    if batches is not None:
+        check_batches(model, batches, args.batch_context)
+    elif ks is None:
+        check_contexts(model, contexts)
+    hw = machine(progress=not args.json)     # this thread count's figures (measured once, then cached)
+    if ks is not None:
+        result, show = bench_speculation(args, model, ks, hw)
+    elif batches is not None:
+        result, show = bench_batches(args, model, batches, hw)
+    else:
+        result, show = bench_contexts(args, model, contexts, hw)
+    result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel())
+    if args.json:
+        print(json.dumps(result))
+    else:
+        show()
+    return 0
+
+
+def _run_with_bar(args, title: str, total: int, work):
+    """`work(tick)` under a progress bar on stderr (none with --json), after the busy-machine note."""
+    if not args.json:
+        note_if_busy(args)
+    with Progress(console=err, transient=True, disable=args.json) as bar:
+        task = bar.add_task(title, total=total)
+        return work(lambda: bar.advance(task))
+
+
+def _blas(result) -> str:
+    return f"BLAS: {result['blas']} ({result['blas_kernel']} kernels), {result['threads']} threads"
+
+
+def bench_contexts(args, model, contexts: list[int], hw):
+    result = _run_with_bar(args, f"benchmarking {escape(model.name)}", args.repeats * (len(contexts) + 1),
+                           lambda tick: run_bench(model, contexts, args.repeats, progress=tick))
+    result["machine"] = {"bandwidth_gbs": hw.bandwidth_gbs, "method": hw.method, "peak_gflops": hw.peak_gflops}
+    for row in result["rows"]:
+        row["of_bandwidth"] = row["achieved_gbs"] / hw.bandwidth_gbs
+
+    def show():
+        t = Table(title=f"{escape(model.name)}: {model.n_params():,} params, float32, batch 1 "
+                        f"(medians of {args.repeats} interleaved rounds)", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+        for col in ("ctx", "tok/s", "ms/step", "naive tok/s", "prefill", "bytes/step", "GB/s", "% BW", "% ceil"):
+            t.add_column(col, justify="right", no_wrap=True)
+        for r in result["rows"]:
+            t.add_row(str(r["context"]), f"{r['cached_tok_s']:.1f}", f"{r['cached_ms']:.1f}",
+                      f"{r['naive_tok_s']:.2f}", f"{r['prefill_s']:.3f} s", fmt_bytes(r["step_bytes"]),
+                      f"{r['achieved_gbs']:.1f}", f"{100 * r['of_bandwidth']:.0f}%", f"{100 * r['of_ceiling']:.0f}%")
+        out.print(t)
+        out.print("[dim]ctx: context length; tok/s, ms/step, bytes/step, GB/s: cached decode; naive: the whole "
+                  "sequence again every step; % BW: of this machine's bandwidth; % ceil: of the ceiling below[/]")
+        out.print(f"matrix-vector ceiling (every weight a decode step reads, bare NumPy, same run): "
+                  f"{result['ceiling_ms']:.1f} ms = {result['ceiling_tok_s']:.1f} tok/s, "
+                  f"{fmt_bytes(result['ceiling_bytes'])} at {result['ceiling_gbs']:.1f} GB/s")
+        out.print(f"weight layout: \\[in, out] (x @ W) {result['layout_in_out_ms']:.1f} ms, "
+                  f"\\[out, in] (W @ x) {result['layout_out_in_ms']:.1f} ms per pass over every weight")
+        out.print(f"the meter's cost, decode step at context {contexts[0]}: no meter {result['meter_idle_ms']:.2f} ms, "
+                  f"counting code removed {result['meter_removed_ms']:.2f} ms, meter on {result['meter_on_ms']:.2f} ms")
+        out.print(f"[dim]this machine: {hw.bandwidth_gbs:.1f} GB/s ({hw.method}), {hw.peak_gflops:.0f} GFLOP/s; "
+                  f"{_blas(result)}[/]")
+    return result, show
+
+
+def bench_batches(args, model, batches: list[int], hw):
+    result = _run_with_bar(args, f"batched decode, {escape(model.name)}", args.repeats * len(batches),
+                           lambda tick: run_batch_bench(model, batches, hw, context=args.batch_context,
+                                                        repeats=args.repeats, progress=tick))
+    result["machine"] = {"bandwidth_gbs": hw.bandwidth_gbs, "method": hw.method, "peak_gflops": hw.peak_gflops}
+
+    def show():
+        t = Table(title=f"{escape(model.name)}: decode with B sequences at once, prompts of {result['context']} "
+                        f"(medians of {args.repeats} interleaved rounds)", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+        for col in ("B", "tok/s", "ms/step", "roofline", "FLOP/B", "GB/s", "GFLOP/s", "x @ W", "engine"):
+            t.add_column(col, justify="right", no_wrap=True)
+        for r in result["rows"]:
+            t.add_row(str(r["batch"]), f"{r['tok_s']:.0f}", f"{r['ms_step']:.1f}",
+                      f"{r['roofline_ms']:.1f} {r['bound'][:3]}", f"{r['intensity']:.1f}", f"{r['gbps']:.1f}",
+                      f"{r['gflops']:.1f}", f"{r['bare_plain_ms']:.1f}", f"{r['bare_engine_ms']:.1f}")
+        out.print(t)
+        out.print("[dim]roofline: max(bytes / bandwidth, FLOPs / peak) for the step's counted bytes and FLOPs; "
+                  "x @ W and engine: ms for one bare pass of B rows over every weight, the plain product and "
+                  "minillm's ops.matmul (2 rows as matrix-vector products, 3-63 padded to a multiple of 8)[/]")
+        base = next((r for r in result["rows"] if r["batch"] == 1), None)
+        if base:
+            best = max(result["rows"], key=lambda r: r["tok_s"])
+            out.print(f"B = 1: {base['ms_step']:.1f} ms a step; bare matrix-vector pass \\[in, out] "
+                      f"{result['bare_in_out_ms']:.1f} ms, \\[out, in] {result['bare_out_in_ms']:.1f} ms: the engine "
+                      f"runs at {100 * result['b1_of_bare']:.0f}% of the faster. Best: B = {best['batch']}, "
+                      f"{best['tok_s'] / base['tok_s']:.1f}× the tokens/s of B = 1.")
+        cb = result["critical_batch"]
+        crit = "none (the KV cache grows as fast as the work)" if cb is None else f"B ≈ {cb}"
+        out.print(f"critical batch on this machine: {crit} — ridge {result['ridge_flops_per_byte']:.1f} FLOP/byte "
+                  f"= {hw.peak_gflops:.0f} GFLOP/s ÷ {hw.bandwidth_gbs:.1f} GB/s; {_blas(result)}")
+    return result, show
+
+
+def bench_speculation(args, model, ks: list[int], hw):
+    drafts = {}
+    for name in [d.strip() for d in args.draft.split(",") if d.strip()]:
+        if name == "ngram":
+            drafts[name] = "ngram"
+        else:
+            d = load(name)
+            check_draft_model(d, model)
+            drafts[d.name] = d
+    if not drafts:
+        raise MiniLLMError("--draft: give at least one draft, e.g. ngram,small")
+    length = 32
+    if length + args.new_tokens > model.config.n_ctx:
+        raise MiniLLMError(f"--new-tokens {args.new_tokens}: with {length}-token prompts at most "
+                           f"{model.config.n_ctx - length} fit {model.name}'s context")
+    prompts = heldout_prompts(args.prompts, length)
+    result = _run_with_bar(args, f"speculative decode, {escape(model.name)}", args.repeats * len(prompts),
+                           lambda tick: run_speculation_bench(model, drafts, ks, prompts, args.new_tokens,
+                                                              args.repeats, progress=tick))
+    result.update(model=model.name, model_bytes=model.nbytes(),
+                  machine={"bandwidth_gbs": hw.bandwidth_gbs, "llc_bytes": hw.llc_bytes})
+
+    def show():
+        p = result["plain"]
+        t = Table(title=f"{escape(model.name)} ({fmt_bytes(model.nbytes())} of weights): speculative against "
+                        f"plain cached decode, greedy, {len(prompts)} held-out prompt{'s' if len(prompts) > 1 else ''} "
+                        f"of {length} tokens, {args.new_tokens} new tokens each (medians of {args.repeats} "
+                        "interleaved rounds)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  padding=(0, 1, 0, 0))
+        for col in ("draft", "k", "acc", "tok/check", "tok/s", "×", "MB/tok", "ms"):
+            t.add_column(col, justify="right", no_wrap=True)
+        t.add_row("plain", "-", "-", "1.00", f"{p['tok_s']:.1f}", "1.00", f"{p['bytes_per_token'] / 1e6:.1f}",
+                  f"{p['ms_step']:.1f}")
+        for r in result["rows"]:
+            t.add_row(escape(r["draft"]), str(r["k"]), f"{100 * r['acceptance']:.0f}%", f"{r['tokens_per_step']:.2f}",
+                      f"{r['tok_s']:.1f}", f"{r['speedup']:.2f}", f"{r['bytes_per_token'] / 1e6:.1f}",
+                      "-" if r["verify_ms"] is None else f"{r['verify_ms']:.1f}")
+        out.print(t)
+        differ = [f"{r['draft']} k={r['k']}" for r in result["rows"] if r["same_tokens"] is False]
+        out.print("[dim]acc: guesses accepted; tok/check: tokens kept per step of the model; ×: tokens/s against "
+                  "plain decode; MB/tok: draft and model, as metered, per token kept; ms: one step of the model "
+                  "over k+1 tokens (plain row: one decode step)[/]")
+        out.print("[green]✓ every run gave plain greedy decode's tokens[/]" if not differ else
+                  f"[red]✗ the tokens differ from plain decode's: {escape(', '.join(differ))}[/]")
+        best = max(result["rows"], key=lambda r: r["speedup"])
+        out.print(f"best: draft {escape(best['draft'])}, k = {best['k']}: {best['speedup']:.2f}× plain decode "
+                  f"({best['tokens_per_step']:.2f} tokens per step of the model, {100 * best['acceptance']:.0f}% of "
+                  f"guesses accepted); {_blas(result)}")
+    return result, show

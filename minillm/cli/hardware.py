@@ -1,0 +1,133 @@
+"""`minillm hardware`: this machine's measured figures beside the published chips, and the decode
+ceiling of a model size."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import asdict
+
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+
+from ..measure.chips import BYTES_PER_ELEMENT, PRESETS, Hardware, _dtype_key, decode_ceiling, get_chip, parse_count
+from ..measure.hardware import STALE_DAYS, age_seconds, cache_path, cached, fmt_age, is_stale, machine, was_busy
+from ..measure.probe import MB, METHODS
+from .common import note_if_busy, out
+
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `minillm hardware`."""
+    parser.add_argument("--chip", metavar="NAME", help=f"a known chip: {', '.join(PRESETS)}")
+    parser.add_argument("--params", metavar="N", help="model size for the decode ceiling: 7B, 124M, 1.5e9, ...")
+    parser.add_argument("--dtype", default="fp16", choices=list(BYTES_PER_ELEMENT),
+                        help="bytes per weight for the decode ceiling (default fp16)")
+    parser.add_argument("--remeasure", action="store_true", help="measure this machine again at this thread count, replacing those cached figures")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of tables")
+
+
+def _sig(x: float, digits: int = 3) -> str:
+    """A number to `digits` significant figures, never in scientific notation: 14.0, 0.497, 2,039."""
+    if x == 0 or not math.isfinite(x):
+        return str(x)
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    return f"{x:,.{decimals}f}"
+
+
+def _ms(x: float) -> str:
+    return f"{x:,.1f}" if x >= 1 else _sig(x, 2)
+
+
+def _peak(hw: Hardware) -> str:
+    if hw.peak_gflops is None:
+        return "—"
+    return f"{hw.peak_gflops / 1000:,.0f} TFLOP/s" if hw.peak_gflops >= 10_000 else f"{hw.peak_gflops:,.1f} GFLOP/s"
+
+
+def run(args: argparse.Namespace) -> int:
+    """`minillm hardware`: this machine beside the presets, and the decode ceiling if --params is given."""
+    # Check the user's input before spending seconds on measuring.
+    chip = get_chip(args.chip) if args.chip else None
+    n_params = parse_count(args.params) if args.params else None
+    dtype = _dtype_key(args.dtype)
+
+    if args.remeasure or cached() is None:
+        note_if_busy(args)                      # before measuring: a busy machine measures low
+    here = machine(remeasure=args.remeasure, progress=not args.json)
+    targets = [chip] if chip else [here, *PRESETS.values()]
+    ceilings = [decode_ceiling(n_params, dtype, hw) for hw in targets] if n_params else []
+
+    if args.json:
+        print(json.dumps({
+            "machine": {**asdict(here), "ridge": here.ridge},
+            "presets": {name: {**asdict(hw), "ridge": hw.ridge} for name, hw in PRESETS.items()},
+            "decode_ceiling": ceilings,
+        }, indent=2))
+        return 0
+
+    console = out
+    mine = Table(title="This machine (measured)", show_header=False, title_justify="left", box=box.SIMPLE)
+    mine.add_column(style="bold", no_wrap=True)
+    mine.add_column()
+    mine.add_row("CPU", f"{escape(str(here.cpu))}, {here.threads} threads")
+    mine.add_row("memory read bandwidth", f"{here.bandwidth_gbs:,.1f} GB/s (best method: {here.method})")
+    for name, gbs in here.methods.items():
+        mine.add_row(f"  {name}", f"{gbs:,.1f} GB/s  [dim]{escape(METHODS.get(name, ''))}[/]")
+    mine.add_row("float32 matmul peak", f"{here.peak_gflops:,.1f} GFLOP/s ({here.matmul_size}² sgemm)")
+    mine.add_row("ridge point", f"{here.ridge:,.1f} FLOP/byte (peak ÷ bandwidth)")
+    if here.llc_bytes:
+        mine.add_row("last-level cache", f"{here.llc_bytes / MB:g} MiB (buffer {here.buffer_mb} MiB)")
+    mine.add_row("BLAS threads", f"{here.blas_threads or 'unknown'} (set with --threads N; NumPy {here.numpy_version})")
+    age = age_seconds(here)
+    load = f", load average {here.load_avg:g}" if here.load_avg is not None else ""
+    mine.add_row("measured", f"{here.measured_at} ({fmt_age(age)}{load})  [dim]{escape(str(cache_path()))}[/]")
+    if here.fast:
+        mine.add_row("[yellow]note[/]", escape(here.note))
+    if was_busy(here):
+        mine.add_row("[yellow]note[/]", f"load average was {here.load_avg} while measuring: other work may have "
+                     "lowered these figures; rerun with --remeasure when the machine is idle")
+    if is_stale(here):
+        mine.add_row("[yellow]note[/]", f"measured more than {STALE_DAYS} days ago: rerun with --remeasure")
+    console.print(mine)
+
+    chips = Table(title="Known chips (published figures) beside this machine", title_justify="left",
+                  box=box.SIMPLE_HEAD)
+    chips.add_column("chip", style="bold", no_wrap=True)
+    chips.add_column("bandwidth", justify="right", no_wrap=True)
+    chips.add_column("peak", justify="right", no_wrap=True)
+    chips.add_column("ridge", justify="right", no_wrap=True)
+    chips.add_column("source", overflow="fold")
+    notes: list[str] = []
+    for hw in [here, *PRESETS.values()]:
+        ridge = "—" if hw.ridge is None else f"{hw.ridge:,.0f}" if hw.ridge >= 10 else f"{hw.ridge:.1f}"
+        style = "reverse" if chip is not None and hw is chip else None
+        mark = ""
+        if hw.note and hw.measured_at is None:
+            if hw.note not in notes:
+                notes.append(hw.note)
+            mark = f" [{notes.index(hw.note) + 1}]"
+        chips.add_row(hw.name, f"{_sig(hw.bandwidth_gbs)} GB/s", _peak(hw), ridge, escape(hw.source + mark), style=style)
+    console.print(chips)
+    console.print("  [dim]ridge: FLOPs per byte above which work is compute-bound. "
+                  "peak: FP16 for the GPUs, float32 as measured for this machine.[/]")
+    for i, text in enumerate(notes, 1):
+        console.print(f"  [dim]\\[{i}] {escape(text)}[/]")
+
+    if ceilings:
+        table = Table(title=f"Decode ceiling, batch 1: {n_params:,} parameters in {dtype}", title_justify="left",
+                      box=box.SIMPLE_HEAD)
+        for heading in ("chip", "GB per token", "ms per token", "tokens/s", "compute ms/token"):
+            table.add_column(heading, justify="left" if heading == "chip" else "right", no_wrap=True)
+        for c in ceilings:
+            compute = "—" if c["compute_ms_per_token"] is None else _ms(c["compute_ms_per_token"])
+            table.add_row(c["chip"], _sig(c["gb_per_token"]), _ms(c["ms_per_token"]), f"{c['tokens_per_s']:,.0f}", compute)
+        console.print(table)
+        c = ceilings[0]
+        console.print(
+            f"{c['n_params']:,} parameters × {c['bytes_per_param']:g} bytes ({dtype}) = {_sig(c['gb_per_token'])} GB "
+            f"per token; at {_sig(c['bandwidth_gbs'])} GB/s ({c['chip']}) that is {_ms(c['ms_per_token'])} ms per token, "
+            f"about {c['tokens_per_s']:,.0f} tokens/s, whatever the compute.")
+    return 0

@@ -1,0 +1,153 @@
+"""How the commands are put together: each imports what it runs (no lesson for `--help` or
+`generate`), every command that computes takes --threads, the KV options mean one thing on both
+serving commands, and the busy-machine note says what it saw."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minillm.cli.main import COMMANDS
+from minillm.measure import busy
+
+from test_cli import REPO, cli_env, ok, run, user_error
+
+COMPUTES = ["generate", "generate-batch", "serve", "serve-sim", "compare", "traffic", "hardware", "diagnose",
+            "bench", "train", "eval", "learn"]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("minillm-home")
+
+
+def imported_after(home: Path, *argv: str) -> set[str]:
+    """The minillm modules a run of `minillm ARGV` imported."""
+    code = ("import sys\nfrom minillm.cli.main import main\n"
+            f"status = main({list(argv)!r})\n"
+            "print('MODULES', *sorted(m for m in sys.modules if m.startswith('minillm')))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=cli_env(home),
+                       timeout=120)
+    line = next((x for x in r.stdout.splitlines() if x.startswith("MODULES")), None)
+    assert line is not None, r.stderr
+    return set(line.split()[1:])
+
+
+def test_help_imports_no_command_and_no_lesson(home):
+    r = subprocess.run([sys.executable, "-c", "import sys\nfrom minillm.cli.main import main\n"
+                        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+                        "print('MODULES', *sorted(m for m in sys.modules if m.startswith(('minillm', 'numpy'))))"],
+                       capture_output=True, text=True, cwd=REPO, env=cli_env(home), timeout=60)
+    modules = set(r.stdout.split("MODULES")[1].split())
+    assert not {m for m in modules if m.startswith("minillm.lessons")}
+    assert not {m for m in modules if m.startswith("numpy")}             # nothing that computes
+    assert not {m for m in modules if m.startswith("minillm.cli.") and m not in
+                ("minillm.cli.main", "minillm.cli.console")}
+
+
+def test_generate_imports_no_lesson_and_no_other_command(home):
+    modules = imported_after(home, "generate", "a b c", "--model", "random-tiny", "--max-new-tokens", "2")
+    assert "minillm.cli.generate" in modules
+    assert not {m for m in modules if m.startswith("minillm.lessons")}
+    others = {f"minillm.{c.module}" for c in COMMANDS} - {"minillm.cli.generate"}
+    assert not modules & others
+
+
+def test_learn_finds_the_lessons_when_asked(home):
+    modules = imported_after(home, "learn")
+    assert {m for m in modules if m.startswith("minillm.lessons.")}
+    r = ok(run(home, "learn", "--help"))
+    assert "the lesson to run: its number (1-" in r.stdout
+
+
+@pytest.mark.parametrize("name", COMPUTES)
+def test_every_command_that_computes_takes_threads(home, name):
+    assert "--threads N" in ok(run(home, name, "--help")).stdout
+
+
+def test_threads_one_runs_generate_and_a_bad_count_is_one_line(home):
+    ok(run(home, "generate", "a b c", "--model", "random-tiny", "--max-new-tokens", "2", "--threads", "1"))
+    user_error(run(home, "generate", "a b c", "--model", "random-tiny", "--threads", "0"), "--threads 0")
+
+
+@pytest.mark.parametrize("name", ["serve", "serve-sim"])
+def test_the_serving_commands_share_their_knobs(home, name):
+    text = ok(run(home, name, "--help")).stdout
+    for option in ("--kv-memory", "--block-size", "--max-seqs", "--max-batched-tokens"):
+        assert option in text
+    assert "--max-batch " not in text and "--max-tokens" not in text
+    user_error(run(home, name, "--kv-memory", "0", "--model", "random-tiny"), "--kv-memory '0'", "256MB")
+    user_error(run(home, name, "--max-seqs", "0", "--model", "random-tiny"), "--max-seqs 0")
+    user_error(run(home, name, "--max-batched-tokens", "0", "--model", "random-tiny"), "--max-batched-tokens 0")
+
+
+@pytest.mark.parametrize("argv", [["generate", "a b c"], ["compare", "a b c"]])
+def test_max_new_tokens_zero_is_refused_alike(home, argv, tmp_path):
+    user_error(run(home, *argv, "--model", "random-tiny", "--max-new-tokens", "0"), "--max-new-tokens 0",
+               "at least 1")
+
+
+def test_max_new_tokens_zero_is_refused_by_generate_batch(home, tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a b c\n")
+    user_error(run(home, "generate-batch", prompts, "--model", "random-tiny", "--max-new-tokens", "0"),
+               "--max-new-tokens 0", "at least 1")
+    prompts.write_text('{"prompt": "a b c", "max_new_tokens": 0}\n')
+    user_error(run(home, "generate-batch", prompts, "--model", "random-tiny"), "line 1", "at least 1")
+
+
+# ------------------------------------------------------------------------------ the busy-machine note
+
+def test_a_quiet_machine_gets_no_note():
+    assert busy.assess(threads=1, cpus=4, load=0.2, share=0.98) is None
+    assert busy.assess(threads=2, cpus=2, load=None, share=0.95) is None
+
+
+def test_a_crowded_machine_gets_one_line_with_how_busy_and_the_fix():
+    note = busy.assess(threads=2, cpus=2, load=3.4, share=0.95)
+    assert "load 3.4 on 2 CPUs" in note and "--threads 1" in note and "\n" not in note
+    assert len("note: " + note) <= 150
+    assert "close other work" in busy.assess(threads=1, cpus=2, load=3.4, share=0.95)
+
+
+def test_a_starved_probe_is_busy_even_when_the_load_looks_low():
+    note = busy.assess(threads=1, cpus=8, load=0.5, share=0.3)
+    assert note is not None and "30% of a core" in note
+
+
+def test_the_probe_measures_a_share_of_one_core():
+    assert 0.0 < busy.cpu_share(0.02) <= 1.0
+
+
+def test_hardware_figures_follow_threads(tmp_path):
+    """`--threads 2` then the default (one thread in the tests): two records, each run shown its own."""
+    import json
+
+    env = cli_env(tmp_path, OPENBLAS_NUM_THREADS="1")
+    shown = []
+    for extra in (["--threads", "2"], []):
+        r = subprocess.run([sys.executable, "-m", "minillm", "hardware", "--json", *extra], capture_output=True,
+                           text=True, cwd=REPO, env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        shown.append(json.loads(r.stdout)["machine"]["blas_threads"])
+    assert shown == [2, 1]
+    records = json.loads((tmp_path / "hardware.json").read_text())["records"]
+    assert sorted(r["blas_threads"] for r in records) == [1, 2]
+
+
+def test_the_thread_limit_holds_on_every_thread():
+    """`--threads` is applied once, in main, for the whole process: the server's engine thread, started
+    inside it, runs on the same number of BLAS threads."""
+    import threading
+
+    from minillm.measure.threads import blas_threads, limited
+
+    before, seen = blas_threads(), []
+    with limited(2):
+        worker = threading.Thread(target=lambda: seen.append(blas_threads()))
+        worker.start()
+        worker.join()
+    assert seen == [2] and blas_threads() == before
