@@ -51,8 +51,8 @@ SERIES: dict[str, tuple] = {
     "time_per_output_token_seconds": ("histogram", "per request: (last token - first token) / (tokens - 1)",
                                       TPOT_BUCKETS),
     "time_between_tokens_seconds": ("histogram", "time between a request's tokens", LATENCY_BUCKETS),
-    "queue_wait_seconds": ("histogram", "arrival to the start of the step that ran the request's first token",
-                           WAIT_BUCKETS),
+    "queue_wait_seconds": ("histogram", "arrival to the start of the step that made the request's first token "
+                           "(a prompt prefilled in chunks: its earlier chunks' steps included)", WAIT_BUCKETS),
 }
 
 
