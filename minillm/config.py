@@ -97,3 +97,103 @@ PRESETS: dict[str, GPT2Config] = {
     "774m": GPT2Config(n_layer=36, n_head=20, n_embd=1280),
     "1558m": GPT2Config(n_layer=48, n_head=25, n_embd=1600),
 }
+
+
+# -- the Llama family (models/llama.py): Llama 2/3, SmolLM2, Mistral-shaped, Qwen2, Qwen3 ----------
+
+LLAMA_TYPES = ("llama", "qwen2", "qwen3")   # Hugging Face `model_type`s and GGUF architectures minillm runs
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    n_layer: int             # L: blocks
+    n_head: int              # H: query heads
+    n_kv_head: int           # Hkv: key/value heads (H = g·Hkv; 1 is multi-query attention)
+    head_dim: int            # hd (not always d / H: Qwen3 sets its own)
+    n_embd: int              # d: width of the residual stream
+    n_ctx: int               # longest sequence (`max_position_embeddings`)
+    vocab_size: int          # V
+    ffn: int                 # F: the MLP's inner width (`intermediate_size`)
+    eps: float = 1e-5        # RMS-norm epsilon
+    theta: float = 10000.0   # RoPE base
+    arch: str = "llama"      # llama, qwen2 or qwen3
+    qkv_bias: bool = False   # biases on q, k, v (Qwen2; Llama's attention_bias)
+    o_bias: bool = False     # a bias on the output projection (Llama's attention_bias)
+    mlp_bias: bool = False   # biases on gate, up, down (Llama's mlp_bias)
+    qk_norm: bool = False    # per-head RMS norm of q and k before the rotation (Qwen3)
+    tied: bool = True        # the LM head is the token embedding
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "n_head", "n_kv_head", "head_dim", "n_embd", "n_ctx", "vocab_size", "ffn"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"config {name}={value!r}: must be a positive integer")
+        if self.n_head % self.n_kv_head:
+            raise ConfigError(f"config: {self.n_head} query heads do not split into groups over "
+                              f"{self.n_kv_head} key/value heads; n_kv_heads must divide n_heads")
+        if self.head_dim % 2:
+            raise ConfigError(f"config head_dim={self.head_dim}: the rotary embedding turns pairs, it must be even")
+        for name in ("eps", "theta"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 < value < math.inf):
+                raise ConfigError(f"config {name}={value!r}: must be a positive finite number")
+        if self.arch not in LLAMA_TYPES:
+            raise ConfigError(f"config arch={self.arch!r}: minillm runs {', '.join(LLAMA_TYPES)}")
+
+    def n_params(self) -> int:
+        """Parameters (the tied head counted once)."""
+        L, d, V, F = self.n_layer, self.n_embd, self.vocab_size, self.ffn
+        q, kv = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+        per_block = (d * (q + 2 * kv) + q * d + 3 * d * F + 2 * d
+                     + (q + 2 * kv) * self.qkv_bias + d * self.o_bias + (2 * F + d) * self.mlp_bias
+                     + 2 * self.head_dim * self.qk_norm)
+        return V * d * (1 if self.tied else 2) + L * per_block + d
+
+    def kv_bytes_per_token(self, itemsize: int = 4) -> int:
+        """2·L·Hkv·hd·b: what every position costs in the KV cache."""
+        return 2 * self.n_layer * self.n_kv_head * self.head_dim * itemsize
+
+    @classmethod
+    def from_hf(cls, cfg: dict, source: str = "config.json") -> "LlamaConfig":
+        """Read a Hugging Face config.json of model_type llama, qwen2 or qwen3."""
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"{source}: expected a JSON object, found {type(cfg).__name__}")
+        arch = cfg.get("model_type")
+        if arch not in LLAMA_TYPES:
+            raise ConfigError(f"{source}: model_type {arch!r} is not supported; minillm runs gpt2, "
+                              f"{', '.join(LLAMA_TYPES)}")
+        need = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size", "vocab_size")
+        missing = [k for k in need if k not in cfg]
+        if missing:
+            raise ConfigError(f"{source}: missing {', '.join(missing)}; is this a {arch} config.json?")
+        act = cfg.get("hidden_act", "silu")
+        if act != "silu":
+            raise ConfigError(f"{source}: hidden_act={act!r}; minillm implements SwiGLU with silu")
+        if cfg.get("use_sliding_window"):
+            raise ConfigError(f"{source}: use_sliding_window is on; minillm implements full attention only")
+        rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+        scaling = cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else {}
+        kind = scaling.get("rope_type", scaling.get("type")) or rope.get("rope_type", "default")
+        if kind not in ("default", None):
+            raise ConfigError(f"{source}: rope scaling {kind!r} is not implemented; minillm runs the "
+                              "default rotary embedding only")
+        theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        H = cfg["num_attention_heads"]
+        try:
+            head_dim = cfg.get("head_dim") or cfg["hidden_size"] // H
+            return cls(
+                n_layer=cfg["num_hidden_layers"], n_head=H, n_kv_head=cfg.get("num_key_value_heads") or H,
+                head_dim=head_dim, n_embd=cfg["hidden_size"], n_ctx=cfg.get("max_position_embeddings", 2048),
+                vocab_size=cfg["vocab_size"], ffn=cfg["intermediate_size"],
+                eps=float(cfg.get("rms_norm_eps", 1e-6)), theta=float(theta), arch=arch,
+                qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
+                o_bias=arch != "qwen2" and bool(cfg.get("attention_bias", False)),
+                mlp_bias=bool(cfg.get("mlp_bias", False)), qk_norm=arch == "qwen3",
+                tied=bool(cfg.get("tie_word_embeddings", arch != "llama")))
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ConfigError(f"{source}: a field has the wrong type ({e}); re-download the checkpoint") from None
+
+    def asdict(self) -> dict:
+        return asdict(self)

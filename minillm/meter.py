@@ -130,13 +130,13 @@ class StepRecord:
         }
 
 
-_NO_STEP = nullcontext()
+NO_STEP = nullcontext()   # the step context when no meter is active
 
 
 def step(kind: str, position: int, n_tokens: int, attended: int, seqs=None):
     """The step context of the active meter, or a do-nothing context when no meter is active."""
     m = _ACTIVE.get()
-    return _NO_STEP if m is None else m.step(kind, position, n_tokens, attended, seqs)
+    return NO_STEP if m is None else m.step(kind, position, n_tokens, attended, seqs)
 
 
 @contextmanager
@@ -157,7 +157,8 @@ def label(kind: str, *, unless_labelled: bool = False):
 
 
 class Meter:
-    """A context manager: while it is active, every operation reports to it.
+    """A context manager: while it is active, every operation on this thread reports to it. Use one
+    Meter per thread (its open step and label are its own, not the thread's).
 
     >>> with Meter() as m:
     ...     ids = generate(model, prompt, 10)
@@ -214,7 +215,7 @@ class Meter:
         self._open = None
         self.steps.append(record)
         if self.keep is not None and len(self.steps) > self.keep:
-            del self.steps[:-self.keep]
+            del self.steps[:len(self.steps) - self.keep]
         for recs in self._captures:
             recs.append(record)
         return record
@@ -261,7 +262,7 @@ class Meter:
         try:
             yield recs
         finally:
-            self._captures.remove(recs)
+            self._captures = [c for c in self._captures if c is not recs]   # by identity: lists compare by value
 
     def total(self, attr: str) -> float:
         return sum(getattr(s, attr) for s in self.steps)

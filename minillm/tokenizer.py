@@ -34,8 +34,47 @@ def load_ranks(path: Path) -> dict[bytes, int]:
     return ranks
 
 
+def tokenizer(model=None):
+    """A model's own tokenizer. No argument (or a GPT-2 model): GPT-2's (50,257 ids; `<|endoftext|>`
+    = 50256), never touching the network. A Llama-family model, or its name or path: its own
+    (`model_tokenizer.ModelTokenizer`: encode, decode, eos_ids, chat_template)."""
+    if model is None:
+        return gpt2_tokenizer()
+    own = getattr(model, "tokenizer", None)
+    if own is not None:
+        return own
+    if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+        return _tokenizer_of(str(model))
+    if getattr(model, "eos_ids", None) not in (None, (50256,)) and hasattr(model.config, "n_kv_head") \
+            and type(model).__name__ != "GPT2":
+        raise MiniLLMError(f"{getattr(model, 'name', model)}: this model has no tokenizer attached; "
+                           "load it from a folder with tokenizer.json or from a GGUF file")
+    return gpt2_tokenizer()
+
+
+def _tokenizer_of(source: str):
+    """The tokenizer of a model name or path, without building the model where that can be avoided."""
+    from pathlib import Path
+    from .checkpoints.llama_load import is_gguf, sniff
+    from . import model_tokenizer as mt
+    if source == "smollm2-135m":
+        from .checkpoints import smollm
+        where = smollm.find()
+        if where is None:
+            raise MiniLLMError("smollm2-135m is not downloaded yet; fetch it with: minillm download smollm2-135m")
+        source = str(where)
+    path = Path(source).expanduser()
+    if path.exists() and sniff(path) is not None:
+        if path.is_file() and is_gguf(path):
+            from .checkpoints.gguf_file import read_gguf
+            md, _ = read_gguf(path)
+            return mt.from_gguf_metadata(md, path)
+        return mt.from_folder(path if path.is_dir() else path.parent)
+    return gpt2_tokenizer()
+
+
 @lru_cache(maxsize=1)
-def tokenizer() -> tiktoken.Encoding:
+def gpt2_tokenizer() -> tiktoken.Encoding:
     """The GPT-2 tokenizer (50,257 ids; `<|endoftext|>` = 50256). Never touches the network."""
     ranks = load_ranks(package_weights_dir() / "gpt2.tiktoken")
     return tiktoken.Encoding(

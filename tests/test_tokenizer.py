@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minillm
-from minillm.tokenizer import tokenizer
+from minillm.tokenizer import gpt2_tokenizer, tokenizer
 
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 
@@ -60,6 +60,6 @@ def test_building_the_tokenizer_does_not_touch_the_network(monkeypatch):
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket.socket, "connect_ex", refuse)
     monkeypatch.setattr(socket, "create_connection", lambda address, *a, **k: refuse(None, address))
-    tokenizer.cache_clear()                   # build it afresh, under the patch
+    gpt2_tokenizer.cache_clear()              # build it afresh, under the patch
     enc = tokenizer()
     assert enc.encode("Hello world") == [15496, 995]

@@ -12,8 +12,8 @@ Every cache speaks the same small protocol, and the model uses nothing else:
     length                    positions filled so far (read-only for the model)
     capacity                  positions it has room for now (a step may fill up to this)
     reserve(n)                make room for n more positions, or raise PromptError saying why not
-    write(layer, pos, k, v)   store keys and values [H, n, hd] of positions pos .. pos+n-1
-    read(layer, t)            keys and values of positions 0 .. t-1, [H, t, hd] each; reports the read
+    write(layer, pos, k, v)   store keys and values [Hkv, n, hd] of positions pos .. pos+n-1
+    read(layer, t)            keys and values of positions 0 .. t-1, [Hkv, t, hd] each; reports the read
     advance(n)                the step is done: n more positions are filled
     truncate(t)               forget every position from t on (speculative decoding's roll-back)
     free()                    give the memory back (a paged cache returns its blocks)
@@ -82,7 +82,7 @@ class KVCache(CacheBase):
         self.check_fits(n_new)
 
     def write(self, layer: int, pos: int, k: np.ndarray, v: np.ndarray) -> None:
-        """Store keys and values [H, T, hd] of positions pos .. pos+T-1 for one layer, in place."""
+        """Store keys and values [Hkv, T, hd] of positions pos .. pos+T-1 for one layer, in place."""
         T = k.shape[1]
         self.k[layer, :, pos:pos + T] = k
         self.v[layer, :, pos:pos + T] = v
@@ -91,7 +91,7 @@ class KVCache(CacheBase):
             m.count("kv_write", kv_write=k.nbytes + v.nbytes)
 
     def read(self, layer: int, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """Views (no copy) of the keys and values of the first t positions of one layer: [H, t, hd] each.
+        """Views (no copy) of the keys and values of the first t positions of one layer: [Hkv, t, hd] each.
         Attention streams them once: counted here as the KV-cache read."""
         k, v = self.k[layer, :, :t], self.v[layer, :, :t]
         m = meter.active()

@@ -13,7 +13,7 @@ can be shared by several sequences (a common prompt prefix) and returns to the f
 its last user lets it go.
 
 Reading a sequence's keys for attention: when its blocks are one ascending run (b, b+1, ...), the
-[H, t, hd] keys are a view of the pool, no copy; otherwise they are gathered through the block
+[Hkv, t, hd] keys are a view of the pool, no copy; otherwise they are gathered through the block
 table into a fresh array. That gather is a real copy, counted as such: the pool is read (kv_read),
 the copy written and then read again by attention (activations).
 """
@@ -113,7 +113,7 @@ class PagedKVPool:
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
         shape = (config.n_layer, config.n_kv_head, num_blocks, block_size, config.head_dim)
-        self.k = np.zeros(shape, dtype=dtype)   # [L, H, blocks, bs, hd]; pages are touched as blocks fill
+        self.k = np.zeros(shape, dtype=dtype)   # [L, Hkv, blocks, bs, hd]; pages are touched as blocks fill
         self.v = np.zeros(shape, dtype=dtype)
 
     @classmethod
@@ -201,7 +201,7 @@ class PagedKVCache(CacheBase):
         return np.asarray(self.table, dtype=np.intp)[p // self.block_size], p % self.block_size
 
     def write(self, layer: int, pos: int, k: np.ndarray, v: np.ndarray) -> None:
-        """Store keys and values [H, n, hd] of positions pos .. pos+n-1 into their blocks."""
+        """Store keys and values [Hkv, n, hd] of positions pos .. pos+n-1 into their blocks."""
         n = k.shape[1]
         if n == 1:
             b, o = self.table[pos // self.block_size], pos % self.block_size
@@ -221,12 +221,12 @@ class PagedKVCache(CacheBase):
         return n_blocks <= self._run
 
     def read(self, layer: int, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """Keys and values of positions 0 .. t-1, [H, t, hd] each: a view of the pool when the blocks
+        """Keys and values of positions 0 .. t-1, [Hkv, t, hd] each: a view of the pool when the blocks
         are one ascending run, else a copy gathered through the block table."""
         bs = self.block_size
         nb = -(-t // bs)
         H, hd = self.config.n_kv_head, self.config.head_dim
-        kp, vp = self.pool.k[layer], self.pool.v[layer]          # [H, blocks, bs, hd]
+        kp, vp = self.pool.k[layer], self.pool.v[layer]          # [Hkv, blocks, bs, hd]
         if self.contiguous(nb):
             b0 = self.table[0]
             k = kp[:, b0:b0 + nb].reshape(H, nb * bs, hd)[:, :t]  # a view: no copy

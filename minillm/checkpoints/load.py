@@ -15,6 +15,7 @@ from ..paths import expand_user, not_a_regular_file, package_weights_dir
 
 RANDOM_SEED = 1234
 DOWNLOADABLE = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+LLAMA_DOWNLOADABLE = ("smollm2-135m",)   # a Llama-family chat model (checkpoints/smollm.py)
 # A small random model for when no bundled model is installed, and for quick tests.
 TINY = GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=256, vocab_size=50257)
 
@@ -25,7 +26,8 @@ BUNDLED = {"small": ("", "minillm-shakespeare"), "large": ("large", "minillm-sha
 
 def model_names() -> list[str]:
     return ["default or small (the bundled model)", "large (the bundled 8-layer model)",
-            *(f"random-{k}" for k in PRESETS), "random-tiny", *DOWNLOADABLE]
+            *(f"random-{k}" for k in PRESETS), "random-tiny", *DOWNLOADABLE, *LLAMA_DOWNLOADABLE,
+            "a Hugging Face llama/qwen2/qwen3 folder", "a .gguf file"]
 
 
 def bundled_dir(which: str = "small") -> Path:
@@ -73,6 +75,13 @@ def load(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = Fa
         if source_str.removeprefix("random-") not in (*PRESETS, "tiny"):
             raise ModelNotFoundError(f"unknown model {source_str!r}; choose one of: {', '.join(model_names())}")
         return random_model(source_str, dtype)
+    if source_str in LLAMA_DOWNLOADABLE:
+        from ..checkpoints import smollm
+        from ..checkpoints.llama_load import load_llama
+        where = smollm.find()
+        if where is None:
+            raise ModelNotFoundError(f"{source_str} is not downloaded yet; fetch it with: minillm download {source_str}")
+        return load_llama(where, dtype, name=source_str)
     if source_str in DOWNLOADABLE:
         from ..checkpoints.download import find_downloaded
         where = find_downloaded(source_str)
@@ -89,5 +98,8 @@ def load(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = Fa
         )
     if problem is not None and problem.startswith("cannot"):   # a name too long, a loop of links, no permission
         raise WeightsError(f"{source_str}: {problem}; choose a checkpoint path or one of: {', '.join(model_names())}")
+    from ..checkpoints.llama_load import load_llama, sniff
+    if sniff(path) is not None:                      # a GGUF file, or a llama/qwen2/qwen3 folder
+        return load_llama(path, dtype)
     config, params = load_checkpoint(path, dtype)
     return GPT2(config, params, name=path.name)

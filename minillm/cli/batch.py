@@ -74,7 +74,7 @@ def run(args) -> int:
     at_least_one(args, "max_new_tokens", "block_size")
     rows = read_prompts(args.file, args.max_new_tokens, args.seed)
     model = load_model(args.model)
-    enc = tokenizer()
+    enc = tokenizer(model)
     ids = [enc.encode(p, allowed_special={"<|endoftext|>"}) for p, *_ in rows]
     limits = [n for _, n, _, _ in rows]
     seeds = [s for _, _, s, _ in rows]

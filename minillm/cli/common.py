@@ -115,7 +115,7 @@ def encode_prompt(model, prompt: str, max_new_tokens: int) -> np.ndarray:
         bad = prompt[e.start].encode("utf-8", "surrogateescape")
         raise PromptError(f"the prompt is not valid UTF-8 (byte 0x{bad.hex()} at character {e.start}); "
                           "give it as UTF-8 text") from None
-    ids = tokenizer().encode(prompt, allowed_special={"<|endoftext|>"})
+    ids = tokenizer(model).encode(prompt, allowed_special={"<|endoftext|>"})
     ids = model.check_ids(ids)
     if max_new_tokens < 1:
         raise PromptError(f"--max-new-tokens {max_new_tokens}: must be at least 1")
@@ -126,11 +126,14 @@ def encode_prompt(model, prompt: str, max_new_tokens: int) -> np.ndarray:
 class TextStream:
     """Print tokens as they come; a character split across tokens is held until it is whole."""
 
-    def __init__(self) -> None:
-        self.enc = tokenizer()
+    def __init__(self, model=None, skip=()) -> None:
+        self.enc = tokenizer(model)
+        self.skip = frozenset(skip)          # end-of-turn ids: not printed
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def __call__(self, token: int) -> None:
+        if token in self.skip:
+            return
         sys.stdout.write(self.utf8.decode(self.enc.decode_single_token_bytes(token)))
         sys.stdout.flush()
 

@@ -54,7 +54,7 @@ def run_compare(args) -> int:
     draft = load_draft(args.draft, model)
     hw = hardware.machine(progress=True)
     note_if_busy(args)
-    enc = tokenizer()
+    enc = tokenizer(model)
     generate(model, ids, min(2, args.max_new_tokens))   # warm-up: first touches of weights and cache pages
     runs = {}
     for path, kv in (("cached", True), ("naive", False)):

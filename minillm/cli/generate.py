@@ -28,6 +28,10 @@ def add_arguments(p) -> None:
     add_sampling(p)
     p.add_argument("--no-cache", action="store_true", help="naive decode: recompute the whole sequence every step")
     add_speculative(p)
+    p.add_argument("--chat", action="store_true",
+                   help="PROMPT is a user's message: render it with the model's chat template and print "
+                        "only the answer, stopping at the end of the turn")
+    p.add_argument("--system", metavar="TEXT", default=None, help="with --chat: a system message first")
 
 
 def read_prompt(args) -> str:
@@ -64,18 +68,34 @@ def run(args) -> int:
         raise MiniLLMError("--draft needs the KV cache (it rolls the cache back past rejected guesses): "
                            "drop --no-cache or --draft")
     prompt = read_prompt(args)
+    if args.system is not None and not args.chat:
+        raise PromptError("--system goes with --chat")
     model = load_model(args.model)
-    ids = encode_prompt(model, prompt, args.max_new_tokens)
+    stop = ()
+    if args.chat:
+        from ..chat import render
+        from ..tokenizer import tokenizer
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
+            [{"role": "user", "content": prompt}]
+        shown, prompt = "", None
+        text, note = render(messages, tokenizer(model))
+        if note:
+            err.print(f"[dim]{escape(note)}[/]")
+        ids = encode_prompt(model, text, args.max_new_tokens)
+        stop = tuple(getattr(model, "eos_ids", ()))
+    else:
+        ids = encode_prompt(model, prompt, args.max_new_tokens)
+        shown = prompt
     draft = load_draft(args.draft, model)
     note_if_busy(args)
-    sys.stdout.write(prompt)
+    sys.stdout.write(shown)
     sys.stdout.flush()
     t0 = time.perf_counter()
-    stream = TextStream()
+    stream = TextStream(model, skip=stop)
     stats = None
     if draft is None:
         new = generate(model, ids, args.max_new_tokens, kv_cache=not args.no_cache, temperature=args.temperature,
-                       top_k=args.top_k, top_p=args.top_p, seed=args.seed, on_token=stream)
+                       top_k=args.top_k, top_p=args.top_p, seed=args.seed, on_token=stream, stop_ids=stop)
     else:
         new, stats = speculative_generate(model, ids, args.max_new_tokens, draft=draft, k=args.speculate_k,
                                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

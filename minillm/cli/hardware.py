@@ -27,6 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="bytes per weight for the decode ceiling (default fp16)")
     parser.add_argument("--remeasure", action="store_true", help="measure this machine again at this thread count, replacing those cached figures")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of tables")
+    parser.add_argument("--shape", metavar="NAME", help="a model shape by name (llama-3-8b, llama-2-7b, mistral-7b, "
+                        "qwen2.5-7b, smollm2-135m, gpt2-124m, ...): weights and KV bytes per token from it")
+    parser.add_argument("--context", type=int, default=None, metavar="T",
+                        help="with --shape: tokens in the KV cache for the decode step (default: the shape's context)")
 
 
 def _sig(x: float, digits: int = 3) -> str:
@@ -50,6 +54,8 @@ def _peak(hw: Hardware) -> str:
 def run(args: argparse.Namespace) -> int:
     """`minillm hardware`: this machine beside the presets, and the decode ceiling if --params is given."""
     # Check the user's input before spending seconds on measuring.
+    if getattr(args, "shape", None):
+        return run_shape(args)
     chip = get_chip(args.chip) if args.chip else None
     n_params = parse_count(args.params) if args.params else None
     dtype = _dtype_key(args.dtype)
@@ -130,4 +136,42 @@ def run(args: argparse.Namespace) -> int:
             f"{c['n_params']:,} parameters × {c['bytes_per_param']:g} bytes ({dtype}) = {_sig(c['gb_per_token'])} GB "
             f"per token; at {_sig(c['bandwidth_gbs'])} GB/s ({c['chip']}) that is {_ms(c['ms_per_token'])} ms per token, "
             f"about {c['tokens_per_s']:,.0f} tokens/s, whatever the compute.")
+    return 0
+
+
+def run_shape(args: argparse.Namespace) -> int:
+    """`minillm hardware --shape NAME [--chip C] [--context T]`: a decode step's bytes from the shape."""
+    import re
+
+    from rich.console import Console
+
+    from ..errors import MiniLLMError
+    from ..measure.shapes import decode_step_bytes, kv_bytes_per_token, sequences_that_fit, shape
+    s = shape(args.shape)
+    if args.params:
+        raise MiniLLMError("--params and --shape both give the model's size: choose one")
+    context = args.context if args.context is not None else s["n_ctx"]
+    if context < 1:
+        raise MiniLLMError(f"--context {context}: must be at least 1")
+    b = BYTES_PER_ELEMENT[_dtype_key(args.dtype)]
+    hw = get_chip(args.chip) if args.chip else machine(progress=True)
+    step = decode_step_bytes(s, context, b)
+    kv_tok = kv_bytes_per_token(s, b)
+    mha = kv_tok * s["n_head"] / s["n_kv_head"]
+    ms = step["total"] / (hw.bandwidth_gbs * 1e9) * 1e3
+    lines = [f"{s['name']} ({args.dtype}): {s['n_params'] / 1e9:.2f}B params, {s['n_layer']} layers, "
+             f"{s['n_head']} heads, {s['n_kv_head']} KV heads of {s['head_dim']}",
+             f"  KV per token: 2·L·Hkv·hd·b = {kv_tok / 1024:,.0f} KiB"
+             + (f" ({mha / 1024:,.0f} KiB with a KV head per query head)" if mha != kv_tok else ""),
+             f"  weights per decode step: {step['weights'] / 1e9:,.2f} GB",
+             f"  KV read at context {context:,}: {step['kv'] / 1e9:,.2f} GB "
+             f"({step['kv'] / step['weights']:.0%} of the weights)",
+             f"  decode, batch 1, on {hw.name} ({_sig(hw.bandwidth_gbs)} GB/s): {ms:,.2f} ms/token, "
+             f"~{1e3 / ms:,.0f} tokens/s"]
+    gb = re.search(r"(\d+)gb", hw.name)
+    if gb:
+        n = sequences_that_fit(s, context, b, int(gb.group(1)) * 1e9)
+        lines.append(f"  sequences of {context:,} tokens whose KV fits beside the weights in "
+                     f"{gb.group(1)} GB: {n:,}")
+    Console().print("\n".join(lines), highlight=False, soft_wrap=True)
     return 0

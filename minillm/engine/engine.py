@@ -121,6 +121,8 @@ class Engine:
                  meter: bool = True, keep_steps: int | None = None, on_step=None) -> None:
         self.model = model
         if cache == "contiguous":
+            if prefix_cache:
+                raise MiniLLMError("prefix_cache needs cache='paged': contiguous caches share no blocks")
             self.pool = None
             self.blocks = ContiguousBlocks(model.config, model.dtype)
         elif cache == "paged":

@@ -29,7 +29,8 @@ def naive_step(model, seq: list[int], kind: str) -> np.ndarray:
 
 def generate(model, ids, max_new_tokens: int, *, kv_cache: bool = True, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-             on_token: Callable[[int], None] | None = None, draft=None, speculate_k: int = 4) -> list[int]:
+             on_token: Callable[[int], None] | None = None, draft=None, speculate_k: int = 4,
+             stop_ids=()) -> list[int]:
     """Generate `max_new_tokens` tokens after the prompt `ids`; returns the new tokens.
 
     kv_cache=True: prefill the prompt, then one decode_step per token.
@@ -39,6 +40,8 @@ def generate(model, ids, max_new_tokens: int, *, kv_cache: bool = True, temperat
     tokens a round and one step of this model checks them all. Greedy tokens are the same as
     without a draft; sampled ones follow the same distribution.
     `on_token(id)` is called as each token is chosen (the CLI streams text with it).
+    stop_ids: end-of-turn ids (a chat model's `eos_ids`): generation stops after the first of them,
+    which is kept as the last new token.
     """
     if draft is not None:
         if not kv_cache:
@@ -60,16 +63,21 @@ def generate(model, ids, max_new_tokens: int, *, kv_cache: bool = True, temperat
             on_token(token)
         return token
 
+    stop = frozenset(int(t) for t in stop_ids)
     if max_new_tokens == 0:
         return new
     if kv_cache:
         logits, cache = model.prefill(ids)                     # the prompt, once
         token = pick(logits)
         for _ in range(max_new_tokens - 1):
+            if token in stop:
+                break
             token = pick(model.decode_step(token, cache))      # one token, reading the cache
     else:
         seq = list(ids)
         seq.append(pick(naive_step(model, seq, "prefill")))
         for _ in range(max_new_tokens - 1):                    # the whole sequence, every step
+            if seq[-1] in stop:
+                break
             seq.append(pick(naive_step(model, seq, "decode")))
     return new

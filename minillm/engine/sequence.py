@@ -84,7 +84,7 @@ class Sequence:
         return len(self.output) >= self.max_new_tokens or self.stopped
 
     def append(self, token: int) -> int:
-        """The token sampled for this sequence (engine/batch.py samples with its own stream)."""
+        """The token sampled for this sequence (engine/runner.py samples it with the sequence's own stream)."""
         self.output.append(int(token))
         return token
 

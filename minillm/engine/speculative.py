@@ -138,8 +138,10 @@ def check_draft_model(draft, target) -> None:
     if draft.config.vocab_size != target.config.vocab_size:
         raise MiniLLMError(f"the draft {draft.name} has a vocabulary of {draft.config.vocab_size} ids and the "
                            f"model {target.name} one of {target.config.vocab_size}: they must share a tokenizer")
-    same_weights = (draft.config == target.config and draft.wpe.shape == target.wpe.shape
-                    and np.array_equal(draft.wpe, target.wpe) and np.array_equal(draft.wte_t[:, :64], target.wte_t[:, :64]))
+    wpe_d, wpe_t = getattr(draft, "wpe", None), getattr(target, "wpe", None)     # Llama has no position table
+    same_weights = (draft.config == target.config
+                    and (wpe_d is None or wpe_d.shape == wpe_t.shape and np.array_equal(wpe_d, wpe_t))
+                    and np.array_equal(draft.wte_t[:, :64], target.wte_t[:, :64]))
     if draft is target or same_weights:
         raise MiniLLMError(f"the draft {draft.name} is the model itself: it would guess right every time and "
                            "save nothing (each guess costs a full step); give a smaller model, or ngram")

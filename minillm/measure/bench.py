@@ -36,8 +36,9 @@ from ..meter import Meter
 
 def decode_weights(model) -> list[np.ndarray]:
     """The matrices of every linear layer a decode step multiplies a vector by (the LM head's wte aside)."""
-    return [p[name] for p in model.blocks
-            for name in ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")]
+    names = getattr(model, "MATRICES", ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight",
+                                        "mlp.c_proj.weight"))     # GPT-2's, unless the model names its own
+    return [p[name] for p in model.blocks for name in names]
 
 
 def matvec_pass(mats: list[np.ndarray], head: np.ndarray) -> None:

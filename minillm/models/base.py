@@ -98,6 +98,7 @@ class CausalLM:
         -> logits [V]."""
         if not isinstance(token, (int, np.integer)):
             raise PromptError(f"token {token!r}: a token id must be an integer")
+        self.check_ids([token], cache.length)          # before any block is taken for it
         cache.reserve(1)
         (logits,) = self.step([(np.array([token], dtype=np.intp), cache)])
         return logits

@@ -93,7 +93,7 @@ class GPT2(CausalLM):
     def run(self, plan) -> np.ndarray:
         """Token and position embeddings, then every block. -> x [N, d]."""
         c = self.config
-        x = ops.embedding(self.wte, self.wpe, plan.ids, plan.positions)             # [N, d]
+        x = ops.embedding(self.wte, self.wpe, plan.ids, plan.rows_of_positions)     # [N, d]
         for layer, p in enumerate(self.blocks):
             x = transformer_block(x, p, c.n_head, c.ln_eps, partial(plan.attend, layer))   # [N, d]
         return x

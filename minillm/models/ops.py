@@ -64,8 +64,9 @@ def matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def embedding(wte: np.ndarray, wpe: np.ndarray, ids: np.ndarray, positions) -> np.ndarray:
-    """Token + position embeddings. wte [V, d], wpe [n_ctx, d], ids [N], positions [N] (or the first
-    position, an int, the others following it) -> x [N, d].
+    """Token + position embeddings. wte [V, d], wpe [n_ctx, d], ids [N], positions: the rows of wpe,
+    an index array [N], a slice (one sequence's consecutive positions: a view, no gather) or the
+    first position, an int, the others following it -> x [N, d].
 
     Reads only the rows it gathers: N rows of wte and N rows of wpe.
     """
@@ -73,7 +74,7 @@ def embedding(wte: np.ndarray, wpe: np.ndarray, ids: np.ndarray, positions) -> n
     if np.isscalar(positions):
         pos = wpe[positions:positions + N]   # [N, d]  a slice: one sequence's consecutive positions
     else:
-        pos = wpe[positions]                 # [N, d]  gather: the positions of several sequences
+        pos = wpe[positions]                 # [N, d]  a slice's view, or a gather for several sequences
     x = wte[ids]                             # [N, d]  gather N rows
     x += pos
     m = meter.active()
@@ -245,3 +246,78 @@ def lm_head(x: np.ndarray, wte: np.ndarray) -> np.ndarray:
         T, (V, d) = x.shape[0], wte.shape
         m.count("lm_head", weights=wte.nbytes, activations=x.nbytes + logits.nbytes, matmul=2 * T * d * V)
     return logits
+
+
+# -- the Llama family's operations (models/llama.py) --------------------------------------------------
+#
+# FLOP conventions, as above, per element of output: RMS norm 4 (square, sum, normalise, scale),
+# rotary embedding 3 (two products and a sum per rotated coordinate), SwiGLU 6 (sigmoid as halve,
+# tanh, add, halve; the product with the gate, then with the up projection).
+
+
+def token_embedding(wte: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Token embeddings only (positions come from the rotary embedding). wte [V, d], ids [N] -> [N, d].
+    Reads only the N rows it gathers."""
+    x = wte[ids]                             # [N, d]  gather N rows (a copy: the residual stream)
+    m = meter.active()
+    if m is not None:
+        m.count("embedding", weights=x.nbytes, activations=x.nbytes)
+    return x
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """Root-mean-square norm over the last axis: x / sqrt(mean(x²) + eps) · w. No centring, no shift.
+    x [..., n], w [n] -> [..., n] (Llama's norms over d, Qwen3's per-head q/k norms over hd)."""
+    ms = np.einsum("...i,...i->...", x, x)[..., None]       # [..., 1]  sum of squares, no temporary
+    ms *= 1.0 / x.shape[-1]
+    ms += eps
+    np.sqrt(ms, out=ms)
+    y = x / ms                                              # [..., n]
+    y *= w
+    m = meter.active()
+    if m is not None:
+        m.count("rms_norm", weights=w.nbytes, activations=x.nbytes + y.nbytes, other=4 * y.size)
+    return y
+
+
+def rope_tables(n_ctx: int, head_dim: int, theta: float, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of every position's angles, [n_ctx, hd/2] each: position p turns coordinate pair i
+    by p · theta^(-2i/hd). Computed in float64, then stored in the model's dtype."""
+    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)   # [hd/2]
+    angles = np.arange(n_ctx, dtype=np.float64)[:, None] * inv_freq[None, :]       # [n_ctx, hd/2]
+    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotary position embedding, the rotate-half convention of transformers' Llama: coordinate i
+    pairs with i + hd/2, and the pair turns by its position's angle.
+    x [H, N, hd]; cos, sin [N, hd/2] (the rows of these N positions) -> [H, N, hd], a new array."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]                   # [H, N, hd/2] each
+    y = np.empty_like(x)
+    np.multiply(x1, cos, out=y[..., :half])
+    y[..., :half] -= x2 * sin                               # x1·cos − x2·sin
+    np.multiply(x2, cos, out=y[..., half:])
+    y[..., half:] += x1 * sin                               # x2·cos + x1·sin
+    m = meter.active()
+    if m is not None:
+        m.count("rope", activations=x.nbytes + y.nbytes + cos.nbytes + sin.nbytes, other=3 * y.size)
+    return y
+
+
+def swiglu(gate_up: np.ndarray) -> np.ndarray:
+    """The SwiGLU gate: silu(gate) · up, where silu(g) = g·sigmoid(g) = g·(1 + tanh(g/2))/2 (the
+    tanh form never overflows, so no floating-point state to switch per call).
+    gate_up [N, 2F] (the gate and up projections side by side, one product) -> [N, F]."""
+    F = gate_up.shape[-1] // 2
+    gate, up = gate_up[:, :F], gate_up[:, F:]               # [N, F] each
+    y = gate * 0.5
+    np.tanh(y, out=y)
+    y += 1.0
+    y *= 0.5                                                # sigmoid(gate)
+    y *= gate
+    y *= up
+    m = meter.active()
+    if m is not None:
+        m.count("swiglu", activations=gate_up.nbytes + y.nbytes, other=6 * y.size)
+    return y

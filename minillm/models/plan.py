@@ -4,7 +4,8 @@ A step is a flattened batch: several sequences, each with its new tokens and its
 blocks need four things from it, and nothing else:
 
     ids        [N]   every new token, all sequences' rows one after the other
-    positions  [N]   each row's position in its own sequence (RoPE and GPT-2's position table read it)
+    positions  [N]   each row's position in its own sequence (RoPE reads it); `rows_of_positions`
+                     indexes a position table the same way (a slice for one sequence: no gather)
     attend(layer, q, k, v)    q [H, N, hd], k and v [Hkv, N, hd] -> [H, N, hd]: store each
                      sequence's new keys and values in its cache, and let each sequence's queries
                      attend over its own positions only
@@ -163,6 +164,8 @@ class StepPlan:
         self.spans = spans
         self.ids = ids                      # [N]
         self.positions = positions          # [N]
+        one = spans[0]
+        self.rows_of_positions = slice(one.pos, one.pos + one.n) if len(spans) == 1 else positions
         self.wants = wants                  # per sequence: "last", "all" or None
         self.attention = batched_decode(spans) or PerSequence(spans)
         self.attend = self.attention.attend
@@ -188,6 +191,8 @@ class StepPlan:
 
     def meter_step(self):
         """The meter's record around this step (a no-op with no meter active)."""
+        if meter.active() is None:
+            return meter.NO_STEP
         return meter.step(self.kind, self.spans[0].pos, self.n_tokens,
                           attended=max(s.pos + s.n for s in self.spans),
                           seqs=[(s.pos, s.n) for s in self.spans])

@@ -57,7 +57,8 @@ class EngineLoop:
             r = self.engine.new_request(creq.prompt_ids, creq.max_tokens, creq.sampling,
                                         stop_ids=self.model.eos_ids)
         except MiniLLMError as e:
-            raise ApiError(400, f"max_tokens: {e}", "max_tokens") from None
+            param = "max_tokens" if "KV blocks" in str(e) or "new tokens" in str(e) else "prompt"
+            raise ApiError(400, f"{param}: {e}", param) from None
         if len(self.engine.scheduler.waiting) + self.inbox.qsize() >= self.max_waiting:
             raise ApiError(429, f"{self.max_waiting} requests are already waiting: try again shortly",
                            kind="rate_limit_error", headers={"Retry-After": "1"})
@@ -100,9 +101,12 @@ class EngineLoop:
                     self.metrics.inc("engine_errors_total", "steps that raised")
                     for r in e.requests:
                         self._finish(r, "error")
-                except Exception as e:            # a bug outside the model step: never kill the loop
+                except Exception as e:            # a bug outside the model step: end what is live, go on
                     self.last_error = f"{e.__class__.__name__}: {e}"
                     self.metrics.inc("engine_errors_total", "steps that raised")
+                    for r in list(self.live.values()):
+                        self.engine.abort(r.id, "error")
+                        self._finish(r, "error")
             self._gauges()
 
     def _drain(self, block: bool) -> None:
@@ -117,6 +121,8 @@ class EngineLoop:
                     self.engine.add(r)
                     self.live[r.id] = r
                     self.metrics.inc("requests_total", "requests admitted to the queue")
+                    if r.done:                    # it asked for no new token: answered at once
+                        self._finish(r, r.finish_reason)
                 except MiniLLMError:
                     self._finish(r, "error")
             elif what == "cancel" and r.id in self.live:

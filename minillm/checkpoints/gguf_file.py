@@ -1,0 +1,278 @@
+"""GGUF files (llama.cpp's format) through the `gguf` package, llama.cpp's own reader.
+
+A GGUF file is a header of typed key/value metadata (the architecture's hyper-parameters, the
+tokenizer's vocabulary and merges, the chat template), then tensor descriptions (name, shape, type,
+offset), then the tensors, many of them quantized in blocks (Q4_1: 32 weights share a float16 scale
+and minimum, each weight 4 bits). minillm reads the header itself (a small loop, below:
+the `gguf` package's reader took 15 s over a 49,152-token vocabulary) and `gguf.quants.dequantize`,
+llama.cpp's own NumPy code, turns each block-quantized tensor back into float32.
+
+`read_gguf(path)` gives the metadata and the raw tensors, still quantized (`GGUFTensor`: type,
+shape, bytes) for whoever computes on them directly; `load_gguf(path)` gives a config and float32
+tensors in Hugging Face names, ready for `models.llama.Llama`.
+
+Before the reader sees the file, its counts are checked against its size: a header that claims
+more tensors or keys than the file could hold is refused, so a damaged or lying file costs a
+clear error, never a huge allocation or a long loop.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..config import LLAMA_TYPES, LlamaConfig
+from ..errors import ConfigError, WeightsError
+from ..paths import not_a_regular_file
+
+MAGIC = b"GGUF"
+# The tensor types minillm dequantizes (all the `gguf` package knows how to; these are the ones tested).
+SUPPORTED = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+_DAMAGED = "the file is damaged or not a GGUF file; re-download it"
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """One tensor as the file stores it: `data` is its raw memory-mapped bytes (or values, for
+    F32/F16), `shape` the logical NumPy shape ([rows, columns], rows = the output features)."""
+    name: str
+    type: str
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+
+def _error(path, problem: str) -> WeightsError:
+    return WeightsError(f"{path}: {problem}; {_DAMAGED}")
+
+
+def _check_header(path: Path) -> None:
+    """The magic, the version and the counts, before the reader trusts them."""
+    problem = not_a_regular_file(path)
+    if problem is not None:
+        raise WeightsError(f"{path}: {problem}; pass a .gguf file")
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(24)
+    except OSError as e:
+        raise WeightsError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if len(head) < 24:
+        raise _error(path, f"only {size} bytes, too short for a GGUF header")
+    if head[:4] != MAGIC:
+        raise _error(path, f"starts with {head[:4]!r}, not {MAGIC!r}")
+    version, n_tensors, n_kv = struct.unpack("<IQQ", head[4:24])
+    if version not in (2, 3):
+        raise _error(path, f"GGUF version {version}; minillm reads versions 2 and 3")
+    # every key/value takes at least 12 bytes (a length, a type, a value), every tensor description 24
+    if n_kv * 12 + n_tensors * 24 > size - 24:
+        raise _error(path, f"the header claims {n_kv:,} keys and {n_tensors:,} tensors, more than "
+                           f"its {size:,} bytes can hold (truncated download?)")
+
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
+MAX_DIMS = 4
+
+
+class _Cursor:
+    """Reads the header's values from the memory-mapped bytes, every length checked against the file.
+    (gguf's own GGUFReader builds a NumPy view per value: 15 s for a 49,152-token vocabulary here;
+    reading the strings straight from the bytes takes a fraction of a second.)"""
+
+    def __init__(self, buf, path) -> None:
+        self.buf, self.pos, self.path = buf, 0, path
+
+    def need(self, n: int) -> None:
+        if n < 0 or self.pos + n > len(self.buf):
+            raise _error(self.path, f"the header runs past the end of the file at byte {self.pos:,} "
+                                    "(truncated download?)")
+
+    def scalar(self, fmt: str):
+        n = struct.calcsize(fmt)
+        self.need(n)
+        value = struct.unpack_from(fmt, self.buf, self.pos)[0]
+        self.pos += n
+        return value
+
+    def string(self) -> str:
+        n = self.scalar("<Q")
+        self.need(n)
+        raw = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return raw.decode("utf-8", errors="replace")
+
+    def value(self, kind: int, depth: int = 0):
+        if kind in _SCALARS:
+            return self.scalar(_SCALARS[kind])
+        if kind == 8:
+            return self.string()
+        if kind == 9 and depth == 0:
+            item, n = self.scalar("<I"), self.scalar("<Q")
+            if item in _NUMPY:
+                size = np.dtype(_NUMPY[item]).itemsize
+                self.need(n * size)
+                out = np.frombuffer(self.buf, _NUMPY[item], n, self.pos).tolist()
+                self.pos += n * size
+                return out
+            self.need(n * 8)                     # every string or array item takes 8 bytes at least
+            return [self.value(item, depth + 1) for _ in range(n)]
+        raise _error(self.path, f"unknown value type {kind} at byte {self.pos:,}")
+
+
+def read_gguf(path) -> tuple[dict, dict[str, GGUFTensor]]:
+    """The metadata (key -> Python value) and every tensor, raw (not dequantized, memory-mapped)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    path = Path(path)
+    _check_header(path)
+    buf = np.memmap(path, dtype=np.uint8, mode="r")
+    c = _Cursor(buf, path)
+    c.pos = 8
+    n_tensors, n_kv = c.scalar("<Q"), c.scalar("<Q")
+    metadata = {}
+    for _ in range(n_kv):
+        key = c.string()
+        metadata[key] = c.value(c.scalar("<I"))
+    infos = []
+    for _ in range(n_tensors):
+        name = c.string()
+        n_dims = c.scalar("<I")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise _error(path, f"tensor {name[:60]} has {n_dims} dimensions")
+        dims = [c.scalar("<Q") for _ in range(n_dims)]
+        kind, offset = c.scalar("<I"), c.scalar("<Q")
+        infos.append((name, dims, kind, offset))
+    align = metadata.get("general.alignment", 32)
+    if not isinstance(align, int) or align < 1 or align & (align - 1):
+        raise _error(path, f"general.alignment {align!r} is not a power of two")
+    data_start = -(-c.pos // align) * align
+    tensors = {}
+    for name, dims, kind, offset in infos:
+        try:
+            qtype = GGMLQuantizationType(kind)
+        except ValueError:
+            raise _error(path, f"tensor {name[:60]} has unknown type {kind}") from None
+        block, type_size = GGML_QUANT_SIZES[qtype]
+        if dims[0] % block:
+            raise _error(path, f"tensor {name[:60]}: a row of {dims[0]} is not whole {qtype.name} blocks")
+        row_bytes = dims[0] // block * type_size
+        n_rows = math.prod(dims[1:])
+        begin, nbytes = data_start + offset, row_bytes * n_rows
+        if begin + nbytes > len(buf):
+            raise _error(path, f"tensor {name[:60]} ({nbytes:,} bytes at {begin:,}) runs past the end of "
+                               f"the file's {len(buf):,} bytes (truncated download?)")
+        raw = np.asarray(buf[begin:begin + nbytes])
+        shape = tuple(reversed(dims))                   # GGUF lists the fastest axis first
+        if qtype.name in ("F32", "F16"):
+            data = raw.view("<f4" if qtype.name == "F32" else "<f2").reshape(shape)
+        else:
+            data = raw.reshape(*shape[:-1], row_bytes)
+        tensors[name] = GGUFTensor(name, qtype.name, shape, data)
+    return metadata, tensors
+
+
+def dequantize(t: GGUFTensor, where) -> np.ndarray:
+    """A tensor in float32, its logical shape."""
+    if t.type not in SUPPORTED:
+        raise WeightsError(f"{where}: tensor {t.name} has type {t.type}; minillm dequantizes "
+                           f"{', '.join(SUPPORTED)}")
+    try:
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize as gguf_dequantize
+        out = gguf_dequantize(t.data, GGMLQuantizationType[t.type])
+        out = np.asarray(out, dtype=np.float32).reshape(t.shape)
+    except Exception as e:
+        raise _error(where, f"tensor {t.name} ({t.type}, shape {list(t.shape)}) cannot be dequantized "
+                            f"({type(e).__name__}: {str(e)[:80]})") from None
+    return out
+
+
+def config_from_metadata(md: dict, where) -> LlamaConfig:
+    """The model's hyper-parameters from the GGUF keys `{arch}.block_count`, ...."""
+    arch = md.get("general.architecture")
+    if arch not in LLAMA_TYPES:
+        raise ConfigError(f"{where}: GGUF architecture {arch!r} is not supported; minillm runs "
+                          f"{', '.join(LLAMA_TYPES)}")
+    scaling = md.get(f"{arch}.rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise ConfigError(f"{where}: rope scaling {scaling!r} is not implemented; minillm runs the default "
+                          "rotary embedding only")
+
+    def get(key, default=None):
+        value = md.get(f"{arch}.{key}", default)
+        if value is None:
+            raise ConfigError(f"{where}: metadata {arch}.{key} is missing; {_DAMAGED}")
+        return value
+
+    try:
+        H = int(get("attention.head_count"))
+        d = int(get("embedding_length"))
+        tokens = md.get("tokenizer.ggml.tokens")
+        vocab = int(md.get(f"{arch}.vocab_size") or (len(tokens) if tokens else 0) or 0)
+        return LlamaConfig(
+            n_layer=int(get("block_count")), n_head=H, n_kv_head=int(get("attention.head_count_kv", H)),
+            head_dim=int(get("attention.key_length", d // H if H else 0)), n_embd=d,
+            n_ctx=int(get("context_length")), vocab_size=vocab, ffn=int(get("feed_forward_length")),
+            eps=float(get("attention.layer_norm_rms_epsilon")), theta=float(get("rope.freq_base", 10000.0)),
+            arch=arch, qkv_bias=arch == "qwen2", qk_norm=arch == "qwen3", tied=True)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}" if str(where) not in str(e) else str(e)) from None
+    except (TypeError, ValueError, OverflowError, ZeroDivisionError) as e:
+        raise ConfigError(f"{where}: a metadata value has the wrong type ({e}); {_DAMAGED}") from None
+
+
+# GGUF tensor names -> Hugging Face names (without `model.`)
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
+
+
+def hf_name(name: str) -> str | None:
+    """`blk.3.attn_q.weight` -> `layers.3.self_attn.q_proj.weight`; None for a name minillm does not use."""
+    parts = name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _BLOCK_NAMES and parts[1].isdigit():
+        return f"layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 2 and parts[0] in _TOP_NAMES:
+        return f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
+    return None
+
+
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's converter, which reorders each head's q and k rows from the rotate-half
+    layout (i, i + hd/2) to interleaved pairs (2i, 2i + 1). w [n_head·hd, d] -> the same shape."""
+    rows = w.shape[0]
+    pairs = w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:])     # [heads, hd/2, 2, d]: (2i, 2i+1)
+    return pairs.swapaxes(1, 2).reshape(w.shape)                        # [heads, 2, hd/2, d]: (i, i+hd/2)
+
+
+def load_gguf(path) -> tuple[LlamaConfig, dict[str, np.ndarray], dict]:
+    """-> (config, float32 tensors in Hugging Face names, metadata)."""
+    path = Path(path)
+    md, raw = read_gguf(path)
+    c = config_from_metadata(md, path)
+    tensors = {}
+    for name, t in raw.items():
+        hf = hf_name(name)
+        if hf is None:
+            if name.startswith("rope_freqs"):
+                raise ConfigError(f"{path}: tensor {name} (rope frequency factors) is not implemented; "
+                                  "minillm runs the default rotary embedding only")
+            continue
+        tensors[hf] = dequantize(t, path)
+    if "lm_head.weight" in tensors:
+        c = LlamaConfig(**{**c.asdict(), "tied": False})
+    if c.arch == "llama":                        # only llama's converter permutes (qwen uses NeoX rope)
+        for i in range(c.n_layer):
+            for proj, heads in (("q_proj", c.n_head), ("k_proj", c.n_kv_head)):
+                key = f"layers.{i}.self_attn.{proj}.weight"
+                if key in tensors and tensors[key].ndim == 2 and tensors[key].shape[0] % (2 * heads) == 0:
+                    tensors[key] = unpermute(tensors[key], heads)
+    return c, tensors, md

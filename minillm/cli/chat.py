@@ -1,0 +1,109 @@
+"""`minillm chat`: talk to a chat model in the terminal, streaming, with what the counters saw.
+
+Each turn renders the whole conversation with the model's chat template, keeps the KV cache of
+everything already said, and prefills only the new tokens (the template's text for the history does
+not change, so its ids are a prefix of the next turn's). After each answer, one line: the prefill's
+time, decode's tokens per second, the bytes decode moved per second, and that rate as a share of
+this machine's measured bandwidth (`minillm hardware`, when it has been measured).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from rich.markup import escape
+
+from ..chat import Conversation, render
+from ..engine.sampling import check_sampling, sample
+from ..errors import MiniLLMError, PromptError
+from ..meter import Meter
+from ..tokenizer import tokenizer
+from .common import TextStream, add_model, add_sampling, err, load_model
+
+
+def add_arguments(p) -> None:
+    add_model(p)
+    p.add_argument("--system", metavar="TEXT", default=None, help="a system message to start the conversation")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="the longest answer, in tokens (default 256)")
+    add_sampling(p)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    diff = np.nonzero(np.asarray(a[:n]) != np.asarray(b[:n]))[0]
+    return int(diff[0]) if diff.size else n
+
+
+def answer(model, cache, held: list[int], ids: list[int], max_new: int, pick, on_token) -> tuple[list[int], list[int]]:
+    """Prefill what the cache does not hold yet, then decode until an end-of-turn id.
+    held: the ids the cache holds. Returns (the new ids, the ids the cache holds now)."""
+    keep = min(common_prefix(held, ids), len(ids) - 1)      # at least one token to prefill: its logits
+    cache.truncate(keep)
+    if len(ids) + max_new > model.config.n_ctx:
+        raise PromptError(f"the conversation is {len(ids)} tokens; with {max_new} more it passes the model's "
+                          f"context of {model.config.n_ctx}: start a new chat")
+    logits, _ = model.prefill(np.asarray(ids[keep:]), cache)
+    stop, new = set(model.eos_ids), []
+    while True:
+        token = pick(logits)
+        new.append(token)
+        on_token(token)
+        if token in stop or len(new) >= max_new:
+            break
+        logits = model.decode_step(token, cache)
+    return new, (ids + new)[:cache.length]          # the last token picked was never run through the model
+
+
+def counters_line(m: Meter) -> str:
+    """One line (under 80 columns) of what the step counters saw in this answer."""
+    pre = [s for s in m.steps if s.kind == "prefill"]
+    dec = [s for s in m.steps if s.kind == "decode"]
+    line = f"prefill {sum(s.n_tokens for s in pre)} tok {sum(s.seconds for s in pre) * 1e3:.0f} ms"
+    if dec:
+        secs = sum(s.seconds for s in dec)
+        gbs = sum(s.total_bytes for s in dec) / secs / 1e9
+        line += f" | decode {len(dec) / secs:.1f} tok/s, {gbs:.2f} GB/s"
+        from ..measure.hardware import cached
+        hw = cached()           # this setup's measured figures; none yet: the share is left out, not guessed
+        if hw is not None:
+            line += f" = {gbs / hw.bandwidth_gbs:.0%} of {hw.bandwidth_gbs:.1f} GB/s measured"
+    return line
+
+
+def run(args) -> int:
+    check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
+    if args.max_new_tokens < 1:
+        raise PromptError(f"--max-new-tokens {args.max_new_tokens}: must be at least 1")
+    model = load_model(args.model)
+    tok = tokenizer(model)
+    if not getattr(model, "eos_ids", ()):
+        raise MiniLLMError(f"{model.name} has no end-of-turn token: it is not a chat model; try "
+                           "--model smollm2-135m (minillm download smollm2-135m)")
+    _, note = render([{"role": "user", "content": "x"}], tok)
+    if note:
+        err.print(f"[dim]{escape(note)}[/]")
+    chat = Conversation(tok, args.system)
+    cache, held = model.new_cache(), []
+    rng = np.random.default_rng(args.seed)
+    pick = lambda logits: sample(logits, args.temperature, args.top_k, args.top_p, rng)   # noqa: E731
+    err.print(f"[dim]{escape(model.name)}: type a message; Ctrl-D or /exit to leave[/]")
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            sys.stdout.write("\n")
+            return 0
+        if line.strip() in ("/exit", "/quit"):
+            return 0
+        if not line.strip():
+            continue
+        ids = chat.prompt_ids(line)
+        stream = TextStream(model, skip=model.eos_ids)
+        with Meter() as m:
+            new, held = answer(model, cache, held, ids, args.max_new_tokens, pick, stream)
+        stream.close()
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        chat.answered(tok.decode([t for t in new if t not in model.eos_ids]))
+        err.print(f"[dim]{escape(counters_line(m))}[/]")

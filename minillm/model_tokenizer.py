@@ -1,0 +1,177 @@
+"""A model's own tokenizer: byte-level BPE from `tokenizer.json` or from a GGUF file's metadata.
+
+Built with Hugging Face `tokenizers`, the library transformers itself uses: its BPE, its byte-level
+alphabet and its pre-tokenizers are exactly the ones the model was trained with, so minillm does not
+hand-roll a second BPE that could drift (tiktoken needs rank order to be merge order, which these
+vocabularies do not promise). Special tokens written in the text (`<|im_start|>`) become single ids,
+as transformers encodes with `add_special_tokens=False`; no BOS is added.
+
+A GGUF names its pre-tokenizer (`tokenizer.ggml.pre`): the regular expression that cuts text into
+pieces before the merges. The ones minillm knows are below, with the same patterns as the models'
+own tokenizer.json files; another name is refused with one line rather than guessed.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from .errors import MiniLLMError, WeightsError
+
+# Pre-tokenizers by `tokenizer.ggml.pre`: (digits one by one?, split regex or None for GPT-2's own)
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZERS = {
+    "gpt2": (False, None),
+    "smollm": (True, None),          # SmolLM's tokenizer.json: Digits(individual), then GPT-2's ByteLevel
+    "llama-bpe": (False, _LLAMA3),   # Llama 3
+    "qwen2": (False, _QWEN2),
+}
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<|end|>", "</s>")
+
+
+class ModelTokenizer:
+    """encode / decode / eos_ids for one model, plus its chat template (or None).
+
+    Speaks the part of tiktoken's interface that minillm's commands use (`encode`, `decode`,
+    `decode_single_token_bytes`, `n_vocab`, `eot_token`), so GPT-2's and a model's own are used alike."""
+
+    def __init__(self, tok, *, name: str, eos_ids=(), bos_id=None, chat_template=None) -> None:
+        self.tok = tok
+        self.name = name
+        self.n_vocab = tok.get_vocab_size(with_added_tokens=True)
+        self.eos_ids = tuple(dict.fromkeys(int(i) for i in eos_ids if i is not None and 0 <= i < self.n_vocab))
+        self.bos_id = bos_id
+        self.chat_template = chat_template
+        self.special = {t.content: i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+        self._bytes = {c: b for b, c in _bytes_to_unicode().items()}
+
+    @property
+    def eot_token(self) -> int | None:
+        return self.eos_ids[0] if self.eos_ids else None
+
+    def encode(self, text: str, allowed_special=None, disallowed_special=None) -> list[int]:
+        """Text -> ids; special tokens written in the text are single ids. No BOS is added."""
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    encode_ordinary = encode
+
+    def decode(self, ids) -> str:
+        """Ids -> text, special tokens included (as transformers' decode with skip_special_tokens=False)."""
+        return b"".join(self.decode_single_token_bytes(int(i)) for i in ids).decode("utf-8", errors="replace")
+
+    def decode_single_token_bytes(self, token: int) -> bytes:
+        piece = self.tok.id_to_token(int(token))
+        if piece is None:
+            raise MiniLLMError(f"token id {token} is outside the tokenizer's {self.n_vocab} ids")
+        if piece in self.special or not all(c in self._bytes for c in piece):
+            return piece.encode("utf-8")
+        return bytes(self._bytes[c] for c in piece)
+
+    def __repr__(self) -> str:
+        return f"ModelTokenizer({self.name!r}: {self.n_vocab:,} ids, eos {list(self.eos_ids)})"
+
+
+@lru_cache(maxsize=1)
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: every byte as a printable character (the one `tokenizers` uses)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + n)
+            n += 1
+    return chars
+
+
+def end_of_turn_ids(vocab: dict[str, int], *named) -> list[int]:
+    """The ids generation stops at: the ones the file names, then the end-of-turn tokens it has."""
+    return [*named, *(vocab[t] for t in END_OF_TURN if t in vocab)]
+
+
+def from_gguf_metadata(md: dict, where) -> ModelTokenizer:
+    """Build the tokenizer a GGUF file describes (tokens, merges, token types, pre-tokenizer)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    kind = md.get("tokenizer.ggml.model")
+    if kind in ("llama", "t5", "bert") or kind is None and md.get("tokenizer.ggml.scores") is not None:
+        raise WeightsError(f"{where}: its tokenizer is SentencePiece ({kind}); minillm reads byte-level BPE "
+                           "tokenizers only (tokenizer.ggml.model = gpt2)")
+    if kind != "gpt2":
+        raise WeightsError(f"{where}: tokenizer model {kind!r} is not supported; minillm reads byte-level BPE "
+                           "(gpt2)")
+    pre = md.get("tokenizer.ggml.pre", "gpt2")
+    if pre not in PRE_TOKENIZERS:
+        raise WeightsError(f"{where}: pre-tokenizer {pre!r} is not supported; minillm knows "
+                           f"{', '.join(PRE_TOKENIZERS)}")
+    tokens = md.get("tokenizer.ggml.tokens") or []
+    merges = md.get("tokenizer.ggml.merges") or []
+    types = md.get("tokenizer.ggml.token_type") or [1] * len(tokens) if isinstance(tokens, list) else []
+    if not (isinstance(tokens, list) and tokens and all(isinstance(t, str) for t in tokens)
+            and isinstance(merges, list) and all(isinstance(m, str) and " " in m for m in merges)
+            and isinstance(types, list) and len(types) == len(tokens)):
+        raise WeightsError(f"{where}: the tokenizer's tokens, merges or token types are missing or damaged; "
+                           "re-download the file")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    try:
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        tok = Tokenizer(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))
+    except Exception as e:
+        raise WeightsError(f"{where}: the tokenizer's vocabulary or merges are damaged ({str(e)[:80]})") from None
+    digits, regex = PRE_TOKENIZERS[pre]
+    steps = [pre_tokenizers.Digits(individual_digits=True)] if digits else []
+    if regex is None:
+        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
+    else:
+        steps += [pre_tokenizers.Split(Regex(regex), behavior="isolated"),
+                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    tok.pre_tokenizer = pre_tokenizers.Sequence(steps) if len(steps) > 1 else steps[0]
+    tok.decoder = decoders.ByteLevel()
+    special = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty in (3, 4)]
+    tok.add_special_tokens(special)
+    eos = md.get("tokenizer.ggml.eos_token_id")
+    eot = md.get("tokenizer.ggml.eot_token_id")
+    return ModelTokenizer(tok, name=str(Path(where).name), eos_ids=end_of_turn_ids(vocab, eot, eos),
+                          bos_id=md.get("tokenizer.ggml.bos_token_id"), chat_template=md.get("tokenizer.chat_template"))
+
+
+def from_folder(folder: Path, generation_eos=()) -> ModelTokenizer:
+    """A Hugging Face folder's `tokenizer.json` (+ `tokenizer_config.json` for the chat template and EOS)."""
+    from tokenizers import Tokenizer
+    if (folder / "tokenizer.model").is_file() and not (folder / "tokenizer.json").is_file():
+        raise WeightsError(f"{folder}: its tokenizer is SentencePiece (tokenizer.model); minillm reads "
+                           "byte-level BPE tokenizers (tokenizer.json) only")
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise WeightsError(f"{folder}: no tokenizer.json; minillm needs the model's own tokenizer beside it")
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:
+        raise WeightsError(f"{path}: cannot be read as a tokenizer ({str(e)[:100]})") from None
+    model = json.loads(path.read_text("utf-8")).get("model", {})
+    if model.get("type") != "BPE" or model.get("byte_fallback"):
+        raise WeightsError(f"{path}: a {model.get('type')} tokenizer{' with byte fallback (SentencePiece-style)' if model.get('byte_fallback') else ''}; "
+                           "minillm reads byte-level BPE tokenizers only")
+    cfg = {}
+    if (folder / "tokenizer_config.json").is_file():
+        try:
+            cfg = json.loads((folder / "tokenizer_config.json").read_text("utf-8"))
+        except (ValueError, OSError) as e:
+            raise WeightsError(f"{folder / 'tokenizer_config.json'}: not valid JSON ({e})") from None
+    template = cfg.get("chat_template")
+    if template is None and (folder / "chat_template.jinja").is_file():
+        template = (folder / "chat_template.jinja").read_text("utf-8")
+    vocab = tok.get_vocab()
+
+    def token_id(v):
+        v = v.get("content") if isinstance(v, dict) else v
+        return vocab.get(v) if isinstance(v, str) else None
+
+    named = [token_id(cfg.get("eos_token")), *generation_eos]
+    return ModelTokenizer(tok, name=folder.name, eos_ids=end_of_turn_ids(vocab, *named),
+                          bos_id=token_id(cfg.get("bos_token")),
+                          chat_template=template if isinstance(template, str) else None)

