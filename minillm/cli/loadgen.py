@@ -1,8 +1,10 @@
-"""`minillm loadgen`: send a workload to a running `minillm serve` and report what clients felt."""
+"""`minillm loadgen`: send a workload to a running `minillm serve` (or any OpenAI-compatible server)
+and report what clients felt."""
 
 from __future__ import annotations
 
 import json
+import os
 
 from rich.table import Table
 
@@ -12,7 +14,12 @@ from .common import err, out
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default http://127.0.0.1:8000)")
+    p.add_argument("--url", default="http://127.0.0.1:8000",
+                   help="the server: minillm serve, or any OpenAI-compatible one such as vLLM or llama.cpp's "
+                        "llama-server (default http://127.0.0.1:8000)")
+    p.add_argument("--api-key", default=os.environ.get("MINILLM_API_KEY") or os.environ.get("OPENAI_API_KEY"),
+                   help="sent as 'Authorization: Bearer KEY' (default: $MINILLM_API_KEY or $OPENAI_API_KEY)")
+    p.add_argument("--model", default=None, help="the model field to send (default: the first of /v1/models)")
     p.add_argument("--workload", default="poisson", metavar="NAME|FILE.jsonl",
                    help="poisson, shared-prefix, long-prompt, long-answer (serve-sim's workloads, same seed same "
                         "requests), or a JSONL trace (default poisson)")
@@ -29,10 +36,11 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     slo = parse_slo(args.slo)
     with err.status(f"{args.requests} requests at {args.rate:g}/s to {args.url}…"):
-        r = run_load(args.url, args.workload, args.rate, args.requests, args.seed, args.timeout, slo)
+        r = run_load(args.url, args.workload, args.rate, args.requests, args.seed, args.timeout, slo,
+                     api_key=args.api_key, model=args.model)
     if args.json:
         print(json.dumps(r))
-        return 0
+        return 0 if not r["errors"] else 2
     ms = lambda s: "-" if s is None else f"{s * 1e3:.0f} ms"  # noqa: E731
     t = Table(title=f"{r['workload']} at {r['rate']:g} req/s: {r['ok']} of {r['requests']} ok", title_justify="left")
     for col in ("", "p50", "p95"):
@@ -51,5 +59,6 @@ def run(args) -> int:
                   f"{r['goodput_rps']:.2f} requests/s ({met})")
     out.print(f"server (from /metrics): prefill {s['prefill_s']:.2f} s for {s['prefill_tokens']:.0f} tokens, "
               f"decode {s['decode_s']:.2f} s for {s['decode_tokens']:.0f} tokens, {s['preemptions']:.0f} preemptions: "
-              f"[bold]{s['bottleneck']}[/] took the server's time")
-    return 0
+              f"[bold]{s['bottleneck']}[/] took the server's time"
+              + (f"; {s['cancelled']:.0f} requests cancelled" if s["cancelled"] else ""))
+    return 0 if not r["errors"] else 2

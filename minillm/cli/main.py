@@ -58,6 +58,11 @@ COMMANDS = [
             "Send a seeded workload to a running `minillm serve` at Poisson arrival times, streaming, and report "
             "throughput, time to first token and time between tokens (p50, p95) as the clients measured them, "
             "and, from the server's /metrics, whether prefill or decode took its time."),
+    Command("monitor", "cli.monitor", "a server's /metrics, one row per interval, like nvidia-smi dmon",
+            "Scrape a server's /metrics every interval and print one row: prefill and decode tokens/s, GB/s "
+            "and GFLOP/s against this machine's measured bandwidth and peak, running and waiting requests, KV "
+            "blocks, preemptions, refusals, and the phase the server is waiting on. Reads minillm serve, vLLM "
+            "and llama.cpp's llama-server."),
     Command("compare", "cli.compare", "naive vs KV-cached (vs speculative) decode, step by step, with the counters",
             "Run naive and KV-cached decode on the same prompt with the same sampling, and speculative decode "
             "with --draft (default ngram; --draft none skips it); show the texts, whether the tokens are "

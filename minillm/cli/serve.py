@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
+import os
 import signal
 import sys
-import threading
 
 from rich.markup import escape
 
 from ..errors import MiniLLMError
-from ..serving.http import Server
+from ..serving.http import Limits, Server, is_loopback_host
 from ..serving.loop import EngineLoop
 from ..ui.live import LiveView
 from .common import add_batch_limits, add_kv_options, add_model, at_least_one, err, load_model, note_if_busy, parse_bytes
@@ -26,17 +25,45 @@ def add_arguments(p) -> None:
     add_kv_options(p)
     p.add_argument("--max-waiting", type=int, default=64,
                    help="requests that may wait for a place in the batch; more get 429 (default 64)")
+    p.add_argument("--max-queue-wait", type=float, default=60.0, metavar="S",
+                   help="seconds a request may wait for its first token: one expected to wait longer gets "
+                        "429 at once, one that does gets 503 (default 60)")
     p.add_argument("--prefix-cache", action="store_true",
                    help="keep full KV blocks of earlier prompts and reuse them for prompts that start the same")
+    p.add_argument("--api-key", default=os.environ.get("MINILLM_API_KEY"), metavar="KEY",
+                   help="clients must send 'Authorization: Bearer KEY' (default: $MINILLM_API_KEY; "
+                        "/health and /metrics stay open)")
+    p.add_argument("--metrics-key", action="store_true", help="/metrics needs the API key too")
+    p.add_argument("--insecure-no-key", action="store_true",
+                   help="serve a non-loopback --host without an API key (anyone who can reach it may use it)")
+    p.add_argument("--max-connections", type=int, default=512,
+                   help="open connections at once; more are answered 503 (default 512)")
+    p.add_argument("--request-timeout", type=float, default=10.0, metavar="S",
+                   help="seconds a client has to send a whole request, headers and body (default 10)")
+    p.add_argument("--keep-alive", type=float, default=5.0, metavar="S",
+                   help="seconds an idle connection is kept between requests (default 5)")
+    p.add_argument("--backlog", type=int, default=1024,
+                   help="connections the kernel queues before they are accepted (default 1024)")
     p.add_argument("--live", action=argparse.BooleanOptionalAction, default=None,
                    help="the serving simulator's live view, driven by real traffic (default: on at a terminal)")
     p.add_argument("--quiet", action="store_true", help="no live view and no request log on stderr")
 
 
 def run(args) -> int:
-    at_least_one(args, "max_seqs", "max_batched_tokens", "block_size", "max_waiting")
+    at_least_one(args, "max_seqs", "max_batched_tokens", "block_size", "max_waiting", "max_connections", "backlog")
+    for name in ("max_queue_wait", "request_timeout", "keep_alive"):
+        if not getattr(args, name) > 0:
+            raise MiniLLMError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be more than 0 seconds")
     if not 0 <= args.port <= 65535:
         raise MiniLLMError(f"--port {args.port}: must be between 0 and 65535")
+    if args.api_key is not None and not args.api_key.strip():
+        raise MiniLLMError("--api-key is empty: give a key, or leave it out (and unset MINILLM_API_KEY)")
+    if args.metrics_key and not args.api_key:
+        raise MiniLLMError("--metrics-key needs an API key (--api-key or MINILLM_API_KEY)")
+    loopback = is_loopback_host(args.host)
+    if not loopback and not args.api_key and not args.insecure_no_key:
+        raise MiniLLMError(f"--host {args.host} lets other machines connect: set --api-key (or MINILLM_API_KEY), "
+                           "or say --insecure-no-key")
     kv = parse_bytes(args.kv_memory)
     model = load_model(args.model, args.weights)
     live = (args.live if args.live is not None else sys.stderr.isatty()) and not args.quiet
@@ -44,45 +71,43 @@ def run(args) -> int:
     loop = EngineLoop(model, kv_memory=kv, block_size=args.block_size, max_seqs=args.max_seqs,
                       max_batched_tokens=args.max_batched_tokens, max_waiting=args.max_waiting,
                       prefix_cache=args.prefix_cache, on_step=view)
+    limits = Limits(max_connections=args.max_connections, request_timeout=args.request_timeout,
+                    keep_alive=args.keep_alive, max_queue_wait=args.max_queue_wait, backlog=args.backlog)
     try:
-        server = Server((args.host, args.port), loop, model.name,
-                        log=None if (args.quiet or live) else _log)
+        server = Server((args.host, args.port), loop, model.name, limits=limits, api_key=args.api_key,
+                        metrics_key=args.metrics_key, log=None if (args.quiet or live) else _log)
     except OSError as e:
         raise MiniLLMError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e} "
                            "(is another server on that port? try --port 0)") from None
     host, port = server.server_address[:2]
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
     where = "loopback: only this machine can connect" if loopback else \
         "NOT loopback: other machines can connect, as --host asked"
-    err.print(f"minillm serve: {escape(model.name)} on http://{host}:{port} ({where}); "
+    key = "API key required" if args.api_key else "no API key"
+    shown = f"[{host}]" if ":" in host else host
+    err.print(f"minillm serve: {escape(model.name)} on http://{shown}:{port} ({where}; {key}); "
               f"KV pool {loop.pool.num_blocks} blocks of {args.block_size} positions, up to {args.max_seqs} "
               f"sequences and {args.max_batched_tokens} tokens a step"
               f"{', prefix cache on' if args.prefix_cache else ''}. "
               "Ctrl-C stops.", soft_wrap=False)
     note_if_busy(args)
-    print(f"listening on http://{host}:{port}", flush=True)
+    print(f"listening on http://{shown}:{port}", flush=True)
     loop.start()
-
-    def stop(signum, frame):
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    # uvicorn takes SIGINT/SIGTERM while it runs and raises them again once it has stopped: these
+    # handlers receive that second signal, so a signalled server exits 0 after its drain
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: None)
     try:
         if view is not None:
             with view:
-                server.serve_forever(poll_interval=0.2)
+                server.serve()
         else:
-            server.serve_forever(poll_interval=0.2)
+            server.serve()
     finally:
         server.server_close()
-        loop.stop(grace=5.0)
+        loop.stop(grace=1.0)
     err.print("minillm serve: stopped")
     return 0
 
 
 def _log(line: str) -> None:
-    err.print(f"[dim]{escape(line)}[/]", soft_wrap=True)
+    err.print(f"[dim]{escape(line)}[/]", soft_wrap=True, highlight=False)

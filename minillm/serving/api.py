@@ -4,6 +4,7 @@ the field at fault."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
@@ -13,11 +14,18 @@ from ..engine.sequence import SamplingParams
 
 MAX_STOPS = 4
 
-# Fields a client may send that change nothing here (accepted and ignored), and fields whose
-# non-default values minillm cannot honour (refused, so a client never gets silently other output).
-IGNORED = {"model", "user", "stream_options", "logit_bias"}
+MAX_SEED = 2 ** 63 - 1
+MAX_TEMPERATURE = 100.0
+
+# The fields minillm reads; fields that change nothing here and are accepted (`model`: there is one
+# model; `user`: an end-user id for the provider's abuse monitoring); fields whose non-default values
+# minillm cannot honour: refused with a 400 naming them, so a client never silently gets other output
+# than it asked for. Any other field is refused too (a typo must not pass as a default).
+USED = {"prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options"}
+IGNORED = {"model", "user"}
 UNSUPPORTED = {"n": 1, "best_of": 1, "echo": False, "logprobs": None, "suffix": None,
-               "presence_penalty": 0, "frequency_penalty": 0}
+               "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "logit_bias": {},
+               "min_tokens": 0, "ignore_eos": False, "min_p": 0}
 
 
 class ApiError(Exception):
@@ -46,9 +54,11 @@ def _number(body: dict, name: str, default, *, integer: bool = False, lo=None, h
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        raise ApiError(400, f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}", name)
-    if not math.isfinite(value):
+        raise ApiError(400, f"{name} must be {'an integer' if integer else 'a number'}, got {_short(value)}", name)
+    if isinstance(value, float) and not math.isfinite(value):
         raise ApiError(400, f"{name} must be finite, got {value!r}", name)
+    if isinstance(value, int) and abs(value) > 2 ** 63:      # compared exactly; never turned into a float
+        raise ApiError(400, f"{name} is out of range ({len(str(abs(value)))} digits)", name)
     if lo is not None and (value <= lo if lo_open else value < lo):
         raise ApiError(400, f"{name} must be {'>' if lo_open else '>='} {lo}, got {value!r}", name)
     if hi is not None and value > hi:
@@ -56,13 +66,28 @@ def _number(body: dict, name: str, default, *, integer: bool = False, lo=None, h
     return value
 
 
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_fields(body: dict) -> None:
+    unknown = sorted(k for k in body if k not in USED and k not in IGNORED and k not in UNSUPPORTED)
+    if unknown:
+        names = ", ".join(_short(k)[1:-1] for k in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+        raise ApiError(400, f"unknown field{'s' if len(unknown) > 1 else ''} {names}: minillm serve reads "
+                       f"{', '.join(sorted(USED))} (and accepts {', '.join(sorted(IGNORED))})", unknown[0][:100])
+    refused = [k for k, default in UNSUPPORTED.items() if k in body and body[k] not in (default, None)]
+    if refused:
+        raise ApiError(400, f"{', '.join(f'{k}={_short(body[k])}' for k in refused)}: not supported by minillm "
+                       "serve (leave it out, or send the default)", refused[0])
+
+
 def parse_completion(body, encode, vocab_size: int, n_ctx: int) -> CompletionRequest:
     """Check a /v1/completions body and turn it into token ids and settings."""
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")
-    for name, default in UNSUPPORTED.items():
-        if name in body and body[name] not in (default, None):
-            raise ApiError(400, f"{name}={body[name]!r} is not supported by minillm serve (leave it out)", name)
+    _check_fields(body)
     if "prompt" not in body:
         raise ApiError(400, "prompt is required: a string, or a list of token ids", "prompt")
     prompt = body["prompt"]
@@ -83,16 +108,16 @@ def parse_completion(body, encode, vocab_size: int, n_ctx: int) -> CompletionReq
     if len(ids) >= n_ctx:
         raise ApiError(400, f"prompt: {len(ids)} tokens do not fit the context of {n_ctx} (at most {n_ctx - 1})",
                        "prompt")
-    max_tokens = _number(body, "max_tokens", 16, integer=True, lo=1)
+    max_tokens = _number(body, "max_tokens", 16, integer=True, lo=1, hi=n_ctx)
     if len(ids) + max_tokens > n_ctx:
         raise ApiError(400, f"max_tokens: {max_tokens} new tokens after a {len(ids)}-token prompt do not fit the "
                        f"context of {n_ctx}; at most {n_ctx - len(ids)}", "max_tokens")
-    temperature = _number(body, "temperature", 1.0, lo=0)
+    temperature = _number(body, "temperature", 1.0, lo=0, hi=MAX_TEMPERATURE)
     top_p = _number(body, "top_p", None, lo=0, lo_open=True, hi=1)
-    top_k = _number(body, "top_k", None, integer=True, lo=-1)
+    top_k = _number(body, "top_k", None, integer=True, lo=-1, hi=vocab_size)
     if top_k in (-1, 0):                              # vLLM's "no top-k"
         top_k = None
-    seed = _number(body, "seed", None, integer=True, lo=0)
+    seed = _number(body, "seed", None, integer=True, lo=0, hi=MAX_SEED)
     stop = body.get("stop")
     if stop is None:
         stops = []
@@ -108,7 +133,10 @@ def parse_completion(body, encode, vocab_size: int, n_ctx: int) -> CompletionReq
     if not isinstance(stream, bool):
         raise ApiError(400, f"stream must be true or false, got {stream!r}", "stream")
     opts = body.get("stream_options") or {}
-    include_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
+    if not isinstance(opts, dict) or set(opts) - {"include_usage"} or not isinstance(
+            opts.get("include_usage", False), bool):
+        raise ApiError(400, 'stream_options must be {"include_usage": true or false}', "stream_options")
+    include_usage = opts.get("include_usage", False)
     return CompletionRequest(ids, max_tokens, SamplingParams(float(temperature), top_k,
                                                              None if top_p is None else float(top_p), seed),
                              stops, stream, include_usage)
@@ -134,3 +162,30 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 def models(name: str, n_ctx: int) -> dict:
     return {"object": "list", "data": [{"id": name, "object": "model", "created": int(time.time()),
                                         "owned_by": "minillm", "max_model_len": n_ctx}]}
+
+
+def parse_json(raw: bytes):
+    """The request body as JSON, or a 400 saying why not (never an exception from the parser: bad
+    UTF-8, nesting too deep, an integer of more digits than Python converts, a bare NaN)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError(400, "the body is not UTF-8 text") from None
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ApiError(400, "the body is nested too deeply") from None
+    except json.JSONDecodeError as e:
+        raise ApiError(400, f"the body is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except ValueError as e:                 # e.g. an integer of more than 4,300 digits
+        raise ApiError(400, f"the body cannot be read as JSON ({str(e)[:80]})") from None
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def error_body(status: int, message: str, kind: str | None = None) -> dict:
+    """An OpenAI-style error body for any status."""
+    kind = kind or ("invalid_request_error" if 400 <= status < 500 else "server_error")
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}

@@ -1,18 +1,24 @@
-"""`minillm loadgen`: an open-loop load generator for `minillm serve`.
+"""`minillm loadgen`: an open-loop load generator for `minillm serve`, or any OpenAI-compatible
+server (vLLM, SGLang, llama.cpp's llama-server): `--url` and, where the server needs one, an API key.
 
 The requests are `minillm serve-sim`'s workloads (the same seed gives the same requests, so a real
 server's figures sit beside the simulator's), sent at their arrival times whatever the server's pace (open loop: a slow
 server builds a queue, as real traffic does), each one streaming, each in its own thread. The
 client measures what a user feels: time to first token (request sent -> first text), time between
 tokens, end-to-end latency, and output tokens per second over the run. Before and after, it reads
-the server's /metrics, so the report can say where the server's time went: prefill or decode.
+the server's /metrics (minillm's only), so the report can say where the server's time went.
+
+A request counts as ok only if its stream ended as the API says a finished one does: a finish_reason
+of "stop" or "length" and then `data: [DONE]`. A stream cut off, or ended by an error event, or an
+HTTP error status, is an error, whatever the server's counters say; output tokens are the tokens of
+the ok requests (the server's usage chunk, or one per text chunk received where it sends none).
 """
 
 from __future__ import annotations
 
 import http.client
 import json
-import statistics
+from collections import Counter
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,16 +41,49 @@ class Result:
     gaps: list = field(default_factory=list)
     end: float | None = None
     tokens: int = 0
+    chunks: int = 0
+    finish: str | None = None
+    done: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.done and self.finish in ("stop", "length") and not self.error
+
+    @property
+    def kind(self) -> str:
+        """What went wrong, in one word: the HTTP status, 'incomplete' (no [DONE] or finish_reason),
+        'error-event' (the server ended the stream with an error), or the exception's name."""
+        if self.status and self.status != 200:
+            return str(self.status)
+        if self.error:
+            return self.error.split(":")[0]
+        return "incomplete"
 
 
-def one(host: str, port: int, item: WorkItem, result: Result, timeout: float) -> None:
+@dataclass
+class Target:
+    host: str
+    port: int
+    model: str | None = None
+    api_key: str | None = None
+    prefix: str = ""
+
+    def headers(self) -> dict:
+        h = {"Content-Type": "application/json"}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        return h
+
+
+def one(target: Target, item: WorkItem, result: Result, timeout: float) -> None:
     try:
-        conn = http.client.HTTPConnection(host, port, timeout=timeout)
+        conn = http.client.HTTPConnection(target.host, target.port, timeout=timeout)
         body = {"prompt": item.prompt, "max_tokens": item.max_tokens, "temperature": item.temperature,
                 "stream": True, "stream_options": {"include_usage": True}}
+        if target.model:
+            body["model"] = target.model
         body |= {k: v for k, v in (("top_k", item.top_k), ("top_p", item.top_p), ("seed", item.seed)) if v is not None}
-        body = json.dumps(body)
-        conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+        conn.request("POST", target.prefix + "/v1/completions", body=json.dumps(body), headers=target.headers())
         r = conn.getresponse()
         result.status = r.status
         if r.status != 200:
@@ -53,20 +92,33 @@ def one(host: str, port: int, item: WorkItem, result: Result, timeout: float) ->
         last = None
         for raw in r:
             line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
+            if not line.startswith("data: "):
                 continue
+            if line == "data: [DONE]":
+                result.done = True
+                break
             chunk = json.loads(line[6:])
             now = time.perf_counter()
+            if "error" in chunk:
+                result.error = "error-event: " + str(chunk["error"].get("message", ""))[:160]
+                break
             if chunk.get("usage"):
                 result.tokens = chunk["usage"]["completion_tokens"]
-            if chunk["choices"] and chunk["choices"][0]["text"]:
-                if result.first is None:
-                    result.first = now
-                else:
-                    result.gaps.append(now - last)
-                last = now
+            if chunk.get("choices"):
+                choice = chunk["choices"][0]
+                if choice.get("finish_reason"):
+                    result.finish = choice["finish_reason"]
+                if choice.get("text"):
+                    result.chunks += 1
+                    if result.first is None:
+                        result.first = now
+                    else:
+                        result.gaps.append(now - last)
+                    last = now
         result.end = time.perf_counter()
-    except (OSError, http.client.HTTPException, ValueError) as e:
+        if not result.tokens:
+            result.tokens = result.chunks
+    except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as e:
         result.error = f"{e.__class__.__name__}: {e}"
 
 
@@ -84,10 +136,13 @@ def slo_figures(results: list[Result], wall: float, slo: dict | None) -> dict:
     return out | (goodput(rows, wall, slo) if slo else {})
 
 
-def server_metrics(host: str, port: int) -> dict:
-    conn = http.client.HTTPConnection(host, port, timeout=10)
-    conn.request("GET", "/metrics")
-    return parse(conn.getresponse().read().decode())
+def server_metrics(target: Target) -> dict:
+    """The server's /metrics samples, or {} if it has none (not every server exports them)."""
+    conn = http.client.HTTPConnection(target.host, target.port, timeout=10)
+    conn.request("GET", target.prefix + "/metrics", headers=target.headers())
+    r = conn.getresponse()
+    text = r.read().decode(errors="replace")
+    return parse(text) if r.status == 200 else {}
 
 
 def pct(values, q):
@@ -95,20 +150,31 @@ def pct(values, q):
 
 
 def run_load(url: str, workload: str, rate: float, n: int, seed: int = 0, timeout: float = 300.0,
-             slo: dict | None = None) -> dict:
+             slo: dict | None = None, api_key: str | None = None, model: str | None = None) -> dict:
     parts = urlsplit(url if "://" in url else f"http://{url}")
     if parts.scheme != "http" or not parts.hostname:
-        raise MiniLLMError(f"--url {url!r}: expected http://HOST:PORT (the address minillm serve printed)")
-    host, port = parts.hostname, parts.port or 80
+        raise MiniLLMError(f"--url {url!r}: expected http://HOST:PORT (the address the server printed)")
+    target = Target(parts.hostname, parts.port or 80, model, api_key, parts.path.rstrip("/").removesuffix("/v1"))
+    host, port = target.host, target.port
     if rate <= 0 or n < 1:
         raise MiniLLMError("--rate must be > 0 and --requests at least 1")
     try:
-        before = server_metrics(host, port)
+        conn = http.client.HTTPConnection(host, port, timeout=10)
+        conn.request("GET", target.prefix + "/v1/models", headers=target.headers())
+        r = conn.getresponse()
+        raw = r.read()
     except OSError as e:
         raise MiniLLMError(f"no server at {host}:{port} ({e.strerror or e}): start one with `minillm serve`") from None
-    conn = http.client.HTTPConnection(host, port, timeout=10)
-    conn.request("GET", "/v1/models")
-    n_ctx = json.loads(conn.getresponse().read())["data"][0].get("max_model_len", 1024)
+    if r.status == 401:
+        raise MiniLLMError(f"{url}: the server wants an API key (--api-key or OPENAI_API_KEY)")
+    try:
+        card = json.loads(raw)["data"][0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise MiniLLMError(f"{url}/v1/models answered {r.status} without a model list: is it an "
+                           "OpenAI-compatible server?") from None
+    target.model = target.model or card.get("id")
+    n_ctx = card.get("max_model_len") or 1024
+    before = server_metrics(target)
     items = load_workload(workload, rate=rate, n=n, seed=seed, n_ctx=n_ctx)
     results, threads = [], []
     t0 = time.perf_counter()
@@ -118,14 +184,14 @@ def run_load(url: str, workload: str, rate: float, n: int, seed: int = 0, timeou
             time.sleep(delay)
         res = Result(sent=time.perf_counter())
         results.append(res)
-        th = threading.Thread(target=one, args=(host, port, item, res, timeout), daemon=True)
+        th = threading.Thread(target=one, args=(target, item, res, timeout), daemon=True)
         th.start()
         threads.append(th)
     for th in threads:
         th.join(timeout=max(1.0, timeout - (time.perf_counter() - t0)))
     wall = time.perf_counter() - t0
-    after = server_metrics(host, port)
-    ok = [r for r in results if r.status == 200 and r.end is not None]
+    after = server_metrics(target)
+    ok = [r for r in results if r.ok]
     ttft = [r.first - r.sent for r in ok if r.first is not None]
     tbt = [g for r in ok for g in r.gaps]
     e2e = [r.end - r.sent for r in ok]
@@ -134,8 +200,9 @@ def run_load(url: str, workload: str, rate: float, n: int, seed: int = 0, timeou
     decode_s = delta.get('minillm_step_seconds_total{phase="decode"}', 0.0)
     return slo_figures(results, wall, slo) | {
         "url": f"http://{host}:{port}", "workload": workload, "rate": rate, "requests": len(items), "ok": len(ok),
-        "errors": {str(r.status or r.error.split(':')[0]): sum(1 for x in results if x.status == r.status)
-                   for r in results if r not in ok},
+        "model": target.model,
+        "errors": dict(Counter(r.kind for r in results if not r.ok)),
+        "cut_off_tokens": sum(r.chunks for r in results if not r.ok),
         "wall_s": wall, "output_tokens": sum(r.tokens for r in ok),
         "output_tokens_per_s": sum(r.tokens for r in ok) / wall,
         "ttft_p50_s": pct(ttft, 50), "ttft_p95_s": pct(ttft, 95), "tbt_p50_s": pct(tbt, 50), "tbt_p95_s": pct(tbt, 95),
@@ -146,6 +213,7 @@ def run_load(url: str, workload: str, rate: float, n: int, seed: int = 0, timeou
                    "flops": sum(v for k, v in delta.items() if k.startswith("minillm_flops_total")),
                    "prefill_tokens": delta.get('minillm_tokens_processed_total{phase="prefill"}', 0),
                    "decode_tokens": delta.get('minillm_tokens_processed_total{phase="decode"}', 0),
-                   "preemptions": after.get("minillm_preemptions", 0) - before.get("minillm_preemptions", 0),
-                   "bottleneck": "prefill" if prefill_s > decode_s else "decode"},
+                   "preemptions": delta.get("minillm_preemptions_total", 0),
+                   "cancelled": delta.get("minillm_requests_cancelled_total", 0),
+                   "bottleneck": "prefill" if prefill_s > decode_s else "decode"} if after else None,
     }

@@ -10,6 +10,7 @@ attached, then queued to the engine thread, which alone touches the scheduler an
 
 from __future__ import annotations
 
+import heapq
 import queue
 import threading
 import time
@@ -49,7 +50,7 @@ class EngineLoop:
 
     # -- from the HTTP handlers ----------------------------------------------------------------
 
-    def submit(self, creq: CompletionRequest) -> Request:
+    def submit(self, creq: CompletionRequest, events: queue.Queue | None = None) -> Request:
         if not self.accepting:
             raise ApiError(503, "the server is shutting down", kind="server_error", headers={"Retry-After": "5"})
         try:
@@ -61,7 +62,7 @@ class EngineLoop:
         if len(self.engine.scheduler.waiting) + self.inbox.qsize() >= self.max_waiting:
             raise ApiError(429, f"{self.max_waiting} requests are already waiting: try again shortly",
                            kind="rate_limit_error", headers={"Retry-After": "1"})
-        r.events, r.api = queue.Queue(), creq
+        r.events, r.api = queue.Queue() if events is None else events, creq
         self.inbox.put(("add", r))
         return r
 
@@ -143,6 +144,7 @@ class EngineLoop:
                 continue
             if len(r.token_times) == 1:
                 self.metrics.observe("time_to_first_token_seconds", "arrival to first token", r.ttft)
+                self.metrics.observe("queue_wait_seconds", "", max(0.0, self.engine.steps[-1].start - r.arrival))
             else:
                 self.metrics.observe("time_between_tokens_seconds", "time between a request's tokens",
                                      r.token_times[-1] - r.token_times[-2])
@@ -182,6 +184,9 @@ class EngineLoop:
 
     def _finish(self, r: Request, reason: str) -> None:
         """The request's last event; the engine forgets it (a server runs for days)."""
+        if reason in ("stop", "length") and len(r.token_times) > 1:
+            t = r.token_times
+            self.metrics.observe("time_per_output_token_seconds", "", (t[-1] - t[0]) / (len(t) - 1))
         self.live.pop(r.id, None)
         self.engine.forget(r.id)
         r.events.put(("done", reason))
@@ -193,7 +198,35 @@ class EngineLoop:
         self.metrics.set("requests_waiting", "requests waiting for admission", len(e.scheduler.waiting))
         self.metrics.set("kv_blocks_used", "KV-cache blocks held by requests", e.blocks.num_blocks - free)
         self.metrics.set("kv_blocks_free", "KV-cache blocks free (cached prefixes nobody holds included)", free)
-        self.metrics.set("preemptions", "sequences preempted (recomputed) so far", e.scheduler.preemptions)
+        self.metrics.set("preemptions_total", "", e.scheduler.preemptions)
+        self.metrics.set("queue_expected_wait_seconds", "", self.expected_wait())
         if e.blocks.prefix_cache:
             self.metrics.set("prefix_cache_hit_rate", "prompt positions found in the prefix cache",
                              e.blocks.hit_rate)
+
+    # -- added for the HTTP front end (issue 21) ------------------------------------------------------
+
+    def expected_wait(self) -> float:
+        """Seconds a request submitted now would wait for a place in the batch: the running
+        sequences' remaining tokens and the queue ahead played out on the batch's slots (each slot
+        frees when its sequence has made its last token), at the median time of the recent steps.
+        An estimate: it ignores KV-block limits and stop tokens. Engine thread only (`_gauges`
+        publishes it as the gauge queue_expected_wait_seconds for other threads)."""
+        e = self.engine
+        sched = e.scheduler
+        running, waiting, ahead = list(sched.running), list(sched.waiting), self.inbox.qsize()
+        if len(running) < sched.max_seqs and not waiting and not ahead:
+            return 0.0
+        times = [s.record.seconds for s in list(e.steps)[-16:] if s.record is not None]
+        step_s = sorted(times)[len(times) // 2] if times else 0.05
+        slots = sorted(max(0, s.max_new_tokens - len(s.output)) for s in running)
+        slots = [0] * max(0, sched.max_seqs - len(slots)) + slots
+        if not slots:
+            return 0.0
+        heapq.heapify(slots)
+        queued = [s.max_new_tokens for s in waiting]
+        mean_new = sum(queued) / len(queued) if queued else \
+            sum(s.max_new_tokens for s in running) / max(1, len(running))
+        for n in queued + [mean_new] * ahead:
+            heapq.heappush(slots, heapq.heappop(slots) + n)
+        return slots[0] * step_s

@@ -1,0 +1,204 @@
+"""`minillm monitor [URL]`: a server's /metrics as one row per interval, like `nvidia-smi dmon`.
+
+Each row is the difference between two scrapes of /metrics, divided by the time between them:
+prompt (prefill) and generated (decode) tokens per second; bytes moved and FLOPs done per second,
+beside this machine's measured bandwidth and matmul peak (`minillm hardware`); running and waiting
+requests, KV blocks in use, preemptions and refused requests in the interval; and the phase the
+server is waiting on: the phase that took most of the model's time in the interval, with the
+roofline's verdict for the interval's FLOPs per byte (below the machine's ridge: memory; above:
+compute), or `KV blocks` when requests wait while no block is free, or `idle`.
+
+It reads three kinds of server:
+  minillm serve      everything above
+  vLLM               tokens/s (vllm:prompt_tokens_total, vllm:generation_tokens_total), running and
+                     waiting, KV cache use in % (vllm:kv_cache_usage_perc or gpu_cache_usage_perc),
+                     preemptions; the phase from vllm:request_prefill/decode_time_seconds_sum.
+                     No bytes or FLOPs (vLLM does not count them): those columns show "-".
+  llama.cpp server   tokens/s (llamacpp:prompt_tokens_total, llamacpp:tokens_predicted_total),
+                     running (requests_processing) and waiting (requests_deferred), KV use where it
+                     exports llamacpp:kv_cache_usage_ratio; the phase from prompt_seconds_total and
+                     tokens_predicted_seconds_total. No bytes, FLOPs or preemptions.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import time
+from datetime import datetime
+from urllib.parse import urlsplit
+
+from ..errors import MiniLLMError
+from ..serving.prom import parse
+from .common import err
+
+HEADER = ("#time   pre/s  dec/s   GB/s %bw GFLOP/s %pk run wait    KV pre  rej waits on",
+          "#        tok    tok                                blk")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("url", nargs="?", default="http://127.0.0.1:8000",
+                   help="the server: minillm serve, vLLM or llama.cpp's llama-server (default http://127.0.0.1:8000)")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between rows (default 1)")
+    p.add_argument("--count", type=int, default=None, metavar="N", help="stop after N rows (default: until Ctrl-C)")
+    p.add_argument("--json", action="store_true", help="one JSON object per row instead of the table")
+    p.add_argument("--api-key", default=os.environ.get("MINILLM_API_KEY"),
+                   help="sent as a Bearer token, for a server started with --metrics-key (default: $MINILLM_API_KEY)")
+
+
+def scrape(host: str, port: int, path: str, key: str | None) -> dict:
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        conn.request("GET", path, headers={"Authorization": f"Bearer {key}"} if key else {})
+        r = conn.getresponse()
+        text = r.read().decode(errors="replace")
+    finally:
+        conn.close()
+    if r.status == 401:
+        raise MiniLLMError(f"{path}: the server wants an API key (--api-key or MINILLM_API_KEY)")
+    if r.status != 200:
+        raise MiniLLMError(f"{path} answered {r.status}: a llama.cpp server needs --metrics to export it")
+    return parse(text)
+
+
+def total(m: dict, name: str, **labels) -> float | None:
+    """The sum of every series of metric `name` whose labels include `labels`; None if there is none."""
+    found, s = False, 0.0
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    for key, value in m.items():
+        base = key.split("{", 1)[0]
+        if base == name and all(w in key for w in want):
+            found, s = True, s + value
+    return s if found else None
+
+
+def flavour(m: dict) -> str:
+    names = " ".join(m)
+    if "minillm_" in names:
+        return "minillm"
+    if "vllm:" in names:
+        return "vllm"
+    if "llamacpp:" in names:
+        return "llama.cpp"
+    raise MiniLLMError("these metrics are not minillm's, vLLM's or llama.cpp's: nothing to show")
+
+
+def quantities(m: dict, kind: str) -> dict:
+    """The cumulative and current quantities a row is made of, from one scrape (None: not exported)."""
+    if kind == "minillm":
+        return {"prefill_tokens": total(m, "minillm_tokens_processed_total", phase="prefill"),
+                "decode_tokens": total(m, "minillm_tokens_processed_total", phase="decode"),
+                "bytes": total(m, "minillm_bytes_total"), "flops": total(m, "minillm_flops_total"),
+                "prefill_s": total(m, "minillm_step_seconds_total", phase="prefill"),
+                "decode_s": total(m, "minillm_step_seconds_total", phase="decode"),
+                "running": total(m, "minillm_requests_running"), "waiting": total(m, "minillm_requests_waiting"),
+                "kv_used": total(m, "minillm_kv_blocks_used"), "kv_free": total(m, "minillm_kv_blocks_free"),
+                "kv_pct": None, "preemptions": total(m, "minillm_preemptions_total"),
+                "rejected": total(m, "minillm_requests_rejected_total")}
+    if kind == "vllm":
+        kv = total(m, "vllm:kv_cache_usage_perc")
+        kv = total(m, "vllm:gpu_cache_usage_perc") if kv is None else kv
+        return {"prefill_tokens": total(m, "vllm:prompt_tokens_total"),
+                "decode_tokens": total(m, "vllm:generation_tokens_total"), "bytes": None, "flops": None,
+                "prefill_s": total(m, "vllm:request_prefill_time_seconds_sum"),
+                "decode_s": total(m, "vllm:request_decode_time_seconds_sum"),
+                "running": total(m, "vllm:num_requests_running"), "waiting": total(m, "vllm:num_requests_waiting"),
+                "kv_used": None, "kv_free": None, "kv_pct": None if kv is None else 100 * kv,
+                "preemptions": total(m, "vllm:num_preemptions_total"), "rejected": None}
+    kv = total(m, "llamacpp:kv_cache_usage_ratio")
+    return {"prefill_tokens": total(m, "llamacpp:prompt_tokens_total"),
+            "decode_tokens": total(m, "llamacpp:tokens_predicted_total"), "bytes": None, "flops": None,
+            "prefill_s": total(m, "llamacpp:prompt_seconds_total"),
+            "decode_s": total(m, "llamacpp:tokens_predicted_seconds_total"),
+            "running": total(m, "llamacpp:requests_processing"), "waiting": total(m, "llamacpp:requests_deferred"),
+            "kv_used": None, "kv_free": None, "kv_pct": None if kv is None else 100 * kv,
+            "preemptions": None, "rejected": None}
+
+
+def row(prev: dict, now: dict, dt: float, bandwidth_gbs: float, peak_gflops: float) -> dict:
+    def rate(k):
+        return None if now[k] is None or prev[k] is None else max(0.0, now[k] - prev[k]) / dt
+
+    def delta(k):
+        return None if now[k] is None or prev[k] is None else max(0.0, now[k] - prev[k])
+
+    gbs = None if rate("bytes") is None else rate("bytes") / 1e9
+    gflops = None if rate("flops") is None else rate("flops") / 1e9
+    pre_s, dec_s = delta("prefill_s"), delta("decode_s")
+    busy = (pre_s or 0) + (dec_s or 0)
+    if now["waiting"] and now["kv_free"] == 0:
+        waits = "KV blocks"
+    elif pre_s is None and dec_s is None:
+        waits = "-"
+    elif busy == 0:
+        waits = "idle" if not now["waiting"] else "queue"
+    else:
+        waits = "prefill" if (pre_s or 0) > (dec_s or 0) else "decode"
+        nbytes, flops = delta("bytes"), delta("flops")
+        if nbytes:
+            ridge = peak_gflops / bandwidth_gbs
+            waits += "/mem" if flops / nbytes < ridge else "/cmp"
+    return {"time": datetime.now().strftime("%H:%M:%S"), "interval_s": dt,
+            "prefill_tok_s": rate("prefill_tokens"), "decode_tok_s": rate("decode_tokens"),
+            "gb_s": gbs, "bandwidth_share": None if gbs is None else gbs / bandwidth_gbs,
+            "gflop_s": gflops, "peak_share": None if gflops is None else gflops / peak_gflops,
+            "running": now["running"], "waiting": now["waiting"], "kv_blocks_used": now["kv_used"],
+            "kv_used_pct": now["kv_pct"], "preemptions": delta("preemptions"), "rejected": delta("rejected"),
+            "waits_on": waits}
+
+
+def fmt(r: dict) -> str:
+    def n(v, w, d=0):
+        return "-".rjust(w) if v is None else f"{v:{w}.{d}f}"
+
+    kv = n(r["kv_blocks_used"], 5) if r["kv_blocks_used"] is not None else (
+        "-".rjust(5) if r["kv_used_pct"] is None else f"{r['kv_used_pct']:4.0f}%")
+    pct = lambda v: n(None if v is None else 100 * v, 3)  # noqa: E731
+    return (f"{r['time']:8} {n(r['prefill_tok_s'], 5)} {n(r['decode_tok_s'], 6, 1)} {n(r['gb_s'], 6, 2)} "
+            f"{pct(r['bandwidth_share'])} {n(r['gflop_s'], 7, 1)} {pct(r['peak_share'])} {n(r['running'], 3)} "
+            f"{n(r['waiting'], 4)} {kv} {n(r['preemptions'], 3)} {n(r['rejected'], 4)} {r['waits_on']}")
+
+
+def run(args) -> int:
+    if not args.interval > 0:
+        raise MiniLLMError(f"--interval {args.interval}: must be more than 0 seconds")
+    if args.count is not None and args.count < 1:
+        raise MiniLLMError(f"--count {args.count}: must be at least 1")
+    parts = urlsplit(args.url if "://" in args.url else f"http://{args.url}")
+    if parts.scheme != "http" or not parts.hostname:
+        raise MiniLLMError(f"{args.url!r}: expected http://HOST:PORT (the address the server printed)")
+    host, port = parts.hostname, parts.port or 80
+    path = parts.path.rstrip("/").removesuffix("/v1") + "/metrics"
+    try:
+        first = scrape(host, port, path, args.api_key)
+    except OSError as e:
+        raise MiniLLMError(f"no server at {host}:{port} ({e.strerror or e}): start one with `minillm serve`") from None
+    kind = flavour(first)
+    from ..measure.hardware import machine
+    hw = machine(progress=not args.json)
+    if not args.json:
+        print(f"# {kind} at http://{host}:{port}", flush=True)
+        print(f"# %bw, %pk: shares of this machine's {hw.bandwidth_gbs:.1f} GB/s and {hw.peak_gflops:.0f} GFLOP/s",
+              flush=True)
+        if kind != "minillm":
+            print(f"# {kind} exports no bytes or FLOPs: those columns show -", flush=True)
+        for line in HEADER:
+            print(line, flush=True)
+    prev, t_prev, shown = quantities(first, kind), time.perf_counter(), 0
+    try:
+        while args.count is None or shown < args.count:
+            time.sleep(max(0.0, t_prev + args.interval - time.perf_counter()))
+            try:
+                m = scrape(host, port, path, args.api_key)
+            except OSError as e:
+                err.print(f"[red]minillm monitor:[/] the server at {host}:{port} went away ({e.strerror or e})")
+                return 1
+            t = time.perf_counter()
+            now = quantities(m, kind)
+            r = row(prev, now, t - t_prev, hw.bandwidth_gbs, hw.peak_gflops)
+            print(json.dumps({"server": kind, **r}) if args.json else fmt(r), flush=True)
+            prev, t_prev, shown = now, t, shown + 1
+    except KeyboardInterrupt:
+        pass
+    return 0
