@@ -116,3 +116,36 @@ def test_chat_command_keeps_history_and_reports_the_counters(home):
     assert "The capital of France is Paris." in done.stdout
     line = next(x for x in done.stderr.splitlines() if x.startswith("prefill"))
     assert line.startswith("prefill 37 tok ") and "tok/s" in line and len(line) <= 80
+
+
+def test_chat_completions_through_the_official_openai_client(model):
+    """POST /v1/chat/completions on a real server, through the openai client: the answer transformers
+    gives greedily, whole and streamed, with usage; the end-of-turn token is not in the text."""
+    openai = pytest.importorskip("openai")
+    from minillm.serving.http import Server
+    from minillm.serving.loop import EngineLoop
+    loop = EngineLoop(model, kv_memory=64 << 20, block_size=16)
+    server = Server(("127.0.0.1", 0), loop, "smollm2-135m")
+    loop.start()
+    server.start()
+    try:
+        host, port = server.server_address[:2]
+        client = openai.OpenAI(base_url=f"http://{host}:{port}/v1", api_key="none", timeout=300)
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        r = client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=20, temperature=0)
+        answer = r.choices[0].message.content
+        assert "Paris" in answer and "<|im_end|>" not in answer
+        assert r.choices[0].finish_reason == "stop" and r.choices[0].message.role == "assistant"
+        assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+        parts = list(client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=20,
+                                                    temperature=0, stream=True,
+                                                    stream_options={"include_usage": True}))
+        text = "".join(p.choices[0].delta.content or "" for p in parts if p.choices)
+        assert text == answer
+        assert parts[-1].usage.completion_tokens == r.usage.completion_tokens
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model="smollm2-135m", messages=[], max_tokens=5)
+    finally:
+        server.shutdown()
+        server.server_close()
+        loop.stop(grace=1)

@@ -2,7 +2,7 @@
 
 Handlers parse and check a request, hand it to the engine loop (serving/loop.py, one thread that
 owns the model) and stream back what the loop sends; they never touch the model. Routes:
-POST /v1/completions, GET /v1/models, /health, /metrics.
+POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health, /metrics.
 
 What the stack is trusted with, and what this module adds on top (`Limits`):
   parsing       h11 (uvicorn's HTTP/1.1 parser): one Content-Length, digits only; chunked bodies;
@@ -51,6 +51,7 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..tokenizer import tokenizer
+from .chat_api import chat_chunk, chat_completion, new_chat_id, parse_chat
 from .api import ApiError, completion, error_body, models, new_id, parse_completion, parse_json, usage
 from .loop import EngineLoop
 
@@ -85,8 +86,8 @@ class Text:
     `push(id)` returns the text that may be shown now; text that could still turn into a stop
     string is held back until it cannot."""
 
-    def __init__(self, stops: list[str]) -> None:
-        self.enc = tokenizer()
+    def __init__(self, stops: list[str], enc) -> None:
+        self.enc = enc
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.stops = stops
         self.hold = max((len(s) for s in stops), default=1) - 1
@@ -205,9 +206,10 @@ class Front:
         self.loop, self.model_name, self.limits, self.log = loop, model_name, limits, log
         self.api_key = api_key.encode() if api_key else None
         self.metrics_key, self.loopback = metrics_key, loopback
-        enc = tokenizer()
+        self.enc = enc = tokenizer(loop.model)            # the model's own tokenizer
         self.encode = lambda text: enc.encode(text, allowed_special={"<|endoftext|>"})
         routes = [Route("/v1/completions", self.completions, methods=["POST"]),
+                  Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                   Route("/v1/models", self.models, methods=["GET"]),
                   Route("/health", self.health, methods=["GET"]),
                   Route("/metrics", self.metrics, methods=["GET"])]
@@ -329,12 +331,20 @@ class Front:
     def retry_after(self, wait: float) -> dict:
         return {"Retry-After": str(max(1, math.ceil(wait)))}
 
-    async def completions(self, request) -> Response:
+    async def chat_completions(self, request) -> Response:
+        """POST /v1/chat/completions: messages rendered with the model's chat template, then served
+        as a completion; the answer in the chat format."""
+        return await self.completions(request, chat=True)
+
+    async def completions(self, request, chat: bool = False) -> Response:
         loop, limits = self.loop, self.limits
         try:
             body = parse_json(await self.read_body(request))
             cfg = loop.model.config
-            req = parse_completion(body, self.encode, cfg.vocab_size, cfg.n_ctx)
+            if chat:
+                req = parse_chat(body, self.enc, cfg.vocab_size, cfg.n_ctx)
+            else:
+                req = parse_completion(body, self.encode, cfg.vocab_size, cfg.n_ctx)
             wait = loop.metrics.get("queue_expected_wait_seconds")
             if wait > limits.max_queue_wait:
                 raise ApiError(429, f"the queue's expected wait is {wait:.0f} s, over this server's limit of "
@@ -352,7 +362,7 @@ class Front:
         except ApiError as e:
             return api_error(e)
         gone = asyncio.ensure_future(until_disconnect(request.receive))
-        text, pieces, finish, ended = Text(req.stop), [], None, False
+        text, pieces, finish, ended = Text(req.stop, self.enc), [], None, False
         try:
             try:
                 first = await next_event(events, gone, limits.max_queue_wait)
@@ -366,7 +376,7 @@ class Front:
             if req.stream:
                 gone.cancel()
                 ended = True              # from here the stream's generator owns the request
-                return StreamingResponse(self.sse(r, events, text, first), media_type="text/event-stream",
+                return StreamingResponse(self.sse(r, events, text, first, chat), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
             event = first
             while True:
@@ -386,8 +396,12 @@ class Front:
                 loop.cancel(r)
         if finish not in ("stop", "length"):
             return api_error(self.failure(finish))
-        return json_response(200, completion(new_id(), self.model_name, "".join(pieces), finish,
-                                             usage(len(req.prompt_ids), r.n_tokens), int(time.time())))
+        used = usage(len(req.prompt_ids), r.n_tokens)
+        if chat:
+            return json_response(200, chat_completion(new_chat_id(), self.model_name, "".join(pieces), finish,
+                                                      used, int(time.time())))
+        return json_response(200, completion(new_id(), self.model_name, "".join(pieces), finish, used,
+                                             int(time.time())))
 
     def failure(self, reason: str) -> ApiError:
         if reason == "cancelled":
@@ -408,25 +422,36 @@ class Front:
             return piece, None, False
         return text.finish(), value, True
 
-    async def sse(self, r, events: Events, text: Text, event):
-        cid, created, name = new_id(), int(time.time()), self.model_name
+    async def sse(self, r, events: Events, text: Text, event, chat: bool = False):
+        cid, created, name = (new_chat_id() if chat else new_id()), int(time.time()), self.model_name
         ended = False
         try:
+            if chat:
+                yield self.chunk(chat_chunk(cid, name, created, role=True))
             while True:
                 piece, finish, ended = self.take(r, text, event)
                 if ended and finish not in ("stop", "length"):
                     e = self.failure(finish)
                     yield b"data: " + json.dumps(e.body()).encode() + b"\n\n"
                     return                    # no [DONE]: the stream did not complete
-                if piece or finish:
+                if chat and (piece or finish):
+                    if piece:
+                        yield self.chunk(chat_chunk(cid, name, created, content=piece))
+                    if finish:
+                        yield self.chunk(chat_chunk(cid, name, created, finish=finish))
+                elif piece or finish:
                     yield self.chunk(completion(cid, name, piece, finish, None, created))
                 if ended:
                     break
                 event = await events.get_async()
             if r.api.include_usage:
-                body = completion(cid, name, "", None, usage(len(r.seq.prompt), r.n_tokens), created)
-                body["choices"] = []
-                yield self.chunk(body)
+                used = usage(len(r.seq.prompt), r.n_tokens)
+                if chat:
+                    yield self.chunk(chat_chunk(cid, name, created, usage=used))
+                else:
+                    body = completion(cid, name, "", None, used, created)
+                    body["choices"] = []
+                    yield self.chunk(body)
             yield b"data: [DONE]\n\n"
         finally:
             if not ended:                     # the client left (Starlette cancelled us): stop the work
