@@ -8,10 +8,7 @@ Run:  python lessons/12_gqa.py        (or: minillm learn 12)
 
 from __future__ import annotations
 
-try:
-    from minillm.lessons._common import Lesson, fmt_x, run_lesson
-except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
-    raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
+from minillm.lessons._common import Lesson, fmt_x, run_lesson
 
 import numpy as np
 from rich import box
@@ -195,8 +192,7 @@ def real_model(L: Lesson) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_lesson(lesson, argv, number=12, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python lessons/12_gqa.py")
+    return run_lesson(lesson, argv)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,7 @@ Run:  python lessons/13_two_phases.py        (or: minillm learn 13)
 
 from __future__ import annotations
 
-try:
-    from minillm.lessons._common import Lesson, bar_chart, fmt_x, paired_chart, run_lesson
-except ModuleNotFoundError as e:  # run from a checkout in which minillm is not installed
-    raise SystemExit(f"{e}: install minillm first (pip install -e . in the checkout), then run this again")
+from minillm.lessons._common import Lesson, bar_chart, fmt_x, paired_chart, run_lesson
 
 from rich import box
 from rich.table import Table
@@ -30,6 +27,7 @@ WHAT_YOU_WILL_SEE = "a long prefill stalling decodes; the budget sweep; goodput;
 def lesson(L: Lesson) -> None:
     model = L.load_model(default="large", fast="random-tiny")
     items = workload(L, model)
+    L.pause()
     interference(L, model, items)
     L.pause()
     sweep = budgets(L, model, items)
@@ -295,8 +293,7 @@ def remedies(L: Lesson, model, sweep: dict, split: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_lesson(lesson, argv, number=13, title=TITLE, minutes=MINUTES, what=WHAT_YOU_WILL_SEE,
-                      prog="python lessons/13_two_phases.py")
+    return run_lesson(lesson, argv)
 
 
 if __name__ == "__main__":
