@@ -151,10 +151,6 @@ class EngineLoop:
             self.metrics.inc("generated_tokens_total", "tokens generated for clients")
             r.events.put(("token", token))
             if r.done:
-                if len(r.token_times) > 1:
-                    t = r.token_times
-                    self.metrics.observe("time_per_output_token_seconds", "per request: (last token - first "
-                                         "token) / (tokens - 1)", (t[-1] - t[0]) / (len(t) - 1))
                 self._finish(r, r.finish_reason)
 
     def _count(self, info) -> None:
