@@ -47,7 +47,7 @@ class ModelTokenizer:
         self.bos_id = bos_id
         self.chat_template = chat_template
         self.special = {t.content: i for i, t in tok.get_added_tokens_decoder().items() if t.special}
-        self._bytes = {c: b for b, c in _bytes_to_unicode().items()}
+        self._bytes = {c: b for b, c in bytes_to_unicode().items()}
 
     @property
     def eot_token(self) -> int | None:
@@ -76,7 +76,7 @@ class ModelTokenizer:
 
 
 @lru_cache(maxsize=1)
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte-level alphabet: every byte as a printable character (the one `tokenizers` uses)."""
     keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     chars, n = {}, 0

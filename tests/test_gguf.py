@@ -15,7 +15,7 @@ import minillm
 from minillm.checkpoints.gguf_file import read_gguf, unpermute
 from minillm.checkpoints.safetensors import read_safetensors
 from minillm.errors import MiniLLMError
-from minillm.model_tokenizer import _bytes_to_unicode
+from minillm.model_tokenizer import bytes_to_unicode
 
 gguf = pytest.importorskip("gguf")
 FIXTURE = Path(__file__).parent / "fixtures" / "llama-tiny"
@@ -45,7 +45,7 @@ def write_tiny_gguf(path: Path, qtype: str = "F32", arch: str = "llama") -> Path
     w.add_value_length(cfg["head_dim"])
     w.add_rope_freq_base(cfg["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    chars = list(_bytes_to_unicode().values())
+    chars = list(bytes_to_unicode().values())
     tokens = chars + ["Ġt"] + [f"<|s{i}|>" for i in range(cfg["vocab_size"] - len(chars) - 1)]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt2")

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MiniLLMError
+from ..model_tokenizer import bytes_to_unicode
 from ..models.quant import QuantMatrix
 
 # GGUF's names for GPT-2's tensors (gguf.constants: MODEL_ARCH.GPT2)
@@ -39,26 +40,13 @@ def gguf_name(name: str) -> str:
     return f"blk.{i}.{BLOCK_NAMES[rest]}"
 
 
-def _byte_chars() -> dict[int, str]:
-    """GPT-2's printable stand-in for every byte (the table of its encoder.py: bytes_to_unicode)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    chars, n = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + n)
-            n += 1
-    return chars
-
-
 def gpt2_vocab(enc) -> tuple[list[str], list[str]]:
     """(tokens, merges) of GPT-2's tokenizer in the byte-level form GGUF and Hugging Face store.
     Each merge is found from the ranks alone: a token's bytes, merged by BPE with only the ranks
     below its own, end as exactly two parts, the pair whose merge made it. enc: GPT-2's tiktoken
     encoding (`minillm.tokenizer()`)."""
     ranks = enc._mergeable_ranks
-    chars = _byte_chars()
+    chars = bytes_to_unicode()
     show = lambda b: "".join(chars[x] for x in b)                         # noqa: E731
     tokens = [""] * enc.n_vocab
     merges = []
