@@ -109,6 +109,14 @@ def _blas(result) -> str:
     return f"BLAS: {result['blas']} ({result['blas_kernel']} kernels), {result['threads']} threads"
 
 
+def _table(title: str, columns) -> Table:
+    """A bench table: right-aligned columns that never wrap, narrow padding (80 columns)."""
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    for col in columns:
+        t.add_column(col, justify="right", no_wrap=True)
+    return t
+
+
 def bench_contexts(args, model, contexts: list[int], hw):
     result = _run_with_bar(args, f"benchmarking {escape(model.name)}", args.repeats * (len(contexts) + 1),
                            lambda tick: run_bench(model, contexts, args.repeats, progress=tick))
@@ -117,11 +125,9 @@ def bench_contexts(args, model, contexts: list[int], hw):
         row["of_bandwidth"] = row["achieved_gbs"] / hw.bandwidth_gbs
 
     def show():
-        t = Table(title=f"{escape(model.name)}: {model.n_params():,} params, float32, batch 1 "
-                        f"(medians of {args.repeats} interleaved rounds)", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
-        for col in ("ctx", "tok/s", "ms/step", "naive tok/s", "prefill", "bytes/step", "GB/s", "% BW", "% ceil"):
-            t.add_column(col, justify="right", no_wrap=True)
+        t = _table(f"{escape(model.name)}: {model.n_params():,} params, {model.dtype}, batch 1 "
+                   f"(medians of {args.repeats} interleaved rounds)",
+                   ("ctx", "tok/s", "ms/step", "naive tok/s", "prefill", "bytes/step", "GB/s", "% BW", "% ceil"))
         for r in result["rows"]:
             t.add_row(str(r["context"]), f"{r['cached_tok_s']:.1f}", f"{r['cached_ms']:.1f}",
                       f"{r['naive_tok_s']:.2f}", f"{r['prefill_s']:.3f} s", fmt_bytes(r["step_bytes"]),
@@ -148,11 +154,9 @@ def bench_batches(args, model, batches: list[int], hw):
     result["machine"] = {"bandwidth_gbs": hw.bandwidth_gbs, "method": hw.method, "peak_gflops": hw.peak_gflops}
 
     def show():
-        t = Table(title=f"{escape(model.name)}: decode with B sequences at once, prompts of {result['context']} "
-                        f"(medians of {args.repeats} interleaved rounds)", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
-        for col in ("B", "tok/s", "ms/step", "roofline", "FLOP/B", "GB/s", "GFLOP/s", "x @ W", "engine"):
-            t.add_column(col, justify="right", no_wrap=True)
+        t = _table(f"{escape(model.name)}: decode with B sequences at once, prompts of {result['context']} "
+                   f"(medians of {args.repeats} interleaved rounds)",
+                   ("B", "tok/s", "ms/step", "roofline", "FLOP/B", "GB/s", "GFLOP/s", "x @ W", "engine"))
         for r in result["rows"]:
             t.add_row(str(r["batch"]), f"{r['tok_s']:.0f}", f"{r['ms_step']:.1f}",
                       f"{r['roofline_ms']:.1f} {r['bound'][:3]}", f"{r['intensity']:.1f}", f"{r['gbps']:.1f}",
