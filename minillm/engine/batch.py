@@ -31,7 +31,6 @@ import numpy as np
 
 from ..errors import PromptError
 from .engine import Engine
-from .runner import run_step  # noqa: F401  (one batched step: the engine's, and tests' by hand)
 from .sampling import check_fits, check_sampling
 from .sequence import SamplingParams
 
