@@ -304,3 +304,25 @@ def test_a_handed_off_request_preempted_on_the_decode_engine_is_recomputed_there
     for rid, w in zip(d.order, items):
         assert outs[rid] == generate(model, w.prompt, w.max_tokens, temperature=w.temperature, seed=w.seed)
     assert all(e.blocks.n_free == e.blocks.num_blocks for e in (d.prefill, d.decode))
+
+
+# ------------------------------------------------------------------------------ verdicts from numbers
+
+def _runs(**figures):
+    """Budget runs with the given figures: name=[value per run] over budgets 32, 128, none."""
+    budgets = [32, 128, None]
+    return [{"budget": b, "policy": "no chunking" if b is None else f"budget {b}",
+             **{k: v[i] for k, v in figures.items()}} for i, b in enumerate(budgets)]
+
+
+def test_a_budget_verdict_names_every_run_tied_for_best_and_none_when_all_are_close():
+    from minillm.cli.serve_sim import budget_verdict
+    runs = _runs(output_tokens_per_s=[10.0, 20.0, 20.0], tbt_p99_s=[0.1, 0.3, 0.2],
+                 ttft_p95_s=[1.0, 1.02, 1.01], goodput_rps=[0.1, 0.3, 0.2], good_requests=[1, 3, 2],
+                 slo_met=[{"all": x, "tpot": x} for x in (0.2, 0.6, 0.4)])
+    lines = budget_verdict(runs, None, {"tpot": 0.05})
+    tput, gap, ttft, good = lines[0], lines[1], lines[2], lines[-1]
+    assert "favours budget 128 and no chunking (20.0 tok/s; budget 32: 10.0 tok/s)" in tput
+    assert "favours budget 32 (100 ms; budget 128: 300 ms)" in gap
+    assert "favours" not in ttft and "within 5%" in ttft and "no budget stands out" in ttft
+    assert "favours budget 128 (0.30 req/s; budget 32: 0.10 req/s)" in good

@@ -252,6 +252,67 @@ def test_bundled_models_quantized_cached_naive_batched(source, fmt):
     assert minillm.generate_batch(model, prompts, [12] * 3) == alone
 
 
+# -- the Llama family, quantized ------------------------------------------------------------------
+
+@st.composite
+def llama_configs(draw):
+    """Llama/Qwen shapes whose every product is whole blocks of 32 (d, H·hd and F multiples of 32)."""
+    from minillm.config import LlamaConfig
+    n_kv = draw(st.sampled_from([1, 2]))
+    g = draw(st.sampled_from([1, 2]))
+    arch = draw(st.sampled_from(["llama", "qwen2", "qwen3"]))
+    return LlamaConfig(n_layer=draw(st.integers(1, 2)), n_head=n_kv * g, n_kv_head=n_kv, head_dim=32,
+                       n_embd=draw(st.sampled_from([32, 64])), n_ctx=48, vocab_size=97,
+                       ffn=draw(st.sampled_from([32, 64])), eps=1e-6, theta=1e4, arch=arch,
+                       qkv_bias=arch == "qwen2", qk_norm=arch == "qwen3", tied=draw(st.booleans()))
+
+
+@settings(max_examples=12, deadline=None)
+@given(llama_configs(), st.sampled_from(FMTS), st.integers(0, 999))
+def test_llama_quantized_cached_equals_naive_and_batched_equals_alone(c, fmt, seed):
+    """Every product and the embedding/head quantized (models/llama.py): the model's float32
+    invariants still hold, and the weights it reads are the quantized bytes."""
+    from minillm.models.llama import Llama, random_params
+    t = random_params(c, seed=seed, std=0.3)
+    model, full = Llama(c, t, weights=fmt), Llama(c, t)
+    assert model.weights == fmt and isinstance(model.wte, QuantMatrix)
+    assert all(isinstance(p[k], QuantMatrix) for p in model.blocks for k in Llama.MATRICES)
+    assert model.nbytes() < full.nbytes() / 3
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 97, 10)
+    logits = model.forward(ids)
+    _, cache = model.prefill(ids[:4])
+    for i in range(4, 10):
+        # float32 compute, as users run it: test_llama's float32 tolerance
+        np.testing.assert_allclose(model.decode_step(int(ids[i]), cache), logits[i], rtol=0,
+                                   atol=2e-4 * max(1.0, np.abs(logits[i]).max()))
+    prompts = [rng.integers(0, 97, n).tolist() for n in (3, 7, 1)]
+    alone = [minillm.generate(model, p, 5) for p in prompts]
+    assert minillm.generate_batch(model, prompts, 5, cache="paged", block_size=4) == alone
+    with meter.Meter() as m:
+        model.decode_step(1, cache)
+    blocks = sum(p[k].nbytes for p in model.blocks for k in Llama.MATRICES)
+    head = model.head_w.nbytes
+    assert m.steps[0].bytes["weights"] >= blocks + head
+    assert m.steps[0].scratch > 0 and m.steps[0].flops["dequant"] > 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(FMTS), st.sampled_from([1, 2, 3]), st.integers(1, 3), st.integers(0, 999))
+def test_reordering_and_stacking_quantized_rows_is_exact(fmt, heads, hd_halves, seed):
+    """llama.cpp's q/k row permutation undone on the blocks, and q|k|v stacked by rows, give the
+    same floats as doing it to the dequantized matrices."""
+    from minillm.checkpoints.gguf_file import unpermute
+    rng = np.random.default_rng(seed)
+    w = QuantMatrix.quantize(rng.standard_normal((heads * 2 * hd_halves, 64)).astype(np.float32), fmt)
+    np.testing.assert_array_equal(unpermute(w, heads).dequantize(), unpermute(w.dequantize(), heads))
+    v = QuantMatrix.quantize(rng.standard_normal((5, 64)).astype(np.float32), fmt)
+    np.testing.assert_array_equal(QuantMatrix.stack([w, v]).dequantize(),
+                                  np.concatenate([w.dequantize(), v.dequantize()]))
+    with pytest.raises(WeightsError, match="different formats"):
+        QuantMatrix.stack([w, QuantMatrix.quantize(v.dequantize(), "q8_0" if fmt != "q8_0" else "q4_0")])
+
+
 # -- the commands ---------------------------------------------------------------------------------
 
 def test_quantize_writes_a_gguf_that_reads_back_as_the_model(tmp_path):

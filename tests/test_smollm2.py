@@ -149,3 +149,23 @@ def test_chat_completions_through_the_official_openai_client(model):
         server.shutdown()
         server.server_close()
         loop.stop(grace=1)
+
+
+def test_native_weights_stay_quantized_and_match_transformers(home):
+    """`weights="native"` keeps the file's Q4_1 matrices and Q8_0 embedding as they are (about 97 MB
+    against 538 MB dequantized) and the block kernel multiplies them: the same logits as transformers
+    within the tolerance above, the same top-1 as the float32 dequantization, the same greedy answer."""
+    old = os.environ.get("MINILLM_HOME")
+    os.environ["MINILLM_HOME"] = str(home)
+    try:
+        native = minillm.load("smollm2-135m", weights="native")
+    finally:
+        os.environ.pop("MINILLM_HOME") if old is None else os.environ.__setitem__("MINILLM_HOME", old)
+    assert native.weights == "q4_1" and native.wte.fmt.name == "q8_0"
+    assert native.nbytes() < 100e6
+    e = np.load(HERE / "expected.npz")
+    ids = np.concatenate([e["input_ids"], e["greedy_ids"]])
+    logits = native.forward(ids)
+    np.testing.assert_allclose(np.take_along_axis(logits, e["top_ids"], axis=1), e["top_logits"], rtol=0, atol=ATOL)
+    assert (logits.argmax(1) == e["top_ids"][:, 0]).all()
+    assert minillm.generate(native, e["input_ids"], 30, stop_ids=native.eos_ids) == e["greedy_ids"].tolist()

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..config import LLAMA_TYPES, LlamaConfig
 from ..errors import ConfigError, WeightsError
+from ..models.quant import FORMATS, QuantMatrix
 from ..paths import not_a_regular_file
 
 MAGIC = b"GGUF"
@@ -245,16 +246,20 @@ def hf_name(name: str) -> str | None:
     return None
 
 
-def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+def unpermute(w, n_head: int):
     """Undo llama.cpp's converter, which reorders each head's q and k rows from the rotate-half
-    layout (i, i + hd/2) to interleaved pairs (2i, 2i + 1). w [n_head·hd, d] -> the same shape."""
+    layout (i, i + hd/2) to interleaved pairs (2i, 2i + 1). w [n_head·hd, d] -> the same shape.
+    A quantized w (models/quant.py) has its rows reordered whole, blocks and scales with them."""
     rows = w.shape[0]
+    if isinstance(w, QuantMatrix):
+        return w.take_rows(unpermute(np.arange(rows)[:, None], n_head)[:, 0])
     pairs = w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:])     # [heads, hd/2, 2, d]: (2i, 2i+1)
     return pairs.swapaxes(1, 2).reshape(w.shape)                        # [heads, 2, hd/2, d]: (i, i+hd/2)
 
 
-def load_gguf(path) -> tuple[LlamaConfig, dict[str, np.ndarray], dict]:
-    """-> (config, float32 tensors in Hugging Face names, metadata)."""
+def load_gguf(path, *, keep_quantized: bool = False) -> tuple[LlamaConfig, dict[str, np.ndarray], dict]:
+    """-> (config, tensors in Hugging Face names, metadata). Every tensor float32, or with
+    keep_quantized, the file's Q8_0 / Q4_0 / Q4_1 matrices as `QuantMatrix` (its bytes, unwidened)."""
     path = Path(path)
     md, raw = read_gguf(path)
     c = config_from_metadata(md, path)
@@ -266,7 +271,10 @@ def load_gguf(path) -> tuple[LlamaConfig, dict[str, np.ndarray], dict]:
                 raise ConfigError(f"{path}: tensor {name} (rope frequency factors) is not implemented; "
                                   "minillm runs the default rotary embedding only")
             continue
-        tensors[hf] = dequantize(t, path)
+        if keep_quantized and t.type.lower() in FORMATS and len(t.shape) == 2:
+            tensors[hf] = QuantMatrix.from_gguf_blocks(t.data, t.type.lower(), t.shape)
+        else:
+            tensors[hf] = dequantize(t, path)
     if "lm_head.weight" in tensors:
         c = LlamaConfig(**{**c.asdict(), "tied": False})
     if c.arch == "llama":                        # only llama's converter permutes (qwen uses NeoX rope)

@@ -97,14 +97,17 @@ def read_tensors(folder: Path, file: Path | None = None) -> dict[str, np.ndarray
     return tensors
 
 
-def load_llama(path: Path, dtype=np.float32, *, name: str | None = None):
-    """A Llama-family model, with its own tokenizer attached as `.tokenizer` (None when absent)."""
+def load_llama(path: Path, dtype=np.float32, *, name: str | None = None, weights: str = "float32"):
+    """A Llama-family model, with its own tokenizer attached as `.tokenizer` (None when absent).
+    weights: "float32", "native" (a GGUF's quantized matrices kept as the file has them), or a
+    format to quantize every matrix to ("q8_0", "q4_0", "q4_1"); see `models.llama.Llama`."""
     from ..models.llama import Llama, check_tensors
+    from ..models.quant import QuantMatrix
     from .. import model_tokenizer as mt
     path = Path(path)
     if path.is_file() and (path.suffix == ".gguf" or is_gguf(path)):
         from .gguf_file import load_gguf
-        config, tensors, md = load_gguf(path)
+        config, tensors, md = load_gguf(path, keep_quantized=weights == "native")
         check_tensors(tensors, config, str(path))
         tok = mt.from_gguf_metadata(md, path)
         where = path
@@ -120,11 +123,13 @@ def load_llama(path: Path, dtype=np.float32, *, name: str | None = None):
             (folder / "tokenizer.model").is_file() else None
         where = folder
     for k, v in tensors.items():
-        check_finite(v, f"{where}: tensor {k}")
+        for a in (v.d, v.m) if isinstance(v, QuantMatrix) else (v,):     # quantized: its scales
+            if a is not None:
+                check_finite(a, f"{where}: tensor {k}")
     if tok is not None and tok.n_vocab > config.vocab_size:
         raise WeightsError(f"{where}: the tokenizer has {tok.n_vocab:,} ids but the model only "
                            f"{config.vocab_size:,}: they do not belong together")
     model = Llama(config, tensors, name=name or where.name, dtype=dtype,
-                  eos_ids=tok.eos_ids if tok is not None else ())
+                  eos_ids=tok.eos_ids if tok is not None else (), weights=weights)
     model.tokenizer = tok
     return model

@@ -46,9 +46,10 @@ def random_model(name: str, dtype=np.float32) -> GPT2:
 
 def load(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = False,
          weights: str = "float32") -> GPT2:
-    """Load a model (see `load_float`), its weights as `weights` says: "float32" (or "native": as the
-    checkpoint has them, float for every checkpoint minillm reads today), or "q8_0", "q4_0",
-    "q4_1": quantized at load as GGUF defines them (models/quant.py), kept quantized in memory."""
+    """Load a model (see `load_float`), its weights as `weights` says: "float32", "native" (as the
+    checkpoint has them: a GGUF's Q8_0 / Q4_0 / Q4_1 matrices stay quantized, float checkpoints
+    stay float), or "q8_0", "q4_0", "q4_1": quantized at load as GGUF defines them
+    (models/quant.py), kept quantized in memory."""
     from ..models.quant import FORMATS, WEIGHTS, quantize_params
     w = str(weights).lower()
     if w not in (*WEIGHTS, *FORMATS, "float64"):
@@ -64,10 +65,8 @@ def load(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = Fa
             config, params = read_gguf(path, "float32")
             model = GPT2(config, quantize_params(params, w), name=path.stem)
         return model
-    model = load_float(source, dtype=dtype, quiet=quiet)
-    if w in FORMATS:
-        if not isinstance(model, GPT2):
-            raise WeightsError(f"{model.name}: --weights {w} quantizes GPT-2 models for now; use --weights float32")
+    model = _load(source, dtype, quiet, w)           # a Llama-family model takes `w` as it is built
+    if w in FORMATS and isinstance(model, GPT2):
         if model.config.n_embd % 32:
             raise WeightsError(f"{model.name}: width {model.config.n_embd} is not a multiple of 32, the "
                                f"block of {w}; use --weights float32")
@@ -85,7 +84,7 @@ def _gguf_arch(path) -> str | None:
 
 
 def load_float(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = False) -> GPT2:
-    """Load a model.
+    """Load a model, its weights in floats.
 
     source: None or "default" or "small" (the bundled Shakespeare model), "large" (the bundled
     8-layer one, beyond the CPU's last-level cache in float32), a directory with model.safetensors +
@@ -94,6 +93,12 @@ def load_float(source: str | Path | None = None, *, dtype=np.float32, quiet: boo
     "gpt2-medium", "gpt2-large", "gpt2-xl" (`minillm download NAME` fetches them).
     dtype: float32 (default) or float64 for exactness checks.
     """
+    return _load(source, dtype, quiet, "float32")
+
+
+def _load(source, dtype, quiet: bool, weights: str):
+    """`load_float`, with `weights` passed to a Llama-family model (models/llama.py: "native" keeps a
+    GGUF's quantized matrices; a format quantizes every matrix as it is fused)."""
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise MiniLLMError(f"dtype {dtype}: minillm computes in float32 (default) or float64 (for exactness checks)")
@@ -121,7 +126,7 @@ def load_float(source: str | Path | None = None, *, dtype=np.float32, quiet: boo
         where = smollm.find()
         if where is None:
             raise ModelNotFoundError(f"{source_str} is not downloaded yet; fetch it with: minillm download {source_str}")
-        return load_llama(where, dtype, name=source_str)
+        return load_llama(where, dtype, name=source_str, weights=weights)
     if source_str in DOWNLOADABLE:
         from ..checkpoints.download import find_downloaded
         where = find_downloaded(source_str)
@@ -140,6 +145,6 @@ def load_float(source: str | Path | None = None, *, dtype=np.float32, quiet: boo
         raise WeightsError(f"{source_str}: {problem}; choose a checkpoint path or one of: {', '.join(model_names())}")
     from ..checkpoints.llama_load import load_llama, sniff
     if sniff(path) is not None:                      # a GGUF file, or a llama/qwen2/qwen3 folder
-        return load_llama(path, dtype)
+        return load_llama(path, dtype, weights=weights)
     config, params = load_checkpoint(path, dtype)
     return GPT2(config, params, name=path.name)

@@ -205,6 +205,23 @@ def best(results: list[dict], key: str, high: bool) -> tuple[dict, dict]:
     return order[0], order[-1]
 
 
+CLOSE = 0.05     # runs within 5% of each other on a figure: none is said to be favoured by it
+
+
+def favours(results: list[dict], key: str, high: bool, what: str, show, name) -> str:
+    """One sentence: which run a figure favours, from the figures themselves. Runs that show the same
+    value are named together; when every run is within CLOSE of the best, none is favoured."""
+    hi, lo = best(results, key, high)
+    top = [r for r in results if r.get(key) is not None and show(r[key]) == show(hi[key])]
+    a, b = sorted((hi[key], lo[key]))
+    if b == 0 or (b - a) / b < CLOSE:
+        return (f"{what}: every run within {CLOSE:.0%} ({show(a)} to {show(b)}): on this workload no "
+                f"{'budget' if 'budget' in results[0] else 'run'} stands out.")
+    names = [name(r) for r in top]
+    who = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f"{what} favours {who} ({show(hi[key])}; {name(lo)}: {show(lo[key])})."
+
+
 def budget_verdict(results: list[dict], fit: dict | None, slo: dict) -> list[str]:
     """Which budget this machine favours for which target, from the runs and the fit of step time."""
     lines = []
@@ -217,15 +234,9 @@ def budget_verdict(results: list[dict], fit: dict | None, slo: dict) -> list[str
             lines.append(f"The fixed part (weights read once, scheduling) costs as much as {a / b:.0f} "
                          f"tokens: a budget well below that pays it in many more steps; a prompt of N "
                          f"tokens in one step holds every running decode about N × {fmt_time(b)}.")
-    hi, lo = best(results, "output_tokens_per_s", True)
-    lines.append(f"Throughput favours {name(hi)} ({hi['output_tokens_per_s']:.1f} tok/s; "
-                 f"{name(lo)}: {lo['output_tokens_per_s']:.1f}).")
-    hi, lo = best(results, "tbt_p99_s", False)
-    lines.append(f"The p99 gap between tokens favours {name(hi)} ({fmt_time(hi['tbt_p99_s'])}; "
-                 f"{name(lo)}: {fmt_time(lo['tbt_p99_s'])}).")
-    hi, lo = best(results, "ttft_p95_s", False)
-    lines.append(f"TTFT p95 favours {name(hi)} ({fmt_time(hi['ttft_p95_s'])}; {name(lo)}: "
-                 f"{fmt_time(lo['ttft_p95_s'])}).")
+    lines.append(favours(results, "output_tokens_per_s", True, "Throughput", lambda v: f"{v:.1f} tok/s", name))
+    lines.append(favours(results, "tbt_p99_s", False, "The p99 gap between tokens", fmt_time, name))
+    lines.append(favours(results, "ttft_p95_s", False, "TTFT p95", fmt_time, name))
     if slo:
         if fit is not None and "tpot" in slo and fit["per_token_s"] > 0:
             room = (slo["tpot"] - fit["fixed_s"]) / fit["per_token_s"]
@@ -240,8 +251,8 @@ def budget_verdict(results: list[dict], fit: dict | None, slo: dict) -> list[str
         elif hi["goodput_rps"] == lo["goodput_rps"]:
             lines.append(f"Goodput ({slo_text(slo)}) is the same at every budget ({hi['goodput_rps']:.2f} req/s).")
         else:
-            lines.append(f"Goodput ({slo_text(slo)}) favours {name(hi)} ({hi['goodput_rps']:.2f} req/s, "
-                         f"{hi['slo_met']['all']:.0%} met every target; {name(lo)}: {lo['goodput_rps']:.2f}).")
+            lines.append(favours(results, "goodput_rps", True, f"Goodput ({slo_text(slo)})",
+                                 lambda v: f"{v:.2f} req/s", name))
     return lines
 
 
@@ -416,12 +427,14 @@ def disagg_verdict(results: list[dict]) -> list[str]:
         lines.append(f"{what}: best {escape(hi['label'])} ({f(hi[key])}), worst {escape(lo['label'])} ({f(lo[key])}).")
     s, c = splits[0], one[0]
     known = [(key, what, high) for key, what, high in figures if s[key] is not None and c[key] is not None]
-    lost = [what for key, what, high in known if (s[key] < c[key] if high else s[key] > c[key])]
-    tied = [what for key, what, high in known if s[key] == c[key]]
+    close = lambda a, b: a == b or abs(a - b) / max(abs(a), abs(b)) < CLOSE   # noqa: E731
+    tied = [what for key, what, high in known if close(s[key], c[key])]
+    lost = [what for key, what, high in known
+            if what not in tied and (s[key] < c[key] if high else s[key] > c[key])]
     won = [what for key, what, high in known if what not in lost and what not in tied]
     verdict = "; ".join(x for x in (f"wins on {', '.join(won)}" if won else "",
                                     f"loses on {', '.join(lost)}" if lost else "",
-                                    f"ties on {', '.join(tied)}" if tied else "") if x)
+                                    f"is within {CLOSE:.0%} on {', '.join(tied)}" if tied else "") if x)
     lines.append(f"Against {escape(c['label'])} the split {verdict}. Measured:")
     lines.append(f"  busy: prefill engine {s['busy'][0]:.0%}, decode engine {s['busy'][1]:.0%} of the run "
                  f"(one engine: {c['busy'][0]:.0%}); a share of the machine idles when its phase has no work.")

@@ -22,6 +22,11 @@ keeps each block's q, k and v side by side in one `[d, (H + 2·Hkv)·hd]` matrix
 one `[d, 2F]`, all `[in, out]` like GPT-2's: one product per group instead of three or two, and
 every weight still read once per step. The tied head keeps one contiguous `[d, V]` array and the
 embedding is its transposed view, as in GPT-2.
+
+Quantized weights (models/quant.py) stay `[out, in]` rows, as GGUF stores them: a GGUF's own Q8_0 /
+Q4_0 / Q4_1 tensors arrive that way (`weights="native"`), and q|k|v and gate|up are fused by
+stacking rows; a float checkpoint is quantized after fusing (`weights="q8_0"`, ...). The embedding
+and the tied head are then one quantized `[V, d]` matrix, as llama.cpp keeps `token_embd`.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from ..errors import WeightsError
 from . import ops
 from .base import CausalLM
 from .gpt2 import merge_heads
+from .quant import FORMATS, QuantMatrix
 
 Block = dict   # one block's parameters, fused names (see `fuse_block`)
 
@@ -87,18 +93,30 @@ def random_params(c: LlamaConfig, seed: int = 0, std: float = 0.02, dtype=np.flo
     return params
 
 
-def fuse_block(t: dict[str, np.ndarray], i: int, c: LlamaConfig, dtype) -> Block:
-    """One block's checkpoint tensors -> the model's: q|k|v and gate|up side by side, [in, out]."""
+def _matrix(ws: list, dtype, fmt: str | None):
+    """A block's product weight from its checkpoint matrices ([out, in] each, fused by rows): float
+    [in, out]; or quantized [out, in] rows, as the file has them or quantized now (fmt)."""
+    if all(isinstance(w, QuantMatrix) for w in ws):                     # a GGUF's own blocks, kept
+        return ws[0] if len(ws) == 1 else QuantMatrix.stack(ws)
+    ws = [w.dequantize() if isinstance(w, QuantMatrix) else w for w in ws]
+    if fmt is not None:                                                  # [out, in] rows, quantized
+        return QuantMatrix.quantize(np.concatenate(ws, axis=0) if len(ws) > 1 else ws[0], fmt)
+    return np.ascontiguousarray(np.concatenate(ws, axis=0).T if len(ws) > 1 else ws[0].T, dtype=dtype)
+
+
+def fuse_block(t: dict[str, np.ndarray], i: int, c: LlamaConfig, dtype, fmt: str | None = None) -> Block:
+    """One block's checkpoint tensors -> the model's: q|k|v and gate|up side by side, [in, out]
+    (quantized: [out, in] rows, see the top of this file)."""
     h = f"layers.{i}."
     a, m = h + "self_attn.", h + "mlp."
-    cat = lambda names: np.ascontiguousarray(np.concatenate([t[n] for n in names], axis=0).T, dtype=dtype)
+    mat = lambda names: _matrix([t[n] for n in names], dtype, fmt)
     p = {
         "input_layernorm.weight": np.asarray(t[h + "input_layernorm.weight"], dtype=dtype),
-        "qkv.weight": cat([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]),  # [d, (H+2Hkv)·hd]
-        "o_proj.weight": np.ascontiguousarray(t[a + "o_proj.weight"].T, dtype=dtype),       # [H·hd, d]
+        "qkv.weight": mat([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]),  # [d, (H+2Hkv)·hd]
+        "o_proj.weight": mat([a + "o_proj.weight"]),                                        # [H·hd, d]
         "post_attention_layernorm.weight": np.asarray(t[h + "post_attention_layernorm.weight"], dtype=dtype),
-        "gate_up.weight": cat([m + "gate_proj.weight", m + "up_proj.weight"]),               # [d, 2F]
-        "down_proj.weight": np.ascontiguousarray(t[m + "down_proj.weight"].T, dtype=dtype),  # [F, d]
+        "gate_up.weight": mat([m + "gate_proj.weight", m + "up_proj.weight"]),                # [d, 2F]
+        "down_proj.weight": mat([m + "down_proj.weight"]),                                   # [F, d]
     }
     if c.qkv_bias:
         p["qkv.bias"] = np.concatenate([t[a + f"{n}.bias"] for n in ("q_proj", "k_proj", "v_proj")]).astype(dtype)
@@ -162,25 +180,39 @@ class Llama(CausalLM):
     MATRICES = ("qkv.weight", "o_proj.weight", "gate_up.weight", "down_proj.weight")   # a block's products
 
     def __init__(self, config: LlamaConfig, tensors: dict[str, np.ndarray], *, name: str = "",
-                 dtype=None, eos_ids: tuple[int, ...] = ()) -> None:
+                 dtype=None, eos_ids: tuple[int, ...] = (), weights: str = "float32") -> None:
+        """weights: "float32" (quantized tensors of a GGUF are widened), "native" (a GGUF's Q8_0 /
+        Q4_0 / Q4_1 tensors kept as they are) or "q8_0" / "q4_0" / "q4_1" (every matrix quantized)."""
         c = self.config = config
         dtype = np.dtype(dtype or np.float32)
         self.name = name or f"{c.arch}-{c.n_layer}x{c.n_embd}"
         self.dtype = dtype
         self.eos_ids = tuple(eos_ids)
         self.tokenizer = None                                                             # set by the loader
-        head = tensors["embed_tokens.weight"] if c.tied else tensors["lm_head.weight"]    # [V, d]
-        self.wte_t = np.ascontiguousarray(np.asarray(head).T, dtype=dtype)                # [d, V]: the head
-        embed = self.wte_t.T if c.tied else np.asarray(tensors["embed_tokens.weight"], dtype=dtype)
-        self.wte = embed                                                                  # [V, d]
-        self.blocks: list[Block] = [fuse_block(tensors, i, c, dtype) for i in range(c.n_layer)]
+        fmt = weights if weights in FORMATS else None
+        if weights == "float32":
+            tensors = {k: v.dequantize() if isinstance(v, QuantMatrix) else v for k, v in tensors.items()}
+        embed = tensors["embed_tokens.weight"]                                            # [V, d]
+        head = embed if c.tied else tensors["lm_head.weight"]                             # [V, d]
+        if fmt is not None or isinstance(head, QuantMatrix) or isinstance(embed, QuantMatrix):
+            rows = lambda w: (w if isinstance(w, QuantMatrix) else QuantMatrix.quantize(w, fmt) if fmt
+                              else np.asarray(w, dtype=dtype))                      # [V, d] rows
+            self.wte_t, self.wte = None, rows(embed)
+            self.head_w = self.wte if c.tied else rows(head)
+        else:
+            self.wte_t = np.ascontiguousarray(np.asarray(head).T, dtype=dtype)            # [d, V]: the head
+            self.head_w = self.wte_t.T                                                    # [V, d] view
+            self.wte = self.head_w if c.tied else np.asarray(embed, dtype=dtype)          # [V, d]
+        self.blocks: list[Block] = [fuse_block(tensors, i, c, dtype, fmt) for i in range(c.n_layer)]
         self.norm = np.asarray(tensors["norm.weight"], dtype=dtype)
-        self.params = {"embed_tokens.weight": embed, "norm.weight": self.norm}
+        self.params = {"embed_tokens.weight": self.wte, "norm.weight": self.norm}
         if not c.tied:
-            self.params["lm_head.weight"] = self.wte_t.T
+            self.params["lm_head.weight"] = self.head_w
         for i, p in enumerate(self.blocks):
             self.params.update({f"layers.{i}.{k}": v for k, v in p.items()})
         self.cos, self.sin = ops.rope_tables(c.n_ctx, c.head_dim, c.theta, dtype)        # [n_ctx, hd/2]
+        self.weights = next((p[k].fmt.name for p in self.blocks for k in self.MATRICES
+                             if isinstance(p[k], QuantMatrix)), dtype.name)
 
     def run(self, plan) -> np.ndarray:
         """Embeddings, then every block (not the final norm). plan.ids, plan.positions [N] -> x [N, d]."""
@@ -192,13 +224,13 @@ class Llama(CausalLM):
 
     def head(self, h: np.ndarray) -> np.ndarray:
         """The final RMS norm and the LM head, on the scored rows. h [S, d] -> logits [S, V]."""
-        return ops.lm_head(ops.rms_norm(h, self.norm, self.config.eps), self.wte_t.T)
+        return ops.lm_head(ops.rms_norm(h, self.norm, self.config.eps), self.head_w)
 
     def __repr__(self) -> str:
         c = self.config
         return (f"Llama({self.name!r}: {c.arch}, {c.n_layer} layers, {c.n_head} heads / {c.n_kv_head} KV "
                 f"heads of {c.head_dim}, width {c.n_embd}, FFN {c.ffn}, context {c.n_ctx}, vocab "
-                f"{c.vocab_size}, {self.n_params():,} params, {self.dtype})")
+                f"{c.vocab_size}, {self.n_params():,} params, {self.weights})")
 
 
 def check_tensors(tensors: dict, c: LlamaConfig, where: str) -> None:

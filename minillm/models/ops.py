@@ -277,7 +277,14 @@ def lm_head(x: np.ndarray, wte: np.ndarray) -> np.ndarray:
 
 def token_embedding(wte: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Token embeddings only (positions come from the rotary embedding). wte [V, d], ids [N] -> [N, d].
-    Reads only the N rows it gathers."""
+    Reads only the N rows it gathers (quantized: their blocks, dequantized straight into x)."""
+    if isinstance(wte, QuantMatrix):
+        x = wte.rows(ids)                    # [N, d]
+        m = meter.active()
+        if m is not None:
+            c = wte.rows_counts(len(ids))
+            m.count("embedding", weights=c["weights"], activations=x.nbytes, dequant=c["dequant"])
+        return x
     x = wte[ids]                             # [N, d]  gather N rows (a copy: the residual stream)
     m = meter.active()
     if m is not None:

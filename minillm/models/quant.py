@@ -196,6 +196,21 @@ class QuantMatrix:
             q = q.view(np.int8)
         return cls(fmt, q, d, m)
 
+    @classmethod
+    def stack(cls, mats: list["QuantMatrix"]) -> "QuantMatrix":
+        """Several matrices of one format and width, their rows one after another (q|k|v fused)."""
+        fmt = mats[0].fmt
+        if any(w.fmt != fmt or w.shape[1] != mats[0].shape[1] for w in mats):
+            raise WeightsError("cannot fuse quantized matrices of different formats or widths: "
+                               + ", ".join(f"{w.fmt.name} {w.shape[0]}x{w.shape[1]}" for w in mats))
+        cat = lambda planes: np.concatenate(planes, axis=0)
+        return cls(fmt, cat([w.q for w in mats]), cat([w.d for w in mats]),
+                   None if mats[0].m is None else cat([w.m for w in mats]))
+
+    def take_rows(self, order: np.ndarray) -> "QuantMatrix":
+        """The rows in another order (a row keeps its blocks whole: reordering costs no rounding)."""
+        return QuantMatrix(self.fmt, self.q[order], self.d[order], None if self.m is None else self.m[order])
+
     def to_gguf_blocks(self) -> np.ndarray:
         """The planes back as GGUF's bytes: uint8 [R, C/32 · block_bytes]."""
         R, C = self.shape
