@@ -401,3 +401,25 @@ def test_lesson_11s_alpha_is_the_one_whose_formula_gives_the_measured_tokens(alp
     assert 1.0 <= E <= k + 1
     assert abs(m.alpha_from(E, k) - alpha) < 1e-6
     assert abs(m.expected_tokens(0.57, 1) - 1.57) < 1e-12
+
+
+@pytest.mark.parametrize("broken", ["counts", "quantize"])
+def test_lesson_14s_claims_fail_on_a_wrong_byte_count_or_a_wrong_scale(broken, monkeypatch, capsys):
+    """Lesson 14 checks its own run: a product that reports 32 more weight bytes than it reads,
+    or a Q8_0 quantizer whose scale is one level off (so the blocks are not GGUF's), fails it."""
+    from minillm.models import quant
+
+    if broken == "counts":
+        from minillm import meter
+        real = meter.Meter.count
+        monkeypatch.setattr(meter.Meter, "count", lambda self, op, **kw: real(
+            self, op, **{**kw, "weights": kw.get("weights", 0) + (32 if op == "linear" else 0)}))
+    else:
+        real_q = quant.quantize_blocks
+
+        def coarse(blocks, fmt):
+            q, d, m = real_q(blocks, fmt)
+            return (q // 16 * 16 if fmt.name == "q8_0" else q), d, m
+        monkeypatch.setattr(quant, "quantize_blocks", coarse)
+    assert _lesson(14).main(["--fast", "--no-pause"]) == 1
+    assert "did not hold" in capsys.readouterr().out

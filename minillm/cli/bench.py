@@ -45,7 +45,7 @@ def add_arguments(parser) -> None:
                         help="with --speculate: greedy tokens per prompt (default 48)")
     parser.add_argument("--weights", default=None, metavar="W,W,...",
                         help="instead: decode and prefill with the model's weights in each format (float32, "
-                             "q8_0, q4_0, q4_1), interleaved: bytes per step, tokens/s, %% of each format's own "
+                             "q8_0, q4_0, q4_1; native: a GGUF's own, e.g. SmolLM2's Q4_1), interleaved: bytes per step, tokens/s, %% of each format's own "
                              "ceiling, the widening's share (at the first of --contexts)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
 

@@ -1,4 +1,5 @@
 """`minillm bench --weights float32,q8_0,q4_0`: do fewer bytes per weight make decode faster?
+("native" keeps a GGUF's own quantized matrices, e.g. SmolLM2's Q4_1.)
 
 One model, loaded once per weight format. Interleaved rounds (each format once per round, medians
 reported) of:
@@ -25,7 +26,7 @@ from ..errors import MiniLLMError
 from ..meter import Meter
 from ..models.quant import FORMATS, QuantMatrix, _scratch, f16_to_f32, TILE_BYTES, DECODE_ROWS
 
-FORMAT_NAMES = ("float32", *FORMATS)
+FORMAT_NAMES = ("float32", *FORMATS, "native")
 
 
 def parse_formats(text: str) -> list[str]:
@@ -98,7 +99,7 @@ def run_quant_bench(source, formats: list[str], *, context: int = 16, prefill: i
         s = samples[w]
         t = med(s["decode"])
         rows.append({
-            "weights": w,
+            "weights": w if w != "native" else f"native {model.weights}",
             "model_bytes": model.nbytes(),
             "step_bytes": dec.total_bytes,
             "weight_bytes": dec.bytes["weights"],
@@ -111,6 +112,8 @@ def run_quant_bench(source, formats: list[str], *, context: int = 16, prefill: i
             "prefill_gflops": pre.total_flops / med(s["prefill"]) / 1e9,
             "widen_ms": med(s["widen"]) * 1e3 if s["widen"] else 0.0,
             "widen_share": med(s["widen"]) / t if s["widen"] else 0.0,
+            "decode_rounds_s": s["decode"],                   # per round, in the order they ran
+            "prefill_rounds_s": s["prefill"],
         })
     return {"model": first.name, "n_params": first.n_params(), "context": context, "prefill": prefill,
             "repeats": repeats, "decode_rows": DECODE_ROWS, "tile_bytes": TILE_BYTES, "rows": rows,

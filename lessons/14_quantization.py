@@ -1,0 +1,272 @@
+"""Lesson 14: Quantization: fewer bytes — is it faster? GGUF's Q8_0 and Q4_0 blocks, the bytes a decode
+step reads in each format (counted), the tokens/s they allow and what NumPy reaches, where the rest of the
+time goes (widening the integers to floats), prefill against decode (W4A16 against W8A8), the quality cost
+on held-out text, and what a fused kernel does differently.
+
+Run:  python lessons/14_quantization.py        (or: minillm learn 14)
+"""
+
+from __future__ import annotations
+
+from minillm.lessons._common import Lesson, Timing, faster_words, fmt_x, ratio_range, run_lesson
+
+import numpy as np
+from rich import box
+from rich.table import Table
+
+import minillm
+from minillm.measure.quantization import run_quant_bench
+from minillm.models.gpt2 import GPT2
+from minillm.models.quant import FORMATS, QK, QuantMatrix, dequantize_params
+from minillm.ui.report import fmt_bytes, fmt_time
+
+TITLE = "Quantization: fewer bytes — is it faster?"
+MINUTES = 8
+WHAT_YOU_WILL_SEE = "Q8_0 and Q4_0 blocks, bytes per step, the widening's cost, the quality"
+
+SHOWN = ("float32", "q8_0", "q4_0")
+
+
+def lesson(L: Lesson) -> None:
+    blocks(L)
+    rows = bytes_and_speed(L)
+    prefill_against_decode(L, rows)
+    quality(L)
+    fused(L, rows)
+    L.try_it("""
+        `minillm bench --weights float32,q8_0,q4_0 --model random-124m` is this lesson's table as a command.
+        `minillm quantize large --format q8_0 --out large-q8_0.gguf` writes a GGUF file; if you have
+        llama.cpp, `llama-bench -m large-q8_0.gguf -t 2` runs the same bytes through its fused kernels. After
+        `minillm download smollm2-135m`, `--weights native` keeps that model's own Q4_1 blocks
+        (`minillm bench --model smollm2-135m --weights float32,native`).
+    """)
+
+
+# -- 1. the formats -------------------------------------------------------------------------------
+
+def blocks(L: Lesson) -> None:
+    L.say("""
+        Decode reads every weight once per token (lesson 6), so a weight stored in fewer bytes should give
+        more tokens per second. That is why nearly every model people run on their own machine is
+        **quantized**. GGUF, llama.cpp's file format, cuts each row of a matrix into blocks of 32 values:
+
+        - **Q8_0**: 32 signed 8-bit integers and one float16 scale `d` (34 bytes): `w ≈ d·q`.
+        - **Q4_0**: 32 4-bit integers, two to a byte, and one scale (18 bytes): `w ≈ d·(q − 8)`.
+        - **Q4_1**: 4-bit integers, a scale and a minimum `m` (20 bytes): `w ≈ d·q + m`.
+
+        Below, one of the model's weight matrices in each format, with `QuantMatrix.quantize`, the function
+        `minillm.load(..., weights="q8_0")` uses.
+    """)
+    model = minillm.load(L.pick("large", "small"), quiet=True)
+    name, w = _a_matrix(model)
+    R, C = w.shape
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("format", "bytes/block", "bits/weight", "matrix", "mean |error|", "largest |error|"):
+        t.add_column(col, justify="right", no_wrap=True)
+    t.add_row("float32", "128", "32", fmt_bytes(w.nbytes), "0", "0")
+    err, size = {}, {}
+    for fmt in FORMATS:
+        qm = QuantMatrix.quantize(w, fmt)
+        e = np.abs(qm.dequantize().astype(np.float64) - w)
+        err[fmt], size[fmt] = e, qm.nbytes
+        b = FORMATS[fmt].block_bytes
+        t.add_row(fmt, str(b), f"{8 * b / QK:g}", fmt_bytes(qm.nbytes), f"{e.mean():.2g}", f"{e.max():.2g}")
+    scale = float(np.sqrt(np.mean(w.astype(np.float64) ** 2)))
+    L.show(t, f"[dim]{name} of {model.name}, [{R}, {C}] as GGUF stores it ([out, in]); its weights' "
+              f"root-mean-square is {scale:.2g}[/]")
+    L.claim(all(size[f] == R * C // QK * FORMATS[f].block_bytes for f in FORMATS),
+            "each matrix is exactly its blocks: rows × columns ÷ 32 × bytes per block, scales included")
+    L.claim(err["q4_0"].mean() > err["q8_0"].mean(),
+            f"16 levels instead of 256: Q4_0's mean error is {fmt_x(err['q4_0'].mean() / err['q8_0'].mean())} "
+            "Q8_0's on this matrix")
+    L.pause()
+
+
+def _weights_read_per_step(model) -> int:
+    """What one decode step must read: every parameter once (the tied embedding as the LM head), plus
+    the token's embedding row (and GPT-2's position row), not the rest of those tables."""
+    p = model.params
+    if "wte.weight" in p:                                     # GPT-2: tied head, a learned position table
+        emb, skip = p["wte.weight"], {"wpe.weight"}
+        extra = p["wpe.weight"].nbytes // p["wpe.weight"].shape[0]
+    else:                                                      # the Llama family
+        emb, extra = p["embed_tokens.weight"], 0
+        skip = set() if model.config.tied else {"embed_tokens.weight"}
+    return sum(v.nbytes for k, v in p.items() if k not in skip) + emb.nbytes // emb.shape[0] + extra
+
+
+def _a_matrix(model) -> tuple[str, np.ndarray]:
+    """The first layer's MLP up-projection as [out, in] rows (GPT-2 stores it [in, out])."""
+    if isinstance(model, GPT2):
+        return "h.0.mlp.c_fc.weight", np.ascontiguousarray(model.params["h.0.mlp.c_fc.weight"].T)
+    name = next(k for k, v in model.params.items() if getattr(v, "ndim", 0) == 2 and not isinstance(v, QuantMatrix))
+    return name, np.ascontiguousarray(model.params[name])
+
+
+# -- 2. bytes and speed ---------------------------------------------------------------------------
+
+def bytes_and_speed(L: Lesson) -> dict:
+    L.section("Fewer bytes per step: the ceiling and the measurement")
+    source = L.model_name or L.pick("random-124m", "small")
+    L.say(f"""
+        Now a whole model, `{source}`, loaded three times: float32, Q8_0 and Q4_0. Every matrix stays
+        quantized in memory. NumPy cannot multiply integers with BLAS (its integer products are plain
+        loops, thousands of times slower), so the kernel turns each tile of integers into floats in a
+        small reused buffer that stays in the cache, and multiplies there: the bytes read from memory
+        are the quantized ones. This is the function `minillm bench --weights` runs: decode steps and
+        prefills, each format once per round.
+    """)
+    hw = L.machine()
+    with L.progress("decode and prefill, by format", L.rounds() * len(SHOWN)) as advance:
+        res = run_quant_bench(source, list(SHOWN), context=16, prefill=L.pick(128, 32), repeats=L.rounds(),
+                              progress=advance)
+    bw = hw.bandwidth_gbs * 1e9
+    rows = {r["weights"]: r for r in res["rows"]}
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("weights", "bytes/step", "ceiling", "tok/s", "% ceil", "widening"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for w, r in rows.items():
+        t.add_row(w, fmt_bytes(r["step_bytes"]), f"{bw / r['step_bytes']:,.0f}/s", f"{r['tok_s']:,.1f}",
+                  f"{100 * r['tok_s'] * r['step_bytes'] / bw:.0f}%",
+                  fmt_time(r["widen_ms"] / 1e3) if r["widen_ms"] else "-")
+    L.show(t, f"[dim]bytes/step: counted by the meter; ceiling: those bytes at {hw.bandwidth_gbs:.1f} GB/s; "
+              "tok/s: decode at context 16, batch 1; widening: every quantized weight turned into floats as "
+              "a step does it, timed alone[/]")
+    L.timing_note()
+    f32, q8, q4 = rows["float32"], rows["q8_0"], rows["q4_0"]
+    read = {w: _weights_read_per_step(minillm.load(source, weights=w, quiet=True)) for w in SHOWN}
+    L.claim(all(rows[w]["weight_bytes"] == read[w] for w in SHOWN),
+            "in every format a decode step reads each weight once: the meter's weight bytes ("
+            + ", ".join(fmt_bytes(read[w]) for w in SHOWN) + ") equal the model's bytes, the head included, "
+            "plus the one embedding row the token needs")
+    L.fact(f"each format's ceiling is its own bytes at this machine's bandwidth: Q8_0's is "
+           f"{fmt_x(f32['step_bytes'] / q8['step_bytes'])} float32's, Q4_0's "
+           f"{fmt_x(f32['step_bytes'] / q4['step_bytes'])}")
+    r8 = ratio_range(Timing(tuple(q8["decode_rounds_s"])), Timing(tuple(f32["decode_rounds_s"])))
+    L.say(f"Measured: {faster_words(r8, 'a Q8_0 decode step', 'a float32 one')}.")
+    saved_s = (f32["step_bytes"] - q8["step_bytes"]) / bw
+    widen_s = q8["widen_ms"] / 1e3
+    more = "more than" if widen_s > 1.1 * saved_s else "less than" if widen_s < saved_s / 1.1 else "about what"
+    L.say(f"""
+        Where the time goes: reading the bytes Q8_0 saves would take {fmt_time(saved_s)} at
+        {hw.bandwidth_gbs:.1f} GB/s. Widening its integers to floats, alone, took {fmt_time(widen_s)},
+        {more} the read it saves, and the products and the scales come on top. The meter counts that work
+        too: a Q8_0 step wrote and read {fmt_bytes(q8['scratch_bytes'])} of floats in the cache
+        (`scratch`) and did {q8['dequant_flops'] / 1e6:,.0f} million widening operations (`dequant`), beside
+        {fmt_bytes(q8['weight_bytes'])} of weights from memory.
+    """)
+    L.pause()
+    return rows
+
+
+# -- 3. prefill -----------------------------------------------------------------------------------
+
+def prefill_against_decode(L: Lesson, rows: dict) -> None:
+    L.section("Prefill: fewer bytes do not mean fewer FLOPs")
+    f32, q8, q4 = rows["float32"], rows["q8_0"], rows["q4_0"]
+    L.say("""
+        A prefill multiplies every prompt token by each weight it reads: it is compute-bound (lesson 3).
+        Quantized weights shrink the bytes, not the multiplications: here the integers are widened once per
+        prefill step and all the prompt's rows are multiplied in float32. GPUs name the two cases:
+        **W4A16** (4-bit weights, 16-bit activations, float products: helps decode's bytes, not prefill's
+        FLOPs) and **W8A8** (int8 weights and activations multiplied on int8 tensor cores, which do about
+        twice the float16 operations per second: helps prefill too).
+    """)
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("weights", "prefill tok/s", "decode tok/s", "prefill ÷ decode"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for w, r in rows.items():
+        t.add_row(w, f"{r['prefill_tok_s']:,.0f}", f"{r['tok_s']:,.1f}", fmt_x(r["prefill_tok_s"] / r["tok_s"]))
+    L.show(t)
+    r8 = ratio_range(Timing(tuple(q8["prefill_rounds_s"])), Timing(tuple(f32["prefill_rounds_s"])))
+    n = round(f32["prefill_tok_s"] * f32["prefill_s"])
+    L.say(f"Measured on {n} prompt tokens: {faster_words(r8, 'a Q8_0 prefill', 'a float32 one')}; the "
+          f"widening, once per step, costs {fmt_time(q8['widen_ms'] / 1e3 / n)} per prompt token against "
+          f"{fmt_time(q8['widen_ms'] / 1e3)} per decoded one.")
+    L.pause()
+
+
+# -- 4. quality -----------------------------------------------------------------------------------
+
+def quality(L: Lesson) -> None:
+    from minillm.data import BundledText
+    from minillm.training.data import DEFAULT_DATA_SPLIT, evaluate, load_tokens
+    L.section("What it costs in quality")
+    name = L.pick("large", "small")
+    n_tokens = L.pick(8192, 1024)
+    L.say(f"""
+        The loss on text the model never trained on (the last 10% of the bundled Shakespeare, its first
+        {n_tokens:,} tokens here; `minillm eval --weights W` scores all of it), in nats per token: lower is
+        better. Then the greedy text each format writes.
+    """)
+    tokens = load_tokens(BundledText())
+    held = tokens[int(len(tokens) * DEFAULT_DATA_SPLIT):][:n_tokens]
+    loss, text = {}, {}
+    enc = minillm.tokenizer()
+    prompt = enc.encode("ROMEO:")
+    for w in SHOWN:
+        m = minillm.load(name, weights=w, quiet=True)
+        loss[w] = evaluate(dequantize_params(m.params), m.config, held)
+        text[w] = minillm.generate(m, prompt, 24)
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("weights", "held-out loss", "change", "greedy tokens as float32's"):
+        t.add_column(col, justify="right", no_wrap=True)
+    same = {w: _common_prefix(text[w], text["float32"]) for w in SHOWN}
+    for w in SHOWN:
+        t.add_row(w, f"{loss[w]:.4f}", f"{loss[w] - loss['float32']:+.4f}", f"first {same[w]} of 24")
+    L.show(t, f"[dim]{name}; greedy from \"ROMEO:\"[/]")
+    for w in SHOWN:
+        L.console.print(f"[bold]{w}:[/] ROMEO:{_one_line(enc.decode(text[w]))}")
+    L.console.print()
+    d8, d4 = loss["q8_0"] - loss["float32"], loss["q4_0"] - loss["float32"]
+    L.claim(abs(d8) < 0.005 * loss["float32"],
+            f"Q8_0 moved the loss by {d8:+.4f} nats, under 0.5% of {loss['float32']:.4f}")
+    how = (f"{fmt_x(abs(d4) / abs(d8))} Q8_0's change" if d8 else "where Q8_0 did not move it") \
+        if abs(d4) > abs(d8) else "no more than Q8_0"
+    L.say(f"Q4_0 moved it by {d4:+.4f}: {how}.")
+    L.pause()
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _one_line(s: str, width: int = 60) -> str:
+    s = s.replace("\n", " ↵ ")
+    return s if len(s) <= width else s[: width - 3] + "..."
+
+
+# -- 5. fused kernels -----------------------------------------------------------------------------
+
+def fused(L: Lesson, rows: dict) -> None:
+    L.section("What a fused kernel does differently")
+    L.say("""
+        NumPy runs one operation at a time over whole arrays, so the floats the widening makes must be
+        written somewhere (here, a buffer in the cache) and read again by the product. A **fused** kernel
+        does both in one loop: llama.cpp's CPU kernels load a block of integers into registers, multiply
+        them by an int8 copy of the activations with integer dot-product instructions (AVX2, AVX-512 VNNI,
+        ARM dotprod), and apply the two scales once per block. No float weight is ever stored. GPU int4
+        kernels (Marlin, AWQ, gpt-fast's) unpack the 4-bit weights inside the matrix-multiply tile, in
+        registers. Then the time of a step is the quantized bytes' read, which is what the ceilings above
+        assume; llama.cpp is the tool to measure that on your machine (below).
+    """)
+    f32, q8, q4 = rows["float32"], rows["q8_0"], rows["q4_0"]
+    L.takeaway(f"""
+        Quantized weights cut a decode step's bytes (here Q8_0 by {fmt_x(f32['step_bytes'] / q8['step_bytes'])},
+        Q4_0 by {fmt_x(f32['step_bytes'] / q4['step_bytes'])}) and so raise its ceiling. Reaching it needs a
+        kernel that widens inside the product, not a pass over memory. Prefill is bound by FLOPs, which
+        4-bit weights do not reduce.
+    """)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_lesson(lesson, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
