@@ -71,8 +71,8 @@ def opening(L: Lesson, enc) -> int:
     """)
     bare, spaced = enc.encode("soft"), enc.encode(" soft")
     L.show(f"enc.encode('soft') = {bare}    enc.encode(' soft') = {spaced}")
-    L.claim(bare != spaced, "'soft' and ' soft' are different tokens")
-    L.claim(enc.decode(ids) == SENTENCE, "decode(encode(text)) gives back exactly the text")
+    L.claim(bare != spaced, "in the tokenizer this run loaded, 'soft' and ' soft' are different tokens")
+    L.claim(enc.decode(ids) == SENTENCE, "decode(encode(text)) gave back exactly the text")
     L.claim(len(ids) < len(SENTENCE),
             f"fewer tokens than characters: {len(SENTENCE)} characters → {len(ids)} tokens "
             f"({len(SENTENCE) / len(ids):.1f} characters per token)")
@@ -89,7 +89,7 @@ def where_tokenization_gets_lumpy(L: Lesson, enc) -> None:
         valid text on its own. Costs in an LLM are counted in tokens, not words: the same sentence
         can cost very different amounts of work depending on how it tokenizes.
     """)
-    L.claim(enc.decode(tricky) == TRICKY, "even split characters come back intact when all tokens are decoded")
+    L.claim(enc.decode(tricky) == TRICKY, "even split characters came back intact when all the tokens were decoded")
 
 
 def the_vocabulary(L: Lesson, enc) -> None:

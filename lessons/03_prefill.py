@@ -158,7 +158,7 @@ def longer_prompts_higher_intensity(L: Lesson, model, enc) -> None:
             records.append(m.steps[0])
         times = time_interleaved({n: (lambda n=n: model.prefill(source[:n])) for n in lengths}, L.rounds())
     L.show(bar_chart("Arithmetic intensity of prefill (FLOPs per byte moved), by prompt length:",
-                     [(plural(r.n_tokens, "token"), r.intensity, f"{r.intensity:.3g} FLOP/B") for r in records],
+                     [(plural(r.n_tokens, "token"), r.intensity, f"{r.intensity:.3g} FLOP/byte") for r in records],
                      style="magenta"))
     L.show(bar_chart("Wall time per prompt token (measured: median, ± half the range of the rounds):",
                      [(plural(n, "token"), times[n].median / n, Timing(tuple(t / n for t in times[n].seconds)).short())

@@ -452,10 +452,10 @@ def batching_words(flops: float, weight_bytes: float, own_bytes: float, ridge: f
                 f"weights alone would give B\\* ≈ ridge·b/2 = {weights_only:,.0f}, and each sequence's own bytes "
                 f"(KV cache at {context} positions, activations) raise it. The intensity can rise to "
                 f"{cap:,.0f} FLOP/byte, above the ridge of {ridge:.0f}.")
-    return (f"On the A100 (ideal fusion, fp16) decode never turns compute-bound at this context: each sequence "
-            f"brings its own bytes (its KV cache, its row of logits), so the intensity can never pass its FLOPs ÷ its own bytes = "
-            f"{cap:.3g} FLOP/byte, below the ridge of {ridge:.0f} (weights alone would turn at B ≈ "
-            f"{weights_only:,.0f}). That is why newer models shrink the KV cache: multi-query and grouped-query "
+    return (f"On the A100 (ideal fusion, fp16) decode never turns compute-bound at this context. Each sequence "
+            f"brings its own bytes (its KV cache, its row of logits). So the intensity can never pass its FLOPs ÷ "
+            f"its own bytes, {cap:.3g} FLOP/byte, below the ridge of {ridge:.0f}. (Weights alone would turn at B ≈ "
+            f"{weights_only:,.0f}.) That is why newer models shrink the KV cache: multi-query and grouped-query "
             "attention share keys and values between heads.")
 
 

@@ -164,14 +164,15 @@ def the_cliff(L: Lesson, sweep: dict) -> None:
              + (f" and not at B = {', '.join(map(str, losses))}" if losses else "") + ". ")
     L.say(f"""
         Each column is the time of one bare pass of B rows over every weight of the model, nothing else
-        (the median of this run's interleaved rounds). The roofline says 2 rows should cost about what 1 row costs. {here}With OpenBLAS, 1 row runs as
-        a matrix-vector product, but 2-7 rows run as a matrix-matrix product that copies ("packs") the
-        weights into its own layout and works in panels of 8 rows, so a few rows pay for 8, and a row
-        count that is not a multiple of 8 lands on slower edge kernels. minillm's `ops.matmul` was chosen
-        by measuring those shapes: for weights of 1 MB and more, 2 rows as two matrix-vector products in
-        one call, 3-63 rows padded with zero rows to a multiple of 8 (on the machine it was measured on;
-        the table says whether it wins on this one). The padding rows are computed but never counted:
-        the meter counts the model's work, not the kernel's.
+        (the median of this run's interleaved rounds). The roofline says 2 rows should cost about what 1 row costs.
+        {here}Why not: with OpenBLAS, 1 row runs as a matrix-vector product. 2-7 rows run as a
+        matrix-matrix product, which copies ("packs") the weights into its own layout and works in panels
+        of 8 rows, so a few rows pay for 8. A row count that is not a multiple of 8 also lands on slower
+        edge kernels. minillm's `ops.matmul` was chosen by measuring those shapes, for weights of 1 MB and
+        more: 2 rows run as two matrix-vector products in one call, and 3-63 rows are padded with zero
+        rows to a multiple of 8. That choice was measured on another machine; the table says whether it
+        wins on this one. The padding rows are computed but never counted: the meter counts the model's
+        work, not the kernel's.
     """)
     L.pause()
 
@@ -207,7 +208,8 @@ def the_ridge(L: Lesson, model, sweep: dict, hw) -> None:
         **The critical batch.** A step of B sequences does about 2·params·B FLOPs and reads the weights,
         params·b bytes, once: its intensity is about 2B/b, which reaches the ridge at
         **B\\* ≈ ridge · b / 2** = {ridge:.1f} · {b} / 2 = **{ridge * b / 2:.0f}** from the weights alone.
-        Each sequence's own bytes (KV cache, activations) add to the bytes and push B\\* up. From the counted
+        Each sequence's own bytes (KV cache, activations) add to the bytes and push B\\* up: per token, a
+        batched step reads about weights ÷ B plus that sequence's own KV cache. From the counted
         bytes and FLOPs at B = 1 and 2, decode reaches the ridge at **B ≈ {cb if cb is not None else 'never'}**
         with {sweep['context']}-token contexts; {table}. Past the critical batch more sequences cost more time
         per step: the step waits on arithmetic, like a prefill.

@@ -263,12 +263,12 @@ def when_it_vanishes(L: Lesson, model, draft, sweep: dict) -> None:
         - **the draft is too often wrong**: with acceptance near 0 every round keeps one token and pays
           for a check of k+1; the n-gram draft is right only where the text repeats itself;
         - **the model is not memory-bound enough**: a check of k+1 tokens costs about one step only while
-          the step is bound by its weight read. A small model's step is partly fixed per-operation cost,
-          a wide LM head at a few rows nears the ridge, and a step already carrying a batch near the
-          ridge (lesson 8) pays for every extra token in FLOPs: speculation buys less as the batch
-          grows. Real LLMs on GPUs are far more memory-bound than this: a check of 5 tokens of a 7B
-          model in fp16 does 2·5 FLOPs per 2-byte weight, {2 * 5 / 2:.0f} FLOP/byte, against an A100's
-          ridge of {a100.ridge:.0f}.
+          the step is bound by its weight read. A small model's step is partly fixed per-operation cost.
+          A wide LM head at a few rows nears the ridge. A step already carrying a batch near the ridge
+          (lesson 8) pays for every extra token in FLOPs, so speculation buys less as the batch grows.
+          Real LLMs on GPUs are far more memory-bound than this: a check of 5 tokens of a 7B model in
+          fp16 does 2·5 FLOPs per 2-byte weight, {2 * 5 / 2:.0f} FLOP/byte, against an A100's ridge of
+          {a100.ridge:.0f}.
 
         Here the best was draft {escape(best['draft'])} at k = {best['k']}: {best['speedup']:.2f}× plain
         decode of `{escape(model.name)}`, with {best['tokens_per_step']:.2f} tokens kept per check. The

@@ -67,10 +67,11 @@ def kv_per_token(L: Lesson) -> None:
                   f"{per[name]:,}")
     L.show(t, "[dim]float32; MHA: a key/value head for every query head[/]")
     g, s, m = per["GPT-2 124M"], per["SmolLM2-135M"], per["SmolLM2 as MHA"]
-    L.claim(s == 2 * 30 * 3 * 64 * 4 and g == 2 * 12 * 768 * 4,
-            f"the caches allocate 2·L·Hkv·hd·4 bytes per token: {g:,} for GPT-2, {s:,} for SmolLM2")
-    L.claim(s < g < m, f"SmolLM2 has {smol.n_layer / gpt2.n_layer:.1f}× GPT-2's layers, yet its KV per token is "
-            f"{s / g:.0%} of GPT-2's; with a KV head per query head it would be {m / g:.2f}× GPT-2's ({m:,})")
+    L.claim(s == 2 * smol.n_layer * smol.n_kv_head * smol.head_dim * 4
+            and g == 2 * gpt2.n_layer * gpt2.n_kv_head * gpt2.head_dim * 4,
+            f"the real caches allocate 2·L·Hkv·hd·4 bytes per token: {g:,} for GPT-2, {s:,} for SmolLM2")
+    L.fact(f"SmolLM2 has {smol.n_layer / gpt2.n_layer:.1f}× GPT-2's layers, yet its KV per token is "
+           f"{s / g:.0%} of GPT-2's; with a KV head per query head it would be {m / g:.2f}× GPT-2's ({m:,})")
     L.pause()
 
 
@@ -181,9 +182,12 @@ def real_model(L: Lesson) -> None:
         pre_tps.append(sum(s.n_tokens for s in pre) / sum(s.seconds for s in pre))
         if dec:
             dec_tps.append(len(dec) / sum(s.seconds for s in dec))
-    L.claim(bool(dec_tps) and min(pre_tps) > max(dec_tps),
-            f"prefill ran {min(pre_tps):,.0f} tokens/s or more, decode {max(dec_tps):,.1f} or fewer: the "
-            "prompt's tokens share each weight read, decode's one token per step does not")
+    if dec_tps:                          # a timing: words from the numbers, never a failing claim
+        how = ("faster per token in every answer" if min(pre_tps) > max(dec_tps) else
+               "not faster per token in every answer on this run (a busy machine blurs it)")
+        L.say(f"Prefill ran {min(pre_tps):,.0f}-{max(pre_tps):,.0f} tokens/s, decode {min(dec_tps):,.1f}-"
+              f"{max(dec_tps):,.1f}: prefill was {how}. The prompt's tokens share each weight read; "
+              "decode's one token per step does not.")
     L.takeaway("""
         Grouped-query attention cuts the KV cache by H/Hkv at almost no cost in quality: per token, per
         step, and in how many sequences a batch can hold. The arithmetic of the earlier lessons is the same;

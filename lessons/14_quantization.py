@@ -221,8 +221,12 @@ def quality(L: Lesson) -> None:
     d8, d4 = loss["q8_0"] - loss["float32"], loss["q4_0"] - loss["float32"]
     L.claim(abs(d8) < 0.005 * loss["float32"],
             f"Q8_0 moved the loss by {d8:+.4f} nats, under 0.5% of {loss['float32']:.4f}")
-    how = (f"{fmt_x(abs(d4) / abs(d8))} Q8_0's change" if d8 else "where Q8_0 did not move it") \
-        if abs(d4) > abs(d8) else "no more than Q8_0"
+    if abs(d4) <= abs(d8):
+        how = "no more than Q8_0"
+    elif abs(d8) < 1e-3 * abs(d4):                    # a ratio to a change near zero means nothing
+        how = "more than Q8_0, which hardly moved it"
+    else:
+        how = f"{fmt_x(abs(d4) / abs(d8))} Q8_0's change"
     L.say(f"Q4_0 moved it by {d4:+.4f}: {how}.")
     L.pause()
 

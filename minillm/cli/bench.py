@@ -156,7 +156,7 @@ def bench_batches(args, model, batches: list[int], hw):
     def show():
         t = _table(f"{escape(model.name)}: decode with B sequences at once, prompts of {result['context']} "
                    f"(medians of {args.repeats} interleaved rounds)",
-                   ("B", "tok/s", "ms/step", "roofline", "FLOP/B", "GB/s", "GFLOP/s", "x @ W", "engine"))
+                   ("B", "tok/s", "ms/step", "roofline", "FLOP/byte", "GB/s", "GFLOP/s", "x @ W", "engine"))
         for r in result["rows"]:
             t.add_row(str(r["batch"]), f"{r['tok_s']:.0f}", f"{r['ms_step']:.1f}",
                       f"{r['roofline_ms']:.1f} {r['bound'][:3]}", f"{r['intensity']:.1f}", f"{r['gbps']:.1f}",

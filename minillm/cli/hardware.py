@@ -136,6 +136,16 @@ def run(args: argparse.Namespace) -> int:
             f"{c['n_params']:,} parameters × {c['bytes_per_param']:g} bytes ({dtype}) = {_sig(c['gb_per_token'])} GB "
             f"per token; at {_sig(c['bandwidth_gbs'])} GB/s ({c['chip']}) that is {_ms(c['ms_per_token'])} ms per token, "
             f"about {c['tokens_per_s']:,.0f} tokens/s, whatever the compute.")
+        if any(not hw.measured for hw in targets):
+            console.print("[dim]A published bandwidth is a peak: real decode kernels reach only part of it "
+                          "(lesson 6 measures the share this machine's steps reach).[/]")
+        for hw, c in zip(targets, ceilings):
+            if hw.memory_gb and c["gb_per_token"] > hw.memory_gb:
+                n = math.ceil(c["gb_per_token"] / hw.memory_gb)
+                console.print(f"[yellow]{hw.name}:[/] {_sig(c['gb_per_token'])} GB of weights do not fit its "
+                              f"{hw.memory_gb:g} GB: no single {hw.name} runs this model, and its ceiling above is "
+                              f"arithmetic only. Tensor parallelism splits every matrix over {n} or more, each "
+                              f"reading 1/{n} of the weights per step (and the KV cache needs room too).")
     return 0
 
 

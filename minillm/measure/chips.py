@@ -44,6 +44,7 @@ class Hardware:
     load_avg: float | None = None  # 1-minute load average when measured: others' work lowers the figures
     blas_threads: int | None = None  # threads BLAS ran the measurement with
     numpy_version: str | None = None
+    memory_gb: float | None = None  # the chip's own memory (GPUs), for what fits on one
 
     @property
     def ridge(self) -> float | None:
@@ -61,9 +62,11 @@ class Hardware:
         return roofline(bytes_moved, flops, self)
 
 
-def _chip(name: str, bandwidth_gbs: float, peak_tflops: float | None, source: str, note: str = "") -> Hardware:
+def _chip(name: str, bandwidth_gbs: float, peak_tflops: float | None, source: str, note: str = "",
+          memory_gb: float | None = None) -> Hardware:
     peak = None if peak_tflops is None else peak_tflops * 1000.0
-    return Hardware(name=name, bandwidth_gbs=bandwidth_gbs, peak_gflops=peak, source=source, note=note)
+    return Hardware(name=name, bandwidth_gbs=bandwidth_gbs, peak_gflops=peak, source=source, note=note,
+                    memory_gb=memory_gb)
 
 
 _DENSE = "peak: dense FP16 tensor math (spec sheets also quote twice that, with sparsity)"
@@ -72,13 +75,13 @@ _DENSE = "peak: dense FP16 tensor math (spec sheets also quote twice that, with 
 PRESETS: dict[str, Hardware] = {
     chip.name: chip
     for chip in [
-        _chip("a100-40gb", 1555, 312, "NVIDIA A100 datasheet (40 GB PCIe/SXM)", _DENSE),
+        _chip("a100-40gb", 1555, 312, "NVIDIA A100 datasheet (40 GB PCIe/SXM)", _DENSE, 40),
         _chip("a100-80gb", 2039, 312, "NVIDIA A100 datasheet (80 GB SXM)",
-              "2,039 GB/s ≈ 2 TB/s, the bandwidth of the article's 7B example"),
-        _chip("h100-sxm", 3350, 989, "NVIDIA H100 datasheet (SXM)", _DENSE),
-        _chip("h200", 4800, 989, "NVIDIA H200 datasheet (SXM)", _DENSE),
+              "2,039 GB/s ≈ 2 TB/s, the bandwidth of the article's 7B example", 80),
+        _chip("h100-sxm", 3350, 989, "NVIDIA H100 datasheet (SXM)", _DENSE, 80),
+        _chip("h200", 4800, 989, "NVIDIA H200 datasheet (SXM)", _DENSE, 141),
         _chip("rtx-4090", 1008, 165, "NVIDIA Ada GPU architecture whitepaper (RTX 4090)",
-              "peak: dense FP16 tensor math with FP32 accumulate"),
+              "peak: dense FP16 tensor math with FP32 accumulate", 24),
         _chip("apple-m1", 68, None, "Apple M1 tech specs"),
         _chip("m1-pro", 200, None, "Apple M1 Pro tech specs"),
         _chip("m1-max", 400, None, "Apple M1 Max tech specs"),

@@ -48,7 +48,7 @@ _FIELD_TYPES = {
     "name": (str,), "bandwidth_gbs": _NUMBER, "peak_gflops": _NUMBER, "llc_bytes": (int,), "method": (str,),
     "measured_at": (str,), "source": (str,), "note": (str,), "cpu": (str,), "threads": (int,), "fast": (bool,),
     "methods": (dict,), "buffer_mb": (int,), "matmul_size": (int,), "load_avg": _NUMBER,
-    "blas_threads": (int,), "numpy_version": (str,),
+    "blas_threads": (int,), "numpy_version": (str,), "memory_gb": _NUMBER,
 }
 _REQUIRED = ("bandwidth_gbs", "peak_gflops", "measured_at", "cpu", "threads", "method", "methods")
 
