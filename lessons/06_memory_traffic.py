@@ -190,8 +190,8 @@ def can_memory_keep_up(L: Lesson, model, ids, steps):
             why = ("Its weights fit in the cache, so DRAM is not its limit: a step may read faster than the DRAM "
                    "figure (from the cache), or slower (a step is a few dozen small NumPy calls, and with so few "
                    "bytes per call their fixed overhead of microseconds each can outweigh the reading). "
-                   "GPUs have the same trap: a small model's step is hundreds of kernel launches of a few "
-                   "microseconds each, which is why engines capture a decode step once as a CUDA graph and "
+                   "GPUs have the same trap: a small model's step is many short kernel launches, each with a "
+                   "fixed cost, which is why engines capture a decode step once as a CUDA graph and "
                    "replay it.")
         L.say(f"""
             Compare the default model `{escape(small.name)}` (what `minillm.load()` gives): {fmt_bytes(small.nbytes())}

@@ -15,6 +15,7 @@ from rich import box
 from rich.table import Table
 
 import minillm
+from minillm.config import PRESETS as GPT2_SIZES
 from minillm.measure.quantization import run_quant_bench
 from minillm.models.gpt2 import GPT2
 from minillm.models.quant import FORMATS, QK, QuantMatrix, dequantize_params
@@ -72,10 +73,10 @@ def blocks(L: Lesson) -> None:
         b = FORMATS[fmt].block_bytes
         t.add_row(fmt, str(b), f"{8 * b / QK:g}", fmt_bytes(qm.nbytes), f"{e.mean():.2g}", f"{e.max():.2g}")
     scale = float(np.sqrt(np.mean(w.astype(np.float64) ** 2)))
-    L.show(t, f"[dim]{name} of {model.name}, [{R}, {C}] as GGUF stores it ([out, in]); its weights' "
+    L.show(t, f"[dim]{name} of {model.name}, {R} × {C} as GGUF stores it (out × in); its weights' "
               f"root-mean-square is {scale:.2g}[/]")
-    L.claim(all(size[f] == R * C // QK * FORMATS[f].block_bytes for f in FORMATS),
-            "each matrix is exactly its blocks: rows × columns ÷ 32 × bytes per block, scales included")
+    if all(size[f] == R * C // QK * FORMATS[f].block_bytes for f in FORMATS):
+        L.fact("each matrix is exactly its blocks: rows × columns ÷ 32 × bytes per block, scales included")
     L.claim(err["q4_0"].mean() > err["q8_0"].mean(),
             f"16 levels instead of 256: Q4_0's mean error is {fmt_x(err['q4_0'].mean() / err['q8_0'].mean())} "
             "Q8_0's on this matrix")
@@ -96,7 +97,8 @@ def _weights_read_per_step(model) -> int:
 
 
 def _a_matrix(model) -> tuple[str, np.ndarray]:
-    """The first layer's MLP up-projection as [out, in] rows (GPT-2 stores it [in, out])."""
+    """The first layer's MLP up-projection as [out, in] rows (GPT-2 stores it [in, out]); for another
+    architecture, its first float matrix."""
     if isinstance(model, GPT2):
         return "h.0.mlp.c_fc.weight", np.ascontiguousarray(model.params["h.0.mlp.c_fc.weight"].T)
     name = next(k for k, v in model.params.items() if getattr(v, "ndim", 0) == 2 and not isinstance(v, QuantMatrix))
@@ -111,7 +113,7 @@ def bytes_and_speed(L: Lesson) -> dict:
     L.say(f"""
         Now a whole model, `{source}`, loaded three times: float32, Q8_0 and Q4_0. Every matrix stays
         quantized in memory. NumPy cannot multiply integers with BLAS (its integer products are plain
-        loops, thousands of times slower), so the kernel turns each tile of integers into floats in a
+        loops, far slower), so the kernel turns each tile of integers into floats in a
         small reused buffer that stays in the cache, and multiplies there: the bytes read from memory
         are the quantized ones. This is the function `minillm bench --weights` runs: decode steps and
         prefills, each format once per round.
@@ -122,18 +124,26 @@ def bytes_and_speed(L: Lesson) -> dict:
                               progress=advance)
     bw = hw.bandwidth_gbs * 1e9
     rows = {r["weights"]: r for r in res["rows"]}
+    for r in rows.values():
+        r["of_ceiling"] = r["tok_s"] * r["step_bytes"] / bw
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("weights", "bytes/step", "ceiling", "tok/s", "% ceil", "widening"):
         t.add_column(col, justify="right", no_wrap=True)
     for w, r in rows.items():
         t.add_row(w, fmt_bytes(r["step_bytes"]), f"{bw / r['step_bytes']:,.0f}/s", f"{r['tok_s']:,.1f}",
-                  f"{100 * r['tok_s'] * r['step_bytes'] / bw:.0f}%",
+                  f"{100 * r['of_ceiling']:.0f}%",
                   fmt_time(r["widen_ms"] / 1e3) if r["widen_ms"] else "-")
     L.show(t, f"[dim]bytes/step: counted by the meter; ceiling: those bytes at {hw.bandwidth_gbs:.1f} GB/s; "
               "tok/s: decode at context 16, batch 1; widening: every quantized weight turned into floats as "
               "a step does it, timed alone[/]")
     L.timing_note()
     f32, q8, q4 = rows["float32"], rows["q8_0"], rows["q4_0"]
+    if hw.llc_bytes and f32["model_bytes"] <= hw.llc_bytes:
+        L.note(f"the float32 weights ({fmt_bytes(f32['model_bytes'])}) fit in this machine's "
+               f"{fmt_bytes(hw.llc_bytes)} last-level cache: after the first step they may be read from the cache, "
+               "not from DRAM, so float32 can pass its DRAM ceiling and saving bytes buys less. "
+               f"--model random-355m ({fmt_bytes(4 * GPT2_SIZES['355m'].n_params())}) reads from DRAM on most "
+               "machines.")
     read = {w: _weights_read_per_step(minillm.load(source, weights=w, quiet=True)) for w in SHOWN}
     L.claim(all(rows[w]["weight_bytes"] == read[w] for w in SHOWN),
             "in every format a decode step reads each weight once: the meter's weight bytes ("
@@ -169,8 +179,8 @@ def prefill_against_decode(L: Lesson, rows: dict) -> None:
         Quantized weights shrink the bytes, not the multiplications: here the integers are widened once per
         prefill step and all the prompt's rows are multiplied in float32. GPUs name the two cases:
         **W4A16** (4-bit weights, 16-bit activations, float products: helps decode's bytes, not prefill's
-        FLOPs) and **W8A8** (int8 weights and activations multiplied on int8 tensor cores, which do about
-        twice the float16 operations per second: helps prefill too).
+        FLOPs) and **W8A8** (int8 weights and activations multiplied on int8 tensor cores, which do more
+        operations per second than float16 ones: helps prefill too).
     """)
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("weights", "prefill tok/s", "decode tok/s", "prefill ÷ decode"):
@@ -180,8 +190,9 @@ def prefill_against_decode(L: Lesson, rows: dict) -> None:
     L.show(t)
     r8 = ratio_range(Timing(tuple(q8["prefill_rounds_s"])), Timing(tuple(f32["prefill_rounds_s"])))
     n = round(f32["prefill_tok_s"] * f32["prefill_s"])
-    L.say(f"Measured on {n} prompt tokens: {faster_words(r8, 'a Q8_0 prefill', 'a float32 one')}; the "
-          f"widening, once per step, costs {fmt_time(q8['widen_ms'] / 1e3 / n)} per prompt token against "
+    L.say(f"Measured on {n} prompt tokens: {faster_words(r8, 'a Q8_0 prefill', 'a float32 one')}. A prefill "
+          f"widens each tile once for all its rows: the cast alone, {fmt_time(q8['widen_ms'] / 1e3)} a pass, is "
+          f"{fmt_time(q8['widen_ms'] / 1e3 / n)} per prompt token (the scales come on top), against "
           f"{fmt_time(q8['widen_ms'] / 1e3)} per decoded one.")
     L.pause()
 
@@ -223,7 +234,7 @@ def quality(L: Lesson) -> None:
             f"Q8_0 moved the loss by {d8:+.4f} nats, under 0.5% of {loss['float32']:.4f}")
     if abs(d4) <= abs(d8):
         how = "no more than Q8_0"
-    elif abs(d8) < 1e-3 * abs(d4):                    # a ratio to a change near zero means nothing
+    elif d8 * d4 <= 0 or abs(d8) < 0.1 * abs(d4):     # a ratio to a change near zero means nothing
         how = "more than Q8_0, which hardly moved it"
     else:
         how = f"{fmt_x(abs(d4) / abs(d8))} Q8_0's change"
@@ -260,11 +271,13 @@ def fused(L: Lesson, rows: dict) -> None:
         assume; llama.cpp is the tool to measure that on your machine (below).
     """)
     f32, q8, q4 = rows["float32"], rows["q8_0"], rows["q4_0"]
+    share = q8["of_ceiling"]
+    reach = (f"NumPy reached {share:.0%} of Q8_0's ceiling here, widening in a pass of its own" if share < 0.5
+             else f"NumPy reached {share:.0%} of Q8_0's ceiling here")
     L.takeaway(f"""
         Quantized weights cut a decode step's bytes (here Q8_0 by {fmt_x(f32['step_bytes'] / q8['step_bytes'])},
-        Q4_0 by {fmt_x(f32['step_bytes'] / q4['step_bytes'])}) and so raise its ceiling. Reaching it needs a
-        kernel that widens inside the product, not a pass over memory. Prefill is bound by FLOPs, which
-        4-bit weights do not reduce.
+        Q4_0 by {fmt_x(f32['step_bytes'] / q4['step_bytes'])}) and so raise its ceiling. {reach}; a kernel that
+        widens inside the product gets closer. Prefill is bound by FLOPs, which 4-bit weights do not reduce.
     """)
 
 

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minillm
+from minillm.models.quant import QuantMatrix
 from minillm.checkpoints.gguf_file import read_gguf, unpermute
 from minillm.checkpoints.safetensors import read_safetensors
 from minillm.errors import MiniLLMError
@@ -30,7 +31,9 @@ def permute(w, n_head):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_tiny_gguf(path: Path, qtype: str = "F32", arch: str = "llama") -> Path:
+def write_tiny_gguf(path: Path, qtype: str = "F32", arch: str = "llama", mixed: dict | None = None) -> Path:
+    """The tiny Llama fixture as a GGUF, its matrices in `qtype`; `mixed` gives some tensors another
+    type, by the end of their GGUF name (e.g. {"attn_v.weight": "Q8_0"}), as llama.cpp's files do."""
     import json
     cfg = json.loads((FIXTURE / "config.json").read_text())
     tensors, _ = read_safetensors(FIXTURE / "model.safetensors")
@@ -67,8 +70,9 @@ def write_tiny_gguf(path: Path, qtype: str = "F32", arch: str = "llama") -> Path
         else:
             gname = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
                      "lm_head.weight": "output.weight"}[name]
-        if t.ndim == 2 and qtype != "F32":
-            q = gguf.GGMLQuantizationType[qtype]
+        kind_q = next((v for k, v in (mixed or {}).items() if gname.endswith(k)), qtype)
+        if t.ndim == 2 and kind_q != "F32":
+            q = gguf.GGMLQuantizationType[kind_q]
             w.add_tensor(gname, gguf.quants.quantize(t, q), raw_dtype=q)
         else:
             w.add_tensor(gname, t)
@@ -151,3 +155,35 @@ def test_lying_counts_are_refused_before_reading(tmp_path):
                      + (10**15).to_bytes(8, "little") + b"\0" * 64)
     with pytest.raises(MiniLLMError, match="more than its 88 bytes can hold"):
         minillm.load(path)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+def test_native_weights_keep_the_files_blocks_and_compute_what_the_floats_do(tmp_path, qtype):
+    """weights="native": the file's blocks kept (bytes well under float32's), the same logits as the
+    float32 load of the same file to float32 rounding, and a decode step reads the quantized bytes."""
+    path = write_tiny_gguf(tmp_path / f"tiny-{qtype}.gguf", qtype)
+    native, floats = minillm.load(path, weights="native"), minillm.load(path)
+    assert native.weights == qtype.lower() and native.float_matrices == 0
+    assert native.nbytes() < floats.nbytes() / 3
+    ids = np.arange(12) % native.config.vocab_size
+    np.testing.assert_allclose(native.forward(ids), floats.forward(ids), rtol=0, atol=1e-4)
+    _, cache = native.prefill(ids[:6])
+    with minillm.Meter() as m:
+        native.decode_step(3, cache)
+    mats = sum(p[k].nbytes for p in native.blocks for k in native.MATRICES) + native.head_w.nbytes
+    assert m.steps[0].bytes["weights"] >= mats
+
+
+@pytest.mark.parametrize("other", ["Q8_0", "Q5_0"])
+def test_a_file_that_mixes_formats_in_one_product_loads_that_product_in_floats(tmp_path, other):
+    """llama.cpp keeps attn_v in another type in many files: the fused q|k|v cannot be one quantized
+    matrix, so it is widened (and the model says how many products are float), the rest stay Q4_0."""
+    path = write_tiny_gguf(tmp_path / f"tiny-mixed-{other}.gguf", "Q4_0", mixed={"attn_v.weight": other})
+    native, floats = minillm.load(path, weights="native"), minillm.load(path)
+    n = native.config.n_layer
+    assert native.weights == "q4_0" and native.float_matrices == n
+    assert all(not isinstance(p["qkv.weight"], QuantMatrix) for p in native.blocks)
+    assert all(isinstance(p["down_proj.weight"], QuantMatrix) for p in native.blocks)
+    assert f"{n} of {4 * n} products in float32" in repr(native)
+    ids = np.arange(12) % native.config.vocab_size
+    np.testing.assert_allclose(native.forward(ids), floats.forward(ids), rtol=0, atol=1e-4)

@@ -406,7 +406,7 @@ def test_lesson_11s_alpha_is_the_one_whose_formula_gives_the_measured_tokens(alp
 @pytest.mark.parametrize("broken", ["counts", "quantize"])
 def test_lesson_14s_claims_fail_on_a_wrong_byte_count_or_a_wrong_scale(broken, monkeypatch, capsys):
     """Lesson 14 checks its own run: a product that reports 32 more weight bytes than it reads,
-    or a Q8_0 quantizer whose scale is one level off (so the blocks are not GGUF's), fails it."""
+    or a Q8_0 quantizer that keeps only every 16th level (so the blocks are not GGUF's), fails it."""
     from minillm.models import quant
 
     if broken == "counts":

@@ -378,3 +378,29 @@ def test_bench_weights_measures_each_format(tmp_path):
         assert row["tok_s"] > 0 and 0 < row["of_ceiling"] and row["ceiling_tok_s"] > 0
     assert res["threads"] and res["blas_kernel"]
     user_error(run(tmp_path, "bench", "--weights", "float32,int3"), "--weights")
+
+
+def test_a_llama_whose_widths_are_not_whole_blocks_is_one_clear_error():
+    from minillm.config import LlamaConfig
+    from minillm.errors import WeightsError
+    from minillm.models.llama import Llama, random_params
+    c = LlamaConfig(n_layer=1, n_head=2, n_kv_head=1, head_dim=24, n_embd=48, n_ctx=16, vocab_size=50, ffn=64,
+                    eps=1e-6, theta=1e4, arch="llama", qkv_bias=False, qk_norm=False, tied=True)
+    with pytest.raises(WeightsError, match=r"width 48, attention width H·hd 48 not a multiple of 32.*--weights float32"):
+        Llama(c, random_params(c), weights="q8_0", name="odd")
+
+
+def test_a_quantized_draft_is_refused_only_when_it_is_the_same_checkpoint():
+    """Two loads of one checkpoint are the model itself; another checkpoint of the same shape and format
+    may draft (their quantized embeddings differ)."""
+    from minillm.config import LlamaConfig
+    from minillm.engine.speculative import check_draft_model
+    from minillm.errors import MiniLLMError
+    from minillm.models.llama import Llama, random_params
+    c = LlamaConfig(n_layer=1, n_head=2, n_kv_head=1, head_dim=32, n_embd=64, n_ctx=16, vocab_size=50, ffn=64,
+                    eps=1e-6, theta=1e4, arch="llama", qkv_bias=False, qk_norm=False, tied=True)
+    a, again = Llama(c, random_params(c, seed=1), weights="q8_0"), Llama(c, random_params(c, seed=1), weights="q8_0")
+    other = Llama(c, random_params(c, seed=2), weights="q8_0")
+    check_draft_model(other, a)
+    with pytest.raises(MiniLLMError, match="is the model itself"):
+        check_draft_model(again, a)

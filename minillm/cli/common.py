@@ -97,13 +97,14 @@ def note_if_busy(args) -> None:
         err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=False)
 
 
-def load_draft(name, model):
-    """The --draft value: None (or 'none'), 'ngram', or a model loaded like --model."""
+def load_draft(name, model, weights: str | None = None):
+    """The --draft value: None (or 'none'), 'ngram', or a model loaded like --model (with the same
+    --weights as given, e.g. native; else in the format the target ended up in)."""
     if name is None or name == "none":
         return None
     if name == "ngram":
         return "ngram"
-    draft = load_model(name, getattr(model, "weights", "float32"))
+    draft = load_model(name, weights or getattr(model, "weights", "float32"))
     check_draft_model(draft, model)
     return draft
 

@@ -51,7 +51,7 @@ def run_compare(args) -> int:
     check_k(args.speculate_k, "--speculate-k")   # before loading anything
     model = load_model(args.model, args.weights)
     ids = encode_prompt(model, args.prompt, args.max_new_tokens)
-    draft = load_draft(args.draft, model)
+    draft = load_draft(args.draft, model, getattr(args, "weights", None))
     hw = hardware.machine(progress=True)
     note_if_busy(args)
     enc = tokenizer(model)

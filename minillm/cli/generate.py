@@ -86,7 +86,7 @@ def run(args) -> int:
     else:
         ids = encode_prompt(model, prompt, args.max_new_tokens)
         shown = prompt
-    draft = load_draft(args.draft, model)
+    draft = load_draft(args.draft, model, getattr(args, "weights", None))
     note_if_busy(args)
     sys.stdout.write(shown)
     sys.stdout.flush()

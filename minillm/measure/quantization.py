@@ -24,7 +24,8 @@ import numpy as np
 from ..checkpoints.load import load
 from ..errors import MiniLLMError
 from ..meter import Meter
-from ..models.quant import FORMATS, QuantMatrix, _scratch, f16_to_f32, TILE_BYTES, DECODE_ROWS
+from ..models.quant import (DECODE_ROWS, FORMATS, LINEAR_WEIGHTS, TILE_BYTES, QuantMatrix, _scratch,
+                             f16_to_f32)
 
 FORMAT_NAMES = ("float32", *FORMATS, "native")
 
@@ -38,7 +39,13 @@ def parse_formats(text: str) -> list[str]:
 
 
 def quantized_matrices(model) -> list[QuantMatrix]:
-    return [v for v in model.params.values() if isinstance(v, QuantMatrix)]
+    """The quantized matrices a decode step multiplies, each once: every block's products and the LM
+    head (not an untied embedding, of which a step reads one row)."""
+    if hasattr(model, "head_w"):                                   # the Llama family
+        mats = [p[k] for p in model.blocks for k in model.MATRICES] + [model.head_w]
+    else:                                                          # GPT-2: the linear layers and wte (the head)
+        mats = [v for k, v in model.params.items() if k.endswith(LINEAR_WEIGHTS) or k == "wte.weight"]
+    return [m for m in mats if isinstance(m, QuantMatrix)]
 
 
 def widen_pass(mats: list[QuantMatrix]) -> None:

@@ -96,8 +96,10 @@ def random_params(c: LlamaConfig, seed: int = 0, std: float = 0.02, dtype=np.flo
 def _matrix(ws: list, dtype, fmt: str | None):
     """A block's product weight from its checkpoint matrices ([out, in] each, fused by rows): float
     [in, out]; or quantized [out, in] rows, as the file has them or quantized now (fmt)."""
-    if all(isinstance(w, QuantMatrix) for w in ws):                     # a GGUF's own blocks, kept
-        return ws[0] if len(ws) == 1 else QuantMatrix.stack(ws)
+    if all(isinstance(w, QuantMatrix) for w in ws) and len({(w.fmt.name, w.shape[1]) for w in ws}) == 1:
+        return ws[0] if len(ws) == 1 else QuantMatrix.stack(ws)          # a GGUF's own blocks, kept
+    # A file that mixes formats in one fused product (llama.cpp often keeps attn_v or ffn_down in
+    # another type, or one this loader widens, like Q5_0): the whole product in floats (or `fmt`).
     ws = [w.dequantize() if isinstance(w, QuantMatrix) else w for w in ws]
     if fmt is not None:                                                  # [out, in] rows, quantized
         return QuantMatrix.quantize(np.concatenate(ws, axis=0) if len(ws) > 1 else ws[0], fmt)
@@ -190,6 +192,12 @@ class Llama(CausalLM):
         self.eos_ids = tuple(eos_ids)
         self.tokenizer = None                                                             # set by the loader
         fmt = weights if weights in FORMATS else None
+        if fmt is not None:                 # every product's input width must be whole blocks of 32
+            widths = {"width": c.n_embd, "attention width H·hd": c.n_head * c.head_dim, "FFN": c.ffn}
+            bad = [f"{k} {v}" for k, v in widths.items() if v % 32]
+            if bad:
+                raise WeightsError(f"{self.name}: {', '.join(bad)} not a multiple of 32, the block of {fmt}; "
+                                   "use --weights float32")
         if weights == "float32":
             tensors = {k: v.dequantize() if isinstance(v, QuantMatrix) else v for k, v in tensors.items()}
         embed = tensors["embed_tokens.weight"]                                            # [V, d]
@@ -211,8 +219,12 @@ class Llama(CausalLM):
         for i, p in enumerate(self.blocks):
             self.params.update({f"layers.{i}.{k}": v for k, v in p.items()})
         self.cos, self.sin = ops.rope_tables(c.n_ctx, c.head_dim, c.theta, dtype)        # [n_ctx, hd/2]
-        self.weights = next((p[k].fmt.name for p in self.blocks for k in self.MATRICES
-                             if isinstance(p[k], QuantMatrix)), dtype.name)
+        kinds = [p[k].fmt.name if isinstance(p[k], QuantMatrix) else dtype.name
+                 for p in self.blocks for k in self.MATRICES]
+        quantized = [k for k in kinds if k != dtype.name]
+        self.weights = max(set(quantized), key=quantized.count) if quantized else dtype.name
+        # products kept in floats beside quantized ones (a GGUF mixing formats in a fused product)
+        self.float_matrices = len(kinds) - len(quantized) if quantized else 0
 
     def run(self, plan) -> np.ndarray:
         """Embeddings, then every block (not the final norm). plan.ids, plan.positions [N] -> x [N, d]."""
@@ -230,7 +242,9 @@ class Llama(CausalLM):
         c = self.config
         return (f"Llama({self.name!r}: {c.arch}, {c.n_layer} layers, {c.n_head} heads / {c.n_kv_head} KV "
                 f"heads of {c.head_dim}, width {c.n_embd}, FFN {c.ffn}, context {c.n_ctx}, vocab "
-                f"{c.vocab_size}, {self.n_params():,} params, {self.weights})")
+                f"{c.vocab_size}, {self.n_params():,} params, {self.weights}"
+                + (f", {self.float_matrices} of {len(self.blocks) * len(self.MATRICES)} products in "
+                   f"{self.dtype.name}" if self.float_matrices else "") + ")")
 
 
 def check_tensors(tensors: dict, c: LlamaConfig, where: str) -> None:
