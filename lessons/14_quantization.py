@@ -17,7 +17,6 @@ from rich.table import Table
 import minillm
 from minillm.config import PRESETS as GPT2_SIZES
 from minillm.measure.quantization import run_quant_bench
-from minillm.models.gpt2 import GPT2
 from minillm.models.quant import FORMATS, QK, QuantMatrix, dequantize_params
 from minillm.ui.report import fmt_bytes, fmt_time
 
@@ -83,26 +82,9 @@ def blocks(L: Lesson) -> None:
     L.pause()
 
 
-def _weights_read_per_step(model) -> int:
-    """What one decode step must read: every parameter once (the tied embedding as the LM head), plus
-    the token's embedding row (and GPT-2's position row), not the rest of those tables."""
-    p = model.params
-    if "wte.weight" in p:                                     # GPT-2: tied head, a learned position table
-        emb, skip = p["wte.weight"], {"wpe.weight"}
-        extra = p["wpe.weight"].nbytes // p["wpe.weight"].shape[0]
-    else:                                                      # the Llama family
-        emb, extra = p["embed_tokens.weight"], 0
-        skip = set() if model.config.tied else {"embed_tokens.weight"}
-    return sum(v.nbytes for k, v in p.items() if k not in skip) + emb.nbytes // emb.shape[0] + extra
-
-
 def _a_matrix(model) -> tuple[str, np.ndarray]:
-    """The first layer's MLP up-projection as [out, in] rows (GPT-2 stores it [in, out]); for another
-    architecture, its first float matrix."""
-    if isinstance(model, GPT2):
-        return "h.0.mlp.c_fc.weight", np.ascontiguousarray(model.params["h.0.mlp.c_fc.weight"].T)
-    name = next(k for k, v in model.params.items() if getattr(v, "ndim", 0) == 2 and not isinstance(v, QuantMatrix))
-    return name, np.ascontiguousarray(model.params[name])
+    """The first layer's MLP up-projection as [out, in] rows (GPT-2 stores it [in, out])."""
+    return "h.0.mlp.c_fc.weight", np.ascontiguousarray(model.params["h.0.mlp.c_fc.weight"].T)
 
 
 # -- 2. bytes and speed ---------------------------------------------------------------------------
@@ -121,16 +103,14 @@ def bytes_and_speed(L: Lesson) -> dict:
     hw = L.machine()
     with L.progress("decode and prefill, by format", L.rounds() * len(SHOWN)) as advance:
         res = run_quant_bench(source, list(SHOWN), context=16, prefill=L.pick(128, 32), repeats=L.rounds(),
-                              progress=advance)
+                              progress=advance, bandwidth_gbs=hw.bandwidth_gbs)
     bw = hw.bandwidth_gbs * 1e9
     rows = {r["weights"]: r for r in res["rows"]}
-    for r in rows.values():
-        r["of_ceiling"] = r["tok_s"] * r["step_bytes"] / bw
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("weights", "bytes/step", "ceiling", "tok/s", "% ceil", "widening"):
         t.add_column(col, justify="right", no_wrap=True)
     for w, r in rows.items():
-        t.add_row(w, fmt_bytes(r["step_bytes"]), f"{bw / r['step_bytes']:,.0f}/s", f"{r['tok_s']:,.1f}",
+        t.add_row(w, fmt_bytes(r["step_bytes"]), f"{r['ceiling_tok_s']:,.0f}/s", f"{r['tok_s']:,.1f}",
                   f"{100 * r['of_ceiling']:.0f}%",
                   fmt_time(r["widen_ms"] / 1e3) if r["widen_ms"] else "-")
     L.show(t, f"[dim]bytes/step: counted by the meter; ceiling: those bytes at {hw.bandwidth_gbs:.1f} GB/s; "
@@ -144,11 +124,10 @@ def bytes_and_speed(L: Lesson) -> dict:
                "not from DRAM, so float32 can pass its DRAM ceiling and saving bytes buys less. "
                f"--model random-355m ({fmt_bytes(4 * GPT2_SIZES['355m'].n_params())}) reads from DRAM on most "
                "machines.")
-    read = {w: _weights_read_per_step(minillm.load(source, weights=w, quiet=True)) for w in SHOWN}
-    L.claim(all(rows[w]["weight_bytes"] == read[w] for w in SHOWN),
+    L.claim(all(r["weight_bytes"] == r["weights_read"] for r in rows.values()),
             "in every format a decode step reads each weight once: the meter's weight bytes ("
-            + ", ".join(fmt_bytes(read[w]) for w in SHOWN) + ") equal the model's bytes, the head included, "
-            "plus the one embedding row the token needs")
+            + ", ".join(fmt_bytes(r["weight_bytes"]) for r in rows.values()) + ") equal the model's bytes, "
+            "the head included, plus the one embedding row the token needs")
     L.fact(f"each format's ceiling is its own bytes at this machine's bandwidth: Q8_0's is "
            f"{fmt_x(f32['step_bytes'] / q8['step_bytes'])} float32's, Q4_0's "
            f"{fmt_x(f32['step_bytes'] / q4['step_bytes'])}")

@@ -239,11 +239,8 @@ def bench_weights(args, hw) -> int:
     with Progress(console=err, transient=True, disable=args.json) as bar:
         task = bar.add_task(f"weights {', '.join(formats)}", total=args.repeats * len(formats))
         result = run_quant_bench(source, formats, context=context, repeats=args.repeats,
-                                 progress=lambda: bar.advance(task))
+                                 progress=lambda: bar.advance(task), bandwidth_gbs=hw.bandwidth_gbs)
     bw = hw.bandwidth_gbs
-    for r in result["rows"]:
-        r["ceiling_tok_s"] = bw * 1e9 / r["step_bytes"]
-        r["of_ceiling"] = r["tok_s"] / r["ceiling_tok_s"]
     result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(),
                   machine={"bandwidth_gbs": bw, "llc_bytes": hw.llc_bytes})
     if args.json:

@@ -151,8 +151,6 @@ def run(args: argparse.Namespace) -> int:
 
 def run_shape(args: argparse.Namespace) -> int:
     """`minillm hardware --shape NAME [--chip C] [--context T]`: a decode step's bytes from the shape."""
-    import re
-
     from rich.console import Console
 
     from ..errors import MiniLLMError
@@ -178,10 +176,9 @@ def run_shape(args: argparse.Namespace) -> int:
              f"({step['kv'] / step['weights']:.0%} of the weights)",
              f"  decode, batch 1, on {hw.name} ({_sig(hw.bandwidth_gbs)} GB/s): {ms:,.2f} ms/token, "
              f"~{1e3 / ms:,.0f} tokens/s"]
-    gb = re.search(r"(\d+)gb", hw.name)
-    if gb:
-        n = sequences_that_fit(s, context, b, int(gb.group(1)) * 1e9)
+    if hw.memory_gb:
+        n = sequences_that_fit(s, context, b, hw.memory_gb * 1e9)
         lines.append(f"  sequences of {context:,} tokens whose KV fits beside the weights in "
-                     f"{gb.group(1)} GB: {n:,}")
+                     f"{hw.memory_gb:g} GB: {n:,}")
     Console().print("\n".join(lines), highlight=False, soft_wrap=True)
     return 0

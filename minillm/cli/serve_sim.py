@@ -209,14 +209,13 @@ CLOSE = 0.05     # runs within 5% of each other on a figure: none is said to be 
 
 
 def favours(results: list[dict], key: str, high: bool, what: str, show, name) -> str:
-    """One sentence: which run a figure favours, from the figures themselves. Runs that show the same
+    """One sentence of the budget sweep: which run a figure favours, from the figures themselves. Runs that show the same
     value are named together; when every run is within CLOSE of the best, none is favoured."""
     hi, lo = best(results, key, high)
     top = [r for r in results if r.get(key) is not None and show(r[key]) == show(hi[key])]
     a, b = sorted((hi[key], lo[key]))
     if b == 0 or (b - a) / b < CLOSE:
-        return (f"{what}: every run within {CLOSE:.0%} ({show(a)} to {show(b)}): on this workload no "
-                f"{'budget' if 'budget' in results[0] else 'run'} stands out.")
+        return f"{what}: every run within {CLOSE:.0%} ({show(a)} to {show(b)}): on this workload no budget stands out."
     names = [name(r) for r in top]
     who = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
     return f"{what} favours {who} ({show(hi[key])}; {name(lo)}: {show(lo[key])})."

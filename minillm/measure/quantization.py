@@ -48,6 +48,20 @@ def quantized_matrices(model) -> list[QuantMatrix]:
     return [m for m in mats if isinstance(m, QuantMatrix)]
 
 
+def weights_read_per_step(model) -> int:
+    """What one decode step must read of the weights, by its closed form: every parameter once (a tied
+    embedding as the LM head), plus the token's embedding row (and GPT-2's position row), not the rest
+    of those tables. The meter's count is checked against it (lesson 14, tests)."""
+    p = model.params
+    if "wte.weight" in p:                                     # GPT-2: tied head, a learned position table
+        emb, skip = p["wte.weight"], {"wpe.weight"}
+        extra = p["wpe.weight"].nbytes // p["wpe.weight"].shape[0]
+    else:                                                      # the Llama family
+        emb, extra = p["embed_tokens.weight"], 0
+        skip = set() if model.config.tied else {"embed_tokens.weight"}
+    return sum(v.nbytes for k, v in p.items() if k not in skip) + emb.nbytes // emb.shape[0] + extra
+
+
 def widen_pass(mats: list[QuantMatrix]) -> None:
     """What a decode step's products do to widen, and nothing else: per matrix its scales, then
     every tile of integers into the reused float32 scratch."""
@@ -70,7 +84,9 @@ def _time(fn) -> float:
 
 
 def run_quant_bench(source, formats: list[str], *, context: int = 16, prefill: int = 128, repeats: int = 5,
-                    decode_steps: int = 4, progress=None) -> dict:
+                    decode_steps: int = 4, progress=None, bandwidth_gbs: float | None = None) -> dict:
+    """The rounds described above. With `bandwidth_gbs`, each row also has its format's own ceiling
+    (`ceiling_tok_s`: its step's bytes at that bandwidth) and the share of it reached (`of_ceiling`)."""
     models = {w: load(source, weights=w) for w in formats}
     first = next(iter(models.values()))
     c = first.config
@@ -110,6 +126,7 @@ def run_quant_bench(source, formats: list[str], *, context: int = 16, prefill: i
             "model_bytes": model.nbytes(),
             "step_bytes": dec.total_bytes,
             "weight_bytes": dec.bytes["weights"],
+            "weights_read": weights_read_per_step(model),     # the closed form the meter should equal
             "scratch_bytes": dec.scratch,
             "dequant_flops": dec.flops["dequant"],
             "decode_ms": t * 1e3,
@@ -122,6 +139,9 @@ def run_quant_bench(source, formats: list[str], *, context: int = 16, prefill: i
             "decode_rounds_s": s["decode"],                   # per round, in the order they ran
             "prefill_rounds_s": s["prefill"],
         })
+        if bandwidth_gbs:
+            rows[-1]["ceiling_tok_s"] = bandwidth_gbs * 1e9 / dec.total_bytes
+            rows[-1]["of_ceiling"] = rows[-1]["tok_s"] / rows[-1]["ceiling_tok_s"]
     return {"model": first.name, "n_params": first.n_params(), "context": context, "prefill": prefill,
             "repeats": repeats, "decode_rows": DECODE_ROWS, "tile_bytes": TILE_BYTES, "rows": rows,
             "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
