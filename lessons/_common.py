@@ -37,6 +37,7 @@ from typing import Callable, Iterable, Iterator
 
 from rich.console import Console, Group
 from rich.markdown import Markdown
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -113,6 +114,16 @@ def fall_words(time_ratio: float, work_ratio: float, what: str = "time") -> str:
     else:
         rel = "about as much as"
     return f"{what} fell {fmt_x(time_ratio)}, {rel} the {fmt_x(work_ratio)} of the work"
+
+
+GPUS = ("a100-80gb", "h200", "h100-sxm")     # the data-centre GPUs the lessons compare with
+
+
+def gpu_ridge_range() -> str:
+    """'153-295': the fp16 ridges (FLOPs per byte) of the GPUs the lessons name, from their published figures."""
+    from minillm.measure.chips import get_chip
+    ridges = [get_chip(g).ridge for g in GPUS]
+    return f"{min(ridges):.0f}-{max(ridges):.0f}"
 
 
 def token_text(enc, token: int) -> str:
@@ -341,6 +352,8 @@ class Lesson:
     console: Console = field(default_factory=lambda: Console(highlight=False))
     claims: list[str] = field(default_factory=list)
     _after_claim: bool = False
+    _commands: list[str] = field(default_factory=list)    # shell lines to print whole, under the next try_it
+    _hw: object = None                                      # the hardware figures, once shown
 
     def _gap(self) -> None:
         """A blank line between a run of checked claims and what follows."""
@@ -419,7 +432,8 @@ class Lesson:
         """A generated sample in a panel, cut to its first few lines so the story stays on screen."""
         from rich.markup import escape
 
-        shown = text.strip("\n").split("\n")
+        text = text.rstrip("\n")         # a leading newline is the model's: "ROMEO:" then a new line
+        shown = text.split("\n")
         cut = len(shown) > lines or len(text) > 80 * lines
         body = "\n".join(shown[:lines])[: 80 * lines]
         self.show(Panel(escape(prompt) + "[bold]" + escape(body) + "[/]" + (" [dim](cut here)[/]" if cut else ""),
@@ -429,12 +443,20 @@ class Lesson:
         self._gap()
         self.console.print(Panel(Markdown(textwrap.dedent(markdown).strip()), border_style="magenta",
                                  title="Try it yourself", title_align="left", padding=(0, 1)))
+        for command in self._commands:      # whole lines, outside the box: a path is never broken in two
+            self.console.print(Text("  $ " + command), soft_wrap=True)
+        self._commands.clear()
 
     def copy_hint(self, lesson_file: str, slug: str) -> str:
         """How to run an edited copy of this lesson: a copy runs anywhere, the installed file stays as it is."""
         here = Path(lesson_file).resolve()
+        try:
+            here = here.relative_to(Path.cwd())
+        except ValueError:
+            pass
         mine = f"my_{self.number:02d}_{slug}.py"
-        return (f"Copy this lesson out of the package and run your copy: `cp {here} {mine}`, then "
+        self._commands.append(f"cp {here} {mine}")
+        return (f"Copy this lesson out of the package and run your copy: the `cp` command below the box, then "
                 f"`python {mine} --no-pause`.")
 
     # -- checked claims -----------------------------------------------------------------------
@@ -491,8 +513,15 @@ class Lesson:
         return model
 
     def machine(self):
-        """This machine's measured bandwidth and matmul peak (measured once, then cached)."""
-        return hardware.machine(progress=self.console.is_terminal)
+        """This machine's measured bandwidth and matmul peak (measured once, then cached). The first call
+        of a lesson says where the figures came from and when: a cache can be days old."""
+        hw = hardware.machine(progress=self.console.is_terminal)
+        if self._hw is None:
+            self._hw = hw
+            when = f" on {hw.measured_at[:10]}" if hw.measured_at else ""
+            self.console.print(f"[dim]this machine's figures{when}: {escape(hardware.provenance(hw))}[/]")
+            self.console.print()
+        return hw
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:

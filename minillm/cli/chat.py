@@ -9,6 +9,7 @@ this machine's measured bandwidth (`minillm hardware`, when it has been measured
 
 from __future__ import annotations
 
+import shutil
 import sys
 
 import numpy as np
@@ -99,7 +100,8 @@ def run(args) -> int:
         if not line.strip():
             continue
         ids = chat.prompt_ids(line)
-        stream = TextStream(model, skip=model.eos_ids)
+        width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+        stream = TextStream(model, skip=model.eos_ids, width=width)
         with Meter() as m:
             new, held = answer(model, cache, held, ids, args.max_new_tokens, pick, stream)
         stream.close()
