@@ -354,6 +354,7 @@ class Lesson:
     _after_claim: bool = False
     _commands: list[str] = field(default_factory=list)    # shell lines to print whole, under the next try_it
     _hw: object = None                                      # the hardware figures, once shown
+    _busy: bool | None = None                               # busy when the first timing asked (rounds())
 
     def _gap(self) -> None:
         """A blank line between a run of checked claims and what follows."""
@@ -477,8 +478,13 @@ class Lesson:
     # -- what lessons need from minillm -------------------------------------------------------
 
     def rounds(self) -> int:
-        """How many interleaved rounds a timing gets: 5 in full mode, 2 in fast mode."""
-        return self.pick(5, 2)
+        """How many interleaved rounds a timing gets: 5 in full mode (3 on a busy machine, where each round
+        takes several times as long and the medians move with the load anyway), 2 in fast mode."""
+        if self.fast:
+            return 2
+        if self._busy is None:
+            self._busy = busy_line() is not None
+        return 3 if self._busy else 5
 
     def conditions(self) -> str:
         """The conditions the times were measured under: BLAS threads and the load average."""
@@ -491,7 +497,8 @@ class Lesson:
 
     def timing_note(self) -> None:
         """A dim line under a timing: how it was measured, and under what conditions."""
-        self.console.print(f"[dim]times: median and range of {self.rounds()} interleaved rounds; "
+        busy = " (fewer: the machine is busy)" if self._busy and not self.fast else ""
+        self.console.print(f"[dim]times: median and range of {self.rounds()} interleaved rounds{busy}; "
                            f"{self.conditions()}[/]")
         self.console.print()
 
