@@ -172,7 +172,8 @@ def three_steps_on_the_roofline(L: Lesson, model, hw, rng):
     L.say(f"Cached decode's {dec.intensity:.3g} FLOP/byte is {here} this machine's ridge ({hw.ridge:.3g}): "
           f"{'memory' if here == 'below' else 'compute'}-bound here.")
     L.fact("cached decode at batch 1 is memory-bound on the A100 and H100: about 2 FLOPs per weight, 2 bytes "
-           "per fp16 weight, 1 FLOP/byte, against ridges of 153 and 295")
+           f"per fp16 weight, 1 FLOP/byte, against ridges of {PRESETS['a100-80gb'].ridge:.0f} and "
+           f"{PRESETS['h100-sxm'].ridge:.0f}")
     L.claim(naive.intensity > dec.intensity,
             f"naive decode has the higher intensity ({naive.intensity:.3g}), because it redoes the whole "
             "sequence: a high FLOPs-per-byte figure is not a goal in itself, useful work per second is")
@@ -472,18 +473,19 @@ def batching_words(flops: float, weight_bytes: float, own_bytes: float, ridge: f
 
 def quantization(L: Lesson, model, hw) -> None:
     L.section("3d. Quantization: fewer bytes per weight")
-    t = Table(header_style="bold")
-    t.add_column("weights in")
-    t.add_column("model bytes", justify="right")
-    t.add_column("decode ceiling here", justify="right")
-    t.add_column("decode ceiling, A100", justify="right")
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("weights in", no_wrap=True)
+    t.add_column("model bytes", justify="right", no_wrap=True)
+    t.add_column("ceiling here", justify="right", no_wrap=True)
+    t.add_column("ceiling, A100", justify="right", no_wrap=True)
     ceil = {}
     for dt in ("fp32", "fp16", "int8", "int4"):
         here = decode_ceiling(model.n_params(), dt, hw)
         gpu = decode_ceiling(model.n_params(), dt, GPUS[0])
         ceil[dt] = here["tokens_per_s"]
         t.add_row(dt, fmt_bytes(here["bytes_per_token"]), f"{here['tokens_per_s']:,.0f} tok/s", f"{gpu['tokens_per_s']:,.0f} tok/s")
-    L.show(f"[bold]{escape(model.name)}, {model.n_params():,} parameters, batch 1: chips.decode_ceiling[/]", t)
+    L.show(f"[bold]{escape(model.name)}, {model.n_params():,} parameters, batch 1: chips.decode_ceiling[/]", t,
+           "[dim]ceiling: the most decode tokens/s the bytes allow at the bandwidth[/]")
     L.show(bar_chart("Decode ceiling on this machine:", [(dt, v, f"{v:,.0f} tok/s") for dt, v in ceil.items()], style="green"))
     # The ceiling's premise, checked on the engine: a step's weight bytes scale with the bytes per weight.
     tiny = {np.dtype(dt).itemsize: minillm.load("random-tiny", dtype=dt, quiet=True) for dt in (np.float32, np.float64)}

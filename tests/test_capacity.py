@@ -109,3 +109,49 @@ def test_int8_kv_gives_float32s_greedy_tokens_on_the_bundled_model():
     a, _ = _greedy(model, ids, 16, None)
     b, _ = _greedy(model, ids, 16, "int8")
     assert sum(x == y for x, y in zip(a, b)) >= 12, (a, b)
+
+
+# -- goodput against the request rate (serve-sim --rates) --------------------------------------------
+
+def test_parse_rates():
+    from minillm.serving.rates import parse_rates
+
+    assert parse_rates("4,1,2") == [1.0, 2.0, 4.0]
+    for bad in ("", "1,x", "0,1", "1,1", "-2"):
+        with pytest.raises(MiniLLMError, match="--rates"):
+            parse_rates(bad)
+
+
+def _run(rate, met, tok_s=100.0):
+    return {"rate": rate, "attainment": met, "output_tokens_per_s": tok_s, "slo_met": {"all": met}}
+
+
+def test_highest_rate_is_the_highest_that_meets_the_attainment_target():
+    from minillm.serving.rates import capacity_words, highest_rate
+
+    runs = [_run(1, 1.0), _run(2, 0.95, 180.0), _run(4, 0.6), _run(8, 0.1)]
+    h = highest_rate(runs, 0.9)
+    assert h["rate"] == 2 and h["tokens_per_s"] == 180.0 and not h["all_met"] and h["below"] == []
+    assert h["engine_s_per_mtok"] == pytest.approx(1e6 / 180)
+    words = " ".join(capacity_words(h, "TTFT≤1 s", price_per_hour=2.0))
+    assert "2 requests/s is the highest swept rate" in words and f"${2.0 * 1e6 / 180 / 3600:,.2f}" in words
+    assert highest_rate(runs, 0.5)["rate"] == 4
+    none = highest_rate(runs, 1.01)
+    assert none["rate"] is None and "below the lowest rate" in capacity_words(none, "x")[0]
+    noisy = highest_rate([_run(1, 0.8), _run(2, 0.95), _run(4, 0.5)], 0.9)
+    assert noisy["rate"] == 2 and noisy["below"] == [1]
+    assert highest_rate([_run(1, 1.0), _run(2, 1.0)])["all_met"]
+
+
+def test_rate_sweep_serves_the_same_requests_faster_or_slower():
+    from minillm.serving.rates import highest_rate, rate_sweep
+
+    model = minillm.load("random-tiny", quiet=True)
+    runs = rate_sweep(model, [2.0, 1000.0], {"ttft": 0.5}, workload="poisson", n=6, seed=3, threads=1,
+                      max_batched_tokens=64)
+    assert [r["rate"] for r in runs] == [2.0, 1000.0]
+    assert all(r["requests"] == 6 for r in runs) and runs[0]["output_tokens"] == runs[1]["output_tokens"]
+    assert runs[1]["duration_s"] < runs[0]["duration_s"]          # the same work, arriving 500× faster
+    assert highest_rate(runs, 0.0)["rate"] == 1000.0
+    with pytest.raises(MiniLLMError, match="--slo"):
+        rate_sweep(model, [1.0], {})
