@@ -603,14 +603,20 @@ def run_lesson(body: Callable[[Lesson], None], argv: list[str] | None = None, *,
     console = make_console()
     fast = bool(args.fast) or fast_from_env()
     L = Lesson(number, title, fast=fast, no_pause=args.no_pause, model_name=args.model, console=console)
+    threads, busy = args.threads, busy_line() if timed else None
+    if busy and threads is None and (blas_threads() or 1) > 1:
+        # runs on different thread counts rank upside down on a contended machine: every side on one
+        threads = 1
+        busy += ("; so this lesson runs on 1 BLAS thread, every side of each comparison alike "
+                 "(--threads N to choose)")
     try:
-        with limited(args.threads), _fast_env(fast):
+        with limited(threads), _fast_env(fast):
             console.print(Panel(f"[bold]Lesson {number}: {title}[/]\n[dim]about {minutes} minutes · {what}[/]"
                                 f"\n[dim]{L.conditions()}[/]"
                                 + ("\n[yellow]fast mode: smaller models and fewer steps[/]" if fast else ""),
                                 border_style="blue", padding=(0, 1)))
-            if timed:           # before the first number: a busy machine makes every time below slower
-                L.busy_note()
+            if busy:            # before the first number: a busy machine makes every time below slower
+                L.note(busy)
             body(L)
     except ClaimFailed as e:
         console.print(f"[bold red]✗ a claim of this lesson did not hold on this run:[/] {e}")

@@ -134,3 +134,17 @@ def test_lesson_13_draws_no_conclusion_from_a_meaningless_fit(monkeypatch, capsy
     out = " ".join(capsys.readouterr().out.split())
     assert "fit of step time against tokens is not used: r² 0.01" in out
     assert "a step by the fit" not in out and "Step time ≈" not in out and "the fit's fixed part" not in out
+
+
+def test_a_busy_machine_runs_a_lesson_on_one_thread_and_says_so(monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(_common, "busy_line", lambda: "busy machine (load 9 on 2 CPUs)")
+    monkeypatch.setattr(_common, "blas_threads", lambda: 2)
+    monkeypatch.setattr(_common, "limited", lambda n: seen.append(n) or __import__("contextlib").nullcontext())
+    assert _common.run_lesson(lambda L: None, ["--no-pause"], number=3, title="t", minutes=1, what="w") == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert seen == [1] and "runs on 1 BLAS thread, every side of each comparison alike" in out
+    seen.clear()
+    assert _common.run_lesson(lambda L: None, ["--no-pause", "--threads", "2"], number=3, title="t", minutes=1,
+                              what="w") == 0
+    assert seen == [2]                                   # the learner's choice stands
