@@ -13,11 +13,11 @@ from rich.table import Table
 from ..engine.scheduler import POLICIES
 from ..errors import MiniLLMError
 from ..measure.hardware import machine
-from ..measure.threads import blas_kernel, blas_threads
+from ..threads import blas_kernel, blas_threads
 from ..engine.engine import Engine
-from ..serving.disagg import (OnThreads, colocated_engine, colocated_summary, disaggregated_engines,
+from ..serving.disagg import (OnThreads, colocated_summary, disaggregated_engines,
                               measure_copy_gbps, parse_split, run_interleaved)
-from ..serving.metrics import parse_slo, step_fit, summarize
+from ..serving.metrics import engine_for, parse_slo, step_fit, summarize
 from ..serving.workloads import WORKLOADS, WorkItem, load_workload, write_trace
 from ..ui.live import LiveView
 from ..ui.report import fmt_bytes, fmt_flops, fmt_time
@@ -112,12 +112,9 @@ def no_chunking(model, args) -> int:
 
 def make_engine(model, items: list[WorkItem], run: dict, args) -> Engine:
     budget = run.get("budget", budget_of(args)) or no_chunking(model, args)
-    engine = Engine(model, kv_memory=parse_bytes(args.kv_memory), block_size=run["block_size"],
-                    prefix_cache=run["prefix_cache"], policy=run["policy"], max_seqs=args.max_seqs,
-                    max_batched_tokens=budget)
-    for w in items:
-        engine.add_request(w.prompt, w.max_tokens, w.sampling, arrival=w.arrival)
-    return engine
+    return engine_for(model, items, kv_memory=parse_bytes(args.kv_memory), block_size=run["block_size"],
+                      prefix_cache=run["prefix_cache"], policy=run["policy"], max_seqs=args.max_seqs,
+                      max_batched_tokens=budget)
 
 
 def result(engine: Engine, name: str, args, hw) -> dict:
@@ -340,7 +337,7 @@ def disagg(model, items: list[WorkItem], args, hw) -> int:
     runners = []
     if args.compare == "disagg":
         for b, name in ((budget, f"one, chunk {budget}"), (no_chunking(model, args), "one, whole")):
-            e = colocated_engine(model, items, kv_memory=2 * kv, max_batched_tokens=b, **kw)
+            e = engine_for(model, items, kv_memory=2 * kv, max_batched_tokens=b, **kw)
             runners.append((name, OnThreads(e, p + d)))
     links = [link] + ([REAL_LINK_GBPS] if args.compare == "disagg" and abs(link - REAL_LINK_GBPS) > 1e-9 else [])
     for g in links:

@@ -42,6 +42,14 @@ def block_hash(parent: bytes | None, tokens) -> bytes:
     return h.digest()
 
 
+def write_all(cache, k: np.ndarray, v: np.ndarray) -> None:
+    """Every layer's keys and values of positions 0..T-1, k, v [L, Hkv, T, hd], into an empty cache
+    that has room for them; the cache then holds T positions."""
+    for layer in range(k.shape[0]):
+        cache.write(layer, 0, k[layer], v[layer])
+    cache.advance(k.shape[2])
+
+
 @dataclass
 class Match:
     """What the prefix cache holds of a sequence: its first `cached` positions, in the blocks named
@@ -169,6 +177,12 @@ class BlockManager:
         self.hashes[seq.id] = m.hashes[:full]
         seq.cache = cache
 
+    def adopt(self, seq: Sequence, k: np.ndarray, v: np.ndarray) -> None:
+        """Admit a sequence whose first T positions were computed elsewhere, nothing shared: blocks
+        for its whole length, k, v [L, Hkv, T, hd] written into them (check `can_admit` first)."""
+        self.admit(seq, Match())
+        write_all(seq.cache, k, v)
+
     # -- after a step, and at the end ----------------------------------------------------------------
 
     def computed(self, seq: Sequence) -> None:
@@ -240,6 +254,10 @@ class ContiguousBlocks:
 
     def admit(self, seq: Sequence, m: Match) -> None:
         seq.cache = KVCache(self.config, self.dtype)
+
+    def adopt(self, seq: Sequence, k: np.ndarray, v: np.ndarray) -> None:
+        self.admit(seq, Match())
+        write_all(seq.cache, k, v)
 
     def computed(self, seq: Sequence) -> None:
         pass

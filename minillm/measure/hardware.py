@@ -30,7 +30,7 @@ import numpy as np
 from ..paths import atomic_write, cache_dir
 from .chips import Hardware
 from .probe import cpu_model, cpu_threads, detect_llc_bytes, fast_mode, load_average, measure_bandwidth, measure_matmul_peak
-from .threads import blas_threads
+from ..threads import blas_threads
 
 CACHE_VERSION = 3   # 3: one record per machine, NumPy version and BLAS thread count, all kept
 STALE_DAYS = 30     # an older measurement is measured again
