@@ -271,3 +271,21 @@ def test_adopt_takes_nothing_when_there_is_no_room():
     full.step()
     assert not full.adopt(full.new_request(list(range(9)), 4), k, v, output=[first], rng=p.seq.rng)
     assert len(full.scheduler.running) == 1
+
+
+def test_block_states_map_the_pool_as_the_allocator_and_the_prefix_cache_hold_it():
+    config = GPT2Config(n_layer=1, n_head=1, n_embd=8, n_ctx=64, vocab_size=30)
+    engine = Engine(random_model(config, 4), num_blocks=12, block_size=4, prefix_cache=True)
+    first = engine.add_request(list(range(10)), 2)
+    engine.run()
+    states = engine.blocks.block_states()
+    assert len(states) == 12 and "held" not in states and "shared" not in states
+    assert states.count("cached") == 2                       # the prompt's two full blocks stay named
+    engine.add_request(list(range(10)), 4)
+    engine.add_request(list(range(10)) + [7, 7], 4)
+    engine.step()
+    states = engine.blocks.block_states()
+    a = engine.pool.allocator
+    assert states.count("shared") == sum(1 for r in a.refs if r > 1) == 2 and first.done
+    assert states.count("held") + states.count("shared") == a.n_used
+    assert engine.blocks.block_states(stride=5) == states[::5]

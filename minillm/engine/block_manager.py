@@ -88,6 +88,14 @@ class BlockManager:
     def blocks_for(self, n_positions: int) -> int:
         return -(-n_positions // self.block_size)
 
+    def block_states(self, stride: int = 1) -> list[str]:
+        """Every `stride`-th block's state, in block order: "shared" (held by several sequences),
+        "held" (by one), "cached" (nobody holds it, the prefix cache still names it: a hit takes it
+        back, a new allocation may evict it) or "free". What a live view draws as the pool's map."""
+        refs = self.allocator.refs
+        return ["shared" if refs[b] > 1 else "held" if refs[b] == 1 else "cached" if b in self.hash_of else "free"
+                for b in range(0, self.num_blocks, stride)]
+
     def fits(self, n_positions: int) -> bool:
         """Could a sequence of n_positions ever run here (with the whole pool to itself)?"""
         return self.blocks_for(n_positions) <= self.num_blocks

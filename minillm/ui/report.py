@@ -13,21 +13,22 @@ from ..measure.chips import Hardware, roofline
 from ..meter import StepRecord
 
 
-def fmt_bytes(n: float) -> str:
-    """Decimal units (1 MB = 10⁶ bytes), as bandwidths are quoted: 498 MB, 75.5 MB, 73.7 kB."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+def fmt_units(n: float, unit: str) -> str:
+    """A count in decimal multiples of `unit` (k, M, G, T = 10³ ...), three figures or the whole number."""
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= scale:
             v = n / scale
-            return f"{v:,.0f} {unit}" if v >= 100 else f"{v:.3g} {unit}"
-    return f"{n:,.0f} B"
+            return f"{v:,.0f} {prefix}{unit}" if v >= 100 else f"{v:.3g} {prefix}{unit}"
+    return f"{n:,.0f} {unit}"
+
+
+def fmt_bytes(n: float) -> str:
+    """Decimal units (1 MB = 10⁶ bytes), as bandwidths are quoted: 498 MB, 75.5 MB, 73.7 kB."""
+    return fmt_units(n, "B")
 
 
 def fmt_flops(n: float) -> str:
-    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
-        if abs(n) >= scale:
-            v = n / scale
-            return f"{v:,.0f} {unit}" if v >= 100 else f"{v:.3g} {unit}"
-    return f"{n:,.0f} FLOP"
+    return fmt_units(n, "FLOP")
 
 
 def fmt_time(s: float) -> str:
