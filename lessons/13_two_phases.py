@@ -122,7 +122,7 @@ def interference(L: Lesson, model, items) -> None:
 
 def budgets(L: Lesson, model, items) -> dict:
     L.section("The budget sweep")
-    from minillm.cli.serve_sim import budget_verdict
+    from minillm.ui.report import budget_verdict
     c = model.config
     sizes = L.pick((16, 32, 64, 128, None), (16, 64, None))
     engines = [engine_for(model, items, max_batched_tokens=b or c.n_ctx * 16) for b in sizes]
