@@ -12,7 +12,7 @@ from minillm.lessons._common import Lesson, bar_chart, fmt_x, paired_chart, run_
 from rich import box
 from rich.table import Table
 
-from minillm.measure.chips import PRESETS, roofline
+from minillm.measure.chips import CHIPS, roofline
 from minillm.serving.disagg import (OnThreads, colocated_summary, disaggregated_engines,
                                     measure_copy_gbps, run_interleaved)
 from minillm.serving.metrics import engine_for, serve, step_fit, summarize
@@ -268,14 +268,14 @@ def remedies(L: Lesson, model, sweep: dict, split: dict) -> None:
     knees = {}
     fp16 = wbytes / model.dtype.itemsize * 2
     for name in ("a100-80gb", "h100-sxm", "h200"):
-        hw = PRESETS[name]
+        hw = CHIPS[name]
         # the fewest tokens whose 2·params·N FLOPs outlast the weight read, by the roofline itself
         knee = next(n for n in range(1, 100_000) if roofline(fp16, 2 * n_params * n, hw).bound == "compute")
         knees[name] = knee
         t.add_row(name, f"{hw.ridge:.0f}", f"{knee} tokens", fmt_time(roofline(fp16, 2 * n_params * 2048, hw).seconds))
     L.show(t, f"[dim]{model.name} in fp16 by the roofline: a step reads the weights once and does 2 FLOPs per "
               "weight per token[/]")
-    h100 = PRESETS["h100-sxm"]
+    h100 = CHIPS["h100-sxm"]
     L.claim(abs(knees["h100-sxm"] - h100.ridge * fp16 / (2 * n_params)) <= 1,
             f"on an H100 a step turns compute-bound at {knees['h100-sxm']} tokens: its ridge "
             f"({h100.ridge:.0f} FLOPs per byte) × {fp16 / (2 * n_params):.0f} byte per 2 FLOPs of a token")
