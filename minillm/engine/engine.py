@@ -271,55 +271,70 @@ class Engine:
         made); None if nothing ran (the simulated clock then jumps to the next arrival). Raises
         StepFailed if the model step raised: the requests in it have ended, the rest go on; and a
         MiniLLMError if, on simulated time, nothing can run and no request is on its way (a bug)."""
-        start = self.now()
-        t0 = time.perf_counter()
+        start, t0 = self.now(), time.perf_counter()
         batch = self.scheduler.schedule(start)
         if not batch:
-            nxt = self.next_arrival()
-            if self.clock is None:
-                if nxt is not None and nxt > self.time:
-                    self.time = nxt
-                elif self.has_work:
-                    raise MiniLLMError("the scheduler can run nothing and no request is on its way (a bug)")
+            self._idle()
             return None
-        seqs, chunks = [s for s, _ in batch], [n for _, n in batch]
+        seqs = [s for s, _ in batch]
         info = StepInfo.of(start, batch, [self._by_seq[s.id].id for s in seqs])
-        try:
-            t1 = time.perf_counter()
-            if self.meter is not None:
-                with self.meter, self.meter.capture() as recs:
-                    tokens = run_step(self.model, seqs, chunks)
-                info.record = recs[-1] if recs else None
-            else:
-                tokens = run_step(self.model, seqs, chunks)
-            info.model_seconds = info.record.seconds if info.record is not None else time.perf_counter() - t1
-        except Exception as e:
-            failed = [self._by_seq[s.id] for s in seqs]
-            for req in failed:
-                self.abort(req.id, "error")
-            raise StepFailed(failed, e) from e
+        tokens = self._run(info, seqs, [n for _, n in batch])
         info.kv_used, info.kv_reserved = self.kv_usage()   # at the step's peak: before the finished let go
         info.lengths = [s.n_computed for s in self.scheduler.running]
         self.scheduler.finish_step(batch)
         if self.clock is None:
             self.time += time.perf_counter() - t0
         end = self.now()
-        for s, tok in zip(seqs, tokens):
-            if tok is None:
-                continue
-            req = self._by_seq[s.id]
-            req.token_times.append(end)
-            info.made.append((req, tok))
-            if s.finished:
-                req.finished_at, req.finish_reason = end, "stop" if s.stopped else "length"
-        info.seconds = end - start
+        info.made = self._stamp(seqs, tokens, end)
+        info.seconds, info.free_blocks = end - start, self.blocks.n_free
         info.waiting, info.running = len(self.scheduler.waiting), len(self.scheduler.running)
-        info.free_blocks = self.blocks.n_free
         self.steps.append(info)
         self.n_steps += 1
         if self.on_step is not None:
             self.on_step(self, info)
         return info
+
+    def _idle(self) -> None:
+        """Nothing could run: on simulated time, jump to the next arrival (none: a scheduler stuck)."""
+        if self.clock is not None:
+            return
+        nxt = self.next_arrival()
+        if nxt is not None and nxt > self.time:
+            self.time = nxt
+        elif self.has_work:
+            raise MiniLLMError("the scheduler can run nothing and no request is on its way (a bug)")
+
+    def _run(self, info: StepInfo, seqs: list[Sequence], chunks: list[int]) -> list[int | None]:
+        """The model step (metered when the engine meters: its record goes in `info`); a step that
+        raises ends the requests in it (StepFailed)."""
+        try:
+            t = time.perf_counter()
+            if self.meter is None:
+                tokens = run_step(self.model, seqs, chunks)
+            else:
+                with self.meter, self.meter.capture() as recs:
+                    tokens = run_step(self.model, seqs, chunks)
+                info.record = recs[-1] if recs else None
+            info.model_seconds = info.record.seconds if info.record is not None else time.perf_counter() - t
+            return tokens
+        except Exception as e:
+            failed = [self._by_seq[s.id] for s in seqs]
+            for req in failed:
+                self.abort(req.id, "error")
+            raise StepFailed(failed, e) from e
+
+    def _stamp(self, seqs: list[Sequence], tokens: list, end: float) -> list[tuple[Request, int]]:
+        """The (request, token) pairs the step made, each token's time stamped; a finished request closed."""
+        made = []
+        for s, tok in zip(seqs, tokens):
+            if tok is None:
+                continue
+            req = self._by_seq[s.id]
+            req.token_times.append(end)
+            made.append((req, tok))
+            if s.finished:
+                req.finished_at, req.finish_reason = end, "stop" if s.stopped else "length"
+        return made
 
     def run(self) -> list[Request]:
         """Step until every request is done (simulated time: idle gaps jump to the next arrival; a
