@@ -13,7 +13,7 @@ import minillm
 from minillm.config import PRESETS
 from minillm.lessons._common import (Lesson, Timing, bar_chart, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural,
                                      run_lesson, time_interleaved)
-from minillm.measure.chips import PRESETS as CHIPS
+from minillm.measure.chips import CHIPS
 
 TITLE = "Prefill: the whole prompt in one pass"
 MINUTES = 4

@@ -14,10 +14,10 @@ from rich.table import Table
 
 from minillm.measure.chips import get_chip, roofline
 from minillm.measure.comparisons import comparison_threads, fit_problem
-from minillm.measure.threads import blas_threads
-from minillm.serving.disagg import (OnThreads, colocated_engine, colocated_summary, disaggregated_engines,
+from minillm.threads import blas_threads
+from minillm.serving.disagg import (OnThreads, colocated_summary, disaggregated_engines,
                                     measure_copy_gbps, run_interleaved)
-from minillm.serving.metrics import serve, step_fit, summarize
+from minillm.serving.metrics import engine_for, serve, step_fit, summarize
 from minillm.serving.workloads import WorkItem, generate_workload
 from minillm.ui.report import fmt_bytes, fmt_time
 
@@ -79,8 +79,8 @@ def gaps_of(req) -> list[float]:
 def interference(L: Lesson, model, items) -> None:
     L.section("Interference, in one picture")
     budget = L.pick(32, 16)
-    whole = colocated_engine(model, items, max_batched_tokens=model.config.n_ctx * 16)
-    chunked = colocated_engine(model, items, max_batched_tokens=budget)
+    whole = engine_for(model, items, max_batched_tokens=model.config.n_ctx * 16)
+    chunked = engine_for(model, items, max_batched_tokens=budget)
     with L.status("serving the workload twice, whole prompts and chunks, step by step in turn…"):
         run_interleaved([whole, chunked])
     # the step that ran the most prompt tokens beside running decodes, and a request that waited in it
@@ -125,10 +125,10 @@ def interference(L: Lesson, model, items) -> None:
 
 def budgets(L: Lesson, model, items) -> dict:
     L.section("The budget sweep")
-    from minillm.cli.serve_sim import budget_verdict
+    from minillm.ui.report import budget_verdict
     c = model.config
     sizes = L.pick((16, 32, 64, 128, None), (16, 64, None))
-    engines = [colocated_engine(model, items, max_batched_tokens=b or c.n_ctx * 16) for b in sizes]
+    engines = [engine_for(model, items, max_batched_tokens=b or c.n_ctx * 16) for b in sizes]
     with L.status(f"serving the workload at {len(sizes)} budgets, interleaved…"):
         run_interleaved(engines)
     probe = summarize(engines[-1])
@@ -183,7 +183,7 @@ def goodput_vs_throughput(L: Lesson, model) -> None:
     items = [WorkItem(0.0, w.prompt, L.pick(16, 8)) for w in
              generate_workload("poisson", rate=1.0, n=n, seed=2, vocab_size=c.vocab_size, n_ctx=c.n_ctx)]
     caps = L.pick((1, 2, 4, 8, 16), (1, 4, 8))
-    engines = [colocated_engine(model, items, max_seqs=b) for b in caps]
+    engines = [engine_for(model, items, max_seqs=b) for b in caps]
     with L.status(f"serving {n} requests with batches of {', '.join(map(str, caps))}, interleaved…"):
         run_interleaved(engines)
     lo_, hi_ = summarize(engines[0]), summarize(engines[-1])
@@ -228,7 +228,7 @@ def disaggregation(L: Lesson, model, items) -> dict:
     budget = L.pick(32, 16)
     threads, why = comparison_threads(blas_threads())
     T = threads or 1
-    one = OnThreads(colocated_engine(model, items, max_batched_tokens=budget), T)
+    one = OnThreads(engine_for(model, items, max_batched_tokens=budget), T)
     split = disaggregated_engines(model, items, p_threads=T, d_threads=T, link_gbps=link,
                                   max_batched_tokens=budget)
     with L.status(f"serving the workload on one engine and split, every step on {T} thread(s), interleaved…"):

@@ -72,7 +72,7 @@ def test_monitor_reads_the_servers_thread_count():
 
     r = Registry()
     assert server_threads(parse(r.render())) is None            # not set: unknown
-    r.set("blas_threads", "", 1)
+    r.set("blas_threads", 1)
     assert server_threads(parse(r.render())) == 1
 
 

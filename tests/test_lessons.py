@@ -378,7 +378,7 @@ def test_lesson_9s_time_between_tokens_sentence_follows_the_ratio(ratio, words):
 
 def test_lesson_10_and_serve_sim_read_the_decode_verdict_they_print():
     """E4: serve-sim said 'decode is memory-bound; bigger batches help' whatever the run's verdict."""
-    from minillm.cli.serve_sim import diagnosis
+    from minillm.ui.report import diagnosis
 
     text = _lesson(10).diagnosis_words((0.9, 0.1, "memory", "compute"), (0.1, 0.9, "memory", "compute"))
     assert "long answers: 90% of the model's time went to decode steps, which were compute-bound" in text

@@ -16,7 +16,7 @@ import numpy as np
 from rich.markup import escape
 
 from ..chat import Conversation, render
-from ..engine.sampling import check_sampling, sample
+from ..engine.sequence import SamplingParams
 from ..errors import MiniLLMError, PromptError
 from ..meter import Meter
 from ..tokenizer import tokenizer
@@ -73,7 +73,7 @@ def counters_line(m: Meter) -> str:
 
 
 def run(args) -> int:
-    check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)     # checked once, here
     if args.max_new_tokens < 1:
         raise PromptError(f"--max-new-tokens {args.max_new_tokens}: must be at least 1")
     model = load_model(args.model, args.weights)
@@ -86,8 +86,8 @@ def run(args) -> int:
         err.print(f"[dim]{escape(note)}[/]")
     chat = Conversation(tok, args.system)
     cache, held = model.new_cache(), []
-    rng = np.random.default_rng(args.seed)
-    pick = lambda logits: sample(logits, args.temperature, args.top_k, args.top_p, rng)   # noqa: E731
+    rng = np.random.default_rng(sampling.seed)
+    pick = lambda logits: sampling.pick(logits, rng)   # noqa: E731
     err.print(f"[dim]{escape(model.name)}: type a message; Ctrl-D or /exit to leave[/]")
     while True:
         try:

@@ -182,7 +182,7 @@ def run(args) -> int:
         raise MiniLLMError(f"no server at {host}:{port} ({e.strerror or e}): start one with `minillm serve`") from None
     kind = flavour(first)
     from ..measure.hardware import machine
-    from ..measure.threads import limited
+    from ..threads import limited
     served = server_threads(first) if kind == "minillm" else None
     with limited(served):            # the figures of the thread count the server runs on, not monitor's own
         hw = machine(progress=not args.json)

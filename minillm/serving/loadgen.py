@@ -24,10 +24,8 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-import numpy as np
-
 from ..errors import MiniLLMError
-from .metrics import goodput, request_tpot
+from .metrics import goodput, pct, request_tpot
 from .prom import parse
 from .workloads import WorkItem, load_workload
 
@@ -143,10 +141,6 @@ def server_metrics(target: Target) -> dict:
     r = conn.getresponse()
     text = r.read().decode(errors="replace")
     return parse(text) if r.status == 200 else {}
-
-
-def pct(values, q):
-    return float(np.percentile(values, q)) if values else None
 
 
 def run_load(url: str, workload: str, rate: float, n: int, seed: int = 0, timeout: float = 300.0,

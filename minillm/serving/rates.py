@@ -12,8 +12,8 @@ takes within the targets) and what a token costs there (engine-seconds per outpu
 from __future__ import annotations
 
 from ..errors import MiniLLMError
-from .disagg import OnThreads, colocated_engine, run_interleaved
-from .metrics import summarize
+from .disagg import OnThreads, run_interleaved
+from .metrics import engine_for, summarize
 from .workloads import WORKLOADS, generate_workload
 
 ATTAINMENT = 0.9        # the share of requests that must meet every target (DistServe's usual 90%)
@@ -47,7 +47,7 @@ def rate_sweep(model, rates: list[float], slo: dict, *, workload: str = "poisson
     engines = []
     for r in rates:
         items = generate_workload(workload, rate=r, n=n, seed=seed, vocab_size=c.vocab_size, n_ctx=c.n_ctx)
-        engines.append(colocated_engine(model, items, **engine_kw))
+        engines.append(engine_for(model, items, **engine_kw))
     run_interleaved([OnThreads(e, threads) for e in engines])
     out = []
     for r, e in zip(rates, engines):
