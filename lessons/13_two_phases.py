@@ -153,7 +153,8 @@ def budgets(L: Lesson, model, items) -> dict:
     if problem is not None:                 # a fit that explains nothing: say so, conclude nothing from it
         L.note(f"the fit of step time against tokens is not used: {problem}. Run again with --threads 1 on a "
                "quieter machine for the budget's per-token cost.")
-    for line in budget_verdict(results, None if problem else fit, slo):
+    read = model.nbytes() / (L.machine().bandwidth_gbs * 1e9)
+    for line in budget_verdict(results, None if problem else fit, slo, weight_read_s=read):
         L.console.print(line)
     L.console.print()
     if problem is None:

@@ -148,3 +148,19 @@ def test_a_busy_machine_runs_a_lesson_on_one_thread_and_says_so(monkeypatch, cap
     assert _common.run_lesson(lambda L: None, ["--no-pause", "--threads", "2"], number=3, title="t", minutes=1,
                               what="w") == 0
     assert seen == [2]                                   # the learner's choice stands
+
+
+def test_a_lesson_shows_when_its_hardware_figures_were_measured(monkeypatch):
+    """Figures read from a cache written days ago were shown with no date: the first use says when."""
+    from rich.console import Console
+
+    from minillm.measure.chips import Hardware
+
+    hw = Hardware(name="this machine", bandwidth_gbs=25.0, peak_gflops=90.0, measured_at="2026-11-28T09:00:00+00:00",
+                  method="copy", methods={"copy": 25.0}, blas_threads=1, load_avg=0.5, threads=2)
+    monkeypatch.setattr(_common.hardware, "machine", lambda progress=True: hw)
+    console = Console(file=io.StringIO(), width=80)
+    L = _common.Lesson(6, "t", console=console)
+    assert L.machine() is hw and L.machine() is hw
+    text = " ".join(console.file.getvalue().split())
+    assert text.count("this machine's figures on 2026-11-28") == 1 and "measured" in text
