@@ -178,7 +178,7 @@ def measure(L: Lesson, model, draft) -> dict:
     return sweep
 
 
-def short_name(name: str, width: int = 14) -> str:
+def short_name(name: str, width: int = 20) -> str:
     """A draft's name as a table cell: a checkpoint path by its last part, cut to `width` with '~'."""
     from pathlib import PurePath
     name = PurePath(name).name or name
