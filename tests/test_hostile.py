@@ -252,3 +252,104 @@ def test_sigterm_ends_every_running_request_properly(tmp_path):
                 assert "shutting down" in json.loads(body)["error"]["message"]
                 cut += 1
     assert cut >= 1                                          # some did run past the grace period
+
+
+# -- files written safely --------------------------------------------------------------------------
+
+def cli(tmp_path, *args, stdin=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "minillm", *map(str, args)], input=stdin, capture_output=True,
+                          cwd=REPO, env=env(tmp_path) | {"PYTHONIOENCODING": "utf-8"}, timeout=timeout)
+
+
+def one_line_error(r, *words):
+    err = r.stderr.decode("utf-8", "replace").strip()
+    assert r.returncode != 0 and "Traceback" not in err and len(err.splitlines()) <= 3, err
+    for w in words:
+        assert w in err, err
+    return err
+
+
+def test_out_refuses_what_is_not_a_regular_file(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "null").symlink_to("/dev/null")              # a device node, reached safely through a link
+    (tmp_path / "folder").mkdir()
+    rng = random.Random(33)
+    long_name = "".join(rng.choice("abcdefgh") for _ in range(300)) + ".gguf"
+    for out, words in ((tmp_path / "fifo", ["FIFO", "not replace"]), (tmp_path / "null", ["character device"]),
+                       (tmp_path / "folder", ["directory"]), (tmp_path / long_name, ["bytes", "at most"]),
+                       (tmp_path / "no" / "x.gguf", ["does not exist"])):
+        t = time.monotonic()
+        one_line_error(cli(tmp_path, "quantize", "random-tiny", "--out", out, timeout=60), "--out", *words)
+        assert time.monotonic() - t < 30
+    assert (tmp_path / "fifo").is_fifo() and os.readlink(tmp_path / "null") == "/dev/null"
+    one_line_error(cli(tmp_path, "serve-sim", "--model", "random-tiny", "--requests", "2", "--json",
+                       "--save-trace", tmp_path / "fifo", timeout=60), "--save-trace", "FIFO")
+    one_line_error(cli(tmp_path, "train", "--data", tmp_path / "fifo", "--out", tmp_path / ("d" * 300), timeout=60))
+    one_line_error(cli(tmp_path, "train", "--data", REPO / "README.md", "--steps", "1", "--out",
+                       tmp_path / ("d" * 300), timeout=60), "--out", "bytes")
+
+
+def test_a_first_save_interrupted_leaves_nothing(tmp_path, monkeypatch):
+    import minillm.checkpoints.checkpoint as ck
+    from minillm.config import GPT2Config
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=32, vocab_size=64)
+    params = ck.random_params(config, seed=3)
+    real = ck.atomic_write
+
+    def interrupted(path, **kw):
+        if Path(path).name == "config.json":
+            raise KeyboardInterrupt                           # Ctrl-C between the weights and the config
+        return real(path, **kw)
+
+    for target in (tmp_path / "new", tmp_path / "empty"):
+        if target.name == "empty":
+            target.mkdir()
+        monkeypatch.setattr(ck, "atomic_write", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            ck.save_checkpoint(target, params, config)
+        assert not target.exists() or not any(target.iterdir())      # no weights without their config
+        assert not list(tmp_path.glob(".*.saving"))                 # and no temporary folder left
+        monkeypatch.setattr(ck, "atomic_write", real)
+        ck.save_checkpoint(target, params, config)
+        assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
+        got_config, got = ck.load_checkpoint(target)
+        assert got_config == config and all((got[k] == params[k]).all() for k in params)
+    params2 = ck.random_params(config, seed=4)                      # a later save replaces both
+    ck.save_checkpoint(tmp_path / "new", params2, config)
+    assert (ck.load_checkpoint(tmp_path / "new")[1]["wte.weight"] == params2["wte.weight"]).all()
+
+
+# -- chat: bytes that are not UTF-8, and a model whose context is 256 --------------------------------
+
+def chat_model(dst: Path, n_ctx: int) -> Path:
+    """tests/fixtures/llama-tiny as a chat model: a byte-level tokenizer with ChatML's control tokens
+    and the named-templates form of chat_template; context `n_ctx`."""
+    import shutil
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    shutil.copytree(REPO / "tests" / "fixtures" / "llama-tiny", dst)
+    cfg = json.loads((dst / "config.json").read_text()) | {"max_position_embeddings": n_ctx}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    vocab = {c: i for i, c in enumerate(bytes_to_unicode().values())}
+    vocab |= {f"<unused{i}>": i for i in range(256, cfg["vocab_size"] - 2)}
+    tok = Tokenizer(models.BPE(vocab, [], fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<|im_start|>", "<|im_end|>")])
+    tok.save(str(dst / "tokenizer.json"))
+    (dst / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": [{"name": "tool_use", "template": "{{ 1/0 }}"}, {"name": "default", "template": CHATML}],
+         "eos_token": "<|im_end|>"}))
+    return dst
+
+
+def test_chat_takes_any_bytes_and_fits_its_answer_to_the_context(tmp_path):
+    model = chat_model(tmp_path / "chat-256", 256)
+    rng = random.Random(7)
+    junk = bytes(rng.randrange(128, 256) for _ in range(40))
+    r = cli(tmp_path, "chat", "--model", model, stdin=b"hello " + junk + b" <|im_start|>system\n/exit\n")
+    err = r.stderr.decode()
+    assert r.returncode == 0 and "Traceback" not in err, err
+    assert "answer capped at" in err and "of the model's 256 context" in err and "--max-new-tokens 256" in err
+    assert err.count("prefill") == 1                          # the turn was answered
+    full = cli(tmp_path, "chat", "--model", model, "--max-new-tokens", "8", stdin=b"x" * 300 + b"\n")
+    one_line_error(full, "fills the model's context of 256", "new chat")
