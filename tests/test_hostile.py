@@ -353,3 +353,131 @@ def test_chat_takes_any_bytes_and_fits_its_answer_to_the_context(tmp_path):
     assert err.count("prefill") == 1                          # the turn was answered
     full = cli(tmp_path, "chat", "--model", model, "--max-new-tokens", "8", stdin=b"x" * 300 + b"\n")
     one_line_error(full, "fills the model's context of 256", "new chat")
+
+
+# -- loadgen and monitor against another engine ----------------------------------------------------
+
+class FakeLlamaServer:
+    """A stand-in for llama.cpp's llama-server on 127.0.0.1: its /v1/models (no max_model_len, a
+    `meta` with n_ctx_train), its refusal of token ids outside a 49,152-id vocabulary, streamed
+    completions, and its metric names. `metrics=False`: /metrics answers 501, as llama-server does
+    without --metrics. The text is split on spaces as its "tokens"."""
+
+    VOCAB = 49152
+
+    def __init__(self, metrics: bool = True) -> None:
+        import uvicorn
+        from starlette.applications import Starlette
+        from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+        from starlette.routing import Route
+        self.counters = {"llamacpp:prompt_tokens_total": 0, "llamacpp:prompt_seconds_total": 0.0,
+                         "llamacpp:tokens_predicted_total": 0, "llamacpp:tokens_predicted_seconds_total": 0.0,
+                         "llamacpp:requests_processing": 0, "llamacpp:requests_deferred": 0}
+        self.prompts: list = []
+        self.scrapes = 0
+
+        async def models(request):
+            return JSONResponse({"object": "list", "data": [{"id": "SmolLM2-135M-Q4_1.gguf", "object": "model",
+                                                             "owned_by": "llamacpp",
+                                                             "meta": {"n_vocab": self.VOCAB, "n_ctx_train": 8192}}]})
+
+        async def completions(request):
+            body = await request.json()
+            prompt = body["prompt"]
+            self.prompts.append(prompt)
+            if isinstance(prompt, list) and any(not 0 <= t < self.VOCAB for t in prompt):
+                return JSONResponse({"error": {"code": 400, "message": "Prompt contains invalid tokens",
+                                               "type": "invalid_request_error"}}, status_code=400)
+            n_prompt = len(prompt) if isinstance(prompt, list) else len(prompt.split())
+            n = body.get("max_tokens", 16)
+            self.counters["llamacpp:prompt_tokens_total"] += n_prompt
+            self.counters["llamacpp:prompt_seconds_total"] += 1e-4 * n_prompt
+            self.counters["llamacpp:tokens_predicted_total"] += n
+            self.counters["llamacpp:tokens_predicted_seconds_total"] += 2e-3 * n
+
+            async def events():
+                for i in range(n):
+                    yield "data: " + json.dumps({"choices": [{"text": f" w{i}", "index": 0, "finish_reason":
+                                                              "length" if i == n - 1 else None}]}) + "\n\n"
+                yield "data: " + json.dumps({"choices": [], "usage": {"prompt_tokens": n_prompt,
+                                                                      "completion_tokens": n}}) + "\n\n"
+                yield "data: [DONE]\n\n"
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        async def metrics_page(request):
+            self.scrapes += 1
+            if not metrics:
+                return JSONResponse({"error": {"code": 501, "message": "This server does not support metrics "
+                                               "endpoint. Start it with `--metrics`"}}, status_code=501)
+            lines = []
+            for k, v in self.counters.items():
+                lines += [f"# TYPE {k} {'counter' if k.endswith('total') else 'gauge'}", f"{k} {v}"]
+            return PlainTextResponse("\n".join(lines) + "\n")
+
+        app = Starlette(routes=[Route("/v1/models", models), Route("/v1/completions", completions, methods=["POST"]),
+                                Route("/metrics", metrics_page)])
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.mark.parametrize("workload, seed", [("poisson", 1), ("shared-prefix", 2)])
+def test_loadgen_against_a_llama_cpp_server(workload, seed):
+    from minillm.serving.loadgen import run_load
+    from minillm.tokenizer import tokenizer
+    enc = tokenizer()
+    with FakeLlamaServer() as fake:
+        t = time.monotonic()
+        r = run_load(f"http://127.0.0.1:{fake.port}", workload, rate=200.0, n=8, seed=seed, timeout=30)
+        assert time.monotonic() - t < 30
+    assert r["ok"] == 8 and not r["errors"], r
+    assert all(isinstance(p, str) for p in fake.prompts)               # text, never GPT-2 ids
+    assert r["prompt_tokens"] == r["prompt_tokens_wanted"] == sum(len(enc.encode(p)) for p in fake.prompts)
+    assert r["server_prompt_tokens"] == sum(len(p.split()) for p in fake.prompts)
+    s = r["server"]
+    c = fake.counters
+    phase = "prefill" if c["llamacpp:prompt_seconds_total"] > c["llamacpp:tokens_predicted_seconds_total"] else "decode"
+    assert s["engine"] == "llama.cpp" and s["bottleneck"] == phase and s["note"] is None
+    assert s["prefill_tokens"] == r["server_prompt_tokens"] and s["decode_tokens"] == r["output_tokens"]
+    assert s["prefill_s"] == pytest.approx(1e-4 * s["prefill_tokens"]) and s["flops"] is None
+
+
+def test_loadgen_withholds_the_verdict_when_there_is_nothing_to_read(tmp_path):
+    with FakeLlamaServer(metrics=False) as fake:
+        r = cli(tmp_path, "loadgen", "--url", f"http://127.0.0.1:{fake.port}", "--requests", "3", "--rate", "100",
+                "--timeout", "30", timeout=60)
+        out = r.stdout.decode()
+        assert r.returncode == 0 and "Traceback" not in r.stderr.decode(), r.stderr.decode()
+        assert "no /metrics to read" in out and "took the server's time" not in out
+    from minillm.serving.engines import phase_verdict
+    assert phase_verdict({"prefill_s": None, "decode_s": None}) is None
+    assert phase_verdict({"prefill_s": 0.0, "decode_s": 0.0}) is None
+    assert phase_verdict({"prefill_s": 0.0, "decode_s": 0.5}) == "decode"
+
+
+def test_monitor_against_a_llama_cpp_server(tmp_path):
+    with FakeLlamaServer() as fake:
+        url = f"http://127.0.0.1:{fake.port}"
+        p = subprocess.Popen([sys.executable, "-m", "minillm", "monitor", url, "--count", "2", "--interval", "0.5",
+                              "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=env(tmp_path))
+        deadline = time.monotonic() + 60
+        while fake.scrapes < 1 and time.monotonic() < deadline:        # the monitor's first scrape
+            time.sleep(0.01)
+        fake.counters["llamacpp:tokens_predicted_total"] += 100   # tokens moved, timings did not: no verdict
+        out, err = p.communicate(timeout=120)
+    rows = [json.loads(line) for line in out.decode().splitlines()]
+    assert p.returncode == 0 and len(rows) == 2, err.decode()
+    assert all(r["server"] == "llama.cpp" for r in rows)
+    assert sum(r["decode_tok_s"] * r["interval_s"] for r in rows) == pytest.approx(100)
+    assert all(r["waits_on"] in ("-", "idle") for r in rows) and any(r["waits_on"] == "-" for r in rows)
