@@ -481,3 +481,45 @@ def test_monitor_against_a_llama_cpp_server(tmp_path):
     assert all(r["server"] == "llama.cpp" for r in rows)
     assert sum(r["decode_tok_s"] * r["interval_s"] for r in rows) == pytest.approx(100)
     assert all(r["waits_on"] in ("-", "idle") for r in rows) and any(r["waits_on"] == "-" for r in rows)
+
+
+def test_out_of_file_descriptors_is_one_line_not_a_traceback_per_accept(tmp_path):
+    import resource
+    import socket
+
+    def few_files():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    p = subprocess.Popen([sys.executable, "-m", "minillm", "serve", "--model", "random-tiny", "--port", "0",
+                          "--quiet", "--request-timeout", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=REPO, env=env(tmp_path), preexec_fn=few_files)
+    socks = []
+    try:
+        line = p.stdout.readline()
+        assert line.startswith("listening on"), (line, p.stderr.read() if p.poll() else "")
+        port = int(line.rsplit(":", 1)[1])
+        for _ in range(150):                                 # more than the server has descriptors for
+            socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        time.sleep(2.5)                                      # asyncio retries the listener every second
+        for s in socks:
+            s.close()
+        socks = []
+        deadline, status = time.monotonic() + 20, None
+        while status != 200 and time.monotonic() < deadline:   # it serves again once descriptors are free
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/health")
+                status = conn.getresponse().status
+            except OSError:
+                time.sleep(0.2)
+        assert status == 200
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == 0
+        err = p.stderr.read()
+    finally:
+        for s in socks:
+            s.close()
+        if p.poll() is None:
+            p.kill()
+    assert "Traceback" not in err and len(err) < 4000, err[:3000]
+    assert 1 <= err.count("cannot accept connections (Too many open files)") <= 2

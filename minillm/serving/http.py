@@ -589,8 +589,10 @@ def listen_socket(host: str, port: int, backlog: int) -> socket.socket:
 
 class AcceptErrors:
     """The event loop's exception handler: running out of file descriptors (EMFILE and kin, on
-    accept) is logged once per `interval` with a count, not as a traceback per try; the rest go
-    to asyncio's own handler."""
+    accept) is logged once per `interval` with a count, not as a traceback per try (asyncio tries
+    up to `backlog` accepts per wake-up and schedules a retry of the listener for each failure);
+    the retries that fire after the listener has closed are dropped; the rest go to asyncio's own
+    handler."""
 
     RESOURCE = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
@@ -609,6 +611,9 @@ class AcceptErrors:
                            f"(ulimit -n) or lower --max-connections (next line in {self.interval:g} s at most)")
                 self.last, self.count = now, 0
             return
+        callback = getattr(context.get("handle"), "_callback", None)
+        if getattr(callback, "__name__", "") == "_start_serving" and isinstance(exc, (ValueError, OSError)):
+            return                # asyncio's retry of an accept (one per failed try) after the listener closed
         aloop.default_exception_handler(context)
 
 
