@@ -21,6 +21,7 @@ import pytest
 from minillm.chat import ChatTemplateError, Conversation, encode_chat, render, render_spans
 from minillm.errors import MiniLLMError, PromptError
 from minillm.model_tokenizer import bytes_to_unicode, from_gguf_metadata
+from minillm.serving.prom import parse
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -198,9 +199,9 @@ def read_stream(resp) -> tuple[list[dict], bool]:
 
 
 def test_sigterm_ends_every_running_request_properly(tmp_path):
-    grace = 1.0
+    grace = 0.5                  # six requests of 250 tokens, one at a time: 1,500 steps, far past it
     p = subprocess.Popen([sys.executable, "-m", "minillm", "serve", "--model", "random-tiny", "--port", "0",
-                          "--kv-memory", "8MB", "--max-seqs", "2", "--grace", str(grace), "--quiet"],
+                          "--kv-memory", "8MB", "--max-seqs", "1", "--grace", str(grace), "--quiet"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env(tmp_path))
     endings: dict[int, tuple] = {}
     started = threading.Barrier(7, timeout=60)
@@ -208,7 +209,7 @@ def test_sigterm_ends_every_running_request_properly(tmp_path):
     def client(i: int) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         stream = i % 2 == 0
-        body = {"prompt": f"client {i}", "max_tokens": 240, "temperature": 0.8, "seed": i, "stream": stream}
+        body = {"prompt": f"client {i}", "max_tokens": 250, "temperature": 0.8, "seed": i, "stream": stream}
         conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
         started.wait()
         r = conn.getresponse()
@@ -225,7 +226,13 @@ def test_sigterm_ends_every_running_request_properly(tmp_path):
         for t in threads:
             t.start()
         started.wait()
-        time.sleep(0.3)                                      # all six are in (two run, four wait)
+        deadline = time.monotonic() + 30                     # all six admitted (one runs, five wait)
+        while time.monotonic() < deadline:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("GET", "/metrics")
+            if parse(conn.getresponse().read().decode()).get("minillm_requests_total", 0) >= 6:
+                break
+            time.sleep(0.02)
         t0 = time.monotonic()
         p.send_signal(signal.SIGTERM)
         for t in threads:
@@ -523,3 +530,52 @@ def test_out_of_file_descriptors_is_one_line_not_a_traceback_per_accept(tmp_path
             p.kill()
     assert "Traceback" not in err and len(err) < 4000, err[:3000]
     assert 1 <= err.count("cannot accept connections (Too many open files)") <= 2
+
+
+def test_shutdown_ends_running_streams_with_abort_and_plain_requests_with_503():
+    """The same shutdown, in process, with every request surely running (each step slowed to 20 ms):
+    both endings, each kind, every time."""
+    from minillm.serving.http import Limits
+    from test_serve import CONFIG, random_model, start
+    model = random_model(CONFIG, 3, std=0.3)
+    model.name = "test-model"
+    server, loop = start(model, max_seqs=4, limits=Limits(grace=0.4))
+    step = loop.engine.step
+
+    def slow_step():
+        time.sleep(0.02)
+        return step()
+
+    loop.engine.step = slow_step
+    host, port = server.server_address[:2]
+    endings: dict[int, tuple] = {}
+
+    def client(i: int) -> None:
+        conn = http.client.HTTPConnection(host, port, timeout=30)
+        body = {"prompt": f"client {i}", "max_tokens": 80, "stream": i < 2}
+        conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        endings[i] = (r.status, *read_stream(r)) if i < 2 else (r.status, r.getheader("Content-Type"), r.read())
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while len([r for r in list(loop.live.values()) if r.output]) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)                                 # all four have tokens: all running
+        t0 = time.monotonic()
+        server.shutdown()
+        took = time.monotonic() - t0
+        for t in threads:
+            t.join(timeout=10)
+    finally:
+        server.server_close()
+        loop.stop(grace=0)
+    assert took < 0.4 + 1.0 and len(endings) == 4, endings
+    for i in (0, 1):
+        status, chunks, done = endings[i]
+        assert status == 200 and done and chunks[-1]["choices"][0]["finish_reason"] == "abort", endings[i]
+    for i in (2, 3):
+        status, ctype, body = endings[i]
+        assert status == 503 and ctype == "application/json" and "shutting down" in json.loads(body)["error"]["message"]
