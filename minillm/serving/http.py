@@ -607,8 +607,9 @@ class AcceptErrors:
             now = time.monotonic()
             if now - self.last >= self.interval:
                 self.write(f"minillm serve: cannot accept connections ({exc.strerror or exc}): "
-                           f"{self.count} refused since the last such line; raise the open-file limit "
-                           f"(ulimit -n) or lower --max-connections (next line in {self.interval:g} s at most)")
+                           f"{self.count} failed accept() tries since the last such line (waiting clients stay "
+                           f"in the backlog); raise the open-file limit (ulimit -n) or lower --max-connections "
+                           f"(next such line in {self.interval:g} s at the soonest)")
                 self.last, self.count = now, 0
             return
         callback = getattr(context.get("handle"), "_callback", None)
