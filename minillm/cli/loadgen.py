@@ -74,8 +74,8 @@ def run(args) -> int:
     else:
         def tokens(k):
             return "" if s[k] is None else f" for {s[k]:.0f} tokens"
-        out.print(f"server ({s['engine']}, from /metrics): prefill {s['prefill_s'] or 0:.2f} s{tokens('prefill_tokens')}, "
-                  f"decode {s['decode_s'] or 0:.2f} s{tokens('decode_tokens')}"
+        out.print(f"server ({s['engine']}, from /metrics): prefill {s['prefill_s'] or 0:.2f} s"
+                  f"{tokens('prefill_tokens')}, decode {s['decode_s'] or 0:.2f} s{tokens('decode_tokens')}"
                   + (f", {s['preemptions']:.0f} preemptions" if s["preemptions"] is not None else "")
                   + f": [bold]{s['bottleneck']}[/] took the server's time"
                   + (f"; {s['cancelled']:.0f} requests cancelled" if s["cancelled"] else ""))

@@ -88,7 +88,8 @@ class Target:
 def one(target: Target, item: WorkItem, result: Result, timeout: float, prompt: str | None = None) -> None:
     try:
         conn = http.client.HTTPConnection(target.host, target.port, timeout=timeout)
-        body = {"prompt": item.prompt if prompt is None else prompt, "max_tokens": item.max_tokens, "temperature": item.temperature,
+        body = {"prompt": item.prompt if prompt is None else prompt, "max_tokens": item.max_tokens,
+                "temperature": item.temperature,
                 "stream": True, "stream_options": {"include_usage": True}}
         if target.model:
             body["model"] = target.model
