@@ -233,7 +233,16 @@ def _serve_renders() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (RENDER_MEMORY, RENDER_MEMORY))
     except (ValueError, OSError):
         pass
+    busy = [None]                                       # when the render under way began
+
+    def watchdog(parent: int = os.getppid()) -> None:  # an orphan, or a render its parent failed to stop, ends
+        while os.getppid() == parent and (busy[0] is None or time.monotonic() - busy[0] < 4 * RENDER_SECONDS):
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watchdog, daemon=True).start()
     for line in sys.stdin:
+        busy[0] = time.monotonic()
         try:
             reply = _render_here(json.loads(line))
         except MemoryError:
@@ -243,6 +252,7 @@ def _serve_renders() -> None:
             out = json.dumps(reply)
         except MemoryError:
             out = json.dumps({"error": "the chat template's output is too big", "status": 400})
+        busy[0] = None
         sys.stdout.write(out + "\n")
         sys.stdout.flush()
 
