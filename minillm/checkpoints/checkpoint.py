@@ -8,10 +8,13 @@ buffers, with or without a tied `lm_head.weight`; float16 and bfloat16 load as f
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -20,7 +23,7 @@ import numpy as np
 from ..config import GPT2Config
 from ..errors import ConfigError, WeightsError
 from ..checkpoints.safetensors import read_safetensors, write_safetensors
-from ..paths import atomic_write, not_a_regular_file, read_capped
+from ..paths import _alive, atomic_write, not_a_regular_file, read_capped
 
 BLOCK_TENSORS = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
 
@@ -201,8 +204,13 @@ def random_params(config: GPT2Config, seed: int = 0, std: float = 0.02, dtype=np
 
 def save_checkpoint(directory: str | os.PathLike, params: dict[str, np.ndarray], config: GPT2Config,
                     dtype="float32", metadata: dict[str, str] | None = None) -> Path:
-    """Write `model.safetensors` + `config.json` in the Hugging Face layout, each atomically
-    (a temporary file, then a rename): an interrupted save never leaves a half-written file."""
+    """Write `model.safetensors` + `config.json` in the Hugging Face layout, together or not at all:
+    both are written into a temporary folder beside `directory`, which then takes its place in one
+    rename when `directory` is new or empty (a first save: never weights without their config). Into a
+    folder that already holds files, each file is renamed into place, config.json first and the
+    weights last (a reader sees the old checkpoint, a new config.json with the old weights of the same
+    model, or the new checkpoint). An interrupted save leaves no half-written file; its temporary
+    folder is removed by the next save."""
     directory = Path(directory)
     want = expected_shapes(config)
     missing = [n for n in want if n not in params]
@@ -210,13 +218,35 @@ def save_checkpoint(directory: str | os.PathLike, params: dict[str, np.ndarray],
         raise WeightsError(f"cannot save: tensor {missing[0]} is missing from the parameters")
     tensors = {n: np.ascontiguousarray(params[n], dtype=np.dtype(dtype)) for n in want}
     meta = {"format": "pt", "config": json.dumps(config.to_hf())} | (metadata or {})
+    tmp = None
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        write_safetensors(directory / "model.safetensors", tensors, meta)
-        with atomic_write(directory / "config.json", text=True) as f:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_saves(directory)
+        tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.{os.getpid()}-",
+                                    suffix=".saving"))
+        write_safetensors(tmp / "model.safetensors", tensors, meta)
+        with atomic_write(tmp / "config.json", text=True) as f:
             json.dump(config.to_hf(), f, indent=2)
             f.write("\n")
+        os.chmod(tmp, 0o755)                              # mkdtemp makes it owner-only
+        if not directory.is_dir() or not any(directory.iterdir()):
+            os.replace(tmp, directory)                    # one rename: both files appear at once
+            tmp = None
+        else:
+            os.replace(tmp / "config.json", directory / "config.json")
+            os.replace(tmp / "model.safetensors", directory / "model.safetensors")
     except OSError as e:                                  # disk full, read-only, ...: nothing half-written
         raise WeightsError(f"{directory}: cannot save the checkpoint there ({e.strerror or e}); "
                            "free some space or choose another folder") from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
     return directory
+
+
+def _remove_stale_saves(directory: Path) -> None:
+    """Temporary folders of saves to `directory` whose process is gone (killed mid-save)."""
+    for old in directory.parent.glob(f".{glob.escape(directory.name)}.*.saving"):
+        pid = old.name[len(directory.name) + 2:].partition("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from ..engine.scheduler import POLICIES
 from ..errors import MiniLLMError
+from ..paths import output_file
 from ..measure.hardware import machine
 from ..threads import blas_kernel, blas_threads
 from ..engine.engine import Engine
@@ -201,7 +202,7 @@ def run(args) -> int:
         items = [WorkItem(w.arrival, w.prompt, w.max_tokens, args.temperature, w.top_k, w.top_p,
                           args.seed + i if w.seed is None else w.seed) for i, w in enumerate(items)]
     if args.save_trace:
-        write_trace(items, args.save_trace)
+        write_trace(items, output_file(args.save_trace, "--save-trace"))
     hw = machine(progress=not args.json)
     if not args.json:
         note_if_busy(args)
