@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minillm"
 LAYERS: list[tuple[str, ...]] = [
     ("minillm.errors", "minillm.config", "minillm.paths", "minillm.data", "minillm._checkout", "minillm.weights"),
     ("minillm.meter",),
-    ("minillm.models.ops", "minillm.models.quant"),   # quant: the quantized matrices ops multiply by
+    ("minillm.models.ops", "minillm.models.quant", "minillm.models.weights"),   # the weights ops multiply by
     ("minillm.cache",),
     ("minillm.models",),
     ("minillm.engine",),
