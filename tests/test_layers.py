@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("minillm.cache",),
     ("minillm.models",),
     ("minillm.engine",),
-    ("minillm.checkpoints", "minillm.tokenizer", "minillm.model_tokenizer", "minillm.chat"),
+    ("minillm.checkpoints", "minillm.bpe", "minillm.model_tokenizer", "minillm.chat"),
     ("minillm.serving",),
     ("minillm.training",),
     ("minillm.measure",),

@@ -51,3 +51,16 @@ def test_logits_and_meter_counts_equal_the_saved_ones_bit_for_bit(name, tmp, req
         assert sha == str(BEFORE[key + "/sha"]), f"{key}: logits moved (past the first 256)"
         assert json.loads(json.dumps(rec, sort_keys=True)) == json.loads(str(BEFORE[key + "/meter"])), \
             f"{key}: meter counts moved"
+
+
+def test_no_public_name_shadows_a_submodule():
+    import pkgutil
+
+    import minillm
+    modules = {m.name for m in pkgutil.iter_modules(minillm.__path__)}
+    assert not modules & set(minillm.__all__), modules & set(minillm.__all__)
+
+
+def test_ops_has_no_type_switch():
+    source = (Path(__file__).parents[1] / "minillm" / "models" / "ops.py").read_text(encoding="utf-8")
+    assert "isinstance" not in source

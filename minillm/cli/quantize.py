@@ -24,7 +24,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from ..checkpoints.gguf_gpt2 import write_gguf
-    from ..tokenizer import tokenizer
+    from ..bpe import tokenizer
 
     path = Path(args.out).expanduser()
     if path.is_dir():

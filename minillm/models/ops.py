@@ -1,4 +1,7 @@
-"""The models' operations (GPT-2's, then the Llama family's), one function each. Each one computes, then reports what it touched to the meter.
+"""The models' operations (GPT-2's, then the Llama family's), one function each. Each one computes,
+then reports what it touched to the meter. Weights are multiplied through one interface
+(models/weights.py): `w.matmul(x)`, `w.rows(ids)`, `w.counts(T)`; a float and a quantized weight
+take the same path here.
 
 Every report is computed from the arrays the operation actually used (`.nbytes`, `.shape`), so the
 counters cannot drift from the code. With no meter active the report is skipped entirely:

@@ -18,7 +18,7 @@ from ..checkpoints.checkpoint import load_checkpoint
 from ..config import GPT2Config
 from ..errors import MiniLLMError
 from ..paths import expand_user, not_a_regular_file, read_capped
-from ..tokenizer import tokenizer
+from ..bpe import tokenizer
 from .model import forward
 
 DEFAULT_DATA_SPLIT = 0.9  # first 90% of the tokens train, the last 10% are held out

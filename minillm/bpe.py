@@ -1,4 +1,5 @@
-"""GPT-2's byte-pair tokenizer, built offline from the bundled merge ranks `weights/gpt2.tiktoken`."""
+"""Tokenizers: `tokenizer(model)`, a model's own (`minillm.tokenizer`), and GPT-2's byte-pair tokenizer,
+built offline from the bundled merge ranks `weights/gpt2.tiktoken`."""
 
 from __future__ import annotations
 
