@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import meter
 from ..cache.contiguous import KVCache, PassKV
+from ..config import ModelConfig
 from ..errors import PromptError
 from .plan import check_ids, plan_step
 
@@ -41,7 +42,7 @@ class CausalLM:
         tokenizer         its own tokenizer, or None (`minillm.tokenizer(model)` then gives GPT-2's)
         weights           the label of its weights' format; float_matrices: products kept in floats
     """
-    config: object               # a ModelConfig (config.py)
+    config: ModelConfig
     params: dict                 # name -> array or QuantMatrix: the weights as the model holds them
     name: str
     dtype: np.dtype

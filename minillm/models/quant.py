@@ -380,8 +380,4 @@ def _scratch(n: int, dtype, what: str = "tile") -> np.ndarray:
     return buf[:n]
 
 
-def is_quantized(w) -> bool:
-    return isinstance(w, QuantMatrix)
-
-
 WEIGHTS = ("float32", "q8_0", "q4_0", "q4_1", "native")   # what `minillm.load(weights=...)` accepts

@@ -105,7 +105,7 @@ def heldout_loss(text_path, model) -> float:
         config, params = load_checkpoint(model)
     else:
         a, b = model
-        params, config = (b, a) if isinstance(a, GPT2Config) else (a, b)
+        params, config = (a, b) if isinstance(a, dict) else (b, a)
     tokens = load_tokens(text_path)
     cut = int(len(tokens) * DEFAULT_DATA_SPLIT)
     heldout = tokens[cut:]
