@@ -111,19 +111,11 @@ class GPT2Config:
     @classmethod
     def from_gguf(cls, md: dict, vocab_size: int, where) -> "GPT2Config":
         """The hyper-parameters from a GGUF's `gpt2.*` keys (vocab_size: the token table's rows)."""
-        def get(key, default=None):
-            value = md.get(f"gpt2.{key}", default)
-            if value is None:
-                raise ConfigError(f"{where}: metadata gpt2.{key} is missing; {_DAMAGED}")
-            return value
-        try:
-            return cls(n_layer=int(get("block_count")), n_head=int(get("attention.head_count")),
-                       n_embd=int(get("embedding_length")), n_ctx=int(get("context_length")),
-                       vocab_size=int(vocab_size), ln_eps=float(get("attention.layer_norm_epsilon", 1e-5)))
-        except ConfigError as e:
-            raise ConfigError(f"{where}: {e}" if str(where) not in str(e) else str(e)) from None
-        except (TypeError, ValueError, OverflowError) as e:
-            raise ConfigError(f"{where}: a metadata value has the wrong type ({e}); {_DAMAGED}") from None
+        get = _gguf_getter(md, "gpt2", where)
+        return _from_gguf(lambda: cls(
+            n_layer=int(get("block_count")), n_head=int(get("attention.head_count")),
+            n_embd=int(get("embedding_length")), n_ctx=int(get("context_length")), vocab_size=int(vocab_size),
+            ln_eps=float(get("attention.layer_norm_epsilon", 1e-5))), where)
 
     def asdict(self) -> dict:
         return asdict(self)
@@ -246,13 +238,9 @@ class LlamaConfig:
             raise ConfigError(f"{where}: rope scaling {scaling!r} is not implemented; minillm runs the default "
                               "rotary embedding only")
 
-        def get(key, default=None):
-            value = md.get(f"{arch}.{key}", default)
-            if value is None:
-                raise ConfigError(f"{where}: metadata {arch}.{key} is missing; {_DAMAGED}")
-            return value
+        get = _gguf_getter(md, arch, where)
 
-        try:
+        def build() -> "LlamaConfig":
             H = int(get("attention.head_count"))
             d = int(get("embedding_length"))
             tokens = md.get("tokenizer.ggml.tokens")
@@ -263,10 +251,28 @@ class LlamaConfig:
                 n_ctx=int(get("context_length")), vocab_size=vocab, ffn=int(get("feed_forward_length")),
                 eps=float(get("attention.layer_norm_rms_epsilon")), theta=float(get("rope.freq_base", 10000.0)),
                 arch=arch, qkv_bias=arch == "qwen2", qk_norm=arch == "qwen3", tied=True)
-        except ConfigError as e:
-            raise ConfigError(f"{where}: {e}" if str(where) not in str(e) else str(e)) from None
-        except (TypeError, ValueError, OverflowError, ZeroDivisionError) as e:
-            raise ConfigError(f"{where}: a metadata value has the wrong type ({e}); {_DAMAGED}") from None
+
+        return _from_gguf(build, where)
 
     def asdict(self) -> dict:
         return asdict(self)
+
+
+def _gguf_getter(md: dict, arch: str, where):
+    """get(key, default) of a GGUF's `{arch}.{key}` metadata; a missing one is one clear line."""
+    def get(key, default=None):
+        value = md.get(f"{arch}.{key}", default)
+        if value is None:
+            raise ConfigError(f"{where}: metadata {arch}.{key} is missing; {_DAMAGED}")
+        return value
+    return get
+
+
+def _from_gguf(build, where):
+    """A config built from GGUF metadata; a value of the wrong type is one clear line naming the file."""
+    try:
+        return build()
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}" if str(where) not in str(e) else str(e)) from None
+    except (TypeError, ValueError, OverflowError, ZeroDivisionError) as e:
+        raise ConfigError(f"{where}: a metadata value has the wrong type ({e}); {_DAMAGED}") from None
