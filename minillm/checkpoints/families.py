@@ -54,14 +54,6 @@ def family(name: str) -> Family:
     return next(f for f in FAMILIES if f.name == name)
 
 
-def family_of_model(model: CausalLM) -> Family:
-    """The row of a built model (its class)."""
-    for f in FAMILIES:
-        if type(model) is f.model:
-            return f
-    raise ConfigError(f"{model.name}: {type(model).__name__} is in no row of the family table")
-
-
 def _by(kind: str, value, where) -> Family:
     """The family whose `hf_types` / `gguf_archs` hold value; one clear line naming them all otherwise."""
     for f in FAMILIES:
