@@ -161,7 +161,7 @@ class GPT2(CausalLM):
                 p[k] = make_weight(p[k], weights, self.dtype)
                 params[h + k] = stored(p[k])
             self.blocks.append(p)
-        self.weights, self.float_matrices = label(self.matrices(), self.dtype)
+        self.weights, self.float_matrices = label(self.matrices(head=False), self.dtype)
 
     def gathered(self) -> tuple[str, ...]:
         return ("wpe.weight",)                                            # a step reads a row of it

@@ -174,8 +174,8 @@ def as_weight(w, table: bool = False) -> Weight:
 
 
 def label(mats: list, dtype) -> tuple[str, int]:
-    """The one rule for a model's `weights` label: the most common format among the products a step
-    multiplies (its dtype's name if none is quantized), and how many products stay in floats beside
+    """The one rule for a model's `weights` label: the most common format among its blocks' products
+    (`model.matrices(head=False)`; its dtype's name if none is quantized), and how many products stay in floats beside
     quantized ones (a GGUF that mixes formats in one fused product)."""
     kinds = [w.fmt.name if isinstance(w, QuantMatrix) else np.dtype(dtype).name for w in mats]
     quantized = [k for k in kinds if k != np.dtype(dtype).name]
