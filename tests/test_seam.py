@@ -64,3 +64,19 @@ def test_no_public_name_shadows_a_submodule():
 def test_ops_has_no_type_switch():
     source = (Path(__file__).parents[1] / "minillm" / "models" / "ops.py").read_text(encoding="utf-8")
     assert "isinstance" not in source
+
+
+@pytest.mark.parametrize("name", ["gpt2-tiny-a", "gpt2-tiny-a:q8_0", "llama-tiny", "llama-tiny:q8_0",
+                                  "qwen2-tiny", "qwen3-tiny:q4_1", "gguf:llama-tiny-Q4_1"])
+def test_a_decode_step_reads_what_the_model_declares(name, tmp):
+    """The tools ask the model: its closed form of a step's weight bytes is what the meter counts,
+    and its matrices are every product a step multiplies (the blocks' and the head)."""
+    import minillm
+    model = seam_cases.cases(tmp, smollm=False)[name]()
+    _, cache = model.prefill([1, 2, 3])
+    with minillm.Meter() as m:
+        model.decode_step(4, cache)
+    assert m.steps[0].bytes["weights"] == model.step_weight_bytes()
+    c = model.config
+    assert len(model.matrices()) == c.n_layer * len(model.MATRICES) + 1
+    assert model.matrices()[-1] is model.head_w
