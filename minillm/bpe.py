@@ -46,7 +46,7 @@ def tokenizer(model=None):
     own = model.tokenizer                     # the model's own, attached by the loader (GPT-2: None)
     if own is not None:
         return own
-    if model.eos_ids not in ((), (ENDOFTEXT,)):
+    if model.OWN_TOKENIZER:                   # its tokenizer comes with its checkpoint, and did not
         raise MiniLLMError(f"{model.name}: this model has no tokenizer attached; "
                            "load it from a folder with tokenizer.json or from a GGUF file")
     return gpt2_tokenizer()

@@ -39,7 +39,8 @@ class CausalLM:
         matrices()        every product a decode step multiplies, once
         step_weight_bytes()  the closed form of the weight bytes one decode token reads
         fingerprint()     equal for two loads of one checkpoint, different for two checkpoints
-        tokenizer         its own tokenizer, or None (`minillm.tokenizer(model)` then gives GPT-2's)
+        tokenizer         its own tokenizer as loaded, or None; OWN_TOKENIZER: False if the family
+                          uses GPT-2's built-in one (`minillm.tokenizer(model)` then gives it)
         weights           the label of its weights' format; float_matrices: products kept in floats
     """
     config: ModelConfig
@@ -52,6 +53,7 @@ class CausalLM:
     embed_w: object
     head_w: object
     tokenizer = None
+    OWN_TOKENIZER: bool = True
     weights: str = "float32"
     float_matrices: int = 0
 

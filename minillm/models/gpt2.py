@@ -134,6 +134,7 @@ class GPT2(CausalLM):
     """A GPT-2 model: a config and a dict of parameters in the checkpoint's names and layout."""
 
     MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # a block's products
+    OWN_TOKENIZER = False                 # GPT-2's byte-pair tokenizer is built in (minillm.tokenizer())
 
     def __init__(self, config: GPT2Config, params: dict[str, np.ndarray], *, name: str = "",
                  weights: str = "float32") -> None:
@@ -149,7 +150,6 @@ class GPT2(CausalLM):
         self.dtype = self.wpe.dtype
         check_blocks({"width": config.n_embd}, weights, self.name)
         self.eos_ids = (EOT,) if config.vocab_size > EOT else ()
-        self.tokenizer = None                                             # GPT-2's own (minillm.tokenizer())
         # the tied embedding: one [d, V] array, the LM head's layout; wte its [V, d] view (or GGUF rows)
         self.embed_w = self.head_w = make_weight(params["wte.weight"], weights, self.dtype, rows=True)
         self.wte = params["wte.weight"] = stored(self.head_w, rows=True)   # [V, d]
