@@ -1,9 +1,11 @@
 """The models and steps whose logits and meter counts must not move when the weights' and families'
-code is rewritten (issue 28): `python tests/data/seam_cases.py` saves them, before the change, to
-tests/data/seam_before.npz; tests/test_seam.py compares the code of the day with them, bit for bit.
+code is rewritten (issue 28): tests/data/seam_before.npz was saved by this script run in a checkout
+of the code before that change (`git worktree add /tmp/before 0576de0`, copy this file there, run
+`MINILLM_WHEELS=... python tests/data/seam_cases.py` in it); tests/test_seam.py compares the code of
+the day with it, bit for bit.
 
 Each case: a prefill of a short prompt, then three greedy decode steps, then one batched step of
-two sequences; saved per step: the logits (whole for a small vocabulary, else the first 256 and a
+two sequences; saved per step: the logits (whole for a small vocabulary, else the first 16 and a
 SHA-256 of all the bytes: equal digests are equal bits) and the meter's record (bytes, FLOPs,
 scratch and per-op counts).
 """
@@ -23,6 +25,7 @@ ROOT = HERE.parent.parent
 FIXTURES = HERE.parent / "fixtures"
 OUT = HERE / "seam_before.npz"
 PROMPT = [5, 17, 42, 7, 99, 3, 11]
+HEAD = 16             # logits saved as they are per row; the rest as a SHA-256 of all the bytes
 
 
 def cases(tmp: Path, smollm: bool = True):
@@ -96,7 +99,7 @@ def pack(name: str, results) -> dict:
     for i, (logits, rec) in enumerate(results):
         key = f"{name}/{i}"
         a = np.ascontiguousarray(logits)
-        arrays[key + "/head"] = a[..., :256]
+        arrays[key + "/head"] = a[..., :HEAD]
         arrays[key + "/sha"] = np.array(hashlib.sha256(a.tobytes()).hexdigest() + f":{a.dtype}:{a.shape}")
         arrays[key + "/meter"] = np.array(json.dumps(rec, sort_keys=True))
     return arrays
