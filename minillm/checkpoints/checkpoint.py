@@ -20,7 +20,7 @@ import numpy as np
 from ..config import GPT2Config
 from ..errors import ConfigError, WeightsError
 from ..checkpoints.safetensors import read_safetensors, write_safetensors
-from ..models.gpt2 import GPT2, expected_shapes, iter_expected, random_params  # noqa: F401  (the manifest: models/gpt2.py)
+from ..models.gpt2 import GPT2, expected_shapes, iter_expected, random_params  # noqa: F401  (GPT-2's manifest)
 from ..paths import atomic_write, not_a_regular_file, read_capped
 
 BLOCK_TENSORS = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")

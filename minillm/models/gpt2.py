@@ -133,7 +133,7 @@ def transformer_block(x: np.ndarray, p: Block, n_head: int, eps: float, attend) 
 class GPT2(CausalLM):
     """A GPT-2 model: a config and a dict of parameters in the checkpoint's names and layout."""
 
-    MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # a block's products
+    MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")   # its products
     OWN_TOKENIZER = False                 # GPT-2's byte-pair tokenizer is built in (minillm.tokenizer())
 
     def __init__(self, config: GPT2Config, params: dict[str, np.ndarray], *, name: str = "",

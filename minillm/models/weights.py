@@ -118,8 +118,9 @@ FLOATS = ("float32", "float64")   # weights= values that keep (or widen to) floa
 
 def check_weights(weights: str) -> str:
     """`weights=` as one of the values a model takes: "float32" or "float64" (floats, in the model's
-    dtype: a model's own `weights` label passed back gives the same kind of model), "native" (a GGUF's Q8_0 / Q4_0 / Q4_1 blocks
-    kept as the file has them), or a format to quantize to at load ("q8_0", "q4_0", "q4_1")."""
+    dtype: a model's own `weights` label passed back gives the same kind of model), "native" (a
+    GGUF's Q8_0 / Q4_0 / Q4_1 blocks kept as the file has them), or a format to quantize to at load
+    ("q8_0", "q4_0", "q4_1")."""
     w = str(weights).lower()
     if w not in (*FLOATS, "native", *FORMATS):
         raise WeightsError(f"weights={weights!r}: choose one of float32, native, {', '.join(FORMATS)}")
