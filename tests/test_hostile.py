@@ -442,7 +442,7 @@ class FakeLlamaServer:
 @pytest.mark.parametrize("workload, seed", [("poisson", 1), ("shared-prefix", 2)])
 def test_loadgen_against_a_llama_cpp_server(workload, seed):
     from minillm.serving.loadgen import run_load
-    from minillm.tokenizer import tokenizer
+    from minillm import tokenizer
     enc = tokenizer()
     with FakeLlamaServer() as fake:
         t = time.monotonic()

@@ -18,7 +18,7 @@ from ..chat import Conversation, render
 from ..engine.sequence import SamplingParams
 from ..errors import MiniLLMError, PromptError
 from ..meter import Meter
-from ..tokenizer import tokenizer
+from ..bpe import tokenizer
 from .common import TextStream, add_model, add_sampling, err, load_model
 
 

@@ -40,7 +40,7 @@ def run(args) -> int:
     slo = parse_slo(args.slo)
     enc, enc_name = None, "GPT-2"
     if args.tokenizer:
-        from ..tokenizer import tokenizer
+        from ..bpe import tokenizer
         model = load_model(args.tokenizer)
         enc, enc_name = tokenizer(model), model.name
     with err.status(f"{args.requests} requests at {args.rate:g}/s to {args.url}…"):

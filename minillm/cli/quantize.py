@@ -23,7 +23,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from ..checkpoints.gguf_gpt2 import write_gguf
-    from ..tokenizer import tokenizer
+    from ..bpe import tokenizer
 
     path = output_file(args.out)          # a new name or a regular file: never a device, FIFO or folder
     model = load_model(args.source, args.format)

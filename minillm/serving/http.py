@@ -59,7 +59,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ..tokenizer import tokenizer
+from ..bpe import tokenizer
 from .chat_api import chat_chunk, chat_completion, new_chat_id, parse_chat
 from .api import ApiError, completion, error_body, models, new_id, parse_completion, parse_json, usage
 from .loop import EngineLoop

@@ -161,7 +161,7 @@ def server_metrics(target: Target) -> dict:
 def prompt_words(enc, gpt2=None) -> list[str]:
     """Words (" apple") that are one token each to `enc`, from GPT-2's vocabulary, in its order."""
     if gpt2 is None:
-        from ..tokenizer import tokenizer
+        from ..bpe import tokenizer
         gpt2 = tokenizer()
     words = []
     for i in range(gpt2.n_vocab):
@@ -215,7 +215,7 @@ def run_load(url: str, workload: str, rate: float, n: int, seed: int = 0, timeou
     before = server_metrics(target)
     items = load_workload(workload, rate=rate, n=n, seed=seed, n_ctx=n_ctx)
     if tokenizer is None:
-        from ..tokenizer import tokenizer as gpt2_tokenizer
+        from ..bpe import tokenizer as gpt2_tokenizer
         tokenizer = gpt2_tokenizer()
     words = prompt_words(tokenizer)
     prompts = [text_prompt(item.prompt, words) for item in items]

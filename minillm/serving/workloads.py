@@ -129,7 +129,7 @@ def read_trace(path, tokenizer=None) -> list[WorkItem]:
             if not isinstance(obj["prompt"], str) or not obj["prompt"]:
                 raise MiniLLMError(f"{where}: \"prompt\" must be non-empty text")
             if tokenizer is None:
-                from ..tokenizer import tokenizer as get
+                from ..bpe import tokenizer as get
                 tokenizer = get()
             prompt = tokenizer.encode(obj["prompt"], allowed_special={"<|endoftext|>"})
         else:
