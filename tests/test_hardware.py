@@ -367,12 +367,12 @@ def test_the_measured_bandwidth_bounds_the_engines_achieved_bandwidth(tmp_path, 
     keeps the best of its rounds), so a busy moment lowers the engine and the ceiling alike."""
     import minillm
 
-    from minillm.config import PRESETS
+    from minillm.config import GPT2_SIZES
 
     monkeypatch.delenv("MINILLM_FAST", raising=False)
     llc = probe.detect_llc_bytes() or 0
     # the smallest GPT-2 size whose weights are 4× this machine's last-level cache (some servers have 0.5 GB)
-    size = next((k for k in ("124m", "355m", "774m", "1558m") if 4 * PRESETS[k].n_params() > 4 * llc), None)
+    size = next((k for k in ("124m", "355m", "774m", "1558m") if 4 * GPT2_SIZES[k].n_params() > 4 * llc), None)
     if size is None:
         pytest.skip(f"no GPT-2 size is 4× this machine's {llc / 2**20:.0f} MiB last-level cache")
     model = minillm.load(f"random-{size}", quiet=True)

@@ -20,11 +20,11 @@ LAYERS: list[tuple[str, ...]] = [
     ("minillm.errors", "minillm.config", "minillm.paths", "minillm.data", "minillm._checkout", "minillm.weights",
      "minillm.threads"),
     ("minillm.meter",),
-    ("minillm.models.ops", "minillm.models.quant"),   # quant: the quantized matrices ops multiply by
+    ("minillm.models.ops", "minillm.models.quant", "minillm.models.weights"),   # the weights ops multiply by
     ("minillm.cache",),
     ("minillm.models",),
     ("minillm.engine",),
-    ("minillm.checkpoints", "minillm.tokenizer", "minillm.model_tokenizer", "minillm.chat"),
+    ("minillm.checkpoints", "minillm.bpe", "minillm.model_tokenizer", "minillm.chat"),
     ("minillm.serving",),
     ("minillm.training",),
     ("minillm.measure",),

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import GPT2Config
+from ..config import ModelConfig
 from ..errors import PromptError
 from .. import meter
 
@@ -45,7 +45,7 @@ def no_room(length: int, n_new: int, n_ctx: int) -> PromptError:
 class CacheBase:
     """What every KV cache shares: its length, the context it lives in, and the checks on both."""
 
-    config: GPT2Config
+    config: ModelConfig
     length: int = 0
 
     @property
@@ -87,7 +87,7 @@ def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class KVCache(CacheBase):
-    def __init__(self, config: GPT2Config, dtype=np.float32, kv_dtype: str | None = None) -> None:
+    def __init__(self, config: ModelConfig, dtype=np.float32, kv_dtype: str | None = None) -> None:
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype={kv_dtype!r}: choose None (the model's dtype) or 'int8'")
         shape = (config.n_layer, config.n_kv_head, config.n_ctx, config.head_dim)

@@ -13,6 +13,7 @@ from rich.table import Table
 from ..engine.scheduler import POLICIES
 from ..errors import MiniLLMError
 from ..measure.comparisons import comparison_threads
+from ..paths import output_file
 from ..measure.hardware import machine
 from ..threads import blas_kernel, blas_threads, limited
 from ..engine.engine import Engine
@@ -222,7 +223,7 @@ def run(args) -> int:
         items = [WorkItem(w.arrival, w.prompt, w.max_tokens, args.temperature, w.top_k, w.top_p,
                           args.seed + i if w.seed is None else w.seed) for i, w in enumerate(items)]
     if args.save_trace:
-        write_trace(items, args.save_trace)
+        write_trace(items, output_file(args.save_trace, "--save-trace"))
     hw = machine(progress=not args.json)
     live = not args.json and not args.no_live and out.is_terminal
     # every side of a comparison on one thread count: the one asked for, or one on a busy machine

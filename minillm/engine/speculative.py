@@ -131,18 +131,6 @@ def check_k(k, option: str | None = None) -> int:
     return int(k)
 
 
-def _embedding_sample(model):
-    """A few of a model's embedding numbers, to tell two loads of one checkpoint from two checkpoints:
-    float [d, V] columns, or a quantized embedding's first rows' integers and scales."""
-    w = getattr(model, "wte_t", None)
-    if w is not None:
-        return w[:, :64]
-    e = getattr(model, "wte", None)
-    if e is not None and hasattr(e, "q"):                       # a QuantMatrix, [V, d] rows
-        return np.concatenate([e.q[:64].view(np.uint8).ravel(), e.d[:64].view(np.uint8).ravel()])
-    return None
-
-
 def check_draft_model(draft, target) -> None:
     """A model can draft for the target if it shares its vocabulary and is not the target itself
     (the same object, or another load of the same weights: same config, same position table and
@@ -150,13 +138,7 @@ def check_draft_model(draft, target) -> None:
     if draft.config.vocab_size != target.config.vocab_size:
         raise MiniLLMError(f"the draft {draft.name} has a vocabulary of {draft.config.vocab_size} ids and the "
                            f"model {target.name} one of {target.config.vocab_size}: they must share a tokenizer")
-    wpe_d, wpe_t = getattr(draft, "wpe", None), getattr(target, "wpe", None)     # Llama has no position table
-    emb_d, emb_t = _embedding_sample(draft), _embedding_sample(target)
-    same_weights = (draft.config == target.config
-                    and getattr(draft, "weights", None) == getattr(target, "weights", None)
-                    and (wpe_d is None or wpe_d.shape == wpe_t.shape and np.array_equal(wpe_d, wpe_t))
-                    and (emb_d is None or emb_t is None or np.array_equal(emb_d, emb_t)))
-    if draft is target or same_weights:
+    if draft is target or draft.fingerprint() == target.fingerprint():
         raise MiniLLMError(f"the draft {draft.name} is the model itself: it would guess right every time and "
                            "save nothing (each guess costs a full step); give a smaller model, or ngram")
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import difflib
 
-from ..config import LlamaConfig, PRESETS as GPT2_PRESETS
+from ..config import LlamaConfig, GPT2_SIZES
 from ..errors import MiniLLMError
 
 
@@ -88,8 +88,8 @@ def shape(name: str) -> dict:
         out = shape_of(SHAPES[key], key)
     elif key in OTHER_SHAPES:
         out = {"name": key, **OTHER_SHAPES[key]}
-    elif key.startswith("gpt2-") and key.removeprefix("gpt2-") in GPT2_PRESETS:
-        c = GPT2_PRESETS[key.removeprefix("gpt2-")]
+    elif key.startswith("gpt2-") and key.removeprefix("gpt2-") in GPT2_SIZES:
+        c = GPT2_SIZES[key.removeprefix("gpt2-")]
         out = {"name": key, "n_layer": c.n_layer, "n_kv_head": c.n_head, "head_dim": c.head_dim,
                "n_head": c.n_head, "n_params": c.n_params(), "n_ctx": c.n_ctx}
     else:
@@ -98,7 +98,7 @@ def shape(name: str) -> dict:
         if key in WINDOWS:
             out["window"], out["local_layers"] = WINDOWS[key]
         return out
-    names = [*SHAPES, *OTHER_SHAPES, *(f"gpt2-{k}" for k in GPT2_PRESETS)]
+    names = [*SHAPES, *OTHER_SHAPES, *(f"gpt2-{k}" for k in GPT2_SIZES)]
     close = difflib.get_close_matches(key, names, n=1)
     hint = f" Did you mean {close[0]}?" if close else ""
     raise MiniLLMError(f"unknown shape {name!r}.{hint} Known shapes: {', '.join(names)}")

@@ -97,12 +97,6 @@ def key_of(labels: dict) -> tuple:
     return tuple(sorted((k, str(v)) for k, v in labels.items()))
 
 
-def _value(amount, default):
-    """serving/http.py still calls `inc(name, "", ...)`, the old form with a help text that was never
-    shown (SERIES holds it): read a text in the amount's place as no amount given."""
-    return default if isinstance(amount, str) else amount
-
-
 def label_value(v) -> str:
     return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -129,7 +123,6 @@ class Registry:
         return self.values.setdefault(name, (help_, kind, {}))[2]
 
     def inc(self, name: str, amount: float = 1, **labels) -> None:
-        amount = _value(amount, 1)
         with self.lock:
             slot = self._slot(name, "counter")
             key = key_of(labels)
