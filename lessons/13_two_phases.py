@@ -341,7 +341,7 @@ def remedies(L: Lesson, model, sweep: dict, split: dict) -> None:
     L.takeaway("""
         Prefill and decode want different things from a step. In one batch they interfere: a long prompt
         stalls every decode beside it. Chunking caps the stall at the price of more steps; splitting the
-        phases removes it at the price of KV bytes on a link and a machine share that idles. Which one
+        phases removes it at the price of KV bytes on a link and an engine that idles. Which one
         fits is a measurement against a target: goodput, not throughput.
     """)
 
