@@ -164,3 +164,27 @@ def test_a_lesson_shows_when_its_hardware_figures_were_measured(monkeypatch):
     assert L.machine() is hw and L.machine() is hw
     text = " ".join(console.file.getvalue().split())
     assert text.count("this machine's figures on 2026-11-28") == 1 and "measured" in text
+
+
+def test_serve_sim_runs_every_side_of_a_comparison_on_the_threads_the_busy_check_gives(monkeypatch, capsys):
+    """On a busy machine `serve-sim --compare` runs every configuration on one BLAS thread, and the split
+    against one engine ranks only when every engine's steps ran on the same thread count."""
+    import contextlib
+    import json
+
+    from minillm import cli
+    from minillm.cli import serve_sim
+
+    seen = []
+    monkeypatch.setattr(serve_sim, "comparison_threads", lambda requested, default=None: (1, "busy: one thread"))
+    monkeypatch.setattr(serve_sim, "limited", lambda n: seen.append(n) or contextlib.nullcontext())
+    assert cli.main(["serve-sim", "--model", "random-tiny", "--requests", "4", "--rate", "50", "--compare",
+                     "policies", "--json"]) == 0
+    assert seen == [1]
+    capsys.readouterr()
+    assert cli.main(["serve-sim", "--model", "random-tiny", "--requests", "4", "--rate", "50", "--compare",
+                     "disagg", "--link-gbps", "100", "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)
+    one = [r for r in runs if r["split"] == "colocated"]
+    split = [r for r in runs if r["split"] != "colocated"]
+    assert {r["threads"] for r in one} == {1} and {r["split"] for r in split} == {"1:1"}
