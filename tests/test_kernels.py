@@ -248,3 +248,30 @@ def test_status_says_why_not(monkeypatch):
     st = st_mod.status.__wrapped__()
     assert not st.usable and "numba is not installed" in st.reason
     assert kernels.status().usable and kernels.status().reason.startswith("numba ")
+
+
+@pytest.mark.parametrize("Tq,Tk", [(1, 37), (5, 5), (40, 100)])
+def test_fused_attention_counts_no_scores(Tq, Tk):
+    """The meter for fused attention: q and the output only (no score bytes), 4·hd FLOPs per pair a
+    query may see, counted here from the causal mask itself."""
+    rng = np.random.default_rng(0)
+    H, Hkv, hd = 6, 2, 16
+    q = rng.standard_normal((H, Tq, hd)).astype(np.float32)
+    k, v = rng.standard_normal((2, Hkv, Tk, hd)).astype(np.float32)
+    with meter.Meter() as m:
+        out = kernels.attention(q, k, v)
+    rec = m.steps[-1]
+    pairs = int(np.isfinite(ops.causal_mask(Tq, Tk, np.float32)).sum())
+    assert rec.bytes["activations"] == q.nbytes + out.nbytes and rec.bytes["kv_read"] == 0
+    assert rec.flops["attention"] == 4 * H * pairs * hd and rec.flops["other"] == q.size + 5 * H * pairs
+
+
+def test_fused_paged_decode_counts_the_real_keys():
+    rng = np.random.default_rng(0)
+    kp, vp = rng.standard_normal((2, 2, 10, 4, 8)).astype(np.float32)       # [Hkv, blocks, bs, hd]
+    q = rng.standard_normal((4, 3, 8)).astype(np.float32)
+    table, lengths = np.array([[3, 1, 0], [2, 2, 2], [4, 5, 6]]), np.array([9, 2, 12])
+    with meter.Meter() as m:
+        kernels.paged_decode_attention(q, kp, vp, table, lengths)
+    rec = m.steps[-1]
+    assert rec.bytes["kv_read"] == 2 * 2 * 23 * 8 * 4 and rec.flops["attention"] == 4 * 4 * 23 * 8

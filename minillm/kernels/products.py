@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from .. import meter
 from ..models.quant import QK, QuantMatrix
 from . import _numba as K
 
@@ -57,7 +58,12 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     """ops.attention's semantics (causal, query i at position Tk - Tq + i, GQA H = g·Hkv), without a
     score matrix: FlashAttention's tiles and running max/sum for Tq > 1, the paged decode kernel
     (one page holding all Tk keys, split in chunks) for Tq == 1. q [H, Tq, hd], k, v [Hkv, Tk, hd]
-    -> [H, Tq, hd] float32."""
+    -> [H, Tq, hd] float32.
+
+    The meter: q read once and the output written once (activations); reading k and v is counted by
+    whoever handed them over, as for ops.attention. FLOPs: 4·hd per query-key pair that a query may
+    see (no pair past the diagonal is computed), other: q's scaling, 5 per pair (the softmax's max,
+    subtract, exp, sum, normalise, as ops counts them)."""
     H, Tq, hd = q.shape
     Hkv, Tk = k.shape[0], k.shape[1]
     scale = np.float32(1.0 / math.sqrt(hd))
@@ -66,9 +72,14 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         kp, vp = k[:, None], v[:, None]                  # [Hkv, 1, Tk, hd]
         K.paged_decode_attention(_f32(q), kp, vp, np.zeros((1, 1), np.intp), np.array([Tk], np.intp), out,
                                  scale, decode_chunk(Tk, 1, Hkv, Tk))
-        return out
-    out = np.empty((H, Tq, hd), np.float32)
-    K.flash_attention(_f32(q), k, v, out, scale, QUERY_TILE, KEY_TILE)
+    else:
+        out = np.empty((H, Tq, hd), np.float32)
+        K.flash_attention(_f32(q), k, v, out, scale, QUERY_TILE, KEY_TILE)
+    m = meter.active()
+    if m is not None:
+        pairs = Tq * (Tk - Tq) + Tq * (Tq + 1) // 2           # query i sees Tk - Tq + i + 1 keys
+        m.count("attention", activations=q.nbytes + out.nbytes, attention=4 * H * pairs * hd,
+                other=q.size + 5 * H * pairs)
     return out
 
 
@@ -88,7 +99,10 @@ def paged_decode_attention(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray
     q [H, B, hd]; k_pool, v_pool [Hkv, blocks, block_size, hd] (one layer of PagedKVPool.k/.v);
     table [B, nb] each sequence's blocks in order (rows may be padded past their length); lengths
     [B] each sequence's keys. -> [H, B, hd] float32, what ops.decode_attention gives over the
-    gathered, padded and masked keys."""
+    gathered, padded and masked keys.
+
+    The meter: the keys and values of each sequence's own positions, read from the pool (kv_read;
+    no copy, no padding), q and the output (activations); FLOPs as `attention`'s, per real key."""
     H, B, hd = q.shape
     Hkv, bs = k_pool.shape[0], k_pool.shape[2]
     lengths = np.asarray(lengths, np.intp)
@@ -96,4 +110,9 @@ def paged_decode_attention(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray
     out = np.empty((H, B, hd), np.float32)
     K.paged_decode_attention(_f32(q), k_pool, v_pool, table, lengths, out, np.float32(1.0 / math.sqrt(hd)),
                              decode_chunk(int(lengths.max()), B, Hkv, bs))
+    m = meter.active()
+    if m is not None:
+        keys = int(lengths.sum())
+        m.count("attention", kv_read=2 * Hkv * keys * hd * k_pool.itemsize, activations=q.nbytes + out.nbytes,
+                attention=4 * H * keys * hd, other=q.size + 5 * H * keys)
     return out
