@@ -182,7 +182,7 @@ def main() -> None:
               f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}")
         print(f"medians of {args.rounds} interleaved rounds; 'x f32' = numpy float32's time / this one's "
               "(same B); spread = interquartile range / median")
-        for model in args.models.split(","):
+        for model in [m for m in args.models.split(",") if m]:
             rows = bench(model, batches, args.rounds)
             print(f"\n{model}: one pass over every product weight (decode products, tied head included)")
             print(f"  {'B':>2} {'variant':15s} {'MB read':>8} {'ms/pass':>9} {'GB/s':>6} {'x f32':>6} {'spread':>7}")

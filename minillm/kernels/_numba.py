@@ -200,15 +200,35 @@ def dense_matmul_t(wt, x, y):
 
 # -- attention without the score matrix ------------------------------------------------------------
 
+@njit(inline="always", cache=True, fastmath=FAST)
+def fexp(x):
+    """exp(x) in float32 arithmetic that LLVM can vectorize (libm's expf is one call per value):
+    x = n·ln2 + r with |r| <= ln2/2, exp(r) by Cephes' expf polynomial (about 1 ulp), 2^n built in
+    the exponent's bits. Below -87 it gives exp(-87) ~ 1.6e-38 instead of a smaller number or 0: a
+    weight of that size is lost in any sum it enters (the first tile's correction exp(-inf) so
+    multiplies a running sum and output that are still 0)."""
+    x = max(x, np.float32(-87.0))
+    n = np.floor(x * np.float32(1.44269504088896341) + np.float32(0.5))
+    r = x - n * np.float32(0.693359375) - n * np.float32(-2.12194440e-4)
+    p = np.float32(1.9875691500e-4)
+    p = p * r + np.float32(1.3981999507e-3)
+    p = p * r + np.float32(8.3334519073e-3)
+    p = p * r + np.float32(4.1665795894e-2)
+    p = p * r + np.float32(1.6666665459e-1)
+    p = p * r + np.float32(5.0000001201e-1)
+    p = p * r * r + r + np.float32(1.0)
+    return p * np.int32((np.int32(n) + np.int32(127)) << np.int32(23)).view(np.float32)
+
+
 @njit(parallel=True, cache=True, fastmath=FAST)
 def flash_attention(q, k, v, out, scale, bq, bk):
     """Causal attention, FlashAttention's online softmax. q [H, Tq, hd], k, v [Hkv, Tk, hd],
     out [H, Tq, hd]; query i sits at position Tk - Tq + i. One work item: a KV head and a tile of
-    bq queries of each of its g query heads; keys go in tiles of bk, transposed once per tile and
-    used by all g·bq rows. Per row a running max `mx`, a running sum `l` and the unnormalised
-    output `acc`: a new tile's scores s give mx' = max(mx, max s), and l, acc are rescaled by
-    exp(mx - mx') before the tile's exp(s - mx') are added. A row sees only keys <= its position:
-    no mask, no score past the diagonal computed."""
+    bq queries of each of its g query heads; keys go in tiles of bk, each tile's keys and values
+    read for all g·bq rows (from the cache after the first). Per row a running max `mx`, a running
+    sum `l` and the unnormalised output `acc`: a new tile's scores s give mx' = max(mx, max s), and
+    l, acc are rescaled by exp(mx - mx') before the tile's exp(s - mx') are added. A row sees only
+    keys <= its position: no mask, no score past the diagonal computed."""
     H, Tq, hd = q.shape
     Hkv, Tk = k.shape[0], k.shape[1]
     g = H // Hkv
@@ -223,7 +243,6 @@ def flash_attention(q, k, v, out, scale, bq, bk):
         acc = np.zeros((rows, hd), np.float32)
         mx = np.full(rows, -np.inf, np.float32)
         l = np.zeros(rows, np.float32)
-        kt = np.empty((hd, bk), np.float32)
         s = np.empty(bk, np.float32)
         for h in range(g):
             for ii in range(n):
@@ -232,35 +251,33 @@ def flash_attention(q, k, v, out, scale, bq, bk):
         last = off + i0 + n                       # the tile's last query sees keys 0 .. last-1
         for j0 in range(0, last, bk):
             nk = min(last, j0 + bk) - j0
-            for j in range(nk):
-                for e in range(hd):
-                    kt[e, j] = k[hk, j0 + j, e]
             for h in range(g):
                 for ii in range(n):
                     lim = min(nk, off + i0 + ii + 1 - j0)   # keys j0 .. j0+lim-1 are visible
                     if lim <= 0:
                         continue
                     row = h * n + ii
-                    for j in range(lim):
-                        s[j] = 0.0
-                    for e in range(hd):
-                        qe = qs[row, e]
-                        for j in range(lim):
-                            s[j] += qe * kt[e, j]
                     mnew = mx[row]
-                    for j in range(lim):
-                        mnew = max(mnew, s[j])
-                    corr = np.exp(mx[row] - mnew)
-                    lsum = l[row] * corr
+                    for j in range(lim):                    # scores: one dot product per key
+                        a = np.float32(0.0)
+                        for e in range(hd):
+                            a += qs[row, e] * k[hk, j0 + j, e]
+                        s[j] = a
+                        mnew = max(mnew, a)
+                    corr = fexp(mx[row] - mnew)
+                    lsum = np.float32(0.0)
+                    for j in range(lim):                    # weights, vectorized
+                        p = fexp(s[j] - mnew)
+                        s[j] = p
+                        lsum += p
+                    l[row] = l[row] * corr + lsum
+                    mx[row] = mnew
                     for e in range(hd):
                         acc[row, e] *= corr
-                    for j in range(lim):
-                        p = np.exp(s[j] - mnew)
-                        lsum += p
+                    for j in range(lim):                    # the weighted sum of values
+                        p = s[j]
                         for e in range(hd):
                             acc[row, e] += p * v[hk, j0 + j, e]
-                    l[row] = lsum
-                    mx[row] = mnew
         for h in range(g):
             for ii in range(n):
                 row = h * n + ii
