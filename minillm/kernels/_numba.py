@@ -330,17 +330,20 @@ def paged_decode_attention(q, kp, vp, table, lengths, out, scale, chunk):
                 mnew = mx[h]
                 for j in range(nk):
                     mnew = max(mnew, s[h, j])
-                corr = np.exp(mx[h] - mnew)
-                lsum = l[h] * corr
+                corr = fexp(mx[h] - mnew)
+                lsum = np.float32(0.0)
+                for j in range(nk):                      # weights, vectorized
+                    p = fexp(s[h, j] - mnew)
+                    s[h, j] = p
+                    lsum += p
+                l[h] = l[h] * corr + lsum
+                mx[h] = mnew
                 for e in range(hd):
                     acc[h, e] *= corr
-                for j in range(nk):
-                    p = np.exp(s[h, j] - mnew)
-                    lsum += p
+                for j in range(nk):                      # the weighted sum of values
+                    p = s[h, j]
                     for e in range(hd):
                         acc[h, e] += p * vp[hk, blk, j, e]
-                l[h] = lsum
-                mx[h] = mnew
         for h in range(g):
             pm[b, hk, c, h] = mx[h]
             pl[b, hk, c, h] = l[h]
