@@ -105,7 +105,7 @@ def bench(model: str, batches: list[int], rounds: int, seed: int = 0) -> list[di
         for k, items in variants.items():
             med = float(np.median(times[k]))
             read = sum(nbytes(w) for w, _, _ in items)
-            rows.append(dict(model=model, B=B, variant=k, ms=med * 1e3, gbps=read / med / 1e9, mb=read / 1e6,
+            rows.append(dict(model=model, B=B, variant=k, ms=med * 1e3, best=float(np.min(times[k])) * 1e3, gbps=read / med / 1e9, mb=read / 1e6,
                              vs_f32=base / med, spread=(float(np.percentile(times[k], 75)) - float(np.percentile(times[k], 25))) / med))
     return rows
 
@@ -128,7 +128,8 @@ def attention_bench(rounds: int) -> list[str]:
             t0 = time.perf_counter(); ops.attention(q, k, v); tn.append(time.perf_counter() - t0)
             t0 = time.perf_counter(); kernels.attention(q, k, v); tf.append(time.perf_counter() - t0)
         a, b = np.median(tn), np.median(tf)
-        lines.append(f"  {name:22s} numpy {a * 1e3:8.2f} ms   fused {b * 1e3:8.2f} ms   fused/numpy speed {a / b:5.2f}x")
+        lines.append(f"  {name:22s} numpy {a * 1e3:8.2f} ms   fused {b * 1e3:8.2f} ms   fused/numpy speed {a / b:5.2f}x"
+                     f"   (best rounds {min(tn) * 1e3:.2f} / {min(tf) * 1e3:.2f} ms)")
     return lines
 
 
@@ -181,14 +182,15 @@ def main() -> None:
               f"{blas_kernel()} on {blas_threads()} threads; fused kernels ({st.reason}) on {kernels.threads()} threads; "
               f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}")
         print(f"medians of {args.rounds} interleaved rounds; 'x f32' = numpy float32's time / this one's "
-              "(same B); spread = interquartile range / median")
+              "(same B); spread = interquartile range / median; best = the fastest round (on a busy machine the "
+              "least disturbed)")
         for model in [m for m in args.models.split(",") if m]:
             rows = bench(model, batches, args.rounds)
             print(f"\n{model}: one pass over every product weight (decode products, tied head included)")
-            print(f"  {'B':>2} {'variant':15s} {'MB read':>8} {'ms/pass':>9} {'GB/s':>6} {'x f32':>6} {'spread':>7}")
+            print(f"  {'B':>2} {'variant':15s} {'MB read':>8} {'ms/pass':>9} {'GB/s':>6} {'x f32':>6} {'spread':>7} {'best ms':>8}")
             for r in rows:
                 print(f"  {r['B']:>2} {r['variant']:15s} {r['mb']:8.1f} {r['ms']:9.2f} {r['gbps']:6.1f} "
-                      f"{r['vs_f32']:6.2f} {r['spread']:7.0%}")
+                      f"{r['vs_f32']:6.2f} {r['spread']:7.0%} {r['best']:8.2f}")
         if args.attention:
             print("\nattention, one layer, medians of interleaved rounds:")
             print("\n".join(attention_bench(args.rounds)))

@@ -275,3 +275,20 @@ def test_fused_paged_decode_counts_the_real_keys():
         kernels.paged_decode_attention(q, kp, vp, table, lengths)
     rec = m.steps[-1]
     assert rec.bytes["kv_read"] == 2 * 2 * 23 * 8 * 4 and rec.flops["attention"] == 4 * 4 * 23 * 8
+
+
+def test_fused_kernels_refuse_what_they_cannot_compute():
+    """float64 goes to the NumPy path (the classes route it there; the functions say so), and a
+    page table that does not hold a sequence's keys is one clear error, not garbage."""
+    rng = np.random.default_rng(0)
+    w = kernels.FusedQuant.of(QuantMatrix.quantize(rng.standard_normal((8, 64)).astype(np.float32), "q8_0"))
+    x64 = rng.standard_normal((2, 64))
+    assert w.matmul(x64).dtype == np.float64                     # NumPy's product, in float64
+    with pytest.raises(TypeError, match="float32"):
+        kernels.quant_matmul_t(w, x64)
+    q = rng.standard_normal((2, 1, 8)).astype(np.float32)
+    kp = np.zeros((1, 3, 4, 8), np.float32)
+    with pytest.raises(ValueError, match="paged decode"):
+        kernels.paged_decode_attention(q, kp, kp, np.array([[0, 1]]), np.array([9]))
+    with pytest.raises(ValueError, match="paged decode"):
+        kernels.paged_decode_attention(q, kp, kp, np.array([[0, 1]]), np.array([0]))

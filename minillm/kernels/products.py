@@ -27,8 +27,15 @@ def _f32(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
+def _check_float32(*arrays: np.ndarray) -> None:
+    for a in arrays:
+        if a.dtype != np.float32:
+            raise TypeError(f"the fused kernels compute in float32, got {a.dtype}: use the NumPy path for it")
+
+
 def quant_matmul_t(w: QuantMatrix, x: np.ndarray) -> np.ndarray:
     """x [T, C] @ w^T -> [T, R] in float32, w's blocks read once per four rows of x (any T)."""
+    _check_float32(x)
     x = _f32(x)
     T = x.shape[0]
     R, C = w.shape
@@ -48,6 +55,7 @@ def quant_matmul_t(w: QuantMatrix, x: np.ndarray) -> np.ndarray:
 def dense_matmul_t(wt: np.ndarray, x: np.ndarray) -> np.ndarray:
     """x [T, C] @ wt^T -> [T, R], wt float32 [R, C] (a weight [in, out] kept as its transpose):
     the weight read once per four rows of x."""
+    _check_float32(x, wt)
     x = _f32(x)
     y = np.empty((x.shape[0], wt.shape[0]), np.float32)
     K.dense_matmul_t(wt, x, y)
@@ -64,6 +72,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     whoever handed them over, as for ops.attention. FLOPs: 4·hd per query-key pair that a query may
     see (no pair past the diagonal is computed), other: q's scaling, 5 per pair (the softmax's max,
     subtract, exp, sum, normalise, as ops counts them)."""
+    _check_float32(q, k, v)
     H, Tq, hd = q.shape
     Hkv, Tk = k.shape[0], k.shape[1]
     scale = np.float32(1.0 / math.sqrt(hd))
@@ -103,10 +112,14 @@ def paged_decode_attention(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray
 
     The meter: the keys and values of each sequence's own positions, read from the pool (kv_read;
     no copy, no padding), q and the output (activations); FLOPs as `attention`'s, per real key."""
+    _check_float32(q, k_pool, v_pool)
     H, B, hd = q.shape
     Hkv, bs = k_pool.shape[0], k_pool.shape[2]
     lengths = np.asarray(lengths, np.intp)
     table = np.ascontiguousarray(table, np.intp)
+    if lengths.shape != (B,) or table.shape[0] != B or lengths.min() < 1 or lengths.max() > table.shape[1] * bs:
+        raise ValueError(f"paged decode: {B} queries need {B} lengths of at least 1 key, each within its table row's "
+                         f"{table.shape[1]} blocks of {bs}; got lengths {lengths.tolist()} and a {table.shape} table")
     out = np.empty((H, B, hd), np.float32)
     K.paged_decode_attention(_f32(q), k_pool, v_pool, table, lengths, out, np.float32(1.0 / math.sqrt(hd)),
                              decode_chunk(int(lengths.max()), B, Hkv, bs))
