@@ -225,7 +225,8 @@ def flash_attention(q, k, v, out, scale, bq, bk):
     """Causal attention, FlashAttention's online softmax. q [H, Tq, hd], k, v [Hkv, Tk, hd],
     out [H, Tq, hd]; query i sits at position Tk - Tq + i. One work item: a KV head and a tile of
     bq queries of each of its g query heads; keys go in tiles of bk, each tile's keys and values
-    read for all g·bq rows (from the cache after the first). Per row a running max `mx`, a running
+    read for all g·bq rows (from the cache after the first), four rows at a time where all four
+    see the whole tile (one load of a key or value row serves four queries). Per row a running max `mx`, a running
     sum `l` and the unnormalised output `acc`: a new tile's scores s give mx' = max(mx, max s), and
     l, acc are rescaled by exp(mx - mx') before the tile's exp(s - mx') are added. A row sees only
     keys <= its position: no mask, no score past the diagonal computed."""
@@ -244,6 +245,7 @@ def flash_attention(q, k, v, out, scale, bq, bk):
         mx = np.full(rows, -np.inf, np.float32)
         l = np.zeros(rows, np.float32)
         s = np.empty(bk, np.float32)
+        s4 = np.empty((4, bk), np.float32)
         for h in range(g):
             for ii in range(n):
                 for e in range(hd):
@@ -252,7 +254,51 @@ def flash_attention(q, k, v, out, scale, bq, bk):
         for j0 in range(0, last, bk):
             nk = min(last, j0 + bk) - j0
             for h in range(g):
-                for ii in range(n):
+                ii = 0
+                while ii + 4 <= n and off + i0 + ii + 1 - j0 >= nk:   # four rows that see the whole tile
+                    row = h * n + ii
+                    for j in range(nk):                    # scores: each key read once for four rows
+                        a0 = np.float32(0.0)
+                        a1 = np.float32(0.0)
+                        a2 = np.float32(0.0)
+                        a3 = np.float32(0.0)
+                        for e in range(hd):
+                            kv = k[hk, j0 + j, e]
+                            a0 += qs[row, e] * kv
+                            a1 += qs[row + 1, e] * kv
+                            a2 += qs[row + 2, e] * kv
+                            a3 += qs[row + 3, e] * kv
+                        s4[0, j] = a0
+                        s4[1, j] = a1
+                        s4[2, j] = a2
+                        s4[3, j] = a3
+                    for t in range(4):
+                        mnew = mx[row + t]
+                        for j in range(nk):
+                            mnew = max(mnew, s4[t, j])
+                        corr = fexp(mx[row + t] - mnew)
+                        lsum = np.float32(0.0)
+                        for j in range(nk):
+                            p = fexp(s4[t, j] - mnew)
+                            s4[t, j] = p
+                            lsum += p
+                        l[row + t] = l[row + t] * corr + lsum
+                        mx[row + t] = mnew
+                        for e in range(hd):
+                            acc[row + t, e] *= corr
+                    for j in range(nk):                    # values: each read once for four rows
+                        p0 = s4[0, j]
+                        p1 = s4[1, j]
+                        p2 = s4[2, j]
+                        p3 = s4[3, j]
+                        for e in range(hd):
+                            vv = v[hk, j0 + j, e]
+                            acc[row, e] += p0 * vv
+                            acc[row + 1, e] += p1 * vv
+                            acc[row + 2, e] += p2 * vv
+                            acc[row + 3, e] += p3 * vv
+                    ii += 4
+                for ii in range(ii, n):
                     lim = min(nk, off + i0 + ii + 1 - j0)   # keys j0 .. j0+lim-1 are visible
                     if lim <= 0:
                         continue
