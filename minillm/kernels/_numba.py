@@ -2,21 +2,27 @@
 first call and cached on disk (`cache=True`: numba's __pycache__ next to this file, or
 NUMBA_CACHE_DIR), so a later process loads the machine code instead of compiling it again.
 
-Every product kernel is written in one loop form, chosen by measurement (benchmarks/kernels_bench.py,
-and the forms compared in this package's README section of the report): for each output row, one
+Every product kernel is written in one loop form, chosen by measurement: for each output row, one
 flat loop over the row's values, each value widened and scaled in registers and multiplied into a
 scalar accumulator per row of x. LLVM vectorizes that loop into wide accumulators and adds them up
-once at the row's end. The row's block scales are converted from float16 once per row into a small
-array first. Rows of x go in fours (then two, then one), so a row of weights is read from memory
-once for up to four rows of x and from the L1 cache for the others.
-Measured alternatives, slower: a [T, 32] accumulator array with the block widened into a [32]
-array (the runtime T keeps the accumulators in memory: 0.12x BLAS), a horizontal sum per block
-(0.31x), the scale converted per value inside the flat loop (0.84x), one row of x at a time for
-T > 1 (the weight row re-widened per row of x), the row's scales expanded to one per value before
-the loop (0.21-0.39x of this form), the row widened into an L1 float array then dotted (0.16-0.31x).
+once at the row's end (and, as the loop starts at 0 in steps of 32, sees that a vector of values
+shares one block's scale: no gather). The row's block scales are converted from float16 once per
+row into a small array first. Rows of x go in fours (then two, then one), so a row of weights is
+read from memory once for up to four rows of x and from the L1 cache for the others.
+
+Measured alternatives (Q8_0 over SmolLM2's matrices, one row of x, interleaved rounds on a busy
+2-core machine, as multiples of float32 BLAS's speed in the same run; such a machine moves these
+ratios between runs, so only ratios within one run are compared): run A: a [T, 32] accumulator
+array with each block widened into a [32] array 0.12x (a runtime T keeps the accumulators in
+memory), a horizontal sum per block 0.31x, a [32] accumulator for one row of x 1.49x, the flat
+loop converting each value's scale from float16 3.17x; run B: that flat loop 0.84x, this form
+(scales converted once per row) 5.11x. Then as multiples of this form's speed (one thread, CPU
+time): the scales expanded to one per value before the loop 0.21-0.39x, the row widened into an
+L1 float array and then dotted 0.16-0.31x, one group of eight rows of x instead of four and four
+1.05x (not worth a second copy of the loop).
 A Q4 byte is split in floats: hi = floor(byte / 16), lo = byte - 16·hi (exact below 256). numba
-types `byte & 15` and `byte >> 4` as int64, and LLVM then widens 8 lanes at a time and converts
-int64 to float (vcvtqq2ps): measured slower.
+types `byte & 15` and `byte >> 4` as int64; LLVM then widens 8 lanes at a time and converts int64
+to float (vcvtqq2ps): 1.7x the CPU time of the float split.
 """
 
 from __future__ import annotations
