@@ -1,7 +1,7 @@
 """The package's layers point one way. Read from the source (every import, function-local ones too):
 no package imports one above it, and no group of packages imports itself round a cycle.
 
-    errors, config, paths -> meter -> models.ops, models.quant -> cache -> models -> engine
+    errors, config, paths, backend -> meter -> models.ops, models.quant -> cache -> models -> engine
         -> checkpoints, tokenizer -> serving -> training -> measure -> ui -> the public API -> cli
 
 The model computes, the engine schedules, the tools (`measure`) sit above what they time, and the
@@ -17,7 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minillm"
 # Lowest first. A module belongs to the longest entry that is its name or a parent of it; an import
 # may point to its own layer or a lower one.
 LAYERS: list[tuple[str, ...]] = [
-    ("minillm.errors", "minillm.config", "minillm.paths", "minillm.data", "minillm._checkout", "minillm.weights"),
+    ("minillm.errors", "minillm.config", "minillm.paths", "minillm.data", "minillm._checkout", "minillm.weights",
+     "minillm.backend"),                            # backend: the array seam (NumPy or CuPy), below everything
     ("minillm.meter",),
     ("minillm.models.ops", "minillm.models.quant"),   # quant: the quantized matrices ops multiply by
     ("minillm.cache",),
