@@ -15,8 +15,9 @@ strict namespace whose arrays refuse every `numpy.*` call (tests/strict_arrays.p
 Outside that ground, the seam supplies:
 
     namespace(*arrays)         the module of the arrays (numpy, cupy, or a test namespace); mixing is a bug
-    row_sum(x)                 the sum over the last axis, kept [..., 1] (np.add.reduce on NumPy: no wrapper cost)
-    row_sumsq(x)               the sum of squares over the last axis, kept [..., 1] (einsum: no x*x temporary)
+    row_sum(x, dtype)          the sum over the last axis, kept [..., 1] (np.add.reduce on NumPy: no wrapper cost)
+    row_sumsq(x, dtype)        the sum of squares over the last axis, kept [..., 1] (einsum: no x*x temporary);
+                               dtype: accumulate wider (a float16 model's norms in float32)
     causal_mask(xp, Tq, Tk, dtype)   the [Tq, Tk] mask, cached per module (read-only on NumPy)
     to_host(x)                 a NumPy array (a device -> host copy on a GPU; x itself on the CPU)
     get_device(name)           "cpu" or "cuda" -> a Device (module, description, synchronize, clock),
@@ -98,18 +99,22 @@ def is_numpy(xp) -> bool:
 
 # -- what NumPy and CuPy spell differently -----------------------------------------------------------
 
-def row_sum(x):
-    """x [..., n] -> [..., 1]: the sum over the last axis. On NumPy `np.add.reduce`, which skips
-    np.sum's dispatch (a few µs a call, ~100 calls a step); elsewhere `xp.sum`."""
+def row_sum(x, dtype=None):
+    """x [..., n] -> [..., 1]: the sum over the last axis, accumulated in `dtype` (default x's: a
+    float16 model's norms pass float32, as fp16 sums of 4,096 terms lose digits). On NumPy
+    `np.add.reduce`, which skips np.sum's dispatch (a few µs a call, ~100 calls a step)."""
     if type(x) is np.ndarray:
-        return np.add.reduce(x, axis=-1, keepdims=True)
-    return namespace(x).sum(x, axis=-1, keepdims=True)
+        return np.add.reduce(x, axis=-1, keepdims=True, dtype=dtype)
+    return namespace(x).sum(x, axis=-1, keepdims=True, dtype=dtype)
 
 
-def row_sumsq(x):
+def row_sumsq(x, dtype=None):
     """x [..., n] -> [..., 1]: the sum of squares over the last axis, with no x*x temporary where
-    the module has einsum (NumPy and CuPy); else xp.sum(x * x)."""
+    the module has einsum (NumPy and CuPy). With `dtype` wider than x's (float16 -> float32), x is
+    widened first: a float16 square overflows past 256."""
     xp = np if type(x) is np.ndarray else namespace(x)
+    if dtype is not None and np.dtype(dtype) != x.dtype:
+        x = x.astype(dtype)
     einsum = getattr(xp, "einsum", None)
     if einsum is not None:
         return einsum("...i,...i->...", x, x)[..., None]

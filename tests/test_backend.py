@@ -107,6 +107,15 @@ def test_row_sums_are_the_same_on_numpy_and_strict(shape):
         np.testing.assert_array_equal(on_strict.get(), on_numpy)
 
 
+def test_row_sums_of_float16_accumulate_in_float32_when_asked():
+    a = np.full((2, 4096), 8.0, dtype=np.float16)             # squares 64, a sum of 262,144: past fp16's 65,504
+    for x in (a, strict.asarray(a)):
+        assert np.isinf(backend.to_host(backend.row_sumsq(x))).all()
+        wide = backend.to_host(backend.row_sumsq(x, np.float32))
+        assert wide.dtype == np.float32 and (wide == 262144.0).all()
+        assert (backend.to_host(backend.row_sum(x * 20.0, np.float32)) == 655360.0).all()
+
+
 @pytest.mark.parametrize("Tq, Tk", [(1, 1), (3, 3), (2, 5), (4, 9)])
 def test_causal_mask_on_each_module(Tq, Tk):
     m = backend.causal_mask(np, Tq, Tk, np.dtype(np.float32))
