@@ -153,35 +153,35 @@ def random_model(shape: str, dtype: str):
 def step_figures(model, batch: int, steps: int, eager: bool = True) -> dict:
     """Decode steps of `batch` sequences over a static KV of CONTEXT positions: eager and as one graph
     replay, each the median of `steps` timed steps (greedy pick included, as a server runs them)."""
-    from minillm.engine.static import StaticDecode                             # EXPECTS: the static decode step
+    from minillm.engine.static import StaticDecode                             # built; runs on the GPU with the plumbing
     rng = np.random.default_rng(0)
     prompts = [list(map(int, rng.integers(0, model.config.vocab_size, PROMPT))) for _ in range(batch)]
-    sd = StaticDecode(model, batch=batch, context=CONTEXT)                      # EXPECTS: fixed B, fixed block table
-    sd.start(prompts)                                                           # EXPECTS: eager prefill into the paged KV
-    xp = backend.namespace(sd.logits)                                           # EXPECTS: the step's output buffer
+    sd = StaticDecode(model, batch=batch, context=CONTEXT)                      # EXPECTS: model.xp, PagedKVPool(xp=)
+    sd.start(prompts)                                                           # eager prefill into the paged KV
+    xp = sd.xp
     result = {"batch": batch, "context": CONTEXT, "weights_bytes": int(model.nbytes())}
 
     def timed(graph: bool) -> float:
         times = []
         for _ in range(steps):
             t0 = backend.clock(xp)
-            sd.step(graph=graph)                                                # EXPECTS: -> host token ids [B]
+            sd.step(graph=graph)                                                # -> host token ids [B]
             times.append(backend.clock(xp) - t0)
         return statistics.median(times[1:] if len(times) > 2 else times)
 
     if eager:
         result["eager_ms"] = round(timed(False) * 1e3, 3)
-    sd.capture()                                                                # EXPECTS: backend.Captured of the step
+    sd.capture()                                                                # backend.Captured of the step
     result["graph_ms"] = round(timed(True) * 1e3, 3)
-    result["kernels_per_step"] = sd.launches.get("kernels")                     # EXPECTS: graph node counts
-    result["bytes_per_step"] = int(sd.step_bytes)                               # EXPECTS: the meter's bytes of one step
-    result["flops_per_step"] = int(sd.step_flops)                               # EXPECTS: the meter's FLOPs of one step
+    result["kernels_per_step"] = sd.launches.get("kernels")                     # the capture's kernel nodes
+    result["bytes_per_step"] = int(sd.step_bytes)                               # the meter's bytes of one step
+    result["flops_per_step"] = int(sd.step_flops)                               # the meter's FLOPs of one step
     t = result["graph_ms"] / 1e3
     result["graph_gbs"] = round(sd.step_bytes / t / 1e9, 1)
     result["graph_tflops"] = round(sd.step_flops / t / 1e12, 2)
     if eager and result["kernels_per_step"]:
         result["eager_us_per_kernel"] = round(result["eager_ms"] * 1e3 / result["kernels_per_step"], 2)
-    sd.close()                                                                  # EXPECTS: frees the KV pool
+    sd.close()
     return result
 
 

@@ -138,9 +138,8 @@ def to_host(x) -> np.ndarray:
     the GPU). The sampler's last step, and anything a learner prints, goes through here."""
     if isinstance(x, np.ndarray):
         return x
-    get = getattr(x, "get", None)              # cupy.ndarray.get() and the strict test arrays
-    if get is not None:
-        return get()
+    if _module_of(x) is not None:              # cupy.ndarray.get() and the strict test arrays' get()
+        return x.get()
     return np.asarray(x)                       # a Python number or list
 
 
@@ -190,7 +189,9 @@ def _import_cupy():
     return cupy
 
 
+@lru_cache(maxsize=1)
 def _cuda_device() -> Device:
+    """The current GPU, probed once (a failure is not cached: each ask says why again)."""
     cp = _import_cupy()
     version = getattr(cp, "__version__", "?")
     try:
@@ -298,9 +299,14 @@ def _capturing_graph_nodes(stream_ptr: int) -> dict:
     import ctypes
     cuda = _libcuda()
     status, cap_id, graph = ctypes.c_int(), ctypes.c_ulonglong(), ctypes.c_void_p()
-    deps, n_deps = ctypes.c_void_p(), ctypes.c_size_t()
-    err = cuda.cuStreamGetCaptureInfo_v2(ctypes.c_void_p(stream_ptr), ctypes.byref(status), ctypes.byref(cap_id),
-                                         ctypes.byref(graph), ctypes.byref(deps), ctypes.byref(n_deps))
+    deps, edges, n_deps = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_size_t()
+    stream = ctypes.c_void_p(stream_ptr)
+    if hasattr(cuda, "cuStreamGetCaptureInfo_v2"):        # CUDA 11.3+; kept by newer drivers for old builds
+        err = cuda.cuStreamGetCaptureInfo_v2(stream, ctypes.byref(status), ctypes.byref(cap_id), ctypes.byref(graph),
+                                             ctypes.byref(deps), ctypes.byref(n_deps))
+    else:                                                  # CUDA 12.3+: the same, with edge data
+        err = cuda.cuStreamGetCaptureInfo_v3(stream, ctypes.byref(status), ctypes.byref(cap_id), ctypes.byref(graph),
+                                             ctypes.byref(deps), ctypes.byref(edges), ctypes.byref(n_deps))
     if err != 0 or not graph.value:
         raise DeviceError(f"cuStreamGetCaptureInfo failed (CUresult {err}): cannot count a graph's nodes")
     n = ctypes.c_size_t(0)
@@ -336,8 +342,9 @@ class Captured:
         cp = device.xp
         if cp is np:
             raise DeviceError("a CUDA graph needs --device cuda")
-        self.fn = fn
-        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.fn, self.xp = fn, cp
+        self.stream = cp.cuda.Stream(non_blocking=True)            # capture needs a stream of its own
+        synchronize(cp)                                            # what the host queued before is done
         self.pool = cp.cuda.MemoryPool()
         with self.stream, cp.cuda.using_allocator(self.pool.malloc):
             fn()                                           # eager warm-up: kernels compiled, workspaces made
@@ -351,8 +358,9 @@ class Captured:
         self.graph.upload(self.stream)
 
     def replay(self):
-        """One launch of the whole captured call; returns its outputs (synchronise before reading)."""
-        self.graph.launch(self.stream)
+        """One launch of the whole captured call, on the current stream (so it runs after whatever the
+        host queued there, and `.get()` or `synchronize` waits for it); returns fn's outputs."""
+        self.graph.launch(self.xp.cuda.get_current_stream())
         return self.outputs
 
 
@@ -366,6 +374,7 @@ def count_launches(fn, device: Device | None = None) -> dict:
     if not device.is_gpu:
         return {}
     cp = device.xp
+    synchronize(cp)
     stream = cp.cuda.Stream(non_blocking=True)
     pool = cp.cuda.MemoryPool()
     with stream, cp.cuda.using_allocator(pool.malloc):
