@@ -12,6 +12,7 @@ that an operation took its module from its arrays.
     xp = strict                                  # the namespace
     x = strict.asarray(np.ones((2, 3)))          # the one way in (like cupy.asarray: a host -> device copy)
     x.get()                                      # the one way out (like cupy.ndarray.get)
+    with strict.capturing(): step()              # any host read of a value inside raises, as in a graph capture
 
 Underneath, each array holds a NumPy array; views stay views, so in-place writes through a slice
 or a reshape reach the array they came from, as on NumPy and CuPy.
@@ -20,8 +21,17 @@ or a reshape reach the array they came from, as on NumPy and CuPy.
 from __future__ import annotations
 
 import operator
+from contextlib import contextmanager
 
 import numpy as np
+
+_capturing = [False]     # inside `strict.capturing()`: reading a value back to the host is refused
+
+
+def _host_read(what: str) -> None:
+    if _capturing[0]:
+        raise RuntimeError(f"{what} of a device value inside a graph capture: a CUDA graph cannot wait for the "
+                           "host; keep the value on the device, or read it before the capture")
 
 _SCALARS = (int, float, bool, np.generic)   # host scalars CuPy accepts in arithmetic
 
@@ -82,6 +92,7 @@ class StrictArray:
 
     def get(self) -> np.ndarray:
         """A NumPy copy (cupy.ndarray.get): the one way out."""
+        _host_read("get()")
         return self._a.copy()
 
     # what the meter and the shapes read
@@ -123,15 +134,19 @@ class StrictArray:
 
     # a 0-d or one-element array to a host number: allowed, as in CuPy (it waits for the device)
     def __int__(self) -> int:
+        _host_read("int()")
         return int(self._a)
 
     def __float__(self) -> float:
+        _host_read("float()")
         return float(self._a)
 
     def __index__(self) -> int:
+        _host_read("an index")
         return operator.index(self._a.item()) if self._a.ndim == 0 else operator.index(self._a)
 
     def __bool__(self) -> bool:
+        _host_read("bool()")
         return bool(self._a)
 
     # indexing: reads give views or gathers; writes go into this array
@@ -176,7 +191,7 @@ def _inplace(name: str):
     return op
 
 
-for _name in ("add", "sub", "mul", "truediv", "pow", "matmul", "and_", "or_"):
+for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and_", "or_"):
     _op, _rop = _binary(_name)
     _dunder = _name.rstrip("_")
     setattr(StrictArray, f"__{_dunder}__", _op)
@@ -228,10 +243,21 @@ class StrictNamespace:
     def __repr__(self) -> str:
         return "<strict array namespace>"
 
+    @staticmethod
+    @contextmanager
+    def capturing():
+        """Inside, reading any strict array's value on the host raises, as it cannot happen inside a
+        CUDA graph capture: run a step in here to show it never waits for the device."""
+        before, _capturing[0] = _capturing[0], True
+        try:
+            yield
+        finally:
+            _capturing[0] = before
+
 
 # What CuPy also has under the same name and arguments (checked against CuPy 13's API by name).
 _FUNCTIONS = frozenset("""
-    zeros zeros_like empty empty_like ones ones_like full arange where concatenate stack take
+    zeros zeros_like empty empty_like ones ones_like full arange where concatenate stack take take_along_axis
     exp tanh sqrt cos sin multiply add subtract divide matmul einsum sum maximum minimum argmax
     argsort isnan isfinite ascontiguousarray broadcast_to tril triu abs log
 """.split())
