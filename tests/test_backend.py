@@ -159,6 +159,21 @@ def test_cpu_device_timing_and_launches():
     assert backend.count_launches(lambda: None, cpu) == {}
 
 
+def test_the_meter_times_a_step_with_the_clock_it_is_given():
+    """A GPU step is timed by a clock that waits for the device first: the meter reads the clock it is
+    handed at the step's start and end (and perf_counter otherwise); `launches` is shown when counted."""
+    from minillm import meter
+    ticks = iter([10.0, 10.25])
+    with meter.Meter() as m:
+        with meter.step("decode", 5, 1, attended=6, clock=lambda: next(ticks)) as rec:
+            rec.launches = 42
+        with meter.step("decode", 6, 1, attended=7):
+            pass
+    timed, plain = m.steps
+    assert timed.seconds == 0.25 and timed.as_dict()["launches"] == 42
+    assert 0 <= plain.seconds < 1 and plain.launches is None and "launches" not in plain.as_dict()
+
+
 # -- a GPU asked for where there is none -------------------------------------------------------------
 
 def one_line_error(name: str) -> str:

@@ -20,6 +20,8 @@ moved and multiplied too). On the CPU the step runs eagerly; `capture()` needs a
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from .. import backend, meter
@@ -134,9 +136,10 @@ class StaticDecode:
         if graph and self.graph is None:
             raise MiniLLMError("StaticDecode.step(graph=True) before capture()")
         m = meter.active()
-        ctx = meter.step("decode", int(self.host_positions.min()), self.B, attended=self.T,
-                         seqs=[(int(p), 1) for p in self.host_positions]) if m is not None else meter.NO_STEP
-        with ctx:
+        with meter.step("decode", int(self.host_positions.min()), self.B, attended=self.T,
+                        seqs=[(int(p), 1) for p in self.host_positions], clock=partial(backend.clock, self.xp)) as rec:
+            if rec is not None:                                          # the same kernels, eager or replayed
+                rec.launches = self.launches.get("kernels")
             if graph:
                 self.graph.replay()
                 if m is not None and self.counted is not None:           # one launch: the step's counts, once
