@@ -148,6 +148,18 @@ def test_to_host():
     assert type(h) is np.ndarray and np.array_equal(h, a)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_the_sampler_takes_logits_from_any_device(temperature):
+    """The sampler's last step runs on the host: logits of another module are copied over, the same
+    token drawn from the same random stream."""
+    from minillm.engine.sampling import sample
+    logits = host((50,), seed=3)
+    picks = [sample(x, temperature, top_k=10, rng=np.random.default_rng(7)) for x in (logits, strict.asarray(logits))]
+    assert picks[0] == picks[1]
+    with pytest.raises(backend.MiniLLMError, match="NaN"):
+        sample(strict.asarray(np.full(4, np.nan, dtype=np.float32)))
+
+
 def test_cpu_device_timing_and_launches():
     cpu = get_device("cpu")
     assert cpu.xp is np and not cpu.is_gpu and get_device(" CPU ") is cpu and get_device(cpu) is cpu
