@@ -22,7 +22,9 @@ Outside that ground, the seam supplies:
     to_host(x)                 a NumPy array (a device -> host copy on a GPU; x itself on the CPU)
     get_device(name)           "cpu" or "cuda" -> a Device (module, description, synchronize, clock),
                                or ONE clear DeviceError line when no GPU can be used
+    device_of(x)               the Device an array lives on
     synchronize(xp), clock(xp) wait for the device's queued work; the time after that wait
+    best_seconds(fn, xp)       the best of a few synchronised timings of fn
     count_launches(fn, device) the kernels one call of fn issues, counted from a CUDA graph capture
     Captured(fn, device)       fn captured once as a CUDA graph, replayed with `.replay()`
 
@@ -91,10 +93,6 @@ def namespace(*arrays):
 
 def _name(xp) -> str:
     return getattr(xp, "__name__", type(xp).__name__)
-
-
-def is_numpy(xp) -> bool:
-    return xp is np
 
 
 # -- what NumPy and CuPy spell differently -----------------------------------------------------------
@@ -189,10 +187,18 @@ def _import_cupy():
     return cupy
 
 
-@lru_cache(maxsize=1)
+_PROBED: dict = {}   # id(cupy module) -> its Device: a GPU is probed once (a failure each time, saying why)
+
+
 def _cuda_device() -> Device:
-    """The current GPU, probed once (a failure is not cached: each ask says why again)."""
     cp = _import_cupy()
+    if id(cp) not in _PROBED:
+        _PROBED[id(cp)] = _probe(cp)
+    return _PROBED[id(cp)]
+
+
+def _probe(cp) -> Device:
+    """The current GPU as a Device, once it has run one kernel; else the DeviceError line saying why."""
     version = getattr(cp, "__version__", "?")
     try:
         n = cp.cuda.runtime.getDeviceCount()

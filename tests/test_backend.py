@@ -276,10 +276,10 @@ def test_gpu_launch_count_and_graph_replay(cuda):
     cp = cuda.xp
     x = cp.zeros(16, dtype=cp.float32)
 
-    def three():
-        x[...] += 1.0
-        x[...] *= 2.0
-        x[...] += 1.0
+    def three():                                  # one kernel each (x[...] += 1 would add a copy kernel)
+        cp.add(x, 1.0, out=x)
+        cp.multiply(x, 2.0, out=x)
+        cp.add(x, 1.0, out=x)
         return x
 
     assert backend.count_launches(three, cuda)["kernels"] == 3
