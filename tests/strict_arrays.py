@@ -157,22 +157,23 @@ class StrictArray:
         self._a[_index(key)] = _in(value, "a value written into a strict array")
 
 
+def _accepts(other, name: str, kinds) -> bool:
+    """Is `other` an operand of `kinds`? A NumPy array is refused outright; anything else is left to Python."""
+    if isinstance(other, kinds):
+        return True
+    if isinstance(other, np.ndarray):
+        _refuse(f"operator {name}")
+    return False
+
+
 def _binary(name: str):
     f = getattr(operator, name)
 
     def op(self, other):
-        if not isinstance(other, (StrictArray, *_SCALARS)):
-            if isinstance(other, np.ndarray):
-                _refuse(f"operator {name}")
-            return NotImplemented
-        return _out(f(self._a, _in(other)))
+        return _out(f(self._a, _in(other))) if _accepts(other, name, (StrictArray, *_SCALARS)) else NotImplemented
 
     def rop(self, other):
-        if not isinstance(other, _SCALARS):
-            if isinstance(other, np.ndarray):
-                _refuse(f"operator {name}")
-            return NotImplemented
-        return _out(f(other, self._a))
+        return _out(f(other, self._a)) if _accepts(other, name, _SCALARS) else NotImplemented
 
     return op, rop
 
@@ -181,9 +182,7 @@ def _inplace(name: str):
     f = getattr(operator, name)
 
     def op(self, other):
-        if not isinstance(other, (StrictArray, *_SCALARS)):
-            if isinstance(other, np.ndarray):
-                _refuse(f"operator {name}")
+        if not _accepts(other, name, (StrictArray, *_SCALARS)):
             return NotImplemented
         f(self._a, _in(other))
         return self
