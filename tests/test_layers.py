@@ -18,13 +18,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minillm"
 # may point to its own layer or a lower one.
 LAYERS: list[tuple[str, ...]] = [
     ("minillm.errors", "minillm.config", "minillm.paths", "minillm.data", "minillm._checkout", "minillm.weights",
-     "minillm.backend"),                            # backend: the array seam (NumPy or CuPy), below everything
+     "minillm.threads", "minillm.backend"),         # backend: the array seam (NumPy or CuPy), below everything
     ("minillm.meter",),
-    ("minillm.models.ops", "minillm.models.quant"),   # quant: the quantized matrices ops multiply by
+    ("minillm.models.ops", "minillm.models.quant", "minillm.models.weights"),   # the weights ops multiply by
     ("minillm.cache",),
     ("minillm.models",),
     ("minillm.engine",),
-    ("minillm.checkpoints", "minillm.tokenizer", "minillm.model_tokenizer", "minillm.chat"),
+    ("minillm.checkpoints", "minillm.bpe", "minillm.model_tokenizer", "minillm.chat"),
     ("minillm.serving",),
     ("minillm.training",),
     ("minillm.measure",),
