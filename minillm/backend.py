@@ -18,8 +18,10 @@ Outside that ground, the seam supplies:
     row_sum(x, dtype)          the sum over the last axis, kept [..., 1] (np.add.reduce on NumPy: no wrapper cost)
     row_sumsq(x, dtype)        the sum of squares over the last axis, kept [..., 1] (einsum: no x*x temporary);
                                dtype: accumulate wider (a float16 model's norms in float32)
+    accumulator(dtype)         the dtype those sums take for rows of dtype (float32 for float16, else None)
     causal_mask(xp, Tq, Tk, dtype)   the [Tq, Tk] mask, cached per module (read-only on NumPy)
     to_host(x)                 a NumPy array (a device -> host copy on a GPU; x itself on the CPU)
+    host_logits(x)             to_host, float16 widened to float32: what the sampler takes
     get_device(name)           "cpu" or "cuda" -> a Device (module, description, synchronize, clock),
                                or ONE clear DeviceError line when no GPU can be used
     device_of(x)               the Device an array lives on
@@ -96,6 +98,19 @@ def _name(xp) -> str:
 
 
 # -- what NumPy and CuPy spell differently -----------------------------------------------------------
+
+def accumulator(dtype):
+    """The dtype a row's statistics (a norm's mean, its sum of squares) are summed in: float32 for
+    float16 rows (a float16 sum of 768 squares overflows past 65,504), None (the rows' own) otherwise."""
+    return np.float32 if np.dtype(dtype) == np.float16 else None
+
+
+def host_logits(x) -> np.ndarray:
+    """Logits as the sampler takes them: a NumPy array (one device -> host copy on a GPU), float16
+    widened to float32 (the CPU's float32 and float64 are returned as they are)."""
+    x = to_host(x)
+    return x.astype(np.float32) if x.dtype == np.float16 else x
+
 
 def row_sum(x, dtype=None):
     """x [..., n] -> [..., 1]: the sum over the last axis, accumulated in `dtype` (default x's: a

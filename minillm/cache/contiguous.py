@@ -66,12 +66,14 @@ class CacheBase:
 
 
 class KVCache(CacheBase):
-    def __init__(self, config: ModelConfig, dtype=np.float32) -> None:
+    def __init__(self, config: ModelConfig, dtype=np.float32, xp=np) -> None:
+        """xp: the module of the model's arrays (numpy; cupy puts the cache on the GPU)."""
         shape = (config.n_layer, config.n_kv_head, config.n_ctx, config.head_dim)
         self.config = config
         self.dtype = np.dtype(dtype)
-        self.k = np.zeros(shape, dtype=dtype)   # [L, Hkv, n_ctx, hd]
-        self.v = np.zeros(shape, dtype=dtype)   # [L, Hkv, n_ctx, hd]
+        self.xp = xp
+        self.k = xp.zeros(shape, dtype=dtype)   # [L, Hkv, n_ctx, hd]
+        self.v = xp.zeros(shape, dtype=dtype)   # [L, Hkv, n_ctx, hd]
         self.length = 0                         # positions filled so far
 
     @property
@@ -110,7 +112,7 @@ class KVCache(CacheBase):
     def fork(self) -> "KVCache":
         """A new cache holding a copy of the positions filled so far (a shared prompt prefix, say).
         Only the filled positions are copied; the rest of the new cache is fresh, untouched memory."""
-        other = KVCache(self.config, self.k.dtype)
+        other = KVCache(self.config, self.k.dtype, self.xp)
         other.k[:, :, :self.length] = self.k[:, :, :self.length]
         other.v[:, :, :self.length] = self.v[:, :, :self.length]
         other.length = self.length

@@ -49,9 +49,8 @@ class StaticDecode:
         if self.T > c.n_ctx:
             raise PromptError(f"context {context} (rounded up to {self.T}, whole blocks of {block_size}) is beyond "
                               f"the model's context of {c.n_ctx}: ask for at most {c.n_ctx // block_size * block_size}")
-        self.xp = xp = getattr(model, "xp", np)                          # the weights' module (issue 31's seam)
-        on_device = {} if xp is np else {"xp": xp}                       # (PagedKVPool takes xp= with issue 31's plumbing)
-        self.pool = PagedKVPool(c, batch * self.nb, block_size, model.dtype, **on_device)
+        self.xp = xp = model.xp                                          # the weights' module (backend.py)
+        self.pool = PagedKVPool(c, batch * self.nb, block_size, model.dtype, xp=xp)
         self.caches = [PagedKVCache(self.pool, self.pool.allocator.allocate_many(self.nb)) for _ in range(batch)]
         self.table = xp.asarray(np.array([cache.table for cache in self.caches], dtype=np.intp))   # [B, nb]
         self.ids = xp.zeros(batch, dtype=np.intp)                        # [B] each slot's token this step
