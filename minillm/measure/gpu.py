@@ -18,7 +18,8 @@ DeviceError line of `backend.get_device("cuda")`; callers print it and carry on 
 
 from __future__ import annotations
 
-from ..backend import Captured, Device, best_seconds, get_device
+from ..backend import Captured, Device, DeviceError, best_seconds, get_device
+from .chips import Hardware
 
 MB = 2**20
 
@@ -94,3 +95,46 @@ def measure_gpu(device: Device | None = None, quick: bool = False) -> dict:
         "ridge_flop_per_byte": {dt: round(ridge(t * 1e12, bandwidth), 1) for dt, t in peaks.items()},
         "quick": quick,
     }
+
+
+# -- beside the CPU's figures: `minillm hardware`, `bench`, `bench --batch`, `compare` -------------------
+
+_MEASURED: dict = {}   # the figures of this process's GPU, measured once
+
+
+def find_gpu() -> Device | None:
+    """The GPU, or None when there is none to use (no CuPy, no device): then nothing is printed."""
+    try:
+        return get_device("cuda")
+    except DeviceError:
+        return None
+
+
+def gpu_figures(quick: bool = False) -> dict | None:
+    """`measure_gpu` of this machine's GPU, measured once per process; None without a GPU."""
+    device = find_gpu()
+    if device is None:
+        return None
+    if quick not in _MEASURED:
+        _MEASURED[quick] = measure_gpu(device, quick=quick)
+    return _MEASURED[quick]
+
+
+def as_hardware(figures: dict, dtype: str = "float16") -> Hardware:
+    """The GPU's measured figures as a roofline machine (chips.Hardware) for weights of `dtype`:
+    the copy bandwidth, and the matmul peak of that dtype."""
+    dt = "float32" if str(dtype) in ("float32", "float64") else "float16"
+    return Hardware(name=f"GPU: {figures['device'].split(',')[0]}", bandwidth_gbs=figures["copy_gbs"],
+                    peak_gflops=figures["matmul_tflops"][dt] * 1000, method="device copy",
+                    source=f"measured here with CuPy ({dt} matmul {figures['matmul_size']}²)",
+                    buffer_mb=figures["buffer_mb"], matmul_size=figures["matmul_size"])
+
+
+def summary(figures: dict) -> str:
+    """One line of the GPU's figures, to print beside the CPU's."""
+    t, r = figures["matmul_tflops"], figures["ridge_flop_per_byte"]
+    return (f"GPU {figures['device']}: copy {figures['copy_gbs']:,.0f} GB/s, read {figures['read_gbs']:,.0f} GB/s; "
+            f"matmul {t['float16']:,.0f} TFLOP/s float16, {t['float32']:,.0f} float32; launch "
+            f"{figures['launch_us']:.1f} µs eager, {figures['graph_launch_us']:.2f} µs in a graph; ridge "
+            f"{r['float16']:,.0f} FLOP/byte float16, {r['float32']:,.0f} float32"
+            + (" (quick measurement)" if figures.get("quick") else ""))
