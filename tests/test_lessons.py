@@ -32,7 +32,7 @@ def home(tmp_path_factory):
 
 def test_lessons_are_discovered_in_order_with_their_metadata():
     numbers = [info.number for info in learn.LESSONS]
-    assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) >= 7
+    assert numbers == sorted(set(numbers)) and numbers[0] == 1 and len(numbers) >= 7   # in order, each once
     for info in learn.LESSONS:
         assert info.title and info.what and info.minutes > 0
         module = importlib.import_module(info.module)
@@ -423,3 +423,24 @@ def test_lesson_14s_claims_fail_on_a_wrong_byte_count_or_a_wrong_scale(broken, m
         monkeypatch.setattr(quant, "quantize_blocks", coarse)
     assert _lesson(14).main(["--fast", "--no-pause"]) == 1
     assert "did not hold" in capsys.readouterr().out
+
+
+def test_the_gpu_lesson_without_a_gpu_says_so_and_shows_the_issues_figures_as_data(capsys, monkeypatch):
+    """Lesson 17 on a machine without a usable GPU: one line saying so (the DeviceError's), then the
+    issue's H200 figures under their source, never as this machine's; its numbers come from that table."""
+    from minillm.backend import DeviceError, get_device
+    from minillm.measure.gpu import ISSUE_H200
+    try:
+        get_device("cuda")
+        pytest.skip("this machine has a GPU: the lesson measures it")
+    except DeviceError as e:
+        reason = str(e)
+    monkeypatch.setenv("COLUMNS", "200")                      # no wrapping: the lines compared whole
+    monkeypatch.setattr(_common.Lesson, "pause", lambda self: None)
+    assert importlib.import_module(learn.find("gpu").module).main(["--fast", "--no-pause"]) == 0
+    out = capsys.readouterr().out
+    assert f"note: no GPU here: {reason}" in out
+    assert "issue 31's figures (not this machine's)" in out and ISSUE_H200["source"] in out
+    g = ISSUE_H200["gpt2_124m_fp16_b1"]
+    assert f"{g['bytes'] / (g['graph_ms'] * 1e-3) / 1e9:,.0f} GB/s" in out     # 257 MB / 0.74 ms, computed
+    assert "This machine's GPU" not in out

@@ -138,3 +138,74 @@ def summary(figures: dict) -> str:
             f"{figures['launch_us']:.1f} µs eager, {figures['graph_launch_us']:.2f} µs in a graph; ridge "
             f"{r['float16']:,.0f} FLOP/byte float16, {r['float32']:,.0f} float32"
             + (" (quick measurement)" if figures.get("quick") else ""))
+
+
+# -- a model's decode step on the GPU: eager against one CUDA-graph replay (lesson 17, gpu_check) ---------
+
+ISSUE_SOURCE = ("measured on an NVIDIA H200 with torch 2.11 and CUDA 13, random weights, a minimal decode step "
+                "with a static KV cache over 256 positions, one run (minillm issue 31)")
+ISSUE_H200 = {   # the issue's figures: data to measure against, not a claim about any machine running this
+    "source": ISSUE_SOURCE,
+    "gpt2_124m_fp16_b1": {"eager_ms": 2.31, "graph_ms": 0.74, "bytes": 257e6, "transformers_eager_ms": 4.97,
+                          "kernels": 180},
+    "smollm2_135m_bf16_transformers_eager_ms": 18.2,
+    "llama2_7b_fp16_b1": {"eager_ms": 17.7, "graph_ms": 5.59, "bytes": 13.3e9, "copy_tbs": 4.27},
+    "llama2_7b_fp16_graph_ms": {"64": 8.4, "256": 16.1},
+    "llama3_8b_gqa_fp16": {"graph_ms": {"256": 11.3, "384": 16.1}, "tflops": (364, 382)},
+}
+ARTICLE_7B = {"bytes": 14e9, "ms": 7.0, "chip": "A100"}   # the article's wall: 14 GB a step, ~7 ms a token
+
+SHAPES = {   # LlamaConfig fields of the Llama-family shapes the GPU figures use
+    "smollm2-135m": dict(n_layer=30, n_head=9, n_kv_head=3, head_dim=64, n_embd=576, n_ctx=2048,
+                         vocab_size=49152, ffn=1536, eps=1e-5, theta=100000.0),
+    "llama2-7b": dict(n_layer=32, n_head=32, n_kv_head=32, head_dim=128, n_embd=4096, n_ctx=4096,
+                      vocab_size=32000, ffn=11008, eps=1e-5, theta=10000.0, tied=False),
+}
+
+
+def free_bytes(device: Device) -> int:
+    """Device memory free now (CuPy's pool's cached blocks count as used: freed first)."""
+    cp = device.xp
+    cp.get_default_memory_pool().free_all_blocks()
+    return int(cp.cuda.runtime.memGetInfo()[0])
+
+
+def decode_figures(model, batch: int = 1, context: int = 256, steps: int = 20, prompt: int = 16,
+                   eager: bool = True) -> dict:
+    """`batch` sequences decoding over a static KV of `context` positions (engine/static.py): the
+    median step eager and as one CUDA-graph replay, the kernels one step launches (the capture's
+    nodes), and the meter's bytes and FLOPs of one step."""
+    import statistics
+
+    import numpy as np
+
+    from ..backend import clock
+    from ..engine.static import StaticDecode
+    rng = np.random.default_rng(0)
+    prompts = [list(map(int, rng.integers(0, model.config.vocab_size, prompt))) for _ in range(batch)]
+    sd = StaticDecode(model, batch=batch, context=context)
+    sd.start(prompts)
+    xp = sd.xp
+
+    def timed(graph: bool) -> float:
+        times = []
+        for _ in range(steps):
+            t0 = clock(xp)
+            sd.step(graph=graph)                                   # -> host token ids [B]
+            times.append(clock(xp) - t0)
+        return statistics.median(times[1:] if len(times) > 2 else times)
+
+    r = {"batch": batch, "context": context, "weights_bytes": int(model.nbytes())}
+    if eager:
+        r["eager_ms"] = timed(False) * 1e3
+    sd.host_positions[:] = prompt                                  # the same positions again for the graph
+    sd.positions[...] = xp.asarray(sd.host_positions)
+    sd.capture()
+    r["graph_ms"] = timed(True) * 1e3
+    r["kernels"] = sd.launches.get("kernels")
+    r["bytes"], r["flops"] = int(sd.step_bytes), int(sd.step_flops)
+    r["graph_gbs"] = r["bytes"] / r["graph_ms"] * 1e-6
+    r["graph_tflops"] = r["flops"] / r["graph_ms"] * 1e-9
+    r["intensity"] = r["flops"] / r["bytes"]
+    sd.close()
+    return r
