@@ -16,9 +16,9 @@ error and the next part runs; no part starts once the time budget is spent):
 Without CuPy or a GPU it writes {"skipped": "<why>"} and exits 0. Output: --out, else
 $OUT/gpu_check.json when $OUT is set, else ./gpu_check.json.
 
-The model parts call minillm's GPU API, which issue 31's plumbing adds after the weight interface
-(issue 28) lands. Every call of it here is marked `EXPECTS:`; until it exists those parts record
-what was missing, and the rest still runs.
+The model parts call minillm's GPU API: `minillm.load(..., device="cuda", dtype=...)`,
+`checkpoints.load.random_model(LlamaConfig, dtype=, device=)` and `measure.gpu.decode_figures`
+(engine/static.py's StaticDecode, eager and as one CUDA-graph replay).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -40,27 +39,11 @@ import numpy as np  # noqa: E402
 
 from minillm import backend  # noqa: E402
 from minillm.errors import MiniLLMError  # noqa: E402
+from minillm.measure.gpu import ISSUE_H200, SHAPES, decode_figures  # noqa: E402  (the issue's figures, the shapes)
 
 BUDGET_S = 280          # no part starts after this: the whole check stays under 5 minutes
 CONTEXT = 256           # KV positions per sequence in the figures (the issue's static cache)
 PROMPT = 16             # prompt tokens before the timed decode steps
-
-# The issue's H200 figures (torch 2.11, CUDA 13, one run): what the goals are measured against.
-ISSUE_H200 = {
-    "source": "issue 31, measured on an NVIDIA H200 with torch 2.11 and CUDA 13 (random weights, static KV "
-              "cache over 256 positions, one run)",
-    "gpt2_124m_fp16_b1": {"eager_ms": 2.31, "graph_ms": 0.74, "bytes": 257e6, "transformers_eager_ms": 4.97},
-    "smollm2_135m_bf16_transformers_eager_ms": 18.2,
-    "llama2_7b_fp16_b1": {"eager_ms": 17.7, "graph_ms": 5.59, "bytes": 13.3e9, "copy_tbs": 4.27},
-    "llama2_7b_fp16_graph_ms": {"64": 8.4, "256": 16.1},
-}
-
-SHAPES = {   # LlamaConfig fields of the Llama-family shapes (GPT-2-124M is minillm's "random-124m")
-    "smollm2-135m": dict(n_layer=30, n_head=9, n_kv_head=3, head_dim=64, n_embd=576, n_ctx=2048,
-                         vocab_size=49152, ffn=1536, eps=1e-5, theta=100000.0),
-    "llama2-7b": dict(n_layer=32, n_head=32, n_kv_head=32, head_dim=128, n_embd=4096, n_ctx=4096,
-                      vocab_size=32000, ffn=11008, eps=1e-5, theta=10000.0, tied=False),
-}
 
 
 def one_line(e: BaseException) -> str:
@@ -122,9 +105,10 @@ def token_equality() -> dict:
         expected = np.load(path / "expected.npz")
         prompt, want = expected["input_ids"], [int(t) for t in expected["greedy_ids"]]
         cpu = greedy(minillm.load(path), prompt, len(want))
-        gpu = greedy(minillm.load(path, device="cuda"), prompt, len(want))    # EXPECTS: load(..., device=)
+        gpu = greedy(minillm.load(path, device="cuda", dtype="float32"), prompt, len(want))
+        half = greedy(minillm.load(path, device="cuda", dtype="float16"), prompt, len(want))   # reported only
         out[path.name] = {"gpu_equals_cpu": gpu == cpu, "gpu_equals_transformers": gpu == want,
-                          "tokens": len(want)}
+                          "tokens": len(want), "float16_agreeing_with_cpu": sum(a == b for a, b in zip(half, cpu))}
     try:
         cpu_model = minillm.load("smollm2-135m")
     except MiniLLMError as e:
@@ -133,7 +117,7 @@ def token_equality() -> dict:
         enc = minillm.tokenizer(cpu_model)
         prompt = enc.encode("The capital of France is")
         cpu = greedy(cpu_model, prompt, 24)
-        gpu = greedy(minillm.load("smollm2-135m", device="cuda"), prompt, 24)  # EXPECTS: load(..., device=)
+        gpu = greedy(minillm.load("smollm2-135m", device="cuda", dtype="float32"), prompt, 24)
         out["smollm2-135m"] = {"gpu_equals_cpu": gpu == cpu, "tokens": 24,
                                "first_difference": next((i for i, (a, b) in enumerate(zip(gpu, cpu)) if a != b), None)}
     out["all_equal"] = all(v.get("gpu_equals_cpu", True) for v in out.values() if isinstance(v, dict))
@@ -141,48 +125,24 @@ def token_equality() -> dict:
 
 
 def random_model(shape: str, dtype: str):
-    """A random-weight model of a named shape, its weights made on the GPU."""
+    """A random-weight model of a named shape on the GPU (a Llama shape's matrices drawn there)."""
     import minillm
     if shape == "gpt2-124m":
-        return minillm.load("random-124m", device="cuda", dtype=dtype)          # EXPECTS: load(..., device=, dtype=float16)
+        return minillm.load("random-124m", device="cuda", dtype=dtype)
     from minillm.config import LlamaConfig
-    from minillm.checkpoints.load import random_model as make                  # EXPECTS: random_model(config, ...)
-    return make(LlamaConfig(**SHAPES[shape]), dtype=dtype, device="cuda")       # weights drawn on the device
+    from minillm.checkpoints.load import random_model as make
+    return make(LlamaConfig(**SHAPES[shape]), dtype=dtype, device="cuda")
 
 
 def step_figures(model, batch: int, steps: int, eager: bool = True) -> dict:
     """Decode steps of `batch` sequences over a static KV of CONTEXT positions: eager and as one graph
     replay, each the median of `steps` timed steps (greedy pick included, as a server runs them)."""
-    from minillm.engine.static import StaticDecode                             # built; runs on the GPU with the plumbing
-    rng = np.random.default_rng(0)
-    prompts = [list(map(int, rng.integers(0, model.config.vocab_size, PROMPT))) for _ in range(batch)]
-    sd = StaticDecode(model, batch=batch, context=CONTEXT)                      # EXPECTS: model.xp, PagedKVPool(xp=)
-    sd.start(prompts)                                                           # eager prefill into the paged KV
-    xp = sd.xp
-    result = {"batch": batch, "context": CONTEXT, "weights_bytes": int(model.nbytes())}
-
-    def timed(graph: bool) -> float:
-        times = []
-        for _ in range(steps):
-            t0 = backend.clock(xp)
-            sd.step(graph=graph)                                                # -> host token ids [B]
-            times.append(backend.clock(xp) - t0)
-        return statistics.median(times[1:] if len(times) > 2 else times)
-
-    if eager:
-        result["eager_ms"] = round(timed(False) * 1e3, 3)
-    sd.capture()                                                                # backend.Captured of the step
-    result["graph_ms"] = round(timed(True) * 1e3, 3)
-    result["kernels_per_step"] = sd.launches.get("kernels")                     # the capture's kernel nodes
-    result["bytes_per_step"] = int(sd.step_bytes)                               # the meter's bytes of one step
-    result["flops_per_step"] = int(sd.step_flops)                               # the meter's FLOPs of one step
-    t = result["graph_ms"] / 1e3
-    result["graph_gbs"] = round(sd.step_bytes / t / 1e9, 1)
-    result["graph_tflops"] = round(sd.step_flops / t / 1e12, 2)
-    if eager and result["kernels_per_step"]:
-        result["eager_us_per_kernel"] = round(result["eager_ms"] * 1e3 / result["kernels_per_step"], 2)
-    sd.close()
-    return result
+    r = decode_figures(model, batch, CONTEXT, steps, PROMPT, eager=eager)
+    out = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}
+    out["kernels_per_step"] = r["kernels"]
+    if eager and r["kernels"]:
+        out["eager_us_per_kernel"] = round(r["eager_ms"] * 1e3 / r["kernels"], 2)
+    return out
 
 
 def figures(check: Check) -> None:
@@ -203,6 +163,7 @@ def figures(check: Check) -> None:
     holder = {}
 
     def big_b1():
+        backend.get_device("cuda").xp.get_default_memory_pool().free_all_blocks()   # the small models' memory
         holder["model"] = model = random_model("llama2-7b", "float16")
         r = step_figures(model, 1, steps)
         if copy_gbs:

@@ -113,3 +113,22 @@ def test_float16_on_a_device_counts_half_the_weight_bytes(name):
     with minillm.Meter() as m:
         f16.decode_step(int(np.argmax(logits)), cache)
     assert m.steps[0].bytes["weights"] == f16.step_weight_bytes() == f32.step_weight_bytes() // 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", NAMES)
+def test_gpu_generation_equals_the_cpu(name):
+    """On a GPU in float32: greedy tokens equal to the CPU's, and each step's meter bytes and FLOPs."""
+    from minillm.backend import DeviceError, get_device
+    try:
+        get_device("cuda")
+    except DeviceError as e:
+        pytest.skip(str(e))
+    ref, dev = minillm.load(FIXTURES / name), minillm.load(FIXTURES / name, device="cuda", dtype=np.float32)
+    with minillm.Meter() as m1:
+        a = minillm.generate(ref, PROMPT, 12)
+    with minillm.Meter() as m2:
+        b = minillm.generate(dev, PROMPT, 12)
+    assert a == b
+    assert [s.bytes for s in m1.steps] == [s.bytes for s in m2.steps]
+    assert [s.flops for s in m1.steps] == [s.flops for s in m2.steps]
