@@ -179,7 +179,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         qb = q4[:, :, r0:r1].reshape(Hkv, g * rows, hd)                # [Hkv, g·rows, hd]
         scores = qb @ k[:, :keys].transpose(0, 2, 1)                   # [Hkv, g·rows, keys]  QK^T
         if rows > 1:
-            scores.reshape(Hkv, g, rows, keys)[...] += causal_mask(rows, keys, scores.dtype, xp)
+            masked = scores.reshape(Hkv, g, rows, keys)                # a view: one in-place add
+            xp.add(masked, causal_mask(rows, keys, scores.dtype, xp), out=masked)
         softmax(scores)
         if g == 1:                                                     # [H, rows, hd]  weighted sum of values
             xp.matmul(scores, v[:, :keys], out=out[:, r0:r1])
@@ -280,10 +281,11 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     x1, x2 = x[..., :half], x[..., half:]                   # [H, N, hd/2] each
     xp = backend.namespace(x)
     y = xp.empty_like(x)
-    xp.multiply(x1, cos, out=y[..., :half])
-    y[..., :half] -= x2 * sin                               # x1·cos − x2·sin
-    xp.multiply(x2, cos, out=y[..., half:])
-    y[..., half:] += x1 * sin                               # x2·cos + x1·sin
+    y1, y2 = y[..., :half], y[..., half:]                   # views of y's halves (out= writes through them)
+    xp.multiply(x1, cos, out=y1)
+    xp.subtract(y1, x2 * sin, out=y1)                       # x1·cos − x2·sin
+    xp.multiply(x2, cos, out=y2)
+    xp.add(y2, x1 * sin, out=y2)                            # x2·cos + x1·sin
     m = meter.active()
     if m is not None:
         m.count("rope", activations=x.nbytes + y.nbytes + cos.nbytes + sin.nbytes, other=3 * y.size)
