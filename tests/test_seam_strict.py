@@ -42,6 +42,12 @@ def test_load_on_a_device_moves_every_array_once():
 def test_whole_generation_through_strict(name):
     """Prefill + 12 decode steps: tokens, and each step's meter bytes and FLOPs, equal to NumPy's."""
     ref, dev = minillm.load(FIXTURES / name), minillm.load(FIXTURES / name, device=STRICT)
+    assert_same_generation(ref, dev)
+    assert ref.fingerprint() == dev.fingerprint()
+
+
+def assert_same_generation(ref, dev) -> None:
+    """12 greedy tokens after PROMPT: the same tokens, and per step the same kind, bytes and FLOPs."""
     with minillm.Meter() as m1:
         a = minillm.generate(ref, PROMPT, 12)
     with minillm.Meter() as m2:
@@ -50,7 +56,6 @@ def test_whole_generation_through_strict(name):
     assert [s.kind for s in m1.steps] == [s.kind for s in m2.steps]
     assert [s.bytes for s in m1.steps] == [s.bytes for s in m2.steps]
     assert [s.flops for s in m1.steps] == [s.flops for s in m2.steps]
-    assert ref.fingerprint() == dev.fingerprint()
 
 
 @pytest.mark.parametrize("name", ["gpt2-tiny-a", "llama-tiny", "qwen3-tiny"])
@@ -124,11 +129,5 @@ def test_gpu_generation_equals_the_cpu(name):
         get_device("cuda")
     except DeviceError as e:
         pytest.skip(str(e))
-    ref, dev = minillm.load(FIXTURES / name), minillm.load(FIXTURES / name, device="cuda", dtype=np.float32)
-    with minillm.Meter() as m1:
-        a = minillm.generate(ref, PROMPT, 12)
-    with minillm.Meter() as m2:
-        b = minillm.generate(dev, PROMPT, 12)
-    assert a == b
-    assert [s.bytes for s in m1.steps] == [s.bytes for s in m2.steps]
-    assert [s.flops for s in m1.steps] == [s.flops for s in m2.steps]
+    assert_same_generation(minillm.load(FIXTURES / name), minillm.load(FIXTURES / name, device="cuda",
+                                                                       dtype=np.float32))
