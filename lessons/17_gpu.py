@@ -173,7 +173,7 @@ def on_this_gpu(L: Lesson, device) -> None:
         b = decode_figures(big, 1, 256, steps)
     ceiling_ms = b["bytes"] / copy * 1e3
     L.say(f"""
-        **{what}, float16, one sequence.** A graph step moves {fmt_bytes(b['bytes'])} in {b['graph_ms']:.2f} ms:
+        **{what[0].upper() + what[1:]}, float16, one sequence.** A graph step moves {fmt_bytes(b['bytes'])} in {b['graph_ms']:.2f} ms:
         {b['graph_gbs']:,.0f} GB/s, {b['graph_gbs'] * 1e9 / copy:.0%} of the copy bandwidth measured above.
         At the full copy speed those bytes take {ceiling_ms:.2f} ms: that is this card's wall for this step.
         The article's wall is {ARTICLE_7B['ms']:g} ms for {fmt_bytes(ARTICLE_7B['bytes'])} on an
