@@ -78,7 +78,7 @@ def test_batched_paged_through_strict(name):
             logits = model.step([(np.array([t]), s) for t, s in zip(toks[-1], seqs)])
             toks.append([int(np.argmax(x)) for x in logits])
         outs.append(toks)
-    assert outs[0] == outs[1]
+    assert outs[0] == outs[1] and all(len(o) == 6 for o in outs[0])
 
 
 @pytest.mark.parametrize("name", ["gpt2-tiny-a", "llama-tiny", "qwen3-tiny"])
@@ -131,3 +131,21 @@ def test_gpu_generation_equals_the_cpu(name):
         pytest.skip(str(e))
     assert_same_generation(minillm.load(FIXTURES / name), minillm.load(FIXTURES / name, device="cuda",
                                                                        dtype=np.float32))
+
+
+@pytest.mark.parametrize("name", ["gpt2-tiny-a", "qwen2-tiny"])
+@pytest.mark.parametrize("cache", ["paged", "contiguous"])
+def test_the_engine_through_strict(name, cache):
+    """The serving engine on a device model: continuous batching of five requests with chunked prefill,
+    a prefix cache (paged), sampled and greedy, gives the same tokens as on NumPy."""
+    from minillm.engine.engine import Engine
+    from minillm.engine.sequence import SamplingParams
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [1, 2, 3, 4, 9], [7, 8], [1, 2, 3, 4, 5, 6, 20], [30] * 9]
+    outs = []
+    for device in ("cpu", STRICT):
+        engine = Engine(minillm.load(FIXTURES / name, device=device), num_blocks=40 if cache == "paged" else None,
+                        block_size=4, cache=cache, prefix_cache=cache == "paged", max_seqs=3, max_batched_tokens=8)
+        rs = [engine.add_request(p, 6, SamplingParams(temperature=0.8 * (i % 2), seed=i)) for i, p in enumerate(prompts)]
+        engine.run()
+        outs.append([r.output for r in rs])
+    assert outs[0] == outs[1] and all(len(o) == 6 for o in outs[0])
