@@ -1,0 +1,314 @@
+"""Mixture of experts (Mixtral, Qwen3-MoE): a Llama whose MLP is E experts, of which each token uses k.
+
+    x = embed[ids]
+    for each block:
+        x = x + attn(rms_norm(x))                          # the Llama family's attention, unchanged
+        x = x + moe(rms_norm(x))                           # or a dense MLP (`is_sparse(layer)`)
+    logits = rms_norm(x) @ head
+
+    moe(x):                                                # x [N, d]
+        p = softmax(x @ router)                            # [N, E]: how much each expert suits each row
+        top = the k largest of each row of p               # [N, k] experts, [N, k] weights
+        weights = top / sum(top)                           # Mixtral always; Qwen3-MoE if norm_topk_prob
+        y[n] = Σ_j weights[n, j] · expert_{top[n, j]}(x[n])    # each expert a SwiGLU MLP of width F_e
+
+Mixtral's "softmax over the chosen k" and Qwen3-MoE's "softmax over all, top-k, renormalised" are
+the same numbers (a softmax over k logits is their share of the softmax over all E): one rule here,
+the renormalisation switched by `norm_topk`. Qwen3-MoE without `norm_topk_prob` keeps the shares of
+the softmax over all E (they sum to less than 1). Top-k is taken on the probabilities in the model's
+dtype, as transformers does; a tie goes to the lower expert id.
+
+What it costs. Memory holds all E experts of every sparse layer (the *total* parameters); a token
+reads only its k (the *active* ones). A step of N rows reads every expert chosen by at least one
+row, once: `experts_mlp` groups the rows by expert and multiplies each expert's weights once for
+all its rows (as serving engines' fused MoE kernels do), so the meter counts the router, and the
+union of the chosen experts (`step_weight_bytes` is its closed form). Under uniform routing a step
+of B tokens reads E·(1 − (1 − k/E)^B) experts per layer (`expected_distinct_experts`): decode stops
+being memory-bound only at a batch about E/k times larger than a dense model's.
+
+The experts' matrices are built like every other product weight (`llama._matrix`: float [in, out],
+or quantized [out, in] rows with `weights="q8_0"` / `"q4_0"`), and multiplied by `ops.linear`.
+The router stays float, as llama.cpp keeps `ffn_gate_inp` (it is small, and it picks the experts).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from functools import partial
+from typing import Iterator
+
+import numpy as np
+
+from .. import meter
+from ..config import LlamaConfig
+from ..errors import ConfigError, WeightsError
+from . import llama, ops
+from .llama import Block, Llama, fuse_block, mlp
+from .quant import FORMATS, QuantMatrix
+
+# Hugging Face model_type -> (the attention it shares with models/llama.py, the layer's prefix for the
+# router and the experts, the experts' gate, up and down names)
+MOE_TYPES = {
+    "mixtral": ("llama", "block_sparse_moe.", ("w1", "w3", "w2")),
+    "qwen3_moe": ("qwen3", "mlp.", ("gate_proj", "up_proj", "down_proj")),
+}
+
+
+# -- the config -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MoEConfig(LlamaConfig):
+    """A Llama config (attention, norms, vocabulary; `ffn` is the dense MLP's width) plus the experts."""
+    n_expert: int = 8                 # E: experts per sparse layer
+    top_k: int = 2                    # k: experts each token uses
+    expert_ffn: int = 0               # F_e: each expert's inner width (0: `ffn`)
+    norm_topk: bool = True            # renormalise the k chosen probabilities (Mixtral: always)
+    sparse_step: int = 1              # layer i is sparse when (i + 1) % sparse_step == 0 ...
+    dense_layers: tuple = ()          # ... and i is not one of these (Qwen3-MoE's mlp_only_layers)
+    model_type: str = "mixtral"       # mixtral or qwen3_moe: the checkpoint's tensor names
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.expert_ffn:
+            object.__setattr__(self, "expert_ffn", self.ffn)
+        object.__setattr__(self, "dense_layers", tuple(sorted(set(self.dense_layers))))
+        for name in ("n_expert", "top_k", "expert_ffn", "sparse_step"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"config {name}={value!r}: must be a positive integer")
+        if self.top_k > self.n_expert:
+            raise ConfigError(f"config: each token uses top_k={self.top_k} experts but a layer has only "
+                              f"{self.n_expert}; num_experts_per_tok must be at most the number of experts")
+        if any(not isinstance(i, int) or not 0 <= i < self.n_layer for i in self.dense_layers):
+            raise ConfigError(f"config mlp_only_layers={list(self.dense_layers)}: layers are 0..{self.n_layer - 1}")
+        if self.model_type not in MOE_TYPES:
+            raise ConfigError(f"config model_type={self.model_type!r}: minillm runs {', '.join(MOE_TYPES)}")
+
+    def is_sparse(self, layer: int) -> bool:
+        """Does block `layer` have experts (else a dense MLP of width `ffn`)? As transformers decides."""
+        return layer not in self.dense_layers and (layer + 1) % self.sparse_step == 0
+
+    @property
+    def sparse_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.n_layer) if self.is_sparse(i))
+
+    def expert_params(self) -> int:
+        """One expert's parameters: gate and up [d, F_e], down [F_e, d]."""
+        return 3 * self.n_embd * self.expert_ffn
+
+    def n_params(self) -> int:
+        """Every parameter (the total, what memory holds; the tied head counted once)."""
+        S, d = len(self.sparse_layers), self.n_embd
+        dense_mlps = 3 * d * self.ffn + (2 * self.ffn + d) * self.mlp_bias       # in LlamaConfig's count
+        return super().n_params() - S * dense_mlps + S * (d * self.n_expert + self.n_expert * self.expert_params())
+
+    def active_params(self) -> int:
+        """The parameters one token's step multiplies by: every sparse layer's router and k experts
+        instead of all E (the embedding table counted whole, like `n_params`)."""
+        return self.n_params() - len(self.sparse_layers) * (self.n_expert - self.top_k) * self.expert_params()
+
+    @classmethod
+    def from_hf(cls, cfg: dict, source: str = "config.json") -> "MoEConfig":
+        """Read a Hugging Face config.json of model_type mixtral or qwen3_moe: the expert count as
+        `num_local_experts` or `num_experts`, the RoPE base at the top level or in `rope_parameters`."""
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"{source}: expected a JSON object, found {type(cfg).__name__}")
+        kind = cfg.get("model_type")
+        if kind not in MOE_TYPES:
+            raise ConfigError(f"{source}: model_type {kind!r} is not a mixture of experts minillm runs "
+                              f"({', '.join(MOE_TYPES)})")
+        E = cfg.get("num_local_experts", cfg.get("num_experts"))
+        missing = [k for k, v in (("num_local_experts", E), ("num_experts_per_tok", cfg.get("num_experts_per_tok")))
+                   if v is None]
+        if kind == "qwen3_moe" and "moe_intermediate_size" not in cfg:
+            missing.append("moe_intermediate_size")
+        if missing:
+            raise ConfigError(f"{source}: missing {', '.join(missing)}; is this a {kind} config.json?")
+        window, n_ctx = cfg.get("sliding_window"), cfg.get("max_position_embeddings", 2048)
+        if kind == "mixtral" and window is not None and window < n_ctx:
+            raise ConfigError(f"{source}: sliding_window={window} is shorter than the context {n_ctx}; "
+                              "minillm implements full attention only")
+        attention = {**cfg, "model_type": MOE_TYPES[kind][0],
+                     "tie_word_embeddings": cfg.get("tie_word_embeddings", False)}
+        base = LlamaConfig.from_hf(attention, source)
+        try:
+            return cls(**base.asdict(), n_expert=E, top_k=cfg["num_experts_per_tok"],
+                       expert_ffn=cfg["moe_intermediate_size"] if kind == "qwen3_moe" else base.ffn,
+                       norm_topk=True if kind == "mixtral" else bool(cfg.get("norm_topk_prob", False)),
+                       sparse_step=cfg.get("decoder_sparse_step", 1) if kind == "qwen3_moe" else 1,
+                       dense_layers=tuple(cfg.get("mlp_only_layers") or ()) if kind == "qwen3_moe" else (),
+                       model_type=kind)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
+        except TypeError as e:
+            raise ConfigError(f"{source}: a field has the wrong type ({e}); re-download the checkpoint") from None
+
+
+# -- the checkpoint's tensors -----------------------------------------------------------------------
+
+def expert_names(c: MoEConfig, layer: int, e: int) -> tuple[str, str, str]:
+    """Expert e's gate, up and down tensors in block `layer` (without the `model.` prefix)."""
+    _, prefix, names = MOE_TYPES[c.model_type]
+    return tuple(f"layers.{layer}.{prefix}experts.{e}.{n}.weight" for n in names)
+
+
+def router_name(c: MoEConfig, layer: int) -> str:
+    return f"layers.{layer}.{MOE_TYPES[c.model_type][1]}gate.weight"
+
+
+def iter_expected(c: MoEConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Every tensor of the checkpoint, with its shape: the Llama family's table (models/llama.py),
+    each sparse layer's dense MLP replaced by its router [E, d] and E experts."""
+    d, F = c.n_embd, c.expert_ffn
+    for name, shape in llama.iter_expected(c):
+        parts = name.split(".")                        # layers.{i}.mlp.gate_proj.weight
+        if parts[0] == "layers" and parts[2] == "mlp" and c.is_sparse(int(parts[1])):
+            if parts[3] == "gate_proj" and parts[4] == "weight":
+                i = int(parts[1])
+                yield router_name(c, i), (c.n_expert, d)
+                for e in range(c.n_expert):
+                    gate, up, down = expert_names(c, i, e)
+                    yield from ((gate, (F, d)), (up, (F, d)), (down, (d, F)))
+            continue
+        yield name, shape
+
+
+def random_params(c: MoEConfig, seed: int = 0, std: float = 0.02, dtype=np.float32) -> dict[str, np.ndarray]:
+    """Checkpoint-shaped random weights, seeded (`llama.random_params` on this family's table)."""
+    return llama.random_params(c, seed, std, dtype, expected=iter_expected)
+
+
+def check_tensors(tensors: dict, c: MoEConfig, where: str) -> None:
+    """Every tensor the config needs, with its shape; nothing else. One clear line otherwise."""
+    llama.check_tensors(tensors, c, where, expected=iter_expected)
+
+
+# -- the expert layer --------------------------------------------------------------------------------
+
+_ROUTES: ContextVar = ContextVar("minillm_moe_routes", default=None)
+
+
+@contextmanager
+def routes():
+    """The experts every sparse layer chose while active, on this thread: a list of [N, k] arrays, one
+    per sparse layer and step, in the order they ran (a step's layers one after another).
+
+    >>> with routes() as r:
+    ...     model.decode_step(token, cache)
+    >>> [set(a.ravel()) for a in r]          # the experts each sparse layer read
+    """
+    found: list[np.ndarray] = []
+    token = _ROUTES.set(found)
+    try:
+        yield found
+    finally:
+        _ROUTES.reset(token)
+
+
+def route(x: np.ndarray, router, k: int, norm_topk: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Which k experts each row uses, and how much. x [N, d], router [d, E] ->
+    (experts [N, k] ints, weights [N, k]), the largest probability first.
+    Counted: the router's product (ops.linear), then per row a softmax over E (5 FLOPs an entry)
+    and, renormalised, k divisions."""
+    logits = ops.linear(x, router)                                          # [N, E]
+    probs = ops.softmax(logits)                                             # [N, E], in place
+    top = np.argsort(-probs, axis=-1, kind="stable")[:, :k]                 # [N, k]: ties to the lower id
+    w = np.take_along_axis(probs, top, axis=-1)                             # [N, k]
+    if norm_topk:
+        w /= w.sum(axis=-1, keepdims=True)
+    m = meter.active()
+    if m is not None:
+        m.count("router", activations=2 * probs.nbytes + top.nbytes + w.nbytes,
+                other=5 * probs.size + (w.size if norm_topk else 0))
+    found = _ROUTES.get()
+    if found is not None:
+        found.append(top)
+    return top, w
+
+
+def expert(p: Block, e: int) -> Block:
+    """Expert e of a sparse block: its {"gate_up.weight", "down_proj.weight"}, as `llama.mlp` takes them."""
+    return {"gate_up.weight": p[f"experts.{e}.gate_up.weight"], "down_proj.weight": p[f"experts.{e}.down_proj.weight"]}
+
+
+def experts_mlp(x: np.ndarray, p: Block, c: MoEConfig) -> np.ndarray:
+    """The mixture: route each row to k experts, then run each chosen expert once on all of its
+    rows. x [N, d] -> [N, d].
+
+    The N·k (row, expert) pairs are sorted by expert, so expert e's rows are one run of them: its
+    gate|up and down weights are multiplied once for that run (`llama.mlp`, through `ops.linear`),
+    and an expert no row chose is not read at all. The outputs, scaled by their weights, are added
+    into their rows (a row's k experts are distinct, so each run adds into distinct rows).
+    Counted besides: gathering the rows, and adding the scaled outputs (2 FLOPs a value)."""
+    experts, weights = route(x, p["router.weight"], c.top_k, c.norm_topk)  # [N, k] each
+    k = experts.shape[1]
+    order = np.argsort(experts, axis=None, kind="stable")                   # [N·k] pairs, grouped by expert
+    rows, by = order // k, experts.ravel()[order]
+    starts = np.flatnonzero(np.r_[True, by[1:] != by[:-1]])                 # where each expert's run begins
+    ends = np.r_[starts[1:], by.size]
+    w = weights.ravel()[order]                                              # [N·k], in the same order
+    y = np.zeros_like(x)                                                    # [N, d]
+    for s, t in zip(starts, ends):
+        r = rows[s:t]                                                       # the rows expert `by[s]` serves
+        h = mlp(x[r], expert(p, by[s]))                                     # [n_e, d]
+        h *= w[s:t, None]
+        y[r] += h
+    m = meter.active()
+    if m is not None:
+        pairs = rows.size * x.shape[1]                                      # values gathered and added
+        m.count("moe_combine", activations=x.itemsize * (2 * pairs + 3 * pairs + y.size), other=2 * pairs)
+    return y
+
+
+# -- the model ----------------------------------------------------------------------------------------
+
+class MoE(Llama):
+    """A Llama whose sparse layers have a router and E experts instead of one MLP. Built from
+    checkpoint tensors (Hugging Face names without `model.`) like `Llama`; `weights="q8_0"` /
+    `"q4_0"` / `"q4_1"` quantizes every expert (the router stays float)."""
+
+    def __init__(self, config: MoEConfig, tensors: dict, *, name: str = "", dtype=None,
+                 eos_ids: tuple[int, ...] = (), weights: str = "float32") -> None:
+        c = config
+        if weights in FORMATS and c.expert_ffn % 32:
+            raise WeightsError(f"{name or c.model_type}: expert FFN {c.expert_ffn} is not a multiple of 32, "
+                               f"the block of {weights}; use --weights float32")
+        super().__init__(config, tensors, name=name or f"{c.model_type}-{c.n_layer}x{c.n_embd}-{c.n_expert}e",
+                         dtype=dtype, eos_ids=eos_ids, weights=weights)
+
+    def block_params(self, tensors: dict, i: int, dtype, fmt: str | None) -> Block:
+        """Attention and norms as Llama's; then a dense MLP, or the router [d, E] and per expert
+        its gate|up [d, 2F_e] and down [F_e, d] (`experts.{e}.gate_up.weight`, ...)."""
+        c = self.config
+        if not c.is_sparse(i):
+            return fuse_block(tensors, i, c, dtype, fmt)
+        p = fuse_block(tensors, i, c, dtype, fmt, dense_mlp=False)
+        p["router.weight"] = llama._matrix([tensors[router_name(c, i)]], dtype, None)    # [d, E], float
+        for e in range(c.n_expert):
+            gate, up, down = (tensors[n] for n in expert_names(c, i, e))
+            p[f"experts.{e}.gate_up.weight"] = llama._matrix([gate, up], dtype, fmt)     # [d, 2F_e]
+            p[f"experts.{e}.down_proj.weight"] = llama._matrix([down], dtype, fmt)       # [F_e, d]
+        return p
+
+    def ffn(self, layer: int):
+        return partial(experts_mlp, c=self.config) if self.config.is_sparse(layer) else mlp
+
+    def matrices(self) -> list:
+        """Every block's product weights: attention, dense MLPs, and every expert's (not the router)."""
+        out = []
+        for i, p in enumerate(self.blocks):
+            out += [p["qkv.weight"], p["o_proj.weight"]]
+            if self.config.is_sparse(i):
+                out += [w for e in range(self.config.n_expert) for w in expert(p, e).values()]
+            else:
+                out += [p["gate_up.weight"], p["down_proj.weight"]]
+        return out
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"MoE({self.name!r}: {c.model_type}, {c.n_layer} layers ({len(c.sparse_layers)} with "
+                f"{c.n_expert} experts, top-{c.top_k}, expert FFN {c.expert_ffn}), {c.n_head} heads / "
+                f"{c.n_kv_head} KV heads of {c.head_dim}, width {c.n_embd}, context {c.n_ctx}, vocab "
+                f"{c.vocab_size}, {self.n_params():,} params ({c.active_params():,} active), {self.weights})")
