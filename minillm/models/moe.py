@@ -312,3 +312,61 @@ class MoE(Llama):
                 f"{c.n_expert} experts, top-{c.top_k}, expert FFN {c.expert_ffn}), {c.n_head} heads / "
                 f"{c.n_kv_head} KV heads of {c.head_dim}, width {c.n_embd}, context {c.n_ctx}, vocab "
                 f"{c.vocab_size}, {self.n_params():,} params ({c.active_params():,} active), {self.weights})")
+
+
+# -- closed forms: what a step reads -----------------------------------------------------------------
+
+def expected_distinct_experts(E: int, k: int, B: int) -> float:
+    """Experts a layer reads for B tokens that each choose k of E uniformly at random: E·(1 − (1 − k/E)^B).
+    (Expert e escapes one token with probability 1 − k/E, all B with (1 − k/E)^B.) B = 1 gives k."""
+    return E * (1.0 - (1.0 - k / E) ** B)
+
+
+def step_weight_bytes(c: MoEConfig, distinct, n_tokens: int = 1, itemsize: int = 4, weights: str = "float32"):
+    """The weight bytes a step of n_tokens rows reads, from the config alone: every parameter once,
+    except the embedding table (its n_tokens rows; a tied table is read whole as the head) and the
+    experts no row chose. distinct: per sparse layer (in order), how many distinct experts the step's
+    rows chose (k at one token; `expected_distinct_experts` under uniform routing). weights: the
+    matrices' format ("float32": itemsize bytes a value; "q8_0" ...: their blocks, router kept float).
+    The meter's count of a step equals it (tests/test_moe.py)."""
+    b = itemsize
+    per = (lambda values: values * b) if weights not in FORMATS else \
+        (lambda values: values * FORMATS[weights].block_bytes // 32)      # a matrix of `values` values
+    L, d, V, H, Hkv, hd = c.n_layer, c.n_embd, c.vocab_size, c.n_head, c.n_kv_head, c.head_dim
+    attention = (per(d * (H + 2 * Hkv) * hd) + per(H * hd * d) + b * (2 * d + 2 * hd * c.qk_norm
+                 + (H + 2 * Hkv) * hd * c.qkv_bias + d * c.o_bias))      # q|k|v, o, two norms, q/k norms, biases
+    dense = per(3 * d * c.ffn) + b * (2 * c.ffn + d) * c.mlp_bias
+    router, one_expert = b * d * c.n_expert, per(c.expert_params())
+    distinct = list(distinct)
+    if len(distinct) != len(c.sparse_layers):
+        raise ValueError(f"distinct: one count per sparse layer ({len(c.sparse_layers)}), got {len(distinct)}")
+    blocks = L * attention + (L - len(distinct)) * dense + sum(router + n * one_expert for n in distinct)
+    return per(n_tokens * d) + blocks + b * d + per(V * d)                # embedding rows, blocks, norm, head
+
+
+# -- random presets: a mixture beyond the cache, and the dense model of its active size --------------
+#
+# This machine's last-level cache is 32 MiB (lscpu: L3). The mixture holds ~7 times that in float32,
+# of which a token reads under a third (~1.9 times the cache); the dense preset has the same
+# attention and an MLP as wide as the k experts a token uses, so one token reads the same bytes but
+# the router's (`minillm.load("random-moe-16x2")` once the family table lands).
+
+RANDOM_SEED = 1234
+_ATTENTION = dict(n_layer=8, n_head=8, n_kv_head=2, head_dim=64, n_embd=512, n_ctx=1024, vocab_size=8192,
+                  eps=1e-5, theta=1e4, tied=True)
+MOE_PRESETS: dict[str, LlamaConfig] = {
+    "random-moe-16x2": MoEConfig(**_ATTENTION, ffn=256, n_expert=16, top_k=2, expert_ffn=256),
+    "random-moe-16x2-dense": LlamaConfig(**_ATTENTION, ffn=2 * 256),
+}
+
+
+def random_moe(name: str, dtype=np.float32, weights: str = "float32") -> Llama:
+    """A preset of MOE_PRESETS with seeded random weights (normal(0, 0.02)): an `MoE`, or for the
+    `-dense` one a `Llama`."""
+    try:
+        c = MOE_PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(MOE_PRESETS)}") from None
+    if isinstance(c, MoEConfig):
+        return MoE(c, random_params(c, RANDOM_SEED, 0.02, np.float32), name=name, dtype=dtype, weights=weights)
+    return Llama(c, llama.random_params(c, RANDOM_SEED, 0.02, np.float32), name=name, dtype=dtype, weights=weights)

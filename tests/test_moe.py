@@ -1,0 +1,288 @@
+"""The mixture-of-experts family (models/moe.py) against transformers' fixtures (Mixtral, Qwen3-MoE),
+and its invariants on random configs: E and k, dense layers (decoder_sparse_step, mlp_only_layers),
+renormalised or not, Llama or Qwen3 attention, float64 and float32, float and quantized experts.
+The meter's weight bytes against their closed form: k experts per sparse layer at one token, the
+union of the rows' choices for a step."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import minillm
+from minillm.checkpoints.moe_load import load_moe
+from minillm.errors import ConfigError, WeightsError
+from minillm.models import moe
+from minillm.models.moe import MOE_PRESETS, MoE, MoEConfig, random_params, routes, step_weight_bytes
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NAMES = ("mixtral-tiny", "qwen3moe-tiny")
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def fixture(request):
+    path = FIXTURES / request.param
+    return load_moe(path), np.load(path / "expected.npz")
+
+
+def test_fixture_logits_match_transformers(fixture):
+    model, e = fixture
+    ids = np.concatenate([e["input_ids"], e["greedy_ids"]])
+    np.testing.assert_allclose(model.forward(ids), e["logits"], rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("kv_cache", [True, False])
+def test_fixture_greedy_matches_transformers(fixture, kv_cache):
+    model, e = fixture
+    assert minillm.generate(model, e["input_ids"], len(e["greedy_ids"]), kv_cache=kv_cache) == e["greedy_ids"].tolist()
+
+
+def test_fixture_prefill_and_decode_rows(fixture):
+    model, e = fixture
+    P = len(e["input_ids"])
+    logits, cache = model.prefill(e["input_ids"])
+    np.testing.assert_allclose(logits, e["logits"][P - 1], rtol=0, atol=ATOL)
+    for i, t in enumerate(e["greedy_ids"][:8]):
+        np.testing.assert_allclose(model.decode_step(int(t), cache), e["logits"][P + i], rtol=0, atol=ATOL)
+
+
+def test_fixture_configs_read_as_written(fixture):
+    model, _ = fixture
+    c = model.config
+    if c.model_type == "mixtral":
+        assert (c.n_expert, c.top_k, c.expert_ffn, c.norm_topk, c.qk_norm, c.tied) == (4, 2, 96, True, False, False)
+    else:
+        assert (c.n_expert, c.top_k, c.expert_ffn, c.norm_topk, c.qk_norm, c.tied) == (8, 2, 48, True, True, True)
+    assert c.sparse_layers == (0, 1) and c.theta == 1e6
+    assert model.n_params() == c.n_params()
+
+
+def copy_fixture(tmp_path, name):
+    dst = tmp_path / name
+    shutil.copytree(FIXTURES / name, dst)
+    return dst
+
+
+def edit_config(folder, drop=(), **changes):
+    cfg = json.loads((folder / "config.json").read_text())
+    for k in drop:
+        cfg.pop(k)
+    cfg.update(changes)
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+def test_older_config_spellings_read_the_same(tmp_path):
+    """Qwen3-MoE files from before transformers 5 say `num_experts` and keep `rope_theta` at the top."""
+    folder = copy_fixture(tmp_path, "qwen3moe-tiny")
+    edit_config(folder, drop=("num_local_experts", "rope_parameters"), num_experts=8, rope_theta=1e6)
+    e = np.load(folder / "expected.npz")
+    ids = np.concatenate([e["input_ids"], e["greedy_ids"]])
+    np.testing.assert_allclose(load_moe(folder).forward(ids), e["logits"], rtol=0, atol=ATOL)
+
+
+def test_bad_configs_and_weights_get_one_clear_line(tmp_path):
+    folder = copy_fixture(tmp_path, "mixtral-tiny")
+    edit_config(folder, num_experts_per_tok=5)
+    with pytest.raises(ConfigError, match="top_k=5 experts but a layer has only 4"):
+        load_moe(folder)
+    edit_config(folder, drop=("num_local_experts",), num_experts_per_tok=2)
+    with pytest.raises(ConfigError, match="missing num_local_experts"):
+        load_moe(folder)
+    edit_config(folder, num_local_experts=4, sliding_window=16)
+    with pytest.raises(ConfigError, match="sliding_window=16"):
+        load_moe(folder)
+    edit_config(folder, sliding_window=None, num_local_experts=3)      # the file has 4 experts a layer
+    with pytest.raises(WeightsError, match=r"block_sparse_moe.gate.weight has shape \[4, 64\] but the config needs \[3, 64\]"):
+        load_moe(folder)
+    with pytest.raises(WeightsError, match="expert FFN 48 is not a multiple of 32"):
+        load_moe(FIXTURES / "qwen3moe-tiny", weights="q8_0")
+
+
+# -- the expert layer against each row alone ---------------------------------------------------------
+
+def rows_alone(x, p, c):
+    """The mixture as the paper writes it, one row at a time: every expert's output for the row, then
+    the k with the largest router probability, weighted. No grouping, no shared code but the experts."""
+    logits = x @ p["router.weight"]                                      # [N, E]
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.zeros_like(x)
+    for n in range(x.shape[0]):
+        top = sorted(range(c.n_expert), key=lambda e: (-probs[n, e], e))[:c.top_k]
+        w = probs[n, top] / (probs[n, top].sum() if c.norm_topk else 1.0)
+        for e, we in zip(top, w):
+            gu = x[n] @ p[f"experts.{e}.gate_up.weight"]                 # [2F]
+            g, u = gu[:c.expert_ffn], gu[c.expert_ffn:]
+            out[n] += we * ((g / (1 + np.exp(-g)) * u) @ p[f"experts.{e}.down_proj.weight"])
+    return out
+
+
+# -- random configs ------------------------------------------------------------------------------------
+
+@st.composite
+def configs(draw, width=None):
+    E = draw(st.sampled_from([2, 3, 4, 6]))
+    L = draw(st.integers(1, 3))
+    kind = draw(st.sampled_from(["mixtral", "qwen3_moe"]))
+    step = draw(st.sampled_from([1, 2])) if kind == "qwen3_moe" else 1
+    dense = tuple(draw(st.sets(st.integers(0, L - 1), max_size=1))) if kind == "qwen3_moe" else ()
+    n_kv = draw(st.sampled_from([1, 2]))
+    w = width or draw(st.sampled_from([16, 32]))
+    return MoEConfig(n_layer=L, n_head=2 * n_kv, n_kv_head=n_kv, head_dim=width // 2 // n_kv if width else 8,
+                     n_embd=w, n_ctx=64, vocab_size=97, ffn=width or draw(st.sampled_from([24, 40])),
+                     eps=1e-6, theta=1e4, arch="qwen3" if kind == "qwen3_moe" else "llama",
+                     qk_norm=kind == "qwen3_moe", tied=draw(st.booleans()), n_expert=E,
+                     top_k=draw(st.integers(1, min(E, 3))), expert_ffn=width or draw(st.sampled_from([8, 16])),
+                     norm_topk=True if kind == "mixtral" else draw(st.booleans()), sparse_step=step,
+                     dense_layers=dense, model_type=kind)
+
+
+def build(c, dtype=np.float64, seed=0, weights="float32"):
+    return MoE(c, random_params(c, seed=seed, std=0.3, dtype=np.float64), dtype=dtype, weights=weights)
+
+
+TOL = {np.float64: 1e-9, np.float32: 2e-4}
+DTYPES = st.sampled_from([np.float64, np.float32])
+
+
+@settings(max_examples=10)
+@given(c=configs(), seed=st.integers(0, 10**6))
+def test_grouped_experts_equal_each_row_alone(c, seed):
+    model = build(c)
+    x = np.random.default_rng(seed).standard_normal((9, c.n_embd))
+    for i in c.sparse_layers:
+        p = model.blocks[i]
+        np.testing.assert_allclose(moe.experts_mlp(x.copy(), p, c), rows_alone(x, p, c), rtol=0, atol=1e-12)
+
+
+@settings(max_examples=10)
+@given(c=configs(), dtype=DTYPES, seed=st.integers(0, 10**6))
+def test_cached_equals_naive(c, dtype, seed):
+    model = build(c, dtype)
+    ids = np.random.default_rng(seed).integers(0, c.vocab_size, 10)
+    full = model.forward(ids)                                      # [10, V], no cache
+    logits, cache = model.prefill(ids[:4])
+    np.testing.assert_allclose(logits, full[3], rtol=0, atol=TOL[dtype])
+    for i in range(4, 10):
+        np.testing.assert_allclose(model.decode_step(int(ids[i]), cache), full[i], rtol=0, atol=TOL[dtype])
+
+
+@settings(max_examples=6)
+@given(c=configs(width=32), fmt=st.sampled_from(["q8_0", "q4_0"]), seed=st.integers(0, 10**6))
+def test_quantized_cached_equals_naive(c, fmt, seed):
+    model = build(c, np.float32, weights=fmt)
+    assert model.weights == fmt and all(w.fmt.name == fmt for w in model.matrices())
+    ids = np.random.default_rng(seed).integers(0, c.vocab_size, 8)
+    full = model.forward(ids)
+    _, cache = model.prefill(ids[:3])
+    for i in range(3, 8):
+        np.testing.assert_allclose(model.decode_step(int(ids[i]), cache), full[i], rtol=0, atol=2e-4)
+
+
+@settings(max_examples=6)
+@given(c=configs(), seed=st.integers(0, 10**6))
+def test_batched_equals_alone_and_paged_equals_contiguous(c, seed):
+    model = build(c)
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(0, c.vocab_size, n).tolist() for n in (3, 7, 1)]
+    alone = [minillm.generate(model, p, 5) for p in prompts]
+    assert minillm.generate_batch(model, prompts, 5, cache="paged", block_size=4) == alone
+    assert minillm.generate_batch(model, prompts, 5, cache="contiguous") == alone
+
+
+# -- the meter against the closed form ---------------------------------------------------------------
+
+def counted(model, batch):
+    """One CausalLM.step of `batch` under a meter: (its weight bytes, each sparse layer's chosen experts)."""
+    with minillm.Meter() as m, routes() as r:
+        model.step(batch)
+    (s,) = m.steps
+    return s.bytes["weights"], r
+
+
+@settings(max_examples=10)
+@given(c=configs(width=32), fmt=st.sampled_from(["float32", "float64", "q8_0", "q4_0"]),
+       B=st.integers(1, 6), seed=st.integers(0, 10**6))
+def test_meter_reads_the_chosen_experts_once(c, fmt, B, seed):
+    """At one token a step reads k experts per sparse layer; B sequences' decode step reads the
+    union of their choices, each expert once: the meter equals the closed form."""
+    dtype = np.float64 if fmt == "float64" else np.float32
+    model = build(c, dtype, weights="float32" if fmt == "float64" else fmt)
+    b, w = np.dtype(dtype).itemsize, "float32" if fmt == "float64" else fmt
+    rng = np.random.default_rng(seed)
+    caches = []
+    for _ in range(B):
+        _, cache = model.prefill(rng.integers(0, c.vocab_size, 3))
+        cache.reserve(1)
+        caches.append(cache)
+    one, r = counted(model, [(np.array([5]), caches[0])])
+    assert [len(set(a.ravel())) for a in r] == [c.top_k] * len(c.sparse_layers)
+    assert one == step_weight_bytes(c, [c.top_k] * len(c.sparse_layers), 1, b, w)
+    for cache in caches:
+        cache.reserve(1)
+    step, r = counted(model, [(rng.integers(0, c.vocab_size, 1), cache) for cache in caches])
+    union = [len(set(a.ravel())) for a in r]
+    assert all(c.top_k <= n <= min(c.n_expert, B * c.top_k) for n in union)
+    assert step == step_weight_bytes(c, union, B, b, w)
+
+
+def test_expected_distinct_experts():
+    assert moe.expected_distinct_experts(8, 2, 1) == pytest.approx(2)
+    assert moe.expected_distinct_experts(8, 8, 3) == pytest.approx(8)
+    # against an exact count: B = 2 tokens, each 2 of 4 experts, all 6·6 pairs of choices equally likely
+    from itertools import combinations
+    pairs = list(combinations(range(4), 2))
+    exact = np.mean([len(set(a) | set(b)) for a in pairs for b in pairs])
+    assert moe.expected_distinct_experts(4, 2, 2) == pytest.approx(exact)
+
+
+def test_presets_total_beyond_the_cache_and_active_a_fraction():
+    """Config arithmetic only (building the presets takes seconds): the mixture holds more than four
+    times a 32 MiB cache, a token reads under a third of it, and the dense preset reads what one token
+    of the mixture reads, but the routers."""
+    c, dense = MOE_PRESETS["random-moe-16x2"], MOE_PRESETS["random-moe-16x2-dense"]
+    total, active = 4 * c.n_params(), 4 * c.active_params()
+    assert total > 4 * 32 * 2**20 and active < total / 3
+    assert 4 * dense.n_params() == active - 4 * c.n_layer * c.n_embd * c.n_expert
+    assert step_weight_bytes(c, [c.top_k] * c.n_layer) == active + 4 * c.n_embd     # + the token's embedding row
+
+
+# -- the family-independent engine, unchanged ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def mixtral():
+    return load_moe(FIXTURES / "mixtral-tiny")
+
+
+def test_seeded_sampling_is_reproducible_alone_and_batched(mixtral):
+    prompts = [[3, 14, 15], [9, 2, 6, 5, 35]]
+    alone = [minillm.generate(mixtral, p, 8, temperature=0.9, top_k=50, seed=7) for p in prompts]
+    assert alone == [minillm.generate(mixtral, p, 8, temperature=0.9, top_k=50, seed=7) for p in prompts]
+    assert minillm.generate_batch(mixtral, prompts, 8, temperature=0.9, top_k=50, seed=7) == alone
+
+
+def test_speculative_greedy_equals_plain_greedy(mixtral):
+    e = np.load(FIXTURES / "mixtral-tiny" / "expected.npz")
+    new, _ = minillm.speculative_generate(mixtral, e["input_ids"], 20, draft="ngram", k=3)
+    assert new == e["greedy_ids"][:20].tolist()
+    c = mixtral.config
+    small = MoEConfig(**{**c.asdict(), "n_layer": 1})
+    new, _ = minillm.speculative_generate(mixtral, e["input_ids"], 20, draft=build(small, np.float32, seed=1), k=2)
+    assert new == e["greedy_ids"][:20].tolist()
+
+
+def test_engine_serves_each_request_as_alone(mixtral):
+    from minillm.engine.engine import Engine
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 40], [77]]
+    alone = [minillm.generate(mixtral, p, 6) for p in prompts]
+    engine = Engine(mixtral, num_blocks=32, block_size=4, prefix_cache=True)
+    reqs = [engine.add_request(p, 6) for p in prompts]
+    engine.run()
+    assert [r.output for r in reqs] == alone
