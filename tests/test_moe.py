@@ -233,6 +233,49 @@ def test_meter_reads_the_chosen_experts_once(c, fmt, B, seed):
     assert step == step_weight_bytes(c, union, B, b, w)
 
 
+def test_dense_layers_and_expert_count_spelling_load_from_a_folder(tmp_path):
+    """A Qwen3-MoE folder whose decoder_sparse_step and mlp_only_layers keep layers 0, 1 and 3 of 4
+    dense (their MLP under the dense names), its expert count spelled `num_experts`: loaded, it
+    computes what the model built from the same tensors computes."""
+    from minillm.checkpoints.safetensors import write_safetensors
+    c = MoEConfig(n_layer=4, n_head=2, n_kv_head=1, head_dim=16, n_embd=32, n_ctx=32, vocab_size=50, ffn=40,
+                  eps=1e-6, theta=1e6, arch="qwen3", qk_norm=True, tied=False, n_expert=4, top_k=2,
+                  expert_ffn=16, norm_topk=False, sparse_step=2, dense_layers=(3,), model_type="qwen3_moe")
+    assert c.sparse_layers == (1,)
+    params = random_params(c, seed=3, std=0.3)
+    write_safetensors(tmp_path / "model.safetensors", {"model." + k: v for k, v in params.items()})
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen3_moe", "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "head_dim": 16, "hidden_size": 32, "max_position_embeddings": 32, "vocab_size": 50,
+        "intermediate_size": 40, "moe_intermediate_size": 16, "num_experts": 4, "num_experts_per_tok": 2,
+        "rms_norm_eps": 1e-6, "rope_theta": 1e6, "decoder_sparse_step": 2, "mlp_only_layers": [3],
+        "norm_topk_prob": False, "tie_word_embeddings": False}))
+    model = load_moe(tmp_path)
+    assert model.config == c and model.config.sparse_layers == (1,)
+    assert "gate_up.weight" in model.blocks[3] and "router.weight" in model.blocks[1]
+    ids = np.arange(12) % 50
+    np.testing.assert_allclose(model.forward(ids), MoE(c, params).forward(ids), rtol=0, atol=0)
+
+
+def test_random_presets_build_and_read_what_they_should(monkeypatch):
+    """random_moe on small stand-ins for the presets: the mixture's one-token step reads what its
+    dense twin's reads, but the routers."""
+    small = dict(n_layer=2, n_head=2, n_kv_head=1, head_dim=16, n_embd=32, n_ctx=64, vocab_size=64, tied=True)
+    monkeypatch.setitem(MOE_PRESETS, "random-moe-16x2", MoEConfig(**small, ffn=32, n_expert=8, top_k=2))
+    monkeypatch.setitem(MOE_PRESETS, "random-moe-16x2-dense", moe.LlamaConfig(**small, ffn=64))
+    mix, dense = moe.random_moe("random-moe-16x2"), moe.random_moe("random-moe-16x2-dense")
+    assert isinstance(mix, MoE) and not isinstance(dense, MoE)
+    read = []
+    for model in (mix, dense):
+        _, cache = model.prefill([1, 2, 3])
+        with minillm.Meter() as m:
+            model.decode_step(4, cache)
+        read.append(m.steps[0].bytes["weights"])
+    assert read[0] == mix.step_weight_bytes() == read[1] + 2 * 4 * 32 * 8      # + two routers [32, 8]
+    with pytest.raises(ConfigError, match="unknown preset"):
+        moe.random_moe("random-moe-3x1")
+
+
 def test_expected_distinct_experts():
     assert moe.expected_distinct_experts(8, 2, 1) == pytest.approx(2)
     assert moe.expected_distinct_experts(8, 8, 3) == pytest.approx(8)
@@ -250,7 +293,7 @@ def test_presets_total_beyond_the_cache_and_active_a_fraction():
     c, dense = MOE_PRESETS["random-moe-16x2"], MOE_PRESETS["random-moe-16x2-dense"]
     total, active = 4 * c.n_params(), 4 * c.active_params()
     assert total > 4 * 32 * 2**20 and active < total / 3
-    assert 4 * dense.n_params() == active - 4 * c.n_layer * c.n_embd * c.n_expert
+    assert 4 * dense.n_params() == active - 4 * c.n_layer * c.n_embd * c.n_expert      # the routers
     assert step_weight_bytes(c, [c.top_k] * c.n_layer) == active + 4 * c.n_embd     # + the token's embedding row
 
 
@@ -286,3 +329,18 @@ def test_engine_serves_each_request_as_alone(mixtral):
     reqs = [engine.add_request(p, 6) for p in prompts]
     engine.run()
     assert [r.output for r in reqs] == alone
+
+
+@pytest.mark.slow
+def test_the_real_presets_read_the_same_bytes_at_one_token():
+    """The two presets themselves (~230 MiB and ~60 MiB of float32, seconds to build)."""
+    mix, dense = moe.random_moe("random-moe-16x2"), moe.random_moe("random-moe-16x2-dense")
+    c = mix.config
+    assert mix.nbytes() == 4 * c.n_params() and dense.nbytes() == 4 * dense.config.n_params()
+    read = []
+    for model in (mix, dense):
+        _, cache = model.prefill([1, 2, 3])
+        with minillm.Meter() as m:
+            model.decode_step(4, cache)
+        read.append(m.steps[0].bytes["weights"])
+    assert read[0] == mix.step_weight_bytes() == read[1] + 4 * c.n_layer * c.n_embd * c.n_expert

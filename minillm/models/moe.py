@@ -241,7 +241,8 @@ def experts_mlp(x: np.ndarray, p: Block, c: MoEConfig) -> np.ndarray:
     gate|up and down weights are multiplied once for that run (`llama.mlp`, through `ops.linear`),
     and an expert no row chose is not read at all. The outputs, scaled by their weights, are added
     into their rows (a row's k experts are distinct, so each run adds into distinct rows).
-    Counted besides: gathering the rows, and adding the scaled outputs (2 FLOPs a value)."""
+    Counted besides, per (row, expert) pair of d values: the gather (read, write), scaling the
+    output and adding it into y (read it, read y, write y; 2 FLOPs a value); and y's zeros."""
     experts, weights = route(x, p["router.weight"], c.top_k, c.norm_topk)  # [N, k] each
     k = experts.shape[1]
     order = np.argsort(experts, axis=None, kind="stable")                   # [N·k] pairs, grouped by expert
@@ -294,6 +295,13 @@ class MoE(Llama):
 
     def ffn(self, layer: int):
         return partial(experts_mlp, c=self.config) if self.config.is_sparse(layer) else mlp
+
+    def step_weight_bytes(self, n_tokens: int = 1, distinct=None) -> int:
+        """The weight bytes a step of n_tokens rows reads when its sparse layers' rows chose `distinct`
+        experts each (a list per sparse layer; default: k, one token's). `step_weight_bytes` below."""
+        c = self.config
+        distinct = [c.top_k] * len(c.sparse_layers) if distinct is None else distinct
+        return step_weight_bytes(c, distinct, n_tokens, self.dtype.itemsize, self.weights)
 
     def matrices(self) -> list:
         """Every block's product weights: attention, dense MLPs, and every expert's (not the router)."""
