@@ -225,7 +225,7 @@ class Llama(CausalLM):
         for i, p in enumerate(self.blocks):
             self.params.update({f"layers.{i}.{k}": v for k, v in p.items()})
         self.cos, self.sin = ops.rope_tables(c.n_ctx, c.head_dim, c.theta, dtype)        # [n_ctx, hd/2]
-        kinds = [w.fmt.name if isinstance(w, QuantMatrix) else dtype.name for w in self.matrices()]
+        kinds = [w.fmt.name if isinstance(w, QuantMatrix) else dtype.name for w in self.matrices(head=False)]
         quantized = [k for k in kinds if k != dtype.name]
         self.weights = max(set(quantized), key=quantized.count) if quantized else dtype.name
         # products kept in floats beside quantized ones (a GGUF mixing formats in a fused product)
@@ -240,9 +240,10 @@ class Llama(CausalLM):
         """Block `layer`'s MLP, a function (x [N, d], its parameters) -> [N, d]."""
         return mlp
 
-    def matrices(self) -> list:
-        """Every block's product weights."""
-        return [p[k] for p in self.blocks for k in self.MATRICES]
+    def matrices(self, head: bool = True) -> list:
+        """Every block's product weights, then the LM head (head=False: the blocks' only)."""
+        mats = [p[k] for p in self.blocks for k in self.MATRICES]
+        return mats + [self.head_w] if head else mats
 
     def run(self, plan) -> np.ndarray:
         """Embeddings, then every block (not the final norm). plan.ids, plan.positions [N] -> x [N, d]."""
@@ -261,7 +262,7 @@ class Llama(CausalLM):
         return (f"Llama({self.name!r}: {c.arch}, {c.n_layer} layers, {c.n_head} heads / {c.n_kv_head} KV "
                 f"heads of {c.head_dim}, width {c.n_embd}, FFN {c.ffn}, context {c.n_ctx}, vocab "
                 f"{c.vocab_size}, {self.n_params():,} params, {self.weights}"
-                + (f", {self.float_matrices} of {len(self.matrices())} products in "
+                + (f", {self.float_matrices} of {len(self.matrices(head=False))} products in "
                    f"{self.dtype.name}" if self.float_matrices else "") + ")")
 
 

@@ -303,8 +303,10 @@ class MoE(Llama):
         distinct = [c.top_k] * len(c.sparse_layers) if distinct is None else distinct
         return step_weight_bytes(c, distinct, n_tokens, self.dtype.itemsize, self.weights)
 
-    def matrices(self) -> list:
-        """Every block's product weights: attention, dense MLPs, and every expert's (not the router)."""
+    def matrices(self, head: bool = True) -> list:
+        """Every product weight a step may multiply: attention, dense MLPs, all E experts of each sparse
+        layer (a token multiplies k of them: `step_weight_bytes`), then the LM head (head=False: not
+        it). Not the router, kept float."""
         out = []
         for i, p in enumerate(self.blocks):
             out += [p["qkv.weight"], p["o_proj.weight"]]
@@ -312,7 +314,7 @@ class MoE(Llama):
                 out += [w for e in range(self.config.n_expert) for w in expert(p, e).values()]
             else:
                 out += [p["gate_up.weight"], p["down_proj.weight"]]
-        return out
+        return out + [self.head_w] if head else out
 
     def __repr__(self) -> str:
         c = self.config
