@@ -23,8 +23,9 @@ reads only its k (the *active* ones). A step of N rows reads every expert chosen
 row, once: `experts_mlp` groups the rows by expert and multiplies each expert's weights once for
 all its rows (as serving engines' fused MoE kernels do), so the meter counts the router, and the
 union of the chosen experts (`step_weight_bytes` is its closed form). Under uniform routing a step
-of B tokens reads E·(1 − (1 − k/E)^B) experts per layer (`expected_distinct_experts`): decode stops
-being memory-bound only at a batch about E/k times larger than a dense model's.
+of B tokens reads E·(1 − (1 − k/E)^B) experts per layer (`expected_distinct_experts`), each of them
+serving about B·k/E rows where a dense MLP serves B: the FLOPs per weight byte a batch of B buys a
+dense model, a mixture buys at about E/k times that batch.
 
 The experts' matrices are built like every other product weight (`llama._matrix`: float [in, out],
 or quantized [out, in] rows with `weights="q8_0"` / `"q4_0"`), and multiplied by `ops.linear`.
@@ -46,7 +47,7 @@ from ..config import LlamaConfig
 from ..errors import ConfigError, WeightsError
 from . import llama, ops
 from .llama import Block, Llama, fuse_block, mlp
-from .quant import FORMATS, QuantMatrix
+from .quant import FORMATS
 
 # Hugging Face model_type -> (the attention it shares with models/llama.py, the layer's prefix for the
 # router and the experts, the experts' gate, up and down names)
