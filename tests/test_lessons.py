@@ -423,3 +423,38 @@ def test_lesson_14s_claims_fail_on_a_wrong_byte_count_or_a_wrong_scale(broken, m
         monkeypatch.setattr(quant, "quantize_blocks", coarse)
     assert _lesson(14).main(["--fast", "--no-pause"]) == 1
     assert "did not hold" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong", ["every expert", "once per row"])
+def test_lesson_15s_claims_fail_when_the_meter_misses_the_union(wrong, monkeypatch, capsys):
+    """Lesson 15 checks the run's bytes against the experts its router chose: a meter that counts every
+    expert of a layer (the total, not the active), or each chosen expert once per row that chose it
+    (no grouping, so B = 1 still holds and only the batches go wrong), fails it."""
+    from minillm import meter
+    from minillm.models import moe
+
+    real_route, real_mlp, chosen = moe.route, moe.experts_mlp, []
+
+    def route(x, router, k, norm_topk):
+        top, w = real_route(x, router, k, norm_topk)
+        chosen.append(top)
+        return top, w
+
+    def experts_mlp(x, p, c):
+        y = real_mlp(x, p, c)
+        m, top = meter.active(), chosen.pop()
+        if m is not None:
+            per_row = np.bincount(top.ravel(), minlength=c.n_expert)
+            extra = (per_row == 0) if wrong == "every expert" else np.maximum(per_row - 1, 0)
+            m.count("linear", weights=sum(int(n) * sum(w.nbytes for w in moe.expert(p, e).values())
+                                          for e, n in enumerate(extra)))
+        return y
+
+    import numpy as np
+    monkeypatch.setattr(moe, "route", route)
+    monkeypatch.setattr(moe, "experts_mlp", experts_mlp)
+    assert _lesson(15).main(["--fast", "--no-pause"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    said = out.split("did not hold")[1]
+    assert ("the closed form for 2 experts" in said) == (wrong == "every expert"), said[:300]
+    assert ("at every B" in said) == (wrong == "once per row"), said[:300]
