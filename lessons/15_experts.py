@@ -71,9 +71,9 @@ def lesson(L: Lesson) -> None:
     models = {"dense": dense, "mixture": mix}
     runs = start_runs(L, models)
     counts = union_of_experts(L, models, runs)
-    speed(L, models, runs, counts)
+    crit = speed(L, models, runs, counts)
     busiest = imbalance(L, mix)
-    expert_parallelism(L, mix, busiest)
+    expert_parallelism(L, mix, busiest, crit)
     L.try_it(f"""
         `minillm bench --batch 1,2,4,8,16,32 --model {MOE_NAME}` and the same with `--model {DENSE_NAME}`
         measure this lesson's two curves as a command. Change `BATCHES` at the top of this lesson to
@@ -328,7 +328,7 @@ def critical_batch(model, counts: dict, name: str, hw, limit: int = 1 << 16) -> 
     return None
 
 
-def speed(L: Lesson, models: dict, runs: dict, counts: dict) -> None:
+def speed(L: Lesson, models: dict, runs: dict, counts: dict) -> dict:
     L.section("Tokens per second against B: when does each stop waiting for memory?")
     mix, dense = models["mixture"], models["dense"]
     c = mix.config
@@ -362,8 +362,9 @@ def speed(L: Lesson, models: dict, runs: dict, counts: dict) -> None:
              if busy else "."))
     crit = {name: critical_batch(model, counts, name, hw) for name, model in models.items()}
     L.say(roofline_words(crit, E, k))
-    L.say(measured_words(tps, gain, E, k))
+    L.say(measured_words(tps, gain))
     L.pause()
+    return crit
 
 
 def _busy() -> bool:
@@ -391,7 +392,7 @@ def roofline_words(crit: dict, E: int, k: int) -> str:
     return text
 
 
-def measured_words(tps: dict, gain: dict, E: int, k: int) -> str:
+def measured_words(tps: dict, gain: dict) -> str:
     """The measured gains from batching, ranked only when every round agrees."""
     last = BATCHES[-1]
     per_round = [(d * 1 / d1) / (m / m1) for d, d1, m, m1 in zip(tps["dense", last], tps["dense", 1],
@@ -404,10 +405,11 @@ def measured_words(tps: dict, gain: dict, E: int, k: int) -> str:
         head += "batching bought the mixture more, in every round."
     else:
         head += "the rounds disagree on which gained more, so this run does not rank them."
-    target = gain["dense", BATCHES[len(BATCHES) // 2]]
+    mid = BATCHES[len(BATCHES) // 2]
+    target = gain["dense", mid]
     reach = next((B for B in BATCHES if gain["mixture", B] >= target), None)
-    head += (f" The dense model's gain at B = {BATCHES[len(BATCHES) // 2]} ({fmt_x(target)}) the mixture "
-             + (f"reached at B = {reach}." if reach else f"did not reach by B = {last}."))
+    head += (f" The dense model's gain at B = {mid} was {fmt_x(target)}; the mixture "
+             + (f"first reached it at B = {reach}." if reach else f"did not reach it by B = {last}."))
     return head + (" The mixture's step also pays for a product per chosen expert (up to E a layer) where "
                    "the dense one makes one: time the meter does not count.")
 
@@ -480,7 +482,7 @@ def uniform_busiest(rng, rows: int, E: int, k: int) -> float:
 GPUS = 8
 
 
-def expert_parallelism(L: Lesson, mix, busiest: float) -> None:
+def expert_parallelism(L: Lesson, mix, busiest: float, crit: dict) -> None:
     L.section("Expert parallelism, on paper")
     L.say(f"""
         A model too big for one GPU is spread over several. **Expert parallelism** (EP) puts E/G of each
@@ -512,14 +514,21 @@ def expert_parallelism(L: Lesson, mix, busiest: float) -> None:
         this lesson's served run would leave the mean GPU idle {1 - 1 / busiest:.0%} of the time its busiest
         worked ({fmt_x(busiest)} the mean rows). Engines answer with redundant copies of busy experts.
     """)
+    c = mix.config
     L.takeaway(f"""
         A mixture's memory holds every expert; a token reads only its k. At batch 1 decode costs the active
         bytes. As B grows a step reads the union of its tokens' experts, E·(1 − (1 − k/E)^B) a layer, and
-        each expert read serves only its own rows: the batch that makes a dense model compute-bound must be
-        about E/k times larger for a mixture. Expert parallelism spreads the experts over GPUs and pays
-        with all-to-all bytes per token and with the busiest expert's wait.
+        each expert read serves only its own rows, so a mixture needs a bigger batch than a dense model of
+        its active size to turn compute-bound: {critical_ratio_words(crit, c.n_expert, c.top_k)}. Expert
+        parallelism spreads the experts over GPUs and pays with all-to-all bytes per token and with the
+        busiest expert's wait.
     """)
 
+
+def critical_ratio_words(crit: dict, E: int, k: int) -> str:
+    if crit["dense"] and crit["mixture"]:
+        return f"here {fmt_x(crit['mixture'] / crit['dense'])} the dense model's batch by the roofline (E/k = {E // k})"
+    return f"by the roofline, E/k = {E // k} times the batch once every expert is read (this run found no crossing for both)"
 
 
 def main(argv: list[str] | None = None) -> int:
