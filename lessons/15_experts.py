@@ -301,31 +301,32 @@ def compute_bound(rec, hw) -> bool:
 
 
 def critical_batch(model, counts: dict, name: str, hw, limit: int = 1 << 16) -> int | None:
-    """The smallest B whose step is compute-bound on the roofline: the first of the sweep, or past its
-    end from the counts at its last two B (FLOPs and the bytes besides the weights grow linearly with
-    B) with weight bytes that follow uniform routing's union for a mixture (a dense model's grow only
-    by the embedding rows)."""
+    """The smallest B whose step is compute-bound on the roofline. Between two B of the sweep (or past
+    its end, from its last two) a step's FLOPs and its bytes besides the weights are taken as linear in
+    B between the counted steps; its weight bytes follow uniform routing's union for a mixture (a dense
+    model's grow only by the embedding rows, also linear)."""
     bound = [B for B in BATCHES if compute_bound(counts[name, B], hw)]
-    if bound:
-        return bound[0]
-    (b1, r1), (b2, r2) = ((B, counts[name, B]) for B in BATCHES[-2:])
+    if bound and bound[0] == BATCHES[0]:
+        return BATCHES[0]
+    i = BATCHES.index(bound[0]) if bound else len(BATCHES) - 1
+    (b1, r1), (b2, r2) = ((B, counts[name, B]) for B in BATCHES[i - 1:i + 1])
     bw, peak = hw.bandwidth_gbs * 1e9, hw.peak_gflops * 1e9
     c = model.config
 
-    def slope(f):
-        return (f(r2) - f(r1)) / (b2 - b1)
+    def at(B, f):                       # f of the counted steps, on the line through b1 and b2
+        return f(r1) + (B - b1) * (f(r2) - f(r1)) / (b2 - b1)
 
-    for B in range(b2 + 1, limit + 1):
-        flops = r2.total_flops + (B - b2) * slope(lambda r: r.total_flops)
-        other = r2.total_bytes - r2.bytes["weights"] + (B - b2) * slope(lambda r: r.total_bytes - r.bytes["weights"])
+    for B in range(b1 + 1, (b2 if bound else limit) + 1):
+        flops = at(B, lambda r: r.total_flops)
+        other = at(B, lambda r: r.total_bytes - r.bytes["weights"])
         if isinstance(c, MoEConfig):
             weights = step_weight_bytes(c, [expected_distinct_experts(c.n_expert, c.top_k, B)] * len(c.sparse_layers),
                                         B, np.dtype(model.dtype).itemsize)
         else:
-            weights = r2.bytes["weights"] + (B - b2) * slope(lambda r: r.bytes["weights"])
+            weights = at(B, lambda r: r.bytes["weights"])
         if flops / peak > (weights + other) / bw:
             return B
-    return None
+    return bound[0] if bound else None
 
 
 def speed(L: Lesson, models: dict, runs: dict, counts: dict) -> dict:
@@ -337,8 +338,11 @@ def speed(L: Lesson, models: dict, runs: dict, counts: dict) -> dict:
         A decode step is memory-bound while its weight bytes take longer to read than its FLOPs take to
         compute. A dense model's FLOPs per weight byte grow with B: every row multiplies every weight.
         In the mixture, an expert read at batch B serves only the rows that chose it, about B·k/E
-        of them once all experts are read: it reaches a dense model's FLOPs per byte at about **E/k =
-        {E // k} times the batch**. Both models now decode at every B, interleaved, same threads.
+        of them once all experts are read: the experts reach a dense model's FLOPs per byte at **E/k =
+        {E // k} times the batch**. But attention, the embeddings and the head are dense in a mixture
+        too, read once for all rows. So the whole step, once every expert is read, needs about
+        **total ÷ active** times the dense batch: E/k only if the experts were all of the weights.
+        Both models now decode at every B, interleaved, on the same threads.
     """)
     hw = L.machine()
     secs = time_steps(L, models, runs)
@@ -361,7 +365,7 @@ def speed(L: Lesson, models: dict, runs: dict, counts: dict) -> dict:
           + (", on a busy machine: the tokens/s are slower and noisier than it can do, the counts are not."
              if busy else "."))
     crit = {name: critical_batch(model, counts, name, hw) for name, model in models.items()}
-    L.say(roofline_words(crit, E, k))
+    L.say(roofline_words(crit, E, k, mix.config.n_params() / mix.config.active_params()))
     L.say(measured_words(tps, gain))
     L.pause()
     return crit
@@ -372,24 +376,23 @@ def _busy() -> bool:
     return busy_line() is not None
 
 
-def roofline_words(crit: dict, E: int, k: int) -> str:
-    """The roofline's critical batches, and their ratio against E/k, in words chosen by the numbers."""
+def roofline_words(crit: dict, E: int, k: int, held: float) -> str:
+    """The roofline's critical batches, and their ratio against total ÷ active (`held`), in words
+    chosen by the numbers."""
     def where(name):
         if crit[name] is None:
             return "no batch (its FLOPs per byte never reach the ridge)"
-        if crit[name] in BATCHES:
-            return f"B = {crit[name]} (in the sweep)"
-        return f"B ≈ {crit[name]:,} (past the sweep, by its last two counts)"
+        return f"B ≈ {crit[name]:,}" + ("" if crit[name] <= BATCHES[-1] else " (past the sweep)")
     text = (f"By the roofline, from this run's counts, the dense model turns compute-bound at {where('dense')}, "
             f"the mixture at {where('mixture')}")
     if crit["dense"] and crit["mixture"]:
         r = crit["mixture"] / crit["dense"]
-        rel = ("about E/k" if abs(r - E / k) <= 0.25 * E / k else
-               "more than E/k" if r > E / k else "less than E/k")
-        text += f": {fmt_x(r)} the batch, {rel} = {E // k}."
+        rel = ("about" if abs(r - held) <= 0.25 * held else "more than" if r > held else "less than")
+        text += (f": {fmt_x(r)} the batch, {rel} its total ÷ active parameters ({fmt_x(held)}), and "
+                 + ("less than" if r < E / k else "not less than") + f" E/k = {E // k}.")
     else:
         text += "."
-    return text
+    return text + " (Between the sweep's batches: its counts joined by straight lines, uniform routing's union.)"
 
 
 def measured_words(tps: dict, gain: dict) -> str:
@@ -444,7 +447,7 @@ def imbalance(L: Lesson, mix) -> float:
             f"every sparse layer's router saw each token the engine ran once: {ran:,} rows a layer "
             "(the prompts, and every answer token but the last)")
     rng = np.random.default_rng(0)
-    chance = statistics.mean(uniform_busiest(rng, ran, E, k) for _ in range(L.pick(20, 5)))
+    chance = statistics.mean(max(uniform_busiest(rng, ran, E, k) for _ in range(S)) for _ in range(L.pick(10, 3)))
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("layer", "busiest expert", "its rows", "share", "× fair", "idlest"):
         t.add_column(col, justify="right", no_wrap=True)
@@ -456,7 +459,7 @@ def imbalance(L: Lesson, mix) -> float:
         t.add_row(str(i), str(top), f"{load.max():,}", f"{load.max() / ran:.1%}", fmt_x(ratio[-1]),
                   f"{load.min():,}")
     L.show(t, f"[dim]share: of the layer's {ran:,} rows; × fair: the busiest expert's rows ÷ the mean "
-              f"expert's; uniform routing of as many rows gives about {fmt_x(chance)} by chance[/]")
+              f"expert's; uniform routing of as many rows gives about {fmt_x(chance)} in its most uneven of {S} layers[/]")
     worst = max(ratio)
     how = ("about what chance gives" if abs(worst - chance) <= 0.1 * chance else
            "more uneven than chance" if worst > chance else "more even than chance")
@@ -518,17 +521,22 @@ def expert_parallelism(L: Lesson, mix, busiest: float, crit: dict) -> None:
     L.takeaway(f"""
         A mixture's memory holds every expert; a token reads only its k. At batch 1 decode costs the active
         bytes. As B grows a step reads the union of its tokens' experts, E·(1 − (1 − k/E)^B) a layer, and
-        each expert read serves only its own rows, so a mixture needs a bigger batch than a dense model of
-        its active size to turn compute-bound: {critical_ratio_words(crit, c.n_expert, c.top_k)}. Expert
+        each expert read serves only its own rows. {critical_ratio_words(crit, c)} Expert
         parallelism spreads the experts over GPUs and pays with all-to-all bytes per token and with the
         busiest expert's wait.
     """)
 
 
-def critical_ratio_words(crit: dict, E: int, k: int) -> str:
+def critical_ratio_words(crit: dict, c: MoEConfig) -> str:
+    """The takeaway's sentence on the critical batches, from this run's roofline figures."""
+    held, E, k = c.n_params() / c.active_params(), c.n_expert, c.top_k
     if crit["dense"] and crit["mixture"]:
-        return f"here {fmt_x(crit['mixture'] / crit['dense'])} the dense model's batch by the roofline (E/k = {E // k})"
-    return f"by the roofline, E/k = {E // k} times the batch once every expert is read (this run found no crossing for both)"
+        r = crit["mixture"] / crit["dense"]
+        more = "a bigger" if r > 1 else "no bigger"
+        return (f"Here the mixture needed {more} batch than the dense model of its active size to turn "
+                f"compute-bound: {fmt_x(r)} by the roofline (total ÷ active {fmt_x(held)}, E/k = {E // k}).")
+    return (f"By the roofline, once every expert is read a mixture needs about total ÷ active times a dense "
+            f"model's batch ({fmt_x(held)} here, E/k = {E // k} at most); this run found no crossing for both.")
 
 
 def main(argv: list[str] | None = None) -> int:
