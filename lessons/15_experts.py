@@ -24,7 +24,7 @@ from minillm.measure import batching
 from minillm.meter import Meter
 from minillm.models import llama, moe
 from minillm.models.moe import MoE, MoEConfig, expected_distinct_experts, routes, step_weight_bytes
-from minillm.ui.report import fmt_bytes, fmt_time
+from minillm.ui.report import fmt_bytes
 
 TITLE = "Experts: reading only part of the model"
 MINUTES = 10

@@ -430,6 +430,8 @@ def test_lesson_15s_claims_fail_when_the_meter_misses_the_union(wrong, monkeypat
     """Lesson 15 checks the run's bytes against the experts its router chose: a meter that counts every
     expert of a layer (the total, not the active), or each chosen expert once per row that chose it
     (no grouping, so B = 1 still holds and only the batches go wrong), fails it."""
+    import numpy as np
+
     from minillm import meter
     from minillm.models import moe
 
@@ -450,7 +452,6 @@ def test_lesson_15s_claims_fail_when_the_meter_misses_the_union(wrong, monkeypat
                                           for e, n in enumerate(extra)))
         return y
 
-    import numpy as np
     monkeypatch.setattr(moe, "route", route)
     monkeypatch.setattr(moe, "experts_mlp", experts_mlp)
     assert _lesson(15).main(["--fast", "--no-pause"]) == 1
