@@ -21,6 +21,7 @@ from rich.table import Table
 
 from minillm.engine.engine import Engine
 from minillm.measure import batching
+from minillm.measure.chips import PRESETS as CHIPS
 from minillm.meter import Meter
 from minillm.models import llama, moe
 from minillm.models.moe import MoE, MoEConfig, expected_distinct_experts, routes, step_weight_bytes
@@ -199,7 +200,7 @@ def published(L: Lesson) -> None:
         weights follow the formula in `attention_params`, not `d·(H + 2·Hkv)·hd`, and its KV cache
         holds the 512 + 64 latent per layer instead of keys and values. Its multi-token-prediction module
         (about 14B more in the released files, 685B in all) is not counted: decode does not need it.
-        Routers and norms are counted; biases are none of these models'.
+        Routers and norms are counted; none of these matrices has a bias.
     """)
     L.pause()
 
@@ -465,9 +466,10 @@ def imbalance(L: Lesson, mix) -> float:
            "more uneven than chance" if worst > chance else "more even than chance")
     L.say(f"""
         The busiest expert of the most uneven layer served {fmt_x(worst)} the mean expert's rows:
-        {how} ({fmt_x(chance)}). These are random weights; trained routers are pushed toward balance in
-        training (an auxiliary loss, or DeepSeek-V3's per-expert bias), yet a served workload of one
-        kind of text still loads some experts more. A batched step waits for its busiest expert's rows.
+        {how} ({fmt_x(chance)}). These are random weights: trained routers are pushed toward balance in
+        training (an auxiliary loss, or DeepSeek-V3's per-expert bias), and how even one is on your
+        workload is a thing to measure, as here. Spread over GPUs, a step waits for the GPU whose experts
+        got the most rows (next).
     """)
     L.pause()
     return worst
@@ -497,14 +499,20 @@ def expert_parallelism(L: Lesson, mix, busiest: float, crit: dict) -> None:
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("model", "experts/GPU", "held/GPU", "all-to-all/token", "tokens to match"):
         t.add_column(col, justify="right", no_wrap=True)
+    held_per_gpu = {}
     for name, s in PUBLISHED.items():
         d, sparse = s["d"], s["layers"] - s["dense_layers"]
-        held = sparse * s["E"] // GPUS * 3 * d * s["expert_ffn"] * 2
+        held = held_per_gpu[name] = sparse * s["E"] // GPUS * 3 * d * s["expert_ffn"] * 2
         moved = 2 * s["k"] * d * 2 * sparse * (GPUS - 1) / GPUS
         t.add_row(name, f"{s['E'] / GPUS:g}", fmt_bytes(held), fmt_bytes(moved), f"{held / moved:,.0f}")
     L.show(t, "[dim]held/GPU: its routed experts' weights; all-to-all/token: dispatch and combine over all "
-              "sparse layers; tokens to match: the tokens a step needs before their all-to-all bytes equal "
-              "the expert weights a GPU reads in it[/]")
+              "sparse layers; tokens to match: the tokens a GPU sends in a step before their all-to-all "
+              "bytes equal the expert weights it reads in that step[/]")
+    chip = CHIPS["h200"]
+    over = [n for n, h in held_per_gpu.items() if h > chip.memory_gb * 1e9]
+    if over:
+        L.say(f"{' and '.join(over)} would not fit on {GPUS} GPUs: each one's share of the experts alone is "
+              f"more than the {chip.memory_gb:g} GB of an H200 ({chip.source}), so it is spread over more.")
     L.fact("all-to-all bytes per token = 2 · k · d · 2 bytes · sparse layers · (G − 1)/G; they grow with the "
            "batch, while each GPU reads its experts once a step")
     L.say(f"""
