@@ -10,7 +10,7 @@ Run:  python lessons/15_experts.py        (or: minillm learn 15)
 
 from __future__ import annotations
 
-from minillm.lessons._common import Lesson, fmt_x, plural, run_lesson
+from minillm.lessons._common import Lesson, busy_line, fmt_x, plural, run_lesson
 
 import statistics
 import time
@@ -361,7 +361,7 @@ def speed(L: Lesson, models: dict, runs: dict, counts: dict) -> dict:
               f"and FLOPs at this machine's {hw.bandwidth_gbs:.1f} GB/s and {hw.peak_gflops:.0f} GFLOP/s "
               f"(ridge {hw.peak_gflops / hw.bandwidth_gbs:.2g} FLOP/byte)[/]")
     L.timing_note()
-    busy = _busy()
+    busy = busy_line() is not None
     L.say("Both were measured in the same rounds on the same BLAS threads"
           + (", on a busy machine: the tokens/s are slower and noisier than it can do, the counts are not."
              if busy else "."))
@@ -370,11 +370,6 @@ def speed(L: Lesson, models: dict, runs: dict, counts: dict) -> dict:
     L.say(measured_words(tps, gain))
     L.pause()
     return crit
-
-
-def _busy() -> bool:
-    from minillm.lessons._common import busy_line
-    return busy_line() is not None
 
 
 def roofline_words(crit: dict, E: int, k: int, held: float) -> str:
