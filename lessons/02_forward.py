@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import minillm
-from minillm.config import PRESETS
+from minillm.config import GPT2_SIZES
 from minillm.lessons._common import Lesson, bar_chart, fmt_bytes, fmt_flops, fmt_prob, run_lesson, token_text
 from minillm.models import ops
 
@@ -204,7 +204,7 @@ def where_the_parameters_are(L: Lesson, model, ids) -> None:
     L.section("Where the parameters are")
     c = model.config
     T, d, V = ids.size, c.n_embd, c.vocab_size
-    small = PRESETS["124m"]
+    small = GPT2_SIZES["124m"]
     mine = by_part({name: int(a.size) for name, a in model.params.items()})
     theirs = by_part(gpt2_sizes(small))
     total_small = sum(theirs.values())

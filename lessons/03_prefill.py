@@ -10,10 +10,10 @@ from rich.markup import escape
 from rich.table import Table
 
 import minillm
-from minillm.config import PRESETS
+from minillm.config import GPT2_SIZES
 from minillm.lessons._common import (Lesson, Timing, bar_chart, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural,
                                      run_lesson, time_interleaved)
-from minillm.measure.chips import PRESETS as CHIPS
+from minillm.measure.chips import CHIPS
 
 TITLE = "Prefill: the whole prompt in one pass"
 MINUTES = 4
@@ -128,7 +128,7 @@ def the_kv_cache_it_leaves(L: Lesson, model, ids, pre, cache) -> None:
     t.add_row("the prompt: cache.nbytes_used() after prefill", f"{len(ids)}", fmt_bytes(prompt_kv))
     t.add_row("a full context", f"{c.n_ctx:,}", fmt_bytes(per_token * c.n_ctx))
     t.add_row("allocated up front: cache.k + cache.v", f"{cache.n_ctx:,}", fmt_bytes(cache.k.nbytes + cache.v.nbytes))
-    small = minillm.KVCache(PRESETS["124m"])
+    small = minillm.KVCache(GPT2_SIZES["124m"])
     t.add_row("GPT-2 small, full context (1,024)", "1,024", fmt_bytes(small.bytes_per_token() * 1024))
     L.show(t)
     L.fact(f"bytes per token = 2·L·H_kv·hd·b = {per_token:,} (cache.bytes_per_token() is this formula)")
@@ -201,7 +201,7 @@ def longer_prompts_higher_intensity(L: Lesson, model, enc) -> None:
         {fmt_bytes(per_token)} per token left behind. Next: generating the answer, one token at a
         time, first without the cache (lesson 4), then with it (lesson 5).
     """)
-    small = PRESETS["124m"]
+    small = GPT2_SIZES["124m"]
     small_kv = 2 * small.n_layer * small.n_embd * np.dtype(np.float32).itemsize   # 2·L·d·b, float32
     L.try_it(f"""
         `minillm learn 3 --model random-124m --no-pause`: GPT-2 small's prefill reaches far higher

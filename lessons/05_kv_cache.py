@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import minillm
-from minillm.config import PRESETS
+from minillm.config import GPT2_SIZES
 from minillm.lessons._common import (Lesson, bar_chart, faster_words, fmt_bytes, fmt_flops, fmt_x, paired_chart,
                                      ratio_range, run_lesson, time_interleaved, token_text)
 from minillm.ui import report
@@ -171,7 +171,7 @@ def what_the_cache_costs(L: Lesson, model, decode) -> None:
     for col in ("model", "KV/token", "context", "KV, full", "weights", "KV/weights"):
         t.add_column(col, justify="right", no_wrap=True)
     per = {}
-    for name, cfg in PRESETS.items():
+    for name, cfg in GPT2_SIZES.items():
         per[name] = minillm.KVCache(cfg).bytes_per_token()   # allocates lazily: no page is touched
         full = per[name] * cfg.n_ctx
         t.add_row(f"GPT-2 {name}", f"{per[name] / 1024:g} KiB", f"{cfg.n_ctx:,}",
@@ -180,7 +180,7 @@ def what_the_cache_costs(L: Lesson, model, decode) -> None:
     t.add_row(escape(model.name), f"{mine / 1024:g} KiB", f"{c.n_ctx:,}",
               fmt_bytes(mine * c.n_ctx), fmt_bytes(model.nbytes()), f"{mine * c.n_ctx / model.nbytes():.0%}")
     L.show("[bold]KV cache size, float32 (KVCache(config).bytes_per_token()), at each model's full context[/]", t)
-    small = PRESETS["124m"]
+    small = GPT2_SIZES["124m"]
     written = {r.bytes["kv_write"] for r in decode}
     L.claim(written == {mine} and mine == 2 * c.n_layer * c.n_embd * np.dtype(model.dtype).itemsize,
             f"every decode step of this run wrote exactly one token of cache, {mine:,} bytes = 2·L·d·b "

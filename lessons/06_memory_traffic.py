@@ -12,11 +12,11 @@ from rich.markup import escape
 from rich.table import Table
 
 import minillm
-from minillm.config import PRESETS as GPT2_SIZES
+from minillm.config import GPT2_SIZES
 from minillm.lessons._common import (Lesson, Timing, bar, bar_chart, fmt_bytes, fmt_time, fmt_x, run_lesson,
                                      stacked_bar)
 from minillm.measure import hardware
-from minillm.measure.chips import PRESETS as CHIPS
+from minillm.measure.chips import CHIPS
 from minillm.measure.chips import decode_ceiling
 from minillm.measure.probe import MB
 

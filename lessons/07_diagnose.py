@@ -13,11 +13,11 @@ from rich.markup import escape
 from rich.table import Table
 
 import minillm
-from minillm.config import PRESETS as MODELS
+from minillm.config import GPT2_SIZES as MODELS
 from minillm.lessons._common import (Lesson, bar_chart, faster_words, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural,
                                      ratio_range, roofline_plot, run_lesson, time_interleaved)
 from minillm.measure.batching import run_batch_bench
-from minillm.measure.chips import PRESETS, decode_ceiling, roofline
+from minillm.measure.chips import CHIPS, decode_ceiling, roofline
 from minillm.ui import report
 
 TITLE = "Diagnose your bottleneck"
@@ -160,8 +160,8 @@ def three_steps_on_the_roofline(L: Lesson, model, hw, rng):
         Each letter sits at its intensity and at the GFLOP/s it **achieved** here (FLOPs ÷ measured time).
         Left of the ridge the roof slopes: there, more bandwidth would mean more speed. Right of it the
         roof is flat: only more arithmetic would help. Ridges: this machine {hw.ridge:.3g} (float32, as
-        measured at {hw.blas_threads or "?"} BLAS threads), A100 {PRESETS['a100-80gb'].ridge:.0f}, H100
-        {PRESETS['h100-sxm'].ridge:.0f} FLOP/byte (dense fp16 tensor math). The GPUs' ridges are higher
+        measured at {hw.blas_threads or "?"} BLAS threads), A100 {CHIPS['a100-80gb'].ridge:.0f}, H100
+        {CHIPS['h100-sxm'].ridge:.0f} FLOP/byte (dense fp16 tensor math). The GPUs' ridges are higher
         partly from fp16 tensor cores: a server CPU computing in bf16 on many cores reaches tens of
         FLOP/byte, and this figure is for float32 on a shared machine.
     """)
@@ -242,7 +242,7 @@ def which_phase_dominates(L: Lesson, model, hw, rng) -> dict:
             and b_["decode"]["roof_gpu"] > b_["prefill"]["roof_gpu"],
             "B: the long answer makes decode move most of the bytes, and decode dominates on the A100 "
             "in both views of memory")
-    a100 = PRESETS["a100-80gb"]
+    a100 = CHIPS["a100-80gb"]
     P_, N_, B_ = 1000, 200, 32
     alone = (P_ / N_) / a100.ridge
     batched = alone * B_
@@ -411,7 +411,7 @@ def batching(L: Lesson, model, dec, hw) -> None:
     # The GPU columns: the ideal fused view in fp16, from a real B = 1 decode step (`dec`, section 1).
     W = dec.bytes["weights"]
     own = report.fused_bytes(dec, model.config, 4) - W               # a sequence's own bytes, fused, fp32
-    a100 = PRESETS[GPUS[0]]
+    a100 = CHIPS[GPUS[0]]
     t = Table(header_style="bold")
     for col in ("batch", "FLOP/byte", "tokens/s here", "bound here", "A100, fused", "tokens/s A100"):
         t.add_column(col, justify="right")
@@ -501,7 +501,7 @@ def quantization(L: Lesson, model, hw) -> None:
 
 def on_a_gpu(L: Lesson) -> None:
     L.section("Beyond this machine: diagnosing a GPU")
-    h100 = PRESETS["h100-sxm"]
+    h100 = CHIPS["h100-sxm"]
     big = decode_ceiling(70e9, "fp16", h100)
     L.say(f"""
         minillm measures its own steps. On a GPU, the same questions have their own tools:
@@ -531,7 +531,7 @@ def the_diagnosis(L: Lesson, dec, hw, results) -> None:
     W = dec.bytes["weights"]
     L.say(f"""
         - **Long prompts** → *prefill*, which waits on arithmetic once the prompt is long enough: in fp16
-          with fused kernels, past about the chip's ridge in tokens ({PRESETS['a100-80gb'].ridge:.0f} on an A100),
+          with fused kernels, past about the chip's ridge in tokens ({CHIPS['a100-80gb'].ridge:.0f} on an A100),
           sooner on this CPU (ridge {hw.ridge:.2g}). In this run, A's prefill did
           {a['prefill']['flops'] / (a['prefill']['flops'] + a['decode']['flops']):.0%} of the FLOPs.
           What helps: more FLOP/s (8-bit math: W8A8, FP8), prefix caching when prompts repeat, fewer

@@ -14,7 +14,7 @@ from rich.table import Table
 import minillm
 from minillm.engine.speculative import speculative_generate
 from minillm.lessons._common import Lesson, bar_chart, fmt_bytes, fmt_x, run_lesson, time_interleaved
-from minillm.measure.chips import PRESETS
+from minillm.measure.chips import CHIPS
 from minillm.meter import Meter
 from minillm.measure.speculation import heldout_prompts, run_speculation_bench
 
@@ -249,7 +249,7 @@ def when_it_vanishes(L: Lesson, model, draft, sweep: dict) -> None:
         (escape(name), r["speedup"], f"{r['speedup']:.2f}× at k = {r['k']}") for name, r in by_draft.items()],
         vmax=max(1.0, best["speedup"])))
     plain_ms, draft_ms = sweep["plain"]["ms_step"], sweep["draft_ms"].get(draft.name)
-    a100 = PRESETS["a100-80gb"]
+    a100 = CHIPS["a100-80gb"]
     cost = (f"one of its decode steps took {draft_ms:.2g} ms here, {draft_ms / plain_ms:.0%} of one of the "
             f"model's ({plain_ms:.2g} ms), so k guesses cost {draft_ms / plain_ms:.2g}·k steps of the model"
             if draft_ms else "its k steps are not free")

@@ -16,8 +16,8 @@ from rich.table import Table
 
 import minillm
 from minillm.cache.contiguous import KVCache
-from minillm.config import PRESETS as GPT2_SHAPES
-from minillm.measure.chips import PRESETS as CHIPS
+from minillm.config import GPT2_SIZES as GPT2_SHAPES
+from minillm.measure.chips import CHIPS
 from minillm.measure.shapes import SHAPES, decode_step_bytes, kv_bytes_per_token, sequences_that_fit, shape
 from minillm.models.llama import Llama, random_params
 from minillm.ui.report import fmt_bytes, fmt_time

@@ -12,10 +12,10 @@ from minillm.lessons._common import Lesson, bar_chart, fmt_x, paired_chart, run_
 from rich import box
 from rich.table import Table
 
-from minillm.measure.chips import PRESETS, roofline
-from minillm.serving.disagg import (OnThreads, colocated_engine, colocated_summary, disaggregated_engines,
+from minillm.measure.chips import CHIPS, roofline
+from minillm.serving.disagg import (OnThreads, colocated_summary, disaggregated_engines,
                                     measure_copy_gbps, run_interleaved)
-from minillm.serving.metrics import serve, step_fit, summarize
+from minillm.serving.metrics import engine_for, serve, step_fit, summarize
 from minillm.serving.workloads import WorkItem, generate_workload
 from minillm.ui.report import fmt_bytes, fmt_time
 
@@ -76,8 +76,8 @@ def gaps_of(req) -> list[float]:
 def interference(L: Lesson, model, items) -> None:
     L.section("Interference, in one picture")
     budget = L.pick(32, 16)
-    whole = colocated_engine(model, items, max_batched_tokens=model.config.n_ctx * 16)
-    chunked = colocated_engine(model, items, max_batched_tokens=budget)
+    whole = engine_for(model, items, max_batched_tokens=model.config.n_ctx * 16)
+    chunked = engine_for(model, items, max_batched_tokens=budget)
     with L.status("serving the workload twice, whole prompts and chunks, step by step in turn…"):
         run_interleaved([whole, chunked])
     # the step that ran the most prompt tokens beside running decodes, and a request that waited in it
@@ -122,10 +122,10 @@ def interference(L: Lesson, model, items) -> None:
 
 def budgets(L: Lesson, model, items) -> dict:
     L.section("The budget sweep")
-    from minillm.cli.serve_sim import budget_verdict
+    from minillm.ui.report import budget_verdict
     c = model.config
     sizes = L.pick((16, 32, 64, 128, None), (16, 64, None))
-    engines = [colocated_engine(model, items, max_batched_tokens=b or c.n_ctx * 16) for b in sizes]
+    engines = [engine_for(model, items, max_batched_tokens=b or c.n_ctx * 16) for b in sizes]
     with L.status(f"serving the workload at {len(sizes)} budgets, interleaved…"):
         run_interleaved(engines)
     probe = summarize(engines[-1])
@@ -168,7 +168,7 @@ def goodput_vs_throughput(L: Lesson, model) -> None:
     items = [WorkItem(0.0, w.prompt, L.pick(16, 8)) for w in
              generate_workload("poisson", rate=1.0, n=n, seed=2, vocab_size=c.vocab_size, n_ctx=c.n_ctx)]
     caps = L.pick((1, 2, 4, 8, 16), (1, 4, 8))
-    engines = [colocated_engine(model, items, max_seqs=b) for b in caps]
+    engines = [engine_for(model, items, max_seqs=b) for b in caps]
     with L.status(f"serving {n} requests with batches of {', '.join(map(str, caps))}, interleaved…"):
         run_interleaved(engines)
     lo_, hi_ = summarize(engines[0]), summarize(engines[-1])
@@ -203,7 +203,7 @@ def disaggregation(L: Lesson, model, items) -> dict:
     with L.status("measuring this machine's copy bandwidth…"):
         link = measure_copy_gbps()
     budget = L.pick(32, 16)
-    one = OnThreads(colocated_engine(model, items, max_batched_tokens=budget), 2)
+    one = OnThreads(engine_for(model, items, max_batched_tokens=budget), 2)
     split = disaggregated_engines(model, items, p_threads=1, d_threads=1, link_gbps=link,
                                   max_batched_tokens=budget)
     with L.status("serving the workload on one engine (2 threads) and split 1:1, interleaved…"):
@@ -268,14 +268,14 @@ def remedies(L: Lesson, model, sweep: dict, split: dict) -> None:
     knees = {}
     fp16 = wbytes / model.dtype.itemsize * 2
     for name in ("a100-80gb", "h100-sxm", "h200"):
-        hw = PRESETS[name]
+        hw = CHIPS[name]
         # the fewest tokens whose 2·params·N FLOPs outlast the weight read, by the roofline itself
         knee = next(n for n in range(1, 100_000) if roofline(fp16, 2 * n_params * n, hw).bound == "compute")
         knees[name] = knee
         t.add_row(name, f"{hw.ridge:.0f}", f"{knee} tokens", fmt_time(roofline(fp16, 2 * n_params * 2048, hw).seconds))
     L.show(t, f"[dim]{model.name} in fp16 by the roofline: a step reads the weights once and does 2 FLOPs per "
               "weight per token[/]")
-    h100 = PRESETS["h100-sxm"]
+    h100 = CHIPS["h100-sxm"]
     L.claim(abs(knees["h100-sxm"] - h100.ridge * fp16 / (2 * n_params)) <= 1,
             f"on an H100 a step turns compute-bound at {knees['h100-sxm']} tokens: its ridge "
             f"({h100.ridge:.0f} FLOPs per byte) × {fp16 / (2 * n_params):.0f} byte per 2 FLOPs of a token")

@@ -15,9 +15,10 @@ from rich import box
 from rich.table import Table
 
 import minillm
-from minillm.config import PRESETS as GPT2_SIZES
+from minillm.config import GPT2_SIZES
 from minillm.measure.quantization import run_quant_bench
-from minillm.models.quant import FORMATS, QK, QuantMatrix, dequantize_params
+from minillm.models.gpt2 import dequantize_params
+from minillm.models.quant import FORMATS, QK, QuantMatrix
 from minillm.ui.report import fmt_bytes, fmt_time
 
 TITLE = "Quantization: fewer bytes — is it faster?"

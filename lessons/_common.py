@@ -44,7 +44,8 @@ from rich.text import Text
 import minillm
 from minillm.errors import MiniLLMError
 from minillm.measure import hardware, probe
-from minillm.measure.threads import add_threads_option, blas_threads, limited
+from minillm.cli.main import add_threads_option
+from minillm.threads import blas_threads, limited
 from minillm.ui.report import fmt_bytes, fmt_flops, fmt_time  # noqa: F401  (re-exported to the lessons)
 
 try:   # one line on a busy machine, with the fix (shared with the commands)

@@ -1,4 +1,5 @@
-"""minillm: a from-scratch GPT-2 in pure NumPy that shows where inference time goes.
+"""minillm: a from-scratch LLM inference engine (GPT-2, the Llama family) in pure NumPy that shows
+where inference time goes.
 
     import minillm
     model = minillm.load()                       # the bundled Shakespeare model
@@ -49,9 +50,7 @@ def _starting_the_command() -> bool:
 
 try:
     from . import _checkout  # noqa: F401  (lessons/ and weights/ found from a checkout)
-    # Imported now, not on first use: importing the module `minillm.tokenizer` binds that name in
-    # this package, and the function must be what stays bound.
-    from .tokenizer import tokenizer
+    from .bpe import tokenizer       # the function; its module is `minillm.bpe` (no name shadows a module)
 except KeyboardInterrupt:          # Ctrl-C while the command is still starting: exit quietly
     if _starting_the_command():
         raise SystemExit(130) from None

@@ -1,11 +1,28 @@
-"""GPT-2's hyper-parameters: one small frozen dataclass, plus the four published sizes."""
+"""The families' hyper-parameters: `GPT2Config` (and the four published GPT-2 sizes, `GPT2_SIZES`),
+`LlamaConfig` (Llama 2/3, SmolLM2, Qwen2, Qwen3), and `ModelConfig`, what every family's config
+answers (the caches, the step's plan and the tools read only that)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 from .errors import ConfigError
+
+_DAMAGED = "the file is damaged or not a GGUF file; re-download it"
+
+
+class ModelConfig(Protocol):
+    """What the caches, the plan and the tools read of any family's config."""
+    n_layer: int             # L: blocks
+    n_head: int              # H: query heads
+    n_kv_head: int           # Hkv: key/value heads the KV cache holds
+    head_dim: int            # hd
+    n_embd: int              # d: width of the residual stream
+    n_ctx: int               # longest sequence
+    vocab_size: int          # V
+    eps: float               # the norms' epsilon
 
 
 @dataclass(frozen=True)
@@ -36,6 +53,11 @@ class GPT2Config:
     def n_kv_head(self) -> int:
         """Heads of keys and values the KV cache holds: GPT-2 gives every query head its own."""
         return self.n_head
+
+    @property
+    def eps(self) -> float:
+        """The layer norms' epsilon (ModelConfig's name for `ln_eps`)."""
+        return self.ln_eps
 
     def n_params(self) -> int:
         """Parameters in the checkpoint (the LM head is tied to `wte`, so it adds none)."""
@@ -86,12 +108,21 @@ class GPT2Config:
         except ConfigError as e:
             raise ConfigError(f"{source}: {e}") from None
 
+    @classmethod
+    def from_gguf(cls, md: dict, vocab_size: int, where) -> "GPT2Config":
+        """The hyper-parameters from a GGUF's `gpt2.*` keys (vocab_size: the token table's rows)."""
+        get = _gguf_getter(md, "gpt2", where)
+        return _from_gguf(lambda: cls(
+            n_layer=int(get("block_count")), n_head=int(get("attention.head_count")),
+            n_embd=int(get("embedding_length")), n_ctx=int(get("context_length")), vocab_size=int(vocab_size),
+            ln_eps=float(get("attention.layer_norm_epsilon", 1e-5))), where)
+
     def asdict(self) -> dict:
         return asdict(self)
 
 
 # The four GPT-2 sizes OpenAI released (parameter counts with the tied LM head counted once).
-PRESETS: dict[str, GPT2Config] = {
+GPT2_SIZES: dict[str, GPT2Config] = {
     "124m": GPT2Config(n_layer=12, n_head=12, n_embd=768),
     "355m": GPT2Config(n_layer=24, n_head=16, n_embd=1024),
     "774m": GPT2Config(n_layer=36, n_head=20, n_embd=1280),
@@ -195,5 +226,53 @@ class LlamaConfig:
         except (TypeError, ValueError, OverflowError) as e:
             raise ConfigError(f"{source}: a field has the wrong type ({e}); re-download the checkpoint") from None
 
+    @classmethod
+    def from_gguf(cls, md: dict, where) -> "LlamaConfig":
+        """The hyper-parameters from a GGUF's `{arch}.block_count`, ... keys."""
+        arch = md.get("general.architecture")
+        if arch not in LLAMA_TYPES:
+            raise ConfigError(f"{where}: GGUF architecture {arch!r} is not supported; minillm runs "
+                              f"{', '.join(LLAMA_TYPES)}")
+        scaling = md.get(f"{arch}.rope.scaling.type")
+        if scaling not in (None, "none"):
+            raise ConfigError(f"{where}: rope scaling {scaling!r} is not implemented; minillm runs the default "
+                              "rotary embedding only")
+
+        get = _gguf_getter(md, arch, where)
+
+        def build() -> "LlamaConfig":
+            H = int(get("attention.head_count"))
+            d = int(get("embedding_length"))
+            tokens = md.get("tokenizer.ggml.tokens")
+            vocab = int(md.get(f"{arch}.vocab_size") or (len(tokens) if tokens else 0) or 0)
+            return cls(
+                n_layer=int(get("block_count")), n_head=H, n_kv_head=int(get("attention.head_count_kv", H)),
+                head_dim=int(get("attention.key_length", d // H if H else 0)), n_embd=d,
+                n_ctx=int(get("context_length")), vocab_size=vocab, ffn=int(get("feed_forward_length")),
+                eps=float(get("attention.layer_norm_rms_epsilon")), theta=float(get("rope.freq_base", 10000.0)),
+                arch=arch, qkv_bias=arch == "qwen2", qk_norm=arch == "qwen3", tied=True)
+
+        return _from_gguf(build, where)
+
     def asdict(self) -> dict:
         return asdict(self)
+
+
+def _gguf_getter(md: dict, arch: str, where):
+    """get(key, default) of a GGUF's `{arch}.{key}` metadata; a missing one is one clear line."""
+    def get(key, default=None):
+        value = md.get(f"{arch}.{key}", default)
+        if value is None:
+            raise ConfigError(f"{where}: metadata {arch}.{key} is missing; {_DAMAGED}")
+        return value
+    return get
+
+
+def _from_gguf(build, where):
+    """A config built from GGUF metadata; a value of the wrong type is one clear line naming the file."""
+    try:
+        return build()
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}" if str(where) not in str(e) else str(e)) from None
+    except (TypeError, ValueError, OverflowError, ZeroDivisionError) as e:
+        raise ConfigError(f"{where}: a metadata value has the wrong type ({e}); {_DAMAGED}") from None

@@ -48,6 +48,7 @@ class ModelTokenizer:
         self.chat_template = chat_template
         self.special = {t.content: i for i, t in tok.get_added_tokens_decoder().items() if t.special}
         self._bytes = {c: b for b, c in bytes_to_unicode().items()}
+        self._plain = None                  # a copy that reads special tokens as text (encode_ordinary)
 
     @property
     def eot_token(self) -> int | None:
@@ -57,7 +58,14 @@ class ModelTokenizer:
         """Text -> ids; special tokens written in the text are single ids. No BOS is added."""
         return self.tok.encode(text, add_special_tokens=False).ids
 
-    encode_ordinary = encode
+    def encode_ordinary(self, text: str) -> list[int]:
+        """Text -> ids with special tokens' characters read as ordinary text (as tiktoken's
+        `encode_ordinary`): what a user typed can never become a control token."""
+        if self._plain is None:
+            from tokenizers import Tokenizer
+            self._plain = Tokenizer.from_str(self.tok.to_str())
+            self._plain.encode_special_tokens = True
+        return self._plain.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids) -> str:
         """Ids -> text, special tokens included (as transformers' decode with skip_special_tokens=False)."""
@@ -139,6 +147,22 @@ def from_gguf_metadata(md: dict, where) -> ModelTokenizer:
                           bos_id=md.get("tokenizer.ggml.bos_token_id"), chat_template=md.get("tokenizer.chat_template"))
 
 
+def named_template(value, where) -> str | None:
+    """`chat_template` as transformers reads it: a string, or a list of {"name", "template"} from which
+    the one named "default" is taken (the others, e.g. "tool_use", are for tools minillm does not serve)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(t, dict) and isinstance(t.get("name"), str)
+                                       and isinstance(t.get("template"), str) for t in value):
+        by_name = {t["name"]: t["template"] for t in value}
+        if "default" in by_name:
+            return by_name["default"]
+        raise WeightsError(f"{where}: chat_template lists templates named {', '.join(sorted(by_name))[:100]} but "
+                           "none named \"default\", the one minillm would use; add one")
+    raise WeightsError(f"{where}: chat_template must be a string or a list of {{\"name\", \"template\"}} "
+                       f"objects, not {type(value).__name__}")
+
+
 def from_folder(folder: Path, generation_eos=()) -> ModelTokenizer:
     """A Hugging Face folder's `tokenizer.json` (+ `tokenizer_config.json` for the chat template and EOS)."""
     from tokenizers import Tokenizer
@@ -162,7 +186,8 @@ def from_folder(folder: Path, generation_eos=()) -> ModelTokenizer:
             cfg = json.loads((folder / "tokenizer_config.json").read_text("utf-8"))
         except (ValueError, OSError) as e:
             raise WeightsError(f"{folder / 'tokenizer_config.json'}: not valid JSON ({e})") from None
-    template = cfg.get("chat_template")
+    template = named_template(cfg.get("chat_template") if isinstance(cfg, dict) else None,
+                              folder / "tokenizer_config.json")
     if template is None and (folder / "chat_template.jinja").is_file():
         template = (folder / "chat_template.jinja").read_text("utf-8")
     vocab = tok.get_vocab()

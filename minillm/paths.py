@@ -61,6 +61,40 @@ def not_a_regular_file(path: Path) -> str | None:
     return f"is {kind}, not a regular file"
 
 
+TEMP_NAME_ROOM = 40      # bytes a temporary name adds to a file's own name (`.<name>.<pid>-<random>.tmp`)
+
+
+def output_file(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """The path an output option names, checked before any work: a new name in an existing folder, or a
+    regular file (replaced whole, atomically). A device node, a FIFO, a socket or a directory is
+    refused, never replaced (`/dev/null` stays a device), and so is a name too long for the folder
+    once the temporary name written first is added; each with one line."""
+    path = expand_user(path)
+    parent = path.parent
+    try:
+        name_max = os.pathconf(parent if parent.is_dir() else ".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    size = len(os.fsencode(path.name))
+    if size + TEMP_NAME_ROOM > name_max:
+        raise MiniLLMError(f"{flag} {str(path)[:60]}...: the file name is {size:,} bytes; this folder allows "
+                           f"{name_max} and minillm writes a temporary name {TEMP_NAME_ROOM} bytes longer first: "
+                           f"use a name of at most {name_max - TEMP_NAME_ROOM} bytes")
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as e:
+        raise MiniLLMError(f"{flag} {path}: cannot be checked ({e.strerror or e}); give another path") from None
+    if mode is not None and not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        raise MiniLLMError(f"{flag} {path}: is {kind}, not a regular file, and minillm will not replace it; "
+                           "give a new file name (or a regular file to overwrite)")
+    if not parent.is_dir():
+        raise MiniLLMError(f"{flag} {path}: folder {parent} does not exist; create it first")
+    return path
+
+
 def read_capped(path: Path, cap: int) -> bytes | None:
     """The bytes of a regular file, or None if it holds more than `cap` bytes (read no further)."""
     with open(path, "rb") as f:

@@ -14,7 +14,7 @@ import pytest
 
 import minillm
 from minillm.checkpoints.checkpoint import expected_shapes, load_checkpoint, random_params, save_checkpoint
-from minillm.config import PRESETS, GPT2Config
+from minillm.config import GPT2_SIZES, GPT2Config
 from minillm.errors import ConfigError, ModelNotFoundError, WeightsError
 from minillm.checkpoints.safetensors import write_safetensors
 
@@ -344,7 +344,7 @@ def test_a_model_path_that_is_not_a_regular_file_says_what_it_is(tmp_path, sourc
 @pytest.mark.slow
 def test_random_124m_has_gpt2_smalls_parameter_count():
     model = minillm.load("random-124m")
-    assert model.config == PRESETS["124m"]
+    assert model.config == GPT2_SIZES["124m"]
     assert model.n_params() == 124_439_808
     assert model.dtype == np.float32
 

@@ -166,7 +166,7 @@ def test_prompt_from_a_file_or_stdin(home, tmp_path):
 
 def test_the_stream_prints_a_last_partial_character_as_decode_does(capsys):
     from minillm.cli.common import TextStream
-    from minillm.tokenizer import tokenizer
+    from minillm.bpe import tokenizer
 
     for tokens in ([30266], [40, 30266], [30266, 30266, 30266]):
         stream = TextStream()

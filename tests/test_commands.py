@@ -143,7 +143,7 @@ def test_the_thread_limit_holds_on_every_thread():
     inside it, runs on the same number of BLAS threads."""
     import threading
 
-    from minillm.measure.threads import blas_threads, limited
+    from minillm.threads import blas_threads, limited
 
     before, seen = blas_threads(), []
     with limited(2):

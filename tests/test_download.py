@@ -16,7 +16,7 @@ import pytest
 
 from minillm.checkpoints import download as dl
 from minillm.cli import download as download_cli
-from minillm.config import PRESETS
+from minillm.config import GPT2_SIZES
 from minillm.checkpoints.safetensors import write_safetensors
 from minillm.errors import DownloadError, ModelNotFoundError
 
@@ -31,7 +31,7 @@ WEIGHTS_SHA = hashlib.sha256(WEIGHTS).hexdigest()
 
 
 def config_of(name: str) -> bytes:
-    return json.dumps(PRESETS[dl.KNOWN_MODELS[name].preset].to_hf()).encode()
+    return json.dumps(GPT2_SIZES[dl.KNOWN_MODELS[name].preset].to_hf()).encode()
 
 
 class FakeHub(ThreadingHTTPServer):

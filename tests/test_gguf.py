@@ -111,11 +111,11 @@ def test_quantized_gguf_dequantizes_to_the_quantized_values(tmp_path, qtype):
     q = raw["blk.0.attn_q.weight"]
     assert q.type == qtype
     want = unpermute(gguf.quants.dequantize(q.data, gguf.GGMLQuantizationType[qtype]).reshape(q.shape), 4)
-    got = model.blocks[0]["qkv.weight"][:, :64].T            # the q rows of the fused [d, (H+2Hkv)·hd]
+    got = model.blocks[0]["qkv.weight"].a[:, :64].T            # the q rows of the fused [d, (H+2Hkv)·hd]
     np.testing.assert_array_equal(got, want)
     k = raw["blk.1.attn_k.weight"]
     want = unpermute(gguf.quants.dequantize(k.data, gguf.GGMLQuantizationType[qtype]).reshape(k.shape), 2)
-    np.testing.assert_array_equal(model.blocks[1]["qkv.weight"][:, 64:96].T, want)
+    np.testing.assert_array_equal(model.blocks[1]["qkv.weight"].a[:, 64:96].T, want)
 
 
 def test_gguf_tokenizer_treats_control_tokens_as_single_ids(tiny_gguf):
@@ -128,7 +128,7 @@ def test_gguf_tokenizer_treats_control_tokens_as_single_ids(tiny_gguf):
 
 def test_unknown_architecture_and_missing_tensors_are_named(tmp_path):
     bad = write_tiny_gguf(tmp_path / "phi.gguf", arch="phi3")
-    with pytest.raises(MiniLLMError, match="GGUF architecture 'phi3' is not supported; minillm runs llama"):
+    with pytest.raises(MiniLLMError, match="GGUF architecture 'phi3' is not supported; minillm runs gpt2, llama"):
         minillm.load(bad)
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from minillm.cli import hardware as hardware_cli
 from minillm.errors import MiniLLMError
 from minillm.measure import hardware, probe
-from minillm.measure.chips import PRESETS, Hardware, decode_ceiling, get_chip, parse_count, roofline
+from minillm.measure.chips import CHIPS, Hardware, decode_ceiling, get_chip, parse_count, roofline
 
 
 @pytest.fixture
@@ -141,17 +141,17 @@ def test_presets_have_sources_and_figures():
                 "h200": (4800, 989e3), "rtx-4090": (1008, 165e3), "apple-m1": (68, None), "m1-pro": (200, None),
                 "m1-max": (400, None), "m2": (100, None), "m3-max": (400, None), "m4": (120, None),
                 "m4-pro": (273, None), "ddr4-3200-dual": (51.2, None), "ddr5-5600-dual": (89.6, None)}
-    assert set(PRESETS) == set(expected)
+    assert set(CHIPS) == set(expected)
     for name, (bw, peak) in expected.items():
-        chip = PRESETS[name]
+        chip = CHIPS[name]
         assert (chip.name, chip.bandwidth_gbs, chip.peak_gflops) == (name, bw, peak)
         assert chip.source and not chip.measured
-    assert "300" in PRESETS["m3-max"].note
+    assert "300" in CHIPS["m3-max"].note
 
 
 def test_get_chip_is_forgiving_about_spelling():
-    assert get_chip("A100_80GB") is PRESETS["a100-80gb"]
-    assert get_chip("rtx 4090") is PRESETS["rtx-4090"]
+    assert get_chip("A100_80GB") is CHIPS["a100-80gb"]
+    assert get_chip("rtx 4090") is CHIPS["rtx-4090"]
 
 
 def test_unknown_chip_lists_known_names():
@@ -159,7 +159,7 @@ def test_unknown_chip_lists_known_names():
         get_chip("a100-80")
     message = str(err.value)
     assert "'a100-80'" in message and "did you mean 'a100-80gb'" in message.lower()
-    assert all(name in message for name in PRESETS)
+    assert all(name in message for name in CHIPS)
 
 
 # -------------------------------------------------------------------------------------- the cache
@@ -257,7 +257,7 @@ def test_cli_prints_the_seed_example(home, counted, capsys):
 def test_cli_json_has_every_chip_when_no_chip_is_given(home, counted, capsys):
     assert hardware_cli.run(_args("--params", "124M", "--dtype", "fp32", "--json")) == 0
     data = json.loads(capsys.readouterr().out)
-    assert [c["chip"] for c in data["decode_ceiling"]] == ["this machine", *PRESETS]
+    assert [c["chip"] for c in data["decode_ceiling"]] == ["this machine", *CHIPS]
     assert data["machine"]["bandwidth_gbs"] == 20.0
 
 
@@ -275,7 +275,7 @@ def test_cli_errors_before_measuring(home, counted):
 @pytest.mark.parametrize("alias, chip", [("h100", "h100-sxm"), ("H100", "h100-sxm"), ("a100", "a100-80gb"),
                                          ("4090", "rtx-4090"), ("M1", "apple-m1")])
 def test_common_chip_aliases(alias, chip):
-    assert get_chip(alias) is PRESETS[chip]
+    assert get_chip(alias) is CHIPS[chip]
 
 
 def test_a_near_miss_suggests_the_family_not_a_neighbour():
@@ -367,12 +367,12 @@ def test_the_measured_bandwidth_bounds_the_engines_achieved_bandwidth(tmp_path, 
     keeps the best of its rounds), so a busy moment lowers the engine and the ceiling alike."""
     import minillm
 
-    from minillm.config import PRESETS
+    from minillm.config import GPT2_SIZES
 
     monkeypatch.delenv("MINILLM_FAST", raising=False)
     llc = probe.detect_llc_bytes() or 0
     # the smallest GPT-2 size whose weights are 4× this machine's last-level cache (some servers have 0.5 GB)
-    size = next((k for k in ("124m", "355m", "774m", "1558m") if 4 * PRESETS[k].n_params() > 4 * llc), None)
+    size = next((k for k in ("124m", "355m", "774m", "1558m") if 4 * GPT2_SIZES[k].n_params() > 4 * llc), None)
     if size is None:
         pytest.skip(f"no GPT-2 size is 4× this machine's {llc / 2**20:.0f} MiB last-level cache")
     model = minillm.load(f"random-{size}", quiet=True)

@@ -17,13 +17,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minillm"
 # Lowest first. A module belongs to the longest entry that is its name or a parent of it; an import
 # may point to its own layer or a lower one.
 LAYERS: list[tuple[str, ...]] = [
-    ("minillm.errors", "minillm.config", "minillm.paths", "minillm.data", "minillm._checkout", "minillm.weights"),
+    ("minillm.errors", "minillm.config", "minillm.paths", "minillm.data", "minillm._checkout", "minillm.weights",
+     "minillm.threads"),
     ("minillm.meter",),
-    ("minillm.models.ops", "minillm.models.quant"),   # quant: the quantized matrices ops multiply by
+    ("minillm.models.ops", "minillm.models.quant", "minillm.models.weights"),   # the weights ops multiply by
     ("minillm.cache",),
     ("minillm.models",),
     ("minillm.engine",),
-    ("minillm.checkpoints", "minillm.tokenizer", "minillm.model_tokenizer", "minillm.chat"),
+    ("minillm.checkpoints", "minillm.bpe", "minillm.model_tokenizer", "minillm.chat"),
     ("minillm.serving",),
     ("minillm.training",),
     ("minillm.measure",),

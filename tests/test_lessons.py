@@ -221,7 +221,7 @@ def test_lesson_5s_cache_table_shows_each_models_own_context(monkeypatch):
     from rich.console import Console
 
     import minillm
-    from minillm.config import PRESETS
+    from minillm.config import GPT2_SIZES
 
     lesson = _lesson(5)
     model = minillm.load(quiet=True)
@@ -235,7 +235,7 @@ def test_lesson_5s_cache_table_shows_each_models_own_context(monkeypatch):
     (table, _gpus) = [r for r in shown if hasattr(r, "columns")]
     columns = {col.header: [str(cell) for cell in col.cells] for col in table.columns}
     rows = dict(zip(columns["model"], zip(columns["context"], columns["KV, full"], columns["KV/token"])))
-    expected = {f"GPT-2 {name}": cfg for name, cfg in PRESETS.items()} | {model.name: c}
+    expected = {f"GPT-2 {name}": cfg for name, cfg in GPT2_SIZES.items()} | {model.name: c}
     assert set(rows) == set(expected), rows
     for name, cfg in expected.items():
         per = minillm.KVCache(cfg).bytes_per_token() if name != model.name else model.new_cache().bytes_per_token()
@@ -378,7 +378,7 @@ def test_lesson_9s_time_between_tokens_sentence_follows_the_ratio(ratio, words):
 
 def test_lesson_10_and_serve_sim_read_the_decode_verdict_they_print():
     """E4: serve-sim said 'decode is memory-bound; bigger batches help' whatever the run's verdict."""
-    from minillm.cli.serve_sim import diagnosis
+    from minillm.ui.report import diagnosis
 
     text = _lesson(10).diagnosis_words((0.9, 0.1, "memory", "compute"), (0.1, 0.9, "memory", "compute"))
     assert "long answers: 90% of the model's time went to decode steps, which were compute-bound" in text

@@ -16,7 +16,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minillm
-from minillm.checkpoints.moe_load import load_moe
 from minillm.errors import ConfigError, WeightsError
 from minillm.models import moe
 from minillm.models.moe import MOE_PRESETS, MoE, MoEConfig, random_params, routes, step_weight_bytes
@@ -29,7 +28,7 @@ ATOL = 1e-4
 @pytest.fixture(scope="module", params=NAMES)
 def fixture(request):
     path = FIXTURES / request.param
-    return load_moe(path), np.load(path / "expected.npz")
+    return minillm.load(path), np.load(path / "expected.npz")
 
 
 def test_fixture_logits_match_transformers(fixture):
@@ -84,25 +83,25 @@ def test_older_config_spellings_read_the_same(tmp_path):
     edit_config(folder, drop=("num_local_experts", "rope_parameters"), num_experts=8, rope_theta=1e6)
     e = np.load(folder / "expected.npz")
     ids = np.concatenate([e["input_ids"], e["greedy_ids"]])
-    np.testing.assert_allclose(load_moe(folder).forward(ids), e["logits"], rtol=0, atol=ATOL)
+    np.testing.assert_allclose(minillm.load(folder).forward(ids), e["logits"], rtol=0, atol=ATOL)
 
 
 def test_bad_configs_and_weights_get_one_clear_line(tmp_path):
     folder = copy_fixture(tmp_path, "mixtral-tiny")
     edit_config(folder, num_experts_per_tok=5)
     with pytest.raises(ConfigError, match="top_k=5 experts but a layer has only 4"):
-        load_moe(folder)
+        minillm.load(folder)
     edit_config(folder, drop=("num_local_experts",), num_experts_per_tok=2)
     with pytest.raises(ConfigError, match="missing num_local_experts"):
-        load_moe(folder)
+        minillm.load(folder)
     edit_config(folder, num_local_experts=4, sliding_window=16)
     with pytest.raises(ConfigError, match="sliding_window=16"):
-        load_moe(folder)
+        minillm.load(folder)
     edit_config(folder, sliding_window=None, num_local_experts=3)      # the file has 4 experts a layer
     with pytest.raises(WeightsError, match=r"gate.weight has shape \[4, 64\] but the config needs \[3, 64\]"):
-        load_moe(folder)
-    with pytest.raises(WeightsError, match="expert FFN 48 is not a multiple of 32"):
-        load_moe(FIXTURES / "qwen3moe-tiny", weights="q8_0")
+        minillm.load(folder)
+    with pytest.raises(WeightsError, match="expert FFN 48 not a multiple of 32"):
+        minillm.load(FIXTURES / "qwen3moe-tiny", weights="q8_0")
 
 
 # -- the expert layer against each row alone ---------------------------------------------------------
@@ -250,7 +249,7 @@ def test_dense_layers_and_expert_count_spelling_load_from_a_folder(tmp_path):
         "intermediate_size": 40, "moe_intermediate_size": 16, "num_experts": 4, "num_experts_per_tok": 2,
         "rms_norm_eps": 1e-6, "rope_theta": 1e6, "decoder_sparse_step": 2, "mlp_only_layers": [3],
         "norm_topk_prob": False, "tie_word_embeddings": False}))
-    model = load_moe(tmp_path)
+    model = minillm.load(tmp_path)
     assert model.config == c and model.config.sparse_layers == (1,)
     assert "gate_up.weight" in model.blocks[3] and "router.weight" in model.blocks[1]
     ids = np.arange(12) % 50
@@ -301,7 +300,7 @@ def test_presets_total_beyond_the_cache_and_active_a_fraction():
 
 @pytest.fixture(scope="module")
 def mixtral():
-    return load_moe(FIXTURES / "mixtral-tiny")
+    return minillm.load(FIXTURES / "mixtral-tiny")
 
 
 def test_seeded_sampling_is_reproducible_alone_and_batched(mixtral):

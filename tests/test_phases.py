@@ -316,7 +316,7 @@ def _runs(**figures):
 
 
 def test_a_budget_verdict_names_every_run_tied_for_best_and_none_when_all_are_close():
-    from minillm.cli.serve_sim import budget_verdict
+    from minillm.ui.report import budget_verdict
     runs = _runs(output_tokens_per_s=[10.0, 20.0, 20.0], tbt_p99_s=[0.1, 0.3, 0.2],
                  ttft_p95_s=[1.0, 1.02, 1.01], goodput_rps=[0.1, 0.3, 0.2], good_requests=[1, 3, 2],
                  slo_met=[{"all": x, "tpot": x} for x in (0.2, 0.6, 0.4)])

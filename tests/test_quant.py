@@ -25,7 +25,7 @@ from minillm import meter
 from minillm.config import GPT2Config
 from minillm.errors import MiniLLMError, WeightsError
 from minillm.models import quant
-from minillm.models.quant import QK, QuantMatrix, f16_to_f32, quantize_params
+from minillm.models.quant import QK, QuantMatrix, f16_to_f32
 
 from test_properties import REL_TOL, random_model
 
@@ -188,7 +188,7 @@ def quant_closed_forms(c: GPT2Config, fmt: str, b: int, tokens: int, lm_rows: in
 def test_the_meter_counts_quantized_bytes_exactly(L, H, d, V, fmt, dtype, P, seed):
     config = GPT2Config(n_layer=L, n_head=H, n_embd=d, n_ctx=32, vocab_size=V)
     float_model = random_model(config, seed, dtype=dtype)
-    model = minillm.GPT2(config, quantize_params(float_model.params, fmt))
+    model = minillm.GPT2(config, float_model.params, weights=fmt)
     b = np.dtype(dtype).itemsize
     prompt = np.arange(P) % V
     with meter.Meter() as m:
@@ -213,7 +213,7 @@ def test_the_meter_counts_quantized_bytes_exactly(L, H, d, V, fmt, dtype, P, see
 def test_cached_equals_naive_with_quantized_weights(shape, fmt, P, n, seed):
     d, H = shape
     config = GPT2Config(n_layer=2, n_head=H, n_embd=d, n_ctx=32, vocab_size=97)
-    model = minillm.GPT2(config, quantize_params(random_model(config, seed, std=0.3).params, fmt))
+    model = minillm.GPT2(config, random_model(config, seed, std=0.3).params, weights=fmt)
     prompt = list(np.random.default_rng(seed).integers(0, 97, P))
     assert minillm.generate(model, prompt, n) == minillm.generate(model, prompt, n, kv_cache=False)
     ids = np.array(prompt)
@@ -229,7 +229,7 @@ def test_cached_equals_naive_with_quantized_weights(shape, fmt, P, n, seed):
        st.sampled_from(["contiguous", "paged"]), st.integers(0, 999))
 def test_batched_equals_alone_with_quantized_weights(fmt, seqs, cache, seed):
     config = GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=32, vocab_size=97)
-    model = minillm.GPT2(config, quantize_params(random_model(config, seed, std=0.3).params, fmt))
+    model = minillm.GPT2(config, random_model(config, seed, std=0.3).params, weights=fmt)
     rng = np.random.default_rng(seed)
     prompts = [list(rng.integers(0, 97, P)) for P, _ in seqs]
     limits = [n for _, n in seqs]

@@ -66,7 +66,8 @@ def test_every_request_gets_its_tokens_alone(w, policy, prefix_cache, block_size
     made = {}
     rs = [engine.add_request(p, n, sampling_for(temperature, i), arrival=t) for i, (p, n, t) in enumerate(reqs)]
     while engine.has_work:
-        for r, tok in engine.step():
+        info = engine.step()
+        for r, tok in (info.made if info else []):
             made.setdefault(r.id, []).append(tok)
     event(f"preempted: {engine.scheduler.preemptions > 0}")
     event(f"prefix hits: {engine.blocks.hit_tokens > 0}")
@@ -194,3 +195,97 @@ def test_bad_requests_are_refused_with_one_line():
         Engine(model, kv_memory=0)
     with pytest.raises(MiniLLMError, match="policy"):
         Engine(model, num_blocks=2, policy="fastest")
+
+
+# ------------------------------------------------------------------ the engine's boundary: step, adopt
+
+
+def test_step_returns_its_info_with_the_tokens_it_made():
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=64, vocab_size=40)
+    model = random_model(config, 3)
+    engine = Engine(model, num_blocks=20, block_size=4)
+    a = engine.add_request([1, 2, 3, 4, 5], 3)
+    b = engine.add_request([6, 7], 2, arrival=5.0)          # arrives later: the first step is a's alone
+    info = engine.step()
+    assert info is engine.steps[-1] and engine.n_steps == 1
+    assert info.made == [(a, a.output[0])] and info.prefill_tokens == 5 and info.decode_tokens == 0
+    assert info.record is not None and info.model_seconds == info.record.seconds
+    assert 0 < info.model_seconds <= info.seconds
+    made = {a.id: list(a.output)}
+    while engine.has_work:
+        info = engine.step()
+        for r, tok in (info.made if info else []):
+            made.setdefault(r.id, []).append(tok)
+    assert made == {a.id: a.output, b.id: b.output}
+    assert a.output == minillm.generate(model, [1, 2, 3, 4, 5], 3)
+    assert engine.step() is None                              # nothing left to run
+
+
+def test_a_step_that_can_run_nothing_with_nothing_on_its_way_says_so():
+    config = GPT2Config(n_layer=1, n_head=1, n_embd=8, n_ctx=32, vocab_size=30)
+    engine = Engine(random_model(config, 0), num_blocks=4, block_size=4)
+    engine.add_request(list(range(5)), 3)
+    engine.pool.allocator.allocate_many(3)                    # blocks taken behind the scheduler's back
+    with pytest.raises(MiniLLMError, match="can run nothing"):
+        engine.step()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_an_adopted_sequence_makes_the_tokens_of_a_fresh_prefill_and_frees_its_blocks(temperature):
+    from minillm.serving.disagg import export_kv
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=16, n_ctx=64, vocab_size=50)
+    model = random_model(config, 7)
+    prompt, n, sampling = list(range(3, 14)), 6, SamplingParams(temperature, seed=11)
+    fresh = Engine(model, num_blocks=16, block_size=4)
+    whole = fresh.add_request(prompt, n, sampling)
+    fresh.run()
+    prefill = Engine(model, num_blocks=16, block_size=4)
+    p = prefill.add_request(prompt, n, sampling)
+    (req, first), = prefill.step().made                       # the prompt runs, its first token sampled
+    k, v = export_kv(p.seq.cache)
+    decode = Engine(model, num_blocks=16, block_size=4)
+    r = decode.new_request(prompt, n, sampling)
+    assert decode.adopt(r, k, v, output=[first], rng=p.seq.rng)
+    assert decode.scheduler.running == [r.seq] and not decode.scheduler.waiting
+    assert r.seq.n_computed == len(prompt) and decode.pool.allocator.n_used == -(-(len(prompt) + 1) // 4)
+    decode.run()
+    assert r.output == whole.output
+    assert decode.pool.allocator.n_free == 16 and decode.pool.allocator.n_used == 0
+
+
+def test_adopt_takes_nothing_when_there_is_no_room():
+    from minillm.serving.disagg import export_kv
+    config = GPT2Config(n_layer=1, n_head=1, n_embd=8, n_ctx=32, vocab_size=30)
+    model = random_model(config, 1)
+    prefill = Engine(model, num_blocks=8, block_size=4)
+    p = prefill.add_request(list(range(9)), 4)
+    (_, first), = prefill.step().made
+    k, v = export_kv(p.seq.cache)
+    small = Engine(model, num_blocks=4, block_size=4)           # 10 positions need 3 blocks: 2 are free
+    small.pool.allocator.allocate_many(2)
+    r = small.new_request(list(range(9)), 4)
+    assert not small.adopt(r, k, v, output=[first], rng=p.seq.rng)
+    assert small.pool.allocator.n_free == 2 and not small.scheduler.running and r.id not in small.requests
+    full = Engine(model, num_blocks=8, block_size=4, max_seqs=1)
+    full.add_request([1, 2], 2)
+    full.step()
+    assert not full.adopt(full.new_request(list(range(9)), 4), k, v, output=[first], rng=p.seq.rng)
+    assert len(full.scheduler.running) == 1
+
+
+def test_block_states_map_the_pool_as_the_allocator_and_the_prefix_cache_hold_it():
+    config = GPT2Config(n_layer=1, n_head=1, n_embd=8, n_ctx=64, vocab_size=30)
+    engine = Engine(random_model(config, 4), num_blocks=12, block_size=4, prefix_cache=True)
+    first = engine.add_request(list(range(10)), 2)
+    engine.run()
+    states = engine.blocks.block_states()
+    assert len(states) == 12 and "held" not in states and "shared" not in states
+    assert states.count("cached") == 2                       # the prompt's two full blocks stay named
+    engine.add_request(list(range(10)), 4)
+    engine.add_request(list(range(10)) + [7, 7], 4)
+    engine.step()
+    states = engine.blocks.block_states()
+    a = engine.pool.allocator
+    assert states.count("shared") == sum(1 for r in a.refs if r > 1) == 2 and first.done
+    assert states.count("held") + states.count("shared") == a.n_used
+    assert engine.blocks.block_states(stride=5) == states[::5]

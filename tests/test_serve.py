@@ -666,9 +666,9 @@ def test_counters_are_exact_and_labels_escaped():
     from minillm.serving.prom import Registry
     from prometheus_client.parser import text_string_to_metric_families
     r = Registry()
-    r.inc("bytes_total", "", 12345678901234567, kind="weights")
-    r.inc("step_seconds_total", "", 0.1 + 0.2, phase="decode")
-    r.inc("odd_total", "x", 1, what='a"b\\c\nd')
+    r.inc("bytes_total", 12345678901234567, kind="weights")
+    r.inc("step_seconds_total", 0.1 + 0.2, phase="decode")
+    r.inc("odd_total", 1, what='a"b\\c\nd')
     text = r.render()
     assert 'minillm_bytes_total{kind="weights"} 12345678901234567' in text
     assert f'minillm_step_seconds_total{{phase="decode"}} {0.1 + 0.2!r}' in text

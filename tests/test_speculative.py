@@ -21,6 +21,7 @@ import minillm
 from minillm.config import GPT2Config
 from minillm.engine import speculative
 from minillm.engine.sampling import distribution
+from minillm.engine.sequence import SamplingParams
 from minillm.engine.speculative import NgramDraft, speculative_generate
 from minillm.errors import MiniLLMError, PromptError
 from minillm.meter import Meter
@@ -212,12 +213,12 @@ def test_a_verify_step_reads_the_weights_once_for_k_plus_1_tokens(k):
 
 def test_the_ngram_draft_guesses_the_continuation_of_the_latest_longest_match():
     d = NgramDraft(max_n=3)
-    assert d.propose([5, 6, 7, 8, 9, 6, 7], 3, (0.0, None, None), None) == ([8, 9, 6], [None] * 3)
-    assert d.propose([1, 2, 9, 1, 2, 8, 1, 2], 2, (0.0, None, None), None)[0] == [8, 1]   # latest match
-    assert d.propose([1, 2, 3, 4], 2, (0.0, None, None), None) == ([], [])                 # no repeat
-    assert d.propose([4, 4], 5, (0.0, None, None), None)[0] == [4]                        # what there is
-    assert d.propose([5] * 6, 8, (0.0, None, None), None)[0] == [5, 5, 5]                 # a loop: the longest
-    assert d.propose([1, 2] * 4, 8, (0.0, None, None), None)[0] == [1, 2, 1, 2]
+    assert d.propose([5, 6, 7, 8, 9, 6, 7], 3, SamplingParams(), None) == ([8, 9, 6], [None] * 3)
+    assert d.propose([1, 2, 9, 1, 2, 8, 1, 2], 2, SamplingParams(), None)[0] == [8, 1]   # latest match
+    assert d.propose([1, 2, 3, 4], 2, SamplingParams(), None) == ([], [])                 # no repeat
+    assert d.propose([4, 4], 5, SamplingParams(), None)[0] == [4]                        # what there is
+    assert d.propose([5] * 6, 8, SamplingParams(), None)[0] == [5, 5, 5]                 # a loop: the longest
+    assert d.propose([1, 2] * 4, 8, SamplingParams(), None)[0] == [1, 2, 1, 2]
 
 
 # -- clear errors ------------------------------------------------------------------------------------
@@ -252,3 +253,15 @@ def test_a_draft_context_holds_the_prompt_and_all_but_two_of_the_new_tokens():
         speculative_generate(target, [1, 2], 33, draft=short)
     with pytest.raises(PromptError, match="the prompt alone"):
         speculative_generate(target, list(range(20)) * 2, 5, draft=short)
+
+
+def test_sampling_settings_are_checked_once_per_run_not_once_per_guess(monkeypatch):
+    from minillm.engine import sampling, sequence
+    calls = []
+    real = sampling.check_sampling
+    counting = lambda *a: calls.append(a) or real(*a)      # noqa: E731
+    monkeypatch.setattr(sampling, "check_sampling", counting)
+    monkeypatch.setattr(sequence, "check_sampling", counting)
+    target, draft = random_model(TINY, 0), random_model(TINY, 1)
+    new, stats = speculative_generate(target, [1, 2, 3], 8, draft=draft, k=3, temperature=0.8, top_k=3, seed=0)
+    assert len(new) == 8 and stats.drafted > 1 and len(calls) == 1

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minillm
-from minillm.tokenizer import gpt2_tokenizer, tokenizer
+from minillm.bpe import gpt2_tokenizer, tokenizer
 
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 

@@ -1,2 +1,9 @@
-"""KV caches: `contiguous` (one [L, H, n_ctx, hd] array per sequence, used by lessons 1-7) and `paged`
-(a shared pool of fixed-size blocks with a block table per sequence, used for batches and serving)."""
+"""KV caches: every layer's keys and values of the positions a sequence has run, so a decode step
+computes only its new token.
+
+    contiguous  `KVCache`: one [L, Hkv, n_ctx, hd] array per sequence, preallocated (lessons 1-7,
+                `generate`); `CacheBase`, what both caches share
+    paged       `PagedKVPool` (a shared pool of fixed-size blocks, reference-counted by
+                `BlockAllocator`) and `PagedKVCache` (a sequence's block table into it): batches
+                and serving
+"""

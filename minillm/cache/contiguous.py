@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import GPT2Config
+from ..config import ModelConfig
 from ..errors import PromptError
 from .. import meter
 
@@ -38,7 +38,7 @@ def no_room(length: int, n_new: int, n_ctx: int) -> PromptError:
 class CacheBase:
     """What every KV cache shares: its length, the context it lives in, and the checks on both."""
 
-    config: GPT2Config
+    config: ModelConfig
     length: int = 0
 
     @property
@@ -66,7 +66,7 @@ class CacheBase:
 
 
 class KVCache(CacheBase):
-    def __init__(self, config: GPT2Config, dtype=np.float32) -> None:
+    def __init__(self, config: ModelConfig, dtype=np.float32) -> None:
         shape = (config.n_layer, config.n_kv_head, config.n_ctx, config.head_dim)
         self.config = config
         self.dtype = np.dtype(dtype)

@@ -24,7 +24,7 @@ from collections import deque
 
 import numpy as np
 
-from ..config import GPT2Config
+from ..config import ModelConfig
 from ..errors import MiniLLMError, PromptError
 from .. import meter
 from .contiguous import CacheBase
@@ -106,7 +106,7 @@ class BlockAllocator:
 class PagedKVPool:
     """The memory: K and V blocks for every layer, shared by all sequences, and their allocator."""
 
-    def __init__(self, config: GPT2Config, num_blocks: int, block_size: int = 16, dtype=np.float32) -> None:
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, dtype=np.float32) -> None:
         if block_size < 1:
             raise MiniLLMError(f"block_size={block_size}: must be at least 1")
         self.config = config
@@ -117,11 +117,11 @@ class PagedKVPool:
         self.v = np.zeros(shape, dtype=dtype)
 
     @classmethod
-    def block_nbytes_for(cls, config: GPT2Config, block_size: int, dtype=np.float32) -> int:
+    def block_nbytes_for(cls, config: ModelConfig, block_size: int, dtype=np.float32) -> int:
         return 2 * config.n_layer * config.n_kv_head * config.head_dim * block_size * np.dtype(dtype).itemsize
 
     @classmethod
-    def from_memory(cls, config: GPT2Config, nbytes: int, block_size: int = 16, dtype=np.float32) -> "PagedKVPool":
+    def from_memory(cls, config: ModelConfig, nbytes: int, block_size: int = 16, dtype=np.float32) -> "PagedKVPool":
         """As many blocks as fit in nbytes of K and V."""
         per_block = cls.block_nbytes_for(config, block_size, dtype)
         if nbytes < per_block:

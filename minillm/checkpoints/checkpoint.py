@@ -8,10 +8,13 @@ buffers, with or without a tied `lm_head.weight`; float16 and bfloat16 load as f
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -20,33 +23,10 @@ import numpy as np
 from ..config import GPT2Config
 from ..errors import ConfigError, WeightsError
 from ..checkpoints.safetensors import read_safetensors, write_safetensors
-from ..paths import atomic_write, not_a_regular_file, read_capped
+from ..models.gpt2 import GPT2, expected_shapes, iter_expected, random_params  # noqa: F401  (GPT-2's manifest)
+from ..paths import _alive, atomic_write, not_a_regular_file, read_capped
 
 BLOCK_TENSORS = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
-
-
-def iter_expected(c: GPT2Config) -> Iterator[tuple[str, tuple[int, ...]]]:
-    """Every tensor a GPT-2 checkpoint holds, with its shape ([in, out] for the linear layers), one at a
-    time: checking a file against a config stops at the first one missing, so a config claiming 10**7
-    layers costs no more than the file's own tensors."""
-    d = c.n_embd
-    yield from {"wte.weight": (c.vocab_size, d), "wpe.weight": (c.n_ctx, d)}.items()
-    for i in range(c.n_layer):
-        h = f"h.{i}."
-        yield from {
-            h + "ln_1.weight": (d,), h + "ln_1.bias": (d,),
-            h + "attn.c_attn.weight": (d, 3 * d), h + "attn.c_attn.bias": (3 * d,),
-            h + "attn.c_proj.weight": (d, d), h + "attn.c_proj.bias": (d,),
-            h + "ln_2.weight": (d,), h + "ln_2.bias": (d,),
-            h + "mlp.c_fc.weight": (d, 4 * d), h + "mlp.c_fc.bias": (4 * d,),
-            h + "mlp.c_proj.weight": (4 * d, d), h + "mlp.c_proj.bias": (d,),
-        }.items()
-    yield from {"ln_f.weight": (d,), "ln_f.bias": (d,)}.items()
-
-
-def expected_shapes(c: GPT2Config) -> dict[str, tuple[int, ...]]:
-    """Every tensor a GPT-2 checkpoint holds, with its shape."""
-    return dict(iter_expected(c))
 
 
 _MASK_BUFFER = re.compile(r"h\.\d+\.attn\.(masked_)?bias$")
@@ -180,29 +160,15 @@ def check_finite(a: np.ndarray, what: str) -> None:
                            "damaged (or training diverged): re-download it, or use an earlier checkpoint")
 
 
-def random_params(config: GPT2Config, seed: int = 0, std: float = 0.02, dtype=np.float32,
-                  residual_std: float | None = None) -> dict[str, np.ndarray]:
-    """GPT-2-shaped random weights: normal(0, std) matrices, zero biases, unit layer-norm gains. Seeded.
-    residual_std: the std of the two projections into the residual stream (`attn.c_proj`, `mlp.c_proj`),
-    if not `std` (GPT-2 trains from std/sqrt(2L) there: `training.model.init_params`)."""
-    rng = np.random.default_rng(seed)
-    params = {}
-    for name, shape in expected_shapes(config).items():
-        if name.endswith(".bias"):
-            params[name] = np.zeros(shape, dtype=dtype)
-        elif ".ln_" in name or name.startswith("ln_"):
-            params[name] = np.ones(shape, dtype=dtype)
-        else:
-            w = rng.standard_normal(shape, dtype=np.float32)
-            w *= residual_std if residual_std is not None and name.endswith("c_proj.weight") else std
-            params[name] = w.astype(dtype, copy=False)
-    return params
-
-
 def save_checkpoint(directory: str | os.PathLike, params: dict[str, np.ndarray], config: GPT2Config,
                     dtype="float32", metadata: dict[str, str] | None = None) -> Path:
-    """Write `model.safetensors` + `config.json` in the Hugging Face layout, each atomically
-    (a temporary file, then a rename): an interrupted save never leaves a half-written file."""
+    """Write `model.safetensors` + `config.json` in the Hugging Face layout, together or not at all:
+    both are written into a temporary folder beside `directory`, which then takes its place in one
+    rename when `directory` is new or empty (a first save: never weights without their config). Into a
+    folder that already holds files, each file is renamed into place, config.json first and the
+    weights last (a reader sees the old checkpoint, a new config.json with the old weights of the same
+    model, or the new checkpoint). An interrupted save leaves no half-written file; its temporary
+    folder is removed by the next save."""
     directory = Path(directory)
     want = expected_shapes(config)
     missing = [n for n in want if n not in params]
@@ -210,13 +176,61 @@ def save_checkpoint(directory: str | os.PathLike, params: dict[str, np.ndarray],
         raise WeightsError(f"cannot save: tensor {missing[0]} is missing from the parameters")
     tensors = {n: np.ascontiguousarray(params[n], dtype=np.dtype(dtype)) for n in want}
     meta = {"format": "pt", "config": json.dumps(config.to_hf())} | (metadata or {})
+    tmp = None
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        write_safetensors(directory / "model.safetensors", tensors, meta)
-        with atomic_write(directory / "config.json", text=True) as f:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_saves(directory)
+        tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.{os.getpid()}-",
+                                    suffix=".saving"))
+        write_safetensors(tmp / "model.safetensors", tensors, meta)
+        with atomic_write(tmp / "config.json", text=True) as f:
             json.dump(config.to_hf(), f, indent=2)
             f.write("\n")
+        os.chmod(tmp, 0o755)                              # mkdtemp makes it owner-only
+        if not directory.is_dir() or not any(directory.iterdir()):
+            os.replace(tmp, directory)                    # one rename: both files appear at once
+            tmp = None
+        else:
+            os.replace(tmp / "config.json", directory / "config.json")
+            os.replace(tmp / "model.safetensors", directory / "model.safetensors")
     except OSError as e:                                  # disk full, read-only, ...: nothing half-written
         raise WeightsError(f"{directory}: cannot save the checkpoint there ({e.strerror or e}); "
                            "free some space or choose another folder") from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
     return directory
+
+
+def _remove_stale_saves(directory: Path) -> None:
+    """Temporary folders of saves to `directory` whose process is gone (killed mid-save)."""
+    for old in directory.parent.glob(f".{glob.escape(directory.name)}.*.saving"):
+        pid = old.name[len(directory.name) + 2:].partition("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+# -- GPT-2's row of the family table (checkpoints/families.py) ----------------------------------------
+
+def gpt2_from_folder(path: Path, dtype, weights: str, name: str | None = None) -> GPT2:
+    """A GPT-2 from a checkpoint directory or .safetensors file."""
+    config, params = load_checkpoint(path, dtype)
+    return GPT2(config, params, name=name or Path(path).name, weights=weights)
+
+
+def gpt2_from_gguf(md: dict, tensors: dict, path: Path, dtype, weights: str, name: str | None = None) -> GPT2:
+    """A GPT-2 from a GGUF's tensors (checkpoint names, GGUF's [out, in] rows; as `minillm quantize`
+    writes them, or llama.cpp's converter): float matrices back to the checkpoint's [in, out]."""
+    emb = tensors.get("wte.weight")
+    if emb is None:
+        raise WeightsError(f"{path}: no token_embd.weight tensor")
+    config = GPT2Config.from_gguf(md, emb.shape[0], path)
+    params = {}
+    for k, _ in iter_expected(config):
+        if k not in tensors:
+            raise WeightsError(f"{path}: tensor {k} is missing; the file is not a whole GPT-2")
+        a = tensors[k]
+        if k.endswith(GPT2.MATRICES) and isinstance(a, np.ndarray):
+            a = np.ascontiguousarray(a.T)                           # GGUF's [out, in] rows -> [in, out]
+        params[k] = np.asarray(a, dtype=dtype) if isinstance(a, np.ndarray) else a
+    return GPT2(config, params, name=name or Path(path).stem, weights=weights)

@@ -31,7 +31,7 @@ from typing import BinaryIO, Iterator
 
 from ..checkpoints.checkpoint import read_config
 from ..checkpoints.safetensors import read_header
-from ..config import PRESETS
+from ..config import GPT2_SIZES
 from ..errors import DownloadError, MiniLLMError, ModelNotFoundError, SafetensorsError
 from ..paths import atomic_write, cache_dir, expand_user
 
@@ -50,7 +50,7 @@ class ModelInfo:
 
     name: str  # what the user types: "gpt2", "gpt2-medium", ...
     repo: str  # the Hugging Face repository, "openai-community/gpt2"
-    preset: str  # the key in `config.PRESETS` with the same shape ("124m", ...)
+    preset: str  # the key in `config.GPT2_SIZES` with the same shape ("124m", ...)
     params: int  # parameter count (tied LM head counted once)
     size: int | None = None  # bytes of model.safetensors, when known
     sha256: str | None = None  # SHA-256 of model.safetensors, when known
@@ -61,7 +61,7 @@ class ModelInfo:
 
 
 def _info(name: str, preset: str, size: int | None = None, sha256: str | None = None) -> ModelInfo:
-    return ModelInfo(name, f"openai-community/{name}", preset, PRESETS[preset].n_params(), size, sha256)
+    return ModelInfo(name, f"openai-community/{name}", preset, GPT2_SIZES[preset].n_params(), size, sha256)
 
 
 KNOWN_MODELS: dict[str, ModelInfo] = {
@@ -173,7 +173,7 @@ def download(
 
 def _check_config(info: ModelInfo, path: Path) -> None:
     """config.json must be this model's: an error page, or another model's config, is deleted."""
-    want = PRESETS[info.preset]
+    want = GPT2_SIZES[info.preset]
     try:
         got = read_config(path)
         problem = None if (got.n_layer, got.n_head, got.n_embd, got.vocab_size) == \

@@ -1,4 +1,4 @@
-"""GGUF files (llama.cpp's format) through the `gguf` package, llama.cpp's own reader.
+"""GGUF files (llama.cpp's format): minillm's own bounded reader, and `gguf.quants` to widen blocks.
 
 A GGUF file is a header of typed key/value metadata (the architecture's hyper-parameters, the
 tokenizer's vocabulary and merges, the chat template), then tensor descriptions (name, shape, type,
@@ -8,8 +8,10 @@ the `gguf` package's reader took 15 s over a 49,152-token vocabulary) and `gguf.
 llama.cpp's own NumPy code, turns each block-quantized tensor back into float32.
 
 `read_gguf(path)` gives the metadata and the raw tensors, still quantized (`GGUFTensor`: type,
-shape, bytes) for whoever computes on them directly; `load_gguf(path)` gives a config and float32
-tensors in Hugging Face names, ready for `models.llama.Llama`.
+shape, bytes) for whoever computes on them directly; `checkpoint_tensors(raw, names)` gives
+the tensors in a family's checkpoint names (`GGUFNames`, from the family's row in
+checkpoints/families.py), float32 or kept quantized. This is minillm's one GGUF reader, for every
+family; writing goes through the `gguf` package (checkpoints/gguf_gpt2.py).
 
 Before the reader sees the file, its counts are checked against its size: a header that claims
 more tensors or keys than the file could hold is refused, so a damaged or lying file costs a
@@ -26,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import LLAMA_TYPES, LlamaConfig
 from ..errors import ConfigError, WeightsError
 from ..models.quant import FORMATS, QuantMatrix
 from ..paths import not_a_regular_file
@@ -192,58 +193,32 @@ def dequantize(t: GGUFTensor, where) -> np.ndarray:
     return out
 
 
-def config_from_metadata(md: dict, where) -> LlamaConfig:
-    """The model's hyper-parameters from the GGUF keys `{arch}.block_count`, ...."""
-    arch = md.get("general.architecture")
-    if arch not in LLAMA_TYPES:
-        raise ConfigError(f"{where}: GGUF architecture {arch!r} is not supported; minillm runs "
-                          f"{', '.join(LLAMA_TYPES)}")
-    scaling = md.get(f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none"):
-        raise ConfigError(f"{where}: rope scaling {scaling!r} is not implemented; minillm runs the default "
-                          "rotary embedding only")
+@dataclass(frozen=True)
+class GGUFNames:
+    """A family's tensor names both ways: the checkpoint's (`h.3.attn.c_attn.weight`) and GGUF's
+    (`blk.3.attn_qkv.weight`). The reader uses it one way, `minillm quantize`'s writer the other."""
+    block: str                   # the checkpoint's block prefix: "h" (GPT-2), "layers" (Llama)
+    blocks: dict                 # a block tensor's name, no prefix and no .weight/.bias -> GGUF's
+    top: dict                    # the others, the same way
 
-    def get(key, default=None):
-        value = md.get(f"{arch}.{key}", default)
-        if value is None:
-            raise ConfigError(f"{where}: metadata {arch}.{key} is missing; {_DAMAGED}")
-        return value
+    def to_gguf(self, name: str) -> str:
+        """`h.3.attn.c_attn.weight` -> `blk.3.attn_qkv.weight`."""
+        stem, suffix = name.rsplit(".", 1)
+        if stem in self.top:
+            return f"{self.top[stem]}.{suffix}"
+        _, i, rest = stem.split(".", 2)
+        return f"blk.{i}.{self.blocks[rest]}.{suffix}"
 
-    try:
-        H = int(get("attention.head_count"))
-        d = int(get("embedding_length"))
-        tokens = md.get("tokenizer.ggml.tokens")
-        vocab = int(md.get(f"{arch}.vocab_size") or (len(tokens) if tokens else 0) or 0)
-        return LlamaConfig(
-            n_layer=int(get("block_count")), n_head=H, n_kv_head=int(get("attention.head_count_kv", H)),
-            head_dim=int(get("attention.key_length", d // H if H else 0)), n_embd=d,
-            n_ctx=int(get("context_length")), vocab_size=vocab, ffn=int(get("feed_forward_length")),
-            eps=float(get("attention.layer_norm_rms_epsilon")), theta=float(get("rope.freq_base", 10000.0)),
-            arch=arch, qkv_bias=arch == "qwen2", qk_norm=arch == "qwen3", tied=True)
-    except ConfigError as e:
-        raise ConfigError(f"{where}: {e}" if str(where) not in str(e) else str(e)) from None
-    except (TypeError, ValueError, OverflowError, ZeroDivisionError) as e:
-        raise ConfigError(f"{where}: a metadata value has the wrong type ({e}); {_DAMAGED}") from None
-
-
-# GGUF tensor names -> Hugging Face names (without `model.`)
-_BLOCK_NAMES = {
-    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
-_TOP_NAMES = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
-
-
-def hf_name(name: str) -> str | None:
-    """`blk.3.attn_q.weight` -> `layers.3.self_attn.q_proj.weight`; None for a name minillm does not use."""
-    parts = name.split(".")
-    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _BLOCK_NAMES and parts[1].isdigit():
-        return f"layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{parts[3]}"
-    if len(parts) == 2 and parts[0] in _TOP_NAMES:
-        return f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
-    return None
+    def from_gguf(self, name: str) -> str | None:
+        """`blk.3.attn_qkv.weight` -> `h.3.attn.c_attn.weight`; None for a name the family does not use."""
+        parts = name.split(".")
+        back = {g: k for k, g in self.blocks.items()}
+        if parts[0] == "blk" and len(parts) == 4 and parts[2] in back and parts[1].isdigit():
+            return f"{self.block}.{parts[1]}.{back[parts[2]]}.{parts[3]}"
+        top = {g: k for k, g in self.top.items()}
+        if len(parts) == 2 and parts[0] in top:
+            return f"{top[parts[0]]}.{parts[1]}"
+        return None
 
 
 def unpermute(w, n_head: int):
@@ -257,30 +232,21 @@ def unpermute(w, n_head: int):
     return pairs.swapaxes(1, 2).reshape(w.shape)                        # [heads, 2, hd/2, d]: (i, i+hd/2)
 
 
-def load_gguf(path, *, keep_quantized: bool = False) -> tuple[LlamaConfig, dict[str, np.ndarray], dict]:
-    """-> (config, tensors in Hugging Face names, metadata). Every tensor float32, or with
-    keep_quantized, the file's Q8_0 / Q4_0 / Q4_1 matrices as `QuantMatrix` (its bytes, unwidened)."""
-    path = Path(path)
-    md, raw = read_gguf(path)
-    c = config_from_metadata(md, path)
+def checkpoint_tensors(raw: dict[str, GGUFTensor], names: GGUFNames, path, *,
+                       keep_quantized: bool = False) -> dict:
+    """`read_gguf`'s tensors in the checkpoint's names, as the file lays them out (a matrix as its
+    [out, in] rows). Every tensor float32, or with keep_quantized, the file's Q8_0 / Q4_0 / Q4_1
+    matrices as `QuantMatrix` (its bytes, unwidened). Names the family does not use are skipped."""
     tensors = {}
     for name, t in raw.items():
-        hf = hf_name(name)
-        if hf is None:
+        ours = names.from_gguf(name)
+        if ours is None:
             if name.startswith("rope_freqs"):
                 raise ConfigError(f"{path}: tensor {name} (rope frequency factors) is not implemented; "
                                   "minillm runs the default rotary embedding only")
             continue
         if keep_quantized and t.type.lower() in FORMATS and len(t.shape) == 2:
-            tensors[hf] = QuantMatrix.from_gguf_blocks(t.data, t.type.lower(), t.shape)
+            tensors[ours] = QuantMatrix.from_gguf_blocks(t.data, t.type.lower(), t.shape)
         else:
-            tensors[hf] = dequantize(t, path)
-    if "lm_head.weight" in tensors:
-        c = LlamaConfig(**{**c.asdict(), "tied": False})
-    if c.arch == "llama":                        # only llama's converter permutes (qwen uses NeoX rope)
-        for i in range(c.n_layer):
-            for proj, heads in (("q_proj", c.n_head), ("k_proj", c.n_kv_head)):
-                key = f"layers.{i}.self_attn.{proj}.weight"
-                if key in tensors and tensors[key].ndim == 2 and tensors[key].shape[0] % (2 * heads) == 0:
-                    tensors[key] = unpermute(tensors[key], heads)
-    return c, tensors, md
+            tensors[ours] = dequantize(t, path)
+    return tensors

@@ -17,27 +17,17 @@ import numpy as np
 
 from ..errors import MiniLLMError
 from ..model_tokenizer import bytes_to_unicode
+from ..models.gpt2 import GPT2
 from ..models.quant import QuantMatrix
 
-# GGUF's names for GPT-2's tensors (gguf.constants: MODEL_ARCH.GPT2)
-BLOCK_NAMES = {
-    "ln_1.weight": "attn_norm.weight", "ln_1.bias": "attn_norm.bias",
-    "attn.c_attn.weight": "attn_qkv.weight", "attn.c_attn.bias": "attn_qkv.bias",
-    "attn.c_proj.weight": "attn_output.weight", "attn.c_proj.bias": "attn_output.bias",
-    "ln_2.weight": "ffn_norm.weight", "ln_2.bias": "ffn_norm.bias",
-    "mlp.c_fc.weight": "ffn_up.weight", "mlp.c_fc.bias": "ffn_up.bias",
-    "mlp.c_proj.weight": "ffn_down.weight", "mlp.c_proj.bias": "ffn_down.bias",
-}
-TOP_NAMES = {"wte.weight": "token_embd.weight", "wpe.weight": "position_embd.weight",
-             "ln_f.weight": "output_norm.weight", "ln_f.bias": "output_norm.bias"}
 FILE_TYPES = {"float32": 0, "q4_0": 2, "q4_1": 3, "q8_0": 7}    # llama.cpp's LlamaFileType
 
 
 def gguf_name(name: str) -> str:
-    if name in TOP_NAMES:
-        return TOP_NAMES[name]
-    _, i, rest = name.split(".", 2)
-    return f"blk.{i}.{BLOCK_NAMES[rest]}"
+    """GGUF's name of a GPT-2 checkpoint tensor, from GPT-2's row of the family table (the reader uses
+    the same names the other way)."""
+    from .families import family
+    return family("gpt2").names.to_gguf(name)
 
 
 def gpt2_vocab(enc) -> tuple[list[str], list[str]]:
@@ -104,7 +94,7 @@ def write_gguf(model, path: Path, fmt: str, enc) -> None:
                          raw_dtype=gguf.GGMLQuantizationType(p.fmt.ggml_type))
         else:
             a = np.asarray(p, dtype=np.float32)
-            if name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")) and a.ndim == 2:
+            if name.endswith(GPT2.MATRICES):
                 a = a.T                                              # [in, out] -> GGUF's [out, in] rows
             w.add_tensor(gguf_name(name), np.ascontiguousarray(a))
     try:
@@ -117,61 +107,3 @@ def write_gguf(model, path: Path, fmt: str, enc) -> None:
         w.close()
         tmp.unlink(missing_ok=True)
         raise
-
-
-def read_gguf(path: Path, weights: str = "native"):
-    """A GPT-2 GGUF file (as `minillm quantize` writes it, or llama.cpp's converter) -> (config,
-    params). weights "native": Q8_0 / Q4_0 / Q4_1 matrices stay as the file has them
-    (QuantMatrix); float ones, and every other choice, load as float32 (requantized by the caller)."""
-    import gguf
-
-    from ..config import GPT2Config
-    from ..models.quant import FORMATS
-
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except (ValueError, OSError, KeyError, IndexError) as e:
-        raise MiniLLMError(f"{path}: not a readable GGUF file ({e})") from None
-    fields = reader.fields
-
-    def field(key, default=None):
-        f = fields.get(key)
-        return default if f is None else f.contents()
-
-    arch = field("general.architecture")
-    if arch != "gpt2":
-        raise MiniLLMError(f"{path}: GGUF architecture {arch!r}; this reader takes gpt2 files")
-    tensors = {t.name: t for t in reader.tensors}
-    emb = tensors.get("token_embd.weight")
-    if emb is None:
-        raise MiniLLMError(f"{path}: no token_embd.weight tensor")
-    config = GPT2Config(n_layer=int(field("gpt2.block_count")), n_head=int(field("gpt2.attention.head_count")),
-                        n_embd=int(field("gpt2.embedding_length")), n_ctx=int(field("gpt2.context_length")),
-                        vocab_size=int(emb.shape[1]),
-                        ln_eps=float(field("gpt2.attention.layer_norm_epsilon", 1e-5)))
-    by_type = {f.ggml_type: f.name for f in FORMATS.values()}
-    wanted = {gguf_name(n): n for n in _names(config)}
-    params = {}
-    for gname, name in wanted.items():
-        t = tensors.get(gname)
-        if t is None:
-            raise MiniLLMError(f"{path}: tensor {gname} is missing; the file is not a whole GPT-2")
-        rows = tuple(int(s) for s in reversed(t.shape))            # GGUF's ne reversed: [rows, row length]
-        kind = int(t.tensor_type)
-        matrix = name == "wte.weight" or name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
-        if kind in by_type and weights == "native" and matrix:
-            params[name] = QuantMatrix.from_gguf_blocks(np.asarray(t.data), by_type[kind], rows)
-            continue
-        try:
-            a = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32).reshape(rows)
-        except (NotImplementedError, ValueError) as e:
-            raise MiniLLMError(f"{path}: tensor {gname} of type {t.tensor_type.name}: cannot read it ({e})") from None
-        if matrix and name != "wte.weight":
-            a = np.ascontiguousarray(a.T)                            # GGUF's [out, in] rows -> [in, out]
-        params[name] = a
-    return config, params
-
-
-def _names(config) -> list[str]:
-    from .checkpoint import iter_expected
-    return [n for n, _ in iter_expected(config)]

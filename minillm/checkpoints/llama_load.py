@@ -1,5 +1,5 @@
-"""Load a Llama-family model: a Hugging Face folder (config.json + safetensors, one file or sharded)
-or a GGUF file. `minillm.load` calls `sniff` to tell the format and architecture by itself.
+"""The Llama family's row of the family table (checkpoints/families.py): a Hugging Face folder
+(config.json + safetensors, one file or sharded) or a GGUF file's tensors, to a `models.llama.Llama`.
 
 Tensors stay memory-mapped until the model lays them out (`models.llama.fuse_block`): the fused
 `[in, out]` matrices are the one copy in RAM. bfloat16 widens to float32 (the top half of a float32).
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import LLAMA_TYPES, LlamaConfig
+from ..config import LlamaConfig
 from ..errors import ConfigError, WeightsError
 from ..paths import not_a_regular_file
 from .checkpoint import check_finite
@@ -49,26 +49,6 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
-def sniff(path: Path) -> str | None:
-    """'gguf', 'llama' (a Llama-family folder or safetensors beside such a config.json), or None (GPT-2's
-    loader decides). An unknown model_type is refused here, naming the supported ones."""
-    if path.is_file():
-        if path.suffix == ".gguf" or is_gguf(path):
-            return "gguf"
-        path = path.parent
-    cfg_path = path / "config.json"
-    if not cfg_path.is_file():
-        return None
-    cfg = read_json(cfg_path)
-    kind = cfg.get("model_type", "gpt2" if "n_embd" in cfg else None)
-    if kind in LLAMA_TYPES:
-        return "llama"
-    if kind != "gpt2":
-        raise ConfigError(f"{cfg_path}: model_type {kind!r} is not supported; minillm runs gpt2, "
-                          f"{', '.join(LLAMA_TYPES)}")
-    return None
-
-
 def read_tensors(folder: Path, file: Path | None = None) -> dict[str, np.ndarray]:
     """Every tensor of a folder's `model.safetensors`, or of all shards its index names."""
     if file is not None:
@@ -97,39 +77,73 @@ def read_tensors(folder: Path, file: Path | None = None) -> dict[str, np.ndarray
     return tensors
 
 
-def load_llama(path: Path, dtype=np.float32, *, name: str | None = None, weights: str = "float32"):
-    """A Llama-family model, with its own tokenizer attached as `.tokenizer` (None when absent).
-    weights: "float32", "native" (a GGUF's quantized matrices kept as the file has them), or a
-    format to quantize every matrix to ("q8_0", "q4_0", "q4_1"); see `models.llama.Llama`."""
-    from ..models.llama import Llama, check_tensors
-    from ..models.quant import QuantMatrix
+def llama_from_folder(path: Path, dtype=np.float32, weights: str = "float32", name: str | None = None,
+                      *, model=None):
+    """A Llama-family model from a Hugging Face folder (or one of its safetensors files), with its
+    own tokenizer attached as `.tokenizer` (None when absent). model: the class to build, a `Llama`
+    or a subclass of it (the mixture of experts' row passes `models.moe.MoE`); its `CONFIG` reads
+    config.json and its `manifest` checks the tensors."""
     from .. import model_tokenizer as mt
+    from ..models.llama import Llama
+    model = model or Llama
     path = Path(path)
-    if path.is_file() and (path.suffix == ".gguf" or is_gguf(path)):
-        from .gguf_file import load_gguf
-        config, tensors, md = load_gguf(path, keep_quantized=weights == "native")
-        check_tensors(tensors, config, str(path))
-        tok = mt.from_gguf_metadata(md, path)
-        where = path
-    else:
-        folder, file = (path.parent, path) if path.is_file() else (path, None)
-        config = LlamaConfig.from_hf(read_json(folder / "config.json"), str(folder / "config.json"))
-        tensors = read_tensors(folder, file)
-        check_tensors(tensors, config, str(folder))
-        gen = read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
-        eos = gen.get("eos_token_id")
-        eos = eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []
-        tok = mt.from_folder(folder, eos) if (folder / "tokenizer.json").is_file() or \
-            (folder / "tokenizer.model").is_file() else None
-        where = folder
-    for k, v in tensors.items():
-        for a in (v.d, v.m) if isinstance(v, QuantMatrix) else (v,):     # quantized: its scales
-            if a is not None:
-                check_finite(a, f"{where}: tensor {k}")
+    folder, file = (path.parent, path) if path.is_file() else (path, None)
+    config = model.CONFIG.from_hf(read_json(folder / "config.json"), str(folder / "config.json"))
+    tensors = read_tensors(folder, file)
+    gen = read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
+    eos = gen.get("eos_token_id")
+    eos = eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []
+    tok = mt.from_folder(folder, eos) if (folder / "tokenizer.json").is_file() or \
+        (folder / "tokenizer.model").is_file() else None
+    return _build(config, tensors, tok, folder, dtype, weights, name, model)
+
+
+def llama_from_gguf(md: dict, tensors: dict, path: Path, dtype=np.float32, weights: str = "float32",
+                    name: str | None = None):
+    """A Llama-family model from a GGUF's tensors (Hugging Face names), its tokenizer from the metadata."""
+    from .. import model_tokenizer as mt
+    from .gguf_file import unpermute
+    c = LlamaConfig.from_gguf(md, path)
+    if "lm_head.weight" in tensors:
+        c = LlamaConfig(**{**c.asdict(), "tied": False})
+    if c.arch == "llama":                        # only llama's converter permutes (qwen uses NeoX rope)
+        for i in range(c.n_layer):
+            for proj, heads in (("q_proj", c.n_head), ("k_proj", c.n_kv_head)):
+                key = f"layers.{i}.self_attn.{proj}.weight"
+                if key in tensors and tensors[key].ndim == 2 and tensors[key].shape[0] % (2 * heads) == 0:
+                    tensors[key] = unpermute(tensors[key], heads)
+    return _build(c, tensors, mt.from_gguf_metadata(md, path), Path(path), dtype, weights, name)
+
+
+def llama_tokenizer(path: Path):
+    """The tokenizer of a GGUF file or a Hugging Face folder, without building the model."""
+    from .. import model_tokenizer as mt
+    from .gguf_file import read_gguf
+    if path.is_file() and is_gguf(path):
+        md, _ = read_gguf(path)
+        return mt.from_gguf_metadata(md, path)
+    return mt.from_folder(path if path.is_dir() else path.parent)
+
+
+def _build(config: LlamaConfig, tensors: dict, tok, where: Path, dtype, weights: str, name: str | None,
+           model=None):
+    from ..models.llama import Llama, check_tensors
+    model = model or Llama
+    check_tensors(tensors, config, str(where), expected=model.manifest)
+    check_all_finite(tensors, where)
     if tok is not None and tok.n_vocab > config.vocab_size:
         raise WeightsError(f"{where}: the tokenizer has {tok.n_vocab:,} ids but the model only "
                            f"{config.vocab_size:,}: they do not belong together")
-    model = Llama(config, tensors, name=name or where.name, dtype=dtype,
+    built = model(config, tensors, name=name or where.name, dtype=dtype,
                   eos_ids=tok.eos_ids if tok is not None else (), weights=weights)
-    model.tokenizer = tok
-    return model
+    built.tokenizer = tok
+    return built
+
+
+def check_all_finite(tensors: dict, where) -> None:
+    """No NaN or infinity in any tensor (a quantized one: in its scales and minimums)."""
+    from ..models.quant import QuantMatrix
+    for k, v in tensors.items():
+        for a in (v.d, v.m) if isinstance(v, QuantMatrix) else (v,):
+            if a is not None:
+                check_finite(a, f"{where}: tensor {k}")

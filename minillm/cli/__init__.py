@@ -1,4 +1,18 @@
-"""The `minillm` command: one module per group of subcommands, registered from one table in `main`."""
+"""The `minillm` command: one module per group of subcommands, registered from one table in `main`
+(which imports only the command it runs).
+
+    main        COMMANDS, the parser, --threads, errors as one line
+    common      what the commands share: --model, sampling and KV options, loading, prompt checks
+    console     the two consoles: results on stdout, progress and errors on stderr
+    generate    `generate`              chat      `chat`
+    batch       `generate-batch`        compare   `compare`, `traffic`
+    diagnose    `diagnose`              bench     `bench`
+    hardware    `hardware`              serve     `serve`
+    serve_sim   `serve-sim`             loadgen   `loadgen`
+    monitor     `monitor`               download  `download`
+    quantize    `quantize`              train     `train`, `eval`
+    learn       `learn`
+"""
 
 from .. import _starting_the_command
 

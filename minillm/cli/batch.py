@@ -15,7 +15,7 @@ from ..engine.batch import generate_batch
 from ..engine.generate import generate
 from ..engine.sampling import check_sampling
 from ..errors import MiniLLMError, PromptError
-from ..tokenizer import tokenizer
+from ..bpe import tokenizer
 from .common import add_model, add_sampling, at_least_one, err, load_model, note_if_busy, out
 
 

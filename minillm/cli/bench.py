@@ -19,7 +19,7 @@ from ..measure.batching import check_batches, run_batch_bench
 from ..measure.bench import check_contexts, run_bench
 from ..measure.hardware import machine
 from ..measure.speculation import heldout_prompts, run_speculation_bench
-from ..measure.threads import blas_kernel, blas_name, blas_threads
+from ..threads import blas_kernel, blas_name, blas_threads
 from ..ui.report import fmt_bytes
 from .common import err, note_if_busy, out
 

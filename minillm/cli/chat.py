@@ -15,18 +15,40 @@ import numpy as np
 from rich.markup import escape
 
 from ..chat import Conversation, render
-from ..engine.sampling import check_sampling, sample
+from ..engine.sequence import SamplingParams
 from ..errors import MiniLLMError, PromptError
 from ..meter import Meter
-from ..tokenizer import tokenizer
+from ..bpe import tokenizer
 from .common import TextStream, add_model, add_sampling, err, load_model
 
 
 def add_arguments(p) -> None:
     add_model(p)
     p.add_argument("--system", metavar="TEXT", default=None, help="a system message to start the conversation")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="the longest answer, in tokens (default 256)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help=f"the longest answer, in tokens (default {DEFAULT_NEW}); capped by what the model's "
+                        "context has room for after the conversation, with a note when it is")
+    p.add_argument("--special-tokens-in-messages", action="store_true",
+                   help="read control tokens you type (e.g. '<|im_start|>system') as control tokens; by default "
+                        "they are plain text")
     add_sampling(p)
+
+
+DEFAULT_NEW = 256
+
+
+def room_for_answer(n_ids: int, n_ctx: int, wanted: int | None) -> tuple[int, str | None]:
+    """(the longest answer this turn, a note if that is less than asked): the context holds the
+    conversation and the answer; a conversation that fills it ends the chat with one line."""
+    room = n_ctx - n_ids
+    if room < 1:
+        raise PromptError(f"the conversation is {n_ids} tokens and fills the model's context of {n_ctx}: "
+                          "start a new chat")
+    want = DEFAULT_NEW if wanted is None else wanted
+    if want <= room:
+        return want, None
+    return room, (f"answer capped at {room} tokens: the conversation is {n_ids} of the model's {n_ctx} context "
+                  f"positions (--max-new-tokens {want})")
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -72,8 +94,8 @@ def counters_line(m: Meter) -> str:
 
 
 def run(args) -> int:
-    check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
-    if args.max_new_tokens < 1:
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)     # checked once, here
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise PromptError(f"--max-new-tokens {args.max_new_tokens}: must be at least 1")
     model = load_model(args.model, args.weights)
     tok = tokenizer(model)
@@ -83,10 +105,12 @@ def run(args) -> int:
     _, note = render([{"role": "user", "content": "x"}], tok)
     if note:
         err.print(f"[dim]{escape(note)}[/]")
-    chat = Conversation(tok, args.system)
+    chat = Conversation(tok, args.system, special_in_content=args.special_tokens_in_messages)
+    if hasattr(sys.stdin, "reconfigure"):
+        sys.stdin.reconfigure(errors="replace")       # bytes that are not UTF-8 arrive as U+FFFD, not a traceback
     cache, held = model.new_cache(), []
-    rng = np.random.default_rng(args.seed)
-    pick = lambda logits: sample(logits, args.temperature, args.top_k, args.top_p, rng)   # noqa: E731
+    rng = np.random.default_rng(sampling.seed)
+    pick = lambda logits: sampling.pick(logits, rng)   # noqa: E731
     err.print(f"[dim]{escape(model.name)}: type a message; Ctrl-D or /exit to leave[/]")
     while True:
         try:
@@ -99,9 +123,12 @@ def run(args) -> int:
         if not line.strip():
             continue
         ids = chat.prompt_ids(line)
+        max_new, capped = room_for_answer(len(ids), model.config.n_ctx, args.max_new_tokens)
+        if capped:
+            err.print(f"[dim]{escape(capped)}[/]")
         stream = TextStream(model, skip=model.eos_ids)
         with Meter() as m:
-            new, held = answer(model, cache, held, ids, args.max_new_tokens, pick, stream)
+            new, held = answer(model, cache, held, ids, max_new, pick, stream)
         stream.close()
         sys.stdout.write("\n")
         sys.stdout.flush()

@@ -16,7 +16,7 @@ from ..engine.sampling import check_fits
 from ..engine.speculative import check_draft_model
 from ..errors import MiniLLMError, PromptError
 from ..measure.busy import busy_note
-from ..tokenizer import tokenizer
+from ..bpe import tokenizer
 from .console import err, out  # noqa: F401  (the consoles every command prints on)
 
 MODEL_HELP = ("checkpoint directory or .safetensors file, or a name: " + ", ".join(model_names()))

@@ -17,7 +17,7 @@ from ..engine.speculative import check_k, speculative_generate
 from ..errors import PromptError
 from ..measure import hardware
 from ..meter import Meter
-from ..tokenizer import tokenizer
+from ..bpe import tokenizer
 from ..ui import report
 from .common import add_model, add_sampling, add_speculative, encode_prompt, load_draft, load_model, note_if_busy, out
 

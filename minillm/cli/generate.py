@@ -74,7 +74,7 @@ def run(args) -> int:
     stop = ()
     if args.chat:
         from ..chat import render
-        from ..tokenizer import tokenizer
+        from ..bpe import tokenizer
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
             [{"role": "user", "content": prompt}]
         shown, prompt = "", None

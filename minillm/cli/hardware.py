@@ -12,7 +12,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from ..measure.chips import BYTES_PER_ELEMENT, PRESETS, Hardware, _dtype_key, decode_ceiling, get_chip, parse_count
+from ..measure.chips import BYTES_PER_ELEMENT, CHIPS, Hardware, _dtype_key, decode_ceiling, get_chip, parse_count
 from ..measure.hardware import STALE_DAYS, age_seconds, cache_path, cached, fmt_age, is_stale, machine, was_busy
 from ..measure.probe import MB, METHODS
 from .common import note_if_busy, out
@@ -21,7 +21,7 @@ from .common import note_if_busy, out
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `minillm hardware`."""
-    parser.add_argument("--chip", metavar="NAME", help=f"a known chip: {', '.join(PRESETS)}")
+    parser.add_argument("--chip", metavar="NAME", help=f"a known chip: {', '.join(CHIPS)}")
     parser.add_argument("--params", metavar="N", help="model size for the decode ceiling: 7B, 124M, 1.5e9, ...")
     parser.add_argument("--dtype", default="fp16", choices=list(BYTES_PER_ELEMENT),
                         help="bytes per weight for the decode ceiling (default fp16)")
@@ -63,13 +63,13 @@ def run(args: argparse.Namespace) -> int:
     if args.remeasure or cached() is None:
         note_if_busy(args)                      # before measuring: a busy machine measures low
     here = machine(remeasure=args.remeasure, progress=not args.json)
-    targets = [chip] if chip else [here, *PRESETS.values()]
+    targets = [chip] if chip else [here, *CHIPS.values()]
     ceilings = [decode_ceiling(n_params, dtype, hw) for hw in targets] if n_params else []
 
     if args.json:
         print(json.dumps({
             "machine": {**asdict(here), "ridge": here.ridge},
-            "presets": {name: {**asdict(hw), "ridge": hw.ridge} for name, hw in PRESETS.items()},
+            "presets": {name: {**asdict(hw), "ridge": hw.ridge} for name, hw in CHIPS.items()},
             "decode_ceiling": ceilings,
         }, indent=2))
         return 0
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     chips.add_column("ridge", justify="right", no_wrap=True)
     chips.add_column("source", overflow="fold")
     notes: list[str] = []
-    for hw in [here, *PRESETS.values()]:
+    for hw in [here, *CHIPS.values()]:
         ridge = "—" if hw.ridge is None else f"{hw.ridge:,.0f}" if hw.ridge >= 10 else f"{hw.ridge:.1f}"
         style = "reverse" if chip is not None and hw is chip else None
         mark = ""

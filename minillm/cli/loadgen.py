@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ..serving.loadgen import run_load
 from ..serving.metrics import parse_slo
-from .common import err, out
+from .common import err, load_model, out
 
 
 def add_arguments(p) -> None:
@@ -20,6 +20,9 @@ def add_arguments(p) -> None:
     p.add_argument("--api-key", default=os.environ.get("MINILLM_API_KEY") or os.environ.get("OPENAI_API_KEY"),
                    help="sent as 'Authorization: Bearer KEY' (default: $MINILLM_API_KEY or $OPENAI_API_KEY)")
     p.add_argument("--model", default=None, help="the model field to send (default: the first of /v1/models)")
+    p.add_argument("--tokenizer", metavar="MODEL", default=None,
+                   help="measure the prompts' lengths with this model's tokenizer (a name or path minillm loads, "
+                        "e.g. smollm2-135m): the served model's, for exact lengths (default: GPT-2's)")
     p.add_argument("--workload", default="poisson", metavar="NAME|FILE.jsonl",
                    help="poisson, shared-prefix, long-prompt, long-answer (serve-sim's workloads, same seed same "
                         "requests), or a JSONL trace (default poisson)")
@@ -35,9 +38,14 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     slo = parse_slo(args.slo)
+    enc, enc_name = None, "GPT-2"
+    if args.tokenizer:
+        from ..bpe import tokenizer
+        model = load_model(args.tokenizer)
+        enc, enc_name = tokenizer(model), model.name
     with err.status(f"{args.requests} requests at {args.rate:g}/s to {args.url}…"):
         r = run_load(args.url, args.workload, args.rate, args.requests, args.seed, args.timeout, slo,
-                     api_key=args.api_key, model=args.model)
+                     api_key=args.api_key, model=args.model, tokenizer=enc, tokenizer_name=enc_name)
     if args.json:
         print(json.dumps(r))
         return 0 if not r["errors"] else 2
@@ -57,8 +65,18 @@ def run(args) -> int:
         met = ", ".join(f"{k.upper()} ≤ {ms(v)}: {r['slo_met'][k]:.0%}" for k, v in slo.items())
         out.print(f"goodput: {r['good_requests']} of {r['requests']} requests met every target = "
                   f"{r['goodput_rps']:.2f} requests/s ({met})")
-    out.print(f"server (from /metrics): prefill {s['prefill_s']:.2f} s for {s['prefill_tokens']:.0f} tokens, "
-              f"decode {s['decode_s']:.2f} s for {s['decode_tokens']:.0f} tokens, {s['preemptions']:.0f} preemptions: "
-              f"[bold]{s['bottleneck']}[/] took the server's time"
-              + (f"; {s['cancelled']:.0f} requests cancelled" if s["cancelled"] else ""))
+    out.print(f"prompts: {r['prompt_tokens']} tokens by {r['prompt_tokenizer']}'s tokenizer"
+              + (f", {r['server_prompt_tokens']} by the server's" if r["server_prompt_tokens"] is not None else ""))
+    if s is None:
+        out.print("server: no /metrics to read")
+    elif s["bottleneck"] is None:
+        out.print(f"server ({s['engine'] or 'unknown engine'}, from /metrics): {s['note']}")
+    else:
+        def tokens(k):
+            return "" if s[k] is None else f" for {s[k]:.0f} tokens"
+        out.print(f"server ({s['engine']}, from /metrics): prefill {s['prefill_s'] or 0:.2f} s"
+                  f"{tokens('prefill_tokens')}, decode {s['decode_s'] or 0:.2f} s{tokens('decode_tokens')}"
+                  + (f", {s['preemptions']:.0f} preemptions" if s["preemptions"] is not None else "")
+                  + f": [bold]{s['bottleneck']}[/] took the server's time"
+                  + (f"; {s['cancelled']:.0f} requests cancelled" if s["cancelled"] else ""))
     return 0 if not r["errors"] else 2

@@ -17,8 +17,14 @@ from rich.markup import escape
 
 from .. import __version__
 from ..errors import MiniLLMError
-from ..measure.threads import add_threads_option, limited
+from ..threads import limited
 from .console import STDOUT_CLOSED, err
+
+
+def add_threads_option(parser) -> None:
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="BLAS threads for the work (default: as NumPy starts; 1 gives steadier "
+                             "timings on a busy machine)")
 
 
 class Command(NamedTuple):

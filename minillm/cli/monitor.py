@@ -8,16 +8,9 @@ server is waiting on: the phase that took most of the model's time in the interv
 roofline's verdict for the interval's FLOPs per byte (below the machine's ridge: memory; above:
 compute), or `KV blocks` when requests wait while no block is free, or `idle`.
 
-It reads three kinds of server:
-  minillm serve      everything above
-  vLLM               tokens/s (vllm:prompt_tokens_total, vllm:generation_tokens_total), running and
-                     waiting, KV cache use in % (vllm:kv_cache_usage_perc or gpu_cache_usage_perc),
-                     preemptions; the phase from vllm:request_prefill/decode_time_seconds_sum.
-                     No bytes or FLOPs (vLLM does not count them): those columns show "-".
-  llama.cpp server   tokens/s (llamacpp:prompt_tokens_total, llamacpp:tokens_predicted_total),
-                     running (requests_processing) and waiting (requests_deferred), KV use where it
-                     exports llamacpp:kv_cache_usage_ratio; the phase from prompt_seconds_total and
-                     tokens_predicted_seconds_total. No bytes, FLOPs or preemptions.
+It reads minillm serve (everything above), vLLM and llama.cpp's llama-server, each by its own metric
+names (serving/engines.py lists them); a column a server does not export shows "-", and so does the
+phase when its timings are not exported or did not move while tokens did.
 """
 
 from __future__ import annotations
@@ -30,6 +23,8 @@ from datetime import datetime
 from urllib.parse import urlsplit
 
 from ..errors import MiniLLMError
+from ..serving import engines
+from ..serving.engines import quantities, total  # noqa: F401  (the names monitor reads, from one place)
 from ..serving.prom import parse
 from .common import err
 
@@ -62,58 +57,11 @@ def scrape(host: str, port: int, path: str, key: str | None) -> dict:
     return parse(text)
 
 
-def total(m: dict, name: str, **labels) -> float | None:
-    """The sum of every series of metric `name` whose labels include `labels`; None if there is none."""
-    found, s = False, 0.0
-    want = [f'{k}="{v}"' for k, v in labels.items()]
-    for key, value in m.items():
-        base = key.split("{", 1)[0]
-        if base == name and all(w in key for w in want):
-            found, s = True, s + value
-    return s if found else None
-
-
 def flavour(m: dict) -> str:
-    names = " ".join(m)
-    if "minillm_" in names:
-        return "minillm"
-    if "vllm:" in names:
-        return "vllm"
-    if "llamacpp:" in names:
-        return "llama.cpp"
-    raise MiniLLMError("these metrics are not minillm's, vLLM's or llama.cpp's: nothing to show")
-
-
-def quantities(m: dict, kind: str) -> dict:
-    """The cumulative and current quantities a row is made of, from one scrape (None: not exported)."""
-    if kind == "minillm":
-        return {"prefill_tokens": total(m, "minillm_tokens_processed_total", phase="prefill"),
-                "decode_tokens": total(m, "minillm_tokens_processed_total", phase="decode"),
-                "bytes": total(m, "minillm_bytes_total"), "flops": total(m, "minillm_flops_total"),
-                "prefill_s": total(m, "minillm_step_seconds_total", phase="prefill"),
-                "decode_s": total(m, "minillm_step_seconds_total", phase="decode"),
-                "running": total(m, "minillm_requests_running"), "waiting": total(m, "minillm_requests_waiting"),
-                "kv_used": total(m, "minillm_kv_blocks_used"), "kv_free": total(m, "minillm_kv_blocks_free"),
-                "kv_pct": None, "preemptions": total(m, "minillm_preemptions_total"),
-                "rejected": total(m, "minillm_requests_rejected_total")}
-    if kind == "vllm":
-        kv = total(m, "vllm:kv_cache_usage_perc")
-        kv = total(m, "vllm:gpu_cache_usage_perc") if kv is None else kv
-        return {"prefill_tokens": total(m, "vllm:prompt_tokens_total"),
-                "decode_tokens": total(m, "vllm:generation_tokens_total"), "bytes": None, "flops": None,
-                "prefill_s": total(m, "vllm:request_prefill_time_seconds_sum"),
-                "decode_s": total(m, "vllm:request_decode_time_seconds_sum"),
-                "running": total(m, "vllm:num_requests_running"), "waiting": total(m, "vllm:num_requests_waiting"),
-                "kv_used": None, "kv_free": None, "kv_pct": None if kv is None else 100 * kv,
-                "preemptions": total(m, "vllm:num_preemptions_total"), "rejected": None}
-    kv = total(m, "llamacpp:kv_cache_usage_ratio")
-    return {"prefill_tokens": total(m, "llamacpp:prompt_tokens_total"),
-            "decode_tokens": total(m, "llamacpp:tokens_predicted_total"), "bytes": None, "flops": None,
-            "prefill_s": total(m, "llamacpp:prompt_seconds_total"),
-            "decode_s": total(m, "llamacpp:tokens_predicted_seconds_total"),
-            "running": total(m, "llamacpp:requests_processing"), "waiting": total(m, "llamacpp:requests_deferred"),
-            "kv_used": None, "kv_free": None, "kv_pct": None if kv is None else 100 * kv,
-            "preemptions": None, "rejected": None}
+    kind = engines.flavour(m)
+    if kind is None:
+        raise MiniLLMError("these metrics are not minillm's, vLLM's or llama.cpp's: nothing to show")
+    return kind
 
 
 def row(prev: dict, now: dict, dt: float, bandwidth_gbs: float, peak_gflops: float) -> dict:
@@ -131,6 +79,8 @@ def row(prev: dict, now: dict, dt: float, bandwidth_gbs: float, peak_gflops: flo
         waits = "KV blocks"
     elif pre_s is None and dec_s is None:
         waits = "-"
+    elif busy == 0 and ((delta("prefill_tokens") or 0) + (delta("decode_tokens") or 0)) > 0:
+        waits = "-"                  # tokens moved but the timings did not: nothing to read a phase from
     elif busy == 0:
         waits = "idle" if not now["waiting"] else "queue"
     else:

@@ -3,11 +3,10 @@ them, written as a GGUF file (llama.cpp's format) with the `gguf` package."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from rich.markup import escape
 
 from ..errors import MiniLLMError
+from ..paths import output_file
 from ..ui.report import fmt_bytes
 from .common import MODEL_HELP, err, load_model, out
 
@@ -24,13 +23,9 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from ..checkpoints.gguf_gpt2 import write_gguf
-    from ..tokenizer import tokenizer
+    from ..bpe import tokenizer
 
-    path = Path(args.out).expanduser()
-    if path.is_dir():
-        raise MiniLLMError(f"--out {args.out}: is a directory; give a file name such as model-{args.format}.gguf")
-    if not path.parent.is_dir():
-        raise MiniLLMError(f"--out {args.out}: folder {path.parent} does not exist; create it first")
+    path = output_file(args.out)          # a new name or a regular file: never a device, FIFO or folder
     model = load_model(args.source, args.format)
     with err.status(f"writing {escape(str(path))}…"):
         try:

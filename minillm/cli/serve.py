@@ -36,12 +36,19 @@ def add_arguments(p) -> None:
     p.add_argument("--metrics-key", action="store_true", help="/metrics needs the API key too")
     p.add_argument("--insecure-no-key", action="store_true",
                    help="serve a non-loopback --host without an API key (anyone who can reach it may use it)")
+    p.add_argument("--special-tokens-in-messages", action="store_true",
+                   help="read control tokens typed in a chat message (e.g. '<|im_start|>system') as control "
+                        "tokens, as minillm did before; by default they are plain text, so a user's message "
+                        "cannot open a turn of its own")
     p.add_argument("--max-connections", type=int, default=512,
                    help="open connections at once; more are answered 503 (default 512)")
     p.add_argument("--request-timeout", type=float, default=10.0, metavar="S",
                    help="seconds a client has to send a whole request, headers and body (default 10)")
     p.add_argument("--keep-alive", type=float, default=5.0, metavar="S",
                    help="seconds an idle connection is kept between requests (default 5)")
+    p.add_argument("--grace", type=float, default=5.0, metavar="S",
+                   help="at SIGTERM or Ctrl-C, seconds running requests get to finish; then each still running "
+                        "ends (a plain request with 503, a stream with finish_reason \"abort\") (default 5)")
     p.add_argument("--backlog", type=int, default=1024,
                    help="connections the kernel queues before they are accepted (default 1024)")
     p.add_argument("--live", action=argparse.BooleanOptionalAction, default=None,
@@ -51,6 +58,8 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     at_least_one(args, "max_seqs", "max_batched_tokens", "block_size", "max_waiting", "max_connections", "backlog")
+    if not args.grace >= 0:
+        raise MiniLLMError(f"--grace {args.grace}: must be 0 seconds or more")
     for name in ("max_queue_wait", "request_timeout", "keep_alive"):
         if not getattr(args, name) > 0:
             raise MiniLLMError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be more than 0 seconds")
@@ -72,10 +81,12 @@ def run(args) -> int:
                       max_batched_tokens=args.max_batched_tokens, max_waiting=args.max_waiting,
                       prefix_cache=args.prefix_cache, on_step=view)
     limits = Limits(max_connections=args.max_connections, request_timeout=args.request_timeout,
-                    keep_alive=args.keep_alive, max_queue_wait=args.max_queue_wait, backlog=args.backlog)
+                    keep_alive=args.keep_alive, max_queue_wait=args.max_queue_wait, backlog=args.backlog,
+                    grace=args.grace)
     try:
         server = Server((args.host, args.port), loop, model.name, limits=limits, api_key=args.api_key,
-                        metrics_key=args.metrics_key, log=None if (args.quiet or live) else _log)
+                        metrics_key=args.metrics_key, log=None if (args.quiet or live) else _log,
+                        special_in_messages=args.special_tokens_in_messages)
     except OSError as e:
         raise MiniLLMError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e} "
                            "(is another server on that port? try --port 0)") from None

@@ -12,15 +12,16 @@ from rich.table import Table
 
 from ..engine.scheduler import POLICIES
 from ..errors import MiniLLMError
+from ..paths import output_file
 from ..measure.hardware import machine
-from ..measure.threads import blas_kernel, blas_threads
+from ..threads import blas_kernel, blas_threads
 from ..engine.engine import Engine
-from ..serving.disagg import (OnThreads, colocated_engine, colocated_summary, disaggregated_engines,
+from ..serving.disagg import (OnThreads, colocated_summary, disaggregated_engines,
                               measure_copy_gbps, parse_split, run_interleaved)
-from ..serving.metrics import parse_slo, step_fit, summarize
+from ..serving.metrics import engine_for, parse_slo, step_fit, summarize
 from ..serving.workloads import WORKLOADS, WorkItem, load_workload, write_trace
 from ..ui.live import LiveView
-from ..ui.report import fmt_bytes, fmt_flops, fmt_time
+from ..ui.report import budget_verdict, diagnosis, disagg_verdict, fmt_bytes, fmt_flops, fmt_time, slo_text
 from .common import (add_batch_limits, add_kv_options, add_model, at_least_one, err, load_model, note_if_busy, out,
                      parse_bytes)
 
@@ -112,12 +113,9 @@ def no_chunking(model, args) -> int:
 
 def make_engine(model, items: list[WorkItem], run: dict, args) -> Engine:
     budget = run.get("budget", budget_of(args)) or no_chunking(model, args)
-    engine = Engine(model, kv_memory=parse_bytes(args.kv_memory), block_size=run["block_size"],
-                    prefix_cache=run["prefix_cache"], policy=run["policy"], max_seqs=args.max_seqs,
-                    max_batched_tokens=budget)
-    for w in items:
-        engine.add_request(w.prompt, w.max_tokens, w.sampling, arrival=w.arrival)
-    return engine
+    return engine_for(model, items, kv_memory=parse_bytes(args.kv_memory), block_size=run["block_size"],
+                      prefix_cache=run["prefix_cache"], policy=run["policy"], max_seqs=args.max_seqs,
+                      max_batched_tokens=budget)
 
 
 def result(engine: Engine, name: str, args, hw) -> dict:
@@ -194,91 +192,6 @@ def table(results: list[dict]) -> Table:
     return t
 
 
-def slo_text(slo: dict) -> str:
-    return ", ".join(f"{k.upper()}≤{fmt_time(v)}" for k, v in slo.items())
-
-
-def best(results: list[dict], key: str, high: bool) -> tuple[dict, dict]:
-    """(best, worst) run by a figure; runs without it are left out."""
-    have = [r for r in results if r.get(key) is not None]
-    order = sorted(have, key=lambda r: r[key], reverse=high)
-    return order[0], order[-1]
-
-
-CLOSE = 0.05     # runs within 5% of each other on a figure: none is said to be favoured by it
-
-
-def favours(results: list[dict], key: str, high: bool, what: str, show, name) -> str:
-    """One sentence of the budget sweep: which run a figure favours, from the figures themselves. Runs that show the same
-    value are named together; when every run is within CLOSE of the best, none is favoured."""
-    hi, lo = best(results, key, high)
-    top = [r for r in results if r.get(key) is not None and show(r[key]) == show(hi[key])]
-    a, b = sorted((hi[key], lo[key]))
-    if b == 0 or (b - a) / b < CLOSE:
-        return f"{what}: every run within {CLOSE:.0%} ({show(a)} to {show(b)}): on this workload no budget stands out."
-    names = [name(r) for r in top]
-    who = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-    return f"{what} favours {who} ({show(hi[key])}; {name(lo)}: {show(lo[key])})."
-
-
-def budget_verdict(results: list[dict], fit: dict | None, slo: dict) -> list[str]:
-    """Which budget this machine favours for which target, from the runs and the fit of step time."""
-    lines = []
-    name = lambda r: r["policy"]  # noqa: E731
-    if fit is not None:
-        a, b = fit["fixed_s"], fit["per_token_s"]
-        lines.append(f"Step time ≈ {fmt_time(a)} + {fmt_time(b)} per token (least squares over "
-                     f"{fit['steps']} steps of every budget, r² {fit['r2']:.2f}).")
-        if a > 0 and b > 0:
-            lines.append(f"The fixed part (weights read once, scheduling) costs as much as {a / b:.0f} "
-                         f"tokens: a budget well below that pays it in many more steps; a prompt of N "
-                         f"tokens in one step holds every running decode about N × {fmt_time(b)}.")
-    lines.append(favours(results, "output_tokens_per_s", True, "Throughput", lambda v: f"{v:.1f} tok/s", name))
-    lines.append(favours(results, "tbt_p99_s", False, "The p99 gap between tokens", fmt_time, name))
-    lines.append(favours(results, "ttft_p95_s", False, "TTFT p95", fmt_time, name))
-    if slo:
-        if fit is not None and "tpot" in slo and fit["per_token_s"] > 0:
-            room = (slo["tpot"] - fit["fixed_s"]) / fit["per_token_s"]
-            lines.append(f"A TPOT target of {fmt_time(slo['tpot'])}: by the fit a step stays within it "
-                         f"up to {max(0, room):.0f} tokens" + ("" if room > 0 else
-                         " (the fixed part alone is longer: no budget meets it on every step here)") + ".")
-        hi, lo = best(results, "goodput_rps", True)
-        if hi["good_requests"] == 0:
-            met = ", ".join(f"{k.upper()} {max(r['slo_met'][k] for r in results):.0%}" for k in slo)
-            lines.append(f"No budget met every target ({slo_text(slo)}) for any request: goodput 0 at every "
-                         f"budget (the most that met each: {met}).")
-        elif hi["goodput_rps"] == lo["goodput_rps"]:
-            lines.append(f"Goodput ({slo_text(slo)}) is the same at every budget ({hi['goodput_rps']:.2f} req/s).")
-        else:
-            lines.append(favours(results, "goodput_rps", True, f"Goodput ({slo_text(slo)})",
-                                 lambda v: f"{v:.2f} req/s", name))
-    return lines
-
-
-def diagnosis(r: dict) -> str:
-    """Which kind of step took the time, and what bound it: read from the run's own phase verdicts."""
-    ph = r["phases"]
-    pre = sum(ph[k]["seconds"] for k in ("prefill", "mixed") if k in ph)
-    dec = ph.get("decode", {}).get("seconds", 0.0)
-    total = pre + dec or 1.0
-    if pre > dec:
-        kinds = [ph[k] for k in ("prefill", "mixed") if k in ph]
-        bound = max(kinds, key=lambda d: d["seconds"]).get("bound")
-        how = f", mostly {bound}-bound by the roofline" if bound else ""
-        return (f"{escape(r['policy'])}: steps with prompt tokens took {pre / total:.0%} of the time{how}; "
-                "what helps: prefix caching and shorter prompts (less prefill), faster arithmetic; a smaller "
-                "token budget (chunked prefill) keeps long prompts from stalling the others' decode")
-    bound = ph.get("decode", {}).get("bound")
-    if bound == "compute":
-        return (f"{escape(r['policy'])}: decode steps took {dec / total:.0%} of the time and were mostly "
-                f"compute-bound (mean batch {r['mean_batch']:.1f}, past this machine's critical batch): bigger "
-                "batches no longer come free; fewer FLOPs per token or faster arithmetic help")
-    how = " and were mostly memory-bound" if bound == "memory" else ""
-    return (f"{escape(r['policy'])}: decode steps took {dec / total:.0%} of the time{how}: "
-            + ("bigger batches (continuous batching, more KV memory) and fewer bytes per weight help"
-               if bound == "memory" else "run with the machine's figures for a verdict"))
-
-
 def run(args) -> int:
     check(args)
     model = load_model(args.model, args.weights)
@@ -289,7 +202,7 @@ def run(args) -> int:
         items = [WorkItem(w.arrival, w.prompt, w.max_tokens, args.temperature, w.top_k, w.top_p,
                           args.seed + i if w.seed is None else w.seed) for i, w in enumerate(items)]
     if args.save_trace:
-        write_trace(items, args.save_trace)
+        write_trace(items, output_file(args.save_trace, "--save-trace"))
     hw = machine(progress=not args.json)
     if not args.json:
         note_if_busy(args)
@@ -340,7 +253,7 @@ def disagg(model, items: list[WorkItem], args, hw) -> int:
     runners = []
     if args.compare == "disagg":
         for b, name in ((budget, f"one, chunk {budget}"), (no_chunking(model, args), "one, whole")):
-            e = colocated_engine(model, items, kv_memory=2 * kv, max_batched_tokens=b, **kw)
+            e = engine_for(model, items, kv_memory=2 * kv, max_batched_tokens=b, **kw)
             runners.append((name, OnThreads(e, p + d)))
     links = [link] + ([REAL_LINK_GBPS] if args.compare == "disagg" and abs(link - REAL_LINK_GBPS) > 1e-9 else [])
     for g in links:
@@ -406,47 +319,3 @@ def budget_table(results: list[dict]) -> Table:
     for r in results:
         t.add_row(*[fn(r) for _, fn in cols])
     return t
-
-
-def disagg_verdict(results: list[dict]) -> list[str]:
-    """Where the split wins and where it loses, and why, from the runs' own figures."""
-    lines = []
-    one = [r for r in results if r["split"] == "colocated"]
-    splits = [r for r in results if r["split"] != "colocated"]
-    if not one or not splits:
-        return lines
-    figures = [("output_tokens_per_s", "tok/s", True), ("ttft_p95_s", "TTFT p95", False),
-               ("tpot_p95_s", "TPOT p95", False)] + ([("goodput_rps", "goodput", True)] if "slo" in one[0] else [])
-    for key, what, high in figures:
-        hi, lo = best(results, key, high)
-        f = (lambda x: f"{x:.2f}") if key in ("output_tokens_per_s", "goodput_rps") else fmt_time
-        if hi[key] == lo[key]:
-            lines.append(f"{what}: the same in every run ({f(hi[key])}).")
-            continue
-        lines.append(f"{what}: best {escape(hi['label'])} ({f(hi[key])}), worst {escape(lo['label'])} ({f(lo[key])}).")
-    s, c = splits[0], one[0]
-    known = [(key, what, high) for key, what, high in figures if s[key] is not None and c[key] is not None]
-    close = lambda a, b: a == b or abs(a - b) / max(abs(a), abs(b)) < CLOSE   # noqa: E731
-    tied = [what for key, what, high in known if close(s[key], c[key])]
-    lost = [what for key, what, high in known
-            if what not in tied and (s[key] < c[key] if high else s[key] > c[key])]
-    won = [what for key, what, high in known if what not in lost and what not in tied]
-    verdict = "; ".join(x for x in (f"wins on {', '.join(won)}" if won else "",
-                                    f"loses on {', '.join(lost)}" if lost else "",
-                                    f"is within {CLOSE:.0%} on {', '.join(tied)}" if tied else "") if x)
-    lines.append(f"Against {escape(c['label'])} the split {verdict}. Measured:")
-    lines.append(f"  busy: prefill engine {s['busy'][0]:.0%}, decode engine {s['busy'][1]:.0%} of the run "
-                 f"(one engine: {c['busy'][0]:.0%}); a share of the machine idles when its phase has no work.")
-    fp, fd, fc = s["fit"][0], s["fit"][1], c["fit"][0]
-    if fp and fc:
-        lines.append(f"  a prompt token: {fmt_time(fp['per_token_s'])} on the prefill engine's "
-                     f"{s['split'].split(':')[0]} thread(s), {fmt_time(fc['per_token_s'])} on one engine's "
-                     f"{c['threads']} (fits of step time against tokens).")
-    if fd and fc:
-        lines.append(f"  a step's fixed part: {fmt_time(fd['fixed_s'])} on the decode engine, "
-                     f"{fmt_time(fc['fixed_s'])} on one engine.")
-    n = max(1, s["handoffs"])
-    lines.append(f"  KV moved: {fmt_bytes(s['kv_bytes_moved'])} in {s['handoffs']} handoffs "
-                 f"({fmt_bytes(s['kv_bytes_moved'] / n)} each), {fmt_time(s['link_seconds'] / n)} each on a "
-                 f"{s['link_gbps']:.3g} Gb/s link, before the request's second token.")
-    return lines

@@ -70,7 +70,7 @@ def add_eval_arguments(parser) -> None:
 
 
 def run_eval(args) -> int:
-    from ..models.quant import dequantize_params
+    from ..models.gpt2 import dequantize_params
 
     model = load(args.model, weights=args.weights)   # a checkpoint or any model name; default the bundled model
     loss = heldout_loss(args.data, (dequantize_params(model.params), model.config))

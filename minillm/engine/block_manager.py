@@ -42,6 +42,14 @@ def block_hash(parent: bytes | None, tokens) -> bytes:
     return h.digest()
 
 
+def write_all(cache, k: np.ndarray, v: np.ndarray) -> None:
+    """Every layer's keys and values of positions 0..T-1, k, v [L, Hkv, T, hd], into an empty cache
+    that has room for them; the cache then holds T positions."""
+    for layer in range(k.shape[0]):
+        cache.write(layer, 0, k[layer], v[layer])
+    cache.advance(k.shape[2])
+
+
 @dataclass
 class Match:
     """What the prefix cache holds of a sequence: its first `cached` positions, in the blocks named
@@ -79,6 +87,14 @@ class BlockManager:
 
     def blocks_for(self, n_positions: int) -> int:
         return -(-n_positions // self.block_size)
+
+    def block_states(self, stride: int = 1) -> list[str]:
+        """Every `stride`-th block's state, in block order: "shared" (held by several sequences),
+        "held" (by one), "cached" (nobody holds it, the prefix cache still names it: a hit takes it
+        back, a new allocation may evict it) or "free". What a live view draws as the pool's map."""
+        refs = self.allocator.refs
+        return ["shared" if refs[b] > 1 else "held" if refs[b] == 1 else "cached" if b in self.hash_of else "free"
+                for b in range(0, self.num_blocks, stride)]
 
     def fits(self, n_positions: int) -> bool:
         """Could a sequence of n_positions ever run here (with the whole pool to itself)?"""
@@ -169,6 +185,12 @@ class BlockManager:
         self.hashes[seq.id] = m.hashes[:full]
         seq.cache = cache
 
+    def adopt(self, seq: Sequence, k: np.ndarray, v: np.ndarray) -> None:
+        """Admit a sequence whose first T positions were computed elsewhere, nothing shared: blocks
+        for its whole length, k, v [L, Hkv, T, hd] written into them (check `can_admit` first)."""
+        self.admit(seq, Match())
+        write_all(seq.cache, k, v)
+
     # -- after a step, and at the end ----------------------------------------------------------------
 
     def computed(self, seq: Sequence) -> None:
@@ -240,6 +262,10 @@ class ContiguousBlocks:
 
     def admit(self, seq: Sequence, m: Match) -> None:
         seq.cache = KVCache(self.config, self.dtype)
+
+    def adopt(self, seq: Sequence, k: np.ndarray, v: np.ndarray) -> None:
+        self.admit(seq, Match())
+        write_all(seq.cache, k, v)
 
     def computed(self, seq: Sequence) -> None:
         pass

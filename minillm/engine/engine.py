@@ -3,14 +3,19 @@
     engine = Engine(model, kv_memory=256 * 2**20, prefix_cache=True)
     r = engine.add_request(prompt_ids, 32, SamplingParams())
     while engine.has_work:
-        for req, token in engine.step():
+        info = engine.step()
+        for req, token in (info.made if info else []):
             print(req.id, token)
 
 One thread runs the loop. Each `step` asks the scheduler for a batch (the block manager has
 reserved its KV blocks), runs it as one batched model step (`runner.run_step`: every weight read
-once for all its sequences), and returns the (request, token) pairs it made, with the times a
-serving benchmark reports stamped on each request. A step that raises fails the requests that were
-in it (`StepFailed`: their blocks freed, finish reason "error"); the others go on.
+once for all its sequences), and returns its `StepInfo`: what ran, what the pool held, and the
+(request, token) pairs it made (`info.made`), with the times a serving benchmark reports stamped on
+each request. A step that raises fails the requests that were in it (`StepFailed`: their blocks
+freed, finish reason "error"); the others go on.
+
+A request whose prompt ran on another engine (disaggregation's prefill engine) joins with `adopt`:
+its keys and values written into this engine's blocks, it decodes from there.
 
 Time. By default it is simulated: a clock that starts at 0 and advances by each step's measured
 duration, and jumps ahead to the next arrival when nothing can run. Every step really runs, so
@@ -93,25 +98,42 @@ class Request:
 
 @dataclass
 class StepInfo:
-    """What one engine step ran and what it held: the metrics and the live view read these."""
+    """What one engine step ran and what it held: the metrics and the live view read these.
+
+    Two durations: `seconds`, the whole step on the engine's clock (scheduling, the model step,
+    sampling and the bookkeeping after it), and `model_seconds`, the model step alone (the meter's
+    record's time when the engine meters, else timed around the step)."""
     start: float
-    seconds: float
     seqs: list            # [(request id, position, n tokens)]
     prefill_tokens: int
     decode_tokens: int
     prefill_scored: int   # prompts that reached their end this step (the LM head ran for their first token)
-    lengths: list         # every running sequence's cached length after the step ran
-    kv_used: int          # positions stored in the pool's held blocks (a shared block once)
-    kv_reserved: int      # positions of the blocks held
-    waiting: int
-    running: int
-    free_blocks: int
-    record: object = None  # the meter's StepRecord
     sequences: list = field(default_factory=list, repr=False)   # the Sequence objects that ran
+    # -- after the step ran
+    seconds: float = 0.0
+    model_seconds: float = 0.0
+    lengths: list = field(default_factory=list)   # every running sequence's cached length after the step ran
+    kv_used: int = 0      # positions stored in the pool's held blocks (a shared block once)
+    kv_reserved: int = 0  # positions of the blocks held
+    waiting: int = 0
+    running: int = 0
+    free_blocks: int = 0
+    record: object = None  # the meter's StepRecord
+    made: list = field(default_factory=list, repr=False)        # [(Request, token)] sampled this step
 
     @property
     def n_tokens(self) -> int:
         return self.prefill_tokens + self.decode_tokens
+
+    @classmethod
+    def of(cls, start: float, batch: list, ids: list) -> StepInfo:
+        """A step's record as it is scheduled, before it runs: `batch` [(sequence, n tokens)], `ids`
+        each one's request id. A decode token is a sequence's one sampled token; the rest are prompt
+        positions (a preempted sequence's tokens made so far included)."""
+        decode = sum(n for s, n in batch if s.output and s.n_pending == 1)
+        firsts = sum(1 for s, n in batch if not (s.output and s.n_pending == 1) and n == s.n_pending)
+        return cls(start, [(rid, s.n_computed, n) for rid, (s, n) in zip(ids, batch)],
+                   sum(n for _, n in batch) - decode, decode, firsts, [s for s, _ in batch])
 
 
 class Engine:
@@ -191,6 +213,24 @@ class Engine:
         return self.add(self.new_request(prompt, max_new_tokens, sampling, arrival=arrival,
                                          request_id=request_id, stop_ids=stop_ids))
 
+    def adopt(self, req: Request, k: np.ndarray, v: np.ndarray, *, output: list[int], rng) -> bool:
+        """Take a request whose prompt ran on another engine (disaggregation's prefill engine): `req`
+        from `new_request`; k, v [L, Hkv, T, hd] the keys and values of its T prompt positions; `output`
+        the tokens it made there (the last one not yet run through the model); `rng` its random
+        stream where it stands after them. The block manager admits it and writes its KV, the
+        scheduler puts it among the running: it decodes from there, its tokens those it would have
+        made here. False, and nothing taken, when there is no free slot or not enough free blocks
+        now (try again after a step)."""
+        if req.id in self.requests:
+            raise MiniLLMError(f"request id {req.id!r} is already in use")
+        seq = req.seq
+        seq.output, seq.rng = [int(t) for t in output], rng
+        if not self.scheduler.adopt(seq, k, v):
+            return False
+        self.requests[req.id] = req
+        self._by_seq[seq.id] = req
+        return True
+
     def abort(self, request_id, reason: str = "abort") -> None:
         """Stop a request now; its blocks go back to the pool at once."""
         req = self.requests.get(request_id)
@@ -226,41 +266,65 @@ class Engine:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def step(self) -> list[tuple[Request, int]]:
-        """Run one scheduled step. Returns the (request, token) pairs it made; [] if nothing ran
-        (the simulated clock then jumps to the next arrival). Raises StepFailed if the model step
-        raised: the requests in it have ended, the rest go on."""
-        start = self.now()
-        t0 = time.perf_counter()
+    def step(self) -> StepInfo | None:
+        """Run one scheduled step. Returns its StepInfo (`info.made`: the (request, token) pairs it
+        made); None if nothing ran (the simulated clock then jumps to the next arrival). Raises
+        StepFailed if the model step raised: the requests in it have ended, the rest go on; and a
+        MiniLLMError if, on simulated time, nothing can run and no request is on its way (a bug)."""
+        start, t0 = self.now(), time.perf_counter()
         batch = self.scheduler.schedule(start)
         if not batch:
-            nxt = self.next_arrival()
-            if self.clock is None and nxt is not None and nxt > self.time:
-                self.time = nxt
-            return []
-        seqs, chunks = [s for s, _ in batch], [n for _, n in batch]
-        spans = [(self._by_seq[s.id].id, s.n_computed, n) for s, n in batch]
-        decode = sum(n for s, n in batch if s.output and s.n_pending == 1)
-        firsts = sum(1 for s, n in batch if not (s.output and s.n_pending == 1) and n == s.n_pending)
+            self._idle()
+            return None
+        seqs = [s for s, _ in batch]
+        info = StepInfo.of(start, batch, [self._by_seq[s.id].id for s in seqs])
+        tokens = self._run(info, seqs, [n for _, n in batch])
+        info.kv_used, info.kv_reserved = self.kv_usage()   # at the step's peak: before the finished let go
+        info.lengths = [s.n_computed for s in self.scheduler.running]
+        self.scheduler.finish_step(batch)
+        if self.clock is None:
+            self.time += time.perf_counter() - t0
+        end = self.now()
+        info.made = self._stamp(seqs, tokens, end)
+        info.seconds, info.free_blocks = end - start, self.blocks.n_free
+        info.waiting, info.running = len(self.scheduler.waiting), len(self.scheduler.running)
+        self.steps.append(info)
+        self.n_steps += 1
+        if self.on_step is not None:
+            self.on_step(self, info)
+        return info
+
+    def _idle(self) -> None:
+        """Nothing could run: on simulated time, jump to the next arrival (none: a scheduler stuck)."""
+        if self.clock is not None:
+            return
+        nxt = self.next_arrival()
+        if nxt is not None and nxt > self.time:
+            self.time = nxt
+        elif self.has_work:
+            raise MiniLLMError("the scheduler can run nothing and no request is on its way (a bug)")
+
+    def _run(self, info: StepInfo, seqs: list[Sequence], chunks: list[int]) -> list[int | None]:
+        """The model step (metered when the engine meters: its record goes in `info`); a step that
+        raises ends the requests in it (StepFailed)."""
         try:
-            if self.meter is not None:
+            t = time.perf_counter()
+            if self.meter is None:
+                tokens = run_step(self.model, seqs, chunks)
+            else:
                 with self.meter, self.meter.capture() as recs:
                     tokens = run_step(self.model, seqs, chunks)
-                record = recs[-1] if recs else None
-            else:
-                tokens, record = run_step(self.model, seqs, chunks), None
+                info.record = recs[-1] if recs else None
+            info.model_seconds = info.record.seconds if info.record is not None else time.perf_counter() - t
+            return tokens
         except Exception as e:
             failed = [self._by_seq[s.id] for s in seqs]
             for req in failed:
                 self.abort(req.id, "error")
             raise StepFailed(failed, e) from e
-        used, reserved = self.kv_usage()          # at the step's peak: before the finished let go
-        lengths = [s.n_computed for s in self.scheduler.running]
-        self.scheduler.finish_step(batch)
-        seconds = time.perf_counter() - t0
-        if self.clock is None:
-            self.time += seconds
-        end = self.now()
+
+    def _stamp(self, seqs: list[Sequence], tokens: list, end: float) -> list[tuple[Request, int]]:
+        """The (request, token) pairs the step made, each token's time stamped; a finished request closed."""
         made = []
         for s, tok in zip(seqs, tokens):
             if tok is None:
@@ -270,22 +334,12 @@ class Engine:
             made.append((req, tok))
             if s.finished:
                 req.finished_at, req.finish_reason = end, "stop" if s.stopped else "length"
-        info = StepInfo(start, end - start, spans, sum(chunks) - decode, decode, firsts, lengths, used, reserved,
-                        len(self.scheduler.waiting), len(self.scheduler.running), self.blocks.n_free, record,
-                        seqs)
-        self.steps.append(info)
-        self.n_steps += 1
-        if self.on_step is not None:
-            self.on_step(self, info)
         return made
 
     def run(self) -> list[Request]:
-        """Step until every request is done (simulated time: idle gaps jump to the next arrival)."""
+        """Step until every request is done (simulated time: idle gaps jump to the next arrival; a
+        scheduler that can run nothing with no request on its way raises, see `step`)."""
         while self.has_work:
-            n, t = self.n_steps, self.time
-            self.step()
-            if self.n_steps == n and self.time == t:
-                if self.clock is None:
-                    raise MiniLLMError("the scheduler can run nothing and no request is on its way (a bug)")
+            if self.step() is None and self.clock is not None:
                 time.sleep(0.001)
         return list(self.requests.values())

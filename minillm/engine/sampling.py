@@ -63,8 +63,8 @@ def draw(p: np.ndarray, rng: np.random.Generator) -> int:
 def distribution(logits: np.ndarray, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None) -> np.ndarray:
     """The probabilities `sample` draws from, as a float64 vector [V] (temperature 0: all on the
-    argmax). Speculative decoding compares the target's and the draft's with it."""
-    check_sampling(temperature, top_k, top_p)
+    argmax), settings already checked (as `pick`'s). Speculative decoding compares the target's and
+    the draft's with it, once per guess."""
     logits = check_logits(logits)
     out = np.zeros(logits.shape[-1])
     if temperature == 0:

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import deque
 
 from ..errors import MiniLLMError
-from .block_manager import BlockManager
+from .block_manager import BlockManager, Match
 from .sequence import Sequence
 
 POLICIES = ("continuous", "static", "sequential")
@@ -129,6 +129,16 @@ class Scheduler:
                 out.append((s, n))
                 budget -= n
         return budget
+
+    def adopt(self, seq: Sequence, k, v) -> bool:
+        """Put among the running a sequence whose prompt's KV was computed elsewhere (k, v [L, Hkv, T, hd]):
+        the block manager admits it and writes them. False, nothing taken, when the batch is full
+        or its blocks are not free now."""
+        if len(self.running) >= self.max_seqs or not self.blocks.can_admit(seq, Match()):
+            return False
+        self.blocks.adopt(seq, k, v)
+        self.running.append(seq)
+        return True
 
     def finish_step(self, ran: list[tuple[Sequence, int]]) -> list[Sequence]:
         """After the step ran: name the new full blocks, free the finished. Returns the finished."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .sampling import check_sampling
+from .sampling import check_sampling, distribution, pick
 
 EOT = 50256   # GPT-2's <|endoftext|> (a model's own end ids: `model.eos_ids`)
 
@@ -27,6 +27,18 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         check_sampling(self.temperature, self.top_k, self.top_p, self.seed)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def pick(self, logits: np.ndarray, rng: np.random.Generator) -> int:
+        """The next token from logits [V] with these settings (checked once, when they were made)."""
+        return pick(logits, self.temperature, self.top_k, self.top_p, rng)
+
+    def distribution(self, logits: np.ndarray) -> np.ndarray:
+        """The probabilities `pick` draws from: float64 [V] (greedy: all on the argmax)."""
+        return distribution(logits, self.temperature, self.top_k, self.top_p)
 
 
 class Sequence:

@@ -33,7 +33,8 @@ import numpy as np
 
 from ..errors import MiniLLMError, PromptError
 from .. import meter
-from .sampling import check_fits, check_sampling, distribution, draw, pick
+from .sampling import check_fits, draw
+from .sequence import SamplingParams
 
 MAX_K = 16
 
@@ -56,7 +57,7 @@ class NgramDraft:
     def begin(self, prompt: np.ndarray, room: int) -> None:
         pass
 
-    def propose(self, tokens: list[int], k: int, sampling: tuple, rng) -> tuple[list[int], list]:
+    def propose(self, tokens: list[int], k: int, sampling: SamplingParams, rng) -> tuple[list[int], list]:
         """Up to k guesses (maybe none), and their draft probabilities: None, a certainty (q = 1)."""
         t = np.asarray(tokens)
         for n in range(min(self.max_n, t.size - 1), self.min_n - 1, -1):
@@ -97,20 +98,19 @@ class ModelDraft:
                               "or draft with ngram")
         self.cache = self.model.new_cache()
 
-    def propose(self, tokens: list[int], k: int, sampling: tuple, rng) -> tuple[list[int], list]:
+    def propose(self, tokens: list[int], k: int, sampling: SamplingParams, rng) -> tuple[list[int], list]:
         if k == 0:
             return [], []
-        temperature = sampling[0]
         chunk = np.asarray(tokens[self.cache.length:], dtype=np.intp)      # what it has not seen yet (>= 1)
         guesses, qs = [], []
         for _ in range(k):
             self.cache.reserve(chunk.size)
             with meter.label("draft"):
                 (logits,) = self.model.step([(chunk, self.cache)])
-            if temperature == 0:
+            if sampling.greedy:
                 d, q = int(np.argmax(logits)), None
             else:                                   # draw the guess from q itself: one sort, not two
-                q = distribution(logits, *sampling)
+                q = sampling.distribution(logits)
                 d = draw(q, rng)
             guesses.append(d)
             qs.append(q)
@@ -131,18 +131,6 @@ def check_k(k, option: str | None = None) -> int:
     return int(k)
 
 
-def _embedding_sample(model):
-    """A few of a model's embedding numbers, to tell two loads of one checkpoint from two checkpoints:
-    float [d, V] columns, or a quantized embedding's first rows' integers and scales."""
-    w = getattr(model, "wte_t", None)
-    if w is not None:
-        return w[:, :64]
-    e = getattr(model, "wte", None)
-    if e is not None and hasattr(e, "q"):                       # a QuantMatrix, [V, d] rows
-        return np.concatenate([e.q[:64].view(np.uint8).ravel(), e.d[:64].view(np.uint8).ravel()])
-    return None
-
-
 def check_draft_model(draft, target) -> None:
     """A model can draft for the target if it shares its vocabulary and is not the target itself
     (the same object, or another load of the same weights: same config, same position table and
@@ -150,13 +138,7 @@ def check_draft_model(draft, target) -> None:
     if draft.config.vocab_size != target.config.vocab_size:
         raise MiniLLMError(f"the draft {draft.name} has a vocabulary of {draft.config.vocab_size} ids and the "
                            f"model {target.name} one of {target.config.vocab_size}: they must share a tokenizer")
-    wpe_d, wpe_t = getattr(draft, "wpe", None), getattr(target, "wpe", None)     # Llama has no position table
-    emb_d, emb_t = _embedding_sample(draft), _embedding_sample(target)
-    same_weights = (draft.config == target.config
-                    and getattr(draft, "weights", None) == getattr(target, "weights", None)
-                    and (wpe_d is None or wpe_d.shape == wpe_t.shape and np.array_equal(wpe_d, wpe_t))
-                    and (emb_d is None or emb_t is None or np.array_equal(emb_d, emb_t)))
-    if draft is target or same_weights:
+    if draft is target or draft.fingerprint() == target.fingerprint():
         raise MiniLLMError(f"the draft {draft.name} is the model itself: it would guess right every time and "
                            "save nothing (each guess costs a full step); give a smaller model, or ngram")
 
@@ -259,7 +241,8 @@ class SpeculativeStats:
 
 # -- the loop -------------------------------------------------------------------------------------
 
-def speculative_round(model, cache, drafter, tokens: list[int], k: int, sampling: tuple, rng) -> tuple[list[int], Round]:
+def speculative_round(model, cache, drafter, tokens: list[int], k: int, sampling: SamplingParams,
+                      rng) -> tuple[list[int], Round]:
     """One round: guess, verify, accept, roll back. The target's cache holds every token but the last.
     Returns the tokens kept (the agreed guesses and one of the target's own) and the round's record."""
     n = len(tokens)
@@ -278,7 +261,7 @@ def speculative_round(model, cache, drafter, tokens: list[int], k: int, sampling
         if token is not None:                                                    # the target's correction
             break
     else:
-        kept.append(pick(rows[-1], *sampling, rng))                              # all agreed: the bonus token
+        kept.append(sampling.pick(rows[-1], rng))                                # all agreed: the bonus token
     accepted = len(kept) - 1
     cache.truncate(n + accepted)                                                 # roll back the rejected guesses
     drafter.keep(n + accepted)
@@ -297,12 +280,11 @@ def speculative_generate(model, ids, max_new_tokens: int, *, draft="ngram", k: i
     `on_round(round, target_cache, draft)` is called after each round's roll-back (tests read the
     caches there)."""
     ids = model.check_ids(ids)
-    check_sampling(temperature, top_k, top_p, seed)
+    sampling = SamplingParams(temperature, top_k, top_p, seed)                  # checked once, here
     check_fits(ids.size, max_new_tokens, model.config.n_ctx)
     k = check_k(k)
     drafter = make_draft(draft, model)
     stats = SpeculativeStats(getattr(drafter, "name", type(drafter).__name__), k)
-    sampling = (temperature, top_k, top_p)
     rng = np.random.default_rng(seed)
     tokens = [int(t) for t in ids]
     new: list[int] = []
@@ -318,7 +300,7 @@ def speculative_generate(model, ids, max_new_tokens: int, *, draft="ngram", k: i
         return new, stats
     drafter.begin(ids, max_new_tokens)
     logits, cache = model.prefill(ids)                              # the prompt; its logits give token 1
-    keep([pick(logits, *sampling, rng)])
+    keep([sampling.pick(logits, rng)])
     m = meter.active()
     while len(new) < max_new_tokens:
         with (m.capture() if m is not None else nullcontext([])) as recs:
@@ -333,17 +315,16 @@ def speculative_generate(model, ids, max_new_tokens: int, *, draft="ngram", k: i
     return new, stats
 
 
-def judge(logits: np.ndarray, guess: int, q, sampling: tuple, rng) -> int | None:
+def judge(logits: np.ndarray, guess: int, q, sampling: SamplingParams, rng) -> int | None:
     """None if the target accepts the guess, else the token it puts there instead.
 
     Greedy: accepted when it is the target's argmax, else the argmax. Sampling: accepted with
     probability min(1, p(guess)/q(guess)) (q None: a certain guess, q = 1); else a draw from the
     residual max(0, p - q), renormalised."""
-    temperature = sampling[0]
-    if temperature == 0:
+    if sampling.greedy:
         best = int(np.argmax(logits))
         return None if best == guess else best
-    p = distribution(logits, *sampling)
+    p = sampling.distribution(logits)
     q_guess = 1.0 if q is None else q[guess]
     if rng.random() < min(1.0, p[guess] / q_guess):
         return None

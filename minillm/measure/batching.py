@@ -28,7 +28,7 @@ from ..engine.runner import run_step
 from ..engine.sequence import Sequence
 from ..errors import MiniLLMError
 from ..models import ops
-from .bench import decode_weights, matvec_pass, matvec_pass_out_in
+from .bench import decode_weights, head_array, matvec_pass, matvec_pass_out_in
 from ..meter import Meter
 
 
@@ -95,7 +95,8 @@ def run_batch_bench(model, batches: list[int], hw, context: int = 16, repeats: i
     rng = np.random.default_rng(0)
     mats = decode_weights(model)
     mats_t = [np.ascontiguousarray(w.T) for w in mats]
-    wte_vd = np.ascontiguousarray(model.wte)
+    head = head_array(model)                                 # [d, V]
+    wte_vd = np.ascontiguousarray(head.T)
     runs = {B: start(model, B, context, steps, rng) for B in batches}
     counts = {}
     for B, seqs in runs.items():
@@ -117,13 +118,13 @@ def run_batch_bench(model, batches: list[int], hw, context: int = 16, repeats: i
                 times.append(time.perf_counter() - t0)
             rewind(seqs, context)
             step_s[B].append(statistics.median(times))
-            plain[B].append(bare_pass(mats, model.wte_t, B, shaped=False))
-            shaped[B].append(bare_pass(mats, model.wte_t, B, shaped=True))
+            plain[B].append(bare_pass(mats, head, B, shaped=False))
+            shaped[B].append(bare_pass(mats, head, B, shaped=True))
             if progress:
                 progress()
         for _ in range(2):
             t0 = time.perf_counter()
-            matvec_pass(mats, model.wte_t)
+            matvec_pass(mats, head)
             layout_io.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             matvec_pass_out_in(mats_t, wte_vd)

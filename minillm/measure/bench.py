@@ -35,10 +35,14 @@ from ..meter import Meter
 # -- the ceiling ---------------------------------------------------------------------------------
 
 def decode_weights(model) -> list[np.ndarray]:
-    """The matrices of every linear layer a decode step multiplies a vector by (the LM head's wte aside)."""
-    names = getattr(model, "MATRICES", ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight",
-                                        "mlp.c_proj.weight"))     # GPT-2's, unless the model names its own
-    return [p[name] for p in model.blocks for name in names]
+    """The [in, out] arrays of every linear layer a decode step multiplies a vector by (the LM head
+    aside: `head_array`). A float model's: the weights are `Dense` (models/weights.py)."""
+    return [np.asarray(w) for w in model.matrices(head=False)]
+
+
+def head_array(model) -> np.ndarray:
+    """The LM head as the engine multiplies by it: [d, V], contiguous."""
+    return np.asarray(model.head_w)
 
 
 def matvec_pass(mats: list[np.ndarray], head: np.ndarray) -> None:
@@ -139,7 +143,8 @@ def run_bench(model, contexts: list[int], repeats: int = 5, decode_steps: int = 
     prompts = {n: rng.integers(0, c.vocab_size, n) for n in contexts}
     mats = decode_weights(model)
     mats_t = [np.ascontiguousarray(w.T) for w in mats]     # the [out, in] layout, for the comparison
-    wte_vd = np.ascontiguousarray(model.wte)                # [V, d], as the checkpoint stores it
+    head = head_array(model)                                # [d, V]
+    wte_vd = np.ascontiguousarray(head.T)                   # [V, d], as the checkpoint stores it
     samples: dict = {n: {"cached": [], "naive": [], "prefill": []} for n in contexts}
     ceiling, layout_oi, stripped, idle, metered = [], [], [], [], []
 
@@ -165,7 +170,7 @@ def run_bench(model, contexts: list[int], repeats: int = 5, decode_steps: int = 
                 progress()
         io, oi = [], []
         for _ in range(3):                                   # the two layouts alternate, best of 3 each
-            io.append(_time(lambda: matvec_pass(mats, model.wte_t)))
+            io.append(_time(lambda: matvec_pass(mats, head)))
             oi.append(_time(lambda: matvec_pass_out_in(mats_t, wte_vd)))
         ceiling.append(min(io))
         layout_oi.append(min(oi))
@@ -184,7 +189,7 @@ def run_bench(model, contexts: list[int], repeats: int = 5, decode_steps: int = 
 
     med = statistics.median
     ceiling_s = med(ceiling)
-    ceiling_bytes = sum(w.nbytes for w in mats) + model.wte.nbytes
+    ceiling_bytes = sum(w.nbytes for w in mats) + head.nbytes
     rows = []
     for n in contexts:
         s = samples[n]

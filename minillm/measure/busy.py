@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from .threads import blas_threads
+from ..threads import blas_threads
 
 PROBE_S = 0.05          # how long the probe spins
 FAIR_SHARE = 0.7        # below this share of one core in the probe, something else is running here

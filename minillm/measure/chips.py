@@ -1,7 +1,7 @@
 """Published chips and the roofline: what another machine would do with the same bytes and FLOPs.
 
 `Hardware` holds a machine's two roofline numbers (bandwidth and matmul peak), measured here by
-`hardware.machine()` or published for the chips in `PRESETS`. `roofline` applies the model
+`hardware.machine()` or published for the chips in `CHIPS`. `roofline` applies the model
 (time = max(bytes / bandwidth, FLOPs / peak)); `decode_ceiling` is its batch-1 decode case.
 """
 
@@ -72,7 +72,7 @@ def _chip(name: str, bandwidth_gbs: float, peak_tflops: float | None, source: st
 _DENSE = "peak: dense FP16 tensor math (spec sheets also quote twice that, with sparsity)"
 
 # Published figures: memory bandwidth (GB/s) and dense FP16 tensor peak (TFLOP/s) where one is given.
-PRESETS: dict[str, Hardware] = {
+CHIPS: dict[str, Hardware] = {
     chip.name: chip
     for chip in [
         _chip("a100-40gb", 1555, 312, "NVIDIA A100 datasheet (40 GB PCIe/SXM)", _DENSE, 40),
@@ -113,14 +113,14 @@ def get_chip(name: str | Hardware) -> Hardware:
         return name
     key = re.sub(r"[\s_]+", "-", str(name).strip().lower())
     key = ALIASES.get(key, key)
-    if key in PRESETS:
-        return PRESETS[key]
+    if key in CHIPS:
+        return CHIPS[key]
     # Chips of the same family first ('h100-pcie' → 'h100-sxm', not the neighbouring 'h200'), closest first.
-    family = [p for p in PRESETS if p.startswith(key) or key.startswith(p.split("-")[0] + "-")]
+    family = [p for p in CHIPS if p.startswith(key) or key.startswith(p.split("-")[0] + "-")]
     close = sorted(family, key=lambda p: -difflib.SequenceMatcher(None, key, p).ratio())
-    close = close or difflib.get_close_matches(key, PRESETS, n=1)
+    close = close or difflib.get_close_matches(key, CHIPS, n=1)
     hint = f" Did you mean {' or '.join(repr(c) for c in close[:3])}?" if close else ""
-    raise MiniLLMError(f"unknown chip {name!r}.{hint} Known chips: {', '.join(PRESETS)}")
+    raise MiniLLMError(f"unknown chip {name!r}.{hint} Known chips: {', '.join(CHIPS)}")
 
 
 

@@ -9,7 +9,7 @@ the two limits a piece of work is decided by two numbers of the machine:
 
 Their ratio, the **ridge point** (FLOPs per byte), is the arithmetic intensity at which a piece of
 work stops waiting on memory and starts waiting on arithmetic. `probe` measures both numbers on this
-machine, `chips` carries the published figures for well-known chips (`PRESETS`) and the roofline
+machine, `chips` carries the published figures for well-known chips (`CHIPS`) and the roofline
 model (`roofline`, `decode_ceiling`); this module caches the measurement (`machine()`, under
 `cache_dir()/hardware.json`, one record per machine, NumPy and BLAS thread count) and says how old
 and how trustworthy it is (`provenance`). The `minillm hardware` command is `minillm.cli.hardware`.
@@ -30,7 +30,7 @@ import numpy as np
 from ..paths import atomic_write, cache_dir
 from .chips import Hardware
 from .probe import cpu_model, cpu_threads, detect_llc_bytes, fast_mode, load_average, measure_bandwidth, measure_matmul_peak
-from .threads import blas_threads
+from ..threads import blas_threads
 
 CACHE_VERSION = 3   # 3: one record per machine, NumPy version and BLAS thread count, all kept
 STALE_DAYS = 30     # an older measurement is measured again

@@ -24,7 +24,7 @@ import numpy as np
 from ..checkpoints.load import load
 from ..errors import MiniLLMError
 from ..meter import Meter
-from ..models.quant import (DECODE_ROWS, FORMATS, LINEAR_WEIGHTS, TILE_BYTES, QuantMatrix, _scratch,
+from ..models.quant import (DECODE_ROWS, FORMATS, TILE_BYTES, QuantMatrix, _scratch,
                              f16_to_f32)
 
 FORMAT_NAMES = ("float32", *FORMATS, "native")
@@ -39,27 +39,16 @@ def parse_formats(text: str) -> list[str]:
 
 
 def quantized_matrices(model) -> list[QuantMatrix]:
-    """The quantized matrices a decode step multiplies, each once: every block's products and the LM
-    head (not an untied embedding, of which a step reads one row)."""
-    if hasattr(model, "head_w"):                                   # the Llama family
-        mats = [p[k] for p in model.blocks for k in model.MATRICES] + [model.head_w]
-    else:                                                          # GPT-2: the linear layers and wte (the head)
-        mats = [v for k, v in model.params.items() if k.endswith(LINEAR_WEIGHTS) or k == "wte.weight"]
-    return [m for m in mats if isinstance(m, QuantMatrix)]
+    """The quantized matrices a decode step multiplies, each once (`model.matrices()`: every block's
+    products and the LM head, not an untied embedding, of which a step reads one row)."""
+    return [m for m in model.matrices() if isinstance(m, QuantMatrix)]
 
 
 def weights_read_per_step(model) -> int:
-    """What one decode step must read of the weights, by its closed form: every parameter once (a tied
-    embedding as the LM head), plus the token's embedding row (and GPT-2's position row), not the rest
-    of those tables. The meter's count is checked against it (lesson 14, tests)."""
-    p = model.params
-    if "wte.weight" in p:                                     # GPT-2: tied head, a learned position table
-        emb, skip = p["wte.weight"], {"wpe.weight"}
-        extra = p["wpe.weight"].nbytes // p["wpe.weight"].shape[0]
-    else:                                                      # the Llama family
-        emb, extra = p["embed_tokens.weight"], 0
-        skip = set() if model.config.tied else {"embed_tokens.weight"}
-    return sum(v.nbytes for k, v in p.items() if k not in skip) + emb.nbytes // emb.shape[0] + extra
+    """What one decode step must read of the weights, by its closed form (`model.step_weight_bytes()`:
+    every parameter once, a tied embedding as the LM head, plus the rows the step gathers). The
+    meter's count is checked against it (lesson 14, tests)."""
+    return model.step_weight_bytes()
 
 
 def widen_pass(mats: list[QuantMatrix]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 
-from ..config import LlamaConfig, PRESETS as GPT2_PRESETS
+from ..config import LlamaConfig, GPT2_SIZES
 from ..errors import MiniLLMError
 
 
@@ -42,11 +42,11 @@ def shape(name: str) -> dict:
         return {"name": key, "n_layer": c.n_layer, "n_kv_head": c.n_kv_head, "head_dim": c.head_dim,
                 "n_head": c.n_head, "n_params": c.n_params(), "n_ctx": c.n_ctx}
     size = key.removeprefix("gpt2-")
-    if key.startswith("gpt2-") and size in GPT2_PRESETS:
-        c = GPT2_PRESETS[size]
+    if key.startswith("gpt2-") and size in GPT2_SIZES:
+        c = GPT2_SIZES[size]
         return {"name": key, "n_layer": c.n_layer, "n_kv_head": c.n_head, "head_dim": c.head_dim,
                 "n_head": c.n_head, "n_params": c.n_params(), "n_ctx": c.n_ctx}
-    names = [*SHAPES, *(f"gpt2-{k}" for k in GPT2_PRESETS)]
+    names = [*SHAPES, *(f"gpt2-{k}" for k in GPT2_SIZES)]
     close = difflib.get_close_matches(key, names, n=1)
     hint = f" Did you mean {close[0]}?" if close else ""
     raise MiniLLMError(f"unknown shape {name!r}.{hint} Known shapes: {', '.join(names)}")

@@ -19,20 +19,43 @@ manager) and never names its steps for the meter (`with meter.label("verify"):` 
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from .. import meter
 from ..cache.contiguous import KVCache, PassKV
+from ..config import ModelConfig
 from ..errors import PromptError
 from .plan import check_ids, plan_step
 
 
 class CausalLM:
-    config: object
-    params: dict
+    """What a family gives, and what every tool asks of a model instead of guessing its family:
+
+        MATRICES          the names of a block's products (in `blocks[i]`)
+        embed_w, head_w   the token embedding and the LM head as weights (models/weights.py; one
+                          object when tied)
+        matrices()        every product a decode step multiplies, once
+        step_weight_bytes()  the closed form of the weight bytes one decode token reads
+        fingerprint()     equal for two loads of one checkpoint, different for two checkpoints
+        tokenizer         its own tokenizer as loaded, or None; OWN_TOKENIZER: False if the family
+                          uses GPT-2's built-in one (`minillm.tokenizer(model)` then gives it)
+        weights           the label of its weights' format; float_matrices: products kept in floats
+    """
+    config: ModelConfig
+    params: dict                 # name -> array or QuantMatrix: the weights as the model holds them
     name: str
     dtype: np.dtype
     eos_ids: tuple = ()          # token ids that end a sequence (a server stops there)
+    MATRICES: tuple = ()
+    blocks: list
+    embed_w: object
+    head_w: object
+    tokenizer = None
+    OWN_TOKENIZER: bool = True
+    weights: str = "float32"
+    float_matrices: int = 0
 
     # -- the model: each architecture's own ------------------------------------------------------
 
@@ -103,8 +126,39 @@ class CausalLM:
         (logits,) = self.step([(np.array([token], dtype=np.intp), cache)])
         return logits
 
+    # -- what the tools ask --------------------------------------------------------------------------
+
+    def matrices(self, head: bool = True) -> list:
+        """Every product a decode step multiplies, once: each block's MATRICES, then the LM head
+        (head=False: the blocks' only). An untied embedding is not one: a step reads one row of it."""
+        mats = [p[k] for p in self.blocks for k in self.MATRICES]
+        return mats + [self.head_w] if head else mats
+
+    def gathered(self) -> tuple[str, ...]:
+        """The parameters a decode step only gathers rows from (GPT-2's positions, an untied
+        embedding): one row of each per token is read, not the rest."""
+        return ()
+
+    def step_weight_bytes(self) -> int:
+        """What one decode step of one token reads of the weights, by its closed form: every parameter
+        once (a tied embedding as the LM head, plus the token's row of it), and one row, not the whole,
+        of each table only gathered from. The meter's count equals it (lesson 14, tests)."""
+        p, skip = self.params, self.gathered()
+        tied_row = self.embed_w.rows_counts(1)["weights"] if self.embed_w is self.head_w else 0
+        return (sum(v.nbytes for k, v in p.items() if k not in skip)
+                + sum(p[k].nbytes // p[k].shape[0] for k in skip) + tied_row)
+
+    def fingerprint(self) -> str:
+        """Equal for two loads of one checkpoint, different for two checkpoints (a draft model must not
+        be its target): the config, the weights' format and the first 64 tokens' embeddings."""
+        h = hashlib.sha256(repr((type(self).__name__, self.config, self.weights)).encode())
+        ids = np.arange(min(64, self.config.vocab_size))
+        h.update(np.ascontiguousarray(self.embed_w.rows(ids)).tobytes())
+        return h.hexdigest()
+
     def n_params(self) -> int:
         return sum(int(v.size) for v in self.params.values())
 
     def nbytes(self) -> int:
         return sum(int(v.nbytes) for v in self.params.values())
+

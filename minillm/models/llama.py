@@ -41,8 +41,8 @@ from ..config import LlamaConfig
 from ..errors import WeightsError
 from . import ops
 from .base import CausalLM
-from .gpt2 import merge_heads
-from .quant import FORMATS, QuantMatrix
+from .ops import merge_heads
+from .weights import check_blocks, check_weights, label, make_weight, stored
 
 Block = dict   # one block's parameters, fused names (see `fuse_block`)
 
@@ -77,6 +77,17 @@ def iter_expected(c: LlamaConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield "lm_head.weight", (c.vocab_size, d)
 
 
+# GGUF's names for the checkpoint's tensors (llama.cpp's), without `.weight` / `.bias`: a block's
+# (after `layers.{i}.`, GGUF's `blk.{i}.`), then the others.
+GGUF_BLOCK_NAMES = {
+    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}
+GGUF_TOP_NAMES = {"embed_tokens": "token_embd", "norm": "output_norm", "lm_head": "output"}
+
+
 def expected_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
     return dict(iter_expected(c))
 
@@ -84,7 +95,7 @@ def expected_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
 def random_params(c: LlamaConfig, seed: int = 0, std: float = 0.02, dtype=np.float32,
                   expected=iter_expected) -> dict[str, np.ndarray]:
     """Checkpoint-shaped random weights (normal(0, std) matrices and biases, norm gains near 1). Seeded.
-    expected: the family's name table (models/moe.py passes its own)."""
+    expected: the family's manifest (models/moe.py passes its own)."""
     rng = np.random.default_rng(seed)
     params = {}
     for name, shape in expected(c):
@@ -95,27 +106,14 @@ def random_params(c: LlamaConfig, seed: int = 0, std: float = 0.02, dtype=np.flo
     return params
 
 
-def _matrix(ws: list, dtype, fmt: str | None):
-    """A block's product weight from its checkpoint matrices ([out, in] each, fused by rows): float
-    [in, out]; or quantized [out, in] rows, as the file has them or quantized now (fmt)."""
-    if all(isinstance(w, QuantMatrix) for w in ws) and len({(w.fmt.name, w.shape[1]) for w in ws}) == 1:
-        return ws[0] if len(ws) == 1 else QuantMatrix.stack(ws)          # a GGUF's own blocks, kept
-    # A file that mixes formats in one fused product (llama.cpp often keeps attn_v or ffn_down in
-    # another type, or one this loader widens, like Q5_0): the whole product in floats (or `fmt`).
-    ws = [w.dequantize() if isinstance(w, QuantMatrix) else w for w in ws]
-    if fmt is not None:                                                  # [out, in] rows, quantized
-        return QuantMatrix.quantize(np.concatenate(ws, axis=0) if len(ws) > 1 else ws[0], fmt)
-    return np.ascontiguousarray(np.concatenate(ws, axis=0).T if len(ws) > 1 else ws[0].T, dtype=dtype)
-
-
-def fuse_block(t: dict[str, np.ndarray], i: int, c: LlamaConfig, dtype, fmt: str | None = None,
+def fuse_block(t: dict[str, np.ndarray], i: int, c: LlamaConfig, dtype, weights: str = "float32",
                dense_mlp: bool = True) -> Block:
     """One block's checkpoint tensors -> the model's: q|k|v and gate|up side by side, [in, out]
     (quantized: [out, in] rows, see the top of this file). dense_mlp=False: attention and norms
     only (a mixture-of-experts layer brings its experts instead: models/moe.py)."""
     h = f"layers.{i}."
     a, m = h + "self_attn.", h + "mlp."
-    mat = lambda names: _matrix([t[n] for n in names], dtype, fmt)
+    mat = lambda names: make_weight([t[n] for n in names], weights, dtype, rows=True)
     p = {
         "input_layernorm.weight": np.asarray(t[h + "input_layernorm.weight"], dtype=dtype),
         "qkv.weight": mat([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]),  # [d, (H+2Hkv)·hd]
@@ -186,68 +184,51 @@ class Llama(CausalLM):
     Shares GPT-2's one way in (`CausalLM.step`) and its special cases: only `run` and `head` differ."""
 
     MATRICES = ("qkv.weight", "o_proj.weight", "gate_up.weight", "down_proj.weight")   # a block's products
+    CONFIG = LlamaConfig                       # what a folder's config.json is read into
+    manifest = staticmethod(iter_expected)     # every checkpoint tensor with its shape (check_tensors)
 
     def __init__(self, config: LlamaConfig, tensors: dict[str, np.ndarray], *, name: str = "",
                  dtype=None, eos_ids: tuple[int, ...] = (), weights: str = "float32") -> None:
         """weights: "float32" (quantized tensors of a GGUF are widened), "native" (a GGUF's Q8_0 /
         Q4_0 / Q4_1 tensors kept as they are) or "q8_0" / "q4_0" / "q4_1" (every matrix quantized)."""
         c = self.config = config
+        weights = check_weights(weights)
         dtype = np.dtype(dtype or np.float32)
         self.name = name or f"{c.arch}-{c.n_layer}x{c.n_embd}"
         self.dtype = dtype
         self.eos_ids = tuple(eos_ids)
         self.tokenizer = None                                                             # set by the loader
-        fmt = weights if weights in FORMATS else None
-        if fmt is not None:                 # every product's input width must be whole blocks of 32
-            widths = {"width": c.n_embd, "attention width H·hd": c.n_head * c.head_dim, "FFN": c.ffn}
-            bad = [f"{k} {v}" for k, v in widths.items() if v % 32]
-            if bad:
-                raise WeightsError(f"{self.name}: {', '.join(bad)} not a multiple of 32, the block of {fmt}; "
-                                   "use --weights float32")
-        if weights == "float32":
-            tensors = {k: v.dequantize() if isinstance(v, QuantMatrix) else v for k, v in tensors.items()}
+        check_blocks({"width": c.n_embd, "attention width H·hd": c.n_head * c.head_dim, "FFN": c.ffn},
+                     weights, self.name)
         embed = tensors["embed_tokens.weight"]                                            # [V, d]
-        head = embed if c.tied else tensors["lm_head.weight"]                             # [V, d]
-        if fmt is not None or isinstance(head, QuantMatrix) or isinstance(embed, QuantMatrix):
-            rows = lambda w: (w if isinstance(w, QuantMatrix) else QuantMatrix.quantize(w, fmt) if fmt
-                              else np.asarray(w, dtype=dtype))                      # [V, d] rows
-            self.wte_t, self.wte = None, rows(embed)
-            self.head_w = self.wte if c.tied else rows(head)
-        else:
-            self.wte_t = np.ascontiguousarray(np.asarray(head).T, dtype=dtype)            # [d, V]: the head
-            self.head_w = self.wte_t.T                                                    # [V, d] view
-            self.wte = self.head_w if c.tied else np.asarray(embed, dtype=dtype)          # [V, d]
-        self.blocks: list[Block] = [self.block_params(tensors, i, dtype, fmt) for i in range(c.n_layer)]
+        self.head_w = make_weight(embed if c.tied else tensors["lm_head.weight"], weights, dtype, rows=True)
+        self.embed_w = self.head_w if c.tied else make_weight(embed, weights, dtype, rows=True, contiguous=False)
+        self.wte = stored(self.embed_w, rows=True)                                        # [V, d]
+        self.blocks: list[Block] = [self.block_params(tensors, i, dtype, weights) for i in range(c.n_layer)]
         self.norm = np.asarray(tensors["norm.weight"], dtype=dtype)
         self.params = {"embed_tokens.weight": self.wte, "norm.weight": self.norm}
         if not c.tied:
-            self.params["lm_head.weight"] = self.head_w
+            self.params["lm_head.weight"] = stored(self.head_w, rows=True)
         for i, p in enumerate(self.blocks):
-            self.params.update({f"layers.{i}.{k}": v for k, v in p.items()})
+            self.params.update({f"layers.{i}.{k}": stored(v) for k, v in p.items()})
         self.cos, self.sin = ops.rope_tables(c.n_ctx, c.head_dim, c.theta, dtype)        # [n_ctx, hd/2]
-        kinds = [w.fmt.name if isinstance(w, QuantMatrix) else dtype.name for w in self.matrices(head=False)]
-        quantized = [k for k in kinds if k != dtype.name]
-        self.weights = max(set(quantized), key=quantized.count) if quantized else dtype.name
-        # products kept in floats beside quantized ones (a GGUF mixing formats in a fused product)
-        self.float_matrices = len(kinds) - len(quantized) if quantized else 0
+        self.weights, self.float_matrices = label(self.matrices(head=False), dtype)
 
-    # -- what a subclass changes (models/moe.py): a block's parameters, its MLP, its products --
+    # -- what a subclass changes (models/moe.py): a block's parameters and its MLP --
 
-    def block_params(self, tensors: dict, i: int, dtype, fmt: str | None) -> Block:
-        return fuse_block(tensors, i, self.config, dtype, fmt)
+    def block_params(self, tensors: dict, i: int, dtype, weights: str) -> Block:
+        return fuse_block(tensors, i, self.config, dtype, weights)
 
     def ffn(self, layer: int):
         """Block `layer`'s MLP, a function (x [N, d], its parameters) -> [N, d]."""
         return mlp
 
-    def matrices(self, head: bool = True) -> list:
-        """Every block's product weights, then the LM head (head=False: the blocks' only)."""
-        mats = [p[k] for p in self.blocks for k in self.MATRICES]
-        return mats + [self.head_w] if head else mats
+    def gathered(self) -> tuple[str, ...]:
+        return () if self.config.tied else ("embed_tokens.weight",)                      # a row of it per step
 
     def run(self, plan) -> np.ndarray:
         """Embeddings, then every block (not the final norm). plan.ids, plan.positions [N] -> x [N, d]."""
-        x = ops.token_embedding(self.wte, plan.ids)                                # [N, d]
+        x = ops.embedding(self.embed_w, None, plan.ids)                            # [N, d]
         cos, sin = self.cos[plan.positions], self.sin[plan.positions]              # [N, hd/2] each
         for layer, p in enumerate(self.blocks):
             x = transformer_block(x, p, self.config, cos, sin, partial(plan.attend, layer), self.ffn(layer))
@@ -268,7 +249,7 @@ class Llama(CausalLM):
 
 def check_tensors(tensors: dict, c: LlamaConfig, where: str, expected=iter_expected) -> None:
     """Every tensor the config needs, with its shape; nothing else. One clear line otherwise.
-    expected: the family's name table (models/moe.py passes its own)."""
+    expected: the family's manifest (models/moe.py passes its own)."""
     for name, shape in expected(c):
         if name not in tensors:
             raise WeightsError(f"{where}: tensor {name} is missing (expected shape {list(shape)}); is the "

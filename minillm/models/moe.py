@@ -27,9 +27,10 @@ of B tokens reads E·(1 − (1 − k/E)^B) experts per layer (`expected_distinct
 serving about B·k/E rows where a dense MLP serves B: the FLOPs per weight byte a batch of B buys a
 dense model, a mixture buys at about E/k times that batch.
 
-The experts' matrices are built like every other product weight (`llama._matrix`: float [in, out],
-or quantized [out, in] rows with `weights="q8_0"` / `"q4_0"`), and multiplied by `ops.linear`.
-The router stays float, as llama.cpp keeps `ffn_gate_inp` (it is small, and it picks the experts).
+The experts' matrices are made like every other product weight (`weights.make_weight`: float
+[in, out], or quantized [out, in] rows with `weights="q8_0"` / `"q4_0"`), and multiplied by
+`ops.linear`. The router stays float, as llama.cpp keeps `ffn_gate_inp` (it is small, and it picks
+the experts). The family's row in checkpoints/families.py reads Hugging Face folders of both kinds.
 """
 
 from __future__ import annotations
@@ -44,10 +45,11 @@ import numpy as np
 
 from .. import meter
 from ..config import LlamaConfig
-from ..errors import ConfigError, WeightsError
+from ..errors import ConfigError
 from . import llama, ops
 from .llama import Block, Llama, fuse_block, mlp
 from .quant import FORMATS
+from .weights import check_blocks, make_weight
 
 # Hugging Face model_type -> (the attention it shares with models/llama.py, the layer's prefix for the
 # router and the experts, the experts' gate, up and down names)
@@ -271,27 +273,28 @@ class MoE(Llama):
     checkpoint tensors (Hugging Face names without `model.`) like `Llama`; `weights="q8_0"` /
     `"q4_0"` / `"q4_1"` quantizes every expert (the router stays float)."""
 
+    CONFIG = MoEConfig
+    manifest = staticmethod(iter_expected)
+
     def __init__(self, config: MoEConfig, tensors: dict, *, name: str = "", dtype=None,
                  eos_ids: tuple[int, ...] = (), weights: str = "float32") -> None:
         c = config
-        if weights in FORMATS and c.expert_ffn % 32:
-            raise WeightsError(f"{name or c.model_type}: expert FFN {c.expert_ffn} is not a multiple of 32, "
-                               f"the block of {weights}; use --weights float32")
-        super().__init__(config, tensors, name=name or f"{c.model_type}-{c.n_layer}x{c.n_embd}-{c.n_expert}e",
-                         dtype=dtype, eos_ids=eos_ids, weights=weights)
+        name = name or f"{c.model_type}-{c.n_layer}x{c.n_embd}-{c.n_expert}e"
+        check_blocks({"expert FFN": c.expert_ffn}, str(weights).lower(), name)
+        super().__init__(config, tensors, name=name, dtype=dtype, eos_ids=eos_ids, weights=weights)
 
-    def block_params(self, tensors: dict, i: int, dtype, fmt: str | None) -> Block:
+    def block_params(self, tensors: dict, i: int, dtype, weights: str) -> Block:
         """Attention and norms as Llama's; then a dense MLP, or the router [d, E] and per expert
         its gate|up [d, 2F_e] and down [F_e, d] (`experts.{e}.gate_up.weight`, ...)."""
         c = self.config
         if not c.is_sparse(i):
-            return fuse_block(tensors, i, c, dtype, fmt)
-        p = fuse_block(tensors, i, c, dtype, fmt, dense_mlp=False)
-        p["router.weight"] = llama._matrix([tensors[router_name(c, i)]], dtype, None)    # [d, E], float
+            return fuse_block(tensors, i, c, dtype, weights)
+        p = fuse_block(tensors, i, c, dtype, weights, dense_mlp=False)
+        p["router.weight"] = make_weight(tensors[router_name(c, i)], "float32", dtype, rows=True)   # [d, E]
         for e in range(c.n_expert):
             gate, up, down = (tensors[n] for n in expert_names(c, i, e))
-            p[f"experts.{e}.gate_up.weight"] = llama._matrix([gate, up], dtype, fmt)     # [d, 2F_e]
-            p[f"experts.{e}.down_proj.weight"] = llama._matrix([down], dtype, fmt)       # [F_e, d]
+            p[f"experts.{e}.gate_up.weight"] = make_weight([gate, up], weights, dtype, rows=True)  # [d, 2F_e]
+            p[f"experts.{e}.down_proj.weight"] = make_weight(down, weights, dtype, rows=True)      # [F_e, d]
         return p
 
     def ffn(self, layer: int):
@@ -304,15 +307,23 @@ class MoE(Llama):
         distinct = [c.top_k] * len(c.sparse_layers) if distinct is None else distinct
         return step_weight_bytes(c, distinct, n_tokens, self.dtype.itemsize, self.weights)
 
-    def matrices(self, head: bool = True) -> list:
-        """Every product weight a step may multiply: attention, dense MLPs, all E experts of each sparse
-        layer (a token multiplies k of them: `step_weight_bytes`), then the LM head (head=False: not
-        it). Not the router, kept float."""
+    def matrices(self, head: bool = True, chosen=None) -> list:
+        """The products a step multiplies, each once: attention, dense MLPs, the chosen experts of each
+        sparse layer, then the LM head (head=False: not it). Not the router, kept float.
+        chosen: per sparse layer, the experts the step's rows chose (the sets a `routes()` record
+        holds); default the first k of each, a one-token step (every expert has the same shapes and
+        bytes, so which k does not change a count); "all": every expert, what memory holds."""
+        c = self.config
+        if chosen is None:
+            chosen = [range(c.top_k)] * len(c.sparse_layers)
+        elif isinstance(chosen, str):                                       # "all"
+            chosen = [range(c.n_expert)] * len(c.sparse_layers)
+        sets = dict(zip(c.sparse_layers, chosen, strict=True))
         out = []
         for i, p in enumerate(self.blocks):
             out += [p["qkv.weight"], p["o_proj.weight"]]
-            if self.config.is_sparse(i):
-                out += [w for e in range(self.config.n_expert) for w in expert(p, e).values()]
+            if i in sets:
+                out += [w for e in sorted(set(sets[i])) for w in expert(p, e).values()]
             else:
                 out += [p["gate_up.weight"], p["down_proj.weight"]]
         return out + [self.head_w] if head else out
@@ -378,6 +389,6 @@ def random_moe(name: str, dtype=np.float32, weights: str = "float32") -> Llama:
         c = MOE_PRESETS[name]
     except KeyError:
         raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(MOE_PRESETS)}") from None
-    if isinstance(c, MoEConfig):
-        return MoE(c, random_params(c, RANDOM_SEED, 0.02, np.float32), name=name, dtype=dtype, weights=weights)
-    return Llama(c, llama.random_params(c, RANDOM_SEED, 0.02, np.float32), name=name, dtype=dtype, weights=weights)
+    cls = MoE if isinstance(c, MoEConfig) else Llama
+    params = llama.random_params(c, RANDOM_SEED, 0.02, np.float32, expected=cls.manifest)
+    return cls(c, params, name=name, dtype=dtype, weights=weights)

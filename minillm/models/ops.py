@@ -1,4 +1,7 @@
-"""GPT-2's operations, one function each. Each one computes, then reports what it touched to the meter.
+"""The models' operations (GPT-2's, then the Llama family's), one function each. Each one computes,
+then reports what it touched to the meter. Weights are multiplied through one interface
+(models/weights.py): `w.matmul(x)`, `w.rows(ids)`, `w.counts(T)`; a float and a quantized weight
+take the same path here.
 
 Every report is computed from the arrays the operation actually used (`.nbytes`, `.shape`), so the
 counters cannot drift from the code. With no meter active the report is skipped entirely:
@@ -20,76 +23,33 @@ from functools import lru_cache
 import numpy as np
 
 from .. import meter
-from .quant import QuantMatrix
+from .weights import as_weight, matmul  # noqa: F401  (matmul: the BLAS-shaped product, for tools)
 
 GELU_C = math.sqrt(2.0 / math.pi)
 
 
-# -- the product at the heart of every layer --------------------------------------------------------
-#
-# OpenBLAS multiplies [rows, in] @ [in, out] in panels of 8 rows. Measured on GPT-2 small's weights
-# (2-core EPYC, 2 threads, Haswell kernels), one pass over all of them: 1 row runs as a
-# matrix-vector product, ~19 ms; 2 rows as one matrix-matrix product take ~42 ms, more than two
-# separate matrix-vector products (~31 ms); 3-7 rows take 40-58 ms, but 8 rows take ~39 ms: a row
-# count that is not a multiple of 8 falls to slow edge kernels. So `matmul` runs 2 rows as two
-# matrix-vector products and pads 3..63 rows with zero rows up to a multiple of 8 (a copy of at
-# most 63 rows). Past 64 rows the edge costs a few percent and padding would cost a copy of the
-# whole input, so it is not done. Weights under 1 MB stay in the CPU's caches, where packing them is
-# cheap and the plain product is the faster one (measured on a 4x128 model), so they are left alone.
-# The padding rows are an artefact of the kernel, like its own packing copies: the meter counts the
-# model's work (T rows), not them. `minillm bench --batch` measures all of this on your machine.
+def embedding(wte, wpe, ids: np.ndarray, positions=None) -> np.ndarray:
+    """Token embeddings, plus position embeddings where the model learns them (GPT-2).
+    wte: the token table as a weight (its rows are the embeddings; a plain [V, d] array is taken as
+    one); ids [N]; wpe [n_ctx, d] or None (rotary models: positions come later); positions: the rows
+    of wpe, an index array [N], a slice (one sequence's consecutive positions: a view, no gather) or
+    the first position, an int, the others following it -> x [N, d].
 
-ROW_PANEL = 8          # the kernel's panel: 3..PAD_BELOW-1 rows are padded up to a multiple of this
-PAD_BELOW = 64
-SHAPED_FROM = 1 << 20  # bytes of weight from which the product is shaped at all
-
-
-def padded_rows(T: int) -> int:
-    """The rows `matmul` runs the product on for T rows of input (for a weight of SHAPED_FROM bytes or more)."""
-    return -(-T // ROW_PANEL) * ROW_PANEL if 2 < T < PAD_BELOW else T
-
-
-def matmul(x: np.ndarray, w) -> np.ndarray:
-    """x [T, in] @ w [in, out] -> [T, out], shaped for the BLAS kernel (see above). A quantized w
-    (models/quant.py) holds the [out, in] rows, as GGUF does, and multiplies tile by tile."""
-    if isinstance(w, QuantMatrix):
-        return w.matmul_t(x)
-    T = x.shape[0]
-    if w.nbytes < SHAPED_FROM:
-        return x @ w
-    if T == 2:
-        return np.matmul(x[:, None, :], w)[:, 0]        # [2, 1, in] @ [in, out]: two matrix-vector products
-    R = padded_rows(T)
-    if R != T:
-        xp = np.zeros((R, x.shape[1]), dtype=x.dtype)   # [R, in], rows T.. are zeros
-        xp[:T] = x
-        return (xp @ w)[:T]
-    return x @ w
-
-
-def embedding(wte: np.ndarray, wpe: np.ndarray, ids: np.ndarray, positions) -> np.ndarray:
-    """Token + position embeddings. wte [V, d], wpe [n_ctx, d], ids [N], positions: the rows of wpe,
-    an index array [N], a slice (one sequence's consecutive positions: a view, no gather) or the
-    first position, an int, the others following it -> x [N, d].
-
-    Reads only the rows it gathers: N rows of wte and N rows of wpe.
+    Reads only the rows it gathers: N rows of wte (quantized: their blocks, widened straight into x)
+    and N rows of wpe.
     """
+    wte = as_weight(wte, table=True)
     N = ids.shape[0]
-    quantized = isinstance(wte, QuantMatrix)
-    if np.isscalar(positions):
-        pos = wpe[positions:positions + N]   # [N, d]  a slice: one sequence's consecutive positions
-    else:
-        pos = wpe[positions]                 # [N, d]  a slice's view, or a gather for several sequences
-    x = wte.rows(ids, pos.dtype) if quantized else wte[ids]   # [N, d]  gather N rows
-    x += pos
+    x = wte.rows(ids, None if wpe is None else wpe.dtype)   # [N, d]  gather N rows
+    pos = None
+    if wpe is not None:
+        pos = wpe[positions:positions + N] if np.isscalar(positions) else wpe[positions]   # [N, d]
+        x += pos
     m = meter.active()
     if m is not None:
-        if quantized:   # the N rows' blocks, dequantized straight into x
-            c = wte.rows_counts(N)
-            m.count("embedding", weights=c["weights"] + pos.nbytes, activations=x.nbytes, other=x.size,
-                    dequant=c["dequant"])
-        else:
-            m.count("embedding", weights=2 * x.nbytes, activations=x.nbytes, other=x.size)
+        c = wte.rows_counts(N)
+        m.count("embedding", weights=c["weights"] + (0 if pos is None else pos.nbytes), activations=x.nbytes,
+                other=0 if pos is None else x.size, dequant=c["dequant"])
     return x
 
 
@@ -111,22 +71,35 @@ def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.nd
     return y
 
 
-def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
-    """y = x @ W (+ b) with W stored [in, out] as in the GPT-2 checkpoint. [T, in] -> [T, out]."""
-    y = matmul(x, w)     # [T, out]
+def linear(x: np.ndarray, w, b: np.ndarray | None = None) -> np.ndarray:
+    """y = x W (+ b): w a weight (models/weights.py; a plain array is [in, out], as in the GPT-2
+    checkpoint). [T, in] -> [T, out]."""
+    w = as_weight(w)
+    y = w.matmul(x)      # [T, out]
     if b is not None:
         y += b
     m = meter.active()
     if m is not None:
-        T, (n_in, n_out) = x.shape[0], w.shape
-        q = {}
-        if isinstance(w, QuantMatrix):                     # [out, in] rows: bytes as stored, widening apart
-            n_out, n_in = w.shape
-            c = w.counts(T, x.itemsize)
-            q = {"dequant": c["dequant"], "scratch": c["scratch"]}
-        m.count("linear", weights=w.nbytes + (0 if b is None else b.nbytes), activations=x.nbytes + y.nbytes,
-                matmul=2 * T * n_in * n_out, other=0 if b is None else y.size, **q)
+        T = x.shape[0]
+        c = w.counts(T, x.itemsize)
+        m.count("linear", weights=c["weights"] + (0 if b is None else b.nbytes), activations=x.nbytes + y.nbytes,
+                matmul=2 * T * w.n_in * w.n_out, other=0 if b is None else y.size, dequant=c["dequant"],
+                scratch=c["scratch"])
     return y
+
+
+def split_heads(qkv: np.ndarray, n_head: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[T, 3d] -> q, k, v, each [H, T, hd] (views, no copy)."""
+    T, three_d = qkv.shape
+    hd = three_d // (3 * n_head)
+    qkv = qkv.reshape(T, 3, n_head, hd).transpose(1, 2, 0, 3)   # [3, H, T, hd]
+    return qkv[0], qkv[1], qkv[2]
+
+
+def merge_heads(a: np.ndarray) -> np.ndarray:
+    """[H, T, hd] -> [T, H·hd]: the heads side by side again."""
+    H, T, hd = a.shape
+    return a.transpose(1, 0, 2).reshape(T, H * hd)
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
@@ -249,22 +222,21 @@ def decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarr
     return out
 
 
-def lm_head(x: np.ndarray, wte: np.ndarray) -> np.ndarray:
-    """Logits over the vocabulary with the head tied to the token embedding: x @ wte^T. [T, d] -> [T, V].
+def lm_head(x: np.ndarray, head) -> np.ndarray:
+    """Logits over the vocabulary: x times the head, [T, d] -> [T, V]. A tied head is the token
+    embedding (a plain [V, d] array is taken as that table): x @ wte^T.
 
-    Reads all of wte, whatever the number of tokens: the single biggest read of a GPT-2 small step.
-    (The model stores wte^T contiguous, [d, V], so this streams like every other [in, out] layer.)
+    Reads all of the head, whatever the number of tokens: the single biggest read of a GPT-2 small
+    step. (A float head is kept contiguous [d, V], so it streams like every other [in, out] layer.)
     """
-    quantized = isinstance(wte, QuantMatrix)   # then wte holds the [V, d] rows, as GGUF's token_embd
-    logits = wte.matmul_t(x) if quantized else matmul(x, wte.T)   # [T, V]
+    head = as_weight(head, table=True)
+    logits = head.matmul(x)                  # [T, V]
     m = meter.active()
     if m is not None:
-        T, (V, d) = x.shape[0], wte.shape
-        q = {}
-        if quantized:
-            c = wte.counts(T, x.itemsize)
-            q = {"dequant": c["dequant"], "scratch": c["scratch"]}
-        m.count("lm_head", weights=wte.nbytes, activations=x.nbytes + logits.nbytes, matmul=2 * T * d * V, **q)
+        T = x.shape[0]
+        c = head.counts(T, x.itemsize)
+        m.count("lm_head", weights=c["weights"], activations=x.nbytes + logits.nbytes,
+                matmul=2 * T * head.n_in * head.n_out, dequant=c["dequant"], scratch=c["scratch"])
     return logits
 
 
@@ -273,23 +245,6 @@ def lm_head(x: np.ndarray, wte: np.ndarray) -> np.ndarray:
 # FLOP conventions, as above, per element of output: RMS norm 4 (square, sum, normalise, scale),
 # rotary embedding 3 (two products and a sum per rotated coordinate), SwiGLU 6 (sigmoid as halve,
 # tanh, add, halve; the product with the gate, then with the up projection).
-
-
-def token_embedding(wte: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Token embeddings only (positions come from the rotary embedding). wte [V, d], ids [N] -> [N, d].
-    Reads only the N rows it gathers (quantized: their blocks, dequantized straight into x)."""
-    if isinstance(wte, QuantMatrix):
-        x = wte.rows(ids)                    # [N, d]
-        m = meter.active()
-        if m is not None:
-            c = wte.rows_counts(len(ids))
-            m.count("embedding", weights=c["weights"], activations=x.nbytes, dequant=c["dequant"])
-        return x
-    x = wte[ids]                             # [N, d]  gather N rows (a copy: the residual stream)
-    m = meter.active()
-    if m is not None:
-        m.count("embedding", weights=x.nbytes, activations=x.nbytes)
-    return x
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import meter
+from ..config import ModelConfig
 from ..errors import PromptError
 from . import ops
 
@@ -134,7 +135,7 @@ def batched_decode(spans: list[Span]) -> BatchedDecode | None:
     return BatchedDecode(pool, [s.cache for s in spans])
 
 
-def check_ids(ids, config, pos: int = 0) -> np.ndarray:
+def check_ids(ids, config: ModelConfig, pos: int = 0) -> np.ndarray:
     """Token ids as a 1-D integer array, inside the vocabulary and the context; clear errors otherwise."""
     ids = np.asarray(ids)
     if ids.ndim != 1 or ids.size == 0:
@@ -217,7 +218,7 @@ class StepPlan:
         return out
 
 
-def plan_step(batch, scores, config) -> StepPlan:
+def plan_step(batch, scores, config: ModelConfig) -> StepPlan:
     """Check a step's batch [(ids, cache), ...] and lay it out. Every cache must already have room for
     its new positions (`cache.reserve(n)`: the caller's job, the engine's block manager in a server)."""
     if not batch:

@@ -161,6 +161,8 @@ class QuantMatrix:
 
     ndim = 2
     dtype = np.dtype(np.float32)      # what it computes in by default
+    n_in = property(lambda self: self.shape[1])     # the weight interface (models/weights.py):
+    n_out = property(lambda self: self.shape[0])    # y [T, R] = x [T, C] times these rows
 
     def __repr__(self) -> str:
         return f"QuantMatrix({self.fmt.name}, {self.shape[0]}x{self.shape[1]}, {self.nbytes:,} bytes)"
@@ -227,10 +229,11 @@ class QuantMatrix:
         """All rows as floats [R, C], the values GGUF's dequantization gives."""
         return self.rows(np.arange(self.shape[0]), dtype)
 
-    def rows(self, ids: np.ndarray, dtype=np.float32) -> np.ndarray:
-        """Rows `ids` dequantized [N, C] (an embedding lookup: reads only those rows' blocks)."""
+    def rows(self, ids: np.ndarray, dtype=None) -> np.ndarray:
+        """Rows `ids` dequantized [N, C], in dtype (default float32): an embedding lookup, reading
+        only those rows' blocks."""
         n = len(ids)
-        out = np.empty((n, self.shape[1]), dtype)
+        out = np.empty((n, self.shape[1]), dtype or np.float32)
         self._widen(self.q[ids], f16_to_f32(self.d[ids]),
                     None if self.m is None else f16_to_f32(self.m[ids]), out, scaled=True)
         return out
@@ -287,7 +290,7 @@ class QuantMatrix:
         np.copyto(out[:, half:], nib, casting="unsafe")                    # high nibbles
         return out
 
-    def matmul_t(self, x: np.ndarray) -> np.ndarray:
+    def matmul(self, x: np.ndarray) -> np.ndarray:
         """x [T, C] @ this^T -> [T, R]: the quantized bytes read once, widened a tile at a time."""
         T = x.shape[0]
         R, C = self.shape
@@ -335,7 +338,7 @@ class QuantMatrix:
         return y
 
     def counts(self, T: int, itemsize: int = 4) -> dict:
-        """What `matmul_t` on T rows tells the meter (besides the product's 2·T·R·C FLOPs):
+        """What `matmul` on T rows tells the meter (besides the product's 2·T·R·C FLOPs):
         weights = nbytes; scratch = each widened value and each widened scale (and minimum) written
         once and read once; dequant = element operations: per value 1 cast (Q4: + 1 mask or
         shift), per scale or minimum 7 (f16_to_f32), and then decode: per block and row of x 2
@@ -352,6 +355,8 @@ class QuantMatrix:
             ops += R * C * (1 if self.fmt.name == "q8_0" else 2)
         return {"weights": self.nbytes, "scratch": 2 * itemsize * (R * C + n_s * R * nb), "dequant": ops}
 
+
+    matmul_t = matmul     # its earlier name (x times the transposed rows)
 
     def rows_counts(self, N: int) -> dict:
         """What `rows` on N rows reads and does: their blocks' bytes; per value the cast (Q4: + mask
@@ -375,38 +380,4 @@ def _scratch(n: int, dtype, what: str = "tile") -> np.ndarray:
     return buf[:n]
 
 
-def is_quantized(w) -> bool:
-    return isinstance(w, QuantMatrix)
-
-
-WEIGHTS = ("float32", "q8_0", "q4_0", "native")   # what `minillm.load(weights=...)` accepts (+ "q4_1")
-LINEAR_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-
-
-def quantize_params(params: dict, fmt: Format | str) -> dict:
-    """A GPT-2 float checkpoint's parameters with the matrices quantized as llama.cpp's quantizer
-    keeps them: every linear weight (as its [out, in] rows) and the token embedding wte [V, d] (also
-    the tied LM head) in `fmt`; the position embedding wpe, the biases and the layer norms stay
-    float (GGUF keeps 1-D tensors in F32; wpe is read a few rows per step, never as a whole)."""
-    fmt = get_format(fmt) if isinstance(fmt, str) else fmt
-    out = {}
-    for name, w in params.items():
-        if name == "wte.weight":
-            out[name] = QuantMatrix.quantize(w, fmt)                    # [V, d]
-        elif name.endswith(LINEAR_WEIGHTS):
-            out[name] = QuantMatrix.quantize(np.asarray(w).T, fmt)      # [in, out] -> [out, in] rows
-        else:
-            out[name] = w
-    return out
-
-
-def dequantize_params(params: dict) -> dict:
-    """The float parameters a quantized model computes with (quantize_params undone, up to the
-    rounding it did): linear weights back to [in, out], wte to [V, d]; float ones as they are."""
-    out = {}
-    for name, w in params.items():
-        if isinstance(w, QuantMatrix):
-            out[name] = w.dequantize() if name == "wte.weight" else np.ascontiguousarray(w.dequantize().T)
-        else:
-            out[name] = w
-    return out
+WEIGHTS = ("float32", "q8_0", "q4_0", "q4_1", "native")   # what `minillm.load(weights=...)` accepts

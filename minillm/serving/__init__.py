@@ -1,2 +1,15 @@
-"""Serving: workloads, their metrics and the simulator (serve-sim); an OpenAI-compatible HTTP server
-on the engine loop, its Prometheus metrics, and a load generator to diagnose it with."""
+"""Serving: the engine under a workload and behind an HTTP server, and the numbers a serving
+benchmark reports.
+
+    workloads  who asks for what, and when: seeded generators and a JSONL trace format
+    metrics    a run's numbers (throughput, TTFT, TBT, TPOT, goodput, KV waste, phases) from the
+               engine's requests and steps; `engine_for`/`serve` run a workload (serve-sim)
+    disagg     prefill/decode disaggregation: two engines on their own threads and clocks, the KV
+               handed over a simulated link (`Engine.adopt` on the decode side)
+    loop       `minillm serve`'s engine thread: requests in, tokens and Prometheus counts out
+    api        the OpenAI completions API: parse and check a request, build the replies
+    chat_api   POST /v1/chat/completions on top of the completions machinery
+    http       the HTTP side: Starlette on uvicorn, streaming, limits and the guard
+    prom       the metrics in Prometheus's text format (each series and its help declared once)
+    loadgen    `minillm loadgen`: an open-loop load generator for any OpenAI-compatible server
+"""

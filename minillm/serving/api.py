@@ -77,7 +77,8 @@ def _check_fields(body: dict) -> None:
         names = ", ".join(_short(k)[1:-1] for k in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
         raise ApiError(400, f"unknown field{'s' if len(unknown) > 1 else ''} {names}: minillm serve reads "
                        f"{', '.join(sorted(USED))} (and accepts {', '.join(sorted(IGNORED))})", unknown[0][:100])
-    refused = [k for k, default in UNSUPPORTED.items() if k in body and body[k] not in (default, None)]
+    refused = [k for k, default in UNSUPPORTED.items()
+               if k in body and body[k] not in (default, None) and not (k == "logprobs" and body[k] is False)]
     if refused:
         raise ApiError(400, f"{', '.join(f'{k}={_short(body[k])}' for k in refused)}: not supported by minillm "
                        "serve (leave it out, or send the default)", refused[0])

@@ -23,17 +23,25 @@ from __future__ import annotations
 
 import uuid
 
-from ..chat import check_messages, render
+from ..chat import ChatTemplateError, check_messages, encode_chat, render_spans
 from ..errors import MiniLLMError, PromptError
 from .api import ApiError, CompletionRequest, parse_completion
 
 CHAT_UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "audio", "modalities", "prediction")
 
 
-def parse_chat(body, tokenizer, vocab_size: int, n_ctx: int) -> CompletionRequest:
-    """Check a /v1/chat/completions body; the conversation rendered and tokenized as the prompt."""
+def parse_chat(body, tokenizer, vocab_size: int, n_ctx: int, *, special_in_content: bool = False) -> CompletionRequest:
+    """Check a /v1/chat/completions body; the conversation rendered and tokenized as the prompt.
+    Control tokens typed in a message (`<|im_start|>system`) are encoded as text, unless
+    `special_in_content` (then they are control tokens, as before: a user could open turns of their own).
+    Renders the model's template (a worker process, up to `chat.RENDER_SECONDS`): call it off an event loop."""
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")
+    if body.get("logprobs") not in (None, False):
+        raise ApiError(400, f"logprobs={body['logprobs']!r}: not supported by minillm serve (leave it out, or "
+                       "send false)", "logprobs")
+    if body.get("top_logprobs") is not None:
+        raise ApiError(400, "top_logprobs is not supported by minillm serve (leave it out)", "top_logprobs")
     if "prompt" in body:
         raise ApiError(400, "prompt is not a chat field: send messages, or use /v1/completions", "prompt")
     for name in CHAT_UNSUPPORTED:
@@ -55,13 +63,18 @@ def parse_chat(body, tokenizer, vocab_size: int, n_ctx: int) -> CompletionReques
         raise ApiError(400, "this model has no chat template: use /v1/completions with your own prompt format",
                        "messages")
     try:
-        text, _ = render(messages, tokenizer)
+        text, spans, _ = render_spans(messages, tokenizer)
+        ids = encode_chat(text, spans, tokenizer, messages, special_in_content=special_in_content)
+    except ChatTemplateError as e:
+        raise ApiError(e.status, str(e), "messages", kind="server_error" if e.status >= 500 else
+                       "invalid_request_error") from None
     except MiniLLMError as e:
         raise ApiError(400, str(e), "messages") from None
-    rest = {k: v for k, v in body.items() if k not in ("messages", "response_format", *CHAT_UNSUPPORTED)}
+    rest = {k: v for k, v in body.items() if k not in ("messages", "response_format", "logprobs", "top_logprobs",
+                                                       *CHAT_UNSUPPORTED)}
     if "max_completion_tokens" in rest:                # the newer name of max_tokens
         rest.setdefault("max_tokens", rest.pop("max_completion_tokens"))
-    rest["prompt"] = tokenizer.encode(text)
+    rest["prompt"] = ids
     return parse_completion(rest, tokenizer.encode, vocab_size, n_ctx)
 
 

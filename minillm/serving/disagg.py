@@ -21,15 +21,14 @@ has no work.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.block_manager import Match
 from ..engine.engine import Engine, Request
 from ..errors import MiniLLMError
-from .metrics import latency, per_request, step_fit
+from ..threads import limited
+from .metrics import engine_for, latency, per_request, step_fit
 
 
 @dataclass
@@ -51,14 +50,6 @@ class Handoff:
 
     def __post_init__(self) -> None:
         self.nbytes = self.k.nbytes + self.v.nbytes
-
-
-def limited(threads: int | None):
-    """BLAS on `threads` threads for the block (threadpoolctl); None leaves it as it is."""
-    if threads is None:
-        return contextlib.nullcontext()
-    from threadpoolctl import threadpool_limits
-    return threadpool_limits(limits=threads, user_api="blas")
 
 
 def measure_copy_gbps(nbytes: int = 32 * 2**20, rounds: int = 5) -> float:
@@ -96,27 +87,12 @@ def export_kv(cache) -> tuple[np.ndarray, np.ndarray]:
 
 
 def import_kv(engine: Engine, h: Handoff) -> Request | None:
-    """Give a handed-off request to the decode engine: blocks from its pool, the KV written into
-    them, the sequence put among the running with its first token pending. None (nothing taken)
-    when the engine has no free slot or not enough free blocks now."""
-    sched, blocks = engine.scheduler, engine.blocks
-    T = len(h.prompt)
-    if len(sched.running) >= sched.max_seqs or blocks.blocks_for(T + 1) > blocks.n_free:
-        return None
+    """Give a handed-off request to the decode engine (`Engine.adopt`: blocks from its pool, the KV
+    written into them, the sequence among the running with its first token pending). None (nothing
+    taken) when the engine has no free slot or not enough free blocks now."""
     req = engine.new_request(h.prompt, h.max_new_tokens, h.sampling, arrival=h.arrival,
                              request_id=h.request_id, stop_ids=h.stop_ids)
-    seq = req.seq
-    seq.output = [h.first]
-    seq.rng = h.rng
-    engine.add(req)                        # queued ...
-    sched.waiting.remove(seq)              # ... and taken at once, its KV already computed:
-    blocks.admit(seq, Match())             # blocks for the prompt and the pending first token
-    cache = seq.cache
-    for layer in range(h.k.shape[0]):
-        cache.write(layer, 0, h.k[layer], h.v[layer])
-    cache.advance(T)
-    sched.running.append(seq)
-    return req
+    return req if engine.adopt(req, h.k, h.v, output=[h.first], rng=h.rng) else None
 
 
 class Disaggregated:
@@ -185,17 +161,17 @@ class Disaggregated:
             e = self.prefill
             e.time = max(e.time, tp)
             with limited(self.p_threads):
-                made = e.step()
-            for req, tok in made:
+                info = e.step()
+            for req, tok in (info.made if info else []):
                 self._hand_over(req, tok)
         else:
             e = self.decode
             e.time = max(e.time, td)
             self._take()
             with limited(self.d_threads):
-                e.step()
-        if self.on_step is not None and e.steps:
-            self.on_step(e, e.steps[-1])
+                info = e.step()
+        if self.on_step is not None and info is not None:
+            self.on_step(e, info)
         return True
 
     def _hand_over(self, req: Request, tok: int) -> None:
@@ -272,20 +248,17 @@ class OnThreads:
 
 
 def run_interleaved(runners: list) -> None:
-    """Step each runner (an engine, OnThreads, Disaggregated) in turn, one step each, until all are
-    done: each keeps its own simulated clock, and a passing load on the machine slows a step of each
-    of them, not the whole run of one."""
+    """Step each runner (anything with `has_work` and `step()`: an engine, OnThreads, Disaggregated)
+    in turn, one step each, until all are done: each keeps its own simulated clock, and a passing
+    load on the machine slows a step of each of them, not the whole run of one. (An engine that can
+    run nothing with no request on its way raises from its own `step`.)"""
     live = list(runners)
     while live:
         for r in list(live):
             if not r.has_work:
                 live.remove(r)
                 continue
-            e = getattr(r, "engine", r)
-            n, t = getattr(e, "n_steps", None), getattr(e, "time", None)
             r.step()
-            if isinstance(e, Engine) and e.n_steps == n and e.time == t:
-                raise MiniLLMError("the scheduler can run nothing and no request is on its way (a bug)")
 
 
 def run_summary(rows: list[tuple], engines: list[Engine], slo: dict | None, label: str, ids=None,
@@ -307,14 +280,6 @@ def run_summary(rows: list[tuple], engines: list[Engine], slo: dict | None, labe
             "per_request": per_request(rows, ids if ids is not None else list(range(len(rows)))), **extra}
 
 
-def colocated_engine(model, items, *, max_batched_tokens: int = 256, **engine_kw) -> Engine:
-    """One engine with the requests queued (not run)."""
-    e = Engine(model, **engine_kw, max_batched_tokens=max_batched_tokens)
-    for w in items:
-        e.add_request(w.prompt, w.max_tokens, w.sampling, arrival=w.arrival)
-    return e
-
-
 def colocated_summary(e: Engine, threads: int | None, slo: dict | None = None, label: str = "") -> dict:
     rows = [(r.arrival, r.token_times, r.done) for r in e.requests.values()]
     return run_summary(rows, [e], slo, label, ids=list(e.requests), threads=threads, kv_bytes_moved=0, link_seconds=0.0,
@@ -324,7 +289,7 @@ def colocated_summary(e: Engine, threads: int | None, slo: dict | None = None, l
 def colocated(model, items, *, threads: int, slo: dict | None = None, label: str = "",
               **engine_kw) -> tuple[dict, Engine]:
     """The same requests through one engine on `threads` BLAS threads; summarised as the split is."""
-    e = colocated_engine(model, items, **engine_kw)
+    e = engine_for(model, items, **engine_kw)
     with limited(threads):
         e.run()
     return colocated_summary(e, threads, slo, label), e

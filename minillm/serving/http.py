@@ -23,12 +23,21 @@ What the stack is trusted with, and what this module adds on top (`Limits`):
                 not a loopback name is refused (DNS rebinding), and so is any request whose Origin
                 is not the Host it was sent to (a web page posting cross-site); POST bodies must be
                 application/json (a form or text/plain post from a page is refused)
+  templates     a chat template renders in a worker process with a time and size budget
+                (minillm.chat), awaited from a thread: the event loop never runs one
+  shutdown      at SIGTERM new requests get 503; running ones have `grace` seconds to finish, and
+                shortly before it ends the engine cancels what is left, so every client still gets a
+                proper ending: a plain request a JSON 503, a stream a last chunk with finish_reason
+                "abort" (vLLM's name for a request the server ended) and `data: [DONE]`
+  descriptors   out of file descriptors, a failed accept() is logged once per `FD_LOG_INTERVAL`
+                seconds with a count (asyncio would log a traceback for every try)
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
+import errno
 import hmac
 import ipaddress
 import json
@@ -50,7 +59,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ..tokenizer import tokenizer
+from ..bpe import tokenizer
 from .chat_api import chat_chunk, chat_completion, new_chat_id, parse_chat
 from .api import ApiError, completion, error_body, models, new_id, parse_completion, parse_json, usage
 from .loop import EngineLoop
@@ -58,6 +67,8 @@ from .loop import EngineLoop
 GONE = 499                          # nginx's "client closed request": logged, never sent, not a rejection
 METHODS = {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"}
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
+FD_LOG_INTERVAL = 10.0             # seconds between two "out of file descriptors" lines
+SHUTDOWN_MARGIN = 1.0              # seconds before the grace period ends that running requests are ended
 PHRASES = {400: "Bad Request", 408: "Request Timeout", 414: "URI Too Long", 431: "Request Header Fields Too Large",
            501: "Not Implemented", 503: "Service Unavailable"}
 
@@ -202,8 +213,10 @@ class Front:
     """The API as a Starlette app, with the checks every request passes first (`guard`)."""
 
     def __init__(self, loop: EngineLoop, model_name: str, *, limits: Limits, api_key: str | None,
-                 metrics_key: bool, loopback: bool, log=None) -> None:
+                 metrics_key: bool, loopback: bool, log=None, special_in_messages: bool = False) -> None:
         self.loop, self.model_name, self.limits, self.log = loop, model_name, limits, log
+        self.special_in_messages = special_in_messages
+        self.stopping = False
         self.api_key = api_key.encode() if api_key else None
         self.metrics_key, self.loopback = metrics_key, loopback
         self.enc = enc = tokenizer(loop.model)            # the model's own tokenizer
@@ -219,7 +232,7 @@ class Front:
     # -- what every request passes -----------------------------------------------------------------
 
     def reject(self, code: int) -> None:
-        self.loop.metrics.inc("requests_rejected_total", "", code=code)
+        self.loop.metrics.inc("requests_rejected_total", code=code)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -341,8 +354,9 @@ class Front:
         try:
             body = parse_json(await self.read_body(request))
             cfg = loop.model.config
-            if chat:
-                req = parse_chat(body, self.enc, cfg.vocab_size, cfg.n_ctx)
+            if chat:                  # the template runs in a worker process: wait for it off the event loop
+                req = await asyncio.to_thread(parse_chat, body, self.enc, cfg.vocab_size, cfg.n_ctx,
+                                              special_in_content=self.special_in_messages)
             else:
                 req = parse_completion(body, self.encode, cfg.vocab_size, cfg.n_ctx)
             wait = loop.metrics.get("queue_expected_wait_seconds")
@@ -373,6 +387,9 @@ class Front:
                 return api_error(ApiError(503, f"the request waited {limits.max_queue_wait:g} s without starting "
                                           "(the server is at capacity): try again later", kind="server_error",
                                           headers=self.retry_after(wait)))
+            if first[0] == "done" and first[1] not in ("stop", "length"):
+                ended = True              # cancelled (a shutdown) or failed before its first token
+                return api_error(self.failure(first[1]))
             if req.stream:
                 gone.cancel()
                 ended = True              # from here the stream's generator owns the request
@@ -388,7 +405,7 @@ class Front:
         except ClientGone:
             loop.cancel(r)
             ended = True
-            loop.metrics.inc("client_disconnects_total", "")
+            loop.metrics.inc("client_disconnects_total")
             return Response(status_code=GONE)         # the client has gone: nobody reads it
         finally:
             gone.cancel()
@@ -408,6 +425,13 @@ class Front:
             return ApiError(503, "the server is shutting down: the request was cancelled", kind="server_error",
                             headers={"Retry-After": "5"})
         return ApiError(500, f"the engine failed this request ({self.loop.last_error or reason})", kind="server_error")
+
+    def stop_running(self) -> None:
+        """At shutdown, shortly before the grace period ends: cancel every running request, so its
+        handler answers (503, or a stream's last chunk) before uvicorn would cancel the handler."""
+        self.stopping = True
+        for r in list(self.loop.live.values()):
+            self.loop.cancel(r)
 
     def take(self, r, text: Text, event) -> tuple[str, str | None, bool]:
         """One event: (text to show, finish reason or None, whether the request has ended)."""
@@ -430,7 +454,9 @@ class Front:
                 yield self.chunk(chat_chunk(cid, name, created, role=True))
             while True:
                 piece, finish, ended = self.take(r, text, event)
-                if ended and finish not in ("stop", "length"):
+                if ended and finish == "cancelled" and self.stopping:
+                    finish = "abort"          # the server is stopping: the stream still ends as streams end
+                elif ended and finish not in ("stop", "length"):
                     e = self.failure(finish)
                     yield b"data: " + json.dumps(e.body()).encode() + b"\n\n"
                     return                    # no [DONE]: the stream did not complete
@@ -456,7 +482,7 @@ class Front:
         finally:
             if not ended:                     # the client left (Starlette cancelled us): stop the work
                 self.loop.cancel(r)
-                self.loop.metrics.inc("client_disconnects_total", "")
+                self.loop.metrics.inc("client_disconnects_total")
 
     @staticmethod
     def chunk(body: dict) -> bytes:
@@ -561,25 +587,80 @@ def listen_socket(host: str, port: int, backlog: int) -> socket.socket:
     return sock
 
 
+class AcceptErrors:
+    """The event loop's exception handler: running out of file descriptors (EMFILE and kin, on
+    accept) is logged once per `interval` with a count, not as a traceback per try (asyncio tries
+    up to `backlog` accepts per wake-up and schedules a retry of the listener for each failure);
+    the retries that fire after the listener has closed are dropped; the rest go to asyncio's own
+    handler."""
+
+    RESOURCE = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+    def __init__(self, interval: float = FD_LOG_INTERVAL, write=None) -> None:
+        self.interval, self.count, self.last = interval, 0, -math.inf
+        self.write = write or (lambda line: print(line, file=sys.stderr, flush=True))
+
+    def __call__(self, aloop, context) -> None:
+        exc = context.get("exception")
+        if isinstance(exc, OSError) and exc.errno in self.RESOURCE:
+            self.count += 1
+            now = time.monotonic()
+            if now - self.last >= self.interval:
+                self.write(f"minillm serve: cannot accept connections ({exc.strerror or exc}): "
+                           f"{self.count} failed accept() tries since the last such line (waiting clients stay "
+                           f"in the backlog); raise the open-file limit (ulimit -n) or lower --max-connections "
+                           f"(next such line in {self.interval:g} s at the soonest)")
+                self.last, self.count = now, 0
+            return
+        callback = getattr(context.get("handle"), "_callback", None)
+        if getattr(callback, "__name__", "") == "_start_serving" and isinstance(exc, (ValueError, OSError)):
+            return                # asyncio's retry of an accept (one per failed try) after the listener closed
+        aloop.default_exception_handler(context)
+
+
+class Uvicorn(uvicorn.Server):
+    """uvicorn's server, with this server's shutdown (`Front.stop_running` before the grace period
+    ends) and exception handler (`AcceptErrors`)."""
+
+    def __init__(self, config, front: "Front") -> None:
+        super().__init__(config)
+        self.front = front
+
+    async def startup(self, sockets=None) -> None:
+        asyncio.get_running_loop().set_exception_handler(AcceptErrors())
+        await super().startup(sockets)
+
+    async def shutdown(self, sockets=None) -> None:
+        self.front.loop.accepting = False             # new requests get 503 from now on
+        grace = self.config.timeout_graceful_shutdown or 0.0
+        timer = asyncio.get_running_loop().call_later(max(0.0, grace - min(SHUTDOWN_MARGIN, grace / 2)),
+                                                      self.front.stop_running)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
+
+
 class Server:
     """The API served by uvicorn on one listening socket. `serve()` blocks (the command, main
     thread: uvicorn's SIGINT/SIGTERM handling applies); `start()` runs it on a thread (tests)."""
 
     def __init__(self, address: tuple[str, int], loop: EngineLoop, model_name: str, *, limits: Limits | None = None,
-                 api_key: str | None = None, metrics_key: bool = False, log=None) -> None:
+                 api_key: str | None = None, metrics_key: bool = False, log=None,
+                 special_in_messages: bool = False) -> None:
         self.limits = limits or Limits()
         self.sock = listen_socket(*address, self.limits.backlog)
         self.server_address = self.sock.getsockname()[:2]
         self.loopback = is_loopback_host(address[0])
         self.loop = loop
         self.front = Front(loop, model_name, limits=self.limits, api_key=api_key, metrics_key=metrics_key,
-                           loopback=self.loopback, log=log)
+                           loopback=self.loopback, log=log, special_in_messages=special_in_messages)
         config = uvicorn.Config(self.front, http=protocol_for(self.front), ws="none", lifespan="off",
                                 loop="asyncio", backlog=self.limits.backlog, timeout_keep_alive=self.limits.keep_alive,
                                 timeout_graceful_shutdown=self.limits.grace, h11_max_incomplete_event_size=
                                 self.limits.max_header, log_config=None, access_log=False, server_header=False,
                                 log_level="warning")
-        self.uvicorn = uvicorn.Server(config)
+        self.uvicorn = Uvicorn(config, self.front)
         self.thread: threading.Thread | None = None
 
     def serve(self) -> None:

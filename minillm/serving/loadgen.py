@@ -6,7 +6,12 @@ server's figures sit beside the simulator's), sent at their arrival times whatev
 server builds a queue, as real traffic does), each one streaming, each in its own thread. The
 client measures what a user feels: time to first token (request sent -> first text), time between
 tokens, end-to-end latency, and output tokens per second over the run. Before and after, it reads
-the server's /metrics (minillm's only), so the report can say where the server's time went.
+the server's /metrics by that engine's own names (minillm, vLLM, llama.cpp: serving/engines.py), so
+the report can say where the server's time went; a server that exports no phase timings gets no verdict.
+
+Prompts are sent as TEXT, so a server of any vocabulary accepts them: each workload id becomes a
+word that is one token to the measuring tokenizer (the target model's, when given, else GPT-2's), so
+a prompt of n ids is a text of n tokens to it, and prompts that share ids share their text.
 
 A request counts as ok only if its stream ended as the API says a finished one does: a finish_reason
 of "stop" or "length" and then `data: [DONE]`. A stream cut off, or ended by an error event, or an
@@ -18,16 +23,16 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 from collections import Counter
 import threading
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-import numpy as np
-
 from ..errors import MiniLLMError
-from .metrics import goodput, request_tpot
+from .engines import NO_TIMINGS, difference, flavour, phase_verdict, quantities
+from .metrics import goodput, pct, request_tpot
 from .prom import parse
 from .workloads import WorkItem, load_workload
 
@@ -44,6 +49,7 @@ class Result:
     chunks: int = 0
     finish: str | None = None
     done: bool = False
+    prompt_tokens: int | None = None          # as the server counted them (its usage chunk), if it says
 
     @property
     def ok(self) -> bool:
@@ -57,6 +63,8 @@ class Result:
             return str(self.status)
         if self.error:
             return self.error.split(":")[0]
+        if self.finish == "abort":
+            return "abort"
         return "incomplete"
 
 
@@ -75,10 +83,11 @@ class Target:
         return h
 
 
-def one(target: Target, item: WorkItem, result: Result, timeout: float) -> None:
+def one(target: Target, item: WorkItem, result: Result, timeout: float, prompt: str | None = None) -> None:
     try:
         conn = http.client.HTTPConnection(target.host, target.port, timeout=timeout)
-        body = {"prompt": item.prompt, "max_tokens": item.max_tokens, "temperature": item.temperature,
+        body = {"prompt": item.prompt if prompt is None else prompt, "max_tokens": item.max_tokens,
+                "temperature": item.temperature,
                 "stream": True, "stream_options": {"include_usage": True}}
         if target.model:
             body["model"] = target.model
@@ -104,6 +113,7 @@ def one(target: Target, item: WorkItem, result: Result, timeout: float) -> None:
                 break
             if chunk.get("usage"):
                 result.tokens = chunk["usage"]["completion_tokens"]
+                result.prompt_tokens = chunk["usage"].get("prompt_tokens")
             if chunk.get("choices"):
                 choice = chunk["choices"][0]
                 if choice.get("finish_reason"):
@@ -138,19 +148,45 @@ def slo_figures(results: list[Result], wall: float, slo: dict | None) -> dict:
 
 def server_metrics(target: Target) -> dict:
     """The server's /metrics samples, or {} if it has none (not every server exports them)."""
-    conn = http.client.HTTPConnection(target.host, target.port, timeout=10)
-    conn.request("GET", target.prefix + "/metrics", headers=target.headers())
-    r = conn.getresponse()
-    text = r.read().decode(errors="replace")
+    try:
+        conn = http.client.HTTPConnection(target.host, target.port, timeout=10)
+        conn.request("GET", target.prefix + "/metrics", headers=target.headers())
+        r = conn.getresponse()
+        text = r.read().decode(errors="replace")
+    except (OSError, http.client.HTTPException):
+        return {}
     return parse(text) if r.status == 200 else {}
 
 
-def pct(values, q):
-    return float(np.percentile(values, q)) if values else None
+def prompt_words(enc, gpt2=None) -> list[str]:
+    """Words (" apple") that are one token each to `enc`, from GPT-2's vocabulary, in its order."""
+    if gpt2 is None:
+        from ..bpe import tokenizer
+        gpt2 = tokenizer()
+    words = []
+    for i in range(gpt2.n_vocab):
+        try:
+            piece = gpt2.decode_single_token_bytes(i)
+        except KeyError:
+            continue
+        if re.fullmatch(rb" [a-z]{3,9}", piece) and len(enc.encode(piece.decode())) == 1:
+            words.append(piece.decode())
+    if len(words) < 16:
+        raise MiniLLMError("the measuring tokenizer reads fewer than 16 common English words as one token each: "
+                           "loadgen cannot build prompts of known lengths with it")
+    return words
+
+
+def text_prompt(ids: list[int], words: list[str]) -> str:
+    """A text of len(ids) words, one token each: equal ids give equal words (shared prefixes stay shared)."""
+    return "".join(words[i % len(words)] for i in ids)
 
 
 def run_load(url: str, workload: str, rate: float, n: int, seed: int = 0, timeout: float = 300.0,
-             slo: dict | None = None, api_key: str | None = None, model: str | None = None) -> dict:
+             slo: dict | None = None, api_key: str | None = None, model: str | None = None,
+             tokenizer=None, tokenizer_name: str = "GPT-2") -> dict:
+    """Send the workload; what clients felt and what the server's /metrics say. `tokenizer` measures
+    the prompts (the target model's, when known; None: GPT-2's, named `tokenizer_name` in the report)."""
     parts = urlsplit(url if "://" in url else f"http://{url}")
     if parts.scheme != "http" or not parts.hostname:
         raise MiniLLMError(f"--url {url!r}: expected http://HOST:PORT (the address the server printed)")
@@ -173,18 +209,26 @@ def run_load(url: str, workload: str, rate: float, n: int, seed: int = 0, timeou
         raise MiniLLMError(f"{url}/v1/models answered {r.status} without a model list: is it an "
                            "OpenAI-compatible server?") from None
     target.model = target.model or card.get("id")
-    n_ctx = card.get("max_model_len") or 1024
+    n_ctx = card.get("max_model_len") or (card.get("meta") or {}).get("n_ctx_train") or 1024
+    if not isinstance(n_ctx, int) or n_ctx < 2:
+        n_ctx = 1024
     before = server_metrics(target)
     items = load_workload(workload, rate=rate, n=n, seed=seed, n_ctx=n_ctx)
+    if tokenizer is None:
+        from ..bpe import tokenizer as gpt2_tokenizer
+        tokenizer = gpt2_tokenizer()
+    words = prompt_words(tokenizer)
+    prompts = [text_prompt(item.prompt, words) for item in items]
+    measured = [len(tokenizer.encode(p)) for p in prompts]
     results, threads = [], []
     t0 = time.perf_counter()
-    for item in items:
+    for item, prompt in zip(items, prompts):
         delay = t0 + item.arrival - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
         res = Result(sent=time.perf_counter())
         results.append(res)
-        th = threading.Thread(target=one, args=(target, item, res, timeout), daemon=True)
+        th = threading.Thread(target=one, args=(target, item, res, timeout, prompt), daemon=True)
         th.start()
         threads.append(th)
     for th in threads:
@@ -195,25 +239,24 @@ def run_load(url: str, workload: str, rate: float, n: int, seed: int = 0, timeou
     ttft = [r.first - r.sent for r in ok if r.first is not None]
     tbt = [g for r in ok for g in r.gaps]
     e2e = [r.end - r.sent for r in ok]
-    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-    prefill_s = delta.get('minillm_step_seconds_total{phase="prefill"}', 0.0)
-    decode_s = delta.get('minillm_step_seconds_total{phase="decode"}', 0.0)
+    kind = flavour(after) or flavour(before)
+    d = difference(quantities(before, kind), quantities(after, kind))
+    verdict = phase_verdict(d)
+    counted = [r.prompt_tokens for r in results if r.prompt_tokens is not None]
     return slo_figures(results, wall, slo) | {
         "url": f"http://{host}:{port}", "workload": workload, "rate": rate, "requests": len(items), "ok": len(ok),
         "model": target.model,
+        "prompt_tokens": sum(measured), "prompt_tokens_wanted": sum(len(item.prompt) for item in items),
+        "prompt_tokenizer": tokenizer_name, "server_prompt_tokens": sum(counted) if counted else None,
         "errors": dict(Counter(r.kind for r in results if not r.ok)),
         "cut_off_tokens": sum(r.chunks for r in results if not r.ok),
         "wall_s": wall, "output_tokens": sum(r.tokens for r in ok),
         "output_tokens_per_s": sum(r.tokens for r in ok) / wall,
         "ttft_p50_s": pct(ttft, 50), "ttft_p95_s": pct(ttft, 95), "tbt_p50_s": pct(tbt, 50), "tbt_p95_s": pct(tbt, 95),
         "e2e_p50_s": pct(e2e, 50), "e2e_p95_s": pct(e2e, 95),
-        "server": {"prefill_s": prefill_s, "decode_s": decode_s,
-                   "weights_bytes": delta.get('minillm_bytes_total{kind="weights"}', 0),
-                   "kv_read_bytes": delta.get('minillm_bytes_total{kind="kv_read"}', 0),
-                   "flops": sum(v for k, v in delta.items() if k.startswith("minillm_flops_total")),
-                   "prefill_tokens": delta.get('minillm_tokens_processed_total{phase="prefill"}', 0),
-                   "decode_tokens": delta.get('minillm_tokens_processed_total{phase="decode"}', 0),
-                   "preemptions": delta.get("minillm_preemptions_total", 0),
-                   "cancelled": delta.get("minillm_requests_cancelled_total", 0),
-                   "bottleneck": "prefill" if prefill_s > decode_s else "decode"} if after else None,
+        "server": {"engine": kind, "prefill_s": d["prefill_s"], "decode_s": d["decode_s"],
+                   "weights_bytes": d["weights_bytes"], "kv_read_bytes": d["kv_read_bytes"], "flops": d["flops"],
+                   "prefill_tokens": d["prefill_tokens"], "decode_tokens": d["decode_tokens"],
+                   "preemptions": d["preemptions"], "cancelled": d["cancelled"], "bottleneck": verdict,
+                   "note": None if verdict else NO_TIMINGS} if after else None,
     }

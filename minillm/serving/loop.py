@@ -31,7 +31,7 @@ class EngineLoop:
         self.model = model
         self.engine = Engine(model, kv_memory=kv_memory, block_size=block_size, prefix_cache=prefix_cache,
                              policy="continuous", max_seqs=max_seqs, max_batched_tokens=max_batched_tokens,
-                             clock=time.monotonic, keep_steps=KEEP_STEPS, on_step=self._view)
+                             clock=time.monotonic, keep_steps=KEEP_STEPS)
         self.view = on_step
         self.pool = self.engine.pool
         self.max_waiting = max_waiting
@@ -98,12 +98,12 @@ class EngineLoop:
                     self._step()
                 except StepFailed as e:           # the requests of that step end; the rest go on
                     self.last_error = str(e)
-                    self.metrics.inc("engine_errors_total", "steps that raised")
+                    self.metrics.inc("engine_errors_total")
                     for r in e.requests:
                         self._finish(r, "error")
                 except Exception as e:            # a bug outside the model step: end what is live, go on
                     self.last_error = f"{e.__class__.__name__}: {e}"
-                    self.metrics.inc("engine_errors_total", "steps that raised")
+                    self.metrics.inc("engine_errors_total")
                     for r in list(self.live.values()):
                         self.engine.abort(r.id, "error")
                         self._finish(r, "error")
@@ -120,7 +120,7 @@ class EngineLoop:
                 try:
                     self.engine.add(r)
                     self.live[r.id] = r
-                    self.metrics.inc("requests_total", "requests admitted to the queue")
+                    self.metrics.inc("requests_total")
                     if r.done:                    # it asked for no new token: answered at once
                         self._finish(r, r.finish_reason)
                 except MiniLLMError:
@@ -128,50 +128,49 @@ class EngineLoop:
             elif what == "cancel" and r.id in self.live:
                 self.engine.abort(r.id)
                 self._finish(r, "cancelled")
-                self.metrics.inc("requests_cancelled_total", "requests cancelled (client gone, or shutdown)")
+                self.metrics.inc("requests_cancelled_total")
             try:
                 item = self.inbox.get_nowait()
             except queue.Empty:
                 return
 
     def _step(self) -> None:
-        before = self.engine.n_steps
-        made = self.engine.step()
-        if self.engine.n_steps > before and self.engine.steps[-1].record is not None:
-            self._count(self.engine.steps[-1])
-        for r, token in made:
+        info = self.engine.step()                 # the one channel: what ran, and the tokens it made
+        if info is None:
+            return
+        self._view(self.engine, info)
+        if info.record is not None:
+            self._count(info)
+        for r, token in info.made:
             if r.id not in self.live:
                 continue
             if len(r.token_times) == 1:
-                self.metrics.observe("time_to_first_token_seconds", "arrival to first token", r.ttft)
-                self.metrics.observe("queue_wait_seconds", "", max(0.0, self.engine.steps[-1].start - r.arrival))
+                self.metrics.observe("time_to_first_token_seconds", r.ttft)
+                self.metrics.observe("queue_wait_seconds", max(0.0, info.start - r.arrival))
             else:
-                self.metrics.observe("time_between_tokens_seconds", "time between a request's tokens",
-                                     r.token_times[-1] - r.token_times[-2])
-            self.metrics.inc("generated_tokens_total", "tokens generated for clients")
+                self.metrics.observe("time_between_tokens_seconds", r.token_times[-1] - r.token_times[-2])
+            self.metrics.inc("generated_tokens_total")
             r.events.put(("token", token))
             if r.done:
                 self._finish(r, r.finish_reason)
 
     def _count(self, info) -> None:
-        rec = info.record
+        rec, m = info.record, self.metrics
         phase = "decode" if info.prefill_tokens == 0 else "prefill"
-        self.metrics.inc("step_seconds_total", "seconds spent in model steps, by phase (a step with any "
-                         "prompt tokens counts as prefill)", rec.seconds, phase=phase)
-        self.metrics.inc("steps_total", "model steps, by phase", 1, phase=phase)
+        m.inc("step_seconds_total", info.model_seconds, phase=phase)
+        m.inc("steps_total", 1, phase=phase)
         for k in BYTE_KINDS:
-            self.metrics.inc("bytes_total", "bytes moved by the model's steps, by kind", rec.bytes[k], kind=k)
+            m.inc("bytes_total", rec.bytes[k], kind=k)
         for k in FLOP_KINDS:
-            self.metrics.inc("flops_total", "FLOPs done by the model's steps, by kind", rec.flops[k], kind=k)
-        self.metrics.set("achieved_gbps", "GB/s moved by the last step", rec.gbps)
-        self.metrics.set("step_intensity", "FLOPs per byte of the last step", rec.intensity)
-        self.metrics.inc("tokens_processed_total", "tokens run through the model, by phase",
-                         info.prefill_tokens, phase="prefill")
-        self.metrics.inc("tokens_processed_total", "tokens run through the model, by phase",
-                         info.decode_tokens, phase="decode")
+            m.inc("flops_total", rec.flops[k], kind=k)
+        m.set("achieved_gbps", rec.gbps)
+        m.set("step_intensity", rec.intensity)
+        m.inc("tokens_processed_total", info.prefill_tokens, phase="prefill")
+        m.inc("tokens_processed_total", info.decode_tokens, phase="decode")
 
     def _view(self, engine, info) -> None:
-        """The live view, drawn from this thread after each step; a view that fails is switched off."""
+        """The live view, drawn from this thread after each step (before its metrics are counted); a
+        view that fails is switched off."""
         if self.view is not None:
             try:
                 self.view(engine, info)
@@ -182,23 +181,22 @@ class EngineLoop:
         """The request's last event; the engine forgets it (a server runs for days)."""
         if reason in ("stop", "length") and len(r.token_times) > 1:
             t = r.token_times
-            self.metrics.observe("time_per_output_token_seconds", "", (t[-1] - t[0]) / (len(t) - 1))
+            self.metrics.observe("time_per_output_token_seconds", (t[-1] - t[0]) / (len(t) - 1))
         self.live.pop(r.id, None)
         self.engine.forget(r.id)
         r.events.put(("done", reason))
 
     def _gauges(self) -> None:
-        e = self.engine
+        e, m = self.engine, self.metrics
         free = e.blocks.n_free
-        self.metrics.set("requests_running", "requests in the running batch", len(e.scheduler.running))
-        self.metrics.set("requests_waiting", "requests waiting for admission", len(e.scheduler.waiting))
-        self.metrics.set("kv_blocks_used", "KV-cache blocks held by requests", e.blocks.num_blocks - free)
-        self.metrics.set("kv_blocks_free", "KV-cache blocks free (cached prefixes nobody holds included)", free)
-        self.metrics.set("preemptions_total", "", e.scheduler.preemptions)
-        self.metrics.set("queue_expected_wait_seconds", "", self.expected_wait())
+        m.set("requests_running", len(e.scheduler.running))
+        m.set("requests_waiting", len(e.scheduler.waiting))
+        m.set("kv_blocks_used", e.blocks.num_blocks - free)
+        m.set("kv_blocks_free", free)
+        m.set("preemptions_total", e.scheduler.preemptions)
+        m.set("queue_expected_wait_seconds", self.expected_wait())
         if e.blocks.prefix_cache:
-            self.metrics.set("prefix_cache_hit_rate", "prompt positions found in the prefix cache",
-                             e.blocks.hit_rate)
+            m.set("prefix_cache_hit_rate", e.blocks.hit_rate)
 
     # -- added for the HTTP front end (issue 21) ------------------------------------------------------
 
@@ -213,7 +211,7 @@ class EngineLoop:
         running, waiting, ahead = list(sched.running), list(sched.waiting), self.inbox.qsize()
         if len(running) < sched.max_seqs and not waiting and not ahead:
             return 0.0
-        times = [s.record.seconds for s in list(e.steps)[-16:] if s.record is not None]
+        times = [s.model_seconds for s in list(e.steps)[-16:] if s.record is not None]
         step_s = sorted(times)[len(times) // 2] if times else 0.05
         slots = sorted(max(0, s.max_new_tokens - len(s.output)) for s in running)
         slots = [0] * max(0, sched.max_seqs - len(slots)) + slots

@@ -44,6 +44,7 @@ SLO_KEYS = {"ttft": "time to first token", "tpot": "time per output token"}
 
 
 def pct(values, q: float) -> float | None:
+    """The q-th percentile of the values (numpy's linear interpolation); None when there are none."""
     return float(np.percentile(values, q)) if len(values) else None
 
 
@@ -201,7 +202,7 @@ def summarize(engine, label: str | None = None, hw=None, slo: dict | None = None
         "phases": phases(steps, hw),
         "worst_stall": worst_stall(steps),
         "per_request": per_request([(r.arrival, r.token_times, r.done) for r in reqs], [r.id for r in reqs]),
-        "scheduler_overhead_share": 1 - sum(s.record.seconds for s in steps if s.record is not None) / (
+        "scheduler_overhead_share": 1 - sum(s.model_seconds for s in steps if s.record is not None) / (
             sum(s.seconds for s in steps) or 1.0) if steps and steps[0].record is not None else None,
     }
     return result
@@ -246,11 +247,18 @@ def phases(steps, hw=None) -> dict:
     return out
 
 
+def engine_for(model, items, **engine_kw) -> Engine:
+    """A fresh engine (on simulated time unless `clock=` is given) with a workload's requests (a
+    list of WorkItem) queued, not run."""
+    engine = Engine(model, **engine_kw)
+    for w in items:
+        engine.add_request(w.prompt, w.max_tokens, w.sampling, arrival=w.arrival)
+    return engine
+
+
 def serve(model, items, *, label: str | None = None, hw=None, on_step=None, **engine_kw):
     """Run a workload (a list of WorkItem) through a fresh engine on simulated time; returns
     (summary, engine). `serve-sim`, the lessons and the benchmarks all run workloads through here."""
-    engine = Engine(model, on_step=on_step, **engine_kw)
-    for w in items:
-        engine.add_request(w.prompt, w.max_tokens, w.sampling, arrival=w.arrival)
+    engine = engine_for(model, items, on_step=on_step, **engine_kw)
     engine.run()
     return summarize(engine, label, hw), engine

@@ -22,7 +22,8 @@ TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 REJECT_CODES = (400, 401, 403, 404, 405, 408, 413, 414, 415, 429, 431, 500, 501, 503)
 
-# name -> (type, help, label sets shown at 0 from the start, buckets for a histogram)
+# name -> (type, help, label sets shown at 0 from the start, buckets for a histogram). The help shown
+# by /metrics is written here only: the code that counts names the series and gives its value.
 SERIES: dict[str, tuple] = {
     "requests_total": ("counter", "requests admitted to the queue", [{}]),
     "requests_cancelled_total": ("counter", "requests cancelled before they ended (client gone, stop string, "
@@ -55,6 +56,11 @@ SERIES: dict[str, tuple] = {
                            "(a prompt prefilled in chunks: its earlier chunks' steps included)", WAIT_BUCKETS),
 }
 
+# Series only some servers have (a prefix cache's hit rate), shown once set: name -> (type, help).
+SOMETIMES: dict[str, tuple] = {
+    "prefix_cache_hit_rate": ("gauge", "prompt positions found in the prefix cache"),
+}
+
 
 class Histogram:
     def __init__(self, buckets=LATENCY_BUCKETS) -> None:
@@ -85,12 +91,19 @@ def number(value) -> str:
     return repr(value)
 
 
+def key_of(labels: dict) -> tuple:
+    """A sample's labels as a sorted tuple of (name, value as text): its key in a series."""
+    return tuple(sorted((k, str(v)) for k, v in labels.items()))
+
+
 def label_value(v) -> str:
     return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 class Registry:
-    """name -> (help, type, {labels: value}); histograms by name. Names get the `minillm_` prefix."""
+    """name -> (help, type, {labels: value}); histograms by name. Names get the `minillm_` prefix.
+    A series' type and help come from SERIES or SOMETIMES (a name declared in neither is a
+    counter or gauge without help)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -100,35 +113,33 @@ class Registry:
             if kind == "histogram":
                 self.histograms[name] = (help_, Histogram(extra))
             else:
-                slot = self.values.setdefault(name, (help_, kind, {}))[2]
+                slot = self._slot(name, kind)
                 for labels in extra:
-                    slot[tuple(sorted(labels.items()))] = 0
+                    slot[key_of(labels)] = 0
 
-    def _slot(self, name, help_, kind):
-        if name in SERIES:
-            help_ = SERIES[name][1]
+    def _slot(self, name: str, kind: str) -> dict:
+        kind, help_ = (SERIES.get(name) or SOMETIMES.get(name) or (kind, ""))[:2]
         return self.values.setdefault(name, (help_, kind, {}))[2]
 
-    def inc(self, name: str, help_: str, amount: float = 1, **labels) -> None:
+    def inc(self, name: str, amount: float = 1, **labels) -> None:
         with self.lock:
-            slot = self._slot(name, help_, "counter")
-            key = tuple(sorted((k, str(v)) for k, v in labels.items()))
+            slot = self._slot(name, "counter")
+            key = key_of(labels)
             slot[key] = slot.get(key, 0) + amount
 
-    def set(self, name: str, help_: str, value: float, **labels) -> None:
-        kind = SERIES[name][0] if name in SERIES else "gauge"     # a cumulative count set whole stays a counter
-        with self.lock:
-            self._slot(name, help_, kind)[tuple(sorted((k, str(v)) for k, v in labels.items()))] = value
+    def set(self, name: str, value: float, **labels) -> None:
+        with self.lock:           # a cumulative count set whole stays a counter (SERIES says which)
+            self._slot(name, "gauge")[key_of(labels)] = value
 
-    def observe(self, name: str, help_: str, value: float) -> None:
+    def observe(self, name: str, value: float) -> None:
         with self.lock:
             if name not in self.histograms:
-                self.histograms[name] = (help_, Histogram())
+                self.histograms[name] = ("", Histogram())
             self.histograms[name][1].observe(value)
 
     def get(self, name: str, **labels) -> float:
         with self.lock:
-            return self.values.get(name, ("", "", {}))[2].get(tuple(sorted((k, str(v)) for k, v in labels.items())), 0)
+            return self.values.get(name, ("", "", {}))[2].get(key_of(labels), 0)
 
     def render(self) -> str:
         lines = []

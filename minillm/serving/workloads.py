@@ -35,6 +35,7 @@ import numpy as np
 
 from ..engine.sequence import SamplingParams
 from ..errors import MiniLLMError
+from ..paths import atomic_write
 
 WORKLOADS = ("poisson", "shared-prefix", "long-prompt", "long-answer", "mixed")
 MIXED_EVERY = 8   # `mixed`: one long document in each run of this many requests
@@ -128,7 +129,7 @@ def read_trace(path, tokenizer=None) -> list[WorkItem]:
             if not isinstance(obj["prompt"], str) or not obj["prompt"]:
                 raise MiniLLMError(f"{where}: \"prompt\" must be non-empty text")
             if tokenizer is None:
-                from ..tokenizer import tokenizer as get
+                from ..bpe import tokenizer as get
                 tokenizer = get()
             prompt = tokenizer.encode(obj["prompt"], allowed_special={"<|endoftext|>"})
         else:
@@ -155,13 +156,16 @@ def read_trace(path, tokenizer=None) -> list[WorkItem]:
 
 
 def write_trace(items: list[WorkItem], path) -> None:
-    """A workload as a trace (prompts as ids), to replay it or edit it."""
-    with open(path, "w", encoding="utf-8") as f:
-        for w in items:
-            d = asdict(w)
-            d["prompt_ids"] = d.pop("prompt")
-            d = {k: v for k, v in d.items() if v is not None and not (k == "temperature" and v == 0.0)}
-            f.write(json.dumps(d) + "\n")
+    """A workload as a trace (prompts as ids), to replay it or edit it; written whole or not at all."""
+    try:
+        with atomic_write(path, text=True) as f:
+            for w in items:
+                d = asdict(w)
+                d["prompt_ids"] = d.pop("prompt")
+                d = {k: v for k, v in d.items() if v is not None and not (k == "temperature" and v == 0.0)}
+                f.write(json.dumps(d) + "\n")
+    except OSError as e:
+        raise MiniLLMError(f"cannot write the trace {path}: {e.strerror or e}") from None
 
 
 def load_workload(spec: str, **kw) -> list[WorkItem]:

@@ -18,7 +18,7 @@ from ..checkpoints.checkpoint import load_checkpoint
 from ..config import GPT2Config
 from ..errors import MiniLLMError
 from ..paths import expand_user, not_a_regular_file, read_capped
-from ..tokenizer import tokenizer
+from ..bpe import tokenizer
 from .model import forward
 
 DEFAULT_DATA_SPLIT = 0.9  # first 90% of the tokens train, the last 10% are held out
@@ -105,7 +105,7 @@ def heldout_loss(text_path, model) -> float:
         config, params = load_checkpoint(model)
     else:
         a, b = model
-        params, config = (b, a) if isinstance(a, GPT2Config) else (a, b)
+        params, config = (a, b) if isinstance(a, dict) else (b, a)
     tokens = load_tokens(text_path)
     cut = int(len(tokens) * DEFAULT_DATA_SPLIT)
     heldout = tokens[cut:]

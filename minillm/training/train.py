@@ -10,6 +10,7 @@ dropout) on this 2-core machine.
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ import numpy as np
 from ..checkpoints.checkpoint import save_checkpoint
 from ..config import GPT2Config
 from ..errors import MiniLLMError, WeightsError
-from ..paths import expand_user
+from ..paths import TEMP_NAME_ROOM, expand_user
 from .data import evaluate, get_batch, load_tokens, split_tokens
 from .model import init_params, loss_and_grads
 from .optim import AdamW, clip_grad_norm, lr_at
@@ -132,13 +133,16 @@ def check_out(out) -> Path:
     """Make the checkpoint folder now and write a file in it: a bad --out fails before the run, not at
     its first save, hours in."""
     out = expand_user(out)
-    if out.exists() and not out.is_dir():
-        raise MiniLLMError(f"--out {out}: is a file, not a folder; choose a folder for the checkpoint")
+    if len(os.fsencode(out.name)) + TEMP_NAME_ROOM > 255:
+        raise MiniLLMError(f"--out {str(out)[:60]}...: the folder name is {len(os.fsencode(out.name)):,} bytes; "
+                           f"use at most {255 - TEMP_NAME_ROOM} (a save writes a temporary folder beside it first)")
     try:
+        if out.exists() and not out.is_dir():
+            raise MiniLLMError(f"--out {out}: is a file, not a folder; choose a folder for the checkpoint")
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out):
             pass
     except OSError as e:
-        raise MiniLLMError(f"--out {out}: cannot write a checkpoint there ({e.strerror}); "
+        raise MiniLLMError(f"--out {str(out)[:80]}: cannot write a checkpoint there ({e.strerror}); "
                            "choose a folder you can write to") from None
     return out

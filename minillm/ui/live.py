@@ -19,21 +19,14 @@ MAX_ROWS = 12          # running sequences shown
 MAX_BLOCKS = 512       # block map cells shown (a bigger pool is sampled)
 
 
+GLYPHS = {"shared": ("▓", "magenta"), "held": ("█", "green"), "cached": ("░", "cyan"), "free": ("·", "dim")}
+
+
 def block_map(engine) -> Text:
-    a, m = engine.pool.allocator, engine.blocks
-    n = a.num_blocks
-    stride = max(1, -(-n // MAX_BLOCKS))
+    m = engine.blocks
     text = Text()
-    for b in range(0, n, stride):
-        r = a.refs[b]
-        if r > 1:
-            text.append("▓", style="magenta")
-        elif r == 1:
-            text.append("█", style="green")
-        elif b in m.hash_of:
-            text.append("░", style="cyan")
-        else:
-            text.append("·", style="dim")
+    for state in m.block_states(stride=max(1, -(-m.num_blocks // MAX_BLOCKS))):
+        text.append(*GLYPHS[state])
     return text
 
 
@@ -67,9 +60,9 @@ def render(engine, title: str = "", stall: dict | None = None) -> Group:
         table.add_row(str(req.id), str(len(s.prompt)), bar, str(engine.blocks.blocks_held(s)))
     if len(sched.running) > MAX_ROWS:
         table.add_row("…", "", Text(f"{len(sched.running) - MAX_ROWS} more"), "")
-    a = engine.pool.allocator
-    kv = Text(f"KV blocks: {a.n_used} held, {a.n_free} free of {a.num_blocks} "
-              f"(block size {engine.blocks.block_size}); prefix hit rate {engine.blocks.hit_rate:.0%}")
+    m = engine.blocks
+    kv = Text(f"KV blocks: {m.num_blocks - m.n_free} held, {m.n_free} free of {m.num_blocks} "
+              f"(block size {m.block_size}); prefix hit rate {m.hit_rate:.0%}")
     parts = [head, table, kv, block_map(engine)]
     if stall is not None:      # the step in which a prompt held the running decodes longest so far
         parts.append(Text(f"◆ stall: step {stall['step']}, t {stall['start_s']:.2f} s: "

@@ -7,27 +7,29 @@ this machine's measured figures (`hardware.machine()`); nothing is typed in.
 from __future__ import annotations
 
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
 from ..measure.chips import Hardware, roofline
 from ..meter import StepRecord
 
 
-def fmt_bytes(n: float) -> str:
-    """Decimal units (1 MB = 10⁶ bytes), as bandwidths are quoted: 498 MB, 75.5 MB, 73.7 kB."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+def fmt_units(n: float, unit: str) -> str:
+    """A count in decimal multiples of `unit` (k, M, G, T = 10³ ...), three figures or the whole number."""
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= scale:
             v = n / scale
-            return f"{v:,.0f} {unit}" if v >= 100 else f"{v:.3g} {unit}"
-    return f"{n:,.0f} B"
+            return f"{v:,.0f} {prefix}{unit}" if v >= 100 else f"{v:.3g} {prefix}{unit}"
+    return f"{n:,.0f} {unit}"
+
+
+def fmt_bytes(n: float) -> str:
+    """Decimal units (1 MB = 10⁶ bytes), as bandwidths are quoted: 498 MB, 75.5 MB, 73.7 kB."""
+    return fmt_units(n, "B")
 
 
 def fmt_flops(n: float) -> str:
-    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
-        if abs(n) >= scale:
-            v = n / scale
-            return f"{v:,.0f} {unit}" if v >= 100 else f"{v:.3g} {unit}"
-    return f"{n:,.0f} FLOP"
+    return fmt_units(n, "FLOP")
 
 
 def fmt_time(s: float) -> str:
@@ -148,3 +150,134 @@ def cache_note(model_bytes: int, hw: Hardware) -> str | None:
                 "--model large (the bundled 77 MB model, real text) or --model random-124m (GPT-2 small's "
                 "size, about 500 MB a step).")
     return None
+
+
+# -- serving verdicts: sentences from the figures of serve-sim's runs (serve-sim and lesson 13 print them)
+
+def slo_text(slo: dict) -> str:
+    return ", ".join(f"{k.upper()}≤{fmt_time(v)}" for k, v in slo.items())
+
+
+def best(results: list[dict], key: str, high: bool) -> tuple[dict, dict]:
+    """(best, worst) run by a figure; runs without it are left out."""
+    have = [r for r in results if r.get(key) is not None]
+    order = sorted(have, key=lambda r: r[key], reverse=high)
+    return order[0], order[-1]
+
+
+CLOSE = 0.05     # runs within 5% of each other on a figure: none is said to be favoured by it
+
+
+def favours(results: list[dict], key: str, high: bool, what: str, show, name) -> str:
+    """One sentence of the budget sweep: which run a figure favours, from the figures themselves. Runs that show the same
+    value are named together; when every run is within CLOSE of the best, none is favoured."""
+    hi, lo = best(results, key, high)
+    top = [r for r in results if r.get(key) is not None and show(r[key]) == show(hi[key])]
+    a, b = sorted((hi[key], lo[key]))
+    if b == 0 or (b - a) / b < CLOSE:
+        return f"{what}: every run within {CLOSE:.0%} ({show(a)} to {show(b)}): on this workload no budget stands out."
+    names = [name(r) for r in top]
+    who = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f"{what} favours {who} ({show(hi[key])}; {name(lo)}: {show(lo[key])})."
+
+
+def budget_verdict(results: list[dict], fit: dict | None, slo: dict) -> list[str]:
+    """Which budget this machine favours for which target, from the runs and the fit of step time."""
+    lines = []
+    name = lambda r: r["policy"]  # noqa: E731
+    if fit is not None:
+        a, b = fit["fixed_s"], fit["per_token_s"]
+        lines.append(f"Step time ≈ {fmt_time(a)} + {fmt_time(b)} per token (least squares over "
+                     f"{fit['steps']} steps of every budget, r² {fit['r2']:.2f}).")
+        if a > 0 and b > 0:
+            lines.append(f"The fixed part (weights read once, scheduling) costs as much as {a / b:.0f} "
+                         f"tokens: a budget well below that pays it in many more steps; a prompt of N "
+                         f"tokens in one step holds every running decode about N × {fmt_time(b)}.")
+    lines.append(favours(results, "output_tokens_per_s", True, "Throughput", lambda v: f"{v:.1f} tok/s", name))
+    lines.append(favours(results, "tbt_p99_s", False, "The p99 gap between tokens", fmt_time, name))
+    lines.append(favours(results, "ttft_p95_s", False, "TTFT p95", fmt_time, name))
+    if slo:
+        if fit is not None and "tpot" in slo and fit["per_token_s"] > 0:
+            room = (slo["tpot"] - fit["fixed_s"]) / fit["per_token_s"]
+            lines.append(f"A TPOT target of {fmt_time(slo['tpot'])}: by the fit a step stays within it "
+                         f"up to {max(0, room):.0f} tokens" + ("" if room > 0 else
+                         " (the fixed part alone is longer: no budget meets it on every step here)") + ".")
+        hi, lo = best(results, "goodput_rps", True)
+        if hi["good_requests"] == 0:
+            met = ", ".join(f"{k.upper()} {max(r['slo_met'][k] for r in results):.0%}" for k in slo)
+            lines.append(f"No budget met every target ({slo_text(slo)}) for any request: goodput 0 at every "
+                         f"budget (the most that met each: {met}).")
+        elif hi["goodput_rps"] == lo["goodput_rps"]:
+            lines.append(f"Goodput ({slo_text(slo)}) is the same at every budget ({hi['goodput_rps']:.2f} req/s).")
+        else:
+            lines.append(favours(results, "goodput_rps", True, f"Goodput ({slo_text(slo)})",
+                                 lambda v: f"{v:.2f} req/s", name))
+    return lines
+
+
+def diagnosis(r: dict) -> str:
+    """Which kind of step took the time, and what bound it: read from the run's own phase verdicts."""
+    ph = r["phases"]
+    pre = sum(ph[k]["seconds"] for k in ("prefill", "mixed") if k in ph)
+    dec = ph.get("decode", {}).get("seconds", 0.0)
+    total = pre + dec or 1.0
+    if pre > dec:
+        kinds = [ph[k] for k in ("prefill", "mixed") if k in ph]
+        bound = max(kinds, key=lambda d: d["seconds"]).get("bound")
+        how = f", mostly {bound}-bound by the roofline" if bound else ""
+        return (f"{escape(r['policy'])}: steps with prompt tokens took {pre / total:.0%} of the time{how}; "
+                "what helps: prefix caching and shorter prompts (less prefill), faster arithmetic; a smaller "
+                "token budget (chunked prefill) keeps long prompts from stalling the others' decode")
+    bound = ph.get("decode", {}).get("bound")
+    if bound == "compute":
+        return (f"{escape(r['policy'])}: decode steps took {dec / total:.0%} of the time and were mostly "
+                f"compute-bound (mean batch {r['mean_batch']:.1f}, past this machine's critical batch): bigger "
+                "batches no longer come free; fewer FLOPs per token or faster arithmetic help")
+    how = " and were mostly memory-bound" if bound == "memory" else ""
+    return (f"{escape(r['policy'])}: decode steps took {dec / total:.0%} of the time{how}: "
+            + ("bigger batches (continuous batching, more KV memory) and fewer bytes per weight help"
+               if bound == "memory" else "run with the machine's figures for a verdict"))
+
+
+def disagg_verdict(results: list[dict]) -> list[str]:
+    """Where the split wins and where it loses, and why, from the runs' own figures."""
+    lines = []
+    one = [r for r in results if r["split"] == "colocated"]
+    splits = [r for r in results if r["split"] != "colocated"]
+    if not one or not splits:
+        return lines
+    figures = [("output_tokens_per_s", "tok/s", True), ("ttft_p95_s", "TTFT p95", False),
+               ("tpot_p95_s", "TPOT p95", False)] + ([("goodput_rps", "goodput", True)] if "slo" in one[0] else [])
+    for key, what, high in figures:
+        hi, lo = best(results, key, high)
+        f = (lambda x: f"{x:.2f}") if key in ("output_tokens_per_s", "goodput_rps") else fmt_time
+        if hi[key] == lo[key]:
+            lines.append(f"{what}: the same in every run ({f(hi[key])}).")
+            continue
+        lines.append(f"{what}: best {escape(hi['label'])} ({f(hi[key])}), worst {escape(lo['label'])} ({f(lo[key])}).")
+    s, c = splits[0], one[0]
+    known = [(key, what, high) for key, what, high in figures if s[key] is not None and c[key] is not None]
+    close = lambda a, b: a == b or abs(a - b) / max(abs(a), abs(b)) < CLOSE   # noqa: E731
+    tied = [what for key, what, high in known if close(s[key], c[key])]
+    lost = [what for key, what, high in known
+            if what not in tied and (s[key] < c[key] if high else s[key] > c[key])]
+    won = [what for key, what, high in known if what not in lost and what not in tied]
+    verdict = "; ".join(x for x in (f"wins on {', '.join(won)}" if won else "",
+                                    f"loses on {', '.join(lost)}" if lost else "",
+                                    f"is within {CLOSE:.0%} on {', '.join(tied)}" if tied else "") if x)
+    lines.append(f"Against {escape(c['label'])} the split {verdict}. Measured:")
+    lines.append(f"  busy: prefill engine {s['busy'][0]:.0%}, decode engine {s['busy'][1]:.0%} of the run "
+                 f"(one engine: {c['busy'][0]:.0%}); a share of the machine idles when its phase has no work.")
+    fp, fd, fc = s["fit"][0], s["fit"][1], c["fit"][0]
+    if fp and fc:
+        lines.append(f"  a prompt token: {fmt_time(fp['per_token_s'])} on the prefill engine's "
+                     f"{s['split'].split(':')[0]} thread(s), {fmt_time(fc['per_token_s'])} on one engine's "
+                     f"{c['threads']} (fits of step time against tokens).")
+    if fd and fc:
+        lines.append(f"  a step's fixed part: {fmt_time(fd['fixed_s'])} on the decode engine, "
+                     f"{fmt_time(fc['fixed_s'])} on one engine.")
+    n = max(1, s["handoffs"])
+    lines.append(f"  KV moved: {fmt_bytes(s['kv_bytes_moved'])} in {s['handoffs']} handoffs "
+                 f"({fmt_bytes(s['kv_bytes_moved'] / n)} each), {fmt_time(s['link_seconds'] / n)} each on a "
+                 f"{s['link_gbps']:.3g} Gb/s link, before the request's second token.")
+    return lines

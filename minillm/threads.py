@@ -2,7 +2,9 @@
 
 threadpoolctl reads and sets the thread pools of the BLAS libraries NumPy loaded (OpenBLAS, MKL,
 BLIS) while the process runs, so `--threads N` works without restarting Python. The limit holds
-for the whole process, the server's engine thread included.
+for the whole process, the server's engine thread included. A utility below every package that
+runs work: the commands (`--threads`), the benchmarks, and disaggregation's two engines (each step on
+its own share of the machine) all use `limited`.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from ..errors import MiniLLMError
+from .errors import MiniLLMError
 
 
 def _blas_pools() -> list[dict]:
@@ -61,8 +63,3 @@ def limited(threads: int | None) -> Iterator[None]:
     with threadpool_limits(limits=threads, user_api="blas"):
         yield
 
-
-def add_threads_option(parser) -> None:
-    parser.add_argument("--threads", type=int, default=None, metavar="N",
-                        help="BLAS threads for the work (default: as NumPy starts; 1 gives steadier "
-                             "timings on a busy machine)")

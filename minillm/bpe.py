@@ -1,4 +1,5 @@
-"""GPT-2's byte-pair tokenizer, built offline from the bundled merge ranks `weights/gpt2.tiktoken`."""
+"""Tokenizers: `tokenizer(model)`, a model's own (`minillm.tokenizer`), and GPT-2's byte-pair tokenizer,
+built offline from the bundled merge ranks `weights/gpt2.tiktoken`."""
 
 from __future__ import annotations
 
@@ -40,14 +41,13 @@ def tokenizer(model=None):
     (`model_tokenizer.ModelTokenizer`: encode, decode, eos_ids, chat_template)."""
     if model is None:
         return gpt2_tokenizer()
-    own = getattr(model, "tokenizer", None)
-    if own is not None:
-        return own
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
         return _tokenizer_of(str(model))
-    if getattr(model, "eos_ids", None) not in (None, (50256,)) and hasattr(model.config, "n_kv_head") \
-            and type(model).__name__ != "GPT2":
-        raise MiniLLMError(f"{getattr(model, 'name', model)}: this model has no tokenizer attached; "
+    own = model.tokenizer                     # the model's own, attached by the loader (GPT-2: None)
+    if own is not None:
+        return own
+    if model.OWN_TOKENIZER:                   # its tokenizer comes with its checkpoint, and did not
+        raise MiniLLMError(f"{model.name}: this model has no tokenizer attached; "
                            "load it from a folder with tokenizer.json or from a GGUF file")
     return gpt2_tokenizer()
 
@@ -55,8 +55,7 @@ def tokenizer(model=None):
 def _tokenizer_of(source: str):
     """The tokenizer of a model name or path, without building the model where that can be avoided."""
     from pathlib import Path
-    from .checkpoints.llama_load import is_gguf, sniff
-    from . import model_tokenizer as mt
+    from .checkpoints.families import family_of
     if source == "smollm2-135m":
         from .checkpoints import smollm
         where = smollm.find()
@@ -64,13 +63,8 @@ def _tokenizer_of(source: str):
             raise MiniLLMError("smollm2-135m is not downloaded yet; fetch it with: minillm download smollm2-135m")
         source = str(where)
     path = Path(source).expanduser()
-    if path.exists() and sniff(path) is not None:
-        if path.is_file() and is_gguf(path):
-            from .checkpoints.gguf_file import read_gguf
-            md, _ = read_gguf(path)
-            return mt.from_gguf_metadata(md, path)
-        return mt.from_folder(path if path.is_dir() else path.parent)
-    return gpt2_tokenizer()
+    own = family_of(path).tokenizer(path) if path.exists() else None
+    return own if own is not None else gpt2_tokenizer()
 
 
 @lru_cache(maxsize=1)

