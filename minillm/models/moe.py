@@ -300,11 +300,19 @@ class MoE(Llama):
     def ffn(self, layer: int):
         return partial(experts_mlp, c=self.config) if self.config.is_sparse(layer) else mlp
 
-    def step_weight_bytes(self, n_tokens: int = 1, distinct=None) -> int:
-        """The weight bytes a step of n_tokens rows reads when its sparse layers' rows chose `distinct`
-        experts each (a list per sparse layer; default: k, one token's). `step_weight_bytes` below."""
+    @property
+    def experts(self) -> tuple[int, int]:
+        """(E, k): experts per sparse layer, and how many each token uses."""
+        return self.config.n_expert, self.config.top_k
+
+    def step_weight_bytes(self, n_tokens: int = 1, distinct=None) -> float:
+        """The weight bytes a decode step of n_tokens rows reads when its sparse layers' rows chose
+        `distinct` experts each (a list per sparse layer; default: uniform routing's expectation,
+        `expected_distinct_experts`, exactly k at one token, so a float past it). `step_weight_bytes` below."""
         c = self.config
-        distinct = [c.top_k] * len(c.sparse_layers) if distinct is None else distinct
+        if distinct is None:
+            n = expected_distinct_experts(c.n_expert, c.top_k, n_tokens)
+            distinct = [c.top_k if n_tokens == 1 else n] * len(c.sparse_layers)
         return step_weight_bytes(c, distinct, n_tokens, self.dtype.itemsize, self.weights)
 
     def matrices(self, head: bool = True, chosen=None) -> list:
