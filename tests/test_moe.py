@@ -343,3 +343,138 @@ def test_the_real_presets_read_the_same_bytes_at_one_token():
             model.decode_step(4, cache)
         read.append(m.steps[0].bytes["weights"])
     assert read[0] == mix.step_weight_bytes() == read[1] + 4 * c.n_layer * c.n_embd * c.n_expert
+
+
+# -- the family table and the commands ----------------------------------------------------------------
+
+def test_the_family_table_reads_both_kinds_and_the_presets_are_names():
+    from minillm.checkpoints.families import FAMILIES, family_of
+    from minillm.checkpoints.load import model_names
+    assert [f.name for f in FAMILIES if f.model is MoE] == ["moe"]
+    for name in NAMES:
+        assert family_of(FIXTURES / name).name == "moe"
+    assert {"random-moe-16x2", "random-moe-16x2-dense"} <= set(model_names())
+    with pytest.raises(minillm.MiniLLMError, match="unknown model 'random-moe-3x1'"):
+        minillm.load("random-moe-3x1")
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli(tmp_path, *args, stdin=None, timeout=180):
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ) | {"MINILLM_HOME": str(tmp_path), "MINILLM_FAST": "1", "PYTHONIOENCODING": "utf-8",
+                              "OPENBLAS_NUM_THREADS": "1"}
+    env.pop("PYTHONPATH", None)
+    r = subprocess.run([sys.executable, "-m", "minillm", *map(str, args)], input=stdin, capture_output=True,
+                       text=True, encoding="utf-8", cwd=REPO, env=env, timeout=timeout)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    return r
+
+
+@pytest.fixture(scope="module")
+def talking(tmp_path_factory):
+    """tests/fixtures/mixtral-tiny with a byte-level tokenizer (its 500 ids: 256 bytes, then unused
+    ones), so the text commands can run it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from minillm.model_tokenizer import bytes_to_unicode
+    dst = tmp_path_factory.mktemp("moe") / "mixtral-talking"
+    shutil.copytree(FIXTURES / "mixtral-tiny", dst)
+    V = json.loads((dst / "config.json").read_text())["vocab_size"]
+    vocab = {c: i for i, c in enumerate(bytes_to_unicode().values())} | {f"<unused{i}>": i for i in range(256, V)}
+    tok = Tokenizer(models.BPE(vocab, [], fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(dst / "tokenizer.json"))
+    return dst
+
+
+def test_bench_batch_on_a_mixture_beside_a_dense_model_in_one_run(tmp_path):
+    """`minillm bench --batch` on a mixture and a dense model together: each row of the mixture has the
+    experts its router chose, between k and min(E, B·k), beside uniform routing's union and its bytes."""
+    r = cli(tmp_path, "bench", "--batch", "1,2,4", "--repeats", "1", "--json",
+            "--model", f"{FIXTURES / 'mixtral-tiny'},{FIXTURES / 'llama-tiny'}")
+    mix, dense = json.loads(r.stdout)["models"]
+    assert mix["experts"] == [4, 2] and dense["experts"] is None
+    model = minillm.load(FIXTURES / "mixtral-tiny")
+    for row in mix["rows"]:
+        B = row["batch"]
+        assert 2 <= row["experts_chosen"] <= min(4, 2 * B)
+        assert row["experts_uniform"] == pytest.approx(moe.expected_distinct_experts(4, 2, B))
+        assert row["uniform_weight_bytes"] == pytest.approx(model.step_weight_bytes(B))
+        assert row["tok_s"] > 0 and row["weight_bytes"] <= row["bytes"]
+    assert mix["rows"][0]["weight_bytes"] == model.step_weight_bytes()
+    for res in (mix, dense):
+        assert res["critical_batch"] is None or res["critical_batch"] >= 1
+    text = cli(tmp_path, "bench", "--batch", "1,2", "--repeats", "1", "--model", FIXTURES / "mixtral-tiny").stdout
+    assert "uniform" in text and "E = 4 experts, top-k = 2" in text and "critical batch" in text
+
+
+def test_text_commands_run_a_mixture(tmp_path, talking):
+    """generate (cached, and speculative with the n-gram draft), generate-batch against one at a time,
+    serve-sim, and bench --weights: each runs on a mixture's folder."""
+    plain = cli(tmp_path, "generate", "Hello", "--model", talking, "--max-new-tokens", "6").stdout
+    spec = cli(tmp_path, "generate", "Hello", "--model", talking, "--max-new-tokens", "6", "--draft", "ngram")
+    assert spec.stdout == plain and "speculative" in spec.stderr + spec.stdout
+    r = cli(tmp_path, "generate-batch", "-", "--model", talking, "--max-new-tokens", "4", "--compare",
+            stdin="a b\nhello there\n")
+    assert "identical tokens for 2 of 2 prompts" in r.stdout
+    sim = json.loads(cli(tmp_path, "serve-sim", "--model", talking, "--requests", "4", "--json").stdout)
+    assert sim[0]["requests"] == 4 and sim[0]["output_tokens"] > 0 and sim[0]["steps"] > 0
+    q = json.loads(cli(tmp_path, "bench", "--weights", "float32,q8_0", "--model", talking, "--repeats", "1",
+                       "--contexts", "16", "--json").stdout)
+    for row in q["rows"]:
+        assert row["weight_bytes"] == row["weights_read"]           # k experts a layer, in each format
+
+
+def test_serve_answers_from_a_mixture(tmp_path, talking):
+    import http.client
+    import os
+    import signal
+    import subprocess
+    import sys
+    env = dict(os.environ) | {"MINILLM_HOME": str(tmp_path), "MINILLM_FAST": "1", "OPENBLAS_NUM_THREADS": "1"}
+    env.pop("PYTHONPATH", None)
+    p = subprocess.Popen([sys.executable, "-m", "minillm", "serve", "--model", str(talking), "--port", "0",
+                          "--kv-memory", "8MB", "--no-live"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=REPO, env=env)
+    try:
+        line = p.stdout.readline()
+        assert line.startswith("listening on http://127.0.0.1:"), (line, p.stderr.read() if p.poll() else "")
+        conn = http.client.HTTPConnection("127.0.0.1", int(line.rsplit(":", 1)[1]), timeout=60)
+        conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "Hello", "max_tokens": 5}),
+                     headers={"Content-Type": "application/json"})
+        reply = conn.getresponse()
+        body = json.loads(reply.read())
+        assert reply.status == 200 and body["usage"]["completion_tokens"] == 5, body
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_the_live_view_draws_a_mixtures_engine(mixtral):
+    from rich.console import Console
+    from minillm.engine.engine import Engine
+    from minillm.ui.live import render
+    engine = Engine(mixtral, num_blocks=32, block_size=4)
+    for p in ([1, 2, 3], [4, 5, 6, 7, 8], [9]):
+        engine.add_request(p, 4)
+    for _ in range(3):
+        engine.step()
+    console = Console(record=True, width=80, force_terminal=False)
+    console.print(render(engine, "continuous"))
+    text = console.export_text()
+    assert "running" in text and "KV blocks" in text
+
+
+@pytest.mark.slow
+def test_bench_batch_runs_both_presets_in_one_run(tmp_path):
+    r = cli(tmp_path, "bench", "--batch", "1,2", "--repeats", "1", "--json",
+            "--model", "random-moe-16x2,random-moe-16x2-dense", timeout=600)
+    mix, dense = json.loads(r.stdout)["models"]
+    assert mix["experts"] == [16, 2] and dense["experts"] is None
+    assert mix["rows"][0]["weight_bytes"] == dense["rows"][0]["weight_bytes"] + 4 * 8 * 512 * 16   # the routers
