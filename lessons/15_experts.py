@@ -13,18 +13,19 @@ from __future__ import annotations
 from minillm.lessons._common import Lesson, busy_line, fmt_x, plural, run_lesson
 
 import statistics
-import time
 
 import numpy as np
 from rich import box
 from rich.table import Table
 
+import minillm
 from minillm.engine.engine import Engine
 from minillm.measure import batching
-from minillm.measure.chips import PRESETS as CHIPS
+from minillm.measure.chips import CHIPS
+from minillm.measure.experts import PUBLISHED, SOURCE, published_params, uniform_busiest
 from minillm.meter import Meter
 from minillm.models import llama, moe
-from minillm.models.moe import MoE, MoEConfig, expected_distinct_experts, routes, step_weight_bytes
+from minillm.models.moe import MoE, MoEConfig, expected_distinct_experts, routes
 from minillm.ui.report import fmt_bytes
 
 TITLE = "Experts: reading only part of the model"
@@ -38,8 +39,8 @@ CONTEXT = 16                       # tokens of prompt behind every sequence of t
 
 # -- the models: the one place they are built ---------------------------------------------------------
 #
-# Fast mode runs small stand-ins of the same E and k (building the real presets takes seconds).
-# When the family table lands, `preset` becomes `minillm.load(name, quiet=True)` (full mode).
+# Fast mode runs small stand-ins of the same E and k (building the real presets takes seconds); full
+# mode loads the presets by name, as `minillm bench --model random-moe-16x2` does.
 
 _SMALL = dict(n_layer=2, n_head=2, n_kv_head=1, head_dim=32, n_embd=64, n_ctx=128, vocab_size=512,
               eps=1e-5, theta=1e4, tied=True)
@@ -53,11 +54,10 @@ def preset(L: Lesson, name: str):
     """The preset `name` (full mode), or its small stand-in of the same E and k (fast mode)."""
     with L.status(f"building {name}…"):
         if not L.fast:
-            return moe.random_moe(name)
+            return minillm.load(name)
         c = FAST_PRESETS[name]
-        if isinstance(c, MoEConfig):
-            return MoE(c, moe.random_params(c, moe.RANDOM_SEED), name=f"{name} (small)")
-        return llama.Llama(c, llama.random_params(c, moe.RANDOM_SEED), name=f"{name} (small)")
+        cls = MoE if isinstance(c, MoEConfig) else llama.Llama
+        return cls(c, llama.random_params(c, moe.RANDOM_SEED, expected=cls.manifest), name=f"{name} (small)")
 
 
 # -- the lesson ---------------------------------------------------------------------------------------
@@ -130,49 +130,8 @@ def decode_once(model) -> tuple[int, list[int]]:
 
 # -- 2. published shapes ------------------------------------------------------------------------------
 #
-# Each model's config.json on the Hugging Face hub (mistralai/Mixtral-8x7B-v0.1, Qwen/Qwen3-30B-A3B,
-# deepseek-ai/DeepSeek-V3), the numbers the arithmetic needs. DeepSeek-V3's attention is MLA (its own
-# formula below); it has one shared expert every token runs, and its first 3 layers are dense.
-
-SOURCE = "config.json on the Hugging Face hub"
-PUBLISHED = {
-    "Mixtral-8x7B": dict(repo="mistralai/Mixtral-8x7B-v0.1", layers=32, d=4096, heads=32, kv_heads=8, head_dim=128,
-                         vocab=32000, E=8, k=2, expert_ffn=14336, shared=0, dense_layers=0, dense_ffn=0,
-                         said=(46.7e9, 12.9e9)),
-    "Qwen3-30B-A3B": dict(repo="Qwen/Qwen3-30B-A3B", layers=48, d=2048, heads=32, kv_heads=4, head_dim=128,
-                          vocab=151936, E=128, k=8, expert_ffn=768, shared=0, dense_layers=0, dense_ffn=0,
-                          said=(30.5e9, 3.3e9)),
-    "DeepSeek-V3": dict(repo="deepseek-ai/DeepSeek-V3", layers=61, d=7168, heads=128, vocab=129280, E=256, k=8,
-                        expert_ffn=2048, shared=1, dense_layers=3, dense_ffn=18432, said=(671e9, 37e9),
-                        mla=dict(q_lora=1536, kv_lora=512, nope=128, rope=64, v=128)),
-}
-
-
-def attention_params(s: dict) -> int:
-    """One layer's attention weights (and its two RMSNorms). GQA: q|k|v and o. MLA (DeepSeek): the
-    query through a rank-q_lora bottleneck, keys and values from one rank-kv_lora latent (plus a
-    shared rope key), o from the heads' values."""
-    d, H = s["d"], s["heads"]
-    if "mla" in s:
-        a = s["mla"]
-        q = d * a["q_lora"] + a["q_lora"] + a["q_lora"] * H * (a["nope"] + a["rope"])
-        kv = d * (a["kv_lora"] + a["rope"]) + a["kv_lora"] + a["kv_lora"] * H * (a["nope"] + a["v"])
-        return q + kv + H * a["v"] * d + 2 * d
-    hd = s["head_dim"]
-    qk_norm = 2 * hd if "Qwen3" in s["repo"] else 0
-    return d * (H + 2 * s["kv_heads"]) * hd + H * hd * d + 2 * d + qk_norm
-
-
-def published_params(s: dict) -> tuple[int, int]:
-    """(total, active) parameters from the config numbers: embedding and head (untied), attention,
-    dense MLPs, and per sparse layer a router, E routed experts (k active) and the shared ones."""
-    d, L = s["d"], s["layers"]
-    one = 3 * d * s["expert_ffn"]
-    sparse = L - s["dense_layers"]
-    common = 2 * s["vocab"] * d + d + L * attention_params(s) + s["dense_layers"] * 3 * d * s["dense_ffn"]
-    common += sparse * (d * s["E"] + s["shared"] * one)
-    return common + sparse * s["E"] * one, common + sparse * s["k"] * one
-
+# Each model's config.json on the Hugging Face hub, the numbers the arithmetic needs, and the formulas
+# (MLA included): minillm/measure/experts.py, which `minillm hardware --shape` reads too.
 
 def published(L: Lesson) -> None:
     L.section("Published mixtures: total against active")
@@ -197,7 +156,7 @@ def published(L: Lesson) -> None:
         What the table leaves out or changes. DeepSeek-V3 runs one **shared expert** in every sparse layer
         for every token (the "+1": counted in both columns), keeps its first 3 layers dense, and its
         attention is **MLA**: queries and keys/values pass through low-rank latents, so its attention
-        weights follow the formula in `attention_params`, not `d·(H + 2·Hkv)·hd`, and its KV cache
+        weights follow the formula in `measure.experts.attention_params`, not `d·(H + 2·Hkv)·hd`, and its KV cache
         holds the 512 + 64 latent per layer instead of keys and values. Its multi-token-prediction module
         (about 14B more in the released files, 685B in all) is not counted: decode does not need it.
         Routers and norms are counted; none of these matrices has a bias.
@@ -243,7 +202,6 @@ def union_of_experts(L: Lesson, models: dict, runs: dict) -> dict:
             counts[name, B] = m.steps[0]
             if name == "mixture":
                 union[B] = [len(set(a.ravel())) for a in r]
-    b = np.dtype(mix.dtype).itemsize
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("B", "router chose", "uniform", "B·k", "weights read", "per token", "if uniform"):
         t.add_column(col, justify="right", no_wrap=True)
@@ -251,10 +209,10 @@ def union_of_experts(L: Lesson, models: dict, runs: dict) -> dict:
         w = counts["mixture", B].bytes["weights"]
         expect = expected_distinct_experts(E, k, B)
         t.add_row(str(B), f"{statistics.mean(union[B]):.1f}", f"{expect:.1f}", str(B * k), fmt_bytes(w),
-                  fmt_bytes(w / B), fmt_bytes(step_weight_bytes(c, [expect] * S, B, b)))
+                  fmt_bytes(w / B), fmt_bytes(mix.step_weight_bytes(B)))
     L.show(t, f"[dim]experts read per layer, of {E}; weights read: the meter's count for the step; if "
               "uniform: the closed form with the formula's number of experts[/]")
-    L.claim(all(counts["mixture", B].bytes["weights"] == step_weight_bytes(c, union[B], B, b) for B in BATCHES),
+    L.claim(all(counts["mixture", B].bytes["weights"] == mix.step_weight_bytes(B, union[B]) for B in BATCHES),
             "at every B the meter's weight bytes equal the closed form for the experts the router chose: "
             "each chosen expert read once a step, however many tokens chose it")
     last = BATCHES[-1]
@@ -275,59 +233,10 @@ def union_of_experts(L: Lesson, models: dict, runs: dict) -> dict:
 
 # -- 4. tokens/s against B ----------------------------------------------------------------------------
 
-def time_steps(L: Lesson, models: dict, runs: dict) -> dict:
-    """Seconds per decode step, for each (model, B): in each round every (B, model) once in turn
-    (interleaved, so a busy moment slows one sample of each), the median of a few steps each time."""
-    out = {key: [] for key in runs}
-    n = steps_per_sample(L)
-    with L.progress("decode steps, both models, every B", L.rounds()) as advance:
-        for _ in range(L.rounds()):
-            for B in BATCHES:
-                for name, model in models.items():
-                    seqs, ts = runs[name, B], []
-                    for _ in range(n):
-                        t0 = time.perf_counter()
-                        batching.step(model, seqs)
-                        ts.append(time.perf_counter() - t0)
-                    batching.rewind(seqs, CONTEXT)
-                    out[name, B].append(statistics.median(ts))
-            advance()
-    return out
-
-
 def compute_bound(rec, hw) -> bool:
     """The roofline's verdict on one counted step: its FLOPs take longer at the peak than its bytes at
     the bandwidth."""
     return rec.total_flops / (hw.peak_gflops * 1e9) > rec.total_bytes / (hw.bandwidth_gbs * 1e9)
-
-
-def critical_batch(model, counts: dict, name: str, hw, limit: int = 1 << 16) -> int | None:
-    """The smallest B whose step is compute-bound on the roofline. Between two B of the sweep (or past
-    its end, from its last two) a step's FLOPs and its bytes besides the weights are taken as linear in
-    B between the counted steps; its weight bytes follow uniform routing's union for a mixture (a dense
-    model's grow only by the embedding rows, also linear)."""
-    bound = [B for B in BATCHES if compute_bound(counts[name, B], hw)]
-    if bound and bound[0] == BATCHES[0]:
-        return BATCHES[0]
-    i = BATCHES.index(bound[0]) if bound else len(BATCHES) - 1
-    (b1, r1), (b2, r2) = ((B, counts[name, B]) for B in BATCHES[i - 1:i + 1])
-    bw, peak = hw.bandwidth_gbs * 1e9, hw.peak_gflops * 1e9
-    c = model.config
-
-    def at(B, f):                       # f of the counted steps, on the line through b1 and b2
-        return f(r1) + (B - b1) * (f(r2) - f(r1)) / (b2 - b1)
-
-    for B in range(b1 + 1, (b2 if bound else limit) + 1):
-        flops = at(B, lambda r: r.total_flops)
-        other = at(B, lambda r: r.total_bytes - r.bytes["weights"])
-        if isinstance(c, MoEConfig):
-            weights = step_weight_bytes(c, [expected_distinct_experts(c.n_expert, c.top_k, B)] * len(c.sparse_layers),
-                                        B, np.dtype(model.dtype).itemsize)
-        else:
-            weights = at(B, lambda r: r.bytes["weights"])
-        if flops / peak > (weights + other) / bw:
-            return B
-    return bound[0] if bound else None
 
 
 def speed(L: Lesson, models: dict, runs: dict, counts: dict) -> dict:
@@ -346,7 +255,8 @@ def speed(L: Lesson, models: dict, runs: dict, counts: dict) -> dict:
         Both models now decode at every B, interleaved, on the same threads.
     """)
     hw = L.machine()
-    secs = time_steps(L, models, runs)
+    with L.progress("decode steps, both models, every B", L.rounds()) as advance:
+        secs = batching.time_steps(models, runs, CONTEXT, steps_per_sample(L), L.rounds(), advance)
     tps = {key: [key[1] / s for s in ss] for key, ss in secs.items()}
     med = {key: statistics.median(v) for key, v in tps.items()}
     gain = {key: med[key] / med[key[0], 1] for key in med}
@@ -365,7 +275,8 @@ def speed(L: Lesson, models: dict, runs: dict, counts: dict) -> dict:
     L.say("Both were measured in the same rounds on the same BLAS threads"
           + (", on a busy machine: the tokens/s are slower and noisier than it can do, the counts are not."
              if busy else "."))
-    crit = {name: critical_batch(model, counts, name, hw) for name, model in models.items()}
+    crit = {name: batching.critical_batch(model, {B: counts[name, B] for B in BATCHES}, hw)
+            for name, model in models.items()}
     L.say(roofline_words(crit, E, k, mix.config.n_params() / mix.config.active_params()))
     L.say(measured_words(tps, gain))
     L.pause()
@@ -468,13 +379,6 @@ def imbalance(L: Lesson, mix) -> float:
     """)
     L.pause()
     return worst
-
-
-def uniform_busiest(rng, rows: int, E: int, k: int) -> float:
-    """The busiest expert's rows ÷ the mean, when `rows` rows each pick k distinct experts at random."""
-    picks = np.argsort(rng.random((rows, E)), axis=1)[:, :k]
-    load = np.bincount(picks.ravel(), minlength=E)
-    return load.max() / load.mean()
 
 
 # -- 6. expert parallelism ----------------------------------------------------------------------------
