@@ -478,3 +478,52 @@ def test_bench_batch_runs_both_presets_in_one_run(tmp_path):
     mix, dense = json.loads(r.stdout)["models"]
     assert mix["experts"] == [16, 2] and dense["experts"] is None
     assert mix["rows"][0]["weight_bytes"] == dense["rows"][0]["weight_bytes"] + 4 * 8 * 512 * 16   # the routers
+
+
+# -- closed forms every family answers, and the critical batch they feed -------------------------------
+
+@pytest.mark.parametrize("name", ["random-tiny", "llama-tiny", "qwen3moe-tiny"])
+def test_a_batched_decode_step_reads_the_closed_form(name):
+    """model.step_weight_bytes(B) is what the meter counts for a decode step of B sequences: every
+    family's (a mixture's with the experts its router chose)."""
+    model = minillm.load(name if name.startswith("random") else FIXTURES / name)
+    rng = np.random.default_rng(1)
+    caches = []
+    for _ in range(5):
+        _, cache = model.prefill(rng.integers(0, model.config.vocab_size, 4))
+        cache.reserve(1)
+        caches.append(cache)
+    with minillm.Meter() as m, routes() as r:
+        model.step([(np.array([7]), cache) for cache in caches])
+    chosen = [len(set(a.ravel())) for a in r]
+    closed = model.step_weight_bytes(5, chosen) if model.experts else model.step_weight_bytes(5)
+    assert m.steps[0].bytes["weights"] == closed
+    assert bool(chosen) == (model.experts is not None)
+
+
+class Roof:
+    bandwidth_gbs, peak_gflops = 20.0, 50.0
+
+
+def test_critical_batch_is_the_first_bound_batch_of_the_closed_form():
+    """batching.critical_batch against a brute-force search on synthetic counts: FLOPs and other
+    bytes linear in B, the weights the model's closed form (a mixture's union grows, then saturates)."""
+    from minillm.measure.batching import critical_batch
+    from minillm.meter import StepRecord
+    c = MoEConfig(n_layer=2, n_head=2, n_kv_head=1, head_dim=16, n_embd=32, n_ctx=64, vocab_size=64, ffn=32,
+                  n_expert=8, top_k=2, tied=True)
+    model = MoE(c, random_params(c))
+    bw, peak = Roof.bandwidth_gbs * 1e9, Roof.peak_gflops * 1e9
+
+    def record(B, flops_per_token):
+        rec = StepRecord(kind="decode", position=4, n_tokens=B)
+        rec.bytes["weights"] = model.step_weight_bytes(B)
+        rec.bytes["activations"] = 1000 * B
+        rec.flops["matmul"] = flops_per_token * B
+        return rec
+
+    for per_token in (1e3, 2e4, 1e5, 1e6):
+        counts = {B: record(B, per_token) for B in (1, 2, 4, 8)}
+        truth = next((B for B in range(1, 1 << 16)
+                      if per_token * B / peak > (model.step_weight_bytes(B) + 1000 * B) / bw), None)
+        assert critical_batch(model, counts, Roof) == truth, per_token
