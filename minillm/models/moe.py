@@ -183,11 +183,6 @@ def random_params(c: MoEConfig, seed: int = 0, std: float = 0.02, dtype=np.float
     return llama.random_params(c, seed, std, dtype, expected=iter_expected)
 
 
-def check_tensors(tensors: dict, c: MoEConfig, where: str) -> None:
-    """Every tensor the config needs, with its shape; nothing else. One clear line otherwise."""
-    llama.check_tensors(tensors, c, where, expected=iter_expected)
-
-
 # -- the expert layer --------------------------------------------------------------------------------
 
 _ROUTES: ContextVar = ContextVar("minillm_moe_routes", default=None)
