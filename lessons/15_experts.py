@@ -76,8 +76,8 @@ def lesson(L: Lesson) -> None:
     busiest = imbalance(L, mix)
     expert_parallelism(L, mix, busiest, crit)
     L.try_it(f"""
-        `minillm bench --batch 1,2,4,8,16,32 --model {MOE_NAME}` and the same with `--model {DENSE_NAME}`
-        measure this lesson's two curves as a command. Change `BATCHES` at the top of this lesson to
+        `minillm bench --batch 1,2,4,8,16,32 --model {MOE_NAME},{DENSE_NAME}` measures this lesson's
+        two curves as a command, in the same interleaved rounds. Change `BATCHES` at the top of this lesson to
         sweep past 32 and watch the mixture read all of its experts; in `FAST_PRESETS`, give the small
         mixture 64 experts and top-8 (Qwen3's ratio) and see how far the union falls behind B·k.
     """)
