@@ -527,3 +527,63 @@ def test_critical_batch_is_the_first_bound_batch_of_the_closed_form():
         truth = next((B for B in range(1, 1 << 16)
                       if per_token * B / peak > (model.step_weight_bytes(B) + 1000 * B) / bw), None)
         assert critical_batch(model, counts, Roof) == truth, per_token
+
+
+# -- published mixtures as named shapes: hardware --shape and diagnose ---------------------------------
+
+def test_named_mixture_shapes_read_active_bytes_and_the_union():
+    from minillm.measure.experts import PUBLISHED, params_read, published_params
+    from minillm.measure.shapes import decode_step_bytes, kv_bytes_per_token, shape
+    for name, key in (("mixtral-8x7b", "Mixtral-8x7B"), ("qwen3-30b-a3b", "Qwen3-30B-A3B"),
+                      ("deepseek-v3", "DeepSeek-V3")):
+        s, p = shape(name), PUBLISHED[key]
+        assert (s["n_params"], s["n_active"]) == published_params(p)
+        assert decode_step_bytes(s, 1, 2)["weights"] == 2 * s["n_active"] < 2 * s["n_params"]
+        assert params_read(s, 1) == s["n_active"] < params_read(s, 2) < params_read(s, 64) <= s["n_params"]
+        E, k = p["E"], p["k"]
+        assert params_read(s, 32) == pytest.approx(s["n_active"] + (p["layers"] - p["dense_layers"]) * 3 * p["d"]
+                                                   * p["expert_ffn"] * (moe.expected_distinct_experts(E, k, 32) - k))
+    assert kv_bytes_per_token(shape("deepseek-v3"), 2) == 61 * 576 * 2                # MLA's latent
+    assert kv_bytes_per_token(shape("mixtral-8x7b"), 2) == 2 * 32 * 8 * 128 * 2
+
+
+def test_hardware_shape_prints_a_mixtures_active_total_and_ceilings(capsys):
+    from minillm import cli
+    from minillm.cli.hardware import _ms
+    from minillm.measure.chips import CHIPS, roofline
+    from minillm.measure.experts import params_read
+    from minillm.measure.shapes import kv_bytes_per_sequence, shape
+    assert cli.main(["hardware", "--shape", "mixtral-8x7b", "--chip", "h100", "--context", "4096"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    s, h100 = shape("mixtral-8x7b"), CHIPS["h100-sxm"]
+    assert f"{s['n_params'] / 1e9:.2f}B params ({s['n_active'] / 1e9:.2f}B active: top-2 of 8 experts" in said
+    assert f"weights held: {2 * s['n_params'] / 1e9:,.2f} GB" in said
+    kv = kv_bytes_per_sequence(s, 4096, 2)
+    one = roofline(2 * s["n_active"] + kv, 2 * s["n_active"], h100).seconds
+    many = roofline(2 * params_read(s, 32) + 32 * kv, 64 * s["n_active"], h100).seconds
+    assert f"{h100.name} {_ms(one * 1e3)} {1 / one:,.0f}/s" in said
+    assert f"{_ms(many * 1e3)} {32 / many:,.0f}/s no: 93 GB, 2 GPUs at least" in said
+
+
+def test_diagnose_batches_a_mixture_by_the_union(monkeypatch, capsys):
+    """diagnose's batched table reads, for a mixture, the model's closed form of B tokens' weights
+    (uniform routing's union), and names its active parameters."""
+    import argparse
+    from minillm.cli import diagnose as d
+    from minillm.measure.chips import Hardware, roofline
+    from minillm.ui import report
+    gpu = Hardware(name="gpu-x", bandwidth_gbs=2000.0, peak_gflops=300_000.0, memory_gb=24)
+    monkeypatch.setattr(d, "get_chip", lambda name: gpu)
+    monkeypatch.setattr(d, "note_if_busy", lambda args: None)
+    folder = str(FIXTURES / "mixtral-tiny")
+    args = argparse.Namespace(prompt_tokens=40, answer_tokens=10, shared_prefix=0, chip="x", model=folder,
+                              weights="float32")
+    assert d.run(args) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    model = minillm.load(folder)
+    assert f"{model.config.active_params() / 1e6:,.0f}M active per token: top-2 of 4 experts" in said
+    _, _, _, first, _, _ = d.measure_workload(model, 40, 10)
+    own = report.fused_bytes(first, model.config, 4) - first.bytes["weights"]
+    weights = first.bytes["weights"] + model.step_weight_bytes(32) - model.step_weight_bytes(1)
+    r = roofline((weights + 32 * own) * d.FP16, 32 * first.total_flops, gpu)
+    assert f"32 {d._t(r.seconds)} {32 / r.seconds:,.0f}" in said

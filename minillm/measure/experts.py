@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..models.moe import expected_distinct_experts
+
 SOURCE = "config.json on the Hugging Face hub"
 PUBLISHED = {
     "Mixtral-8x7B": dict(repo="mistralai/Mixtral-8x7B-v0.1", layers=32, d=4096, heads=32, kv_heads=8, head_dim=128,
@@ -61,6 +63,37 @@ def kv_values_per_token(s: dict) -> int:
     if "mla" in s:
         return s["layers"] * (s["mla"]["kv_lora"] + s["mla"]["rope"])
     return 2 * s["layers"] * s["kv_heads"] * s["head_dim"]
+
+
+def moe_shape(name: str) -> dict:
+    """A published mixture (a key of PUBLISHED) in the fields `measure.shapes.shape` gives every named
+    model: its attention (GQA's KV heads, or MLA's latent as `kv_latent`), `n_params` (the total, what
+    memory holds) and `n_active` (what one token multiplies), and its experts: `n_expert` (E),
+    `top_k` (k), `expert_params` (one routed expert) and `sparse_layers`."""
+    s = PUBLISHED[name]
+    total, active = published_params(s)
+    out = {"n_layer": s["layers"], "n_head": s["heads"], "n_params": total, "n_active": active, "n_ctx": s["n_ctx"],
+           "n_expert": s["E"], "top_k": s["k"], "expert_params": 3 * s["d"] * s["expert_ffn"],
+           "sparse_layers": s["layers"] - s["dense_layers"]}
+    if "mla" in s:
+        a = s["mla"]
+        out.update(n_kv_head=s["heads"], head_dim=a["nope"] + a["rope"], v_head_dim=a["v"],
+                   kv_latent=a["kv_lora"] + a["rope"])
+    else:
+        out.update(n_kv_head=s["kv_heads"], head_dim=s["head_dim"])
+    return out
+
+
+def params_read(s: dict, B: int = 1) -> float:
+    """The weight parameters a decode step of B tokens reads, from a shape dict: a dense model's all of
+    them; a mixture's active ones at B = 1, and past it, per sparse layer, the experts uniform routing
+    adds to the k: E·(1 − (1 − k/E)^B) in all (`models.moe.expected_distinct_experts`)."""
+    if "n_active" not in s:
+        return s["n_params"]
+    if B == 1:
+        return s["n_active"]
+    extra = expected_distinct_experts(s["n_expert"], s["top_k"], B) - s["top_k"]
+    return s["n_active"] + s["sparse_layers"] * extra * s["expert_params"]
 
 
 def uniform_busiest(rng, rows: int, E: int, k: int) -> float:
