@@ -292,3 +292,17 @@ def test_fused_kernels_refuse_what_they_cannot_compute():
         kernels.paged_decode_attention(q, kp, kp, np.array([[0, 1]]), np.array([9]))
     with pytest.raises(ValueError, match="paged decode"):
         kernels.paged_decode_attention(q, kp, kp, np.array([[0, 1]]), np.array([0]))
+
+
+def test_fuse_picks_the_fused_implementation_where_there_is_one():
+    rng = np.random.default_rng(0)
+    qm = QuantMatrix.quantize(rng.standard_normal((8, 64)).astype(np.float32), "q4_1")
+    fq = kernels.fuse(qm)
+    assert isinstance(fq, kernels.FusedQuant) and fq.q is qm.q and kernels.fuse(fq) is fq
+    W = rng.standard_normal((64, 8)).astype(np.float32)
+    fd = kernels.fuse(W)
+    assert isinstance(fd, kernels.FusedDense) and (fd.n_in, fd.n_out) == (64, 8)
+    Wt = np.ascontiguousarray(W.T)
+    assert np.shares_memory(kernels.fuse(Wt, transposed=True).wt, Wt)        # [out, in] kept, no copy
+    for other in (W.astype(np.float64), rng.standard_normal(8).astype(np.float32)):
+        assert kernels.fuse(other) is other

@@ -444,11 +444,17 @@ def test_serve_answers_from_a_mixture(tmp_path, talking):
         line = p.stdout.readline()
         assert line.startswith("listening on http://127.0.0.1:"), (line, p.stderr.read() if p.poll() else "")
         conn = http.client.HTTPConnection("127.0.0.1", int(line.rsplit(":", 1)[1]), timeout=60)
-        conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "Hello", "max_tokens": 5}),
+        conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "Hello", "max_tokens": 5,
+                                                                 "temperature": 0}),
                      headers={"Content-Type": "application/json"})
         reply = conn.getresponse()
         body = json.loads(reply.read())
-        assert reply.status == 200 and body["usage"]["completion_tokens"] == 5, body
+        model = minillm.load(talking)
+        enc = minillm.tokenizer(model)
+        ids = minillm.generate(model, enc.encode("Hello"), 5)
+        ids = ids[:next((i for i, t in enumerate(ids) if t in model.eos_ids), len(ids))]
+        assert reply.status == 200 and body["choices"][0]["text"] == enc.decode(ids), body
+        assert body["usage"]["completion_tokens"] == len(ids) == 5, body          # greedy: no end token here
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=30) == 0
     finally:
@@ -577,7 +583,7 @@ def test_diagnose_batches_a_mixture_by_the_union(monkeypatch, capsys):
     monkeypatch.setattr(d, "note_if_busy", lambda args: None)
     folder = str(FIXTURES / "mixtral-tiny")
     args = argparse.Namespace(prompt_tokens=40, answer_tokens=10, shared_prefix=0, chip="x", model=folder,
-                              weights="float32")
+                              weights="float32", device="cpu")
     assert d.run(args) == 0
     said = " ".join(capsys.readouterr().out.split())
     model = minillm.load(folder)

@@ -3,6 +3,7 @@ same arithmetic the NumPy reference does.
 
     status()                     can the kernels run here (numba imports and compiles), and why not
     FusedQuant, FusedDense       weights answering models/' weight interface with fused products
+    fuse(w, transposed=False)    the fused implementation of a weight where there is one, else w
     quant_matmul_t, dense_matmul_t, attention, paged_decode_attention     the kernels as functions
 
 Everything but `status`, `available`, `set_threads` and `threads` needs numba: importing it
@@ -14,7 +15,7 @@ from __future__ import annotations
 from .runtime import Status, available, set_threads, status, threads
 
 _LAZY = {
-    "FusedQuant": "weights", "FusedDense": "weights", "FUSED_ROWS": "weights", "DENSE_ROWS": "weights",
+    "FusedQuant": "weights", "FusedDense": "weights", "fuse": "weights", "FUSED_ROWS": "weights", "DENSE_ROWS": "weights",
     "quant_matmul_t": "products", "dense_matmul_t": "products", "attention": "products",
     "paged_decode_attention": "products", "decode_chunk": "products",
 }

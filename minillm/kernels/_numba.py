@@ -2,21 +2,27 @@
 first call and cached on disk (`cache=True`: numba's __pycache__ next to this file, or
 NUMBA_CACHE_DIR), so a later process loads the machine code instead of compiling it again.
 
-Every product kernel is written in one loop form, chosen by measurement (benchmarks/kernels_bench.py,
-and the forms compared in this package's README section of the report): for each output row, one
+Every product kernel is written in one loop form, chosen by measurement: for each output row, one
 flat loop over the row's values, each value widened and scaled in registers and multiplied into a
 scalar accumulator per row of x. LLVM vectorizes that loop into wide accumulators and adds them up
-once at the row's end. The row's block scales are converted from float16 once per row into a small
-array first. Rows of x go in fours (then two, then one), so a row of weights is read from memory
-once for up to four rows of x and from the L1 cache for the others.
-Measured alternatives, slower: a [T, 32] accumulator array with the block widened into a [32]
-array (the runtime T keeps the accumulators in memory: 0.12x BLAS), a horizontal sum per block
-(0.31x), the scale converted per value inside the flat loop (0.84x), one row of x at a time for
-T > 1 (the weight row re-widened per row of x), the row's scales expanded to one per value before
-the loop (0.21-0.39x of this form), the row widened into an L1 float array then dotted (0.16-0.31x).
+once at the row's end (and, as the loop starts at 0 in steps of 32, sees that a vector of values
+shares one block's scale: no gather). The row's block scales are converted from float16 once per
+row into a small array first. Rows of x go in fours (then two, then one), so a row of weights is
+read from memory once for up to four rows of x and from the L1 cache for the others.
+
+Measured alternatives (Q8_0 over SmolLM2's matrices, one row of x, interleaved rounds on a busy
+2-core machine, as multiples of float32 BLAS's speed in the same run; such a machine moves these
+ratios between runs, so only ratios within one run are compared): run A: a [T, 32] accumulator
+array with each block widened into a [32] array 0.12x (a runtime T keeps the accumulators in
+memory), a horizontal sum per block 0.31x, a [32] accumulator for one row of x 1.49x, the flat
+loop converting each value's scale from float16 3.17x; run B: that flat loop 0.84x, this form
+(scales converted once per row) 5.11x. Then as multiples of this form's speed (one thread, CPU
+time): the scales expanded to one per value before the loop 0.21-0.39x, the row widened into an
+L1 float array and then dotted 0.16-0.31x, one group of eight rows of x instead of four and four
+1.05x (not worth a second copy of the loop).
 A Q4 byte is split in floats: hi = floor(byte / 16), lo = byte - 16·hi (exact below 256). numba
-types `byte & 15` and `byte >> 4` as int64, and LLVM then widens 8 lanes at a time and converts
-int64 to float (vcvtqq2ps): measured slower.
+types `byte & 15` and `byte >> 4` as int64; LLVM then widens 8 lanes at a time and converts int64
+to float (vcvtqq2ps): 1.7x the CPU time of the float split.
 """
 
 from __future__ import annotations
@@ -225,7 +231,8 @@ def flash_attention(q, k, v, out, scale, bq, bk):
     """Causal attention, FlashAttention's online softmax. q [H, Tq, hd], k, v [Hkv, Tk, hd],
     out [H, Tq, hd]; query i sits at position Tk - Tq + i. One work item: a KV head and a tile of
     bq queries of each of its g query heads; keys go in tiles of bk, each tile's keys and values
-    read for all g·bq rows (from the cache after the first). Per row a running max `mx`, a running
+    read for all g·bq rows (from the cache after the first), four rows at a time where all four
+    see the whole tile (one load of a key or value row serves four queries). Per row a running max `mx`, a running
     sum `l` and the unnormalised output `acc`: a new tile's scores s give mx' = max(mx, max s), and
     l, acc are rescaled by exp(mx - mx') before the tile's exp(s - mx') are added. A row sees only
     keys <= its position: no mask, no score past the diagonal computed."""
@@ -244,6 +251,7 @@ def flash_attention(q, k, v, out, scale, bq, bk):
         mx = np.full(rows, -np.inf, np.float32)
         l = np.zeros(rows, np.float32)
         s = np.empty(bk, np.float32)
+        s4 = np.empty((4, bk), np.float32)
         for h in range(g):
             for ii in range(n):
                 for e in range(hd):
@@ -252,7 +260,51 @@ def flash_attention(q, k, v, out, scale, bq, bk):
         for j0 in range(0, last, bk):
             nk = min(last, j0 + bk) - j0
             for h in range(g):
-                for ii in range(n):
+                ii = 0
+                while ii + 4 <= n and off + i0 + ii + 1 - j0 >= nk:   # four rows that see the whole tile
+                    row = h * n + ii
+                    for j in range(nk):                    # scores: each key read once for four rows
+                        a0 = np.float32(0.0)
+                        a1 = np.float32(0.0)
+                        a2 = np.float32(0.0)
+                        a3 = np.float32(0.0)
+                        for e in range(hd):
+                            kv = k[hk, j0 + j, e]
+                            a0 += qs[row, e] * kv
+                            a1 += qs[row + 1, e] * kv
+                            a2 += qs[row + 2, e] * kv
+                            a3 += qs[row + 3, e] * kv
+                        s4[0, j] = a0
+                        s4[1, j] = a1
+                        s4[2, j] = a2
+                        s4[3, j] = a3
+                    for t in range(4):
+                        mnew = mx[row + t]
+                        for j in range(nk):
+                            mnew = max(mnew, s4[t, j])
+                        corr = fexp(mx[row + t] - mnew)
+                        lsum = np.float32(0.0)
+                        for j in range(nk):
+                            p = fexp(s4[t, j] - mnew)
+                            s4[t, j] = p
+                            lsum += p
+                        l[row + t] = l[row + t] * corr + lsum
+                        mx[row + t] = mnew
+                        for e in range(hd):
+                            acc[row + t, e] *= corr
+                    for j in range(nk):                    # values: each read once for four rows
+                        p0 = s4[0, j]
+                        p1 = s4[1, j]
+                        p2 = s4[2, j]
+                        p3 = s4[3, j]
+                        for e in range(hd):
+                            vv = v[hk, j0 + j, e]
+                            acc[row, e] += p0 * vv
+                            acc[row + 1, e] += p1 * vv
+                            acc[row + 2, e] += p2 * vv
+                            acc[row + 3, e] += p3 * vv
+                    ii += 4
+                for ii in range(ii, n):
                     lim = min(nk, off + i0 + ii + 1 - j0)   # keys j0 .. j0+lim-1 are visible
                     if lim <= 0:
                         continue

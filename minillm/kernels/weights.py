@@ -117,3 +117,17 @@ class FusedDense:
 
     def rows_counts(self, N: int) -> dict:
         return {"weights": N * self.n_in * self.wt.itemsize, "dequant": 0}
+
+
+def fuse(w, transposed: bool = False):
+    """The fused implementation of a weight, where there is one: a QuantMatrix -> FusedQuant (same
+    planes, no copy); a float32 2-D array -> FusedDense (W [in, out], or Wt [out, in] with
+    `transposed`, then no copy); anything else (float64, a vector, already fused) unchanged: the
+    NumPy path computes it."""
+    if isinstance(w, FusedQuant) or isinstance(w, FusedDense):
+        return w
+    if isinstance(w, QuantMatrix):
+        return FusedQuant.of(w)
+    if isinstance(w, np.ndarray) and w.ndim == 2 and w.dtype == np.float32:
+        return FusedDense(w, transposed=transposed)
+    return w

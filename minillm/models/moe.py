@@ -45,6 +45,7 @@ import numpy as np
 
 from .. import meter
 from ..config import LlamaConfig
+from ..backend import DeviceError
 from ..errors import ConfigError
 from . import llama, ops
 from .llama import Block, Llama, fuse_block, mlp
@@ -272,24 +273,27 @@ class MoE(Llama):
     manifest = staticmethod(iter_expected)
 
     def __init__(self, config: MoEConfig, tensors: dict, *, name: str = "", dtype=None,
-                 eos_ids: tuple[int, ...] = (), weights: str = "float32") -> None:
+                 eos_ids: tuple[int, ...] = (), weights: str = "float32", device=None) -> None:
         c = config
         name = name or f"{c.model_type}-{c.n_layer}x{c.n_embd}-{c.n_expert}e"
+        if device is not None and device.is_gpu:            # the routing and grouping are NumPy's
+            raise DeviceError(f"{name}: a mixture of experts runs on the CPU only for now; use --device cpu")
         check_blocks({"expert FFN": c.expert_ffn}, str(weights).lower(), name)
-        super().__init__(config, tensors, name=name, dtype=dtype, eos_ids=eos_ids, weights=weights)
+        super().__init__(config, tensors, name=name, dtype=dtype, eos_ids=eos_ids, weights=weights, device=device)
 
-    def block_params(self, tensors: dict, i: int, dtype, weights: str) -> Block:
+    def block_params(self, tensors: dict, i: int, dtype, weights: str, device=None) -> Block:
         """Attention and norms as Llama's; then a dense MLP, or the router [d, E] and per expert
         its gate|up [d, 2F_e] and down [F_e, d] (`experts.{e}.gate_up.weight`, ...)."""
         c = self.config
         if not c.is_sparse(i):
-            return fuse_block(tensors, i, c, dtype, weights)
-        p = fuse_block(tensors, i, c, dtype, weights, dense_mlp=False)
-        p["router.weight"] = make_weight(tensors[router_name(c, i)], "float32", dtype, rows=True)   # [d, E]
+            return fuse_block(tensors, i, c, dtype, weights, device)
+        p = fuse_block(tensors, i, c, dtype, weights, device, dense_mlp=False)
+        mat = lambda w, fmt: make_weight(w, fmt, dtype, rows=True, device=device)
+        p["router.weight"] = mat(tensors[router_name(c, i)], "float32")                  # [d, E], float
         for e in range(c.n_expert):
             gate, up, down = (tensors[n] for n in expert_names(c, i, e))
-            p[f"experts.{e}.gate_up.weight"] = make_weight([gate, up], weights, dtype, rows=True)  # [d, 2F_e]
-            p[f"experts.{e}.down_proj.weight"] = make_weight(down, weights, dtype, rows=True)      # [F_e, d]
+            p[f"experts.{e}.gate_up.weight"] = mat([gate, up], weights)                  # [d, 2F_e]
+            p[f"experts.{e}.down_proj.weight"] = mat(down, weights)                      # [F_e, d]
         return p
 
     def ffn(self, layer: int):
@@ -385,7 +389,7 @@ MOE_PRESETS: dict[str, LlamaConfig] = {
 }
 
 
-def random_moe(name: str, dtype=np.float32, weights: str = "float32") -> Llama:
+def random_moe(name: str, dtype=np.float32, weights: str = "float32", device=None) -> Llama:
     """A preset of MOE_PRESETS with seeded random weights (normal(0, 0.02)): an `MoE`, or for the
     `-dense` one a `Llama`."""
     try:
@@ -394,4 +398,4 @@ def random_moe(name: str, dtype=np.float32, weights: str = "float32") -> Llama:
         raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(MOE_PRESETS)}") from None
     cls = MoE if isinstance(c, MoEConfig) else Llama
     params = llama.random_params(c, RANDOM_SEED, 0.02, np.float32, expected=cls.manifest)
-    return cls(c, params, name=name, dtype=dtype, weights=weights)
+    return cls(c, params, name=name, dtype=dtype, weights=weights, device=device)
