@@ -593,3 +593,14 @@ def test_diagnose_batches_a_mixture_by_the_union(monkeypatch, capsys):
     weights = first.bytes["weights"] + model.step_weight_bytes(32) - model.step_weight_bytes(1)
     r = roofline((weights + 32 * own) * d.FP16, 32 * first.total_flops, gpu)
     assert f"32 {d._t(r.seconds)} {32 / r.seconds:,.0f}" in said
+
+
+def test_a_gpu_is_refused_in_one_line():
+    """The routing and grouping are NumPy's: a mixture built for a GPU says so before any array moves."""
+    import numpy
+    from minillm.backend import Device, DeviceError
+    gpu = Device("cuda", numpy, "a stand-in GPU")
+    c = MoEConfig(n_layer=1, n_head=2, n_kv_head=1, head_dim=16, n_embd=32, n_ctx=16, vocab_size=50, ffn=32,
+                  n_expert=4, top_k=2)
+    with pytest.raises(DeviceError, match="runs on the CPU only for now; use --device cpu"):
+        MoE(c, random_params(c), device=gpu)
