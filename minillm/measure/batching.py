@@ -11,6 +11,10 @@ Interleaved rounds, medians. Beside each B, in the same run:
     products, 3-63 rows padded to a multiple of 8: the fix);
   - at B = 1, the bare matrix-vector pass in both weight layouts, the ceiling a decode step can reach.
 
+With `deterministic=True`, each round also runs every B's prefill and decode steps in the
+batch-invariant mode (kernels/invariant.py) beside the default ones, interleaved, so its cost is
+measured against the default on the same machine in the same minutes.
+
 The critical batch is where decode turns compute-bound: the smallest B whose step needs more time
 for its FLOPs than for its bytes (from the meter's counts at B = 1 and 2, which grow linearly in B).
 """
@@ -27,6 +31,7 @@ from ..cache.paged import PagedKVPool, reserve_step
 from ..engine.runner import run_step
 from ..engine.sequence import Sequence
 from ..errors import MiniLLMError
+from ..kernels import invariant
 from ..models import ops
 from .bench import decode_weights, head_array, matvec_pass, matvec_pass_out_in
 from ..meter import Meter
@@ -61,6 +66,26 @@ def start(model, B: int, context: int, steps: int, rng) -> list[Sequence]:
     return seqs
 
 
+def prefill_again(model, seqs: list[Sequence]) -> float:
+    """Seconds for the B prompts' prefill again, as one batched step (the caches emptied first)."""
+    for s in seqs:
+        del s.output[:]
+        s.cache.truncate(0)
+    t0 = time.perf_counter()
+    step(model, seqs)
+    return time.perf_counter() - t0
+
+
+def decode_steps(model, seqs: list[Sequence], steps: int) -> float:
+    """The median seconds of `steps` decode steps of the B sequences."""
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step(model, seqs)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def rewind(seqs: list[Sequence], context: int) -> None:
     """Back to just after the prefill: one sampled token pending, `context` positions cached."""
     for s in seqs:
@@ -90,8 +115,10 @@ def check_batches(model, batches: list[int], context: int = 16, steps: int = 4) 
 
 
 def run_batch_bench(model, batches: list[int], hw, context: int = 16, repeats: int = 5, steps: int = 4,
-                    progress=None) -> dict:
+                    progress=None, deterministic: bool = False) -> dict:
     check_batches(model, batches, context, steps)
+    if deterministic:
+        invariant.check()
     rng = np.random.default_rng(0)
     mats = decode_weights(model)
     mats_t = [np.ascontiguousarray(w.T) for w in mats]
@@ -108,16 +135,19 @@ def run_batch_bench(model, batches: list[int], hw, context: int = 16, repeats: i
     plain = {B: [] for B in batches}
     shaped = {B: [] for B in batches}
     layout_io, layout_oi = [], []
+    modes = (False, True) if deterministic else (False,)
+    prefill_s = {(B, d): [] for B in batches for d in modes}
+    decode_s = {(B, d): [] for B in batches for d in modes}
     for _ in range(repeats):
         for B in batches:                                    # interleaved: every B once per round
             seqs = runs[B]
-            times = []
-            for _ in range(steps):
-                t0 = time.perf_counter()
-                step(model, seqs)
-                times.append(time.perf_counter() - t0)
-            rewind(seqs, context)
-            step_s[B].append(statistics.median(times))
+            for d in modes:                                  # and, with deterministic, both modes
+                with invariant.mode(d):
+                    if deterministic:
+                        prefill_s[B, d].append(prefill_again(model, seqs))
+                    decode_s[B, d].append(decode_steps(model, seqs, steps))
+                rewind(seqs, context)
+            step_s[B].append(decode_s[B, False][-1])
             plain[B].append(bare_pass(mats, head, B, shaped=False))
             shaped[B].append(bare_pass(mats, head, B, shaped=True))
             if progress:
@@ -141,6 +171,11 @@ def run_batch_bench(model, batches: list[int], hw, context: int = 16, repeats: i
             "bare_plain_ms": med(plain[B]) * 1e3, "bare_engine_ms": med(shaped[B]) * 1e3,
             "spread_ms": [min(step_s[B]) * 1e3, max(step_s[B]) * 1e3],
         })
+        if deterministic:
+            rows[-1].update({
+                "prefill_ms": med(prefill_s[B, False]) * 1e3, "det_prefill_ms": med(prefill_s[B, True]) * 1e3,
+                "det_ms_step": med(decode_s[B, True]) * 1e3, "det_tok_s": B / med(decode_s[B, True]),
+            })
     one = {}
     if 1 in counts and 2 in counts:
         one = {"critical_batch": critical_batch((counts[1].total_bytes, counts[1].total_flops),
@@ -152,7 +187,7 @@ def run_batch_bench(model, batches: list[int], hw, context: int = 16, repeats: i
     bare_io, bare_oi = med(layout_io) * 1e3, med(layout_oi) * 1e3
     return {
         "model": model.name, "context": context, "repeats": repeats, "steps_per_sample": steps,
-        "rows": rows, **one,
+        "rows": rows, **one, "deterministic": deterministic,
         "ridge_flops_per_byte": hw.peak_gflops / hw.bandwidth_gbs,
         "bare_in_out_ms": bare_io, "bare_out_in_ms": bare_oi,
         "b1_of_bare": (min(bare_io, bare_oi) / base["ms_step"]) if base else None,
