@@ -121,6 +121,20 @@ def test_batched_chunked_and_cached_tokens_equal_alone_bit_for_bit(models, name,
         assert same_bits(lg, want_logits), req          # not only the tokens: every logit, bit for bit
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_generate_in_the_mode_equals_the_engine_with_and_without_the_cache(models, name):
+    """`generate(..., deterministic=True)`: its own loop (a contiguous cache, or no cache and the whole
+    sequence every step) gives the engine's tokens for the request alone."""
+    model = models[name]
+    reqs, _ = fixed_case(model, n=4)
+    for prompt, n, temperature, seed in reqs:
+        want = alone(model, (prompt, n, temperature, seed))[0]
+        for kv_cache in (True, False):
+            got = minillm.generate(model, prompt, n, temperature=temperature, seed=seed, kv_cache=kv_cache,
+                                   deterministic=True)
+            assert got == want
+
+
 def fixed_case(model, n=16, seed=7):
     """A fixed workload: n requests, half sharing a 16-token prefix, seeded at temperature 1 and greedy."""
     rng = np.random.default_rng(seed)
