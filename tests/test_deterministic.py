@@ -275,3 +275,20 @@ def test_deterministic_without_numba_says_so_in_one_line(tmp_path):
         assert r.returncode != 0 and "Traceback" not in r.stderr
         lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
         assert len(lines) == 1 and "--deterministic needs the numba kernels" in lines[0], r.stderr
+
+
+def test_serve_sim_and_bench_take_the_flag(tmp_path):
+    """`serve-sim --deterministic` runs its engine in the mode (and says so in its JSON); `bench
+    --deterministic` without `--batch` is one line naming what to add."""
+    env = dict(os.environ) | {"MINILLM_HOME": str(tmp_path), "MINILLM_FAST": "1"}
+    env.pop("PYTHONPATH", None)
+    r = subprocess.run([sys.executable, "-m", "minillm", "serve-sim", "--model", "random-tiny", "--requests", "3",
+                        "--rate", "50", "--max-batched-tokens", "8", "--deterministic", "--json"],
+                       capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    runs = json.loads(r.stdout)
+    assert [x["deterministic"] for x in runs] == [True] and runs[0]["requests"] == 3
+    r = subprocess.run([sys.executable, "-m", "minillm", "bench", "--model", "random-tiny", "--deterministic"],
+                       capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "--deterministic measures the batch-invariant mode's cost with --batch" in r.stderr.strip().splitlines()[-1]
