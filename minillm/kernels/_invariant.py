@@ -23,22 +23,43 @@ CB = 256         # outputs per work item: a row's [CB] slice of y stays in L1 wh
 @njit(cache=True)
 def matmul_item(x, a, y, item):
     """x [T, C], a [C, R] (C-contiguous), y [T, R]: outputs item·CB .. of y = x @ a, each summed over C
-    in order: for each row of x, y[t, slice] += x[t, k]·a[k, slice] for k = 0, 1, ... (an axpy over
-    contiguous outputs, vectorized across them). Measured against tiles of four rows of x with a
-    [4, 64] accumulator array (4-8x slower at one row) and the [out, in] layout (its strided reads
-    3-8x slower)."""
+    in order: y[t, slice] += x[t, k]·a[k, slice] for k = 0, 1, ... (an axpy over contiguous outputs,
+    vectorized across them). Rows of x go in fours, each value of a read once for four rows, then
+    one at a time: the same sum for every output either way (no fused multiply-add, nothing
+    reordered), so which rows share a pass changes no bit. Measured on one thread against one row
+    at a time: 1.7-2.6x faster from 5 rows; against tiles with a [4, 64] accumulator array (4-8x
+    slower at one row) and the [out, in] layout (its strided reads 3-8x slower)."""
     T, C = x.shape
     R = a.shape[1]
     c0 = item * CB
     c1 = min(R, c0 + CB)
-    for t in range(T):
+    n = c1 - c0
+    t = 0
+    while t + 4 <= T:
+        y0, y1, y2, y3 = y[t, c0:c1], y[t + 1, c0:c1], y[t + 2, c0:c1], y[t + 3, c0:c1]
+        y0[:] = 0
+        y1[:] = 0
+        y2[:] = 0
+        y3[:] = 0
+        for k in range(C):
+            x0, x1, x2, x3 = x[t, k], x[t + 1, k], x[t + 2, k], x[t + 3, k]
+            ak = a[k, c0:c1]
+            for j in range(n):
+                w = ak[j]
+                y0[j] += x0 * w
+                y1[j] += x1 * w
+                y2[j] += x2 * w
+                y3[j] += x3 * w
+        t += 4
+    while t < T:
         yt = y[t, c0:c1]
         yt[:] = 0
         for k in range(C):
             xv = x[t, k]
             ak = a[k, c0:c1]
-            for j in range(c1 - c0):
+            for j in range(n):
                 yt[j] += xv * ak[j]
+        t += 1
 
 
 @njit(cache=True)
