@@ -8,11 +8,13 @@ a prompt's queries in blocks whose key range depends on how the prompt was split
 float32 a sequence's logits in a batch differ from its logits alone in the last bits, and now and
 then a token does.
 
-What this mode changes, and only while it is on (`with invariant.mode():`, which `CausalLM.step`
-enters for the engine's `deterministic=True`):
+What this mode changes, and only while it is on (`with invariant.mode():`, which the engine enters
+around each step for `Engine(..., deterministic=True)`, and `generate(..., deterministic=True)`
+around its loop; models/ops.py and models/plan.py ask `on()`):
     products   `matmul(w, x)`: each output a sum over the input in index order (kernels/_invariant.py),
                the same for 1 row or 500
     attention  `attention(q, k, v)`: each query over exactly its keys, in tiles anchored at key 0
+               (and no batched decode gather: every sequence attends over its own cache)
 The rest of a step already computes each row on its own: NumPy's reductions over a contiguous last
 axis (the norms, the softmax of sampling) sum each row in an order fixed by its length, and the
 element-wise functions (GELU's tanh, SwiGLU, RoPE) give each element the same result wherever it
