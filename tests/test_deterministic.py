@@ -30,6 +30,9 @@ from minillm.engine import runner
 from minillm.engine.engine import Engine
 from minillm.engine.sequence import SamplingParams
 from minillm.kernels import invariant
+from minillm.models import ops
+from minillm.models.quant import QuantMatrix
+from minillm.models.weights import Dense
 
 pytestmark = pytest.mark.skipif(not minillm.kernels.available(), reason="the batch-invariant kernels need numba")
 
@@ -181,7 +184,6 @@ def test_the_kernels_give_each_row_the_same_bits_in_any_batch():
     """Below the engine: a product's row and an attention query's output are the same bits whatever
     rows come with them, whatever the split of a prompt (a prefill query equals a decode query at
     its position), for float32 and float64; and they equal NumPy's to rounding."""
-    from minillm.models.weights import Dense
     rng = np.random.default_rng(0)
     for dtype, tol in ((np.float32, 1e-4), (np.float64, 1e-12)):
         w = Dense(rng.standard_normal((96, 600)).astype(dtype))
@@ -199,16 +201,14 @@ def test_the_kernels_give_each_row_the_same_bits_in_any_batch():
             for i0, i1 in ((0, 1), (0, 7), (5, 40), (39, 40)):
                 end = 130 + i1
                 assert np.array_equal(invariant.attention(q[:, i0:i1], k[:, :end], v[:, :end]), out[:, i0:i1])
-            from minillm.models import ops
         np.testing.assert_allclose(out, ops.attention(q, k, v), rtol=tol, atol=tol)
 
 
 def test_a_quantized_weight_is_batch_invariant_too():
-    from minillm.models.quant import QuantMatrix
+    """A weight kept as GGUF blocks: widened a tile of rows at a time, the same fixed order."""
     rng = np.random.default_rng(1)
     w = QuantMatrix.quantize(rng.standard_normal((300, 64)).astype(np.float32), "q8_0")   # [out, in]
     x = rng.standard_normal((9, 64)).astype(np.float32)
-    full = invariant.matmul(w, x) if invariant.on() else None
     with invariant.mode():
         full = invariant.matmul(w, x)
         assert np.array_equal(invariant.matmul(w, x[3:4])[0], full[3])
