@@ -15,6 +15,7 @@ from rich.table import Table
 from ..checkpoints.load import load
 from ..engine.speculative import MAX_K, check_draft_model
 from ..errors import MiniLLMError
+from ..kernels import invariant
 from ..measure.batching import check_batches, run_batch_benches
 from ..measure.bench import check_contexts, run_bench
 from ..measure.gpu import gpu_figures, summary as gpu_summary
@@ -38,6 +39,9 @@ def add_arguments(parser) -> None:
                              "the roofline and bare passes over the weights; shows this machine's critical batch")
     parser.add_argument("--batch-context", type=int, default=16, metavar="N",
                         help="with --batch: prompt length of every sequence (default 16)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="with --batch: also run each step batch-invariant (serve --deterministic), "
+                             "interleaved, to measure what it costs")
     parser.add_argument("--speculate", default=None, metavar="K,K,...",
                         help="instead: speculative decoding with K guesses per round, for each K (e.g. 1,2,4,8), "
                              "against plain cached decode, on real held-out text")
@@ -97,8 +101,12 @@ def run(args) -> int:
     else:
         model = load(args.model or ("large" if ks is not None else "random-124m"))
         models = {model.name: model}
+    if args.deterministic and batches is None:
+        raise MiniLLMError("--deterministic measures the batch-invariant mode's cost with --batch: give --batch too")
     if batches is not None:
         check_batches(model, batches, args.batch_context)
+        if args.deterministic:
+            invariant.check()
     elif ks is None:
         check_contexts(model, contexts)
     hw = machine(progress=not args.json)     # this thread count's figures (measured once, then cached)
@@ -176,7 +184,8 @@ def bench_batches(args, models: dict, batches: list[int], hw):
     names = ", ".join(escape(n) for n in models)
     results = _run_with_bar(args, f"batched decode, {names}", args.repeats,
                             lambda tick: run_batch_benches(models, batches, hw, context=args.batch_context,
-                                                           repeats=args.repeats, progress=tick))
+                                                           repeats=args.repeats, progress=tick,
+                                                           deterministic=args.deterministic))
     machine_ = {"bandwidth_gbs": hw.bandwidth_gbs, "method": hw.method, "peak_gflops": hw.peak_gflops}
     for r in results.values():
         r["machine"] = machine_
@@ -223,10 +232,24 @@ def _show_batches(args, name: str, result: dict, hw, together: str, blas: str) -
                   f"{result['bare_in_out_ms']:.1f} ms, \\[out, in] {result['bare_out_in_ms']:.1f} ms: the engine "
                   f"runs at {100 * result['b1_of_bare']:.0f}% of the faster. Best: B = {best['batch']}, "
                   f"{best['tok_s'] / base['tok_s']:.1f}× the tokens/s of B = 1.")
+    if result["deterministic"]:
+        out.print(deterministic_table(result))
     cb = result["critical_batch"]
     crit = "none up to B = 65,536 on this run's counts" if cb is None else f"B ≈ {cb:,}"
     out.print(f"critical batch on this machine: {crit} — ridge {result['ridge_flops_per_byte']:.1f} FLOP/byte "
               f"= {hw.peak_gflops:.0f} GFLOP/s ÷ {hw.bandwidth_gbs:.1f} GB/s; {blas}")
+
+
+def deterministic_table(result) -> Table:
+    """The batch-invariant mode against the default, per B, from the same interleaved rounds."""
+    t = _table(f"batch-invariant mode (--deterministic) against the default, same rounds, prompts of "
+               f"{result['context']}", ("B", "prefill ms", "det. prefill ms", "×", "decode ms/step",
+                                        "det. ms/step", "×", "det. tok/s"))
+    for r in result["rows"]:
+        t.add_row(str(r["batch"]), f"{r['prefill_ms']:.1f}", f"{r['det_prefill_ms']:.1f}",
+                  f"{r['det_prefill_ms'] / r['prefill_ms']:.2f}", f"{r['ms_step']:.1f}", f"{r['det_ms_step']:.1f}",
+                  f"{r['det_ms_step'] / r['ms_step']:.2f}", f"{r['det_tok_s']:.0f}")
+    return t
 
 
 def bench_speculation(args, model, ks: list[int], hw):

@@ -27,6 +27,7 @@ import numpy as np
 from .. import backend, meter
 from ..config import ModelConfig
 from ..errors import PromptError
+from ..kernels import invariant
 from . import ops
 
 BATCHED_DECODE_KEYS = 128   # up to this many keys per sequence, a decode batch is attended as one gather
@@ -127,8 +128,9 @@ class BatchedDecode:
 
 def batched_decode(spans: list[Span]) -> BatchedDecode | None:
     """B > 1 decode tokens in one paged pool, none with more than BATCHED_DECODE_KEYS keys: one
-    gather per layer beats B separate reads."""
-    if len(spans) < 2 or any(s.n != 1 for s in spans):
+    gather per layer beats B separate reads. Not in the batch-invariant mode (kernels/invariant.py),
+    where every sequence attends on its own, exactly as it would alone."""
+    if invariant.on() or len(spans) < 2 or any(s.n != 1 for s in spans):
         return None
     pool = getattr(spans[0].cache, "pool", None)
     if pool is None or any(getattr(s.cache, "pool", None) is not pool for s in spans):
