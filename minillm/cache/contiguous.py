@@ -1,5 +1,6 @@
 """The contiguous KV cache: every layer's keys and values for every position of one sequence,
-preallocated to n_ctx.
+preallocated to n_ctx (a context longer than PREALLOCATE positions, 32,768, starts there and doubles
+as positions fill: a model claiming 10^7 positions does not reserve gigabytes for a short chat).
 
 Layout [L, Hkv, n_ctx, hd] (Hkv = the model's KV heads: GPT-2's H, fewer with grouped-query
 attention): for one layer, the keys of all heads are one [Hkv, t, hd] view
@@ -65,21 +66,34 @@ class CacheBase:
             raise ValueError(f"truncate({t}): the cache holds {self.length} positions")
 
 
+PREALLOCATE = 1 << 15       # positions a contiguous cache allocates up front, at most
+
+
 class KVCache(CacheBase):
     def __init__(self, config: ModelConfig, dtype=np.float32) -> None:
-        shape = (config.n_layer, config.n_kv_head, config.n_ctx, config.head_dim)
         self.config = config
         self.dtype = np.dtype(dtype)
-        self.k = np.zeros(shape, dtype=dtype)   # [L, Hkv, n_ctx, hd]
-        self.v = np.zeros(shape, dtype=dtype)   # [L, Hkv, n_ctx, hd]
+        self.k = self.v = None
+        self._allocate(min(config.n_ctx, PREALLOCATE))
         self.length = 0                         # positions filled so far
+
+    def _allocate(self, n: int) -> None:
+        """Arrays for n positions, [L, Hkv, n, hd] each, the filled positions copied over."""
+        c = self.config
+        k = np.zeros((c.n_layer, c.n_kv_head, n, c.head_dim), dtype=self.dtype)
+        v = np.zeros_like(k)
+        if self.k is not None:
+            k[:, :, :self.length], v[:, :, :self.length] = self.k[:, :, :self.length], self.v[:, :, :self.length]
+        self.k, self.v = k, v                   # [L, Hkv, capacity, hd]
 
     @property
     def capacity(self) -> int:
-        return self.n_ctx
+        return self.k.shape[2]
 
     def reserve(self, n_new: int) -> None:
         self.check_fits(n_new)
+        if self.length + n_new > self.capacity:                      # only past PREALLOCATE: doubles
+            self._allocate(min(self.n_ctx, max(2 * self.capacity, self.length + n_new)))
 
     def write(self, layer: int, pos: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store keys and values [Hkv, T, hd] of positions pos .. pos+T-1 for one layer, in place."""
@@ -111,6 +125,7 @@ class KVCache(CacheBase):
         """A new cache holding a copy of the positions filled so far (a shared prompt prefix, say).
         Only the filled positions are copied; the rest of the new cache is fresh, untouched memory."""
         other = KVCache(self.config, self.k.dtype)
+        other.reserve(self.length)
         other.k[:, :, :self.length] = self.k[:, :, :self.length]
         other.v[:, :, :self.length] = self.v[:, :, :self.length]
         other.length = self.length
