@@ -15,7 +15,8 @@ _DAMAGED = "the file is damaged or not a GGUF file; re-download it"
 # Sane maxima, checked before anything is sized by them. The context is the one count no tensor
 # bounds (RoPE has no table in the file), so it has its own: 2^24 positions (Llama 4 Scout's 10M fit).
 MAX_CONTEXT = 1 << 24
-MAX_COUNT = (1 << 31) - 1   # layers, heads, widths, vocabulary: int32, so no product of them overflows
+MAX_COUNT = (1 << 63) - 1   # layers, heads, widths, vocabulary: int64 (NumPy's index); each is then
+                            # checked against the tensors it describes, before anything loops over it
 
 
 def whole(value, field: str, source, hi: int = MAX_COUNT) -> int:

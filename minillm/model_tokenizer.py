@@ -161,7 +161,7 @@ def gguf_token_id(md: dict, key: str, n_vocab: int, where) -> int | None:
     at load, so a bad one is one line now, never a TypeError when a chat is rendered."""
     value = md.get(key)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n_vocab):
-        raise WeightsError(f"{where}: metadata {key} = {str(value)[:40]!r} is not a token id of its "
+        raise WeightsError(f"{where}: metadata {key} = {repr(value)[:40]} is not a token id of its "
                            f"{n_vocab:,}-token vocabulary (0 to {n_vocab - 1:,}); re-download the file")
     return value
 
