@@ -327,3 +327,153 @@ def test_hostile_gguf_is_one_line_or_a_model_within_limits(tmp_path, name, build
         assert outcome[1]["cache"] < 64 << 20, outcome     # a 10^7 context: the cache grows as it fills
     else:
         one_error(outcome, "hostile.gguf", *words)
+
+
+# -- Hugging Face folders -----------------------------------------------------------------------------
+
+CHATML = ("{% for m in messages %}{{'<|s1|>' + m['role'] + '\\n' + m['content'] + '<|s0|>\\n'}}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|s1|>assistant\\n' }}{% endif %}")
+
+
+def hf_folder(tmp_path: Path) -> Path:
+    """The tiny Llama fixture with a tokenizer.json (the GGUF tests' 512-token vocabulary) and a
+    tokenizer_config.json: a whole chat model's folder, to mutate."""
+    from minillm.model_tokenizer import from_gguf_metadata
+    d = tmp_path / "llama"
+    d.mkdir()
+    for name in ("config.json", "generation_config.json"):
+        shutil.copy(FIXTURE / name, d / name)
+    os.symlink(FIXTURE / "model.safetensors", d / "model.safetensors")
+    md = {k: v[1][1] if v[0] == ARR else v[1] for k, v in tokenizer_metadata(512).items()}
+    (d / "tokenizer.json").write_text(from_gguf_metadata(md, "t.gguf").tok.to_str())
+    (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|s0|>", "chat_template": CHATML}))
+    return d
+
+
+def edit(d: Path, name: str, change) -> None:
+    """Rewrite JSON file `name` of folder d: change(value) -> the new value (None for a key removes it)."""
+    value = json.loads((d / name).read_text())
+    (d / name).write_text(json.dumps(change(value)))
+
+
+def merge(**fields):
+    return lambda cfg: {k: v for k, v in {**cfg, **fields}.items() if v is not None}
+
+
+def _shard_index(d: Path, rng) -> None:
+    name = "".join(rng.choice(list("abcdef")) for _ in range(5000)) + ".safetensors"
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"embed_tokens.weight": name}}))
+
+
+def _big(d: Path, name: str, size: int) -> None:
+    """A file of `size` bytes that starts as JSON would (sparse: the cap must refuse it unread)."""
+    with open(d / name, "wb") as f:
+        f.write(b'{"model": {"type": "BPE", "vocab": {"' + b"a" * 64)
+        f.truncate(size)
+
+
+HF_CASES = [
+    ("num_attention_heads 0 without head_dim",
+     lambda d, rng: edit(d, "config.json", merge(num_attention_heads=0, head_dim=None)),
+     ["config.json", "num_attention_heads = 0"]),
+    ("num_attention_heads as text", lambda d, rng: edit(d, "config.json", merge(num_attention_heads="4")),
+     ["num_attention_heads = '4'"]),
+    ("num_hidden_layers 10^9", lambda d, rng: edit(d, "config.json", merge(num_hidden_layers=10**9)),
+     ["num_hidden_layers = 1,000,000,000", "2 blocks"]),
+    ("num_hidden_layers 2^64", lambda d, rng: edit(d, "config.json", merge(num_hidden_layers=2**64)),
+     ["num_hidden_layers", "must be an integer from 1 to"]),
+    ("max_position_embeddings 10^9", lambda d, rng: edit(d, "config.json", merge(max_position_embeddings=10**9)),
+     ["max_position_embeddings = 1000000000", "16,777,216"]),
+    ("max_position_embeddings 2^63", lambda d, rng: edit(d, "config.json", merge(max_position_embeddings=2**63)),
+     ["max_position_embeddings", "16,777,216"]),
+    ("max_position_embeddings 10^7", lambda d, rng: edit(d, "config.json", merge(max_position_embeddings=10**7)),
+     None),
+    ("config.json a list", lambda d, rng: (d / "config.json").write_text("[1, 2]"),
+     ["config.json: expected a JSON object, found list"]),
+    ("tokenizer_config.json a list", lambda d, rng: (d / "tokenizer_config.json").write_text('["x"]'),
+     ["tokenizer_config.json: expected a JSON object, found list"]),
+    ("tokenizer_config eos_token a list", lambda d, rng: edit(d, "tokenizer_config.json", merge(eos_token=["x"])),
+     ["tokenizer_config.json: eos_token"]),
+    ("generation_config eos ['x']", lambda d, rng: edit(d, "generation_config.json", merge(eos_token_id=["x"])),
+     ["generation_config.json: eos_token_id = ['x']", "0 to 511"]),
+    ("generation_config eos -1", lambda d, rng: edit(d, "generation_config.json", merge(eos_token_id=-1)),
+     ["generation_config.json: eos_token_id = -1"]),
+    ("generation_config eos past the vocabulary",
+     lambda d, rng: edit(d, "generation_config.json", merge(eos_token_id=[2, 10**6])),
+     ["generation_config.json: eos_token_id = [2, 1000000]"]),
+    ("generation_config eos true", lambda d, rng: edit(d, "generation_config.json", merge(eos_token_id=True)),
+     ["generation_config.json: eos_token_id = True"]),
+    ("a 5,000-character shard name", _shard_index, ["model.safetensors.index.json", "shard name", "5,012 bytes"]),
+    ("a 40 MB tokenizer.json", lambda d, rng: _big(d, "tokenizer.json", 40 << 20),
+     ["tokenizer.json: 41,943,040 bytes, over the 16,777,216-byte cap"]),
+    ("a 20 MB config.json", lambda d, rng: _big(d, "config.json", 20 << 20),
+     ["config.json: 20,971,520 bytes, over the 16,777,216-byte cap"]),
+    ("a 2 MB chat_template.jinja", lambda d, rng: (edit(d, "tokenizer_config.json", merge(chat_template=None)),
+                                                   _big(d, "chat_template.jinja", 2 << 20)),
+     ["chat_template.jinja: 2,097,152 bytes, over the 1,048,576-byte cap"]),
+    ("tokenizer.json not UTF-8", lambda d, rng: (d / "tokenizer.json").write_bytes(b'{"model": "\xff\xfe"}'),
+     ["tokenizer.json: not UTF-8"]),
+    ("as copied", lambda d, rng: None, None),
+]
+
+
+@pytest.mark.parametrize("name, mutate, words", HF_CASES, ids=[c[0] for c in HF_CASES])
+def test_hostile_folder_is_one_line_or_a_model_within_limits(tmp_path, name, mutate, words):
+    rng = random.Random([c[0] for c in HF_CASES].index(name))
+    d = hf_folder(tmp_path)
+    mutate(d, rng)
+    t0 = time.monotonic()
+    outcome = contained(load_and_run(d))
+    assert time.monotonic() - t0 < LIMIT_SECONDS
+    if words is None:
+        assert outcome[0] == "ok", outcome
+        assert outcome[1]["cache"] < 64 << 20, outcome
+    else:
+        one_error(outcome, *words)
+
+
+def test_a_bad_bos_never_reaches_render_time(tmp_path):
+    """A bos id that is no token was refused only when a chat was rendered: `serve` answered 500 to
+    every chat. Now the load refuses it, and a good file renders its template with the bos text."""
+    from minillm.chat import render
+    path = with_md(llama_gguf(), tokenizer__chat_template=(STR, "{{ bos_token }}{{ messages[0]['content'] }}"),
+                   tokenizer__ggml__bos_token_id=(I32, -3)).write(tmp_path / "bad.gguf")
+    one_error(contained(lambda: minillm.tokenizer(path).bos_id), "bos_token_id = -3")
+    good = with_md(llama_gguf(), tokenizer__chat_template=(STR, "{{ bos_token }}{{ messages[0]['content'] }}"),
+                   tokenizer__ggml__bos_token_id=(U32, 300)).write(tmp_path / "good.gguf")
+    text = render([{"role": "user", "content": "hi"}], minillm.tokenizer(good))[0]
+    assert text == "<|s43|>hi"                                   # id 300: the 44th control token
+
+
+# -- every header field of a valid file, mutated ------------------------------------------------------
+
+INTERESTING = [0, 1, 2, 3, 7, 8, 9, 12, 31, 32, 33, 64, 255, 256, 4096, 10**7, 2**31 - 1, 2**31, 2**32 - 1,
+               2**32, 2**61, 2**63 - 1, 2**63, 2**64 - 1]
+
+
+@pytest.fixture(scope="module")
+def valid_llama(tmp_path_factory):
+    g = llama_gguf()
+    path = g.write(tmp_path_factory.mktemp("valid") / "valid.gguf")
+    return path, path.read_bytes(), g.fields
+
+
+@seed(33)
+@settings(max_examples=60, deadline=None, database=None)
+@given(data=st.data())
+def test_every_header_field_mutated_is_one_line_or_a_model(valid_llama, tmp_path_factory, data):
+    """A header field of a valid file (a count, a length, a type tag, a value, a dimension, an offset)
+    set to an interesting value: one clear line or a working model, within the limits, always."""
+    path, raw, fields = valid_llama
+    what = data.draw(st.sampled_from(sorted({w for _, _, w in fields})), label="field")   # each field alike
+    at, fmt, what = data.draw(st.sampled_from([f for f in fields if f[2] == what]), label="occurrence")
+    size = struct.calcsize(fmt)
+    value = data.draw(st.sampled_from(INTERESTING).map(lambda v: v % (1 << (8 * size))), label="value")
+    mutated = bytearray(raw)
+    mutated[at:at + size] = value.to_bytes(size, "little") if fmt[-1] not in "fd?" else bytes([value % 256]) * size
+    bad = tmp_path_factory.mktemp("mutated") / "mutated.gguf"
+    bad.write_bytes(bytes(mutated))
+    outcome = contained(load_and_run(bad), seconds=LIMIT_SECONDS)
+    assert outcome[0] in ("ok", "error"), (what, value, outcome)
+    if outcome[0] == "error":
+        one_error(outcome, "mutated.gguf")

@@ -53,6 +53,8 @@ class GGUFTensor:
 
 
 def _error(path, problem: str) -> WeightsError:
+    """One line: a damaged file's names may hold any character, shown as "?" unless printable."""
+    problem = "".join(c if c.isprintable() else "?" for c in problem)
     return WeightsError(f"{path}: {problem}; {_DAMAGED}")
 
 
