@@ -477,3 +477,29 @@ def test_every_header_field_mutated_is_one_line_or_a_model(valid_llama, tmp_path
     assert outcome[0] in ("ok", "error"), (what, value, outcome)
     if outcome[0] == "error":
         one_error(outcome, "mutated.gguf")
+
+
+# -- what the long context costs: nothing until it is used ------------------------------------------
+
+@pytest.mark.parametrize("seed_", [0, 1])
+def test_a_cache_that_grows_computes_what_a_preallocated_one_does(monkeypatch, seed_):
+    """Past PREALLOCATE positions the contiguous cache doubles as it fills: the same logits, bit for
+    bit, as a cache allocated whole (here PREALLOCATE is 4, so a 40-token run grows it four times)."""
+    from minillm.cache import contiguous
+    model = minillm.load(FIXTURE)
+    rng = np.random.default_rng(seed_)
+    prompt, steps = rng.integers(0, 512, int(rng.integers(2, 9))), int(rng.integers(20, 32))
+
+    def run():
+        logits, cache = model.prefill(prompt)
+        out = [logits]
+        for _ in range(steps):
+            out.append(model.decode_step(int(np.argmax(out[-1])), cache))
+        return np.stack(out), cache
+
+    whole, big = run()
+    monkeypatch.setattr(contiguous, "PREALLOCATE", 4)
+    grown, small = run()
+    np.testing.assert_array_equal(grown, whole)
+    assert big.capacity == model.config.n_ctx and small.capacity < model.config.n_ctx
+    assert small.fork().k[:, :, :small.length].tobytes() == small.k[:, :, :small.length].tobytes()
