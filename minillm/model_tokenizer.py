@@ -130,7 +130,8 @@ def from_gguf_metadata(md: dict, where) -> ModelTokenizer:
             and isinstance(types, (list, np.ndarray)) and len(types) == len(tokens)):
         raise WeightsError(f"{where}: the tokenizer's tokens, merges or token types are missing or damaged; "
                            "re-download the file")
-    eos, eot, bos = (gguf_token_id(md, f"tokenizer.ggml.{k}_token_id", len(tokens), where) for k in ("eos", "eot", "bos"))
+    eos, eot, bos = (gguf_token_id(md, f"tokenizer.ggml.{k}_token_id", len(tokens), where)
+                     for k in ("eos", "eot", "bos"))
     vocab = {t: i for i, t in enumerate(tokens)}
     try:
         pairs = [tuple(m.split(" ", 1)) for m in merges]

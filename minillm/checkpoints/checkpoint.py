@@ -253,9 +253,9 @@ def gpt2_from_gguf(md: dict, tensors: dict, path: Path, dtype, weights: str, nam
         a = tensors[k]
         held = tuple(a.shape)[::-1] if k.endswith(GPT2.MATRICES) else tuple(a.shape)   # GGUF's [out, in]
         if held != shape:
-            raise WeightsError(f"{path}: tensor {gguf_name(k)} has shape {list(held)} but the metadata ({config.n_layer} "
-                               f"layers, width {config.n_embd}, context {config.n_ctx}, vocab {config.vocab_size}) "
-                               f"needs {list(shape)}; the metadata disagrees with the tensors: re-download the file")
+            raise WeightsError(f"{path}: tensor {gguf_name(k)} has shape {list(held)} but the metadata "
+                               f"({config.n_layer} layers, width {config.n_embd}, context {config.n_ctx}, "
+                               f"vocab {config.vocab_size}) needs {list(shape)}; the metadata disagrees with the tensors: re-download the file")
         if k.endswith(GPT2.MATRICES) and isinstance(a, np.ndarray):
             a = np.ascontiguousarray(a.T)                           # GGUF's [out, in] rows -> [in, out]
         params[k] = np.asarray(a, dtype=dtype) if isinstance(a, np.ndarray) else a
