@@ -30,6 +30,8 @@ def lesson(L: Lesson) -> None:
     the_vocabulary(L, enc)
     L.pause()
     endoftext(L, enc, n_tokens)
+    L.pause()
+    glossary(L)
 
 
 def token_table(enc, ids: list[int]) -> Table:
@@ -145,6 +147,47 @@ def endoftext(L: Lesson, enc, n_tokens: int) -> None:
         Or from Python: `python -c "import minillm; print(minillm.tokenizer().encode(' hello world'))"`
         prints `{hello}`.
     """)
+
+
+# The words the later lessons use, each with the lesson that measures it (shown at the end of lesson 1,
+# and `minillm learn 1` again any time).
+GLOSSARY = (
+    ("prefill", "the prompt's pass: all its tokens at once", 3),
+    ("decode", "one new token a step, reading every weight", 4),
+    ("KV cache", "earlier positions' keys and values, kept", 5),
+    ("FLOP/byte", "arithmetic intensity: FLOPs per byte moved", 6),
+    ("bandwidth", "bytes a second from memory (GB/s): decode's limit", 6),
+    ("ridge", "peak FLOP/s ÷ bandwidth: above it, compute-bound", 7),
+    ("roofline", "time ≥ max(bytes ÷ bandwidth, FLOPs ÷ peak)", 7),
+    ("memory-bound", "the bytes' term of the roofline is the larger", 7),
+    ("batch, B", "sequences sharing one step: one weight read", 8),
+    ("critical batch", "the B at which decode turns compute-bound", 8),
+    ("TTFT", "time to first token: arrival to first token", 9),
+    ("TBT", "time between tokens: one gap of one request", 9),
+    ("TPOT", "time per output token: a request's mean gap", 9),
+    ("p50, p95, p99", "what 50%, 95%, 99% of samples stay within", 9),
+    ("SLO", "a latency target, e.g. TTFT ≤ 0.5 s", 9),
+    ("goodput", "requests a second meeting every target", 9),
+    ("continuous batching", "sequences join and leave at every step", 9),
+    ("paged KV", "KV memory in blocks, given out as sequences grow", 9),
+    ("prefix caching", "reusing the KV of a prompt start seen before", 10),
+    ("speculative decoding", "a draft guesses k tokens, one step checks them", 11),
+    ("GQA", "grouped-query attention: query heads share KV heads", 12),
+    ("chunked prefill", "a long prompt split over steps (a token budget)", 13),
+    ("disaggregation", "prefill and decode on separate engines", 13),
+    ("quantization", "weights or KV in fewer bits: Q8_0, Q4_0, ...", 14),
+)
+
+
+def glossary(L: Lesson) -> None:
+    L.section("Words you will meet")
+    t = Table(header_style="bold", box=None, pad_edge=False, show_header=True)
+    t.add_column("#", justify="right", no_wrap=True)
+    t.add_column("word", style="bold", no_wrap=True)
+    t.add_column("what it means", no_wrap=True)
+    for word, meaning, n in GLOSSARY:
+        t.add_row(str(n), word, meaning)
+    L.show(t, "[dim]#: the lesson that measures it; this list again: minillm learn 1[/]")
 
 
 def main(argv: list[str] | None = None) -> int:

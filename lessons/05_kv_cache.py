@@ -13,6 +13,8 @@ import minillm
 from minillm.config import GPT2_SIZES
 from minillm.lessons._common import (Lesson, bar_chart, faster_words, fmt_bytes, fmt_flops, fmt_x, paired_chart,
                                      ratio_range, run_lesson, time_interleaved, token_text)
+from minillm.measure.chips import get_chip
+from minillm.measure.shapes import UTILISATION, capacity, shape
 from minillm.ui import report
 
 TITLE = "The KV cache: compute each token once"
@@ -22,14 +24,10 @@ WHAT_YOU_WILL_SEE = "same tokens, flat per-step cost, measured speedups, 72 KiB 
 PROMPT = "JULIET: O Romeo, Romeo! wherefore art thou Romeo?"
 SAMPLING = {"temperature": 0.8, "top_k": 40, "seed": 1}   # a seeded sample: greedy text loops
 
-# Published shapes of two 7-8B models (their configs) and GPU memory sizes (datasheets): enough to size
-# a KV cache. KV bytes per token = 2 · layers · KV heads · head size · bytes per number.
-BIG_MODELS = {   # name: (parameters, layers, KV heads, head size)
-    "Llama-2-7B (MHA: 32 KV heads)": (6.74e9, 32, 32, 128),
-    "Llama-3-8B (GQA: 8 KV heads)": (8.03e9, 32, 8, 128),
-}
-GPU_MEMORY_GB = {"A100 80 GB": 80, "H100 SXM 80 GB": 80, "H200 141 GB": 141}
-MEMORY_USE = 0.9        # the share of GPU memory a server takes (vLLM's gpu_memory_utilization default)
+# Published shapes of two 7-8B models (measure/shapes.py, from their configs) and GPUs (measure/chips.py,
+# with each chip's own memory): the capacity function sizes the KV cache for lesson 12 and the commands too.
+BIG_MODELS = {"Llama-2-7B (MHA: 32 KV heads)": "llama-2-7b", "Llama-3-8B (GQA: 8 KV heads)": "llama-3-8b"}
+GPUS = ("a100-80gb", "h100-sxm", "h200")
 
 
 def metered_generate(model, ids, n: int, kv_cache: bool, **sampling) -> tuple[list[int], minillm.Meter]:
@@ -121,7 +119,8 @@ def speedup_measured(L: Lesson, model, ids) -> list:
     L.section("Speedup, measured")
     P, c = len(ids), model.config
     big = model.n_params() > 50e6
-    lengths = [n for n in L.pick([8, 16, 32] if big else [16, 64, 192], [16, 96]) if n <= c.n_ctx - P]
+    # naive decode's work grows with the square of the length: the longest run sets the lesson's time
+    lengths = [n for n in L.pick([8, 16, 32] if big else [16, 48, 128], [16, 96]) if n <= c.n_ctx - P]
     rows = []
     with L.status("timing naive and cached decode at several lengths, in turns…"):
         work = {}
@@ -149,13 +148,10 @@ def speedup_measured(L: Lesson, model, ids) -> list:
     n, s_n, s_c, fr = rows[-1]
     L.claim(all(fr > 1.0 for *_, fr in rows) and rows[-1][3] > rows[0][3],
             "it saves FLOPs at every length, and more the longer the answer (counted)")
-    # Timed: the claim asks only for the median, with the FLOPs saved at least 2× (a margin a busy
-    # machine's noise, which the interleaved rounds share, does not close).
+    # Timed: words from the rounds, never a claim (a busy machine changes the words, not the exit status).
     mid = ratio_range(s_c, s_n)
-    L.say(f"For {n} new tokens, " + faster_words(mid, "the cache", "naive decode") + ".")
-    if fr >= 2:
-        L.claim(mid[0] < 1.0, f"for {n} new tokens, saving {fmt_x(fr)} the FLOPs, the cached decode took less "
-                              f"time than the naive one at the median of the interleaved rounds")
+    L.say(f"For {n} new tokens, saving {fmt_x(fr)} the FLOPs, "
+          + faster_words(mid, "the cache", "naive decode") + ".")
     L.say("""
         The longer the answer, the more the cache saves: naive decode's total FLOPs grow with the
         square of the length, cached decode's about linearly. At short lengths the fixed costs both
@@ -194,22 +190,27 @@ def what_the_cache_costs(L: Lesson, model, decode) -> None:
         need more memory for their caches than for the model. For big models with long contexts the
         cache, not the weights, decides how many requests fit on a GPU:
 
-        **sequences that fit ≈ (GPU memory × {MEMORY_USE} − weights) ÷ (KV bytes per token × context)**
+        **sequences that fit = (GPU memory × {UTILISATION} − weights) ÷ (KV bytes per token × context)**
+
+        ({UTILISATION:.0%}: the share of memory a server takes, vLLM's default `gpu_memory_utilization`;
+        the rest is the runtime's.)
     """)
     L.pause()
     ctx = 4096
-    t = Table(header_style="bold", title=f"fp16, {ctx:,}-token contexts, {MEMORY_USE:.0%} of memory used",
+    gpus = [get_chip(g) for g in GPUS]
+    t = Table(header_style="bold", title=f"fp16, {ctx:,}-token contexts, {UTILISATION:.0%} of memory used",
               title_justify="left")
     t.add_column("model")
     t.add_column("KV/token", justify="right")
-    for gpu in GPU_MEMORY_GB:
-        t.add_column(gpu, justify="right")
+    for gpu in gpus:
+        t.add_column(f"{gpu.name} ({gpu.memory_gb:g} GB)", justify="right")
     fits = {}
-    for name, (n, layers, kv_heads, hd) in BIG_MODELS.items():
-        kv = 2 * layers * kv_heads * hd * 2
-        fits[name] = [max(0, int((gb * 1e9 * MEMORY_USE - 2 * n) // (kv * ctx))) for gb in GPU_MEMORY_GB.values()]
-        t.add_row(name, f"{kv // 1024} KiB", *(f"{f} seqs" for f in fits[name]))
-    L.show(t)
+    for name, key in BIG_MODELS.items():
+        s = shape(key)
+        caps = [capacity(s, ctx, gpu.memory_gb * 1e9) for gpu in gpus]
+        fits[name] = [c["sequences"] for c in caps]
+        t.add_row(name, f"{caps[0]['kv_bytes_per_token'] / 1024:g} KiB", *(f"{f} seqs" for f in fits[name]))
+    L.show(t, "[dim]the same function answers `minillm hardware --shape llama-2-7b --fit 4096 --chip a100`[/]")
     mha, gqa = fits.values()
     L.say(f"""
         Grouped-query attention (GQA) keeps fewer KV heads than query heads, so the same GPU holds
@@ -278,7 +279,10 @@ def two_classic_bugs(L: Lesson, model, enc, ids, rows) -> None:
     L.try_it("""
         `minillm compare "ROMEO:" --max-new-tokens 200`: both decodes side by side, with the
         counters of every step and the measured speedup. Expect identical text, flat cached steps,
-        and a speedup that grows if you raise `--max-new-tokens`.
+        and a speedup that grows if you raise `--max-new-tokens`. `compare` reports **time**, this
+        lesson's "speedup (time)" column, not its "FLOPs saved": the saved FLOPs grow faster than the
+        saved time, because every step, cached or not, still reads every weight once and pays a
+        fixed cost per operation.
     """)
 
 

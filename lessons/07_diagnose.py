@@ -9,6 +9,7 @@ import math
 import statistics
 
 import numpy as np
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
@@ -160,7 +161,7 @@ def three_steps_on_the_roofline(L: Lesson, model, hw, rng):
         Each letter sits at its intensity and at the GFLOP/s it **achieved** here (FLOPs ÷ measured time).
         Left of the ridge the roof slopes: there, more bandwidth would mean more speed. Right of it the
         roof is flat: only more arithmetic would help. Ridges: this machine {hw.ridge:.3g} (float32, as
-        measured at {hw.blas_threads or "?"} BLAS threads), A100 {CHIPS['a100-80gb'].ridge:.0f}, H100
+        measured at {plural(hw.blas_threads, "BLAS thread") if hw.blas_threads else "? BLAS threads"}), A100 {CHIPS['a100-80gb'].ridge:.0f}, H100
         {CHIPS['h100-sxm'].ridge:.0f} FLOP/byte (dense fp16 tensor math). The GPUs' ridges are higher
         partly from fp16 tensor cores: a server CPU computing in bf16 on many cores reaches tens of
         FLOP/byte, and this figure is for float32 on a shared machine.
@@ -171,7 +172,8 @@ def three_steps_on_the_roofline(L: Lesson, model, hw, rng):
     L.say(f"Cached decode's {dec.intensity:.3g} FLOP/byte is {here} this machine's ridge ({hw.ridge:.3g}): "
           f"{'memory' if here == 'below' else 'compute'}-bound here.")
     L.fact("cached decode at batch 1 is memory-bound on the A100 and H100: about 2 FLOPs per weight, 2 bytes "
-           "per fp16 weight, 1 FLOP/byte, against ridges of 153 and 295")
+           f"per fp16 weight, 1 FLOP/byte, against ridges of {CHIPS['a100-80gb'].ridge:.0f} and "
+           f"{CHIPS['h100-sxm'].ridge:.0f}")
     L.claim(naive.intensity > dec.intensity,
             f"naive decode has the higher intensity ({naive.intensity:.3g}), because it redoes the whole "
             "sequence: a high FLOPs-per-byte figure is not a goal in itself, useful work per second is")
@@ -252,9 +254,9 @@ def which_phase_dominates(L: Lesson, model, hw, rng) -> dict:
         peak, so prefill gets cheap and the token-by-token decode, waiting on memory, is what is left.
         On a GPU in fp16, for one request alone: prefill ≈ 2·params·P ÷ peak and decode ≈ N_out · 2·params ÷
         bandwidth, so **prefill ÷ decode ≈ (P ÷ N_out) ÷ ridge**. A {P_:,}-token prompt with a {N_}-token answer
-        on an A100: {alone:.0%}, decode dominates. In a server, B requests' decodes share each weight read,
-        so decode's time per request falls by about B and the ratio becomes ≈ P·B ÷ (N_out·ridge): at
-        B = {B_}, {batched:.2g}. That is where the article's rule of thumb **prompts over ~1k tokens → look
+        on an A100: {fmt_x(alone)}, {dominates(alone)}. In a server, B requests' decodes share each weight
+        read, so decode's time per request falls by about B and the ratio becomes ≈ P·B ÷ (N_out·ridge): at
+        B = {B_}, {fmt_x(batched)}, {dominates(batched)}. That is where the article's rule of thumb **prompts over ~1k tokens → look
         at prefill** comes from: batched serving. Measure your own mix before optimizing.
     """)
     return {"mc": mc, "n_answer": n_answer, "plain_answers": plain_answers, "q_ids": q_ids,
@@ -412,9 +414,9 @@ def batching(L: Lesson, model, dec, hw) -> None:
     W = dec.bytes["weights"]
     own = report.fused_bytes(dec, model.config, 4) - W               # a sequence's own bytes, fused, fp32
     a100 = CHIPS[GPUS[0]]
-    t = Table(header_style="bold")
-    for col in ("batch", "FLOP/byte", "tokens/s here", "bound here", "A100, fused", "tokens/s A100"):
-        t.add_column(col, justify="right")
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("B", "FLOP/byte", "tok/s", "from", "bound", "A100", "A100 tok/s"):
+        t.add_column(col, justify="right", no_wrap=True)
     inten = []
     for B in measured + [64, 256, 1024]:
         row = next((r for r in rows if r["batch"] == B), None)
@@ -422,9 +424,10 @@ def batching(L: Lesson, model, dec, hw) -> None:
         here = roofline(nbytes, flops, hw)
         gpu = roofline((W + B * own) * FP16, B * dec.total_flops, a100)
         inten.append(here.intensity)
-        speed = f"{row['tok_s']:,.0f} measured" if row else f"{B / here.seconds:,.0f} roof"
-        t.add_row(str(B), f"{here.intensity:.3g}", speed, here.bound, gpu.bound, f"{B / gpu.seconds:,.0f}")
-    L.show(t)
+        speed, how = (f"{row['tok_s']:,.0f}", "measured") if row else (f"{B / here.seconds:,.0f}", "roofline")
+        t.add_row(str(B), f"{here.intensity:.3g}", speed, how, here.bound, gpu.bound, f"{B / gpu.seconds:,.0f}")
+    L.show(t, "[dim]B, FLOP/byte, tok/s, bound: this machine (tok/s measured, or by its roofline); A100: its "
+              "roofline's verdict and tokens/s, fp16, ideal fusion[/]")
     L.busy_note()
     L.claim(all(y > x for x, y in zip(inten, inten[1:])),
             "the more sequences share a weight read, the higher the intensity (counted at the measured B)")
@@ -436,6 +439,15 @@ def batching(L: Lesson, model, dec, hw) -> None:
         Servers batch continuously (*continuous batching*): a finished sequence leaves the batch and a
         waiting one joins at the next step, which is also the answer to "many short requests".
     """)
+
+
+def dominates(prefill_over_decode: float) -> str:
+    """Which phase a prefill ÷ decode time ratio says takes longer (within 10%: neither)."""
+    if prefill_over_decode > 1.1:
+        return "prefill dominates"
+    if prefill_over_decode < 1 / 1.1:
+        return "decode dominates"
+    return "prefill about equals decode"
 
 
 def batching_words(flops: float, weight_bytes: float, own_bytes: float, ridge: float, context: int) -> str:
@@ -461,18 +473,19 @@ def batching_words(flops: float, weight_bytes: float, own_bytes: float, ridge: f
 
 def quantization(L: Lesson, model, hw) -> None:
     L.section("3d. Quantization: fewer bytes per weight")
-    t = Table(header_style="bold")
-    t.add_column("weights in")
-    t.add_column("model bytes", justify="right")
-    t.add_column("decode ceiling here", justify="right")
-    t.add_column("decode ceiling, A100", justify="right")
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("weights in", no_wrap=True)
+    t.add_column("model bytes", justify="right", no_wrap=True)
+    t.add_column("ceiling here", justify="right", no_wrap=True)
+    t.add_column("ceiling, A100", justify="right", no_wrap=True)
     ceil = {}
     for dt in ("fp32", "fp16", "int8", "int4"):
         here = decode_ceiling(model.n_params(), dt, hw)
         gpu = decode_ceiling(model.n_params(), dt, GPUS[0])
         ceil[dt] = here["tokens_per_s"]
         t.add_row(dt, fmt_bytes(here["bytes_per_token"]), f"{here['tokens_per_s']:,.0f} tok/s", f"{gpu['tokens_per_s']:,.0f} tok/s")
-    L.show(f"[bold]{escape(model.name)}, {model.n_params():,} parameters, batch 1: chips.decode_ceiling[/]", t)
+    L.show(f"[bold]{escape(model.name)}, {model.n_params():,} parameters, batch 1: chips.decode_ceiling[/]", t,
+           "[dim]ceiling: the most decode tokens/s the bytes allow at the bandwidth[/]")
     L.show(bar_chart("Decode ceiling on this machine:", [(dt, v, f"{v:,.0f} tok/s") for dt, v in ceil.items()], style="green"))
     # The ceiling's premise, checked on the engine: a step's weight bytes scale with the bytes per weight.
     tiny = {np.dtype(dt).itemsize: minillm.load("random-tiny", dtype=dt, quiet=True) for dt in (np.float32, np.float64)}
@@ -490,9 +503,10 @@ def quantization(L: Lesson, model, hw) -> None:
         group) and keep the KV cache and activations in 16 bits.
 
         Quantization helps **decode** directly, because decode's time is bytes ÷ bandwidth. For prefill
-        it depends on the kind. **Weight-only** formats (GPTQ, AWQ, GGUF Q4: *W4A16*) turn the weights
-        back into fp16 and compute in fp16: fewer bytes, the same FLOP time, so they help decode and
-        not prefill (the unpacking can even slow it). **Weights and activations** in 8 bits (*W8A8*
+        it depends on the kind. **Weight-only** formats (GPTQ, AWQ on Marlin-style kernels: *W4A16*) turn
+        the weights back into fp16 and compute in fp16: fewer bytes, the same FLOP time, so they help
+        decode and not a long prefill (the unpacking can even slow it). llama.cpp's GGUF kernels also
+        quantize the activations to 8 bits per block and multiply integers: *W4A8* in effect. **Weights and activations** in 8 bits (*W8A8*
         INT8, or FP8) use the tensor cores' faster 8-bit math: fewer bytes *and* faster FLOPs, so they
         help both. Every format trades some accuracy; KV caches can be quantized too (FP8 KV).
         Lesson 14 runs real Q8_0 and Q4_0 weights here and measures how close NumPy gets to these ceilings.
@@ -520,8 +534,46 @@ def on_a_gpu(L: Lesson) -> None:
         ({big['tokens_per_s']:.0f} tokens/s) no single H100 can run. **Tensor parallelism** splits every
         weight matrix over n GPUs: each reads 1/n of the weights per step, so the ceiling becomes n ×
         bandwidth ÷ bytes (2 H100s: {2 * h100.bandwidth_gbs / big['gb_per_token']:.0f} tokens/s, 4:
-        {4 * h100.bandwidth_gbs / big['gb_per_token']:.0f}), less the time of the all-reduce that joins
-        the parts after every layer.
+        {4 * h100.bandwidth_gbs / big['gb_per_token']:.0f}), less the time of the all-reduces that join
+        the parts.
+    """)
+    tensor_parallel_cost(L, h100)
+
+
+ALLREDUCE_LATENCY_S = 10e-6   # an assumed order for one small NCCL all-reduce over NVLink (5-20 µs is typical)
+
+
+def tensor_parallel_cost(L: Lesson, h100) -> None:
+    """What tensor parallelism costs, on paper: two all-reduces per layer, each of B·d·b bytes."""
+    from minillm.measure.shapes import SHAPES, shape
+    s = shape("llama-3-70b")
+    d, layers, b = SHAPES["llama-3-70b"].n_embd, s["n_layer"], 2
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("GPUs", "weights/GPU", "weight read", "all-reduce bytes", "latency floor"):
+        t.add_column(col, justify="right", no_wrap=True)
+    rows = {}
+    for n in (2, 4, 8):
+        per_gpu = s["n_params"] * b / n
+        read = per_gpu / (h100.bandwidth_gbs * 1e9)
+        moved = 2 * layers * 2 * (n - 1) / n * d * b         # batch 1, ring all-reduce, per GPU per step
+        floor = 2 * layers * ALLREDUCE_LATENCY_S
+        rows[n] = (read, floor)
+        t.add_row(str(n), fmt_bytes(per_gpu), fmt_time(read), fmt_bytes(moved), fmt_time(floor))
+    L.show(t, f"[dim]llama-3-70b in fp16 on H100s, batch 1: two all-reduces per layer ({layers} layers) of "
+              f"B·d·b = {d * b:,} bytes each; latency floor at an assumed {fmt_time(ALLREDUCE_LATENCY_S)} per "
+              "all-reduce[/]")
+    read8, floor8 = rows[8]
+    read2, floor2 = rows[2]
+    L.say(f"""
+        Tensor parallelism splits each layer's matrices by columns then rows, so every layer ends twice
+        with an **all-reduce** that sums the GPUs' partial outputs: B·d·b bytes each, tiny at batch 1 and
+        B times more in a batch. The bytes hardly matter; the count does. At 8 GPUs the weight read
+        falls to {fmt_time(read8)} while {2 * layers} all-reduces stay at about {fmt_time(floor8)}
+        ({fmt_x(floor8 / read8)} the read, against {fmt_x(floor2 / read2)} at 2 GPUs): the more GPUs, the
+        larger the share of a small-batch step the all-reduces take. **Pipeline**
+        parallelism (layers split into stages) sends far fewer bytes but leaves stages idle (the
+        *bubble*) unless many micro-batches are in flight; **expert** parallelism puts a mixture of
+        experts' experts on different GPUs and sends each token to the ones it needs (all-to-all).
     """)
 
 
@@ -535,7 +587,9 @@ def the_diagnosis(L: Lesson, dec, hw, results) -> None:
           sooner on this CPU (ridge {hw.ridge:.2g}). In this run, A's prefill did
           {a['prefill']['flops'] / (a['prefill']['flops'] + a['decode']['flops']):.0%} of the FLOPs.
           What helps: more FLOP/s (8-bit math: W8A8, FP8), prefix caching when prompts repeat, fewer
-          prompt tokens, several GPUs (tensor parallelism) or separate prefill machines (disaggregation).
+          prompt tokens, several GPUs (tensor parallelism). Separate prefill machines (disaggregation) do
+          not make a prefill cheaper: they stop it stalling others' decode, and let each phase be
+          provisioned and parallelised on its own.
         - **Long answers** → *decode*, which waits on memory. B's decode moved
           {b_['decode']['bytes'] / (b_['prefill']['bytes'] + b_['decode']['bytes']):.0%} of the bytes, at
           {dec.intensity:.2g} FLOP/byte. What helps: more bandwidth, quantization, batching, a lean KV cache,

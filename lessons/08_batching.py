@@ -94,6 +94,13 @@ def same_tokens(L: Lesson, model) -> None:
         rounding, and a sampled one where the random draw lands within rounding of the boundary between
         two tokens. The tokens still come from the same distribution; after a flip a sequence goes its own
         way. In float64 the tests find the tokens equal.
+
+        The batch is not the only thing that changes the order of a sum. A prompt prefilled in chunks
+        (lesson 13), or found in the prefix cache (lesson 10), reaches its keys through other products
+        than one whole pass; GPU kernels split a long reduction over blocks (split-K) differently for
+        different shapes. So the same request can get other last bits, and at a near tie another token,
+        with or without a cache hit. Engines now offer **batch-invariant** (deterministic) modes that
+        fix every reduction's order whatever the batch, at a measured cost in throughput.
     """)
     L.pause()
 

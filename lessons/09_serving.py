@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from minillm.cache.paged import PagedKVPool
-from minillm.lessons._common import Lesson, bar_chart, fmt_x, run_lesson
+from minillm.lessons._common import Lesson, bar_chart, fmt_x, gpu_ridge_range, run_lesson
 from minillm.serving.metrics import serve
 from minillm.serving.workloads import WorkItem, generate_workload
 from minillm.ui.report import fmt_time
@@ -146,7 +146,8 @@ def tbt_words(ratio: float, mean_batch: float) -> str:
     return (f"Continuous batching's median time between tokens was {how}, with {mean_batch:.1f} sequences per "
             "step on average and now and then a prompt chunk in the step. Below the critical batch (lesson 8) a "
             "bigger step costs little more than a small one; past it, a step's time grows about in proportion "
-            "to B. Lesson 8 measured where that comes on this CPU; on a GPU in fp16 only past about a hundred. The token "
+            "to B. Lesson 8 measured where that comes on this CPU; on a GPU in fp16, from the weights alone, past "
+            f"about the ridge: B ≈ {gpu_ridge_range()} on an A100, H200 and H100 (more once KV reads count). The token "
             "budget per step (`--max-batched-tokens`) is the knob Sarathi-Serve tunes for it.")
 
 
@@ -168,7 +169,10 @@ def goodput(L: Lesson, runs: dict, per_request: float) -> None:
     L.say(f"""
         A service promises latency targets (*SLOs*), say TTFT under {fmt_time(ttft_slo)} (twice one request
         alone here) and TPOT under {fmt_time(tpot_slo)} (three times one at a time's median gap). **Goodput**
-        is the requests per second that meet both (DistServe's measure): throughput that users feel.
+        is the requests per second that meet both (the formula of `vllm bench serve --goodput`):
+        throughput that users feel. These targets come from this run; real ones come from the product.
+        Comparing systems by goodput means sweeping the request rate and finding the highest rate that
+        still meets the targets (DistServe's figures; `minillm serve-sim --rates`).
     """)
     L.show(t)
     best = max(good, key=good.get)

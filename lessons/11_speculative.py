@@ -178,19 +178,26 @@ def measure(L: Lesson, model, draft) -> dict:
     return sweep
 
 
+def short_name(name: str, width: int = 20) -> str:
+    """A draft's name as a table cell: a checkpoint path by its last part, cut to `width` with '~'."""
+    from pathlib import PurePath
+    name = PurePath(name).name or name
+    return name if len(name) <= width else name[: width - 1] + "~"
+
+
 def against_k(L: Lesson, model, sweep: dict) -> None:
     p = sweep["plain"]
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("draft", "k", "guesses", "accepted", "kept/step", "speedup", "bytes/token"):
+    for col in ("draft", "k", "guesses", "accepted", "kept", "speedup", "bytes/tok"):
         t.add_column(col, justify="right", no_wrap=True)
     t.add_row("plain", "-", "-", "-", "1.00", "1.00×", fmt_bytes(p["bytes_per_token"]))
     for r in sweep["rows"]:
-        t.add_row(escape(r["draft"]), str(r["k"]), f"{r['drafted'] / max(1, r['rounds']):.2f}",
+        t.add_row(escape(short_name(r["draft"])), str(r["k"]), f"{r['drafted'] / max(1, r['rounds']):.2f}",
                   f"{r['acceptance']:.0%}", f"{r['tokens_per_step']:.2f}",
                   f"{r['speedup']:.2f}×", fmt_bytes(r["bytes_per_token"]))
     L.show(t, "[dim]guesses: guesses made per round (the n-gram draft makes none when nothing matches); "
-              "accepted: accepted ÷ guessed; kept/step: tokens kept per step of the model; speedup: tokens per "
-              f"second against plain decode's ({p['tok_s']:.1f} tokens/s); bytes/token: the "
+              "accepted: accepted ÷ guessed; kept: tokens kept per step of the model; speedup: tokens per "
+              f"second against plain decode's ({p['tok_s']:.1f} tokens/s); bytes/tok: the "
               "draft's and the model's, as metered, per token kept; greedy, real held-out text[/]")
     L.console.print(f"[dim]times: medians of {sweep['repeats']} interleaved rounds; {L.conditions()}[/]")
     L.console.print()
@@ -219,11 +226,11 @@ def against_k(L: Lesson, model, sweep: dict) -> None:
         t2 = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
                    title=f"{escape(k1['draft'])}: α = {alpha:.2f}, fitted at k = {k1['k']}; c = {c:.2f}",
                    title_justify="left")
-        for col in ("k", "kept/check", "E, formula", "speedup, E÷(ck+1)", "measured"):
-            t2.add_column(col, justify="right")
+        for col in ("k", "kept/check", "E formula", "E÷(ck+1)", "measured"):
+            t2.add_column(col, justify="right", no_wrap=True)
         for (k, got, want), r in zip(rows, model_rows):
             t2.add_row(str(k), f"{got:.2f}", f"{want:.2f}", f"{want / (c * k + 1):.2f}×", f"{r['speedup']:.2f}×")
-        L.show(t2, "[dim]c: one draft step's time ÷ one plain step's, measured; the formula counts a check of "
+        L.show(t2, "[dim]E÷(ck+1): the formula's speedup; c: one draft step's time ÷ one plain step's, measured; the formula counts a check of "
                    "k+1 tokens as one step (the first part of this lesson measured what it costs here)[/]")
         worst = max(abs(got - want) / want for _, got, want in rows)
         acc = [r["acceptance"] for r in model_rows]

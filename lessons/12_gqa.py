@@ -8,7 +8,7 @@ Run:  python lessons/12_gqa.py        (or: minillm learn 12)
 
 from __future__ import annotations
 
-from minillm.lessons._common import Lesson, fmt_x, run_lesson
+from minillm.lessons._common import Lesson, fmt_x, plural, run_lesson
 
 import numpy as np
 from rich import box
@@ -17,10 +17,11 @@ from rich.table import Table
 import minillm
 from minillm.cache.contiguous import KVCache
 from minillm.config import GPT2_SIZES as GPT2_SHAPES
-from minillm.measure.chips import CHIPS
-from minillm.measure.shapes import SHAPES, decode_step_bytes, kv_bytes_per_token, sequences_that_fit, shape
+from minillm.measure.chips import get_chip
+from minillm.measure.shapes import (SHAPES, UTILISATION, capacity, decode_step_bytes, kv_bytes_per_sequence,
+                                    kv_bytes_per_token, shape)
 from minillm.models.llama import Llama, random_params
-from minillm.ui.report import fmt_bytes, fmt_time
+from minillm.ui.report import fmt_bytes, fmt_flops, fmt_time
 
 TITLE = "Today's architecture: GQA and the KV cache"
 MINUTES = 8
@@ -32,11 +33,15 @@ QUESTIONS = ("What is the capital of France?", "Name three primary colors.")
 def lesson(L: Lesson) -> None:
     kv_per_token(L)
     decode_bytes(L)
+    smaller_kv(L)
     batch_limit(L)
+    long_prefill(L)
     real_model(L)
     L.try_it("""
         `minillm hardware --chip a100 --shape llama-3-8b --context 8192` does this lesson's arithmetic for a
-        named shape (also llama-2-7b, mistral-7b, qwen2.5-7b, smollm2-135m, gpt2-124m). After
+        named shape (also llama-2-7b, mistral-7b, gemma-3-12b, gpt-oss-20b, deepseek-v3, smollm2-135m, ...);
+        `minillm hardware --shape llama-2-7b --fit 4096 --memory 80GB --kv-dtype int8` answers "how many
+        sequences of 4,096 tokens fit in 80 GB" with an 8-bit KV cache. After
         `minillm download smollm2-135m`, `minillm chat --model smollm2-135m` talks to the real model and says
         after each answer what its steps moved.
     """)
@@ -44,9 +49,11 @@ def lesson(L: Lesson) -> None:
 
 def kv_per_token(L: Lesson) -> None:
     L.say("""
-        Every 7B model you will meet (Llama 2 and 3, Mistral, Qwen) is of one family: RMSNorm instead of
-        layer norm, rotary position embeddings instead of a learned table, a SwiGLU MLP, and, in most,
-        **grouped-query attention** (GQA): H query heads share Hkv key/value heads, H/Hkv each. The KV
+        Most 7B models you will meet (Llama 2 and 3, Mistral, Qwen) are of one family: RMSNorm instead of
+        layer norm, rotary position embeddings instead of a learned table, a SwiGLU MLP, and, in the newer
+        ones (Llama 3, Mistral, Qwen; not Llama 2), **grouped-query attention** (GQA): H query heads share
+        Hkv key/value heads, H/Hkv each. (Not all: Falcon-7B has one KV head and parallel blocks, MPT-7B
+        ALiBi positions, Gemma-7B a GeGLU MLP and full multi-head attention.) The KV
         cache stores keys and values, so it holds Hkv heads: `2·L·Hkv·hd·b` bytes per token, not `2·L·d·b`.
 
         Below, each cache is a real minillm `KVCache` built for the shape; the bytes are what it allocates
@@ -67,9 +74,7 @@ def kv_per_token(L: Lesson) -> None:
                   f"{per[name]:,}")
     L.show(t, "[dim]float32; MHA: a key/value head for every query head[/]")
     g, s, m = per["GPT-2 124M"], per["SmolLM2-135M"], per["SmolLM2 as MHA"]
-    L.claim(s == 2 * smol.n_layer * smol.n_kv_head * smol.head_dim * 4
-            and g == 2 * gpt2.n_layer * gpt2.n_kv_head * gpt2.head_dim * 4,
-            f"the real caches allocate 2·L·Hkv·hd·4 bytes per token: {g:,} for GPT-2, {s:,} for SmolLM2")
+    L.fact(f"a cache allocates 2·L·Hkv·hd·4 bytes per token: {g:,} for GPT-2, {s:,} for SmolLM2")
     L.fact(f"SmolLM2 has {smol.n_layer / gpt2.n_layer:.1f}× GPT-2's layers, yet its KV per token is "
            f"{s / g:.0%} of GPT-2's; with a KV head per query head it would be {m / g:.2f}× GPT-2's ({m:,})")
     L.pause()
@@ -115,11 +120,80 @@ def decode_bytes(L: Lesson) -> None:
             ratios[ctx, name] = b["kv"] / b["weights"]
             t.add_row(f"{ctx:,}", name, fmt_bytes(b["weights"]), fmt_bytes(b["kv"]), f"{ratios[ctx, name]:.0%}")
     L.show(t, "[dim]float32; GPT-2's real context stops at 1,024: its 8,000 row is the formula only[/]")
-    L.claim(ratios[100, "smollm2-135m"] < 0.05 and ratios[8000, "smollm2-135m"] > 0.5,
-            f"at 100 tokens SmolLM2's KV is {ratios[100, 'smollm2-135m']:.0%} of a step's weight bytes; at 8,000 "
-            f"it is {ratios[8000, 'smollm2-135m']:.0%}")
-    L.claim(ratios[8000, "gpt2-124m"] > ratios[8000, "smollm2-135m"],
-            f"GPT-2's would be {ratios[8000, 'gpt2-124m']:.0%}: grouped queries keep long contexts cheaper")
+    L.fact(f"at 100 tokens SmolLM2's KV is {ratios[100, 'smollm2-135m']:.0%} of a step's weight bytes; at 8,000 "
+           f"it is {ratios[8000, 'smollm2-135m']:.0%}; GPT-2's would be {ratios[8000, 'gpt2-124m']:.0%}")
+    L.pause()
+
+
+# Shapes whose attention keeps the KV cache smaller than 2·L·Hkv·hd·b × every token (measure/shapes.py)
+LAYOUTS = (("llama-2-7b", "MHA, 32 KV heads"), ("llama-3-8b", "GQA, 8 KV heads"),
+           ("mistral-7b", "GQA; window 4k, all"), ("gemma-2-9b", "GQA; window 4k, 1:1"),
+           ("gemma-3-12b", "GQA; window 1k, 5:1"), ("gpt-oss-20b", "GQA; window 128, 1:1"),
+           ("deepseek-v3", "MLA: latent 512+64"))
+
+
+def smaller_kv(L: Lesson) -> None:
+    L.section("Other ways to a smaller KV cache")
+    L.say("""
+        GQA is one of four ways today's models shrink the cache:
+
+        - **Latent attention** (MLA, DeepSeek-V2/V3) caches one compressed vector per layer and token,
+          `d_c + d_rope = 512 + 64` values, and rebuilds every head's K and V from it: `L·576·b` bytes.
+        - **Sliding windows**: a *local* layer attends to the last `w` tokens only, so it keeps only
+          those. Mistral-7B v0.1 slides on every layer; Gemma 2 alternates local and global layers,
+          Gemma 3 has five local to one global, gpt-oss alternates a 128-token band with full layers.
+          Past the window, the local layers' KV stops growing.
+        - **8-bit values** (FP8 or INT8 KV caches: vLLM's `--kv-cache-dtype fp8`, llama.cpp's
+          `-ctk q8_0`) halve fp16's bytes, with a small scale per vector.
+    """)
+    ctx = 32768
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("shape", "attention", "KV/token", "KV at 32k", "8-bit"):
+        t.add_column(col, justify="right" if col not in ("shape", "attention") else "left", no_wrap=True)
+    seq = {}
+    for name, how in LAYOUTS:
+        s = shape(name)
+        seq[name] = kv_bytes_per_sequence(s, ctx, 2)
+        t.add_row(name, how, fmt_bytes(kv_bytes_per_token(s, 2)), fmt_bytes(seq[name]),
+                  fmt_bytes(kv_bytes_per_sequence(s, ctx, 1)))
+    L.show(t, f"[dim]bf16/fp16 (2 bytes), one sequence of {ctx:,} tokens; 8-bit: 1 byte a value, scales "
+              "aside; published configs[/]")
+    ds = shape("deepseek-v3")
+    L.fact(f"DeepSeek-V3 caches L·(d_c + d_rope)·2 = {ds['n_layer']}·576·2 = {kv_bytes_per_token(ds, 2):,.0f} "
+           f"bytes per token in bf16; as plain multi-head attention ({ds['n_head']} heads of K {ds['head_dim']} and "
+           f"V {ds['v_head_dim']}) it would be {fmt_bytes(ds['n_layer'] * ds['n_head'] * (ds['head_dim'] + ds['v_head_dim']) * 2)}")
+    L.say("""
+        The 8-bit cache is easy to build in NumPy: `KVCache(config, kv_dtype="int8")` keeps each head's
+        key and value vectors as 127 levels of their largest magnitude plus one float32 scale, and widens
+        them back when attention reads them. Below, a random model of SmolLM2's attention shape decodes
+        with it and with a float32 cache, under the meter.
+    """)
+    c = Llama_like(SHAPES["smollm2-135m"], n_layer=L.pick(4, 2), n_embd=L.pick(576, 192), ffn=L.pick(1536, 256),
+                   vocab_size=L.pick(49152, 1024), n_ctx=512, n_head=9, n_kv_head=3, head_dim=L.pick(64, 16))
+    model = Llama(c, random_params(c, seed=1, std=0.02))
+    prompt = list(np.random.default_rng(0).integers(0, c.vocab_size, L.pick(200, 40)))
+    n_new = L.pick(32, 12)
+    toks, read = {}, {}
+    for kv in (None, "int8"):
+        cache = KVCache(c, model.dtype, kv)
+        logits, cache = model.prefill(prompt, cache)
+        toks[kv] = []
+        with minillm.Meter() as m:
+            for _ in range(n_new):
+                toks[kv].append(int(np.argmax(logits)))
+                logits = model.decode_step(toks[kv][-1], cache)
+        read[kv] = (m.steps[-1].bytes["kv_read"], cache.bytes_per_token())
+    t_last = len(prompt) + n_new
+    q_read, q_tok = read["int8"]
+    L.claim(q_read == t_last * 2 * c.n_layer * c.n_kv_head * (c.head_dim + 4),
+            f"the int8 cache's last step read {q_read:,} KV bytes (counted by the meter): {t_last} positions × "
+            f"2·L·Hkv·(hd + 4) = {q_tok:,} bytes each, against {read[None][1]:,} in float32 "
+            f"({fmt_x(read[None][1] / q_tok)} fewer)")
+    same = sum(a == b for a, b in zip(toks[None], toks["int8"]))
+    first = next((i for i, (a, b) in enumerate(zip(toks[None], toks["int8"])) if a != b), None)
+    L.say(f"Greedy tokens: {same} of {n_new} the same as float32's"
+          + ("." if first is None else f", the first difference at token {first + 1}: an 8-bit cache moves "
+             "the logits a little, and a near tie can go the other way (greedy text then follows a new path)."))
     L.pause()
 
 
@@ -129,28 +203,73 @@ def shape_of(c) -> dict:
 
 def batch_limit(L: Lesson) -> None:
     L.section("The KV limit on batch size")
-    L.say("""
+    L.say(f"""
         Batching reads the weights once for many sequences, but each sequence brings its own KV cache,
-        and memory holds only so many. On a GPU the weights take their share first; what is left, divided
-        by one sequence's KV bytes, is how many sequences fit. Llama-2-7B gives every query head its own
-        K and V (32 KV heads); Llama-3-8B shares 8 among 32.
+        and memory holds only so many. On a GPU the weights take their share first; what is left,
+        divided by one sequence's KV bytes, is how many sequences fit: the same function as lesson 5's
+        table, with {UTILISATION:.0%} of the memory used (vLLM's default). Llama-2-7B gives every query
+        head its own K and V (32 KV heads); Llama-3-8B shares 8 among 32.
     """)
-    chip = CHIPS["a100-80gb"]
+    chip = get_chip("a100-80gb")
     ctx, b = 4096, 2
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("model (fp16)", "weights", "KV/token", "KV/seq", "seqs in 80 GB"):
+    for col in ("model (fp16)", "weights", "KV/token", "KV/seq", f"seqs in {chip.memory_gb:g} GB"):
         t.add_column(col, justify="right", no_wrap=True)
     fit = {}
     for name in ("llama-2-7b", "llama-3-8b"):
-        s = shape(name)
-        fit[name] = sequences_that_fit(s, ctx, b, 80e9)
-        t.add_row(name, fmt_bytes(s["n_params"] * b), fmt_bytes(kv_bytes_per_token(s, b)),
-                  fmt_bytes(ctx * kv_bytes_per_token(s, b)), f"{fit[name]:,}")
-    L.show(t, f"[dim]{ctx:,} tokens per sequence; {chip.name}, {chip.source}[/]")
-    L.claim(fit["llama-3-8b"] > 3 * fit["llama-2-7b"],
-            f"at {ctx:,} tokens each, {fit['llama-3-8b']} Llama-3-8B sequences fit beside the weights against "
-            f"{fit['llama-2-7b']} of Llama-2-7B: {fmt_x(fit['llama-3-8b'] / fit['llama-2-7b'])}, a bigger batch "
-            "for every weight read")
+        cap = capacity(shape(name), ctx, chip.memory_gb * 1e9, bytes_per_weight=b, kv_bytes_per_value=b)
+        fit[name] = cap["sequences"]
+        t.add_row(name, fmt_bytes(cap["weight_bytes"]), fmt_bytes(cap["kv_bytes_per_token"]),
+                  fmt_bytes(cap["kv_bytes_per_sequence"]), f"{fit[name]:,}")
+    L.show(t, f"[dim]{ctx:,} tokens per sequence; {chip.name}: {chip.memory_gb:g} GB × {UTILISATION}, "
+              f"{chip.source}[/]")
+    L.fact(f"at {ctx:,} tokens each, {fit['llama-3-8b']} Llama-3-8B sequences fit beside the weights against "
+           f"{fit['llama-2-7b']} of Llama-2-7B: {fmt_x(fit['llama-3-8b'] / max(1, fit['llama-2-7b']))}, a bigger "
+           "batch for every weight read")
+    L.pause()
+
+
+def long_prefill(L: Lesson) -> None:
+    L.section("A long prompt: when attention's FLOPs pass the matmuls'")
+    L.say("""
+        A prefill's matrix products cost each token the same (about 2 FLOPs per weight, 24·d² a layer
+        for GPT-2's shape), but attention compares each token with every earlier one: 4·t·d FLOPs a
+        layer at position t. Summed over a prompt of T tokens, attention passes the products near
+        **T ≈ 6d** counting the whole T×T square, about twice that with the causal half skipped: 4.6k
+        tokens for GPT-2 small (d = 768), 25k for a 4096-wide model. That is why long-context prefill
+        is attention-bound, and why FlashAttention and context parallelism exist. The meter counts
+        both, here on one layer of SmolLM2's width (SwiGLU and GQA make its products a little cheaper).
+    """)
+    d = L.pick(576, 96)
+    c = Llama_like(SHAPES["smollm2-135m"], n_layer=1, vocab_size=256, n_ctx=L.pick(8192, 1536), n_embd=d,
+                   ffn=L.pick(1536, 256), head_dim=L.pick(64, 16))
+    model = Llama(c, random_params(c, seed=0, std=0.02))
+    lengths = L.pick((1024, 2048, 4096, 8192), (128, 256, 512, 1024, 1536))
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("prompt", "matmul FLOPs", "attention FLOPs", "attention ÷ matmul"):
+        t.add_column(col, justify="right", no_wrap=True)
+    share = {}
+    with L.status(f"prefilling {', '.join(map(str, lengths))} tokens under the meter…"):
+        for T in lengths:
+            with minillm.Meter() as m:
+                model.prefill(np.arange(T) % c.vocab_size)
+            f = m.steps[0].flops
+            share[T] = f["attention"] / f["matmul"]
+            t.add_row(f"{T:,}", fmt_flops(f["matmul"]), fmt_flops(f["attention"]), fmt_x(share[T]))
+    L.show(t, f"[dim]one layer, d = {d}, {c.n_head} heads ({c.n_kv_head} KV), MLP {c.ffn}; counted by the meter "
+              "(matmul includes the LM head's last row)[/]")
+    over = [T for T in lengths if share[T] > 1]
+    L.claim(all(share[a] < share[b] for a, b in zip(lengths, lengths[1:])),
+            f"attention's share of a prefill's FLOPs grows with every longer prompt: "
+            f"{fmt_x(share[lengths[0]])} the matmuls' at {lengths[0]:,} tokens, {fmt_x(share[lengths[-1]])} at "
+            f"{lengths[-1]:,}")
+    under = [T for T in lengths if share[T] <= 1]
+    L.say((f"Here attention's FLOPs passed the products' between {under[-1]:,} and {over[0]:,} tokens "
+           f"({under[-1] / d:.1f}·d to {over[0] / d:.1f}·d" if over and under else
+           f"Here attention's FLOPs were past the products' already at {over[0]:,} tokens" if over
+           else f"Up to {lengths[-1]:,} tokens attention's FLOPs stayed below the products'")
+          + f"{', ' if over and under else ' ('}d = {d}). On a GPU the crossover in *time* comes sooner than in FLOPs when attention is not "
+          "fused: the T×T scores are written to memory and read back (lesson 7's unfused view).")
     L.pause()
 
 
@@ -189,9 +308,11 @@ def real_model(L: Lesson) -> None:
               f"{max(dec_tps):,.1f}: prefill was {how}. The prompt's tokens share each weight read; "
               "decode's one token per step does not.")
     L.takeaway("""
-        Grouped-query attention cuts the KV cache by H/Hkv at almost no cost in quality: per token, per
-        step, and in how many sequences a batch can hold. The arithmetic of the earlier lessons is the same;
-        the bytes per token now come from Hkv, not from d.
+        Grouped-query attention cuts the KV cache's bytes by H/Hkv, per token and per step, and so raises
+        how many sequences a batch can hold by about as much. Ainslie et al. (2023) found the quality cost
+        small for models trained or uptrained with it; it is not measured here. Latent attention, sliding
+        windows and 8-bit values cut it further. The arithmetic of the earlier lessons is the same; the
+        bytes per token now come from the layout, not from d.
     """)
 
 

@@ -7,12 +7,14 @@ Run:  python lessons/13_two_phases.py        (or: minillm learn 13)
 
 from __future__ import annotations
 
-from minillm.lessons._common import Lesson, bar_chart, fmt_x, paired_chart, run_lesson
+from minillm.lessons._common import Lesson, bar_chart, fmt_x, paired_chart, plural, run_lesson
 
 from rich import box
 from rich.table import Table
 
-from minillm.measure.chips import CHIPS, roofline
+from minillm.measure.chips import get_chip, roofline
+from minillm.measure.comparisons import comparison_threads, fit_problem
+from minillm.threads import blas_threads
 from minillm.serving.disagg import (OnThreads, colocated_summary, disaggregated_engines,
                                     measure_copy_gbps, run_interleaved)
 from minillm.serving.metrics import engine_for, serve, step_fit, summarize
@@ -56,8 +58,9 @@ def workload(L: Lesson, model) -> list[WorkItem]:
     items = generate_workload("mixed", rate=rate, n=n, seed=0, vocab_size=c.vocab_size, n_ctx=c.n_ctx)
     long = [w for w in items if len(w.prompt) > c.n_ctx // 2]
     L.say(f"""
-        Prefill runs a whole prompt through the model at once: arithmetic-bound. Decode runs one token per
-        sequence: bound by reading the weights. A server runs both **in the same step**: that is what
+        Prefill runs a whole prompt through the model at once: arithmetic-bound once the prompt is longer
+        than about the machine's ridge in tokens (lesson 7). Decode runs one token per sequence: bound by
+        reading the weights. A server runs both **in the same step**: that is what
         continuous batching does. This lesson looks at what that costs the sequences that are decoding.
 
         The workload (`--workload mixed`): {n} requests at {rate:.2g} per second, short chats (prompts
@@ -115,8 +118,8 @@ def interference(L: Lesson, model, items) -> None:
         A running sequence gets its next token only when the step it is in ends. A step that also runs
         a {stall.prefill_tokens}-token prompt lasts as long as that prompt's arithmetic: every decode
         in it waits ({fmt_time(stall.seconds)} here). Chunked prefill (Sarathi-Serve; always on in vLLM V1)
-        caps the prompt tokens per step, so the long prompt is spread over several steps, each a
-        little longer than a pure decode step.
+        caps the prompt tokens per step, so the long prompt is spread over several steps, each longer than
+        a pure decode step by its chunk's work (the budget sweep below fits how much).
     """)
 
 
@@ -146,18 +149,31 @@ def budgets(L: Lesson, model, items) -> dict:
     L.show(t, f"[dim]targets: TTFT ≤ {fmt_time(slo['ttft'])} (twice the no-chunking run's median), TPOT ≤ "
               f"{fmt_time(slo['tpot'])} (1.5× its median gap); good/s: requests per second meeting both[/]")
     L.busy_note()
-    for line in budget_verdict(results, fit, slo):
+    problem = fit_problem(fit)
+    if problem is not None:                 # a fit that explains nothing: say so, conclude nothing from it
+        L.note(f"the fit of step time against tokens is not used: {problem}. Run again with --threads 1 on a "
+               "quieter machine for the budget's per-token cost.")
+    read = model.nbytes() / (L.machine().bandwidth_gbs * 1e9)
+    for line in budget_verdict(results, None if problem else fit, slo, weight_read_s=read):
         L.console.print(line)
-    L.claim(fit is not None and fit["per_token_s"] > 0,
-            f"a step's time grows with the tokens in it: {fmt_time(fit['per_token_s'])} per token on top of "
-            f"{fmt_time(fit['fixed_s'])} (a least-squares fit over {fit['steps']} measured steps)")
-    L.say("""
-        The budget is a dial. Small: every step stays short, so the gap between tokens stays close to a
-        pure decode step, but a long prompt takes many steps to finish, each paying the step's fixed cost
-        (reading every weight once). Large: fewer, longer steps, and a long prompt lands in one of them.
-        The fit says where the dial bites on this machine; vLLM's guidance (about 2048 for latency, more
-        than 8192 for throughput) is for a GPU, where a step's fixed cost is larger in tokens (see below).
-    """)
+    L.console.print()
+    if problem is None:
+        a, b = fit["fixed_s"], fit["per_token_s"]
+        B = L.pick(16, 8)
+        rows = [(f"decode step, {B} seqs", a + B * b, fmt_time(a + B * b))] + [
+            (f"+ chunk of {n}", a + (B + n) * b, f"{fmt_time(a + (B + n) * b)} ({fmt_x((a + (B + n) * b) / (a + B * b))})")
+            for n in (16, 32, 64, 128)]
+        L.show(bar_chart(f"a step by the fit: {fmt_time(a)} + {fmt_time(b)} per token (r² {fit['r2']:.2f})", rows))
+        worst = rows[-1][1] / rows[0][1]
+        how = ("hardly longer" if worst < 1.25 else "somewhat longer" if worst < 2 else "much longer")
+        L.say(f"A step that carries a chunk of up to 128 prompt tokens beside {B} decodes is {how} than a pure "
+              f"decode step here: up to {fmt_x(worst)}, by the fit.")
+        L.say("""
+            The budget is a dial. Small: every step stays short, so the gap between tokens stays close to a
+            pure decode step, but a long prompt takes many steps to finish, each paying the step's fixed
+            cost. Large: fewer, longer steps, and a long prompt lands in one of them. vLLM's guidance (about
+            2048 for latency, more than 8192 for throughput) is for a GPU: the last section weighs it.
+        """)
     return {"results": results, "fit": fit, "slo": slo}
 
 
@@ -190,11 +206,19 @@ def goodput_vs_throughput(L: Lesson, model) -> None:
         L.say(f"On this run the most tokens per second came from {fast_['policy']} "
               f"({fast_['output_tokens_per_s']:.1f}); the most requests meeting the target from {good['policy']} "
               f"({good['goodput_rps']:.2f}/s).")
-    L.say("""
-        A bigger batch shares each weight read among more sequences: more tokens per second. But each
-        sequence's step is longer, so its time per output token grows, and past the target a request
-        counts for nothing. **Goodput** (DistServe; `vllm bench serve --goodput`) counts only the
-        requests that met every target: the measure a product with a latency promise lives by.
+    top = caps[[r is fast_ for r in rs].index(True)]
+    grew = top == caps[-1]
+    L.say(f"""
+        A bigger batch shares each weight read among more sequences: more tokens per second, up to the
+        critical batch, where a step turns compute-bound (lesson 8) and tokens per second flatten. Here
+        tokens per second {'grew up to the largest batch, ' + str(top) if grew else f'peaked at batch {top}, below the largest ({caps[-1]})'}.
+        Each sequence's step is longer, so its time per output token grows, and past the target a request
+        counts for nothing. **Goodput** (`vllm bench serve --goodput`; the DistServe paper's measure)
+        counts only the requests that met every target: the measure a product with a latency promise
+        lives by. The target here comes from the run itself; a real one comes from the product. And one
+        rate says little: systems are compared by the **highest request rate** at which, say, 90% of
+        requests still meet the target (DistServe's 4.48× and 10.2× are such rates), found by sweeping
+        the rate: `minillm serve-sim --rates 1,2,4,8 --slo ...` does that here.
     """)
 
 
@@ -203,22 +227,26 @@ def disaggregation(L: Lesson, model, items) -> dict:
     with L.status("measuring this machine's copy bandwidth…"):
         link = measure_copy_gbps()
     budget = L.pick(32, 16)
-    one = OnThreads(engine_for(model, items, max_batched_tokens=budget), 2)
-    split = disaggregated_engines(model, items, p_threads=1, d_threads=1, link_gbps=link,
+    threads, why = comparison_threads(blas_threads())
+    T = threads or 1
+    one = OnThreads(engine_for(model, items, max_batched_tokens=budget), T)
+    split = disaggregated_engines(model, items, p_threads=T, d_threads=T, link_gbps=link,
                                   max_batched_tokens=budget)
-    with L.status("serving the workload on one engine (2 threads) and split 1:1, interleaved…"):
+    with L.status(f"serving the workload on one engine and split, every step on {T} thread(s), interleaved…"):
         run_interleaved([one, split])
-    a = colocated_summary(one.engine, 2, label="one engine")
-    b = split.summary(label="split 1:1")
+    a = colocated_summary(one.engine, T, label="one engine")
+    b = split.summary(label="split")
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("", "tok/s", "TTFT p95", "TPOT p95", "TBT p99", "busy", "KV moved"):
+    for col in ("", "tok/s", "per engine", "TTFT p95", "TPOT p95", "TBT p99", "KV moved"):
         t.add_column(col, justify="right", no_wrap=True)
-    for r in (a, b):
-        t.add_row(r["label"], f"{r['output_tokens_per_s']:.1f}", fmt_time(r["ttft_p95_s"]),
-                  fmt_time(r["tpot_p95_s"]), fmt_time(r["tbt_p99_s"]),
-                  "/".join(f"{x:.0%}" for x in r["busy"]), fmt_bytes(r["kv_bytes_moved"]))
-    L.show(t, f"[dim]link: {link:.3g} Gb/s, this machine's measured copy; busy: the share of the run each "
-              "engine's steps took[/]")
+    for r, n in ((a, 1), (b, 2)):
+        t.add_row(r["label"], f"{r['output_tokens_per_s']:.1f}", f"{r['output_tokens_per_s'] / n:.1f}",
+                  fmt_time(r["ttft_p95_s"]), fmt_time(r["tpot_p95_s"]), fmt_time(r["tbt_p99_s"]),
+                  fmt_bytes(r["kv_bytes_moved"]))
+    L.show(t, f"[dim]every step of every engine on {plural(T, 'BLAS thread')}; link: {link:.3g} Gb/s, this "
+              "machine's measured copy; per engine: tok/s ÷ the engines that served[/]")
+    if why:
+        L.note(why)
     c = model.config
     per_pos = 2 * c.n_layer * c.n_kv_head * c.head_dim * model.dtype.itemsize
     expect = sum(per_pos * len(w.prompt) for w in items if w.max_tokens > 1)
@@ -231,13 +259,21 @@ def disaggregation(L: Lesson, model, items) -> dict:
     at25 = expect * 8 / 25e9
     L.say(f"""
         The prefill engine runs prompts only, the decode engine decodes only: no prompt ever shares a
-        step with a decode, and each can have its own batch and budget. The price: each has half the
-        machine, one of them idles whenever its phase has no work (busy {b['busy'][0]:.0%} and
-        {b['busy'][1]:.0%} here), and every prompt's KV crosses a link ({fmt_bytes(expect / max(1, b['handoffs']))}
-        per request on average; {fmt_time(at25 / max(1, b['handoffs']))} each at 25 Gb/s). DistServe,
-        Splitwise, Mooncake and the P/D modes of vLLM, SGLang and NVIDIA Dynamo do this across GPUs and
-        networks; vLLM's own note: it does not raise throughput, it lets TTFT and the gap between tokens
-        be tuned apart.
+        step with a decode, and each can have its own batch and budget. Here each engine steps on
+        {plural(T, 'thread')}, as the one engine does: two devices like this one against one, as DistServe
+        puts prefill and decode on GPUs of their own (each with its full bandwidth and its own
+        parallelism). The price: one of them idles whenever its phase has no work (busy
+        {b['busy'][0]:.0%} and {b['busy'][1]:.0%} here), and every prompt's KV crosses a link
+        ({fmt_bytes(expect / max(1, b['handoffs']))} per request on average; {fmt_time(at25 / max(1, b['handoffs']))}
+        each at 25 Gb/s).
+    """)
+    L.say("""
+        The simulation is not neutral, in two ways. It runs one engine's step at a time, so the two never
+        compete for memory bandwidth or cache as two engines on one box would: that **favours** the
+        split. And it sends a prompt's KV only after the whole prefill, where DistServe, Splitwise and
+        Mooncake stream it layer by layer under the computation: that **disfavours** it. vLLM's own note
+        on its P/D mode: it does not raise throughput, it lets TTFT and the gap between tokens be tuned
+        apart. SGLang and NVIDIA Dynamo do it across GPUs and networks too.
     """)
     return {"one": a, "split": b}
 
@@ -247,49 +283,65 @@ def remedies(L: Lesson, model, sweep: dict, split: dict) -> None:
     res = sweep["results"]
     whole = next(r for r in res if r["budget"] is None)
     best_chunk = min((r for r in res if r["budget"] is not None), key=lambda r: r["tbt_p99_s"])
-    options = {"no chunking": whole, f"chunked ({best_chunk['policy']})": best_chunk,
-               "split 1:1": split["split"]}
+    # throughput per engine: the split serves with two engines' steps, the others with one
+    options = {"no chunking": {**whole, "per_engine": whole["output_tokens_per_s"]},
+               f"chunked ({best_chunk['policy']})": {**best_chunk, "per_engine": best_chunk["output_tokens_per_s"]},
+               "split": {**split["split"], "per_engine": split["split"]["output_tokens_per_s"] / 2}}
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("target", "best here", "its figure", "worst"):
         t.add_column(col, no_wrap=True)
-    for key, what, high in (("output_tokens_per_s", "throughput", True), ("ttft_p95_s", "TTFT p95", False),
+    for key, what, high in (("per_engine", "tok/s per engine", True), ("ttft_p95_s", "TTFT p95", False),
                             ("tbt_p99_s", "TBT p99", False)):
         order = sorted(options, key=lambda k: options[k][key], reverse=high)
         f = (lambda x: f"{x:.1f} tok/s") if high else fmt_time
         t.add_row(what, order[0], f(options[order[0]][key]), order[-1])
     L.show(t, "[dim]from this lesson's runs of the mixed workload (the split ran in its own interleaved "
-              "pair, so compare it with care)[/]")
+              "pair, on as many threads per step as one engine, so compare it with care)[/]")
     fit = sweep["fit"]
     n_params, wbytes = model.n_params(), model.nbytes()
-    here_knee = fit["fixed_s"] / fit["per_token_s"] if fit["per_token_s"] > 0 and fit["fixed_s"] > 0 else None
-    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("chip", "ridge, FLOP/byte", "step saturates at", "step of 2048 tokens"):
-        t.add_column(col, justify="right", no_wrap=True)
-    knees = {}
     fp16 = wbytes / model.dtype.itemsize * 2
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("chip", "ridge", "knee", "512 tokens", "2048 tokens"):
+        t.add_column(col, justify="right", no_wrap=True)
+    knees, cost = {}, {}
     for name in ("a100-80gb", "h100-sxm", "h200"):
-        hw = CHIPS[name]
+        hw = get_chip(name)
         # the fewest tokens whose 2·params·N FLOPs outlast the weight read, by the roofline itself
-        knee = next(n for n in range(1, 100_000) if roofline(fp16, 2 * n_params * n, hw).bound == "compute")
-        knees[name] = knee
-        t.add_row(name, f"{hw.ridge:.0f}", f"{knee} tokens", fmt_time(roofline(fp16, 2 * n_params * 2048, hw).seconds))
-    L.show(t, f"[dim]{model.name} in fp16 by the roofline: a step reads the weights once and does 2 FLOPs per "
-              "weight per token[/]")
-    h100 = CHIPS["h100-sxm"]
-    L.claim(abs(knees["h100-sxm"] - h100.ridge * fp16 / (2 * n_params)) <= 1,
-            f"on an H100 a step turns compute-bound at {knees['h100-sxm']} tokens: its ridge "
-            f"({h100.ridge:.0f} FLOPs per byte) × {fp16 / (2 * n_params):.0f} byte per 2 FLOPs of a token")
-    if here_knee is not None:
-        more = knees["h100-sxm"] > here_knee
+        knees[name] = next(n for n in range(1, 100_000) if roofline(fp16, 2 * n_params * n, hw).bound == "compute")
+        decode = roofline(fp16, 2 * n_params, hw).seconds
+        cost[name] = {n: roofline(fp16, 2 * n_params * n, hw).seconds / decode for n in (512, 2048)}
+        t.add_row(name, f"{hw.ridge:.0f}", f"{knees[name]}", fmt_x(cost[name][512]), fmt_x(cost[name][2048]))
+    L.show(t, f"[dim]{model.name} in fp16 by the roofline: knee, the tokens at which a step turns compute-bound; "
+              "512, 2048: a step of that many tokens against a batch-1 decode step (the weight read)[/]")
+    h100 = get_chip("h100-sxm")
+    L.fact(f"on an H100 a step turns compute-bound at {knees['h100-sxm']} tokens: its ridge "
+           f"({h100.ridge:.0f} FLOPs per byte) × {fp16 / (2 * n_params):.0f} byte per FLOP of fp16 weights")
+    lo = min(c[512] for c in cost.values())
+    hi = max(c[2048] for c in cost.values())
+    L.say(f"""
+        Up to the knee a chunk rides almost free on the weight read. Past it each step grows in
+        proportion to its tokens: a budget of 512 makes a step {fmt_x(lo)} to {fmt_x(max(c[512] for c in cost.values()))}
+        a decode step on these chips, 2048 makes it {fmt_x(min(c[2048] for c in cost.values()))} to {fmt_x(hi)}.
+        vLLM's "about 2048 for latency" is that compromise, not a free lunch. (A model this small on a
+        GPU is bound by kernel launches, not by this roofline: lesson 6.)
+    """)
+    problem = fit_problem(fit)
+    if problem is None:
+        read = wbytes / (L.machine().bandwidth_gbs * 1e9)
+        rest = fit["fixed_s"] - read
         L.say(f"""
-            Here a step's fixed part equals {here_knee:.0f} tokens' work (the fit above); on an H100 the
-            weight read equals {knees['h100-sxm']} tokens' arithmetic, {'more' if more else 'fewer'} than
-            here. {'So on the GPU a chunk of a few hundred tokens rides almost free on the weight read, and budgets of 512-2048 cost a decode little: the budget that suits a latency target is larger there than here.' if more else 'So on the GPU, as here, large chunks lengthen every step they share.'}
+            Here, the fit's fixed part per step is {fmt_time(fit['fixed_s'])}. Reading the weights once
+            ({fmt_bytes(wbytes)} at this machine's {L.machine().bandwidth_gbs:.1f} GB/s) takes
+            {fmt_time(read)} of it; {'the rest, ' + fmt_time(rest) + ', is overhead' if rest > 0 else 'the fit puts it below the read'}
+            (NumPy's and Python's per-step work, and what the token count does not capture). The GPU's knee
+            above is another quantity: where arithmetic overtakes that read.
         """)
+    else:
+        L.note(f"no comparison with this machine's step: its fit is not used ({problem}).")
     L.takeaway("""
         Prefill and decode want different things from a step. In one batch they interfere: a long prompt
         stalls every decode beside it. Chunking caps the stall at the price of more steps; splitting the
-        phases removes it at the price of KV bytes on a link and a machine share that idles. Which one
+        phases removes it at the price of KV bytes on a link and an engine that idles. Which one
         fits is a measurement against a target: goodput, not throughput.
     """)
 

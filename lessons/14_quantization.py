@@ -8,7 +8,7 @@ Run:  python lessons/14_quantization.py        (or: minillm learn 14)
 
 from __future__ import annotations
 
-from minillm.lessons._common import Lesson, Timing, faster_words, fmt_x, ratio_range, run_lesson
+from minillm.lessons._common import Lesson, Timing, faster_words, fmt_x, gpu_ridge_range, ratio_range, run_lesson
 
 import numpy as np
 from rich import box
@@ -75,12 +75,52 @@ def blocks(L: Lesson) -> None:
     scale = float(np.sqrt(np.mean(w.astype(np.float64) ** 2)))
     L.show(t, f"[dim]{name} of {model.name}, {R} × {C} as GGUF stores it (out × in); its weights' "
               f"root-mean-square is {scale:.2g}[/]")
-    if all(size[f] == R * C // QK * FORMATS[f].block_bytes for f in FORMATS):
-        L.fact("each matrix is exactly its blocks: rows × columns ÷ 32 × bytes per block, scales included")
-    L.claim(err["q4_0"].mean() > err["q8_0"].mean(),
-            f"16 levels instead of 256: Q4_0's mean error is {fmt_x(err['q4_0'].mean() / err['q8_0'].mean())} "
-            "Q8_0's on this matrix")
+    L.claim(all(size[f] == R * C // QK * FORMATS[f].block_bytes for f in FORMATS),
+            "each quantized matrix is exactly its blocks: rows × columns ÷ 32 × bytes per block, scales "
+            "included (" + ", ".join(f"{f} {size[f]:,}" for f in FORMATS) + " bytes)")
+    # Q8_0's step is max|x|/127, Q4_0's max|x|/8: the mean errors should be about 127/8 ≈ 16 apart
+    ratio = err["q4_0"].mean() / err["q8_0"].mean()
+    L.claim(8 <= ratio <= 32,
+            f"Q4_0's mean error is {fmt_x(ratio)} Q8_0's on this matrix, near the ratio of their steps "
+            "(max|x|/8 against max|x|/127, about 16×): each quantizer uses its levels")
     L.pause()
+    formats_people_download(L)
+    L.pause()
+
+
+def formats_people_download(L: Lesson) -> None:
+    """The formats in the files people download, bits per weight from their block layouts."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    L.say("""
+        The files people download mostly use richer layouts. llama.cpp's **K-quants** group 8 (or 16)
+        small blocks into a *super-block* of 256 weights whose per-block scales are themselves quantized
+        (6 bits in Q4_K), so the scales cost less; a file named `Q4_K_M` mixes Q4_K with Q6_K for the
+        most sensitive matrices, about 4.8-4.9 bits a weight in all, and an *importance matrix* (imatrix)
+        can weight the rounding by which weights matter most. GPUs have their own: **FP8** (E4M3: one
+        sign, four exponent and three mantissa bits) with a scale per tensor or per 128×128 tile, and
+        **MXFP4** (gpt-oss), 32 4-bit floats (E2M1) sharing one power-of-two scale.
+    """)
+    rows = [(n, *GGML_QUANT_SIZES[getattr(GGMLQuantizationType, n)]) for n in ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")
+            if hasattr(GGMLQuantizationType, n)]
+    if not hasattr(GGMLQuantizationType, "MXFP4"):
+        rows.append(("MXFP4", 32, 32 // 2 + 1))        # 32 E2M1 values, one E8M0 scale byte
+    else:
+        rows.append(("MXFP4", *GGML_QUANT_SIZES[GGMLQuantizationType.MXFP4]))
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("format", "weights/block", "bytes/block", "bits/weight"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for name, n, b in rows:
+        t.add_row(name, str(n), str(b), f"{8 * b / n:.4g}")
+    fp8 = 8 + 32 / (128 * 128)
+    t.add_row("FP8 E4M3", "128×128", "16,388", f"{fp8:.4g}")
+    L.show(t, "[dim]block sizes from the gguf package's GGML_QUANT_SIZES; FP8 with one float32 scale per "
+              "128×128 tile, as DeepSeek-V3 ships it[/]")
+    L.say("""
+        Which kind of product each one implies matters for prefill (next part): GPTQ and AWQ files on
+        Marlin-style GPU kernels are **W4A16** (weights widened to fp16 in registers, fp16 products);
+        llama.cpp's kernels quantize the activations to 8 bits per block too and multiply integers,
+        **W4A8** in effect; FP8 and INT8 **W8A8** use the 8-bit tensor cores.
+    """)
 
 
 def _a_matrix(model) -> tuple[str, np.ndarray]:
@@ -154,13 +194,16 @@ def bytes_and_speed(L: Lesson) -> dict:
 def prefill_against_decode(L: Lesson, rows: dict) -> None:
     L.section("Prefill: fewer bytes do not mean fewer FLOPs")
     f32, q8, q4 = rows["float32"], rows["q8_0"], rows["q4_0"]
-    L.say("""
-        A prefill multiplies every prompt token by each weight it reads: it is compute-bound (lesson 3).
-        Quantized weights shrink the bytes, not the multiplications: here the integers are widened once per
-        prefill step and all the prompt's rows are multiplied in float32. GPUs name the two cases:
-        **W4A16** (4-bit weights, 16-bit activations, float products: helps decode's bytes, not prefill's
-        FLOPs) and **W8A8** (int8 weights and activations multiplied on int8 tensor cores, which do more
-        operations per second than float16 ones: helps prefill too).
+    L.say(f"""
+        A prefill multiplies every prompt token by each weight it reads: compute-bound once the prompt is
+        longer than about the machine's ridge in tokens (lesson 7; on a GPU in fp16 that is {gpu_ridge_range()}
+        tokens, so a short prompt there still waits on memory). Quantized weights shrink the bytes, not
+        the multiplications: here the integers are widened once per prefill step and all the prompt's
+        rows are multiplied in float32. GPUs name the cases: **W4A16** (4-bit weights, 16-bit
+        activations, float products: helps decode's bytes, and a prefill only while it is shorter than
+        the ridge) and **W8A8** (int8 weights and activations multiplied on int8 tensor cores, which do
+        more operations per second than float16 ones: helps long prefills too); llama.cpp's W4A8 sits
+        between.
     """)
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("weights", "prefill tok/s", "decode tok/s", "prefill ÷ decode"):
@@ -247,8 +290,10 @@ def fused(L: Lesson, rows: dict) -> None:
         them by an int8 copy of the activations with integer dot-product instructions (AVX2, AVX-512 VNNI,
         ARM dotprod), and apply the two scales once per block. No float weight is ever stored. GPU int4
         kernels (Marlin, AWQ, gpt-fast's) unpack the 4-bit weights inside the matrix-multiply tile, in
-        registers. Then the time of a step is the quantized bytes' read, which is what the ceilings above
-        assume; llama.cpp is the tool to measure that on your machine (below).
+        registers. On many cores, or a GPU, a step then approaches the quantized bytes' read, which is
+        what the ceilings above assume; on a few cores the integer work and the activations'
+        quantization can take most of the time instead (not measured here). `llama-bench` measures it
+        on your machine (below).
     """)
     f32, q8, q4 = rows["float32"], rows["q8_0"], rows["q4_0"]
     share = q8["of_ceiling"]
@@ -256,8 +301,9 @@ def fused(L: Lesson, rows: dict) -> None:
              else f"NumPy reached {share:.0%} of Q8_0's ceiling here")
     L.takeaway(f"""
         Quantized weights cut a decode step's bytes (here Q8_0 by {fmt_x(f32['step_bytes'] / q8['step_bytes'])},
-        Q4_0 by {fmt_x(f32['step_bytes'] / q4['step_bytes'])}) and so raise its ceiling. {reach}; a kernel that
-        widens inside the product gets closer. Prefill is bound by FLOPs, which 4-bit weights do not reduce.
+        Q4_0 by {fmt_x(f32['step_bytes'] / q4['step_bytes'])}) and so raise its ceiling. {reach}; a fused
+        kernel avoids that pass, and how close it gets depends on the cores doing its integer work. A prefill
+        past the ridge in tokens is bound by FLOPs, which 4-bit weights alone do not reduce.
     """)
 
 

@@ -37,6 +37,7 @@ from typing import Callable, Iterable, Iterator
 
 from rich.console import Console, Group
 from rich.markdown import Markdown
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -114,6 +115,16 @@ def fall_words(time_ratio: float, work_ratio: float, what: str = "time") -> str:
     else:
         rel = "about as much as"
     return f"{what} fell {fmt_x(time_ratio)}, {rel} the {fmt_x(work_ratio)} of the work"
+
+
+GPUS = ("a100-80gb", "h200", "h100-sxm")     # the data-centre GPUs the lessons compare with
+
+
+def gpu_ridge_range() -> str:
+    """'153-295': the fp16 ridges (FLOPs per byte) of the GPUs the lessons name, from their published figures."""
+    from minillm.measure.chips import get_chip
+    ridges = [get_chip(g).ridge for g in GPUS]
+    return f"{min(ridges):.0f}-{max(ridges):.0f}"
 
 
 def token_text(enc, token: int) -> str:
@@ -342,6 +353,9 @@ class Lesson:
     console: Console = field(default_factory=lambda: Console(highlight=False))
     claims: list[str] = field(default_factory=list)
     _after_claim: bool = False
+    _commands: list[str] = field(default_factory=list)    # shell lines to print whole, under the next try_it
+    _hw: object = None                                      # the hardware figures, once shown
+    _busy: bool | None = None                               # busy when the first timing asked (rounds())
 
     def _gap(self) -> None:
         """A blank line between a run of checked claims and what follows."""
@@ -420,7 +434,8 @@ class Lesson:
         """A generated sample in a panel, cut to its first few lines so the story stays on screen."""
         from rich.markup import escape
 
-        shown = text.strip("\n").split("\n")
+        text = text.rstrip("\n")         # a leading newline is the model's: "ROMEO:" then a new line
+        shown = text.split("\n")
         cut = len(shown) > lines or len(text) > 80 * lines
         body = "\n".join(shown[:lines])[: 80 * lines]
         self.show(Panel(escape(prompt) + "[bold]" + escape(body) + "[/]" + (" [dim](cut here)[/]" if cut else ""),
@@ -430,12 +445,20 @@ class Lesson:
         self._gap()
         self.console.print(Panel(Markdown(textwrap.dedent(markdown).strip()), border_style="magenta",
                                  title="Try it yourself", title_align="left", padding=(0, 1)))
+        for command in self._commands:      # whole lines, outside the box: a path is never broken in two
+            self.console.print(Text("  $ " + command), soft_wrap=True)
+        self._commands.clear()
 
     def copy_hint(self, lesson_file: str, slug: str) -> str:
         """How to run an edited copy of this lesson: a copy runs anywhere, the installed file stays as it is."""
         here = Path(lesson_file).resolve()
+        try:
+            here = here.relative_to(Path.cwd())
+        except ValueError:
+            pass
         mine = f"my_{self.number:02d}_{slug}.py"
-        return (f"Copy this lesson out of the package and run your copy: `cp {here} {mine}`, then "
+        self._commands.append(f"cp {here} {mine}")
+        return (f"Copy this lesson out of the package and run your copy: the `cp` command below the box, then "
                 f"`python {mine} --no-pause`.")
 
     # -- checked claims -----------------------------------------------------------------------
@@ -456,8 +479,13 @@ class Lesson:
     # -- what lessons need from minillm -------------------------------------------------------
 
     def rounds(self) -> int:
-        """How many interleaved rounds a timing gets: 5 in full mode, 2 in fast mode."""
-        return self.pick(5, 2)
+        """How many interleaved rounds a timing gets: 5 in full mode (3 on a busy machine, where each round
+        takes several times as long and the medians move with the load anyway), 2 in fast mode."""
+        if self.fast:
+            return 2
+        if self._busy is None:
+            self._busy = busy_line() is not None
+        return 3 if self._busy else 5
 
     def conditions(self) -> str:
         """The conditions the times were measured under: BLAS threads and the load average."""
@@ -470,7 +498,8 @@ class Lesson:
 
     def timing_note(self) -> None:
         """A dim line under a timing: how it was measured, and under what conditions."""
-        self.console.print(f"[dim]times: median and range of {self.rounds()} interleaved rounds; "
+        busy = " (fewer: the machine is busy)" if self._busy and not self.fast else ""
+        self.console.print(f"[dim]times: median and range of {self.rounds()} interleaved rounds{busy}; "
                            f"{self.conditions()}[/]")
         self.console.print()
 
@@ -492,8 +521,15 @@ class Lesson:
         return model
 
     def machine(self):
-        """This machine's measured bandwidth and matmul peak (measured once, then cached)."""
-        return hardware.machine(progress=self.console.is_terminal)
+        """This machine's measured bandwidth and matmul peak (measured once, then cached). The first call
+        of a lesson says where the figures came from and when: a cache can be days old."""
+        hw = hardware.machine(progress=self.console.is_terminal)
+        if self._hw is None:
+            self._hw = hw
+            when = f" on {hw.measured_at[:10]}" if hw.measured_at else ""
+            self.console.print(f"[dim]this machine's figures{when}: {escape(hardware.provenance(hw))}[/]")
+            self.console.print()
+        return hw
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -568,14 +604,20 @@ def run_lesson(body: Callable[[Lesson], None], argv: list[str] | None = None, *,
     console = make_console()
     fast = bool(args.fast) or fast_from_env()
     L = Lesson(number, title, fast=fast, no_pause=args.no_pause, model_name=args.model, console=console)
+    threads, busy = args.threads, busy_line() if timed else None
+    if busy and threads is None and (blas_threads() or 1) > 1:
+        # runs on different thread counts rank upside down on a contended machine: every side on one
+        threads = 1
+        busy += ("; so this lesson runs on 1 BLAS thread, every side of each comparison alike "
+                 "(--threads N to choose)")
     try:
-        with limited(args.threads), _fast_env(fast):
+        with limited(threads), _fast_env(fast):
             console.print(Panel(f"[bold]Lesson {number}: {title}[/]\n[dim]about {minutes} minutes · {what}[/]"
                                 f"\n[dim]{L.conditions()}[/]"
                                 + ("\n[yellow]fast mode: smaller models and fewer steps[/]" if fast else ""),
                                 border_style="blue", padding=(0, 1)))
-            if timed:           # before the first number: a busy machine makes every time below slower
-                L.busy_note()
+            if busy:            # before the first number: a busy machine makes every time below slower
+                L.note(busy)
             body(L)
     except ClaimFailed as e:
         console.print(f"[bold red]✗ a claim of this lesson did not hold on this run:[/] {e}")

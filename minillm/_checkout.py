@@ -24,4 +24,6 @@ class _Checkout(importlib.abc.MetaPathFinder):
 
 
 if not any(isinstance(f, _Checkout) for f in sys.meta_path):
-    sys.meta_path.append(_Checkout())
+    # First, not last: an editable install of another checkout maps `minillm.lessons` to ITS folder, and
+    # this checkout's `minillm/` must not run beside another checkout's lessons.
+    sys.meta_path.insert(0, _Checkout())

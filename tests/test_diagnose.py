@@ -61,3 +61,32 @@ def test_bad_input_is_one_line(args, words):
     r = run("--model", "random-tiny", *args)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert words in r.stderr, r.stderr
+
+
+def _diagnose_in_process(monkeypatch, capsys, chip):
+    import argparse
+
+    from minillm.cli import diagnose as d
+
+    monkeypatch.setattr(d, "get_chip", lambda name: chip)
+    monkeypatch.setattr(d, "note_if_busy", lambda args: None)
+    args = argparse.Namespace(prompt_tokens=40, answer_tokens=10, shared_prefix=0, chip="x", model="random-tiny",
+                              weights="float32")
+    assert d.run(args) == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_the_decode_verdict_is_the_rooflines_and_the_capacity_is_the_functions(monkeypatch, capsys, tiny):
+    """C13: 'a decode step is memory-bound' was typed beside a computed prefill verdict. On a chip whose
+    bandwidth dwarfs its peak a decode step is compute-bound, and diagnose must say so; the memory line is
+    measure.shapes.capacity on the model's own shape and the chip's own memory."""
+    from minillm.measure.chips import Hardware
+    from minillm.measure.shapes import capacity, shape_of
+
+    gpu = Hardware(name="gpu-x", bandwidth_gbs=2000.0, peak_gflops=300_000.0, memory_gb=24)
+    said = _diagnose_in_process(monkeypatch, capsys, gpu)
+    assert "a decode step is memory-bound (" in said
+    n = capacity(shape_of(tiny.config), 50, 24e9)["sequences"]
+    assert f"{n:,} requests of 50 tokens fit on one gpu-x" in said
+    odd = Hardware(name="odd", bandwidth_gbs=1e9, peak_gflops=1.0, memory_gb=1)
+    assert "a decode step is compute-bound (" in _diagnose_in_process(monkeypatch, capsys, odd)

@@ -481,8 +481,8 @@ def test_every_header_field_mutated_is_one_line_or_a_model(valid_llama, tmp_path
 
 # -- what the long context costs: nothing until it is used ------------------------------------------
 
-@pytest.mark.parametrize("seed_", [0, 1])
-def test_a_cache_that_grows_computes_what_a_preallocated_one_does(monkeypatch, seed_):
+@pytest.mark.parametrize("seed_, kv_dtype", [(0, None), (1, "int8")])
+def test_a_cache_that_grows_computes_what_a_preallocated_one_does(monkeypatch, seed_, kv_dtype):
     """Past PREALLOCATE positions the contiguous cache doubles as it fills: the same logits, bit for
     bit, as a cache allocated whole (here PREALLOCATE is 4, so a 40-token run grows it four times)."""
     from minillm.cache import contiguous
@@ -491,7 +491,7 @@ def test_a_cache_that_grows_computes_what_a_preallocated_one_does(monkeypatch, s
     prompt, steps = rng.integers(0, 512, int(rng.integers(2, 9))), int(rng.integers(20, 32))
 
     def run():
-        logits, cache = model.prefill(prompt)
+        logits, cache = model.prefill(prompt, contiguous.KVCache(model.config, model.dtype, kv_dtype))
         out = [logits]
         for _ in range(steps):
             out.append(model.decode_step(int(np.argmax(out[-1])), cache))

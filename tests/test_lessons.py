@@ -423,3 +423,25 @@ def test_lesson_14s_claims_fail_on_a_wrong_byte_count_or_a_wrong_scale(broken, m
         monkeypatch.setattr(quant, "quantize_blocks", coarse)
     assert _lesson(14).main(["--fast", "--no-pause"]) == 1
     assert "did not hold" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("broken, words", [("nbytes", "exactly its blocks"), ("q4", "near the ratio of their steps")])
+def test_lesson_14s_block_and_error_claims_can_fail(broken, words, monkeypatch, capsys):
+    """C11: 'each matrix is exactly its blocks' was shown only when true (silent when false); C12: 'Q4_0's
+    error > Q8_0's' held on any matrix. A matrix that reports a byte more than its blocks, or a Q4_0
+    quantizer that keeps only a fraction of its 16 levels, now fails the lesson."""
+    from minillm.models import quant
+
+    if broken == "nbytes":
+        real = quant.QuantMatrix.nbytes
+        monkeypatch.setattr(quant.QuantMatrix, "nbytes", property(lambda self: real.fget(self) + 1))
+    else:
+        real_q = quant.quantize_blocks
+
+        def coarse(blocks, fmt):
+            q, d, m = real_q(blocks, fmt)
+            return (q // 8 * 8 if fmt.name == "q4_0" else q), d, m
+        monkeypatch.setattr(quant, "quantize_blocks", coarse)
+    assert _lesson(14).main(["--fast", "--no-pause"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "did not hold" in out and words in out.split("did not hold")[1], out[-1500:]

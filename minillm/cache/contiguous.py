@@ -18,6 +18,13 @@ Every cache speaks the same small protocol, and the model uses nothing else:
     advance(n)                the step is done: n more positions are filled
     truncate(t)               forget every position from t on (speculative decoding's roll-back)
     free()                    give the memory back (a paged cache returns its blocks)
+
+An 8-bit KV cache (`KVCache(config, kv_dtype="int8")`) stores each head's key (and value) vector of a
+position as 127 levels of its largest magnitude, q = round(x ÷ s) with s = max|x| ÷ 127, and keeps the
+float32 scale s beside it: hd + 4 bytes per vector instead of 4·hd. `read` widens them back to the
+model's dtype for attention; the meter counts the int8 values and scales as the KV read, the widened
+copy as activations (written, then read by attention) and the widening as `dequant` FLOPs. This is
+what vLLM's `--kv-cache-dtype fp8` and llama.cpp's `-ctk q8_0 -ctv q8_0` do, at one scale per vector.
 """
 
 from __future__ import annotations
@@ -47,8 +54,11 @@ class CacheBase:
         return self.config.n_ctx
 
     def bytes_per_token(self) -> int:
-        """K and V, every layer: 2·L·Hkv·hd·b (72 KiB for GPT-2 small in float32, where Hkv·hd = d)."""
+        """K and V, every layer: 2·L·Hkv·hd·b (72 KiB for GPT-2 small in float32, where Hkv·hd = d);
+        an int8 cache keeps hd one-byte values and one float32 scale per vector: 2·L·Hkv·(hd + 4)."""
         c = self.config
+        if getattr(self, "kv_dtype", None) == "int8":
+            return 2 * c.n_layer * c.n_kv_head * (c.head_dim + SCALE_BYTES)
         return 2 * c.n_layer * c.n_kv_head * c.head_dim * self.dtype.itemsize
 
     def nbytes_used(self) -> int:
@@ -67,24 +77,41 @@ class CacheBase:
 
 
 PREALLOCATE = 1 << 15       # positions a contiguous cache allocates up front, at most
+SCALE_BYTES = 4          # an int8 cache's float32 scale per head vector
+KV_DTYPES = (None, "int8")
+
+
+def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x [..., hd] -> (q int8 [..., hd], s float32 [..., 1]) with x ≈ q·s, s = max|x| ÷ 127 per vector."""
+    s = (np.abs(x).max(axis=-1, keepdims=True) / 127.0).astype(np.float32)
+    q = np.rint(x / np.where(s > 0, s, 1.0)).clip(-127, 127).astype(np.int8)
+    return q, s
 
 
 class KVCache(CacheBase):
-    def __init__(self, config: ModelConfig, dtype=np.float32) -> None:
+    def __init__(self, config: ModelConfig, dtype=np.float32, kv_dtype: str | None = None) -> None:
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype={kv_dtype!r}: choose None (the model's dtype) or 'int8'")
         self.config = config
-        self.dtype = np.dtype(dtype)
+        self.dtype = np.dtype(dtype)            # what attention computes in (read returns this)
+        self.kv_dtype = kv_dtype
         self.k = self.v = None
-        self._allocate(min(config.n_ctx, PREALLOCATE))
         self.length = 0                         # positions filled so far
+        self._allocate(min(config.n_ctx, PREALLOCATE))
 
     def _allocate(self, n: int) -> None:
-        """Arrays for n positions, [L, Hkv, n, hd] each, the filled positions copied over."""
-        c = self.config
-        k = np.zeros((c.n_layer, c.n_kv_head, n, c.head_dim), dtype=self.dtype)
-        v = np.zeros_like(k)
-        if self.k is not None:
-            k[:, :, :self.length], v[:, :, :self.length] = self.k[:, :, :self.length], self.v[:, :, :self.length]
-        self.k, self.v = k, v                   # [L, Hkv, capacity, hd]
+        """Arrays for n positions, [L, Hkv, n, hd] each (an int8 cache's scales [L, Hkv, n, 1] beside
+        them), the filled positions copied over."""
+        c, t = self.config, self.length
+        shape = (c.n_layer, c.n_kv_head, n, c.head_dim)
+        store = np.int8 if self.kv_dtype == "int8" else self.dtype
+        names = ("k", "v", "k_scale", "v_scale") if self.kv_dtype == "int8" else ("k", "v")
+        grows = self.k is not None
+        for name in names:
+            new = np.zeros(shape[:-1] + (1,), np.float32) if name.endswith("scale") else np.zeros(shape, store)
+            if grows:
+                new[:, :, :t] = getattr(self, name)[:, :, :t]
+            setattr(self, name, new)            # [L, Hkv, capacity, hd] (scales: [L, Hkv, capacity, 1])
 
     @property
     def capacity(self) -> int:
@@ -98,6 +125,14 @@ class KVCache(CacheBase):
     def write(self, layer: int, pos: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store keys and values [Hkv, T, hd] of positions pos .. pos+T-1 for one layer, in place."""
         T = k.shape[1]
+        if self.kv_dtype == "int8":
+            (qk, sk), (qv, sv) = quantize_int8(k), quantize_int8(v)
+            self.k[layer, :, pos:pos + T], self.k_scale[layer, :, pos:pos + T] = qk, sk
+            self.v[layer, :, pos:pos + T], self.v_scale[layer, :, pos:pos + T] = qv, sv
+            m = meter.active()
+            if m is not None:
+                m.count("kv_write", kv_write=qk.nbytes + sk.nbytes + qv.nbytes + sv.nbytes, dequant=k.size + v.size)
+            return
         self.k[layer, :, pos:pos + T] = k
         self.v[layer, :, pos:pos + T] = v
         m = meter.active()
@@ -108,6 +143,15 @@ class KVCache(CacheBase):
         """Views (no copy) of the keys and values of the first t positions of one layer: [Hkv, t, hd] each.
         Attention streams them once: counted here as the KV-cache read."""
         k, v = self.k[layer, :, :t], self.v[layer, :, :t]
+        if self.kv_dtype == "int8":
+            sk, sv = self.k_scale[layer, :, :t], self.v_scale[layer, :, :t]
+            wk = (k * sk).astype(self.dtype, copy=False)                       # [Hkv, t, hd], widened
+            wv = (v * sv).astype(self.dtype, copy=False)
+            m = meter.active()
+            if m is not None:
+                m.count("kv_read", kv_read=k.nbytes + v.nbytes + sk.nbytes + sv.nbytes,
+                        activations=2 * (wk.nbytes + wv.nbytes), dequant=k.size + v.size)
+            return wk, wv
         m = meter.active()
         if m is not None:
             m.count("kv_read", kv_read=k.nbytes + v.nbytes)
@@ -124,10 +168,13 @@ class KVCache(CacheBase):
     def fork(self) -> "KVCache":
         """A new cache holding a copy of the positions filled so far (a shared prompt prefix, say).
         Only the filled positions are copied; the rest of the new cache is fresh, untouched memory."""
-        other = KVCache(self.config, self.k.dtype)
+        other = KVCache(self.config, self.dtype, self.kv_dtype)
         other.reserve(self.length)
         other.k[:, :, :self.length] = self.k[:, :, :self.length]
         other.v[:, :, :self.length] = self.v[:, :, :self.length]
+        if self.kv_dtype == "int8":
+            other.k_scale[:, :, :self.length] = self.k_scale[:, :, :self.length]
+            other.v_scale[:, :, :self.length] = self.v_scale[:, :, :self.length]
         other.length = self.length
         return other
 

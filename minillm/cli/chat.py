@@ -9,6 +9,7 @@ this machine's measured bandwidth (`minillm hardware`, when it has been measured
 
 from __future__ import annotations
 
+import shutil
 import sys
 
 import numpy as np
@@ -126,7 +127,8 @@ def run(args) -> int:
         max_new, capped = room_for_answer(len(ids), model.config.n_ctx, args.max_new_tokens)
         if capped:
             err.print(f"[dim]{escape(capped)}[/]")
-        stream = TextStream(model, skip=model.eos_ids)
+        width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+        stream = TextStream(model, skip=model.eos_ids, width=width)
         with Meter() as m:
             new, held = answer(model, cache, held, ids, max_new, pick, stream)
         stream.close()

@@ -134,20 +134,59 @@ def encode_prompt(model, prompt: str, max_new_tokens: int) -> np.ndarray:
 
 
 class TextStream:
-    """Print tokens as they come; a character split across tokens is held until it is whole."""
+    """Print tokens as they come; a character split across tokens is held until it is whole. With
+    `width` (a terminal's columns), words are kept whole: a word that would cross the edge starts the
+    next line (the terminal would otherwise break it mid-word), so a word prints when it is complete."""
 
-    def __init__(self, model=None, skip=()) -> None:
+    def __init__(self, model=None, skip=(), width: int | None = None) -> None:
         self.enc = tokenizer(model)
         self.skip = frozenset(skip)          # end-of-turn ids: not printed
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.width = width if width is None or width > 1 else None
+        self.column = 0                      # characters on the current line
+        self.word = ""                       # the word being received, not yet printed
 
     def __call__(self, token: int) -> None:
         if token in self.skip:
             return
-        sys.stdout.write(self.utf8.decode(self.enc.decode_single_token_bytes(token)))
+        self._emit(self.utf8.decode(self.enc.decode_single_token_bytes(token)))
         sys.stdout.flush()
+
+    def _emit(self, text: str) -> None:
+        if self.width is None:
+            sys.stdout.write(text)
+            return
+        for ch in text:
+            if ch == "\n":
+                self._word()
+                sys.stdout.write("\n")
+                self.column = 0
+            elif ch.isspace():
+                self._word()
+                if self.column + 1 > self.width:
+                    sys.stdout.write("\n")
+                    self.column = 0
+                else:
+                    sys.stdout.write(ch)
+                    self.column += 1
+            else:
+                self.word += ch
+                if len(self.word) >= self.width:          # longer than a line: it has to be broken
+                    self._word()
+
+    def _word(self) -> None:
+        if not self.word:
+            return
+        if self.column > 0 and self.column + len(self.word) > self.width:
+            sys.stdout.write("\n")
+            self.column = 0
+        sys.stdout.write(self.word)
+        self.column += len(self.word)
+        self.word = ""
 
     def close(self) -> None:
         """Print what is still held: a last character left incomplete prints as U+FFFD, as `decode` gives."""
-        sys.stdout.write(self.utf8.decode(b"", final=True))
+        self._emit(self.utf8.decode(b"", final=True))
+        if self.width is not None:
+            self._word()
         sys.stdout.flush()

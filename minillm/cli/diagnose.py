@@ -22,6 +22,7 @@ from rich.table import Table
 from ..errors import PromptError
 from ..measure import hardware
 from ..measure.chips import get_chip, roofline
+from ..measure.shapes import capacity, shape_of
 from ..meter import Meter, totals
 from ..ui import report
 from .common import MODEL_HELP, add_weights, load_model, note_if_busy, out
@@ -168,9 +169,19 @@ def run(args) -> int:
               f"{_t(here(dec))} decode); on {chip.name}, {dom_chip} does ({_t(on_chip(prefill))} against "
               f"{_t(on_chip(dec))}).")
     pre_roof = roofline(prefill.fused * FP16, prefill.flops, chip)
-    out.print(f"• on {chip.name} the prefill is {pre_roof.bound}-bound ({pre_roof.intensity:.3g} FLOP/byte against a "
-              f"ridge of {pre_roof.ridge:.0f}); a decode step is memory-bound: it reads "
-              f"{report.fmt_bytes(first.bytes['weights'] * FP16) if first else '—'} of weights for one token.")
+    line = (f"• on {chip.name} the prefill is {pre_roof.bound}-bound ({pre_roof.intensity:.3g} FLOP/byte against a "
+            f"ridge of {pre_roof.ridge:.0f})")
+    if first is not None:
+        dec_roof = roofline(report.fused_bytes(first, c, 4) * FP16, first.total_flops, chip)
+        line += (f"; a decode step is {dec_roof.bound}-bound ({dec_roof.intensity:.3g} FLOP/byte): it reads "
+                 f"{report.fmt_bytes(first.bytes['weights'] * FP16)} of weights for one token")
+    out.print(line + ".")
+    if chip.memory_gb:
+        cap = capacity(shape_of(c, model.name), P + N, chip.memory_gb * 1e9)
+        out.print(f"• memory: {cap['sequences']:,} requests of {P + N} tokens fit on one {chip.name} beside the weights "
+                  f"in fp16 ({chip.memory_gb:g} GB × {cap['utilisation']:g} − {report.fmt_bytes(cap['weight_bytes'])}, "
+                  f"÷ {report.fmt_bytes(cap['kv_bytes_per_sequence'])} of KV each): the most the batch above can "
+                  "hold (`minillm hardware --fit` for a named shape).")
     tips = []
     if dom_chip == "decode":
         tips.append("batching: the table above, more requests per weight read")

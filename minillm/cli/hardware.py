@@ -15,6 +15,7 @@ from rich.table import Table
 from ..measure.chips import BYTES_PER_ELEMENT, CHIPS, Hardware, _dtype_key, decode_ceiling, get_chip, parse_count
 from ..measure.hardware import STALE_DAYS, age_seconds, cache_path, cached, fmt_age, is_stale, machine, was_busy
 from ..measure.probe import MB, METHODS
+from ..measure.shapes import KV_DTYPES, UTILISATION
 from .common import note_if_busy, out
 
 
@@ -31,6 +32,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "qwen2.5-7b, smollm2-135m, gpt2-124m, ...): weights and KV bytes per token from it")
     parser.add_argument("--context", type=int, default=None, metavar="T",
                         help="with --shape: tokens in the KV cache for the decode step (default: the shape's context)")
+    parser.add_argument("--fit", type=int, default=None, metavar="T",
+                        help="with --shape: how many sequences of T tokens fit in --memory (or the --chip's "
+                             "memory) beside the weights, e.g. --shape llama-2-7b --fit 4096 --memory 80GB "
+                             "--kv-dtype int8")
+    parser.add_argument("--memory", default=None, metavar="SIZE",
+                        help="with --fit: the memory to fill, e.g. 80GB, 24GiB (default: the --chip's own memory)")
+    parser.add_argument("--kv-dtype", default=None, choices=list(KV_DTYPES),
+                        help="with --shape: bytes per KV value (default: --dtype); int8/fp8 caches halve fp16's")
+    parser.add_argument("--utilisation", type=float, default=UTILISATION, metavar="U",
+                        help=f"with --shape: the share of the memory the server takes (default {UTILISATION}, "
+                             "vLLM's gpu_memory_utilization; the rest is the runtime's)")
 
 
 def _sig(x: float, digits: int = 3) -> str:
@@ -149,36 +161,78 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def capacity_lines(cap: dict, s: dict, weight_dtype: str, kv_dtype: str, where: str) -> list[str]:
+    """The capacity answer and the arithmetic it is made of, one figure per line."""
+    n, T = cap["sequences"], cap["context"]
+    window = (f"; {s['local_layers']} of its {s['n_layer']} layers keep only the last {s['window']:,} tokens"
+              if s.get("window") and s["window"] < T else "")
+    lines = [f"  sequences of {T:,} tokens that fit {where}: {n:,}",
+             f"    memory × utilisation: {_sig(cap['memory_bytes'] / 1e9)} GB × {cap['utilisation']:g} = "
+             f"{_sig(cap['usable_bytes'] / 1e9)} GB",
+             f"    − weights ({weight_dtype}): {_sig(cap['weight_bytes'] / 1e9)} GB, leaving "
+             f"{_sig(cap['left_bytes'] / 1e9) if cap['left_bytes'] > 0 else 'nothing'}"
+             + (" GB" if cap["left_bytes"] > 0 else ": the weights alone do not fit"),
+             f"    ÷ KV of one sequence ({kv_dtype}): {_sig(cap['kv_bytes_per_sequence'] / 1e9)} GB "
+             f"({cap['kv_bytes_per_token'] / 1024:,.4g} KiB per token)"] + ([f"    {window[2:]}"] if window else [])
+    return lines
+
+
 def run_shape(args: argparse.Namespace) -> int:
-    """`minillm hardware --shape NAME [--chip C] [--context T]`: a decode step's bytes from the shape."""
+    """`minillm hardware --shape NAME [--chip C] [--context T] [--fit T --memory M --kv-dtype D]`: a decode
+    step's bytes from the shape, and how many sequences fit."""
     from rich.console import Console
 
     from ..errors import MiniLLMError
-    from ..measure.shapes import decode_step_bytes, kv_bytes_per_token, sequences_that_fit, shape
+    from ..measure.shapes import capacity, decode_step_bytes, kv_bytes_per_token, shape
+    from .common import parse_bytes
     s = shape(args.shape)
     if args.params:
         raise MiniLLMError("--params and --shape both give the model's size: choose one")
-    context = args.context if args.context is not None else s["n_ctx"]
+    fit = getattr(args, "fit", None)
+    if fit is not None and args.context is not None and fit != args.context:
+        raise MiniLLMError("--fit T and --context T both give the tokens per sequence: choose one")
+    context = fit if fit is not None else args.context if args.context is not None else s["n_ctx"]
     if context < 1:
-        raise MiniLLMError(f"--context {context}: must be at least 1")
-    b = BYTES_PER_ELEMENT[_dtype_key(args.dtype)]
-    hw = get_chip(args.chip) if args.chip else machine(progress=True)
-    step = decode_step_bytes(s, context, b)
-    kv_tok = kv_bytes_per_token(s, b)
-    mha = kv_tok * s["n_head"] / s["n_kv_head"]
-    ms = step["total"] / (hw.bandwidth_gbs * 1e9) * 1e3
-    lines = [f"{s['name']} ({args.dtype}): {s['n_params'] / 1e9:.2f}B params, {s['n_layer']} layers, "
-             f"{s['n_head']} heads, {s['n_kv_head']} KV heads of {s['head_dim']}",
-             f"  KV per token: 2·L·Hkv·hd·b = {kv_tok / 1024:,.0f} KiB"
-             + (f" ({mha / 1024:,.0f} KiB with a KV head per query head)" if mha != kv_tok else ""),
-             f"  weights per decode step: {step['weights'] / 1e9:,.2f} GB",
-             f"  KV read at context {context:,}: {step['kv'] / 1e9:,.2f} GB "
-             f"({step['kv'] / step['weights']:.0%} of the weights)",
-             f"  decode, batch 1, on {hw.name} ({_sig(hw.bandwidth_gbs)} GB/s): {ms:,.2f} ms/token, "
-             f"~{1e3 / ms:,.0f} tokens/s"]
-    if hw.memory_gb:
-        n = sequences_that_fit(s, context, b, hw.memory_gb * 1e9)
-        lines.append(f"  sequences of {context:,} tokens whose KV fits beside the weights in "
-                     f"{hw.memory_gb:g} GB: {n:,}")
+        raise MiniLLMError(f"--{'fit' if fit is not None else 'context'} {context}: must be at least 1")
+    wd = _dtype_key(args.dtype)
+    b = BYTES_PER_ELEMENT[wd]
+    kvd = getattr(args, "kv_dtype", None) or (wd if wd in KV_DTYPES else "fp16")
+    kvb = KV_DTYPES[kvd]
+    util = getattr(args, "utilisation", UTILISATION)
+    memory = parse_bytes(args.memory, "--memory") if getattr(args, "memory", None) else None
+    if fit is not None and memory is None and not args.chip:
+        raise MiniLLMError("--fit needs the memory to fill: give --memory SIZE (e.g. 80GB) or --chip NAME")
+    hw = get_chip(args.chip) if args.chip else (None if fit is not None else machine(progress=True))
+    if memory is None and hw is not None and hw.memory_gb:
+        memory = hw.memory_gb * 1e9
+    if fit is not None and memory is None:
+        raise MiniLLMError(f"--chip {args.chip}: {hw.name} has no memory figure here: give --memory SIZE")
+    step = decode_step_bytes(s, context, b, kvb)
+    kv_tok = kv_bytes_per_token(s, kvb)
+    lines = [f"{s['name']} (weights {args.dtype}, KV {kvd}): {s['n_params'] / 1e9:.2f}B params, {s['n_layer']} "
+             f"layers,",
+             f"  {s['n_head']} heads, "
+             + (f"a latent of {s['kv_latent']} values per layer cached (multi-head latent attention)"
+                if s.get("kv_latent") else f"{s['n_kv_head']} KV heads of {s['head_dim']}")]
+    if s.get("kv_latent"):
+        lines.append(f"  KV per token: L·(d_c + d_rope)·b = {kv_tok / 1024:,.4g} KiB")
+    else:
+        mha = kv_tok * s["n_head"] / s["n_kv_head"]
+        lines.append(f"  KV per token: 2·L·Hkv·hd·b = {kv_tok / 1024:,.4g} KiB"
+                     + (f" ({mha / 1024:,.0f} KiB with a KV head per query head)" if mha != kv_tok else ""))
+    if s.get("window"):
+        lines.append(f"  sliding window: {s['local_layers']} of {s['n_layer']} layers keep only the last "
+                     f"{s['window']:,} tokens")
+    if fit is None and hw is not None:
+        ms = step["total"] / (hw.bandwidth_gbs * 1e9) * 1e3
+        lines += [f"  weights per decode step: {step['weights'] / 1e9:,.2f} GB",
+                  f"  KV read at context {context:,}: {step['kv'] / 1e9:,.2f} GB "
+                  f"({step['kv'] / step['weights']:.0%} of the weights)",
+                  f"  decode, batch 1, on {hw.name} ({_sig(hw.bandwidth_gbs)} GB/s): {ms:,.2f} ms/token, "
+                  f"~{1e3 / ms:,.0f} tokens/s"]
+    if memory is not None:
+        cap = capacity(s, context, memory, bytes_per_weight=b, kv_bytes_per_value=kvb, utilisation=util)
+        where = (f"in {args.memory}" if getattr(args, "memory", None) else f"in {hw.name}'s {hw.memory_gb:g} GB")
+        lines += capacity_lines(cap, s, args.dtype, kvd, where)
     Console().print("\n".join(lines), highlight=False, soft_wrap=True)
     return 0

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from ..serving.loadgen import run_load
 from ..serving.metrics import parse_slo
+from ..serving.workloads import WORKLOADS
 from .common import err, load_model, out
 
 
@@ -24,8 +25,8 @@ def add_arguments(p) -> None:
                    help="measure the prompts' lengths with this model's tokenizer (a name or path minillm loads, "
                         "e.g. smollm2-135m): the served model's, for exact lengths (default: GPT-2's)")
     p.add_argument("--workload", default="poisson", metavar="NAME|FILE.jsonl",
-                   help="poisson, shared-prefix, long-prompt, long-answer (serve-sim's workloads, same seed same "
-                        "requests), or a JSONL trace (default poisson)")
+                   help=f"{', '.join(WORKLOADS)} (serve-sim's workloads, same seed same requests), or a JSONL "
+                        "trace (default poisson)")
     p.add_argument("--rate", type=float, default=2.0, help="requests per second, Poisson arrivals (default 2)")
     p.add_argument("--requests", type=int, default=32, help="how many requests (default 32)")
     p.add_argument("--seed", type=int, default=0, help="seed of the arrival times and lengths (default 0)")

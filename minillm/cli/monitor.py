@@ -64,6 +64,12 @@ def flavour(m: dict) -> str:
     return kind
 
 
+def server_threads(m: dict) -> int | None:
+    """The BLAS threads a minillm server says its steps run on (None when it does not say)."""
+    n = total(m, "minillm_blas_threads")
+    return int(n) if n and n >= 1 else None
+
+
 def row(prev: dict, now: dict, dt: float, bandwidth_gbs: float, peak_gflops: float) -> dict:
     def rate(k):
         return None if now[k] is None or prev[k] is None else max(0.0, now[k] - prev[k]) / dt
@@ -126,11 +132,15 @@ def run(args) -> int:
         raise MiniLLMError(f"no server at {host}:{port} ({e.strerror or e}): start one with `minillm serve`") from None
     kind = flavour(first)
     from ..measure.hardware import machine
-    hw = machine(progress=not args.json)
+    from ..threads import limited
+    served = server_threads(first) if kind == "minillm" else None
+    with limited(served):            # the figures of the thread count the server runs on, not monitor's own
+        hw = machine(progress=not args.json)
     if not args.json:
         print(f"# {kind} at http://{host}:{port}", flush=True)
-        print(f"# %bw, %pk: shares of this machine's {hw.bandwidth_gbs:.1f} GB/s and {hw.peak_gflops:.0f} GFLOP/s",
-              flush=True)
+        on = f" at the server's {served} BLAS thread{'s' if served != 1 else ''}" if served else ""
+        print(f"# %bw, %pk: shares of this machine's {hw.bandwidth_gbs:.1f} GB/s and {hw.peak_gflops:.0f} GFLOP/s"
+              f"{on}", flush=True)
         if kind != "minillm":
             print(f"# {kind} exports no bytes or FLOPs: those columns show -", flush=True)
         for line in HEADER:

@@ -80,6 +80,10 @@ def run(args) -> int:
     loop = EngineLoop(model, kv_memory=kv, block_size=args.block_size, max_seqs=args.max_seqs,
                       max_batched_tokens=args.max_batched_tokens, max_waiting=args.max_waiting,
                       prefix_cache=args.prefix_cache, on_step=view)
+    from ..threads import blas_threads
+    threads = blas_threads()
+    if threads:                      # `minillm monitor` rates the server against the figures of ITS thread count
+        loop.metrics.set("blas_threads", threads)
     limits = Limits(max_connections=args.max_connections, request_timeout=args.request_timeout,
                     keep_alive=args.keep_alive, max_queue_wait=args.max_queue_wait, backlog=args.backlog,
                     grace=args.grace)

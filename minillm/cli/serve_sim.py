@@ -12,13 +12,15 @@ from rich.table import Table
 
 from ..engine.scheduler import POLICIES
 from ..errors import MiniLLMError
+from ..measure.comparisons import comparison_threads
 from ..paths import output_file
 from ..measure.hardware import machine
-from ..threads import blas_kernel, blas_threads
+from ..threads import blas_kernel, blas_threads, limited
 from ..engine.engine import Engine
 from ..serving.disagg import (OnThreads, colocated_summary, disaggregated_engines,
                               measure_copy_gbps, parse_split, run_interleaved)
 from ..serving.metrics import engine_for, parse_slo, step_fit, summarize
+from ..serving.rates import ATTAINMENT, capacity_words, highest_rate, parse_rates, rate_sweep
 from ..serving.workloads import WORKLOADS, WorkItem, load_workload, write_trace
 from ..ui.live import LiveView
 from ..ui.report import budget_verdict, diagnosis, disagg_verdict, fmt_bytes, fmt_flops, fmt_time, slo_text
@@ -29,12 +31,21 @@ BUDGETS = (32, 128, 512, 2048, None)       # --compare budget; None: no chunking
 COMPARE = {"policies": "sequential, static and continuous", "prefix-cache": "continuous without and with it",
            "block-size": "continuous at block sizes 8, 16, 32 and 64",
            "budget": "step token budgets 32, 128, 512, 2048 and no chunking",
-           "disagg": "prefill/decode split against one engine on the same threads, with and without chunking"}
+           "disagg": "prefill/decode split against one engine, every engine on the same thread count, with "
+                     "and without chunking"}
 
 def add_arguments(p) -> None:
     p.add_argument("--workload", default="poisson", metavar="NAME|FILE.jsonl",
                    help=f"{', '.join(WORKLOADS)}, or a JSONL trace of your own (default poisson)")
     p.add_argument("--rate", type=float, default=4.0, help="requests per second, Poisson arrivals (default 4)")
+    p.add_argument("--rates", metavar="R1,R2,...", default=None,
+                   help="sweep the request rate (the same seeded requests at each rate, interleaved) and find "
+                        "the highest that keeps --attainment of requests within --slo: one engine's capacity "
+                        "and its engine-hours per million tokens, e.g. --rates 0.5,1,2,4 --slo ttft=1,tpot=0.1")
+    p.add_argument("--attainment", type=float, default=ATTAINMENT, metavar="SHARE",
+                   help=f"with --rates: the share of requests that must meet every target (default {ATTAINMENT})")
+    p.add_argument("--price-per-hour", type=float, default=None, metavar="USD",
+                   help="with --rates: what an engine costs an hour, for the cost per million tokens")
     p.add_argument("--requests", type=int, default=64, help="how many requests (default 64)")
     p.add_argument("--seed", type=int, default=0, help="the workload's seed (default 0)")
     p.add_argument("--policy", default="continuous", choices=POLICIES, help="(default continuous)")
@@ -74,6 +85,16 @@ def check(args) -> None:
         raise MiniLLMError(f"--temperature {args.temperature}: must be 0 (greedy) or more")
     args.slo_targets = parse_slo(args.slo)
     args.split = parse_split(args.disaggregate) if args.disaggregate else None
+    args.rate_list = parse_rates(args.rates) if args.rates else None
+    if args.rate_list is not None:
+        if args.compare or args.disaggregate:
+            raise MiniLLMError("--rates sweeps one engine's request rate: leave out --compare and --disaggregate")
+        if not args.slo_targets:
+            raise MiniLLMError("--rates needs latency targets to meet: add --slo ttft=S,tpot=S (either alone)")
+        if not 0 < args.attainment <= 1:
+            raise MiniLLMError(f"--attainment {args.attainment}: give a share above 0 and at most 1 (e.g. 0.9)")
+    if args.price_per_hour is not None and not args.price_per_hour > 0:
+        raise MiniLLMError(f"--price-per-hour {args.price_per_hour}: must be above 0")
     if args.link_gbps is not None and not args.link_gbps > 0:
         raise MiniLLMError(f"--link-gbps {args.link_gbps}: the link's speed must be above 0 Gb/s")
     if args.disaggregate and args.compare not in (None, "disagg"):
@@ -138,12 +159,12 @@ def simulate(model, items: list[WorkItem], run: dict, args, live: bool, hw) -> d
     return result(engine, name, args, hw)
 
 
-def sweep(model, items: list[WorkItem], args, hw) -> tuple[list[dict], dict | None]:
+def sweep(model, items: list[WorkItem], args, hw, threads: int | None = None) -> tuple[list[dict], dict | None]:
     """--compare budget: every budget's engine on the same requests, stepped in turn (interleaved),
     and one fit of step time against tokens over all their steps."""
     engines = [(label(r, args), make_engine(model, items, r, args)) for r in runs(args)]
     with err.status(f"serving {len(items)} requests at {len(engines)} budgets, interleaved…"):
-        run_interleaved([OnThreads(e, getattr(args, "threads", None)) for _, e in engines])
+        run_interleaved([OnThreads(e, threads) for _, e in engines])
     results = [result(e, name, args, hw) for name, e in engines]
     for r, b in zip(results, BUDGETS):
         r["budget"] = b
@@ -204,16 +225,27 @@ def run(args) -> int:
     if args.save_trace:
         write_trace(items, output_file(args.save_trace, "--save-trace"))
     hw = machine(progress=not args.json)
-    if not args.json:
-        note_if_busy(args)
     live = not args.json and not args.no_live and out.is_terminal
+    # every side of a comparison on one thread count: the one asked for, or one on a busy machine
+    threads, why = comparison_threads(getattr(args, "threads", None), default=blas_threads())
+    compares = bool(args.compare or args.split or args.rate_list)
+    if not args.json:
+        if why and compares:
+            err.print(f"[yellow]note:[/] {escape(why)}", soft_wrap=False)
+        else:
+            note_if_busy(args)
+    if not compares:
+        threads = getattr(args, "threads", None)
+    if args.rate_list is not None:
+        return rates(model, args, threads)
     if args.split or args.compare == "disagg":
-        return disagg(model, items, args, hw)
+        return disagg(model, items, args, hw, threads)
     fit = None
-    if args.compare == "budget":
-        results, fit = sweep(model, items, args, hw)
-    else:
-        results = [simulate(model, items, r, args, live, hw) for r in runs(args)]
+    with limited(threads):
+        if args.compare == "budget":
+            results, fit = sweep(model, items, args, hw, threads)
+        else:
+            results = [simulate(model, items, r, args, live, hw) for r in runs(args)]
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
@@ -222,7 +254,8 @@ def run(args) -> int:
         out.print("[dim]budget: tokens one step may run (none: every prompt whole, no chunking); good/s: "
                   "requests per second that met every target; met: their share[/]")
         out.print(f"[dim]{escape(setting(args, results[0]))}[/]")
-        for line in budget_verdict(results, fit, args.slo_targets):
+        read = model.nbytes() / (hw.bandwidth_gbs * 1e9) if hw.blas_threads == results[0].get("threads") else None
+        for line in budget_verdict(results, fit, args.slo_targets, weight_read_s=read):
             out.print(line)
         return 0
     for r in results:
@@ -238,9 +271,44 @@ def setting(args, r: dict) -> str:
 REAL_LINK_GBPS = 25.0     # a real network link (25 GbE) beside this machine's memory copy
 
 
-def disagg(model, items: list[WorkItem], args, hw) -> int:
-    """--disaggregate P:D, and --compare disagg: the split against one engine on P + D threads."""
-    p, d = args.split or (1, 1)
+def rates(model, args, threads: int | None) -> int:
+    """--rates: the same seeded workload at each rate, one engine each, interleaved; the highest rate
+    whose attainment meets the target, and what a token costs there."""
+    with err.status(f"serving {args.requests} requests at {len(args.rate_list)} rates, interleaved…"):
+        runs_ = rate_sweep(model, args.rate_list, args.slo_targets, workload=args.workload, n=args.requests,
+                           seed=args.seed, threads=threads, kv_memory=parse_bytes(args.kv_memory),
+                           block_size=args.block_size, prefix_cache=args.prefix_cache, policy=args.policy,
+                           max_seqs=args.max_seqs, max_batched_tokens=budget_of(args))
+    h = highest_rate(runs_, args.attainment)
+    if args.json:
+        print(json.dumps({"runs": runs_, "capacity": {k: v for k, v in h.items() if k != "run"}}, indent=2))
+        return 0
+    slo = slo_text(args.slo_targets)
+    t = Table(title=f"serve-sim: goodput against the request rate; targets {slo}", title_justify="left",
+              box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("rate", "tok/s", "TTFT p95", "TPOT p95", "goodput", "met"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for r in runs_:
+        mark = " ◆" if r is h["run"] else ""
+        t.add_row(f"{r['rate']:g}/s{mark}", f"{r['output_tokens_per_s']:.1f}", _s(r["ttft_p95_s"]),
+                  _s(r["tpot_p95_s"]), f"{r['goodput_rps']:.2f}/s", f"{r['attainment']:.0%}")
+    out.print(t)
+    out.print(f"[dim]{args.requests} requests of {args.workload}, seed {args.seed}, the same at every rate; "
+              f"{threads or blas_threads()} BLAS thread(s) for every rate; met: the share that met every "
+              f"target; ◆ the highest rate where {args.attainment:.0%} did[/]")
+    for line in capacity_words(h, slo, args.price_per_hour):
+        out.print(line)
+    return 0
+
+
+def disagg(model, items: list[WorkItem], args, hw, threads: int | None = None) -> int:
+    """--disaggregate P:D, and --compare disagg: the split against one engine, every engine's steps on
+    the same thread count (T:T beside T; one thread when the machine is busy)."""
+    T = threads or 1
+    p, d = args.split or (T, T)
+    if args.split and threads == 1 and (p, d) != (1, 1) and comparison_threads(getattr(args, "threads", None),
+                                                                                default=blas_threads())[1]:
+        p, d = 1, 1                          # busy: every side on one thread (the note above said so)
     kv = parse_bytes(args.kv_memory)
     if args.link_gbps is None:
         with err.status("measuring this machine's copy bandwidth…"):
@@ -254,7 +322,7 @@ def disagg(model, items: list[WorkItem], args, hw) -> int:
     if args.compare == "disagg":
         for b, name in ((budget, f"one, chunk {budget}"), (no_chunking(model, args), "one, whole")):
             e = engine_for(model, items, kv_memory=2 * kv, max_batched_tokens=b, **kw)
-            runners.append((name, OnThreads(e, p + d)))
+            runners.append((name, OnThreads(e, p if p == d else T)))
     links = [link] + ([REAL_LINK_GBPS] if args.compare == "disagg" and abs(link - REAL_LINK_GBPS) > 1e-9 else [])
     for g in links:
         split = disaggregated_engines(model, items, p_threads=p, d_threads=d, link_gbps=g, kv_memory=kv,
@@ -272,7 +340,7 @@ def disagg(model, items: list[WorkItem], args, hw) -> int:
         print(json.dumps(results, indent=2))
         return 0
     out.print(disagg_table(results))
-    out.print(f"[dim]{escape(setting(args, {'threads': f'{p}+{d}', 'blas': blas_kernel()}))}; link "
+    out.print(f"[dim]{escape(setting(args, {'threads': f'{p}:{d}', 'blas': blas_kernel()}))}; link "
               f"{link:.3g} Gb/s ({link_name}); the split's engines have {args.kv_memory} of KV each, the one "
               "engine both[/]")
     for line in disagg_verdict(results):
@@ -293,8 +361,9 @@ def disagg_table(results: list[dict]) -> Table:
     t = Table(title="serve-sim: prefill/decode split" + (f"; goodput: {slo_text(slo)}" if slo else ""),
               title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, caption_justify="left",
               padding=(0, 1, 0, 1), collapse_padding=True,
-              caption="one: one engine on P+D threads, prompts in chunks or whole; split P:D at a link of "
-                      "G Gb/s; 95, 99: percentiles; busy: share of the run each engine's steps took")
+              caption="one: one engine on as many threads as each of the split's, prompts in chunks or whole; "
+                      "split P:D at a link of G Gb/s; 95, 99: percentiles; busy: share of the run each "
+                      "engine's steps took")
     for name, _ in cols:
         t.add_column(name, justify="left" if name == "run" else "right", no_wrap=True, min_width=len(name))
     for r in results:

@@ -3,7 +3,19 @@ only from a parameter count. Grouped-query attention shows up here: Llama-3-8B k
 its 32, so each token costs a quarter of the KV bytes Llama-2-7B's does, at about the same size.
 
 The shapes are the published config.json values of each model (layers, heads, KV heads, head width,
-hidden width, MLP width, vocabulary, tied head).
+hidden width, MLP width, vocabulary, tied head). Three more ways to keep the KV cache small are
+described by a few extra fields of `shape()`'s dict:
+
+    window, local_layers   sliding-window attention: `local_layers` of the layers (all, in Mistral-7B
+                           v0.1) keep only the last `window` positions; the others keep every one
+                           (Gemma 2: half the layers local, window 4,096; Gemma 3: five in six, 1,024;
+                           gpt-oss: half, 128)
+    kv_latent              multi-head latent attention (DeepSeek-V2/V3): each layer caches one latent
+                           vector of kv_latent values per token (512 + 64 rope), not K and V per head
+
+`capacity` is the one answer to "how many sequences of T tokens fit in M bytes": memory × the stated
+utilisation − the weights, divided by one sequence's KV bytes. Lessons 5 and 12, `minillm hardware
+--shape` (and `--fit`) and `minillm diagnose` all call it.
 """
 
 from __future__ import annotations
@@ -30,41 +42,120 @@ SHAPES: dict[str, LlamaConfig] = {
 }
 
 
+# Attention that caps the KV cache (published config.json values): the sliding window, and how many of
+# the layers use it. Mistral-7B v0.1 slides on every layer; later Mistral releases dropped the window.
+WINDOWS: dict[str, tuple[int, int]] = {   # name: (window, local layers)
+    "mistral-7b": (4096, 32),
+    "gemma-2-9b": (4096, 21),        # 42 layers, local and global alternating
+    "gemma-3-12b": (1024, 40),       # 48 layers, five local to one global
+    "gpt-oss-20b": (128, 12),        # 24 layers, banded and dense alternating
+}
+
+SHAPES.update({
+    "gemma-2-9b": _llama(42, 16, 8, 256, 3584, 14336, 256000, tied=True, ctx=8192),
+    "gemma-3-12b": _llama(48, 16, 8, 256, 3840, 15360, 262208, tied=True, ctx=131072),
+})
+
+# Shapes a LlamaConfig cannot describe (mixture of experts, latent attention): the published fields
+# that the KV cache and the weight bytes need, with the total parameter count from the model card
+# (gpt-oss-20b: 20.91B, of which 3.6B active per token; DeepSeek-V3: 671B, 37B active).
+OTHER_SHAPES: dict[str, dict] = {
+    "gpt-oss-20b": {"n_layer": 24, "n_head": 64, "n_kv_head": 8, "head_dim": 64, "n_params": 20_910_000_000,
+                    "n_ctx": 131072},
+    "deepseek-v3": {"n_layer": 61, "n_head": 128, "n_kv_head": 128, "head_dim": 192, "v_head_dim": 128,
+                    "n_params": 671_000_000_000, "n_ctx": 131072, "kv_latent": 512 + 64},
+}
+
+UTILISATION = 0.9    # the share of a GPU's memory a server takes: vLLM's gpu_memory_utilization default
+KV_DTYPES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0}
+
+
 def gpt2_as_shape(c) -> dict:
     return {"n_layer": c.n_layer, "n_kv_head": c.n_head, "head_dim": c.head_dim, "n_params": c.n_params()}
 
 
+def shape_of(c, name: str = "") -> dict:
+    """The shape dict of a model config (GPT-2's or a Llama's): what the KV and capacity formulas read."""
+    return {"name": name, "n_layer": c.n_layer, "n_kv_head": c.n_kv_head, "head_dim": c.head_dim,
+            "n_head": c.n_head, "n_params": c.n_params(), "n_ctx": c.n_ctx}
+
+
 def shape(name: str) -> dict:
-    """{n_layer, n_kv_head, head_dim, n_params, n_ctx} of a shape name (gpt2-124m ... or the table above)."""
+    """{n_layer, n_kv_head, head_dim, n_params, n_ctx} of a shape name (gpt2-124m ... or the tables above),
+    with `window`/`local_layers` or `kv_latent` where the model's attention caps its KV cache."""
     key = name.strip().lower()
     if key in SHAPES:
-        c = SHAPES[key]
-        return {"name": key, "n_layer": c.n_layer, "n_kv_head": c.n_kv_head, "head_dim": c.head_dim,
-                "n_head": c.n_head, "n_params": c.n_params(), "n_ctx": c.n_ctx}
-    size = key.removeprefix("gpt2-")
-    if key.startswith("gpt2-") and size in GPT2_SIZES:
-        c = GPT2_SIZES[size]
-        return {"name": key, "n_layer": c.n_layer, "n_kv_head": c.n_head, "head_dim": c.head_dim,
-                "n_head": c.n_head, "n_params": c.n_params(), "n_ctx": c.n_ctx}
-    names = [*SHAPES, *(f"gpt2-{k}" for k in GPT2_SIZES)]
+        out = shape_of(SHAPES[key], key)
+    elif key in OTHER_SHAPES:
+        out = {"name": key, **OTHER_SHAPES[key]}
+    elif key.startswith("gpt2-") and key.removeprefix("gpt2-") in GPT2_SIZES:
+        c = GPT2_SIZES[key.removeprefix("gpt2-")]
+        out = {"name": key, "n_layer": c.n_layer, "n_kv_head": c.n_head, "head_dim": c.head_dim,
+               "n_head": c.n_head, "n_params": c.n_params(), "n_ctx": c.n_ctx}
+    else:
+        out = None
+    if out is not None:
+        if key in WINDOWS:
+            out["window"], out["local_layers"] = WINDOWS[key]
+        return out
+    names = [*SHAPES, *OTHER_SHAPES, *(f"gpt2-{k}" for k in GPT2_SIZES)]
     close = difflib.get_close_matches(key, names, n=1)
     hint = f" Did you mean {close[0]}?" if close else ""
     raise MiniLLMError(f"unknown shape {name!r}.{hint} Known shapes: {', '.join(names)}")
 
 
 def kv_bytes_per_token(s: dict, bytes_per_value: float) -> float:
-    """K and V, every layer: 2·L·Hkv·hd·b."""
+    """One token's KV bytes in every layer that keeps it: 2·L·Hkv·hd·b (K and V per KV head); with latent
+    attention, L·(d_c + d_rope)·b (one latent per layer). A sliding window does not change this figure,
+    only how many tokens a layer keeps (`kv_bytes_per_sequence`)."""
+    if s.get("kv_latent"):
+        return s["n_layer"] * s["kv_latent"] * bytes_per_value
     return 2 * s["n_layer"] * s["n_kv_head"] * s["head_dim"] * bytes_per_value
 
 
-def decode_step_bytes(s: dict, context: int, bytes_per_value: float) -> dict:
-    """One batch-1 decode step at `context` tokens: every weight once, and the whole KV cache."""
+def kv_bytes_per_sequence(s: dict, context: int, bytes_per_value: float) -> float:
+    """The KV bytes of one sequence of `context` tokens: every layer keeps all of them, except the local
+    layers of a sliding-window model, which keep the last `window`."""
+    per_layer = kv_bytes_per_token(s, bytes_per_value) / s["n_layer"]
+    local = s.get("local_layers", 0)
+    kept = local * min(context, s.get("window", context)) + (s["n_layer"] - local) * context
+    return per_layer * kept
+
+
+def decode_step_bytes(s: dict, context: int, bytes_per_value: float, kv_bytes_per_value: float | None = None) -> dict:
+    """One batch-1 decode step at `context` tokens: every weight once, and the whole KV cache (what the
+    layers keep: a sliding window caps it)."""
     weights = s["n_params"] * bytes_per_value
-    kv = context * kv_bytes_per_token(s, bytes_per_value)
+    kv = kv_bytes_per_sequence(s, context, bytes_per_value if kv_bytes_per_value is None else kv_bytes_per_value)
     return {"weights": weights, "kv": kv, "total": weights + kv}
 
 
-def sequences_that_fit(s: dict, context: int, bytes_per_value: float, memory_bytes: float) -> int:
-    """The KV limit on batch size: what is left of the memory after the weights, in whole sequences."""
-    left = memory_bytes - s["n_params"] * bytes_per_value
-    return max(0, int(left // (context * kv_bytes_per_token(s, bytes_per_value))))
+def capacity(s: dict, context: int, memory_bytes: float, *, bytes_per_weight: float = 2.0,
+             kv_bytes_per_value: float = 2.0, utilisation: float = UTILISATION) -> dict:
+    """How many sequences of `context` tokens fit in `memory_bytes`, beside the weights:
+
+        sequences = ⌊(memory × utilisation − weights) ÷ KV bytes of one sequence⌋   (0 if the weights do not fit)
+
+    `utilisation`: the share of the memory the server takes (vLLM's default 0.9); the rest is the
+    runtime's (activations, CUDA graphs, fragmentation). Returns the figures the answer is made of."""
+    for what, v in (("context", context), ("memory", memory_bytes), ("bytes per weight", bytes_per_weight),
+                    ("KV bytes per value", kv_bytes_per_value)):
+        if not v > 0:
+            raise MiniLLMError(f"capacity: {what} must be above 0, got {v!r}")
+    if not 0 < utilisation <= 1:
+        raise MiniLLMError(f"utilisation {utilisation!r}: give a share of the memory above 0 and at most 1 (e.g. 0.9)")
+    usable = memory_bytes * utilisation
+    weights = s["n_params"] * bytes_per_weight
+    per_seq = kv_bytes_per_sequence(s, context, kv_bytes_per_value)
+    left = usable - weights
+    return {"memory_bytes": memory_bytes, "utilisation": utilisation, "usable_bytes": usable,
+            "weight_bytes": weights, "kv_bytes_per_token": kv_bytes_per_token(s, kv_bytes_per_value),
+            "kv_bytes_per_sequence": per_seq, "context": context, "left_bytes": left,
+            "sequences": max(0, int(left // per_seq)), "weights_fit": left >= 0}
+
+
+def sequences_that_fit(s: dict, context: int, bytes_per_value: float, memory_bytes: float,
+                       utilisation: float = UTILISATION) -> int:
+    """The KV limit on batch size: `capacity(...)["sequences"]`, weights and KV in the same dtype."""
+    return capacity(s, context, memory_bytes, bytes_per_weight=bytes_per_value, kv_bytes_per_value=bytes_per_value,
+                    utilisation=utilisation)["sequences"]

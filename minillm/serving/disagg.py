@@ -1,9 +1,11 @@
 """Prefill/decode disaggregation, simulated honestly on one machine.
 
-Two engines share the machine: a prefill engine with P BLAS threads and a decode engine with D.
-Every step of each really runs, with that many threads (threadpoolctl), and its measured time
-advances that engine's own clock; the two clocks run side by side in simulated time (the engine
-whose clock is behind steps next, so nothing sees the future).
+Two engines: a prefill engine whose steps run on P BLAS threads and a decode engine on D. Every step
+of each really runs, with that many threads (threadpoolctl), and its measured time advances that
+engine's own clock; the two clocks run side by side in simulated time (the engine whose clock is
+behind steps next, so nothing sees the future). Compared with one engine, every side should run on
+the same thread count (T:T beside one engine on T): `minillm serve-sim --compare disagg` does, and
+ranks nothing otherwise.
 
 A request arrives at the prefill engine, which runs its prompt (in chunks under its token budget)
 and samples its first token: the client has it then. Its KV cache, every layer's keys and values of
@@ -14,9 +16,15 @@ the rest. The sequence's random stream travels with it, so its tokens are those 
 
 This is what DistServe, Splitwise, Mooncake and the P/D modes of vLLM, SGLang and NVIDIA Dynamo do
 across machines and real networks (NIXL, RDMA); minillm does it in one process to measure the
-trade, not to scale: each phase gets its own share of the machine (no interference, batch sizes and
-budgets tuned apart), at the price of the KV bytes moved and of a share that idles when its phase
-has no work.
+trade, not to scale: each phase gets an engine of its own, as if on a device of its own (no
+interference, batch sizes and budgets tuned apart), at the price of the KV bytes moved and of an
+engine that idles when its phase has no work.
+
+The simulation is not neutral, in two ways, and says so where it ranks:
+- one engine's step runs at a time, so the two never compete for memory bandwidth or cache as two
+  engines on one box would: that favours the split;
+- a prompt's KV leaves only after its whole prefill, where DistServe, Splitwise and Mooncake stream
+  it layer by layer under the computation: that disfavours it.
 """
 
 from __future__ import annotations

@@ -143,8 +143,11 @@ def worst_stall(steps) -> dict | None:
 
 def step_fit(steps) -> dict | None:
     """Least squares of a step's measured seconds against the tokens in it: seconds = a + b x tokens.
-    a is what every step pays whatever its size (the weights read once, the scheduling); b each token's
-    share of the arithmetic. A step of budget B takes about a + b x B."""
+    a is what every step pays whatever its size (the weights read once, the per-step overhead of NumPy,
+    Python and the scheduler: on this CPU mostly the overhead, so compare it with the weights' bytes ÷
+    bandwidth before calling it a read); b each token's share of the arithmetic. A step of budget B
+    takes about a + b x B. r² says how much of the steps' time the token count explains: with a low
+    r² or a negative a the fit means nothing (measure.comparisons.fit_problem)."""
     n = np.array([s.n_tokens for s in steps], dtype=float)
     t = np.array([s.seconds for s in steps], dtype=float)
     if len(steps) < 3 or np.ptp(n) == 0:

@@ -47,6 +47,7 @@ SERIES: dict[str, tuple] = {
     "kv_blocks_free": ("gauge", "KV-cache blocks free (cached prefixes nobody holds included)", [{}]),
     "achieved_gbps": ("gauge", "GB/s moved by the last step", [{}]),
     "step_intensity": ("gauge", "FLOPs per byte of the last step", [{}]),
+    "blas_threads": ("gauge", "BLAS threads the engine's steps run on (set at start; 0: unknown)", [{}]),
     "queue_expected_wait_seconds": ("gauge", "the queue's expected wait for a request arriving now", [{}]),
     "time_to_first_token_seconds": ("histogram", "arrival to first token", TTFT_BUCKETS),
     "time_per_output_token_seconds": ("histogram", "per request: (last token - first token) / (tokens - 1)",

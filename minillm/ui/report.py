@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..measure.chips import Hardware, roofline
+from ..measure.comparisons import fit_problem
 from ..meter import StepRecord
 
 
@@ -181,18 +182,25 @@ def favours(results: list[dict], key: str, high: bool, what: str, show, name) ->
     return f"{what} favours {who} ({show(hi[key])}; {name(lo)}: {show(lo[key])})."
 
 
-def budget_verdict(results: list[dict], fit: dict | None, slo: dict) -> list[str]:
-    """Which budget this machine favours for which target, from the runs and the fit of step time."""
+def budget_verdict(results: list[dict], fit: dict | None, slo: dict, weight_read_s: float | None = None) -> list[str]:
+    """Which budget this machine favours for which target, from the runs and the fit of step time. A fit
+    that `fit_problem` finds meaningless is named and nothing is concluded from it. `weight_read_s`: the
+    model's bytes ÷ this machine's bandwidth, printed beside the fit's fixed part (the rest is overhead)."""
     lines = []
     name = lambda r: r["policy"]  # noqa: E731
+    if fit is not None and fit_problem(fit) is not None:
+        lines.append(f"Step time against tokens: the fit is not used ({fit_problem(fit)}).")
+        fit = None
     if fit is not None:
         a, b = fit["fixed_s"], fit["per_token_s"]
         lines.append(f"Step time ≈ {fmt_time(a)} + {fmt_time(b)} per token (least squares over "
                      f"{fit['steps']} steps of every budget, r² {fit['r2']:.2f}).")
-        if a > 0 and b > 0:
-            lines.append(f"The fixed part (weights read once, scheduling) costs as much as {a / b:.0f} "
-                         f"tokens: a budget well below that pays it in many more steps; a prompt of N "
-                         f"tokens in one step holds every running decode about N × {fmt_time(b)}.")
+        read = ("" if weight_read_s is None else
+                f" (reading the weights once is {fmt_time(weight_read_s)} of it; the rest, per-step overhead)"
+                if weight_read_s < a else f" (less than reading the weights once, {fmt_time(weight_read_s)})")
+        lines.append(f"The fixed part{read} costs as much as {a / b:.0f} tokens: a budget well below that "
+                     f"pays it in many more steps; a prompt of N tokens in one step holds every running "
+                     f"decode about N × {fmt_time(b)}.")
     lines.append(favours(results, "output_tokens_per_s", True, "Throughput", lambda v: f"{v:.1f} tok/s", name))
     lines.append(favours(results, "tbt_p99_s", False, "The p99 gap between tokens", fmt_time, name))
     lines.append(favours(results, "ttft_p95_s", False, "TTFT p95", fmt_time, name))
@@ -256,6 +264,15 @@ def disagg_verdict(results: list[dict]) -> list[str]:
             continue
         lines.append(f"{what}: best {escape(hi['label'])} ({f(hi[key])}), worst {escape(lo['label'])} ({f(lo[key])}).")
     s, c = splits[0], one[0]
+    sides = {"one engine": c.get("threads"), **dict(zip(("prefill engine", "decode engine"),
+                                                          (int(x) for x in s["split"].split(":"))))}
+    if len(set(sides.values())) != 1:          # different thread counts rank upside down on a busy machine
+        lines.append("Not ranked: the steps ran on different thread counts (" + ", ".join(
+            f"{k} {v}" for k, v in sides.items()) + "); run the split as T:T beside one engine on T threads.")
+        return lines
+    for r in (s, c):                            # the split serves with two engines' steps, one engine with one
+        r["tok_s_per_engine"] = r["output_tokens_per_s"] / (2 if r is s else 1)
+    figures = [("tok_s_per_engine", "tok/s per engine", True)] + figures[1:]
     known = [(key, what, high) for key, what, high in figures if s[key] is not None and c[key] is not None]
     close = lambda a, b: a == b or abs(a - b) / max(abs(a), abs(b)) < CLOSE   # noqa: E731
     tied = [what for key, what, high in known if close(s[key], c[key])]
@@ -265,17 +282,27 @@ def disagg_verdict(results: list[dict]) -> list[str]:
     verdict = "; ".join(x for x in (f"wins on {', '.join(won)}" if won else "",
                                     f"loses on {', '.join(lost)}" if lost else "",
                                     f"is within {CLOSE:.0%} on {', '.join(tied)}" if tied else "") if x)
-    lines.append(f"Against {escape(c['label'])} the split {verdict}. Measured:")
+    lines.append(f"Against {escape(c['label'])} the split {verdict}, every engine's steps on "
+                 f"{c['threads']} BLAS thread{'s' if c['threads'] != 1 else ''}. Measured:")
     lines.append(f"  busy: prefill engine {s['busy'][0]:.0%}, decode engine {s['busy'][1]:.0%} of the run "
-                 f"(one engine: {c['busy'][0]:.0%}); a share of the machine idles when its phase has no work.")
+                 f"(one engine: {c['busy'][0]:.0%}); an engine idles when its phase has no work.")
     fp, fd, fc = s["fit"][0], s["fit"][1], c["fit"][0]
-    if fp and fc:
-        lines.append(f"  a prompt token: {fmt_time(fp['per_token_s'])} on the prefill engine's "
-                     f"{s['split'].split(':')[0]} thread(s), {fmt_time(fc['per_token_s'])} on one engine's "
-                     f"{c['threads']} (fits of step time against tokens).")
-    if fd and fc:
-        lines.append(f"  a step's fixed part: {fmt_time(fd['fixed_s'])} on the decode engine, "
-                     f"{fmt_time(fc['fixed_s'])} on one engine.")
+    bad = [f"{who}: {fit_problem(f).split(':')[0]}" for who, f in (("prefill engine", fp), ("decode engine", fd),
+                                                                     ("one engine", fc))
+           if f is not None and fit_problem(f) is not None]
+    if bad:
+        lines.append("  fits of step time against tokens not used, they explain too little here ("
+                     + "; ".join(bad) + ").")
+    else:
+        if fp and fc:
+            lines.append(f"  a prompt token: {fmt_time(fp['per_token_s'])} on the prefill engine, "
+                         f"{fmt_time(fc['per_token_s'])} on one engine (fits of step time against tokens).")
+        if fd and fc:
+            lines.append(f"  a step's fixed part: {fmt_time(fd['fixed_s'])} on the decode engine, "
+                         f"{fmt_time(fc['fixed_s'])} on one engine.")
+    lines.append("  The simulation runs one engine's step at a time (the two never compete for bandwidth: "
+                 "favours the split) and sends the KV after the whole prefill (not layer by layer: "
+                 "disfavours it).")
     n = max(1, s["handoffs"])
     lines.append(f"  KV moved: {fmt_bytes(s['kv_bytes_moved'])} in {s['handoffs']} handoffs "
                  f"({fmt_bytes(s['kv_bytes_moved'] / n)} each), {fmt_time(s['link_seconds'] / n)} each on a "

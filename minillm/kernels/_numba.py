@@ -1,0 +1,424 @@
+"""The numba kernels themselves. Imported only once `status()` has found numba working; compiled on
+first call and cached on disk (`cache=True`: numba's __pycache__ next to this file, or
+NUMBA_CACHE_DIR), so a later process loads the machine code instead of compiling it again.
+
+Every product kernel is written in one loop form, chosen by measurement: for each output row, one
+flat loop over the row's values, each value widened and scaled in registers and multiplied into a
+scalar accumulator per row of x. LLVM vectorizes that loop into wide accumulators and adds them up
+once at the row's end (and, as the loop starts at 0 in steps of 32, sees that a vector of values
+shares one block's scale: no gather). The row's block scales are converted from float16 once per
+row into a small array first. Rows of x go in fours (then two, then one), so a row of weights is
+read from memory once for up to four rows of x and from the L1 cache for the others.
+
+Measured alternatives (Q8_0 over SmolLM2's matrices, one row of x, interleaved rounds on a busy
+2-core machine, as multiples of float32 BLAS's speed in the same run; such a machine moves these
+ratios between runs, so only ratios within one run are compared): run A: a [T, 32] accumulator
+array with each block widened into a [32] array 0.12x (a runtime T keeps the accumulators in
+memory), a horizontal sum per block 0.31x, a [32] accumulator for one row of x 1.49x, the flat
+loop converting each value's scale from float16 3.17x; run B: that flat loop 0.84x, this form
+(scales converted once per row) 5.11x. Then as multiples of this form's speed (one thread, CPU
+time): the scales expanded to one per value before the loop 0.21-0.39x, the row widened into an
+L1 float array and then dotted 0.16-0.31x, one group of eight rows of x instead of four and four
+1.05x (not worth a second copy of the loop).
+A Q4 byte is split in floats: hi = floor(byte / 16), lo = byte - 16·hi (exact below 256). numba
+types `byte & 15` and `byte >> 4` as int64; LLVM then widens 8 lanes at a time and converts int64
+to float (vcvtqq2ps): 1.7x the CPU time of the float split.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+QK = 32          # values per block
+ROWS = 16        # output rows per parallel work item (one float32 scale array per item)
+F16_FIX = np.float32(2.0 ** 112)
+# fastmath without "nnan" and "ninf": the online softmax starts from a max of -inf, and extreme
+# inputs must give what NumPy gives. "reassoc" lets LLVM split a row's sum into vector lanes.
+FAST = {"nsz", "arcp", "contract", "afn", "reassoc"}
+
+
+@njit(inline="always", cache=True)
+def f16(h):
+    """A float16's bits (uint16) -> its float32 value, exact for finite values (models/quant.py's
+    f16_to_f32, for one value: shift the bits into float32's place, fix the exponent by 2^112)."""
+    b = np.uint32(h)
+    mag = np.uint32((b & np.uint32(0x7FFF)) << np.uint32(13)).view(np.float32) * F16_FIX
+    return -mag if b & np.uint32(0x8000) else mag
+
+
+# -- quantized products: y [T, R] = x [T, C] @ W^T, W [R, C] in blocks of 32 -----------------------
+
+@njit(parallel=True, cache=True, fastmath=FAST)
+def q8_0_matmul_t(q, d, x, y):
+    """Q8_0: q int8 [R, C], d uint16 [R, C/32] (float16 bits); value = d·q."""
+    R, C = q.shape
+    nb = C // QK
+    T = x.shape[0]
+    for c in prange((R + ROWS - 1) // ROWS):
+        s = np.empty(nb, np.float32)
+        for r in range(c * ROWS, min(R, c * ROWS + ROWS)):
+            for b in range(nb):
+                s[b] = f16(d[r, b])
+            t = 0
+            while t + 4 <= T:
+                a0 = np.float32(0.0)
+                a1 = np.float32(0.0)
+                a2 = np.float32(0.0)
+                a3 = np.float32(0.0)
+                for k in range(C):
+                    w = s[k >> 5] * np.float32(q[r, k])
+                    a0 += w * x[t, k]
+                    a1 += w * x[t + 1, k]
+                    a2 += w * x[t + 2, k]
+                    a3 += w * x[t + 3, k]
+                y[t, r] = a0
+                y[t + 1, r] = a1
+                y[t + 2, r] = a2
+                y[t + 3, r] = a3
+                t += 4
+            if t + 2 <= T:
+                a0 = np.float32(0.0)
+                a1 = np.float32(0.0)
+                for k in range(C):
+                    w = s[k >> 5] * np.float32(q[r, k])
+                    a0 += w * x[t, k]
+                    a1 += w * x[t + 1, k]
+                y[t, r] = a0
+                y[t + 1, r] = a1
+                t += 2
+            if t < T:
+                a0 = np.float32(0.0)
+                for k in range(C):
+                    a0 += s[k >> 5] * np.float32(q[r, k]) * x[t, k]
+                y[t, r] = a0
+
+
+@njit(parallel=True, cache=True, fastmath=FAST)
+def q4_matmul_t(q, d, m, xlo, xhi, y):
+    """Q4_0 and Q4_1: q uint8 [R, C/2], byte j of a block holding value j (low nibble) and j + 16
+    (high nibble); d uint16 [R, C/32]; m uint16 [R, C/32] (Q4_1: value = d·n + m) or an empty
+    [0, 0] array (Q4_0: value = d·n - 8·d). xlo, xhi [T, C/2]: x's values in the bytes' order
+    (xlo[:, 16b + j] = x[:, 32b + j], xhi[:, 16b + j] = x[:, 32b + 16 + j])."""
+    R, H = q.shape
+    nb = H // 16
+    T = xlo.shape[0]
+    has_min = m.shape[0] > 0
+    for c in prange((R + ROWS - 1) // ROWS):
+        s = np.empty(nb, np.float32)
+        o = np.empty(nb, np.float32)
+        for r in range(c * ROWS, min(R, c * ROWS + ROWS)):
+            for b in range(nb):
+                s[b] = f16(d[r, b])
+                o[b] = f16(m[r, b]) if has_min else np.float32(-8.0) * s[b]
+            t = 0
+            while t + 4 <= T:
+                a0 = np.float32(0.0)
+                a1 = np.float32(0.0)
+                a2 = np.float32(0.0)
+                a3 = np.float32(0.0)
+                for i in range(H):
+                    fb = np.float32(q[r, i])
+                    hi = np.floor(fb * np.float32(0.0625))
+                    sb = s[i >> 4]
+                    ob = o[i >> 4]
+                    wl = sb * (fb - np.float32(16.0) * hi) + ob
+                    wh = sb * hi + ob
+                    a0 += wl * xlo[t, i] + wh * xhi[t, i]
+                    a1 += wl * xlo[t + 1, i] + wh * xhi[t + 1, i]
+                    a2 += wl * xlo[t + 2, i] + wh * xhi[t + 2, i]
+                    a3 += wl * xlo[t + 3, i] + wh * xhi[t + 3, i]
+                y[t, r] = a0
+                y[t + 1, r] = a1
+                y[t + 2, r] = a2
+                y[t + 3, r] = a3
+                t += 4
+            if t + 2 <= T:
+                a0 = np.float32(0.0)
+                a1 = np.float32(0.0)
+                for i in range(H):
+                    fb = np.float32(q[r, i])
+                    hi = np.floor(fb * np.float32(0.0625))
+                    sb = s[i >> 4]
+                    ob = o[i >> 4]
+                    wl = sb * (fb - np.float32(16.0) * hi) + ob
+                    wh = sb * hi + ob
+                    a0 += wl * xlo[t, i] + wh * xhi[t, i]
+                    a1 += wl * xlo[t + 1, i] + wh * xhi[t + 1, i]
+                y[t, r] = a0
+                y[t + 1, r] = a1
+                t += 2
+            if t < T:
+                a0 = np.float32(0.0)
+                for i in range(H):
+                    fb = np.float32(q[r, i])
+                    hi = np.floor(fb * np.float32(0.0625))
+                    sb = s[i >> 4]
+                    ob = o[i >> 4]
+                    a0 += (sb * (fb - np.float32(16.0) * hi) + ob) * xlo[t, i] + (sb * hi + ob) * xhi[t, i]
+                y[t, r] = a0
+
+
+# -- float32 products: y [T, R] = x [T, C] @ Wt^T, Wt [R, C] (an [in, out] weight kept transposed) --
+#
+# The same row form as the quantized kernels. Measured against two kernels over the [in, out] layout
+# (column tiles of 64 with the accumulators in an L1-resident [T, 64] array, or four such rows with
+# the x values broadcast): those ran at 0.4-1.0x BLAS, this form faster than BLAS at 1..8 rows.
+
+@njit(parallel=True, cache=True, fastmath=FAST)
+def dense_matmul_t(wt, x, y):
+    R, C = wt.shape
+    T = x.shape[0]
+    for r in prange(R):
+        t = 0
+        while t + 4 <= T:
+            a0 = np.float32(0.0)
+            a1 = np.float32(0.0)
+            a2 = np.float32(0.0)
+            a3 = np.float32(0.0)
+            for k in range(C):
+                w = wt[r, k]
+                a0 += w * x[t, k]
+                a1 += w * x[t + 1, k]
+                a2 += w * x[t + 2, k]
+                a3 += w * x[t + 3, k]
+            y[t, r] = a0
+            y[t + 1, r] = a1
+            y[t + 2, r] = a2
+            y[t + 3, r] = a3
+            t += 4
+        if t + 2 <= T:
+            a0 = np.float32(0.0)
+            a1 = np.float32(0.0)
+            for k in range(C):
+                w = wt[r, k]
+                a0 += w * x[t, k]
+                a1 += w * x[t + 1, k]
+            y[t, r] = a0
+            y[t + 1, r] = a1
+            t += 2
+        if t < T:
+            a0 = np.float32(0.0)
+            for k in range(C):
+                a0 += wt[r, k] * x[t, k]
+            y[t, r] = a0
+
+
+# -- attention without the score matrix ------------------------------------------------------------
+
+@njit(inline="always", cache=True, fastmath=FAST)
+def fexp(x):
+    """exp(x) in float32 arithmetic that LLVM can vectorize (libm's expf is one call per value):
+    x = n·ln2 + r with |r| <= ln2/2, exp(r) by Cephes' expf polynomial (about 1 ulp), 2^n built in
+    the exponent's bits. Below -87 it gives exp(-87) ~ 1.6e-38 instead of a smaller number or 0: a
+    weight of that size is lost in any sum it enters (the first tile's correction exp(-inf) so
+    multiplies a running sum and output that are still 0)."""
+    x = max(x, np.float32(-87.0))
+    n = np.floor(x * np.float32(1.44269504088896341) + np.float32(0.5))
+    r = x - n * np.float32(0.693359375) - n * np.float32(-2.12194440e-4)
+    p = np.float32(1.9875691500e-4)
+    p = p * r + np.float32(1.3981999507e-3)
+    p = p * r + np.float32(8.3334519073e-3)
+    p = p * r + np.float32(4.1665795894e-2)
+    p = p * r + np.float32(1.6666665459e-1)
+    p = p * r + np.float32(5.0000001201e-1)
+    p = p * r * r + r + np.float32(1.0)
+    return p * np.int32((np.int32(n) + np.int32(127)) << np.int32(23)).view(np.float32)
+
+
+@njit(parallel=True, cache=True, fastmath=FAST)
+def flash_attention(q, k, v, out, scale, bq, bk):
+    """Causal attention, FlashAttention's online softmax. q [H, Tq, hd], k, v [Hkv, Tk, hd],
+    out [H, Tq, hd]; query i sits at position Tk - Tq + i. One work item: a KV head and a tile of
+    bq queries of each of its g query heads; keys go in tiles of bk, each tile's keys and values
+    read for all g·bq rows (from the cache after the first), four rows at a time where all four
+    see the whole tile (one load of a key or value row serves four queries). Per row a running max `mx`, a running
+    sum `l` and the unnormalised output `acc`: a new tile's scores s give mx' = max(mx, max s), and
+    l, acc are rescaled by exp(mx - mx') before the tile's exp(s - mx') are added. A row sees only
+    keys <= its position: no mask, no score past the diagonal computed."""
+    H, Tq, hd = q.shape
+    Hkv, Tk = k.shape[0], k.shape[1]
+    g = H // Hkv
+    off = Tk - Tq
+    nqt = (Tq + bq - 1) // bq
+    for item in prange(Hkv * nqt):
+        hk = item // nqt
+        i0 = (item % nqt) * bq
+        n = min(Tq, i0 + bq) - i0
+        rows = g * n
+        qs = np.empty((rows, hd), np.float32)
+        acc = np.zeros((rows, hd), np.float32)
+        mx = np.full(rows, -np.inf, np.float32)
+        l = np.zeros(rows, np.float32)
+        s = np.empty(bk, np.float32)
+        s4 = np.empty((4, bk), np.float32)
+        for h in range(g):
+            for ii in range(n):
+                for e in range(hd):
+                    qs[h * n + ii, e] = q[hk * g + h, i0 + ii, e] * scale
+        last = off + i0 + n                       # the tile's last query sees keys 0 .. last-1
+        for j0 in range(0, last, bk):
+            nk = min(last, j0 + bk) - j0
+            for h in range(g):
+                ii = 0
+                while ii + 4 <= n and off + i0 + ii + 1 - j0 >= nk:   # four rows that see the whole tile
+                    row = h * n + ii
+                    for j in range(nk):                    # scores: each key read once for four rows
+                        a0 = np.float32(0.0)
+                        a1 = np.float32(0.0)
+                        a2 = np.float32(0.0)
+                        a3 = np.float32(0.0)
+                        for e in range(hd):
+                            kv = k[hk, j0 + j, e]
+                            a0 += qs[row, e] * kv
+                            a1 += qs[row + 1, e] * kv
+                            a2 += qs[row + 2, e] * kv
+                            a3 += qs[row + 3, e] * kv
+                        s4[0, j] = a0
+                        s4[1, j] = a1
+                        s4[2, j] = a2
+                        s4[3, j] = a3
+                    for t in range(4):
+                        mnew = mx[row + t]
+                        for j in range(nk):
+                            mnew = max(mnew, s4[t, j])
+                        corr = fexp(mx[row + t] - mnew)
+                        lsum = np.float32(0.0)
+                        for j in range(nk):
+                            p = fexp(s4[t, j] - mnew)
+                            s4[t, j] = p
+                            lsum += p
+                        l[row + t] = l[row + t] * corr + lsum
+                        mx[row + t] = mnew
+                        for e in range(hd):
+                            acc[row + t, e] *= corr
+                    for j in range(nk):                    # values: each read once for four rows
+                        p0 = s4[0, j]
+                        p1 = s4[1, j]
+                        p2 = s4[2, j]
+                        p3 = s4[3, j]
+                        for e in range(hd):
+                            vv = v[hk, j0 + j, e]
+                            acc[row, e] += p0 * vv
+                            acc[row + 1, e] += p1 * vv
+                            acc[row + 2, e] += p2 * vv
+                            acc[row + 3, e] += p3 * vv
+                    ii += 4
+                for ii in range(ii, n):
+                    lim = min(nk, off + i0 + ii + 1 - j0)   # keys j0 .. j0+lim-1 are visible
+                    if lim <= 0:
+                        continue
+                    row = h * n + ii
+                    mnew = mx[row]
+                    for j in range(lim):                    # scores: one dot product per key
+                        a = np.float32(0.0)
+                        for e in range(hd):
+                            a += qs[row, e] * k[hk, j0 + j, e]
+                        s[j] = a
+                        mnew = max(mnew, a)
+                    corr = fexp(mx[row] - mnew)
+                    lsum = np.float32(0.0)
+                    for j in range(lim):                    # weights, vectorized
+                        p = fexp(s[j] - mnew)
+                        s[j] = p
+                        lsum += p
+                    l[row] = l[row] * corr + lsum
+                    mx[row] = mnew
+                    for e in range(hd):
+                        acc[row, e] *= corr
+                    for j in range(lim):                    # the weighted sum of values
+                        p = s[j]
+                        for e in range(hd):
+                            acc[row, e] += p * v[hk, j0 + j, e]
+        for h in range(g):
+            for ii in range(n):
+                row = h * n + ii
+                inv = np.float32(1.0) / l[row]
+                for e in range(hd):
+                    out[hk * g + h, i0 + ii, e] = acc[row, e] * inv
+
+
+@njit(parallel=True, cache=True, fastmath=FAST)
+def paged_decode_attention(q, kp, vp, table, lengths, out, scale, chunk):
+    """One query per sequence over its paged keys, FlashDecoding's split. q [H, B, hd]; kp, vp
+    [Hkv, blocks, bs, hd] (one layer's pool); table [B, nb] block numbers; lengths [B] keys per
+    sequence; out [H, B, hd]. A sequence's keys go in chunks of `chunk` (a multiple of bs): one work
+    item is a sequence, a KV head and a chunk, each key's row read once for the g query heads that
+    share it; the chunks' partial results (max, sum, unnormalised output) are combined at the end."""
+    H, B, hd = q.shape
+    Hkv, bs = kp.shape[0], kp.shape[2]
+    g = H // Hkv
+    longest = 0
+    for b in range(B):
+        longest = max(longest, lengths[b])
+    nch = max(1, (longest + chunk - 1) // chunk)
+    pm = np.empty((B, Hkv, nch, g), np.float32)
+    pl = np.empty((B, Hkv, nch, g), np.float32)
+    pacc = np.empty((B, Hkv, nch, g, hd), np.float32)
+    for item in prange(B * Hkv * nch):
+        b = item // (Hkv * nch)
+        hk = (item // nch) % Hkv
+        c = item % nch
+        p0 = c * chunk
+        p1 = min(lengths[b], p0 + chunk)
+        qs = np.empty((g, hd), np.float32)
+        for h in range(g):
+            for e in range(hd):
+                qs[h, e] = q[hk * g + h, b, e] * scale
+        mx = np.full(g, -np.inf, np.float32)
+        l = np.zeros(g, np.float32)
+        acc = np.zeros((g, hd), np.float32)
+        s = np.empty((g, bs), np.float32)
+        for pb in range(p0, p1, bs):                     # one block of the page table at a time
+            blk = table[b, pb // bs]
+            nk = min(p1, pb + bs) - pb
+            for j in range(nk):
+                for h in range(g):
+                    a = np.float32(0.0)
+                    for e in range(hd):
+                        a += qs[h, e] * kp[hk, blk, j, e]
+                    s[h, j] = a
+            for h in range(g):
+                mnew = mx[h]
+                for j in range(nk):
+                    mnew = max(mnew, s[h, j])
+                corr = fexp(mx[h] - mnew)
+                lsum = np.float32(0.0)
+                for j in range(nk):                      # weights, vectorized
+                    p = fexp(s[h, j] - mnew)
+                    s[h, j] = p
+                    lsum += p
+                l[h] = l[h] * corr + lsum
+                mx[h] = mnew
+                for e in range(hd):
+                    acc[h, e] *= corr
+                for j in range(nk):                      # the weighted sum of values
+                    p = s[h, j]
+                    for e in range(hd):
+                        acc[h, e] += p * vp[hk, blk, j, e]
+        for h in range(g):
+            pm[b, hk, c, h] = mx[h]
+            pl[b, hk, c, h] = l[h]
+            for e in range(hd):
+                pacc[b, hk, c, h, e] = acc[h, e]
+    for item in prange(B * H):                           # combine the chunks by their max and sum
+        b = item // H
+        hq = item % H
+        hk = hq // g
+        h = hq % g
+        M = -np.inf
+        for c in range(nch):
+            if pl[b, hk, c, h] > 0:
+                M = max(M, pm[b, hk, c, h])
+        L = np.float32(0.0)
+        for e in range(hd):
+            out[hq, b, e] = 0.0
+        for c in range(nch):
+            if pl[b, hk, c, h] > 0:
+                f = np.exp(pm[b, hk, c, h] - M)
+                L += pl[b, hk, c, h] * f
+                for e in range(hd):
+                    out[hq, b, e] += pacc[b, hk, c, h, e] * f
+        inv = np.float32(1.0) / L
+        for e in range(hd):
+            out[hq, b, e] *= inv

@@ -1,0 +1,131 @@
+"""The fused products and attention as plain functions over NumPy arrays (float32), each checked
+against its NumPy reference by tests/test_kernels.py. The classes in `weights.py` call these.
+
+Shapes follow models/ops.py: a quantized weight is a QuantMatrix's [out, in] rows of blocks; a
+float weight for the fused product is kept transposed, [out, in], so that both walk a weight row
+by row; attention takes ops.attention's q [H, Tq, hd], k, v [Hkv, Tk, hd] and the paged pool's
+[Hkv, blocks, block_size, hd] layout (cache/paged.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import meter
+from ..models.quant import QK, QuantMatrix
+from . import _numba as K
+
+_NO_MIN = np.empty((0, 0), np.uint16)    # Q4_0 has no minimums: the kernel's m is empty
+QUERY_TILE = 32       # flash attention: queries per tile (of each of a group's g heads)
+KEY_TILE = 64         # flash attention: keys per tile
+DECODE_CHUNK = 256    # paged decode: keys per work item at least (FlashDecoding's split)
+
+
+def _f32(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def _check_float32(*arrays: np.ndarray) -> None:
+    for a in arrays:
+        if a.dtype != np.float32:
+            raise TypeError(f"the fused kernels compute in float32, got {a.dtype}: use the NumPy path for it")
+
+
+def quant_matmul_t(w: QuantMatrix, x: np.ndarray) -> np.ndarray:
+    """x [T, C] @ w^T -> [T, R] in float32, w's blocks read once per four rows of x (any T)."""
+    _check_float32(x)
+    x = _f32(x)
+    T = x.shape[0]
+    R, C = w.shape
+    y = np.empty((T, R), np.float32)
+    d = w.d.view(np.uint16)
+    if w.fmt.bits == 8:
+        K.q8_0_matmul_t(w.q, d, x, y)
+    else:
+        xb = x.reshape(T, C // QK, 2, QK // 2)                      # [T, nb, lo/hi, 16]
+        xlo = np.ascontiguousarray(xb[:, :, 0]).reshape(T, C // 2)  # the bytes' order: low nibbles' x
+        xhi = np.ascontiguousarray(xb[:, :, 1]).reshape(T, C // 2)  # and high nibbles' x
+        m = _NO_MIN if w.m is None else w.m.view(np.uint16)
+        K.q4_matmul_t(w.q, d, m, xlo, xhi, y)
+    return y
+
+
+def dense_matmul_t(wt: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """x [T, C] @ wt^T -> [T, R], wt float32 [R, C] (a weight [in, out] kept as its transpose):
+    the weight read once per four rows of x."""
+    _check_float32(x, wt)
+    x = _f32(x)
+    y = np.empty((x.shape[0], wt.shape[0]), np.float32)
+    K.dense_matmul_t(wt, x, y)
+    return y
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """ops.attention's semantics (causal, query i at position Tk - Tq + i, GQA H = g·Hkv), without a
+    score matrix: FlashAttention's tiles and running max/sum for Tq > 1, the paged decode kernel
+    (one page holding all Tk keys, split in chunks) for Tq == 1. q [H, Tq, hd], k, v [Hkv, Tk, hd]
+    -> [H, Tq, hd] float32.
+
+    The meter: q read once and the output written once (activations); reading k and v is counted by
+    whoever handed them over, as for ops.attention. FLOPs: 4·hd per query-key pair that a query may
+    see (no pair past the diagonal is computed), other: q's scaling, 5 per pair (the softmax's max,
+    subtract, exp, sum, normalise, as ops counts them)."""
+    _check_float32(q, k, v)
+    H, Tq, hd = q.shape
+    Hkv, Tk = k.shape[0], k.shape[1]
+    scale = np.float32(1.0 / math.sqrt(hd))
+    if Tq == 1:                                          # [Hkv, Tk, hd] is one block of Tk keys
+        out = np.empty((H, 1, hd), np.float32)
+        kp, vp = k[:, None], v[:, None]                  # [Hkv, 1, Tk, hd]
+        K.paged_decode_attention(_f32(q), kp, vp, np.zeros((1, 1), np.intp), np.array([Tk], np.intp), out,
+                                 scale, decode_chunk(Tk, 1, Hkv, Tk))
+    else:
+        out = np.empty((H, Tq, hd), np.float32)
+        K.flash_attention(_f32(q), k, v, out, scale, QUERY_TILE, KEY_TILE)
+    m = meter.active()
+    if m is not None:
+        pairs = Tq * (Tk - Tq) + Tq * (Tq + 1) // 2           # query i sees Tk - Tq + i + 1 keys
+        m.count("attention", activations=q.nbytes + out.nbytes, attention=4 * H * pairs * hd,
+                other=q.size + 5 * H * pairs)
+    return out
+
+
+def decode_chunk(longest: int, B: int, Hkv: int, block_size: int) -> int:
+    """Keys per work item of the paged decode kernel: enough items for the threads (FlashDecoding
+    splits a long sequence when B·Hkv items alone would leave threads idle), never under
+    DECODE_CHUNK keys, a whole number of blocks."""
+    from .runtime import threads
+    want = max(1, -(-4 * (threads() or 1) // (B * Hkv)))          # chunks per sequence wanted
+    chunk = max(DECODE_CHUNK, -(-longest // want))
+    return -(-chunk // block_size) * block_size
+
+
+def paged_decode_attention(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, table: np.ndarray,
+                           lengths: np.ndarray) -> np.ndarray:
+    """B sequences' one new query each, over their keys in a paged pool, no gather and no padding.
+    q [H, B, hd]; k_pool, v_pool [Hkv, blocks, block_size, hd] (one layer of PagedKVPool.k/.v);
+    table [B, nb] each sequence's blocks in order (rows may be padded past their length); lengths
+    [B] each sequence's keys. -> [H, B, hd] float32, what ops.decode_attention gives over the
+    gathered, padded and masked keys.
+
+    The meter: the keys and values of each sequence's own positions, read from the pool (kv_read;
+    no copy, no padding), q and the output (activations); FLOPs as `attention`'s, per real key."""
+    _check_float32(q, k_pool, v_pool)
+    H, B, hd = q.shape
+    Hkv, bs = k_pool.shape[0], k_pool.shape[2]
+    lengths = np.asarray(lengths, np.intp)
+    table = np.ascontiguousarray(table, np.intp)
+    if lengths.shape != (B,) or table.shape[0] != B or lengths.min() < 1 or lengths.max() > table.shape[1] * bs:
+        raise ValueError(f"paged decode: {B} queries need {B} lengths of at least 1 key, each within its table row's "
+                         f"{table.shape[1]} blocks of {bs}; got lengths {lengths.tolist()} and a {table.shape} table")
+    out = np.empty((H, B, hd), np.float32)
+    K.paged_decode_attention(_f32(q), k_pool, v_pool, table, lengths, out, np.float32(1.0 / math.sqrt(hd)),
+                             decode_chunk(int(lengths.max()), B, Hkv, bs))
+    m = meter.active()
+    if m is not None:
+        keys = int(lengths.sum())
+        m.count("attention", kv_read=2 * Hkv * keys * hd * k_pool.itemsize, activations=q.nbytes + out.nbytes,
+                attention=4 * H * keys * hd, other=q.size + 5 * H * keys)
+    return out

@@ -1,0 +1,133 @@
+"""Weights that multiply with the fused kernels, answering the weight interface of models/ (n_in,
+n_out, nbytes, matmul, rows, counts, rows_counts) like the NumPy `Dense` and `QuantMatrix` do.
+
+FusedQuant is a QuantMatrix (same planes, same bytes, same `rows` and `dequantize`) whose product
+runs the fused kernel for up to FUSED_ROWS rows of x in float32: each block's bytes read once,
+widened and scaled in registers, no scratch. Past FUSED_ROWS rows (a prefill) it multiplies as
+QuantMatrix does, widening a tile at a time for BLAS, and counts as QuantMatrix counts. Measured
+(one thread, CPU time, busy machine, a 3072x768 weight): fused over widening + BLAS 2.5x (Q8_0) and
+3.3x (Q4_0) at 8 rows, 1.3x and 1.7x at 32, 0.98x and 1.07x at 64, 0.44x and 0.53x at 512.
+
+FusedDense is a float32 weight y = x @ W for W [in, out], kept as its transpose [out, in] (the same
+bytes; `rows` are then contiguous, for a tied head's embedding lookup). 1..8 rows of x (DENSE_ROWS) run
+the fused kernel, which reads the weight once for four rows of x; other row counts run BLAS on the
+same array (x @ Wt.T), as the NumPy path does. Measured (one thread, CPU time, busy machine):
+fused over ops.matmul on [in, out] 1.15-1.18x at 1 row, 1.1-5x at 2..8 rows (BLAS packs the whole
+weight for 3..8 rows), 0.84x and below from 16 rows; BLAS on Wt.T instead of W costs 0-15% more
+at 64..512 rows (the price of keeping one copy, in the fused kernel's layout).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..models.quant import QK, QuantMatrix
+from . import products
+
+FUSED_ROWS = 32       # quantized: rows of x up to which the fused kernel runs (more: widening + BLAS)
+DENSE_ROWS = (1, 8)   # float32: rows of x for which the fused kernel runs (prefill: BLAS)
+
+
+class FusedQuant(QuantMatrix):
+    """A QuantMatrix whose product is the fused kernel (see the module's docstring)."""
+
+    @classmethod
+    def of(cls, w: QuantMatrix) -> "FusedQuant":
+        """The same planes (no copy), multiplied by the fused kernel."""
+        return cls(w.fmt, np.ascontiguousarray(w.q), np.ascontiguousarray(w.d),
+                   None if w.m is None else np.ascontiguousarray(w.m))
+
+    def __repr__(self) -> str:
+        return "Fused" + super().__repr__()
+
+    @property
+    def n_in(self) -> int:
+        return self.shape[1]
+
+    @property
+    def n_out(self) -> int:
+        return self.shape[0]
+
+    def fused(self, T: int, dtype=np.float32) -> bool:
+        """Does a product of T rows of `dtype` run the fused kernel?"""
+        return T <= FUSED_ROWS and np.dtype(dtype) == np.float32
+
+    def matmul_t(self, x: np.ndarray) -> np.ndarray:
+        """x [T, C] @ this^T -> [T, R]."""
+        if self.fused(x.shape[0], x.dtype):
+            return products.quant_matmul_t(self, x)
+        return super().matmul_t(x)
+
+    matmul = matmul_t          # the interface's name: x [T, n_in] -> [T, n_out]
+
+    def take_rows(self, order: np.ndarray) -> "FusedQuant":
+        return FusedQuant(self.fmt, self.q[order], self.d[order], None if self.m is None else self.m[order])
+
+    def counts(self, T: int, itemsize: int = 4) -> dict:
+        """What a product of T rows tells the meter. Fused: weights = the blocks' bytes, read once
+        (rows of x go in fours, the later fours finding the row in the L1 cache); no scratch;
+        dequant = per value the widening (Q8_0: cast; Q4: mask or shift, cast) and the scale
+        (Q8_0: 1 multiply; Q4: a multiply-add, 2), per scale (and minimum) 4 (float16 to float32),
+        Q4_0's offset -8·d 1 per block; once per group of up to four rows of x. Otherwise QuantMatrix's counts."""
+        if not self.fused(T, np.float32 if itemsize == 4 else np.float64):
+            return super().counts(T, itemsize)
+        R, C = self.shape
+        nb = C // QK
+        groups = T // 4 + (T % 4 >= 2) + (T % 2)                 # passes over a row: 4, then 2, then 1 rows
+        per_value = 2 if self.fmt.bits == 8 else 4
+        per_block = 4 * (2 if self.fmt.has_min else 1) + (1 if self.fmt.name == "q4_0" else 0)
+        return {"weights": self.nbytes, "scratch": 0, "dequant": groups * R * C * per_value + R * nb * per_block}
+
+
+class FusedDense:
+    """A float32 weight W [in, out] (y = x @ W), kept as Wt [out, in]; see the module's docstring."""
+
+    def __init__(self, w: np.ndarray, transposed: bool = False) -> None:
+        """w: W [in, out], or Wt [out, in] if `transposed` (then no copy is made)."""
+        w = np.asarray(w, dtype=np.float32)
+        self.wt = np.ascontiguousarray(w if transposed else w.T)     # [out, in]
+        self.n_out, self.n_in = self.wt.shape
+        self.shape = (self.n_in, self.n_out)
+        self.dtype = self.wt.dtype
+
+    ndim = 2
+
+    def __repr__(self) -> str:
+        return f"FusedDense({self.n_in}x{self.n_out}, {self.nbytes:,} bytes)"
+
+    @property
+    def nbytes(self) -> int:
+        return self.wt.nbytes
+
+    def fused(self, T: int, dtype=np.float32) -> bool:
+        return DENSE_ROWS[0] <= T <= DENSE_ROWS[1] and np.dtype(dtype) == np.float32
+
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        """x [T, n_in] -> [T, n_out]."""
+        if self.fused(x.shape[0], x.dtype):
+            return products.dense_matmul_t(self.wt, x)
+        return x @ self.wt.T
+
+    def rows(self, ids: np.ndarray, dtype=np.float32) -> np.ndarray:
+        """The weight vectors of outputs `ids`, [N, n_in] (a tied head: the token embeddings)."""
+        return self.wt[ids].astype(dtype, copy=False)
+
+    def counts(self, T: int, itemsize: int = 4) -> dict:
+        return {"weights": self.nbytes, "dequant": 0, "scratch": 0}
+
+    def rows_counts(self, N: int) -> dict:
+        return {"weights": N * self.n_in * self.wt.itemsize, "dequant": 0}
+
+
+def fuse(w, transposed: bool = False):
+    """The fused implementation of a weight, where there is one: a QuantMatrix -> FusedQuant (same
+    planes, no copy); a float32 2-D array -> FusedDense (W [in, out], or Wt [out, in] with
+    `transposed`, then no copy); anything else (float64, a vector, already fused) unchanged: the
+    NumPy path computes it."""
+    if isinstance(w, FusedQuant) or isinstance(w, FusedDense):
+        return w
+    if isinstance(w, QuantMatrix):
+        return FusedQuant.of(w)
+    if isinstance(w, np.ndarray) and w.ndim == 2 and w.dtype == np.float32:
+        return FusedDense(w, transposed=transposed)
+    return w

@@ -1,0 +1,308 @@
+"""The fused kernels (minillm/kernels/) against their NumPy references: every product and both
+attentions, on random shapes, block contents, row counts, sequence lengths, GQA groups and page
+tables; the meter's counts for fused products; the status when numba cannot run.
+
+Tolerances are float32 rounding, bounded from the sums themselves rather than picked: a float32
+sum of n terms is off from the exact sum by at most ~n·2^-24 times the sum of the terms' absolute
+values (Higham's γ_n). Each kernel and its NumPy reference are compared with the exact float64
+result within twice that (2^-23 per term, plus a few for the scale and offset products), so a
+kernel that drops or misplaces one block, one key or one scale is far outside it.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minillm import kernels, meter
+from minillm.models import ops
+from minillm.models.quant import QK, QuantMatrix
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"fused kernels: {kernels.status().reason}")
+
+U = 2.0 ** -23          # twice float32's unit roundoff
+FMTS = ("q8_0", "q4_0", "q4_1")
+
+
+# -- quantized blocks, as the planes hold them -----------------------------------------------------
+
+def float16_bits(rng, n: int, kind: str) -> np.ndarray:
+    """n float16 scales (as float16): ordinary, extreme (subnormal to 65504, both signs), or zero."""
+    if kind == "zero":
+        return np.zeros(n, np.float16)
+    if kind == "extreme":
+        bits = rng.integers(0, 1 << 16, n).astype(np.uint16)
+        bits[(bits & 0x7C00) == 0x7C00] &= 0x83FF          # no inf / NaN: exponent 31 -> subnormal
+        return bits.view(np.float16)
+    return (rng.standard_normal(n) * 0.01).astype(np.float16)
+
+
+@st.composite
+def quant_matrices(draw, max_rows: int = 40, max_blocks: int = 6):
+    """A QuantMatrix with random stored bytes: any integers, scales (and minimums) ordinary, extreme
+    or zero per block, some whole blocks zero."""
+    fmt = draw(st.sampled_from(FMTS))
+    R, nb = draw(st.integers(1, max_rows)), draw(st.integers(1, max_blocks))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    kind = draw(st.sampled_from(["plain", "extreme", "mixed"]))
+    if kind == "mixed":   # block by block: ordinary, extreme or zero scales
+        d = np.choose(rng.integers(0, 3, R * nb), [float16_bits(rng, R * nb, k) for k in ("plain", "extreme", "zero")])
+    else:
+        d = float16_bits(rng, R * nb, kind)
+    d = d.astype(np.float16).reshape(R, nb)
+    if fmt == "q8_0":
+        q = rng.integers(-127, 128, (R, nb * QK)).astype(np.int8)
+    else:
+        q = rng.integers(0, 256, (R, nb * QK // 2)).astype(np.uint8)
+    zero = rng.random((R, nb)) < 0.2                                    # whole zero blocks
+    q.reshape(R, nb, -1)[zero] = 0 if fmt == "q8_0" else 0x88 * (fmt == "q4_0")
+    m = float16_bits(rng, R * nb, kind if kind != "mixed" else "plain").reshape(R, nb) if fmt == "q4_1" else None
+    return QuantMatrix(fmt, q, d, m)
+
+
+def terms_bound(w: QuantMatrix, x: np.ndarray) -> np.ndarray:
+    """[T, R]: the most float32 rounding may move x @ w^T, from the absolute terms the kernels sum
+    (|d·n|, and Q4_0's |8·d| and Q4_1's |m| that they fold in)."""
+    R, C = w.shape
+    d = np.abs(w.d.astype(np.float64))
+    n = np.abs(QuantMatrix(w.fmt, w.q, np.ones_like(w.d), None if w.m is None else np.zeros_like(w.m))
+               .dequantize(np.float64))                                  # |q|, or the nibbles n - 8 / n
+    a = (n.reshape(R, -1, QK) * d[:, :, None])
+    if w.fmt.name == "q4_0":
+        a += 16 * d[:, :, None]
+    if w.m is not None:
+        a += np.abs(w.m.astype(np.float64))[:, :, None]
+    return (C + 8) * U * (np.abs(x.astype(np.float64)) @ a.reshape(R, C).T)
+
+
+@settings(max_examples=80, deadline=None)
+@given(quant_matrices(), st.one_of(st.integers(1, 10), st.integers(30, 40)), st.integers(0, 2**32 - 1))
+def test_fused_quantized_product_equals_numpy(w, T, seed):
+    x = (np.random.default_rng(seed).standard_normal((T, w.shape[1])) * 3).astype(np.float32)
+    exact = x.astype(np.float64) @ w.dequantize(np.float64).T            # [T, R]
+    bound = terms_bound(w, x)
+    fused = kernels.quant_matmul_t(w, x)
+    numpy_ = w.matmul_t(x)
+    assert fused.dtype == np.float32 and fused.shape == exact.shape
+    assert np.all(np.abs(numpy_ - exact) <= bound)                        # the reference, within it
+    assert np.all(np.abs(fused - exact) <= bound)
+    fq = kernels.FusedQuant.of(w)
+    assert np.array_equal(fq.matmul(x), fused if T <= kernels.FUSED_ROWS else numpy_)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 80), st.integers(1, 12).map(lambda b: 32 * b), st.integers(1, 10), st.integers(0, 2**32 - 1))
+def test_fused_dense_product_equals_numpy(n_out, n_in, T, seed):
+    rng = np.random.default_rng(seed)
+    W = rng.standard_normal((n_in, n_out)).astype(np.float32)
+    x = rng.standard_normal((T, n_in)).astype(np.float32)
+    exact = x.astype(np.float64) @ W
+    bound = (n_in + 2) * U * (np.abs(x.astype(np.float64)) @ np.abs(W))
+    fd = kernels.FusedDense(W)
+    assert np.all(np.abs(kernels.dense_matmul_t(fd.wt, x) - exact) <= bound)
+    assert np.all(np.abs(fd.matmul(x) - exact) <= bound)
+    assert (fd.n_in, fd.n_out, fd.nbytes) == (n_in, n_out, W.nbytes)
+    ids = rng.integers(0, n_out, 5)
+    assert np.array_equal(fd.rows(ids), W.T[ids])
+
+
+# -- attention -------------------------------------------------------------------------------------
+
+def attention_bound(q, k, v, keys: int) -> float:
+    """The most float32 rounding may move an attention output: the scores' error (hd terms of
+    |q|·|k|, scaled) enters each weight twice (exp, normalisation), then a sum of `keys` values."""
+    hd = q.shape[-1]
+    g = q.shape[0] // k.shape[0]
+    qa = np.abs(q.astype(np.float64)).reshape(k.shape[0], -1, hd)
+    s_abs = float((qa @ np.abs(k.astype(np.float64)).transpose(0, 2, 1)).max()) / math.sqrt(hd)
+    return 4 * float(np.abs(v).max()) * (2 * (hd + 4) * U * s_abs + (keys + 16) * U) + 1e-30 * g
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 140), st.integers(0, 70),
+       st.sampled_from([8, 16, 64]), st.sampled_from([0.3, 1.0, 4.0]), st.integers(0, 2**32 - 1))
+def test_fused_attention_equals_numpy(Hkv, g, Tq, past, hd, spread, seed):
+    """Causal GQA attention, prefill (Tq > 1: flash tiles across query and key tile edges) and
+    decode (Tq = 1: the paged kernel on one page), peaky scores included (spread)."""
+    rng = np.random.default_rng(seed)
+    H, Tk = g * Hkv, Tq + past
+    q = (rng.standard_normal((H, Tq, hd)) * spread).astype(np.float32)
+    k = (rng.standard_normal((Hkv, Tk, hd)) * spread).astype(np.float32)
+    v = rng.standard_normal((Hkv, Tk, hd)).astype(np.float32)
+    exact = ops.attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
+    bound = attention_bound(q, k, v, Tk)
+    assert np.abs(ops.attention(q, k, v) - exact).max() <= bound
+    fused = kernels.attention(q, k, v)
+    assert fused.shape == q.shape and fused.dtype == np.float32
+    assert np.abs(fused - exact).max() <= bound
+
+
+@st.composite
+def paged_batches(draw):
+    """A pool of shuffled blocks and B sequences holding random, distinct blocks of it."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    Hkv, g, hd = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.sampled_from([8, 64]))
+    bs = draw(st.sampled_from([1, 4, 16]))
+    lengths = np.array(draw(st.lists(st.integers(1, 300), min_size=1, max_size=6)), np.intp)
+    need = -(-lengths // bs)
+    n_blocks = int(need.sum()) + draw(st.integers(0, 5))
+    order = rng.permutation(n_blocks)
+    nb = int(need.max())
+    table = np.zeros((len(lengths), nb), np.intp)
+    at = 0
+    for i, n in enumerate(need):
+        table[i, :n] = order[at:at + n]
+        table[i, n:] = order[at]                    # padded as BatchedDecode pads: its own first block
+        at += n
+    kp = rng.standard_normal((Hkv, n_blocks, bs, hd)).astype(np.float32)
+    vp = rng.standard_normal((Hkv, n_blocks, bs, hd)).astype(np.float32)
+    q = rng.standard_normal((g * Hkv, len(lengths), hd)).astype(np.float32)
+    return q, kp, vp, table, lengths
+
+
+def batched_decode_reference(q, kp, vp, table, lengths):
+    """What plan.BatchedDecode does: gather every sequence's blocks, pad, mask, ops.decode_attention."""
+    Hkv, _, bs, hd = kp.shape
+    B, nb = table.shape
+    T = nb * bs
+    k = np.take(kp, table, axis=1).reshape(Hkv, B, T, hd)
+    v = np.take(vp, table, axis=1).reshape(Hkv, B, T, hd)
+    mask = np.where(np.arange(T)[None, :] < lengths[:, None], 0.0, -np.inf).astype(q.dtype)[:, None, :]
+    return ops.decode_attention(q, k, v, mask, lengths)
+
+
+@settings(max_examples=60, deadline=None)
+@given(paged_batches(), st.sampled_from([None, 1, 3]))
+def test_fused_paged_decode_equals_batched_decode(batch, chunk_blocks):
+    q, kp, vp, table, lengths = batch
+    exact = batched_decode_reference(*(a.astype(np.float64) if a.dtype == np.float32 else a
+                                       for a in (q, kp, vp, table, lengths)))
+    bound = attention_bound(q, kp.reshape(kp.shape[0], -1, kp.shape[-1]), vp, int(lengths.max()))
+    assert np.abs(batched_decode_reference(q, kp, vp, table, lengths) - exact).max() <= bound
+    from minillm.kernels import products
+    keep = products.DECODE_CHUNK
+    try:   # small chunks: FlashDecoding's split and combine on every sequence longer than a chunk
+        if chunk_blocks is not None:
+            products.DECODE_CHUNK = chunk_blocks * kp.shape[2]
+        fused = kernels.paged_decode_attention(q, kp, vp, table, lengths)
+    finally:
+        products.DECODE_CHUNK = keep
+    assert np.abs(fused - exact).max() <= bound
+
+
+def test_paged_decode_over_a_real_pool_equals_the_plan():
+    """Through cache/paged.py and plan.BatchedDecode: the fused kernel over the pool the engine fills
+    gives what the plan's gather and decode_attention give."""
+    from minillm.cache.paged import PagedKVPool
+    from minillm.config import LlamaConfig
+    from minillm.models.plan import BatchedDecode
+    cfg = LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, head_dim=16, n_embd=64, n_ctx=256, vocab_size=16, ffn=32)
+    pool = PagedKVPool(cfg, num_blocks=40, block_size=4)
+    rng = np.random.default_rng(1)
+    caches = []
+    for n in (5, 17, 1, 30):
+        c = pool.sequence()
+        c.reserve(n + 1)
+        for layer in range(cfg.n_layer):
+            c.write(layer, 0, *(rng.standard_normal((2, cfg.n_kv_head, n, cfg.head_dim)).astype(np.float32)))
+        c.advance(n)
+        caches.append(c)
+    plan = BatchedDecode(pool, caches)
+    q = rng.standard_normal((cfg.n_head, len(caches), cfg.head_dim)).astype(np.float32)
+    knew, vnew = rng.standard_normal((2, cfg.n_kv_head, len(caches), cfg.head_dim)).astype(np.float32)
+    want = plan.attend(1, q, knew, vnew)                       # writes the new keys, gathers, attends
+    got = kernels.paged_decode_attention(q, pool.k[1], pool.v[1], plan.table, plan.lengths)
+    assert np.abs(got - want).max() <= attention_bound(q, pool.k[1].reshape(2, -1, cfg.head_dim), pool.v[1], 31)
+
+
+# -- the meter and the interface -------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_fused_counts_read_the_blocks_once_and_no_scratch(fmt):
+    rng = np.random.default_rng(0)
+    w = kernels.FusedQuant.of(QuantMatrix.quantize(rng.standard_normal((48, 96)).astype(np.float32), fmt))
+    R, C = w.shape
+    for T in range(1, kernels.FUSED_ROWS + 1):
+        c = w.counts(T)
+        groups = T // 4 + (T % 4 >= 2) + T % 2
+        assert c["weights"] == w.nbytes and c["scratch"] == 0
+        assert c["dequant"] == groups * R * C * (2 if fmt == "q8_0" else 4) + R * C // QK * (
+            {"q8_0": 4, "q4_0": 5, "q4_1": 8}[fmt])
+    T = kernels.FUSED_ROWS + 1                                # a prefill: widened as QuantMatrix does
+    assert w.counts(T) == QuantMatrix.counts(w, T)
+    x = rng.standard_normal((2, C)).astype(np.float32)
+    with meter.Meter() as m:
+        ops.linear(x, w)                                       # today's ops takes it as a QuantMatrix
+    rec = m.steps[-1]
+    assert rec.scratch == 0 and rec.bytes["weights"] == w.nbytes
+
+
+def test_status_says_why_not(monkeypatch):
+    from minillm.kernels import runtime as st_mod
+    monkeypatch.setitem(sys.modules, "numba", None)           # `import numba` raises ImportError
+    st = st_mod.status.__wrapped__()
+    assert not st.usable and "numba is not installed" in st.reason
+    assert kernels.status().usable and kernels.status().reason.startswith("numba ")
+
+
+@pytest.mark.parametrize("Tq,Tk", [(1, 37), (5, 5), (40, 100)])
+def test_fused_attention_counts_no_scores(Tq, Tk):
+    """The meter for fused attention: q and the output only (no score bytes), 4·hd FLOPs per pair a
+    query may see, counted here from the causal mask itself."""
+    rng = np.random.default_rng(0)
+    H, Hkv, hd = 6, 2, 16
+    q = rng.standard_normal((H, Tq, hd)).astype(np.float32)
+    k, v = rng.standard_normal((2, Hkv, Tk, hd)).astype(np.float32)
+    with meter.Meter() as m:
+        out = kernels.attention(q, k, v)
+    rec = m.steps[-1]
+    pairs = int(np.isfinite(ops.causal_mask(Tq, Tk, np.float32)).sum())
+    assert rec.bytes["activations"] == q.nbytes + out.nbytes and rec.bytes["kv_read"] == 0
+    assert rec.flops["attention"] == 4 * H * pairs * hd and rec.flops["other"] == q.size + 5 * H * pairs
+
+
+def test_fused_paged_decode_counts_the_real_keys():
+    rng = np.random.default_rng(0)
+    kp, vp = rng.standard_normal((2, 2, 10, 4, 8)).astype(np.float32)       # [Hkv, blocks, bs, hd]
+    q = rng.standard_normal((4, 3, 8)).astype(np.float32)
+    table, lengths = np.array([[3, 1, 0], [2, 2, 2], [4, 5, 6]]), np.array([9, 2, 12])
+    with meter.Meter() as m:
+        kernels.paged_decode_attention(q, kp, vp, table, lengths)
+    rec = m.steps[-1]
+    assert rec.bytes["kv_read"] == 2 * 2 * 23 * 8 * 4 and rec.flops["attention"] == 4 * 4 * 23 * 8
+
+
+def test_fused_kernels_refuse_what_they_cannot_compute():
+    """float64 goes to the NumPy path (the classes route it there; the functions say so), and a
+    page table that does not hold a sequence's keys is one clear error, not garbage."""
+    rng = np.random.default_rng(0)
+    w = kernels.FusedQuant.of(QuantMatrix.quantize(rng.standard_normal((8, 64)).astype(np.float32), "q8_0"))
+    x64 = rng.standard_normal((2, 64))
+    assert w.matmul(x64).dtype == np.float64                     # NumPy's product, in float64
+    with pytest.raises(TypeError, match="float32"):
+        kernels.quant_matmul_t(w, x64)
+    q = rng.standard_normal((2, 1, 8)).astype(np.float32)
+    kp = np.zeros((1, 3, 4, 8), np.float32)
+    with pytest.raises(ValueError, match="paged decode"):
+        kernels.paged_decode_attention(q, kp, kp, np.array([[0, 1]]), np.array([9]))
+    with pytest.raises(ValueError, match="paged decode"):
+        kernels.paged_decode_attention(q, kp, kp, np.array([[0, 1]]), np.array([0]))
+
+
+def test_fuse_picks_the_fused_implementation_where_there_is_one():
+    rng = np.random.default_rng(0)
+    qm = QuantMatrix.quantize(rng.standard_normal((8, 64)).astype(np.float32), "q4_1")
+    fq = kernels.fuse(qm)
+    assert isinstance(fq, kernels.FusedQuant) and fq.q is qm.q and kernels.fuse(fq) is fq
+    W = rng.standard_normal((64, 8)).astype(np.float32)
+    fd = kernels.fuse(W)
+    assert isinstance(fd, kernels.FusedDense) and (fd.n_in, fd.n_out) == (64, 8)
+    Wt = np.ascontiguousarray(W.T)
+    assert np.shares_memory(kernels.fuse(Wt, transposed=True).wt, Wt)        # [out, in] kept, no copy
+    for other in (W.astype(np.float64), rng.standard_normal(8).astype(np.float32)):
+        assert kernels.fuse(other) is other
