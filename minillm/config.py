@@ -22,8 +22,10 @@ MAX_COUNT = (1 << 63) - 1   # layers, heads, widths, vocabulary: int64 (NumPy's 
 def whole(value, field: str, source, hi: int = MAX_COUNT) -> int:
     """A count read from a file: an integer from 1 to hi, else one line naming the field."""
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
-        shown = repr(value) if not isinstance(value, int) or abs(value) < 10**12 else f"{value:.3e}"
-        raise ConfigError(f"{source}: {field} = {shown[:40]} must be an integer from 1 to {hi:,}; "
+        shown = repr(value)[:40]
+        if isinstance(value, int) and len(shown) > 24:
+            shown = f"{shown[:12]}... ({len(str(value))} digits)"
+        raise ConfigError(f"{source}: {field} = {shown} must be an integer from 1 to {hi:,}; "
                           "is the file damaged or edited by hand?")
     return value
 

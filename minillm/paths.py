@@ -113,12 +113,13 @@ def read_text_capped(path: Path, cap: int, what: str) -> str:
     if problem is not None:
         raise WeightsError(f"{path}: {problem}")
     try:
-        size = path.stat().st_size
-        raw = read_capped(path, cap) if size <= cap else None
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            raw = f.read(size + 1) if size <= cap else b""      # exactly the file: no cap-sized buffer
     except OSError as e:
         raise WeightsError(f"{path}: cannot be read ({e.strerror or e})") from None
-    if raw is None:
-        raise ConfigError(f"{path}: {max(size, cap + 1):,} bytes, over the {cap:,}-byte cap for {what}; "
+    if size > cap or len(raw) > cap:
+        raise ConfigError(f"{path}: {max(size, len(raw)):,} bytes, over the {cap:,}-byte cap for {what}; "
                           "is it the right file?")
     try:
         return raw.decode("utf-8")
