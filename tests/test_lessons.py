@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from minillm.cli import learn
@@ -32,7 +33,7 @@ def home(tmp_path_factory):
 
 def test_lessons_are_discovered_in_order_with_their_metadata():
     numbers = [info.number for info in learn.LESSONS]
-    assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) >= 7
+    assert numbers == sorted(set(numbers)) and numbers[0] == 1 and len(numbers) >= 7   # in order, each once
     for info in learn.LESSONS:
         assert info.title and info.what and info.minutes > 0
         module = importlib.import_module(info.module)
@@ -445,3 +446,122 @@ def test_lesson_14s_block_and_error_claims_can_fail(broken, words, monkeypatch, 
     assert _lesson(14).main(["--fast", "--no-pause"]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "did not hold" in out and words in out.split("did not hold")[1], out[-1500:]
+
+
+def test_the_gpu_lesson_without_a_gpu_says_so_and_shows_the_issues_figures_as_data(capsys, monkeypatch):
+    """Lesson 17 on a machine without a usable GPU: one line saying so (the DeviceError's), then the
+    issue's H200 figures under their source, never as this machine's; its numbers come from that table."""
+    from minillm.backend import DeviceError, get_device
+    from minillm.measure.gpu import ISSUE_H200
+    try:
+        get_device("cuda")
+        pytest.skip("this machine has a GPU: the lesson measures it")
+    except DeviceError as e:
+        reason = str(e)
+    monkeypatch.setenv("COLUMNS", "200")                      # no wrapping: the lines compared whole
+    monkeypatch.setattr(_common.Lesson, "pause", lambda self: None)
+    assert importlib.import_module(learn.find("gpu").module).main(["--fast", "--no-pause"]) == 0
+    out = capsys.readouterr().out
+    assert f"note: no GPU here: {reason}" in out
+    assert "issue 31's figures (not this machine's)" in out and ISSUE_H200["source"] in out
+    g = ISSUE_H200["gpt2_124m_fp16_b1"]
+    assert f"{g['bytes'] / (g['graph_ms'] * 1e-3) / 1e9:,.0f} GB/s" in out     # 257 MB / 0.74 ms, computed
+    assert "This machine's GPU" not in out
+
+
+def test_the_gpu_lesson_on_a_gpu_renders_its_measurements(capsys, monkeypatch):
+    """The GPU half of lesson 17, run on stand-in measurements (this machine has no GPU): every sentence
+    and table is built from the figures it is handed, and its claims check them. What a GPU measures
+    is checked by benchmarks/gpu_check.py on one."""
+    import minillm
+    from minillm.backend import Device
+    from minillm.checkpoints import load as load_module
+    from test_hardware import FAKE_GPU
+    lesson = importlib.import_module(learn.find("gpu").module)
+
+    def figures(model, batch=1, context=256, steps=20, prompt=16, eager=True):
+        ms = 0.8 + 0.01 * batch
+        r = {"batch": batch, "context": context, "kernels": 180, "graph_ms": ms, "bytes": int(250e6 + 1e5 * batch),
+             "flops": int(250e6 * batch)}
+        r.update(eager_ms=2.4, graph_gbs=r["bytes"] / ms * 1e-6, graph_tflops=r["flops"] / ms * 1e-9,
+                 intensity=r["flops"] / r["bytes"])
+        return r
+    monkeypatch.setattr(lesson, "get_device", lambda name: Device("cuda", np, "Stand-in GPU, 80.0 GiB"))
+    monkeypatch.setattr(lesson, "gpu_figures", lambda quick=False: FAKE_GPU)
+    monkeypatch.setattr(lesson, "decode_figures", figures)
+    monkeypatch.setattr(lesson, "free_bytes", lambda device: 80 * 2**30)
+    real = minillm.load
+    monkeypatch.setattr(minillm, "load", lambda *a, **k: object() if "device" in k else real(*a, **k))
+    real_random = load_module.random_model
+    monkeypatch.setattr(load_module, "random_model", lambda *a, **k: object() if "device" in k else real_random(*a, **k))
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(_common.Lesson, "pause", lambda self: None)
+    assert lesson.main(["--fast", "--no-pause"]) == 0
+    out = capsys.readouterr().out
+    assert "This machine's GPU: Stand-in GPU" in out and "no GPU here" not in out
+    assert "A step launches 180 kernels" in out and "180 × 6.50 µs of launches is 1.17 ms" in out
+    assert "the Llama-2-7B shape cut to 4 of its 32 layers (what fits in fast mode)" in out
+    assert "✓ checked: FLOP/byte rises with every larger batch" in out
+
+
+
+@pytest.mark.parametrize("wrong", ["every expert", "once per row"])
+def test_lesson_15s_claims_fail_when_the_meter_misses_the_union(wrong, monkeypatch, capsys):
+    """Lesson 15 checks the run's bytes against the experts its router chose: a meter that counts every
+    expert of a layer (the total, not the active), or each chosen expert once per row that chose it
+    (no grouping, so B = 1 still holds and only the batches go wrong), fails it."""
+    import numpy as np
+
+    from minillm import meter
+    from minillm.models import moe
+
+    real_route, real_mlp, chosen = moe.route, moe.experts_mlp, []
+
+    def route(x, router, k, norm_topk):
+        top, w = real_route(x, router, k, norm_topk)
+        chosen.append(top)
+        return top, w
+
+    def experts_mlp(x, p, c):
+        y = real_mlp(x, p, c)
+        m, top = meter.active(), chosen.pop()
+        if m is not None:
+            per_row = np.bincount(top.ravel(), minlength=c.n_expert)
+            extra = (per_row == 0) if wrong == "every expert" else np.maximum(per_row - 1, 0)
+            m.count("linear", weights=sum(int(n) * sum(w.nbytes for w in moe.expert(p, e).values())
+                                          for e, n in enumerate(extra)))
+        return y
+
+    monkeypatch.setattr(moe, "route", route)
+    monkeypatch.setattr(moe, "experts_mlp", experts_mlp)
+    assert _lesson(15).main(["--fast", "--no-pause"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    said = out.split("did not hold")[1]
+    assert ("the closed form for 2 experts" in said) == (wrong == "every expert"), said[:300]
+    assert ("at every B" in said) == (wrong == "once per row"), said[:300]
+
+
+@pytest.mark.parametrize("rounds, words", [
+    (([8.0, 7.5], [4.0, 3.5]), "bought the dense model more, in every round"),
+    (([3.0, 3.2], [4.0, 3.5]), "bought the mixture more, in every round"),
+    (([8.0, 3.0], [4.0, 3.5]), "this run does not rank them"),
+])
+def test_lesson_15s_batching_verdict_ranks_only_when_every_round_agrees(rounds, words):
+    """On a busy machine one round can invert the order: the lesson ranks the two models' gains from
+    batching only when every round agrees (tokens/s at B = 1 are 1 in these rounds, so a gain is B = 32's)."""
+    m = _lesson(15)
+    dense, mix = rounds
+    tps = {("dense", 1): [1.0, 1.0], ("mixture", 1): [1.0, 1.0], ("dense", 32): dense, ("mixture", 32): mix}
+    gain = {(name, B): 1.0 for name in ("dense", "mixture") for B in m.BATCHES}
+    assert words in m.measured_words(tps, gain)
+
+
+@pytest.mark.parametrize("crit, words", [({"dense": 6, "mixture": 22}, "3.67× the batch, about its total"),
+                                         ({"dense": 6, "mixture": 48}, "8× the batch, more than its total"),
+                                         ({"dense": 6, "mixture": 6}, "1× the batch, less than its total"),
+                                         ({"dense": 6, "mixture": None}, "never reach the ridge")])
+def test_lesson_15s_critical_batch_sentence_follows_its_numbers(crit, words):
+    text = " ".join(_lesson(15).roofline_words(crit, 16, 2, 3.79).split())
+    assert words in text, text
+    said = _lesson(15).critical_ratio_words(crit, _lesson(15).FAST_PRESETS["random-moe-16x2"])
+    assert ("no bigger" in said) == (crit["mixture"] == crit["dense"]), said

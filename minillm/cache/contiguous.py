@@ -89,12 +89,17 @@ def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class KVCache(CacheBase):
-    def __init__(self, config: ModelConfig, dtype=np.float32, kv_dtype: str | None = None) -> None:
+    def __init__(self, config: ModelConfig, dtype=np.float32, kv_dtype: str | None = None, xp=np) -> None:
+        """xp: the module of the model's arrays (numpy; cupy puts the cache on the GPU). kv_dtype "int8"
+        stores each head vector as int8 with one float32 scale (NumPy only)."""
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype={kv_dtype!r}: choose None (the model's dtype) or 'int8'")
+        if kv_dtype is not None and xp is not np:
+            raise ValueError(f"kv_dtype={kv_dtype!r} is implemented for the CPU (NumPy) cache only")
         self.config = config
         self.dtype = np.dtype(dtype)            # what attention computes in (read returns this)
         self.kv_dtype = kv_dtype
+        self.xp = xp
         self.k = self.v = None
         self.length = 0                         # positions filled so far
         self._allocate(min(config.n_ctx, PREALLOCATE))
@@ -108,7 +113,7 @@ class KVCache(CacheBase):
         names = ("k", "v", "k_scale", "v_scale") if self.kv_dtype == "int8" else ("k", "v")
         grows = self.k is not None
         for name in names:
-            new = np.zeros(shape[:-1] + (1,), np.float32) if name.endswith("scale") else np.zeros(shape, store)
+            new = np.zeros(shape[:-1] + (1,), np.float32) if name.endswith("scale") else self.xp.zeros(shape, store)
             if grows:
                 new[:, :, :t] = getattr(self, name)[:, :, :t]
             setattr(self, name, new)            # [L, Hkv, capacity, hd] (scales: [L, Hkv, capacity, 1])
@@ -168,7 +173,7 @@ class KVCache(CacheBase):
     def fork(self) -> "KVCache":
         """A new cache holding a copy of the positions filled so far (a shared prompt prefix, say).
         Only the filled positions are copied; the rest of the new cache is fresh, untouched memory."""
-        other = KVCache(self.config, self.dtype, self.kv_dtype)
+        other = KVCache(self.config, self.dtype, self.kv_dtype, self.xp)
         other.reserve(self.length)
         other.k[:, :, :self.length] = self.k[:, :, :self.length]
         other.v[:, :, :self.length] = self.v[:, :, :self.length]

@@ -65,20 +65,25 @@ def read_tensors(folder: Path, file: Path | None = None) -> dict[str, np.ndarray
     return tensors
 
 
-def llama_from_folder(path: Path, dtype=np.float32, weights: str = "float32", name: str | None = None):
+def llama_from_folder(path: Path, dtype=np.float32, weights: str = "float32", name: str | None = None,
+                      device=None, *, model=None):
     """A Llama-family model from a Hugging Face folder (or one of its safetensors files), with its
-    own tokenizer attached as `.tokenizer` (None when absent)."""
+    own tokenizer attached as `.tokenizer` (None when absent). model: the class to build, a `Llama`
+    or a subclass of it (the mixture of experts' row passes `models.moe.MoE`); its `CONFIG` reads
+    config.json and its `manifest` checks the tensors."""
     from .. import model_tokenizer as mt
+    from ..models.llama import Llama
+    model = model or Llama
     path = Path(path)
     folder, file = (path.parent, path) if path.is_file() else (path, None)
-    config = LlamaConfig.from_hf(read_json(folder / "config.json"), str(folder / "config.json"))
+    config = model.CONFIG.from_hf(read_json(folder / "config.json"), str(folder / "config.json"))
     tensors = read_tensors(folder, file)
     check_block_count(config.n_layer, tensors, "layers", f"{folder / 'config.json'}: num_hidden_layers")
     gen = read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
     eos = token_ids(gen.get("eos_token_id"), config.vocab_size, f"{folder / 'generation_config.json'}: eos_token_id")
     tok = mt.from_folder(folder, eos) if (folder / "tokenizer.json").is_file() or \
         (folder / "tokenizer.model").is_file() else None
-    return _build(config, tensors, tok, folder, dtype, weights, name)
+    return _build(config, tensors, tok, folder, dtype, weights, name, device, model)
 
 
 def token_ids(value, n_vocab: int, what: str) -> list[int]:
@@ -93,7 +98,7 @@ def token_ids(value, n_vocab: int, what: str) -> list[int]:
 
 
 def llama_from_gguf(md: dict, tensors: dict, path: Path, dtype=np.float32, weights: str = "float32",
-                    name: str | None = None):
+                    name: str | None = None, device=None):
     """A Llama-family model from a GGUF's tensors (Hugging Face names), its tokenizer from the metadata."""
     from .. import model_tokenizer as mt
     from ..models.llama import check_tensors
@@ -109,7 +114,7 @@ def llama_from_gguf(md: dict, tensors: dict, path: Path, dtype=np.float32, weigh
                 key = f"layers.{i}.self_attn.{proj}.weight"
                 if key in tensors and tensors[key].ndim == 2 and tensors[key].shape[0] % (2 * heads) == 0:
                     tensors[key] = unpermute(tensors[key], heads)
-    return _build(c, tensors, mt.from_gguf_metadata(md, path), Path(path), dtype, weights, name)
+    return _build(c, tensors, mt.from_gguf_metadata(md, path), Path(path), dtype, weights, name, device)
 
 
 def llama_tokenizer(path: Path):
@@ -122,14 +127,16 @@ def llama_tokenizer(path: Path):
     return mt.from_folder(path if path.is_dir() else path.parent)
 
 
-def _build(config: LlamaConfig, tensors: dict, tok, where: Path, dtype, weights: str, name: str | None):
+def _build(config: LlamaConfig, tensors: dict, tok, where: Path, dtype, weights: str, name: str | None,
+           device=None, model=None):
     from ..models.llama import Llama, check_tensors
-    check_tensors(tensors, config, str(where))          # bounded: stops at the first missing tensor
+    model = model or Llama
+    check_tensors(tensors, config, str(where), expected=model.manifest)   # bounded: stops at the first missing
     check_all_finite(tensors, where)
     if tok is not None and tok.n_vocab > config.vocab_size:
         raise WeightsError(f"{where}: the tokenizer has {tok.n_vocab:,} ids but the model only "
                            f"{config.vocab_size:,}: they do not belong together")
-    model = Llama(config, tensors, name=name or where.name, dtype=dtype,
-                  eos_ids=tok.eos_ids if tok is not None else (), weights=weights)
-    model.tokenizer = tok
-    return model
+    built = model(config, tensors, name=name or where.name, dtype=dtype,
+                  eos_ids=tok.eos_ids if tok is not None else (), weights=weights, device=device)
+    built.tokenizer = tok
+    return built

@@ -15,9 +15,11 @@ from rich.table import Table
 from ..checkpoints.load import load
 from ..engine.speculative import MAX_K, check_draft_model
 from ..errors import MiniLLMError
-from ..measure.batching import check_batches, run_batch_bench
+from ..measure.batching import check_batches, run_batch_benches
 from ..measure.bench import check_contexts, run_bench
+from ..measure.gpu import gpu_figures, summary as gpu_summary
 from ..measure.hardware import machine
+from ..backend import get_device
 from ..measure.speculation import heldout_prompts, run_speculation_bench
 from ..threads import blas_kernel, blas_name, blas_threads
 from ..ui.report import fmt_bytes
@@ -25,7 +27,9 @@ from .common import err, note_if_busy, out
 
 def add_arguments(parser) -> None:
     parser.add_argument("--model", default=None,
-                        help="model to benchmark (default random-124m; with --speculate, the bundled large model)")
+                        help="model to benchmark (default random-124m; with --speculate, the bundled large model); "
+                             "with --batch, several comma-separated, measured in the same interleaved rounds "
+                             "(e.g. random-moe-16x2,random-moe-16x2-dense)")
     parser.add_argument("--contexts", default="16,128,512,1000",
                         help="comma-separated context lengths (default 16,128,512,1000)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds; medians are reported (default 5)")
@@ -48,6 +52,8 @@ def add_arguments(parser) -> None:
                              "q8_0, q4_0, q4_1; native: a GGUF's own, e.g. SmolLM2's Q4_1), interleaved: bytes per step, tokens/s, %% of each format's own "
                              "ceiling, the widening's share (at the first of --contexts)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    parser.add_argument("--device", default="cpu", metavar="DEVICE",
+                        help="cpu (default): bench measures NumPy on this CPU; a GPU's figures are printed beside")
 
 
 def parse_contexts(text: str, option: str = "--contexts") -> list[int]:
@@ -70,13 +76,27 @@ def run(args) -> int:
             raise MiniLLMError(f"--speculate {args.speculate}: each K must be 1 to {MAX_K}, e.g. 1,2,4,8")
         if args.prompts < 1 or args.new_tokens < 2:
             raise MiniLLMError("--prompts must be at least 1 and --new-tokens at least 2")
+    if get_device(args.device).is_gpu:       # without a GPU: get_device's one line
+        raise MiniLLMError("bench measures the CPU's NumPy steps against its bare passes (a GPU's figures are "
+                           "printed beside them); a model's steps on the GPU: minillm learn 17, or "
+                           "python benchmarks/gpu_check.py")
     if args.weights is not None:
         if batches is not None or ks is not None:
             raise MiniLLMError("--weights measures weight formats alone: leave out --batch and --speculate")
         from ..measure.quantization import parse_formats
         parse_formats(args.weights)
         return bench_weights(args, machine(progress=not args.json))
-    model = load(args.model or ("large" if ks is not None else "random-124m"))
+    names = [n.strip() for n in (args.model or "").split(",") if n.strip()] if batches is not None else []
+    if len(names) > 1:
+        models = {}
+        for n in names:
+            m = load(n)
+            check_batches(m, batches, args.batch_context)
+            models[m.name if m.name not in models else f"{m.name} ({len(models) + 1})"] = m
+        model = next(iter(models.values()))
+    else:
+        model = load(args.model or ("large" if ks is not None else "random-124m"))
+        models = {model.name: model}
     if batches is not None:
         check_batches(model, batches, args.batch_context)
     elif ks is None:
@@ -85,14 +105,19 @@ def run(args) -> int:
     if ks is not None:
         result, show = bench_speculation(args, model, ks, hw)
     elif batches is not None:
-        result, show = bench_batches(args, model, batches, hw)
+        result, show = bench_batches(args, models, batches, hw)
     else:
         result, show = bench_contexts(args, model, contexts, hw)
     result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel())
+    gpu = gpu_figures() if ks is None else None          # this machine's GPU beside the CPU (None: no GPU)
+    if gpu:
+        result["gpu"] = gpu
     if args.json:
         print(json.dumps(result))
     else:
         show()
+        if gpu:
+            out.print(f"[dim]beside it, {escape(gpu_summary(gpu))}[/]")
     return 0
 
 
@@ -147,36 +172,61 @@ def bench_contexts(args, model, contexts: list[int], hw):
     return result, show
 
 
-def bench_batches(args, model, batches: list[int], hw):
-    result = _run_with_bar(args, f"batched decode, {escape(model.name)}", args.repeats * len(batches),
-                           lambda tick: run_batch_bench(model, batches, hw, context=args.batch_context,
-                                                        repeats=args.repeats, progress=tick))
-    result["machine"] = {"bandwidth_gbs": hw.bandwidth_gbs, "method": hw.method, "peak_gflops": hw.peak_gflops}
+def bench_batches(args, models: dict, batches: list[int], hw):
+    names = ", ".join(escape(n) for n in models)
+    results = _run_with_bar(args, f"batched decode, {names}", args.repeats,
+                            lambda tick: run_batch_benches(models, batches, hw, context=args.batch_context,
+                                                           repeats=args.repeats, progress=tick))
+    machine_ = {"bandwidth_gbs": hw.bandwidth_gbs, "method": hw.method, "peak_gflops": hw.peak_gflops}
+    for r in results.values():
+        r["machine"] = machine_
+    result = next(iter(results.values())) if len(results) == 1 else {"models": list(results.values())}
+    together = "" if len(results) == 1 else f", interleaved with {len(results) - 1} other model(s)"
 
     def show():
-        t = _table(f"{escape(model.name)}: decode with B sequences at once, prompts of {result['context']} "
-                   f"(medians of {args.repeats} interleaved rounds)",
-                   ("B", "tok/s", "ms/step", "roofline", "FLOP/byte", "GB/s", "GFLOP/s", "x @ W", "engine"))
-        for r in result["rows"]:
-            t.add_row(str(r["batch"]), f"{r['tok_s']:.0f}", f"{r['ms_step']:.1f}",
-                      f"{r['roofline_ms']:.1f} {r['bound'][:3]}", f"{r['intensity']:.1f}", f"{r['gbps']:.1f}",
-                      f"{r['gflops']:.1f}", f"{r['bare_plain_ms']:.1f}", f"{r['bare_engine_ms']:.1f}")
-        out.print(t)
-        out.print("[dim]roofline: max(bytes / bandwidth, FLOPs / peak) for the step's counted bytes and FLOPs; "
-                  "x @ W and engine: ms for one bare pass of B rows over every weight, the plain product and "
-                  "minillm's ops.matmul (2 rows as matrix-vector products, 3-63 padded to a multiple of 8)[/]")
-        base = next((r for r in result["rows"] if r["batch"] == 1), None)
-        if base:
-            best = max(result["rows"], key=lambda r: r["tok_s"])
-            out.print(f"B = 1: {base['ms_step']:.1f} ms a step; bare matrix-vector pass \\[in, out] "
-                      f"{result['bare_in_out_ms']:.1f} ms, \\[out, in] {result['bare_out_in_ms']:.1f} ms: the engine "
-                      f"runs at {100 * result['b1_of_bare']:.0f}% of the faster. Best: B = {best['batch']}, "
-                      f"{best['tok_s'] / base['tok_s']:.1f}× the tokens/s of B = 1.")
-        cb = result["critical_batch"]
-        crit = "none (the KV cache grows as fast as the work)" if cb is None else f"B ≈ {cb}"
-        out.print(f"critical batch on this machine: {crit} — ridge {result['ridge_flops_per_byte']:.1f} FLOP/byte "
-                  f"= {hw.peak_gflops:.0f} GFLOP/s ÷ {hw.bandwidth_gbs:.1f} GB/s; {_blas(result)}")
+        for name, res in results.items():
+            _show_batches(args, name, res, hw, together, _blas(result))
+
     return result, show
+
+
+def _show_batches(args, name: str, result: dict, hw, together: str, blas: str) -> None:
+    moe = result["experts"] is not None
+    cols = ["B", "tok/s", "ms/step", "weights/step", "roofline", "FLOP/byte", "GB/s", "x @ W", "engine"]
+    if moe:
+        E, k = result["experts"]
+        cols[4:4] = ["chose", "uniform", "its bytes"]
+    t = _table(f"{escape(name)}: decode with B sequences at once, prompts of {result['context']} "
+               f"(medians of {args.repeats} rounds{together})", cols)
+    for r in result["rows"]:
+        cells = [str(r["batch"]), f"{r['tok_s']:.0f}", f"{r['ms_step']:.1f}", fmt_bytes(r["weight_bytes"]),
+                 f"{r['roofline_ms']:.1f} {r['bound'][:3]}", f"{r['intensity']:.1f}", f"{r['gbps']:.1f}",
+                 f"{r['bare_plain_ms']:.1f}", f"{r['bare_engine_ms']:.1f}"]
+        if moe:
+            cells[4:4] = [f"{r['experts_chosen']:.1f}", f"{r['experts_uniform']:.1f}",
+                          fmt_bytes(r["uniform_weight_bytes"])]
+        t.add_row(*cells)
+    out.print(t)
+    out.print("[dim]weights/step: the meter's weight bytes of one step; roofline: max(bytes / bandwidth, FLOPs / "
+              "peak) for the step's counted bytes and FLOPs; x @ W and engine: ms for one bare pass of B rows "
+              "over every weight, the plain product and minillm's ops.matmul (2 rows as matrix-vector products, "
+              "3-63 padded to a multiple of 8)[/]")
+    if moe:
+        out.print(f"[dim]a mixture of E = {E} experts, top-k = {k}: chose: the experts its router chose in the "
+                  "counted step, mean over the sparse layers; uniform: E·(1 − (1 − k/E)^B), uniform routing's "
+                  "expected union; its bytes: the weight bytes of that union by the closed form; its bare "
+                  "passes run the chosen experts with all B rows each[/]")
+    base = next((r for r in result["rows"] if r["batch"] == 1), None)
+    if base:
+        best = max(result["rows"], key=lambda r: r["tok_s"])
+        out.print(f"B = 1: {base['ms_step']:.1f} ms a step; bare matrix-vector pass \\[in, out] "
+                  f"{result['bare_in_out_ms']:.1f} ms, \\[out, in] {result['bare_out_in_ms']:.1f} ms: the engine "
+                  f"runs at {100 * result['b1_of_bare']:.0f}% of the faster. Best: B = {best['batch']}, "
+                  f"{best['tok_s'] / base['tok_s']:.1f}× the tokens/s of B = 1.")
+    cb = result["critical_batch"]
+    crit = "none up to B = 65,536 on this run's counts" if cb is None else f"B ≈ {cb:,}"
+    out.print(f"critical batch on this machine: {crit} — ridge {result['ridge_flops_per_byte']:.1f} FLOP/byte "
+              f"= {hw.peak_gflops:.0f} GFLOP/s ÷ {hw.bandwidth_gbs:.1f} GB/s; {blas}")
 
 
 def bench_speculation(args, model, ks: list[int], hw):

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 from rich.markup import escape
 
+from ..backend import get_device
 from ..checkpoints.load import load, model_names
 from ..engine.sampling import check_fits
 from ..engine.speculative import check_draft_model
@@ -26,9 +27,18 @@ WEIGHTS_HELP = ("the weights in memory: float32 (default), q8_0, q4_0 or q4_1 (q
                 "defines them, multiplied without widening the whole matrix), native (as the file has them)")
 
 
+DEVICE_HELP = ("where the model runs: cpu (NumPy, default) or cuda (CuPy on an NVIDIA GPU, weights in float16; "
+               "pip install 'minillm[gpu]')")
+
+
 def add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, metavar="MODEL", help=MODEL_HELP + " (default: the bundled model)")
     add_weights(p)
+    add_device(p)
+
+
+def add_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="cpu", metavar="DEVICE", help=DEVICE_HELP)
 
 
 def add_weights(p: argparse.ArgumentParser) -> None:
@@ -104,15 +114,17 @@ def load_draft(name, model, weights: str | None = None):
         return None
     if name == "ngram":
         return "ngram"
-    draft = load_model(name, weights or getattr(model, "weights", "float32"))
+    draft = load_model(name, weights or getattr(model, "weights", "float32"), model.device)
     check_draft_model(draft, model)
     return draft
 
 
-def load_model(source, weights: str = "float32"):
-    """`load`, with a spinner on stderr while it works (random-1558m takes a while to build)."""
+def load_model(source, weights: str = "float32", device="cpu"):
+    """`load`, with a spinner on stderr while it works (random-1558m takes a while to build); on
+    --device cuda without a usable GPU, one DeviceError line before anything is read."""
+    device = get_device(device)
     with err.status(f"loading {escape(str(source or 'the bundled model'))}…"):
-        return load(source, weights=weights)
+        return load(source, weights=weights, device=device)
 
 
 def encode_prompt(model, prompt: str, max_new_tokens: int) -> np.ndarray:

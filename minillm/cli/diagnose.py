@@ -25,7 +25,7 @@ from ..measure.chips import get_chip, roofline
 from ..measure.shapes import capacity, shape_of
 from ..meter import Meter, totals
 from ..ui import report
-from .common import MODEL_HELP, add_weights, load_model, note_if_busy, out
+from .common import MODEL_HELP, add_device, add_weights, load_model, note_if_busy, out
 
 FP16 = 0.5          # the chip columns assume fp16 weights and activations: half the float32 bytes
 BATCHES = (1, 8, 32)
@@ -40,6 +40,7 @@ def add_arguments(p) -> None:
     p.add_argument("--model", default="random-124m", metavar="MODEL",
                    help=MODEL_HELP + " (default: random-124m, GPT-2 small's size, so the weights come from DRAM)")
     add_weights(p)
+    add_device(p)
 
 
 @dataclass
@@ -98,7 +99,7 @@ def run(args) -> int:
     if P < 1 or N < 1 or not 0 <= S < P:
         raise PromptError("--prompt-tokens and --answer-tokens must be at least 1, and --shared-prefix from 0 to "
                           "less than --prompt-tokens")
-    model = load_model(args.model, args.weights)
+    model = load_model(args.model, args.weights, args.device)
     c = model.config
     if P >= c.n_ctx:
         raise PromptError(f"--prompt-tokens {P} does not fit {escape(model.name)}'s context of {c.n_ctx} with room "
@@ -118,8 +119,10 @@ def run(args) -> int:
     def on_chip(ph: Phase) -> float:
         return roofline(ph.fused * FP16, ph.flops, chip).seconds
 
+    moe = (f", {c.active_params() / 1e6:,.0f}M active per token: top-{model.experts[1]} of {model.experts[0]} "
+           "experts" if model.experts else "")
     out.print(f"[bold]Workload[/]: prompts of {P} tokens{f' ({S} shared by every request)' if S else ''}, "
-              f"answers of {N} tokens, on {escape(model.name)} ({model.n_params() / 1e6:,.0f}M parameters); "
+              f"answers of {N} tokens, on {escape(model.name)} ({model.n_params() / 1e6:,.0f}M parameters{moe}); "
               f"this machine beside {chip.name}.")
     t = Table(box=box.SIMPLE_HEAD, header_style="bold", title="One request, phase by phase", title_justify="left")
     for col in ("phase", "FLOPs", "bytes", "here", chip.name):
@@ -149,15 +152,19 @@ def run(args) -> int:
         out.print(f"[dim]measured here, one run each: the prefill {_t(pre_seconds)}, a decode step "
                   f"{_t(first.seconds)}. The roofline is the best case; the gap is what the engine leaves.[/]")
 
-    # Throughput against latency: B sequences share each read of the weights.
+    # Throughput against latency: B sequences share each read of the weights (a mixture's: the union
+    # of their experts, `model.step_weight_bytes(B)` under uniform routing, beyond the one token's).
     if first is not None:
         own_fused = report.fused_bytes(first, c, 4) - first.bytes["weights"]
+        union = " (a mixture: the union of their experts, uniform routing)" if model.experts else ""
         bt = Table(box=box.SIMPLE_HEAD, header_style="bold", title_justify="left",
-                   title=f"Batched decode on {chip.name}: B requests share each weight read (roofline, fused, fp16)")
+                   title=f"Batched decode on {chip.name}: B requests share each weight read{union} (roofline, "
+                         "fused, fp16)")
         for col in ("B", "time per step", "tokens/s in all", "tokens/s per request", "bound"):
             bt.add_column(col, justify="right", no_wrap=True)
         for B in BATCHES:
-            r = roofline((first.bytes["weights"] + B * own_fused) * FP16, B * first.total_flops, chip)
+            weights = first.bytes["weights"] + model.step_weight_bytes(B) - model.step_weight_bytes(1)
+            r = roofline((weights + B * own_fused) * FP16, B * first.total_flops, chip)
             bt.add_row(str(B), _t(r.seconds), f"{B / r.seconds:,.0f}", f"{1 / r.seconds:,.0f}", r.bound)
         out.print(bt)
 

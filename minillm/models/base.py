@@ -23,7 +23,7 @@ import hashlib
 
 import numpy as np
 
-from .. import meter
+from .. import backend, meter
 from ..cache.contiguous import KVCache, PassKV
 from ..config import ModelConfig
 from ..errors import PromptError
@@ -37,11 +37,14 @@ class CausalLM:
         embed_w, head_w   the token embedding and the LM head as weights (models/weights.py; one
                           object when tied)
         matrices()        every product a decode step multiplies, once
-        step_weight_bytes()  the closed form of the weight bytes one decode token reads
+        step_weight_bytes(B)  the closed form of the weight bytes a decode step of B tokens reads
+        experts           (E, k) of a mixture of experts' sparse layers (models/moe.py); None: dense
         fingerprint()     equal for two loads of one checkpoint, different for two checkpoints
         tokenizer         its own tokenizer as loaded, or None; OWN_TOKENIZER: False if the family
                           uses GPT-2's built-in one (`minillm.tokenizer(model)` then gives it)
         weights           the label of its weights' format; float_matrices: products kept in floats
+        device, xp        where its arrays live (backend.Device) and their module: numpy, or cupy
+                          on a GPU (`load(..., device="cuda")`); the ops take theirs from the arrays
     """
     config: ModelConfig
     params: dict                 # name -> array or QuantMatrix: the weights as the model holds them
@@ -56,6 +59,12 @@ class CausalLM:
     OWN_TOKENIZER: bool = True
     weights: str = "float32"
     float_matrices: int = 0
+    experts: tuple | None = None
+    device: backend.Device = backend.CPU
+
+    @property
+    def xp(self):
+        return self.device.xp
 
     # -- the model: each architecture's own ------------------------------------------------------
 
@@ -84,14 +93,14 @@ class CausalLM:
         None gives None (a prompt chunk whose end is not reached yet). A list sets it per sequence.
         Returns one entry per sequence, in order.
         """
-        plan = plan_step(batch, scores, self.config)
+        plan = plan_step(batch, scores, self.config, self.xp)
         with plan.meter_step():
             x = self.run(plan)                                            # [N, d]
             plan.advance()
             if not plan.rows:
                 return [None] * len(plan.spans)
             h = x if len(plan.rows) == x.shape[0] else x[plan.rows]       # [S, d]
-            return plan.split(self.head(h))                               # [S, V] -> per sequence
+            return plan.split(backend.host_logits(self.head(h)))          # [S, V] on the host -> per sequence
 
     # -- the three special cases --------------------------------------------------------------------
 
@@ -103,7 +112,7 @@ class CausalLM:
         return logits[None] if last_only else logits
 
     def new_cache(self) -> KVCache:
-        return KVCache(self.config, self.dtype)
+        return KVCache(self.config, self.dtype, xp=self.xp)
 
     def prefill(self, ids, cache=None) -> tuple[np.ndarray, KVCache]:
         """The whole prompt in one pass, filling a KV cache. ids [T] -> (logits [V] of the last
@@ -128,9 +137,10 @@ class CausalLM:
 
     # -- what the tools ask --------------------------------------------------------------------------
 
-    def matrices(self, head: bool = True) -> list:
+    def matrices(self, head: bool = True, chosen=None) -> list:
         """Every product a decode step multiplies, once: each block's MATRICES, then the LM head
-        (head=False: the blocks' only). An untied embedding is not one: a step reads one row of it."""
+        (head=False: the blocks' only). An untied embedding is not one: a step reads one row of it.
+        chosen: the experts a mixture's step chose (models/moe.py); a dense model multiplies all."""
         mats = [p[k] for p in self.blocks for k in self.MATRICES]
         return mats + [self.head_w] if head else mats
 
@@ -139,21 +149,22 @@ class CausalLM:
         embedding): one row of each per token is read, not the rest."""
         return ()
 
-    def step_weight_bytes(self) -> int:
-        """What one decode step of one token reads of the weights, by its closed form: every parameter
-        once (a tied embedding as the LM head, plus the token's row of it), and one row, not the whole,
-        of each table only gathered from. The meter's count equals it (lesson 14, tests)."""
+    def step_weight_bytes(self, n_tokens: int = 1) -> int:
+        """What a decode step of n_tokens tokens (one each of n_tokens sequences) reads of the weights,
+        by its closed form: every parameter once (a tied embedding as the LM head, plus the tokens'
+        rows of it), and n_tokens rows, not the whole, of each table only gathered from. The meter's
+        count equals it (lesson 14, tests)."""
         p, skip = self.params, self.gathered()
-        tied_row = self.embed_w.rows_counts(1)["weights"] if self.embed_w is self.head_w else 0
+        tied_rows = self.embed_w.rows_counts(n_tokens)["weights"] if self.embed_w is self.head_w else 0
         return (sum(v.nbytes for k, v in p.items() if k not in skip)
-                + sum(p[k].nbytes // p[k].shape[0] for k in skip) + tied_row)
+                + n_tokens * sum(p[k].nbytes // p[k].shape[0] for k in skip) + tied_rows)
 
     def fingerprint(self) -> str:
         """Equal for two loads of one checkpoint, different for two checkpoints (a draft model must not
         be its target): the config, the weights' format and the first 64 tokens' embeddings."""
         h = hashlib.sha256(repr((type(self).__name__, self.config, self.weights)).encode())
-        ids = np.arange(min(64, self.config.vocab_size))
-        h.update(np.ascontiguousarray(self.embed_w.rows(ids)).tobytes())
+        ids = self.xp.asarray(np.arange(min(64, self.config.vocab_size)))
+        h.update(np.ascontiguousarray(backend.to_host(self.embed_w.rows(ids))).tobytes())
         return h.hexdigest()
 
     def n_params(self) -> int:
