@@ -237,7 +237,7 @@ class Llama(CausalLM):
         """Embeddings, then every block (not the final norm). plan.ids, plan.positions [N] -> x [N, d]."""
         x = ops.embedding(self.embed_w, None, plan.ids)                            # [N, d]
         c = self.config
-        cos, sin = ops.rope_tables(plan.positions, c.head_dim, c.theta, self.dtype)      # [N, hd/2] each (host)
+        cos, sin = ops.rope_tables(plan.host_positions, c.head_dim, c.theta, self.dtype)  # [N, hd/2] each
         device = getattr(self, "device", None)
         cos, sin = on_device(cos, device), on_device(sin, device)
         for layer, p in enumerate(self.blocks):
