@@ -127,7 +127,8 @@ def the_kv_cache_it_leaves(L: Lesson, model, ids, pre, cache) -> None:
     t.add_row("per token: cache.bytes_per_token()", "1", fmt_bytes(per_token))
     t.add_row("the prompt: cache.nbytes_used() after prefill", f"{len(ids)}", fmt_bytes(prompt_kv))
     t.add_row("a full context", f"{c.n_ctx:,}", fmt_bytes(per_token * c.n_ctx))
-    t.add_row("allocated up front: cache.k + cache.v", f"{cache.n_ctx:,}", fmt_bytes(cache.k.nbytes + cache.v.nbytes))
+    t.add_row("allocated up front: cache.k + cache.v", f"{cache.capacity:,}",
+              fmt_bytes(cache.k.nbytes + cache.v.nbytes))
     small = minillm.KVCache(GPT2_SIZES["124m"])
     t.add_row("GPT-2 small, full context (1,024)", "1,024", fmt_bytes(small.bytes_per_token() * 1024))
     L.show(t)

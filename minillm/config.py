@@ -12,6 +12,23 @@ from .errors import ConfigError
 
 _DAMAGED = "the file is damaged or not a GGUF file; re-download it"
 
+# Sane maxima, checked before anything is sized by them. The context is the one count no tensor
+# bounds (RoPE has no table in the file), so it has its own: 2^24 positions (Llama 4 Scout's 10M fit).
+MAX_CONTEXT = 1 << 24
+MAX_COUNT = (1 << 63) - 1   # layers, heads, widths, vocabulary: int64 (NumPy's index); each is then
+                            # checked against the tensors it describes, before anything loops over it
+
+
+def whole(value, field: str, source, hi: int = MAX_COUNT) -> int:
+    """A count read from a file: an integer from 1 to hi, else one line naming the field."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
+        shown = repr(value)[:40]
+        if isinstance(value, int) and len(shown) > 24:
+            shown = f"{shown[:12]}... ({len(str(value))} digits)"
+        raise ConfigError(f"{source}: {field} = {shown} must be an integer from 1 to {hi:,}; "
+                          "is the file damaged or edited by hand?")
+    return value
+
 
 class ModelConfig(Protocol):
     """What the caches, the plan and the tools read of any family's config."""
@@ -36,9 +53,7 @@ class GPT2Config:
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "n_embd", "n_ctx", "vocab_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"config {name}={value!r}: must be a positive integer")
+            whole(getattr(self, name), name, "config", MAX_CONTEXT if name == "n_ctx" else MAX_COUNT)
         if self.n_embd % self.n_head:
             raise ConfigError(
                 f"config n_embd={self.n_embd} is not divisible by n_head={self.n_head}: "
@@ -102,6 +117,9 @@ class GPT2Config:
         act = cfg.get("activation_function", "gelu_new")
         if act not in ("gelu_new", "gelu_pytorch_tanh"):
             raise ConfigError(f"{source}: activation_function={act!r}; minillm implements GPT-2's tanh GELU (gelu_new)")
+        for field in ("n_layer", "n_head", "n_embd", "vocab_size"):
+            whole(cfg[field], field, source)
+        whole(n_ctx, "n_positions", source, MAX_CONTEXT)
         try:
             return cls(n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"], n_ctx=n_ctx,
                        vocab_size=cfg["vocab_size"], ln_eps=eps)
@@ -111,11 +129,11 @@ class GPT2Config:
     @classmethod
     def from_gguf(cls, md: dict, vocab_size: int, where) -> "GPT2Config":
         """The hyper-parameters from a GGUF's `gpt2.*` keys (vocab_size: the token table's rows)."""
-        get = _gguf_getter(md, "gpt2", where)
+        get, count = _gguf_getter(md, "gpt2", where)
         return _from_gguf(lambda: cls(
-            n_layer=int(get("block_count")), n_head=int(get("attention.head_count")),
-            n_embd=int(get("embedding_length")), n_ctx=int(get("context_length")), vocab_size=int(vocab_size),
-            ln_eps=float(get("attention.layer_norm_epsilon", 1e-5))), where)
+            n_layer=count("block_count"), n_head=count("attention.head_count"),
+            n_embd=count("embedding_length"), n_ctx=count("context_length", hi=MAX_CONTEXT),
+            vocab_size=int(vocab_size), ln_eps=float(get("attention.layer_norm_epsilon", 1e-5))), where)
 
     def asdict(self) -> dict:
         return asdict(self)
@@ -156,9 +174,7 @@ class LlamaConfig:
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "n_kv_head", "head_dim", "n_embd", "n_ctx", "vocab_size", "ffn"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"config {name}={value!r}: must be a positive integer")
+            whole(getattr(self, name), name, "config", MAX_CONTEXT if name == "n_ctx" else MAX_COUNT)
         if self.n_head % self.n_kv_head:
             raise ConfigError(f"config: {self.n_head} query heads do not split into groups over "
                               f"{self.n_kv_head} key/value heads; n_kv_heads must divide n_heads")
@@ -209,7 +225,13 @@ class LlamaConfig:
             raise ConfigError(f"{source}: rope scaling {kind!r} is not implemented; minillm runs the "
                               "default rotary embedding only")
         theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        for field in need:
+            whole(cfg[field], field, source)
         H = cfg["num_attention_heads"]
+        whole(cfg.get("max_position_embeddings", 2048), "max_position_embeddings", source, MAX_CONTEXT)
+        for field in ("head_dim", "num_key_value_heads"):
+            if cfg.get(field) is not None:
+                whole(cfg[field], field, source)
         try:
             head_dim = cfg.get("head_dim") or cfg["hidden_size"] // H
             return cls(
@@ -238,17 +260,17 @@ class LlamaConfig:
             raise ConfigError(f"{where}: rope scaling {scaling!r} is not implemented; minillm runs the default "
                               "rotary embedding only")
 
-        get = _gguf_getter(md, arch, where)
+        get, count = _gguf_getter(md, arch, where)
 
         def build() -> "LlamaConfig":
-            H = int(get("attention.head_count"))
-            d = int(get("embedding_length"))
+            H = count("attention.head_count")
+            d = count("embedding_length")
             tokens = md.get("tokenizer.ggml.tokens")
-            vocab = int(md.get(f"{arch}.vocab_size") or (len(tokens) if tokens else 0) or 0)
+            vocab = count("vocab_size", len(tokens) if isinstance(tokens, list) and tokens else None)
             return cls(
-                n_layer=int(get("block_count")), n_head=H, n_kv_head=int(get("attention.head_count_kv", H)),
-                head_dim=int(get("attention.key_length", d // H if H else 0)), n_embd=d,
-                n_ctx=int(get("context_length")), vocab_size=vocab, ffn=int(get("feed_forward_length")),
+                n_layer=count("block_count"), n_head=H, n_kv_head=count("attention.head_count_kv", H),
+                head_dim=count("attention.key_length", d // H), n_embd=d,
+                n_ctx=count("context_length", hi=MAX_CONTEXT), vocab_size=vocab, ffn=count("feed_forward_length"),
                 eps=float(get("attention.layer_norm_rms_epsilon")), theta=float(get("rope.freq_base", 10000.0)),
                 arch=arch, qkv_bias=arch == "qwen2", qk_norm=arch == "qwen3", tied=True)
 
@@ -259,13 +281,17 @@ class LlamaConfig:
 
 
 def _gguf_getter(md: dict, arch: str, where):
-    """get(key, default) of a GGUF's `{arch}.{key}` metadata; a missing one is one clear line."""
+    """get(key, default) of a GGUF's `{arch}.{key}` metadata; a missing one is one clear line. And
+    count(key, default, hi): the same, an integer from 1 to hi (`whole`), else one line naming the key."""
     def get(key, default=None):
         value = md.get(f"{arch}.{key}", default)
         if value is None:
             raise ConfigError(f"{where}: metadata {arch}.{key} is missing; {_DAMAGED}")
         return value
-    return get
+
+    def count(key, default=None, hi=MAX_COUNT) -> int:
+        return whole(get(key, default), f"metadata {arch}.{key}", where, hi)
+    return get, count
 
 
 def _from_gguf(build, where):

@@ -17,7 +17,12 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
+
 from .errors import MiniLLMError, WeightsError
+from .paths import MAX_JSON_BYTES, read_json, read_text_capped
+
+MAX_TEMPLATE_BYTES = 1 << 20     # a chat_template.jinja (real ones: a few KB)
 
 # Pre-tokenizers by `tokenizer.ggml.pre`: (digits one by one?, split regex or None for GPT-2's own)
 _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -116,14 +121,17 @@ def from_gguf_metadata(md: dict, where) -> ModelTokenizer:
     if pre not in PRE_TOKENIZERS:
         raise WeightsError(f"{where}: pre-tokenizer {pre!r} is not supported; minillm knows "
                            f"{', '.join(PRE_TOKENIZERS)}")
-    tokens = md.get("tokenizer.ggml.tokens") or []
-    merges = md.get("tokenizer.ggml.merges") or []
-    types = md.get("tokenizer.ggml.token_type") or [1] * len(tokens) if isinstance(tokens, list) else []
+    tokens = md.get("tokenizer.ggml.tokens")
+    merges = md.get("tokenizer.ggml.merges", [])
+    types = md.get("tokenizer.ggml.token_type")            # the reader's read-only view, or a list
+    types = [1] * len(tokens) if types is None and isinstance(tokens, list) else types
     if not (isinstance(tokens, list) and tokens and all(isinstance(t, str) for t in tokens)
             and isinstance(merges, list) and all(isinstance(m, str) and " " in m for m in merges)
-            and isinstance(types, list) and len(types) == len(tokens)):
+            and isinstance(types, (list, np.ndarray)) and len(types) == len(tokens)):
         raise WeightsError(f"{where}: the tokenizer's tokens, merges or token types are missing or damaged; "
                            "re-download the file")
+    eos, eot, bos = (gguf_token_id(md, f"tokenizer.ggml.{k}_token_id", len(tokens), where)
+                     for k in ("eos", "eot", "bos"))
     vocab = {t: i for i, t in enumerate(tokens)}
     try:
         pairs = [tuple(m.split(" ", 1)) for m in merges]
@@ -141,10 +149,22 @@ def from_gguf_metadata(md: dict, where) -> ModelTokenizer:
     tok.decoder = decoders.ByteLevel()
     special = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty in (3, 4)]
     tok.add_special_tokens(special)
-    eos = md.get("tokenizer.ggml.eos_token_id")
-    eot = md.get("tokenizer.ggml.eot_token_id")
+    template = md.get("tokenizer.chat_template")
+    if template is not None and not isinstance(template, str):
+        raise WeightsError(f"{where}: metadata tokenizer.chat_template is a {type(template).__name__}, not text; "
+                           "re-download the file")
     return ModelTokenizer(tok, name=str(Path(where).name), eos_ids=end_of_turn_ids(vocab, eot, eos),
-                          bos_id=md.get("tokenizer.ggml.bos_token_id"), chat_template=md.get("tokenizer.chat_template"))
+                          bos_id=bos, chat_template=template)
+
+
+def gguf_token_id(md: dict, key: str, n_vocab: int, where) -> int | None:
+    """A GGUF's `tokenizer.ggml.*_token_id`: an integer from 0 to n_vocab - 1, or absent (None). Checked
+    at load, so a bad one is one line now, never a TypeError when a chat is rendered."""
+    value = md.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n_vocab):
+        raise WeightsError(f"{where}: metadata {key} = {repr(value)[:40]} is not a token id of its "
+                           f"{n_vocab:,}-token vocabulary (0 to {n_vocab - 1:,}); re-download the file")
+    return value
 
 
 def named_template(value, where) -> str | None:
@@ -172,31 +192,38 @@ def from_folder(folder: Path, generation_eos=()) -> ModelTokenizer:
     path = folder / "tokenizer.json"
     if not path.is_file():
         raise WeightsError(f"{folder}: no tokenizer.json; minillm needs the model's own tokenizer beside it")
+    text = read_text_capped(path, MAX_JSON_BYTES, "a tokenizer.json")      # checked before it is parsed
     try:
-        tok = Tokenizer.from_file(str(path))
-    except Exception as e:
-        raise WeightsError(f"{path}: cannot be read as a tokenizer ({str(e)[:100]})") from None
-    model = json.loads(path.read_text("utf-8")).get("model", {})
-    if model.get("type") != "BPE" or model.get("byte_fallback"):
+        model = json.loads(text).get("model", {})
+    except (ValueError, RecursionError, AttributeError) as e:
+        raise WeightsError(f"{path}: not a tokenizer.json ({str(e)[:80]}); re-download it") from None
+    if not isinstance(model, dict) or model.get("type") != "BPE" or model.get("byte_fallback"):
+        model = model if isinstance(model, dict) else {}
         raise WeightsError(f"{path}: a {model.get('type')} tokenizer{' with byte fallback (SentencePiece-style)' if model.get('byte_fallback') else ''}; "
                            "minillm reads byte-level BPE tokenizers only")
+    try:
+        tok = Tokenizer.from_str(text)
+    except Exception as e:
+        raise WeightsError(f"{path}: cannot be read as a tokenizer ({str(e)[:100]})") from None
     cfg = {}
     if (folder / "tokenizer_config.json").is_file():
-        try:
-            cfg = json.loads((folder / "tokenizer_config.json").read_text("utf-8"))
-        except (ValueError, OSError) as e:
-            raise WeightsError(f"{folder / 'tokenizer_config.json'}: not valid JSON ({e})") from None
-    template = named_template(cfg.get("chat_template") if isinstance(cfg, dict) else None,
-                              folder / "tokenizer_config.json")
+        cfg = read_json(folder / "tokenizer_config.json", what="a tokenizer_config.json")
+    template = named_template(cfg.get("chat_template"), folder / "tokenizer_config.json")
     if template is None and (folder / "chat_template.jinja").is_file():
-        template = (folder / "chat_template.jinja").read_text("utf-8")
+        template = read_text_capped(folder / "chat_template.jinja", MAX_TEMPLATE_BYTES, "a chat template")
     vocab = tok.get_vocab()
 
-    def token_id(v):
+    def token_id(key):
+        """tokenizer_config's `eos_token` / `bos_token`: the token's text (or {"content": text}); text
+        the vocabulary lacks is no token (None), as transformers reads it."""
+        v = cfg.get(key)
         v = v.get("content") if isinstance(v, dict) else v
+        if v is not None and not isinstance(v, str):
+            raise WeightsError(f"{folder / 'tokenizer_config.json'}: {key} = {str(v)[:40]} is not a token's "
+                               "text; fix or delete the field")
         return vocab.get(v) if isinstance(v, str) else None
 
-    named = [token_id(cfg.get("eos_token")), *generation_eos]
+    named = [token_id("eos_token"), *generation_eos]
     return ModelTokenizer(tok, name=folder.name, eos_ids=end_of_turn_ids(vocab, *named),
-                          bos_id=token_id(cfg.get("bos_token")),
+                          bos_id=token_id("bos_token"),
                           chat_template=template if isinstance(template, str) else None)

@@ -102,6 +102,45 @@ def read_capped(path: Path, cap: int) -> bytes | None:
     return None if len(data) > cap else data
 
 
+MAX_JSON_BYTES = 1 << 24   # 16 MiB: the largest config or tokenizer JSON minillm reads (Qwen3's tokenizer.json: 11 MB)
+
+
+def read_text_capped(path: Path, cap: int, what: str) -> str:
+    """A regular file's UTF-8 text, read only if it holds at most `cap` bytes: one line naming the
+    file, its size and the cap otherwise (checked before reading: a 40 MB tokenizer.json costs nothing)."""
+    from .errors import ConfigError, WeightsError
+    problem = not_a_regular_file(path)
+    if problem is not None:
+        raise WeightsError(f"{path}: {problem}")
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            raw = f.read(size + 1) if size <= cap else b""      # exactly the file: no cap-sized buffer
+    except OSError as e:
+        raise WeightsError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if size > cap or len(raw) > cap:
+        raise ConfigError(f"{path}: {max(size, len(raw)):,} bytes, over the {cap:,}-byte cap for {what}; "
+                          "is it the right file?")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start:,}); re-download it") from None
+
+
+def read_json(path: Path, cap: int = MAX_JSON_BYTES, what: str = "a JSON file") -> dict:
+    """A JSON object from a regular file of at most `cap` bytes; one line naming the file otherwise."""
+    import json
+    from .errors import ConfigError
+    text = read_text_capped(path, cap, what)
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise ConfigError(f"{path}: not valid JSON ({str(e)[:80]}); re-download the checkpoint") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: expected a JSON object, found {type(value).__name__}")
+    return value
+
+
 def _stale_temps(path: Path) -> None:
     """Remove temporary files of `path` left by a writer that was killed (its process is gone)."""
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):

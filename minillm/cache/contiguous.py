@@ -1,5 +1,6 @@
 """The contiguous KV cache: every layer's keys and values for every position of one sequence,
-preallocated to n_ctx.
+preallocated to n_ctx (a context longer than PREALLOCATE positions, 32,768, starts there and doubles
+as positions fill: a model claiming 10^7 positions does not reserve gigabytes for a short chat).
 
 Layout [L, Hkv, n_ctx, hd] (Hkv = the model's KV heads: GPT-2's H, fewer with grouped-query
 attention): for one layer, the keys of all heads are one [Hkv, t, hd] view
@@ -75,6 +76,7 @@ class CacheBase:
             raise ValueError(f"truncate({t}): the cache holds {self.length} positions")
 
 
+PREALLOCATE = 1 << 15       # positions a contiguous cache allocates up front, at most
 SCALE_BYTES = 4          # an int8 cache's float32 scale per head vector
 KV_DTYPES = (None, "int8")
 
@@ -94,25 +96,36 @@ class KVCache(CacheBase):
             raise ValueError(f"kv_dtype={kv_dtype!r}: choose None (the model's dtype) or 'int8'")
         if kv_dtype is not None and xp is not np:
             raise ValueError(f"kv_dtype={kv_dtype!r} is implemented for the CPU (NumPy) cache only")
-        shape = (config.n_layer, config.n_kv_head, config.n_ctx, config.head_dim)
         self.config = config
         self.dtype = np.dtype(dtype)            # what attention computes in (read returns this)
         self.kv_dtype = kv_dtype
         self.xp = xp
-        store = np.int8 if kv_dtype == "int8" else dtype
-        self.k = xp.zeros(shape, dtype=store)   # [L, Hkv, n_ctx, hd]
-        self.v = xp.zeros(shape, dtype=store)   # [L, Hkv, n_ctx, hd]
-        if kv_dtype == "int8":
-            self.k_scale = np.zeros(shape[:-1] + (1,), dtype=np.float32)   # [L, Hkv, n_ctx, 1]
-            self.v_scale = np.zeros(shape[:-1] + (1,), dtype=np.float32)
+        self.k = self.v = None
         self.length = 0                         # positions filled so far
+        self._allocate(min(config.n_ctx, PREALLOCATE))
+
+    def _allocate(self, n: int) -> None:
+        """Arrays for n positions, [L, Hkv, n, hd] each (an int8 cache's scales [L, Hkv, n, 1] beside
+        them), the filled positions copied over."""
+        c, t = self.config, self.length
+        shape = (c.n_layer, c.n_kv_head, n, c.head_dim)
+        store = np.int8 if self.kv_dtype == "int8" else self.dtype
+        names = ("k", "v", "k_scale", "v_scale") if self.kv_dtype == "int8" else ("k", "v")
+        grows = self.k is not None
+        for name in names:
+            new = np.zeros(shape[:-1] + (1,), np.float32) if name.endswith("scale") else self.xp.zeros(shape, store)
+            if grows:
+                new[:, :, :t] = getattr(self, name)[:, :, :t]
+            setattr(self, name, new)            # [L, Hkv, capacity, hd] (scales: [L, Hkv, capacity, 1])
 
     @property
     def capacity(self) -> int:
-        return self.n_ctx
+        return self.k.shape[2]
 
     def reserve(self, n_new: int) -> None:
         self.check_fits(n_new)
+        if self.length + n_new > self.capacity:                      # only past PREALLOCATE: doubles
+            self._allocate(min(self.n_ctx, max(2 * self.capacity, self.length + n_new)))
 
     def write(self, layer: int, pos: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store keys and values [Hkv, T, hd] of positions pos .. pos+T-1 for one layer, in place."""
@@ -161,6 +174,7 @@ class KVCache(CacheBase):
         """A new cache holding a copy of the positions filled so far (a shared prompt prefix, say).
         Only the filled positions are copied; the rest of the new cache is fresh, untouched memory."""
         other = KVCache(self.config, self.dtype, self.kv_dtype, self.xp)
+        other.reserve(self.length)
         other.k[:, :, :self.length] = self.k[:, :, :self.length]
         other.v[:, :, :self.length] = self.v[:, :, :self.length]
         if self.kv_dtype == "int8":

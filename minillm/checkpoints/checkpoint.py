@@ -160,6 +160,24 @@ def check_finite(a: np.ndarray, what: str) -> None:
                            "damaged (or training diverged): re-download it, or use an earlier checkpoint")
 
 
+def check_block_count(n_layer: int, tensors: dict, prefix: str, field: str) -> None:
+    """The config's layer count against the blocks the file holds, before anything loops over layers:
+    a count of 2^63 is one line, not a loop that never ends."""
+    held = {name.split(".")[1] for name in tensors if name.startswith(prefix + ".") and name.count(".") >= 2}
+    if n_layer != len(held):
+        raise ConfigError(f"{field} = {n_layer:,} but the file holds {len(held):,} blocks of tensors; "
+                          "is the file damaged, or the config the one for these weights?")
+
+
+def check_all_finite(tensors: dict, where) -> None:
+    """No NaN or infinity in any tensor (a quantized one: in its scales and minimums)."""
+    from ..models.quant import QuantMatrix
+    for k, v in tensors.items():
+        for a in (v.d, v.m) if isinstance(v, QuantMatrix) else (v,):
+            if a is not None:
+                check_finite(a, f"{where}: tensor {k}")
+
+
 def save_checkpoint(directory: str | os.PathLike, params: dict[str, np.ndarray], config: GPT2Config,
                     dtype="float32", metadata: dict[str, str] | None = None) -> Path:
     """Write `model.safetensors` + `config.json` in the Hugging Face layout, together or not at all:
@@ -221,17 +239,30 @@ def gpt2_from_folder(path: Path, dtype, weights: str, name: str | None = None, d
 def gpt2_from_gguf(md: dict, tensors: dict, path: Path, dtype, weights: str, name: str | None = None,
                    device=None) -> GPT2:
     """A GPT-2 from a GGUF's tensors (checkpoint names, GGUF's [out, in] rows; as `minillm quantize`
-    writes them, or llama.cpp's converter): float matrices back to the checkpoint's [in, out]."""
+    writes them, or llama.cpp's converter): float matrices back to the checkpoint's [in, out]. The
+    metadata is checked against the tensors (block count, every shape, nothing extra) before use."""
+    from .gguf_gpt2 import gguf_name
     emb = tensors.get("wte.weight")
-    if emb is None:
-        raise WeightsError(f"{path}: no token_embd.weight tensor")
+    if emb is None or len(emb.shape) != 2:
+        raise WeightsError(f"{path}: no token_embd.weight matrix; is this a GPT-2 GGUF?")
     config = GPT2Config.from_gguf(md, emb.shape[0], path)
+    check_block_count(config.n_layer, tensors, "h", f"{path}: metadata gpt2.block_count")
     params = {}
-    for k, _ in iter_expected(config):
+    for k, shape in iter_expected(config):                         # bounded: stops at the first missing
         if k not in tensors:
             raise WeightsError(f"{path}: tensor {k} is missing; the file is not a whole GPT-2")
         a = tensors[k]
+        held = tuple(a.shape)[::-1] if k.endswith(GPT2.MATRICES) else tuple(a.shape)   # GGUF's [out, in]
+        if held != shape:
+            raise WeightsError(f"{path}: tensor {gguf_name(k)} has shape {list(held)} but the metadata "
+                               f"({config.n_layer} layers, width {config.n_embd}, context {config.n_ctx}, "
+                               f"vocab {config.vocab_size}) needs {list(shape)}; the metadata disagrees with the tensors: re-download the file")
         if k.endswith(GPT2.MATRICES) and isinstance(a, np.ndarray):
             a = np.ascontiguousarray(a.T)                           # GGUF's [out, in] rows -> [in, out]
         params[k] = np.asarray(a, dtype=dtype) if isinstance(a, np.ndarray) else a
+    extra = sorted(set(tensors) - set(params))
+    if extra:
+        raise WeightsError(f"{path}: unexpected tensor {gguf_name(extra[0])} (and {len(extra) - 1} more) for a "
+                           f"{config.n_layer}-layer GPT-2; the metadata disagrees with the tensors")
+    check_all_finite(params, path)
     return GPT2(config, params, name=name or Path(path).stem, weights=weights, device=device)

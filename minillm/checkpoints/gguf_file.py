@@ -13,9 +13,13 @@ the tensors in a family's checkpoint names (`GGUFNames`, from the family's row i
 checkpoints/families.py), float32 or kept quantized. This is minillm's one GGUF reader, for every
 family; writing goes through the `gguf` package (checkpoints/gguf_gpt2.py).
 
-Before the reader sees the file, its counts are checked against its size: a header that claims
-more tensors or keys than the file could hold is refused, so a damaged or lying file costs a
-clear error, never a huge allocation or a long loop.
+Every count is checked against the file's size before the reader trusts it: a header that claims
+more tensors or keys than the file could hold, an array or a string longer than the bytes left,
+is refused, so a damaged or lying file costs a clear error, never a huge allocation or a long loop.
+A numeric array stays a read-only view of the file's bytes (no Python list of 2^30 numbers). The
+tensors must lie as llama.cpp's own loader demands: in the order listed, each at the offset where
+the one before ends (padded to the alignment), each its type's size: two tensors at one offset, or
+a type that does not match the bytes (Q8_0 declared on F32 data), are refused.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ class GGUFTensor:
 
 
 def _error(path, problem: str) -> WeightsError:
+    """One line: a damaged file's names may hold any character, shown as "?" unless printable."""
+    problem = "".join(c if c.isprintable() else "?" for c in problem)
     return WeightsError(f"{path}: {problem}; {_DAMAGED}")
 
 
@@ -118,7 +124,7 @@ class _Cursor:
             if item in _NUMPY:
                 size = np.dtype(_NUMPY[item]).itemsize
                 self.need(n * size)
-                out = np.frombuffer(self.buf, _NUMPY[item], n, self.pos).tolist()
+                out = np.frombuffer(self.buf, _NUMPY[item], n, self.pos)      # a view: no copy, no list
                 self.pos += n * size
                 return out
             self.need(n * 8)                     # every string or array item takes 8 bytes at least
@@ -138,6 +144,8 @@ def read_gguf(path) -> tuple[dict, dict[str, GGUFTensor]]:
     metadata = {}
     for _ in range(n_kv):
         key = c.string()
+        if key in metadata:
+            raise _error(path, f"metadata key {key[:60]} appears twice")
         metadata[key] = c.value(c.scalar("<I"))
     infos = []
     for _ in range(n_tensors):
@@ -146,13 +154,19 @@ def read_gguf(path) -> tuple[dict, dict[str, GGUFTensor]]:
         if not 1 <= n_dims <= MAX_DIMS:
             raise _error(path, f"tensor {name[:60]} has {n_dims} dimensions")
         dims = [c.scalar("<Q") for _ in range(n_dims)]
+        if min(dims) < 1:
+            raise _error(path, f"tensor {name[:60]} has shape {dims} with an empty dimension")
         kind, offset = c.scalar("<I"), c.scalar("<Q")
         infos.append((name, dims, kind, offset))
+    if len({i[0] for i in infos}) < len(infos):
+        twice = next(n for k, (n, *_) in enumerate(infos) if n in {i[0] for i in infos[:k]})
+        raise _error(path, f"tensor {twice[:60]} appears twice")
     align = metadata.get("general.alignment", 32)
     if not isinstance(align, int) or align < 1 or align & (align - 1):
         raise _error(path, f"general.alignment {align!r} is not a power of two")
     data_start = -(-c.pos // align) * align
     tensors = {}
+    end, before = 0, None                   # where the tensors so far end (from data_start), the last one
     for name, dims, kind, offset in infos:
         try:
             qtype = GGMLQuantizationType(kind)
@@ -167,6 +181,9 @@ def read_gguf(path) -> tuple[dict, dict[str, GGUFTensor]]:
         if begin + nbytes > len(buf):
             raise _error(path, f"tensor {name[:60]} ({nbytes:,} bytes at {begin:,}) runs past the end of "
                                f"the file's {len(buf):,} bytes (truncated download?)")
+        if offset != end:                   # llama.cpp's rule: each tensor where the one before ends
+            raise _error(path, _misplaced(name, offset, end, before))
+        end, before = offset + -(-nbytes // align) * align, (name, qtype.name, dims, nbytes)
         raw = np.asarray(buf[begin:begin + nbytes])
         shape = tuple(reversed(dims))                   # GGUF lists the fastest axis first
         if qtype.name in ("F32", "F16"):
@@ -174,7 +191,25 @@ def read_gguf(path) -> tuple[dict, dict[str, GGUFTensor]]:
         else:
             data = raw.reshape(*shape[:-1], row_bytes)
         tensors[name] = GGUFTensor(name, qtype.name, shape, data)
+    if before is not None and len(buf) - data_start - end >= align:
+        raise _error(path, f"{len(buf) - data_start - end:,} bytes follow the last tensor's "
+                           + _misplaced(None, len(buf) - data_start, end, before))
     return metadata, tensors
+
+
+def _misplaced(name, offset: int, end: int, before) -> str:
+    """Why a tensor does not start where the one before it ends: they overlap, or the one before
+    declares fewer bytes than it holds (its type or shape does not match its data)."""
+    if before is None:
+        return f"tensor {name[:60]} starts at offset {offset:,}, not at 0 where the tensor data begins"
+    prev, kind, dims, nbytes = before
+    what = f"tensor {prev[:60]} ({kind}, shape {dims}: {nbytes:,} bytes)"
+    if name is None:
+        return f"end ({what}): its type or shape does not match its bytes"
+    if offset < end:
+        return f"tensor {name[:60]} at offset {offset:,} overlaps {what}, which ends at {end:,}"
+    return (f"tensor {name[:60]} starts at offset {offset:,}, {offset - end:,} bytes after the end of {what}: "
+            "its type or shape does not match its bytes")
 
 
 def dequantize(t: GGUFTensor, where) -> np.ndarray:

@@ -7,7 +7,7 @@ Tensors stay memory-mapped until the model lays them out (`models.llama.fuse_blo
 
 from __future__ import annotations
 
-import json
+import os
 import re
 from pathlib import Path
 
@@ -15,30 +15,12 @@ import numpy as np
 
 from ..config import LlamaConfig
 from ..errors import ConfigError, WeightsError
-from ..paths import not_a_regular_file
-from .checkpoint import check_finite
+from ..paths import MAX_JSON_BYTES, not_a_regular_file, read_json  # noqa: F401  (read_json: the family table's)
+from .checkpoint import check_all_finite, check_block_count  # noqa: F401  (check_all_finite: tests)
 from .safetensors import read_safetensors
 
-MAX_JSON_BYTES = 1 << 24
 INDEX = "model.safetensors.index.json"
-
-
-def read_json(path: Path) -> dict:
-    problem = not_a_regular_file(path)
-    if problem is not None:
-        raise WeightsError(f"{path}: {problem}")
-    try:
-        if path.stat().st_size > MAX_JSON_BYTES:         # checked first: reading is then exactly the file
-            raise ConfigError(f"{path}: over {MAX_JSON_BYTES:,} bytes, too big for this JSON file")
-        raw = path.read_bytes()
-        value = json.loads(raw.decode("utf-8"))
-    except OSError as e:
-        raise WeightsError(f"{path}: cannot be read ({e.strerror})") from None
-    except (ValueError, RecursionError) as e:
-        raise ConfigError(f"{path}: not valid JSON ({str(e)[:80]}); re-download the checkpoint") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"{path}: expected a JSON object, found {type(value).__name__}")
-    return value
+MAX_NAME = 255            # bytes in a file name (Linux, macOS, Windows)
 
 
 def is_gguf(path: Path) -> bool:
@@ -62,9 +44,15 @@ def read_tensors(folder: Path, file: Path | None = None) -> dict[str, np.ndarray
         for shard in dict.fromkeys(weight_map.values()):
             if not isinstance(shard, str) or "/" in shard or "\\" in shard or shard.startswith("."):
                 raise WeightsError(f"{folder / INDEX}: shard name {str(shard)[:60]!r} is not a file name")
-            if not (folder / shard).is_file():
+            if len(os.fsencode(shard)) > MAX_NAME:
+                raise WeightsError(f"{folder / INDEX}: shard name {shard[:40]!r}... is {len(os.fsencode(shard)):,} "
+                                   f"bytes, longer than any file name ({MAX_NAME}); re-download the checkpoint")
+            problem = not_a_regular_file(folder / shard)
+            if problem == "not found":
                 raise WeightsError(f"{folder}: shard {shard} is missing (named by {INDEX}); "
                                    "the download is incomplete: fetch it again")
+            if problem is not None:
+                raise WeightsError(f"{folder / shard}: {problem} (a shard named by {INDEX})")
             files.append(folder / shard)
     elif (folder / "model.safetensors").is_file():
         files = [folder / "model.safetensors"]
@@ -90,22 +78,36 @@ def llama_from_folder(path: Path, dtype=np.float32, weights: str = "float32", na
     folder, file = (path.parent, path) if path.is_file() else (path, None)
     config = model.CONFIG.from_hf(read_json(folder / "config.json"), str(folder / "config.json"))
     tensors = read_tensors(folder, file)
+    check_block_count(config.n_layer, tensors, "layers", f"{folder / 'config.json'}: num_hidden_layers")
     gen = read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
-    eos = gen.get("eos_token_id")
-    eos = eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []
+    eos = token_ids(gen.get("eos_token_id"), config.vocab_size, f"{folder / 'generation_config.json'}: eos_token_id")
     tok = mt.from_folder(folder, eos) if (folder / "tokenizer.json").is_file() or \
         (folder / "tokenizer.model").is_file() else None
     return _build(config, tensors, tok, folder, dtype, weights, name, device, model)
+
+
+def token_ids(value, n_vocab: int, what: str) -> list[int]:
+    """A token id or a list of them (generation_config.json's `eos_token_id`), each an integer from 0 to
+    n_vocab - 1; None is none. One line naming the field otherwise (never a TypeError at render time)."""
+    ids = [] if value is None else value if isinstance(value, list) else [value]
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_vocab:
+            raise ConfigError(f"{what} = {str(value)[:60]} is not a token id or a list of them (integers from 0 "
+                              f"to {n_vocab - 1:,}); fix or delete the field")
+    return ids
 
 
 def llama_from_gguf(md: dict, tensors: dict, path: Path, dtype=np.float32, weights: str = "float32",
                     name: str | None = None, device=None):
     """A Llama-family model from a GGUF's tensors (Hugging Face names), its tokenizer from the metadata."""
     from .. import model_tokenizer as mt
+    from ..models.llama import check_tensors
     from .gguf_file import unpermute
     c = LlamaConfig.from_gguf(md, path)
     if "lm_head.weight" in tensors:
         c = LlamaConfig(**{**c.asdict(), "tied": False})
+    check_block_count(c.n_layer, tensors, "layers", f"{path}: metadata {c.arch}.block_count")
+    check_tensors(tensors, c, str(path))               # every shape, before the loop below reads them
     if c.arch == "llama":                        # only llama's converter permutes (qwen uses NeoX rope)
         for i in range(c.n_layer):
             for proj, heads in (("q_proj", c.n_head), ("k_proj", c.n_kv_head)):
@@ -129,7 +131,7 @@ def _build(config: LlamaConfig, tensors: dict, tok, where: Path, dtype, weights:
            device=None, model=None):
     from ..models.llama import Llama, check_tensors
     model = model or Llama
-    check_tensors(tensors, config, str(where), expected=model.manifest)
+    check_tensors(tensors, config, str(where), expected=model.manifest)   # bounded: stops at the first missing
     check_all_finite(tensors, where)
     if tok is not None and tok.n_vocab > config.vocab_size:
         raise WeightsError(f"{where}: the tokenizer has {tok.n_vocab:,} ids but the model only "
@@ -138,12 +140,3 @@ def _build(config: LlamaConfig, tensors: dict, tok, where: Path, dtype, weights:
                   eos_ids=tok.eos_ids if tok is not None else (), weights=weights, device=device)
     built.tokenizer = tok
     return built
-
-
-def check_all_finite(tensors: dict, where) -> None:
-    """No NaN or infinity in any tensor (a quantized one: in its scales and minimums)."""
-    from ..models.quant import QuantMatrix
-    for k, v in tensors.items():
-        for a in (v.d, v.m) if isinstance(v, QuantMatrix) else (v,):
-            if a is not None:
-                check_finite(a, f"{where}: tensor {k}")

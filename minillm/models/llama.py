@@ -217,8 +217,6 @@ class Llama(CausalLM):
             self.params["lm_head.weight"] = stored(self.head_w, rows=True)
         for i, p in enumerate(self.blocks):
             self.params.update({f"layers.{i}.{k}": stored(v) for k, v in p.items()})
-        cos, sin = ops.rope_tables(c.n_ctx, c.head_dim, c.theta, dtype)                  # [n_ctx, hd/2] (float64 math, host)
-        self.cos, self.sin = on_device(cos, device), on_device(sin, device)
         self.weights, self.float_matrices = label(self.matrices(head=False), dtype)
         if device is not None:
             self.device = device
@@ -238,7 +236,10 @@ class Llama(CausalLM):
     def run(self, plan) -> np.ndarray:
         """Embeddings, then every block (not the final norm). plan.ids, plan.positions [N] -> x [N, d]."""
         x = ops.embedding(self.embed_w, None, plan.ids)                            # [N, d]
-        cos, sin = self.cos[plan.positions], self.sin[plan.positions]              # [N, hd/2] each
+        c = self.config
+        cos, sin = ops.rope_tables(plan.host_positions, c.head_dim, c.theta, self.dtype)  # [N, hd/2] each
+        device = getattr(self, "device", None)
+        cos, sin = on_device(cos, device), on_device(sin, device)
         for layer, p in enumerate(self.blocks):
             x = transformer_block(x, p, self.config, cos, sin, partial(plan.attend, layer), self.ffn(layer))
         return x

@@ -269,11 +269,12 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return y
 
 
-def rope_tables(n_ctx: int, head_dim: int, theta: float, dtype) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of every position's angles, [n_ctx, hd/2] each: position p turns coordinate pair i
-    by p · theta^(-2i/hd). Computed in float64, then stored in the model's dtype."""
+def rope_tables(positions, head_dim: int, theta: float, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of these positions' angles, [N, hd/2] each: position p turns coordinate pair i by
+    p · theta^(-2i/hd). Computed in float64 for the step's N positions (as llama.cpp does), then given
+    in the model's dtype: no table sized by the context, so a 10^7-position context costs nothing."""
     inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)   # [hd/2]
-    angles = np.arange(n_ctx, dtype=np.float64)[:, None] * inv_freq[None, :]       # [n_ctx, hd/2]
+    angles = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]   # [N, hd/2]
     return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
 
 

@@ -171,6 +171,7 @@ class StepPlan:
         self.xp = xp                        # the weights' module: ids and positions go to their device
         self.ids = xp.asarray(ids)          # [N]
         self.positions = xp.asarray(positions)   # [N]
+        self.host_positions = np.asarray(positions)   # [N] on the host: RoPE's angles are computed there, in float64
         one = spans[0]
         self.rows_of_positions = slice(one.pos, one.pos + one.n) if len(spans) == 1 else self.positions
         self.wants = wants                  # per sequence: "last", "all" or None
