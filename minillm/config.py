@@ -153,6 +153,16 @@ GPT2_SIZES: dict[str, GPT2Config] = {
 LLAMA_TYPES = ("llama", "qwen2", "qwen3")   # Hugging Face `model_type`s and GGUF architectures minillm runs
 
 
+
+def hf_model_type(cfg, source: str, types, refusal: str) -> str:
+    """A Hugging Face config.json's `model_type`, one of `types`; one line otherwise (`refusal` says why)."""
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{source}: expected a JSON object, found {type(cfg).__name__}")
+    kind = cfg.get("model_type")
+    if kind not in types:
+        raise ConfigError(f"{source}: model_type {kind!r} {refusal}")
+    return kind
+
 @dataclass(frozen=True)
 class LlamaConfig:
     n_layer: int             # L: blocks
@@ -203,12 +213,7 @@ class LlamaConfig:
     @classmethod
     def from_hf(cls, cfg: dict, source: str = "config.json") -> "LlamaConfig":
         """Read a Hugging Face config.json of model_type llama, qwen2 or qwen3."""
-        if not isinstance(cfg, dict):
-            raise ConfigError(f"{source}: expected a JSON object, found {type(cfg).__name__}")
-        arch = cfg.get("model_type")
-        if arch not in LLAMA_TYPES:
-            raise ConfigError(f"{source}: model_type {arch!r} is not supported; minillm runs gpt2, "
-                              f"{', '.join(LLAMA_TYPES)}")
+        arch = hf_model_type(cfg, source, LLAMA_TYPES, f"is not supported; minillm runs gpt2, {', '.join(LLAMA_TYPES)}")
         need = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size", "vocab_size")
         missing = [k for k in need if k not in cfg]
         if missing:

@@ -105,19 +105,26 @@ def read_capped(path: Path, cap: int) -> bytes | None:
 MAX_JSON_BYTES = 1 << 24   # 16 MiB: the largest config or tokenizer JSON minillm reads (Qwen3's tokenizer.json: 11 MB)
 
 
-def read_text_capped(path: Path, cap: int, what: str) -> str:
-    """A regular file's UTF-8 text, read only if it holds at most `cap` bytes: one line naming the
-    file, its size and the cap otherwise (checked before reading: a 40 MB tokenizer.json costs nothing)."""
-    from .errors import ConfigError, WeightsError
+def read_regular(path: Path, how_much, hint: str = "") -> tuple[int, bytes]:
+    """(size, its first how_much(size) bytes) of a regular file, opened once; one WeightsError line
+    for a path that is not a readable regular file (`hint`: what to pass instead)."""
+    from .errors import WeightsError
     problem = not_a_regular_file(path)
     if problem is not None:
-        raise WeightsError(f"{path}: {problem}")
+        raise WeightsError(f"{path}: {problem}" + (f"; {hint}" if hint else ""))
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            raw = f.read(size + 1) if size <= cap else b""      # exactly the file: no cap-sized buffer
+            return size, f.read(how_much(size))
     except OSError as e:
         raise WeightsError(f"{path}: cannot be read ({e.strerror or e})") from None
+
+
+def read_text_capped(path: Path, cap: int, what: str) -> str:
+    """A regular file's UTF-8 text, read only if it holds at most `cap` bytes: one line naming the
+    file, its size and the cap otherwise (checked before reading: a 40 MB tokenizer.json costs nothing)."""
+    from .errors import ConfigError
+    size, raw = read_regular(path, lambda size: size + 1 if size <= cap else 0)   # no cap-sized buffer
     if size > cap or len(raw) > cap:
         raise ConfigError(f"{path}: {max(size, len(raw)):,} bytes, over the {cap:,}-byte cap for {what}; "
                           "is it the right file?")

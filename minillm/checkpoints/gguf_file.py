@@ -25,7 +25,6 @@ a type that does not match the bytes (Q8_0 declared on F32 data), are refused.
 from __future__ import annotations
 
 import math
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ import numpy as np
 
 from ..errors import ConfigError, WeightsError
 from ..models.quant import FORMATS, QuantMatrix
-from ..paths import not_a_regular_file
+from ..paths import read_regular
 
 MAGIC = b"GGUF"
 # The tensor types minillm dequantizes (all the `gguf` package knows how to; these are the ones tested).
@@ -60,15 +59,7 @@ def _error(path, problem: str) -> WeightsError:
 
 def _check_header(path: Path) -> None:
     """The magic, the version and the counts, before the reader trusts them."""
-    problem = not_a_regular_file(path)
-    if problem is not None:
-        raise WeightsError(f"{path}: {problem}; pass a .gguf file")
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            head = f.read(24)
-    except OSError as e:
-        raise WeightsError(f"{path}: cannot be read ({e.strerror or e})") from None
+    size, head = read_regular(path, lambda size: 24, "pass a .gguf file")
     if len(head) < 24:
         raise _error(path, f"only {size} bytes, too short for a GGUF header")
     if head[:4] != MAGIC:

@@ -31,9 +31,8 @@ from contextvars import ContextVar
 
 import numpy as np
 
-from .. import meter
 from ..errors import MiniLLMError
-from .runtime import status
+from .runtime import count_attention, status
 
 KEY_TILE = 64        # attention: keys per tile, from key 0
 OUT_TILE = 256       # quantized weights: output rows widened per product call
@@ -110,9 +109,5 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     K = _k()
     run = K.attention_threads if H * Tq * Tk * hd >= K.PARALLEL_FROM else K.attention_one
     run(q, k, v, out, q.dtype.type(1.0 / math.sqrt(hd)), KEY_TILE)
-    m = meter.active()
-    if m is not None:
-        pairs = Tq * (Tk - Tq) + Tq * (Tq + 1) // 2           # query i sees Tk - Tq + i + 1 keys
-        m.count("attention", activations=q.nbytes + out.nbytes, attention=4 * H * pairs * hd,
-                other=q.size + 5 * H * pairs)
+    count_attention(q, out, Tk)
     return out

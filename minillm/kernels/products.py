@@ -16,6 +16,7 @@ import numpy as np
 from .. import meter
 from ..models.quant import QK, QuantMatrix
 from . import _numba as K
+from .runtime import count_attention
 
 _NO_MIN = np.empty((0, 0), np.uint16)    # Q4_0 has no minimums: the kernel's m is empty
 QUERY_TILE = 32       # flash attention: queries per tile (of each of a group's g heads)
@@ -84,11 +85,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     else:
         out = np.empty((H, Tq, hd), np.float32)
         K.flash_attention(_f32(q), k, v, out, scale, QUERY_TILE, KEY_TILE)
-    m = meter.active()
-    if m is not None:
-        pairs = Tq * (Tk - Tq) + Tq * (Tq + 1) // 2           # query i sees Tk - Tq + i + 1 keys
-        m.count("attention", activations=q.nbytes + out.nbytes, attention=4 * H * pairs * hd,
-                other=q.size + 5 * H * pairs)
+    count_attention(q, out, Tk)
     return out
 
 

@@ -63,3 +63,15 @@ def threads() -> int | None:
         return None
     import numba
     return numba.get_num_threads()
+
+
+def count_attention(q, out, Tk: int) -> None:
+    """What a fused causal attention reports to the meter: q [H, Tq, hd] and its output read and
+    written once (no score matrix), 4·hd FLOPs per causal query-key pair."""
+    from .. import meter
+    m = meter.active()
+    if m is not None:
+        H, Tq, hd = q.shape
+        pairs = Tq * (Tk - Tq) + Tq * (Tq + 1) // 2           # query i sees Tk - Tq + i + 1 keys
+        m.count("attention", activations=q.nbytes + out.nbytes, attention=4 * H * pairs * hd,
+                other=q.size + 5 * H * pairs)

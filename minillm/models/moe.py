@@ -44,7 +44,7 @@ from typing import Iterator
 import numpy as np
 
 from .. import meter
-from ..config import LlamaConfig
+from ..config import LlamaConfig, hf_model_type
 from ..backend import DeviceError
 from ..errors import ConfigError
 from . import llama, ops
@@ -117,12 +117,7 @@ class MoEConfig(LlamaConfig):
     def from_hf(cls, cfg: dict, source: str = "config.json") -> "MoEConfig":
         """Read a Hugging Face config.json of model_type mixtral or qwen3_moe: the expert count as
         `num_local_experts` or `num_experts`, the RoPE base at the top level or in `rope_parameters`."""
-        if not isinstance(cfg, dict):
-            raise ConfigError(f"{source}: expected a JSON object, found {type(cfg).__name__}")
-        kind = cfg.get("model_type")
-        if kind not in MOE_TYPES:
-            raise ConfigError(f"{source}: model_type {kind!r} is not a mixture of experts minillm runs "
-                              f"({', '.join(MOE_TYPES)})")
+        kind = hf_model_type(cfg, source, MOE_TYPES, f"is not a mixture of experts minillm runs ({', '.join(MOE_TYPES)})")
         E = cfg.get("num_local_experts", cfg.get("num_experts"))
         missing = [k for k, v in (("num_local_experts", E), ("num_experts_per_tok", cfg.get("num_experts_per_tok")))
                    if v is None]
