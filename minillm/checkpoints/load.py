@@ -12,7 +12,8 @@ from ..config import GPT2_SIZES, GPT2Config
 from ..errors import MiniLLMError, ModelNotFoundError, WeightsError
 from ..models.base import CausalLM
 from ..models.gpt2 import GPT2, random_params
-from ..models.weights import check_weights
+from ..kernels import default as default_kernels
+from ..models.weights import check_kernels, check_weights
 from .families import load_path
 from ..paths import expand_user, not_a_regular_file, package_weights_dir
 
@@ -41,14 +42,15 @@ def has_bundled() -> bool:
     return (bundled_dir() / "model.safetensors").is_file()
 
 
-def random_model(name: str, dtype=np.float32, weights: str = "float32") -> GPT2:
+def random_model(name: str, dtype=np.float32, weights: str = "float32", kernels: str = "numpy") -> GPT2:
     size = name.removeprefix("random-")
     config = TINY if size == "tiny" else GPT2_SIZES[size]
-    return GPT2(config, random_params(config, seed=RANDOM_SEED, std=0.02, dtype=dtype), name=name, weights=weights)
+    return GPT2(config, random_params(config, seed=RANDOM_SEED, std=0.02, dtype=dtype), name=name, weights=weights,
+                kernels=kernels)
 
 
 def load(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = False,
-         weights: str = "float32") -> CausalLM:
+         weights: str = "float32", kernels: str | None = None) -> CausalLM:
     """Load a model, of any family, from any of its sources.
 
     source: None or "default" or "small" (the bundled Shakespeare model), "large" (the bundled
@@ -63,8 +65,13 @@ def load(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = Fa
     defines them (models/quant.py), kept quantized in memory. "float64" is float32's spelling for
     dtype=np.float64 (a model's own `weights` label, passed back, gives the same kind of model).
     dtype: float32 (default) or float64 for exactness checks.
+    kernels: "numpy" (the reference every other kernel is tested against) or "fused" (minillm/kernels/:
+    numba products that read each weight once, attention without a score matrix); None (default):
+    fused where numba works here, else NumPy (`kernels.default()` says which and why). A float64
+    model always computes with NumPy.
     """
     w = check_weights(weights)
+    kernels = check_kernels(kernels if kernels is not None else default_kernels()[0])
     if w == "float64":
         dtype, w = np.float64, "float32"
     dtype = np.dtype(dtype)
@@ -74,20 +81,20 @@ def load(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = Fa
         if not (bundled_dir("large") / "model.safetensors").is_file():
             raise ModelNotFoundError(f"the large bundled model is not installed (no {bundled_dir('large')}/"
                                      "model.safetensors); reinstall minillm, or choose another model")
-        return load_path(bundled_dir("large"), dtype, w, BUNDLED["large"][1])
+        return load_path(bundled_dir("large"), dtype, w, BUNDLED["large"][1], kernels)
     if source is None or source in ("default", "small"):
         if has_bundled():
-            return load_path(bundled_dir(), dtype, w, BUNDLED["small"][1])
+            return load_path(bundled_dir(), dtype, w, BUNDLED["small"][1], kernels)
         if not quiet:
             print("minillm: no bundled model is installed; using a small random model (random-tiny)", file=sys.stderr)
-        return random_model("random-tiny", dtype, w)
+        return random_model("random-tiny", dtype, w, kernels)
     source_str = str(source)
     if source_str.startswith("random-"):
         if source_str.removeprefix("random-") not in (*GPT2_SIZES, "tiny"):
             raise ModelNotFoundError(f"unknown model {source_str!r}; choose one of: {', '.join(model_names())}")
-        return random_model(source_str, dtype, w)
+        return random_model(source_str, dtype, w, kernels)
     if source_str in (*DOWNLOADABLE, *LLAMA_DOWNLOADABLE):
-        return load_path(downloaded(source_str), dtype, w, source_str)
+        return load_path(downloaded(source_str), dtype, w, source_str, kernels)
     path = expand_user(source_str)
     problem = not_a_regular_file(path)
     if problem == "not found":
@@ -97,12 +104,13 @@ def load(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = Fa
         )
     if problem is not None and problem.startswith("cannot"):   # a name too long, a loop of links, no permission
         raise WeightsError(f"{source_str}: {problem}; choose a checkpoint path or one of: {', '.join(model_names())}")
-    return load_path(path, dtype, w)
+    return load_path(path, dtype, w, kernels=kernels)
 
 
-def load_float(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = False) -> CausalLM:
+def load_float(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = False,
+               kernels: str | None = None) -> CausalLM:
     """`load` with the weights in floats (dtype: float32, or float64 for exactness checks)."""
-    return load(source, dtype=dtype, quiet=quiet)
+    return load(source, dtype=dtype, quiet=quiet, kernels=kernels)
 
 
 def downloaded(name: str) -> Path:

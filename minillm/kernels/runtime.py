@@ -48,6 +48,22 @@ def available() -> bool:
     return status().usable
 
 
+ENV = "MINILLM_KERNELS"     # "numpy" pins the default to the reference (the test suite's NumPy tests)
+
+
+def default() -> tuple[str, str]:
+    """The kernels a model computes with unless told: ("fused", "numba 0.68.1") where numba works
+    here, else ("numpy", why not). MINILLM_KERNELS=numpy (or fused) in the environment chooses instead."""
+    import os
+    want = os.environ.get(ENV, "").strip().lower()
+    if want == "numpy":
+        return "numpy", f"{ENV}=numpy"
+    st = status()
+    if st.usable:
+        return "fused", st.reason
+    return "numpy", st.reason
+
+
 def set_threads(n: int | None) -> None:
     """Run the fused kernels on n threads (None: leave as is). Give the same count as BLAS's
     (`measure.threads.limited` sets BLAS's); numba's pool cannot exceed NUMBA_NUM_THREADS (the cores)."""
@@ -63,3 +79,9 @@ def threads() -> int | None:
         return None
     import numba
     return numba.get_num_threads()
+
+
+from .. import threads as _threads  # noqa: E402  (`threads.limited(n)` sets numba's pool too)
+
+if (threads, set_threads) not in _threads.FOLLOWERS:
+    _threads.FOLLOWERS.append((threads, set_threads))

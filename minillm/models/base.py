@@ -56,6 +56,7 @@ class CausalLM:
     OWN_TOKENIZER: bool = True
     weights: str = "float32"
     float_matrices: int = 0
+    kernels: str = "numpy"       # "fused": numba products and attention (models/weights.py, plan.py)
 
     # -- the model: each architecture's own ------------------------------------------------------
 
@@ -84,7 +85,7 @@ class CausalLM:
         None gives None (a prompt chunk whose end is not reached yet). A list sets it per sequence.
         Returns one entry per sequence, in order.
         """
-        plan = plan_step(batch, scores, self.config)
+        plan = plan_step(batch, scores, self.config, kernels=self.kernels)
         with plan.meter_step():
             x = self.run(plan)                                            # [N, d]
             plan.advance()

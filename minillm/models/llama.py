@@ -42,7 +42,7 @@ from ..errors import WeightsError
 from . import ops
 from .base import CausalLM
 from .ops import merge_heads
-from .weights import check_blocks, check_weights, label, make_weight, stored
+from .weights import check_blocks, check_kernels, check_weights, label, make_weight, stored
 
 Block = dict   # one block's parameters, fused names (see `fuse_block`)
 
@@ -104,12 +104,13 @@ def random_params(c: LlamaConfig, seed: int = 0, std: float = 0.02, dtype=np.flo
     return params
 
 
-def fuse_block(t: dict[str, np.ndarray], i: int, c: LlamaConfig, dtype, weights: str = "float32") -> Block:
+def fuse_block(t: dict[str, np.ndarray], i: int, c: LlamaConfig, dtype, weights: str = "float32",
+               kernels: str = "numpy") -> Block:
     """One block's checkpoint tensors -> the model's: q|k|v and gate|up side by side, [in, out]
     (quantized: [out, in] rows, see the top of this file)."""
     h = f"layers.{i}."
     a, m = h + "self_attn.", h + "mlp."
-    mat = lambda names: make_weight([t[n] for n in names], weights, dtype, rows=True)
+    mat = lambda names: make_weight([t[n] for n in names], weights, dtype, rows=True, kernels=kernels)
     p = {
         "input_layernorm.weight": np.asarray(t[h + "input_layernorm.weight"], dtype=dtype),
         "qkv.weight": mat([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]),  # [d, (H+2Hkv)·hd]
@@ -180,23 +181,26 @@ class Llama(CausalLM):
     MATRICES = ("qkv.weight", "o_proj.weight", "gate_up.weight", "down_proj.weight")   # a block's products
 
     def __init__(self, config: LlamaConfig, tensors: dict[str, np.ndarray], *, name: str = "",
-                 dtype=None, eos_ids: tuple[int, ...] = (), weights: str = "float32") -> None:
+                 dtype=None, eos_ids: tuple[int, ...] = (), weights: str = "float32", kernels: str = "numpy") -> None:
         """weights: "float32" (quantized tensors of a GGUF are widened), "native" (a GGUF's Q8_0 /
-        Q4_0 / Q4_1 tensors kept as they are) or "q8_0" / "q4_0" / "q4_1" (every matrix quantized)."""
+        Q4_0 / Q4_1 tensors kept as they are) or "q8_0" / "q4_0" / "q4_1" (every matrix quantized).
+        kernels: "numpy" (the reference) or "fused" (numba, float32 only: models/weights.py)."""
         c = self.config = config
         weights = check_weights(weights)
         dtype = np.dtype(dtype or np.float32)
         self.name = name or f"{c.arch}-{c.n_layer}x{c.n_embd}"
         self.dtype = dtype
+        self.kernels = k = check_kernels(kernels) if dtype == np.float32 else "numpy"
         self.eos_ids = tuple(eos_ids)
         self.tokenizer = None                                                             # set by the loader
         check_blocks({"width": c.n_embd, "attention width H·hd": c.n_head * c.head_dim, "FFN": c.ffn},
                      weights, self.name)
         embed = tensors["embed_tokens.weight"]                                            # [V, d]
-        self.head_w = make_weight(embed if c.tied else tensors["lm_head.weight"], weights, dtype, rows=True)
+        self.head_w = make_weight(embed if c.tied else tensors["lm_head.weight"], weights, dtype, rows=True,
+                                  kernels=k)
         self.embed_w = self.head_w if c.tied else make_weight(embed, weights, dtype, rows=True, contiguous=False)
         self.wte = stored(self.embed_w, rows=True)                                        # [V, d]
-        self.blocks: list[Block] = [fuse_block(tensors, i, c, dtype, weights) for i in range(c.n_layer)]
+        self.blocks: list[Block] = [fuse_block(tensors, i, c, dtype, weights, k) for i in range(c.n_layer)]
         self.norm = np.asarray(tensors["norm.weight"], dtype=dtype)
         self.params = {"embed_tokens.weight": self.wte, "norm.weight": self.norm}
         if not c.tied:

@@ -128,7 +128,7 @@ def check_weights(weights: str) -> str:
 
 
 def make_weight(w, weights: str = "float32", dtype=np.float32, *, rows: bool = False,
-                contiguous: bool = True) -> Weight:
+                contiguous: bool = True, kernels: str = "numpy") -> Weight:
     """The one place a model's product weights are made (issue 30's fused kernels and issue 31's GPU
     arrays are chosen here).
 
@@ -140,7 +140,11 @@ def make_weight(w, weights: str = "float32", dtype=np.float32, *, rows: bool = F
     "q4_1" keeps parts already in that format and quantizes the others' floats to it.
     contiguous: a float weight is copied contiguous (the layout BLAS streams); False keeps a view,
     for an embedding table that is only gathered from.
+    kernels: "numpy" (the reference: Dense, QuantMatrix) or "fused" (minillm/kernels/: the same
+    weight multiplied by numba kernels that read it once, float32 only; see `fused_weight`).
     """
+    if kernels == "fused" and np.dtype(dtype) == np.float32 and contiguous:
+        return fused_weight(make_weight(w, weights, dtype, rows=rows, contiguous=False))
     parts = w if isinstance(w, list) else [w]
     fmt = weights if weights in FORMATS else None
     quant = [p for p in parts if isinstance(p, QuantMatrix)]
@@ -152,16 +156,37 @@ def make_weight(w, weights: str = "float32", dtype=np.float32, *, rows: bool = F
         return QuantMatrix.quantize(np.concatenate([f.T for f in floats], axis=0) if len(floats) > 1
                                     else np.asarray(floats[0]).T, fmt)
     if len(floats) > 1:
-        return Dense(np.ascontiguousarray(np.concatenate([f.T for f in floats], axis=0).T, dtype=dtype))
+        cat = np.concatenate([f.T for f in floats], axis=0).T                    # [in, out], a view of the rows
+        return Dense(np.ascontiguousarray(cat, dtype=dtype) if contiguous else cat.astype(dtype, copy=False))
     a = floats[0]
     return Dense(np.ascontiguousarray(a, dtype=dtype) if contiguous else np.asarray(a, dtype=dtype))
+
+
+KERNELS = ("numpy", "fused")
+
+
+def fused_weight(w):
+    """NumPy's weight -> its fused implementation (minillm/kernels/, numba): a QuantMatrix's planes
+    as they are (FusedQuant), a float32 Dense as its [out, in] rows (FusedDense: a torch or GGUF
+    checkpoint's rows kept without a copy, GPT-2's [in, out] copied transposed once, at load)."""
+    from ..kernels import fuse
+    return fuse(w.a.T, transposed=True) if isinstance(w, Dense) else fuse(w)
+
+
+def check_kernels(kernels: str) -> str:
+    """`kernels=` as one of KERNELS (one clear line otherwise)."""
+    k = str(kernels).lower()
+    if k not in KERNELS:
+        raise WeightsError(f"kernels={kernels!r}: choose numpy (the reference) or fused (numba)")
+    return k
 
 
 def stored(w, rows: bool = False):
     """A weight as a checkpoint holds it: a float weight's array ([in, out], or with rows=True its
     [out, in] rows: a view, no copy), a quantized one as it is."""
-    if isinstance(w, Dense):
-        return w.a.T if rows else w.a
+    a = getattr(w, "a", None)                       # Dense, and the fused kernels' FusedDense
+    if isinstance(a, np.ndarray):
+        return a.T if rows else a
     return w
 
 
