@@ -47,6 +47,9 @@ def add_arguments(parser) -> None:
                         help="instead: decode and prefill with the model's weights in each format (float32, "
                              "q8_0, q4_0, q4_1; native: a GGUF's own, e.g. SmolLM2's Q4_1), interleaved: bytes per step, tokens/s, %% of each format's own "
                              "ceiling, the widening's share (at the first of --contexts)")
+    parser.add_argument("--kernels", default=None, metavar="K,K",
+                        help="numpy and/or fused (e.g. numpy,fused: both side by side in one interleaved run, with "
+                             "--weights or --batch); default: fused where numba works, else numpy (said in the title)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
 
 
@@ -57,8 +60,34 @@ def parse_contexts(text: str, option: str = "--contexts") -> list[int]:
         raise MiniLLMError(f"{option} {text!r}: expected comma-separated integers such as 16,128,512") from None
 
 
+def parse_kernels(text: str | None) -> list[str]:
+    """--kernels: 'numpy', 'fused' or both, comma-separated; None: the default alone."""
+    if text is None:
+        from ..kernels import default
+        return [default()[0]]
+    names = list(dict.fromkeys(k.strip().lower() for k in text.split(",") if k.strip()))
+    if not names or any(k not in ("numpy", "fused") for k in names):
+        raise MiniLLMError(f"--kernels {text!r}: give numpy, fused or numpy,fused")
+    if "fused" in names:
+        from ..kernels import status
+        if not status().usable:
+            raise MiniLLMError(f"--kernels fused: the fused kernels cannot run here ({status().reason})")
+    return names
+
+
+def kernels_title(kernels: list[str]) -> str:
+    """The bench title's words for the kernels measured ('fused kernels (numba 0.68.1)', ...)."""
+    from ..kernels import default, status
+    words = [f"fused kernels ({status().reason})" if k == "fused" else "NumPy kernels" for k in kernels]
+    choice, why = default()
+    if kernels == ["numpy"] and choice == "numpy" and not why.startswith("MINILLM_KERNELS"):
+        words[0] += f" (the fused ones cannot run here: {why})"
+    return " and ".join(words)
+
+
 def run(args) -> int:
     contexts = parse_contexts(args.contexts)
+    kernels = parse_kernels(args.kernels)
     if args.repeats < 1:
         raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
     batches = parse_contexts(args.batch, "--batch") if args.batch is not None else None
@@ -75,8 +104,13 @@ def run(args) -> int:
             raise MiniLLMError("--weights measures weight formats alone: leave out --batch and --speculate")
         from ..measure.quantization import parse_formats
         parse_formats(args.weights)
-        return bench_weights(args, machine(progress=not args.json))
-    model = load(args.model or ("large" if ks is not None else "random-124m"))
+        return bench_weights(args, machine(progress=not args.json), kernels)
+    if len(kernels) > 1 and batches is None:
+        raise MiniLLMError("--kernels numpy,fused compares the kernels with --weights or --batch: give one of them "
+                           "(or one kernel)")
+    source = args.model or ("large" if ks is not None else "random-124m")
+    model = load(source, kernels=kernels[0])
+    others = {k: load(source, kernels=k) for k in kernels[1:]}
     if batches is not None:
         check_batches(model, batches, args.batch_context)
     elif ks is None:
@@ -85,10 +119,11 @@ def run(args) -> int:
     if ks is not None:
         result, show = bench_speculation(args, model, ks, hw)
     elif batches is not None:
-        result, show = bench_batches(args, model, batches, hw)
+        result, show = bench_batches(args, model, batches, hw, others)
     else:
         result, show = bench_contexts(args, model, contexts, hw)
-    result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel())
+    result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(), kernels=kernels,
+                  kernels_title=kernels_title(kernels))
     if args.json:
         print(json.dumps(result))
     else:
@@ -143,35 +178,50 @@ def bench_contexts(args, model, contexts: list[int], hw):
         out.print(f"the meter's cost, decode step at context {contexts[0]}: no meter {result['meter_idle_ms']:.2f} ms, "
                   f"counting code removed {result['meter_removed_ms']:.2f} ms, meter on {result['meter_on_ms']:.2f} ms")
         out.print(f"[dim]this machine: {hw.bandwidth_gbs:.1f} GB/s ({hw.method}), {hw.peak_gflops:.0f} GFLOP/s; "
-                  f"{_blas(result)}[/]")
+                  f"{_blas(result)}; {result['kernels_title']}[/]")
     return result, show
 
 
-def bench_batches(args, model, batches: list[int], hw):
+def bench_batches(args, model, batches: list[int], hw, others=None):
     result = _run_with_bar(args, f"batched decode, {escape(model.name)}", args.repeats * len(batches),
                            lambda tick: run_batch_bench(model, batches, hw, context=args.batch_context,
-                                                        repeats=args.repeats, progress=tick))
+                                                        repeats=args.repeats, progress=tick, others=others))
+    several = bool(others)
     result["machine"] = {"bandwidth_gbs": hw.bandwidth_gbs, "method": hw.method, "peak_gflops": hw.peak_gflops}
 
     def show():
-        t = _table(f"{escape(model.name)}: decode with B sequences at once, prompts of {result['context']} "
-                   f"(medians of {args.repeats} interleaved rounds)",
-                   ("B", "tok/s", "ms/step", "roofline", "FLOP/byte", "GB/s", "GFLOP/s", "x @ W", "engine"))
-        for r in result["rows"]:
-            t.add_row(str(r["batch"]), f"{r['tok_s']:.0f}", f"{r['ms_step']:.1f}",
+        t = _table(f"{escape(model.name)}: decode with B sequences at once, prompts of {result['context']}, "
+                   f"{result['kernels_title']} (medians of {args.repeats} interleaved rounds)",
+                   ("B", *(("kernels",) if several else ()), "tok/s", "ms/step", "roofline", "FLOP/byte", "GB/s",
+                    "GFLOP/s", "x @ W", "engine"))
+        for r in sorted(result["rows"], key=lambda r: (r["batch"], r["kernels"])):
+            t.add_row(str(r["batch"]), *((r["kernels"],) if several else ()), f"{r['tok_s']:.0f}", f"{r['ms_step']:.1f}",
                       f"{r['roofline_ms']:.1f} {r['bound'][:3]}", f"{r['intensity']:.1f}", f"{r['gbps']:.1f}",
                       f"{r['gflops']:.1f}", f"{r['bare_plain_ms']:.1f}", f"{r['bare_engine_ms']:.1f}")
         out.print(t)
         out.print("[dim]roofline: max(bytes / bandwidth, FLOPs / peak) for the step's counted bytes and FLOPs; "
                   "x @ W and engine: ms for one bare pass of B rows over every weight, the plain product and "
                   "minillm's ops.matmul (2 rows as matrix-vector products, 3-63 padded to a multiple of 8)[/]")
-        base = next((r for r in result["rows"] if r["batch"] == 1), None)
+        base = next((r for r in result["rows"] if r["batch"] == 1 and r["kernels"] == model.kernels), None)
         if base:
-            best = max(result["rows"], key=lambda r: r["tok_s"])
+            best = max((r for r in result["rows"] if r["kernels"] == model.kernels), key=lambda r: r["tok_s"])
             out.print(f"B = 1: {base['ms_step']:.1f} ms a step; bare matrix-vector pass \\[in, out] "
                       f"{result['bare_in_out_ms']:.1f} ms, \\[out, in] {result['bare_out_in_ms']:.1f} ms: the engine "
                       f"runs at {100 * result['b1_of_bare']:.0f}% of the faster. Best: B = {best['batch']}, "
-                      f"{best['tok_s'] / base['tok_s']:.1f}× the tokens/s of B = 1.")
+                      f"{best['tok_s'] / base['tok_s']:.1f}× the tokens/s of B = 1 ({model.kernels} kernels).")
+        for k in ([model.kernels] + list(others or {})) if several else []:
+            rows = {r["batch"]: r for r in result["rows"] if r["kernels"] == k}
+            if 1 in rows:
+                out.print(f"{k}: " + ", ".join(f"B = {B} {rows[B]['tok_s'] / rows[1]['tok_s']:.2f}×" for B in sorted(rows)
+                                                if B != 1) + " the tokens/s of its own B = 1")
+        if several:
+            num = {r["batch"]: r for r in result["rows"] if r["kernels"] == "numpy"}
+            fus = {r["batch"]: r for r in result["rows"] if r["kernels"] == "fused"}
+            both = sorted(set(num) & set(fus))
+            if both:
+                out.print("fused against NumPy, same B: " + ", ".join(
+                    f"B = {B} {fus[B]['tok_s'] / num[B]['tok_s']:.2f}× ({'faster' if fus[B]['tok_s'] > num[B]['tok_s'] else 'slower'})"
+                    for B in both))
         cb = result["critical_batch"]
         crit = "none (the KV cache grows as fast as the work)" if cb is None else f"B ≈ {cb}"
         out.print(f"critical batch on this machine: {crit} — ridge {result['ridge_flops_per_byte']:.1f} FLOP/byte "
@@ -230,29 +280,32 @@ def bench_speculation(args, model, ks: list[int], hw):
     return result, show
 
 
-def bench_weights(args, hw) -> int:
+def bench_weights(args, hw, kernels=None) -> int:
     from ..measure.quantization import TILE_BYTES, parse_first_context, parse_formats, run_quant_bench
 
     formats = parse_formats(args.weights)
     source = args.model or "random-124m"
     context = parse_first_context(args.contexts)
+    kernels = kernels or parse_kernels(None)
     with Progress(console=err, transient=True, disable=args.json) as bar:
-        task = bar.add_task(f"weights {', '.join(formats)}", total=args.repeats * len(formats))
+        task = bar.add_task(f"weights {', '.join(formats)}", total=args.repeats * len(formats) * len(kernels))
         result = run_quant_bench(source, formats, context=context, repeats=args.repeats,
-                                 progress=lambda: bar.advance(task), bandwidth_gbs=hw.bandwidth_gbs)
+                                 progress=lambda: bar.advance(task), bandwidth_gbs=hw.bandwidth_gbs, kernels=kernels)
+    several = len(kernels) > 1
     bw = hw.bandwidth_gbs
     result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(),
-                  machine={"bandwidth_gbs": bw, "llc_bytes": hw.llc_bytes})
+                  machine={"bandwidth_gbs": bw, "llc_bytes": hw.llc_bytes}, kernels=kernels,
+                  kernels_title=kernels_title(kernels))
     if args.json:
         print(json.dumps(result))
         return 0
-    t = Table(title=f"{escape(result['model'])}: decode at context {context}, batch 1, by weight format "
-                    f"(medians of {args.repeats} interleaved rounds)", title_justify="left",
+    t = Table(title=f"{escape(result['model'])}: decode at context {context}, batch 1, by weight format, "
+                    f"{result['kernels_title']} (medians of {args.repeats} interleaved rounds)", title_justify="left",
               box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("weights", "bytes/step", "ceiling", "tok/s", "% ceil", "widen ms", "widen %", "prefill"):
+    for col in ("weights", *(("kernels",) if several else ()), "bytes/step", "ceiling", "tok/s", "% ceil", "widen ms", "widen %", "prefill"):
         t.add_column(col, justify="right", no_wrap=True)
     for r in result["rows"]:
-        t.add_row(r["weights"], fmt_bytes(r["step_bytes"]), f"{r['ceiling_tok_s']:.0f}/s", f"{r['tok_s']:.1f}",
+        t.add_row(r["weights"], *((r["kernels"],) if several else ()), fmt_bytes(r["step_bytes"]), f"{r['ceiling_tok_s']:.0f}/s", f"{r['tok_s']:.1f}",
                   f"{100 * r['of_ceiling']:.0f}%", f"{r['widen_ms']:.1f}" if r["widen_ms"] else "-",
                   f"{100 * r['widen_share']:.0f}%" if r["widen_ms"] else "-",
                   f"{result['prefill'] / r['prefill_s']:.0f}/s")
@@ -260,14 +313,20 @@ def bench_weights(args, hw) -> int:
     out.print("[dim]bytes/step: counted by the meter (quantized matrices at their own size, scales included); "
               f"ceiling: those bytes at this machine's {bw:.1f} GB/s; widen: turning every quantized weight "
               f"into floats as a decode step does, alone; prefill: {result['prefill']} tokens[/]")
-    base = next((r for r in result["rows"] if r["weights"] == "float32"), None)
+    base = next((r for r in result["rows"] if r["weights"] == "float32" and r["kernels"] == "numpy"),
+                next((r for r in result["rows"] if r["weights"] == "float32"), None))
     for r in result["rows"]:
         if base is None or r is base:
             continue
         verdict = "faster" if r["tok_s"] > base["tok_s"] else "slower"
-        out.print(f"{r['weights']}: {base['step_bytes'] / r['step_bytes']:.1f}× fewer bytes than float32, "
-                  f"decode {r['tok_s'] / base['tok_s']:.2f}× float32's tokens/s ({verdict}); widening alone takes "
-                  f"{r['widen_ms']:.1f} ms, {r['widen_ms'] / base['decode_ms']:.2f}× float32's whole step")
+        name = f"{r['weights']} {r['kernels']}" if several else r["weights"]
+        widen = (f"; widening alone takes {r['widen_ms']:.1f} ms, {r['widen_ms'] / base['decode_ms']:.2f}× "
+                 "float32's whole step") if r["widen_ms"] else ("; no widening pass (the fused kernel widens in registers)"
+                                                               if r["kernels"] == "fused" and r["weights"] != "float32" else "")
+        base_name = f"float32 {base['kernels']}" if several else "float32"
+        out.print(f"{name}: {base['step_bytes'] / r['step_bytes']:.1f}× fewer bytes than {base_name}, "
+                  f"decode {r['tok_s'] / base['tok_s']:.2f}× {base_name}'s tokens/s ({verdict}), prefill "
+                  f"{base['prefill_s'] / r['prefill_s']:.2f}×{widen}")
     llc = hw.llc_bytes
     if llc and base is not None:
         out.print(f"[dim]float32 weights {fmt_bytes(base['model_bytes'])} against the last-level cache "

@@ -26,6 +26,11 @@ WEIGHTS_HELP = ("the weights in memory: float32 (default), q8_0, q4_0 or q4_1 (q
                 "defines them, multiplied without widening the whole matrix), native (as the file has them)")
 
 
+KERNELS_HELP = ("the kernels that compute: fused (numba: products that read each weight once, attention without "
+                "a score matrix; the default where numba works) or numpy (the readable reference; the default "
+                "otherwise, the reason said once when the model loads). float64 models always use numpy")
+
+
 def add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, metavar="MODEL", help=MODEL_HELP + " (default: the bundled model)")
     add_weights(p)
@@ -33,6 +38,7 @@ def add_model(p: argparse.ArgumentParser) -> None:
 
 def add_weights(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default="float32", metavar="FORMAT", help=WEIGHTS_HELP)
+    p.add_argument("--kernels", default=None, choices=("numpy", "fused"), help=KERNELS_HELP)
 
 
 def add_sampling(p: argparse.ArgumentParser) -> None:
@@ -97,22 +103,46 @@ def note_if_busy(args) -> None:
         err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=False)
 
 
-def load_draft(name, model, weights: str | None = None):
+def load_draft(name, model, weights: str | None = None, kernels: str | None = None):
     """The --draft value: None (or 'none'), 'ngram', or a model loaded like --model (with the same
     --weights as given, e.g. native; else in the format the target ended up in)."""
     if name is None or name == "none":
         return None
     if name == "ngram":
         return "ngram"
-    draft = load_model(name, weights or getattr(model, "weights", "float32"))
+    draft = load_model(name, weights or getattr(model, "weights", "float32"), kernels or getattr(model, "kernels", None),
+                       quiet=True)
     check_draft_model(draft, model)
     return draft
 
 
-def load_model(source, weights: str = "float32"):
-    """`load`, with a spinner on stderr while it works (random-1558m takes a while to build)."""
+def load_model(source, weights: str = "float32", kernels: str | None = None, quiet: bool = False):
+    """`load`, with a spinner on stderr while it works (random-1558m takes a while to build). kernels
+    None: the default (`kernels_note` says once on stderr why it is NumPy, when it is not fused)."""
     with err.status(f"loading {escape(str(source or 'the bundled model'))}…"):
-        return load(source, weights=weights)
+        model = load(source, weights=weights, kernels=kernels)
+    if kernels is None and not quiet:
+        note = kernels_note()
+        if note:
+            err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=False)
+    return model
+
+
+def kernels_note() -> str | None:
+    """One line when the default kernels are NumPy because the fused ones cannot run here (None otherwise)."""
+    from ..kernels import default
+    choice, why = default()
+    if choice == "numpy" and not why.startswith("MINILLM_KERNELS"):
+        return f"computing with the NumPy kernels: the fused ones cannot run here ({why})"
+    return None
+
+
+def kernels_label(model) -> str:
+    """How a model computes, for a command's header: 'fused kernels (numba 0.68.1)' or 'NumPy kernels'."""
+    if getattr(model, "kernels", "numpy") == "fused":
+        from ..kernels import status
+        return f"fused kernels ({status().reason})"
+    return "NumPy kernels"
 
 
 def encode_prompt(model, prompt: str, max_new_tokens: int) -> np.ndarray:

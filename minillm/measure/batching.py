@@ -90,34 +90,40 @@ def check_batches(model, batches: list[int], context: int = 16, steps: int = 4) 
 
 
 def run_batch_bench(model, batches: list[int], hw, context: int = 16, repeats: int = 5, steps: int = 4,
-                    progress=None) -> dict:
+                    progress=None, others: dict | None = None) -> dict:
+    """The rounds described above for `model`; `others` ({label: model}, e.g. the same weights with
+    the other kernels) run in the same rounds, interleaved, each B of each model once per round
+    (their rows carry "kernels"; the bare passes and the critical batch are `model`'s)."""
     check_batches(model, batches, context, steps)
+    everyone = [(model.kernels, model)] + list((others or {}).items())
     rng = np.random.default_rng(0)
     mats = decode_weights(model)
     mats_t = [np.ascontiguousarray(w.T) for w in mats]
     head = head_array(model)                                 # [d, V]
     wte_vd = np.ascontiguousarray(head.T)
-    runs = {B: start(model, B, context, steps, rng) for B in batches}
-    counts = {}
-    for B, seqs in runs.items():
+    runs = {(label, B): (mdl, start(mdl, B, context, steps, rng)) for label, mdl in everyone for B in batches}
+    all_counts = {}
+    for key, (mdl, seqs) in runs.items():
         with Meter() as m:
-            step(model, seqs)
-        counts[B] = m.steps[0]
+            step(mdl, seqs)
+        all_counts[key] = m.steps[0]
         rewind(seqs, context)
-    step_s = {B: [] for B in batches}
+    counts = {B: all_counts[(model.kernels, B)] for B in batches}
+    step_s = {key: [] for key in runs}
     plain = {B: [] for B in batches}
     shaped = {B: [] for B in batches}
     layout_io, layout_oi = [], []
     for _ in range(repeats):
-        for B in batches:                                    # interleaved: every B once per round
-            seqs = runs[B]
-            times = []
-            for _ in range(steps):
-                t0 = time.perf_counter()
-                step(model, seqs)
-                times.append(time.perf_counter() - t0)
-            rewind(seqs, context)
-            step_s[B].append(statistics.median(times))
+        for B in batches:                                    # interleaved: every B (of every model) once per round
+            for label, _ in everyone:
+                mdl, seqs = runs[(label, B)]
+                times = []
+                for _ in range(steps):
+                    t0 = time.perf_counter()
+                    step(mdl, seqs)
+                    times.append(time.perf_counter() - t0)
+                rewind(seqs, context)
+                step_s[(label, B)].append(statistics.median(times))
             plain[B].append(bare_pass(mats, head, B, shaped=False))
             shaped[B].append(bare_pass(mats, head, B, shaped=True))
             if progress:
@@ -131,15 +137,15 @@ def run_batch_bench(model, batches: list[int], hw, context: int = 16, repeats: i
             layout_oi.append(time.perf_counter() - t0)
     med = statistics.median
     rows = []
-    for B in batches:
-        r, t = counts[B], med(step_s[B])
+    for (label, B) in runs:
+        r, t = all_counts[(label, B)], med(step_s[(label, B)])
         rl = _roofline(r.total_bytes, r.total_flops, hw)
         rows.append({
-            "batch": B, "tok_s": B / t, "ms_step": t * 1e3, "bytes": r.total_bytes, "flops": r.total_flops,
+            "batch": B, "kernels": label, "tok_s": B / t, "ms_step": t * 1e3, "bytes": r.total_bytes, "flops": r.total_flops,
             "intensity": r.intensity, "gbps": r.total_bytes / t / 1e9, "gflops": r.total_flops / t / 1e9,
             "roofline_ms": rl[0] * 1e3, "bound": rl[1],
             "bare_plain_ms": med(plain[B]) * 1e3, "bare_engine_ms": med(shaped[B]) * 1e3,
-            "spread_ms": [min(step_s[B]) * 1e3, max(step_s[B]) * 1e3],
+            "spread_ms": [min(step_s[(label, B)]) * 1e3, max(step_s[(label, B)]) * 1e3],
         })
     one = {}
     if 1 in counts and 2 in counts:
@@ -148,7 +154,7 @@ def run_batch_bench(model, batches: list[int], hw, context: int = 16, repeats: i
     else:
         b1, b2 = (_counts_at(model, context, steps, rng, B) for B in (1, 2))
         one = {"critical_batch": critical_batch(b1, b2, hw)}
-    base = next((row for row in rows if row["batch"] == 1), None)
+    base = next((row for row in rows if row["batch"] == 1 and row["kernels"] == model.kernels), None)
     bare_io, bare_oi = med(layout_io) * 1e3, med(layout_oi) * 1e3
     return {
         "model": model.name, "context": context, "repeats": repeats, "steps_per_sample": steps,

@@ -36,13 +36,14 @@ from ..meter import Meter
 
 def decode_weights(model) -> list[np.ndarray]:
     """The [in, out] arrays of every linear layer a decode step multiplies a vector by (the LM head
-    aside: `head_array`). A float model's: the weights are `Dense` (models/weights.py)."""
-    return [np.asarray(w) for w in model.matrices(head=False)]
+    aside: `head_array`). A float model's: the weights are `Dense` (models/weights.py), or the fused
+    kernels' FusedDense, kept [out, in] (then copied to [in, out] here, the layout the bare pass streams)."""
+    return [np.ascontiguousarray(np.asarray(w)) for w in model.matrices(head=False)]
 
 
 def head_array(model) -> np.ndarray:
-    """The LM head as the engine multiplies by it: [d, V], contiguous."""
-    return np.asarray(model.head_w)
+    """The LM head as the NumPy engine multiplies by it: [d, V], contiguous."""
+    return np.ascontiguousarray(np.asarray(model.head_w))
 
 
 def matvec_pass(mats: list[np.ndarray], head: np.ndarray) -> None:
