@@ -78,7 +78,9 @@ def parse_kernels(text: str | None) -> list[str]:
 def kernels_title(kernels: list[str]) -> str:
     """The bench title's words for the kernels measured ('fused kernels (numba 0.68.1)', ...)."""
     from ..kernels import default, status
-    words = [f"fused kernels ({status().reason})" if k == "fused" else "NumPy kernels" for k in kernels]
+    from ..kernels import threads
+    words = [f"fused kernels ({status().reason}, {threads()} threads)" if k == "fused" else "NumPy kernels"
+             for k in kernels]
     choice, why = default()
     if kernels == ["numpy"] and choice == "numpy" and not why.startswith("MINILLM_KERNELS"):
         words[0] += f" (the fused ones cannot run here: {why})"
