@@ -175,11 +175,13 @@ def test_a_fused_step_matches_its_closed_forms(family, weights, paged):
         model.embed_w.rows_counts(1)["weights"] + (model.wpe[0].nbytes if family == "gpt2" else 0))
     # attention's own bytes: q and the output (and, paged, the keys and values it reads in the pool)
     assert r.ops["attention"]["bytes"] == want["attention_activations"] + (want["kv_read"] if paged else 0)
-    # the fused prefill: only the causal pairs, and attention moves q, k, v and the output, no scores
-    # (its products: 37 rows are past FUSED_ROWS, so quantized ones widen tiles for BLAS, as NumPy's do)
+    # the fused prefill: only the causal pairs, and attention moves q and the output, no scores (k and
+    # v are the cache's read, in place; its products: 37 rows are past FUSED_ROWS, so quantized ones
+    # widen tiles for BLAS, as NumPy's do)
     with meter.Meter() as m2:
-        model.forward(rng.integers(0, 96, P))
+        model.prefill(rng.integers(0, 96, P))
     (f,) = m2.steps
     c = model.config
     assert f.flops["attention"] == fused_forms(model, [P], [P], P)["attention"]
-    assert f.ops["attention"]["bytes"] == c.n_layer * P * c.head_dim * 4 * (2 * c.n_head + 2 * getattr(c, "n_kv_head", c.n_head))
+    assert f.ops["attention"]["bytes"] == c.n_layer * P * c.head_dim * 4 * 2 * c.n_head
+    assert f.bytes["kv_read"] == fused_forms(model, [P], [P], P)["kv_read"]
