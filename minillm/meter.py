@@ -90,6 +90,7 @@ class StepRecord:
     attended: int = 0   # keys attended by the last token after this step (the largest, in a batch)
     seqs: list = field(default_factory=list)  # [(position, n_tokens)] per sequence in the step
     scratch: int = 0    # bytes widened quantized weights moved through the in-cache scratch (not DRAM)
+    launches: int | None = None   # GPU kernels the step launched (counted from a CUDA graph capture), None: not counted
 
     @property
     def n_seqs(self) -> int:
@@ -119,6 +120,7 @@ class StepRecord:
         return self.total_flops / self.seconds / 1e9 if self.seconds else 0.0
 
     def as_dict(self) -> dict:
+        gpu = {} if self.launches is None else {"launches": self.launches}
         return {
             "kind": self.kind,
             "position": self.position,
@@ -135,16 +137,17 @@ class StepRecord:
             "intensity": self.intensity,
             "gbps": self.gbps,
             "gflops": self.gflops,
+            **gpu,
         }
 
 
 NO_STEP = nullcontext()   # the step context when no meter is active
 
 
-def step(kind: str, position: int, n_tokens: int, attended: int, seqs=None):
+def step(kind: str, position: int, n_tokens: int, attended: int, seqs=None, clock=None):
     """The step context of the active meter, or a do-nothing context when no meter is active."""
     m = _ACTIVE.get()
-    return NO_STEP if m is None else m.step(kind, position, n_tokens, attended, seqs)
+    return NO_STEP if m is None else m.step(kind, position, n_tokens, attended, seqs, clock)
 
 
 @contextmanager
@@ -177,6 +180,7 @@ class Meter:
         self.steps: list[StepRecord] = []
         self._open: StepRecord | None = None
         self._t0 = 0.0
+        self._clock = time.perf_counter
         self._tokens: list = []   # one per `with`, to restore what was active before it
         self.label: str | None = None   # set by `meter.label(...)`: the kind of the steps opened now
         self.keep: int | None = None    # keep only the last `keep` records (a server runs for days)
@@ -193,14 +197,16 @@ class Meter:
     # -- steps: opened and closed by the model's entry points (forward, prefill, decode_step) --
 
     @contextmanager
-    def step(self, kind: str, position: int, n_tokens: int, attended: int, seqs=None):
-        """One record around a prefill, decode step or forward. Inside a step already open (a forward
-        called by the naive loop) it adds nothing; a step that raises is dropped, not recorded."""
-        opened = self.begin(kind, position, n_tokens)
+    def step(self, kind: str, position: int, n_tokens: int, attended: int, seqs=None, clock=None):
+        """One record around a prefill, decode step or forward, given as the `with` target (None inside
+        a step already open: a forward called by the naive loop adds nothing). A step that raises is
+        dropped, not recorded. clock: what to read the time with (default time.perf_counter; on a GPU
+        `backend.clock(xp)`, which waits for the device's queued work first)."""
+        opened = self.begin(kind, position, n_tokens, clock)
         if opened and seqs:
             self._open.seqs = list(seqs)
         try:
-            yield
+            yield self._open if opened else None
         except BaseException:
             if opened:
                 self._open = None
@@ -208,17 +214,18 @@ class Meter:
         if opened:
             self.end(attended)
 
-    def begin(self, kind: str, position: int, n_tokens: int) -> bool:
+    def begin(self, kind: str, position: int, n_tokens: int, clock=None) -> bool:
         """Open a step record. Returns False (and opens nothing) if a step is already open."""
         if self._open is not None:
             return False
         self._open = StepRecord(self.label or kind, position, n_tokens)
-        self._t0 = time.perf_counter()
+        self._clock = clock or time.perf_counter
+        self._t0 = self._clock()
         return True
 
     def end(self, attended: int = 0) -> StepRecord:
         record = self._open
-        record.seconds = time.perf_counter() - self._t0
+        record.seconds = self._clock() - self._t0
         record.attended = attended
         self._open = None
         self.steps.append(record)

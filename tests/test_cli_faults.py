@@ -230,3 +230,19 @@ def test_a_minillm_home_that_is_a_file(tmp_path):
     assert len(note) == 1, r.stderr
     assert f"{home} is not a directory" in note[0] and "MINILLM_HOME" in note[0], note
     assert home.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("command", [("generate", IN_VOCAB), ("compare", IN_VOCAB), ("serve-sim",), ("chat",),
+                                     ("traffic",), ("diagnose",), ("bench",)])
+def test_device_cuda_without_a_gpu_is_one_line(home, command):
+    """Every command that runs a model takes --device; asking for a GPU where none can be used is one
+    line naming why and what to do, and a non-zero exit, before any model is read."""
+    from minillm.backend import DeviceError, get_device
+    try:
+        get_device("cuda")
+    except DeviceError:
+        pass
+    else:
+        pytest.skip("this machine has a GPU: --device cuda runs")
+    user_error(run(home, *command, "--device", "cuda", "--model", "random-tiny", timeout=60),
+               "--device cuda: no CUDA GPU found", "--device cpu")

@@ -397,3 +397,26 @@ def test_cli_says_when_the_weights_do_not_fit_the_chip(home, counted, capsys):
     assert "do not fit its 80 GB" in out and "over 2 or more" in out
     assert hardware_cli.run(_args("--chip", "h100", "--params", "7B", "--dtype", "fp16")) == 0
     assert "do not fit" not in capsys.readouterr().out
+
+
+FAKE_GPU = {   # the shape of measure.gpu.measure_gpu's record (figures made up: the printing is tested)
+    "device": "NVIDIA Test GPU, 80.0 GiB (CuPy 13.0, CUDA 12080)", "copy_gbs": 2000.0, "read_gbs": 1800.0,
+    "buffer_mb": 2048, "matmul_tflops": {"float16": 400.0, "float32": 40.0}, "matmul_size": 8192,
+    "launch_us": 6.5, "graph_launch_us": 1.25, "ridge_flop_per_byte": {"float16": 200.0, "float32": 20.0},
+    "quick": False}
+
+
+def test_cli_prints_a_gpu_beside_the_cpu_only_when_there_is_one(home, counted, capsys, monkeypatch):
+    """`minillm hardware` with a GPU: its measured table, and a row in the chips' table and the ceilings;
+    without one (the measure returns None) nothing of it appears."""
+    assert hardware_cli.run(_args("--params", "124M")) == 0
+    assert "GPU" not in capsys.readouterr().out.split("Known chips")[0]
+    monkeypatch.setattr(hardware_cli, "gpu_figures", lambda: FAKE_GPU)
+    assert hardware_cli.run(_args("--params", "124M")) == 0
+    out = capsys.readouterr().out
+    assert "This machine's GPU (measured with CuPy)" in out and "NVIDIA Test GPU" in out
+    assert "2,000 GB/s device copy" in out and "6.50 µs a kernel" in out and "200.0 FLOP/byte" in out
+    assert "GPU: NVIDIA Test GPU" in out.split("Known chips")[1]          # a row beside the presets
+    assert hardware_cli.run(_args("--params", "124M", "--json")) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["gpu"] == FAKE_GPU and data["decode_ceiling"][1]["chip"] == "GPU: NVIDIA Test GPU"

@@ -34,8 +34,7 @@ def home(tmp_path_factory):
 
 def test_lessons_are_discovered_in_order_with_their_metadata():
     numbers = [info.number for info in learn.LESSONS]
-    # numbered in order from 1; a number may wait for its lesson (15: issue 29's, on its own branch)
-    assert numbers == sorted(set(numbers)) and numbers[0] == 1 and len(numbers) >= 7
+    assert numbers == sorted(set(numbers)) and numbers[0] == 1 and len(numbers) >= 7   # in order, each once
     for info in learn.LESSONS:
         assert info.title and info.what and info.minutes > 0
         module = importlib.import_module(info.module)
@@ -495,3 +494,60 @@ def test_lesson_14s_fused_claim_fails_when_the_fused_product_counts_a_scratch(mo
     assert _lesson(14).main(["--fast", "--no-pause"]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "did not hold" in out and "what a fused decode step reads" in out.split("did not hold")[1]
+
+
+def test_the_gpu_lesson_without_a_gpu_says_so_and_shows_the_issues_figures_as_data(capsys, monkeypatch):
+    """Lesson 17 on a machine without a usable GPU: one line saying so (the DeviceError's), then the
+    issue's H200 figures under their source, never as this machine's; its numbers come from that table."""
+    from minillm.backend import DeviceError, get_device
+    from minillm.measure.gpu import ISSUE_H200
+    try:
+        get_device("cuda")
+        pytest.skip("this machine has a GPU: the lesson measures it")
+    except DeviceError as e:
+        reason = str(e)
+    monkeypatch.setenv("COLUMNS", "200")                      # no wrapping: the lines compared whole
+    monkeypatch.setattr(_common.Lesson, "pause", lambda self: None)
+    assert importlib.import_module(learn.find("gpu").module).main(["--fast", "--no-pause"]) == 0
+    out = capsys.readouterr().out
+    assert f"note: no GPU here: {reason}" in out
+    assert "issue 31's figures (not this machine's)" in out and ISSUE_H200["source"] in out
+    g = ISSUE_H200["gpt2_124m_fp16_b1"]
+    assert f"{g['bytes'] / (g['graph_ms'] * 1e-3) / 1e9:,.0f} GB/s" in out     # 257 MB / 0.74 ms, computed
+    assert "This machine's GPU" not in out
+
+
+def test_the_gpu_lesson_on_a_gpu_renders_its_measurements(capsys, monkeypatch):
+    """The GPU half of lesson 17, run on stand-in measurements (this machine has no GPU): every sentence
+    and table is built from the figures it is handed, and its claims check them. What a GPU measures
+    is checked by benchmarks/gpu_check.py on one."""
+    import minillm
+    from minillm.backend import Device
+    from minillm.checkpoints import load as load_module
+    from test_hardware import FAKE_GPU
+    lesson = importlib.import_module(learn.find("gpu").module)
+
+    def figures(model, batch=1, context=256, steps=20, prompt=16, eager=True):
+        ms = 0.8 + 0.01 * batch
+        r = {"batch": batch, "context": context, "kernels": 180, "graph_ms": ms, "bytes": int(250e6 + 1e5 * batch),
+             "flops": int(250e6 * batch)}
+        r.update(eager_ms=2.4, graph_gbs=r["bytes"] / ms * 1e-6, graph_tflops=r["flops"] / ms * 1e-9,
+                 intensity=r["flops"] / r["bytes"])
+        return r
+    monkeypatch.setattr(lesson, "get_device", lambda name: Device("cuda", np, "Stand-in GPU, 80.0 GiB"))
+    monkeypatch.setattr(lesson, "gpu_figures", lambda quick=False: FAKE_GPU)
+    monkeypatch.setattr(lesson, "decode_figures", figures)
+    monkeypatch.setattr(lesson, "free_bytes", lambda device: 80 * 2**30)
+    real = minillm.load
+    monkeypatch.setattr(minillm, "load", lambda *a, **k: object() if "device" in k else real(*a, **k))
+    real_random = load_module.random_model
+    monkeypatch.setattr(load_module, "random_model", lambda *a, **k: object() if "device" in k else real_random(*a, **k))
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(_common.Lesson, "pause", lambda self: None)
+    assert lesson.main(["--fast", "--no-pause"]) == 0
+    out = capsys.readouterr().out
+    assert "This machine's GPU: Stand-in GPU" in out and "no GPU here" not in out
+    assert "A step launches 180 kernels" in out and "180 × 6.50 µs of launches is 1.17 ms" in out
+    assert "the Llama-2-7B shape cut to 4 of its 32 layers (what fits in fast mode)" in out
+    assert "✓ checked: FLOP/byte rises with every larger batch" in out
+

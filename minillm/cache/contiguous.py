@@ -87,16 +87,21 @@ def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class KVCache(CacheBase):
-    def __init__(self, config: ModelConfig, dtype=np.float32, kv_dtype: str | None = None) -> None:
+    def __init__(self, config: ModelConfig, dtype=np.float32, kv_dtype: str | None = None, xp=np) -> None:
+        """xp: the module of the model's arrays (numpy; cupy puts the cache on the GPU). kv_dtype "int8"
+        stores each head vector as int8 with one float32 scale (NumPy only)."""
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype={kv_dtype!r}: choose None (the model's dtype) or 'int8'")
+        if kv_dtype is not None and xp is not np:
+            raise ValueError(f"kv_dtype={kv_dtype!r} is implemented for the CPU (NumPy) cache only")
         shape = (config.n_layer, config.n_kv_head, config.n_ctx, config.head_dim)
         self.config = config
         self.dtype = np.dtype(dtype)            # what attention computes in (read returns this)
         self.kv_dtype = kv_dtype
+        self.xp = xp
         store = np.int8 if kv_dtype == "int8" else dtype
-        self.k = np.zeros(shape, dtype=store)   # [L, Hkv, n_ctx, hd]
-        self.v = np.zeros(shape, dtype=store)   # [L, Hkv, n_ctx, hd]
+        self.k = xp.zeros(shape, dtype=store)   # [L, Hkv, n_ctx, hd]
+        self.v = xp.zeros(shape, dtype=store)   # [L, Hkv, n_ctx, hd]
         if kv_dtype == "int8":
             self.k_scale = np.zeros(shape[:-1] + (1,), dtype=np.float32)   # [L, Hkv, n_ctx, 1]
             self.v_scale = np.zeros(shape[:-1] + (1,), dtype=np.float32)
@@ -155,7 +160,7 @@ class KVCache(CacheBase):
     def fork(self) -> "KVCache":
         """A new cache holding a copy of the positions filled so far (a shared prompt prefix, say).
         Only the filled positions are copied; the rest of the new cache is fresh, untouched memory."""
-        other = KVCache(self.config, self.dtype, self.kv_dtype)
+        other = KVCache(self.config, self.dtype, self.kv_dtype, self.xp)
         other.k[:, :, :self.length] = self.k[:, :, :self.length]
         other.v[:, :, :self.length] = self.v[:, :, :self.length]
         if self.kv_dtype == "int8":

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import MiniLLMError, PromptError
-from .. import meter
+from .. import backend, meter
 from .contiguous import CacheBase
 
 
@@ -106,29 +106,32 @@ class BlockAllocator:
 class PagedKVPool:
     """The memory: K and V blocks for every layer, shared by all sequences, and their allocator."""
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, dtype=np.float32) -> None:
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, dtype=np.float32,
+                 xp=np) -> None:
+        """xp: the module of the model's arrays (numpy; cupy puts the blocks on the GPU)."""
         if block_size < 1:
             raise MiniLLMError(f"block_size={block_size}: must be at least 1")
         self.config = config
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
         shape = (config.n_layer, config.n_kv_head, num_blocks, block_size, config.head_dim)
-        self.k = np.zeros(shape, dtype=dtype)   # [L, Hkv, blocks, bs, hd]; pages are touched as blocks fill
-        self.v = np.zeros(shape, dtype=dtype)
+        self.k = xp.zeros(shape, dtype=dtype)   # [L, Hkv, blocks, bs, hd]; pages are touched as blocks fill
+        self.v = xp.zeros(shape, dtype=dtype)
 
     @classmethod
     def block_nbytes_for(cls, config: ModelConfig, block_size: int, dtype=np.float32) -> int:
         return 2 * config.n_layer * config.n_kv_head * config.head_dim * block_size * np.dtype(dtype).itemsize
 
     @classmethod
-    def from_memory(cls, config: ModelConfig, nbytes: int, block_size: int = 16, dtype=np.float32) -> "PagedKVPool":
+    def from_memory(cls, config: ModelConfig, nbytes: int, block_size: int = 16, dtype=np.float32,
+                    xp=np) -> "PagedKVPool":
         """As many blocks as fit in nbytes of K and V."""
         per_block = cls.block_nbytes_for(config, block_size, dtype)
         if nbytes < per_block:
             raise MiniLLMError(
                 f"a KV memory of {nbytes:,} bytes holds no block: one block of {block_size} positions takes "
                 f"{per_block:,} bytes for this model; give at least that much")
-        return cls(config, nbytes // per_block, block_size, dtype)
+        return cls(config, nbytes // per_block, block_size, dtype, xp)
 
     @property
     def num_blocks(self) -> int:
@@ -197,8 +200,9 @@ class PagedKVCache(CacheBase):
         self._run = self._run_length(before, self._run)
 
     def _where(self, pos: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        p = np.arange(pos, pos + n)
-        return np.asarray(self.table, dtype=np.intp)[p // self.block_size], p % self.block_size
+        p = np.arange(pos, pos + n)                                # laid out on the host, moved to the pool's device
+        xp = backend.namespace(self.pool.k)
+        return xp.asarray(np.asarray(self.table, dtype=np.intp)[p // self.block_size]), xp.asarray(p % self.block_size)
 
     def write(self, layer: int, pos: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store keys and values [Hkv, n, hd] of positions pos .. pos+n-1 into their blocks."""
@@ -233,9 +237,10 @@ class PagedKVCache(CacheBase):
             v = vp[:, b0:b0 + nb].reshape(H, nb * bs, hd)[:, :t]
             gathered = 0
         else:
-            idx = self.table[:nb]                                  # a gather: one copy of nb blocks (np.take
-            k = np.take(kp, idx, axis=1).reshape(H, nb * bs, hd)[:, :t]   # writes it C-ordered, so the
-            v = np.take(vp, idx, axis=1).reshape(H, nb * bs, hd)[:, :t]   # reshape is free; kp[:, idx] is not)
+            xp = backend.namespace(kp)
+            idx = xp.asarray(np.asarray(self.table[:nb], dtype=np.intp))   # a gather: one copy of nb blocks (take
+            k = xp.take(kp, idx, axis=1).reshape(H, nb * bs, hd)[:, :t]   # writes it C-ordered, so the
+            v = xp.take(vp, idx, axis=1).reshape(H, nb * bs, hd)[:, :t]   # reshape is free; kp[:, idx] is not)
             gathered = 2 * H * nb * bs * hd * kp.itemsize
         m = meter.active()
         if m is not None:

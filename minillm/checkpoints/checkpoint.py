@@ -212,14 +212,14 @@ def _remove_stale_saves(directory: Path) -> None:
 
 # -- GPT-2's row of the family table (checkpoints/families.py) ----------------------------------------
 
-def gpt2_from_folder(path: Path, dtype, weights: str, name: str | None = None, kernels: str = "numpy") -> GPT2:
+def gpt2_from_folder(path: Path, dtype, weights: str, name: str | None = None, device=None, kernels: str = "numpy") -> GPT2:
     """A GPT-2 from a checkpoint directory or .safetensors file."""
     config, params = load_checkpoint(path, dtype)
-    return GPT2(config, params, name=name or Path(path).name, weights=weights, kernels=kernels)
+    return GPT2(config, params, name=name or Path(path).name, weights=weights, device=device, kernels=kernels)
 
 
 def gpt2_from_gguf(md: dict, tensors: dict, path: Path, dtype, weights: str, name: str | None = None,
-                   kernels: str = "numpy") -> GPT2:
+                   device=None, kernels: str = "numpy") -> GPT2:
     """A GPT-2 from a GGUF's tensors (checkpoint names, GGUF's [out, in] rows; as `minillm quantize`
     writes them, or llama.cpp's converter): float matrices back to the checkpoint's [in, out]."""
     emb = tensors.get("wte.weight")
@@ -234,4 +234,4 @@ def gpt2_from_gguf(md: dict, tensors: dict, path: Path, dtype, weights: str, nam
         if k.endswith(GPT2.MATRICES) and isinstance(a, np.ndarray):
             a = np.ascontiguousarray(a.T)                           # GGUF's [out, in] rows -> [in, out]
         params[k] = np.asarray(a, dtype=dtype) if isinstance(a, np.ndarray) else a
-    return GPT2(config, params, name=name or Path(path).stem, weights=weights, kernels=kernels)
+    return GPT2(config, params, name=name or Path(path).stem, weights=weights, device=device, kernels=kernels)

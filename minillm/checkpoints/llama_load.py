@@ -78,7 +78,7 @@ def read_tensors(folder: Path, file: Path | None = None) -> dict[str, np.ndarray
 
 
 def llama_from_folder(path: Path, dtype=np.float32, weights: str = "float32", name: str | None = None,
-                      kernels: str = "numpy"):
+                      device=None, kernels: str = "numpy"):
     """A Llama-family model from a Hugging Face folder (or one of its safetensors files), with its
     own tokenizer attached as `.tokenizer` (None when absent)."""
     from .. import model_tokenizer as mt
@@ -91,11 +91,11 @@ def llama_from_folder(path: Path, dtype=np.float32, weights: str = "float32", na
     eos = eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []
     tok = mt.from_folder(folder, eos) if (folder / "tokenizer.json").is_file() or \
         (folder / "tokenizer.model").is_file() else None
-    return _build(config, tensors, tok, folder, dtype, weights, name, kernels)
+    return _build(config, tensors, tok, folder, dtype, weights, name, device, kernels)
 
 
 def llama_from_gguf(md: dict, tensors: dict, path: Path, dtype=np.float32, weights: str = "float32",
-                    name: str | None = None, kernels: str = "numpy"):
+                    name: str | None = None, device=None, kernels: str = "numpy"):
     """A Llama-family model from a GGUF's tensors (Hugging Face names), its tokenizer from the metadata."""
     from .. import model_tokenizer as mt
     from .gguf_file import unpermute
@@ -108,7 +108,7 @@ def llama_from_gguf(md: dict, tensors: dict, path: Path, dtype=np.float32, weigh
                 key = f"layers.{i}.self_attn.{proj}.weight"
                 if key in tensors and tensors[key].ndim == 2 and tensors[key].shape[0] % (2 * heads) == 0:
                     tensors[key] = unpermute(tensors[key], heads)
-    return _build(c, tensors, mt.from_gguf_metadata(md, path), Path(path), dtype, weights, name, kernels)
+    return _build(c, tensors, mt.from_gguf_metadata(md, path), Path(path), dtype, weights, name, device, kernels)
 
 
 def llama_tokenizer(path: Path):
@@ -122,7 +122,7 @@ def llama_tokenizer(path: Path):
 
 
 def _build(config: LlamaConfig, tensors: dict, tok, where: Path, dtype, weights: str, name: str | None,
-           kernels: str = "numpy"):
+           device=None, kernels: str = "numpy"):
     from ..models.llama import Llama, check_tensors
     check_tensors(tensors, config, str(where))
     check_all_finite(tensors, where)
@@ -130,7 +130,7 @@ def _build(config: LlamaConfig, tensors: dict, tok, where: Path, dtype, weights:
         raise WeightsError(f"{where}: the tokenizer has {tok.n_vocab:,} ids but the model only "
                            f"{config.vocab_size:,}: they do not belong together")
     model = Llama(config, tensors, name=name or where.name, dtype=dtype,
-                  eos_ids=tok.eos_ids if tok is not None else (), weights=weights, kernels=kernels)
+                  eos_ids=tok.eos_ids if tok is not None else (), weights=weights, device=device, kernels=kernels)
     model.tokenizer = tok
     return model
 

@@ -17,7 +17,9 @@ from ..engine.speculative import MAX_K, check_draft_model
 from ..errors import MiniLLMError
 from ..measure.batching import check_batches, run_batch_bench
 from ..measure.bench import check_contexts, run_bench
+from ..measure.gpu import gpu_figures, summary as gpu_summary
 from ..measure.hardware import machine
+from ..backend import get_device
 from ..measure.speculation import heldout_prompts, run_speculation_bench
 from ..threads import blas_kernel, blas_name, blas_threads
 from ..ui.report import fmt_bytes
@@ -51,6 +53,8 @@ def add_arguments(parser) -> None:
                         help="numpy and/or fused (e.g. numpy,fused: both side by side in one interleaved run, with "
                              "--weights or --batch); default: fused where numba works, else numpy (said in the title)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    parser.add_argument("--device", default="cpu", metavar="DEVICE",
+                        help="cpu (default): bench measures NumPy on this CPU; a GPU's figures are printed beside")
 
 
 def parse_contexts(text: str, option: str = "--contexts") -> list[int]:
@@ -101,6 +105,10 @@ def run(args) -> int:
             raise MiniLLMError(f"--speculate {args.speculate}: each K must be 1 to {MAX_K}, e.g. 1,2,4,8")
         if args.prompts < 1 or args.new_tokens < 2:
             raise MiniLLMError("--prompts must be at least 1 and --new-tokens at least 2")
+    if get_device(args.device).is_gpu:       # without a GPU: get_device's one line
+        raise MiniLLMError("bench measures the CPU's NumPy steps against its bare passes (a GPU's figures are "
+                           "printed beside them); a model's steps on the GPU: minillm learn 17, or "
+                           "python benchmarks/gpu_check.py")
     if args.weights is not None:
         if batches is not None or ks is not None:
             raise MiniLLMError("--weights measures weight formats alone: leave out --batch and --speculate")
@@ -126,10 +134,15 @@ def run(args) -> int:
         result, show = bench_contexts(args, model, contexts, hw)
     result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(), kernels=kernels,
                   kernels_title=kernels_title(kernels))
+    gpu = gpu_figures() if ks is None else None          # this machine's GPU beside the CPU (None: no GPU)
+    if gpu:
+        result["gpu"] = gpu
     if args.json:
         print(json.dumps(result))
     else:
         show()
+        if gpu:
+            out.print(f"[dim]beside it, {escape(gpu_summary(gpu))}[/]")
     return 0
 
 

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 from rich.markup import escape
 
+from ..backend import get_device
 from ..checkpoints.load import load, model_names
 from ..engine.sampling import check_fits
 from ..engine.speculative import check_draft_model
@@ -29,11 +30,18 @@ WEIGHTS_HELP = ("the weights in memory: float32 (default), q8_0, q4_0 or q4_1 (q
 KERNELS_HELP = ("the kernels that compute: fused (numba: products that read each weight once, attention without "
                 "a score matrix; the default where numba works) or numpy (the readable reference; the default "
                 "otherwise, the reason said once when the model loads). float64 models always use numpy")
+DEVICE_HELP = ("where the model runs: cpu (NumPy, default) or cuda (CuPy on an NVIDIA GPU, weights in float16; "
+               "pip install 'minillm[gpu]')")
 
 
 def add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, metavar="MODEL", help=MODEL_HELP + " (default: the bundled model)")
     add_weights(p)
+    add_device(p)
+
+
+def add_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="cpu", metavar="DEVICE", help=DEVICE_HELP)
 
 
 def add_weights(p: argparse.ArgumentParser) -> None:
@@ -110,18 +118,20 @@ def load_draft(name, model, weights: str | None = None, kernels: str | None = No
         return None
     if name == "ngram":
         return "ngram"
-    draft = load_model(name, weights or getattr(model, "weights", "float32"), kernels or getattr(model, "kernels", None),
-                       quiet=True)
+    draft = load_model(name, weights or getattr(model, "weights", "float32"), model.device,
+                       kernels or getattr(model, "kernels", None), quiet=True)
     check_draft_model(draft, model)
     return draft
 
 
-def load_model(source, weights: str = "float32", kernels: str | None = None, quiet: bool = False):
-    """`load`, with a spinner on stderr while it works (random-1558m takes a while to build). kernels
-    None: the default (`kernels_note` says once on stderr why it is NumPy, when it is not fused)."""
+def load_model(source, weights: str = "float32", device="cpu", kernels: str | None = None, quiet: bool = False):
+    """`load`, with a spinner on stderr while it works (random-1558m takes a while to build); on
+    --device cuda without a usable GPU, one DeviceError line before anything is read. kernels None:
+    the default (`kernels_note` says once on stderr why it is NumPy, when it is not fused)."""
+    device = get_device(device)
     with err.status(f"loading {escape(str(source or 'the bundled model'))}…"):
-        model = load(source, weights=weights, kernels=kernels)
-    if kernels is None and not quiet:
+        model = load(source, weights=weights, device=device, kernels=kernels)
+    if kernels is None and not quiet and not device.is_gpu:
         note = kernels_note()
         if note:
             err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=False)

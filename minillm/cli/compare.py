@@ -16,6 +16,7 @@ from ..engine.sampling import check_sampling
 from ..engine.speculative import check_k, speculative_generate
 from ..errors import PromptError
 from ..measure import hardware
+from ..measure.gpu import as_hardware, gpu_figures, summary as gpu_summary
 from ..meter import Meter
 from ..bpe import tokenizer
 from ..ui import report
@@ -49,10 +50,13 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 def run_compare(args) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
     check_k(args.speculate_k, "--speculate-k")   # before loading anything
-    model = load_model(args.model, args.weights, args.kernels)
+    model = load_model(args.model, args.weights, args.device, args.kernels)
     ids = encode_prompt(model, args.prompt, args.max_new_tokens)
     draft = load_draft(args.draft, model, getattr(args, "weights", None))
     hw = hardware.machine(progress=True)
+    gpu = gpu_figures()                                   # None without a GPU
+    if model.device.is_gpu:                               # the roofline of the chip the model runs on
+        hw = as_hardware(gpu, model.dtype.name)
     note_if_busy(args)
     enc = tokenizer(model)
     generate(model, ids, min(2, args.max_new_tokens))   # warm-up: first touches of weights and cache pages
@@ -123,7 +127,10 @@ def run_compare(args) -> int:
     if note:
         out.print("[yellow]• cache-resident: the weights came from the CPU cache, so these verdicts describe "
                   "the cache, not DRAM (try --model large: real text from DRAM, or random-124m)[/]")
-    out.print(f"[dim]this machine: {escape(hardware.provenance(hw))}[/]")
+    if not model.device.is_gpu:
+        out.print(f"[dim]this machine: {escape(hardware.provenance(hw))}[/]")
+    if gpu:
+        out.print(f"[dim]{'ran on the' if model.device.is_gpu else 'beside it, a'} {escape(gpu_summary(gpu))}[/]")
     return 0
 
 
@@ -150,7 +157,7 @@ def fmt_total(m: Meter, seconds: float, n_new: int) -> str:
 # -- traffic -------------------------------------------------------------------------------------
 
 def run_traffic(args) -> int:
-    model = load_model(args.model, args.weights, args.kernels)
+    model = load_model(args.model, args.weights, args.device, args.kernels)
     c = model.config
     if args.prompt_tokens < 1 or args.steps < 1:
         raise PromptError("--prompt-tokens and --steps must be at least 1")

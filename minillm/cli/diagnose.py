@@ -25,7 +25,7 @@ from ..measure.chips import get_chip, roofline
 from ..measure.shapes import capacity, shape_of
 from ..meter import Meter, totals
 from ..ui import report
-from .common import MODEL_HELP, add_weights, load_model, note_if_busy, out
+from .common import MODEL_HELP, add_device, add_weights, load_model, note_if_busy, out
 
 FP16 = 0.5          # the chip columns assume fp16 weights and activations: half the float32 bytes
 BATCHES = (1, 8, 32)
@@ -40,6 +40,7 @@ def add_arguments(p) -> None:
     p.add_argument("--model", default="random-124m", metavar="MODEL",
                    help=MODEL_HELP + " (default: random-124m, GPT-2 small's size, so the weights come from DRAM)")
     add_weights(p)
+    add_device(p)
 
 
 @dataclass
@@ -98,7 +99,7 @@ def run(args) -> int:
     if P < 1 or N < 1 or not 0 <= S < P:
         raise PromptError("--prompt-tokens and --answer-tokens must be at least 1, and --shared-prefix from 0 to "
                           "less than --prompt-tokens")
-    model = load_model(args.model, args.weights, args.kernels)
+    model = load_model(args.model, args.weights, args.device, args.kernels)
     c = model.config
     if P >= c.n_ctx:
         raise PromptError(f"--prompt-tokens {P} does not fit {escape(model.name)}'s context of {c.n_ctx} with room "

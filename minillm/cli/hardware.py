@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..measure.chips import BYTES_PER_ELEMENT, CHIPS, Hardware, _dtype_key, decode_ceiling, get_chip, parse_count
+from ..measure.gpu import as_hardware, gpu_figures
 from ..measure.hardware import STALE_DAYS, age_seconds, cache_path, cached, fmt_age, is_stale, machine, was_busy
 from ..measure.probe import MB, METHODS
 from ..measure.shapes import KV_DTYPES, UTILISATION
@@ -75,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
     if args.remeasure or cached() is None:
         note_if_busy(args)                      # before measuring: a busy machine measures low
     here = machine(remeasure=args.remeasure, progress=not args.json)
-    targets = [chip] if chip else [here, *CHIPS.values()]
+    gpu = gpu_figures()                         # None without a GPU: then nothing below changes
+    gpu_hw = as_hardware(gpu) if gpu else None
+    targets = [chip] if chip else [here, *([gpu_hw] if gpu_hw else []), *CHIPS.values()]
     ceilings = [decode_ceiling(n_params, dtype, hw) for hw in targets] if n_params else []
 
     if args.json:
@@ -83,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
             "machine": {**asdict(here), "ridge": here.ridge},
             "presets": {name: {**asdict(hw), "ridge": hw.ridge} for name, hw in CHIPS.items()},
             "decode_ceiling": ceilings,
+            **({"gpu": gpu} if gpu else {}),
         }, indent=2))
         return 0
 
@@ -110,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
     if is_stale(here):
         mine.add_row("[yellow]note[/]", f"measured more than {STALE_DAYS} days ago: rerun with --remeasure")
     console.print(mine)
+    if gpu:
+        console.print(gpu_table(gpu))
 
     chips = Table(title="Known chips (published figures) beside this machine", title_justify="left",
                   box=box.SIMPLE_HEAD)
@@ -119,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     chips.add_column("ridge", justify="right", no_wrap=True)
     chips.add_column("source", overflow="fold")
     notes: list[str] = []
-    for hw in [here, *CHIPS.values()]:
+    for hw in [here, *([gpu_hw] if gpu_hw else []), *CHIPS.values()]:
         ridge = "—" if hw.ridge is None else f"{hw.ridge:,.0f}" if hw.ridge >= 10 else f"{hw.ridge:.1f}"
         style = "reverse" if chip is not None and hw is chip else None
         mark = ""
@@ -175,6 +181,23 @@ def capacity_lines(cap: dict, s: dict, weight_dtype: str, kv_dtype: str, where: 
              f"    ÷ KV of one sequence ({kv_dtype}): {_sig(cap['kv_bytes_per_sequence'] / 1e9)} GB "
              f"({cap['kv_bytes_per_token'] / 1024:,.4g} KiB per token)"] + ([f"    {window[2:]}"] if window else [])
     return lines
+
+
+def gpu_table(g: dict) -> Table:
+    """This machine's GPU, measured (measure/gpu.py), printed under the CPU's table."""
+    t = Table(title="This machine's GPU (measured with CuPy)", show_header=False, title_justify="left", box=box.SIMPLE)
+    t.add_column(style="bold", no_wrap=True)
+    t.add_column()
+    t.add_row("GPU", escape(g["device"]))
+    t.add_row("memory bandwidth", f"{g['copy_gbs']:,.0f} GB/s device copy (read + written), {g['read_gbs']:,.0f} GB/s "
+              f"read (a sum), {g['buffer_mb']:,} MiB buffer")
+    for dt, tf in g["matmul_tflops"].items():
+        t.add_row(f"{dt} matmul peak", f"{tf:,.1f} TFLOP/s ({g['matmul_size']}² product)")
+    t.add_row("launch cost", f"{g['launch_us']:.2f} µs a kernel launched from Python, {g['graph_launch_us']:.2f} µs "
+              "replayed in a CUDA graph")
+    for dt, r in g["ridge_flop_per_byte"].items():
+        t.add_row(f"ridge point, {dt}", f"{r:,.1f} FLOP/byte (peak ÷ copy bandwidth)")
+    return t
 
 
 def run_shape(args: argparse.Namespace) -> int:

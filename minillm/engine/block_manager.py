@@ -228,8 +228,8 @@ class ContiguousBlocks:
     prefix_cache = False
     hit_rate = hit_tokens = 0
 
-    def __init__(self, config, dtype) -> None:
-        self.config, self.dtype = config, dtype
+    def __init__(self, config, dtype, xp=np) -> None:
+        self.config, self.dtype, self.xp = config, dtype, xp
         self.block_size = config.n_ctx           # one "block" per sequence: its whole context
         self.n_free = self.num_blocks = 1 << 62  # never the limit
 
@@ -261,7 +261,7 @@ class ContiguousBlocks:
         return True
 
     def admit(self, seq: Sequence, m: Match) -> None:
-        seq.cache = KVCache(self.config, self.dtype)
+        seq.cache = KVCache(self.config, self.dtype, xp=self.xp)
 
     def adopt(self, seq: Sequence, k: np.ndarray, v: np.ndarray) -> None:
         self.admit(seq, Match())

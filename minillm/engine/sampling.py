@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import to_host
 from ..errors import MiniLLMError, PromptError
 
 
@@ -76,7 +77,9 @@ def distribution(logits: np.ndarray, temperature: float = 0.0, top_k: int | None
 
 
 def check_logits(logits) -> np.ndarray:
-    logits = np.asarray(logits)
+    """The logits as a NumPy array (a GPU's copied to the host: the sampler's last step runs there),
+    or one clear line when there is nothing to pick from."""
+    logits = to_host(logits)
     if np.isnan(logits).any() or not (logits > -np.inf).any():
         what = "NaN" if np.isnan(logits).any() else "-inf for every token"
         raise MiniLLMError(f"the model's logits are {what}: there is no next token to pick; "

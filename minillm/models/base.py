@@ -23,7 +23,7 @@ import hashlib
 
 import numpy as np
 
-from .. import meter
+from .. import backend, meter
 from ..cache.contiguous import KVCache, PassKV
 from ..config import ModelConfig
 from ..errors import PromptError
@@ -42,6 +42,8 @@ class CausalLM:
         tokenizer         its own tokenizer as loaded, or None; OWN_TOKENIZER: False if the family
                           uses GPT-2's built-in one (`minillm.tokenizer(model)` then gives it)
         weights           the label of its weights' format; float_matrices: products kept in floats
+        device, xp        where its arrays live (backend.Device) and their module: numpy, or cupy
+                          on a GPU (`load(..., device="cuda")`); the ops take theirs from the arrays
     """
     config: ModelConfig
     params: dict                 # name -> array or QuantMatrix: the weights as the model holds them
@@ -57,6 +59,11 @@ class CausalLM:
     weights: str = "float32"
     float_matrices: int = 0
     kernels: str = "numpy"       # "fused": numba products and attention (models/weights.py, plan.py)
+    device: backend.Device = backend.CPU
+
+    @property
+    def xp(self):
+        return self.device.xp
 
     # -- the model: each architecture's own ------------------------------------------------------
 
@@ -85,14 +92,14 @@ class CausalLM:
         None gives None (a prompt chunk whose end is not reached yet). A list sets it per sequence.
         Returns one entry per sequence, in order.
         """
-        plan = plan_step(batch, scores, self.config, kernels=self.kernels)
+        plan = plan_step(batch, scores, self.config, self.xp, kernels=self.kernels)
         with plan.meter_step():
             x = self.run(plan)                                            # [N, d]
             plan.advance()
             if not plan.rows:
                 return [None] * len(plan.spans)
             h = x if len(plan.rows) == x.shape[0] else x[plan.rows]       # [S, d]
-            return plan.split(self.head(h))                               # [S, V] -> per sequence
+            return plan.split(backend.host_logits(self.head(h)))          # [S, V] on the host -> per sequence
 
     # -- the three special cases --------------------------------------------------------------------
 
@@ -104,7 +111,7 @@ class CausalLM:
         return logits[None] if last_only else logits
 
     def new_cache(self) -> KVCache:
-        return KVCache(self.config, self.dtype)
+        return KVCache(self.config, self.dtype, xp=self.xp)
 
     def prefill(self, ids, cache=None) -> tuple[np.ndarray, KVCache]:
         """The whole prompt in one pass, filling a KV cache. ids [T] -> (logits [V] of the last
@@ -153,8 +160,8 @@ class CausalLM:
         """Equal for two loads of one checkpoint, different for two checkpoints (a draft model must not
         be its target): the config, the weights' format and the first 64 tokens' embeddings."""
         h = hashlib.sha256(repr((type(self).__name__, self.config, self.weights)).encode())
-        ids = np.arange(min(64, self.config.vocab_size))
-        h.update(np.ascontiguousarray(self.embed_w.rows(ids)).tobytes())
+        ids = self.xp.asarray(np.arange(min(64, self.config.vocab_size)))
+        h.update(np.ascontiguousarray(backend.to_host(self.embed_w.rows(ids))).tobytes())
         return h.hexdigest()
 
     def n_params(self) -> int:

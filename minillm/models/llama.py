@@ -42,9 +42,10 @@ from ..errors import WeightsError
 from . import ops
 from .base import CausalLM
 from .ops import merge_heads
-from .weights import check_blocks, check_kernels, check_weights, label, make_weight, stored
+from .weights import check_blocks, check_kernels, check_weights, label, make_weight, on_device, stored
 
 Block = dict   # one block's parameters, fused names (see `fuse_block`)
+MATRICES = ("qkv.weight", "o_proj.weight", "gate_up.weight", "down_proj.weight")   # a block's products
 
 
 # -- the checkpoint's tensors ------------------------------------------------------------------------
@@ -105,12 +106,12 @@ def random_params(c: LlamaConfig, seed: int = 0, std: float = 0.02, dtype=np.flo
 
 
 def fuse_block(t: dict[str, np.ndarray], i: int, c: LlamaConfig, dtype, weights: str = "float32",
-               kernels: str = "numpy") -> Block:
+               device=None, kernels: str = "numpy") -> Block:
     """One block's checkpoint tensors -> the model's: q|k|v and gate|up side by side, [in, out]
-    (quantized: [out, in] rows, see the top of this file)."""
+    (quantized: [out, in] rows, see the top of this file), on `device` (None: the CPU)."""
     h = f"layers.{i}."
     a, m = h + "self_attn.", h + "mlp."
-    mat = lambda names: make_weight([t[n] for n in names], weights, dtype, rows=True, kernels=kernels)
+    mat = lambda names: make_weight([t[n] for n in names], weights, dtype, rows=True, device=device, kernels=kernels)
     p = {
         "input_layernorm.weight": np.asarray(t[h + "input_layernorm.weight"], dtype=dtype),
         "qkv.weight": mat([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]),  # [d, (H+2Hkv)·hd]
@@ -129,7 +130,7 @@ def fuse_block(t: dict[str, np.ndarray], i: int, c: LlamaConfig, dtype, weights:
     if c.qk_norm:
         p["q_norm.weight"] = np.asarray(t[a + "q_norm.weight"], dtype=dtype)
         p["k_norm.weight"] = np.asarray(t[a + "k_norm.weight"], dtype=dtype)
-    return p
+    return {k: v if k in MATRICES else on_device(v, device) for k, v in p.items()}
 
 
 # -- the block, as small functions -------------------------------------------------------------------
@@ -149,8 +150,8 @@ def self_attention(x: np.ndarray, p: Block, c: LlamaConfig, cos: np.ndarray, sin
     qkv = ops.linear(x, p["qkv.weight"], p.get("qkv.bias"))                 # [N, (H + 2·Hkv)·hd]
     q, k, v = split_qkv(qkv, c.n_head, c.n_kv_head)                         # [H|Hkv, N, hd]
     if c.qk_norm:                                                           # Qwen3: per-head norms
-        qk = np.concatenate([ops.rms_norm(q, p["q_norm.weight"], c.eps),
-                             ops.rms_norm(k, p["k_norm.weight"], c.eps)])   # [H + Hkv, N, hd]
+        qk = ops.backend.namespace(q).concatenate([ops.rms_norm(q, p["q_norm.weight"], c.eps),
+                                                  ops.rms_norm(k, p["k_norm.weight"], c.eps)])   # [H + Hkv, N, hd]
     else:
         qk = qkv.reshape(qkv.shape[0], -1, c.head_dim)[:, :c.n_head + c.n_kv_head].transpose(1, 0, 2)
     qk = ops.rope(qk, cos, sin)                                             # q and k turned in one pass
@@ -178,37 +179,44 @@ class Llama(CausalLM):
     """A Llama-family model: a config and checkpoint tensors (Hugging Face names without `model.`).
     Shares GPT-2's one way in (`CausalLM.step`) and its special cases: only `run` and `head` differ."""
 
-    MATRICES = ("qkv.weight", "o_proj.weight", "gate_up.weight", "down_proj.weight")   # a block's products
+    MATRICES = MATRICES
 
     def __init__(self, config: LlamaConfig, tensors: dict[str, np.ndarray], *, name: str = "",
-                 dtype=None, eos_ids: tuple[int, ...] = (), weights: str = "float32", kernels: str = "numpy") -> None:
+                 dtype=None, eos_ids: tuple[int, ...] = (), weights: str = "float32", device=None,
+                 kernels: str = "numpy") -> None:
         """weights: "float32" (quantized tensors of a GGUF are widened), "native" (a GGUF's Q8_0 /
         Q4_0 / Q4_1 tensors kept as they are) or "q8_0" / "q4_0" / "q4_1" (every matrix quantized).
-        kernels: "numpy" (the reference) or "fused" (numba, float32 only: models/weights.py)."""
+        device: a backend.Device (None: the CPU); every array is moved there once, here.
+        kernels: "numpy" (the reference) or "fused" (numba, float32 on the CPU only: models/weights.py)."""
         c = self.config = config
         weights = check_weights(weights)
         dtype = np.dtype(dtype or np.float32)
         self.name = name or f"{c.arch}-{c.n_layer}x{c.n_embd}"
         self.dtype = dtype
-        self.kernels = k = check_kernels(kernels) if dtype == np.float32 else "numpy"
+        on_cpu = device is None or device.xp is np
+        self.kernels = k = check_kernels(kernels) if dtype == np.float32 and on_cpu else "numpy"
         self.eos_ids = tuple(eos_ids)
         self.tokenizer = None                                                             # set by the loader
         check_blocks({"width": c.n_embd, "attention width H·hd": c.n_head * c.head_dim, "FFN": c.ffn},
                      weights, self.name)
         embed = tensors["embed_tokens.weight"]                                            # [V, d]
         self.head_w = make_weight(embed if c.tied else tensors["lm_head.weight"], weights, dtype, rows=True,
-                                  kernels=k)
-        self.embed_w = self.head_w if c.tied else make_weight(embed, weights, dtype, rows=True, contiguous=False)
+                                  device=device, kernels=k)
+        self.embed_w = self.head_w if c.tied else make_weight(embed, weights, dtype, rows=True, contiguous=False,
+                                                              device=device)
         self.wte = stored(self.embed_w, rows=True)                                        # [V, d]
-        self.blocks: list[Block] = [fuse_block(tensors, i, c, dtype, weights, k) for i in range(c.n_layer)]
-        self.norm = np.asarray(tensors["norm.weight"], dtype=dtype)
+        self.blocks: list[Block] = [fuse_block(tensors, i, c, dtype, weights, device, k) for i in range(c.n_layer)]
+        self.norm = on_device(np.asarray(tensors["norm.weight"], dtype=dtype), device)
         self.params = {"embed_tokens.weight": self.wte, "norm.weight": self.norm}
         if not c.tied:
             self.params["lm_head.weight"] = stored(self.head_w, rows=True)
         for i, p in enumerate(self.blocks):
             self.params.update({f"layers.{i}.{k}": stored(v) for k, v in p.items()})
-        self.cos, self.sin = ops.rope_tables(c.n_ctx, c.head_dim, c.theta, dtype)        # [n_ctx, hd/2]
+        cos, sin = ops.rope_tables(c.n_ctx, c.head_dim, c.theta, dtype)                  # [n_ctx, hd/2] (float64 math, host)
+        self.cos, self.sin = on_device(cos, device), on_device(sin, device)
         self.weights, self.float_matrices = label(self.matrices(head=False), dtype)
+        if device is not None:
+            self.device = device
 
     def gathered(self) -> tuple[str, ...]:
         return () if self.config.tied else ("embed_tokens.weight",)                      # a row of it per step

@@ -18,11 +18,10 @@ layer norm 7 (mean, subtract, square, variance, normalise, scale, shift), tanh-G
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import numpy as np
 
-from .. import meter
+from .. import backend, meter
 from .weights import as_weight, matmul  # noqa: F401  (matmul: the BLAS-shaped product, for tools)
 
 GELU_C = math.sqrt(2.0 / math.pi)
@@ -54,17 +53,20 @@ def embedding(wte, wpe, ids: np.ndarray, positions=None) -> np.ndarray:
 
 
 def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
-    """Normalise each row to mean 0, variance 1, then scale by w and shift by b. [T, d] -> [T, d]."""
+    """Normalise each row to mean 0, variance 1, then scale by w and shift by b. [T, d] -> [T, d].
+    (float16 rows are normalised in float32, then stored back in float16.)"""
+    xp, wide = backend.namespace(x), backend.accumulator(x.dtype)
     inv_d = 1.0 / x.shape[-1]
-    mean = np.add.reduce(x, axis=-1, keepdims=True)          # [T, 1]
+    mean = backend.row_sum(x, wide)                          # [T, 1]
     mean *= inv_d
     y = x - mean                                             # [T, d]  centred
-    var = np.add.reduce(y * y, axis=-1, keepdims=True)       # [T, 1]
+    var = backend.row_sum(y * y, wide)                       # [T, 1]
     var *= inv_d
     var += eps
-    y /= np.sqrt(var, out=var)                               # [T, d]  unit variance
+    y /= xp.sqrt(var, out=var)                               # [T, d]  unit variance
     y *= w
     y += b
+    y = y.astype(x.dtype, copy=False)                        # (float32 and float64: y itself)
     m = meter.active()
     if m is not None:
         m.count("layer_norm", weights=w.nbytes + b.nbytes, activations=x.nbytes + y.nbytes, other=7 * y.size)
@@ -109,7 +111,7 @@ def gelu(x: np.ndarray) -> np.ndarray:
     y *= 0.044715
     y += x
     y *= GELU_C
-    np.tanh(y, out=y)
+    backend.namespace(y).tanh(y, out=y)
     y += 1.0
     y *= x
     y *= 0.5
@@ -131,18 +133,15 @@ def add(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def softmax(s: np.ndarray) -> np.ndarray:
     """Softmax over the last axis, in place (s is a scratch array of scores)."""
     s -= s.max(axis=-1, keepdims=True)
-    np.exp(s, out=s)
+    backend.namespace(s).exp(s, out=s)
     s *= 1.0 / s.sum(axis=-1, keepdims=True)
     return s
 
 
-@lru_cache(maxsize=16)
-def causal_mask(Tq: int, Tk: int, dtype: np.dtype) -> np.ndarray:
-    """[Tq, Tk]: 0 where query i (at position Tk - Tq + i) may look, -inf at the keys after it."""
-    future = np.arange(Tk) > np.arange(Tk - Tq, Tk)[:, None]       # True above the diagonal
-    mask = np.where(future, -np.inf, 0.0).astype(dtype)
-    mask.flags.writeable = False
-    return mask
+def causal_mask(Tq: int, Tk: int, dtype: np.dtype, xp=np) -> np.ndarray:
+    """[Tq, Tk]: 0 where query i (at position Tk - Tq + i) may look, -inf at the keys after it
+    (made once per shape on xp's device: backend.causal_mask)."""
+    return backend.causal_mask(xp, Tq, Tk, np.dtype(dtype))
 
 
 QUERY_BLOCK = 128  # prefill queries per block: a block attends only to the keys its last query may see
@@ -169,7 +168,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     Hkv, Tk = k.shape[0], k.shape[1]
     g = H // Hkv                                       # query heads per KV head
     q = q * (1.0 / math.sqrt(hd))                      # [H, Tq, hd]  scaled once, before the product
-    out = np.empty_like(q)                             # [H, Tq, hd]
+    xp = backend.namespace(q)
+    out = xp.empty_like(q)                             # [H, Tq, hd]
     q4, out4 = q.reshape(Hkv, g, Tq, hd), out.reshape(Hkv, g, Tq, hd)
     scored = 0                                         # query-key pairs computed, per query head
     for r0 in range(0, Tq, QUERY_BLOCK):
@@ -179,10 +179,11 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         qb = q4[:, :, r0:r1].reshape(Hkv, g * rows, hd)                # [Hkv, g·rows, hd]
         scores = qb @ k[:, :keys].transpose(0, 2, 1)                   # [Hkv, g·rows, keys]  QK^T
         if rows > 1:
-            scores.reshape(Hkv, g, rows, keys)[...] += causal_mask(rows, keys, scores.dtype)
+            masked = scores.reshape(Hkv, g, rows, keys)                # a view: one in-place add
+            xp.add(masked, causal_mask(rows, keys, scores.dtype, xp), out=masked)
         softmax(scores)
         if g == 1:                                                     # [H, rows, hd]  weighted sum of values
-            np.matmul(scores, v[:, :keys], out=out[:, r0:r1])
+            xp.matmul(scores, v[:, :keys], out=out[:, r0:r1])
         else:
             out4[:, :, r0:r1] = (scores @ v[:, :keys]).reshape(Hkv, g, rows, hd)
         scored += rows * keys
@@ -249,13 +250,15 @@ def lm_head(x: np.ndarray, head) -> np.ndarray:
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """Root-mean-square norm over the last axis: x / sqrt(mean(x²) + eps) · w. No centring, no shift.
-    x [..., n], w [n] -> [..., n] (Llama's norms over d, Qwen3's per-head q/k norms over hd)."""
-    ms = np.einsum("...i,...i->...", x, x)[..., None]       # [..., 1]  sum of squares, no temporary
+    x [..., n], w [n] -> [..., n] (Llama's norms over d, Qwen3's per-head q/k norms over hd).
+    (float16 rows are normalised in float32, then stored back in float16.)"""
+    ms = backend.row_sumsq(x, backend.accumulator(x.dtype))   # [..., 1]  sum of squares, no temporary
     ms *= 1.0 / x.shape[-1]
     ms += eps
-    np.sqrt(ms, out=ms)
+    backend.namespace(ms).sqrt(ms, out=ms)
     y = x / ms                                              # [..., n]
     y *= w
+    y = y.astype(x.dtype, copy=False)                       # (float32 and float64: y itself)
     m = meter.active()
     if m is not None:
         m.count("rms_norm", weights=w.nbytes, activations=x.nbytes + y.nbytes, other=4 * y.size)
@@ -276,11 +279,13 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     x [H, N, hd]; cos, sin [N, hd/2] (the rows of these N positions) -> [H, N, hd], a new array."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]                   # [H, N, hd/2] each
-    y = np.empty_like(x)
-    np.multiply(x1, cos, out=y[..., :half])
-    y[..., :half] -= x2 * sin                               # x1·cos − x2·sin
-    np.multiply(x2, cos, out=y[..., half:])
-    y[..., half:] += x1 * sin                               # x2·cos + x1·sin
+    xp = backend.namespace(x)
+    y = xp.empty_like(x)
+    y1, y2 = y[..., :half], y[..., half:]                   # views of y's halves (out= writes through them)
+    xp.multiply(x1, cos, out=y1)
+    xp.subtract(y1, x2 * sin, out=y1)                       # x1·cos − x2·sin
+    xp.multiply(x2, cos, out=y2)
+    xp.add(y2, x1 * sin, out=y2)                            # x2·cos + x1·sin
     m = meter.active()
     if m is not None:
         m.count("rope", activations=x.nbytes + y.nbytes + cos.nbytes + sin.nbytes, other=3 * y.size)
@@ -294,7 +299,7 @@ def swiglu(gate_up: np.ndarray) -> np.ndarray:
     F = gate_up.shape[-1] // 2
     gate, up = gate_up[:, :F], gate_up[:, F:]               # [N, F] each
     y = gate * 0.5
-    np.tanh(y, out=y)
+    backend.namespace(y).tanh(y, out=y)
     y += 1.0
     y *= 0.5                                                # sigmoid(gate)
     y *= gate

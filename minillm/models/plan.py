@@ -20,10 +20,11 @@ implement `attend`, so the blocks never ask which one they got.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
-from .. import meter
+from .. import backend, meter
 from ..config import ModelConfig
 from ..errors import PromptError
 from . import ops
@@ -54,7 +55,7 @@ class PerSequence:
     def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         if len(self.spans) == 1:
             return self.one(self.spans[0], layer, q, k, v)
-        out = np.empty_like(q)                                             # [H, N, hd]
+        out = backend.namespace(q).empty_like(q)                           # [H, N, hd]
         for s in self.spans:
             rows = slice(s.r0, s.r0 + s.n)
             out[:, rows] = self.one(s, layer, q[:, rows], k[:, rows], v[:, rows])
@@ -96,6 +97,7 @@ class BatchedDecode:
 
     def __init__(self, pool, caches: list, fused: bool = False) -> None:
         bs = pool.block_size
+        xp = backend.namespace(pool.k)                                     # the pool's device
         self.pool = pool
         self.fused = fused                 # the paged kernel (minillm/kernels/): no gather, no padding, no mask
         B = len(caches)
@@ -107,12 +109,13 @@ class BatchedDecode:
             row = c.table[:nb]
             table[i, :len(row)] = row
             table[i, len(row):] = row[0]
-        self.table = table                                                 # [B, nb]
-        self.blocks = table[np.arange(B), pos // bs]                      # where each new key goes
-        self.offsets = pos % bs
+        self.table = xp.asarray(table)                                     # [B, nb]  (laid out on the host,
+        self.blocks = xp.asarray(table[np.arange(B), pos // bs])          # where each new key goes   moved once
+        self.offsets = xp.asarray(pos % bs)                                #                           a step)
         self.T = nb * bs
         keys = np.arange(self.T)
-        self.mask = np.where(keys[None, :] < self.lengths[:, None], 0.0, -np.inf).astype(pool.k.dtype)[:, None, :]
+        mask = np.where(keys[None, :] < self.lengths[:, None], 0.0, -np.inf).astype(pool.k.dtype)[:, None, :]
+        self.mask = xp.asarray(mask)                                       # [B, 1, T]; lengths stay on the host
         self.held = int(sum(-(-int(n) // bs) for n in self.lengths)) * bs  # positions in blocks really held
 
     def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -136,9 +139,9 @@ class BatchedDecode:
     def read(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """Every sequence's keys and values, [Hkv, B, T, hd] each: one gather through the tables."""
         kp, vp = self.pool.k[layer], self.pool.v[layer]                    # [Hkv, blocks, bs, hd]
-        (H, _, _, hd), B = kp.shape, self.table.shape[0]
-        k = np.take(kp, self.table, axis=1).reshape(H, B, self.T, hd)     # [Hkv, B, nb, bs, hd] -> [Hkv, B, T, hd]
-        v = np.take(vp, self.table, axis=1).reshape(H, B, self.T, hd)
+        (H, _, _, hd), B, xp = kp.shape, self.table.shape[0], backend.namespace(kp)
+        k = xp.take(kp, self.table, axis=1).reshape(H, B, self.T, hd)     # [Hkv, B, nb, bs, hd] -> [Hkv, B, T, hd]
+        v = xp.take(vp, self.table, axis=1).reshape(H, B, self.T, hd)
         m = meter.active()
         if m is not None:
             m.count("kv_gather", kv_read=2 * H * self.held * hd * k.itemsize, activations=2 * (k.nbytes + v.nbytes))
@@ -186,13 +189,14 @@ def check_ids(ids, config: ModelConfig, pos: int = 0) -> np.ndarray:
 class StepPlan:
     """What the blocks and the head need from one step (see the module's docstring)."""
 
-    def __init__(self, spans: list[Span], ids: np.ndarray, positions: np.ndarray, wants: list,
+    def __init__(self, spans: list[Span], ids: np.ndarray, positions: np.ndarray, wants: list, xp=np,
                  kernels: str = "numpy") -> None:
         self.spans = spans
-        self.ids = ids                      # [N]
-        self.positions = positions          # [N]
+        self.xp = xp                        # the weights' module: ids and positions go to their device
+        self.ids = xp.asarray(ids)          # [N]
+        self.positions = xp.asarray(positions)   # [N]
         one = spans[0]
-        self.rows_of_positions = slice(one.pos, one.pos + one.n) if len(spans) == 1 else positions
+        self.rows_of_positions = slice(one.pos, one.pos + one.n) if len(spans) == 1 else self.positions
         self.wants = wants                  # per sequence: "last", "all" or None
         fused = kernels == "fused"
         self.attention = batched_decode(spans, fused) or PerSequence(spans, fused)
@@ -223,7 +227,8 @@ class StepPlan:
             return meter.NO_STEP
         return meter.step(self.kind, self.spans[0].pos, self.n_tokens,
                           attended=max(s.pos + s.n for s in self.spans),
-                          seqs=[(s.pos, s.n) for s in self.spans])
+                          seqs=[(s.pos, s.n) for s in self.spans],
+                          clock=None if self.xp is np else partial(backend.clock, self.xp))
 
     def advance(self) -> None:
         """The step ran: every cache now holds its new positions."""
@@ -245,7 +250,7 @@ class StepPlan:
         return out
 
 
-def plan_step(batch, scores, config: ModelConfig, kernels: str = "numpy") -> StepPlan:
+def plan_step(batch, scores, config: ModelConfig, xp=np, kernels: str = "numpy") -> StepPlan:
     """Check a step's batch [(ids, cache), ...] and lay it out. Every cache must already have room for
     its new positions (`cache.reserve(n)`: the caller's job, the engine's block manager in a server).
     kernels: "fused" attends with the numba kernels (the model's `kernels`)."""
@@ -270,4 +275,4 @@ def plan_step(batch, scores, config: ModelConfig, kernels: str = "numpy") -> Ste
     else:
         ids = np.concatenate(chunks)
         positions = np.concatenate([np.arange(s.pos, s.pos + s.n) for s in spans])
-    return StepPlan(spans, ids, positions, wants, kernels)
+    return StepPlan(spans, ids, positions, wants, xp, kernels)

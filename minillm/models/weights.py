@@ -15,6 +15,8 @@ answers the same calls, so `models/ops.py` never asks what kind of weight it hol
 Two implementations, both NumPy:
     Dense        a float array kept [in, out] for BLAS (its `matmul` shapes the product, below)
     QuantMatrix  [out, in] rows of GGUF blocks, widened by NumPy a tile at a time (models/quant.py)
+and one on a device (`make_weight(..., device=)`, backend.py):
+    DeviceDense  a Dense whose array lives on the device (CuPy on a GPU): the plain product `x @ a`
 Fused CPU kernels and GPU arrays are further classes answering the same calls; a model's
 constructor makes every weight through `make_weight`, so that choice is made in one place.
 """
@@ -25,6 +27,7 @@ from typing import Protocol
 
 import numpy as np
 
+from .. import backend
 from ..errors import WeightsError
 from .quant import FORMATS, QuantMatrix
 
@@ -113,6 +116,42 @@ class Dense:
         return {"weights": N * self.n_in * self.a.itemsize, "dequant": 0}
 
 
+class DeviceDense(Dense):
+    """A float weight on a device (a CuPy array on a GPU, [in, out]): the same interface, the plain
+    product (cuBLAS has no 8-row panels to shape for) and the gather on the device."""
+
+    def __array__(self, dtype=None, copy=None):
+        a = backend.to_host(self.a)                 # a device -> host copy
+        return a if dtype is None else a.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"DeviceDense({self.a.dtype}, {self.n_in}x{self.n_out}, {self.nbytes:,} bytes)"
+
+    def matmul(self, x):
+        return x @ self.a                           # [T, out]
+
+
+def to_device(w, device: backend.Device) -> Weight:
+    """A weight made on the host, moved once onto `device`. Quantized weights stay on the CPU: NumPy
+    widens their blocks there, and no GPU kernel for them is written yet."""
+    if not isinstance(w, Dense):
+        raise backend.DeviceError(f"{w.fmt.name} weights run on the CPU only; on --device {device.name} use "
+                                  "--weights float32 (float16 on a GPU: the default there)")
+    return DeviceDense(device.asarray(w.a))
+
+
+def fused_on_device(parts: list, rows: bool, dtype, xp):
+    """Device arrays (random weights drawn on a GPU) fused as make_weight fuses host ones: [in, out]."""
+    floats = [p.T if rows else p for p in parts]                                  # [in, out] each
+    a = xp.concatenate([f.T for f in floats], axis=0).T if len(floats) > 1 else floats[0]
+    return xp.ascontiguousarray(a, dtype=dtype)
+
+
+def on_device(a, device: backend.Device | None):
+    """A model's other arrays (norms, biases, position tables) on its device: a, or a copy there."""
+    return a if device is None or device.xp is np else device.asarray(a)
+
+
 FLOATS = ("float32", "float64")   # weights= values that keep (or widen to) floats in the model's dtype
 
 
@@ -128,7 +167,7 @@ def check_weights(weights: str) -> str:
 
 
 def make_weight(w, weights: str = "float32", dtype=np.float32, *, rows: bool = False,
-                contiguous: bool = True, kernels: str = "numpy") -> Weight:
+                contiguous: bool = True, device: backend.Device | None = None, kernels: str = "numpy") -> Weight:
     """The one place a model's product weights are made (issue 30's fused kernels and issue 31's GPU
     arrays are chosen here).
 
@@ -140,12 +179,18 @@ def make_weight(w, weights: str = "float32", dtype=np.float32, *, rows: bool = F
     "q4_1" keeps parts already in that format and quantizes the others' floats to it.
     contiguous: a float weight is copied contiguous (the layout BLAS streams); False keeps a view,
     for an embedding table that is only gathered from.
+    device: where the weight lives (backend.Device); None or the CPU: NumPy. Another device gets
+    the host weight moved once (`to_device`: floats only).
     kernels: "numpy" (the reference: Dense, QuantMatrix) or "fused" (minillm/kernels/: the same
-    weight multiplied by numba kernels that read it once, float32 only; see `fused_weight`).
+    weight multiplied by numba kernels that read it once; float32 on the CPU only; see `fused_weight`).
     """
-    if kernels == "fused" and np.dtype(dtype) == np.float32 and contiguous:
+    if kernels == "fused" and np.dtype(dtype) == np.float32 and contiguous and (device is None or device.xp is np):
         return fused_weight(make_weight(w, weights, dtype, rows=rows, contiguous=False))
     parts = w if isinstance(w, list) else [w]
+    if device is not None and device.xp is not np:
+        if all(not isinstance(p, (np.ndarray, QuantMatrix)) for p in parts):   # on the device already (drawn there)
+            return DeviceDense(fused_on_device(parts, rows, dtype, device.xp))
+        return to_device(make_weight(w, weights, dtype, rows=rows, contiguous=contiguous), device)
     fmt = weights if weights in FORMATS else None
     quant = [p for p in parts if isinstance(p, QuantMatrix)]
     if weights not in FLOATS and quant and len(quant) == len(parts) \
