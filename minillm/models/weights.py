@@ -229,9 +229,8 @@ def check_kernels(kernels: str) -> str:
 def stored(w, rows: bool = False):
     """A weight as a checkpoint holds it: a float weight's array ([in, out], or with rows=True its
     [out, in] rows: a view, no copy), a quantized one as it is."""
-    a = getattr(w, "a", None)                       # Dense, and the fused kernels' FusedDense
-    if isinstance(a, np.ndarray):
-        return a.T if rows else a
+    if isinstance(w, Dense) or hasattr(w, "wt"):     # Dense (on a device too), the fused kernels' FusedDense
+        return w.a.T if rows else w.a
     return w
 
 
