@@ -70,7 +70,7 @@ def run(args) -> int:
     prompt = read_prompt(args)
     if args.system is not None and not args.chat:
         raise PromptError("--system goes with --chat")
-    model = load_model(args.model, args.weights, args.device, args.kernels)
+    model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None))
     stop = ()
     if args.chat:
         from ..chat import render
