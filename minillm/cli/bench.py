@@ -155,6 +155,11 @@ def _run_with_bar(args, title: str, total: int, work):
         return work(lambda: bar.advance(task))
 
 
+def _verdict(ratio: float) -> str:
+    """A tokens/s ratio in words: within 5% is no ranking (one round on a busy machine moves more)."""
+    return "faster" if ratio > 1.05 else "slower" if ratio < 0.95 else "about the same, within 5%"
+
+
 def _blas(result) -> str:
     return f"BLAS: {result['blas']} ({result['blas_kernel']} kernels), {result['threads']} threads"
 
@@ -235,7 +240,7 @@ def bench_batches(args, model, batches: list[int], hw, others=None):
             both = sorted(set(num) & set(fus))
             if both:
                 out.print("fused against NumPy, same B: " + ", ".join(
-                    f"B = {B} {fus[B]['tok_s'] / num[B]['tok_s']:.2f}× ({'faster' if fus[B]['tok_s'] > num[B]['tok_s'] else 'slower'})"
+                    f"B = {B} {fus[B]['tok_s'] / num[B]['tok_s']:.2f}× ({_verdict(fus[B]['tok_s'] / num[B]['tok_s'])})"
                     for B in both))
         cb = result["critical_batch"]
         crit = "none (the KV cache grows as fast as the work)" if cb is None else f"B ≈ {cb}"
@@ -339,7 +344,10 @@ def bench_weights(args, hw, kernels=None) -> int:
                  "float32's whole step") if r["widen_ms"] else ("; no widening pass (the fused kernel widens in registers)"
                                                                if r["kernels"] == "fused" and r["weights"] != "float32" else "")
         base_name = f"float32 {base['kernels']}" if several else "float32"
-        out.print(f"{name}: {base['step_bytes'] / r['step_bytes']:.1f}× fewer bytes than {base_name}, "
+        fewer = base["step_bytes"] / r["step_bytes"]
+        fewer = (f"{fewer:.1f}× fewer bytes than {base_name}" if fewer >= 1.05 else f"{fewer:.2f}× the bytes of {base_name}"
+                 if fewer <= 0.95 else f"about the bytes of {base_name} ({fewer:.3f}×)")
+        out.print(f"{name}: {fewer}, "
                   f"decode {r['tok_s'] / base['tok_s']:.2f}× {base_name}'s tokens/s ({verdict}), prefill "
                   f"{base['prefill_s'] / r['prefill_s']:.2f}×{widen}")
     llc = hw.llc_bytes
