@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import minillm
+from minillm import kernels
 from minillm.lessons._common import (Lesson, bar_chart, fmt_bytes, fmt_time, fmt_x, growth_words, roofline_plot,
                                      run_lesson)
 from minillm.measure.batching import run_batch_bench
@@ -63,10 +64,14 @@ def same_tokens(L: Lesson, model) -> None:
     prompts = [enc.encode(p) for p in PROMPTS[:L.pick(8, 4)]]
     n = L.pick(24, 8)
     kw = dict(temperature=0.8, top_k=40, seed=7)
+    invariant = kernels.status()
     with L.status("the prompts batched, then one at a time…"):
         batched = minillm.generate_batch(model, prompts, n, **kw)
         alone = [minillm.generate(model, p, n, **kw) for p in prompts]
-    times = {"batched": [], "alone": []}
+        if invariant:                    # the batch-invariant mode: batched, and each prompt alone, both in it
+            batched_det = minillm.generate_batch(model, prompts, n, deterministic=True, **kw)
+            alone_det = [minillm.generate_batch(model, [p], n, deterministic=True, **kw)[0] for p in prompts]
+    times = {"batched": [], "alone": [], "invariant": []}
     for _ in L.progress_range(L.pick(3, 2), "timing batched against one at a time"):   # interleaved, medians
         t0 = time.perf_counter()
         minillm.generate_batch(model, prompts, n, **kw)
@@ -75,14 +80,23 @@ def same_tokens(L: Lesson, model) -> None:
         for p in prompts:
             minillm.generate(model, p, n, **kw)
         times["alone"].append(time.perf_counter() - t0)
+        if invariant:
+            t0 = time.perf_counter()
+            minillm.generate_batch(model, prompts, n, deterministic=True, **kw)
+            times["invariant"].append(time.perf_counter() - t0)
     tb, ta = statistics.median(times["batched"]), statistics.median(times["alone"])
     same = sum(a == b for a, b in zip(alone, batched))
     t = Table(header_style="bold")
     t.add_column("prompt")
     t.add_column("batched continuation (sampled, seed 7)")
     t.add_column("alone", justify="center")
-    for p, a, b in zip(PROMPTS, alone, batched):
-        t.add_row(escape(p), escape(enc.decode(b)[:48].replace("\n", " ")), "same" if a == b else "differs")
+    if invariant:
+        t.add_column("batch-invariant: alone", justify="center")
+    for i, (p, a, b) in enumerate(zip(PROMPTS, alone, batched)):
+        cells = [escape(p), escape(enc.decode(b)[:48].replace("\n", " ")), "same" if a == b else "differs"]
+        if invariant:
+            cells.append("same" if batched_det[i] == alone_det[i] else "differs")
+        t.add_row(*cells)
     L.show(t)
     L.say(f"""
         {len(prompts)} prompts × {n} tokens: batched {fmt_time(tb)}, one at a time {fmt_time(ta)}
@@ -102,6 +116,22 @@ def same_tokens(L: Lesson, model) -> None:
         with or without a cache hit. Engines now offer **batch-invariant** (deterministic) modes that
         fix every reduction's order whatever the batch, at a measured cost in throughput.
     """)
+    if not invariant:
+        L.note(f"the batch-invariant mode cannot run here ({escape(invariant.reason)}), so its column is left out")
+        L.pause()
+        return
+    kept = sum(a == b for a, b in zip(alone_det, batched_det))
+    ti = statistics.median(times["invariant"])
+    L.say(f"""
+        The last column is the **batch-invariant mode** (`generate_batch(..., deterministic=True)`,
+        `minillm serve --deterministic`): every product sums each row over its inputs in one fixed
+        order, and every query attends over exactly its own keys in tiles from key 0, so no row's
+        arithmetic depends on the rows beside it. There **{kept} of {len(prompts)}** sequences got
+        exactly their tokens alone (alone in the same mode), against {same} of {len(prompts)} above.
+        The price, this run: batched in that mode took {fmt_time(ti)}, **{fmt_x(ti / tb)}** the time
+        of the default batched run (medians of the same interleaved runs).
+    """)
+    L.claim(kept == len(prompts), f"batch-invariant: {kept} of {len(prompts)} sequences equal their tokens alone")
     L.pause()
 
 

@@ -551,3 +551,65 @@ def test_the_gpu_lesson_on_a_gpu_renders_its_measurements(capsys, monkeypatch):
     assert "the Llama-2-7B shape cut to 4 of its 32 layers (what fits in fast mode)" in out
     assert "✓ checked: FLOP/byte rises with every larger batch" in out
 
+
+
+@pytest.mark.parametrize("wrong", ["every expert", "once per row"])
+def test_lesson_15s_claims_fail_when_the_meter_misses_the_union(wrong, monkeypatch, capsys):
+    """Lesson 15 checks the run's bytes against the experts its router chose: a meter that counts every
+    expert of a layer (the total, not the active), or each chosen expert once per row that chose it
+    (no grouping, so B = 1 still holds and only the batches go wrong), fails it."""
+    import numpy as np
+
+    from minillm import meter
+    from minillm.models import moe
+
+    real_route, real_mlp, chosen = moe.route, moe.experts_mlp, []
+
+    def route(x, router, k, norm_topk):
+        top, w = real_route(x, router, k, norm_topk)
+        chosen.append(top)
+        return top, w
+
+    def experts_mlp(x, p, c):
+        y = real_mlp(x, p, c)
+        m, top = meter.active(), chosen.pop()
+        if m is not None:
+            per_row = np.bincount(top.ravel(), minlength=c.n_expert)
+            extra = (per_row == 0) if wrong == "every expert" else np.maximum(per_row - 1, 0)
+            m.count("linear", weights=sum(int(n) * sum(w.nbytes for w in moe.expert(p, e).values())
+                                          for e, n in enumerate(extra)))
+        return y
+
+    monkeypatch.setattr(moe, "route", route)
+    monkeypatch.setattr(moe, "experts_mlp", experts_mlp)
+    assert _lesson(15).main(["--fast", "--no-pause"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    said = out.split("did not hold")[1]
+    assert ("the closed form for 2 experts" in said) == (wrong == "every expert"), said[:300]
+    assert ("at every B" in said) == (wrong == "once per row"), said[:300]
+
+
+@pytest.mark.parametrize("rounds, words", [
+    (([8.0, 7.5], [4.0, 3.5]), "bought the dense model more, in every round"),
+    (([3.0, 3.2], [4.0, 3.5]), "bought the mixture more, in every round"),
+    (([8.0, 3.0], [4.0, 3.5]), "this run does not rank them"),
+])
+def test_lesson_15s_batching_verdict_ranks_only_when_every_round_agrees(rounds, words):
+    """On a busy machine one round can invert the order: the lesson ranks the two models' gains from
+    batching only when every round agrees (tokens/s at B = 1 are 1 in these rounds, so a gain is B = 32's)."""
+    m = _lesson(15)
+    dense, mix = rounds
+    tps = {("dense", 1): [1.0, 1.0], ("mixture", 1): [1.0, 1.0], ("dense", 32): dense, ("mixture", 32): mix}
+    gain = {(name, B): 1.0 for name in ("dense", "mixture") for B in m.BATCHES}
+    assert words in m.measured_words(tps, gain)
+
+
+@pytest.mark.parametrize("crit, words", [({"dense": 6, "mixture": 22}, "3.67× the batch, about its total"),
+                                         ({"dense": 6, "mixture": 48}, "8× the batch, more than its total"),
+                                         ({"dense": 6, "mixture": 6}, "1× the batch, less than its total"),
+                                         ({"dense": 6, "mixture": None}, "never reach the ridge")])
+def test_lesson_15s_critical_batch_sentence_follows_its_numbers(crit, words):
+    text = " ".join(_lesson(15).roofline_words(crit, 16, 2, 3.79).split())
+    assert words in text, text
+    said = _lesson(15).critical_ratio_words(crit, _lesson(15).FAST_PRESETS["random-moe-16x2"])
+    assert ("no bigger" in said) == (crit["mixture"] == crit["dense"]), said

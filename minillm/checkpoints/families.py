@@ -3,6 +3,7 @@
     family  config       model  Hugging Face model_type  GGUF architecture    reads
     gpt2    GPT2Config   GPT2   gpt2                     gpt2                 checkpoint.py
     llama   LlamaConfig  Llama  llama, qwen2, qwen3      llama, qwen2, qwen3  llama_load.py
+    moe     MoEConfig    MoE    mixtral, qwen3_moe       (none yet)           llama_load.py
 
 `minillm.load` finds the source, then `family_of(path)` reads the family from the file's own
 metadata (config.json's `model_type`, a GGUF's `general.architecture` through the one bounded GGUF
@@ -14,12 +15,13 @@ tables) serve both the reader and `minillm quantize`'s writer. A new family is o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
 from ..config import LLAMA_TYPES, GPT2Config, LlamaConfig
 from ..errors import ConfigError
-from ..models import gpt2, llama
+from ..models import gpt2, llama, moe
 from ..models.base import CausalLM
 from ..models.weights import FLOATS
 from .checkpoint import gpt2_from_folder, gpt2_from_gguf
@@ -36,7 +38,7 @@ class Family:
     gguf_archs: tuple[str, ...]    # the GGUF `general.architecture`s it reads
     names: GGUFNames               # its tensors' names, checkpoint <-> GGUF
     from_folder: Callable          # (path, dtype, weights, name, device, kernels=) -> model: a Hugging Face checkpoint
-    from_gguf: Callable            # (metadata, tensors, path, dtype, weights, name, device, kernels=) -> model
+    from_gguf: Callable | None     # (metadata, tensors, path, dtype, weights, name, device, kernels=) -> model
     tokenizer: Callable            # (path) -> its own tokenizer, or None: GPT-2's (minillm.tokenizer)
 
 
@@ -47,6 +49,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("llama", LlamaConfig, llama.Llama, LLAMA_TYPES, LLAMA_TYPES,
            GGUFNames("layers", llama.GGUF_BLOCK_NAMES, llama.GGUF_TOP_NAMES), llama_from_folder, llama_from_gguf,
            llama_tokenizer),
+    Family("moe", moe.MoEConfig, moe.MoE, tuple(moe.MOE_TYPES), (),          # no GGUF reader yet
+           GGUFNames("layers", llama.GGUF_BLOCK_NAMES, llama.GGUF_TOP_NAMES), partial(llama_from_folder, model=moe.MoE),
+           None, llama_tokenizer),
 )
 
 

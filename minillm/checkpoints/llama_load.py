@@ -78,20 +78,24 @@ def read_tensors(folder: Path, file: Path | None = None) -> dict[str, np.ndarray
 
 
 def llama_from_folder(path: Path, dtype=np.float32, weights: str = "float32", name: str | None = None,
-                      device=None, kernels: str = "numpy"):
+                      device=None, *, model=None, kernels: str = "numpy"):
     """A Llama-family model from a Hugging Face folder (or one of its safetensors files), with its
-    own tokenizer attached as `.tokenizer` (None when absent)."""
+    own tokenizer attached as `.tokenizer` (None when absent). model: the class to build, a `Llama`
+    or a subclass of it (the mixture of experts' row passes `models.moe.MoE`); its `CONFIG` reads
+    config.json and its `manifest` checks the tensors."""
     from .. import model_tokenizer as mt
+    from ..models.llama import Llama
+    model = model or Llama
     path = Path(path)
     folder, file = (path.parent, path) if path.is_file() else (path, None)
-    config = LlamaConfig.from_hf(read_json(folder / "config.json"), str(folder / "config.json"))
+    config = model.CONFIG.from_hf(read_json(folder / "config.json"), str(folder / "config.json"))
     tensors = read_tensors(folder, file)
     gen = read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
     eos = gen.get("eos_token_id")
     eos = eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []
     tok = mt.from_folder(folder, eos) if (folder / "tokenizer.json").is_file() or \
         (folder / "tokenizer.model").is_file() else None
-    return _build(config, tensors, tok, folder, dtype, weights, name, device, kernels)
+    return _build(config, tensors, tok, folder, dtype, weights, name, device, model, kernels)
 
 
 def llama_from_gguf(md: dict, tensors: dict, path: Path, dtype=np.float32, weights: str = "float32",
@@ -108,7 +112,8 @@ def llama_from_gguf(md: dict, tensors: dict, path: Path, dtype=np.float32, weigh
                 key = f"layers.{i}.self_attn.{proj}.weight"
                 if key in tensors and tensors[key].ndim == 2 and tensors[key].shape[0] % (2 * heads) == 0:
                     tensors[key] = unpermute(tensors[key], heads)
-    return _build(c, tensors, mt.from_gguf_metadata(md, path), Path(path), dtype, weights, name, device, kernels)
+    return _build(c, tensors, mt.from_gguf_metadata(md, path), Path(path), dtype, weights, name, device,
+                  kernels=kernels)
 
 
 def llama_tokenizer(path: Path):
@@ -122,17 +127,18 @@ def llama_tokenizer(path: Path):
 
 
 def _build(config: LlamaConfig, tensors: dict, tok, where: Path, dtype, weights: str, name: str | None,
-           device=None, kernels: str = "numpy"):
+           device=None, model=None, kernels: str = "numpy"):
     from ..models.llama import Llama, check_tensors
-    check_tensors(tensors, config, str(where))
+    model = model or Llama
+    check_tensors(tensors, config, str(where), expected=model.manifest)
     check_all_finite(tensors, where)
     if tok is not None and tok.n_vocab > config.vocab_size:
         raise WeightsError(f"{where}: the tokenizer has {tok.n_vocab:,} ids but the model only "
                            f"{config.vocab_size:,}: they do not belong together")
-    model = Llama(config, tensors, name=name or where.name, dtype=dtype,
+    built = model(config, tensors, name=name or where.name, dtype=dtype,
                   eos_ids=tok.eos_ids if tok is not None else (), weights=weights, device=device, kernels=kernels)
-    model.tokenizer = tok
-    return model
+    built.tokenizer = tok
+    return built
 
 
 def check_all_finite(tensors: dict, where) -> None:

@@ -14,6 +14,7 @@ from ..models.base import CausalLM
 from ..models.gpt2 import GPT2, random_params
 from ..kernels import default as default_kernels
 from ..models.weights import FLOATS, check_kernels, check_weights
+from ..models.moe import MOE_PRESETS, random_moe
 from .. import backend
 from .families import load_path
 from ..paths import expand_user, not_a_regular_file, package_weights_dir
@@ -31,8 +32,8 @@ BUNDLED = {"small": ("", "minillm-shakespeare"), "large": ("large", "minillm-sha
 
 def model_names() -> list[str]:
     return ["default or small (the bundled model)", "large (the bundled 8-layer model)",
-            *(f"random-{k}" for k in GPT2_SIZES), "random-tiny", *DOWNLOADABLE, *LLAMA_DOWNLOADABLE,
-            "a Hugging Face llama/qwen2/qwen3 folder", "a .gguf file"]
+            *(f"random-{k}" for k in GPT2_SIZES), "random-tiny", *MOE_PRESETS, *DOWNLOADABLE, *LLAMA_DOWNLOADABLE,
+            "a Hugging Face llama/qwen2/qwen3/mixtral/qwen3_moe folder", "a .gguf file"]
 
 
 def bundled_dir(which: str = "small") -> Path:
@@ -76,10 +77,11 @@ def load(source: str | Path | None = None, *, dtype=None, quiet: bool = False,
 
     source: None or "default" or "small" (the bundled Shakespeare model), "large" (the bundled
     8-layer one, beyond the CPU's last-level cache in float32), "random-124m" / "random-355m" /
-    "random-774m" / "random-1558m" (GPT-2-shaped random weights, seeded, std 0.02), "random-tiny", a
-    downloaded "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl" or "smollm2-135m" (`minillm download
-    NAME` fetches them), a checkpoint folder or .safetensors file (GPT-2 or a Hugging Face
-    llama/qwen2/qwen3 folder), or a .gguf file. The family comes from the file's own metadata
+    "random-774m" / "random-1558m" (GPT-2-shaped random weights, seeded, std 0.02), "random-tiny",
+    "random-moe-16x2" (a mixture of 16 experts, top-2) and "random-moe-16x2-dense" (a Llama with its
+    active bytes: models/moe.py), a downloaded "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl" or
+    "smollm2-135m" (`minillm download NAME` fetches them), a checkpoint folder or .safetensors file
+    (GPT-2 or a Hugging Face llama/qwen2/qwen3/mixtral/qwen3_moe folder), or a .gguf file. The family comes from the file's own metadata
     (checkpoints/families.py).
     weights: "float32", "native" (as the checkpoint has them: a GGUF's Q8_0 / Q4_0 / Q4_1 matrices stay
     quantized, float checkpoints stay float), or "q8_0", "q4_0", "q4_1": quantized at load as GGUF
@@ -121,6 +123,8 @@ def load(source: str | Path | None = None, *, dtype=None, quiet: bool = False,
             print("minillm: no bundled model is installed; using a small random model (random-tiny)", file=sys.stderr)
         return random_model("random-tiny", dtype, w, on, kernels)
     source_str = str(source)
+    if source_str in MOE_PRESETS:
+        return random_moe(source_str, dtype, w, on)
     if source_str.startswith("random-"):
         if source_str.removeprefix("random-") not in (*GPT2_SIZES, "tiny"):
             raise ModelNotFoundError(f"unknown model {source_str!r}; choose one of: {', '.join(model_names())}")

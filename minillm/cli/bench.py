@@ -15,7 +15,8 @@ from rich.table import Table
 from ..checkpoints.load import load
 from ..engine.speculative import MAX_K, check_draft_model
 from ..errors import MiniLLMError
-from ..measure.batching import check_batches, run_batch_bench
+from ..kernels import invariant
+from ..measure.batching import check_batches, run_batch_benches
 from ..measure.bench import check_contexts, run_bench
 from ..measure.gpu import gpu_figures, summary as gpu_summary
 from ..measure.hardware import machine
@@ -27,7 +28,9 @@ from .common import err, note_if_busy, out
 
 def add_arguments(parser) -> None:
     parser.add_argument("--model", default=None,
-                        help="model to benchmark (default random-124m; with --speculate, the bundled large model)")
+                        help="model to benchmark (default random-124m; with --speculate, the bundled large model); "
+                             "with --batch, several comma-separated, measured in the same interleaved rounds "
+                             "(e.g. random-moe-16x2,random-moe-16x2-dense)")
     parser.add_argument("--contexts", default="16,128,512,1000",
                         help="comma-separated context lengths (default 16,128,512,1000)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds; medians are reported (default 5)")
@@ -36,6 +39,9 @@ def add_arguments(parser) -> None:
                              "the roofline and bare passes over the weights; shows this machine's critical batch")
     parser.add_argument("--batch-context", type=int, default=16, metavar="N",
                         help="with --batch: prompt length of every sequence (default 16)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="with --batch: also run each step batch-invariant (serve --deterministic), "
+                             "interleaved, to measure what it costs")
     parser.add_argument("--speculate", default=None, metavar="K,K,...",
                         help="instead: speculative decoding with K guesses per round, for each K (e.g. 1,2,4,8), "
                              "against plain cached decode, on real held-out text")
@@ -118,18 +124,30 @@ def run(args) -> int:
     if len(kernels) > 1 and batches is None:
         raise MiniLLMError("--kernels numpy,fused compares the kernels with --weights or --batch: give one of them "
                            "(or one kernel)")
-    source = args.model or ("large" if ks is not None else "random-124m")
-    model = load(source, kernels=kernels[0])
-    others = {k: load(source, kernels=k) for k in kernels[1:]}
+    names = [n.strip() for n in (args.model or "").split(",") if n.strip()] if batches is not None else []
+    names = names or [args.model or ("large" if ks is not None else "random-124m")]
+    models = {}
+    for n in names:                                   # each model once per kernel, all in the same rounds
+        for k in kernels:
+            m = load(n, kernels=k)
+            if batches is not None:
+                check_batches(m, batches, args.batch_context)
+            label = m.name if len(kernels) == 1 else f"{m.name} {k}"
+            models[label if label not in models else f"{label} ({len(models) + 1})"] = m
+    model = next(iter(models.values()))
+    if args.deterministic and batches is None:
+        raise MiniLLMError("--deterministic measures the batch-invariant mode's cost with --batch: give --batch too")
     if batches is not None:
         check_batches(model, batches, args.batch_context)
+        if args.deterministic:
+            invariant.check()
     elif ks is None:
         check_contexts(model, contexts)
     hw = machine(progress=not args.json)     # this thread count's figures (measured once, then cached)
     if ks is not None:
         result, show = bench_speculation(args, model, ks, hw)
     elif batches is not None:
-        result, show = bench_batches(args, model, batches, hw, others)
+        result, show = bench_batches(args, models, batches, hw)
     else:
         result, show = bench_contexts(args, model, contexts, hw)
     result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(), kernels=kernels,
@@ -202,51 +220,86 @@ def bench_contexts(args, model, contexts: list[int], hw):
     return result, show
 
 
-def bench_batches(args, model, batches: list[int], hw, others=None):
-    result = _run_with_bar(args, f"batched decode, {escape(model.name)}", args.repeats * len(batches),
-                           lambda tick: run_batch_bench(model, batches, hw, context=args.batch_context,
-                                                        repeats=args.repeats, progress=tick, others=others))
-    several = bool(others)
-    result["machine"] = {"bandwidth_gbs": hw.bandwidth_gbs, "method": hw.method, "peak_gflops": hw.peak_gflops}
+def bench_batches(args, models: dict, batches: list[int], hw):
+    names = ", ".join(escape(n) for n in models)
+    results = _run_with_bar(args, f"batched decode, {names}", args.repeats,
+                            lambda tick: run_batch_benches(models, batches, hw, context=args.batch_context,
+                                                           repeats=args.repeats, progress=tick,
+                                                           deterministic=args.deterministic))
+    machine_ = {"bandwidth_gbs": hw.bandwidth_gbs, "method": hw.method, "peak_gflops": hw.peak_gflops}
+    for r in results.values():
+        r["machine"] = machine_
+    result = next(iter(results.values())) if len(results) == 1 else {"models": list(results.values())}
+    together = "" if len(results) == 1 else f", interleaved with {len(results) - 1} other model(s)"
 
     def show():
-        t = _table(f"{escape(model.name)}: decode with B sequences at once, prompts of {result['context']}, "
-                   f"{result['kernels_title']} (medians of {args.repeats} interleaved rounds)",
-                   ("B", *(("kernels",) if several else ()), "tok/s", "ms/step", "roofline", "FLOP/byte", "GB/s",
-                    "GFLOP/s", "x @ W", "engine"))
-        for r in sorted(result["rows"], key=lambda r: (r["batch"], r["kernels"])):
-            t.add_row(str(r["batch"]), *((r["kernels"],) if several else ()), f"{r['tok_s']:.0f}", f"{r['ms_step']:.1f}",
-                      f"{r['roofline_ms']:.1f} {r['bound'][:3]}", f"{r['intensity']:.1f}", f"{r['gbps']:.1f}",
-                      f"{r['gflops']:.1f}", f"{r['bare_plain_ms']:.1f}", f"{r['bare_engine_ms']:.1f}")
-        out.print(t)
-        out.print("[dim]roofline: max(bytes / bandwidth, FLOPs / peak) for the step's counted bytes and FLOPs; "
-                  "x @ W and engine: ms for one bare pass of B rows over every weight, the plain product and "
-                  "minillm's ops.matmul (2 rows as matrix-vector products, 3-63 padded to a multiple of 8)[/]")
-        base = next((r for r in result["rows"] if r["batch"] == 1 and r["kernels"] == model.kernels), None)
-        if base:
-            best = max((r for r in result["rows"] if r["kernels"] == model.kernels), key=lambda r: r["tok_s"])
-            out.print(f"B = 1: {base['ms_step']:.1f} ms a step; bare matrix-vector pass \\[in, out] "
-                      f"{result['bare_in_out_ms']:.1f} ms, \\[out, in] {result['bare_out_in_ms']:.1f} ms: the engine "
-                      f"runs at {100 * result['b1_of_bare']:.0f}% of the faster. Best: B = {best['batch']}, "
-                      f"{best['tok_s'] / base['tok_s']:.1f}× the tokens/s of B = 1 ({model.kernels} kernels).")
-        for k in ([model.kernels] + list(others or {})) if several else []:
-            rows = {r["batch"]: r for r in result["rows"] if r["kernels"] == k}
-            if 1 in rows:
-                out.print(f"{k}: " + ", ".join(f"B = {B} {rows[B]['tok_s'] / rows[1]['tok_s']:.2f}×" for B in sorted(rows)
-                                                if B != 1) + " the tokens/s of its own B = 1")
-        if several:
-            num = {r["batch"]: r for r in result["rows"] if r["kernels"] == "numpy"}
-            fus = {r["batch"]: r for r in result["rows"] if r["kernels"] == "fused"}
-            both = sorted(set(num) & set(fus))
-            if both:
-                out.print("fused against NumPy, same B: " + ", ".join(
+        for name, res in results.items():
+            _show_batches(args, name, res, hw, together, f"{_blas(result)}; {result.get('kernels_title', '')}")
+        by_model: dict = {}
+        for label, m in models.items():
+            by_model.setdefault(m.name, {})[m.kernels] = results[label]
+        for name, by in by_model.items():
+            if "numpy" in by and "fused" in by:
+                num = {r["batch"]: r for r in by["numpy"]["rows"]}
+                fus = {r["batch"]: r for r in by["fused"]["rows"]}
+                out.print(f"{escape(name)}, fused against NumPy at the same B (tokens/s): " + ", ".join(
                     f"B = {B} {fus[B]['tok_s'] / num[B]['tok_s']:.2f}× ({_verdict(fus[B]['tok_s'] / num[B]['tok_s'])})"
-                    for B in both))
-        cb = result["critical_batch"]
-        crit = "none (the KV cache grows as fast as the work)" if cb is None else f"B ≈ {cb}"
-        out.print(f"critical batch on this machine: {crit} — ridge {result['ridge_flops_per_byte']:.1f} FLOP/byte "
-                  f"= {hw.peak_gflops:.0f} GFLOP/s ÷ {hw.bandwidth_gbs:.1f} GB/s; {_blas(result)}")
+                    for B in sorted(set(num) & set(fus))))
+
     return result, show
+
+
+def _show_batches(args, name: str, result: dict, hw, together: str, blas: str) -> None:
+    moe = result["experts"] is not None
+    cols = ["B", "tok/s", "ms/step", "weights/step", "roofline", "FLOP/byte", "GB/s", "x @ W", "engine"]
+    if moe:
+        E, k = result["experts"]
+        cols[4:4] = ["chose", "uniform", "its bytes"]
+    t = _table(f"{escape(name)}: decode with B sequences at once, prompts of {result['context']} "
+               f"(medians of {args.repeats} rounds{together})", cols)
+    for r in result["rows"]:
+        cells = [str(r["batch"]), f"{r['tok_s']:.0f}", f"{r['ms_step']:.1f}", fmt_bytes(r["weight_bytes"]),
+                 f"{r['roofline_ms']:.1f} {r['bound'][:3]}", f"{r['intensity']:.1f}", f"{r['gbps']:.1f}",
+                 f"{r['bare_plain_ms']:.1f}", f"{r['bare_engine_ms']:.1f}"]
+        if moe:
+            cells[4:4] = [f"{r['experts_chosen']:.1f}", f"{r['experts_uniform']:.1f}",
+                          fmt_bytes(r["uniform_weight_bytes"])]
+        t.add_row(*cells)
+    out.print(t)
+    out.print("[dim]weights/step: the meter's weight bytes of one step; roofline: max(bytes / bandwidth, FLOPs / "
+              "peak) for the step's counted bytes and FLOPs; x @ W and engine: ms for one bare pass of B rows "
+              "over every weight, the plain product and minillm's ops.matmul (2 rows as matrix-vector products, "
+              "3-63 padded to a multiple of 8)[/]")
+    if moe:
+        out.print(f"[dim]a mixture of E = {E} experts, top-k = {k}: chose: the experts its router chose in the "
+                  "counted step, mean over the sparse layers; uniform: E·(1 − (1 − k/E)^B), uniform routing's "
+                  "expected union; its bytes: the weight bytes of that union by the closed form; its bare "
+                  "passes run the chosen experts with all B rows each[/]")
+    base = next((r for r in result["rows"] if r["batch"] == 1), None)
+    if base:
+        best = max(result["rows"], key=lambda r: r["tok_s"])
+        out.print(f"B = 1: {base['ms_step']:.1f} ms a step; bare matrix-vector pass \\[in, out] "
+                  f"{result['bare_in_out_ms']:.1f} ms, \\[out, in] {result['bare_out_in_ms']:.1f} ms: the engine "
+                  f"runs at {100 * result['b1_of_bare']:.0f}% of the faster. Best: B = {best['batch']}, "
+                  f"{best['tok_s'] / base['tok_s']:.1f}× the tokens/s of B = 1.")
+    if result["deterministic"]:
+        out.print(deterministic_table(result))
+    cb = result["critical_batch"]
+    crit = "none up to B = 65,536 on this run's counts" if cb is None else f"B ≈ {cb:,}"
+    out.print(f"critical batch on this machine: {crit} — ridge {result['ridge_flops_per_byte']:.1f} FLOP/byte "
+              f"= {hw.peak_gflops:.0f} GFLOP/s ÷ {hw.bandwidth_gbs:.1f} GB/s; {blas}")
+
+
+def deterministic_table(result) -> Table:
+    """The batch-invariant mode against the default, per B, from the same interleaved rounds."""
+    t = _table(f"batch-invariant mode (--deterministic) against the default, same rounds, prompts of "
+               f"{result['context']}", ("B", "prefill ms", "det. prefill ms", "×", "decode ms/step",
+                                        "det. ms/step", "×", "det. tok/s"))
+    for r in result["rows"]:
+        t.add_row(str(r["batch"]), f"{r['prefill_ms']:.1f}", f"{r['det_prefill_ms']:.1f}",
+                  f"{r['det_prefill_ms'] / r['prefill_ms']:.2f}", f"{r['ms_step']:.1f}", f"{r['det_ms_step']:.1f}",
+                  f"{r['det_ms_step'] / r['ms_step']:.2f}", f"{r['det_tok_s']:.0f}")
+    return t
 
 
 def bench_speculation(args, model, ks: list[int], hw):

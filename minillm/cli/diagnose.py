@@ -119,8 +119,10 @@ def run(args) -> int:
     def on_chip(ph: Phase) -> float:
         return roofline(ph.fused * FP16, ph.flops, chip).seconds
 
+    moe = (f", {c.active_params() / 1e6:,.0f}M active per token: top-{model.experts[1]} of {model.experts[0]} "
+           "experts" if model.experts else "")
     out.print(f"[bold]Workload[/]: prompts of {P} tokens{f' ({S} shared by every request)' if S else ''}, "
-              f"answers of {N} tokens, on {escape(model.name)} ({model.n_params() / 1e6:,.0f}M parameters); "
+              f"answers of {N} tokens, on {escape(model.name)} ({model.n_params() / 1e6:,.0f}M parameters{moe}); "
               f"this machine beside {chip.name}.")
     t = Table(box=box.SIMPLE_HEAD, header_style="bold", title="One request, phase by phase", title_justify="left")
     for col in ("phase", "FLOPs", "bytes", "here", chip.name):
@@ -150,15 +152,19 @@ def run(args) -> int:
         out.print(f"[dim]measured here, one run each: the prefill {_t(pre_seconds)}, a decode step "
                   f"{_t(first.seconds)}. The roofline is the best case; the gap is what the engine leaves.[/]")
 
-    # Throughput against latency: B sequences share each read of the weights.
+    # Throughput against latency: B sequences share each read of the weights (a mixture's: the union
+    # of their experts, `model.step_weight_bytes(B)` under uniform routing, beyond the one token's).
     if first is not None:
         own_fused = report.fused_bytes(first, c, 4) - first.bytes["weights"]
+        union = " (a mixture: the union of their experts, uniform routing)" if model.experts else ""
         bt = Table(box=box.SIMPLE_HEAD, header_style="bold", title_justify="left",
-                   title=f"Batched decode on {chip.name}: B requests share each weight read (roofline, fused, fp16)")
+                   title=f"Batched decode on {chip.name}: B requests share each weight read{union} (roofline, "
+                         "fused, fp16)")
         for col in ("B", "time per step", "tokens/s in all", "tokens/s per request", "bound"):
             bt.add_column(col, justify="right", no_wrap=True)
         for B in BATCHES:
-            r = roofline((first.bytes["weights"] + B * own_fused) * FP16, B * first.total_flops, chip)
+            weights = first.bytes["weights"] + model.step_weight_bytes(B) - model.step_weight_bytes(1)
+            r = roofline((weights + B * own_fused) * FP16, B * first.total_flops, chip)
             bt.add_row(str(B), _t(r.seconds), f"{B / r.seconds:,.0f}", f"{1 / r.seconds:,.0f}", r.bound)
         out.print(bt)
 

@@ -30,7 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remeasure", action="store_true", help="measure this machine again at this thread count, replacing those cached figures")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of tables")
     parser.add_argument("--shape", metavar="NAME", help="a model shape by name (llama-3-8b, llama-2-7b, mistral-7b, "
-                        "qwen2.5-7b, smollm2-135m, gpt2-124m, ...): weights and KV bytes per token from it")
+                        "qwen2.5-7b, smollm2-135m, gpt2-124m, mixtures of experts mixtral-8x7b, qwen3-30b-a3b, "
+                        "deepseek-v3, ...): weights and KV bytes per token from it; a mixture's active and "
+                        "total bytes and its GPU ceilings")
     parser.add_argument("--context", type=int, default=None, metavar="T",
                         help="with --shape: tokens in the KV cache for the decode step (default: the shape's context)")
     parser.add_argument("--fit", type=int, default=None, metavar="T",
@@ -232,7 +234,9 @@ def run_shape(args: argparse.Namespace) -> int:
         raise MiniLLMError(f"--chip {args.chip}: {hw.name} has no memory figure here: give --memory SIZE")
     step = decode_step_bytes(s, context, b, kvb)
     kv_tok = kv_bytes_per_token(s, kvb)
-    lines = [f"{s['name']} (weights {args.dtype}, KV {kvd}): {s['n_params'] / 1e9:.2f}B params, {s['n_layer']} "
+    moe = (f" ({s['n_active'] / 1e9:.2f}B active: top-{s['top_k']} of {s['n_expert']} experts in "
+           f"{s['sparse_layers']} of the layers)" if "n_active" in s else "")
+    lines = [f"{s['name']} (weights {args.dtype}, KV {kvd}): {s['n_params'] / 1e9:.2f}B params{moe}, {s['n_layer']} "
              f"layers,",
              f"  {s['n_head']} heads, "
              + (f"a latent of {s['kv_latent']} values per layer cached (multi-head latent attention)"
@@ -246,6 +250,9 @@ def run_shape(args: argparse.Namespace) -> int:
     if s.get("window"):
         lines.append(f"  sliding window: {s['local_layers']} of {s['n_layer']} layers keep only the last "
                      f"{s['window']:,} tokens")
+    if moe:
+        lines.append(f"  weights held: {s['n_params'] * b / 1e9:,.2f} GB (every expert); read by one token: "
+                     f"{step['weights'] / 1e9:,.2f} GB (its experts)")
     if fit is None and hw is not None:
         ms = step["total"] / (hw.bandwidth_gbs * 1e9) * 1e3
         lines += [f"  weights per decode step: {step['weights'] / 1e9:,.2f} GB",
@@ -257,5 +264,42 @@ def run_shape(args: argparse.Namespace) -> int:
         cap = capacity(s, context, memory, bytes_per_weight=b, kv_bytes_per_value=kvb, utilisation=util)
         where = (f"in {args.memory}" if getattr(args, "memory", None) else f"in {hw.name}'s {hw.memory_gb:g} GB")
         lines += capacity_lines(cap, s, args.dtype, kvd, where)
+    if moe and fit is None:
+        lines += moe_ceilings(s, context, b, kvb, [hw] if args.chip else [c for c in CHIPS.values() if c.memory_gb])
     Console().print("\n".join(lines), highlight=False, soft_wrap=True)
     return 0
+
+
+MOE_BATCH = 32
+
+
+def moe_ceilings(s: dict, context: int, b: float, kvb: float, chips: list) -> list[str]:
+    """A mixture's decode ceilings on each chip, by the roofline: batch 1 reading the active weights,
+    the same if a token read every expert (the total: a dense model of its size), and a step of
+    MOE_BATCH tokens reading uniform routing's union of experts (`experts.params_read`); each with
+    the KV of `context` tokens per sequence and 2 FLOPs per weight a token multiplies (attention's
+    FLOPs aside). And whether the total fits the chip's memory."""
+    from ..measure.chips import roofline
+    from ..measure.experts import params_read
+    from ..models.moe import expected_distinct_experts
+    from ..measure.shapes import kv_bytes_per_sequence
+    B, kv = MOE_BATCH, kv_bytes_per_sequence(s, context, kvb)
+    lines = [f"  GPU ceilings at context {context:,} (roofline; ms per step, tokens/s):",
+             f"    {'chip':<14}{'batch 1, active':>18}{'if dense (total)':>19}{f'batch {B}, union':>21}  weights fit?"]
+    for hw in chips:
+        one = roofline(params_read(s) * b + kv, 2 * s["n_active"], hw)
+        dense = roofline(s["n_params"] * b + kv, 2 * s["n_params"], hw)
+        many = roofline(params_read(s, B) * b + B * kv, 2 * B * s["n_active"], hw)
+        held = s["n_params"] * b / 1e9
+        fits = (f"yes, {held:,.0f} of {hw.memory_gb:g} GB" if held <= hw.memory_gb else
+                f"no: {held:,.0f} GB, {math.ceil(held / hw.memory_gb)} GPUs at least")
+        lines.append(f"    {hw.name:<14}{_ms(one.seconds * 1e3):>9} {1 / one.seconds:>7,.0f}/s"
+                     f"{_ms(dense.seconds * 1e3):>10} {1 / dense.seconds:>7,.0f}/s"
+                     f"{_ms(many.seconds * 1e3):>10} {B / many.seconds:>9,.0f}/s  {fits}")
+    E, k = s["n_expert"], s["top_k"]
+    union = expected_distinct_experts(E, k, B)
+    lines.append(f"    [dim]batch {B}: E·(1 − (1 − k/E)^{B}) = {union:.1f} of E = {E} "
+                 f"experts read per sparse layer (k = {k}, uniform routing), {params_read(s, B) / 1e9:,.1f}B "
+                 f"parameters' weights, {params_read(s, B) / s['n_active']:.2g}× one token's; weights fit: the "
+                 "total alone against the chip's memory (the KV cache needs room too: --fit)[/]")
+    return lines

@@ -11,13 +11,21 @@ Interleaved rounds, medians. Beside each B, in the same run:
     products, 3-63 rows padded to a multiple of 8: the fix);
   - at B = 1, the bare matrix-vector pass in both weight layouts, the ceiling a decode step can reach.
 
+For a mixture of experts (models/moe.py) each row also has the experts its router chose (mean per
+sparse layer) beside uniform routing's union E·(1 − (1 − k/E)^B) and that union's closed-form bytes.
+
+With `deterministic=True`, each round also runs every B's prefill and decode steps in the
+batch-invariant mode (kernels/invariant.py) beside the default ones, interleaved, so its cost is
+measured against the default on the same machine in the same minutes.
+
 The critical batch is where decode turns compute-bound: the smallest B whose step needs more time
-for its FLOPs than for its bytes (from the meter's counts at B = 1 and 2, which grow linearly in B).
+for its FLOPs than for its bytes (`critical_batch`: FLOPs and bytes besides the weights linear in B
+between the counted steps, the weights by the model's closed form, not linear for a mixture).
+`run_batch_benches` measures several models in the same interleaved rounds (`time_steps`).
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 
@@ -27,13 +35,16 @@ from ..cache.paged import PagedKVPool, reserve_step
 from ..engine.runner import run_step
 from ..engine.sequence import Sequence
 from ..errors import MiniLLMError
+from ..kernels import invariant
 from ..models import ops
 from .bench import decode_weights, head_array, matvec_pass, matvec_pass_out_in
 from ..meter import Meter
+from ..models.moe import expected_distinct_experts, routes
 
 
 def bare_pass(mats: list[np.ndarray], head: np.ndarray, B: int, shaped: bool) -> float:
-    """Seconds for B rows through every weight: `x @ W` as is, or the engine's `ops.matmul`."""
+    """Seconds for B rows through every weight: `x @ W` as is, or the engine's `ops.matmul`.
+    (A mixture's: the experts its step chose, each with all B rows.)"""
     xs = {n: np.ones((B, n), dtype=head.dtype) for n in {w.shape[0] for w in mats} | {head.shape[0]}}
     f = ops.matmul if shaped else np.matmul
     t0 = time.perf_counter()
@@ -61,6 +72,26 @@ def start(model, B: int, context: int, steps: int, rng) -> list[Sequence]:
     return seqs
 
 
+def prefill_again(model, seqs: list[Sequence]) -> float:
+    """Seconds for the B prompts' prefill again, as one batched step (the caches emptied first)."""
+    for s in seqs:
+        del s.output[:]
+        s.cache.truncate(0)
+    t0 = time.perf_counter()
+    step(model, seqs)
+    return time.perf_counter() - t0
+
+
+def decode_steps(model, seqs: list[Sequence], steps: int) -> float:
+    """The median seconds of `steps` decode steps of the B sequences."""
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step(model, seqs)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def rewind(seqs: list[Sequence], context: int) -> None:
     """Back to just after the prefill: one sampled token pending, `context` positions cached."""
     for s in seqs:
@@ -68,17 +99,79 @@ def rewind(seqs: list[Sequence], context: int) -> None:
         s.cache.truncate(context)
 
 
-def critical_batch(b1: tuple[int, int], b2: tuple[int, int], hw) -> int | None:
-    """Smallest B with FLOPs(B) / peak >= bytes(B) / bandwidth, from (bytes, FLOPs) at B = 1 and 2."""
-    (y1, f1), (y2, f2) = b1, b2
-    db, df = y2 - y1, f2 - f1                       # per extra sequence
+def critical_batch(model, counts: dict, hw, limit: int = 1 << 16) -> int | None:
+    """The smallest B whose decode step is compute-bound on the roofline: its FLOPs take longer at the
+    peak than its bytes at the bandwidth. counts: {B: the meter's record of a step of B sequences},
+    two B at least. A step's FLOPs and its bytes besides the weights are taken as linear in B between
+    the counted steps (before the first and past the last: on the line through the nearest two); its
+    weight bytes are the model's closed form, `model.step_weight_bytes(B)` (a mixture's follows
+    uniform routing's union of experts: not linear). A counted B that is bound is taken as counted;
+    past the last counted B the search stops at `limit` (None: not bound by then)."""
+    Bs = sorted(counts)
+    if len(Bs) < 2:
+        raise ValueError("critical_batch: give the counts of two batch sizes at least")
     bw, peak = hw.bandwidth_gbs * 1e9, hw.peak_gflops * 1e9
-    # (f1 + (B-1)·df) / peak >= (y1 + (B-1)·db) / bw
-    gain = df / peak - db / bw
-    if gain <= 0:
-        return None
-    B = 1 + (y1 / bw - f1 / peak) / gain
-    return max(1, math.ceil(B))
+
+    def at(B, f):                       # f of the counted steps, on the line through the nearest two
+        i = min(max(next((j for j, b in enumerate(Bs) if b >= B), len(Bs) - 1), 1), len(Bs) - 1)
+        (b1, r1), (b2, r2) = (Bs[i - 1], counts[Bs[i - 1]]), (Bs[i], counts[Bs[i]])
+        return f(r1) + (B - b1) * (f(r2) - f(r1)) / (b2 - b1)
+
+    def bound(B):
+        flops = at(B, lambda r: r.total_flops)
+        other = at(B, lambda r: r.total_bytes - r.bytes["weights"])
+        return flops / peak > (model.step_weight_bytes(B) + other) / bw
+
+    def counted_bound(B):
+        r = counts[B]
+        return r.total_flops / peak > r.total_bytes / bw
+
+    first = next((B for B in Bs if counted_bound(B)), None)
+    if first == Bs[0]:
+        return first
+    if first is not None:                                  # between the counted B before it and it
+        before = Bs[Bs.index(first) - 1]
+        return next((B for B in range(before + 1, first) if bound(B)), first)
+    lo, hi = Bs[-1], Bs[-1]                                # past the sweep: doubling, then halving
+    while not bound(hi):
+        if hi >= limit:
+            return None
+        lo, hi = hi, min(2 * hi, limit)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if bound(mid) else (mid, hi)
+    return hi
+
+
+def time_steps(models: dict, runs: dict, context: int, steps: int, rounds: int, progress=None,
+               each=None, deterministic: bool = False) -> dict:
+    """Seconds per decode step of each (name, B) in `runs` (B sequences of `models[name]`, from
+    `start`). In every round each (B, name) runs once in turn (interleaved: a busy moment slows one
+    sample of each), the median of `steps` steps each time, then rewinds. `each(name, B)` runs after
+    each sample (`minillm bench --batch`'s bare passes); `progress()` after every round.
+    -> {(name, B): [seconds, one per round]}. With `deterministic`, each sample also times the
+    prompts' prefill again and both in the batch-invariant mode, under (name, B, "prefill"),
+    (name, B, "det") and (name, B, "det_prefill")."""
+    out = {key: [] for key in runs}
+    if deterministic:
+        out.update({(*key, kind): [] for key in runs for kind in ("prefill", "det", "det_prefill")})
+    batches = list(dict.fromkeys(B for _, B in runs))
+    for _ in range(rounds):
+        for B in batches:
+            for name, model in models.items():
+                seqs = runs[name, B]
+                for d in ((False, True) if deterministic else (False,)):   # both modes, interleaved
+                    with invariant.mode(d):
+                        if deterministic:
+                            out[name, B, "det_prefill" if d else "prefill"].append(prefill_again(model, seqs))
+                        t = decode_steps(model, seqs, steps)
+                    rewind(seqs, context)
+                    out[(name, B, "det") if d else (name, B)].append(t)
+                if each:
+                    each(name, B)
+        if progress:
+            progress()
+    return out
 
 
 def check_batches(model, batches: list[int], context: int = 16, steps: int = 4) -> None:
@@ -90,86 +183,104 @@ def check_batches(model, batches: list[int], context: int = 16, steps: int = 4) 
 
 
 def run_batch_bench(model, batches: list[int], hw, context: int = 16, repeats: int = 5, steps: int = 4,
-                    progress=None, others: dict | None = None) -> dict:
-    """The rounds described above for `model`; `others` ({label: model}, e.g. the same weights with
-    the other kernels) run in the same rounds, interleaved, each B of each model once per round
-    (their rows carry "kernels"; the bare passes and the critical batch are `model`'s)."""
-    check_batches(model, batches, context, steps)
-    everyone = [(model.kernels, model)] + list((others or {}).items())
+                    progress=None, deterministic: bool = False) -> dict:
+    """One model's sweep: `run_batch_benches` with it alone."""
+    return run_batch_benches({model.name: model}, batches, hw, context, repeats, steps, progress,
+                             deterministic)[model.name]
+
+
+def run_batch_benches(models: dict, batches: list[int], hw, context: int = 16, repeats: int = 5, steps: int = 4,
+                      progress=None, deterministic: bool = False) -> dict:
+    """The sweep above for each of `models` ({name: model}), all in the same interleaved rounds
+    (`progress()` after each). -> {name: its result}."""
+    for model in models.values():
+        check_batches(model, batches, context, steps)
+    if deterministic:
+        invariant.check()
     rng = np.random.default_rng(0)
-    mats = decode_weights(model)
-    mats_t = [np.ascontiguousarray(w.T) for w in mats]
-    head = head_array(model)                                 # [d, V]
-    wte_vd = np.ascontiguousarray(head.T)
-    runs = {(label, B): (mdl, start(mdl, B, context, steps, rng)) for label, mdl in everyone for B in batches}
-    all_counts = {}
-    for key, (mdl, seqs) in runs.items():
-        with Meter() as m:
-            step(mdl, seqs)
-        all_counts[key] = m.steps[0]
+    runs = {(name, B): start(model, B, context, steps, rng) for name, model in models.items() for B in batches}
+    counts, chose = {}, {}
+    for (name, B), seqs in runs.items():
+        with Meter() as m, routes() as r:
+            step(models[name], seqs)
+        counts[name, B], chose[name, B] = m.steps[0], [set(a.ravel().tolist()) for a in r]
         rewind(seqs, context)
-    counts = {B: all_counts[(model.kernels, B)] for B in batches}
-    step_s = {key: [] for key in runs}
-    plain = {B: [] for B in batches}
-    shaped = {B: [] for B in batches}
-    layout_io, layout_oi = [], []
-    for _ in range(repeats):
-        for B in batches:                                    # interleaved: every B (of every model) once per round
-            for label, _ in everyone:
-                mdl, seqs = runs[(label, B)]
-                times = []
-                for _ in range(steps):
-                    t0 = time.perf_counter()
-                    step(mdl, seqs)
-                    times.append(time.perf_counter() - t0)
-                rewind(seqs, context)
-                step_s[(label, B)].append(statistics.median(times))
-            plain[B].append(bare_pass(mats, head, B, shaped=False))
-            shaped[B].append(bare_pass(mats, head, B, shaped=True))
-            if progress:
-                progress()
-        for _ in range(2):
-            t0 = time.perf_counter()
-            matvec_pass(mats, head)
-            layout_io.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            matvec_pass_out_in(mats_t, wte_vd)
-            layout_oi.append(time.perf_counter() - t0)
+    mats = {key: decode_weights(models[key[0]], chose[key] or None) for key in runs}   # a mixture: its chosen experts
+    heads = {name: head_array(model) for name, model in models.items()}
+    layouts = {name: (decode_weights(model), [np.ascontiguousarray(w.T) for w in decode_weights(model)])
+               for name, model in models.items()}
+    plain, shaped = {key: [] for key in runs}, {key: [] for key in runs}
+    layout_io, layout_oi = {name: [] for name in models}, {name: [] for name in models}
+
+    def bare(name, B):
+        head = heads[name]
+        plain[name, B].append(bare_pass(mats[name, B], head, B, shaped=False))
+        shaped[name, B].append(bare_pass(mats[name, B], head, B, shaped=True))
+        if B == batches[-1]:                                 # once a round: the two layouts at one row
+            io, oi = layouts[name]
+            for _ in range(2):
+                t0 = time.perf_counter()
+                matvec_pass(io, head)
+                layout_io[name].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                matvec_pass_out_in(oi, np.ascontiguousarray(head.T))
+                layout_oi[name].append(time.perf_counter() - t0)
+
+    step_s = time_steps(models, runs, context, steps, repeats, progress, each=bare,
+                        deterministic=deterministic)
+    return {name: _result(model, name, batches, hw, context, repeats, steps, counts, chose, step_s, plain, shaped,
+                          layout_io[name], layout_oi[name], rng)
+            for name, model in models.items()}
+
+
+def _result(model, name, batches, hw, context, repeats, steps, counts, chose, step_s, plain, shaped,
+            layout_io, layout_oi, rng) -> dict:
     med = statistics.median
     rows = []
-    for (label, B) in runs:
-        r, t = all_counts[(label, B)], med(step_s[(label, B)])
+    for B in batches:
+        r, t = counts[name, B], med(step_s[name, B])
         rl = _roofline(r.total_bytes, r.total_flops, hw)
         rows.append({
-            "batch": B, "kernels": label, "tok_s": B / t, "ms_step": t * 1e3, "bytes": r.total_bytes, "flops": r.total_flops,
+            "batch": B, "tok_s": B / t, "ms_step": t * 1e3, "bytes": r.total_bytes, "flops": r.total_flops,
+            "weight_bytes": r.bytes["weights"],
             "intensity": r.intensity, "gbps": r.total_bytes / t / 1e9, "gflops": r.total_flops / t / 1e9,
             "roofline_ms": rl[0] * 1e3, "bound": rl[1],
-            "bare_plain_ms": med(plain[B]) * 1e3, "bare_engine_ms": med(shaped[B]) * 1e3,
-            "spread_ms": [min(step_s[(label, B)]) * 1e3, max(step_s[(label, B)]) * 1e3],
+            "bare_plain_ms": med(plain[name, B]) * 1e3, "bare_engine_ms": med(shaped[name, B]) * 1e3,
+            "spread_ms": [min(step_s[name, B]) * 1e3, max(step_s[name, B]) * 1e3],
         })
-    one = {}
-    if 1 in counts and 2 in counts:
-        one = {"critical_batch": critical_batch((counts[1].total_bytes, counts[1].total_flops),
-                                                (counts[2].total_bytes, counts[2].total_flops), hw)}
-    else:
-        b1, b2 = (_counts_at(model, context, steps, rng, B) for B in (1, 2))
-        one = {"critical_batch": critical_batch(b1, b2, hw)}
-    base = next((row for row in rows if row["batch"] == 1 and row["kernels"] == model.kernels), None)
+        if model.experts:                                    # a mixture: the union, chosen and uniform
+            E, k = model.experts
+            rows[-1].update(experts_chosen=statistics.mean(len(x) for x in chose[name, B]),
+                            experts_uniform=expected_distinct_experts(E, k, B),
+                            uniform_weight_bytes=model.step_weight_bytes(B))
+        if (name, B, "det") in step_s:                       # the batch-invariant mode, same rounds
+            rows[-1].update({
+                "prefill_ms": med(step_s[name, B, "prefill"]) * 1e3,
+                "det_prefill_ms": med(step_s[name, B, "det_prefill"]) * 1e3,
+                "det_ms_step": med(step_s[name, B, "det"]) * 1e3, "det_tok_s": B / med(step_s[name, B, "det"]),
+            })
+    counted = {B: counts[name, B] for B in batches}
+    for B in (1, 2):                                         # two points at least, the smallest too
+        if len(counted) < 2 and B not in counted:
+            counted[B] = _counts_at(model, context, steps, rng, B)
+    base = next((row for row in rows if row["batch"] == 1), None)
     bare_io, bare_oi = med(layout_io) * 1e3, med(layout_oi) * 1e3
     return {
         "model": model.name, "context": context, "repeats": repeats, "steps_per_sample": steps,
-        "rows": rows, **one,
+        "rows": rows, "critical_batch": critical_batch(model, counted, hw),
+        "experts": list(model.experts) if model.experts else None,
+        "deterministic": (name, batches[0], "det") in step_s,
         "ridge_flops_per_byte": hw.peak_gflops / hw.bandwidth_gbs,
         "bare_in_out_ms": bare_io, "bare_out_in_ms": bare_oi,
         "b1_of_bare": (min(bare_io, bare_oi) / base["ms_step"]) if base else None,
     }
 
 
-def _counts_at(model, context, steps, rng, B) -> tuple[int, int]:
+def _counts_at(model, context, steps, rng, B):
     seqs = start(model, B, context, steps, rng)
     with Meter() as m:
         step(model, seqs)
-    return m.steps[0].total_bytes, m.steps[0].total_flops
+    return m.steps[0]
 
 
 def _roofline(nbytes: int, flops: int, hw) -> tuple[float, str]:

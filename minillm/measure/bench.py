@@ -34,11 +34,13 @@ from ..meter import Meter
 
 # -- the ceiling ---------------------------------------------------------------------------------
 
-def decode_weights(model) -> list[np.ndarray]:
+def decode_weights(model, chosen=None) -> list[np.ndarray]:
     """The [in, out] arrays of every linear layer a decode step multiplies a vector by (the LM head
     aside: `head_array`). A float model's: the weights are `Dense` (models/weights.py), or the fused
-    kernels' FusedDense, kept [out, in] (then copied to [in, out] here, the layout the bare pass streams)."""
-    return [np.ascontiguousarray(np.asarray(w)) for w in model.matrices(head=False)]
+    kernels' FusedDense, kept [out, in] (then copied to [in, out] here, the layout the bare pass
+    streams). A mixture of experts': a one-token step's k experts per sparse layer, or the `chosen`
+    ones (`model.matrices`)."""
+    return [np.ascontiguousarray(np.asarray(w)) for w in model.matrices(head=False, chosen=chosen)]
 
 
 def head_array(model) -> np.ndarray:

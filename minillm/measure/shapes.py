@@ -13,6 +13,11 @@ described by a few extra fields of `shape()`'s dict:
     kv_latent              multi-head latent attention (DeepSeek-V2/V3): each layer caches one latent
                            vector of kv_latent values per token (512 + 64 rope), not K and V per head
 
+A mixture of experts (Mixtral-8x7B, Qwen3-30B-A3B, DeepSeek-V3: measure/experts.py) also has
+`n_active`, the parameters one token multiplies (`n_params` is the total memory holds), and its
+experts (`n_expert`, `top_k`, `expert_params`, `sparse_layers`): a decode step reads the active
+weights at batch 1 and the union of its tokens' experts past it (`experts.params_read`).
+
 `capacity` is the one answer to "how many sequences of T tokens fit in M bytes": memory × the stated
 utilisation − the weights, divided by one sequence's KV bytes. Lessons 5 and 12, `minillm hardware
 --shape` (and `--fit`) and `minillm diagnose` all call it.
@@ -24,6 +29,7 @@ import difflib
 
 from ..config import LlamaConfig, GPT2_SIZES
 from ..errors import MiniLLMError
+from .experts import PUBLISHED, moe_shape, params_read
 
 
 def _llama(L, H, Hkv, hd, d, F, V, tied=False, ctx=4096, arch="llama") -> LlamaConfig:
@@ -56,15 +62,15 @@ SHAPES.update({
     "gemma-3-12b": _llama(48, 16, 8, 256, 3840, 15360, 262208, tied=True, ctx=131072),
 })
 
-# Shapes a LlamaConfig cannot describe (mixture of experts, latent attention): the published fields
-# that the KV cache and the weight bytes need, with the total parameter count from the model card
-# (gpt-oss-20b: 20.91B, of which 3.6B active per token; DeepSeek-V3: 671B, 37B active).
+# Shapes a LlamaConfig cannot describe: the published fields that the KV cache and the weight bytes
+# need, with the total parameter count from the model card (gpt-oss-20b: 20.91B, of which 3.6B active
+# per token; its experts are not described here, so its weights count whole). The mixtures whose
+# experts are (DeepSeek-V3's latent attention too) come from measure/experts.py.
 OTHER_SHAPES: dict[str, dict] = {
     "gpt-oss-20b": {"n_layer": 24, "n_head": 64, "n_kv_head": 8, "head_dim": 64, "n_params": 20_910_000_000,
                     "n_ctx": 131072},
-    "deepseek-v3": {"n_layer": 61, "n_head": 128, "n_kv_head": 128, "head_dim": 192, "v_head_dim": 128,
-                    "n_params": 671_000_000_000, "n_ctx": 131072, "kv_latent": 512 + 64},
 }
+MOE_SHAPES = {name.lower(): name for name in PUBLISHED}    # mixtral-8x7b, qwen3-30b-a3b, deepseek-v3
 
 UTILISATION = 0.9    # the share of a GPU's memory a server takes: vLLM's gpu_memory_utilization default
 KV_DTYPES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0}
@@ -86,6 +92,8 @@ def shape(name: str) -> dict:
     key = name.strip().lower()
     if key in SHAPES:
         out = shape_of(SHAPES[key], key)
+    elif key in MOE_SHAPES:
+        out = {"name": key, **moe_shape(MOE_SHAPES[key])}
     elif key in OTHER_SHAPES:
         out = {"name": key, **OTHER_SHAPES[key]}
     elif key.startswith("gpt2-") and key.removeprefix("gpt2-") in GPT2_SIZES:
@@ -98,7 +106,7 @@ def shape(name: str) -> dict:
         if key in WINDOWS:
             out["window"], out["local_layers"] = WINDOWS[key]
         return out
-    names = [*SHAPES, *OTHER_SHAPES, *(f"gpt2-{k}" for k in GPT2_SIZES)]
+    names = [*SHAPES, *MOE_SHAPES, *OTHER_SHAPES, *(f"gpt2-{k}" for k in GPT2_SIZES)]
     close = difflib.get_close_matches(key, names, n=1)
     hint = f" Did you mean {close[0]}?" if close else ""
     raise MiniLLMError(f"unknown shape {name!r}.{hint} Known shapes: {', '.join(names)}")
@@ -123,9 +131,9 @@ def kv_bytes_per_sequence(s: dict, context: int, bytes_per_value: float) -> floa
 
 
 def decode_step_bytes(s: dict, context: int, bytes_per_value: float, kv_bytes_per_value: float | None = None) -> dict:
-    """One batch-1 decode step at `context` tokens: every weight once, and the whole KV cache (what the
-    layers keep: a sliding window caps it)."""
-    weights = s["n_params"] * bytes_per_value
+    """One batch-1 decode step at `context` tokens: every weight once (a mixture's active ones), and the
+    whole KV cache (what the layers keep: a sliding window caps it)."""
+    weights = params_read(s) * bytes_per_value
     kv = kv_bytes_per_sequence(s, context, bytes_per_value if kv_bytes_per_value is None else kv_bytes_per_value)
     return {"weights": weights, "kv": kv, "total": weights + kv}
 

@@ -37,7 +37,8 @@ class CausalLM:
         embed_w, head_w   the token embedding and the LM head as weights (models/weights.py; one
                           object when tied)
         matrices()        every product a decode step multiplies, once
-        step_weight_bytes()  the closed form of the weight bytes one decode token reads
+        step_weight_bytes(B)  the closed form of the weight bytes a decode step of B tokens reads
+        experts           (E, k) of a mixture of experts' sparse layers (models/moe.py); None: dense
         fingerprint()     equal for two loads of one checkpoint, different for two checkpoints
         tokenizer         its own tokenizer as loaded, or None; OWN_TOKENIZER: False if the family
                           uses GPT-2's built-in one (`minillm.tokenizer(model)` then gives it)
@@ -59,6 +60,7 @@ class CausalLM:
     weights: str = "float32"
     float_matrices: int = 0
     kernels: str = "numpy"       # "fused": numba products and attention (models/weights.py, plan.py)
+    experts: tuple | None = None
     device: backend.Device = backend.CPU
 
     @property
@@ -136,9 +138,10 @@ class CausalLM:
 
     # -- what the tools ask --------------------------------------------------------------------------
 
-    def matrices(self, head: bool = True) -> list:
+    def matrices(self, head: bool = True, chosen=None) -> list:
         """Every product a decode step multiplies, once: each block's MATRICES, then the LM head
-        (head=False: the blocks' only). An untied embedding is not one: a step reads one row of it."""
+        (head=False: the blocks' only). An untied embedding is not one: a step reads one row of it.
+        chosen: the experts a mixture's step chose (models/moe.py); a dense model multiplies all."""
         mats = [p[k] for p in self.blocks for k in self.MATRICES]
         return mats + [self.head_w] if head else mats
 
@@ -147,14 +150,15 @@ class CausalLM:
         embedding): one row of each per token is read, not the rest."""
         return ()
 
-    def step_weight_bytes(self) -> int:
-        """What one decode step of one token reads of the weights, by its closed form: every parameter
-        once (a tied embedding as the LM head, plus the token's row of it), and one row, not the whole,
-        of each table only gathered from. The meter's count equals it (lesson 14, tests)."""
+    def step_weight_bytes(self, n_tokens: int = 1) -> int:
+        """What a decode step of n_tokens tokens (one each of n_tokens sequences) reads of the weights,
+        by its closed form: every parameter once (a tied embedding as the LM head, plus the tokens'
+        rows of it), and n_tokens rows, not the whole, of each table only gathered from. The meter's
+        count equals it (lesson 14, tests)."""
         p, skip = self.params, self.gathered()
-        tied_row = self.embed_w.rows_counts(1)["weights"] if self.embed_w is self.head_w else 0
+        tied_rows = self.embed_w.rows_counts(n_tokens)["weights"] if self.embed_w is self.head_w else 0
         return (sum(v.nbytes for k, v in p.items() if k not in skip)
-                + sum(p[k].nbytes // p[k].shape[0] for k in skip) + tied_row)
+                + n_tokens * sum(p[k].nbytes // p[k].shape[0] for k in skip) + tied_rows)
 
     def fingerprint(self) -> str:
         """Equal for two loads of one checkpoint, different for two checkpoints (a draft model must not

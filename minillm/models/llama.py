@@ -93,11 +93,13 @@ def expected_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
     return dict(iter_expected(c))
 
 
-def random_params(c: LlamaConfig, seed: int = 0, std: float = 0.02, dtype=np.float32) -> dict[str, np.ndarray]:
-    """Checkpoint-shaped random weights (normal(0, std) matrices and biases, norm gains near 1). Seeded."""
+def random_params(c: LlamaConfig, seed: int = 0, std: float = 0.02, dtype=np.float32,
+                  expected=iter_expected) -> dict[str, np.ndarray]:
+    """Checkpoint-shaped random weights (normal(0, std) matrices and biases, norm gains near 1). Seeded.
+    expected: the family's manifest (models/moe.py passes its own)."""
     rng = np.random.default_rng(seed)
     params = {}
-    for name, shape in iter_expected(c):
+    for name, shape in expected(c):
         if "norm" in name:
             params[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(dtype)
         else:
@@ -106,9 +108,11 @@ def random_params(c: LlamaConfig, seed: int = 0, std: float = 0.02, dtype=np.flo
 
 
 def fuse_block(t: dict[str, np.ndarray], i: int, c: LlamaConfig, dtype, weights: str = "float32",
-               device=None, kernels: str = "numpy") -> Block:
+               device=None, dense_mlp: bool = True, kernels: str = "numpy") -> Block:
     """One block's checkpoint tensors -> the model's: q|k|v and gate|up side by side, [in, out]
-    (quantized: [out, in] rows, see the top of this file), on `device` (None: the CPU)."""
+    (quantized: [out, in] rows, see the top of this file), on `device` (None: the CPU).
+    dense_mlp=False: attention and norms only (a mixture-of-experts layer brings its experts
+    instead: models/moe.py)."""
     h = f"layers.{i}."
     a, m = h + "self_attn.", h + "mlp."
     mat = lambda names: make_weight([t[n] for n in names], weights, dtype, rows=True, device=device, kernels=kernels)
@@ -117,14 +121,15 @@ def fuse_block(t: dict[str, np.ndarray], i: int, c: LlamaConfig, dtype, weights:
         "qkv.weight": mat([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]),  # [d, (H+2Hkv)·hd]
         "o_proj.weight": mat([a + "o_proj.weight"]),                                        # [H·hd, d]
         "post_attention_layernorm.weight": np.asarray(t[h + "post_attention_layernorm.weight"], dtype=dtype),
-        "gate_up.weight": mat([m + "gate_proj.weight", m + "up_proj.weight"]),                # [d, 2F]
-        "down_proj.weight": mat([m + "down_proj.weight"]),                                   # [F, d]
     }
+    if dense_mlp:
+        p["gate_up.weight"] = mat([m + "gate_proj.weight", m + "up_proj.weight"])            # [d, 2F]
+        p["down_proj.weight"] = mat([m + "down_proj.weight"])                               # [F, d]
     if c.qkv_bias:
         p["qkv.bias"] = np.concatenate([t[a + f"{n}.bias"] for n in ("q_proj", "k_proj", "v_proj")]).astype(dtype)
     if c.o_bias:
         p["o_proj.bias"] = np.asarray(t[a + "o_proj.bias"], dtype=dtype)
-    if c.mlp_bias:
+    if c.mlp_bias and dense_mlp:
         p["gate_up.bias"] = np.concatenate([t[m + "gate_proj.bias"], t[m + "up_proj.bias"]]).astype(dtype)
         p["down_proj.bias"] = np.asarray(t[m + "down_proj.bias"], dtype=dtype)
     if c.qk_norm:
@@ -166,10 +171,11 @@ def mlp(x: np.ndarray, p: Block) -> np.ndarray:
     return ops.linear(ops.swiglu(h), p["down_proj.weight"], p.get("down_proj.bias"))   # [N, d]
 
 
-def transformer_block(x: np.ndarray, p: Block, c: LlamaConfig, cos, sin, attend) -> np.ndarray:
-    """Pre-norm residual block. [N, d] -> [N, d]."""
+def transformer_block(x: np.ndarray, p: Block, c: LlamaConfig, cos, sin, attend, ffn=mlp) -> np.ndarray:
+    """Pre-norm residual block. [N, d] -> [N, d]. ffn(x, p): the block's MLP (a mixture of experts
+    in models/moe.py)."""
     x = ops.add(x, self_attention(ops.rms_norm(x, p["input_layernorm.weight"], c.eps), p, c, cos, sin, attend))
-    x = ops.add(x, mlp(ops.rms_norm(x, p["post_attention_layernorm.weight"], c.eps), p))
+    x = ops.add(x, ffn(ops.rms_norm(x, p["post_attention_layernorm.weight"], c.eps), p))
     return x
 
 
@@ -180,6 +186,8 @@ class Llama(CausalLM):
     Shares GPT-2's one way in (`CausalLM.step`) and its special cases: only `run` and `head` differ."""
 
     MATRICES = MATRICES
+    CONFIG = LlamaConfig                       # what a folder's config.json is read into
+    manifest = staticmethod(iter_expected)     # every checkpoint tensor with its shape (check_tensors)
 
     def __init__(self, config: LlamaConfig, tensors: dict[str, np.ndarray], *, name: str = "",
                  dtype=None, eos_ids: tuple[int, ...] = (), weights: str = "float32", device=None,
@@ -205,7 +213,8 @@ class Llama(CausalLM):
         self.embed_w = self.head_w if c.tied else make_weight(embed, weights, dtype, rows=True, contiguous=False,
                                                               device=device)
         self.wte = stored(self.embed_w, rows=True)                                        # [V, d]
-        self.blocks: list[Block] = [fuse_block(tensors, i, c, dtype, weights, device, k) for i in range(c.n_layer)]
+        self.blocks: list[Block] = [self.block_params(tensors, i, dtype, weights, device)
+                                    for i in range(c.n_layer)]
         self.norm = on_device(np.asarray(tensors["norm.weight"], dtype=dtype), device)
         self.params = {"embed_tokens.weight": self.wte, "norm.weight": self.norm}
         if not c.tied:
@@ -218,6 +227,15 @@ class Llama(CausalLM):
         if device is not None:
             self.device = device
 
+    # -- what a subclass changes (models/moe.py): a block's parameters and its MLP --
+
+    def block_params(self, tensors: dict, i: int, dtype, weights: str, device=None) -> Block:
+        return fuse_block(tensors, i, self.config, dtype, weights, device, kernels=self.kernels)
+
+    def ffn(self, layer: int):
+        """Block `layer`'s MLP, a function (x [N, d], its parameters) -> [N, d]."""
+        return mlp
+
     def gathered(self) -> tuple[str, ...]:
         return () if self.config.tied else ("embed_tokens.weight",)                      # a row of it per step
 
@@ -226,7 +244,7 @@ class Llama(CausalLM):
         x = ops.embedding(self.embed_w, None, plan.ids)                            # [N, d]
         cos, sin = self.cos[plan.positions], self.sin[plan.positions]              # [N, hd/2] each
         for layer, p in enumerate(self.blocks):
-            x = transformer_block(x, p, self.config, cos, sin, partial(plan.attend, layer))   # [N, d]
+            x = transformer_block(x, p, self.config, cos, sin, partial(plan.attend, layer), self.ffn(layer))
         return x
 
     def head(self, h: np.ndarray) -> np.ndarray:
@@ -238,20 +256,21 @@ class Llama(CausalLM):
         return (f"Llama({self.name!r}: {c.arch}, {c.n_layer} layers, {c.n_head} heads / {c.n_kv_head} KV "
                 f"heads of {c.head_dim}, width {c.n_embd}, FFN {c.ffn}, context {c.n_ctx}, vocab "
                 f"{c.vocab_size}, {self.n_params():,} params, {self.weights}"
-                + (f", {self.float_matrices} of {len(self.blocks) * len(self.MATRICES)} products in "
+                + (f", {self.float_matrices} of {len(self.matrices(head=False))} products in "
                    f"{self.dtype.name}" if self.float_matrices else "") + ")")
 
 
-def check_tensors(tensors: dict, c: LlamaConfig, where: str) -> None:
-    """Every tensor the config needs, with its shape; nothing else. One clear line otherwise."""
-    for name, shape in iter_expected(c):
+def check_tensors(tensors: dict, c: LlamaConfig, where: str, expected=iter_expected) -> None:
+    """Every tensor the config needs, with its shape; nothing else. One clear line otherwise.
+    expected: the family's manifest (models/moe.py passes its own)."""
+    for name, shape in expected(c):
         if name not in tensors:
             raise WeightsError(f"{where}: tensor {name} is missing (expected shape {list(shape)}); is the "
                                "checkpoint complete, and the config the one for it?")
         if tuple(tensors[name].shape) != shape:
             raise WeightsError(f"{where}: tensor {name} has shape {list(tensors[name].shape)} but the config "
                                f"needs {list(shape)}; is config.json the one for these weights?")
-    want = expected_shapes(c)
+    want = dict(expected(c))
     extra = sorted(n for n in tensors if n not in want and not n.endswith("rotary_emb.inv_freq"))
     if extra:
         raise WeightsError(f"{where}: unexpected tensor {extra[0]} (and {len(extra) - 1} more) for this "

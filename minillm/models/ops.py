@@ -22,6 +22,7 @@ import math
 import numpy as np
 
 from .. import backend, meter
+from ..kernels import invariant
 from .weights import as_weight, matmul  # noqa: F401  (matmul: the BLAS-shaped product, for tools)
 
 GELU_C = math.sqrt(2.0 / math.pi)
@@ -77,7 +78,7 @@ def linear(x: np.ndarray, w, b: np.ndarray | None = None) -> np.ndarray:
     """y = x W (+ b): w a weight (models/weights.py; a plain array is [in, out], as in the GPT-2
     checkpoint). [T, in] -> [T, out]."""
     w = as_weight(w)
-    y = w.matmul(x)      # [T, out]
+    y = invariant.matmul(w, x) if invariant.on() else w.matmul(x)      # [T, out]
     if b is not None:
         y += b
     m = meter.active()
@@ -162,8 +163,11 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     Returns [H, Tq, hd].
 
     Reading k and v is counted by whoever handed them over: a KV cache's `read` as kv_read, the
-    pass-through of a cache-less forward as activations.
+    pass-through of a cache-less forward as activations. In the batch-invariant mode
+    (kernels/invariant.py) each query runs over exactly its keys, in tiles from key 0, instead.
     """
+    if invariant.on():
+        return invariant.attention(q, k, v)
     H, Tq, hd = q.shape
     Hkv, Tk = k.shape[0], k.shape[1]
     g = H // Hkv                                       # query heads per KV head
@@ -231,7 +235,7 @@ def lm_head(x: np.ndarray, head) -> np.ndarray:
     step. (A float head is kept contiguous [d, V], so it streams like every other [in, out] layer.)
     """
     head = as_weight(head, table=True)
-    logits = head.matmul(x)                  # [T, V]
+    logits = invariant.matmul(head, x) if invariant.on() else head.matmul(x)   # [T, V]
     m = meter.active()
     if m is not None:
         T = x.shape[0]

@@ -27,6 +27,7 @@ import numpy as np
 from .. import backend, meter
 from ..config import ModelConfig
 from ..errors import PromptError
+from ..kernels import invariant
 from . import ops
 
 BATCHED_DECODE_KEYS = 128   # up to this many keys per sequence, a decode batch is attended as one gather
@@ -150,8 +151,10 @@ class BatchedDecode:
 
 def batched_decode(spans: list[Span], fused: bool = False) -> BatchedDecode | None:
     """B > 1 decode tokens in one paged pool, none with more than BATCHED_DECODE_KEYS keys: one
-    gather per layer beats B separate reads. Fused: any lengths (the paged kernel gathers nothing)."""
-    if len(spans) < 2 or any(s.n != 1 for s in spans):
+    gather per layer beats B separate reads. Not in the batch-invariant mode (kernels/invariant.py),
+    where every sequence attends on its own, exactly as it would alone. Fused: any lengths (the paged
+    kernel gathers nothing)."""
+    if invariant.on() or len(spans) < 2 or any(s.n != 1 for s in spans):
         return None
     pool = getattr(spans[0].cache, "pool", None)
     if pool is None or any(getattr(s.cache, "pool", None) is not pool for s in spans):
@@ -198,7 +201,7 @@ class StepPlan:
         one = spans[0]
         self.rows_of_positions = slice(one.pos, one.pos + one.n) if len(spans) == 1 else self.positions
         self.wants = wants                  # per sequence: "last", "all" or None
-        fused = kernels == "fused"
+        fused = kernels == "fused" and not invariant.on()   # the batch-invariant mode attends its own way
         self.attention = batched_decode(spans, fused) or PerSequence(spans, fused)
         self.attend = self.attention.attend
         rows = []

@@ -1,0 +1,454 @@
+"""Lesson 15: Experts: reading only part of the model. A mixture of experts holds E MLPs per layer and
+runs k of them per token: active against total bytes on a random preset and on published shapes
+(Mixtral-8x7B, Qwen3-30B-A3B, DeepSeek-V3); the bytes a decode step reads at B = 1 to 32, counted,
+against the union of experts uniform routing predicts and the router really chose; tokens/s against B
+beside a dense model of the same active bytes (where each turns compute-bound); the load on the
+busiest expert in a served run; expert parallelism across GPUs, on paper.
+
+Run:  python lessons/15_experts.py        (or: minillm learn 15)
+"""
+
+from __future__ import annotations
+
+from minillm.lessons._common import Lesson, busy_line, fmt_x, plural, run_lesson
+
+import statistics
+
+import numpy as np
+from rich import box
+from rich.table import Table
+
+import minillm
+from minillm.engine.engine import Engine
+from minillm.measure import batching
+from minillm.measure.chips import CHIPS
+from minillm.measure.experts import PUBLISHED, SOURCE, published_params, uniform_busiest
+from minillm.meter import Meter
+from minillm.models import llama, moe
+from minillm.models.moe import MoE, MoEConfig, expected_distinct_experts, routes
+from minillm.ui.report import fmt_bytes
+
+TITLE = "Experts: reading only part of the model"
+MINUTES = 10
+WHAT_YOU_WILL_SEE = "active and total bytes, the union of experts a batch reads, EP on paper"
+
+MOE_NAME, DENSE_NAME = "random-moe-16x2", "random-moe-16x2-dense"
+BATCHES = (1, 2, 4, 8, 16, 32)
+CONTEXT = 16                       # tokens of prompt behind every sequence of the batch sweep
+
+
+# -- the models: the one place they are built ---------------------------------------------------------
+#
+# Fast mode runs small stand-ins of the same E and k (building the real presets takes seconds); full
+# mode loads the presets by name, as `minillm bench --model random-moe-16x2` does.
+
+_SMALL = dict(n_layer=2, n_head=2, n_kv_head=1, head_dim=32, n_embd=64, n_ctx=128, vocab_size=512,
+              eps=1e-5, theta=1e4, tied=True)
+FAST_PRESETS = {
+    MOE_NAME: MoEConfig(**_SMALL, ffn=64, n_expert=16, top_k=2, expert_ffn=64),
+    DENSE_NAME: llama.LlamaConfig(**_SMALL, ffn=2 * 64),
+}
+
+
+def preset(L: Lesson, name: str):
+    """The preset `name` (full mode), or its small stand-in of the same E and k (fast mode)."""
+    with L.status(f"building {name}…"):
+        if not L.fast:
+            return minillm.load(name)
+        c = FAST_PRESETS[name]
+        cls = MoE if isinstance(c, MoEConfig) else llama.Llama
+        return cls(c, llama.random_params(c, moe.RANDOM_SEED, expected=cls.manifest), name=f"{name} (small)")
+
+
+# -- the lesson ---------------------------------------------------------------------------------------
+
+def lesson(L: Lesson) -> None:
+    if L.model_name:
+        L.note(f"--model {L.model_name} is not used: this lesson compares its two presets, {MOE_NAME} and "
+               f"{DENSE_NAME}.")
+    mix, dense = preset(L, MOE_NAME), preset(L, DENSE_NAME)
+    active_and_total(L, mix, dense)
+    published(L)
+    models = {"dense": dense, "mixture": mix}
+    runs = start_runs(L, models)
+    counts = union_of_experts(L, models, runs)
+    crit = speed(L, models, runs, counts)
+    busiest = imbalance(L, mix)
+    expert_parallelism(L, mix, busiest, crit)
+    L.try_it(f"""
+        `minillm bench --batch 1,2,4,8,16,32 --model {MOE_NAME},{DENSE_NAME}` measures this lesson's
+        two curves as a command, in the same interleaved rounds. Change `BATCHES` at the top of this lesson to
+        sweep past 32 and watch the mixture read all of its experts; in `FAST_PRESETS`, give the small
+        mixture 64 experts and top-8 (Qwen3's ratio) and see how far the union falls behind B·k.
+    """)
+
+
+# -- 1. active and total ------------------------------------------------------------------------------
+
+def active_and_total(L: Lesson, mix, dense) -> None:
+    c = mix.config
+    L.say(f"""
+        A **mixture of experts** (MoE) replaces each layer's MLP by E smaller MLPs, the *experts*, and a
+        *router*: a `d × E` matrix whose softmax scores each expert for each token. A token runs only
+        the k experts with the highest scores, weighted. So memory holds all E experts (the **total**
+        parameters), and a token multiplies only k of them (the **active** ones).
+
+        `{mix.name}`: {c.n_layer} layers, each with E = {c.n_expert} experts of width {c.expert_ffn},
+        top-k = {c.top_k}. Its twin `{dense.name}` has the same attention and one MLP as wide as the
+        k experts together ({dense.config.ffn}): what one token of the mixture multiplies, minus the router.
+    """)
+    b = np.dtype(mix.dtype).itemsize
+    one, picked = decode_once(mix)
+    one_dense, _ = decode_once(dense)
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("", "params", "bytes held", "active/token", "read, B = 1"):
+        t.add_column(col, justify="right", no_wrap=True)
+    t.add_row("mixture", f"{c.n_params() / 1e6:.2g}M", fmt_bytes(mix.nbytes()), fmt_bytes(b * c.active_params()),
+              fmt_bytes(one))
+    t.add_row("dense twin", f"{dense.config.n_params() / 1e6:.2g}M", fmt_bytes(dense.nbytes()),
+              fmt_bytes(b * dense.config.n_params()), fmt_bytes(one_dense))
+    L.show(t, "[dim]float32; read: the meter's weight bytes of one decode step (the embedding table "
+              "counted whole as the tied head, plus the token's row)[/]")
+    L.claim(one == mix.step_weight_bytes() and all(n == c.top_k for n in picked),
+            f"one decode step read {one:,} weight bytes, the closed form for {c.top_k} experts in each of "
+            f"{len(c.sparse_layers)} layers ({mix.step_weight_bytes():,}); the router picked {c.top_k} per layer")
+    routers = b * len(c.sparse_layers) * c.n_embd * c.n_expert
+    L.claim(one == one_dense + routers,
+            f"the dense twin's step read {one_dense:,}: the mixture's bytes less its routers' "
+            f"{fmt_bytes(routers)}, though the mixture holds {fmt_x(mix.nbytes() / dense.nbytes())} its bytes")
+    L.pause()
+
+
+def decode_once(model) -> tuple[int, list[int]]:
+    """One decode step after a short prompt: the meter's weight bytes, and how many distinct experts
+    each sparse layer's router picked (empty for a dense model)."""
+    _, cache = model.prefill([1, 2, 3])
+    with Meter() as m, routes() as r:
+        model.decode_step(4, cache)
+    return m.steps[0].bytes["weights"], [len(set(a.ravel())) for a in r]
+
+
+# -- 2. published shapes ------------------------------------------------------------------------------
+#
+# Each model's config.json on the Hugging Face hub, the numbers the arithmetic needs, and the formulas
+# (MLA included): minillm/measure/experts.py, which `minillm hardware --shape` reads too.
+
+def published(L: Lesson) -> None:
+    L.section("Published mixtures: total against active")
+    L.say(f"""
+        The same arithmetic on three released models, from the numbers in their {SOURCE}. In bf16 every
+        parameter is 2 bytes: the memory must hold the total, a token reads the active part.
+    """)
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("model", "E", "k", "total", "active", "held", "read/token", "share"):
+        t.add_column(col, justify="right", no_wrap=True)
+    got = {}
+    for name, s in PUBLISHED.items():
+        total, active = got[name] = published_params(s)
+        t.add_row(name, str(s["E"]) + ("+1" if s["shared"] else ""), str(s["k"]), f"{total / 1e9:.1f}B",
+                  f"{active / 1e9:.1f}B", fmt_bytes(2 * total), fmt_bytes(2 * active), f"{active / total:.0%}")
+    L.show(t, "[dim]" + "; ".join(f"{n}: {s['repo']}" for n, s in PUBLISHED.items()) + "[/]")
+    for name, s in PUBLISHED.items():
+        total, active = got[name]
+        L.fact(f"{name}: {total / 1e9:.1f}B parameters, {active / 1e9:.1f}B active by these formulas; its "
+               f"makers say {s['said'][0] / 1e9:g}B and {s['said'][1] / 1e9:g}B")
+    L.say("""
+        What the table leaves out or changes. DeepSeek-V3 runs one **shared expert** in every sparse layer
+        for every token (the "+1": counted in both columns), keeps its first 3 layers dense, and its
+        attention is **MLA**: queries and keys/values pass through low-rank latents, so its attention
+        weights follow the formula in `measure.experts.attention_params`, not `d·(H + 2·Hkv)·hd`, and its KV cache
+        holds the 512 + 64 latent per layer instead of keys and values. Its multi-token-prediction module
+        (about 14B more in the released files, 685B in all) is not counted: decode does not need it.
+        Routers and norms are counted; none of these matrices has a bias.
+    """)
+    L.pause()
+
+
+# -- 3. the union of experts --------------------------------------------------------------------------
+
+def steps_per_sample(L: Lesson) -> int:
+    return L.pick(4, 2)
+
+
+def start_runs(L: Lesson, models: dict) -> dict:
+    """For each model and batch size, B sequences with CONTEXT-token prompts prefilled in one batched
+    step: the sweep `minillm bench --batch` runs (`measure.batching`)."""
+    rng = np.random.default_rng(0)
+    with L.status("prefilling the batches…"):
+        return {(name, B): batching.start(model, B, CONTEXT, steps_per_sample(L), rng)
+                for name, model in models.items() for B in BATCHES}
+
+
+def union_of_experts(L: Lesson, models: dict, runs: dict) -> dict:
+    L.section("A batch reads the union of its tokens' experts")
+    mix = models["mixture"]
+    c = mix.config
+    E, k, S = c.n_expert, c.top_k, len(c.sparse_layers)
+    L.say(f"""
+        Batching shares a weight read among B tokens (lesson 8). In a mixture each token picks its own k
+        experts, and a step reads every expert that *any* of its tokens picked, once (the engine groups
+        the rows by expert). If the router picked k of E at random, an expert would escape one token with
+        probability 1 − k/E and all B with (1 − k/E)^B: a layer would read **E·(1 − (1 − k/E)^B)**
+        experts. Below, one decode step of B sequences at each B: the experts the real router chose
+        (mean over the {S} layers), that formula, and the meter's weight bytes.
+    """)
+    counts, union = {}, {}
+    for B in BATCHES:
+        for name, model in models.items():
+            seqs = runs[name, B]
+            with Meter() as m, routes() as r:
+                batching.step(model, seqs)
+            batching.rewind(seqs, CONTEXT)
+            counts[name, B] = m.steps[0]
+            if name == "mixture":
+                union[B] = [len(set(a.ravel())) for a in r]
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("B", "router chose", "uniform", "B·k", "weights read", "per token", "if uniform"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for B in BATCHES:
+        w = counts["mixture", B].bytes["weights"]
+        expect = expected_distinct_experts(E, k, B)
+        t.add_row(str(B), f"{statistics.mean(union[B]):.1f}", f"{expect:.1f}", str(B * k), fmt_bytes(w),
+                  fmt_bytes(w / B), fmt_bytes(mix.step_weight_bytes(B)))
+    L.show(t, f"[dim]experts read per layer, of {E}; weights read: the meter's count for the step; if "
+              "uniform: the closed form with the formula's number of experts[/]")
+    L.claim(all(counts["mixture", B].bytes["weights"] == mix.step_weight_bytes(B, union[B]) for B in BATCHES),
+            "at every B the meter's weight bytes equal the closed form for the experts the router chose: "
+            "each chosen expert read once a step, however many tokens chose it")
+    last = BATCHES[-1]
+    chose, expect = statistics.mean(union[last]), expected_distinct_experts(E, k, last)
+    how = ("about as many as" if abs(chose - expect) <= 0.1 * expect else
+           "more than" if chose > expect else "fewer than")
+    w1, wl = counts["mixture", 1].bytes["weights"], counts["mixture", last].bytes["weights"]
+    d1, dl = counts["dense", 1].bytes["weights"], counts["dense", last].bytes["weights"]
+    L.say(f"""
+        At B = {last} this router chose {chose:.1f} experts per layer, {how} uniform routing's {expect:.1f},
+        and the mixture's step read {fmt_x(wl / w1)} the weight bytes of B = 1; the dense twin's read
+        {fmt_x(dl / d1)} (only its embedding rows grow). Per token, the mixture's bytes fall more slowly
+        with B: each of the first tokens of a batch brings experts of its own to read.
+    """)
+    L.pause()
+    return counts
+
+
+# -- 4. tokens/s against B ----------------------------------------------------------------------------
+
+def compute_bound(rec, hw) -> bool:
+    """The roofline's verdict on one counted step: its FLOPs take longer at the peak than its bytes at
+    the bandwidth."""
+    return rec.total_flops / (hw.peak_gflops * 1e9) > rec.total_bytes / (hw.bandwidth_gbs * 1e9)
+
+
+def speed(L: Lesson, models: dict, runs: dict, counts: dict) -> dict:
+    L.section("Tokens per second against B: when does each stop waiting for memory?")
+    mix, dense = models["mixture"], models["dense"]
+    c = mix.config
+    E, k = c.n_expert, c.top_k
+    L.say(f"""
+        A decode step is memory-bound while its weight bytes take longer to read than its FLOPs take to
+        compute. A dense model's FLOPs per weight byte grow with B: every row multiplies every weight.
+        In the mixture, an expert read at batch B serves only the rows that chose it, about B·k/E
+        of them once all experts are read: the experts reach a dense model's FLOPs per byte at **E/k =
+        {E // k} times the batch**. But attention, the embeddings and the head are dense in a mixture
+        too, read once for all rows. So the whole step, once every expert is read, needs about
+        **total ÷ active** times the dense batch: E/k only if the experts were all of the weights.
+        Both models now decode at every B, interleaved, on the same threads.
+    """)
+    hw = L.machine()
+    with L.progress("decode steps, both models, every B", L.rounds()) as advance:
+        secs = batching.time_steps(models, runs, CONTEXT, steps_per_sample(L), L.rounds(), advance)
+    tps = {key: [key[1] / s for s in ss] for key, ss in secs.items()}
+    med = {key: statistics.median(v) for key, v in tps.items()}
+    gain = {key: med[key] / med[key[0], 1] for key in med}
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("B", "dense tok/s", "gain", "roof", "MoE tok/s", "gain", "roof"):
+        t.add_column(col, justify="right", no_wrap=True)
+    bound = {key: compute_bound(rec, hw) for key, rec in counts.items()}
+    for B in BATCHES:
+        t.add_row(str(B), *(x for name in models for x in (
+            f"{med[name, B]:,.0f}", fmt_x(gain[name, B]), "compute" if bound[name, B] else "memory")))
+    L.show(t, f"[dim]gain: tokens/s ÷ B = 1's; roof: the roofline's verdict on the step's counted bytes "
+              f"and FLOPs at this machine's {hw.bandwidth_gbs:.1f} GB/s and {hw.peak_gflops:.0f} GFLOP/s "
+              f"(ridge {hw.peak_gflops / hw.bandwidth_gbs:.2g} FLOP/byte)[/]")
+    L.timing_note()
+    busy = busy_line() is not None
+    L.say("Both were measured in the same rounds on the same BLAS threads"
+          + (", on a busy machine: the tokens/s are slower and noisier than it can do, the counts are not."
+             if busy else "."))
+    crit = {name: batching.critical_batch(model, {B: counts[name, B] for B in BATCHES}, hw)
+            for name, model in models.items()}
+    L.say(roofline_words(crit, E, k, mix.config.n_params() / mix.config.active_params()))
+    L.say(measured_words(tps, gain))
+    L.pause()
+    return crit
+
+
+def roofline_words(crit: dict, E: int, k: int, held: float) -> str:
+    """The roofline's critical batches, and their ratio against total ÷ active (`held`), in words
+    chosen by the numbers."""
+    def where(name):
+        if crit[name] is None:
+            return "no batch (its FLOPs per byte never reach the ridge)"
+        return f"B ≈ {crit[name]:,}" + ("" if crit[name] <= BATCHES[-1] else " (past the sweep)")
+    text = (f"By the roofline, from this run's counts, the dense model turns compute-bound at {where('dense')}, "
+            f"the mixture at {where('mixture')}")
+    if crit["dense"] and crit["mixture"]:
+        r = crit["mixture"] / crit["dense"]
+        rel = ("about" if abs(r - held) <= 0.25 * held else "more than" if r > held else "less than")
+        text += (f": {fmt_x(r)} the batch, {rel} its total ÷ active parameters ({fmt_x(held)}), and "
+                 + ("less than" if r < E / k else "not less than") + f" E/k = {E // k}.")
+    else:
+        text += "."
+    return text + " (Between the sweep's batches: its counts joined by straight lines, uniform routing's union.)"
+
+
+def measured_words(tps: dict, gain: dict) -> str:
+    """The measured gains from batching, ranked only when every round agrees."""
+    last = BATCHES[-1]
+    per_round = [(d * 1 / d1) / (m / m1) for d, d1, m, m1 in zip(tps["dense", last], tps["dense", 1],
+                                                                 tps["mixture", last], tps["mixture", 1])]
+    head = (f"Measured, B = {last} gave the dense model {fmt_x(gain['dense', last])} its B = 1 tokens/s and the "
+            f"mixture {fmt_x(gain['mixture', last])}: ")
+    if min(per_round) > 1:
+        head += "batching bought the dense model more, in every round."
+    elif max(per_round) < 1:
+        head += "batching bought the mixture more, in every round."
+    else:
+        head += "the rounds disagree on which gained more, so this run does not rank them."
+    mid = BATCHES[len(BATCHES) // 2]
+    target = gain["dense", mid]
+    reach = next((B for B in BATCHES if gain["mixture", B] >= target), None)
+    head += (f" The dense model's gain at B = {mid} was {fmt_x(target)}; the mixture "
+             + (f"first reached it at B = {reach}." if reach else f"did not reach it by B = {last}."))
+    return head + (" The mixture's step also pays for a product per chosen expert (up to E a layer) where "
+                   "the dense one makes one: time the meter does not count.")
+
+
+# -- 5. load imbalance --------------------------------------------------------------------------------
+
+def served_requests(L: Lesson, vocab: int) -> list[tuple[list[int], int]]:
+    rng = np.random.default_rng(15)
+    n = L.pick(24, 6)
+    return [(rng.integers(0, vocab, int(rng.integers(*L.pick((8, 49), (4, 13))))).tolist(),
+             int(rng.integers(*L.pick((8, 33), (3, 9))))) for _ in range(n)]
+
+
+def imbalance(L: Lesson, mix) -> float:
+    L.section("How evenly a served workload spreads over the experts")
+    c = mix.config
+    E, k, S = c.n_expert, c.top_k, len(c.sparse_layers)
+    reqs = served_requests(L, c.vocab_size)
+    L.say(f"""
+        The union counts experts; the time an expert takes depends on its rows. Here the engine serves
+        {plural(len(reqs), 'request')} (continuous batching, paged KV cache) and `moe.routes()` records
+        every row's k experts in every layer. A fair share is k/E = {k / E:.1%} of a layer's rows.
+    """)
+    engine = Engine(mix, num_blocks=sum(-(-(len(p) + n) // 16) for p, n in reqs) + len(reqs), block_size=16)
+    with routes() as r:
+        served = [engine.add_request(p, n) for p, n in reqs]
+        engine.run()
+    ran = sum(len(p) for p, _ in reqs) + sum(len(q.output) - 1 for q in served)
+    layers = [np.concatenate([a.ravel() for a in r[i::S]]) for i in range(S)]
+    rows = [x.size // k for x in layers]
+    L.claim(all(n == ran for n in rows),
+            f"every sparse layer's router saw each token the engine ran once: {ran:,} rows a layer "
+            "(the prompts, and every answer token but the last)")
+    rng = np.random.default_rng(0)
+    chance = statistics.mean(max(uniform_busiest(rng, ran, E, k) for _ in range(S)) for _ in range(L.pick(10, 3)))
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("layer", "busiest expert", "its rows", "share", "× fair", "idlest"):
+        t.add_column(col, justify="right", no_wrap=True)
+    ratio = []
+    for i, x in zip(c.sparse_layers, layers):
+        load = np.bincount(x, minlength=E)
+        top = int(load.argmax())
+        ratio.append(load.max() / load.mean())
+        t.add_row(str(i), str(top), f"{load.max():,}", f"{load.max() / ran:.1%}", fmt_x(ratio[-1]),
+                  f"{load.min():,}")
+    L.show(t, f"[dim]share: of the layer's {ran:,} rows; × fair: the busiest expert's rows ÷ the mean "
+              f"expert's; uniform routing of as many rows gives about {fmt_x(chance)} in its most uneven of {S} layers[/]")
+    worst = max(ratio)
+    how = ("about what chance gives" if abs(worst - chance) <= 0.1 * chance else
+           "more uneven than chance" if worst > chance else "more even than chance")
+    L.say(f"""
+        The busiest expert of the most uneven layer served {fmt_x(worst)} the mean expert's rows:
+        {how} ({fmt_x(chance)}). These are random weights: trained routers are pushed toward balance in
+        training (an auxiliary loss, or DeepSeek-V3's per-expert bias), and how even one is on your
+        workload is a thing to measure, as here. Spread over GPUs, a step waits for the GPU whose experts
+        got the most rows (next).
+    """)
+    L.pause()
+    return worst
+
+
+# -- 6. expert parallelism ----------------------------------------------------------------------------
+
+GPUS = 8
+
+
+def expert_parallelism(L: Lesson, mix, busiest: float, crit: dict) -> None:
+    L.section("Expert parallelism, on paper")
+    L.say(f"""
+        A model too big for one GPU is spread over several. **Expert parallelism** (EP) puts E/G of each
+        layer's experts on each of G GPUs. At every sparse layer each token's hidden vector (d values) is
+        sent to the GPUs of its k experts (*dispatch*), and their outputs come back (*combine*): two
+        **all-to-all** exchanges a layer. With experts spread evenly, (G − 1)/G of those copies leave
+        their GPU. Below, bf16 (2 bytes a value) on G = {GPUS}:
+    """)
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("model", "experts/GPU", "held/GPU", "all-to-all/token", "tokens to match"):
+        t.add_column(col, justify="right", no_wrap=True)
+    held_per_gpu = {}
+    for name, s in PUBLISHED.items():
+        d, sparse = s["d"], s["layers"] - s["dense_layers"]
+        held = held_per_gpu[name] = sparse * s["E"] // GPUS * 3 * d * s["expert_ffn"] * 2
+        moved = 2 * s["k"] * d * 2 * sparse * (GPUS - 1) / GPUS
+        t.add_row(name, f"{s['E'] / GPUS:g}", fmt_bytes(held), fmt_bytes(moved), f"{held / moved:,.0f}")
+    L.show(t, "[dim]held/GPU: its routed experts' weights; all-to-all/token: dispatch and combine over all "
+              "sparse layers; tokens to match: the tokens a GPU sends in a step before their all-to-all "
+              "bytes equal the expert weights it reads in that step[/]")
+    chip = CHIPS["h200"]
+    over = [n for n, h in held_per_gpu.items() if h > chip.memory_gb * 1e9]
+    if over:
+        L.say(f"{' and '.join(over)} would not fit on {GPUS} GPUs: each one's share of the experts alone is "
+              f"more than the {chip.memory_gb:g} GB of an H200 ({chip.source}), so it is spread over more.")
+    L.fact("all-to-all bytes per token = 2 · k · d · 2 bytes · sparse layers · (G − 1)/G; they grow with the "
+           "batch, while each GPU reads its experts once a step")
+    L.say(f"""
+        So EP trades weight bytes for link bytes. Each GPU holds and reads only its experts, and the
+        batch a step needs for its experts to turn compute-bound is gathered from the tokens of every
+        GPU. But the all-to-all bytes cross the links between GPUs, slower than each GPU's own memory
+        (NVLink within a node, InfiniBand or Ethernet between nodes), and they grow with the tokens.
+        DeepSeek-V3's report routes each token to at most 4 nodes, sends the dispatch in FP8, and serves
+        decode with EP over 320 GPUs. The step also waits for the busiest GPU: with one expert per GPU,
+        this lesson's served run would leave the mean GPU idle {1 - 1 / busiest:.0%} of the time its busiest
+        worked ({fmt_x(busiest)} the mean rows). Engines answer with redundant copies of busy experts.
+    """)
+    c = mix.config
+    L.takeaway(f"""
+        A mixture's memory holds every expert; a token reads only its k. At batch 1 decode costs the active
+        bytes. As B grows a step reads the union of its tokens' experts, E·(1 − (1 − k/E)^B) a layer, and
+        each expert read serves only its own rows. {critical_ratio_words(crit, c)} Expert
+        parallelism spreads the experts over GPUs and pays with all-to-all bytes per token and with the
+        busiest expert's wait.
+    """)
+
+
+def critical_ratio_words(crit: dict, c: MoEConfig) -> str:
+    """The takeaway's sentence on the critical batches, from this run's roofline figures."""
+    held, E, k = c.n_params() / c.active_params(), c.n_expert, c.top_k
+    if crit["dense"] and crit["mixture"]:
+        r = crit["mixture"] / crit["dense"]
+        more = "a bigger" if r > 1 else "no bigger"
+        return (f"Here the mixture needed {more} batch than the dense model of its active size to turn "
+                f"compute-bound: {fmt_x(r)} by the roofline (total ÷ active {fmt_x(held)}, E/k = {E // k}).")
+    return (f"By the roofline, once every expert is read a mixture needs about total ÷ active times a dense "
+            f"model's batch ({fmt_x(held)} here, E/k = {E // k} at most); this run found no crossing for both.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_lesson(lesson, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

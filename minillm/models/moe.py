@@ -1,0 +1,405 @@
+"""Mixture of experts (Mixtral, Qwen3-MoE): a Llama whose MLP is E experts, of which each token uses k.
+
+    x = embed[ids]
+    for each block:
+        x = x + attn(rms_norm(x))                          # the Llama family's attention, unchanged
+        x = x + moe(rms_norm(x))                           # or a dense MLP (`is_sparse(layer)`)
+    logits = rms_norm(x) @ head
+
+    moe(x):                                                # x [N, d]
+        p = softmax(x @ router)                            # [N, E]: how much each expert suits each row
+        top = the k largest of each row of p               # [N, k] experts, [N, k] weights
+        weights = top / sum(top)                           # Mixtral always; Qwen3-MoE if norm_topk_prob
+        y[n] = Σ_j weights[n, j] · expert_{top[n, j]}(x[n])    # each expert a SwiGLU MLP of width F_e
+
+Mixtral's "softmax over the chosen k" and Qwen3-MoE's "softmax over all, top-k, renormalised" are
+the same numbers (a softmax over k logits is their share of the softmax over all E): one rule here,
+the renormalisation switched by `norm_topk`. Qwen3-MoE without `norm_topk_prob` keeps the shares of
+the softmax over all E (they sum to less than 1). Top-k is taken on the probabilities in the model's
+dtype, as transformers does; a tie goes to the lower expert id.
+
+What it costs. Memory holds all E experts of every sparse layer (the *total* parameters); a token
+reads only its k (the *active* ones). A step of N rows reads every expert chosen by at least one
+row, once: `experts_mlp` groups the rows by expert and multiplies each expert's weights once for
+all its rows (as serving engines' fused MoE kernels do), so the meter counts the router, and the
+union of the chosen experts (`step_weight_bytes` is its closed form). Under uniform routing a step
+of B tokens reads E·(1 − (1 − k/E)^B) experts per layer (`expected_distinct_experts`), each of them
+serving about B·k/E rows where a dense MLP serves B: the FLOPs per weight byte a batch of B buys a
+dense model, a mixture buys at about E/k times that batch.
+
+The experts' matrices are made like every other product weight (`weights.make_weight`: float
+[in, out], or quantized [out, in] rows with `weights="q8_0"` / `"q4_0"`), and multiplied by
+`ops.linear`. The router stays float, as llama.cpp keeps `ffn_gate_inp` (it is small, and it picks
+the experts). The family's row in checkpoints/families.py reads Hugging Face folders of both kinds.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from functools import partial
+from typing import Iterator
+
+import numpy as np
+
+from .. import meter
+from ..config import LlamaConfig
+from ..backend import DeviceError
+from ..errors import ConfigError
+from . import llama, ops
+from .llama import Block, Llama, fuse_block, mlp
+from .quant import FORMATS
+from .weights import check_blocks, make_weight
+
+# Hugging Face model_type -> (the attention it shares with models/llama.py, the layer's prefix for the
+# router and the experts, the experts' gate, up and down names)
+MOE_TYPES = {
+    "mixtral": ("llama", "block_sparse_moe.", ("w1", "w3", "w2")),
+    "qwen3_moe": ("qwen3", "mlp.", ("gate_proj", "up_proj", "down_proj")),
+}
+
+
+# -- the config -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MoEConfig(LlamaConfig):
+    """A Llama config (attention, norms, vocabulary; `ffn` is the dense MLP's width) plus the experts."""
+    n_expert: int = 8                 # E: experts per sparse layer
+    top_k: int = 2                    # k: experts each token uses
+    expert_ffn: int = 0               # F_e: each expert's inner width (0: `ffn`)
+    norm_topk: bool = True            # renormalise the k chosen probabilities (Mixtral: always)
+    sparse_step: int = 1              # layer i is sparse when (i + 1) % sparse_step == 0 ...
+    dense_layers: tuple = ()          # ... and i is not one of these (Qwen3-MoE's mlp_only_layers)
+    model_type: str = "mixtral"       # mixtral or qwen3_moe: the checkpoint's tensor names
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.expert_ffn:
+            object.__setattr__(self, "expert_ffn", self.ffn)
+        object.__setattr__(self, "dense_layers", tuple(sorted(set(self.dense_layers))))
+        for name in ("n_expert", "top_k", "expert_ffn", "sparse_step"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"config {name}={value!r}: must be a positive integer")
+        if self.top_k > self.n_expert:
+            raise ConfigError(f"config: each token uses top_k={self.top_k} experts but a layer has only "
+                              f"{self.n_expert}; num_experts_per_tok must be at most the number of experts")
+        if any(not isinstance(i, int) or not 0 <= i < self.n_layer for i in self.dense_layers):
+            raise ConfigError(f"config mlp_only_layers={list(self.dense_layers)}: layers are 0..{self.n_layer - 1}")
+        if self.model_type not in MOE_TYPES:
+            raise ConfigError(f"config model_type={self.model_type!r}: minillm runs {', '.join(MOE_TYPES)}")
+
+    def is_sparse(self, layer: int) -> bool:
+        """Does block `layer` have experts (else a dense MLP of width `ffn`)? As transformers decides."""
+        return layer not in self.dense_layers and (layer + 1) % self.sparse_step == 0
+
+    @property
+    def sparse_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.n_layer) if self.is_sparse(i))
+
+    def expert_params(self) -> int:
+        """One expert's parameters: gate and up [d, F_e], down [F_e, d]."""
+        return 3 * self.n_embd * self.expert_ffn
+
+    def n_params(self) -> int:
+        """Every parameter (the total, what memory holds; the tied head counted once)."""
+        S, d = len(self.sparse_layers), self.n_embd
+        dense_mlps = 3 * d * self.ffn + (2 * self.ffn + d) * self.mlp_bias       # in LlamaConfig's count
+        return super().n_params() - S * dense_mlps + S * (d * self.n_expert + self.n_expert * self.expert_params())
+
+    def active_params(self) -> int:
+        """The parameters one token's step multiplies by: every sparse layer's router and k experts
+        instead of all E (the embedding table counted whole, like `n_params`)."""
+        return self.n_params() - len(self.sparse_layers) * (self.n_expert - self.top_k) * self.expert_params()
+
+    @classmethod
+    def from_hf(cls, cfg: dict, source: str = "config.json") -> "MoEConfig":
+        """Read a Hugging Face config.json of model_type mixtral or qwen3_moe: the expert count as
+        `num_local_experts` or `num_experts`, the RoPE base at the top level or in `rope_parameters`."""
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"{source}: expected a JSON object, found {type(cfg).__name__}")
+        kind = cfg.get("model_type")
+        if kind not in MOE_TYPES:
+            raise ConfigError(f"{source}: model_type {kind!r} is not a mixture of experts minillm runs "
+                              f"({', '.join(MOE_TYPES)})")
+        E = cfg.get("num_local_experts", cfg.get("num_experts"))
+        missing = [k for k, v in (("num_local_experts", E), ("num_experts_per_tok", cfg.get("num_experts_per_tok")))
+                   if v is None]
+        if kind == "qwen3_moe" and "moe_intermediate_size" not in cfg:
+            missing.append("moe_intermediate_size")
+        if missing:
+            raise ConfigError(f"{source}: missing {', '.join(missing)}; is this a {kind} config.json?")
+        window, n_ctx = cfg.get("sliding_window"), cfg.get("max_position_embeddings", 2048)
+        if kind == "mixtral" and window is not None and window < n_ctx:
+            raise ConfigError(f"{source}: sliding_window={window} is shorter than the context {n_ctx}; "
+                              "minillm implements full attention only")
+        attention = {**cfg, "model_type": MOE_TYPES[kind][0],
+                     "tie_word_embeddings": cfg.get("tie_word_embeddings", False)}
+        base = LlamaConfig.from_hf(attention, source)
+        try:
+            return cls(**base.asdict(), n_expert=E, top_k=cfg["num_experts_per_tok"],
+                       expert_ffn=cfg["moe_intermediate_size"] if kind == "qwen3_moe" else base.ffn,
+                       norm_topk=True if kind == "mixtral" else bool(cfg.get("norm_topk_prob", False)),
+                       sparse_step=cfg.get("decoder_sparse_step", 1) if kind == "qwen3_moe" else 1,
+                       dense_layers=tuple(cfg.get("mlp_only_layers") or ()) if kind == "qwen3_moe" else (),
+                       model_type=kind)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
+        except TypeError as e:
+            raise ConfigError(f"{source}: a field has the wrong type ({e}); re-download the checkpoint") from None
+
+
+# -- the checkpoint's tensors -----------------------------------------------------------------------
+
+def expert_names(c: MoEConfig, layer: int, e: int) -> tuple[str, str, str]:
+    """Expert e's gate, up and down tensors in block `layer` (without the `model.` prefix)."""
+    _, prefix, names = MOE_TYPES[c.model_type]
+    return tuple(f"layers.{layer}.{prefix}experts.{e}.{n}.weight" for n in names)
+
+
+def router_name(c: MoEConfig, layer: int) -> str:
+    return f"layers.{layer}.{MOE_TYPES[c.model_type][1]}gate.weight"
+
+
+def iter_expected(c: MoEConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Every tensor of the checkpoint, with its shape: the Llama family's table (models/llama.py),
+    each sparse layer's dense MLP replaced by its router [E, d] and E experts."""
+    d, F = c.n_embd, c.expert_ffn
+    for name, shape in llama.iter_expected(c):
+        parts = name.split(".")                        # layers.{i}.mlp.gate_proj.weight
+        if parts[0] == "layers" and parts[2] == "mlp" and c.is_sparse(int(parts[1])):
+            if parts[3] == "gate_proj" and parts[4] == "weight":
+                i = int(parts[1])
+                yield router_name(c, i), (c.n_expert, d)
+                for e in range(c.n_expert):
+                    gate, up, down = expert_names(c, i, e)
+                    yield from ((gate, (F, d)), (up, (F, d)), (down, (d, F)))
+            continue
+        yield name, shape
+
+
+def random_params(c: MoEConfig, seed: int = 0, std: float = 0.02, dtype=np.float32) -> dict[str, np.ndarray]:
+    """Checkpoint-shaped random weights, seeded (`llama.random_params` on this family's table)."""
+    return llama.random_params(c, seed, std, dtype, expected=iter_expected)
+
+
+# -- the expert layer --------------------------------------------------------------------------------
+
+_ROUTES: ContextVar = ContextVar("minillm_moe_routes", default=None)
+
+
+@contextmanager
+def routes():
+    """The experts every sparse layer chose while active, on this thread: a list of [N, k] arrays, one
+    per sparse layer and step, in the order they ran (a step's layers one after another).
+
+    >>> with routes() as r:
+    ...     model.decode_step(token, cache)
+    >>> [set(a.ravel()) for a in r]          # the experts each sparse layer read
+    """
+    found: list[np.ndarray] = []
+    token = _ROUTES.set(found)
+    try:
+        yield found
+    finally:
+        _ROUTES.reset(token)
+
+
+def route(x: np.ndarray, router, k: int, norm_topk: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Which k experts each row uses, and how much. x [N, d], router [d, E] ->
+    (experts [N, k] ints, weights [N, k]), the largest probability first.
+    Counted: the router's product (ops.linear), then per row a softmax over E (5 FLOPs an entry)
+    and, renormalised, k divisions."""
+    logits = ops.linear(x, router)                                          # [N, E]
+    probs = ops.softmax(logits)                                             # [N, E], in place
+    top = np.argsort(-probs, axis=-1, kind="stable")[:, :k]                 # [N, k]: ties to the lower id
+    w = np.take_along_axis(probs, top, axis=-1)                             # [N, k]
+    if norm_topk:
+        w /= w.sum(axis=-1, keepdims=True)
+    m = meter.active()
+    if m is not None:
+        m.count("router", activations=2 * probs.nbytes + top.nbytes + w.nbytes,
+                other=5 * probs.size + (w.size if norm_topk else 0))
+    found = _ROUTES.get()
+    if found is not None:
+        found.append(top)
+    return top, w
+
+
+def expert(p: Block, e: int) -> Block:
+    """Expert e of a sparse block: its {"gate_up.weight", "down_proj.weight"}, as `llama.mlp` takes them."""
+    return {"gate_up.weight": p[f"experts.{e}.gate_up.weight"], "down_proj.weight": p[f"experts.{e}.down_proj.weight"]}
+
+
+def experts_mlp(x: np.ndarray, p: Block, c: MoEConfig) -> np.ndarray:
+    """The mixture: route each row to k experts, then run each chosen expert once on all of its
+    rows. x [N, d] -> [N, d].
+
+    The N·k (row, expert) pairs are sorted by expert, so expert e's rows are one run of them: its
+    gate|up and down weights are multiplied once for that run (`llama.mlp`, through `ops.linear`),
+    and an expert no row chose is not read at all. The outputs, scaled by their weights, are added
+    into their rows (a row's k experts are distinct, so each run adds into distinct rows).
+    Counted besides, per (row, expert) pair of d values: the gather (read, write), scaling the
+    output and adding it into y (read it, read y, write y; 2 FLOPs a value); and y's zeros."""
+    experts, weights = route(x, p["router.weight"], c.top_k, c.norm_topk)  # [N, k] each
+    k = experts.shape[1]
+    order = np.argsort(experts, axis=None, kind="stable")                   # [N·k] pairs, grouped by expert
+    rows, by = order // k, experts.ravel()[order]
+    starts = np.flatnonzero(np.r_[True, by[1:] != by[:-1]])                 # where each expert's run begins
+    ends = np.r_[starts[1:], by.size]
+    w = weights.ravel()[order]                                              # [N·k], in the same order
+    y = np.zeros_like(x)                                                    # [N, d]
+    for s, t in zip(starts, ends):
+        r = rows[s:t]                                                       # the rows expert `by[s]` serves
+        h = mlp(x[r], expert(p, by[s]))                                     # [n_e, d]
+        h *= w[s:t, None]
+        y[r] += h
+    m = meter.active()
+    if m is not None:
+        pairs = rows.size * x.shape[1]                                      # values gathered and added
+        m.count("moe_combine", activations=x.itemsize * (2 * pairs + 3 * pairs + y.size), other=2 * pairs)
+    return y
+
+
+# -- the model ----------------------------------------------------------------------------------------
+
+class MoE(Llama):
+    """A Llama whose sparse layers have a router and E experts instead of one MLP. Built from
+    checkpoint tensors (Hugging Face names without `model.`) like `Llama`; `weights="q8_0"` /
+    `"q4_0"` / `"q4_1"` quantizes every expert (the router stays float)."""
+
+    CONFIG = MoEConfig
+    manifest = staticmethod(iter_expected)
+
+    def __init__(self, config: MoEConfig, tensors: dict, *, name: str = "", dtype=None,
+                 eos_ids: tuple[int, ...] = (), weights: str = "float32", device=None,
+                 kernels: str = "numpy") -> None:
+        """kernels: taken for the loaders' sake; a mixture computes with the NumPy kernels (the fused
+        ones are not wired into its routed experts yet)."""
+        c = config
+        name = name or f"{c.model_type}-{c.n_layer}x{c.n_embd}-{c.n_expert}e"
+        if device is not None and device.is_gpu:            # the routing and grouping are NumPy's
+            raise DeviceError(f"{name}: a mixture of experts runs on the CPU only for now; use --device cpu")
+        check_blocks({"expert FFN": c.expert_ffn}, str(weights).lower(), name)
+        super().__init__(config, tensors, name=name, dtype=dtype, eos_ids=eos_ids, weights=weights, device=device,
+                         kernels="numpy")
+
+    def block_params(self, tensors: dict, i: int, dtype, weights: str, device=None) -> Block:
+        """Attention and norms as Llama's; then a dense MLP, or the router [d, E] and per expert
+        its gate|up [d, 2F_e] and down [F_e, d] (`experts.{e}.gate_up.weight`, ...)."""
+        c = self.config
+        if not c.is_sparse(i):
+            return fuse_block(tensors, i, c, dtype, weights, device)
+        p = fuse_block(tensors, i, c, dtype, weights, device, dense_mlp=False)
+        mat = lambda w, fmt: make_weight(w, fmt, dtype, rows=True, device=device)
+        p["router.weight"] = mat(tensors[router_name(c, i)], "float32")                  # [d, E], float
+        for e in range(c.n_expert):
+            gate, up, down = (tensors[n] for n in expert_names(c, i, e))
+            p[f"experts.{e}.gate_up.weight"] = mat([gate, up], weights)                  # [d, 2F_e]
+            p[f"experts.{e}.down_proj.weight"] = mat(down, weights)                      # [F_e, d]
+        return p
+
+    def ffn(self, layer: int):
+        return partial(experts_mlp, c=self.config) if self.config.is_sparse(layer) else mlp
+
+    @property
+    def experts(self) -> tuple[int, int]:
+        """(E, k): experts per sparse layer, and how many each token uses."""
+        return self.config.n_expert, self.config.top_k
+
+    def step_weight_bytes(self, n_tokens: int = 1, distinct=None) -> float:
+        """The weight bytes a decode step of n_tokens rows reads when its sparse layers' rows chose
+        `distinct` experts each (a list per sparse layer; default: uniform routing's expectation,
+        `expected_distinct_experts`, exactly k at one token, so a float past it). `step_weight_bytes` below."""
+        c = self.config
+        if distinct is None:
+            n = expected_distinct_experts(c.n_expert, c.top_k, n_tokens)
+            distinct = [c.top_k if n_tokens == 1 else n] * len(c.sparse_layers)
+        return step_weight_bytes(c, distinct, n_tokens, self.dtype.itemsize, self.weights)
+
+    def matrices(self, head: bool = True, chosen=None) -> list:
+        """The products a step multiplies, each once: attention, dense MLPs, the chosen experts of each
+        sparse layer, then the LM head (head=False: not it). Not the router, kept float.
+        chosen: per sparse layer, the experts the step's rows chose (the sets a `routes()` record
+        holds); default the first k of each, a one-token step (every expert has the same shapes and
+        bytes, so which k does not change a count); "all": every expert, what memory holds."""
+        c = self.config
+        if chosen is None:
+            chosen = [range(c.top_k)] * len(c.sparse_layers)
+        elif isinstance(chosen, str):                                       # "all"
+            chosen = [range(c.n_expert)] * len(c.sparse_layers)
+        sets = dict(zip(c.sparse_layers, chosen, strict=True))
+        out = []
+        for i, p in enumerate(self.blocks):
+            out += [p["qkv.weight"], p["o_proj.weight"]]
+            if i in sets:
+                out += [w for e in sorted(set(sets[i])) for w in expert(p, e).values()]
+            else:
+                out += [p["gate_up.weight"], p["down_proj.weight"]]
+        return out + [self.head_w] if head else out
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"MoE({self.name!r}: {c.model_type}, {c.n_layer} layers ({len(c.sparse_layers)} with "
+                f"{c.n_expert} experts, top-{c.top_k}, expert FFN {c.expert_ffn}), {c.n_head} heads / "
+                f"{c.n_kv_head} KV heads of {c.head_dim}, width {c.n_embd}, context {c.n_ctx}, vocab "
+                f"{c.vocab_size}, {self.n_params():,} params ({c.active_params():,} active), {self.weights})")
+
+
+# -- closed forms: what a step reads -----------------------------------------------------------------
+
+def expected_distinct_experts(E: int, k: int, B: int) -> float:
+    """Experts a layer reads for B tokens that each choose k of E uniformly at random: E·(1 − (1 − k/E)^B).
+    (Expert e escapes one token with probability 1 − k/E, all B with (1 − k/E)^B.) B = 1 gives k."""
+    return E * (1.0 - (1.0 - k / E) ** B)
+
+
+def step_weight_bytes(c: MoEConfig, distinct, n_tokens: int = 1, itemsize: int = 4, weights: str = "float32"):
+    """The weight bytes a step of n_tokens rows reads, from the config alone: every parameter once,
+    except the embedding table (its n_tokens rows; a tied table is read whole as the head) and the
+    experts no row chose. distinct: per sparse layer (in order), how many distinct experts the step's
+    rows chose (k at one token; `expected_distinct_experts` under uniform routing). weights: the
+    matrices' format ("float32": itemsize bytes a value; "q8_0" ...: their blocks, router kept float).
+    The meter's count of a step equals it (tests/test_moe.py)."""
+    b = itemsize
+    per = (lambda values: values * b) if weights not in FORMATS else \
+        (lambda values: values * FORMATS[weights].block_bytes // 32)      # a matrix of `values` values
+    L, d, V, H, Hkv, hd = c.n_layer, c.n_embd, c.vocab_size, c.n_head, c.n_kv_head, c.head_dim
+    attention = (per(d * (H + 2 * Hkv) * hd) + per(H * hd * d) + b * (2 * d + 2 * hd * c.qk_norm
+                 + (H + 2 * Hkv) * hd * c.qkv_bias + d * c.o_bias))      # q|k|v, o, two norms, q/k norms, biases
+    dense = per(3 * d * c.ffn) + b * (2 * c.ffn + d) * c.mlp_bias
+    router, one_expert = b * d * c.n_expert, per(c.expert_params())
+    distinct = list(distinct)
+    if len(distinct) != len(c.sparse_layers):
+        raise ValueError(f"distinct: one count per sparse layer ({len(c.sparse_layers)}), got {len(distinct)}")
+    blocks = L * attention + (L - len(distinct)) * dense + sum(router + n * one_expert for n in distinct)
+    return per(n_tokens * d) + blocks + b * d + per(V * d)                # embedding rows, blocks, norm, head
+
+
+# -- random presets: a mixture beyond the cache, and the dense model of its active size --------------
+#
+# This machine's last-level cache is 32 MiB (lscpu: L3). The mixture holds ~7 times that in float32,
+# of which a token reads under a third (~1.9 times the cache); the dense preset has the same
+# attention and an MLP as wide as the k experts a token uses, so one token reads the same bytes but
+# the router's (`minillm.load("random-moe-16x2")` once the family table lands).
+
+RANDOM_SEED = 1234
+_ATTENTION = dict(n_layer=8, n_head=8, n_kv_head=2, head_dim=64, n_embd=512, n_ctx=1024, vocab_size=8192,
+                  eps=1e-5, theta=1e4, tied=True)
+MOE_PRESETS: dict[str, LlamaConfig] = {
+    "random-moe-16x2": MoEConfig(**_ATTENTION, ffn=256, n_expert=16, top_k=2, expert_ffn=256),
+    "random-moe-16x2-dense": LlamaConfig(**_ATTENTION, ffn=2 * 256),
+}
+
+
+def random_moe(name: str, dtype=np.float32, weights: str = "float32", device=None) -> Llama:
+    """A preset of MOE_PRESETS with seeded random weights (normal(0, 0.02)): an `MoE`, or for the
+    `-dense` one a `Llama`."""
+    try:
+        c = MOE_PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(MOE_PRESETS)}") from None
+    cls = MoE if isinstance(c, MoEConfig) else Llama
+    params = llama.random_params(c, RANDOM_SEED, 0.02, np.float32, expected=cls.manifest)
+    return cls(c, params, name=name, dtype=dtype, weights=weights, device=device)
