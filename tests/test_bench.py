@@ -87,8 +87,8 @@ def test_bench_runs_both_kernels_side_by_side_in_one_run(capsys):
     assert main(["bench", "--model", "random-tiny", "--batch", "1,2", "--kernels", "numpy,fused",
                       "--repeats", "1", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
-    assert sorted((r["batch"], r["kernels"]) for r in res["rows"]) == [(1, "fused"), (1, "numpy"), (2, "fused"),
-                                                                       (2, "numpy")]
+    assert sorted((r["batch"], m["kernels"]) for m in res["models"] for r in m["rows"]) == [
+        (1, "fused"), (1, "numpy"), (2, "fused"), (2, "numpy")]
     assert main(["bench", "--kernels", "gpu"]) == 1
     assert main(["bench", "--kernels", "numpy,fused"]) == 1
     assert "--kernels" in capsys.readouterr().err

@@ -227,8 +227,9 @@ def bench_batches(args, models: dict, batches: list[int], hw):
                                                            repeats=args.repeats, progress=tick,
                                                            deterministic=args.deterministic))
     machine_ = {"bandwidth_gbs": hw.bandwidth_gbs, "method": hw.method, "peak_gflops": hw.peak_gflops}
-    for r in results.values():
+    for label, r in results.items():
         r["machine"] = machine_
+        r["kernels"] = models[label].kernels
     result = next(iter(results.values())) if len(results) == 1 else {"models": list(results.values())}
     together = "" if len(results) == 1 else f", interleaved with {len(results) - 1} other model(s)"
 
