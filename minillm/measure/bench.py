@@ -82,10 +82,12 @@ def _is_meter_stmt(s: ast.stmt) -> bool:
 
 
 def _reporters() -> list[tuple[object, str]]:
-    """Every function of the model and cache packages that reports to the meter (reads
-    `meter.active()`), as (module or class, name): the operations and the caches' reads and writes."""
+    """Every function of the model and cache packages (and the fused kernels', where numba runs) that
+    reports to the meter (reads `meter.active()`), as (module or class, name): the operations, the
+    caches' reads and writes, the fused products and attention."""
+    from .. import kernels
     found = []
-    for package in (models, cache):
+    for package in (models, cache, *((kernels,) if kernels.available() else ())):
         for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
             module = importlib.import_module(info.name)
             owners = [module] + [c for c in vars(module).values()
