@@ -546,6 +546,23 @@ def fast_from_env() -> bool:
 
 
 @contextlib.contextmanager
+def _reference_kernels() -> Iterator[None]:
+    """While a lesson runs, the models it loads compute with the NumPy kernels, the reference the
+    lessons count and explain (MINILLM_KERNELS=numpy: minillm.load's default). A lesson that shows
+    the fused kernels asks for them by name (`minillm.load(..., kernels="fused")`: lessons 14, 16)."""
+    from minillm.kernels.runtime import ENV
+    old = os.environ.get(ENV)
+    os.environ[ENV] = "numpy"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = old
+
+
+@contextlib.contextmanager
 def _fast_env(on: bool) -> Iterator[None]:
     """While a fast lesson runs, MINILLM_FAST=1 so the hardware measurement is the quick one too."""
     old = os.environ.get(FAST_ENV)
@@ -611,7 +628,7 @@ def run_lesson(body: Callable[[Lesson], None], argv: list[str] | None = None, *,
         busy += ("; so this lesson runs on 1 BLAS thread, every side of each comparison alike "
                  "(--threads N to choose)")
     try:
-        with limited(threads), _fast_env(fast):
+        with limited(threads), _fast_env(fast), _reference_kernels():
             console.print(Panel(f"[bold]Lesson {number}: {title}[/]\n[dim]about {minutes} minutes · {what}[/]"
                                 f"\n[dim]{L.conditions()}[/]"
                                 + ("\n[yellow]fast mode: smaller models and fewer steps[/]" if fast else ""),

@@ -47,9 +47,15 @@ def blas_kernel() -> str | None:
     return None
 
 
+# Other thread pools that follow BLAS's count: (get, set) pairs registered by the packages that run
+# them (the fused kernels' numba pool, minillm/kernels/runtime.py), so this utility imports none of them.
+FOLLOWERS: list[tuple] = []
+
+
 @contextlib.contextmanager
 def limited(threads: int | None) -> Iterator[None]:
-    """Run the block with BLAS on `threads` threads (None: leave it as it is)."""
+    """Run the block with BLAS on `threads` threads (None: leave it as it is), and the pools in
+    FOLLOWERS (numba's, for the fused kernels) on as many."""
     if threads is None:
         yield
         return
@@ -60,6 +66,13 @@ def limited(threads: int | None) -> Iterator[None]:
         from threadpoolctl import threadpool_limits
     except ImportError:
         raise MiniLLMError("--threads needs threadpoolctl: pip install threadpoolctl") from None
-    with threadpool_limits(limits=threads, user_api="blas"):
-        yield
+    saved = [(get(), set_) for get, set_ in FOLLOWERS]
+    try:
+        for _, set_ in saved:
+            set_(threads)
+        with threadpool_limits(limits=threads, user_api="blas"):
+            yield
+    finally:
+        for n, set_ in saved:
+            set_(n)
 

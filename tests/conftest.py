@@ -9,6 +9,10 @@ import os
 # with two threads and 0.1 s with one. Must be set before NumPy is first imported; setdefault lets a
 # caller choose otherwise.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# The suite's models compute with the NumPy reference unless a test asks for the fused kernels
+# (kernels="fused": tests/test_fused_model.py, test_kernels.py); the default elsewhere is fused
+# where numba works. MINILLM_KERNELS=fused runs the whole suite on the fused default instead.
+os.environ.setdefault("MINILLM_KERNELS", "numpy")
 
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402

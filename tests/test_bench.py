@@ -66,3 +66,29 @@ def test_bench_rejects_contexts_beyond_the_model(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("MINILLM_HOME", str(tmp_path))
     assert main(["bench", "--model", "random-tiny", "--contexts", "4,5000", "--repeats", "1", "--json"]) == 1
     assert "context 5000" in capsys.readouterr().err
+
+
+def test_bench_runs_both_kernels_side_by_side_in_one_run(capsys):
+    """`bench --kernels numpy,fused` with --weights and with --batch: every row once per kernel, the
+    fused rows with no widening pass and the meter's fused counts (no scratch); one clear line for
+    a kernel name it does not know, or for two kernels without --weights or --batch."""
+    import pytest
+    from minillm import kernels
+    if not kernels.available():
+        pytest.skip(kernels.status().reason)
+    assert main(["bench", "--model", "random-tiny", "--weights", "float32,q8_0", "--kernels", "numpy,fused",
+                      "--repeats", "1", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    got = {(r["weights"], r["kernels"]): r for r in res["rows"]}
+    assert set(got) == {(w, k) for w in ("float32", "q8_0") for k in ("numpy", "fused")}
+    assert got["q8_0", "fused"]["scratch_bytes"] == 0 < got["q8_0", "numpy"]["scratch_bytes"]
+    assert got["q8_0", "fused"]["widen_ms"] == 0 < got["q8_0", "numpy"]["widen_ms"]
+    assert got["q8_0", "fused"]["weight_bytes"] == got["q8_0", "numpy"]["weight_bytes"]
+    assert main(["bench", "--model", "random-tiny", "--batch", "1,2", "--kernels", "numpy,fused",
+                      "--repeats", "1", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert sorted((r["batch"], m["kernels"]) for m in res["models"] for r in m["rows"]) == [
+        (1, "fused"), (1, "numpy"), (2, "fused"), (2, "numpy")]
+    assert main(["bench", "--kernels", "gpu"]) == 1
+    assert main(["bench", "--kernels", "numpy,fused"]) == 1
+    assert "--kernels" in capsys.readouterr().err

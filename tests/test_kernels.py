@@ -306,3 +306,24 @@ def test_fuse_picks_the_fused_implementation_where_there_is_one():
     assert np.shares_memory(kernels.fuse(Wt, transposed=True).wt, Wt)        # [out, in] kept, no copy
     for other in (W.astype(np.float64), rng.standard_normal(8).astype(np.float32)):
         assert kernels.fuse(other) is other
+
+
+def test_fused_attention_reads_a_cache_slice_in_place_and_counts_a_copy():
+    """A KV cache's read (the first t rows of each head of a larger array) goes to the kernel as it is,
+    no copy; a view the kernel cannot take in place (rows not contiguous) is copied, and the meter
+    counts that copy (written, then read). Both give the contiguous keys' result."""
+    rng = np.random.default_rng(3)
+    H, Hkv, hd, t = 4, 2, 16, 30
+    big = rng.standard_normal((2, Hkv, 50, hd)).astype(np.float32)         # [K|V, Hkv, n_ctx, hd]
+    k, v = big[0, :, :t], big[1, :, :t]
+    q = rng.standard_normal((H, 5, hd)).astype(np.float32)
+    for Tq in (5, 1):
+        want = kernels.attention(q[:, :Tq], np.ascontiguousarray(k), np.ascontiguousarray(v))
+        with meter.Meter() as m:
+            got = kernels.attention(q[:, :Tq], k, v)
+        assert m.steps[-1].bytes["activations"] == q[:, :Tq].nbytes + got.nbytes
+        assert np.array_equal(got, want)
+    strided = np.ascontiguousarray(big[:, :, :2 * t])[:, :, ::2]         # every other position: no row view
+    with meter.Meter() as m:
+        kernels.attention(q, strided[0], strided[1])
+    assert m.steps[-1].bytes["activations"] == 2 * q.nbytes + 2 * 2 * strided[0].nbytes

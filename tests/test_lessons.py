@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import io
+import math
 import os
 import subprocess
 import sys
@@ -446,6 +447,53 @@ def test_lesson_14s_block_and_error_claims_can_fail(broken, words, monkeypatch, 
     assert _lesson(14).main(["--fast", "--no-pause"]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "did not hold" in out and words in out.split("did not hold")[1], out[-1500:]
+
+
+def test_lesson_16s_claims_fail_when_fused_attention_counts_scores_or_the_recurrence_skips_its_rescale(
+        monkeypatch, capsys):
+    """Lesson 16 checks its run: a fused attention that reports a score matrix's bytes, or an online
+    softmax that forgets to rescale what it kept when the maximum grows, fails it."""
+    pytest.importorskip("numba")
+    from minillm import kernels
+    if not kernels.available():
+        pytest.skip(kernels.status().reason)
+    lesson = _lesson(16)
+    real = lesson.online_softmax
+
+    def no_rescale(s, v, block):                                  # the recurrence without exp(m - m')
+        m, l, acc, steps = -math.inf, 0.0, np.zeros(v.shape[1]), []
+        for j0 in range(0, len(s), block):
+            sb = s[j0:j0 + block]
+            m = max(m, float(sb.max()))
+            p = np.exp(sb - m)
+            l, acc = l + float(p.sum()), acc + p @ v[j0:j0 + block]
+            steps.append((j0, float(sb.max()), m, 1.0, l))
+        return acc / l, steps
+    monkeypatch.setattr(lesson, "online_softmax", no_rescale)
+    assert lesson.main(["--fast", "--no-pause"]) == 1
+    assert "softmax(s) @ v of the whole row" in " ".join(capsys.readouterr().out.split())
+    monkeypatch.setattr(lesson, "online_softmax", real)
+
+    from minillm import meter
+    real_count = meter.Meter.count
+    monkeypatch.setattr(meter.Meter, "count", lambda self, op, **kw: real_count(
+        self, op, **{**kw, "activations": kw.get("activations", 0) + (4 if op == "attention" else 0)}))
+    assert lesson.main(["--fast", "--no-pause"]) == 1
+    assert "did not hold" in capsys.readouterr().out
+
+
+def test_lesson_14s_fused_claim_fails_when_the_fused_product_counts_a_scratch(monkeypatch, capsys):
+    """Lesson 14's fused half: a fused quantized product that reports a widening buffer (as NumPy's
+    does) is not what the kernel reads, and fails the lesson."""
+    from minillm import kernels
+    if not kernels.available():
+        pytest.skip(kernels.status().reason)
+    real = kernels.FusedQuant.counts
+    monkeypatch.setattr(kernels.FusedQuant, "counts", lambda self, T, itemsize=4: {
+        **real(self, T, itemsize), "scratch": 4 * self.n_in})
+    assert _lesson(14).main(["--fast", "--no-pause"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "did not hold" in out and "what a fused decode step reads" in out.split("did not hold")[1]
 
 
 def test_the_gpu_lesson_without_a_gpu_says_so_and_shows_the_issues_figures_as_data(capsys, monkeypatch):

@@ -230,14 +230,14 @@ def _remove_stale_saves(directory: Path) -> None:
 
 # -- GPT-2's row of the family table (checkpoints/families.py) ----------------------------------------
 
-def gpt2_from_folder(path: Path, dtype, weights: str, name: str | None = None, device=None) -> GPT2:
+def gpt2_from_folder(path: Path, dtype, weights: str, name: str | None = None, device=None, kernels: str = "numpy") -> GPT2:
     """A GPT-2 from a checkpoint directory or .safetensors file."""
     config, params = load_checkpoint(path, dtype)
-    return GPT2(config, params, name=name or Path(path).name, weights=weights, device=device)
+    return GPT2(config, params, name=name or Path(path).name, weights=weights, device=device, kernels=kernels)
 
 
 def gpt2_from_gguf(md: dict, tensors: dict, path: Path, dtype, weights: str, name: str | None = None,
-                   device=None) -> GPT2:
+                   device=None, kernels: str = "numpy") -> GPT2:
     """A GPT-2 from a GGUF's tensors (checkpoint names, GGUF's [out, in] rows; as `minillm quantize`
     writes them, or llama.cpp's converter): float matrices back to the checkpoint's [in, out]. The
     metadata is checked against the tensors (block count, every shape, nothing extra) before use."""
@@ -265,4 +265,4 @@ def gpt2_from_gguf(md: dict, tensors: dict, path: Path, dtype, weights: str, nam
         raise WeightsError(f"{path}: unexpected tensor {gguf_name(extra[0])} (and {len(extra) - 1} more) for a "
                            f"{config.n_layer}-layer GPT-2; the metadata disagrees with the tensors")
     check_all_finite(params, path)
-    return GPT2(config, params, name=name or Path(path).stem, weights=weights, device=device)
+    return GPT2(config, params, name=name or Path(path).stem, weights=weights, device=device, kernels=kernels)

@@ -37,8 +37,8 @@ class Family:
     hf_types: tuple[str, ...]      # the config.json `model_type`s it reads
     gguf_archs: tuple[str, ...]    # the GGUF `general.architecture`s it reads
     names: GGUFNames               # its tensors' names, checkpoint <-> GGUF
-    from_folder: Callable          # (path, dtype, weights, name, device) -> model: a Hugging Face checkpoint
-    from_gguf: Callable | None     # (metadata, tensors, path, dtype, weights, name, device) -> model
+    from_folder: Callable          # (path, dtype, weights, name, device, kernels=) -> model: a Hugging Face checkpoint
+    from_gguf: Callable | None     # (metadata, tensors, path, dtype, weights, name, device, kernels=) -> model
     tokenizer: Callable            # (path) -> its own tokenizer, or None: GPT-2's (minillm.tokenizer)
 
 
@@ -87,12 +87,13 @@ def family_of(path: Path) -> Family:
     return _by("hf_types", cfg.get("model_type", "gpt2" if "n_embd" in cfg else None), cfg_path)
 
 
-def load_path(path: Path, dtype, weights: str, name: str | None = None, device=None) -> CausalLM:
+def load_path(path: Path, dtype, weights: str, name: str | None = None, device=None,
+              kernels: str = "numpy") -> CausalLM:
     """A model from a checkpoint path of any family: the family read from the file, then its row
-    (device: a backend.Device, None for the CPU)."""
+    (device: a backend.Device, None for the CPU; kernels: "numpy" or "fused")."""
     if is_gguf_path(path):
         md, raw = read_gguf(path)
         f = _by("gguf_archs", md.get("general.architecture"), path)
         tensors = checkpoint_tensors(raw, f.names, path, keep_quantized=weights not in FLOATS)
-        return f.from_gguf(md, tensors, path, dtype, weights, name, device)
-    return family_of(path).from_folder(path, dtype, weights, name, device)
+        return f.from_gguf(md, tensors, path, dtype, weights, name, device, kernels=kernels)
+    return family_of(path).from_folder(path, dtype, weights, name, device, kernels=kernels)

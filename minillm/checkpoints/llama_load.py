@@ -66,7 +66,7 @@ def read_tensors(folder: Path, file: Path | None = None) -> dict[str, np.ndarray
 
 
 def llama_from_folder(path: Path, dtype=np.float32, weights: str = "float32", name: str | None = None,
-                      device=None, *, model=None):
+                      device=None, *, model=None, kernels: str = "numpy"):
     """A Llama-family model from a Hugging Face folder (or one of its safetensors files), with its
     own tokenizer attached as `.tokenizer` (None when absent). model: the class to build, a `Llama`
     or a subclass of it (the mixture of experts' row passes `models.moe.MoE`); its `CONFIG` reads
@@ -83,7 +83,7 @@ def llama_from_folder(path: Path, dtype=np.float32, weights: str = "float32", na
     eos = token_ids(gen.get("eos_token_id"), config.vocab_size, f"{folder / 'generation_config.json'}: eos_token_id")
     tok = mt.from_folder(folder, eos) if (folder / "tokenizer.json").is_file() or \
         (folder / "tokenizer.model").is_file() else None
-    return _build(config, tensors, tok, folder, dtype, weights, name, device, model)
+    return _build(config, tensors, tok, folder, dtype, weights, name, device, model, kernels)
 
 
 def token_ids(value, n_vocab: int, what: str) -> list[int]:
@@ -98,7 +98,7 @@ def token_ids(value, n_vocab: int, what: str) -> list[int]:
 
 
 def llama_from_gguf(md: dict, tensors: dict, path: Path, dtype=np.float32, weights: str = "float32",
-                    name: str | None = None, device=None):
+                    name: str | None = None, device=None, kernels: str = "numpy"):
     """A Llama-family model from a GGUF's tensors (Hugging Face names), its tokenizer from the metadata."""
     from .. import model_tokenizer as mt
     from ..models.llama import check_tensors
@@ -114,7 +114,8 @@ def llama_from_gguf(md: dict, tensors: dict, path: Path, dtype=np.float32, weigh
                 key = f"layers.{i}.self_attn.{proj}.weight"
                 if key in tensors and tensors[key].ndim == 2 and tensors[key].shape[0] % (2 * heads) == 0:
                     tensors[key] = unpermute(tensors[key], heads)
-    return _build(c, tensors, mt.from_gguf_metadata(md, path), Path(path), dtype, weights, name, device)
+    return _build(c, tensors, mt.from_gguf_metadata(md, path), Path(path), dtype, weights, name, device,
+                  kernels=kernels)
 
 
 def llama_tokenizer(path: Path):
@@ -128,7 +129,7 @@ def llama_tokenizer(path: Path):
 
 
 def _build(config: LlamaConfig, tensors: dict, tok, where: Path, dtype, weights: str, name: str | None,
-           device=None, model=None):
+           device=None, model=None, kernels: str = "numpy"):
     from ..models.llama import Llama, check_tensors
     model = model or Llama
     check_tensors(tensors, config, str(where), expected=model.manifest)   # bounded: stops at the first missing
@@ -137,6 +138,6 @@ def _build(config: LlamaConfig, tensors: dict, tok, where: Path, dtype, weights:
         raise WeightsError(f"{where}: the tokenizer has {tok.n_vocab:,} ids but the model only "
                            f"{config.vocab_size:,}: they do not belong together")
     built = model(config, tensors, name=name or where.name, dtype=dtype,
-                  eos_ids=tok.eos_ids if tok is not None else (), weights=weights, device=device)
+                  eos_ids=tok.eos_ids if tok is not None else (), weights=weights, device=device, kernels=kernels)
     built.tokenizer = tok
     return built

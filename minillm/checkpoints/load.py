@@ -12,8 +12,9 @@ from ..config import GPT2_SIZES, GPT2Config, LlamaConfig
 from ..errors import MiniLLMError, ModelNotFoundError, WeightsError
 from ..models.base import CausalLM
 from ..models.gpt2 import GPT2, random_params
+from ..kernels import default as default_kernels
+from ..models.weights import FLOATS, check_kernels, check_weights
 from ..models.moe import MOE_PRESETS, random_moe
-from ..models.weights import FLOATS, check_weights
 from .. import backend
 from .families import load_path
 from ..paths import expand_user, not_a_regular_file, package_weights_dir
@@ -43,7 +44,8 @@ def has_bundled() -> bool:
     return (bundled_dir() / "model.safetensors").is_file()
 
 
-def random_model(name, dtype=np.float32, weights: str = "float32", device=None) -> CausalLM:
+def random_model(name, dtype=np.float32, weights: str = "float32", device=None,
+                 kernels: str = "numpy") -> CausalLM:
     """A seeded random model: a name ("random-124m", "random-tiny", ...: GPT-2 shapes) or a config
     (a LlamaConfig: the Llama family's shapes, e.g. a 7B-class one for a GPU), on `device` ("cpu",
     "cuda" or a backend.Device; None: the CPU). A Llama shape's matrices are drawn on the GPU itself
@@ -62,15 +64,15 @@ def random_model(name, dtype=np.float32, weights: str = "float32", device=None) 
                       else (0.02 * rng.standard_normal(s, dtype=np.float32)).astype(dtype)
                       for k, s in iter_expected(name)}
         return Llama(name, params, name=f"random-{name.arch}-{name.n_layer}x{name.n_embd}", dtype=dtype,
-                     weights=weights, device=on)
+                     weights=weights, device=on, kernels=kernels)
     size = name.removeprefix("random-")
     config = TINY if size == "tiny" else GPT2_SIZES[size]
     return GPT2(config, random_params(config, seed=RANDOM_SEED, std=0.02, dtype=dtype), name=name, weights=weights,
-                device=on)
+                device=on, kernels=kernels)
 
 
 def load(source: str | Path | None = None, *, dtype=None, quiet: bool = False,
-         weights: str = "float32", device="cpu") -> CausalLM:
+         weights: str = "float32", device="cpu", kernels: str | None = None) -> CausalLM:
     """Load a model, of any family, from any of its sources.
 
     source: None or "default" or "small" (the bundled Shakespeare model), "large" (the bundled
@@ -89,9 +91,14 @@ def load(source: str | Path | None = None, *, dtype=None, quiet: bool = False,
     default: half the bytes a step streams) or float32 (to compare tokens with the CPU).
     device: "cpu" (NumPy) or "cuda" (CuPy on an NVIDIA GPU: `pip install 'minillm[gpu]'`); the
     weights are made on the host, then moved once. No usable GPU: one DeviceError line.
+    kernels: "numpy" (the reference every other kernel is tested against) or "fused" (minillm/kernels/:
+    numba products that read each weight once, attention without a score matrix); None (default):
+    fused where numba works here, else NumPy (`kernels.default()` says which and why). A float64
+    model, or one on a GPU, always computes with NumPy's (or CuPy's) kernels.
     """
     w = check_weights(weights)
     device = backend.get_device(device)
+    kernels = check_kernels(kernels if kernels is not None else default_kernels()[0])
     if w == "float64":
         dtype, w = np.float64, "float32"
     dtype = np.dtype(dtype if dtype is not None else np.float16 if device.is_gpu else np.float32)
@@ -108,22 +115,22 @@ def load(source: str | Path | None = None, *, dtype=None, quiet: bool = False,
         if not (bundled_dir("large") / "model.safetensors").is_file():
             raise ModelNotFoundError(f"the large bundled model is not installed (no {bundled_dir('large')}/"
                                      "model.safetensors); reinstall minillm, or choose another model")
-        return load_path(bundled_dir("large"), dtype, w, BUNDLED["large"][1], on)
+        return load_path(bundled_dir("large"), dtype, w, BUNDLED["large"][1], on, kernels)
     if source is None or source in ("default", "small"):
         if has_bundled():
-            return load_path(bundled_dir(), dtype, w, BUNDLED["small"][1], on)
+            return load_path(bundled_dir(), dtype, w, BUNDLED["small"][1], on, kernels)
         if not quiet:
             print("minillm: no bundled model is installed; using a small random model (random-tiny)", file=sys.stderr)
-        return random_model("random-tiny", dtype, w, on)
+        return random_model("random-tiny", dtype, w, on, kernels)
     source_str = str(source)
     if source_str in MOE_PRESETS:
         return random_moe(source_str, dtype, w, on)
     if source_str.startswith("random-"):
         if source_str.removeprefix("random-") not in (*GPT2_SIZES, "tiny"):
             raise ModelNotFoundError(f"unknown model {source_str!r}; choose one of: {', '.join(model_names())}")
-        return random_model(source_str, dtype, w, on)
+        return random_model(source_str, dtype, w, on, kernels)
     if source_str in (*DOWNLOADABLE, *LLAMA_DOWNLOADABLE):
-        return load_path(downloaded(source_str), dtype, w, source_str, on)
+        return load_path(downloaded(source_str), dtype, w, source_str, on, kernels)
     path = expand_user(source_str)
     problem = not_a_regular_file(path)
     if problem == "not found":
@@ -133,12 +140,13 @@ def load(source: str | Path | None = None, *, dtype=None, quiet: bool = False,
         )
     if problem is not None and problem.startswith("cannot"):   # a name too long, a loop of links, no permission
         raise WeightsError(f"{source_str}: {problem}; choose a checkpoint path or one of: {', '.join(model_names())}")
-    return load_path(path, dtype, w, device=on)
+    return load_path(path, dtype, w, device=on, kernels=kernels)
 
 
-def load_float(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = False) -> CausalLM:
+def load_float(source: str | Path | None = None, *, dtype=np.float32, quiet: bool = False,
+               kernels: str | None = None) -> CausalLM:
     """`load` with the weights in floats (dtype: float32, or float64 for exactness checks)."""
-    return load(source, dtype=dtype, quiet=quiet)
+    return load(source, dtype=dtype, quiet=quiet, kernels=kernels)
 
 
 def downloaded(name: str) -> Path:

@@ -16,7 +16,7 @@ from ..engine.generate import generate
 from ..engine.sampling import check_sampling
 from ..errors import MiniLLMError, PromptError
 from ..bpe import tokenizer
-from .common import add_model, add_sampling, at_least_one, err, load_model, note_if_busy, out
+from .common import add_model, add_sampling, at_least_one, err, kernels_label, load_model, note_if_busy, out
 
 
 def add_arguments(p) -> None:
@@ -73,7 +73,7 @@ def run(args) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
     at_least_one(args, "max_new_tokens", "block_size")
     rows = read_prompts(args.file, args.max_new_tokens, args.seed)
-    model = load_model(args.model, args.weights, args.device)
+    model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None))
     enc = tokenizer(model)
     ids = [enc.encode(p, allowed_special={"<|endoftext|>"}) for p, *_ in rows]
     limits = [n for _, n, _, _ in rows]
@@ -107,7 +107,7 @@ def run(args) -> int:
         out.print(Panel(Text(prompt + enc.decode(tokens)), title=f"{i}", title_align="left"))
     out.print(f"[bold]{len(rows)} prompts, {n_tokens} new tokens in {seconds:.2f} s "
               f"({n_tokens / seconds:.1f} tokens/s)[/], {len(steps)} batched steps of up to {max(steps, default=0)} "
-              f"sequences, model {escape(model.name)}")
+              f"sequences, model {escape(model.name)}, {kernels_label(model)}")
     if alone is not None:
         same = sum(a == b for a, b in zip(alone, new))
         out.print(f"one at a time: {alone_s:.2f} s ({n_tokens / alone_s:.1f} tokens/s): batching was "

@@ -55,6 +55,9 @@ def add_arguments(parser) -> None:
                         help="instead: decode and prefill with the model's weights in each format (float32, "
                              "q8_0, q4_0, q4_1; native: a GGUF's own, e.g. SmolLM2's Q4_1), interleaved: bytes per step, tokens/s, %% of each format's own "
                              "ceiling, the widening's share (at the first of --contexts)")
+    parser.add_argument("--kernels", default=None, metavar="K,K",
+                        help="numpy and/or fused (e.g. numpy,fused: both side by side in one interleaved run, with "
+                             "--weights or --batch); default: fused where numba works, else numpy (said in the title)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
     parser.add_argument("--device", default="cpu", metavar="DEVICE",
                         help="cpu (default): bench measures NumPy on this CPU; a GPU's figures are printed beside")
@@ -67,8 +70,36 @@ def parse_contexts(text: str, option: str = "--contexts") -> list[int]:
         raise MiniLLMError(f"{option} {text!r}: expected comma-separated integers such as 16,128,512") from None
 
 
+def parse_kernels(text: str | None) -> list[str]:
+    """--kernels: 'numpy', 'fused' or both, comma-separated; None: the default alone."""
+    if text is None:
+        from ..kernels import default
+        return [default()[0]]
+    names = list(dict.fromkeys(k.strip().lower() for k in text.split(",") if k.strip()))
+    if not names or any(k not in ("numpy", "fused") for k in names):
+        raise MiniLLMError(f"--kernels {text!r}: give numpy, fused or numpy,fused")
+    if "fused" in names:
+        from ..kernels import status
+        if not status().usable:
+            raise MiniLLMError(f"--kernels fused: the fused kernels cannot run here ({status().reason})")
+    return names
+
+
+def kernels_title(kernels: list[str]) -> str:
+    """The bench title's words for the kernels measured ('fused kernels (numba 0.68.1)', ...)."""
+    from ..kernels import default, status
+    from ..kernels import threads
+    words = [f"fused kernels ({status().reason}, {threads()} threads)" if k == "fused" else "NumPy kernels"
+             for k in kernels]
+    choice, why = default()
+    if kernels == ["numpy"] and choice == "numpy" and not why.startswith("MINILLM_KERNELS"):
+        words[0] += f" (the fused ones cannot run here: {why})"
+    return " and ".join(words)
+
+
 def run(args) -> int:
     contexts = parse_contexts(args.contexts)
+    kernels = parse_kernels(args.kernels)
     if args.repeats < 1:
         raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
     batches = parse_contexts(args.batch, "--batch") if args.batch is not None else None
@@ -89,18 +120,21 @@ def run(args) -> int:
             raise MiniLLMError("--weights measures weight formats alone: leave out --batch and --speculate")
         from ..measure.quantization import parse_formats
         parse_formats(args.weights)
-        return bench_weights(args, machine(progress=not args.json))
+        return bench_weights(args, machine(progress=not args.json), kernels)
+    if len(kernels) > 1 and batches is None:
+        raise MiniLLMError("--kernels numpy,fused compares the kernels with --weights or --batch: give one of them "
+                           "(or one kernel)")
     names = [n.strip() for n in (args.model or "").split(",") if n.strip()] if batches is not None else []
-    if len(names) > 1:
-        models = {}
-        for n in names:
-            m = load(n)
-            check_batches(m, batches, args.batch_context)
-            models[m.name if m.name not in models else f"{m.name} ({len(models) + 1})"] = m
-        model = next(iter(models.values()))
-    else:
-        model = load(args.model or ("large" if ks is not None else "random-124m"))
-        models = {model.name: model}
+    names = names or [args.model or ("large" if ks is not None else "random-124m")]
+    models = {}
+    for n in names:                                   # each model once per kernel, all in the same rounds
+        for k in kernels:
+            m = load(n, kernels=k)
+            if batches is not None:
+                check_batches(m, batches, args.batch_context)
+            label = m.name if len(kernels) == 1 else f"{m.name} {k}"
+            models[label if label not in models else f"{label} ({len(models) + 1})"] = m
+    model = next(iter(models.values()))
     if args.deterministic and batches is None:
         raise MiniLLMError("--deterministic measures the batch-invariant mode's cost with --batch: give --batch too")
     if batches is not None:
@@ -116,7 +150,8 @@ def run(args) -> int:
         result, show = bench_batches(args, models, batches, hw)
     else:
         result, show = bench_contexts(args, model, contexts, hw)
-    result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel())
+    result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(), kernels=kernels,
+                  kernels_title=kernels_title(kernels))
     gpu = gpu_figures() if ks is None else None          # this machine's GPU beside the CPU (None: no GPU)
     if gpu:
         result["gpu"] = gpu
@@ -136,6 +171,11 @@ def _run_with_bar(args, title: str, total: int, work):
     with Progress(console=err, transient=True, disable=args.json) as bar:
         task = bar.add_task(title, total=total)
         return work(lambda: bar.advance(task))
+
+
+def _verdict(ratio: float) -> str:
+    """A tokens/s ratio in words: within 5% is no ranking (one round on a busy machine moves more)."""
+    return "faster" if ratio > 1.05 else "slower" if ratio < 0.95 else "about the same, within 5%"
 
 
 def _blas(result) -> str:
@@ -176,7 +216,7 @@ def bench_contexts(args, model, contexts: list[int], hw):
         out.print(f"the meter's cost, decode step at context {contexts[0]}: no meter {result['meter_idle_ms']:.2f} ms, "
                   f"counting code removed {result['meter_removed_ms']:.2f} ms, meter on {result['meter_on_ms']:.2f} ms")
         out.print(f"[dim]this machine: {hw.bandwidth_gbs:.1f} GB/s ({hw.method}), {hw.peak_gflops:.0f} GFLOP/s; "
-                  f"{_blas(result)}[/]")
+                  f"{_blas(result)}; {result['kernels_title']}[/]")
     return result, show
 
 
@@ -187,14 +227,25 @@ def bench_batches(args, models: dict, batches: list[int], hw):
                                                            repeats=args.repeats, progress=tick,
                                                            deterministic=args.deterministic))
     machine_ = {"bandwidth_gbs": hw.bandwidth_gbs, "method": hw.method, "peak_gflops": hw.peak_gflops}
-    for r in results.values():
+    for label, r in results.items():
         r["machine"] = machine_
+        r["kernels"] = models[label].kernels
     result = next(iter(results.values())) if len(results) == 1 else {"models": list(results.values())}
     together = "" if len(results) == 1 else f", interleaved with {len(results) - 1} other model(s)"
 
     def show():
         for name, res in results.items():
-            _show_batches(args, name, res, hw, together, _blas(result))
+            _show_batches(args, name, res, hw, together, f"{_blas(result)}; {result.get('kernels_title', '')}")
+        by_model: dict = {}
+        for label, m in models.items():
+            by_model.setdefault(m.name, {})[m.kernels] = results[label]
+        for name, by in by_model.items():
+            if "numpy" in by and "fused" in by:
+                num = {r["batch"]: r for r in by["numpy"]["rows"]}
+                fus = {r["batch"]: r for r in by["fused"]["rows"]}
+                out.print(f"{escape(name)}, fused against NumPy at the same B (tokens/s): " + ", ".join(
+                    f"B = {B} {fus[B]['tok_s'] / num[B]['tok_s']:.2f}× ({_verdict(fus[B]['tok_s'] / num[B]['tok_s'])})"
+                    for B in sorted(set(num) & set(fus))))
 
     return result, show
 
@@ -303,29 +354,32 @@ def bench_speculation(args, model, ks: list[int], hw):
     return result, show
 
 
-def bench_weights(args, hw) -> int:
+def bench_weights(args, hw, kernels=None) -> int:
     from ..measure.quantization import TILE_BYTES, parse_first_context, parse_formats, run_quant_bench
 
     formats = parse_formats(args.weights)
     source = args.model or "random-124m"
     context = parse_first_context(args.contexts)
+    kernels = kernels or parse_kernels(None)
     with Progress(console=err, transient=True, disable=args.json) as bar:
-        task = bar.add_task(f"weights {', '.join(formats)}", total=args.repeats * len(formats))
+        task = bar.add_task(f"weights {', '.join(formats)}", total=args.repeats * len(formats) * len(kernels))
         result = run_quant_bench(source, formats, context=context, repeats=args.repeats,
-                                 progress=lambda: bar.advance(task), bandwidth_gbs=hw.bandwidth_gbs)
+                                 progress=lambda: bar.advance(task), bandwidth_gbs=hw.bandwidth_gbs, kernels=kernels)
+    several = len(kernels) > 1
     bw = hw.bandwidth_gbs
     result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(),
-                  machine={"bandwidth_gbs": bw, "llc_bytes": hw.llc_bytes})
+                  machine={"bandwidth_gbs": bw, "llc_bytes": hw.llc_bytes}, kernels=kernels,
+                  kernels_title=kernels_title(kernels))
     if args.json:
         print(json.dumps(result))
         return 0
-    t = Table(title=f"{escape(result['model'])}: decode at context {context}, batch 1, by weight format "
-                    f"(medians of {args.repeats} interleaved rounds)", title_justify="left",
+    t = Table(title=f"{escape(result['model'])}: decode at context {context}, batch 1, by weight format, "
+                    f"{result['kernels_title']} (medians of {args.repeats} interleaved rounds)", title_justify="left",
               box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("weights", "bytes/step", "ceiling", "tok/s", "% ceil", "widen ms", "widen %", "prefill"):
+    for col in ("weights", *(("kernels",) if several else ()), "bytes/step", "ceiling", "tok/s", "% ceil", "widen ms", "widen %", "prefill"):
         t.add_column(col, justify="right", no_wrap=True)
     for r in result["rows"]:
-        t.add_row(r["weights"], fmt_bytes(r["step_bytes"]), f"{r['ceiling_tok_s']:.0f}/s", f"{r['tok_s']:.1f}",
+        t.add_row(r["weights"], *((r["kernels"],) if several else ()), fmt_bytes(r["step_bytes"]), f"{r['ceiling_tok_s']:.0f}/s", f"{r['tok_s']:.1f}",
                   f"{100 * r['of_ceiling']:.0f}%", f"{r['widen_ms']:.1f}" if r["widen_ms"] else "-",
                   f"{100 * r['widen_share']:.0f}%" if r["widen_ms"] else "-",
                   f"{result['prefill'] / r['prefill_s']:.0f}/s")
@@ -333,14 +387,23 @@ def bench_weights(args, hw) -> int:
     out.print("[dim]bytes/step: counted by the meter (quantized matrices at their own size, scales included); "
               f"ceiling: those bytes at this machine's {bw:.1f} GB/s; widen: turning every quantized weight "
               f"into floats as a decode step does, alone; prefill: {result['prefill']} tokens[/]")
-    base = next((r for r in result["rows"] if r["weights"] == "float32"), None)
+    base = next((r for r in result["rows"] if r["weights"] == "float32" and r["kernels"] == "numpy"),
+                next((r for r in result["rows"] if r["weights"] == "float32"), None))
     for r in result["rows"]:
         if base is None or r is base:
             continue
         verdict = "faster" if r["tok_s"] > base["tok_s"] else "slower"
-        out.print(f"{r['weights']}: {base['step_bytes'] / r['step_bytes']:.1f}× fewer bytes than float32, "
-                  f"decode {r['tok_s'] / base['tok_s']:.2f}× float32's tokens/s ({verdict}); widening alone takes "
-                  f"{r['widen_ms']:.1f} ms, {r['widen_ms'] / base['decode_ms']:.2f}× float32's whole step")
+        name = f"{r['weights']} {r['kernels']}" if several else r["weights"]
+        widen = (f"; widening alone takes {r['widen_ms']:.1f} ms, {r['widen_ms'] / base['decode_ms']:.2f}× "
+                 "float32's whole step") if r["widen_ms"] else ("; no widening pass (the fused kernel widens in registers)"
+                                                               if r["kernels"] == "fused" and r["weights"] != "float32" else "")
+        base_name = f"float32 {base['kernels']}" if several else "float32"
+        fewer = base["step_bytes"] / r["step_bytes"]
+        fewer = (f"{fewer:.1f}× fewer bytes than {base_name}" if fewer >= 1.05 else f"{fewer:.2f}× the bytes of {base_name}"
+                 if fewer <= 0.95 else f"about the bytes of {base_name} ({fewer:.3f}×)")
+        out.print(f"{name}: {fewer}, "
+                  f"decode {r['tok_s'] / base['tok_s']:.2f}× {base_name}'s tokens/s ({verdict}), prefill "
+                  f"{base['prefill_s'] / r['prefill_s']:.2f}×{widen}")
     llc = hw.llc_bytes
     if llc and base is not None:
         out.print(f"[dim]float32 weights {fmt_bytes(base['model_bytes'])} against the last-level cache "

@@ -27,6 +27,9 @@ WEIGHTS_HELP = ("the weights in memory: float32 (default), q8_0, q4_0 or q4_1 (q
                 "defines them, multiplied without widening the whole matrix), native (as the file has them)")
 
 
+KERNELS_HELP = ("the kernels that compute: fused (numba: products that read each weight once, attention without "
+                "a score matrix; the default where numba works) or numpy (the readable reference; the default "
+                "otherwise, the reason said once when the model loads). float64 models always use numpy")
 DEVICE_HELP = ("where the model runs: cpu (NumPy, default) or cuda (CuPy on an NVIDIA GPU, weights in float16; "
                "pip install 'minillm[gpu]')")
 
@@ -43,6 +46,7 @@ def add_device(p: argparse.ArgumentParser) -> None:
 
 def add_weights(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default="float32", metavar="FORMAT", help=WEIGHTS_HELP)
+    p.add_argument("--kernels", default=None, choices=("numpy", "fused"), help=KERNELS_HELP)
 
 
 def add_sampling(p: argparse.ArgumentParser) -> None:
@@ -107,24 +111,48 @@ def note_if_busy(args) -> None:
         err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=False)
 
 
-def load_draft(name, model, weights: str | None = None):
+def load_draft(name, model, weights: str | None = None, kernels: str | None = None):
     """The --draft value: None (or 'none'), 'ngram', or a model loaded like --model (with the same
     --weights as given, e.g. native; else in the format the target ended up in)."""
     if name is None or name == "none":
         return None
     if name == "ngram":
         return "ngram"
-    draft = load_model(name, weights or getattr(model, "weights", "float32"), model.device)
+    draft = load_model(name, weights or getattr(model, "weights", "float32"), model.device,
+                       kernels or getattr(model, "kernels", None), quiet=True)
     check_draft_model(draft, model)
     return draft
 
 
-def load_model(source, weights: str = "float32", device="cpu"):
+def load_model(source, weights: str = "float32", device="cpu", kernels: str | None = None, quiet: bool = False):
     """`load`, with a spinner on stderr while it works (random-1558m takes a while to build); on
-    --device cuda without a usable GPU, one DeviceError line before anything is read."""
+    --device cuda without a usable GPU, one DeviceError line before anything is read. kernels None:
+    the default (`kernels_note` says once on stderr why it is NumPy, when it is not fused)."""
     device = get_device(device)
     with err.status(f"loading {escape(str(source or 'the bundled model'))}…"):
-        return load(source, weights=weights, device=device)
+        model = load(source, weights=weights, device=device, kernels=kernels)
+    if kernels is None and not quiet and not device.is_gpu:
+        note = kernels_note()
+        if note:
+            err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=False)
+    return model
+
+
+def kernels_note() -> str | None:
+    """One line when the default kernels are NumPy because the fused ones cannot run here (None otherwise)."""
+    from ..kernels import default
+    choice, why = default()
+    if choice == "numpy" and not why.startswith("MINILLM_KERNELS"):
+        return f"computing with the NumPy kernels: the fused ones cannot run here ({why})"
+    return None
+
+
+def kernels_label(model) -> str:
+    """How a model computes, for a command's header: 'fused kernels (numba 0.68.1)' or 'NumPy kernels'."""
+    if getattr(model, "kernels", "numpy") == "fused":
+        from ..kernels import status
+        return f"fused kernels ({status().reason})"
+    return "NumPy kernels"
 
 
 def encode_prompt(model, prompt: str, max_new_tokens: int) -> np.ndarray:

@@ -13,7 +13,7 @@ from ..engine.speculative import check_k, speculative_generate
 from ..errors import MiniLLMError, PromptError
 from ..paths import expand_user, not_a_regular_file, read_capped
 from .common import (TextStream, add_model, add_sampling, add_speculative, encode_prompt, err, load_draft, load_model,
-                     note_if_busy)
+                     kernels_label, note_if_busy)
 
 
 MAX_PROMPT_BYTES = 16 << 20  # far beyond any context (1,024 tokens are ~4 KB of text)
@@ -70,7 +70,7 @@ def run(args) -> int:
     prompt = read_prompt(args)
     if args.system is not None and not args.chat:
         raise PromptError("--system goes with --chat")
-    model = load_model(args.model, args.weights, args.device)
+    model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None))
     stop = ()
     if args.chat:
         from ..chat import render
@@ -114,5 +114,5 @@ def run(args) -> int:
             how += ("; sampled with the acceptance rule: each token follows the model's own distribution, but the "
                     "draws, and so the text, differ from the same seed without a draft")
     err.print(f"[dim]{len(new)} tokens in {seconds:.2f} s ({len(new) / seconds:.1f} tokens/s), "
-              f"{how}, model {escape(model.name)}[/]", soft_wrap=False)
+              f"{how}, model {escape(model.name)}, {kernels_label(model)}[/]", soft_wrap=False)
     return 0

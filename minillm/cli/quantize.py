@@ -26,7 +26,7 @@ def run(args) -> int:
     from ..bpe import tokenizer
 
     path = output_file(args.out)          # a new name or a regular file: never a device, FIFO or folder
-    model = load_model(args.source, args.format)
+    model = load_model(args.source, args.format, kernels="numpy", quiet=True)   # its bytes are written, not multiplied
     with err.status(f"writing {escape(str(path))}…"):
         try:
             write_gguf(model, path, args.format, tokenizer())

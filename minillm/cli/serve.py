@@ -80,7 +80,7 @@ def run(args) -> int:
     kv = parse_bytes(args.kv_memory)
     if args.deterministic:
         invariant.check()
-    model = load_model(args.model, args.weights, args.device)
+    model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None))
     live = (args.live if args.live is not None else sys.stderr.isatty()) and not args.quiet
     view = LiveView(err, title=f"minillm serve: {model.name}") if live else None
     loop = EngineLoop(model, kv_memory=kv, block_size=args.block_size, max_seqs=args.max_seqs,

@@ -72,7 +72,7 @@ def add_eval_arguments(parser) -> None:
 def run_eval(args) -> int:
     from ..models.gpt2 import dequantize_params
 
-    model = load(args.model, weights=args.weights)   # a checkpoint or any model name; default the bundled model
+    model = load(args.model, weights=args.weights, kernels="numpy")   # NumPy: training differentiates it; a checkpoint or any model name; default the bundled model
     loss = heldout_loss(args.data, (dequantize_params(model.params), model.config))
     what = "" if model.weights in ("float32", "float64") else f" with {model.weights} weights"
     print(f"held-out loss {loss:.4f} nats/token (perplexity {math.exp(loss):.1f}){what} on the last 10% of {args.data}")

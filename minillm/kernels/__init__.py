@@ -2,6 +2,7 @@
 same arithmetic the NumPy reference does.
 
     status()                     can the kernels run here (numba imports and compiles), and why not
+    default()                    ("fused", numba's version) where they can, else ("numpy", why not)
     FusedQuant, FusedDense       weights answering models/' weight interface with fused products
     fuse(w, transposed=False)    the fused implementation of a weight where there is one, else w
     quant_matmul_t, dense_matmul_t, attention, paged_decode_attention     the kernels as functions
@@ -12,7 +13,7 @@ without numba raises the status's reason as a MiniLLMError.
 
 from __future__ import annotations
 
-from .runtime import Status, available, set_threads, status, threads
+from .runtime import Status, available, default, set_threads, status, threads
 
 _LAZY = {
     "FusedQuant": "weights", "FusedDense": "weights", "fuse": "weights", "FUSED_ROWS": "weights", "DENSE_ROWS": "weights",
@@ -33,4 +34,4 @@ def __getattr__(name: str):
     return getattr(importlib.import_module(f".{module}", __name__), name)
 
 
-__all__ = ["Status", "available", "set_threads", "status", "threads", *_LAZY]
+__all__ = ["Status", "available", "default", "set_threads", "status", "threads", *_LAZY]

@@ -227,8 +227,9 @@ def fexp(x):
 
 
 @njit(parallel=True, cache=True, fastmath=FAST)
-def flash_attention(q, k, v, out, scale, bq, bk):
-    """Causal attention, FlashAttention's online softmax. q [H, Tq, hd], k, v [Hkv, Tk, hd],
+def flash_attention(q, k, v, Tk, out, scale, bq, bk):
+    """Causal attention, FlashAttention's online softmax. q [H, Tq, hd], k, v [Hkv, >= Tk, hd] (the
+    first Tk rows of each head are the keys: a cache's whole C-contiguous array may be passed),
     out [H, Tq, hd]; query i sits at position Tk - Tq + i. One work item: a KV head and a tile of
     bq queries of each of its g query heads; keys go in tiles of bk, each tile's keys and values
     read for all g·bq rows (from the cache after the first), four rows at a time where all four
@@ -237,7 +238,7 @@ def flash_attention(q, k, v, out, scale, bq, bk):
     l, acc are rescaled by exp(mx - mx') before the tile's exp(s - mx') are added. A row sees only
     keys <= its position: no mask, no score past the diagonal computed."""
     H, Tq, hd = q.shape
-    Hkv, Tk = k.shape[0], k.shape[1]
+    Hkv = k.shape[0]
     g = H // Hkv
     off = Tk - Tq
     nqt = (Tq + bq - 1) // bq

@@ -3,6 +3,17 @@ the reason is said once."""
 
 from __future__ import annotations
 
+import os
+
+# numba's OpenMP pool spins after each parallel kernel, waiting for the next; on a 2-core machine that
+# spin took the cores from the BLAS products and NumPy operations between kernels (a SmolLM2 prefill of
+# 128 tokens: 0.58 s with the spin against 0.28 s without). GNU OpenMP's default spin (300,000 turns
+# when the cores are not oversubscribed) kept it; no spin (0) or passive waiting halved the fused Q4_1
+# decode; 20,000 turns kept the kernels' speed and gave the cores back (quiet 2-core Zen 4, SmolLM2:
+# native Q4_1 decode 102 tokens/s against 88 with the default, float32 fused 45 against 33). Read by
+# libgomp when numba first loads it; an explicit setting wins.
+os.environ.setdefault("GOMP_SPINCOUNT", "20000")
+
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -41,11 +52,41 @@ def status() -> Status:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return Status(False, f"numba {numba.__version__} failed to compile a test kernel: {type(e).__name__}: {first}",
                       time.perf_counter() - t0)
+    _follow_blas()
     return Status(True, f"numba {numba.__version__}", time.perf_counter() - t0)
+
+
+def _follow_blas() -> None:
+    """Start numba's pool on BLAS's thread count (OPENBLAS_NUM_THREADS, --threads), not on every
+    core: the two kinds of kernel then compare on equal threads, and on a busy machine a parallel
+    loop waiting for a thread the system has descheduled (every kernel call ends in such a wait)
+    costs no more than BLAS's own. Measured on a busy 2-core machine, GPT-2-124M decode: numba on 2
+    threads with BLAS on 1 ran 6-25x slower than on 1 thread."""
+    from ..threads import blas_threads
+    n = blas_threads()
+    if n:
+        import numba
+        numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
 
 
 def available() -> bool:
     return status().usable
+
+
+ENV = "MINILLM_KERNELS"     # "numpy" pins the default to the reference (the test suite's NumPy tests)
+
+
+def default() -> tuple[str, str]:
+    """The kernels a model computes with unless told: ("fused", "numba 0.68.1") where numba works
+    here, else ("numpy", why not). MINILLM_KERNELS=numpy (or fused) in the environment chooses instead."""
+    import os
+    want = os.environ.get(ENV, "").strip().lower()
+    if want == "numpy":
+        return "numpy", f"{ENV}=numpy"
+    st = status()
+    if st.usable:
+        return "fused", st.reason
+    return "numpy", st.reason
 
 
 def set_threads(n: int | None) -> None:
@@ -65,13 +106,20 @@ def threads() -> int | None:
     return numba.get_num_threads()
 
 
-def count_attention(q, out, Tk: int) -> None:
+def count_attention(q, out, Tk: int, copied: int = 0) -> None:
     """What a fused causal attention reports to the meter: q [H, Tq, hd] and its output read and
-    written once (no score matrix), 4·hd FLOPs per causal query-key pair."""
+    written once (no score matrix; `copied`: bytes of keys and values copied to rows first),
+    4·hd FLOPs per causal query-key pair."""
     from .. import meter
     m = meter.active()
     if m is not None:
         H, Tq, hd = q.shape
         pairs = Tq * (Tk - Tq) + Tq * (Tq + 1) // 2           # query i sees Tk - Tq + i + 1 keys
-        m.count("attention", activations=q.nbytes + out.nbytes, attention=4 * H * pairs * hd,
+        m.count("attention", activations=q.nbytes + out.nbytes + copied, attention=4 * H * pairs * hd,
                 other=q.size + 5 * H * pairs)
+
+
+from .. import threads as _threads  # noqa: E402  (`threads.limited(n)` sets numba's pool too)
+
+if (threads, set_threads) not in _threads.FOLLOWERS:
+    _threads.FOLLOWERS.append((threads, set_threads))

@@ -80,24 +80,28 @@ class FusedQuant(QuantMatrix):
 
 
 class FusedDense:
-    """A float32 weight W [in, out] (y = x @ W), kept as Wt [out, in]; see the module's docstring."""
+    """A float32 weight W [in, out] (y = x @ W), kept as Wt [out, in]; see the module's docstring.
+    Like models/weights.py's Dense, `a` is W [in, out] (here a view of Wt) and the weight describes
+    itself as that array (shape, dtype, size, nbytes), so a model's parameters hold it as any float weight."""
 
     def __init__(self, w: np.ndarray, transposed: bool = False) -> None:
         """w: W [in, out], or Wt [out, in] if `transposed` (then no copy is made)."""
         w = np.asarray(w, dtype=np.float32)
         self.wt = np.ascontiguousarray(w if transposed else w.T)     # [out, in]
-        self.n_out, self.n_in = self.wt.shape
-        self.shape = (self.n_in, self.n_out)
-        self.dtype = self.wt.dtype
+        self.a = self.wt.T                                            # [in, out], a view
+        self.n_in, self.n_out = self.a.shape
 
+    shape = property(lambda self: self.a.shape)
+    dtype = property(lambda self: self.a.dtype)
+    size = property(lambda self: self.a.size)
+    nbytes = property(lambda self: self.a.nbytes)
     ndim = 2
+
+    def __array__(self, dtype=None, copy=None):
+        return self.a if dtype is None else self.a.astype(dtype)
 
     def __repr__(self) -> str:
         return f"FusedDense({self.n_in}x{self.n_out}, {self.nbytes:,} bytes)"
-
-    @property
-    def nbytes(self) -> int:
-        return self.wt.nbytes
 
     def fused(self, T: int, dtype=np.float32) -> bool:
         return DENSE_ROWS[0] <= T <= DENSE_ROWS[1] and np.dtype(dtype) == np.float32
@@ -110,7 +114,7 @@ class FusedDense:
 
     def rows(self, ids: np.ndarray, dtype=np.float32) -> np.ndarray:
         """The weight vectors of outputs `ids`, [N, n_in] (a tied head: the token embeddings)."""
-        return self.wt[ids].astype(dtype, copy=False)
+        return self.wt[ids].astype(dtype or np.float32, copy=False)
 
     def counts(self, T: int, itemsize: int = 4) -> dict:
         return {"weights": self.nbytes, "dequant": 0, "scratch": 0}
@@ -124,7 +128,7 @@ def fuse(w, transposed: bool = False):
     planes, no copy); a float32 2-D array -> FusedDense (W [in, out], or Wt [out, in] with
     `transposed`, then no copy); anything else (float64, a vector, already fused) unchanged: the
     NumPy path computes it."""
-    if isinstance(w, FusedQuant) or isinstance(w, FusedDense):
+    if isinstance(w, (FusedQuant, FusedDense)):
         return w
     if isinstance(w, QuantMatrix):
         return FusedQuant.of(w)

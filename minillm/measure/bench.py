@@ -36,14 +36,16 @@ from ..meter import Meter
 
 def decode_weights(model, chosen=None) -> list[np.ndarray]:
     """The [in, out] arrays of every linear layer a decode step multiplies a vector by (the LM head
-    aside: `head_array`). A float model's: the weights are `Dense` (models/weights.py). A mixture of
-    experts': a one-token step's k experts per sparse layer, or the `chosen` ones (`model.matrices`)."""
-    return [np.asarray(w) for w in model.matrices(head=False, chosen=chosen)]
+    aside: `head_array`). A float model's: the weights are `Dense` (models/weights.py), or the fused
+    kernels' FusedDense, kept [out, in] (then copied to [in, out] here, the layout the bare pass
+    streams). A mixture of experts': a one-token step's k experts per sparse layer, or the `chosen`
+    ones (`model.matrices`)."""
+    return [np.ascontiguousarray(np.asarray(w)) for w in model.matrices(head=False, chosen=chosen)]
 
 
 def head_array(model) -> np.ndarray:
-    """The LM head as the engine multiplies by it: [d, V], contiguous."""
-    return np.asarray(model.head_w)
+    """The LM head as the NumPy engine multiplies by it: [d, V], contiguous."""
+    return np.ascontiguousarray(np.asarray(model.head_w))
 
 
 def matvec_pass(mats: list[np.ndarray], head: np.ndarray) -> None:
@@ -80,10 +82,12 @@ def _is_meter_stmt(s: ast.stmt) -> bool:
 
 
 def _reporters() -> list[tuple[object, str]]:
-    """Every function of the model and cache packages that reports to the meter (reads
-    `meter.active()`), as (module or class, name): the operations and the caches' reads and writes."""
+    """Every function of the model and cache packages (and the fused kernels', where numba runs) that
+    reports to the meter (reads `meter.active()`), as (module or class, name): the operations, the
+    caches' reads and writes, the fused products and attention."""
+    from .. import kernels
     found = []
-    for package in (models, cache):
+    for package in (models, cache, *((kernels,) if kernels.available() else ())):
         for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
             module = importlib.import_module(info.name)
             owners = [module] + [c for c in vars(module).values()

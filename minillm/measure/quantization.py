@@ -73,10 +73,14 @@ def _time(fn) -> float:
 
 
 def run_quant_bench(source, formats: list[str], *, context: int = 16, prefill: int = 128, repeats: int = 5,
-                    decode_steps: int = 4, progress=None, bandwidth_gbs: float | None = None) -> dict:
+                    decode_steps: int = 4, progress=None, bandwidth_gbs: float | None = None,
+                    kernels: list[str] | None = None) -> dict:
     """The rounds described above. With `bandwidth_gbs`, each row also has its format's own ceiling
-    (`ceiling_tok_s`: its step's bytes at that bandwidth) and the share of it reached (`of_ceiling`)."""
-    models = {w: load(source, weights=w) for w in formats}
+    (`ceiling_tok_s`: its step's bytes at that bandwidth) and the share of it reached (`of_ceiling`).
+    kernels: "numpy" and/or "fused", each format loaded with each, all interleaved in the same rounds
+    (None: the default kernels). The fused products widen nothing apart: no widening row for them."""
+    pairs = [(w, k) for k in (kernels or [None]) for w in formats]
+    models = {(w, k): load(source, weights=w, kernels=k) for w, k in pairs}
     first = next(iter(models.values()))
     c = first.config
     if context + repeats * decode_steps + 1 > c.n_ctx or prefill > c.n_ctx:
@@ -92,14 +96,14 @@ def run_quant_bench(source, formats: list[str], *, context: int = 16, prefill: i
         with Meter() as mp:
             model.prefill(long_prompt)
         counted[w] = (m.steps[0], mp.steps[0])
-    samples = {w: {"decode": [], "prefill": [], "widen": []} for w in formats}
+    samples = {w: {"decode": [], "prefill": [], "widen": []} for w in models}
     for _ in range(repeats):
         for w, model in models.items():                      # interleaved: each format once per round
             _, cache = model.prefill(prompt)
             samples[w]["decode"].append(statistics.median(
                 _time(lambda: model.decode_step(1, cache)) for _ in range(decode_steps)))
             samples[w]["prefill"].append(_time(lambda: model.prefill(long_prompt)))
-            mats = quantized_matrices(model)
+            mats = quantized_matrices(model) if model.kernels == "numpy" else []
             if mats:
                 samples[w]["widen"].append(min(_time(lambda: widen_pass(mats)) for _ in range(2)))
             if progress:
@@ -111,7 +115,8 @@ def run_quant_bench(source, formats: list[str], *, context: int = 16, prefill: i
         s = samples[w]
         t = med(s["decode"])
         rows.append({
-            "weights": w if w != "native" else f"native {model.weights}",
+            "weights": w[0] if w[0] != "native" else f"native {model.weights}",
+            "kernels": model.kernels,
             "model_bytes": model.nbytes(),
             "step_bytes": dec.total_bytes,
             "weight_bytes": dec.bytes["weights"],

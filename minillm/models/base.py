@@ -59,6 +59,7 @@ class CausalLM:
     OWN_TOKENIZER: bool = True
     weights: str = "float32"
     float_matrices: int = 0
+    kernels: str = "numpy"       # "fused": numba products and attention (models/weights.py, plan.py)
     experts: tuple | None = None
     device: backend.Device = backend.CPU
 
@@ -93,7 +94,7 @@ class CausalLM:
         None gives None (a prompt chunk whose end is not reached yet). A list sets it per sequence.
         Returns one entry per sequence, in order.
         """
-        plan = plan_step(batch, scores, self.config, self.xp)
+        plan = plan_step(batch, scores, self.config, self.xp, kernels=self.kernels)
         with plan.meter_step():
             x = self.run(plan)                                            # [N, d]
             plan.advance()

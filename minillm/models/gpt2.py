@@ -37,7 +37,7 @@ from . import ops
 from .base import CausalLM
 from .ops import merge_heads, split_heads
 from .quant import QuantMatrix
-from .weights import check_blocks, check_weights, label, make_weight, on_device, stored
+from .weights import check_blocks, check_kernels, check_weights, label, make_weight, on_device, stored
 
 Block = dict  # one block's parameters, named as in the checkpoint without the "h.{i}." prefix
 EOT = 50256   # <|endoftext|> in GPT-2's vocabulary
@@ -138,12 +138,13 @@ class GPT2(CausalLM):
     OWN_TOKENIZER = False                 # GPT-2's byte-pair tokenizer is built in (minillm.tokenizer())
 
     def __init__(self, config: GPT2Config, params: dict[str, np.ndarray], *, name: str = "",
-                 weights: str = "float32", device=None) -> None:
+                 weights: str = "float32", device=None, kernels: str = "numpy") -> None:
         """weights: "float32" (floats in the parameters' dtype; quantized ones widened), "native"
         (quantized matrices kept as given, e.g. a GGUF's), or "q8_0" / "q4_0" / "q4_1": every
         product and the token embedding (also the tied head) quantized; wpe, biases and norms stay
         float (GGUF keeps 1-D tensors in F32; wpe is read a few rows per step, never as a whole).
-        device: a backend.Device (None: the CPU); every array is moved there once, here."""
+        device: a backend.Device (None: the CPU); every array is moved there once, here.
+        kernels: "numpy" (the reference) or "fused" (numba, float32 on the CPU only: models/weights.py)."""
         weights = check_weights(weights)
         self.config = config
         made = {"wte.weight", *(f"h.{i}.{k}" for i in range(config.n_layer) for k in self.MATRICES)}   # make_weight's
@@ -152,17 +153,20 @@ class GPT2(CausalLM):
         self.name = name or f"gpt2-{config.n_layer}x{config.n_embd}"
         self.wpe = params["wpe.weight"]                                   # [n_ctx, d]
         self.dtype = self.wpe.dtype
+        on_cpu = device is None or device.xp is np
+        self.kernels = check_kernels(kernels) if self.dtype == np.float32 and on_cpu else "numpy"
         check_blocks({"width": config.n_embd}, weights, self.name)
         self.eos_ids = (EOT,) if config.vocab_size > EOT else ()
         # the tied embedding: one [d, V] array, the LM head's layout; wte its [V, d] view (or GGUF rows)
-        self.embed_w = self.head_w = make_weight(params["wte.weight"], weights, self.dtype, rows=True, device=device)
+        self.embed_w = self.head_w = make_weight(params["wte.weight"], weights, self.dtype, rows=True, device=device,
+                                                 kernels=self.kernels)
         self.wte = params["wte.weight"] = stored(self.head_w, rows=True)   # [V, d]
         self.blocks: list[Block] = []
         for i in range(config.n_layer):
             h = f"h.{i}."
             p = {k[len(h):]: v for k, v in params.items() if k.startswith(h)}
             for k in self.MATRICES:
-                p[k] = make_weight(p[k], weights, self.dtype, device=device)
+                p[k] = make_weight(p[k], weights, self.dtype, device=device, kernels=self.kernels)
                 params[h + k] = stored(p[k])
             self.blocks.append(p)
         self.weights, self.float_matrices = label(self.matrices(head=False), self.dtype)

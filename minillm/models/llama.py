@@ -42,7 +42,7 @@ from ..errors import WeightsError
 from . import ops
 from .base import CausalLM
 from .ops import merge_heads
-from .weights import check_blocks, check_weights, label, make_weight, on_device, stored
+from .weights import check_blocks, check_kernels, check_weights, label, make_weight, on_device, stored
 
 Block = dict   # one block's parameters, fused names (see `fuse_block`)
 MATRICES = ("qkv.weight", "o_proj.weight", "gate_up.weight", "down_proj.weight")   # a block's products
@@ -108,14 +108,14 @@ def random_params(c: LlamaConfig, seed: int = 0, std: float = 0.02, dtype=np.flo
 
 
 def fuse_block(t: dict[str, np.ndarray], i: int, c: LlamaConfig, dtype, weights: str = "float32",
-               device=None, dense_mlp: bool = True) -> Block:
+               device=None, dense_mlp: bool = True, kernels: str = "numpy") -> Block:
     """One block's checkpoint tensors -> the model's: q|k|v and gate|up side by side, [in, out]
     (quantized: [out, in] rows, see the top of this file), on `device` (None: the CPU).
     dense_mlp=False: attention and norms only (a mixture-of-experts layer brings its experts
     instead: models/moe.py)."""
     h = f"layers.{i}."
     a, m = h + "self_attn.", h + "mlp."
-    mat = lambda names: make_weight([t[n] for n in names], weights, dtype, rows=True, device=device)
+    mat = lambda names: make_weight([t[n] for n in names], weights, dtype, rows=True, device=device, kernels=kernels)
     p = {
         "input_layernorm.weight": np.asarray(t[h + "input_layernorm.weight"], dtype=dtype),
         "qkv.weight": mat([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]),  # [d, (H+2Hkv)·hd]
@@ -190,22 +190,26 @@ class Llama(CausalLM):
     manifest = staticmethod(iter_expected)     # every checkpoint tensor with its shape (check_tensors)
 
     def __init__(self, config: LlamaConfig, tensors: dict[str, np.ndarray], *, name: str = "",
-                 dtype=None, eos_ids: tuple[int, ...] = (), weights: str = "float32", device=None) -> None:
+                 dtype=None, eos_ids: tuple[int, ...] = (), weights: str = "float32", device=None,
+                 kernels: str = "numpy") -> None:
         """weights: "float32" (quantized tensors of a GGUF are widened), "native" (a GGUF's Q8_0 /
         Q4_0 / Q4_1 tensors kept as they are) or "q8_0" / "q4_0" / "q4_1" (every matrix quantized).
-        device: a backend.Device (None: the CPU); every array is moved there once, here."""
+        device: a backend.Device (None: the CPU); every array is moved there once, here.
+        kernels: "numpy" (the reference) or "fused" (numba, float32 on the CPU only: models/weights.py)."""
         c = self.config = config
         weights = check_weights(weights)
         dtype = np.dtype(dtype or np.float32)
         self.name = name or f"{c.arch}-{c.n_layer}x{c.n_embd}"
         self.dtype = dtype
+        on_cpu = device is None or device.xp is np
+        self.kernels = k = check_kernels(kernels) if dtype == np.float32 and on_cpu else "numpy"
         self.eos_ids = tuple(eos_ids)
         self.tokenizer = None                                                             # set by the loader
         check_blocks({"width": c.n_embd, "attention width H·hd": c.n_head * c.head_dim, "FFN": c.ffn},
                      weights, self.name)
         embed = tensors["embed_tokens.weight"]                                            # [V, d]
         self.head_w = make_weight(embed if c.tied else tensors["lm_head.weight"], weights, dtype, rows=True,
-                                  device=device)
+                                  device=device, kernels=k)
         self.embed_w = self.head_w if c.tied else make_weight(embed, weights, dtype, rows=True, contiguous=False,
                                                               device=device)
         self.wte = stored(self.embed_w, rows=True)                                        # [V, d]
@@ -224,7 +228,7 @@ class Llama(CausalLM):
     # -- what a subclass changes (models/moe.py): a block's parameters and its MLP --
 
     def block_params(self, tensors: dict, i: int, dtype, weights: str, device=None) -> Block:
-        return fuse_block(tensors, i, self.config, dtype, weights, device)
+        return fuse_block(tensors, i, self.config, dtype, weights, device, kernels=self.kernels)
 
     def ffn(self, layer: int):
         """Block `layer`'s MLP, a function (x [N, d], its parameters) -> [N, d]."""

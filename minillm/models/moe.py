@@ -268,13 +268,17 @@ class MoE(Llama):
     manifest = staticmethod(iter_expected)
 
     def __init__(self, config: MoEConfig, tensors: dict, *, name: str = "", dtype=None,
-                 eos_ids: tuple[int, ...] = (), weights: str = "float32", device=None) -> None:
+                 eos_ids: tuple[int, ...] = (), weights: str = "float32", device=None,
+                 kernels: str = "numpy") -> None:
+        """kernels: taken for the loaders' sake; a mixture computes with the NumPy kernels (the fused
+        ones are not wired into its routed experts yet)."""
         c = config
         name = name or f"{c.model_type}-{c.n_layer}x{c.n_embd}-{c.n_expert}e"
         if device is not None and device.is_gpu:            # the routing and grouping are NumPy's
             raise DeviceError(f"{name}: a mixture of experts runs on the CPU only for now; use --device cpu")
         check_blocks({"expert FFN": c.expert_ffn}, str(weights).lower(), name)
-        super().__init__(config, tensors, name=name, dtype=dtype, eos_ids=eos_ids, weights=weights, device=device)
+        super().__init__(config, tensors, name=name, dtype=dtype, eos_ids=eos_ids, weights=weights, device=device,
+                         kernels="numpy")
 
     def block_params(self, tensors: dict, i: int, dtype, weights: str, device=None) -> Block:
         """Attention and norms as Llama's; then a dense MLP, or the router [d, E] and per expert

@@ -44,10 +44,14 @@ class Span:
 
 
 class PerSequence:
-    """Each sequence in turn: write its new K, V into its cache, read every position so far, attend."""
+    """Each sequence in turn: write its new K, V into its cache, read every position so far, attend.
+    fused: the numba attention (minillm/kernels/) instead of ops.attention: no score matrix; a paged
+    sequence's one decode token attends over its blocks in the pool, no gather."""
 
-    def __init__(self, spans: list[Span]) -> None:
+    def __init__(self, spans: list[Span], fused: bool = False) -> None:
         self.spans = spans
+        if fused:
+            self.one = self.one_fused
 
     def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         if len(self.spans) == 1:
@@ -65,6 +69,20 @@ class PerSequence:
         k_all, v_all = s.cache.read(layer, s.pos + s.n)                    # [Hkv, pos+n, hd]
         return ops.attention(q, k_all, v_all)                              # [H, n, hd]
 
+    @staticmethod
+    def one_fused(s: Span, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """`one` with the fused kernels (float32): FlashAttention's tiles over what the cache reads,
+        or, for a paged sequence's decode token, the paged kernel over its own blocks (it counts
+        its kv_read itself)."""
+        from .. import kernels
+        s.cache.write(layer, s.pos, k, v)
+        pool = getattr(s.cache, "pool", None)
+        if pool is not None and s.n == 1 and pool.k.dtype == np.float32:
+            table = np.asarray(s.cache.table, dtype=np.intp)[None]               # [1, blocks]
+            return kernels.paged_decode_attention(q, pool.k[layer], pool.v[layer], table, [s.pos + 1])
+        k_all, v_all = s.cache.read(layer, s.pos + s.n)                    # [Hkv, pos+n, hd]
+        return kernels.attention(q, k_all, v_all)                          # [H, n, hd]
+
 
 class BatchedDecode:
     """B sequences of one paged pool taking one new token each, attended as one batch: the block tables
@@ -78,10 +96,11 @@ class BatchedDecode:
     up to BATCHED_DECODE_KEYS keys; `minillm bench --batch` shows both ways.
     """
 
-    def __init__(self, pool, caches: list) -> None:
+    def __init__(self, pool, caches: list, fused: bool = False) -> None:
         bs = pool.block_size
         xp = backend.namespace(pool.k)                                     # the pool's device
         self.pool = pool
+        self.fused = fused                 # the paged kernel (minillm/kernels/): no gather, no padding, no mask
         B = len(caches)
         pos = np.array([c.length for c in caches], dtype=np.intp)          # each new token's position
         self.lengths = pos + 1
@@ -103,6 +122,10 @@ class BatchedDecode:
     def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         """q [H, B, hd], the B new keys and values [Hkv, B, hd] -> [H, B, hd]."""
         self.write(layer, k, v)
+        if self.fused:                                                     # reads the pool in place
+            from .. import kernels
+            return kernels.paged_decode_attention(q, self.pool.k[layer], self.pool.v[layer], self.table,
+                                                  self.lengths)
         k_all, v_all = self.read(layer)                                    # [Hkv, B, T, hd]
         return ops.decode_attention(q, k_all, v_all, self.mask, self.lengths)
 
@@ -126,15 +149,18 @@ class BatchedDecode:
         return k, v
 
 
-def batched_decode(spans: list[Span]) -> BatchedDecode | None:
+def batched_decode(spans: list[Span], fused: bool = False) -> BatchedDecode | None:
     """B > 1 decode tokens in one paged pool, none with more than BATCHED_DECODE_KEYS keys: one
     gather per layer beats B separate reads. Not in the batch-invariant mode (kernels/invariant.py),
-    where every sequence attends on its own, exactly as it would alone."""
+    where every sequence attends on its own, exactly as it would alone. Fused: any lengths (the paged
+    kernel gathers nothing)."""
     if invariant.on() or len(spans) < 2 or any(s.n != 1 for s in spans):
         return None
     pool = getattr(spans[0].cache, "pool", None)
     if pool is None or any(getattr(s.cache, "pool", None) is not pool for s in spans):
         return None
+    if fused and pool.k.dtype == np.float32:
+        return BatchedDecode(pool, [s.cache for s in spans], fused=True)
     if max(s.pos for s in spans) >= BATCHED_DECODE_KEYS:
         return None
     return BatchedDecode(pool, [s.cache for s in spans])
@@ -166,7 +192,8 @@ def check_ids(ids, config: ModelConfig, pos: int = 0) -> np.ndarray:
 class StepPlan:
     """What the blocks and the head need from one step (see the module's docstring)."""
 
-    def __init__(self, spans: list[Span], ids: np.ndarray, positions: np.ndarray, wants: list, xp=np) -> None:
+    def __init__(self, spans: list[Span], ids: np.ndarray, positions: np.ndarray, wants: list, xp=np,
+                 kernels: str = "numpy") -> None:
         self.spans = spans
         self.xp = xp                        # the weights' module: ids and positions go to their device
         self.ids = xp.asarray(ids)          # [N]
@@ -175,7 +202,8 @@ class StepPlan:
         one = spans[0]
         self.rows_of_positions = slice(one.pos, one.pos + one.n) if len(spans) == 1 else self.positions
         self.wants = wants                  # per sequence: "last", "all" or None
-        self.attention = batched_decode(spans) or PerSequence(spans)
+        fused = kernels == "fused" and not invariant.on()   # the batch-invariant mode attends its own way
+        self.attention = batched_decode(spans, fused) or PerSequence(spans, fused)
         self.attend = self.attention.attend
         rows = []
         for s, w in zip(spans, wants):
@@ -226,9 +254,10 @@ class StepPlan:
         return out
 
 
-def plan_step(batch, scores, config: ModelConfig, xp=np) -> StepPlan:
+def plan_step(batch, scores, config: ModelConfig, xp=np, kernels: str = "numpy") -> StepPlan:
     """Check a step's batch [(ids, cache), ...] and lay it out. Every cache must already have room for
-    its new positions (`cache.reserve(n)`: the caller's job, the engine's block manager in a server)."""
+    its new positions (`cache.reserve(n)`: the caller's job, the engine's block manager in a server).
+    kernels: "fused" attends with the numba kernels (the model's `kernels`)."""
     if not batch:
         raise PromptError("a step needs at least one sequence")
     wants = [scores] * len(batch) if scores is None or isinstance(scores, str) else list(scores)
@@ -250,4 +279,4 @@ def plan_step(batch, scores, config: ModelConfig, xp=np) -> StepPlan:
     else:
         ids = np.concatenate(chunks)
         positions = np.concatenate([np.arange(s.pos, s.pos + s.n) for s in spans])
-    return StepPlan(spans, ids, positions, wants, xp)
+    return StepPlan(spans, ids, positions, wants, xp, kernels)

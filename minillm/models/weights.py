@@ -167,7 +167,7 @@ def check_weights(weights: str) -> str:
 
 
 def make_weight(w, weights: str = "float32", dtype=np.float32, *, rows: bool = False,
-                contiguous: bool = True, device: backend.Device | None = None) -> Weight:
+                contiguous: bool = True, device: backend.Device | None = None, kernels: str = "numpy") -> Weight:
     """The one place a model's product weights are made (issue 30's fused kernels and issue 31's GPU
     arrays are chosen here).
 
@@ -181,7 +181,11 @@ def make_weight(w, weights: str = "float32", dtype=np.float32, *, rows: bool = F
     for an embedding table that is only gathered from.
     device: where the weight lives (backend.Device); None or the CPU: NumPy. Another device gets
     the host weight moved once (`to_device`: floats only).
+    kernels: "numpy" (the reference: Dense, QuantMatrix) or "fused" (minillm/kernels/: the same
+    weight multiplied by numba kernels that read it once; float32 on the CPU only; see `fused_weight`).
     """
+    if kernels == "fused" and np.dtype(dtype) == np.float32 and contiguous and (device is None or device.xp is np):
+        return fused_weight(make_weight(w, weights, dtype, rows=rows, contiguous=False))
     parts = w if isinstance(w, list) else [w]
     if device is not None and device.xp is not np:
         if all(not isinstance(p, (np.ndarray, QuantMatrix)) for p in parts):   # on the device already (drawn there)
@@ -197,15 +201,35 @@ def make_weight(w, weights: str = "float32", dtype=np.float32, *, rows: bool = F
         return QuantMatrix.quantize(np.concatenate([f.T for f in floats], axis=0) if len(floats) > 1
                                     else np.asarray(floats[0]).T, fmt)
     if len(floats) > 1:
-        return Dense(np.ascontiguousarray(np.concatenate([f.T for f in floats], axis=0).T, dtype=dtype))
+        cat = np.concatenate([f.T for f in floats], axis=0).T                    # [in, out], a view of the rows
+        return Dense(np.ascontiguousarray(cat, dtype=dtype) if contiguous else cat.astype(dtype, copy=False))
     a = floats[0]
     return Dense(np.ascontiguousarray(a, dtype=dtype) if contiguous else np.asarray(a, dtype=dtype))
+
+
+KERNELS = ("numpy", "fused")
+
+
+def fused_weight(w):
+    """NumPy's weight -> its fused implementation (minillm/kernels/, numba): a QuantMatrix's planes
+    as they are (FusedQuant), a float32 Dense as its [out, in] rows (FusedDense: a torch or GGUF
+    checkpoint's rows kept without a copy, GPT-2's [in, out] copied transposed once, at load)."""
+    from ..kernels import fuse
+    return fuse(w.a.T, transposed=True) if isinstance(w, Dense) else fuse(w)
+
+
+def check_kernels(kernels: str) -> str:
+    """`kernels=` as one of KERNELS (one clear line otherwise)."""
+    k = str(kernels).lower()
+    if k not in KERNELS:
+        raise WeightsError(f"kernels={kernels!r}: choose numpy (the reference) or fused (numba)")
+    return k
 
 
 def stored(w, rows: bool = False):
     """A weight as a checkpoint holds it: a float weight's array ([in, out], or with rows=True its
     [out, in] rows: a view, no copy), a quantized one as it is."""
-    if isinstance(w, Dense):
+    if isinstance(w, Dense) or hasattr(w, "wt"):     # Dense (on a device too), the fused kernels' FusedDense
         return w.a.T if rows else w.a
     return w
 

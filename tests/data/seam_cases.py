@@ -30,15 +30,18 @@ HEAD = 16             # logits saved as they are per row; the rest as a SHA-256 
 
 def cases(tmp: Path, smollm: bool = True):
     """name -> a function building the model (float32)."""
+    from functools import partial
+
     import minillm
     from minillm.checkpoints.gguf_gpt2 import write_gguf
+    load = partial(minillm.load, kernels="numpy")       # the NumPy reference, bit for bit (not the fused default)
 
     def gpt2_gguf(fmt):
         def build():
             path = tmp / f"random-tiny-{fmt}.gguf"
             if not path.exists():
-                write_gguf(minillm.load("random-tiny", weights=fmt), path, fmt, minillm.tokenizer())
-            return minillm.load(path, weights="native")
+                write_gguf(load("random-tiny", weights=fmt), path, fmt, minillm.tokenizer())
+            return load(path, weights="native")
         return build
 
     def llama_gguf(qtype):
@@ -48,29 +51,29 @@ def cases(tmp: Path, smollm: bool = True):
             path = tmp / f"llama-tiny-{qtype}.gguf"
             if not path.exists():
                 write_tiny_gguf(path, qtype)
-            return minillm.load(path, weights="native")
+            return load(path, weights="native")
         return build
 
     out = {}
     for name in ("gpt2-tiny-a", "gpt2-tiny-b", "llama-tiny", "qwen2-tiny", "qwen3-tiny"):
-        out[name] = (lambda n: lambda: minillm.load(FIXTURES / n))(name)
+        out[name] = (lambda n: lambda: load(FIXTURES / n))(name)
     for name, fmt in (("gpt2-tiny-a", "q8_0"), ("gpt2-tiny-b", "q4_0"), ("llama-tiny", "q8_0"),
                       ("qwen2-tiny", "q4_0"), ("qwen3-tiny", "q4_1")):
-        out[f"{name}:{fmt}"] = (lambda n, f: lambda: minillm.load(FIXTURES / n, weights=f))(name, fmt)
-    out["random-tiny"] = lambda: minillm.load("random-tiny")
-    out["random-tiny:q8_0"] = lambda: minillm.load("random-tiny", weights="q8_0")
-    out["random-tiny:q4_0"] = lambda: minillm.load("random-tiny", weights="q4_0")
-    out["random-tiny:q4_1"] = lambda: minillm.load("random-tiny", weights="q4_1")
-    out["random-tiny:float64"] = lambda: minillm.load("random-tiny", dtype=np.float64)
-    out["small"] = lambda: minillm.load("small", quiet=True)
+        out[f"{name}:{fmt}"] = (lambda n, f: lambda: load(FIXTURES / n, weights=f))(name, fmt)
+    out["random-tiny"] = lambda: load("random-tiny")
+    out["random-tiny:q8_0"] = lambda: load("random-tiny", weights="q8_0")
+    out["random-tiny:q4_0"] = lambda: load("random-tiny", weights="q4_0")
+    out["random-tiny:q4_1"] = lambda: load("random-tiny", weights="q4_1")
+    out["random-tiny:float64"] = lambda: load("random-tiny", dtype=np.float64)
+    out["small"] = lambda: load("small", quiet=True)
     out["gguf:random-tiny-q8_0"] = gpt2_gguf("q8_0")
     out["gguf:random-tiny-q4_0"] = gpt2_gguf("q4_0")
     out["gguf:llama-tiny-F32"] = llama_gguf("F32")
     out["gguf:llama-tiny-Q8_0"] = llama_gguf("Q8_0")
     out["gguf:llama-tiny-Q4_1"] = llama_gguf("Q4_1")
     if smollm:
-        out["smollm2-135m"] = lambda: minillm.load("smollm2-135m")
-        out["smollm2-135m:native"] = lambda: minillm.load("smollm2-135m", weights="native")
+        out["smollm2-135m"] = lambda: load("smollm2-135m")
+        out["smollm2-135m:native"] = lambda: load("smollm2-135m", weights="native")
     return out
 
 

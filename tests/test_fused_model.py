@@ -1,0 +1,187 @@
+"""The fused kernels through the whole model (kernels="fused"): the engine's invariants hold with them
+(cached == naive, batched == alone, paged == contiguous), each against the NumPy reference model of
+the same weights, for GPT-2 and a Llama (grouped queries), float32 and quantized; and a fused step's
+meter record equals its closed forms (no scratch, no score bytes, only the keys each query may see).
+
+Tolerance: the fused and NumPy paths sum the same float32 products in different orders, so logits
+differ by float32 rounding through a few layers: a few 1e-6 of the logits' scale. TOL = 1e-4 of that
+scale leaves room for it; a kernel wired to the wrong keys, positions, head or block moves logits by
+their own scale (checked: attending over one key too few, or skipping the RoPE'd keys of the cache, fails).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import minillm
+from minillm import kernels, meter
+from minillm.cache.contiguous import KVCache
+from minillm.cache.paged import PagedKVPool
+from minillm.config import GPT2Config, LlamaConfig
+from minillm.models import gpt2, llama
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"fused kernels: {kernels.status().reason}")
+
+TOL = 1e-4
+GPT2_CFG = GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=160, vocab_size=96)
+LLAMA_CFG = LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, head_dim=16, n_embd=64, n_ctx=160, vocab_size=96, ffn=64)
+
+
+def build(family: str, weights: str, kernels_: str, seed: int = 0):
+    if family == "gpt2":
+        return minillm.GPT2(GPT2_CFG, gpt2.random_params(GPT2_CFG, seed, std=0.1), weights=weights, kernels=kernels_)
+    return llama.Llama(LLAMA_CFG, llama.random_params(LLAMA_CFG, seed, std=0.1), weights=weights, kernels=kernels_)
+
+
+def pair(family: str, weights: str, seed: int = 0):
+    """The same weights twice: the NumPy reference and the fused model."""
+    ref, fused = build(family, weights, "numpy", seed), build(family, weights, "fused", seed)
+    assert ref.kernels == "numpy" and fused.kernels == "fused"
+    return ref, fused
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, where: str) -> None:
+    scale = float(np.abs(want).max())
+    err = float(np.abs(got - want).max())
+    assert err <= TOL * scale, f"{where}: max |fused - numpy| = {err:.3g}, over {TOL} x the logits' scale {scale:.3g}"
+
+
+FAMILIES = st.sampled_from(["gpt2", "llama"])
+WEIGHTS = st.sampled_from(["float32", "q8_0", "q4_0"])
+
+
+def test_fused_models_hold_fused_weights_and_numpy_stays_numpy():
+    ref, fused = pair("llama", "q8_0")
+    assert all(isinstance(w, kernels.FusedQuant) for w in fused.matrices())
+    assert not any(isinstance(w, kernels.FusedQuant) for w in ref.matrices())
+    f32 = build("gpt2", "float32", "fused")
+    assert all(isinstance(w, kernels.FusedDense) for w in f32.matrices())
+    assert f32.embed_w is f32.head_w                                  # the tied table stays one array
+    assert build("gpt2", "float32", "numpy").nbytes() == f32.nbytes()
+    f64 = minillm.load("random-tiny", dtype=np.float64, kernels="fused")
+    assert f64.kernels == "numpy"                                     # float64 always computes with NumPy
+
+
+@settings(max_examples=12, deadline=None)
+@given(FAMILIES, WEIGHTS, st.integers(1, 40), st.integers(1, 6), st.integers(0, 2**16))
+def test_cached_equals_naive_with_fused_kernels(family, weights, P, n, seed):
+    """Prefill P tokens, then n decode steps, fused: every position's logits equal the NumPy model's
+    full forward over the same tokens (naive), and the fused full forward equals it too."""
+    ref, fused = pair(family, weights, seed % 3)
+    ids = np.random.default_rng(seed).integers(0, 96, P + n)
+    want = ref.forward(ids)                                            # [P+n, V]
+    assert_close(fused.forward(ids), want, "fused forward")
+    logits, cache = fused.prefill(ids[:P])
+    assert_close(logits, want[P - 1], "fused prefill")
+    for i in range(P, P + n):
+        assert_close(fused.decode_step(int(ids[i]), cache), want[i], f"decode at {i}")
+
+
+@settings(max_examples=10, deadline=None)
+@given(FAMILIES, WEIGHTS, st.lists(st.integers(1, 150), min_size=2, max_size=5), st.sampled_from([1, 4, 16]),
+       st.integers(0, 2**16))
+def test_batched_equals_alone_with_fused_kernels(family, weights, lengths, bs, seed):
+    """B sequences of one paged pool decode one token each in one fused step (the paged kernel over
+    every table, any lengths: past BATCHED_DECODE_KEYS too); each equals that sequence decoded
+    alone by the NumPy model over a contiguous cache."""
+    ref, fused = pair(family, weights, seed % 3)
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(0, 96, p) for p in lengths]
+    nxt = [int(t) for t in rng.integers(0, 96, len(lengths))]
+    pool = PagedKVPool(fused.config, sum(-(-(p + 1) // bs) for p in lengths) + 3, bs)
+    caches = []
+    for p in prompts:
+        c = pool.sequence()
+        fused.prefill(p, c)
+        c.reserve(1)
+        caches.append(c)
+    batched = fused.step([(np.array([t]), c) for t, c in zip(nxt, caches)])
+    for p, t, got in zip(prompts, nxt, batched):
+        _, alone = ref.prefill(p)
+        assert_close(got, ref.decode_step(t, alone), f"batched sequence of {len(p)}")
+
+
+@settings(max_examples=10, deadline=None)
+@given(FAMILIES, WEIGHTS, st.integers(1, 60), st.sampled_from([1, 3, 16]), st.integers(0, 2**16))
+def test_paged_equals_contiguous_with_fused_kernels(family, weights, P, bs, seed):
+    """One sequence in a paged pool whose blocks are scattered (another sequence takes every other
+    block), prefilled in two chunks, then decoded, fused: the logits of the NumPy model over a
+    contiguous cache."""
+    ref, fused = pair(family, weights, seed % 3)
+    ids = np.random.default_rng(seed).integers(0, 96, P + 4)
+    pool = PagedKVPool(fused.config, 2 * (-(-(P + 4) // bs)) + 2, bs)
+    mine, other = pool.sequence(), pool.sequence()
+    for k in range(1, -(-(P + 4) // bs) + 1):                       # interleaved blocks: a gathered table
+        mine.reserve(k * bs)
+        other.reserve(k * bs)
+    half = max(1, P // 2)
+    fused.prefill(ids[:half], mine)
+    got = [fused.prefill(ids[half:P], mine)[0]] if P > half else []
+    got += [fused.decode_step(int(t), mine) for t in ids[P:]]
+    contiguous = ref.new_cache()
+    ref.prefill(ids[:half], contiguous)
+    want = [ref.prefill(ids[half:P], contiguous)[0]] if P > half else []
+    want += [ref.decode_step(int(t), contiguous) for t in ids[P:]]
+    assert isinstance(contiguous, KVCache) and (len(mine.table) == 1 or not mine.contiguous(len(mine.table)))
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, w, f"paged step {i}")
+
+
+# -- the meter's closed forms for fused steps ---------------------------------------------------
+
+def fused_forms(model, keys: list[int], tokens: list[int], scored: int) -> dict:
+    """A fused step's counts, by closed form. Sequences (keys_i after the step, tokens_i new): each
+    query sees only the keys up to its own position, pairs_i = n·(t - n) + n(n+1)/2; per layer
+    attention FLOPs 4·H·hd per pair, kv_read (cached) 2·Hkv·hd·b per key read, kv_write per new
+    token; activations of attention: q and the output only (no scores); weights: every product's
+    stored bytes (the fused kernel reads them once, no scratch) plus the gathered rows."""
+    c = model.config
+    L, H, hd = c.n_layer, c.n_head, c.head_dim
+    Hkv = getattr(c, "n_kv_head", H)
+    pairs = sum(n * (t - n) + n * (n + 1) // 2 for t, n in zip(keys, tokens))
+    N = sum(tokens)
+    return {"attention": 4 * L * H * hd * pairs, "kv_read": 2 * L * Hkv * hd * 4 * sum(keys),
+            "kv_write": 2 * L * Hkv * hd * 4 * N, "scratch": 0,
+            "attention_activations": L * 2 * H * N * hd * 4}
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("weights", ["float32", "q8_0", "q4_1"])
+@pytest.mark.parametrize("paged", [False, True])
+def test_a_fused_step_matches_its_closed_forms(family, weights, paged):
+    model = build(family, weights, "fused")
+    rng = np.random.default_rng(1)
+    P = 37
+    if paged:
+        pool = PagedKVPool(model.config, 40, 4)
+        caches = [pool.sequence() for _ in range(3)]
+    else:
+        caches = [model.new_cache()]
+    lengths = [P, 5, 20][:len(caches)]
+    for c, p in zip(caches, lengths):
+        model.prefill(rng.integers(0, 96, p), c)
+        c.reserve(1)
+    with meter.Meter() as m:
+        model.step([(np.array([3]), c) for c in caches])
+    (r,) = m.steps
+    want = fused_forms(model, [p + 1 for p in lengths], [1] * len(lengths), len(lengths))
+    assert r.flops["attention"] == want["attention"]
+    assert r.bytes["kv_read"] == want["kv_read"] and r.bytes["kv_write"] == want["kv_write"]
+    assert r.scratch == want["scratch"]
+    assert r.bytes["weights"] == model.step_weight_bytes() + (len(lengths) - 1) * (
+        model.embed_w.rows_counts(1)["weights"] + (model.wpe[0].nbytes if family == "gpt2" else 0))
+    # attention's own bytes: q and the output (and, paged, the keys and values it reads in the pool)
+    assert r.ops["attention"]["bytes"] == want["attention_activations"] + (want["kv_read"] if paged else 0)
+    # the fused prefill: only the causal pairs, and attention moves q and the output, no scores (k and
+    # v are the cache's read, in place; its products: 37 rows are past FUSED_ROWS, so quantized ones
+    # widen tiles for BLAS, as NumPy's do)
+    with meter.Meter() as m2:
+        model.prefill(rng.integers(0, 96, P))
+    (f,) = m2.steps
+    c = model.config
+    assert f.flops["attention"] == fused_forms(model, [P], [P], P)["attention"]
+    assert f.ops["attention"]["bytes"] == c.n_layer * P * c.head_dim * 4 * 2 * c.n_head
+    assert f.bytes["kv_read"] == fused_forms(model, [P], [P], P)["kv_read"]
