@@ -293,3 +293,16 @@ def test_serve_sim_and_bench_take_the_flag(tmp_path):
                        capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "--deterministic measures the batch-invariant mode's cost with --batch" in r.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_mode_over_fused_weights_equals_alone_and_the_numpy_weights(models, name):
+    """Fused float weights (kernels="fused", kept [out, in]) run the mode's kernel on their [in, out]
+    copy: a batch's tokens and logits equal each request alone, and equal the NumPy weights' bit for bit."""
+    fused = minillm.load(FIXTURES / name, kernels="fused")
+    reqs, _ = fixed_case(fused, n=4, seed=3)
+    got, logits, _ = run_engine(fused, reqs, deterministic=True, budget=12, max_seqs=4)
+    for g, lg, r in zip(got, logits, reqs):
+        tokens, ref = alone(fused, r)
+        assert g == tokens and same_bits(lg, ref)
+        assert same_bits(lg, alone(models[name], r)[1])

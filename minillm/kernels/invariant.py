@@ -87,7 +87,7 @@ def matmul(w, x: np.ndarray) -> np.ndarray:
     y = np.empty((T, w.n_out), x.dtype)
     run = K.matmul_threads if T * w.n_in * w.n_out >= K.PARALLEL_FROM else K.matmul_one
     a = getattr(w, "a", None)                                   # Dense: [in, out]
-    if a is None and getattr(w, "wt", None) is not None:        # a fused float weight, kept [out, in]:
+    if getattr(w, "wt", None) is not None:                      # a fused float weight, kept [out, in]:
         a = getattr(w, "in_out", None)                          # its [in, out] copy, made once (this
         if a is None:                                           # mode's only extra memory)
             a = w.in_out = np.ascontiguousarray(w.wt.T)
