@@ -253,20 +253,21 @@ def bench_batches(args, models: dict, batches: list[int], hw):
 def _show_batches(args, name: str, result: dict, hw, together: str, blas: str) -> None:
     moe = result["experts"] is not None
     cols = ["B", "tok/s", "ms/step", "weights/step", "roofline", "FLOP/byte", "GB/s", "x @ W", "engine"]
-    if moe:
-        E, k = result["experts"]
-        cols[4:4] = ["chose", "uniform", "its bytes"]
     t = _table(f"{escape(name)}: decode with B sequences at once, prompts of {result['context']} "
                f"(medians of {args.repeats} rounds{together})", cols)
     for r in result["rows"]:
         cells = [str(r["batch"]), f"{r['tok_s']:.0f}", f"{r['ms_step']:.1f}", fmt_bytes(r["weight_bytes"]),
                  f"{r['roofline_ms']:.1f} {r['bound'][:3]}", f"{r['intensity']:.1f}", f"{r['gbps']:.1f}",
                  f"{r['bare_plain_ms']:.1f}", f"{r['bare_engine_ms']:.1f}"]
-        if moe:
-            cells[4:4] = [f"{r['experts_chosen']:.1f}", f"{r['experts_uniform']:.1f}",
-                          fmt_bytes(r["uniform_weight_bytes"])]
         t.add_row(*cells)
     out.print(t)
+    if moe:                                  # a second table: the two together are wider than 80 columns
+        E, k = result["experts"]
+        u = _table(f"{escape(name)}: the experts a step reads", ("B", "chose", "uniform", "its bytes", "weights/step"))
+        for r in result["rows"]:
+            u.add_row(str(r["batch"]), f"{r['experts_chosen']:.1f}", f"{r['experts_uniform']:.1f}",
+                      fmt_bytes(r["uniform_weight_bytes"]), fmt_bytes(r["weight_bytes"]))
+        out.print(u)
     out.print("[dim]weights/step: the meter's weight bytes of one step; roofline: max(bytes / bandwidth, FLOPs / "
               "peak) for the step's counted bytes and FLOPs; x @ W and engine: ms for one bare pass of B rows "
               "over every weight, the plain product and minillm's ops.matmul (2 rows as matrix-vector products, "
@@ -293,9 +294,8 @@ def _show_batches(args, name: str, result: dict, hw, together: str, blas: str) -
 
 def deterministic_table(result) -> Table:
     """The batch-invariant mode against the default, per B, from the same interleaved rounds."""
-    t = _table(f"batch-invariant mode (--deterministic) against the default, same rounds, prompts of "
-               f"{result['context']}", ("B", "prefill ms", "det. prefill ms", "×", "decode ms/step",
-                                        "det. ms/step", "×", "det. tok/s"))
+    t = _table(f"batch-invariant mode (--deterministic, det.) against the default, same rounds, prompts of "
+               f"{result['context']}; ms", ("B", "prefill", "det.", "×", "a step", "det.", "×", "det. tok/s"))
     for r in result["rows"]:
         t.add_row(str(r["batch"]), f"{r['prefill_ms']:.1f}", f"{r['det_prefill_ms']:.1f}",
                   f"{r['det_prefill_ms'] / r['prefill_ms']:.2f}", f"{r['ms_step']:.1f}", f"{r['det_ms_step']:.1f}",
