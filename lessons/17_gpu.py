@@ -1,7 +1,7 @@
 """Lesson 17: On a GPU. The same engine on an NVIDIA GPU (CuPy): a small model's step waits on kernel
 launches, not bytes; a CUDA graph replays the step in one launch; a 7B-class model meets the memory wall
 the article describes, measured on your card's own bandwidth; and batching turns the step compute-bound.
-Without a GPU it says so and shows the figures of issue 31 (an H200) as data, with their source.
+Without a GPU it says so and shows the figures minillm's developers measured on an H200 as data, with their source.
 
 Run:  python lessons/17_gpu.py        (or: minillm learn 17)
 """
@@ -85,7 +85,7 @@ def operations(L: Lesson) -> None:
 def the_issues_table(L: Lesson) -> None:
     g, big = ISSUE_H200["gpt2_124m_fp16_b1"], ISSUE_H200["llama2_7b_fp16_b1"]
     batched, gqa = ISSUE_H200["llama2_7b_fp16_graph_ms"], ISSUE_H200["llama3_8b_gqa_fp16"]
-    L.section("What a GPU did with this work: issue 31's figures (not this machine's)")
+    L.section("What a GPU did with this work: an H200's figures (not this machine's)")
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("decode step", "eager", "graph", "bytes a step"):
         t.add_column(col, justify="left" if col == "decode step" else "right", no_wrap=True)

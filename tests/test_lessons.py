@@ -511,7 +511,7 @@ def test_the_gpu_lesson_without_a_gpu_says_so_and_shows_the_issues_figures_as_da
     assert importlib.import_module(learn.find("gpu").module).main(["--fast", "--no-pause"]) == 0
     out = capsys.readouterr().out
     assert f"note: no GPU here: {reason}" in out
-    assert "issue 31's figures (not this machine's)" in out and ISSUE_H200["source"] in out
+    assert "an H200's figures (not this machine's)" in out and ISSUE_H200["source"] in out
     g = ISSUE_H200["gpt2_124m_fp16_b1"]
     assert f"{g['bytes'] / (g['graph_ms'] * 1e-3) / 1e9:,.0f} GB/s" in out     # 257 MB / 0.74 ms, computed
     assert "This machine's GPU" not in out

@@ -143,7 +143,7 @@ def summary(figures: dict) -> str:
 # -- a model's decode step on the GPU: eager against one CUDA-graph replay (lesson 17, gpu_check) ---------
 
 ISSUE_SOURCE = ("measured on an NVIDIA H200 with torch 2.11 and CUDA 13, random weights, a minimal decode step "
-                "with a static KV cache over 256 positions, one run (minillm issue 31)")
+                "with a static KV cache over 256 positions, one run, by minillm's developers")
 ISSUE_H200 = {   # the issue's figures: data to measure against, not a claim about any machine running this
     "source": ISSUE_SOURCE,
     "gpt2_124m_fp16_b1": {"eager_ms": 2.31, "graph_ms": 0.74, "bytes": 257e6, "transformers_eager_ms": 4.97,

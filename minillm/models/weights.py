@@ -168,7 +168,7 @@ def check_weights(weights: str) -> str:
 
 def make_weight(w, weights: str = "float32", dtype=np.float32, *, rows: bool = False,
                 contiguous: bool = True, device: backend.Device | None = None, kernels: str = "numpy") -> Weight:
-    """The one place a model's product weights are made (issue 30's fused kernels and issue 31's GPU
+    """The one place a model's product weights are made (the fused CPU kernels and the GPU
     arrays are chosen here).
 
     w: a float array [in, out] (a view is fine; with rows=True its [out, in] rows: a torch Linear's
