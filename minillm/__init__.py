@@ -19,6 +19,16 @@ import sys as _sys
 
 __version__ = "0.2.0"
 
+# OpenBLAS's threads spin after each product, waiting for the next (2^28 cycles by default, about
+# 0.1 s): the fused kernels' numba threads that run next then share the cores with two spinning
+# threads. Measured on a quiet 2-core Zen 4, GPT-2-124M float32, 2 threads: fused decode right after
+# a prefill 46.7 tokens/s with the default spin against 58.3 with 2^10 cycles, NumPy's 53.2 and 51.7
+# (unchanged within noise). OpenBLAS reads this when NumPy first loads it, so it is set before
+# minillm imports NumPy; an explicit setting wins (`threads.blas_spin()` reads it back).
+_SPIN_BEFORE_NUMPY = "numpy" not in _sys.modules    # else OpenBLAS has read its setting already
+if _SPIN_BEFORE_NUMPY:
+    _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "10")
+
 # public name -> the module that defines it
 _API = {
     "GPT2Config": "config", "MiniLLMError": "errors", "PromptError": "errors", "WeightsError": "errors",

@@ -47,6 +47,18 @@ def blas_kernel() -> str | None:
     return None
 
 
+def blas_spin() -> str | None:
+    """How long OpenBLAS's idle threads spin, as OPENBLAS_THREAD_TIMEOUT gives it ("10": 2^10 cycles),
+    when NumPy loaded OpenBLAS after it was set (minillm sets it before importing NumPy: see
+    minillm/__init__.py); None if unset, set too late, or another BLAS."""
+    import os
+    import sys
+    value = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
+    if value is None or blas_name() is None or not blas_name().startswith("openblas"):
+        return None
+    return value if getattr(sys.modules.get("minillm"), "_SPIN_BEFORE_NUMPY", True) else None
+
+
 # Other thread pools that follow BLAS's count: (get, set) pairs registered by the packages that run
 # them (the fused kernels' numba pool, minillm/kernels/runtime.py), so this utility imports none of them.
 FOLLOWERS: list[tuple] = []

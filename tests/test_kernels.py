@@ -96,8 +96,10 @@ def test_fused_quantized_product_equals_numpy(w, T, seed):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(1, 80), st.integers(1, 12).map(lambda b: 32 * b), st.integers(1, 10), st.integers(0, 2**32 - 1))
+@given(st.integers(1, 80), st.integers(1, 12).map(lambda b: 32 * b), st.one_of(st.integers(1, 10), st.integers(60, 70)),
+       st.integers(0, 2**32 - 1))
 def test_fused_dense_product_equals_numpy(n_out, n_in, T, seed):
+    """1..8 rows: the fused kernel; 9..64: BLAS as Wt @ x^T; more: x @ Wt^T."""
     rng = np.random.default_rng(seed)
     W = rng.standard_normal((n_in, n_out)).astype(np.float32)
     x = rng.standard_normal((T, n_in)).astype(np.float32)
@@ -109,6 +111,53 @@ def test_fused_dense_product_equals_numpy(n_out, n_in, T, seed):
     assert (fd.n_in, fd.n_out, fd.nbytes) == (n_in, n_out, W.nbytes)
     ids = rng.integers(0, n_out, 5)
     assert np.array_equal(fd.rows(ids), W.T[ids])
+
+
+# -- the elementwise kernels -----------------------------------------------------------------------
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 6), st.sampled_from([8, 64, 576]), st.sampled_from([1e-6, 1e-5]),
+       st.sampled_from([0.01, 1.0, 300.0]), st.integers(0, 2**32 - 1))
+def test_fused_rms_norm_equals_numpy(lead, N, n, eps, spread, seed):
+    """One pass against ops.rms_norm's four, on [..., n] rows of any scale: both within float32
+    rounding of the exact norm (n + 8 roundings of each output's size), and the same meter counts."""
+    from minillm.kernels import elementwise
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((lead, N, n)) * spread).astype(np.float32)
+    w = rng.standard_normal(n).astype(np.float32)
+    x64 = x.astype(np.float64)
+    exact = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + eps) * w
+    bound = (n + 8) * U * np.abs(exact) + 1e-30
+    with meter.Meter() as mf:
+        fused = elementwise.rms_norm(x, w, eps)
+    with meter.Meter() as mn:
+        reference = ops.rms_norm(x, w, eps)
+    assert fused.shape == x.shape and fused.dtype == np.float32
+    assert np.all(np.abs(reference - exact) <= bound) and np.all(np.abs(fused - exact) <= bound)
+    assert mf.steps[-1].bytes == mn.steps[-1].bytes and mf.steps[-1].flops == mn.steps[-1].flops
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 9), st.sampled_from([8, 64, 128]), st.booleans(), st.integers(0, 2**32 - 1))
+def test_fused_rope_equals_numpy(G, N, hd, view, seed):
+    """The rotation in one pass against ops.rope, on a contiguous array or (as the model passes it)
+    a transposed view of a [N, G, hd] product: within 3 roundings of each output's terms."""
+    from minillm.kernels import elementwise
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((N, G + 1, hd)).astype(np.float32)[:, :G].transpose(1, 0, 2) if view else \
+        rng.standard_normal((G, N, hd)).astype(np.float32)
+    ang = rng.uniform(0, 100, (N, hd // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    a, b = x[..., :hd // 2].astype(np.float64), x[..., hd // 2:].astype(np.float64)
+    c, s = cos.astype(np.float64), sin.astype(np.float64)
+    exact = np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
+    bound = 3 * U * np.concatenate([np.abs(a * c) + np.abs(b * s), np.abs(b * c) + np.abs(a * s)], axis=-1) + 1e-30
+    with meter.Meter() as mf:
+        fused = elementwise.rope(x, cos, sin)
+    with meter.Meter() as mn:
+        reference = ops.rope(x, cos, sin)
+    assert np.all(np.abs(reference - exact) <= bound) and np.all(np.abs(fused - exact) <= bound)
+    assert mf.steps[-1].bytes == mn.steps[-1].bytes and mf.steps[-1].flops == mn.steps[-1].flops
 
 
 # -- attention -------------------------------------------------------------------------------------
@@ -229,10 +278,15 @@ def test_fused_counts_read_the_blocks_once_and_no_scratch(fmt):
     R, C = w.shape
     for T in range(1, kernels.FUSED_ROWS + 1):
         c = w.counts(T)
-        groups = T // 4 + (T % 4 >= 2) + T % 2
+        groups = T // 4 + (T % 4 >= 2)                          # four or two rows of x at a time
+        one = T % 2                                              # then one row
+        per_block = {"q8_0": 4, "q4_0": 5, "q4_1": 8}[fmt]      # the scales (and minimums) widened
         assert c["weights"] == w.nbytes and c["scratch"] == 0
-        assert c["dequant"] == groups * R * C * (2 if fmt == "q8_0" else 4) + R * C // QK * (
-            {"q8_0": 4, "q4_0": 5, "q4_1": 8}[fmt])
+        if fmt == "q8_0":                                        # cast and scale, per value and pass
+            assert c["dequant"] == (groups + one) * R * C * 2 + R * C // QK * per_block
+        else:                   # many rows: 4 per value; one row: 2 per value, 1 per byte, 2 per block
+            assert c["dequant"] == (groups * R * C * 4 + one * (2 * R * C + R * C // 2 + 2 * R * C // QK)
+                                    + R * C // QK * per_block)
     T = kernels.FUSED_ROWS + 1                                # a prefill: widened as QuantMatrix does
     assert w.counts(T) == QuantMatrix.counts(w, T)
     x = rng.standard_normal((2, C)).astype(np.float32)

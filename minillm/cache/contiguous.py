@@ -71,6 +71,11 @@ class CacheBase:
     def advance(self, n: int) -> None:
         self.length += n
 
+    def read_rows(self, layer: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """`read`, for a kernel told the row count (the fused attention): keys and values whose first
+        t rows of each head are positions 0 .. t-1, [Hkv, >= t, hd]. Here `read`'s own arrays."""
+        return self.read(layer, t)
+
     def check_truncate(self, t: int) -> None:
         if not 0 <= t <= self.length:
             raise ValueError(f"truncate({t}): the cache holds {self.length} positions")
@@ -162,6 +167,16 @@ class KVCache(CacheBase):
             m.count("kv_read", kv_read=k.nbytes + v.nbytes)
         return k, v
 
+    def read_rows(self, layer: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """The layer's whole arrays, [Hkv, capacity, hd] each and C-contiguous (no copy, no view to
+        undo), of which the first t rows of each head are read: counted as `read` counts them."""
+        if self.kv_dtype == "int8" or self.xp is not np:
+            return self.read(layer, t)
+        m = meter.active()
+        if m is not None:
+            m.count("kv_read", kv_read=2 * self.k[layer, :, :t].nbytes)
+        return self.k[layer], self.v[layer]
+
     def truncate(self, t: int) -> None:
         """Keep positions 0 .. t-1; the rest will be written over."""
         self.check_truncate(t)
@@ -203,6 +218,8 @@ class PassKV:
         if m is not None:
             m.count("attention", activations=k.nbytes + v.nbytes)
         return k, v
+
+    read_rows = read
 
     def advance(self, n: int) -> None:
         self._k = self._v = None

@@ -22,7 +22,7 @@ from ..measure.gpu import gpu_figures, summary as gpu_summary
 from ..measure.hardware import machine
 from ..backend import get_device
 from ..measure.speculation import heldout_prompts, run_speculation_bench
-from ..threads import blas_kernel, blas_name, blas_threads
+from ..threads import blas_kernel, blas_name, blas_spin, blas_threads
 from ..ui.report import fmt_bytes
 from .common import err, note_if_busy, out
 
@@ -150,7 +150,8 @@ def run(args) -> int:
         result, show = bench_batches(args, models, batches, hw)
     else:
         result, show = bench_contexts(args, model, contexts, hw)
-    result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(), kernels=kernels,
+    result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(), blas_spin=blas_spin(),
+                  kernels=kernels,
                   kernels_title=kernels_title(kernels))
     gpu = gpu_figures() if ks is None else None          # this machine's GPU beside the CPU (None: no GPU)
     if gpu:
@@ -179,7 +180,8 @@ def _verdict(ratio: float) -> str:
 
 
 def _blas(result) -> str:
-    return f"BLAS: {result['blas']} ({result['blas_kernel']} kernels), {result['threads']} threads"
+    spin = f", idle threads spin 2^{result['blas_spin']} cycles" if result.get("blas_spin") else ""
+    return f"BLAS: {result['blas']} ({result['blas_kernel']} kernels), {result['threads']} threads{spin}"
 
 
 def _table(title: str, columns) -> Table:
@@ -367,7 +369,7 @@ def bench_weights(args, hw, kernels=None) -> int:
                                  progress=lambda: bar.advance(task), bandwidth_gbs=hw.bandwidth_gbs, kernels=kernels)
     several = len(kernels) > 1
     bw = hw.bandwidth_gbs
-    result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(),
+    result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(), blas_spin=blas_spin(),
                   machine={"bandwidth_gbs": bw, "llc_bytes": hw.llc_bytes}, kernels=kernels,
                   kernels_title=kernels_title(kernels))
     if args.json:
@@ -409,6 +411,6 @@ def bench_weights(args, hw, kernels=None) -> int:
         out.print(f"[dim]float32 weights {fmt_bytes(base['model_bytes'])} against the last-level cache "
                   f"{fmt_bytes(llc)}: {'beyond' if base['model_bytes'] > llc else 'within'} it[/]")
     load_note = f"; load average {result['load_average']:.1f}" if result["load_average"] is not None else ""
-    out.print(f"BLAS: {result['blas']} ({result['blas_kernel']} kernels), {result['threads']} threads; widening: "
+    out.print(f"{_blas(result)}; widening: "
               f"NumPy, one thread, tiles of {TILE_BYTES // 1024} KiB{load_note}")
     return 0

@@ -82,15 +82,17 @@ def counters_line(m: Meter) -> str:
     """One line (under 80 columns) of what the step counters saw in this answer."""
     pre = [s for s in m.steps if s.kind == "prefill"]
     dec = [s for s in m.steps if s.kind == "decode"]
-    line = f"prefill {sum(s.n_tokens for s in pre)} tok {sum(s.seconds for s in pre) * 1e3:.0f} ms"
+    pre_s = sum(s.seconds for s in pre)
+    took = f"{pre_s * 1e3:.0f} ms" if pre_s < 10 else f"{pre_s:.1f} s"
+    line = f"prefill {sum(s.n_tokens for s in pre)} tok {took}"
     if dec:
         secs = sum(s.seconds for s in dec)
         gbs = sum(s.total_bytes for s in dec) / secs / 1e9
-        line += f" | decode {len(dec) / secs:.1f} tok/s, {gbs:.2f} GB/s"
+        line += f" | decode {len(dec) / secs:.1f} tok/s, {gbs:.3g} GB/s"
         from ..measure.hardware import cached
         hw = cached()           # this setup's measured figures; none yet: the share is left out, not guessed
         if hw is not None:
-            line += f" = {gbs / hw.bandwidth_gbs:.0%} of {hw.bandwidth_gbs:.1f} GB/s measured"
+            line += f" ({gbs / hw.bandwidth_gbs:.0%} of {hw.bandwidth_gbs:.3g} measured)"
     return line
 
 

@@ -31,7 +31,9 @@ def __getattr__(name: str):
         from ..errors import MiniLLMError
         raise MiniLLMError(f"the fused kernels cannot run here: {st.reason}")
     import importlib
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value                 # found once: later lookups are plain attributes
+    return value
 
 
 __all__ = ["Status", "available", "default", "set_threads", "status", "threads", *_LAZY]

@@ -19,11 +19,12 @@ except ImportError:                                        # pragma: no cover - 
     from numpy import byte_bounds
 
 from .. import meter
-from ..models.quant import QK, QuantMatrix
+from ..models.quant import QuantMatrix
 from . import _numba as K
 from .runtime import count_attention
 
 _NO_MIN = np.empty((0, 0), np.uint16)    # Q4_0 has no minimums: the kernel's m is empty
+_ONE_PAGE = np.zeros((1, 1), np.intp)    # a page table of one sequence in one block (block 0)
 QUERY_TILE = 32       # flash attention: queries per tile (of each of a group's g heads)
 KEY_TILE = 64         # flash attention: keys per tile
 DECODE_CHUNK = 256    # paged decode: keys per work item at least (FlashDecoding's split)
@@ -43,18 +44,12 @@ def quant_matmul_t(w: QuantMatrix, x: np.ndarray) -> np.ndarray:
     """x [T, C] @ w^T -> [T, R] in float32, w's blocks read once per four rows of x (any T)."""
     _check_float32(x)
     x = _f32(x)
-    T = x.shape[0]
-    R, C = w.shape
-    y = np.empty((T, R), np.float32)
+    y = np.empty((x.shape[0], w.shape[0]), np.float32)      # [T, R]
     d = w.d.view(np.uint16)
     if w.fmt.bits == 8:
         K.q8_0_matmul_t(w.q, d, x, y)
     else:
-        xb = x.reshape(T, C // QK, 2, QK // 2)                      # [T, nb, lo/hi, 16]
-        xlo = np.ascontiguousarray(xb[:, :, 0]).reshape(T, C // 2)  # the bytes' order: low nibbles' x
-        xhi = np.ascontiguousarray(xb[:, :, 1]).reshape(T, C // 2)  # and high nibbles' x
-        m = _NO_MIN if w.m is None else w.m.view(np.uint16)
-        K.q4_matmul_t(w.q, d, m, xlo, xhi, y)
+        K.q4_matmul_t(w.q, d, _NO_MIN if w.m is None else w.m.view(np.uint16), x, y)
     return y
 
 
@@ -92,11 +87,12 @@ def _rows(k: np.ndarray) -> tuple[np.ndarray, int]:
     return c, 2 * c.nbytes
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None) -> np.ndarray:
     """ops.attention's semantics (causal, query i at position Tk - Tq + i, GQA H = g·Hkv), without a
     score matrix: FlashAttention's tiles and running max/sum for Tq > 1, the paged decode kernel
     (one page holding all Tk keys, split in chunks) for Tq == 1. q [H, Tq, hd], k, v [Hkv, Tk, hd]
-    -> [H, Tq, hd] float32.
+    -> [H, Tq, hd] float32. With Tk, k and v may hold more rows per head than the Tk keys (a cache's
+    whole arrays, `read_rows`): the first Tk are attended.
 
     The meter: q read once and the output written once (activations); reading k and v is counted by
     whoever handed them over, as for ops.attention. FLOPs: 4·hd per query-key pair that a query may
@@ -104,13 +100,16 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     subtract, exp, sum, normalise, as ops counts them)."""
     _check_float32(q, k, v)
     H, Tq, hd = q.shape
-    Hkv, Tk = k.shape[0], k.shape[1]
+    Hkv, Tk = k.shape[0], Tk or k.shape[1]
     scale = np.float32(1.0 / math.sqrt(hd))
-    (k, copied_k), (v, copied_v) = _rows(k), _rows(v)                # [Hkv, S >= Tk, hd], C-contiguous
+    if k.flags.c_contiguous and v.flags.c_contiguous:
+        copied_k = copied_v = 0
+    else:
+        (k, copied_k), (v, copied_v) = _rows(k), _rows(v)            # [Hkv, S >= Tk, hd], C-contiguous
     if Tq == 1:                                          # [Hkv, Tk, hd] is one block of Tk keys
         out = np.empty((H, 1, hd), np.float32)
         kp, vp = k[:, None], v[:, None]                  # [Hkv, 1, S, hd]: one block, the first Tk keys
-        K.paged_decode_attention(_f32(q), kp, vp, np.zeros((1, 1), np.intp), np.array([Tk], np.intp), out,
+        K.paged_decode_attention(_f32(q), kp, vp, _ONE_PAGE, np.array([Tk], np.intp), out,
                                  scale, decode_chunk(Tk, 1, Hkv, k.shape[1]))
     else:
         out = np.empty((H, Tq, hd), np.float32)

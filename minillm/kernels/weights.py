@@ -11,7 +11,11 @@ QuantMatrix does, widening a tile at a time for BLAS, and counts as QuantMatrix 
 FusedDense is a float32 weight y = x @ W for W [in, out], kept as its transpose [out, in] (the same
 bytes; `rows` are then contiguous, for a tied head's embedding lookup). 1..8 rows of x (DENSE_ROWS) run
 the fused kernel, which reads the weight once for four rows of x; other row counts run BLAS on the
-same array (x @ Wt.T), as the NumPy path does. Measured (one thread, CPU time, busy machine):
+same array: up to BLAS_AS_WT_ROWS rows as y^T = Wt @ x^T (y then copied to rows), more as x @ Wt.T.
+GPT-2-124M's layers, quiet 2-core Zen 4, 2 threads, one pass each: Wt @ x^T 35.0 / 50.4 / 84.3 ms
+at 16 / 32 / 64 rows, x @ Wt.T 47.4 / 59.0 / 90.7, the NumPy path's x @ W 37.1 / 51.1 / 80.1; at
+128 and 512 rows x @ Wt.T is the faster (157 and 542 ms against 160 and 751; x @ W 149 and 532).
+Measured before (one thread, CPU time, busy machine):
 fused over ops.matmul on [in, out] 1.15-1.18x at 1 row, 1.1-5x at 2..8 rows (BLAS packs the whole
 weight for 3..8 rows), 0.84x and below from 16 rows; BLAS on Wt.T instead of W costs 0-15% more
 at 64..512 rows (the price of keeping one copy, in the fused kernel's layout).
@@ -26,6 +30,7 @@ from . import products
 
 FUSED_ROWS = 32       # quantized: rows of x up to which the fused kernel runs (more: widening + BLAS)
 DENSE_ROWS = (1, 8)   # float32: rows of x for which the fused kernel runs (prefill: BLAS)
+BLAS_AS_WT_ROWS = 64  # float32, more rows: up to this many, BLAS computes y^T = Wt @ x^T (see above)
 
 
 class FusedQuant(QuantMatrix):
@@ -68,15 +73,20 @@ class FusedQuant(QuantMatrix):
         (rows of x go in fours, the later fours finding the row in the L1 cache); no scratch;
         dequant = per value the widening (Q8_0: cast; Q4: mask or shift, cast) and the scale
         (Q8_0: 1 multiply; Q4: a multiply-add, 2), per scale (and minimum) 4 (float16 to float32),
-        Q4_0's offset -8·d 1 per block; once per group of up to four rows of x. Otherwise QuantMatrix's counts."""
+        Q4_0's offset -8·d 1 per block; once per group of four or two rows of x. A single row (T
+        odd) of Q4: the widening 2 per value, the scale 1 per byte (two values), the offset a
+        multiply-add per block (the kernel's one-row form). Otherwise QuantMatrix's counts."""
         if not self.fused(T, np.float32 if itemsize == 4 else np.float64):
             return super().counts(T, itemsize)
         R, C = self.shape
         nb = C // QK
-        groups = T // 4 + (T % 4 >= 2) + (T % 2)                 # passes over a row: 4, then 2, then 1 rows
-        per_value = 2 if self.fmt.bits == 8 else 4
+        groups = T // 4 + (T % 4 >= 2)                           # passes over a row: 4, then 2 rows
         per_block = 4 * (2 if self.fmt.has_min else 1) + (1 if self.fmt.name == "q4_0" else 0)
-        return {"weights": self.nbytes, "scratch": 0, "dequant": groups * R * C * per_value + R * nb * per_block}
+        if self.fmt.bits == 8:
+            return {"weights": self.nbytes, "scratch": 0,
+                    "dequant": (groups + T % 2) * R * C * 2 + R * nb * per_block}
+        one = (T % 2) * (R * C * 2 + R * C // 2 + R * nb * 2)    # then 1 row, in the one-row form
+        return {"weights": self.nbytes, "scratch": 0, "dequant": groups * R * C * 4 + one + R * nb * per_block}
 
 
 class FusedDense:
@@ -108,8 +118,11 @@ class FusedDense:
 
     def matmul(self, x: np.ndarray) -> np.ndarray:
         """x [T, n_in] -> [T, n_out]."""
-        if self.fused(x.shape[0], x.dtype):
+        T = x.shape[0]
+        if self.fused(T, x.dtype):
             return products.dense_matmul_t(self.wt, x)
+        if T <= BLAS_AS_WT_ROWS:
+            return np.ascontiguousarray((self.wt @ x.T).T)      # [out, in] @ [in, T], then [T, out]
         return x @ self.wt.T
 
     def rows(self, ids: np.ndarray, dtype=np.float32) -> np.ndarray:

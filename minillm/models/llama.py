@@ -39,6 +39,7 @@ from functools import partial
 
 from ..config import LlamaConfig
 from ..errors import WeightsError
+from ..kernels import invariant
 from . import ops
 from .base import CausalLM
 from .ops import merge_heads
@@ -148,10 +149,10 @@ def split_qkv(qkv: np.ndarray, H: int, Hkv: int) -> tuple[np.ndarray, np.ndarray
 
 
 def self_attention(x: np.ndarray, p: Block, c: LlamaConfig, cos: np.ndarray, sin: np.ndarray,
-                   attend) -> np.ndarray:
+                   attend, rope=ops.rope) -> np.ndarray:
     """Grouped-query attention with rotary positions. x [N, d], cos/sin [N, hd/2] -> [N, d].
     `attend(q, k, v)` stores the new keys and values and lets each sequence's queries attend over
-    its own positions (the step's plan, models/plan.py)."""
+    its own positions (the step's plan, models/plan.py). rope: ops.rope, or the fused kernel's."""
     qkv = ops.linear(x, p["qkv.weight"], p.get("qkv.bias"))                 # [N, (H + 2·Hkv)·hd]
     q, k, v = split_qkv(qkv, c.n_head, c.n_kv_head)                         # [H|Hkv, N, hd]
     if c.qk_norm:                                                           # Qwen3: per-head norms
@@ -159,7 +160,7 @@ def self_attention(x: np.ndarray, p: Block, c: LlamaConfig, cos: np.ndarray, sin
                                                   ops.rms_norm(k, p["k_norm.weight"], c.eps)])   # [H + Hkv, N, hd]
     else:
         qk = qkv.reshape(qkv.shape[0], -1, c.head_dim)[:, :c.n_head + c.n_kv_head].transpose(1, 0, 2)
-    qk = ops.rope(qk, cos, sin)                                             # q and k turned in one pass
+    qk = rope(qk, cos, sin)                                                 # q and k turned in one pass
     q, k = qk[:c.n_head], qk[c.n_head:]                                     # [H, N, hd], [Hkv, N, hd]
     a = merge_heads(attend(q, k, v))                                        # [N, H·hd]
     return ops.linear(a, p["o_proj.weight"], p.get("o_proj.bias"))          # [N, d]
@@ -171,11 +172,12 @@ def mlp(x: np.ndarray, p: Block) -> np.ndarray:
     return ops.linear(ops.swiglu(h), p["down_proj.weight"], p.get("down_proj.bias"))   # [N, d]
 
 
-def transformer_block(x: np.ndarray, p: Block, c: LlamaConfig, cos, sin, attend, ffn=mlp) -> np.ndarray:
+def transformer_block(x: np.ndarray, p: Block, c: LlamaConfig, cos, sin, attend, ffn=mlp,
+                      norm=ops.rms_norm, rope=ops.rope) -> np.ndarray:
     """Pre-norm residual block. [N, d] -> [N, d]. ffn(x, p): the block's MLP (a mixture of experts
-    in models/moe.py)."""
-    x = ops.add(x, self_attention(ops.rms_norm(x, p["input_layernorm.weight"], c.eps), p, c, cos, sin, attend))
-    x = ops.add(x, ffn(ops.rms_norm(x, p["post_attention_layernorm.weight"], c.eps), p))
+    in models/moe.py); norm and rope: ops', or the fused kernels' (same results, one pass each)."""
+    x = ops.add(x, self_attention(norm(x, p["input_layernorm.weight"], c.eps), p, c, cos, sin, attend, rope))
+    x = ops.add(x, ffn(norm(x, p["post_attention_layernorm.weight"], c.eps), p))
     return x
 
 
@@ -234,6 +236,14 @@ class Llama(CausalLM):
         """Block `layer`'s MLP, a function (x [N, d], its parameters) -> [N, d]."""
         return mlp
 
+    def elementwise(self):
+        """The blocks' RMS norm and rotation: ops', or with fused kernels their one-pass kernels
+        (not in the batch-invariant mode, which promises ops' results bit for bit)."""
+        if self.kernels == "fused" and not invariant.on():
+            from ..kernels import elementwise
+            return elementwise.rms_norm, elementwise.rope
+        return ops.rms_norm, ops.rope
+
     def gathered(self) -> tuple[str, ...]:
         return () if self.config.tied else ("embed_tokens.weight",)                      # a row of it per step
 
@@ -244,13 +254,16 @@ class Llama(CausalLM):
         cos, sin = ops.rope_tables(plan.host_positions, c.head_dim, c.theta, self.dtype)  # [N, hd/2] each
         device = getattr(self, "device", None)
         cos, sin = on_device(cos, device), on_device(sin, device)
+        norm, rope = self.elementwise()
         for layer, p in enumerate(self.blocks):
-            x = transformer_block(x, p, self.config, cos, sin, partial(plan.attend, layer), self.ffn(layer))
+            x = transformer_block(x, p, self.config, cos, sin, partial(plan.attend, layer), self.ffn(layer),
+                                  norm, rope)
         return x
 
     def head(self, h: np.ndarray) -> np.ndarray:
         """The final RMS norm and the LM head, on the scored rows. h [S, d] -> logits [S, V]."""
-        return ops.lm_head(ops.rms_norm(h, self.norm, self.config.eps), self.head_w)
+        norm, _ = self.elementwise()
+        return ops.lm_head(norm(h, self.norm, self.config.eps), self.head_w)
 
     def __repr__(self) -> str:
         c = self.config

@@ -80,8 +80,8 @@ class PerSequence:
         if pool is not None and s.n == 1 and pool.k.dtype == np.float32:
             table = np.asarray(s.cache.table, dtype=np.intp)[None]               # [1, blocks]
             return kernels.paged_decode_attention(q, pool.k[layer], pool.v[layer], table, [s.pos + 1])
-        k_all, v_all = s.cache.read(layer, s.pos + s.n)                    # [Hkv, pos+n, hd]
-        return kernels.attention(q, k_all, v_all)                          # [H, n, hd]
+        k_all, v_all = s.cache.read_rows(layer, s.pos + s.n)               # [Hkv, >= pos+n, hd]
+        return kernels.attention(q, k_all, v_all, s.pos + s.n)             # [H, n, hd]
 
 
 class BatchedDecode:
