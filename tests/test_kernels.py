@@ -177,7 +177,7 @@ def attention_bound(q, k, v, keys: int) -> float:
        st.sampled_from([8, 16, 64]), st.sampled_from([0.3, 1.0, 4.0]), st.integers(0, 2**32 - 1))
 def test_fused_attention_equals_numpy(Hkv, g, Tq, past, hd, spread, seed):
     """Causal GQA attention, prefill (Tq > 1: flash tiles across query and key tile edges) and
-    decode (Tq = 1: the paged kernel on one page), peaky scores included (spread)."""
+    decode (Tq = 1: the one-thread kernel, up to SHORT_DECODE keys), peaky scores included (spread)."""
     rng = np.random.default_rng(seed)
     H, Tk = g * Hkv, Tq + past
     q = (rng.standard_normal((H, Tq, hd)) * spread).astype(np.float32)
@@ -189,6 +189,23 @@ def test_fused_attention_equals_numpy(Hkv, g, Tq, past, hd, spread, seed):
     fused = kernels.attention(q, k, v)
     assert fused.shape == q.shape and fused.dtype == np.float32
     assert np.abs(fused - exact).max() <= bound
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 3), st.sampled_from([1, 2, 255, 256, 257, 700]), st.sampled_from([0, 9]),
+       st.sampled_from([8, 64]), st.integers(0, 2**32 - 1))
+def test_fused_decode_over_a_caches_whole_arrays(Hkv, g, Tk, spare, hd, seed):
+    """One query over the first Tk rows of arrays holding `spare` more (a cache's `read_rows`), on
+    both sides of SHORT_DECODE (the one-thread kernel, then the split one): the rows past Tk never count."""
+    rng = np.random.default_rng(seed)
+    H = g * Hkv
+    q = rng.standard_normal((H, 1, hd)).astype(np.float32)
+    k, v = rng.standard_normal((2, Hkv, Tk + spare, hd)).astype(np.float32)
+    k[:, Tk:], v[:, Tk:] = 1e4, np.nan                       # rows past Tk: any of them read shows
+    kt, vt = k[:, :Tk].astype(np.float64), v[:, :Tk].astype(np.float64)
+    exact = ops.attention(q.astype(np.float64), kt, vt)
+    fused = kernels.attention(q, k, v, Tk)
+    assert np.abs(fused - exact).max() <= attention_bound(q, k[:, :Tk], v[:, :Tk], Tk)
 
 
 @st.composite

@@ -472,3 +472,40 @@ def rope(x, cos, sin, y):
                 b = x[g, n, half + i]
                 y[g, n, i] = a * cos[n, i] - b * sin[n, i]
                 y[g, n, half + i] = b * cos[n, i] + a * sin[n, i]
+
+
+@njit(cache=True, fastmath=FAST)
+def decode_attention_short(q, k, v, Tk, out, scale):
+    """One query per head over a short context, on one thread: q [H, 1, hd]; k, v [Hkv, >= Tk, hd]
+    (the first Tk rows of each head are the keys: a cache's whole arrays may be passed); out
+    [H, 1, hd]. Two passes over the keys per head, the scores kept whole (Tk floats): no split, no
+    running max to combine, no parallel launch, which on a short context cost more than they save
+    (products.SHORT_DECODE)."""
+    H, hd = q.shape[0], q.shape[2]
+    g = H // k.shape[0]
+    s = np.empty(Tk, np.float32)
+    acc = np.empty(hd, np.float32)
+    for h in range(H):
+        hk = h // g
+        mx = np.float32(-np.inf)
+        for j in range(Tk):
+            a = np.float32(0.0)
+            for e in range(hd):
+                a += q[h, 0, e] * k[hk, j, e]
+            a *= scale
+            s[j] = a
+            mx = max(mx, a)
+        tot = np.float32(0.0)
+        for j in range(Tk):                          # weights, vectorized
+            p = fexp(s[j] - mx)
+            s[j] = p
+            tot += p
+        for e in range(hd):
+            acc[e] = np.float32(0.0)
+        for j in range(Tk):                          # the weighted sum of values
+            p = s[j]
+            for e in range(hd):
+                acc[e] += p * v[hk, j, e]
+        inv = np.float32(1.0) / tot
+        for e in range(hd):
+            out[h, 0, e] = acc[e] * inv

@@ -28,6 +28,11 @@ _ONE_PAGE = np.zeros((1, 1), np.intp)    # a page table of one sequence in one b
 QUERY_TILE = 32       # flash attention: queries per tile (of each of a group's g heads)
 KEY_TILE = 64         # flash attention: keys per tile
 DECODE_CHUNK = 256    # paged decode: keys per work item at least (FlashDecoding's split)
+SHORT_DECODE = 256    # one query over at most this many keys: the one-thread kernel. Measured (quiet
+                      # 2-core Zen 4, 2 threads for the split kernel): SmolLM2's 9/3 heads at 17 / 70
+                      # / 117 / 256 / 500 keys 2.4 / 6.8 / 10.8 / 22.0 / 43.2 µs against 9.3 / 12.7 /
+                      # 15.4 / 23.4 / 42.8; GPT-2's 12 heads 3.0 / 9.3 / 15.7 / 32.6 / 60.4 against
+                      # 15.8 / 19.9 / 23.9 / 36.2 / 56.7
 
 
 def _f32(x: np.ndarray) -> np.ndarray:
@@ -89,8 +94,9 @@ def _rows(k: np.ndarray) -> tuple[np.ndarray, int]:
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None) -> np.ndarray:
     """ops.attention's semantics (causal, query i at position Tk - Tq + i, GQA H = g·Hkv), without a
-    score matrix: FlashAttention's tiles and running max/sum for Tq > 1, the paged decode kernel
-    (one page holding all Tk keys, split in chunks) for Tq == 1. q [H, Tq, hd], k, v [Hkv, Tk, hd]
+    score matrix: FlashAttention's tiles and running max/sum for Tq > 1; for Tq == 1 a one-thread
+    kernel up to SHORT_DECODE keys, else the paged decode kernel (one page holding all Tk keys,
+    split in chunks). q [H, Tq, hd], k, v [Hkv, Tk, hd]
     -> [H, Tq, hd] float32. With Tk, k and v may hold more rows per head than the Tk keys (a cache's
     whole arrays, `read_rows`): the first Tk are attended.
 
@@ -106,7 +112,10 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
         copied_k = copied_v = 0
     else:
         (k, copied_k), (v, copied_v) = _rows(k), _rows(v)            # [Hkv, S >= Tk, hd], C-contiguous
-    if Tq == 1:                                          # [Hkv, Tk, hd] is one block of Tk keys
+    if Tq == 1 and Tk <= SHORT_DECODE:                  # one thread, the scores kept whole
+        out = np.empty((H, 1, hd), np.float32)
+        K.decode_attention_short(_f32(q), k, v, Tk, out, scale)
+    elif Tq == 1:                                        # [Hkv, Tk, hd] is one block of Tk keys
         out = np.empty((H, 1, hd), np.float32)
         kp, vp = k[:, None], v[:, None]                  # [Hkv, 1, S, hd]: one block, the first Tk keys
         K.paged_decode_attention(_f32(q), kp, vp, _ONE_PAGE, np.array([Tk], np.intp), out,
