@@ -193,7 +193,9 @@ def what_the_cache_costs(L: Lesson, model, decode) -> None:
         **sequences that fit = (GPU memory × {UTILISATION} − weights) ÷ (KV bytes per token × context)**
 
         ({UTILISATION:.0%}: the share of memory a server takes, vLLM's default `gpu_memory_utilization`;
-        the rest is the runtime's.)
+        the rest is the runtime's: the CUDA context, activations and their workspace take a few GB. The
+        memory is the chip's listed figure counted in 10⁹ bytes; an "80 GB" card holds 80 GiB, 85.9·10⁹
+        bytes, so a real one fits a few more.)
     """)
     L.pause()
     ctx = 4096

@@ -13,7 +13,7 @@ from rich.table import Table
 
 import minillm
 from minillm.config import GPT2_SIZES
-from minillm.lessons._common import (Lesson, Timing, bar, bar_chart, fmt_bytes, fmt_time, fmt_x, run_lesson,
+from minillm.lessons._common import (Lesson, Timing, bar, bar_chart, fmt_bytes, fmt_time, fmt_x, plural, run_lesson,
                                      stacked_bar)
 from minillm.measure import hardware
 from minillm.measure.chips import CHIPS
@@ -124,7 +124,7 @@ def can_memory_keep_up(L: Lesson, model, ids, steps):
     ht = Table(show_header=False, box=None)
     ht.add_column(style="bold")
     ht.add_column()
-    ht.add_row("CPU", f"{escape(str(hw.cpu))}, {hw.threads} threads")
+    ht.add_row("CPU", f"{escape(str(hw.cpu))}, {plural(hw.threads, 'thread')}")
     ht.add_row("memory read bandwidth", f"{hw.bandwidth_gbs:,.1f} GB/s  [dim](best of {', '.join(hw.methods)}; "
                                         f"{hw.buffer_mb} MB buffer)[/]")
     ht.add_row("float32 matmul peak", f"{hw.peak_gflops:,.1f} GFLOP/s")
@@ -140,8 +140,8 @@ def can_memory_keep_up(L: Lesson, model, ids, steps):
         the arithmetic busy. Below it, work waits on memory; above it, on arithmetic (lesson 7 draws
         it). Decode's {r.intensity:.3g} FLOP/byte is {side} this machine's ridge of {hw.ridge:.3g}:
         {"decode is memory-bound here" if side == "below" else "decode is compute-bound here"}.
-        The ridge {hw.ridge:.3g} is one measurement of this CPU in float32 at {hw.blas_threads or "?"}
-        BLAS threads; a server CPU with wide vector units and more cores has a ridge of tens of
+        The ridge {hw.ridge:.3g} is one measurement of this CPU in float32 at
+        {plural(hw.blas_threads, "BLAS thread") if hw.blas_threads else "? BLAS threads"}; a server CPU with wide vector units and more cores has a ridge of tens of
         FLOP/byte, a GPU's tensor cores in fp16 of hundreds.
     """)
     sec = statistics.median(s.seconds for s in steps)

@@ -213,7 +213,7 @@ def goodput_vs_throughput(L: Lesson, model) -> None:
         critical batch, where a step turns compute-bound (lesson 8) and tokens per second flatten. Here
         tokens per second {'grew up to the largest batch, ' + str(top) if grew else f'peaked at batch {top}, below the largest ({caps[-1]})'}.
         Each sequence's step is longer, so its time per output token grows, and past the target a request
-        counts for nothing. **Goodput** (`vllm bench serve --goodput`; the DistServe paper's measure)
+        counts for nothing. **Goodput** (as `vllm bench serve --goodput` counts it, at one rate)
         counts only the requests that met every target: the measure a product with a latency promise
         lives by. The target here comes from the run itself; a real one comes from the product. And one
         rate says little: systems are compared by the **highest request rate** at which, say, 90% of

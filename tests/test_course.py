@@ -94,6 +94,17 @@ def test_blas_threads_are_counted_in_words(monkeypatch):
     assert "2 BLAS threads" in _common.Lesson(1, "t").conditions()
 
 
+def test_no_lesson_puts_a_bare_count_before_threads():
+    """A count filled in before "threads" ("at {n} BLAS threads") reads "1 BLAS threads" on one thread:
+    every lesson counts them with `plural` (lesson 6's ridge sentence did not, in the full runs)."""
+    import re
+    from pathlib import Path
+    bare = re.compile(r"\{[^{}]*\}\s*(BLAS )?threads\b")
+    found = [f"{p.name}:{text[:m.start()].count(chr(10)) + 1}" for p in sorted(Path(_common.__file__).parent.glob("*.py"))
+             for text in [p.read_text(encoding="utf-8")] for m in bare.finditer(text)]
+    assert not found, f"counts before 'threads' without plural(): {found}"
+
+
 # -- comparisons on a busy machine; fits that explain nothing ----------------------------------------
 
 def test_a_busy_machine_runs_every_side_on_one_thread(monkeypatch):

@@ -120,3 +120,37 @@ def test_each_verdict_broken_on_purpose_fails_its_check(name, monkeypatch):
     monkeypatch.setattr(report, name, _broken()[name])
     with pytest.raises(AssertionError):
         CHECKS[name](report)
+
+
+# -- the lessons' own word helpers: each chooses its words from the numbers it is given -------------
+
+def _lesson(number: int):
+    import importlib
+
+    from minillm.cli import learn
+    return importlib.import_module(next(i.module for i in learn.LESSONS if i.number == number))
+
+
+def test_lesson_7_names_the_phase_that_takes_longer_and_calls_a_near_tie_one():
+    dominates = _lesson(7).dominates
+    assert dominates(1.2) == "prefill dominates" and dominates(5.0) == "prefill dominates"
+    assert dominates(0.8) == "decode dominates" and dominates(0.01) == "decode dominates"
+    assert dominates(1.05) == dominates(0.95) == "prefill about equals decode"
+
+
+def test_lesson_14_measures_a_speedup_against_the_byte_ratio_that_bounds_it():
+    reach = _lesson(14).reach_words
+    assert reach(3.5, 3.7) == "the byte ratio reached (within 10%)"
+    assert reach(2.0, 4.0) == "50% of the byte ratio"
+    assert reach(0.5, 3.7).startswith("no gain at all from the bytes, 14%")
+    assert reach(1.0, 6.8).startswith("no gain at all")
+
+
+def test_the_gpu_ridges_the_lessons_quote_are_the_chips_published_figures():
+    """153-295 FLOPs per byte, from the chip table's published peaks and bandwidths (the A100's 312
+    fp16 TFLOP/s over 2.04 TB/s up to the H100 SXM's 989 over 3.35), not typed in the lessons."""
+    from lessons import _common
+    from minillm.measure.chips import get_chip
+    chips = [get_chip(g) for g in _common.GPUS]
+    ridges = [c.peak_gflops / c.bandwidth_gbs for c in chips]
+    assert _common.gpu_ridge_range() == f"{min(ridges):.0f}-{max(ridges):.0f}" == "153-295"

@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     mine = Table(title="This machine (measured)", show_header=False, title_justify="left", box=box.SIMPLE)
     mine.add_column(style="bold", no_wrap=True)
     mine.add_column()
-    mine.add_row("CPU", f"{escape(str(here.cpu))}, {here.threads} threads")
+    mine.add_row("CPU", f"{escape(str(here.cpu))}, {here.threads} thread{'' if here.threads == 1 else 's'}")
     mine.add_row("memory read bandwidth", f"{here.bandwidth_gbs:,.1f} GB/s (best method: {here.method})")
     for name, gbs in here.methods.items():
         mine.add_row(f"  {name}", f"{gbs:,.1f} GB/s  [dim]{escape(METHODS.get(name, ''))}[/]")
