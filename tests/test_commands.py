@@ -122,6 +122,34 @@ def test_the_probe_measures_a_share_of_one_core():
     assert 0.0 < busy.cpu_share(0.02) <= 1.0
 
 
+def test_the_cpus_others_use_now_decide_where_the_system_counts_them():
+    """The load average lags a minute: burners started a moment ago (load still 0.3, a whole core for
+    the probe) are busy by the CPUs they took; work that has just finished (load 1.2, nothing running
+    now) is not. Room for 2 threads on 2 CPUs: 0.5 CPU of others at most."""
+    note = busy.assess(threads=2, cpus=2, load=0.3, share=1.0, others=1.9)
+    assert note is not None and "other processes kept 1.9 of 2 CPUs busy" in note and "--threads 1" in note
+    assert busy.assess(threads=2, cpus=2, load=1.2, share=1.0, others=0.1) is None
+    assert busy.assess(threads=1, cpus=2, load=3.0, share=1.0, others=1.2) is None      # one CPU left: room for 1
+    assert busy.assess(threads=1, cpus=2, load=0.1, share=0.4, others=0.0) is not None  # starved all the same
+
+
+def test_the_probe_sees_a_process_burning_a_cpu():
+    """A real burner beside the probe: on Linux the others' CPUs show it (about one CPU)."""
+    import multiprocessing
+    import time
+    if busy._busy_seconds() is None:
+        pytest.skip("this system does not count CPU time in /proc/stat")
+    ctx = multiprocessing.get_context("spawn")
+    burner = ctx.Process(target=_burn, daemon=True)
+    burner.start()
+    try:
+        time.sleep(0.5)                                   # the burner up and spinning
+        share, others = busy.probe(0.3)
+    finally:
+        burner.terminate()
+    assert others is not None and others > 0.5
+
+
 def test_hardware_figures_follow_threads(tmp_path):
     """`--threads 2` then the default (one thread in the tests): two records, each run shown its own."""
     import json
@@ -151,3 +179,8 @@ def test_the_thread_limit_holds_on_every_thread():
         worker.start()
         worker.join()
     assert seen == [2] and blas_threads() == before
+
+
+def _burn() -> None:
+    while True:
+        pass
