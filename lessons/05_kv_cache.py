@@ -193,9 +193,7 @@ def what_the_cache_costs(L: Lesson, model, decode) -> None:
         **sequences that fit = (GPU memory × {UTILISATION} − weights) ÷ (KV bytes per token × context)**
 
         ({UTILISATION:.0%}: the share of memory a server takes, vLLM's default `gpu_memory_utilization`;
-        the rest is the runtime's: the CUDA context, activations and their workspace take a few GB. The
-        memory is the chip's listed figure counted in 10⁹ bytes; an "80 GB" card holds 80 GiB, 85.9·10⁹
-        bytes, so a real one fits a few more.)
+        the rest is the runtime's: the CUDA context, activations and their workspace.)
     """)
     L.pause()
     ctx = 4096
@@ -214,7 +212,12 @@ def what_the_cache_costs(L: Lesson, model, decode) -> None:
         t.add_row(name, f"{caps[0]['kv_bytes_per_token'] / 1024:g} KiB", *(f"{f} seqs" for f in fits[name]))
     L.show(t, "[dim]the same function answers `minillm hardware --shape llama-2-7b --fit 4096 --chip a100`[/]")
     mha, gqa = fits.values()
+    gib = [capacity(shape(key), ctx, gpus[0].memory_gb * 2 ** 30)["sequences"] for key in BIG_MODELS.values()]
     L.say(f"""
+        The memory is each chip's listed figure counted in 10⁹ bytes. A "{gpus[0].memory_gb:g} GB" card holds
+        {gpus[0].memory_gb:g} GiB, {gpus[0].memory_gb * 2 ** 30 / 1e9:.1f}·10⁹ bytes: counted so, the
+        {gpus[0].name} fits {gib[0]} and {gib[1]} sequences instead of {mha[0]} and {gqa[0]}.
+
         Grouped-query attention (GQA) keeps fewer KV heads than query heads, so the same GPU holds
         {fmt_x(gqa[0] / max(1, mha[0]))} the sequences. Past that count a server must queue or preempt
         requests (lesson 9); lesson 8 shows why it wants big batches in the first place.

@@ -21,13 +21,15 @@ __version__ = "0.2.0"
 
 # OpenBLAS's threads spin after each product, waiting for the next (2^28 cycles by default, about
 # 0.1 s): the fused kernels' numba threads that run next then share the cores with two spinning
-# threads. Measured on a quiet 2-core Zen 4, GPT-2-124M float32, 2 threads: fused decode right after
-# a prefill 46.7 tokens/s with the default spin against 58.3 with 2^10 cycles, NumPy's 53.2 and 51.7
-# (unchanged within noise). OpenBLAS reads this when NumPy first loads it, so it is set before
+# threads. Measured on a quiet 2-core Zen 4, GPT-2-124M float32, 2 threads, `minillm bench --weights
+# float32 --kernels numpy,fused`, one run each: with 2^28 fused decode 40.9 tokens/s and NumPy's
+# 47.7, with 2^10 64.0 and 53.7. OpenBLAS reads this when NumPy first loads it, so it is set before
 # minillm imports NumPy; an explicit setting wins (`threads.blas_spin()` reads it back).
-_SPIN_BEFORE_NUMPY = "numpy" not in _sys.modules    # else OpenBLAS has read its setting already
-if _SPIN_BEFORE_NUMPY:
+if "numpy" not in _sys.modules:             # else OpenBLAS has read its setting already
     _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "10")
+else:
+    from . import threads as _threads
+    _threads.SPIN_SET_BEFORE_NUMPY = False
 
 # public name -> the module that defines it
 _API = {

@@ -47,16 +47,23 @@ def blas_kernel() -> str | None:
     return None
 
 
-def blas_spin() -> str | None:
-    """How long OpenBLAS's idle threads spin, as OPENBLAS_THREAD_TIMEOUT gives it ("10": 2^10 cycles),
-    when NumPy loaded OpenBLAS after it was set (minillm sets it before importing NumPy: see
-    minillm/__init__.py); None if unset, set too late, or another BLAS."""
+SPIN_SET_BEFORE_NUMPY = True   # minillm/__init__.py says whether NumPy had loaded OpenBLAS before it
+
+
+def blas_spin() -> int | None:
+    """How long OpenBLAS's idle threads spin, as the exponent n of 2^n cycles that OPENBLAS_THREAD_TIMEOUT
+    gives it (minillm sets 10 before it imports NumPy: see minillm/__init__.py), clamped to OpenBLAS's
+    4..30; None if it is unset, not a positive whole number (OpenBLAS then keeps its 2^28), set only
+    after NumPy had loaded OpenBLAS, or the BLAS is another."""
     import os
-    import sys
-    value = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
-    if value is None or blas_name() is None or not blas_name().startswith("openblas"):
+    name = blas_name()
+    if not SPIN_SET_BEFORE_NUMPY or name is None or not name.startswith("openblas"):
         return None
-    return value if getattr(sys.modules.get("minillm"), "_SPIN_BEFORE_NUMPY", True) else None
+    try:
+        n = int(os.environ.get("OPENBLAS_THREAD_TIMEOUT", ""))
+    except ValueError:
+        return None
+    return min(30, max(4, n)) if n > 0 else None
 
 
 # Other thread pools that follow BLAS's count: (get, set) pairs registered by the packages that run

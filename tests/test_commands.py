@@ -135,18 +135,17 @@ def test_the_cpus_others_use_now_decide_where_the_system_counts_them():
 
 def test_the_probe_sees_a_process_burning_a_cpu():
     """A real burner beside the probe: on Linux the others' CPUs show it (about one CPU)."""
-    import multiprocessing
+    import os
     import time
-    if busy._busy_seconds() is None:
-        pytest.skip("this system does not count CPU time in /proc/stat")
-    ctx = multiprocessing.get_context("spawn")
-    burner = ctx.Process(target=_burn, daemon=True)
-    burner.start()
+    if busy._busy_seconds() is None or (os.cpu_count() or 1) < 2:
+        pytest.skip("needs /proc/stat's CPU counts and two CPUs")
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.5)                                   # the burner up and spinning
         share, others = busy.probe(0.3)
     finally:
-        burner.terminate()
+        burner.kill()
+        burner.wait()
     assert others is not None and others > 0.5
 
 
@@ -181,6 +180,45 @@ def test_the_thread_limit_holds_on_every_thread():
     assert seen == [2] and blas_threads() == before
 
 
-def _burn() -> None:
-    while True:
-        pass
+def test_blas_spin_reads_back_what_openblas_takes(monkeypatch):
+    """OPENBLAS_THREAD_TIMEOUT as OpenBLAS uses it: a whole number clamped to 4..30, nothing for 0,
+    a non-number or a setting NumPy loaded OpenBLAS before (minillm sets 10 before it imports NumPy)."""
+    from minillm import threads
+    if not (threads.blas_name() or "").startswith("openblas"):
+        pytest.skip("NumPy's BLAS here is not OpenBLAS")
+    monkeypatch.setattr(threads, "SPIN_SET_BEFORE_NUMPY", True)
+    for value, want in [("10", 10), ("2", 4), ("40", 30), ("0", None), ("x", None)]:
+        monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", value)
+        assert threads.blas_spin() == want, value
+    monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", "10")
+    monkeypatch.setattr(threads, "SPIN_SET_BEFORE_NUMPY", False)
+    assert threads.blas_spin() is None
+
+
+def test_the_minillm_command_sets_the_spin_before_numpy_loads():
+    code = "import minillm, os, numpy; print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"
+    env = {k: v for k, v in __import__("os").environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.stdout.strip() == "10"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**env, "OPENBLAS_THREAD_TIMEOUT": "20"})
+    assert r.stdout.strip() == "20"                                  # an explicit setting wins
+
+
+def test_chats_counters_line_fits_80_columns_at_extremes(monkeypatch):
+    from types import SimpleNamespace
+
+    from minillm.cli import chat
+    from minillm.measure import hardware
+    monkeypatch.setattr(hardware, "cached", lambda: SimpleNamespace(bandwidth_gbs=99.9))
+
+    def meter(pre_tok, pre_s, n_dec, dec_s, dec_bytes):
+        steps = [SimpleNamespace(kind="prefill", n_tokens=pre_tok, seconds=pre_s, total_bytes=0)]
+        steps += [SimpleNamespace(kind="decode", n_tokens=1, seconds=dec_s / n_dec, total_bytes=dec_bytes)] * n_dec
+        return SimpleNamespace(steps=steps)
+    slow = chat.counters_line(meter(8192, 123.4, 10, 100.0, 5e8))               # a long prompt, a slow machine
+    cpu = chat.counters_line(meter(8192, 9.99, 9999, 10.0, 9.99e7))             # 999.9 tok/s at 99.9 GB/s
+    gpu = chat.counters_line(meter(8192, 0.5, 10000, 1.0, 4.8e8), on_cpu=False)  # 10,000 tok/s at 4,800 GB/s
+    assert "123.4 s" in slow and "999.9 tok/s, 99.9 GB/s (100% of 99.9 measured)" in cpu
+    assert "4,800 GB/s" in gpu and "e+" not in gpu and "measured" not in gpu
+    assert all(len(line) <= 80 for line in (slow, cpu, gpu)), (slow, cpu, gpu)

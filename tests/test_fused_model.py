@@ -185,3 +185,43 @@ def test_a_fused_step_matches_its_closed_forms(family, weights, paged):
     assert f.flops["attention"] == fused_forms(model, [P], [P], P)["attention"]
     assert f.ops["attention"]["bytes"] == c.n_layer * P * c.head_dim * 4 * 2 * c.n_head
     assert f.bytes["kv_read"] == fused_forms(model, [P], [P], P)["kv_read"]
+
+
+def test_a_fused_llama_uses_the_one_pass_norm_and_rotation_but_not_in_the_batch_invariant_mode():
+    from minillm.kernels import elementwise, invariant
+    from minillm.models import ops
+    ref, fused = pair("llama", "float32")
+    assert fused.elementwise() == (elementwise.rms_norm, elementwise.rope)
+    assert ref.elementwise() == (ops.rms_norm, ops.rope)
+    with invariant.mode():
+        assert fused.elementwise() == (ops.rms_norm, ops.rope)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_decode_past_the_one_thread_kernels_keys_equals_numpy(family):
+    """Decode steps at 250-270 keys: the one-thread kernel up to SHORT_DECODE, then the split one over
+    the cache's rows as pages, each step's logits the NumPy model's."""
+    from minillm.kernels import products
+    cfg = (GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=300, vocab_size=96) if family == "gpt2" else
+           LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, head_dim=16, n_embd=64, n_ctx=300, vocab_size=96, ffn=64))
+    make = (lambda k: minillm.GPT2(cfg, gpt2.random_params(cfg, 0, std=0.1), kernels=k)) if family == "gpt2" else \
+        (lambda k: llama.Llama(cfg, llama.random_params(cfg, 0, std=0.1), kernels=k))
+    ref, fused = make("numpy"), make("fused")
+    ids = np.random.default_rng(1).integers(0, 96, 270)
+    start = products.SHORT_DECODE - 6
+    _, c_ref = ref.prefill(ids[:start])
+    _, c_fused = fused.prefill(ids[:start])
+    for t in ids[start:]:
+        assert_close(fused.decode_step(int(t), c_fused), ref.decode_step(int(t), c_ref), f"{family} at {c_ref.length}")
+
+
+def test_an_int8_kv_cache_with_fused_kernels_reads_through_read():
+    """The int8 cache widens on read: fused attention takes `read`'s arrays (read_rows falls back) and
+    gives the NumPy model's logits over the same int8 cache."""
+    from minillm.cache.contiguous import KVCache
+    ref, fused = pair("llama", "float32")
+    ids = np.random.default_rng(2).integers(0, 96, 12)
+    c_ref, c_fused = KVCache(ref.config, kv_dtype="int8"), KVCache(fused.config, kv_dtype="int8")
+    assert_close(fused.prefill(ids[:8], c_fused)[0], ref.prefill(ids[:8], c_ref)[0], "int8 prefill")
+    for t in ids[8:]:
+        assert_close(fused.decode_step(int(t), c_fused), ref.decode_step(int(t), c_ref), "int8 decode")

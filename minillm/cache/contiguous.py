@@ -15,6 +15,8 @@ Every cache speaks the same small protocol, and the model uses nothing else:
     reserve(n)                make room for n more positions, or raise PromptError saying why not
     write(layer, pos, k, v)   store keys and values [Hkv, n, hd] of positions pos .. pos+n-1
     read(layer, t)            keys and values of positions 0 .. t-1, [Hkv, t, hd] each; reports the read
+    read_rows(layer, t)       the same for a kernel told t (the fused attention): arrays whose first t
+                              rows per head are those positions (CacheBase's default: `read`)
     advance(n)                the step is done: n more positions are filled
     truncate(t)               forget every position from t on (speculative decoding's roll-back)
     free()                    give the memory back (a paged cache returns its blocks)

@@ -363,6 +363,8 @@ def bench_weights(args, hw, kernels=None) -> int:
     source = args.model or "random-124m"
     context = parse_first_context(args.contexts)
     kernels = kernels or parse_kernels(None)
+    if not args.json:
+        note_if_busy(args)
     with Progress(console=err, transient=True, disable=args.json) as bar:
         task = bar.add_task(f"weights {', '.join(formats)}", total=args.repeats * len(formats) * len(kernels))
         result = run_quant_bench(source, formats, context=context, repeats=args.repeats,

@@ -78,8 +78,13 @@ def answer(model, cache, held: list[int], ids: list[int], max_new: int, pick, on
     return new, (ids + new)[:cache.length]          # the last token picked was never run through the model
 
 
-def counters_line(m: Meter) -> str:
-    """One line (under 80 columns) of what the step counters saw in this answer."""
+def _rate(x: float) -> str:
+    return f"{x:,.1f}" if x < 1000 else f"{x:,.0f}"
+
+
+def counters_line(m: Meter, on_cpu: bool = True) -> str:
+    """One line (at most 80 columns) of what the step counters saw in this answer; on the CPU, its
+    bandwidth against this machine's measured figure."""
     pre = [s for s in m.steps if s.kind == "prefill"]
     dec = [s for s in m.steps if s.kind == "decode"]
     pre_s = sum(s.seconds for s in pre)
@@ -88,11 +93,11 @@ def counters_line(m: Meter) -> str:
     if dec:
         secs = sum(s.seconds for s in dec)
         gbs = sum(s.total_bytes for s in dec) / secs / 1e9
-        line += f" | decode {len(dec) / secs:.1f} tok/s, {gbs:.3g} GB/s"
+        line += f" | decode {_rate(len(dec) / secs)} tok/s, {_rate(gbs)} GB/s"
         from ..measure.hardware import cached
-        hw = cached()           # this setup's measured figures; none yet: the share is left out, not guessed
+        hw = cached() if on_cpu else None   # this setup's measured figures; none yet: left out, not guessed
         if hw is not None:
-            line += f" ({gbs / hw.bandwidth_gbs:.0%} of {hw.bandwidth_gbs:.3g} measured)"
+            line += f" ({gbs / hw.bandwidth_gbs:.0%} of {_rate(hw.bandwidth_gbs)} measured)"
     return line
 
 
@@ -137,4 +142,4 @@ def run(args) -> int:
         sys.stdout.write("\n")
         sys.stdout.flush()
         chat.answered(tok.decode([t for t in new if t not in model.eos_ids]))
-        err.print(f"[dim]{escape(counters_line(m))}[/]")
+        err.print(f"[dim]{escape(counters_line(m, on_cpu=model.xp is np))}[/]")

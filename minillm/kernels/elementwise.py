@@ -1,13 +1,13 @@
 """Fused kernels for a step's small elementwise operations: ops.rms_norm and ops.rope in one pass
-each, same arguments, same meter counts. A decode step of SmolLM2 makes 61 norms and 30
-rotations: as NumPy's chains of whole-array calls they took 0.8-0.9 ms and 0.35-0.38 ms of a
-9.4-9.9 ms fused Q4_1 step (quiet 2-core Zen 4), each call's fixed cost more than its arithmetic;
-a norm of one row: 7.8 µs against the kernel's 1.6.
+each, same arguments, same meter counts. A decode step of SmolLM2 makes 61 norms and 30 rotations:
+as NumPy's chains of whole-array calls they took 0.89 ms and 0.37 ms of a 10.1 ms fused Q4_1 step,
+as these kernels 0.23 and 0.07 of a 7.7 ms one (quiet 2-core Zen 4, timers around each call); a norm
+of one row: 7.8 µs against the kernel's 1.6.
 The model chooses them (models/llama.py) for float32 on the CPU, and ops' own in the batch-invariant
 mode: each row is computed on its own either way, and ops' results are what that mode promises bit
 for bit.
-Measured and not kept: SwiGLU in one pass, 6.7 µs a row of 1,536 against NumPy's 5.7 (its tanh and
-products are already vectorized whole-array calls; a scalar tanhf per value took 18.7).
+Measured and not kept: SwiGLU in one pass, 4.94 µs a row of 1,536 against NumPy's 4.95 (its tanh
+and products are already vectorized whole-array calls; a scalar tanhf per value took 18.7).
 """
 
 from __future__ import annotations

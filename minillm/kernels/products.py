@@ -24,15 +24,16 @@ from . import _numba as K
 from .runtime import count_attention
 
 _NO_MIN = np.empty((0, 0), np.uint16)    # Q4_0 has no minimums: the kernel's m is empty
-_ONE_PAGE = np.zeros((1, 1), np.intp)    # a page table of one sequence in one block (block 0)
 QUERY_TILE = 32       # flash attention: queries per tile (of each of a group's g heads)
 KEY_TILE = 64         # flash attention: keys per tile
 DECODE_CHUNK = 256    # paged decode: keys per work item at least (FlashDecoding's split)
-SHORT_DECODE = 256    # one query over at most this many keys: the one-thread kernel. Measured (quiet
-                      # 2-core Zen 4, 2 threads for the split kernel): SmolLM2's 9/3 heads at 17 / 70
-                      # / 117 / 256 / 500 keys 2.4 / 6.8 / 10.8 / 22.0 / 43.2 µs against 9.3 / 12.7 /
-                      # 15.4 / 23.4 / 42.8; GPT-2's 12 heads 3.0 / 9.3 / 15.7 / 32.6 / 60.4 against
-                      # 15.8 / 19.9 / 23.9 / 36.2 / 56.7
+PAGE = 16             # a contiguous cache's rows seen as pages of this many, for the split kernel
+SHORT_DECODE = 256    # one query over at most this many keys: the one-thread kernel; past it the split
+                      # kernel over the rows seen as pages of PAGE. Measured (quiet 2-core Zen 4, the
+                      # split on 2 threads, a cache's whole arrays of 8,192 rows), µs at 64 / 128 / 256 /
+                      # 512 / 2,048 keys: SmolLM2's 9/3 heads one thread 6.3 / 11.5 / 22.1 / 43.7 / 177,
+                      # split 11.8 / 15.5 / 23.2 / 31.8 / 114; GPT-2's 12 heads 9.8 / 18.6 / 35.0 /
+                      # 65.8 / 256 against 18.9 / 24.1 / 35.3 / 56.1 / 164
 
 
 def _f32(x: np.ndarray) -> np.ndarray:
@@ -106,7 +107,11 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
     subtract, exp, sum, normalise, as ops counts them)."""
     _check_float32(q, k, v)
     H, Tq, hd = q.shape
-    Hkv, Tk = k.shape[0], Tk or k.shape[1]
+    Hkv = k.shape[0]
+    Tk = k.shape[1] if Tk is None else int(Tk)
+    if not Tq <= Tk <= min(k.shape[1], v.shape[1]):
+        raise ValueError(f"attention over Tk = {Tk} keys needs at least the {Tq} queries' own and at most the "
+                         f"{min(k.shape[1], v.shape[1])} rows k and v hold")
     scale = np.float32(1.0 / math.sqrt(hd))
     if k.flags.c_contiguous and v.flags.c_contiguous:
         copied_k = copied_v = 0
@@ -115,11 +120,14 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
     if Tq == 1 and Tk <= SHORT_DECODE:                  # one thread, the scores kept whole
         out = np.empty((H, 1, hd), np.float32)
         K.decode_attention_short(_f32(q), k, v, Tk, out, scale)
-    elif Tq == 1:                                        # [Hkv, Tk, hd] is one block of Tk keys
+    elif Tq == 1:                                        # the rows as pages: FlashDecoding's split
         out = np.empty((H, 1, hd), np.float32)
-        kp, vp = k[:, None], v[:, None]                  # [Hkv, 1, S, hd]: one block, the first Tk keys
-        K.paged_decode_attention(_f32(q), kp, vp, _ONE_PAGE, np.array([Tk], np.intp), out,
-                                 scale, decode_chunk(Tk, 1, Hkv, k.shape[1]))
+        S = k.shape[1]
+        bs = PAGE if S % PAGE == 0 and v.shape[1] == S else S   # else one page: no split
+        kp, vp = k.reshape(Hkv, S // bs, bs, hd), v.reshape(Hkv, S // bs, bs, hd)     # views, no copy
+        table = np.arange(-(-Tk // bs), dtype=np.intp)[None]                        # [1, pages] in order
+        K.paged_decode_attention(_f32(q), kp, vp, table, np.array([Tk], np.intp), out,
+                                 scale, decode_chunk(Tk, 1, Hkv, bs))
     else:
         out = np.empty((H, Tq, hd), np.float32)
         K.flash_attention(_f32(q), k, v, Tk, out, scale, QUERY_TILE, KEY_TILE)

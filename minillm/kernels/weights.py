@@ -130,7 +130,11 @@ class FusedDense:
         return self.wt[ids].astype(dtype or np.float32, copy=False)
 
     def counts(self, T: int, itemsize: int = 4) -> dict:
-        return {"weights": self.nbytes, "dequant": 0, "scratch": 0}
+        """The weight read once; where BLAS computes y^T = Wt @ x^T (up to BLAS_AS_WT_ROWS rows not
+        run by the fused kernel) the [out, T] result is copied to [T, out] rows: that copy, written
+        and read again, counts as scratch."""
+        copied = T <= BLAS_AS_WT_ROWS and not self.fused(T, np.float32 if itemsize == 4 else np.float64)
+        return {"weights": self.nbytes, "dequant": 0, "scratch": 2 * T * self.n_out * itemsize if copied else 0}
 
     def rows_counts(self, N: int) -> dict:
         return {"weights": N * self.n_in * self.wt.itemsize, "dequant": 0}
