@@ -231,12 +231,13 @@ def batch_limit(L: Lesson) -> None:
 
 def long_prefill(L: Lesson) -> None:
     L.section("A long prompt: when attention's FLOPs pass the matmuls'")
-    L.say("""
+    d_small, d_7b = GPT2_SHAPES["124m"].n_embd, SHAPES["llama-2-7b"].n_embd
+    L.say(f"""
         A prefill's matrix products cost each token the same (about 2 FLOPs per weight, 24·d² a layer
         for GPT-2's shape), but attention compares each token with every earlier one: 4·t·d FLOPs a
         layer at position t. Summed over a prompt of T tokens, attention passes the products near
-        **T ≈ 6d** counting the whole T×T square, about twice that with the causal half skipped: 4.6k
-        tokens for GPT-2 small (d = 768), 25k for a 4096-wide model. That is why long-context prefill
+        **T ≈ 6d** counting the whole T×T square ({6 * d_small:,} tokens for GPT-2 small, d = {d_small};
+        {6 * d_7b:,} for Llama-2-7B, d = {d_7b:,}), about twice that with the causal half skipped. That is why long-context prefill
         is attention-bound, and why FlashAttention and context parallelism exist. The meter counts
         both, here on one layer of SmolLM2's width (SwiGLU and GQA make its products a little cheaper).
     """)

@@ -24,6 +24,7 @@ from minillm.ui.report import fmt_bytes, fmt_time
 TITLE = "When the two phases meet"
 MINUTES = 10
 WHAT_YOU_WILL_SEE = "a long prefill stalling decodes; the budget sweep; goodput; the P/D split"
+CHUNKS = (16, 32, 64, 128)   # prompt tokens a step may carry beside the decodes, in the fit's chart
 
 
 def lesson(L: Lesson) -> None:
@@ -162,11 +163,11 @@ def budgets(L: Lesson, model, items) -> dict:
         B = L.pick(16, 8)
         rows = [(f"decode step, {B} seqs", a + B * b, fmt_time(a + B * b))] + [
             (f"+ chunk of {n}", a + (B + n) * b, f"{fmt_time(a + (B + n) * b)} ({fmt_x((a + (B + n) * b) / (a + B * b))})")
-            for n in (16, 32, 64, 128)]
+            for n in CHUNKS]
         L.show(bar_chart(f"a step by the fit: {fmt_time(a)} + {fmt_time(b)} per token (r² {fit['r2']:.2f})", rows))
         worst = rows[-1][1] / rows[0][1]
         how = ("hardly longer" if worst < 1.25 else "somewhat longer" if worst < 2 else "much longer")
-        L.say(f"A step that carries a chunk of up to 128 prompt tokens beside {B} decodes is {how} than a pure "
+        L.say(f"A step that carries a chunk of up to {CHUNKS[-1]} prompt tokens beside {B} decodes is {how} than a pure "
               f"decode step here: up to {fmt_x(worst)}, by the fit.")
         L.say("""
             The budget is a dial. Small: every step stays short, so the gap between tokens stays close to a

@@ -113,8 +113,8 @@ def formats_people_download(L: Lesson) -> None:
         t.add_column(col, justify="right", no_wrap=True)
     for name, n, b in rows:
         t.add_row(name, str(n), str(b), f"{8 * b / n:.4g}")
-    fp8 = 8 + 32 / (128 * 128)
-    t.add_row("FP8 E4M3", "128×128", "16,388", f"{fp8:.4g}")
+    tile = 128 * 128                                          # one float32 scale per 128×128 tile
+    t.add_row("FP8 E4M3", "128×128", f"{tile + 4:,}", f"{8 * (tile + 4) / tile:.4g}")
     L.show(t, "[dim]block sizes from the gguf package's GGML_QUANT_SIZES; FP8 with one float32 scale per "
               "128×128 tile, as DeepSeek-V3 ships it[/]")
     L.say("""
@@ -197,7 +197,7 @@ def bytes_and_speed(L: Lesson) -> dict:
 
 def prefill_against_decode(L: Lesson, rows: dict) -> None:
     L.section("Prefill: fewer bytes do not mean fewer FLOPs")
-    f32, q8, q4 = rows["float32"], rows["q8_0"], rows["q4_0"]
+    f32, q8 = rows["float32"], rows["q8_0"]
     L.say(f"""
         A prefill multiplies every prompt token by each weight it reads: compute-bound once the prompt is
         longer than about the machine's ridge in tokens (lesson 7; on a GPU in fp16 that is {gpu_ridge_range()}

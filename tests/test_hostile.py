@@ -454,7 +454,8 @@ def test_loadgen_against_a_llama_cpp_server(workload, seed):
     assert r["server_prompt_tokens"] == sum(len(p.split()) for p in fake.prompts)
     s = r["server"]
     c = fake.counters
-    phase = "prefill" if c["llamacpp:prompt_seconds_total"] > c["llamacpp:tokens_predicted_seconds_total"] else "decode"
+    pre, dec = c["llamacpp:prompt_seconds_total"], c["llamacpp:tokens_predicted_seconds_total"]
+    phase = "prefill" if pre > 1.1 * dec else "decode" if dec > 1.1 * pre else "neither"
     assert s["engine"] == "llama.cpp" and s["bottleneck"] == phase and s["note"] is None
     assert s["prefill_tokens"] == r["server_prompt_tokens"] and s["decode_tokens"] == r["output_tokens"]
     assert s["prefill_s"] == pytest.approx(1e-4 * s["prefill_tokens"]) and s["flops"] is None
@@ -471,6 +472,9 @@ def test_loadgen_withholds_the_verdict_when_there_is_nothing_to_read(tmp_path):
     assert phase_verdict({"prefill_s": None, "decode_s": None}) is None
     assert phase_verdict({"prefill_s": 0.0, "decode_s": 0.0}) is None
     assert phase_verdict({"prefill_s": 0.0, "decode_s": 0.5}) == "decode"
+    assert phase_verdict({"prefill_s": 0.56, "decode_s": 0.5}) == "prefill"
+    assert phase_verdict({"prefill_s": 0.54, "decode_s": 0.5}) == "neither"       # within 10%: no winner
+    assert phase_verdict({"prefill_s": 0.5, "decode_s": 0.54}) == "neither"
 
 
 def test_monitor_against_a_llama_cpp_server(tmp_path):

@@ -293,6 +293,8 @@ GGUF_CASES = [
     ("the last tensor Q8_0 on F32 bytes", lambda rng: retype(llama_gguf(), -1, "Q8_0"),
      ["follow the last tensor", "does not match its bytes"]),
     ("a key twice", lambda rng: _twice(llama_gguf()), ["llama.context_length appears twice"]),
+    ("architecture a number", lambda rng: with_md(llama_gguf(), general__architecture=(U32, 7)),
+     ["GGUF architecture 7 is not a name"]),
     ("chat_template a number", lambda rng: with_md(llama_gguf(), tokenizer__chat_template=(U32, 7)),
      ["tokenizer.chat_template"]),
     ("gpt2 block_count 10^9", lambda rng: with_md(gpt2_gguf(rng), gpt2__block_count=(U32, 10**9)),

@@ -320,7 +320,7 @@ def test_loadgen_against_the_server(served):
     assert r["output_tokens"] > 0 and r["output_tokens_per_s"] > 0
     assert 0 < r["ttft_p50_s"] <= r["ttft_p95_s"] and r["e2e_p95_s"] >= r["ttft_p95_s"]
     s = r["server"]
-    assert s["prefill_tokens"] > 0 and s["decode_tokens"] > 0 and s["bottleneck"] in ("prefill", "decode")
+    assert s["prefill_tokens"] > 0 and s["decode_tokens"] > 0 and s["bottleneck"] in ("prefill", "decode", "neither")
     r2 = run_load(f"http://{host}:{port}", "long-prompt", rate=50.0, n=3, seed=1, timeout=60)
     assert r2["ok"] == 3    # prompts clipped to the model's context, read from /v1/models
 

@@ -61,11 +61,13 @@ def family(name: str) -> Family:
 
 def _by(kind: str, value, where) -> Family:
     """The family whose `hf_types` / `gguf_archs` hold value; one clear line naming them all otherwise."""
+    what = "model_type" if kind == "hf_types" else "GGUF architecture"
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"{where}: {what} {repr(value)[:40]} is not a name; is the file a model's?")
     for f in FAMILIES:
         if value in getattr(f, kind):
             return f
     known = ", ".join(t for f in FAMILIES for t in getattr(f, kind))
-    what = "model_type" if kind == "hf_types" else "GGUF architecture"
     raise ConfigError(f"{where}: {what} {value!r} is not supported; minillm runs {known}")
 
 

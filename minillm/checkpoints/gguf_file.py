@@ -138,9 +138,12 @@ def read_gguf(path) -> tuple[dict, dict[str, GGUFTensor]]:
         if key in metadata:
             raise _error(path, f"metadata key {key[:60]} appears twice")
         metadata[key] = c.value(c.scalar("<I"))
-    infos = []
+    infos, seen = [], set()
     for _ in range(n_tensors):
         name = c.string()
+        if name in seen:
+            raise _error(path, f"tensor {name[:60]} appears twice")
+        seen.add(name)
         n_dims = c.scalar("<I")
         if not 1 <= n_dims <= MAX_DIMS:
             raise _error(path, f"tensor {name[:60]} has {n_dims} dimensions")
@@ -149,9 +152,6 @@ def read_gguf(path) -> tuple[dict, dict[str, GGUFTensor]]:
             raise _error(path, f"tensor {name[:60]} has shape {dims} with an empty dimension")
         kind, offset = c.scalar("<I"), c.scalar("<Q")
         infos.append((name, dims, kind, offset))
-    if len({i[0] for i in infos}) < len(infos):
-        twice = next(n for k, (n, *_) in enumerate(infos) if n in {i[0] for i in infos[:k]})
-        raise _error(path, f"tensor {twice[:60]} appears twice")
     align = metadata.get("general.alignment", 32)
     if not isinstance(align, int) or align < 1 or align & (align - 1):
         raise _error(path, f"general.alignment {align!r} is not a power of two")

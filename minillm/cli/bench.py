@@ -289,7 +289,8 @@ def _show_batches(args, name: str, result: dict, hw, together: str, blas: str) -
     if result["deterministic"]:
         out.print(deterministic_table(result))
     cb = result["critical_batch"]
-    crit = "none up to B = 65,536 on this run's counts" if cb is None else f"B ≈ {cb:,}"
+    from ..measure.batching import CRITICAL_BATCH_LIMIT
+    crit = f"none up to B = {CRITICAL_BATCH_LIMIT:,} on this run's counts" if cb is None else f"B ≈ {cb:,}"
     out.print(f"critical batch on this machine: {crit} — ridge {result['ridge_flops_per_byte']:.1f} FLOP/byte "
               f"= {hw.peak_gflops:.0f} GFLOP/s ÷ {hw.bandwidth_gbs:.1f} GB/s; {blas}")
 

@@ -8,6 +8,7 @@ import os
 
 from rich.table import Table
 
+from ..serving.engines import TIE
 from ..serving.loadgen import run_load
 from ..serving.metrics import parse_slo
 from ..serving.workloads import WORKLOADS
@@ -78,6 +79,7 @@ def run(args) -> int:
         out.print(f"server ({s['engine']}, from /metrics): prefill {s['prefill_s'] or 0:.2f} s"
                   f"{tokens('prefill_tokens')}, decode {s['decode_s'] or 0:.2f} s{tokens('decode_tokens')}"
                   + (f", {s['preemptions']:.0f} preemptions" if s["preemptions"] is not None else "")
-                  + f": [bold]{s['bottleneck']}[/] took the server's time"
+                  + (f": [bold]{s['bottleneck']}[/] took the server's time" if s["bottleneck"] != "neither" else
+                     f": prefill and decode took about the same time (within {TIE - 1:.0%})")
                   + (f"; {s['cancelled']:.0f} requests cancelled" if s["cancelled"] else ""))
     return 0 if not r["errors"] else 2

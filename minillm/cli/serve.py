@@ -62,8 +62,8 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     at_least_one(args, "max_seqs", "max_batched_tokens", "block_size", "max_waiting", "max_connections", "backlog")
-    if not args.grace >= 0:
-        raise MiniLLMError(f"--grace {args.grace}: must be 0 seconds or more")
+    if not 0 <= args.grace < float("inf"):
+        raise MiniLLMError(f"--grace {args.grace}: must be a finite number of seconds, 0 or more")
     for name in ("max_queue_wait", "request_timeout", "keep_alive"):
         if not getattr(args, name) > 0:
             raise MiniLLMError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be more than 0 seconds")

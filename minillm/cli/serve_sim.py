@@ -96,8 +96,8 @@ def check(args) -> None:
             raise MiniLLMError("--rates needs latency targets to meet: add --slo ttft=S,tpot=S (either alone)")
         if not 0 < args.attainment <= 1:
             raise MiniLLMError(f"--attainment {args.attainment}: give a share above 0 and at most 1 (e.g. 0.9)")
-    if args.price_per_hour is not None and not args.price_per_hour > 0:
-        raise MiniLLMError(f"--price-per-hour {args.price_per_hour}: must be above 0")
+    if args.price_per_hour is not None and not 0 < args.price_per_hour < float("inf"):
+        raise MiniLLMError(f"--price-per-hour {args.price_per_hour}: must be a finite number above 0")
     if args.link_gbps is not None and not args.link_gbps > 0:
         raise MiniLLMError(f"--link-gbps {args.link_gbps}: the link's speed must be above 0 Gb/s")
     if args.disaggregate and args.compare not in (None, "disagg"):

@@ -99,7 +99,10 @@ def rewind(seqs: list[Sequence], context: int) -> None:
         s.cache.truncate(context)
 
 
-def critical_batch(model, counts: dict, hw, limit: int = 1 << 16) -> int | None:
+CRITICAL_BATCH_LIMIT = 1 << 16     # the largest B `critical_batch` looks at
+
+
+def critical_batch(model, counts: dict, hw, limit: int = CRITICAL_BATCH_LIMIT) -> int | None:
     """The smallest B whose decode step is compute-bound on the roofline: its FLOPs take longer at the
     peak than its bytes at the bandwidth. counts: {B: the meter's record of a step of B sequences},
     two B at least. A step's FLOPs and its bytes besides the weights are taken as linear in B between

@@ -251,9 +251,7 @@ class Llama(CausalLM):
         """Embeddings, then every block (not the final norm). plan.ids, plan.positions [N] -> x [N, d]."""
         x = ops.embedding(self.embed_w, None, plan.ids)                            # [N, d]
         c = self.config
-        cos, sin = ops.rope_tables(plan.host_positions, c.head_dim, c.theta, self.dtype)  # [N, hd/2] each
-        device = getattr(self, "device", None)
-        cos, sin = on_device(cos, device), on_device(sin, device)
+        cos, sin = ops.rope_tables(plan.positions, c.head_dim, c.theta, self.dtype)  # [N, hd/2], on its device
         norm, rope = self.elementwise()
         for layer, p in enumerate(self.blocks):
             x = transformer_block(x, p, self.config, cos, sin, partial(plan.attend, layer), self.ffn(layer),

@@ -272,10 +272,12 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 def rope_tables(positions, head_dim: int, theta: float, dtype) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin of these positions' angles, [N, hd/2] each: position p turns coordinate pair i by
     p · theta^(-2i/hd). Computed in float64 for the step's N positions (as llama.cpp does), then given
-    in the model's dtype: no table sized by the context, so a 10^7-position context costs nothing."""
-    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)   # [hd/2]
-    angles = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]   # [N, hd/2]
-    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+    in the model's dtype: no table sized by the context, so a 10^7-position context costs nothing.
+    On the positions' own device (a CUDA graph's replay then reads the positions it is given)."""
+    xp = backend.namespace(positions)
+    inv_freq = theta ** (-xp.arange(0, head_dim, 2, dtype=xp.float64) / head_dim)   # [hd/2]
+    angles = xp.asarray(positions, dtype=xp.float64)[:, None] * inv_freq[None, :]   # [N, hd/2]
+    return xp.cos(angles).astype(dtype), xp.sin(angles).astype(dtype)
 
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

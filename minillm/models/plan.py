@@ -52,6 +52,8 @@ class PerSequence:
         self.spans = spans
         if fused:
             self.one = self.one_fused
+            self.tables = {id(s): np.asarray(s.cache.table, dtype=np.intp)[None]     # [1, blocks], once a step
+                           for s in spans if s.n == 1 and getattr(s.cache, "pool", None) is not None}
 
     def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         if len(self.spans) == 1:
@@ -69,8 +71,7 @@ class PerSequence:
         k_all, v_all = s.cache.read(layer, s.pos + s.n)                    # [Hkv, pos+n, hd]
         return ops.attention(q, k_all, v_all)                              # [H, n, hd]
 
-    @staticmethod
-    def one_fused(s: Span, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    def one_fused(self, s: Span, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         """`one` with the fused kernels (float32): FlashAttention's tiles over what the cache reads,
         or, for a paged sequence's decode token, the paged kernel over its own blocks (it counts
         its kv_read itself)."""
@@ -78,8 +79,7 @@ class PerSequence:
         s.cache.write(layer, s.pos, k, v)
         pool = getattr(s.cache, "pool", None)
         if pool is not None and s.n == 1 and pool.k.dtype == np.float32:
-            table = np.asarray(s.cache.table, dtype=np.intp)[None]               # [1, blocks]
-            return kernels.paged_decode_attention(q, pool.k[layer], pool.v[layer], table, [s.pos + 1])
+            return kernels.paged_decode_attention(q, pool.k[layer], pool.v[layer], self.tables[id(s)], [s.pos + 1])
         k_all, v_all = s.cache.read_rows(layer, s.pos + s.n)               # [Hkv, >= pos+n, hd]
         return kernels.attention(q, k_all, v_all, s.pos + s.n)             # [H, n, hd]
 
@@ -114,9 +114,11 @@ class BatchedDecode:
         self.blocks = xp.asarray(table[np.arange(B), pos // bs])          # where each new key goes   moved once
         self.offsets = xp.asarray(pos % bs)                                #                           a step)
         self.T = nb * bs
-        keys = np.arange(self.T)
-        mask = np.where(keys[None, :] < self.lengths[:, None], 0.0, -np.inf).astype(pool.k.dtype)[:, None, :]
-        self.mask = xp.asarray(mask)                                       # [B, 1, T]; lengths stay on the host
+        self.mask = None                   # the fused kernel reads each sequence's own keys: no mask
+        if not fused:
+            keys = np.arange(self.T)
+            mask = np.where(keys[None, :] < self.lengths[:, None], 0.0, -np.inf).astype(pool.k.dtype)[:, None, :]
+            self.mask = xp.asarray(mask)                                   # [B, 1, T]; lengths stay on the host
         self.held = int(sum(-(-int(n) // bs) for n in self.lengths)) * bs  # positions in blocks really held
 
     def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -198,7 +200,6 @@ class StepPlan:
         self.xp = xp                        # the weights' module: ids and positions go to their device
         self.ids = xp.asarray(ids)          # [N]
         self.positions = xp.asarray(positions)   # [N]
-        self.host_positions = np.asarray(positions)   # [N] on the host: RoPE's angles are computed there, in float64
         one = spans[0]
         self.rows_of_positions = slice(one.pos, one.pos + one.n) if len(spans) == 1 else self.positions
         self.wants = wants                  # per sequence: "last", "all" or None

@@ -25,7 +25,7 @@ import uuid
 
 from ..chat import ChatTemplateError, check_messages, encode_chat, render_spans
 from ..errors import MiniLLMError, PromptError
-from .api import ApiError, CompletionRequest, parse_completion
+from .api import ApiError, CompletionRequest, _short, parse_completion
 
 CHAT_UNSUPPORTED = ("tools", "functions", "tool_choice", "function_call", "audio", "modalities", "prediction")
 
@@ -38,7 +38,7 @@ def parse_chat(body, tokenizer, vocab_size: int, n_ctx: int, *, special_in_conte
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")
     if body.get("logprobs") not in (None, False):
-        raise ApiError(400, f"logprobs={body['logprobs']!r}: not supported by minillm serve (leave it out, or "
+        raise ApiError(400, f"logprobs={_short(body['logprobs'])}: not supported by minillm serve (leave it out, or "
                        "send false)", "logprobs")
     if body.get("top_logprobs") is not None:
         raise ApiError(400, "top_logprobs is not supported by minillm serve (leave it out)", "top_logprobs")

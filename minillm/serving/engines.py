@@ -93,10 +93,18 @@ def difference(before: dict, after: dict) -> dict:
             for k in after}
 
 
+TIE = 1.1      # phase seconds within 10% of each other: neither phase is said to have taken the time
+
+
 def phase_verdict(delta: dict) -> str | None:
-    """"prefill" or "decode": the phase whose seconds grew most; None when the server exports no
-    phase timings, or they did not move (nothing to read a verdict from)."""
+    """"prefill" or "decode": the phase whose seconds grew more, by over TIE; "neither" within it;
+    None when the server exports no phase timings, or they did not move (nothing to read a verdict from)."""
     pre, dec = delta.get("prefill_s"), delta.get("decode_s")
     if pre is None and dec is None or not (pre or dec):
         return None
-    return "prefill" if (pre or 0) > (dec or 0) else "decode"
+    pre, dec = pre or 0.0, dec or 0.0
+    if pre > TIE * dec:
+        return "prefill"
+    if dec > TIE * pre:
+        return "decode"
+    return "neither"

@@ -239,7 +239,8 @@ def diagnosis(r: dict) -> str:
     bound = ph.get("decode", {}).get("bound")
     if bound == "compute":
         return (f"{escape(r['policy'])}: decode steps took {dec / total:.0%} of the time and were mostly "
-                f"compute-bound (mean batch {r['mean_batch']:.1f}, past this machine's critical batch): bigger "
+                f"compute-bound by the roofline (mean batch {r['mean_batch']:.1f}: past the critical batch, where "
+                "this machine's roofline turns): bigger "
                 "batches no longer come free; fewer FLOPs per token or faster arithmetic help")
     how = " and were mostly memory-bound" if bound == "memory" else ""
     return (f"{escape(r['policy'])}: decode steps took {dec / total:.0%} of the time{how}: "
@@ -259,8 +260,9 @@ def disagg_verdict(results: list[dict]) -> list[str]:
     for key, what, high in figures:
         hi, lo = best(results, key, high)
         f = (lambda x: f"{x:.2f}") if key in ("output_tokens_per_s", "goodput_rps") else fmt_time
-        if hi[key] == lo[key]:
-            lines.append(f"{what}: the same in every run ({f(hi[key])}).")
+        a, b = sorted((hi[key], lo[key]))
+        if b == 0 or (b - a) / b < CLOSE:
+            lines.append(f"{what}: every run within {CLOSE:.0%} ({f(a)} to {f(b)}).")
             continue
         lines.append(f"{what}: best {escape(hi['label'])} ({f(hi[key])}), worst {escape(lo['label'])} ({f(lo[key])}).")
     s, c = splits[0], one[0]
