@@ -77,7 +77,16 @@ def terms_bound(w: QuantMatrix, x: np.ndarray) -> np.ndarray:
         a += 16 * d[:, :, None]
     if w.m is not None:
         a += np.abs(w.m.astype(np.float64))[:, :, None]
-    return (C + 8) * U * (np.abs(x.astype(np.float64)) @ a.reshape(R, C).T)
+    ax = np.abs(x.astype(np.float64))
+    bound = (C + 8) * U * (ax @ a.reshape(R, C).T)
+    if w.fmt.bits == 4 and len(x) % 2:
+        # x's last row goes through the one-row form, which sums byte·xlo and hi·(xhi - 16·xlo)
+        # for each byte's two values lo·xlo + hi·xhi: a low value's term grows by 32·hi·|d|
+        hi = (w.q.reshape(R, -1, 16) >> 4).astype(np.float64)              # [R, nb, 16]
+        grow = np.zeros((R, C // QK, 2, 16))
+        grow[:, :, 0] = 32 * hi * d[:, :, None]
+        bound[-1] += (C + 8) * U * (ax[-1] @ grow.reshape(R, C).T)
+    return bound
 
 
 @settings(max_examples=80, deadline=None)
@@ -307,8 +316,8 @@ def test_fused_counts_read_the_blocks_once_and_no_scratch(fmt):
         assert c["weights"] == w.nbytes and c["scratch"] == 0
         if fmt == "q8_0":                                        # cast and scale, per value and pass
             assert c["dequant"] == (groups + one) * R * C * 2 + R * C // QK * per_block
-        else:                   # many rows: 4 per value; one row: 2 per value, 1 per byte, 2 per block
-            assert c["dequant"] == (groups * R * C * 4 + one * (2 * R * C + R * C // 2 + 2 * R * C // QK)
+        else:                   # many rows: 4 per value; one row: 4 per byte, 2 per block
+            assert c["dequant"] == (groups * R * C * 4 + one * (4 * R * C // 2 + 2 * R * C // QK)
                                     + R * C // QK * per_block)
     T = kernels.FUSED_ROWS + 1                                # a prefill: widened as QuantMatrix does
     assert w.counts(T) == QuantMatrix.counts(w, T)

@@ -46,16 +46,25 @@ def _check_float32(*arrays: np.ndarray) -> None:
             raise TypeError(f"the fused kernels compute in float32, got {a.dtype}: use the NumPy path for it")
 
 
+def planes(w: QuantMatrix) -> tuple:
+    """A quantized matrix's planes as the kernels take them: q, then the scales (and Q4_1's
+    minimums; Q4_0's an empty array) as float16 bits, uint16."""
+    d = w.d.view(np.uint16)
+    if w.fmt.bits == 8:
+        return w.q, d
+    return w.q, d, _NO_MIN if w.m is None else w.m.view(np.uint16)
+
+
 def quant_matmul_t(w: QuantMatrix, x: np.ndarray) -> np.ndarray:
     """x [T, C] @ w^T -> [T, R] in float32, w's blocks read once per four rows of x (any T)."""
     _check_float32(x)
     x = _f32(x)
     y = np.empty((x.shape[0], w.shape[0]), np.float32)      # [T, R]
-    d = w.d.view(np.uint16)
+    p = getattr(w, "planes", None) or planes(w)             # a FusedQuant keeps its own
     if w.fmt.bits == 8:
-        K.q8_0_matmul_t(w.q, d, x, y)
+        K.q8_0_matmul_t(*p, x, y)
     else:
-        K.q4_matmul_t(w.q, d, _NO_MIN if w.m is None else w.m.view(np.uint16), x, y)
+        K.q4_matmul_t(*p, x, y)
     return y
 
 

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 
+from .. import meter
+
 
 @dataclass(frozen=True)
 class Status:
@@ -110,7 +112,6 @@ def count_attention(q, out, Tk: int, copied: int = 0) -> None:
     """What a fused causal attention reports to the meter: q [H, Tq, hd] and its output read and
     written once (no score matrix; `copied`: bytes of keys and values copied to rows first),
     4·hd FLOPs per causal query-key pair."""
-    from .. import meter
     m = meter.active()
     if m is not None:
         H, Tq, hd = q.shape

@@ -42,6 +42,10 @@ class FusedQuant(QuantMatrix):
         return cls(w.fmt, np.ascontiguousarray(w.q), np.ascontiguousarray(w.d),
                    None if w.m is None else np.ascontiguousarray(w.m))
 
+    def __init__(self, fmt, q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> None:
+        super().__init__(fmt, q, d, m)
+        self.planes = products.planes(self)     # the kernel's arguments, made once (not per product)
+
     def __repr__(self) -> str:
         return "Fused" + super().__repr__()
 
@@ -59,7 +63,7 @@ class FusedQuant(QuantMatrix):
 
     def matmul_t(self, x: np.ndarray) -> np.ndarray:
         """x [T, C] @ this^T -> [T, R]."""
-        if self.fused(x.shape[0], x.dtype):
+        if x.shape[0] <= FUSED_ROWS and x.dtype == np.float32:        # self.fused(T, x.dtype)
             return products.quant_matmul_t(self, x)
         return super().matmul_t(x)
 
@@ -74,8 +78,9 @@ class FusedQuant(QuantMatrix):
         dequant = per value the widening (Q8_0: cast; Q4: mask or shift, cast) and the scale
         (Q8_0: 1 multiply; Q4: a multiply-add, 2), per scale (and minimum) 4 (float16 to float32),
         Q4_0's offset -8·d 1 per block; once per group of four or two rows of x. A single row (T
-        odd) of Q4: the widening 2 per value, the scale 1 per byte (two values), the offset a
-        multiply-add per block (the kernel's one-row form). Otherwise QuantMatrix's counts."""
+        odd) of Q4, per byte (two values): the cast, the high nibble (a multiply and a floor), the
+        scale, 4; the offset a multiply-add per block (the kernel's one-row form, which never
+        forms the low nibble: byte·xlo + hi·(xhi - 16·xlo)). Otherwise QuantMatrix's counts."""
         if not self.fused(T, np.float32 if itemsize == 4 else np.float64):
             return super().counts(T, itemsize)
         R, C = self.shape
@@ -85,7 +90,7 @@ class FusedQuant(QuantMatrix):
         if self.fmt.bits == 8:
             return {"weights": self.nbytes, "scratch": 0,
                     "dequant": (groups + T % 2) * R * C * 2 + R * nb * per_block}
-        one = (T % 2) * (R * C * 2 + R * C // 2 + R * nb * 2)    # then 1 row, in the one-row form
+        one = (T % 2) * (R * C // 2 * 4 + R * nb * 2)            # then 1 row, in the one-row form
         return {"weights": self.nbytes, "scratch": 0, "dequant": groups * R * C * 4 + one + R * nb * per_block}
 
 

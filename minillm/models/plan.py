@@ -51,6 +51,8 @@ class PerSequence:
     def __init__(self, spans: list[Span], fused: bool = False) -> None:
         self.spans = spans
         if fused:
+            from .. import kernels                                         # numba, loaded only when chosen
+            self.kernels = kernels
             self.one = self.one_fused
             self.tables = {id(s): np.asarray(s.cache.table, dtype=np.intp)[None]     # [1, blocks], once a step
                            for s in spans if s.n == 1 and getattr(s.cache, "pool", None) is not None}
@@ -75,7 +77,7 @@ class PerSequence:
         """`one` with the fused kernels (float32): FlashAttention's tiles over what the cache reads,
         or, for a paged sequence's decode token, the paged kernel over its own blocks (it counts
         its kv_read itself)."""
-        from .. import kernels
+        kernels = self.kernels
         s.cache.write(layer, s.pos, k, v)
         pool = getattr(s.cache, "pool", None)
         if pool is not None and s.n == 1 and pool.k.dtype == np.float32:
