@@ -488,6 +488,53 @@ def test_every_header_field_mutated_is_one_line_or_a_model(valid_llama, tmp_path
 
 # -- what the long context costs: nothing until it is used ------------------------------------------
 
+def mapped_bytes(a: np.ndarray) -> tuple[int, int]:
+    """(resident bytes, of which in huge pages) of the mapping that holds array `a`, from /proc/self/smaps."""
+    addr = a.__array_interface__["data"][0]
+    rss = huge = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if "-" in head[0] and ":" not in head[0]:
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            inside = lo <= addr < hi
+        elif inside and head[0] == "Rss:":
+            rss = int(head[1]) * 1024
+        elif inside and head[0] == "AnonHugePages:":
+            huge = int(head[1]) * 1024
+    return rss, huge
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux's per-mapping page counts")
+@pytest.mark.parametrize("paged", [False, True])
+def test_a_new_cache_takes_memory_only_where_positions_are_written(paged):
+    """A cache allocated for the whole context is resident only where positions are written, a 4 KiB
+    page at a time: one position in each of GPT-2-124M's 12 layers × 12 heads adds a page each, not
+    the 2 MiB huge pages NumPy's zeros of that size ask Linux for (then each first write faults in and
+    zeroes 2 MiB: 36 MB for this one position; cache/contiguous.py's untouched_zeros)."""
+    from minillm.cache.contiguous import KVCache
+    from minillm.cache.paged import PagedKVPool
+    from minillm.config import GPT2_SIZES
+    c = GPT2_SIZES["124m"]
+    if paged:
+        pool = PagedKVPool(c, num_blocks=c.n_ctx // 16, block_size=16)
+        k, v = pool.k, pool.v                                   # [L, Hkv, blocks, 16, hd]
+        k[:, :, 0, 0] = 1.0
+        v[:, :, 0, 0] = 1.0
+    else:
+        cache = KVCache(c)
+        cache.reserve(1)
+        one = np.ones((c.n_kv_head, 1, c.head_dim), np.float32)
+        for layer in range(c.n_layer):
+            cache.write(layer, 0, one, one)
+        k, v = cache.k, cache.v
+    assert k.nbytes >= 32 << 20                                  # big enough for NumPy to ask for huge pages
+    for a in (k, v):
+        rss, huge = mapped_bytes(a)
+        assert huge == 0 and rss <= 2 * c.n_layer * c.n_kv_head * 4096, (rss, huge)
+    assert k.sum() == v.sum() == c.n_layer * c.n_kv_head * c.head_dim   # the ones written, zeros elsewhere
+                                                                   # (reading it all maps it all: last)
+
+
 @pytest.mark.parametrize("seed_, kv_dtype", [(0, None), (1, "int8")])
 def test_a_cache_that_grows_computes_what_a_preallocated_one_does(monkeypatch, seed_, kv_dtype):
     """Past PREALLOCATE positions the contiguous cache doubles as it fills: the same logits, bit for

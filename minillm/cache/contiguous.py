@@ -31,6 +31,8 @@ what vLLM's `--kv-cache-dtype fp8` and llama.cpp's `-ctk q8_0 -ctv q8_0` do, at 
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
 from ..config import ModelConfig
@@ -83,6 +85,26 @@ class CacheBase:
             raise ValueError(f"truncate({t}): the cache holds {self.length} positions")
 
 
+def untouched_zeros(shape: tuple, dtype, xp=np) -> np.ndarray:
+    """A zero-filled array whose memory the system maps only where it is written, 4 KiB at a time:
+    an anonymous mmap, with huge pages declined. np.zeros of 4 MiB and more asks Linux for 2 MiB
+    pages (NumPy madvises them), and then the first write to any position of a layer's head faults in
+    and zeroes 2 MiB: a SmolLM2 prefill of 128 tokens into a new cache of n_ctx = 8,192 positions
+    touched 180 of them, 360 MB, and took 0.80-1.12 s instead of 0.21 s (float32, NumPy kernels; quiet
+    2-core virtual machine, where a first touch is also the host's). Another module's arrays (CuPy's)
+    are its own zeros."""
+    if xp is not np:
+        return xp.zeros(shape, dtype=dtype)
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape)) * dtype.itemsize
+    if n == 0:
+        return np.zeros(shape, dtype)
+    buf = mmap.mmap(-1, n)                                     # anonymous: zero-filled, mapped on first write
+    if hasattr(buf, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, dtype).reshape(shape)
+
+
 PREALLOCATE = 1 << 15       # positions a contiguous cache allocates up front, at most
 SCALE_BYTES = 4          # an int8 cache's float32 scale per head vector
 KV_DTYPES = (None, "int8")
@@ -120,7 +142,8 @@ class KVCache(CacheBase):
         names = ("k", "v", "k_scale", "v_scale") if self.kv_dtype == "int8" else ("k", "v")
         grows = self.k is not None
         for name in names:
-            new = np.zeros(shape[:-1] + (1,), np.float32) if name.endswith("scale") else self.xp.zeros(shape, store)
+            new = untouched_zeros(shape[:-1] + (1,), np.float32) if name.endswith("scale") else \
+                untouched_zeros(shape, store, self.xp)
             if grows:
                 new[:, :, :t] = getattr(self, name)[:, :, :t]
             setattr(self, name, new)            # [L, Hkv, capacity, hd] (scales: [L, Hkv, capacity, 1])

@@ -27,7 +27,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import MiniLLMError, PromptError
 from .. import backend, meter
-from .contiguous import CacheBase
+from .contiguous import CacheBase, untouched_zeros
 
 
 class KVCacheFullError(MiniLLMError):
@@ -115,8 +115,8 @@ class PagedKVPool:
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
         shape = (config.n_layer, config.n_kv_head, num_blocks, block_size, config.head_dim)
-        self.k = xp.zeros(shape, dtype=dtype)   # [L, Hkv, blocks, bs, hd]; pages are touched as blocks fill
-        self.v = xp.zeros(shape, dtype=dtype)
+        self.k = untouched_zeros(shape, dtype, xp)   # [L, Hkv, blocks, bs, hd]; pages are touched as blocks fill
+        self.v = untouched_zeros(shape, dtype, xp)
 
     @classmethod
     def block_nbytes_for(cls, config: ModelConfig, block_size: int, dtype=np.float32) -> int:
