@@ -187,14 +187,14 @@ def test_a_fused_step_matches_its_closed_forms(family, weights, paged):
     assert f.bytes["kv_read"] == fused_forms(model, [P], [P], P)["kv_read"]
 
 
-def test_a_fused_llama_uses_the_one_pass_norm_and_rotation_but_not_in_the_batch_invariant_mode():
+def test_a_fused_llama_uses_the_one_pass_norm_rotation_and_swiglu_but_not_in_the_batch_invariant_mode():
     from minillm.kernels import elementwise, invariant
     from minillm.models import ops
     ref, fused = pair("llama", "float32")
-    assert fused.elementwise() == (elementwise.rms_norm, elementwise.rope)
-    assert ref.elementwise() == (ops.rms_norm, ops.rope)
+    assert fused.elementwise() == (elementwise.rms_norm, elementwise.rope, elementwise.swiglu)
+    assert ref.elementwise() == (ops.rms_norm, ops.rope, ops.swiglu)
     with invariant.mode():
-        assert fused.elementwise() == (ops.rms_norm, ops.rope)
+        assert fused.elementwise() == (ops.rms_norm, ops.rope, ops.swiglu)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])

@@ -483,6 +483,19 @@ def rope(x, cos, sin, y):
 
 
 @njit(cache=True, fastmath=FAST)
+def swiglu(h, y):
+    """h [N, 2F] (gate | up), y [N, F]: y = silu(gate)·up = gate·up / (1 + exp(-gate)), as ops.swiglu
+    computes it in its tanh form. Two vectorized passes per row: exp(-gate) (the vectorizable fexp;
+    -gate capped at 88, where exp is 1.7e38 and the result 0 to float32's precision), then the rest."""
+    N, F = y.shape
+    for r in range(N):
+        for i in range(F):
+            y[r, i] = fexp(min(-h[r, i], np.float32(88.0)))
+        for i in range(F):
+            y[r, i] = h[r, i] * h[r, F + i] / (np.float32(1.0) + y[r, i])
+
+
+@njit(cache=True, fastmath=FAST)
 def decode_attention_short(q, k, v, Tk, out, scale):
     """One query per head over a short context, on one thread: q [H, 1, hd]; k, v [Hkv, >= Tk, hd]
     (the first Tk rows of each head are the keys: a cache's whole arrays may be passed); out

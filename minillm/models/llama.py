@@ -166,10 +166,11 @@ def self_attention(x: np.ndarray, p: Block, c: LlamaConfig, cos: np.ndarray, sin
     return ops.linear(a, p["o_proj.weight"], p.get("o_proj.bias"))          # [N, d]
 
 
-def mlp(x: np.ndarray, p: Block) -> np.ndarray:
-    """SwiGLU. [N, d] -> gate|up [N, 2F] -> silu(gate)·up [N, F] -> [N, d]."""
+def mlp(x: np.ndarray, p: Block, act=ops.swiglu) -> np.ndarray:
+    """SwiGLU. [N, d] -> gate|up [N, 2F] -> silu(gate)·up [N, F] -> [N, d]. act: ops.swiglu, or the
+    fused kernel's."""
     h = ops.linear(x, p["gate_up.weight"], p.get("gate_up.bias"))           # [N, 2F]
-    return ops.linear(ops.swiglu(h), p["down_proj.weight"], p.get("down_proj.bias"))   # [N, d]
+    return ops.linear(act(h), p["down_proj.weight"], p.get("down_proj.bias"))   # [N, d]
 
 
 def transformer_block(x: np.ndarray, p: Block, c: LlamaConfig, cos, sin, attend, ffn=mlp,
@@ -232,17 +233,17 @@ class Llama(CausalLM):
     def block_params(self, tensors: dict, i: int, dtype, weights: str, device=None) -> Block:
         return fuse_block(tensors, i, self.config, dtype, weights, device, kernels=self.kernels)
 
-    def ffn(self, layer: int):
-        """Block `layer`'s MLP, a function (x [N, d], its parameters) -> [N, d]."""
-        return mlp
+    def ffn(self, layer: int, act=ops.swiglu):
+        """Block `layer`'s MLP, a function (x [N, d], its parameters) -> [N, d]; act: its SwiGLU."""
+        return partial(mlp, act=act)
 
     def elementwise(self):
-        """The blocks' RMS norm and rotation: ops', or with fused kernels their one-pass kernels
-        (not in the batch-invariant mode, which promises ops' results bit for bit)."""
+        """The blocks' RMS norm, rotation and SwiGLU: ops', or with fused kernels their own (not in
+        the batch-invariant mode, which promises ops' results bit for bit)."""
         if self.kernels == "fused" and not invariant.on():
             from ..kernels import elementwise
-            return elementwise.rms_norm, elementwise.rope
-        return ops.rms_norm, ops.rope
+            return elementwise.rms_norm, elementwise.rope, elementwise.swiglu
+        return ops.rms_norm, ops.rope, ops.swiglu
 
     def gathered(self) -> tuple[str, ...]:
         return () if self.config.tied else ("embed_tokens.weight",)                      # a row of it per step
@@ -252,15 +253,15 @@ class Llama(CausalLM):
         x = ops.embedding(self.embed_w, None, plan.ids)                            # [N, d]
         c = self.config
         cos, sin = ops.rope_tables(plan.positions, c.head_dim, c.theta, self.dtype)  # [N, hd/2], on its device
-        norm, rope = self.elementwise()
+        norm, rope, act = self.elementwise()
         for layer, p in enumerate(self.blocks):
-            x = transformer_block(x, p, self.config, cos, sin, partial(plan.attend, layer), self.ffn(layer),
+            x = transformer_block(x, p, self.config, cos, sin, partial(plan.attend, layer), self.ffn(layer, act),
                                   norm, rope)
         return x
 
     def head(self, h: np.ndarray) -> np.ndarray:
         """The final RMS norm and the LM head, on the scored rows. h [S, d] -> logits [S, V]."""
-        norm, _ = self.elementwise()
+        norm = self.elementwise()[0]
         return ops.lm_head(norm(h, self.norm, self.config.eps), self.head_w)
 
     def __repr__(self) -> str:

@@ -295,8 +295,8 @@ class MoE(Llama):
             p[f"experts.{e}.down_proj.weight"] = mat(down, weights)                      # [F_e, d]
         return p
 
-    def ffn(self, layer: int):
-        return partial(experts_mlp, c=self.config) if self.config.is_sparse(layer) else mlp
+    def ffn(self, layer: int, act=ops.swiglu):
+        return partial(experts_mlp, c=self.config) if self.config.is_sparse(layer) else partial(mlp, act=act)
 
     @property
     def experts(self) -> tuple[int, int]:
