@@ -94,16 +94,20 @@ def test_bench_runs_both_kernels_side_by_side_in_one_run(capsys):
     assert "--kernels" in capsys.readouterr().err
 
 
-def test_bench_weights_says_when_a_row_outran_the_measured_bandwidth(capsys, monkeypatch):
-    """A row above 100% of its ceiling means the machine's bandwidth figure is low: bench says so,
-    with the rate the run reached, and says nothing of the kind when every row is under it."""
+def test_bench_says_when_a_row_outran_the_measured_bandwidth(capsys, monkeypatch):
+    """A row that read faster than the machine's measured bandwidth (--weights: above 100% of its
+    ceiling; --batch: its GB/s column) means that figure is low: bench says so, with the rate the run
+    reached, and says nothing of the kind when every row is under it."""
     from types import SimpleNamespace
     from minillm.cli import bench as bench_cli
     for gbs, said in ((1e-3, True), (1e6, False)):
         monkeypatch.setattr(bench_cli, "machine", lambda progress=True, gbs=gbs: SimpleNamespace(
-            bandwidth_gbs=gbs, peak_gflops=1.0, llc_bytes=None))
+            bandwidth_gbs=gbs, peak_gflops=1.0, llc_bytes=None, method="dot"))
         assert main(["bench", "--model", "random-tiny", "--weights", "float32,q8_0", "--kernels", "numpy",
                      "--repeats", "1"]) == 0
         text = " ".join(capsys.readouterr().out.split())
         assert ("of its ceiling: its steps read" in text and "more than the 0.0 GB/s measured" in text
                 and "minillm hardware --remeasure" in text) == said
+        assert main(["bench", "--model", "random-tiny", "--batch", "1,2", "--repeats", "1"]) == 0
+        text = " ".join(capsys.readouterr().out.split())
+        assert ("B = " in text and ": its steps read" in text and "more than the 0.0 GB/s measured" in text) == said

@@ -489,9 +489,10 @@ def test_every_header_field_mutated_is_one_line_or_a_model(valid_llama, tmp_path
 # -- what the long context costs: nothing until it is used ------------------------------------------
 
 def mapped_bytes(a: np.ndarray) -> tuple[int, int]:
-    """(resident bytes, of which in huge pages) of the mapping that holds array `a`, from /proc/self/smaps."""
+    """(resident bytes, of which in huge pages of any kind) of the mapping that holds array `a`, from
+    /proc/self/smaps."""
     addr = a.__array_interface__["data"][0]
-    rss = huge = None
+    rss, huge = None, 0
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split()
         if "-" in head[0] and ":" not in head[0]:
@@ -499,8 +500,8 @@ def mapped_bytes(a: np.ndarray) -> tuple[int, int]:
             inside = lo <= addr < hi
         elif inside and head[0] == "Rss:":
             rss = int(head[1]) * 1024
-        elif inside and head[0] == "AnonHugePages:":
-            huge = int(head[1]) * 1024
+        elif inside and head[0] in ("AnonHugePages:", "ShmemPmdMapped:", "FilePmdMapped:"):
+            huge += int(head[1]) * 1024
     return rss, huge
 
 
@@ -509,8 +510,9 @@ def mapped_bytes(a: np.ndarray) -> tuple[int, int]:
 def test_a_new_cache_takes_memory_only_where_positions_are_written(paged):
     """A cache allocated for the whole context is resident only where positions are written, a 4 KiB
     page at a time: one position in each of GPT-2-124M's 12 layers × 12 heads adds a page each, not
-    the 2 MiB huge pages NumPy's zeros of that size ask Linux for (then each first write faults in and
-    zeroes 2 MiB: 36 MB for this one position; cache/contiguous.py's untouched_zeros)."""
+    the 2 MiB huge pages NumPy's zeros of that size ask Linux for (then the first writes fault in and
+    zero every 2 MiB page of k and v, 72 MiB for this one position, where the system gives huge
+    pages; cache/contiguous.py's untouched_zeros)."""
     from minillm.cache.contiguous import KVCache
     from minillm.cache.paged import PagedKVPool
     from minillm.config import GPT2_SIZES

@@ -87,20 +87,24 @@ class CacheBase:
 
 def untouched_zeros(shape: tuple, dtype, xp=np) -> np.ndarray:
     """A zero-filled array whose memory the system maps only where it is written, 4 KiB at a time:
-    an anonymous mmap, with huge pages declined. np.zeros of 4 MiB and more asks Linux for 2 MiB
-    pages (NumPy madvises them), and then the first write to any position of a layer's head faults in
-    and zeroes 2 MiB: a SmolLM2 prefill of 128 tokens into a new cache of n_ctx = 8,192 positions
-    touched 180 of them, 360 MB, and took 0.80-1.12 s instead of 0.21 s (float32, NumPy kernels; quiet
-    2-core virtual machine, where a first touch is also the host's). Another module's arrays (CuPy's)
-    are its own zeros."""
+    a private anonymous mmap, with huge pages declined. np.zeros of 4 MiB and more asks Linux for
+    2 MiB pages (NumPy madvises them), and then the first write to any position of a layer's head
+    faults in and zeroes 2 MiB: a SmolLM2 prefill of 128 tokens into a new cache of n_ctx = 8,192
+    positions touched 180 of them, 360 MiB (README, "The KV cache's memory"). Another module's arrays
+    (CuPy's) are its own zeros; where mmap cannot give a private anonymous map, np.zeros."""
     if xp is not np:
         return xp.zeros(shape, dtype=dtype)
     dtype = np.dtype(dtype)
     n = int(np.prod(shape)) * dtype.itemsize
-    if n == 0:
+    private = getattr(mmap, "MAP_PRIVATE", None)
+    anonymous = getattr(mmap, "MAP_ANONYMOUS", getattr(mmap, "MAP_ANON", None))
+    if n == 0 or private is None or anonymous is None:           # Windows: no flags to ask with
         return np.zeros(shape, dtype)
-    buf = mmap.mmap(-1, n)                                     # anonymous: zero-filled, mapped on first write
-    if hasattr(buf, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
+    try:
+        buf = mmap.mmap(-1, n, flags=private | anonymous)         # zero-filled, copy-on-write across fork
+    except OSError as e:
+        raise MemoryError(f"cannot allocate {n:,} bytes for an array of shape {tuple(shape)}: {e.strerror}") from None
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
         buf.madvise(mmap.MADV_NOHUGEPAGE)
     return np.frombuffer(buf, dtype).reshape(shape)
 

@@ -286,6 +286,9 @@ def _show_batches(args, name: str, result: dict, hw, together: str, blas: str) -
                   f"{result['bare_in_out_ms']:.1f} ms, \\[out, in] {result['bare_out_in_ms']:.1f} ms: the engine "
                   f"runs at {100 * result['b1_of_bare']:.0f}% of the faster. Best: B = {best['batch']}, "
                   f"{best['tok_s'] / base['tok_s']:.1f}× the tokens/s of B = 1.")
+    fast = max(result["rows"], key=lambda r: r["gbps"])
+    if fast["gbps"] > hw.bandwidth_gbs:
+        out.print(f"B = {fast['batch']}: " + outran(fast["gbps"], hw.bandwidth_gbs))
     if result["deterministic"]:
         out.print(deterministic_table(result))
     cb = result["critical_batch"]
@@ -293,6 +296,12 @@ def _show_batches(args, name: str, result: dict, hw, together: str, blas: str) -
     crit = f"none up to B = {CRITICAL_BATCH_LIMIT:,} on this run's counts" if cb is None else f"B ≈ {cb:,}"
     out.print(f"critical batch on this machine: {crit} — ridge {result['ridge_flops_per_byte']:.1f} FLOP/byte "
               f"= {hw.peak_gflops:.0f} GFLOP/s ÷ {hw.bandwidth_gbs:.1f} GB/s; {blas}")
+
+
+def outran(gbs: float, bw: float) -> str:
+    """What to say of a step that read faster than this machine's measured bandwidth."""
+    return (f"its steps read {gbs:.1f} GB/s, more than the {bw:.1f} GB/s measured for this machine, so that "
+            "figure is low for now; `minillm hardware --remeasure` measures it again")
 
 
 def deterministic_table(result) -> Table:
@@ -413,9 +422,8 @@ def bench_weights(args, hw, kernels=None) -> int:
     if over:
         fastest = max(over, key=lambda r: r["of_ceiling"])
         name = f"{fastest['weights']} {fastest['kernels']}" if several else fastest["weights"]
-        out.print(f"{name} ran at {100 * fastest['of_ceiling']:.0f}% of its ceiling: its steps read "
-                  f"{fastest['of_ceiling'] * bw:.1f} GB/s, more than the {bw:.1f} GB/s measured for this machine, "
-                  "so that figure is low for now; `minillm hardware --remeasure` measures it again")
+        out.print(f"{name} ran at {100 * fastest['of_ceiling']:.0f}% of its ceiling: "
+                  + outran(fastest["of_ceiling"] * bw, bw))
     llc = hw.llc_bytes
     if llc and base is not None:
         out.print(f"[dim]float32 weights {fmt_bytes(base['model_bytes'])} against the last-level cache "

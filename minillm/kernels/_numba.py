@@ -125,9 +125,10 @@ def q4_matmul_t(q, d, m, x, y):
                 xlo[t, 16 * b + j] = x[t, 32 * b + j]
                 xhi[t, 16 * b + j] = x[t, 32 * b + 16 + j]
                 xs[t, b] += x[t, 32 * b + j] + x[t, 32 * b + 16 + j]
-    xd = np.empty(H, np.float32)                   # the one-row form's xhi - 16·xlo (x's last row)
-    for i in range(H):
-        xd[i] = xhi[T - 1, i] - np.float32(16.0) * xlo[T - 1, i]
+    xd = np.empty(H, np.float32)                   # the one-row form's xhi - 16·xlo (x's last row,
+    if T % 2:                                      # which it multiplies when T is odd)
+        for i in range(H):
+            xd[i] = xhi[T - 1, i] - np.float32(16.0) * xlo[T - 1, i]
     has_min = m.shape[0] > 0
     for c in prange((R + ROWS - 1) // ROWS):
         s = np.empty(nb, np.float32)
