@@ -26,10 +26,11 @@ the blocks' sums of x: one multiply fewer per byte than widening each value (4.1
 over SmolLM2's Q4_1 layers, interleaved rounds, quiet 2-core Zen 4); for 2 and 4 rows widening each
 value once for all of them takes fewer. Nor does it form the low nibble: with byte = lo + 16·hi,
 lo·xlo + hi·xhi = byte·xlo + hi·(xhi - 16·xlo), and xhi - 16·xlo is made once per call, so a byte
-costs a multiply-add less (SmolLM2's 120 Q4_1 layers, one row, 2 threads: 4.96 against 5.39 ms,
-medians of 21 interleaved passes). Its terms are larger than the values' own (byte·xlo up to 255·|xlo|
-where lo·xlo is at most 15·|xlo|), so its rounding is too: on SmolLM2's matrices the largest error was
-2.9e-7 of the sum of |w·x| against 1.1e-7 (tests/test_kernels.py bounds it from the terms it sums).
+costs a multiply-add less (SmolLM2's 120 Q4_1 layers, one row, 2 threads, both forms in one
+process: 4.96 against 5.39 ms, medians of 21 interleaved passes). Its terms are larger than the
+values' own (byte·xlo up to 255·|xlo| where lo·xlo is at most 15·|xlo|), so its rounding is too: on
+the first 8 of SmolLM2's Q4_1 matrices the largest error was 2.9e-7 of the sum of |w·x| against
+1.1e-7 (tests/test_kernels.py bounds it from the terms it sums).
 A Q4 byte is split in floats: hi = floor(byte / 16), lo = byte - 16·hi (exact below 256). numba
 types `byte & 15` and `byte >> 4` as int64; LLVM then widens 8 lanes at a time and converts int64
 to float (vcvtqq2ps): 1.7x the CPU time of the float split (measured again over SmolLM2's Q4_1
@@ -118,8 +119,8 @@ def q4_matmul_t(q, d, m, x, y):
     xlo = np.empty((T, H), np.float32)
     xhi = np.empty((T, H), np.float32)
     xs = np.empty((T, nb), np.float32)             # each block's sum of x (the one-row form's offsets;
-    for t in range(T):                             # not np.zeros: in a parallel kernel that would be a
-        for b in range(nb):                        # parallel region of its own, ~6 µs a call)
+    for t in range(T):                             # not np.zeros: in a parallel kernel that is a parallel
+        for b in range(nb):                        # region of its own, 1.8 µs more a call)
             xs[t, b] = np.float32(0.0)
             for j in range(16):
                 xlo[t, 16 * b + j] = x[t, 32 * b + j]
