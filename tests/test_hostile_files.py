@@ -533,8 +533,8 @@ def test_a_new_cache_takes_memory_only_where_positions_are_written(paged):
     for a in (k, v):
         rss, huge = mapped_bytes(a)
         assert huge == 0 and rss <= 2 * c.n_layer * c.n_kv_head * 4096, (rss, huge)
-    assert k.sum() == v.sum() == c.n_layer * c.n_kv_head * c.head_dim   # the ones written, zeros elsewhere
-                                                                   # (reading it all maps it all: last)
+    ones = c.n_layer * c.n_kv_head * c.head_dim           # the ones written, zeros elsewhere (reading all
+    assert k.sum() == v.sum() == ones                      # of it maps all of it: so this comes last)
 
 
 @pytest.mark.parametrize("seed_, kv_dtype", [(0, None), (1, "int8")])

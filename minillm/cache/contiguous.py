@@ -31,6 +31,7 @@ what vLLM's `--kv-cache-dtype fp8` and llama.cpp's `-ctk q8_0 -ctv q8_0` do, at 
 
 from __future__ import annotations
 
+import math
 import mmap
 
 import numpy as np
@@ -95,15 +96,16 @@ def untouched_zeros(shape: tuple, dtype, xp=np) -> np.ndarray:
     if xp is not np:
         return xp.zeros(shape, dtype=dtype)
     dtype = np.dtype(dtype)
-    n = int(np.prod(shape)) * dtype.itemsize
+    n = math.prod(shape) * dtype.itemsize                       # exact: no int64 wrap-around
     private = getattr(mmap, "MAP_PRIVATE", None)
     anonymous = getattr(mmap, "MAP_ANONYMOUS", getattr(mmap, "MAP_ANON", None))
     if n == 0 or private is None or anonymous is None:           # Windows: no flags to ask with
         return np.zeros(shape, dtype)
     try:
         buf = mmap.mmap(-1, n, flags=private | anonymous)         # zero-filled, copy-on-write across fork
-    except OSError as e:
-        raise MemoryError(f"cannot allocate {n:,} bytes for an array of shape {tuple(shape)}: {e.strerror}") from None
+    except (OSError, OverflowError) as e:                         # OverflowError: past the address space
+        raise MemoryError(f"cannot allocate {n:,} bytes for an array of shape {tuple(shape)}: "
+                          f"{getattr(e, 'strerror', None) or e}") from None
     if hasattr(mmap, "MADV_NOHUGEPAGE"):
         buf.madvise(mmap.MADV_NOHUGEPAGE)
     return np.frombuffer(buf, dtype).reshape(shape)
@@ -146,8 +148,8 @@ class KVCache(CacheBase):
         names = ("k", "v", "k_scale", "v_scale") if self.kv_dtype == "int8" else ("k", "v")
         grows = self.k is not None
         for name in names:
-            new = untouched_zeros(shape[:-1] + (1,), np.float32) if name.endswith("scale") else \
-                untouched_zeros(shape, store, self.xp)
+            scale = name.endswith("scale")
+            new = untouched_zeros(shape[:-1] + (1,) if scale else shape, np.float32 if scale else store, self.xp)
             if grows:
                 new[:, :, :t] = getattr(self, name)[:, :, :t]
             setattr(self, name, new)            # [L, Hkv, capacity, hd] (scales: [L, Hkv, capacity, 1])

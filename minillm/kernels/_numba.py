@@ -468,7 +468,6 @@ def rms_norm(x, w, eps, y):
             y[r, i] = x[r, i] * inv * w[i]
 
 
-
 @njit(cache=True, fastmath=FAST)
 def rope(x, cos, sin, y):
     """x [G, N, hd] (any strides: q and k are views of the qkv product), cos, sin [N, hd/2], y

@@ -33,7 +33,6 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return y.reshape(x.shape)
 
 
-
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """ops.rope for float32: x [H, N, hd] (a view of the qkv product is read in place), cos, sin
     [N, hd/2] -> [H, N, hd], a new array."""

@@ -59,11 +59,11 @@ class FusedQuant(QuantMatrix):
 
     def fused(self, T: int, dtype=np.float32) -> bool:
         """Does a product of T rows of `dtype` run the fused kernel?"""
-        return T <= FUSED_ROWS and np.dtype(dtype) == np.float32
+        return T <= FUSED_ROWS and dtype == np.float32      # a dtype or a scalar type: no np.dtype() per call
 
     def matmul_t(self, x: np.ndarray) -> np.ndarray:
         """x [T, C] @ this^T -> [T, R]."""
-        if x.shape[0] <= FUSED_ROWS and x.dtype == np.float32:        # self.fused(T, x.dtype)
+        if self.fused(x.shape[0], x.dtype):
             return products.quant_matmul_t(self, x)
         return super().matmul_t(x)
 
