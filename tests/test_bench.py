@@ -96,18 +96,18 @@ def test_bench_runs_both_kernels_side_by_side_in_one_run(capsys):
 
 def test_bench_says_when_a_row_outran_the_measured_bandwidth(capsys, monkeypatch):
     """A row that read faster than the machine's measured bandwidth (--weights: above 100% of its
-    ceiling; --batch: its GB/s column) means that figure is low: bench says so, with the rate the run
-    reached, and says nothing of the kind when every row is under it."""
+    ceiling; --batch: its GB/s column): bench says so, with the rate the run reached, and why: the
+    weights fit the last-level cache, or else the bandwidth figure is low. Nothing of the kind when
+    every row is under it."""
     from types import SimpleNamespace
     from minillm.cli import bench as bench_cli
-    for gbs, said in ((1e-3, True), (1e6, False)):
-        monkeypatch.setattr(bench_cli, "machine", lambda progress=True, gbs=gbs: SimpleNamespace(
-            bandwidth_gbs=gbs, peak_gflops=1.0, llc_bytes=None, method="dot"))
-        assert main(["bench", "--model", "random-tiny", "--weights", "float32,q8_0", "--kernels", "numpy",
-                     "--repeats", "1"]) == 0
-        text = " ".join(capsys.readouterr().out.split())
-        assert ("of its ceiling: its steps read" in text and "more than the 0.0 GB/s measured" in text
-                and "minillm hardware --remeasure" in text) == said
-        assert main(["bench", "--model", "random-tiny", "--batch", "1,2", "--repeats", "1"]) == 0
-        text = " ".join(capsys.readouterr().out.split())
-        assert ("B = " in text and ": its steps read" in text and "more than the 0.0 GB/s measured" in text) == said
+    for gbs, llc, said in ((1e-3, None, "memory"), (1e-3, 1 << 40, "cache"), (1e6, None, None)):
+        monkeypatch.setattr(bench_cli, "machine", lambda progress=True, gbs=gbs, llc=llc: SimpleNamespace(
+            bandwidth_gbs=gbs, peak_gflops=1.0, llc_bytes=llc, method="dot"))
+        for args, lead in ((["--weights", "float32,q8_0", "--kernels", "numpy"], "of its ceiling: its steps read"),
+                           (["--batch", "1,2"], ": its steps read")):
+            assert main(["bench", "--model", "random-tiny", *args, "--repeats", "1"]) == 0
+            text = " ".join(capsys.readouterr().out.split())
+            assert (lead in text and "more than the 0.0 GB/s measured for memory" in text) == (said is not None)
+            assert ("minillm hardware --remeasure" in text) == (said == "memory")
+            assert ("fit the 1.1 TB last-level cache" in text) == (said == "cache")

@@ -288,7 +288,7 @@ def _show_batches(args, name: str, result: dict, hw, together: str, blas: str) -
                   f"{best['tok_s'] / base['tok_s']:.1f}× the tokens/s of B = 1.")
     fast = max(result["rows"], key=lambda r: r["gbps"])
     if fast["gbps"] > hw.bandwidth_gbs:
-        out.print(f"B = {fast['batch']}: " + outran(fast["gbps"], hw.bandwidth_gbs))
+        out.print(f"B = {fast['batch']}: " + outran(fast["gbps"], hw.bandwidth_gbs, fast["weight_bytes"], hw.llc_bytes))
     if result["deterministic"]:
         out.print(deterministic_table(result))
     cb = result["critical_batch"]
@@ -298,10 +298,13 @@ def _show_batches(args, name: str, result: dict, hw, together: str, blas: str) -
               f"= {hw.peak_gflops:.0f} GFLOP/s ÷ {hw.bandwidth_gbs:.1f} GB/s; {blas}")
 
 
-def outran(gbs: float, bw: float) -> str:
-    """What to say of a step that read faster than this machine's measured bandwidth."""
-    return (f"its steps read {gbs:.1f} GB/s, more than the {bw:.1f} GB/s measured for this machine, so that "
-            "figure is low for now; `minillm hardware --remeasure` measures it again")
+def outran(gbs: float, bw: float, nbytes: int, llc: int | None) -> str:
+    """What to say of a step that read faster than this machine's measured bandwidth: its weights
+    (nbytes) fit the last-level cache, so it read them from there; or that figure is low."""
+    said = f"its steps read {gbs:.1f} GB/s, more than the {bw:.1f} GB/s measured for memory"
+    if llc and nbytes <= llc:
+        return f"{said}: its weights, {fmt_bytes(nbytes)}, fit the {fmt_bytes(llc)} last-level cache"
+    return f"{said}, so that figure is low for now; `minillm hardware --remeasure` measures it again"
 
 
 def deterministic_table(result) -> Table:
@@ -423,7 +426,7 @@ def bench_weights(args, hw, kernels=None) -> int:
         fastest = max(over, key=lambda r: r["of_ceiling"])
         name = f"{fastest['weights']} {fastest['kernels']}" if several else fastest["weights"]
         out.print(f"{name} ran at {100 * fastest['of_ceiling']:.0f}% of its ceiling: "
-                  + outran(fastest["of_ceiling"] * bw, bw))
+                  + outran(fastest["of_ceiling"] * bw, bw, fastest["model_bytes"], hw.llc_bytes))
     llc = hw.llc_bytes
     if llc and base is not None:
         out.print(f"[dim]float32 weights {fmt_bytes(base['model_bytes'])} against the last-level cache "
