@@ -9,8 +9,8 @@ from pathlib import Path
 
 import tiktoken
 
-from .errors import MiniLLMError
-from .paths import package_weights_dir
+from .errors import MiniLLMError, WeightsError
+from .paths import not_a_regular_file, package_weights_dir, printable_name
 
 ENDOFTEXT = 50256  # the id of <|endoftext|>, GPT-2's only special token
 
@@ -54,7 +54,6 @@ def tokenizer(model=None):
 
 def _tokenizer_of(source: str):
     """The tokenizer of a model name or path, without building the model where that can be avoided."""
-    from pathlib import Path
     from .checkpoints.families import family_of
     if source == "smollm2-135m":
         from .checkpoints import smollm
@@ -63,6 +62,9 @@ def _tokenizer_of(source: str):
             raise MiniLLMError("smollm2-135m is not downloaded yet; fetch it with: minillm download smollm2-135m")
         source = str(where)
     path = Path(source).expanduser()
+    problem = not_a_regular_file(path)
+    if problem is not None and problem.startswith("cannot"):   # a NUL in the name, a loop of links, no permission
+        raise WeightsError(f"{printable_name(source, 200)}: {problem}")
     own = family_of(path).tokenizer(path) if path.exists() else None
     return own if own is not None else gpt2_tokenizer()
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import MiniLLMError, WeightsError
-from .paths import MAX_JSON_BYTES, read_json, read_text_capped
+from .paths import MAX_JSON_BYTES, folder_file, read_json, read_text_capped
 
 MAX_TEMPLATE_BYTES = 1 << 20     # a chat_template.jinja (real ones: a few KB)
 
@@ -189,7 +189,7 @@ def from_folder(folder: Path, generation_eos=()) -> ModelTokenizer:
     if (folder / "tokenizer.model").is_file() and not (folder / "tokenizer.json").is_file():
         raise WeightsError(f"{folder}: its tokenizer is SentencePiece (tokenizer.model); minillm reads "
                            "byte-level BPE tokenizers (tokenizer.json) only")
-    path = folder / "tokenizer.json"
+    path = folder_file(folder, "tokenizer.json")
     if not path.is_file():
         raise WeightsError(f"{folder}: no tokenizer.json; minillm needs the model's own tokenizer beside it")
     text = read_text_capped(path, MAX_JSON_BYTES, "a tokenizer.json")      # checked before it is parsed
@@ -205,12 +205,12 @@ def from_folder(folder: Path, generation_eos=()) -> ModelTokenizer:
         tok = Tokenizer.from_str(text)
     except Exception as e:
         raise WeightsError(f"{path}: cannot be read as a tokenizer ({str(e)[:100]})") from None
-    cfg = {}
-    if (folder / "tokenizer_config.json").is_file():
-        cfg = read_json(folder / "tokenizer_config.json", what="a tokenizer_config.json")
-    template = named_template(cfg.get("chat_template"), folder / "tokenizer_config.json")
-    if template is None and (folder / "chat_template.jinja").is_file():
-        template = read_text_capped(folder / "chat_template.jinja", MAX_TEMPLATE_BYTES, "a chat template")
+    cfg, cfg_path = {}, folder_file(folder, "tokenizer_config.json")
+    if cfg_path.is_file():
+        cfg = read_json(cfg_path, what="a tokenizer_config.json")
+    template = named_template(cfg.get("chat_template"), cfg_path)
+    if template is None and (jinja := folder_file(folder, "chat_template.jinja")).is_file():
+        template = read_text_capped(jinja, MAX_TEMPLATE_BYTES, "a chat template")
     vocab = tok.get_vocab()
 
     def token_id(key):
@@ -219,7 +219,7 @@ def from_folder(folder: Path, generation_eos=()) -> ModelTokenizer:
         v = cfg.get(key)
         v = v.get("content") if isinstance(v, dict) else v
         if v is not None and not isinstance(v, str):
-            raise WeightsError(f"{folder / 'tokenizer_config.json'}: {key} = {str(v)[:40]} is not a token's "
+            raise WeightsError(f"{cfg_path}: {key} = {str(v)[:40]} is not a token's "
                                "text; fix or delete the field")
         return vocab.get(v) if isinstance(v, str) else None
 

@@ -55,10 +55,83 @@ def not_a_regular_file(path: Path) -> str | None:
         return "not found"
     except OSError as e:
         return f"cannot be read ({e.strerror or e})"
+    except ValueError:                    # a NUL byte: no file can be named so
+        return "cannot be read (the name holds a NUL byte, which no file name can)"
     if stat.S_ISREG(mode):
         return None
     kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
     return f"is {kind}, not a regular file"
+
+
+# ------------------------------------------------------------------------------ a model folder's files
+
+MAX_NAME = 255            # bytes in a file name (Linux, macOS, Windows)
+
+
+def name_problem(name) -> str | None:
+    """None if `name` can be a file's name inside a folder, else why not: not text, empty, "." or "..",
+    a path separator, a NUL or another control character, text the file system cannot encode, or over
+    MAX_NAME bytes."""
+    if not isinstance(name, str):
+        return f"is a {type(name).__name__}, not text"
+    if name in ("", ".", ".."):
+        return "is not a file's name"
+    if "/" in name or "\\" in name:
+        return "holds a path separator: it names a file elsewhere, not one in the folder"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "holds a NUL or another control character, which no file's name in a checkpoint has"
+    try:
+        size = len(os.fsencode(name))
+    except UnicodeError:
+        return "holds characters no file name can (a lone surrogate)"
+    if size > MAX_NAME:
+        return f"is {size:,} bytes, longer than any file name ({MAX_NAME})"
+    return None
+
+
+def _hub_blob(real: str, home: str) -> bool:
+    """Whether `real` is a blob of the Hugging Face hub cache whose snapshot folder is `home`
+    (`models--org--name/snapshots/<rev>/config.json` links to `../../blobs/<sha>`): the one layout
+    whose files live outside their folder, still inside the model's own cache entry."""
+    snapshots = os.path.dirname(home)
+    if os.path.basename(snapshots) != "snapshots":
+        return False
+    blobs = os.path.join(os.path.dirname(snapshots), "blobs")
+    return os.path.dirname(real) == blobs
+
+
+def folder_file(folder: Path, name, named_by: str = "", what: str = "file name") -> Path:
+    """`folder / name`, for a file a model folder names (config, tokenizer, chat template, safetensors
+    index and shards), checked to stay inside the folder: `name` a plain file name (`name_problem`), and
+    the path, every symlink followed, inside the folder (itself after its own links), or a blob of the
+    Hugging Face cache entry the folder is a snapshot of. One WeightsError line otherwise, so a link to
+    /etc/passwd never reaches a prompt. `named_by`: the file that gave the name (an index), `what`
+    the name is there ("shard name"). Whether the
+    file exists, and is a regular file, is the reader's question (`not_a_regular_file`)."""
+    from .errors import WeightsError
+    folder = Path(folder)
+    bad = name_problem(name)
+    if bad is not None:
+        raise WeightsError(f"{folder / named_by if named_by else folder}: {what} {printable_name(name)} {bad}; "
+                           "re-download the checkpoint")
+    path = folder / name
+    try:
+        home, real = os.path.realpath(folder), os.path.realpath(path)
+    except (OSError, ValueError) as e:
+        raise WeightsError(f"{path}: cannot be resolved ({e}); check the folder") from None
+    if os.path.commonpath([home, real]) == home or _hub_blob(real, home):
+        return path
+    problem = not_a_regular_file(path)
+    if problem is not None and problem != "not found":
+        raise WeightsError(f"{path}: {problem} (a link to {printable_name(real)}, outside the model's folder)")
+    raise WeightsError(f"{path}: a link to {printable_name(real)}, outside the model's folder; minillm reads a "
+                       "model's files only from inside its folder: copy the file in")
+
+
+def printable_name(name, limit: int = 60) -> str:
+    """A file name for a message: quoted, control characters and NUL escaped, cut at `limit` characters."""
+    text = repr(str(name)[:limit])
+    return text + ("..." if len(str(name)) > limit else "")
 
 
 TEMP_NAME_ROOM = 40      # bytes a temporary name adds to a file's own name (`.<name>.<pid>-<random>.tmp`)

@@ -350,7 +350,7 @@ def hf_folder(tmp_path: Path) -> Path:
     d.mkdir()
     for name in ("config.json", "generation_config.json"):
         shutil.copy(FIXTURE / name, d / name)
-    os.symlink(FIXTURE / "model.safetensors", d / "model.safetensors")
+    shutil.copy(FIXTURE / "model.safetensors", d / "model.safetensors")
     md = {k: v[1][1] if v[0] == ARR else v[1] for k, v in tokenizer_metadata(512).items()}
     (d / "tokenizer.json").write_text(from_gguf_metadata(md, "t.gguf").tok.to_str())
     (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|s0|>", "chat_template": CHATML}))

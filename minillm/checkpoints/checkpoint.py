@@ -24,7 +24,7 @@ from ..config import GPT2Config
 from ..errors import ConfigError, WeightsError
 from ..checkpoints.safetensors import read_safetensors, write_safetensors
 from ..models.gpt2 import GPT2, expected_shapes, iter_expected, random_params  # noqa: F401  (GPT-2's manifest)
-from ..paths import _alive, atomic_write, not_a_regular_file, read_capped
+from ..paths import _alive, atomic_write, folder_file, not_a_regular_file, read_capped
 
 BLOCK_TENSORS = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
 
@@ -105,13 +105,13 @@ def load_checkpoint(source: str | os.PathLike, dtype=np.float32) -> tuple[GPT2Co
     """Read a checkpoint directory or .safetensors file -> (config, params in `dtype`, canonical names)."""
     path = Path(source)
     if path.is_dir():
-        file, config = path / "model.safetensors", None
+        file, config = folder_file(path, "model.safetensors"), None
         if not file.is_file():
             raise WeightsError(f"{path}: no model.safetensors in this directory; is it a Hugging Face GPT-2 checkpoint?")
-        config = read_config(path / "config.json")
+        config = read_config(folder_file(path, "config.json"))
     elif path.is_file():
         file = path
-        beside = path.with_name("config.json")           # a lone file inside a checkpoint directory
+        beside = folder_file(path.parent, "config.json")   # a lone file inside a checkpoint directory
         config = read_config(beside) if beside.is_file() else None
     elif path.exists():
         raise WeightsError(f"{path}: {not_a_regular_file(path)}; pass a checkpoint directory or a .safetensors file")

@@ -7,7 +7,6 @@ Tensors stay memory-mapped until the model lays them out (`models.llama.fuse_blo
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -15,12 +14,11 @@ import numpy as np
 
 from ..config import LlamaConfig
 from ..errors import ConfigError, WeightsError
-from ..paths import MAX_JSON_BYTES, not_a_regular_file, read_json  # noqa: F401  (read_json: the family table's)
+from ..paths import MAX_JSON_BYTES, folder_file, not_a_regular_file, read_json  # noqa: F401  (read_json: the family table's)
 from .checkpoint import check_all_finite, check_block_count  # noqa: F401  (check_all_finite: tests)
 from .safetensors import read_safetensors
 
 INDEX = "model.safetensors.index.json"
-MAX_NAME = 255            # bytes in a file name (Linux, macOS, Windows)
 
 
 def is_gguf(path: Path) -> bool:
@@ -32,30 +30,29 @@ def is_gguf(path: Path) -> bool:
 
 
 def read_tensors(folder: Path, file: Path | None = None) -> dict[str, np.ndarray]:
-    """Every tensor of a folder's `model.safetensors`, or of all shards its index names."""
+    """Every tensor of a folder's `model.safetensors`, or of all shards its index names (each inside
+    the folder: `paths.folder_file`)."""
     if file is not None:
         files = [file]
-    elif (folder / INDEX).is_file():
-        index = read_json(folder / INDEX)
+    elif (index_path := folder_file(folder, INDEX)).is_file():
+        index = read_json(index_path)
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
-            raise WeightsError(f"{folder / INDEX}: no weight_map; re-download the checkpoint")
+            raise WeightsError(f"{index_path}: no weight_map; re-download the checkpoint")
         files = []
         for shard in dict.fromkeys(weight_map.values()):
-            if not isinstance(shard, str) or "/" in shard or "\\" in shard or shard.startswith("."):
-                raise WeightsError(f"{folder / INDEX}: shard name {str(shard)[:60]!r} is not a file name")
-            if len(os.fsencode(shard)) > MAX_NAME:
-                raise WeightsError(f"{folder / INDEX}: shard name {shard[:40]!r}... is {len(os.fsencode(shard)):,} "
-                                   f"bytes, longer than any file name ({MAX_NAME}); re-download the checkpoint")
-            problem = not_a_regular_file(folder / shard)
+            path = folder_file(folder, shard, named_by=INDEX, what="shard name")
+            if shard.startswith("."):
+                raise WeightsError(f"{index_path}: shard name {shard[:60]!r} is a hidden file's name, not a shard's")
+            problem = not_a_regular_file(path)
             if problem == "not found":
                 raise WeightsError(f"{folder}: shard {shard} is missing (named by {INDEX}); "
                                    "the download is incomplete: fetch it again")
             if problem is not None:
-                raise WeightsError(f"{folder / shard}: {problem} (a shard named by {INDEX})")
-            files.append(folder / shard)
-    elif (folder / "model.safetensors").is_file():
-        files = [folder / "model.safetensors"]
+                raise WeightsError(f"{path}: {problem} (a shard named by {INDEX})")
+            files.append(path)
+    elif (single := folder_file(folder, "model.safetensors")).is_file():
+        files = [single]
     else:
         raise WeightsError(f"{folder}: no model.safetensors or {INDEX}; is it a Hugging Face checkpoint?")
     tensors = {}
@@ -76,11 +73,13 @@ def llama_from_folder(path: Path, dtype=np.float32, weights: str = "float32", na
     model = model or Llama
     path = Path(path)
     folder, file = (path.parent, path) if path.is_file() else (path, None)
-    config = model.CONFIG.from_hf(read_json(folder / "config.json"), str(folder / "config.json"))
+    config_path = folder_file(folder, "config.json")
+    config = model.CONFIG.from_hf(read_json(config_path), str(config_path))
     tensors = read_tensors(folder, file)
-    check_block_count(config.n_layer, tensors, "layers", f"{folder / 'config.json'}: num_hidden_layers")
-    gen = read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
-    eos = token_ids(gen.get("eos_token_id"), config.vocab_size, f"{folder / 'generation_config.json'}: eos_token_id")
+    check_block_count(config.n_layer, tensors, "layers", f"{config_path}: num_hidden_layers")
+    gen_path = folder_file(folder, "generation_config.json")
+    gen = read_json(gen_path) if gen_path.is_file() else {}
+    eos = token_ids(gen.get("eos_token_id"), config.vocab_size, f"{gen_path}: eos_token_id")
     tok = mt.from_folder(folder, eos) if (folder / "tokenizer.json").is_file() or \
         (folder / "tokenizer.model").is_file() else None
     return _build(config, tensors, tok, folder, dtype, weights, name, device, model, kernels)
