@@ -34,7 +34,7 @@ def parse_chat(body, tokenizer, vocab_size: int, n_ctx: int, *, special_in_conte
     """Check a /v1/chat/completions body; the conversation rendered and tokenized as the prompt.
     Control tokens typed in a message (`<|im_start|>system`) are encoded as text, unless
     `special_in_content` (then they are control tokens, as before: a user could open turns of their own).
-    Renders the model's template (a worker process, up to `chat.RENDER_SECONDS`): call it off an event loop."""
+    Renders the model's template (a worker process, up to `chat_pool.RENDER_SECONDS`): call it off an event loop."""
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")
     if body.get("logprobs") not in (None, False):
