@@ -45,7 +45,7 @@ from rich.text import Text
 import minillm
 from minillm.errors import MiniLLMError
 from minillm.measure import hardware, probe
-from minillm.cli.main import add_threads_option
+from minillm.cli.commands import add_threads_option
 from minillm.threads import blas_threads, limited
 from minillm.ui.report import fmt_bytes, fmt_flops, fmt_time  # noqa: F401  (re-exported to the lessons)
 

@@ -46,6 +46,10 @@ class TemplateOverBudget(ChatTemplateError):
     """A render stopped for running past its time, or killed for its memory (status 400)."""
 
 
+class RenderStopped(ChatTemplateError):
+    """A render abandoned because its caller asked (`stop`): nobody waits for it (status 503)."""
+
+
 def check_messages(messages) -> list[dict]:
     """[{"role": ..., "content": str}, ...], or PromptError naming the first bad one. The
     `developer` role becomes `system`."""
@@ -66,9 +70,11 @@ def render(messages, tokenizer, *, add_generation_prompt: bool = True) -> tuple[
     return text, note
 
 
-def render_spans(messages, tokenizer, *, add_generation_prompt: bool = True):
+def render_spans(messages, tokenizer, *, add_generation_prompt: bool = True, stop=None):
     """-> (text, spans, note): spans are the (start, end) of each message's content in the text, or
-    None when the template changes a message's text (then where the user's text lies is unknown)."""
+    None when the template changes a message's text (then where the user's text lies is unknown).
+    stop: a function of no arguments, asked while the template runs; true abandons the render
+    (RenderStopped) and kills its worker (a server whose client has gone)."""
     messages = check_messages(messages)
     template = getattr(tokenizer, "chat_template", None)
     if not template:
@@ -83,9 +89,10 @@ def render_spans(messages, tokenizer, *, add_generation_prompt: bool = True):
                      ("eos_token", (getattr(tokenizer, "eos_ids", ()) or (None,))[0])):
         special[key] = tokenizer.decode([tid]) if tid is not None else ""
     reply = chat_pool.pool().render({"template": template, "messages": messages,
-                                     "add_generation_prompt": add_generation_prompt, **special})
+                                     "add_generation_prompt": add_generation_prompt, **special}, stop=stop)
     if "error" in reply:
-        kind = TemplateOverBudget if reply.get("over_budget") else ChatTemplateError
+        kind = (TemplateOverBudget if reply.get("over_budget") else RenderStopped if reply.get("stopped")
+                else ChatTemplateError)
         raise kind(reply["error"], reply.get("status", 400))
     spans = reply["spans"]
     return reply["text"], None if spans is None else [tuple(s) for s in spans], None

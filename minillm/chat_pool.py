@@ -29,6 +29,7 @@ RENDER_MEMORY = 1 << 30               # bytes of address space the worker may us
 RENDER_WORKERS = 4                    # renders at once (each in its own process)
 MAX_RANGE = 10_000                    # items one range() may make
 MAX_INDENT = 16                       # tojson's indent
+STOP_POLL = 0.05                      # seconds between two looks at a render's `stop`
 WORKER = Path(__file__).with_name("chat_worker.py")
 
 
@@ -41,8 +42,9 @@ class Worker:
                                      start_new_session=True)
         self.buf = b""
 
-    def ask(self, request: dict, seconds: float) -> dict | None:
-        """The worker's reply, or None if it did not answer within `seconds` (it is then killed)."""
+    def ask(self, request: dict, seconds: float, stop=None) -> dict | None:
+        """The worker's reply, or None if it did not answer within `seconds` (it is then killed, as it
+        is when `stop()` turns true while it works: checked every `STOP_POLL` seconds)."""
         try:
             self.proc.stdin.write(json.dumps(request).encode() + b"\n")
             self.proc.stdin.flush()
@@ -53,9 +55,14 @@ class Worker:
         deadline, fd = time.monotonic() + seconds, self.proc.stdout.fileno()
         while b"\n" not in self.buf:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            if stop is not None and stop():
+                self.kill()
+                return {"error": "the render was stopped: nobody waits for it", "status": 503, "stopped": True}
+            if left <= 0:
                 self.kill()
                 return None
+            if not select.select([fd], [], [], left if stop is None else min(left, STOP_POLL))[0]:
+                continue
             chunk = os.read(fd, 1 << 16)
             if not chunk:                         # it died: memory past its limit, most likely
                 self.kill()
@@ -88,16 +95,16 @@ class Pool:
         self.lock = threading.Lock()
         self.slots = threading.BoundedSemaphore(size)
 
-    def render(self, request: dict) -> dict:
+    def render(self, request: dict, stop=None) -> dict:
         """The reply to a render request: {"text", "spans"}, or {"error", "status"} (and "over_budget"
-        when the render ran past its time or memory)."""
+        when the render ran past its time or memory, "stopped" when `stop()` turned true)."""
         request = request | {"limit": RENDER_CHARS, "max_range": MAX_RANGE, "max_indent": MAX_INDENT}
         with self.slots:
             with self.lock:
                 worker = self.idle.pop() if self.idle else None
             if worker is None or not worker.alive:
                 worker = Worker()
-            reply = worker.ask(request, RENDER_SECONDS)
+            reply = worker.ask(request, RENDER_SECONDS, stop)
             if worker.alive:
                 with self.lock:
                     self.idle.append(worker)

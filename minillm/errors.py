@@ -24,6 +24,11 @@ class PromptError(MiniLLMError):
     """An empty prompt, token ids outside the vocabulary, or a sequence longer than the context."""
 
 
+class ContextFull(PromptError):
+    """A prompt and the new tokens asked for that do not fit: past the model's context, or needing more
+    KV blocks than the pool holds (fewer new tokens, or a shorter prompt, would)."""
+
+
 class ConfigError(MiniLLMError):
     """A config.json that is missing fields or has impossible values."""
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from minillm.cli.main import COMMANDS
+from minillm.cli.commands import COMMANDS
 from minillm.measure import busy
 
 from test_cli import REPO, cli_env, ok, run, user_error
@@ -26,7 +26,7 @@ def home(tmp_path_factory) -> Path:
 
 def imported_after(home: Path, *argv: str) -> set[str]:
     """The minillm modules a run of `minillm ARGV` imported."""
-    code = ("import sys\nfrom minillm.cli.main import main\n"
+    code = ("import sys\nfrom minillm.cli.commands import main\n"
             f"status = main({list(argv)!r})\n"
             "print('MODULES', *sorted(m for m in sys.modules if m.startswith('minillm')))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=cli_env(home),
@@ -37,7 +37,7 @@ def imported_after(home: Path, *argv: str) -> set[str]:
 
 
 def test_help_imports_no_command_and_no_lesson(home):
-    r = subprocess.run([sys.executable, "-c", "import sys\nfrom minillm.cli.main import main\n"
+    r = subprocess.run([sys.executable, "-c", "import sys\nfrom minillm.cli.commands import main\n"
                         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
                         "print('MODULES', *sorted(m for m in sys.modules if m.startswith(('minillm', 'numpy'))))"],
                        capture_output=True, text=True, cwd=REPO, env=cli_env(home), timeout=60)
@@ -45,7 +45,7 @@ def test_help_imports_no_command_and_no_lesson(home):
     assert not {m for m in modules if m.startswith("minillm.lessons")}
     assert not {m for m in modules if m.startswith("numpy")}             # nothing that computes
     assert not {m for m in modules if m.startswith("minillm.cli.") and m not in
-                ("minillm.cli.main", "minillm.cli.console")}
+                ("minillm.cli.commands", "minillm.cli.console")}
 
 
 def test_generate_imports_no_lesson_and_no_other_command(home):

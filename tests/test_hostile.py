@@ -566,7 +566,7 @@ def test_shutdown_ends_running_streams_with_abort_and_plain_requests_with_503():
         for t in threads:
             t.start()
         deadline = time.monotonic() + 30
-        while len([r for r in list(loop.live.values()) if r.output]) < 4 and time.monotonic() < deadline:
+        while len([s for s in list(loop.live.values()) if s.request.output]) < 4 and time.monotonic() < deadline:
             time.sleep(0.01)                                 # all four have tokens: all running
         t0 = time.monotonic()
         server.shutdown()

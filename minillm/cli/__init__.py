@@ -1,7 +1,7 @@
-"""The `minillm` command: one module per group of subcommands, registered from one table in `main`
-(which imports only the command it runs).
+"""The `minillm` command: one module per group of subcommands, registered from one table in
+`commands` (which imports only the command it runs). `minillm.cli.main` is the command's function.
 
-    main        COMMANDS, the parser, --threads, errors as one line
+    commands    COMMANDS, the parser, --threads, errors as one line, `main`
     common      what the commands share: --model, sampling and KV options, loading, prompt checks
     console     the two consoles: results on stdout, progress and errors on stderr
     generate    `generate`              chat      `chat`
@@ -17,7 +17,7 @@
 from .. import _starting_the_command
 
 try:
-    from .main import build_parser, main
+    from .commands import build_parser, main
 except KeyboardInterrupt:          # Ctrl-C while the command's modules load: exit quietly
     if _starting_the_command():
         raise SystemExit(130) from None

@@ -11,7 +11,8 @@ from rich.markup import escape
 
 from ..errors import MiniLLMError
 from ..kernels import invariant
-from ..serving.http import Limits, Server, is_loopback_host
+from ..serving.guard import is_loopback_host
+from ..serving.http import Limits, Server
 from ..serving.loop import EngineLoop
 from ..ui.live import LiveView
 from .common import add_batch_limits, add_kv_options, add_model, at_least_one, err, load_model, note_if_busy, parse_bytes

@@ -66,15 +66,13 @@ class StepFailed(MiniLLMError):
 @dataclass
 class Request:
     """One request and its times (seconds on the engine's clock). The one record of a request, from
-    a server's HTTP handler to the engine: `events` is where a server streams its tokens."""
+    a server's HTTP handler to the engine (where a server sends its tokens is the server's own table)."""
     id: object
     seq: Sequence
     arrival: float
     token_times: list = field(default_factory=list)
     finished_at: float | None = None
     finish_reason: str | None = None   # "stop" (a stop token), "length", "abort" or "error"
-    events: object = None              # a server's queue of ("token", id) / ("done", reason)
-    api: object = None                 # a server's parsed API request (stop strings, stream, ...)
 
     @property
     def output(self) -> list[int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import to_host
-from ..errors import MiniLLMError, PromptError
+from ..errors import ContextFull, MiniLLMError, PromptError
 
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None, seed: int | None = None) -> None:
@@ -25,7 +25,7 @@ def check_fits(n_prompt: int, max_new_tokens: int, n_ctx: int) -> None:
     if max_new_tokens < 0:
         raise PromptError(f"max_new_tokens={max_new_tokens}: must be >= 0")
     if n_prompt + max_new_tokens > n_ctx:
-        raise PromptError(
+        raise ContextFull(
             f"the prompt has {n_prompt} tokens and {max_new_tokens} new tokens were asked for: that is beyond "
             f"the context of {n_ctx}; at most {n_ctx - n_prompt} new tokens fit"
         )

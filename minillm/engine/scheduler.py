@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..errors import MiniLLMError
+from ..errors import ContextFull, MiniLLMError
 from .block_manager import BlockManager, Match
 from .sequence import Sequence
 
@@ -55,7 +55,7 @@ class Scheduler:
         than there is."""
         n = len(seq.prompt) + seq.max_new_tokens
         if not self.blocks.fits(n):
-            raise MiniLLMError(
+            raise ContextFull(
                 f"a request of {len(seq.prompt)} prompt + {seq.max_new_tokens} new tokens needs "
                 f"{self.blocks.blocks_for(n)} KV blocks, the pool has {self.blocks.num_blocks}: give more KV "
                 "memory (--kv-memory) or ask for fewer tokens")

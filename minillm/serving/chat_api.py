@@ -34,7 +34,19 @@ def parse_chat(body, tokenizer, vocab_size: int, n_ctx: int, *, special_in_conte
     """Check a /v1/chat/completions body; the conversation rendered and tokenized as the prompt.
     Control tokens typed in a message (`<|im_start|>system`) are encoded as text, unless
     `special_in_content` (then they are control tokens, as before: a user could open turns of their own).
-    Renders the model's template (a worker process, up to `chat_pool.RENDER_SECONDS`): call it off an event loop."""
+    Renders the model's template (a worker process, up to `chat_pool.RENDER_SECONDS`): call it off an
+    event loop. The three steps, for a server that schedules the render itself: `chat_parts`,
+    `chat_prompt`, `chat_request`."""
+    messages, rest = chat_parts(body, tokenizer)
+    try:
+        ids = chat_prompt(messages, tokenizer, special_in_content=special_in_content)
+    except MiniLLMError as e:
+        raise template_error(e) from None
+    return chat_request(rest, ids, tokenizer, vocab_size, n_ctx)
+
+
+def chat_parts(body, tokenizer) -> tuple[list[dict], dict]:
+    """The cheap checks of a chat body, before any render: (its messages, checked, the other fields)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")
     if body.get("logprobs") not in (None, False):
@@ -62,16 +74,27 @@ def parse_chat(body, tokenizer, vocab_size: int, n_ctx: int, *, special_in_conte
     if not getattr(tokenizer, "chat_template", None):
         raise ApiError(400, "this model has no chat template: use /v1/completions with your own prompt format",
                        "messages")
-    try:
-        text, spans, _ = render_spans(messages, tokenizer)
-        ids = encode_chat(text, spans, tokenizer, messages, special_in_content=special_in_content)
-    except ChatTemplateError as e:
-        raise ApiError(e.status, str(e), "messages", kind="server_error" if e.status >= 500 else
-                       "invalid_request_error") from None
-    except MiniLLMError as e:
-        raise ApiError(400, str(e), "messages") from None
     rest = {k: v for k, v in body.items() if k not in ("messages", "response_format", "logprobs", "top_logprobs",
                                                        *CHAT_UNSUPPORTED)}
+    return messages, rest
+
+
+def chat_prompt(messages: list[dict], tokenizer, *, special_in_content: bool = False, stop=None) -> list[int]:
+    """The prompt's ids: the messages rendered by the model's template (a worker process; `stop()`
+    true abandons the render) and encoded. ChatTemplateError (or another MiniLLMError) otherwise."""
+    text, spans, _ = render_spans(messages, tokenizer, stop=stop)
+    return encode_chat(text, spans, tokenizer, messages, special_in_content=special_in_content)
+
+
+def template_error(e: MiniLLMError) -> ApiError:
+    """A render's failure as the API answers it (a broken template is the server's fault: 5xx)."""
+    status = e.status if isinstance(e, ChatTemplateError) else 400
+    return ApiError(status, str(e), "messages", kind="server_error" if status >= 500 else "invalid_request_error")
+
+
+def chat_request(rest: dict, ids: list[int], tokenizer, vocab_size: int, n_ctx: int) -> CompletionRequest:
+    """The completion request of a rendered chat: its ids as the prompt, the other fields checked."""
+    rest = dict(rest)
     if "max_completion_tokens" in rest:                # the newer name of max_tokens
         rest.setdefault("max_tokens", rest.pop("max_completion_tokens"))
     rest["prompt"] = ids

@@ -4,8 +4,9 @@ cancellations and read the events each request gets back: ("token", id), then ("
 Every step's meter record feeds the Prometheus metrics.
 
 A request is one record from the HTTP handler to the engine: `engine.Request`, made (and checked)
-on the handler's thread by `Engine.new_request`, with the events queue and the parsed API request
-attached, then queued to the engine thread, which alone touches the scheduler and the KV pool.
+on the handler's thread by `Engine.new_request`, then queued to the engine thread, which alone
+touches the scheduler and the KV pool. Where its events go is the loop's own business: `submit`
+returns a `Served` (the request and its events queue), the entry of the loop's table `live`.
 """
 
 from __future__ import annotations
@@ -14,14 +15,26 @@ import heapq
 import queue
 import threading
 import time
+from dataclasses import dataclass
 
 from ..engine.engine import Engine, Request, StepFailed
-from ..errors import MiniLLMError
+from ..errors import ContextFull, MiniLLMError
 from ..meter import BYTE_KINDS, FLOP_KINDS
 from .api import ApiError, CompletionRequest
 from .prom import Registry
 
 KEEP_STEPS = 64      # step records the live view looks back on; older ones are dropped (a server runs for days)
+
+
+@dataclass(eq=False)
+class Served:
+    """A request the loop serves: the engine's record, and the queue its events go to."""
+    request: Request
+    events: queue.Queue
+
+    @property
+    def id(self):
+        return self.request.id
 
 
 class EngineLoop:
@@ -37,7 +50,7 @@ class EngineLoop:
         self.max_waiting = max_waiting
         self.inbox: queue.Queue = queue.Queue()
         self.metrics = Registry()
-        self.live: dict = {}
+        self.live: dict[object, Served] = {}      # request id -> what the loop serves (engine thread)
         self.accepting = True
         self.last_error: str | None = None
         self._stop = threading.Event()
@@ -50,24 +63,28 @@ class EngineLoop:
 
     # -- from the HTTP handlers ----------------------------------------------------------------
 
-    def submit(self, creq: CompletionRequest, events: queue.Queue | None = None) -> Request:
+    def submit(self, creq: CompletionRequest, events: queue.Queue | None = None) -> Served:
+        """Queue a request to the engine thread; its events ("token", id) ... ("done", reason) go to
+        `events` (a new queue.Queue if None). ApiError: 503 shutting down, 400 a prompt or max_tokens
+        that cannot be served, 429 the waiting queue full."""
         if not self.accepting:
             raise ApiError(503, "the server is shutting down", kind="server_error", headers={"Retry-After": "5"})
         try:
             r = self.engine.new_request(creq.prompt_ids, creq.max_tokens, creq.sampling,
                                         stop_ids=self.model.eos_ids)
+        except ContextFull as e:                  # the prompt fits; the tokens asked for on top do not
+            raise ApiError(400, f"max_tokens: {e}", "max_tokens") from None
         except MiniLLMError as e:
-            param = "max_tokens" if "KV blocks" in str(e) or "new tokens" in str(e) else "prompt"
-            raise ApiError(400, f"{param}: {e}", param) from None
+            raise ApiError(400, f"prompt: {e}", "prompt") from None
         if len(self.engine.scheduler.waiting) + self.inbox.qsize() >= self.max_waiting:
             raise ApiError(429, f"{self.max_waiting} requests are already waiting: try again shortly",
                            kind="rate_limit_error", headers={"Retry-After": "1"})
-        r.events, r.api = queue.Queue() if events is None else events, creq
-        self.inbox.put(("add", r))
-        return r
+        served = Served(r, queue.Queue() if events is None else events)
+        self.inbox.put(("add", served))
+        return served
 
-    def cancel(self, r: Request) -> None:
-        self.inbox.put(("cancel", r))
+    def cancel(self, served: Served) -> None:
+        self.inbox.put(("cancel", served))
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -80,8 +97,8 @@ class EngineLoop:
         deadline = time.perf_counter() + grace
         while self.live and time.perf_counter() < deadline and self.thread.is_alive():
             time.sleep(0.02)
-        for r in list(self.live.values()):
-            self.cancel(r)
+        for served in list(self.live.values()):
+            self.cancel(served)
         self.inbox.put(("wake", None))
         deadline = time.perf_counter() + 5
         while self.live and time.perf_counter() < deadline and self.thread.is_alive():
@@ -100,13 +117,14 @@ class EngineLoop:
                     self.last_error = str(e)
                     self.metrics.inc("engine_errors_total")
                     for r in e.requests:
-                        self._finish(r, "error")
+                        if r.id in self.live:
+                            self._finish(self.live[r.id], "error")
                 except Exception as e:            # a bug outside the model step: end what is live, go on
                     self.last_error = f"{e.__class__.__name__}: {e}"
                     self.metrics.inc("engine_errors_total")
-                    for r in list(self.live.values()):
-                        self.engine.abort(r.id, "error")
-                        self._finish(r, "error")
+                    for served in list(self.live.values()):
+                        self.engine.abort(served.id, "error")
+                        self._finish(served, "error")
             self._gauges()
 
     def _drain(self, block: bool) -> None:
@@ -115,19 +133,20 @@ class EngineLoop:
         except queue.Empty:
             return
         while True:
-            what, r = item
+            what, served = item
             if what == "add":
+                r = served.request
                 try:
                     self.engine.add(r)
-                    self.live[r.id] = r
+                    self.live[r.id] = served
                     self.metrics.inc("requests_total")
                     if r.done:                    # it asked for no new token: answered at once
-                        self._finish(r, r.finish_reason)
+                        self._finish(served, r.finish_reason)
                 except MiniLLMError:
-                    self._finish(r, "error")
-            elif what == "cancel" and r.id in self.live:
-                self.engine.abort(r.id)
-                self._finish(r, "cancelled")
+                    self._finish(served, "error")
+            elif what == "cancel" and served.id in self.live:
+                self.engine.abort(served.id)
+                self._finish(served, "cancelled")
                 self.metrics.inc("requests_cancelled_total")
             try:
                 item = self.inbox.get_nowait()
@@ -142,7 +161,8 @@ class EngineLoop:
         if info.record is not None:
             self._count(info)
         for r, token in info.made:
-            if r.id not in self.live:
+            served = self.live.get(r.id)
+            if served is None:
                 continue
             if len(r.token_times) == 1:
                 self.metrics.observe("time_to_first_token_seconds", r.ttft)
@@ -150,9 +170,9 @@ class EngineLoop:
             else:
                 self.metrics.observe("time_between_tokens_seconds", r.token_times[-1] - r.token_times[-2])
             self.metrics.inc("generated_tokens_total")
-            r.events.put(("token", token))
+            served.events.put(("token", token))
             if r.done:
-                self._finish(r, r.finish_reason)
+                self._finish(served, r.finish_reason)
 
     def _count(self, info) -> None:
         rec, m = info.record, self.metrics
@@ -177,14 +197,14 @@ class EngineLoop:
             except Exception:
                 self.view = None
 
-    def _finish(self, r: Request, reason: str) -> None:
-        """The request's last event; the engine forgets it (a server runs for days)."""
-        if reason in ("stop", "length") and len(r.token_times) > 1:
-            t = r.token_times
+    def _finish(self, served: Served, reason: str) -> None:
+        """The request's last event; the engine and the table forget it (a server runs for days)."""
+        t = served.request.token_times
+        if reason in ("stop", "length") and len(t) > 1:
             self.metrics.observe("time_per_output_token_seconds", (t[-1] - t[0]) / (len(t) - 1))
-        self.live.pop(r.id, None)
-        self.engine.forget(r.id)
-        r.events.put(("done", reason))
+        self.live.pop(served.id, None)
+        self.engine.forget(served.id)
+        served.events.put(("done", reason))
 
     def _gauges(self) -> None:
         e, m = self.engine, self.metrics

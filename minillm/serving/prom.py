@@ -49,6 +49,10 @@ SERIES: dict[str, tuple] = {
     "step_intensity": ("gauge", "FLOPs per byte of the last step", [{}]),
     "blas_threads": ("gauge", "BLAS threads the engine's steps run on (set at start; 0: unknown)", [{}]),
     "queue_expected_wait_seconds": ("gauge", "the queue's expected wait for a request arriving now", [{}]),
+    "renders_waiting": ("gauge", "chats waiting for a slot to render their chat template", [{}]),
+    "renders_running": ("gauge", "chat templates rendering now (each in a worker process)", [{}]),
+    "renders_shed_total": ("counter", "chat renders dropped unrun or stopped, by reason (the client had gone, "
+                           "or the server was shutting down)", [{"reason": "client_gone"}, {"reason": "shutdown"}]),
     "time_to_first_token_seconds": ("histogram", "arrival to first token", TTFT_BUCKETS),
     "time_per_output_token_seconds": ("histogram", "per request: (last token - first token) / (tokens - 1)",
                                       TPOT_BUCKETS),
