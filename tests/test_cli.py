@@ -464,6 +464,14 @@ def test_error_message_is_not_rich_markup(home, tmp_path):
     user_error(r, "[red]gone")
 
 
+def test_error_message_is_not_rich_emoji_codes(home, tmp_path):
+    # Issue 43: Rich replaced ":thumbs_up:" in an error line by the emoji, naming a path not given.
+    for model in ("nosuch/:thumbs_up:x", str(tmp_path / ":smiley:[red]")):
+        r = run(home, "generate", "ROMEO:", "--model", model)
+        err = user_error(r, model)
+        assert "\U0001f44d" not in err and "\U0001f603" not in err
+
+
 def test_compare_prompt_is_not_rich_markup(home):
     # BUG: compare puts the prompt (and the generated text) in a Panel as a markup string:
     # a prompt "[/x]" crashes with MarkupError, "[red]" vanishes from the text shown.

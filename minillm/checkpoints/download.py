@@ -379,7 +379,7 @@ def _progress_bar(label: str, done: int, total: int | None, enabled: bool) -> It
         TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
         TransferSpeedColumn(), TimeRemainingColumn(),
     )
-    with Progress(*columns, console=Console(stderr=True)) as bar:
+    with Progress(*columns, console=Console(stderr=True, emoji=False)) as bar:
         task = bar.add_task(label, total=total, completed=done)
         yield lambda n: bar.advance(task, n)
 

@@ -13,9 +13,10 @@ if STDOUT_CLOSED:
 
 
 def console(stderr: bool = False) -> Console:
-    """A rich console. Sent to a file or a pipe, output is laid out for 150 columns (or $COLUMNS)."""
+    """A rich console. Sent to a file or a pipe, output is laid out for 150 columns (or $COLUMNS).
+    No emoji codes: a path or a prompt holding ":thumbs_up:" is shown as the user wrote it."""
     stream = sys.stderr if stderr else sys.stdout
-    return Console(highlight=False, stderr=stderr, soft_wrap=stderr,
+    return Console(highlight=False, emoji=False, stderr=stderr, soft_wrap=stderr,
                    width=None if stream.isatty() or os.environ.get("COLUMNS") else 150)
 
 

@@ -266,7 +266,7 @@ def run_shape(args: argparse.Namespace) -> int:
         lines += capacity_lines(cap, s, args.dtype, kvd, where)
     if moe and fit is None:
         lines += moe_ceilings(s, context, b, kvb, [hw] if args.chip else [c for c in CHIPS.values() if c.memory_gb])
-    Console().print("\n".join(lines), highlight=False, soft_wrap=True)
+    Console(emoji=False).print("\n".join(lines), highlight=False, soft_wrap=True)
     return 0
 
 

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     if which is None:
         from rich.console import Console
 
-        console = Console()
+        console = Console(emoji=False)
         console.print(listing())
         lessons = discover()
         total = sum(info.minutes for info in lessons)

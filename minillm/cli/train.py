@@ -36,7 +36,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    console = Console(width=None if sys.stdout.isatty() else 150)  # log lines unwrapped in a file
+    console = Console(emoji=False, width=None if sys.stdout.isatty() else 150)  # log lines unwrapped in a file
     for name in ("layers", "heads", "width", "context", "batch", "eval_every", "chunk"):
         v = getattr(args, name)
         if v is not None and v < (0 if name == "eval_every" else 1):

@@ -190,7 +190,7 @@ def _status(message: str, progress: bool) -> Iterator[Callable[[str], None]]:
         return
     from rich.console import Console
 
-    with Console(stderr=True).status(message) as status:
+    with Console(stderr=True, emoji=False).status(message) as status:
         yield lambda msg: status.update(msg)
 
 
@@ -250,7 +250,7 @@ def machine(remeasure: bool = False, progress: bool = True) -> Hardware:
             # mkdir of a folder whose name is taken by a file raises FileExistsError: say what is wrong
             reason = (f"{exc.filename} is not a directory" if isinstance(exc, FileExistsError)
                       else exc.strerror or str(exc))
-            Console(stderr=True).print(f"[yellow]note:[/] could not cache hardware figures at {escape(str(path))} "
+            Console(stderr=True, emoji=False).print(f"[yellow]note:[/] could not cache hardware figures at {escape(str(path))} "
                                        f"({escape(str(reason))}); they will be measured again next time: set "
                                        "MINILLM_HOME to a writable folder to keep them")
     return hw
