@@ -461,6 +461,24 @@ def test_loadgen_against_a_llama_cpp_server(workload, seed):
     assert s["prefill_s"] == pytest.approx(1e-4 * s["prefill_tokens"]) and s["flops"] is None
 
 
+def test_loadgen_says_llama_cpps_phase_seconds_are_summed_over_requests(tmp_path):
+    """Issue 43: llama.cpp's (and vLLM's) phase seconds are each request's, added up (decode 44.65 s
+    in a 15.9 s run): never called the server's time."""
+    with FakeLlamaServer() as fake:
+        r = cli(tmp_path, "loadgen", "--url", f"http://127.0.0.1:{fake.port}", "--requests", "4", "--rate", "100",
+                "--timeout", "30", "--json", timeout=60)
+        assert r.returncode == 0, r.stderr.decode()
+        assert json.loads(r.stdout)["server"]["seconds"] == "per_request_sum"
+        r = cli(tmp_path, "loadgen", "--url", f"http://127.0.0.1:{fake.port}", "--requests", "4", "--rate", "100",
+                "--timeout", "30", timeout=60)
+    out = " ".join(r.stdout.decode().split())
+    assert r.returncode == 0 and "seconds summed over requests, which overlap: not wall time" in out, out
+    assert "the server's time" not in out, out
+    from minillm.serving.engines import seconds_kind
+    assert [seconds_kind(k) for k in ("minillm", "vllm", "llama.cpp", None)] == \
+        ["step", "per_request_sum", "per_request_sum", "step"]
+
+
 def test_loadgen_withholds_the_verdict_when_there_is_nothing_to_read(tmp_path):
     with FakeLlamaServer(metrics=False) as fake:
         r = cli(tmp_path, "loadgen", "--url", f"http://127.0.0.1:{fake.port}", "--requests", "3", "--rate", "100",

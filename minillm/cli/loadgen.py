@@ -76,10 +76,14 @@ def run(args) -> int:
     else:
         def tokens(k):
             return "" if s[k] is None else f" for {s[k]:.0f} tokens"
-        out.print(f"server ({s['engine']}, from /metrics): prefill {s['prefill_s'] or 0:.2f} s"
+        summed = s["seconds"] == "per_request_sum"      # each request's seconds added up: they overlap
+        took = "more of the requests' summed seconds" if summed else "the server's time"
+        out.print(f"server ({s['engine']}, from /metrics"
+                  + ("; seconds summed over requests, which overlap: not wall time" if summed else "")
+                  + f"): prefill {s['prefill_s'] or 0:.2f} s"
                   f"{tokens('prefill_tokens')}, decode {s['decode_s'] or 0:.2f} s{tokens('decode_tokens')}"
                   + (f", {s['preemptions']:.0f} preemptions" if s["preemptions"] is not None else "")
-                  + (f": [bold]{s['bottleneck']}[/] took the server's time" if s["bottleneck"] != "neither" else
+                  + (f": [bold]{s['bottleneck']}[/] took {took}" if s["bottleneck"] != "neither" else
                      f": prefill and decode took about the same time (within {TIE - 1:.0%})")
                   + (f"; {s['cancelled']:.0f} requests cancelled" if s["cancelled"] else ""))
     return 0 if not r["errors"] else 2

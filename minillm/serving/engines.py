@@ -22,6 +22,19 @@ from __future__ import annotations
 KINDS = ("minillm", "vllm", "llama.cpp")
 NO_TIMINGS = "no phase timings exposed by this server"
 
+# What each engine's phase seconds are. minillm's are its engine thread's step seconds: a batched
+# step counts once, so they add up to at most the wall time. vLLM's (request_*_time_seconds_sum) and
+# llama.cpp's (prompt_seconds_total, tokens_predicted_seconds_total) are each request's own seconds
+# summed over the requests: requests that run together each count the same second, so the sum can
+# pass the wall time (decode 44.65 s in a 15.9 s run). Only a comparison of the two phases is read
+# from them, never a share of the server's time.
+SUMMED_PER_REQUEST = {"vllm", "llama.cpp"}
+
+
+def seconds_kind(kind: str | None) -> str:
+    """"per_request_sum" (each request's seconds, added up) or "step" (the server's own step time)."""
+    return "per_request_sum" if kind in SUMMED_PER_REQUEST else "step"
+
 
 def total(m: dict, name: str, **labels) -> float | None:
     """The sum of every series of metric `name` whose labels include `labels`; None if there is none."""

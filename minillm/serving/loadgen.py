@@ -7,7 +7,8 @@ server builds a queue, as real traffic does), each one streaming, each in its ow
 client measures what a user feels: time to first token (request sent -> first text), time between
 tokens, end-to-end latency, and output tokens per second over the run. Before and after, it reads
 the server's /metrics by that engine's own names (minillm, vLLM, llama.cpp: serving/engines.py), so
-the report can say where the server's time went; a server that exports no phase timings gets no verdict.
+the report can say which phase took more time (minillm's step seconds; vLLM's and llama.cpp's are
+each request's seconds summed, and say so); a server that exports no phase timings gets no verdict.
 
 Prompts are sent as TEXT, so a server of any vocabulary accepts them: each workload id becomes a
 word that is one token to the measuring tokenizer (the target model's, when given, else GPT-2's), so
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from ..errors import MiniLLMError
-from .engines import NO_TIMINGS, difference, flavour, phase_verdict, quantities
+from .engines import NO_TIMINGS, difference, flavour, phase_verdict, quantities, seconds_kind
 from .metrics import goodput, pct, request_tpot
 from .prom import parse
 from .workloads import WorkItem, load_workload
@@ -258,5 +259,6 @@ def run_load(url: str, workload: str, rate: float, n: int, seed: int = 0, timeou
                    "weights_bytes": d["weights_bytes"], "kv_read_bytes": d["kv_read_bytes"], "flops": d["flops"],
                    "prefill_tokens": d["prefill_tokens"], "decode_tokens": d["decode_tokens"],
                    "preemptions": d["preemptions"], "cancelled": d["cancelled"], "bottleneck": verdict,
+                   "seconds": seconds_kind(kind),
                    "note": None if verdict else NO_TIMINGS} if after else None,
     }
