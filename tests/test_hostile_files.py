@@ -559,3 +559,24 @@ def test_a_cache_that_grows_computes_what_a_preallocated_one_does(monkeypatch, s
     np.testing.assert_array_equal(grown, whole)
     assert big.capacity == model.config.n_ctx and small.capacity < model.config.n_ctx
     assert small.fork().k[:, :, :small.length].tobytes() == small.k[:, :, :small.length].tobytes()
+
+
+# -- weights stored as integers or booleans (issue 43) ------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "bool", "int32"])
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_weights_stored_as_integers_are_refused_not_widened(tmp_path, family, dtype):
+    """A safetensors tensor of I8/U8/BOOL loaded silently as floats (without any scale)."""
+    from minillm.checkpoints.safetensors import write_safetensors
+    if family == "llama":
+        d = hf_folder(tmp_path)
+    else:
+        d = tmp_path / "gpt2"
+        shutil.copytree(Path(__file__).parent / "fixtures" / "gpt2-tiny-a", d)
+    tensors, _ = read_safetensors(d / "model.safetensors")
+    tensors = {k: np.array(v) for k, v in tensors.items()}
+    name = sorted(k for k in tensors if tensors[k].ndim == 2)[0]
+    tensors[name] = (tensors[name] > 0).astype(dtype)
+    (d / "model.safetensors").unlink()
+    write_safetensors(d / "model.safetensors", tensors)
+    one_error(contained(load_and_run(d)), "model.safetensors: tensor", f"is stored as {dtype}, not as floats")

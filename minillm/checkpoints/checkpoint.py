@@ -119,6 +119,7 @@ def load_checkpoint(source: str | os.PathLike, dtype=np.float32) -> tuple[GPT2Co
         raise WeightsError(f"{path}: no such file or directory")
     raw, metadata = read_safetensors(file)
     tensors = canonical_names(raw, file)
+    check_float_tensors(tensors, file)
     if config is None:
         config = infer_config(tensors, metadata, file)
     for name, shape in iter_expected(config):                 # stops at the first missing: bounded by the file
@@ -144,6 +145,16 @@ def load_checkpoint(source: str | os.PathLike, dtype=np.float32) -> tuple[GPT2Co
         params[name] = np.array(tensors[name], dtype=dtype, copy=True)  # off the mmap, into RAM
         check_finite(params[name], f"{file}: tensor {name}")
     return config, params
+
+
+def check_float_tensors(tensors: dict, where) -> None:
+    """Every tensor stored as floats (F64, F32, F16, BF16): weights stored as integers or booleans
+    (I8, U8, BOOL, ...) would be widened to floats without their scales: refused in one line."""
+    for name, a in tensors.items():
+        if isinstance(a, np.ndarray) and a.dtype.kind != "f":
+            raise WeightsError(f"{where}: tensor {name} is stored as {a.dtype.name}, not as floats; minillm reads "
+                               "safetensors weights in F32, F16 or BF16 (quantized weights come as GGUF: "
+                               "`minillm quantize` writes them)")
 
 
 def check_finite(a: np.ndarray, what: str) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 from ..config import LlamaConfig
 from ..errors import ConfigError, WeightsError
 from ..paths import MAX_JSON_BYTES, folder_file, not_a_regular_file, read_json  # noqa: F401  (read_json: the family table's)
-from .checkpoint import check_all_finite, check_block_count  # noqa: F401  (check_all_finite: tests)
+from .checkpoint import check_all_finite, check_block_count, check_float_tensors  # noqa: F401  (check_all_finite: tests)
 from .safetensors import read_safetensors
 
 INDEX = "model.safetensors.index.json"
@@ -58,6 +58,7 @@ def read_tensors(folder: Path, file: Path | None = None) -> dict[str, np.ndarray
     tensors = {}
     for f in files:
         part, _ = read_safetensors(f)
+        check_float_tensors(part, f)
         tensors.update({re.sub(r"^model\.", "", k): v for k, v in part.items()})
     return tensors
 
