@@ -42,6 +42,11 @@ class Renders:
         return render
 
 
+def run(main) -> None:
+    """main() on a new event loop, failed (not hung) if it has not finished in 20 s."""
+    asyncio.run(asyncio.wait_for(main(), 20))
+
+
 def alive() -> asyncio.Future:
     return asyncio.get_running_loop().create_future()
 
@@ -67,7 +72,7 @@ def test_a_chat_whose_client_has_gone_is_never_queued_nor_run():
             await full.run("a", gone, r("dead"))
         r.release.set()
         await busy
-    asyncio.run(main())
+    run(main)
 
 
 def test_a_waiting_chat_whose_client_leaves_is_dropped_before_it_takes_a_slot():
@@ -87,7 +92,7 @@ def test_a_waiting_chat_whose_client_leaves_is_dropped_before_it_takes_a_slot():
         r.release.set()
         assert await later == "d" and sorted(await asyncio.gather(*busy)) == ["a", "b"]
         assert "c-dead" not in r.started and q.free == 2
-    asyncio.run(main())
+    run(main)
 
 
 def test_dispatch_skips_a_waiter_whose_client_has_gone():
@@ -103,7 +108,7 @@ def test_dispatch_skips_a_waiter_whose_client_has_gone():
         q._dispatch()
         assert dead[0].cancelled() and live[0].done() and not live[0].cancelled()
         assert q.held == {"y": 1} and q.free == 0 and q.n_waiting == 0
-    asyncio.run(main())
+    run(main)
 
 
 def test_a_chat_that_leaves_while_rendering_has_its_render_stopped():
@@ -116,7 +121,7 @@ def test_a_chat_that_leaves_while_rendering_has_its_render_stopped():
         with pytest.raises(ClientGone):
             await task
         assert r.stopped == ["a"] and q.free == 2
-    asyncio.run(main())
+    run(main)
 
 
 def test_waiting_chats_are_bounded_in_all_and_per_client():
@@ -137,7 +142,7 @@ def test_waiting_chats_are_bounded_in_all_and_per_client():
         r.release.set()
         await asyncio.gather(running, *waiting)
         assert "a3" not in r.started and "c1" not in r.started
-    asyncio.run(main())
+    run(main)
 
 
 def test_one_clients_renders_cannot_take_every_slot_from_another():
@@ -151,7 +156,35 @@ def test_one_clients_renders_cannot_take_every_slot_from_another():
         assert r.started[3] == "benign"
         r.release.set()
         await asyncio.gather(*flood)
-    asyncio.run(main())
+    run(main)
+
+
+def test_clients_whose_renders_ran_past_budget_wait_behind_the_others():
+    """24 attackers from 24 addresses each hold one slot at most: the share per client alone lets
+    their slow renders fill every slot. A client whose last render ran past its budget never takes
+    the last slot, and waits behind clients whose renders kept to theirs."""
+    async def main():
+        q, r = RenderQueue(2, trip_after=9), Renders()
+        for c in ("s1", "s2", "s3"):                                     # each has one slow render behind it
+            with pytest.raises(TemplateOverBudget):
+                await q.run(c, alive(), r(f"{c}-first", seconds=0, over_budget=True))
+        slow = [asyncio.ensure_future(q.run(c, alive(), r(c))) for c in ("s1", "s2", "s3")]
+        await settle()
+        assert r.started[3:] == ["s1"] and q.free == 1                   # s2, s3 may not take the last slot
+        clean = asyncio.ensure_future(q.run("c1", alive(), r("c1", seconds=0)))
+        assert await asyncio.wait_for(clean, 2) == "c1"                  # at once
+        q2, r2 = RenderQueue(1), Renders()
+        with pytest.raises(TemplateOverBudget):
+            await q2.run("s", alive(), r2("s-first", seconds=0, over_budget=True))
+        busy = asyncio.ensure_future(q2.run("x", alive(), r2("x", seconds=0.1)))
+        await settle(1)
+        queued = [asyncio.ensure_future(q2.run("s", alive(), r2("s", seconds=0))),
+                  asyncio.ensure_future(q2.run("c", alive(), r2("c", seconds=0)))]
+        await asyncio.gather(busy, *queued)
+        assert r2.started[1:] == ["x", "c", "s"]                         # c after s in the queue, first served
+        r.release.set()
+        await asyncio.gather(*slow)
+    run(main)
 
 
 def test_waiting_clients_take_turns():
@@ -164,7 +197,7 @@ def test_waiting_clients_take_turns():
         rest += [asyncio.ensure_future(q.run("b", alive(), r(f"b{i}", seconds=0.02))) for i in (1, 2)]
         await asyncio.gather(first, *rest)
         assert r.started == ["a0", "a1", "b1", "a2", "b2", "a3"]
-    asyncio.run(main())
+    run(main)
 
 
 def test_a_client_whose_renders_keep_running_past_their_budget_is_refused_at_once_for_a_while():
@@ -178,15 +211,20 @@ def test_a_client_whose_renders_keep_running_past_their_budget_is_refused_at_onc
             await q.run("a", alive(), r("refused"))
         assert e.value.status == 429 and e.value.headers["Retry-After"] == "30" and "refused" not in r.started
         assert await q.run("b", alive(), r("other", seconds=0)) == "other"       # another client is not
-        now[0] = 31.0
-        assert await q.run("a", alive(), r("again", seconds=0)) == "again"       # the while has passed
+        now[0] = 31.0                                                             # the while has passed...
+        with pytest.raises(TemplateOverBudget):
+            await q.run("a", alive(), r("slow-again", seconds=0, over_budget=True))
+        with pytest.raises(ApiError):                                             # ...one more slow: refused
+            await q.run("a", alive(), r("refused2"))
+        now[0] = 62.0
+        assert await q.run("a", alive(), r("again", seconds=0)) == "again"
         with pytest.raises(TemplateOverBudget):                                   # one in a row: not yet
             await q.run("a", alive(), r("slow2", seconds=0, over_budget=True))
         assert await q.run("a", alive(), r("fine", seconds=0)) == "fine"         # and a good one resets it
         with pytest.raises(TemplateOverBudget):
             await q.run("a", alive(), r("slow3", seconds=0, over_budget=True))
         assert await q.run("a", alive(), r("still", seconds=0)) == "still"
-    asyncio.run(main())
+    run(main)
 
 
 def test_close_answers_the_waiting_with_503_and_stops_the_running():
@@ -203,4 +241,4 @@ def test_close_answers_the_waiting_with_503_and_stops_the_running():
         assert r.started == ["run"] and r.stopped == ["run"]
         with pytest.raises(ApiError):
             await q.run("c", alive(), r("late"))
-    asyncio.run(main())
+    run(main)

@@ -10,11 +10,15 @@ it holds one of the pool's `slots`:
                   to it, and while it renders (the worker is killed)
     bounded       past `max_waiting` waiting chats, or `per_client` from one client, 429 with a
                   Retry-After from the recent renders' median time
-    a fair share  a free slot goes to the waiting client that holds the fewest (in turn among equals),
-                  and the last free slot only to a client that holds none: one client's templates
-                  cannot take every slot while another client waits
+    a fair share  a free slot goes first to the waiting clients whose last render kept to its
+                  budget, among them to the one that holds the fewest (in turn among equals); the
+                  last free slot (of several) only to such a client holding none: one client's
+                  templates, or many clients' slow ones, cannot take every slot while a
+                  well-behaved client waits
     a breaker     a client whose last `trip_after` renders all ran past their budget is refused at
-                  once (429, Retry-After) for `refuse_for` seconds: its next chats cost no slot
+                  once (429, Retry-After) for `refuse_for` seconds: its next chats cost no slot; its
+                  count goes back to 0 only with a render within budget (so after the while, one
+                  more slow render refuses it again)
     shutdown      `close()`: waiting and running renders end at once (503)
 
 A client is its peer address (behind a proxy every client is the proxy: one share for all).
@@ -99,8 +103,10 @@ class RenderQueue:
     # -- inside ------------------------------------------------------------------------------------
 
     def _may_take(self, client: str) -> bool:
-        """A free slot this client may have now: the last one only if it holds none."""
-        return self.free > 1 or (self.free == 1 and self.held[client] == 0)
+        """A free slot this client may have now: the last one (of several) only if it holds none and
+        its last render kept to its budget."""
+        return self.free > 1 or (self.free == 1 and (self.slots == 1 or self.held[client] == 0
+                                                     and self.streak[client] == 0))
 
     def _take(self, client: str) -> None:
         self.free -= 1
@@ -155,13 +161,14 @@ class RenderQueue:
         self._gauge()
 
     def _dispatch(self) -> None:
-        """Give free slots to waiters: the client holding the fewest first, in turn among equals;
-        a waiter whose client has gone is dropped here, before it takes a slot."""
+        """Give free slots to waiters: clients whose last render kept to its budget first, then the
+        one holding the fewest, in turn among equals; a waiter whose client has gone is dropped here,
+        before it takes a slot."""
         while self.free > 0 and self.waiting:
             ready = [c for c in self.waiting if self._may_take(c)]
             if not ready:
                 break
-            client = min(ready, key=lambda c: self.held[c])      # min keeps the turn order among equals
+            client = min(ready, key=lambda c: (self.streak[c] > 0, self.held[c]))   # min keeps the turn order
             waiters = self.waiting[client]
             fut, gone = waiters.popleft()
             self.n_waiting -= 1
@@ -197,7 +204,6 @@ class RenderQueue:
         self.streak[client] += 1
         if self.streak[client] >= self.trip_after:
             self.refused_until[client] = self.clock() + self.refuse_for
-            del self.streak[client]
             if len(self.refused_until) > 10_000:                 # a server runs for days: forget the expired
                 now = self.clock()
                 self.refused_until = {c: t for c, t in self.refused_until.items() if t > now}
