@@ -57,12 +57,6 @@ def published_params(s: dict) -> tuple[int, int]:
     return common + sparse * s["E"] * one, common + sparse * s["k"] * one
 
 
-def kv_values_per_token(s: dict) -> int:
-    """Values the KV cache holds per token, every layer: keys and values of the KV heads (GQA), or
-    MLA's latent and its rope key (DeepSeek: 512 + 64 a layer)."""
-    if "mla" in s:
-        return s["layers"] * (s["mla"]["kv_lora"] + s["mla"]["rope"])
-    return 2 * s["layers"] * s["kv_heads"] * s["head_dim"]
 
 
 def moe_shape(name: str) -> dict:

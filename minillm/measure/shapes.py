@@ -78,8 +78,6 @@ UTILISATION = 0.9    # the share of a GPU's memory a server takes: vLLM's gpu_me
 KV_DTYPES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0}
 
 
-def gpt2_as_shape(c) -> dict:
-    return {"n_layer": c.n_layer, "n_kv_head": c.n_head, "head_dim": c.head_dim, "n_params": c.n_params()}
 
 
 def shape_of(c, name: str = "") -> dict:

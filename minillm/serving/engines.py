@@ -19,7 +19,6 @@ server gave (`phase_verdict`).
 
 from __future__ import annotations
 
-KINDS = ("minillm", "vllm", "llama.cpp")
 NO_TIMINGS = "no phase timings exposed by this server"
 
 
