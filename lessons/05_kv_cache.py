@@ -149,9 +149,8 @@ def speedup_measured(L: Lesson, model, ids) -> list:
     L.claim(all(fr > 1.0 for *_, fr in rows) and rows[-1][3] > rows[0][3],
             "it saves FLOPs at every length, and more the longer the answer (counted)")
     # Timed: words from the rounds, never a claim (a busy machine changes the words, not the exit status).
-    mid = ratio_range(s_c, s_n)
     L.say(f"For {n} new tokens, saving {fmt_x(fr)} the FLOPs, "
-          + faster_words(mid, "the cache", "naive decode") + ".")
+          + faster_words(s_c, s_n, "the cache", "naive decode") + ".")
     L.say("""
         The longer the answer, the more the cache saves: naive decode's total FLOPs grow with the
         square of the length, cached decode's about linearly. At short lengths the fixed costs both

@@ -16,7 +16,7 @@ from rich.table import Table
 import minillm
 from minillm.config import GPT2_SIZES as MODELS
 from minillm.lessons._common import (Lesson, bar_chart, faster_words, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural,
-                                     ratio_range, roofline_plot, run_lesson, time_interleaved)
+                                     roofline_plot, run_lesson, time_interleaved)
 from minillm.measure.batching import run_batch_bench
 from minillm.measure.chips import CHIPS, decode_ceiling, roofline
 from minillm.ui import report
@@ -317,10 +317,10 @@ def prefix_caching(L: Lesson, model, hw, work: dict) -> list:
               fmt_bytes(after["bytes"]), times["prefix"].short())
     L.show(t)
     L.timing_note()
-    ratio = ratio_range(times["prefix"], times["full"])
+    said = faster_words(times["prefix"], times["full"], "the prefix computed once", "prefilling everything")
     L.say(f"""
         Both rows count and time the same work: the second includes the prefix's own prefill, done once.
-        Timed in turns, {faster_words(ratio, "the prefix computed once", "prefilling everything")}. Time
+        Timed in turns, {said}. Time
         follows FLOPs only partly: every prefill call reads all the weights once, whatever its length,
         so short prefills gain less than their FLOPs suggest. The saving grows with the length of the
         shared prefix.

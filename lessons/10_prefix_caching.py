@@ -8,13 +8,12 @@ Run:  python lessons/10_prefix_caching.py        (or: minillm learn 10)
 from __future__ import annotations
 
 from rich import box
-from rich.markup import escape
 from rich.table import Table
 
 from minillm.lessons._common import Lesson, fall_words, run_lesson
 
 from minillm.serving.metrics import serve
-from minillm.serving.workloads import WorkItem, generate_workload
+from minillm.serving.workloads import generate_workload
 from minillm.ui.report import fmt_flops, fmt_time
 
 TITLE = "Prefix caching; diagnosis"

@@ -8,7 +8,7 @@ Run:  python lessons/12_gqa.py        (or: minillm learn 12)
 
 from __future__ import annotations
 
-from minillm.lessons._common import Lesson, fmt_x, plural, run_lesson
+from minillm.lessons._common import Lesson, fmt_x, run_lesson
 
 import numpy as np
 from rich import box
@@ -21,7 +21,7 @@ from minillm.measure.chips import get_chip
 from minillm.measure.shapes import (SHAPES, UTILISATION, capacity, decode_step_bytes, kv_bytes_per_sequence,
                                     kv_bytes_per_token, shape)
 from minillm.models.llama import Llama, random_params
-from minillm.ui.report import fmt_bytes, fmt_flops, fmt_time
+from minillm.ui.report import fmt_bytes, fmt_flops
 
 TITLE = "Today's architecture: GQA and the KV cache"
 MINUTES = 8

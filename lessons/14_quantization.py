@@ -8,7 +8,7 @@ Run:  python lessons/14_quantization.py        (or: minillm learn 14)
 
 from __future__ import annotations
 
-from minillm.lessons._common import Lesson, Timing, faster_words, fmt_x, gpu_ridge_range, ratio_range, run_lesson
+from minillm.lessons._common import Lesson, Timing, faster_words, fmt_x, gpu_ridge_range, run_lesson
 
 import numpy as np
 from rich import box
@@ -176,8 +176,7 @@ def bytes_and_speed(L: Lesson) -> dict:
     L.fact(f"each format's ceiling is its own bytes at this machine's bandwidth: Q8_0's is "
            f"{fmt_x(f32['step_bytes'] / q8['step_bytes'])} float32's, Q4_0's "
            f"{fmt_x(f32['step_bytes'] / q4['step_bytes'])}")
-    r8 = ratio_range(Timing(tuple(q8["decode_rounds_s"])), Timing(tuple(f32["decode_rounds_s"])))
-    L.say(f"Measured: {faster_words(r8, 'a Q8_0 decode step', 'a float32 one')}.")
+    L.say(f"Measured: {faster_words(Timing(tuple(q8['decode_rounds_s'])), Timing(tuple(f32['decode_rounds_s'])), 'a Q8_0 decode step', 'a float32 one')}.")
     saved_s = (f32["step_bytes"] - q8["step_bytes"]) / bw
     widen_s = q8["widen_ms"] / 1e3
     more = "more than" if widen_s > 1.1 * saved_s else "less than" if widen_s < saved_s / 1.1 else "about what"
@@ -215,9 +214,8 @@ def prefill_against_decode(L: Lesson, rows: dict) -> None:
     for w, r in rows.items():
         t.add_row(w, f"{r['prefill_tok_s']:,.0f}", f"{r['tok_s']:,.1f}", fmt_x(r["prefill_tok_s"] / r["tok_s"]))
     L.show(t)
-    r8 = ratio_range(Timing(tuple(q8["prefill_rounds_s"])), Timing(tuple(f32["prefill_rounds_s"])))
     n = round(f32["prefill_tok_s"] * f32["prefill_s"])
-    L.say(f"Measured on {n} prompt tokens: {faster_words(r8, 'a Q8_0 prefill', 'a float32 one')}. A prefill "
+    L.say(f"Measured on {n} prompt tokens: {faster_words(Timing(tuple(q8['prefill_rounds_s'])), Timing(tuple(f32['prefill_rounds_s'])), 'a Q8_0 prefill', 'a float32 one')}. A prefill "
           f"widens each tile once for all its rows: the cast alone, {fmt_time(q8['widen_ms'] / 1e3)} a pass, is "
           f"{fmt_time(q8['widen_ms'] / 1e3 / n)} per prompt token (the scales come on top), against "
           f"{fmt_time(q8['widen_ms'] / 1e3)} per decoded one.")
@@ -329,8 +327,7 @@ def fused(L: Lesson, rows: dict, fused_rows: dict) -> None:
     base = Timing(tuple(f32["decode_rounds_s"]))
     for w, name in (("q8_0", "Q8_0"), ("q4_0", "Q4_0")):
         r = fused_rows[w]
-        ratio = ratio_range(Timing(tuple(r["decode_rounds_s"])), base)
-        L.say(f"Measured: {faster_words(ratio, f'a fused {name} decode step', 'a NumPy float32 one')}.")
+        L.say(f"Measured: {faster_words(Timing(tuple(r['decode_rounds_s'])), base, f'a fused {name} decode step', 'a NumPy float32 one')}.")
     speed8, bytes8 = fused_rows["q8_0"]["tok_s"] / f32["tok_s"], f32["step_bytes"] / fused_rows["q8_0"]["step_bytes"]
     speed4, bytes4 = fused_rows["q4_0"]["tok_s"] / f32["tok_s"], f32["step_bytes"] / fused_rows["q4_0"]["step_bytes"]
     L.say(f"""

@@ -16,7 +16,7 @@ from rich.table import Table
 
 import minillm
 from minillm import kernels
-from minillm.lessons._common import Lesson, faster_words, fmt_x, ratio_range, run_lesson, time_interleaved
+from minillm.lessons._common import Lesson, faster_words, fmt_x, run_lesson, time_interleaved
 from minillm.models import ops
 from minillm.ui.report import fmt_bytes
 
@@ -114,9 +114,8 @@ def score_bytes(L: Lesson) -> tuple[int, float]:
     """)
     ids = rng.integers(0, c.vocab_size, T)
     times = time_interleaved({"numpy": lambda: ref.prefill(ids), "fused": lambda: fused.prefill(ids)}, L.rounds())
-    r = ratio_range(times["fused"], times["numpy"])
     L.say(f"Measured, the whole prefill of {T:,} tokens: "
-          f"{faster_words(r, 'the fused one', 'NumPy' + chr(39) + 's')} (the products run on the same BLAS "
+          f"{faster_words(times['fused'], times['numpy'], 'the fused one', 'NumPy' + chr(39) + 's')} (the products run on the same BLAS "
           "in both for a prompt this long).")
     L.timing_note()
     L.pause()

@@ -326,12 +326,12 @@ def test_fall_words_on_lesson_10s_run_that_said_less_than(ttft, flops, rel):
     assert rel in _common.fall_words(ttft, flops, "time to first token")
 
 
-@pytest.mark.parametrize("ratio, words", [((0.4, 0.3, 0.5), "faster in every round"),
-                                          ((0.8, 0.5, 1.2), "faster at the median, though not in every"),
-                                          ((1.0, 0.8, 1.3), "about as fast"),
-                                          ((1.3, 1.1, 1.5), "slower in every round")])
-def test_faster_words_follow_the_rounds(ratio, words):
-    assert words in _common.faster_words(ratio, "a", "b")
+@pytest.mark.parametrize("a, b, words", [((0.4, 0.45), (1.0, 1.02), "faster, every round beyond"),
+                                          ((0.5, 1.2), (1.0, 1.01), "no winner (their rounds overlap)"),
+                                          ((1.0, 1.01), (1.02, 1.03), "no winner (medians within 5%)"),
+                                          ((1.3, 1.5), (1.0, 1.01), "slower, every round beyond")])
+def test_faster_words_follow_the_rounds(a, b, words):
+    assert words in _common.faster_words(_common.Timing(a), _common.Timing(b), "a", "b")
 
 
 def test_lesson_7s_gpu_batching_verdict_is_chosen_by_the_cap_against_the_ridge():
