@@ -1,0 +1,88 @@
+"""The course, round five (the teaching review of lessons 1-17, and its newcomer's traps): each fix
+tested where it is made. Sentences of lessons are checked through the functions that build them,
+fed the numbers that once misled, and through fast runs of the lessons themselves."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from minillm.cli import learn
+
+
+def _lesson(number: int):
+    return importlib.import_module(next(i.module for i in learn.LESSONS if i.number == number))
+
+
+def _run(number: int, capsys, *extra) -> str:
+    assert _lesson(number).main(["--fast", "--no-pause", *extra]) == 0
+    return capsys.readouterr().out
+
+
+# -- lesson 15 ------------------------------------------------------------------------------------------
+
+def test_lesson_15s_try_it_suggests_a_ratio_the_presets_do_not_have():
+    """E21: '64 experts and top-8 (Qwen3's ratio)' was the presets' own E/k = 8; Qwen3-30B-A3B routes 8 of 128."""
+    from minillm.measure.experts import PUBLISHED
+    m = _lesson(15)
+    E, k = m.TRY_EXPERTS
+    q = PUBLISHED["Qwen3-30B-A3B"]
+    assert (E, k) == (q["E"], q["k"]) and E // k != m.mix_ratio()
+
+
+def test_lesson_15_sizes_the_published_mixtures_as_released(capsys):
+    """E18/C16/W24: DeepSeek-V3 held in FP8 (673 GB, fits 8 H200s with room for KV), the bf16 upcast
+    as the doubling; Qwen3-30B-A3B's active count to two decimals beside its makers' 3.3B."""
+    from minillm.measure.experts import held_bytes, read_bytes
+    from minillm.measure.shapes import shape
+    from minillm.ui.report import fmt_bytes
+    out = " ".join(_run(15, capsys).split())
+    ds = shape("deepseek-v3")
+    assert f"{fmt_bytes(held_bytes(ds))} fp8 {fmt_bytes(read_bytes(ds))}" in out
+    assert "3.35B active by these formulas; its makers say 30.5B and 3.3B" in out
+    assert "DeepSeek-V3 would not fit on 8 GPUs" not in out
+    assert "DeepSeek-V3 fit, with" in out and "more than the card's 141 GB" in out
+    assert "plain decode does not run it, but engines can use it as the draft of lesson 11" in out
+    rows = {r["name"]: r for r in _lesson(15).ep_rows()}
+    assert rows["DeepSeek-V3"]["per_gpu"] < 0.9 * 141e9 < 2 * rows["DeepSeek-V3"]["experts_bytes"]
+
+
+def test_lesson_15s_equal_time_tokens_are_the_byte_count_scaled_by_link_over_hbm():
+    """M31: a link is 7-100× slower than HBM, so the all-to-all catches up with the experts' read that
+    many times sooner in time than in bytes."""
+    from minillm.measure.chips import CHIPS, LINKS
+    for r in _lesson(15).ep_rows():
+        hbm = CHIPS["h200"].bandwidth_gbs
+        assert r["nvlink4"] == pytest.approx(r["bytes_match"] * LINKS["nvlink4"][0] / hbm)
+        assert r["ib-ndr"] == pytest.approx(r["bytes_match"] * LINKS["ib-ndr"][0] / hbm)
+        assert r["ib-ndr"] < r["nvlink4"] < r["bytes_match"] / 7
+
+
+@pytest.mark.parametrize("bound, words", [
+    ({("mixture", 1): False, ("mixture", 32): False}, "Every decode step of the sweep above was memory-bound"),
+    ({("mixture", 1): False, ("mixture", 32): True}, "below B = 32"),
+    ({("mixture", 1): True, ("mixture", 32): True}, "compute-bound by its counts: there rows"),
+])
+def test_lesson_15_says_which_regime_the_rows_matter_in(bound, words):
+    """M32: 'the time an expert takes depends on its rows' holds past the ridge only."""
+    assert words in _lesson(15).regime_words(bound)
+    said = _lesson(15).busiest_words(2.0, bound)
+    assert "Past the ridge" in said and "Below it" in said
+    assert ("every decode step here" in said) == (not any(bound.values()))
+
+
+@pytest.mark.parametrize("mix_rounds, words", [
+    ({1: [1, 1], 2: [1.5, 1.6], 4: [2.0, 2.1], 8: [3.0, 3.1], 16: [9.0, 9.5], 32: [20, 21]},
+     "above it, every round, at B = 16"),
+    ({1: [1, 1], 2: [1.5, 1.6], 4: [2.0, 2.1], 8: [3.0, 3.1], 16: [4.0, 9.5], 32: [20, 21]},
+     "at B = 16 the rounds overlap it"),                            # M43: one round flips B = 16
+    ({B: [1, 1.05] for B in (1, 2, 4, 8, 16, 32)}, "stayed below it in every round"),
+])
+def test_lesson_15_says_where_the_mixture_reached_the_dense_gain_only_when_the_rounds_agree(mix_rounds, words):
+    m = _lesson(15)
+    tps = {("dense", B): [1.0, 1.0] for B in m.BATCHES}
+    tps[("dense", 8)] = [5.0, 5.2]
+    tps.update({("mixture", B): v for B, v in mix_rounds.items()})
+    gain = {(n, B): 1.0 for n in ("dense", "mixture") for B in m.BATCHES}
+    assert words in m.measured_words(tps, gain)
