@@ -86,3 +86,38 @@ def test_lesson_15_says_where_the_mixture_reached_the_dense_gain_only_when_the_r
     tps.update({("mixture", B): v for B, v in mix_rounds.items()})
     gain = {(n, B): 1.0 for n in ("dense", "mixture") for B in m.BATCHES}
     assert words in m.measured_words(tps, gain)
+
+
+# -- lesson 17 ------------------------------------------------------------------------------------------
+
+def test_lesson_17_reads_the_h200_steps_against_both_roofs():
+    """E19: the Llama-3-8B B = 256 step at 164 FLOP/byte is below the H200's ridge of 206 (memory-bound by
+    the roofline, yet at 44% of the bandwidth: bound by neither); B = 384 passes it; Llama-2-7B's MHA KV
+    caps it near 100 FLOP/byte, below every GPU ridge. M37: the KV bytes of each batch row."""
+    from minillm.measure.chips import CHIPS
+    m = _lesson(17)
+    rows = {(r["shape"], r["batch"]): r for r in m.h200_rows()}
+    ridge = CHIPS["h200"].ridge
+    r256, r384 = rows["llama-3-8b", 256], rows["llama-3-8b", 384]
+    assert r256["intensity"] < ridge <= r384["intensity"] and r256["bound"] == "memory"
+    assert r256["of_bandwidth"] < 0.5 and r256["of_peak"] < 0.5                  # neither roof
+    mha = rows["llama-2-7b", 256]
+    assert mha["kv"] / mha["weights"] > 2.5 and mha["cap"] < min(m.gpu_ridges().values())
+    assert "never turns compute-bound" in m.cap_words(mha["cap"])
+    assert "crosses it" in m.cap_words(r256["cap"])
+
+
+def test_lesson_17_says_no_issue_words_and_computes_its_h200_reading(capsys, monkeypatch):
+    """W18: 'the issue', 'the issue's H200' were the project's tracker words; M30: the graph step's time
+    per kernel beside the eager one's; C15: a plain step against the datasheet and tuned engines."""
+    from minillm.backend import DeviceError, get_device
+    try:
+        get_device("cuda")
+        pytest.skip("this machine has a GPU")
+    except DeviceError:
+        pass
+    out = " ".join(_run(17, capsys).split())
+    assert "issue" not in out.lower()
+    assert "4.1 µs a kernel on the device" in out and "8.7 µs for each of its about 180 kernels" in out
+    assert "50% of the 4.8 TB/s datasheet figure" in out and "tuned engines with fused kernels" in out
+    assert "At B = 384 (208 FLOP/byte) it passes the ridge" in out

@@ -500,7 +500,7 @@ def test_the_gpu_lesson_without_a_gpu_says_so_and_shows_the_issues_figures_as_da
     """Lesson 17 on a machine without a usable GPU: one line saying so (the DeviceError's), then the
     issue's H200 figures under their source, never as this machine's; its numbers come from that table."""
     from minillm.backend import DeviceError, get_device
-    from minillm.measure.gpu import ISSUE_H200
+    from minillm.measure.gpu import H200_RUN
     try:
         get_device("cuda")
         pytest.skip("this machine has a GPU: the lesson measures it")
@@ -511,8 +511,8 @@ def test_the_gpu_lesson_without_a_gpu_says_so_and_shows_the_issues_figures_as_da
     assert importlib.import_module(learn.find("gpu").module).main(["--fast", "--no-pause"]) == 0
     out = capsys.readouterr().out
     assert f"note: no GPU here: {reason}" in out
-    assert "an H200's figures (not this machine's)" in out and ISSUE_H200["source"] in out
-    g = ISSUE_H200["gpt2_124m_fp16_b1"]
+    assert "an H200's figures (not this machine's)" in out and H200_RUN["source"] in out
+    g = H200_RUN["gpt2_124m_fp16_b1"]
     assert f"{g['bytes'] / (g['graph_ms'] * 1e-3) / 1e9:,.0f} GB/s" in out     # 257 MB / 0.74 ms, computed
     assert "This machine's GPU" not in out
 
@@ -548,8 +548,11 @@ def test_the_gpu_lesson_on_a_gpu_renders_its_measurements(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "This machine's GPU: Stand-in GPU" in out and "no GPU here" not in out
     assert "A step launches 180 kernels" in out and "180 × 6.50 µs of launches is 1.17 ms" in out
-    assert "the Llama-2-7B shape cut to 4 of its 32 layers (what fits in fast mode)" in out
+    assert "Llama-2-7B shape cut to 4 of its 32 layers (what fits in fast mode)" in out
+    assert "the Llama-3-8B shape (GQA) cut to 4 of its 32 layers" in out          # E19: the sweep crosses
+    assert "below the lowest fp16 ridge" not in out and "never crosses" in out
     assert "✓ checked: FLOP/byte rises with every larger batch" in out
+    assert "µs a kernel on the device" in out and "fusion (fewer, larger kernels)" in out     # M30
 
 
 
