@@ -121,3 +121,31 @@ def test_lesson_17_says_no_issue_words_and_computes_its_h200_reading(capsys, mon
     assert "4.1 µs a kernel on the device" in out and "8.7 µs for each of its about 180 kernels" in out
     assert "50% of the 4.8 TB/s datasheet figure" in out and "tuned engines with fused kernels" in out
     assert "At B = 384 (208 FLOP/byte) it passes the ridge" in out
+
+
+# -- lesson 16 ------------------------------------------------------------------------------------------
+
+def test_lesson_16_explains_its_own_measurement_and_says_at_least(capsys):
+    """E20: the removed score bytes' time at the measured bandwidth beside the measured prefill, and where
+    FlashAttention's win is (a GPU's HBM at long prompts); M36: 'at least', and NumPy's 128-query blocks
+    computing more than T²/2; W25: its sources."""
+    from minillm.kernels import available
+    if not available():
+        pytest.skip("lesson 16 needs numba")
+    m = _lesson(16)
+    assert m.scored_pairs(512) / 512 ** 2 == pytest.approx(0.625)          # the review's 62%
+    out = " ".join(_run(16, capsys).split())
+    assert "at least 4 bytes written and 4 read per score" in out
+    assert "75% of T² at 256 tokens" in out
+    assert "of NumPy's measured prefill" in out and "at most what removing them can save" in out
+    assert "prefill is compute-bound on this machine" in out or "prefill is memory-bound on this machine" in out
+    for source in ("Milakov and Gimelshein (2018)", "Dao et al., 2022", "Flash-Decoding (Dao, Haziza, Massa and "
+                   "Sizov, 2023)"):
+        assert source in out
+
+
+def test_lesson_16s_gpu_rows_grow_the_scores_share_with_the_prompt():
+    rows = _lesson(16).gpu_rows()
+    shares = [r["score_s"] / r["flop_s"] for r in rows]
+    assert shares == sorted(shares) and shares[0] < 0.1 < 0.5 < shares[-1]
+    assert all(0 < r["attention_share"] < 1 for r in rows)
