@@ -149,3 +149,67 @@ def test_lesson_16s_gpu_rows_grow_the_scores_share_with_the_prompt():
     shares = [r["score_s"] / r["flop_s"] for r in rows]
     assert shares == sorted(shares) and shares[0] < 0.1 < 0.5 < shares[-1]
     assert all(0 < r["attention_share"] < 1 for r in rows)
+
+
+# -- cache residency from the measurement (lessons 6, 14; compare, bench) -----------------------------
+
+def _vm():
+    from minillm.measure.chips import Hardware
+    return Hardware(name="vm", bandwidth_gbs=20.0, peak_gflops=100.0, llc_bytes=480 * 2**20)
+
+
+def test_lesson_14_calls_the_weights_cached_only_when_float32_passed_its_dram_ceiling():
+    """E22/C18: on a VM whose sysfs lists the host's 480 MiB L3, 498 MB of float32 weights at 67% of the
+    DRAM ceiling were said to 'fit' the cache; now only a run past the ceiling says so."""
+    m = _lesson(14)
+    f32 = {"of_ceiling": 0.67, "model_bytes": 498e6}
+    said = m.cache_words(f32, _vm(), "random-124m")
+    assert "67% of its DRAM ceiling" in said and "reports a last-level cache of 480 MiB" in said
+    assert "from a cache" not in said and "fit" not in said
+    said = m.cache_words({**f32, "of_ceiling": 1.3}, _vm(), "random-124m")
+    assert "from a cache" in said and "--model random-124m" not in said
+
+
+def test_the_residency_verdict_reads_the_probe_not_the_size():
+    from minillm.measure import residency
+    hw = _vm()
+    assert residency.verdict(498e6, hw) == "unknown"                        # the size alone says nothing
+    assert residency.verdict(498e6, hw, step_gbs=25.0) == "cache"
+    assert residency.verdict(498e6, hw, probe_gbs=22.0) == "dram"
+    assert residency.verdict(498e6, hw, probe_gbs=40.0) == "cache"
+    assert residency.probe_at(4 * 2**20) > 0
+
+
+# -- lesson 14: the 2026 formats, the ridge, the loss ---------------------------------------------------
+
+def test_halving_the_math_precision_doubles_the_ridge_and_weight_only_lowers_the_critical_batch():
+    """X21: B* ≈ ridge·b/2 stays put when the weights share the math's format; W4A16 cuts it by its byte ratio."""
+    rows = {r["format"]: r for r in _lesson(14).format_rows("b200")}
+    bf16, fp8 = rows["bf16 (W16A16)"], rows["FP8 (W8A8)"]
+    wo, fp4 = rows["4-bit weight-only (W4A16)"], rows["NVFP4 (W4A4)"]
+    assert fp8["ridge"] == pytest.approx(2 * bf16["ridge"]) and fp4["ridge"] == pytest.approx(4 * bf16["ridge"])
+    assert fp8["b_star"] == pytest.approx(bf16["b_star"], rel=0.01)
+    assert wo["b_star"] == pytest.approx(bf16["b_star"] * wo["bytes"] / bf16["bytes"])
+    assert fp4["bytes"] == 9 / 16                                          # 16 E2M1 values and an E4M3 scale
+    assert "NVFP4 (W4A4)" not in {r["format"] for r in _lesson(14).format_rows("h100-sxm")}   # no FP4 math
+
+
+def test_lesson_14_names_nvfp4_w4a32_and_the_slice_its_loss_is_of(capsys):
+    """X21, W21 ('W4A16 in float32' is W4A32), C10 (the lesson's loss is of its first tokens, the
+    README's of all of them)."""
+    out = " ".join(_run(14, capsys).split())
+    assert "NVFP4 16 9 4.5" in out
+    assert "float32 activations and products, W4A32" in out and "W4A16 in float32" not in out
+    assert "tokens here)" in out and "--weights W scores all" in out and "another slice" in out
+
+
+def test_lesson_14_names_other_processes_when_busy(monkeypatch, capsys):
+    """M42: the typed sentence on what is left between the fused speed and the byte ratio names the
+    other processes when the machine is busy (it named the wrong cause under contention)."""
+    from lessons import _common
+    from minillm.kernels import available
+    if not available():
+        pytest.skip("the fused half needs numba")
+    monkeypatch.setattr(_common, "busy_line", lambda: "busy machine (stand-in)")
+    out = " ".join(_run(14, capsys).split())
+    assert "on this busy machine, other processes" in out

@@ -103,8 +103,10 @@ def run_compare(args) -> int:
             out.print(f"[red]✗ {path}: the tokens differ from cached from new token {diff}[/] "
                       f"(cached {new_c[diff]}, {path} {new[diff]})")
 
-    note = report.cache_note(model.nbytes(), hw)
-    if note:   # said first: a cache-resident model does not show the memory wall this command is about
+    decode_gbs = [r.gbps for r in m_c.of_kind("decode")]
+    step_gbs = sorted(decode_gbs)[len(decode_gbs) // 2] if decode_gbs and not model.device.is_gpu else None
+    note = report.cache_note(model.nbytes(), hw, step_gbs, args.model or model.name)
+    if note:   # said first: a cache-resident run does not show the memory wall this command is about
         out.print(Panel(Text(note), title="cache-resident model", title_align="left", border_style="yellow"))
     rows = report.select(m_c.steps, args.rows)
     w = out.width
@@ -125,8 +127,7 @@ def run_compare(args) -> int:
         out.print("• " + report.verdict(m_c.steps[-1], hw, "cached"))
         out.print("• " + report.verdict(m_n.steps[-1], hw, "naive"))
     if note:
-        out.print("[yellow]• cache-resident: the weights came from the CPU cache, so these verdicts describe "
-                  "the cache, not DRAM (try --model large: real text from DRAM, or random-124m)[/]")
+        out.print("[yellow]• cache-resident, by this run's GB/s: these verdicts describe a cache, not DRAM[/]")
     if not model.device.is_gpu:
         out.print(f"[dim]this machine: {escape(hardware.provenance(hw))}[/]")
     if gpu:

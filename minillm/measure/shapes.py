@@ -29,7 +29,7 @@ import difflib
 
 from ..config import LlamaConfig, GPT2_SIZES
 from ..errors import MiniLLMError
-from .experts import PUBLISHED, held_bytes, moe_shape, params_read, read_bytes
+from .experts import PUBLISHED, held_bytes, moe_shape, read_bytes
 
 
 def _llama(L, H, Hkv, hd, d, F, V, tied=False, ctx=4096, arch="llama") -> LlamaConfig:

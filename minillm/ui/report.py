@@ -138,19 +138,19 @@ def fmt_mib(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def cache_resident(model_bytes: int, hw: Hardware) -> bool:
-    return bool(hw.llc_bytes) and model_bytes <= hw.llc_bytes
-
-
-def cache_note(model_bytes: int, hw: Hardware) -> str | None:
-    """When the weights fit in the last-level cache, DRAM is not what a decode step measures."""
-    if cache_resident(model_bytes, hw):
-        return (f"This model's weights ({fmt_mib(model_bytes)}) fit in this CPU's {fmt_mib(hw.llc_bytes)} "
-                "last-level cache, so a decode step reads them from the cache, not from DRAM: the GB/s below "
-                "are cache speeds, and this run cannot show decode waiting on memory. To see it, add "
-                "--model large (the bundled 77 MB model, real text) or --model random-124m (GPT-2 small's "
-                "size, about 500 MB a step).")
-    return None
+def cache_note(model_bytes: int, hw: Hardware, step_gbs: float | None, name: str = "") -> str | None:
+    """When this run's decode steps read faster than the DRAM bandwidth measured here, they read the
+    weights from a cache, and the GB/s below are not DRAM's: said from the measurement (`step_gbs`, the
+    median decode step's), never from the cache size the operating system lists (measure/residency.py).
+    The advice names a bigger model than the one running (`name`), never the same one."""
+    from ..measure import residency
+    if step_gbs is None or not residency.outran(step_gbs, hw):
+        return None
+    bigger = residency.larger_model(name, model_bytes)
+    return (f"This run's decode steps read {step_gbs:,.1f} GB/s, more than the {hw.bandwidth_gbs:,.1f} GB/s measured "
+            f"for this machine's memory: the weights ({fmt_mib(model_bytes)}) came from a cache, not DRAM "
+            f"({residency.os_reports(hw)}), and this run cannot show decode waiting on memory."
+            + (f" To see it, add --model {bigger}." if bigger else ""))
 
 
 # -- serving verdicts: sentences from the figures of serve-sim's runs (serve-sim and lesson 13 print them)
