@@ -213,3 +213,55 @@ def test_lesson_14_names_other_processes_when_busy(monkeypatch, capsys):
     monkeypatch.setattr(_common, "busy_line", lambda: "busy machine (stand-in)")
     out = " ".join(_run(14, capsys).split())
     assert "on this busy machine, other processes" in out
+
+
+# -- lessons 9 and 13: every ranking through the closeness rule; the rate sweep and the prices ---------
+
+def test_lesson_13_ranks_by_the_rule_sweeps_the_rate_and_prices_the_tokens(capsys):
+    """M41 (winners only beyond the rounds' spread, 'peaked' only when the larger batches fell beyond it),
+    X16 (a lesson runs the rate sweep), X26 (input, cached-input and output prices), W22 (rates in words),
+    W23 (launch-bound small models: lesson 17)."""
+    out = " ".join(_run(13, capsys).split())
+    assert "Goodput against the request rate, and what a token costs" in out
+    assert "met: the share of requests that met every target" in out
+    assert "Per million tokens at that load: input" in out and "cached input" in out and "output" in out
+    assert "the closeness rule" in out and "this machine, 1 BLAS thread, now" in out or "BLAS threads, now" in out
+    assert "4.1e+02 per second" not in out and "lesson 17 measures it" in out
+    assert "kernel launches, not by this roofline: lesson 6" not in out
+
+
+@pytest.mark.parametrize("rounds, words", [
+    ({"batch 1": [1, 1.1], "batch 4": [5, 5.2], "batch 8": [9, 9.1]}, "grew up to the largest batch, batch 8"),
+    ({"batch 1": [1, 1.1], "batch 4": [9, 9.2], "batch 8": [5, 5.1]}, "peaked at batch 4, below the largest"),
+    ({"batch 1": [1, 1.1], "batch 4": [5, 9.2], "batch 8": [9, 9.1]}, "showed no batch apart"),
+])
+def test_lesson_13_says_peaked_only_when_the_larger_batches_fell_beyond_the_spread(rounds, words):
+    from minillm.measure import closeness
+    m = _lesson(13)
+    assert words in m.peak_words(closeness.rank(rounds), list(rounds))
+
+
+def test_a_rate_reads_as_a_rate():
+    fmt_rate = _lesson(13).fmt_rate
+    assert fmt_rate(410.3) == "410 per second" and fmt_rate(2.5) == "2.5 per second"
+
+
+def test_token_prices_split_the_engines_seconds_by_phase_and_charge_the_idle_time():
+    from minillm.serving.rates import price_lines, token_prices
+    run = {"duration_s": 10.0, "busy_seconds": 5.0, "prefill_seconds": 1.0, "prefill_tokens": 1000,
+           "output_tokens": 400}
+    p = token_prices(run, kv_bytes_per_token=1e6, bandwidth_gbs=10.0)
+    assert p["idle_scale"] == 2.0
+    assert p["input_s_per_mtok"] == pytest.approx(1.0 * 2 / 1000 * 1e6)
+    assert p["output_s_per_mtok"] == pytest.approx(4.0 * 2 / 400 * 1e6)
+    assert p["cached_input_s_per_mtok"] == pytest.approx(1e6 / 10e9 * 2 * 1e6)
+    said = " ".join(price_lines(p, 3600.0))
+    assert "input 0.556 engine-hours ($2,000.00)" in said and "An output token costs 10×" in said
+
+
+def test_lesson_9_serves_the_three_policies_in_interleaved_rounds_and_ranks_by_the_rule(capsys):
+    """The static-against-continuous verdict changed between separate runs (2 threads) and --compare (1):
+    the lesson now serves all three in the same interleaved rounds and ranks by the closeness rule."""
+    out = " ".join(_run(9, capsys).split())
+    assert "medians of 2 rounds, every policy's steps in turn" in out
+    assert "Goodput on this run:" in out and "this machine, " in out

@@ -224,7 +224,7 @@ def run_shape(args: argparse.Namespace) -> int:
     the model was released (`measure/shapes.py`: DeepSeek-V3 in FP8 with its tile scales, GPT-2 in
     float32, the others in 16 bits), and bf16 is shown beside a smaller release as the doubling it is."""
     from ..errors import MiniLLMError
-    from ..measure.experts import held_bytes, read_bytes
+    from ..measure.experts import held_bytes
     from ..measure.shapes import capacity, decode_step_bytes, kv_bytes_per_token, shape
     from .common import parse_bytes
     s = shape(args.shape)

@@ -22,7 +22,7 @@ from ..serving.disagg import (OnThreads, colocated_summary, disaggregated_engine
                               measure_copy_gbps, parse_split, run_interleaved)
 from ..serving.metrics import engine_for, merge_rounds, parse_slo, step_fit, summarize
 from ..measure.busy import conditions
-from ..serving.rates import ATTAINMENT, capacity_words, highest_rate, parse_rates, rate_sweep
+from ..serving.rates import ATTAINMENT, capacity_words, highest_rate, parse_rates, price_lines, rate_sweep, token_prices
 from ..serving.workloads import WORKLOADS, WorkItem, load_workload, write_trace
 from ..ui.live import LiveView
 from ..ui.report import budget_verdict, diagnosis, disagg_verdict, favours, fmt_bytes, fmt_flops, fmt_time, slo_text
@@ -194,6 +194,10 @@ def sweep(model, items: list[WorkItem], args, hw, threads: int | None = None) ->
     return results, step_fit([s for _, es in engines for e in es for s in e.steps])
 
 
+def _threads(n: int) -> str:
+    return f"{n} BLAS thread{'s' if n != 1 else ''}"
+
+
 def _s(x) -> str:
     return "—" if x is None else fmt_time(x)
 
@@ -259,7 +263,7 @@ def run(args) -> int:
         err.print(f"[yellow]note:[/] {escape(why)}", soft_wrap=False)
     args.conditions = conditions(threads, why)
     if args.rate_list is not None:
-        return rates(model, args, threads)
+        return rates(model, args, threads, hw)
     if args.split or args.compare == "disagg":
         return disagg(model, items, args, hw, threads)
     fit = None
@@ -300,7 +304,7 @@ def setting(args, r: dict) -> str:
 REAL_LINK_GBPS = 25.0     # a real network link (25 GbE) beside this machine's memory copy
 
 
-def rates(model, args, threads: int | None) -> int:
+def rates(model, args, threads: int | None, hw=None) -> int:
     """--rates: the same seeded workload at each rate, one engine each, interleaved; the highest rate
     whose attainment meets the target, and what a token costs there."""
     with err.status(f"serving {args.requests} requests at {len(args.rate_list)} rates, interleaved…"):
@@ -310,6 +314,12 @@ def rates(model, args, threads: int | None) -> int:
                            max_seqs=args.max_seqs, max_batched_tokens=budget_of(args),
                            deterministic=args.deterministic)
     h = highest_rate(runs_, args.attainment)
+    prices = None
+    if h["run"] is not None and hw is not None:
+        c = model.config
+        kv_tok = 2 * c.n_layer * c.n_kv_head * c.head_dim * model.dtype.itemsize
+        prices = token_prices(h["run"], kv_tok, hw.bandwidth_gbs)
+        h["prices"] = prices
     if args.json:
         print(json.dumps({"runs": runs_, "capacity": {k: v for k, v in h.items() if k != "run"},
                           "conditions": args.conditions}, indent=2))
@@ -325,10 +335,13 @@ def rates(model, args, threads: int | None) -> int:
                   _s(r["tpot_p95_s"]), f"{r['goodput_rps']:.2f}/s", f"{r['attainment']:.0%}")
     out.print(t)
     out.print(f"[dim]{args.requests} requests of {args.workload}, seed {args.seed}, the same at every rate; "
-              f"{threads or blas_threads()} BLAS thread(s) for every rate; met: the share that met every "
+              f"{_threads(threads or blas_threads() or 1)} for every rate; met: the share that met every "
               f"target; ◆ the highest rate where {args.attainment:.0%} did[/]")
     for line in capacity_words(h, slo, args.price_per_hour):
         out.print(line)
+    if prices:
+        for line in price_lines(prices, args.price_per_hour):
+            out.print(line)
     return 0
 
 

@@ -125,7 +125,11 @@ def spread_text(r: Ranking, name: str, fmt: Callable[[float], str]) -> str:
     lo, hi = r.ranges[name]
     if r.rounds[name] < 2:
         return fmt(r.medians[name])
-    return f"{fmt(r.medians[name])} ({fmt(lo)}-{fmt(hi)})"
+    a, b = fmt(lo), fmt(hi)
+    unit_a, unit_b = a.rpartition(" ")[2], b.rpartition(" ")[2]
+    if " " in a and unit_a == unit_b and not unit_a[:1].isdigit():     # '865-884 tok/s', the unit once
+        a = a.rpartition(" ")[0]
+    return f"{fmt(r.medians[name])} ({a}-{b})"
 
 
 def best_words(r: Ranking, what: str, fmt: Callable[[float], str], threads: int | None = None) -> str:

@@ -201,6 +201,9 @@ def summarize(engine, label: str | None = None, hw=None, slo: dict | None = None
         "prefill_tokens": sum(s.prefill_tokens for s in steps),
         "decode_tokens": sum(s.decode_tokens for s in steps),
         "prefill_flops": int(prefill_flops),
+        "prefill_seconds": sum(s.seconds * prefill_share(s) / s.record.total_flops for s in steps
+                               if s.record is not None and s.record.total_flops),
+        "busy_seconds": sum(s.seconds for s in steps),
         "kv_waste": 1 - used / reserved if reserved else 0.0,
         "kv_waste_contiguous": 1 - total_len / contiguous if contiguous else 0.0,
         "kv_waste_by_block_size": {str(k): v for k, v in by_bs.items()},

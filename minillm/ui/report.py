@@ -304,9 +304,9 @@ def disagg_verdict(results: list[dict]) -> list[str]:
     verdict = "; ".join(x for x in (f"wins on {', '.join(won)}" if won else "",
                                     f"loses on {', '.join(lost)}" if lost else "",
                                     f"has no winner against it on {', '.join(tied)}" if tied else "") if x)
-    lines.append(f"Against {escape(c['label'])} the split {verdict} (the closeness rule: rounds beyond each "
-                 f"other's spread and over {CLOSE:.0%} apart), every engine's steps on {c['threads']} BLAS "
-                 f"thread{'s' if c['threads'] != 1 else ''}, {closeness.holds_for(c['threads'])}. Measured:")
+    lines.append(f"Against {escape(c['label'])} the split {verdict}, by the closeness rule (rounds beyond each "
+                 f"other's spread, over {CLOSE:.0%} apart); every engine's steps alike: "
+                 f"{closeness.holds_for(c['threads'])}. Measured:")
     lines.append(f"  busy: prefill engine {s['busy'][0]:.0%}, decode engine {s['busy'][1]:.0%} of the run "
                  f"(one engine: {c['busy'][0]:.0%}); an engine idles when its phase has no work.")
     fp, fd, fc = s["fit"][0], s["fit"][1], c["fit"][0]
