@@ -265,3 +265,125 @@ def test_lesson_9_serves_the_three_policies_in_interleaved_rounds_and_ranks_by_t
     out = " ".join(_run(9, capsys).split())
     assert "medians of 2 rounds, every policy's steps in turn" in out
     assert "Goodput on this run:" in out and "this machine, " in out
+
+
+# -- lesson 1: the glossary covers every term the lessons introduce; tokenizer facts as facts ----------
+
+# Words the lessons set in bold for emphasis, not as terms to learn (checked against the lessons below).
+NOT_TERMS = {
+    "accepted", "achieved", "all", "any", "arrive", "at least", "batching, against both roofs.", "best possible time",
+    "continuous", "disfavours", "distribution", "every weight", "favours", "full", "generated", "how many tokens",
+    "in the same step", "integers to integers", "intensity", "keep them", "key", "last", "long answers",
+    "long prompts", "many short requests", "once", "one", "only the new token", "per channel", "prompt",
+    "query", "queue", "rows of", "sequential", "single", "static", "system prompt", "that", "the critical batch.",
+    "time", "token ids into", "total ÷ active", "value", "weights and activations", "which phase", "quantized",
+    "highest request rate", "ngram", "c.asdict(),",
+}
+
+
+def _bold_terms() -> dict:
+    import re
+    from pathlib import Path
+    found = {}
+    for f in sorted((Path(__file__).parents[1] / "lessons").glob("[0-9][0-9]_*.py")):
+        for m in re.finditer(r"\*\*([^*\n{}]{2,40})\*\*", f.read_text(encoding="utf-8")):
+            t = m.group(1).strip().lower()
+            if not re.search(r"\d", t) and len(t.split()) <= 4:
+                found.setdefault(t, set()).add(int(f.name[:2]))
+    return found
+
+
+def test_the_glossary_covers_every_term_a_lesson_sets_in_bold():
+    """M38: the glossary stopped at lesson 14. A term a lesson introduces in bold is in the glossary (a
+    glossary word contains it, whole words), or is listed above as emphasis."""
+    import re
+    words = [w.lower() for w, _, _ in _lesson(1).GLOSSARY]
+    missing = sorted(t for t in _bold_terms() if t not in NOT_TERMS
+                     and not any(re.search(rf"(^|[\s,(]){re.escape(t)}($|[\s,)])", w) for w in words))
+    assert not missing, missing
+    assert not NOT_TERMS - set(_bold_terms()), NOT_TERMS - set(_bold_terms())      # no stale emphasis entry
+
+
+def test_every_glossary_word_is_in_the_lesson_it_names():
+    import re
+    from pathlib import Path
+    sources = {int(f.name[:2]): " ".join(f.read_text(encoding="utf-8").lower().replace("**", "").split())
+               for f in (Path(__file__).parents[1] / "lessons").glob("[0-9][0-9]_*.py")}
+    for word, meaning, n in _lesson(1).GLOSSARY:
+        parts = [p.strip(" *") for p in re.split(r",|\(", word.lower()) if p.strip(" *)")]
+        assert any(p.rstrip(")") in sources[n] for p in parts), (word, n)
+        assert len(word) <= 30 and len(meaning) <= 44, word
+    for term in ("moe", "online softmax", "cuda graph", "mla", "all-to-all", "expert parallelism", "w8a8"):
+        assert any(term in w.lower() for w, _, _ in _lesson(1).GLOSSARY), term
+
+
+def test_lesson_1_shows_the_tokenizers_facts_as_facts(capsys):
+    """C7: facts of the tokenizer were shown as '✓ checked' claims about this run's numbers."""
+    out = _run(1, capsys)
+    assert "✓ checked" not in out and "= by definition: 'soft' →" in out
+
+
+def test_an_80_gb_card():
+    """W19: 'A "80 GB" card'."""
+    article = _lesson(5).article
+    assert [article(n) for n in (80, 40, 141, 8, 11, 18, 24)] == ["an", "a", "a", "an", "an", "an", "a"]
+
+
+# -- lessons 8, 10, 11, 12: the concepts still missing, each with a computed row -------------------------
+
+def test_lesson_8s_attention_table_is_g_for_gqa_and_about_1_9_h_for_absorbed_mla():
+    """X23/M35: decode attention's FLOPs per KV byte in bf16: MHA ≈ 1, GQA ≈ g, MLA absorbed ≈ 1.9·H."""
+    rows = {r["layout"]: r["intensity"] for r in _lesson(8).attention_rows()}
+    assert rows["MHA, 32/32 heads"] == 1 and rows["GQA, 32/8 heads"] == 4 and rows["GQA, 28/4 heads"] == 7
+    assert rows["MLA absorbed, 128/1"] == pytest.approx(2 * 128 * (576 + 512) / (576 * 2))
+    assert 1.85 * 128 < rows["MLA absorbed, 128/1"] < 1.95 * 128
+    assert rows["MLA + MTP, 2 tokens"] == 2 * rows["MLA absorbed, 128/1"]
+
+
+def test_lesson_8_names_the_threads_its_critical_batch_holds_for(capsys):
+    out = " ".join(_run(8, capsys).split())
+    assert "move with the thread count and the load, not with the work" in out
+    assert "By the closeness rule, tokens/s" in out and "Decode attention's FLOPs per byte" in out
+
+
+def test_lesson_10_reloads_a_prefix_only_when_its_bytes_beat_its_flops():
+    """X22: reload when KV bytes ÷ link bandwidth < prefill FLOPs ÷ peak."""
+    from minillm.measure.chips import Hardware
+    import minillm
+    model = minillm.load("random-tiny", quiet=True)
+    rows = _lesson(10).reload_rows(model, Hardware(name="x", bandwidth_gbs=10.0, peak_gflops=100.0))
+    for r in rows:
+        assert r["reload_s"] == r["kv"] / (r["link"] * 1e9) and r["compute_s"] == r["flops"] / (r["peak"] * 1e9)
+    by = {(r["what"], r["link_name"]): r for r in rows}
+    assert by["llama-3-8b", "PCIe 5"]["reload_s"] < by["llama-3-8b", "PCIe 5"]["compute_s"]      # GQA: reload
+    assert by["llama-2-7b", "NVMe"]["reload_s"] > by["llama-2-7b", "NVMe"]["compute_s"]          # MHA, SSD
+
+
+def test_lesson_11_keeps_its_formula_whole_and_rows_a_one_layer_head(capsys):
+    """X24 (EAGLE and MTP heads, acceptance length), and the formula that broke across lines."""
+    import minillm
+    small = minillm.load("small", quiet=True)
+    c = small.config
+    assert _lesson(11).head_cost(small) == pytest.approx(
+        (12 * c.n_embd ** 2 + 13 * c.n_embd + c.vocab_size * c.n_embd) / small.n_params())
+    out = _run(11, capsys)
+    assert any("E = (1 − α^(k+1)) ÷ (1 − α)" in line for line in out.splitlines())
+    flat = " ".join(out.split())
+    assert "acceptance length τ = 1 + α of 1.85-1.90" in flat and "EAGLE" in flat
+    assert "Ranked by the closeness rule" in flat
+
+
+def test_lesson_12_marks_rows_past_their_context_and_names_each_8_bit_scale(capsys):
+    """M39 (rows past the model's context marked 'the formula only'), M34 (vLLM's FP8 scale per tensor,
+    llama.cpp's q8_0 per 32 values, minillm's per head vector), M35 (MLA absorbed in decode), X25 (sinks,
+    eviction, KIVI, a computed row each), W20 (KiB)."""
+    out = " ".join(_run(12, capsys).split())
+    assert "* past the model's own context (llama-2-7b 4,096, llama-3-8b 8,192, gemma-2-9b 8,192)" in out
+    assert "17.2 GB *" in out and "537 MB *" not in out
+    assert "one scale per tensor per layer" in out and "one fp16 scale per 32 values" in out
+    assert "attend in the latent itself" in out
+    assert "sinks 4 + window 4,096" in out and "KIVI 2-bit" in out and "512 KiB" in out
+    rows = dict(_lesson(12).cache_rows())
+    full = rows["every token, bf16"]
+    assert rows["sinks 4 + window 4,096"] == pytest.approx(full * 4100 / 32768)
+    assert rows["evict to 2,048 tokens"] == pytest.approx(full / 16)

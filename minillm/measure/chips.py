@@ -119,6 +119,7 @@ LINKS: dict[str, tuple[float, str]] = {
     "nvlink5": (900.0, "NVLink 5 (B200, GB200): 1.8 TB/s both ways, 900 each way"),
     "ib-ndr": (50.0, "InfiniBand NDR, one 400 Gb/s port: 50 GB/s each way"),
     "pcie5": (64.0, "PCIe 5.0 x16: 64 GB/s each way (host memory to GPU)"),
+    "nvme4": (7.0, "one PCIe 4.0 NVMe drive: about 7 GB/s of reads"),
 }
 
 

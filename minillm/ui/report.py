@@ -41,7 +41,9 @@ def fmt_time(s: float) -> str:
         return f"{s:.2f} s"
     if s >= 1e-3:
         return f"{s * 1e3:.3g} ms"
-    return f"{s * 1e6:.3g} µs"
+    if s >= 1e-6 or s == 0:
+        return f"{s * 1e6:.3g} µs"
+    return f"{s * 1e9:.3g} ns"
 
 
 def select(records: list[StepRecord], most: int = 12) -> list[int]:
