@@ -387,3 +387,58 @@ def test_lesson_12_marks_rows_past_their_context_and_names_each_8_bit_scale(caps
     full = rows["every token, bf16"]
     assert rows["sinks 4 + window 4,096"] == pytest.approx(full * 4100 / 32768)
     assert rows["evict to 2,048 tokens"] == pytest.approx(full / 16)
+
+
+# -- the commands: compile time not a step, diagnose's batched rule, serve-sim's advice --------------
+
+def test_traffic_warms_up_before_its_first_metered_step(monkeypatch, capsys):
+    """C4: a first traffic step of 4.24 s was numba compiling; the warm-up runs first, outside the meter."""
+    from minillm import cli
+    from minillm.cli import compare
+    from minillm.meter import active
+    seen = []
+    real = compare.warm_up
+    monkeypatch.setattr(compare, "warm_up", lambda *a, **k: seen.append(active()) or real(*a, **k))
+    assert cli.main(["traffic", "--model", "random-tiny", "--prompt-tokens", "8", "--steps", "2", "--json"]) == 0
+    assert seen == [None]                                       # called, and not under a meter
+    assert len(capsys.readouterr().out.strip().splitlines()) == 3      # the prefill and two decode steps
+
+
+def test_a_long_warm_up_is_named_not_counted(monkeypatch, capsys):
+    import minillm
+    from minillm.cli import common
+    monkeypatch.setattr(common, "WARM_NOTE_S", 0.0)
+    common.warm_up(minillm.load("random-tiny", quiet=True), [1, 2, 3])
+    assert "not counted as a step" in capsys.readouterr().err
+
+
+def test_diagnose_judges_the_dominant_phase_batched_as_lesson_7_does(capsys):
+    """C7: diagnose judged 'which phase dominates' on the chip at B = 1 only; a server runs batches."""
+    from minillm import cli
+    assert cli.main(["diagnose", "--model", "random-tiny", "--prompt-tokens", "100", "--answer-tokens", "50",
+                     "--chip", "h100"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "on h100-sxm alone (B = 1)" in out and "served in batches on h100-sxm" in out
+    assert "A server runs batches: the advice below is for B = 32" in out and "in batches:" in out
+
+
+def test_serve_sim_does_not_advise_continuous_batching_to_the_continuous_policy():
+    """C11."""
+    from minillm.ui.report import diagnosis
+    run = {"policy": "budget 32", "scheduler": "continuous", "mean_batch": 3.0,
+           "phases": {"decode": {"seconds": 9.0, "bound": "memory"}}}
+    assert "continuous batching" not in diagnosis(run) and "bigger batches" in diagnosis(run)
+    run["scheduler"] = "static"
+    assert "continuous batching" in diagnosis(run)
+
+
+def test_serve_sim_json_notes_a_busy_machine(monkeypatch, capsys):
+    """C6: serve-sim --json printed no busy note at load 4.8; now on stderr and in every run's conditions."""
+    import json
+    from minillm import cli
+    from minillm.cli import serve_sim
+    monkeypatch.setattr(serve_sim, "busy_note", lambda threads=None: "busy machine (stand-in)")
+    assert cli.main(["serve-sim", "--model", "random-tiny", "--requests", "3", "--rate", "50", "--json"]) == 0
+    out = capsys.readouterr()
+    assert "busy machine (stand-in)" in out.err
+    assert all(r["conditions"]["busy"] == "busy machine (stand-in)" for r in json.loads(out.out))

@@ -20,7 +20,8 @@ from ..measure.gpu import as_hardware, gpu_figures, summary as gpu_summary
 from ..meter import Meter
 from ..bpe import tokenizer
 from ..ui import report
-from .common import add_model, add_sampling, add_speculative, encode_prompt, load_draft, load_model, note_if_busy, out
+from .common import (add_model, add_sampling, add_speculative, encode_prompt, load_draft, load_model, note_if_busy, out,
+                     warm_up)
 
 
 def add_compare_arguments(p) -> None:
@@ -59,7 +60,7 @@ def run_compare(args) -> int:
         hw = as_hardware(gpu, model.dtype.name)
     note_if_busy(args)
     enc = tokenizer(model)
-    generate(model, ids, min(2, args.max_new_tokens))   # warm-up: first touches of weights and cache pages
+    warm_up(model, ids)          # first touches of weights and cache pages; the fused kernels compiled
     runs = {}
     for path, kv in (("cached", True), ("naive", False)):
         with out.status(f"[bold]{path} decode[/]: {args.max_new_tokens} tokens with {escape(model.name)}…"):
@@ -169,8 +170,8 @@ def run_traffic(args) -> int:
         raise PromptError(f"--prompt-tokens {args.prompt_tokens} + --steps {args.steps} is beyond the context of "
                           f"{c.n_ctx}: with this prompt at most {c.n_ctx - args.prompt_tokens} steps fit")
     ids = np.random.default_rng(0).integers(0, c.vocab_size, args.prompt_tokens)   # a seeded random prompt
-    if not args.json:
-        note_if_busy(args)
+    note_if_busy(args)                       # on stderr: --json too
+    warm_up(model, ids, kv_cache=not args.no_cache)     # compile time is not a step (said when it is long)
     with Meter() as m:   # the prefill, then --steps decode steps (the prefill gives the first new token)
         generate(model, ids, args.steps + 1, kv_cache=not args.no_cache)
     if args.json:

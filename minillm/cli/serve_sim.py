@@ -27,7 +27,7 @@ from ..serving.workloads import WORKLOADS, WorkItem, load_workload, write_trace
 from ..ui.live import LiveView
 from ..ui.report import budget_verdict, diagnosis, disagg_verdict, favours, fmt_bytes, fmt_flops, fmt_time, slo_text
 from ..measure.busy import busy_note
-from .common import (add_batch_limits, add_kv_options, add_model, at_least_one, err, load_model, out,
+from .common import (add_batch_limits, add_kv_options, add_model, at_least_one, err, load_model, out, warm_up,
                      parse_bytes)
 
 BUDGETS = (32, 128, 512, 2048, None)       # --compare budget; None: no chunking
@@ -262,6 +262,7 @@ def run(args) -> int:
     if why:                                # on stderr, --json too (the JSON carries it in `conditions`)
         err.print(f"[yellow]note:[/] {escape(why)}", soft_wrap=False)
     args.conditions = conditions(threads, why)
+    warm_up(model, items[0].prompt, engine=True)    # compile time and first touches: not a step of any run
     if args.rate_list is not None:
         return rates(model, args, threads, hw)
     if args.split or args.compare == "disagg":
