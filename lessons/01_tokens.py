@@ -183,6 +183,8 @@ GLOSSARY = (
     ("continuous batching", "sequences join and leave at every step", 9),
     ("paged cache", "KV memory in blocks, given out as it grows", 9),
     ("preemption", "a sequence's blocks taken back, rerun later", 9),
+    ("multi-LoRA", "many adapters beside one base, one batch", 9),
+    ("structured output", "logits masked to what a grammar allows", 9),
     ("prefix caching", "reusing the KV of a prompt start seen before", 10),
     ("prefill-bound, decode-bound", "which phase a workload's time goes to", 10),
     ("KV offloading", "prefixes kept in host memory or on SSD", 10),

@@ -18,7 +18,7 @@ from minillm.measure import closeness
 from minillm.serving.disagg import run_interleaved
 from minillm.serving.metrics import engine_for, merge_rounds, serve, summarize
 from minillm.serving.workloads import WorkItem, generate_workload
-from minillm.ui.report import fmt_time
+from minillm.ui.report import fmt_bytes, fmt_time
 
 TITLE = "Serving: continuous batching"
 MINUTES = 6
@@ -36,6 +36,7 @@ def lesson(L: Lesson) -> None:
     L.pause()
     kv_waste(L, model, runs)
     preemption(L, model, items)
+    adapters_and_grammars(L)
     L.try_it("""
         `minillm serve-sim --workload poisson --rate 4 --requests 64 --compare` is this lesson's comparison
         on a workload of your choice, with a live view of the running sequences and the KV block map;
@@ -262,6 +263,34 @@ def preemption(L: Lesson, model, items) -> None:
         every step should carry as many sequences as the KV memory holds and the latency targets allow.
         Continuous batching refills the batch every step; a paged cache lets the memory hold more of
         them; preemption keeps the promise when it runs out.
+    """)
+
+
+LORA_RANK = 16
+
+
+def lora_bytes(name: str = "llama-3-8b", rank: int = LORA_RANK) -> tuple[float, float]:
+    """A LoRA adapter on every attention projection (q, k, v, o) of a published shape, bf16: rank·(d_in +
+    d_out) parameters a matrix; and the base model's weights (bf16)."""
+    from minillm.measure.shapes import SHAPES, shape
+    c, s = SHAPES[name], shape(name)
+    d, q, kv = c.n_embd, c.n_head * c.head_dim, c.n_kv_head * c.head_dim
+    per_layer = rank * ((d + q) + 2 * (d + kv) + (q + d))
+    return 2 * c.n_layer * per_layer, 2 * s["n_params"]
+
+
+def adapters_and_grammars(L: Lesson) -> None:
+    """X27: two serving features this course's bottleneck story touches only at its edge."""
+    adapter, base = lora_bytes()
+    L.say(f"""
+        Two features servers add on top. **Multi-LoRA** serving (S-LoRA, Punica) batches requests for
+        different fine-tuned adapters in one step: the base weights are read once for all of them, and
+        each request's small adapter matrices beside them. A rank-{LORA_RANK} adapter on Llama-3-8B's
+        attention projections is {fmt_bytes(adapter)}, {adapter / base:.2%} of the {fmt_bytes(base)} base read,
+        so even a batch of a hundred different adapters adds {100 * adapter / base:.0%} to a decode step's
+        bytes. **Structured output** (grammar-constrained decoding: JSON schemas, regular expressions) masks
+        each step's logits to the tokens the grammar allows: host work per token, not bytes or FLOPs of the
+        model.
     """)
 
 

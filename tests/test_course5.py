@@ -442,3 +442,10 @@ def test_serve_sim_json_notes_a_busy_machine(monkeypatch, capsys):
     out = capsys.readouterr()
     assert "busy machine (stand-in)" in out.err
     assert all(r["conditions"]["busy"] == "busy machine (stand-in)" for r in json.loads(out.out))
+
+
+def test_lesson_9_sizes_a_lora_adapter_against_its_base():
+    """X27: multi-LoRA and structured output, a paragraph and a computed row."""
+    adapter, base = _lesson(9).lora_bytes("llama-3-8b", 16)
+    d, kv = 4096, 8 * 128
+    assert adapter == 2 * 32 * 16 * ((d + d) + 2 * (d + kv) + (d + d)) and 0.001 < adapter / base < 0.003

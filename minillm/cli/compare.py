@@ -116,7 +116,8 @@ def run_compare(args) -> int:
 
     for path, (new, m, seconds) in runs.items():
         out.print(f"[bold]{path:6}[/] {fmt_total(m, seconds, len(new))}")
-    out.print(f"[bold]speedup of the KV cache: {s_n / s_c:.2f}×[/] in time, "
+    out.print(f"[bold]speedup of the KV cache: {s_n / s_c:.2f}×[/] in time (one run of each: `minillm bench` "
+              "times them over rounds), "
               f"{m_n.totals().flops / m_c.totals().flops:.1f}× fewer FLOPs, "
               f"{m_n.totals().bytes / m_c.totals().bytes:.2f}× fewer bytes")
     if spec is not None:
@@ -146,7 +147,8 @@ def speculative_summary(stats, m_cached: Meter, s_spec: float, s_cached: float) 
            f"(draft {report.fmt_bytes(stats.draft_bytes / stats.kept)}, model {report.fmt_bytes(stats.target_bytes / stats.kept)})")
     if plain:
         per += f" against {report.fmt_bytes(plain)} per cached decode step"
-    return (f"[bold]speculative: {s_cached / s_spec:.2f}× the speed of cached decode[/]; {stats.accepted} of "
+    return (f"[bold]speculative: {s_cached / s_spec:.2f}× the speed of cached decode[/] (one run of each: "
+            f"`minillm bench --speculate` ranks them over rounds); {stats.accepted} of "
             f"{stats.drafted} guesses accepted ({stats.acceptance_rate:.0%}), {stats.tokens_per_round:.2f} tokens per "
             f"step of the model ({len(stats.rounds)} steps); {per}")
 
