@@ -449,3 +449,31 @@ def test_lesson_9_sizes_a_lora_adapter_against_its_base():
     adapter, base = _lesson(9).lora_bytes("llama-3-8b", 16)
     d, kv = 4096, 8 * 128
     assert adapter == 2 * 32 * 16 * ((d + d) + 2 * (d + kv) + (d + d)) and 0.001 < adapter / base < 0.003
+
+
+# -- benchmarks/lessons_under_load.py: what the lead's two runs check ------------------------------------
+
+def _under_load():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).parents[1] / "benchmarks" / "lessons_under_load.py"
+    spec = importlib.util.spec_from_file_location("lessons_under_load", path)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+def test_the_under_load_check_finds_a_flipped_ranking_and_forgives_no_winner():
+    m = _under_load()
+    quiet = ("Measured, the whole prefill: the fused one took 0.5× (0.4×–0.6× over the rounds) the time of "
+             "NumPy's: faster, every round beyond the other's spread (this machine, 1 BLAS thread, now). "
+             "Throughput favours no chunking (12 tok/s (11-13 tok/s); budget 16: 5 tok/s (4-6 tok/s)), beyond.")
+    busy_same = quiet.replace("0.5×", "0.7×")
+    busy_flip = quiet.replace("favours no chunking", "favours budget 16")
+    busy_close = quiet.replace("faster, every round beyond the other's spread", "no winner (their rounds overlap)")
+    a = m.rankings(quiet)
+    assert ("the fused one / NumPy's", "faster") in a and ("Throughput", "no chunking") in a
+    assert m.flipped(a, m.rankings(busy_same)) == []
+    assert m.flipped(a, m.rankings(busy_close)) == []                  # the rule said no winner: not a flip
+    assert m.flipped(a, m.rankings(busy_flip)) == ["Throughput: no chunking / budget 16"]
+    assert m.too_wide("x" * 81 + "\nok") and not m.too_wide("x" * 80)
