@@ -127,10 +127,10 @@ def verdict(r: StepRecord, hw: Hardware, path: str) -> str:
         what = f"{path} step at position {last_position(r)}"
         if r.n_tokens > 1:
             what += f" recomputes {r.n_tokens} tokens"
-    at = (f", measured at {hw.blas_threads} BLAS thread{'s' if hw.blas_threads != 1 else ''}: it moves with "
-          "the threads and the load, not with the work") if getattr(hw, "blas_threads", None) else ""
+    at = (f" at {hw.blas_threads} BLAS thread{'s' if hw.blas_threads != 1 else ''}"
+          if getattr(hw, "blas_threads", None) else "")
     return (f"{what}: {r.intensity:.3g} FLOP/byte, {fmt_bytes(r.total_bytes)} moved (unfused) → {bound}-bound "
-            f"(this machine's ridge is {hw.ridge:.3g} FLOP/byte{at}); {r.gbps:.1f} GB/s and {r.gflops:.1f} GFLOP/s "
+            f"(this machine's ridge{at} is {hw.ridge:.3g} FLOP/byte); {r.gbps:.1f} GB/s and {r.gflops:.1f} GFLOP/s "
             f"achieved, {100 * r.gbps / hw.bandwidth_gbs:.0f}% of this machine's {hw.bandwidth_gbs:.1f} GB/s "
             f"and {100 * r.gflops / hw.peak_gflops:.0f}% of its {hw.peak_gflops:.0f} GFLOP/s")
 
