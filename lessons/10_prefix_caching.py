@@ -11,6 +11,7 @@ from rich import box
 from rich.table import Table
 
 from minillm.lessons._common import Lesson, fall_words, fmt_x, run_lesson
+from minillm.measure import closeness
 
 from minillm.serving.metrics import serve
 from minillm.serving.workloads import generate_workload
@@ -228,7 +229,11 @@ def diagnosis_words(long_prompt: tuple, long_answer: tuple) -> str:
     """Which phase took each workload's time, and what bound it, read from the run (share, share, verdicts)."""
     out = []
     for name, (pre, dec, pv, dv) in (("long prompts", long_prompt), ("long answers", long_answer)):
-        phase, share, bound = ("prefill", pre, pv) if pre >= dec else ("decode", dec, dv)
+        if closeness.one_run_apart(pre, dec) == 0:          # one run's shares: the closeness rule's band
+            out.append(f"{name}: prompt and decode steps took about the same share of the model's time "
+                       f"({pre:.0%} and {dec:.0%}, within {closeness.CLOSE:.0%})")
+            continue
+        phase, share, bound = ("prefill", pre, pv) if pre > dec else ("decode", dec, dv)
         out.append(f"{name}: {share:.0%} of the model's time went to {phase} steps, which were "
                    f"{bound}-bound by the roofline" if bound != "—" else
                    f"{name}: {share:.0%} of the model's time went to {phase} steps")
