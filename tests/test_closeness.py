@@ -62,7 +62,7 @@ def test_one_run_shares_use_the_band():
 def test_the_lessons_words_go_through_the_rule():
     """lessons/_common.faster_words ranks two timings only as the rule does (lesson 14's 0.91× and
     1.07× of two runs of the same thing: overlapping rounds are no winner)."""
-    from lessons import _common
+    from minillm.lessons import _common
     T = _common.Timing
     said = _common.faster_words(T((0.91, 1.07)), T((1.0, 1.0)), "fused", "NumPy")
     assert "no winner (medians within 5%)" in said

@@ -206,7 +206,7 @@ def test_lesson_14_names_nvfp4_w4a32_and_the_slice_its_loss_is_of(capsys):
 def test_lesson_14_names_other_processes_when_busy(monkeypatch, capsys):
     """M42: the typed sentence on what is left between the fused speed and the byte ratio names the
     other processes when the machine is busy (it named the wrong cause under contention)."""
-    from lessons import _common
+    from minillm.lessons import _common
     from minillm.kernels import available
     if not available():
         pytest.skip("the fused half needs numba")

@@ -348,6 +348,6 @@ def test_a_budget_verdict_names_a_run_only_beyond_the_others_spread_and_none_whe
     lines = budget_verdict(runs, None, {"tpot": 0.05})
     tput, gap, ttft, good = lines[0], lines[1], lines[2], lines[-1]
     assert "favours" not in tput and "no budget stands out" in tput          # two tied at the top: no winner
-    assert "favours budget 32 (100 ms (100 ms-101 ms); budget 128: 302 ms (300 ms-303 ms))" in gap
+    assert "favours budget 32 (100 ms (100-101 ms); budget 128: 302 ms (300-303 ms))" in gap
     assert "favours" not in ttft and "within 5%" in ttft and "no budget stands out" in ttft
-    assert "favours budget 128 (0.30 req/s (0.30 req/s-0.30 req/s); budget 32: 0.10 req/s" in good
+    assert "favours budget 128 (0.30 req/s (0.30-0.30 req/s); budget 32: 0.10 req/s" in good

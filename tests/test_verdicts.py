@@ -94,7 +94,7 @@ def check_disagg_verdict(m):
     said = " ".join(m.disagg_verdict(_disagg_runs(2, "1:1")))      # the run: 2 threads against 1:1
     assert "Not ranked" in said and "wins" not in said and "loses" not in said
     said = " ".join(m.disagg_verdict(_disagg_runs(1, "1:1")))
-    assert "Against one the split" in said and "on 1 BLAS thread" in said
+    assert "Against one the split" in said and "this machine, 1 BLAS thread, now" in said
     assert "loses on tok/s per engine" in said and "TTFT p95" in said.split("wins on")[1]   # 75 < 100 per engine
     assert "favours the split" in said and "disfavours it" in said      # the simulation's two biases
 
