@@ -98,7 +98,7 @@ def workload(L: Lesson, model) -> tuple[list[WorkItem], float]:
 
 def policies(L: Lesson, model, items, hw) -> dict:
     L.section("Three schedulers, one workload")
-    R = L.rounds()
+    R = L.serve_rounds()
     names = ("sequential", "static", "continuous")
     engines = {p: [engine_for(model, items, policy=p, max_seqs=8) for _ in range(R)] for p in names}
     with L.status(f"serving {len(items)} requests three ways, {R} rounds each, step by step in turn…"):

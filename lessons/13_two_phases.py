@@ -91,7 +91,7 @@ def gaps_of(req) -> list[float]:
 def interference(L: Lesson, model, items) -> None:
     L.section("Interference, in one picture")
     budget = L.pick(32, 16)
-    R = L.rounds()
+    R = L.serve_rounds()
     wholes = [engine_for(model, items, max_batched_tokens=model.config.n_ctx * 16) for _ in range(R)]
     chunks = [engine_for(model, items, max_batched_tokens=budget) for _ in range(R)]
     with L.status(f"serving the workload whole and in chunks, {R} rounds each, step by step in turn…"):
@@ -144,7 +144,7 @@ def budgets(L: Lesson, model, items) -> dict:
     from minillm.ui.report import budget_verdict
     c = model.config
     sizes = L.pick((16, 32, 64, 128, None), (16, 64, None))
-    R = L.rounds()
+    R = L.serve_rounds()
     engines = [[engine_for(model, items, max_batched_tokens=b or c.n_ctx * 16) for _ in range(R)] for b in sizes]
     with L.status(f"serving the workload at {len(sizes)} budgets, {R} rounds each, interleaved…"):
         run_interleaved([e for es in engines for e in es])
@@ -203,7 +203,7 @@ def goodput_vs_throughput(L: Lesson, model) -> None:
     items = [WorkItem(0.0, w.prompt, L.pick(16, 8)) for w in
              generate_workload("poisson", rate=1.0, n=n, seed=2, vocab_size=c.vocab_size, n_ctx=c.n_ctx)]
     caps = L.pick((1, 2, 4, 8, 16), (1, 4, 8))
-    R = L.rounds()
+    R = L.serve_rounds()
     engines = [[engine_for(model, items, max_seqs=b) for _ in range(R)] for b in caps]
     with L.status(f"serving {n} requests with batches of {', '.join(map(str, caps))}, {R} rounds, interleaved…"):
         run_interleaved([e for es in engines for e in es])
@@ -311,7 +311,7 @@ def disaggregation(L: Lesson, model, items) -> dict:
     budget = L.pick(32, 16)
     threads, why = comparison_threads(blas_threads())
     T = threads or 1
-    R = L.rounds()
+    R = L.serve_rounds()
     ones = [OnThreads(engine_for(model, items, max_batched_tokens=budget), T) for _ in range(R)]
     splits = [disaggregated_engines(model, items, p_threads=T, d_threads=T, link_gbps=link,
                                     max_batched_tokens=budget) for _ in range(R)]

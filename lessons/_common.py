@@ -514,6 +514,12 @@ class Lesson:
             return 2
         return 3 if busy else 5
 
+    def serve_rounds(self) -> int:
+        """Rounds of a served workload in a comparison (each round serves every side's whole workload):
+        3 in full mode, 2 on a busy machine or in fast mode, the fewest the closeness rule ranks."""
+        busy = self.recheck()
+        return 2 if self.fast or busy else 3
+
     @property
     def busy(self) -> bool:
         """Whether the last probe found the machine busy."""
