@@ -19,7 +19,7 @@ from rich.table import Table
 
 import minillm
 from minillm.backend import DeviceError, get_device
-from minillm.config import LlamaConfig
+from minillm.models.llama import LlamaConfig
 from minillm.meter import Meter
 from minillm.measure.chips import CHIPS
 from minillm.measure.gpu import (ARTICLE_7B, H200_RUN, SHAPES, batched_step, crossing_batch, decode_figures,

@@ -77,7 +77,7 @@ def _bundled_large_bytes() -> int | None:
 def larger_model(current_name: str, current_bytes: int) -> str | None:
     """The first model of LARGER with at least 4× the weights of the current one (float32), never the
     current one itself: advice that does not send the learner back to the model they are on."""
-    from ..config import GPT2_SIZES
+    from ..models.gpt2 import GPT2_SIZES
     sizes = {"large": _bundled_large_bytes(), "random-124m": 4 * GPT2_SIZES["124m"].n_params(),
              "random-355m": 4 * GPT2_SIZES["355m"].n_params(), "random-774m": 4 * GPT2_SIZES["774m"].n_params()}
     for name in LARGER:
