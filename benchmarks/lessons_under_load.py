@@ -7,7 +7,7 @@ no line is wider than 80 columns.
 
 Why: a lesson's claims must hold on a busy machine (claims rest on counts; timed sentences choose
 their words from the numbers, and rank only when their rounds agree beyond their spread:
-minillm/measure/closeness.py). Each run's output is kept in DIR (default: lesson-runs/) as
+minillm/closeness.py). Each run's output is kept in DIR (default: lesson-runs/) as
 NN-quiet.txt and NN-busy.txt, with the wall time of each run and every check in summary.txt.
 """
 
@@ -50,7 +50,7 @@ def checked_sentences(text: str) -> list[str]:
     return [NUMBER.sub("#", s) for s in out]
 
 
-# The sentences that rank (minillm/measure/closeness.py's words, and the lessons' own): each pattern gives
+# The sentences that rank (minillm/closeness.py's words, and the lessons' own): each pattern gives
 # the subject (what is ranked, numbers masked) and the verdict (a name, or None for "no winner").
 START = r"(?<!the time of )\b"             # not the other side of a faster_words sentence
 RANKINGS = [

@@ -17,7 +17,7 @@ import minillm
 from minillm.models.gpt2 import GPT2_SIZES as MODELS
 from minillm.lessons._common import (Lesson, bar_chart, faster_words, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural,
                                      roofline_plot, run_lesson, time_interleaved)
-from minillm.measure import closeness
+from minillm import closeness
 from minillm.measure.batching import run_batch_bench
 from minillm.measure.chips import CHIPS, decode_ceiling, roofline
 from minillm.ui import report

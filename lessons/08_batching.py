@@ -16,7 +16,7 @@ import minillm
 from minillm import kernels
 from minillm.lessons._common import (Lesson, bar_chart, fmt_bytes, fmt_time, fmt_x, growth_words, plural,
                                      roofline_plot, run_lesson)
-from minillm.measure import closeness
+from minillm import closeness
 from minillm.measure.batching import run_batch_bench
 from minillm.measure.chips import get_chip
 

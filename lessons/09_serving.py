@@ -14,7 +14,7 @@ from rich.table import Table
 
 from minillm.cache.paged import PagedKVPool
 from minillm.lessons._common import Lesson, bar_chart, fmt_x, gpu_ridge_range, run_lesson
-from minillm.measure import closeness
+from minillm import closeness
 from minillm.serving.disagg import run_interleaved
 from minillm.serving.metrics import engine_for, merge_rounds, serve, summarize
 from minillm.serving.workloads import WorkItem, generate_workload

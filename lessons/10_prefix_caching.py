@@ -11,7 +11,7 @@ from rich import box
 from rich.table import Table
 
 from minillm.lessons._common import Lesson, fall_words, fmt_x, run_lesson
-from minillm.measure import closeness
+from minillm import closeness
 
 from minillm.serving.metrics import serve
 from minillm.serving.workloads import generate_workload

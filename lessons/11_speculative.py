@@ -14,7 +14,7 @@ from rich.table import Table
 import minillm
 from minillm.engine.speculative import speculative_generate
 from minillm.lessons._common import Lesson, bar_chart, fmt_bytes, fmt_x, run_lesson, time_interleaved
-from minillm.measure import closeness
+from minillm import closeness
 from minillm.measure.chips import CHIPS
 from minillm.meter import Meter
 from minillm.measure.speculation import heldout_prompts, run_speculation_bench

@@ -8,7 +8,7 @@ Run:  python lessons/13_two_phases.py        (or: minillm learn 13)
 from __future__ import annotations
 
 from minillm.lessons._common import Lesson, bar_chart, fmt_x, paired_chart, plural, run_lesson
-from minillm.measure import closeness
+from minillm import closeness
 
 from rich import box
 from rich.table import Table

@@ -20,7 +20,8 @@ from rich.table import Table
 
 import minillm
 from minillm.engine.engine import Engine
-from minillm.measure import batching, closeness
+from minillm import closeness
+from minillm.measure import batching
 from minillm.measure.chips import CHIPS, LINKS
 from minillm.measure.experts import PUBLISHED, RELEASED, SOURCE, kept_params, published_params, uniform_busiest
 from minillm.meter import Meter

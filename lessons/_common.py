@@ -44,7 +44,8 @@ from rich.text import Text
 
 import minillm
 from minillm.errors import MiniLLMError
-from minillm.measure import closeness, hardware, probe
+from minillm import closeness
+from minillm.measure import hardware, probe
 from minillm.cli.main import add_threads_option
 from minillm.threads import blas_threads, limited
 from minillm.ui.report import fmt_bytes, fmt_flops, fmt_time  # noqa: F401  (re-exported to the lessons)
@@ -93,7 +94,7 @@ def growth_words(ratio: float, work: float) -> str:
 def faster_words(a: "Timing", b: "Timing", what: str, than: str) -> str:
     """'X took 0.4× the time of Y: faster, every round beyond the other's …' and the like: the ratio of
     the medians and of the rounds (`ratio_range`), and the one closeness rule's verdict on the two sides'
-    rounds (measure/closeness.py): faster or slower only when their rounds agree beyond their spread."""
+    rounds (closeness.py): faster or slower only when their rounds agree beyond their spread."""
     side = closeness.apart(a.seconds, b.seconds)
     if side < 0:
         how = f"faster, every round beyond the other's spread ({closeness.holds_for()})"
@@ -106,7 +107,7 @@ def faster_words(a: "Timing", b: "Timing", what: str, than: str) -> str:
 
 def rank_words(sides: dict, what: str, fmt, higher: bool = True) -> str:
     """The one closeness rule's sentence on several sides' rounds ({name: values}): a winner only
-    when its rounds lie beyond every other side's spread (measure/closeness.py)."""
+    when its rounds lie beyond every other side's spread (closeness.py)."""
     return closeness.best_words(closeness.rank(sides, higher), what, fmt)
 
 

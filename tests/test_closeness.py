@@ -1,4 +1,4 @@
-"""The one closeness rule (minillm/measure/closeness.py): a side is ranked above another only when
+"""The one closeness rule (minillm/closeness.py): a side is ranked above another only when
 each has two rounds or more, their ranges do not overlap and their medians differ by more than 5%;
 and every ranking in the lessons and the commands goes through it."""
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minillm.measure import closeness
+from minillm import closeness
 
 rounds = st.lists(st.floats(0.01, 100.0), min_size=1, max_size=6)
 

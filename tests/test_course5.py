@@ -236,7 +236,7 @@ def test_lesson_13_ranks_by_the_rule_sweeps_the_rate_and_prices_the_tokens(capsy
     ({"batch 1": [1, 1.1], "batch 4": [5, 9.2], "batch 8": [9, 9.1]}, "showed no batch apart"),
 ])
 def test_lesson_13_says_peaked_only_when_the_larger_batches_fell_beyond_the_spread(rounds, words):
-    from minillm.measure import closeness
+    from minillm import closeness
     m = _lesson(13)
     assert words in m.peak_words(closeness.rank(rounds), list(rounds))
 

@@ -17,7 +17,7 @@ from ..engine.generate import generate
 from ..engine.sampling import check_sampling
 from ..errors import MiniLLMError, PromptError
 from ..bpe import tokenizer
-from ..measure import closeness
+from .. import closeness
 from ..measure.comparisons import comparison_threads
 from ..threads import blas_threads, limited
 from .common import add_model, add_sampling, at_least_one, err, kernels_label, load_model, note_if_busy, out

@@ -22,7 +22,8 @@ from ..measure.gpu import gpu_figures, summary as gpu_summary
 from ..measure.hardware import machine
 from ..backend import get_device
 from ..measure.speculation import heldout_prompts, run_speculation_bench
-from ..measure import closeness, residency
+from .. import closeness
+from ..measure import residency
 from ..measure.busy import conditions
 from ..measure.comparisons import comparison_threads
 from ..threads import blas_kernel, blas_name, blas_spin, blas_threads, limited
@@ -179,7 +180,7 @@ def _run_with_bar(args, title: str, total: int, work):
 
 
 def _verdict(a_rounds, b_rounds) -> str:
-    """Two sides' tokens/s rounds in words, by the one closeness rule (measure/closeness.py)."""
+    """Two sides' tokens/s rounds in words, by the one closeness rule (closeness.py)."""
     side = closeness.apart(a_rounds, b_rounds)
     return "faster" if side > 0 else "slower" if side < 0 else f"no winner: {closeness.why_not(a_rounds, b_rounds)}"
 

@@ -25,10 +25,11 @@ RESIDENT = 1.5       # a buffer of the weights' size read 1.5× faster than the 
 
 def os_reports(hw) -> str:
     """'the operating system reports a last-level cache of 32 MiB' (or that it reports none)."""
-    from ..ui.report import fmt_mib
-    if not getattr(hw, "llc_bytes", None):
+    n = getattr(hw, "llc_bytes", None)
+    if not n:
         return "the operating system reports no last-level cache size"
-    return f"the operating system reports a last-level cache of {fmt_mib(hw.llc_bytes)}"
+    unit, scale = next((u, s) for u, s in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1)) if n >= s)
+    return f"the operating system reports a last-level cache of {n / scale:.3g} {unit}"
 
 
 def outran(step_gbs: float, hw) -> bool:

@@ -19,7 +19,7 @@ server gave (`phase_verdict`).
 
 from __future__ import annotations
 
-from ..measure.closeness import CLOSE, one_run_apart    # the one closeness rule
+from ..closeness import CLOSE, one_run_apart    # the one closeness rule
 
 KINDS = ("minillm", "vllm", "llama.cpp")
 NO_TIMINGS = "no phase timings exposed by this server"

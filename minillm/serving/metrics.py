@@ -273,7 +273,7 @@ def serve(model, items, *, label: str | None = None, hw=None, on_step=None, **en
 
 
 # The timed figures of a run: the ones a comparison ranks, kept per round when a workload is served
-# several times (`merge_rounds`), so the rankings go through the one closeness rule (measure/closeness.py).
+# several times (`merge_rounds`), so the rankings go through the one closeness rule (closeness.py).
 ROUND_KEYS = ("output_tokens_per_s", "duration_s", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s",
               "tbt_p50_s", "tbt_p95_s", "tbt_p99_s", "e2e_p50_s", "e2e_p95_s", "goodput_rps", "mean_batch")
 

@@ -10,7 +10,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from ..measure import closeness
+from .. import closeness
 from ..measure.chips import Hardware, roofline
 from ..measure.comparisons import fit_problem
 from ..meter import StepRecord
@@ -171,7 +171,7 @@ def best(results: list[dict], key: str, high: bool) -> tuple[dict, dict]:
     return order[0], order[-1]
 
 
-CLOSE = closeness.CLOSE     # the one closeness rule's band (measure/closeness.py)
+CLOSE = closeness.CLOSE     # the one closeness rule's band (closeness.py)
 
 
 def rounds_of(r: dict, key: str) -> list[float]:
@@ -181,7 +181,7 @@ def rounds_of(r: dict, key: str) -> list[float]:
 
 def favours(results: list[dict], key: str, high: bool, what: str, show, name) -> str:
     """One sentence of a sweep: which run a figure favours, by the one closeness rule on each run's rounds
-    (measure/closeness.py): a run is favoured only when its rounds lie beyond every other run's spread;
+    (closeness.py): a run is favoured only when its rounds lie beyond every other run's spread;
     otherwise no run stands out, said with the reason. The words say what the ranking holds for."""
     have = [r for r in results if r.get(key) is not None]
     ranking = closeness.rank({name(r): rounds_of(r, key) for r in have}, higher=high)

@@ -114,7 +114,7 @@ def rank(sides: Mapping[str, Sequence[float]], higher: bool = True, close: float
 
 def holds_for(threads: int | None = None) -> str:
     """The conditions a ranking holds for: 'this machine, 2 BLAS threads, now'."""
-    from ..threads import blas_threads
+    from .threads import blas_threads
     n = threads if threads is not None else blas_threads()
     count = "BLAS threads unknown" if not n else f"{n} BLAS thread{'s' if n != 1 else ''}"
     return f"this machine, {count}, now"
