@@ -275,7 +275,7 @@ def run(args) -> int:
     if args.compare == "budget":
         out.print("[dim]budget: tokens one step may run (none: every prompt whole, no chunking); good/s: "
                   "requests per second that met every target; met: their share[/]")
-        out.print(f"[dim]{escape(setting(args, results[0]))}[/]")
+        out.print(f"[dim]{escape(setting(args, results[0]))}; {repeats_of(args)} rounds of each[/]")
         read = model.nbytes() / (hw.bandwidth_gbs * 1e9) if hw.blas_threads == results[0].get("threads") else None
         for line in budget_verdict(results, fit, args.slo_targets, weight_read_s=read):
             out.print(line)
