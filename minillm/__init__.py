@@ -1,5 +1,6 @@
-"""minillm: a from-scratch LLM inference engine (GPT-2, the Llama family) in pure NumPy that shows
-where inference time goes.
+"""minillm: a from-scratch LLM inference engine in pure NumPy (GPT-2, the Llama family, mixtures of
+experts; fused numba kernels and a CuPy path beside the NumPy reference) that shows where inference
+time goes.
 
     import minillm
     model = minillm.load()                       # the bundled Shakespeare model
@@ -33,7 +34,7 @@ else:
 
 # public name -> the module that defines it
 _API = {
-    "GPT2Config": "config", "MiniLLMError": "errors", "PromptError": "errors", "WeightsError": "errors",
+    "GPT2Config": "models.gpt2", "MiniLLMError": "errors", "PromptError": "errors", "WeightsError": "errors",
     "generate_batch": "engine.batch", "generate": "engine.generate", "sample": "engine.sampling",
     "speculative_generate": "engine.speculative", "KVCache": "cache.contiguous",
     "PagedKVCache": "cache.paged", "PagedKVPool": "cache.paged", "load": "checkpoints.load",

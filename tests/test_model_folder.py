@@ -105,6 +105,16 @@ def test_a_chat_template_linked_to_etc_passwd_never_reaches_the_prompt(tmp_path)
         minillm.tokenizer(d)                             # the tokenizer alone, without the model
 
 
+def test_the_family_is_never_read_from_a_config_outside_the_folder(tmp_path):
+    """The family comes from config.json's model_type: a link to another model's config is refused
+    there too, before any reader of the family runs."""
+    from minillm.checkpoints.families import family_of
+    d = hf_chat_folder(tmp_path)
+    moved_out(d, "config.json", tmp_path / "elsewhere")
+    with pytest.raises(WeightsError, match="config.json: a link to .*, outside the model's folder"):
+        family_of(d)
+
+
 def test_a_link_to_a_device_outside_says_what_it_is(tmp_path):
     d = hf_chat_folder(tmp_path)
     (d / "config.json").unlink()
@@ -188,4 +198,4 @@ def test_a_nul_in_the_path_of_a_folder_or_a_file_it_names_is_one_line(tmp_path, 
         for load in (minillm.load, minillm.tokenizer):
             with pytest.raises(WeightsError, match="NUL byte") as e:
                 load(path)
-            assert "\n" not in str(e.value)
+            assert "\n" not in str(e.value) and "\x00" not in str(e.value)

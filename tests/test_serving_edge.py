@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import minillm
-from minillm.config import GPT2Config
+from minillm.models.gpt2 import GPT2Config
 from minillm.engine.engine import Request
 from minillm.engine.sequence import SamplingParams
 from minillm.errors import ContextFull, MiniLLMError, PromptError

@@ -31,14 +31,13 @@ from typing import BinaryIO, Iterator
 
 from ..checkpoints.checkpoint import read_config
 from ..checkpoints.safetensors import read_header
-from ..config import GPT2_SIZES
+from ..models.gpt2 import GPT2_SIZES
 from ..errors import DownloadError, MiniLLMError, ModelNotFoundError, SafetensorsError
 from ..paths import atomic_write, cache_dir, expand_user
 
 HF_BASE = "https://huggingface.co"  # overridden by $MINILLM_HF_BASE, then by `base_url=`
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-FILES = (CONFIG_FILE, WEIGHTS_FILE)  # config first: it is small and fails fast on a bad URL
 
 CHUNK = 1 << 20  # read and hash 1 MiB at a time: the file never has to fit in memory
 TIMEOUT_S = 30.0  # give up on a connect or a read that stalls this long

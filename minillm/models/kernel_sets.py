@@ -1,0 +1,104 @@
+"""The kernel sets: which implementation of each operation a model computes with, chosen once (by its
+target, models/target.py) and then only asked.
+
+    numpy            the reference: NumPy (or CuPy on a GPU) through models/ops.py; every other set is
+                     tested equal to it
+    fused            numba (minillm/kernels/): products that read each weight once, attention without
+                     a score matrix, one-pass norms, rotations and SwiGLU; float32 on the CPU
+    batch-invariant  every product and attention in a fixed order (kernels/batch_invariant.py): a
+                     request's tokens bit-identical to the same request alone, whatever shares its steps;
+                     each sequence attends over its own cache (no batched gather)
+
+A set is what it needs (a row of models/target.py's KERNEL_SETS: the CPU, float32, numba: what runs
+where, said in one place) and what it offers (`KernelSet`, built here):
+
+    K.weight(w)              a NumPy weight (Dense, QuantMatrix) as this set's (at load, once)
+    K.rms_norm(x, w, eps)    K.rope(x, cos, sin)    K.swiglu(gate_up)
+    K.attention(q, k, v, Tk) causal attention over a cache's first Tk rows
+    K.paged_decode           (q, k_pool, v_pool, table, lengths) -> out: one query per sequence over its
+                             blocks in a paged pool, no gather; None: the step gathers (models/plan.py)
+    K.gather_decode          may a decode batch of short sequences attend as one gather?
+
+Every one of these is counted once, in models/ops.py, whichever implementation ran: a set passes
+its compute kernel to the op (`ops.rms_norm(x, w, eps, kernel=...)`). Adding a set is one builder
+here and one row in target.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable
+
+from ..kernels import runtime
+from . import ops
+from .target import ENV, KERNEL_SETS, NAMES, default, spec, why_default  # noqa: F401  (the table's names)
+
+
+@dataclass(frozen=True)
+class KernelSet:
+    name: str
+    about: str                                   # for a header: "fused kernels (numba 0.68.1)", ...
+    weight: Callable = lambda w: w               # a NumPy weight -> this set's
+    lays_out: bool = False                       # its weights copy the values into their own layout
+    norm_kernel: Callable | None = None          # the compute kernels it passes to ops (None: ops' own)
+    rope_kernel: Callable | None = None
+    swiglu_kernel: Callable | None = None
+    attention_kernel: Callable | None = None
+    paged_kernel: Callable | None = None         # None: no paged kernel, a decode batch is gathered
+    gather_decode: bool = True
+    batch_invariant: bool = False                # a row's results never depend on the others in its step
+
+    # The operations, counted in ops (looked up there at each call: bench strips their counting code).
+
+    def rms_norm(self, x, w, eps):
+        return ops.rms_norm(x, w, eps, kernel=self.norm_kernel)
+
+    def rope(self, x, cos, sin):
+        return ops.rope(x, cos, sin, kernel=self.rope_kernel)
+
+    def swiglu(self, gate_up):
+        return ops.swiglu(gate_up, kernel=self.swiglu_kernel)
+
+    def attention(self, q, k, v, Tk=None):
+        return ops.attention(q, k, v, Tk, kernel=self.attention_kernel)
+
+    @property
+    def paged_decode(self) -> Callable | None:
+        """(q, k_pool, v_pool, table, lengths) -> out over a paged pool, no gather; None: none here."""
+        return None if self.paged_kernel is None else self._paged
+
+    def _paged(self, q, k_pool, v_pool, table, lengths):
+        return ops.paged_decode_attention(q, k_pool, v_pool, table, lengths, kernel=self.paged_kernel)
+
+
+def _numpy() -> KernelSet:
+    return KernelSet("numpy", "NumPy kernels")
+
+
+def _fused() -> KernelSet:
+    from ..kernels import elementwise, products
+    from .fused import fuse
+    return KernelSet("fused", f"fused kernels ({runtime.status().reason})", weight=fuse, lays_out=True,
+                     norm_kernel=elementwise.rms_norm, rope_kernel=elementwise.rope, swiglu_kernel=elementwise.swiglu,
+                     attention_kernel=products.attention, paged_kernel=products.paged_decode_attention)
+
+
+def _batch_invariant() -> KernelSet:
+    from ..kernels import batch_invariant
+    from .weights import fixed_order
+    return KernelSet("batch-invariant", f"batch-invariant kernels ({runtime.status().reason})", weight=fixed_order,
+                     attention_kernel=batch_invariant.attention, gather_decode=False, batch_invariant=True)
+
+
+BUILDERS: dict[str, Callable[[], KernelSet]] = {
+    "numpy": _numpy, "fused": _fused, "batch-invariant": _batch_invariant,
+}
+
+
+@lru_cache(maxsize=None)
+def get(name: str) -> KernelSet:
+    """The kernel set of a name (a row of models/target.py's KERNEL_SETS), built once per process;
+    one line if it cannot run here."""
+    spec(name).check()
+    return BUILDERS[spec(name).name]()
