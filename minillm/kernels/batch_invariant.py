@@ -27,6 +27,7 @@ import math
 import numpy as np
 
 from . import _batch_invariant as K
+from . import checks
 
 KEY_TILE = 64        # attention: keys per tile, from key 0
 
@@ -48,8 +49,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
     """ops.attention's semantics (causal, query i at position Tk - Tq + i, H = g·Hkv), each query
     over keys 0 .. its position in tiles of KEY_TILE from key 0. q [H, Tq, hd], k, v [Hkv, >= Tk, hd]
     (the first Tk rows attended) -> (out [H, Tq, hd], 0 bytes copied)."""
+    Tk = checks.attention(q, k, v, Tk)
     H, Tq, hd = q.shape
-    Tk = k.shape[1] if Tk is None else int(Tk)
     k, v = k[:, :Tk], v[:, :Tk]
     out = np.empty(q.shape, q.dtype)
     run = K.attention_threads if H * Tq * Tk * hd >= K.PARALLEL_FROM else K.attention_one

@@ -16,12 +16,14 @@ from __future__ import annotations
 import numpy as np
 
 from . import _numba as K
+from . import checks
 from .products import _check_float32
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """ops.rms_norm for float32 rows: x [..., n], w [n] -> [..., n]."""
     _check_float32(x, w)
+    checks.rms_norm(x, w)
     rows = np.ascontiguousarray(x).reshape(-1, x.shape[-1])            # [N, n]
     y = np.empty_like(rows)
     K.rms_norm(rows, w, eps, y)
@@ -32,6 +34,7 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """ops.rope for float32: x [H, N, hd] (a view of the qkv product is read in place), cos, sin
     [N, hd/2] -> [H, N, hd], a new array."""
     _check_float32(x, cos, sin)
+    checks.rope(x, cos, sin)
     y = np.empty(x.shape, np.float32)
     K.rope(x, cos, sin, y)
     return y
@@ -40,6 +43,7 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 def swiglu(gate_up: np.ndarray) -> np.ndarray:
     """ops.swiglu for float32 rows: gate_up [N, 2F] -> silu(gate)·up [N, F], a new array."""
     _check_float32(gate_up)
+    checks.swiglu(gate_up)
     h = np.ascontiguousarray(gate_up)
     y = np.empty((h.shape[0], h.shape[1] // 2), np.float32)
     K.swiglu(h, y)

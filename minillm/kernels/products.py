@@ -21,6 +21,7 @@ except ImportError:                                        # pragma: no cover - 
     from numpy import byte_bounds
 
 from . import _numba as K
+from . import checks
 
 _NO_MIN = np.empty((0, 0), np.uint16)    # Q4_0 has no minimums: the kernel's m is empty
 QUERY_TILE = 32       # flash attention: queries per tile (of each of a group's g heads)
@@ -48,16 +49,18 @@ def _check_float32(*arrays: np.ndarray) -> None:
 def planes(q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> tuple:
     """A quantized matrix's planes as the kernels take them: q (int8 [R, C]: Q8_0; uint8 [R, C/2]:
     Q4's nibbles), then the scales (and Q4_1's minimums; for Q4_0 an empty array) as float16 bits,
-    uint16. Made once per weight (models/fused.py keeps them)."""
+    uint16, checked to agree (`checks.Planes`: a product then checks only x). Made once per weight
+    (models/fused.py keeps them)."""
     d = d.view(np.uint16)
     if q.dtype == np.int8:
-        return q, d
-    return q, d, _NO_MIN if m is None else m.view(np.uint16)
+        return checks.planes((q, d))
+    return checks.planes((q, d, _NO_MIN if m is None else m.view(np.uint16)))
 
 
 def quant_matmul_t(p: tuple, x: np.ndarray) -> np.ndarray:
     """x [T, C] @ w^T -> [T, R] in float32, w (its `planes`) read once per four rows of x (any T)."""
     _check_float32(x)
+    checks.quant_product(p, x)
     x = _f32(x)
     y = np.empty((x.shape[0], p[0].shape[0]), np.float32)   # [T, R]
     if len(p) == 2:
@@ -71,6 +74,7 @@ def dense_matmul_t(wt: np.ndarray, x: np.ndarray) -> np.ndarray:
     """x [T, C] @ wt^T -> [T, R], wt float32 [R, C] (a weight [in, out] kept as its transpose):
     the weight read once per four rows of x."""
     _check_float32(x, wt)
+    checks.dense_product(wt, x)
     x = _f32(x)
     y = np.empty((x.shape[0], wt.shape[0]), np.float32)
     K.dense_matmul_t(wt, x, y)
@@ -111,12 +115,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
     `read_rows`): the first Tk are attended. No pair past the diagonal is computed
     (ops.attention counts what it does)."""
     _check_float32(q, k, v)
+    Tk = checks.attention(q, k, v, Tk)
     H, Tq, hd = q.shape
     Hkv = k.shape[0]
-    Tk = k.shape[1] if Tk is None else int(Tk)
-    if not Tq <= Tk <= min(k.shape[1], v.shape[1]):
-        raise ValueError(f"attention over Tk = {Tk} keys needs at least the {Tq} queries' own and at most the "
-                         f"{min(k.shape[1], v.shape[1])} rows k and v hold")
     scale = np.float32(1.0 / math.sqrt(hd))
     if k.flags.c_contiguous and v.flags.c_contiguous:
         copied_k = copied_v = 0
@@ -144,6 +145,7 @@ def decode_chunk(longest: int, B: int, Hkv: int, block_size: int) -> int:
     splits a long sequence when B·Hkv items alone would leave threads idle), never under
     DECODE_CHUNK keys, a whole number of blocks."""
     from .runtime import threads
+    checks.positive(longest=longest, B=B, Hkv=Hkv, block_size=block_size)
     want = max(1, -(-4 * (threads() or 1) // (B * Hkv)))          # chunks per sequence wanted
     chunk = max(DECODE_CHUNK, -(-longest // want))
     return -(-chunk // block_size) * block_size
@@ -158,13 +160,9 @@ def paged_decode_attention(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray
     gathered, padded and masked keys (ops.paged_decode_attention counts it: each sequence's own
     keys read from the pool, no copy, no padding)."""
     _check_float32(q, k_pool, v_pool)
+    table, lengths = checks.paged(q, k_pool, v_pool, table, lengths)
     H, B, hd = q.shape
     Hkv, bs = k_pool.shape[0], k_pool.shape[2]
-    lengths = np.asarray(lengths, np.intp)
-    table = np.ascontiguousarray(table, np.intp)
-    if lengths.shape != (B,) or table.shape[0] != B or lengths.min() < 1 or lengths.max() > table.shape[1] * bs:
-        raise ValueError(f"paged decode: {B} queries need {B} lengths of at least 1 key, each within its table row's "
-                         f"{table.shape[1]} blocks of {bs}; got lengths {lengths.tolist()} and a {table.shape} table")
     out = np.empty((H, B, hd), np.float32)
     K.paged_decode_attention(_f32(q), k_pool, v_pool, table, lengths, out, np.float32(1.0 / math.sqrt(hd)),
                              decode_chunk(int(lengths.max()), B, Hkv, bs))

@@ -135,6 +135,30 @@ def quantize_blocks(blocks: np.ndarray, fmt: Format):
     return packed, d.astype(np.float16), m
 
 
+def check_planes(fmt: Format, q: np.ndarray, d: np.ndarray, m: np.ndarray | None) -> None:
+    """A quantized matrix's planes agree (q [R, C] int8 for Q8_0 or [R, C/2] uint8 for Q4, float16
+    scales [R, C/32], Q4_1's minimums beside them) and every scale and minimum is finite: a NaN or
+    infinite float16 reads as 98304 or 65536 to the fused kernel's bit conversion (and to
+    `f16_to_f32`), a wrong value rather than NaN. One WeightsError line otherwise, once, when the
+    matrix is made (the loaders refuse such files before; this catches a matrix made by hand)."""
+    per_block, want_q = (QK, np.int8) if fmt.bits == 8 else (QK // 2, np.uint8)
+    ok = getattr(d, "ndim", 0) == 2 and d.dtype == np.float16 and getattr(q, "dtype", None) == want_q
+    if ok:
+        R, nb = d.shape
+        ok = q.shape == (R, nb * per_block) and ((m is None) != fmt.has_min) and \
+            (m is None or (m.shape == d.shape and m.dtype == np.float16))
+    if not ok:
+        raise WeightsError(f"a {fmt.name} matrix needs q {want_q.__name__} [R, C/{QK // per_block}], float16 scales "
+                           f"[R, C/{QK}]{' and minimums of their shape' if fmt.has_min else ''}; got q "
+                           f"{getattr(q, 'shape', q)} {getattr(q, 'dtype', '')}, d {getattr(d, 'shape', d)} "
+                           f"{getattr(d, 'dtype', '')}, m {None if m is None else m.shape}")
+    for plane, name in ((d, "scales"), (m, "minimums")):
+        if plane is not None and not np.isfinite(plane).all():
+            bad = int(np.count_nonzero(~np.isfinite(plane)))
+            raise WeightsError(f"a {fmt.name} matrix's {name} hold {bad:,} NaN or infinite value"
+                               f"{'s' if bad > 1 else ''}; the weights are damaged")
+
+
 class QuantMatrix:
     """R rows of C values, quantized in blocks of 32 along each row, kept quantized in memory.
 
@@ -144,6 +168,7 @@ class QuantMatrix:
 
     def __init__(self, fmt: Format | str, q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None):
         self.fmt = get_format(fmt) if isinstance(fmt, str) else fmt
+        check_planes(self.fmt, q, d, m)
         self.q, self.d, self.m = q, d, m
         R, nb = d.shape
         self.shape = (R, nb * QK)
@@ -302,8 +327,10 @@ class QuantMatrix:
 
     def matmul(self, x: np.ndarray) -> np.ndarray:
         """x [T, C] @ this^T -> [T, R]: the quantized bytes read once, widened a tile at a time."""
-        T = x.shape[0]
         R, C = self.shape
+        if x.ndim != 2 or x.shape[1] != C:
+            raise ValueError(f"quantized product: x {x.shape} against a [{R}, {C}] matrix: x needs {C} columns")
+        T = x.shape[0]
         nb = C // QK
         dt = x.dtype
         rows = max(1, min(R, TILE_BYTES // (C * dt.itemsize)))
