@@ -95,6 +95,30 @@ def test_a_waiting_chat_whose_client_leaves_is_dropped_before_it_takes_a_slot():
     run(main)
 
 
+def test_a_waiter_dropped_at_dispatch_ends_as_client_gone():
+    """The client leaves while its chat waits, and a slot frees in the same moment: _dispatch drops
+    the waiter first. Its handler ends as ClientGone (it raised CancelledError: a 500 and a traceback)."""
+    async def main():
+        q, r = RenderQueue(1, metrics=Registry()), Renders()
+        busy = asyncio.ensure_future(q.run("a", alive(), r("a", seconds=0.2)))
+        await settle(2)
+        left = alive()
+        waiter = asyncio.ensure_future(q.run("b", left, r("b")))
+        await settle(2)
+        original = q._release
+
+        def release_as_it_leaves(client):                       # gone, then the slot, in one moment
+            if not left.done():
+                left.set_result(None)
+            original(client)
+        q._release = release_as_it_leaves
+        await busy
+        with pytest.raises(ClientGone):
+            await waiter
+        assert "b" not in r.started and q.metrics.get("renders_shed_total", reason="client_gone") == 1
+    run(main)
+
+
 def test_dispatch_skips_a_waiter_whose_client_has_gone():
     """The second look: the slot comes free in the same moment the client leaves."""
     async def main():

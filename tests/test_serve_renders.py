@@ -79,7 +79,7 @@ def slow_server():
     loop.stop(grace=0)
 
 
-def test_a_burst_of_chats_reset_at_once_is_dropped_not_rendered(slow_server):
+def test_a_burst_of_chats_reset_at_once_is_dropped_not_rendered(slow_server, capfd):
     server, port = slow_server
     assert chat(port, "hi")[0] == 200                                  # the worker pool is warm
     for _ in range(20):
@@ -93,6 +93,9 @@ def test_a_burst_of_chats_reset_at_once_is_dropped_not_rendered(slow_server):
     assert 1 <= len(gone) <= 20                                     # may come before the request is read)
     assert m['minillm_renders_shed_total{reason="client_gone"}'] == len(gone), (m, server.lines)
     assert m["minillm_renders_waiting"] == 0 and m["minillm_renders_running"] == 0
+    assert not any(" 500 " in line for line in server.lines), server.lines
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception in ASGI application" not in err, err[-3000:]
 
 
 def test_one_clients_slow_chats_do_not_hold_up_another_clients(slow_server):

@@ -138,6 +138,8 @@ class RenderQueue:
         except asyncio.CancelledError:
             self._leave(client, fut)
             raise
+        if fut.cancelled():                                      # _dispatch found its client gone (counted)
+            raise ClientGone
         if not fut.done():                                       # the client left while it waited
             self._leave(client, fut)
             self._shed("client_gone")
