@@ -1,0 +1,163 @@
+"""A fixed-size state per sequence: what a linear-attention layer keeps instead of a KV cache.
+
+A full-attention layer keeps every position's key and value, so its cache grows with the context.
+A linear-attention layer (Gated DeltaNet, models/qwen35.py) folds the past into a state of fixed
+size and keeps only that. For each such layer a sequence holds:
+
+    conv  [K-1, C]        the last K-1 inputs of its causal convolution over q|k|v (C channels)
+    ssm   [Hv, dk, dv]    one [dk, dv] matrix per value head, written by the gated delta rule
+
+whatever its length: 4 tokens or 32,768 cost the same bytes. A decode step reads each layer's
+state once and writes it once (`read`, `write`: counted as kv_read and kv_write, as a KV cache's
+positions are), and never reads anything older: there is no position to go back to.
+
+    StatePool(shapes, layers, slots)   the memory: `slots` sequences' states, [slots, layers, *shape]
+                                       per name, and a free list of slots
+    State                              one sequence's slot: `read(layer)`, `write(layer, ...)`
+    HybridKVCache                      a contiguous KV cache over the full-attention layers only,
+                                       plus one State: the cache protocol of cache/contiguous.py
+
+What a fixed state cannot do, and says so in one line: go back (`truncate` to an earlier position:
+speculative decoding's roll-back). The state after position t is gone once position t + 1 is in.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from .. import meter
+from ..errors import MiniLLMError
+from .contiguous import KVCache, untouched_zeros
+
+
+class StateFullError(MiniLLMError):
+    """Every state slot of a pool is in use."""
+
+
+class NoRollback(MiniLLMError):
+    """A sequence with a recurrent state asked to forget positions."""
+
+
+class StatePool:
+    """`slots` sequences' states: per name an array [slots, layers, *shape], and a free list of slots.
+
+    shapes: name -> one layer's shape, e.g. {"conv": (K-1, C), "ssm": (Hv, dk, dv)}."""
+
+    def __init__(self, shapes: dict[str, tuple], layers: int, slots: int, dtype=np.float32, xp=np) -> None:
+        if slots < 1:
+            raise MiniLLMError(f"a state pool needs at least one slot, got {slots}")
+        self.shapes = dict(shapes)
+        self.layers = layers
+        self.dtype = np.dtype(dtype)
+        self.arrays = {name: untouched_zeros((slots, layers) + tuple(shape), dtype, xp)
+                       for name, shape in self.shapes.items()}
+        self.free_list: deque[int] = deque(range(slots))
+
+    @property
+    def slots(self) -> int:
+        return next(iter(self.arrays.values())).shape[0] if self.arrays else 0
+
+    @property
+    def n_free(self) -> int:
+        return len(self.free_list)
+
+    @staticmethod
+    def slot_nbytes_for(shapes: dict[str, tuple], layers: int, itemsize: int) -> int:
+        """One sequence's state, every layer: what a slot costs whatever the sequence's length."""
+        return layers * itemsize * sum(int(np.prod(s)) for s in shapes.values())
+
+    @property
+    def slot_nbytes(self) -> int:
+        return self.slot_nbytes_for(self.shapes, self.layers, self.dtype.itemsize)
+
+    def take(self) -> "State":
+        """A free slot, zeroed (a new sequence's state is zeros). StateFullError when none is left."""
+        if not self.free_list:
+            raise StateFullError(f"the {self.slots} state slots are all in use: give the cache more memory "
+                                 "or run fewer sequences at once")
+        slot = self.free_list.popleft()
+        for a in self.arrays.values():
+            a[slot] = 0
+        return State(self, slot)
+
+    def give(self, slot: int) -> None:
+        if slot in self.free_list:
+            raise ValueError(f"state slot {slot} is already free (given back twice?)")
+        self.free_list.append(slot)
+
+
+class State:
+    """One sequence's slot of a StatePool: its states, layer by layer."""
+
+    def __init__(self, pool: StatePool, slot: int) -> None:
+        self.pool, self.slot = pool, slot
+
+    def read(self, layer: int) -> tuple[np.ndarray, ...]:
+        """The layer's states, in the pool's order of names (conv window, matrix): views, no copy.
+        Counted as a KV read: the step streams them once."""
+        out = tuple(a[self.slot, layer] for a in self.pool.arrays.values())
+        m = meter.active()
+        if m is not None:
+            m.count("state_read", kv_read=sum(a.nbytes for a in out))
+        return out
+
+    def write(self, layer: int, *states: np.ndarray) -> None:
+        """The layer's new states, in the order `read` gave them, into the slot. Counted as a KV write."""
+        for a, s in zip(self.pool.arrays.values(), states, strict=True):
+            a[self.slot, layer] = s
+        m = meter.active()
+        if m is not None:
+            m.count("state_write", kv_write=sum(s.nbytes for s in states))
+
+    def copy_from(self, other: "State") -> None:
+        for a, b in zip(self.pool.arrays.values(), other.pool.arrays.values(), strict=True):
+            a[self.slot] = b[other.slot]
+
+    def zero(self) -> None:
+        for a in self.pool.arrays.values():
+            a[self.slot] = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.pool.slot_nbytes
+
+
+def no_rollback(length: int, t: int) -> NoRollback:
+    return NoRollback(f"this model's linear-attention layers keep one state per sequence, not its positions: "
+                      f"it cannot go back from {length} to {t} positions (speculative decoding needs that)")
+
+
+class HybridKVCache(KVCache):
+    """A hybrid model's contiguous cache: KV for its full-attention layers (`attention`, a config whose
+    n_layer counts only them) and one state slot for its linear layers. Speaks the cache protocol;
+    `state` is what the linear layers read and write."""
+
+    def __init__(self, attention, shapes: dict[str, tuple], layers: int, dtype=np.float32, xp=np) -> None:
+        super().__init__(attention, dtype, xp=xp)
+        self.state = StatePool(shapes, layers, 1, dtype, xp).take()
+
+    def state_nbytes(self) -> int:
+        return self.state.nbytes
+
+    def nbytes_used(self) -> int:
+        return super().nbytes_used() + self.state.nbytes
+
+    def truncate(self, t: int) -> None:
+        self.check_truncate(t)
+        if t != self.length:
+            raise no_rollback(self.length, t)
+
+    def free(self) -> None:
+        super().free()
+        self.state.zero()
+
+    def fork(self) -> "HybridKVCache":
+        other = HybridKVCache(self.config, self.state.pool.shapes, self.state.pool.layers, self.dtype, self.xp)
+        other.reserve(self.length)
+        other.k[:, :, :self.length] = self.k[:, :, :self.length]
+        other.v[:, :, :self.length] = self.v[:, :, :self.length]
+        other.state.copy_from(self.state)
+        other.length = self.length
+        return other

@@ -1,0 +1,277 @@
+"""Qwen3.5's hybrid (models/qwen35.py) against transformers' fixtures, and its invariants on random
+configs: layer patterns, heads, widths, convolution widths, chunk sizes.
+
+The fixtures' float32 logits are transformers' float32 run; this model amplifies float32 rounding
+(transformers' own float32 logits, rerun on another machine, moved by 5.6e-4, and its float32 is
+3.8e-4 from the same math in float64). So the tight test is float64 against float64:
+`expected_float64.npz` holds transformers' Qwen3.5 code run with its float32 casts promoted to
+float64 (benchmarks/reference/qwen35_fixtures.py), and minillm in float64 must agree to 1e-9. In
+float32 the logits agree within FLOAT32_ATOL and the greedy ids exactly, with and without the cache."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import minillm
+from minillm import meter
+from minillm.cache.state import NoRollback
+from minillm.checkpoints.llama_load import llama_from_folder
+from minillm.errors import ConfigError, WeightsError
+from minillm.models import qwen35
+from minillm.models.qwen35 import FULL, LINEAR, Qwen35, Qwen35Config, random_params
+
+FIXTURES = Path(__file__).parent / "fixtures" / "w5"
+NAMES = ("qwen35-tiny", "qwen35-bf16")       # bf16: another layer pattern, conv width 3, tied, rotary half
+EXACT = 1e-9             # float64 against transformers' math in float64
+FLOAT32_ATOL = 1e-3      # float32 against transformers' float32 (measured: 5.4e-4 and 1.5e-4)
+
+
+def load(name, dtype=np.float32):
+    return llama_from_folder(FIXTURES / name, model=Qwen35, dtype=dtype)
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def fixture(request):
+    path = FIXTURES / request.param
+    e, x = np.load(path / "expected.npz"), np.load(path / "expected_float64.npz")
+    return load(request.param), load(request.param, np.float64), e, x["logits"]
+
+
+def test_fixture_float64_is_transformers_math(fixture):
+    _, m64, e, exact = fixture
+    ids = np.concatenate([e["input_ids"], e["greedy_ids"]])
+    np.testing.assert_allclose(m64.forward(ids), exact, rtol=0, atol=EXACT)
+
+
+def test_fixture_float64_cached_rows(fixture):
+    """Prefill (the chunked form) then decode (the recurrent form) give the same rows."""
+    _, m64, e, exact = fixture
+    P = len(e["input_ids"])
+    logits, cache = m64.prefill(e["input_ids"])
+    np.testing.assert_allclose(logits, exact[P - 1], rtol=0, atol=EXACT)
+    for i, t in enumerate(e["greedy_ids"]):
+        np.testing.assert_allclose(m64.decode_step(int(t), cache), exact[P + i], rtol=0, atol=EXACT)
+
+
+def test_fixture_float32_logits(fixture):
+    m32, _, e, _ = fixture
+    ids = np.concatenate([e["input_ids"], e["greedy_ids"]])
+    np.testing.assert_allclose(m32.forward(ids), e["logits"], rtol=0, atol=FLOAT32_ATOL)
+
+
+@pytest.mark.parametrize("kv_cache", [True, False])
+def test_fixture_greedy_matches_transformers(fixture, kv_cache):
+    m32, _, e, _ = fixture
+    assert minillm.generate(m32, e["input_ids"], len(e["greedy_ids"]), kv_cache=kv_cache) == e["greedy_ids"].tolist()
+
+
+def test_fixture_configs_read_as_written():
+    a, b = load("qwen35-tiny").config, load("qwen35-bf16").config
+    assert a.layer_types == (LINEAR, LINEAR, LINEAR, FULL) and a.full_layers == (3,)
+    assert (a.conv_kernel, a.rotary_dim, a.lin_k_heads, a.lin_v_heads, a.lin_k_dim, a.lin_v_dim, a.tied) == \
+        (4, 8, 2, 4, 16, 24, False)
+    assert b.layer_types == (FULL, LINEAR, LINEAR, FULL, LINEAR) and b.linear_layers == (1, 2, 4)
+    assert (b.conv_kernel, b.rotary_dim, b.lin_k_heads, b.lin_v_heads, b.tied, b.theta) == (3, 8, 1, 3, True, 1e5)
+    for name in NAMES:
+        m = load(name)
+        assert m.n_params() == m.config.n_params() == sum(int(np.prod(s)) for _, s in qwen35.manifest(m.config)) \
+            - (0 if m.config.tied else 0)
+
+
+def copy_fixture(tmp_path, name="qwen35-tiny"):
+    dst = tmp_path / name
+    shutil.copytree(FIXTURES / name, dst)
+    return dst
+
+
+def edit_config(folder, drop=(), **changes):
+    cfg = json.loads((folder / "config.json").read_text())
+    for k in drop:
+        cfg.pop(k)
+    cfg.update(changes)
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+def test_older_spellings_read_the_same(tmp_path):
+    """No layer_types: every full_attention_interval-th layer is full; partial_rotary_factor at the top."""
+    folder = copy_fixture(tmp_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    rope = cfg["rope_parameters"]
+    edit_config(folder, drop=["layer_types"], full_attention_interval=4, partial_rotary_factor=rope.pop("partial_rotary_factor"),
+                rope_parameters=rope)
+    assert load("qwen35-tiny").config == llama_from_folder(folder, model=Qwen35).config
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"layer_types": ["linear_attention", "sliding", "linear_attention", "full_attention"]}, "layer_types"),
+    ({"layer_types": ["full_attention"]}, "layer_types"),
+    ({"attention_bias": True}, "attention_bias"),
+    ({"linear_num_key_heads": 3}, "linear_num_key_heads must divide"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e7}}, "rope_type"),
+    ({"linear_conv_kernel_dim": 0}, "conv_kernel"),
+])
+def test_bad_configs_are_one_line(tmp_path, change, words):
+    folder = copy_fixture(tmp_path)
+    edit_config(folder, **change)
+    with pytest.raises((ConfigError, WeightsError)) as err:
+        llama_from_folder(folder, model=Qwen35)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_fixed_state_refuses_to_go_back():
+    m = load("qwen35-tiny")
+    _, cache = m.prefill([1, 2, 3, 4])
+    cache.truncate(4)                                   # staying put is fine
+    with pytest.raises(NoRollback, match="cannot go back from 4 to 2"):
+        cache.truncate(2)
+
+
+# -- the two forms of the gated delta rule -------------------------------------------------------------
+
+@st.composite
+def delta_inputs(draw):
+    H, n, dk, dv = draw(st.integers(1, 3)), draw(st.integers(1, 70)), draw(st.sampled_from([2, 4, 8])), \
+        draw(st.sampled_from([1, 3, 8]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    k = rng.standard_normal((H, n, dk))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)                          # the model's keys are unit vectors
+    q = rng.standard_normal((H, n, dk)) / np.sqrt(dk)
+    v = rng.standard_normal((H, n, dv))
+    g = -rng.uniform(0, draw(st.sampled_from([0.1, 2.0, 8.0])), (H, n))     # slow to fast forgetting
+    beta = rng.uniform(0, 1, (H, n))
+    S = rng.standard_normal((H, dk, dv)) * draw(st.sampled_from([0.0, 1.0]))
+    return q, k, v, g, beta, S, draw(st.integers(1, 80))
+
+
+@settings(max_examples=60, deadline=None)
+@given(delta_inputs())
+def test_chunked_equals_recurrent(inputs):
+    q, k, v, g, beta, S, chunk = inputs
+    o1, S1 = qwen35.delta_rule_recurrent(q, k, v, g, beta, S)
+    o2, S2 = qwen35.delta_rule_chunked(q, k, v, g, beta, S, chunk)
+    np.testing.assert_allclose(o2, o1, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(S2, S1, rtol=0, atol=1e-10)
+    f = lambda a: a.astype(np.float32)
+    o3, S3 = qwen35.delta_rule_chunked(*map(f, (q, k, v, g, beta, S)), chunk)
+    assert o3.dtype == np.float32
+    np.testing.assert_allclose(o3, o1, rtol=0, atol=2e-5 * max(1.0, np.abs(o1).max()))
+
+
+@settings(max_examples=30, deadline=None)
+@given(delta_inputs(), st.data())
+def test_a_prompt_split_anywhere_carries_the_state(inputs, data):
+    """Two calls, the state of the first handed to the second, equal one call: chunked prefill."""
+    q, k, v, g, beta, S, chunk = inputs
+    n = q.shape[1]
+    cut = data.draw(st.integers(0, n))
+    o, S_end = qwen35.delta_rule_chunked(q, k, v, g, beta, S, chunk)
+    part = lambda a, s: a[:, s]
+    oa, Sa = qwen35.delta_rule(*(part(a, slice(0, cut)) for a in (q, k, v, g, beta)), S, chunk) if cut else (o[:, :0], S)
+    ob, Sb = qwen35.delta_rule(*(part(a, slice(cut, n)) for a in (q, k, v, g, beta)), Sa, chunk) if cut < n \
+        else (o[:, :0], Sa)
+    np.testing.assert_allclose(np.concatenate([oa, ob], axis=1), o, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(Sb, S_end, rtol=0, atol=1e-10)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 20), st.integers(0, 2**31))
+def test_ut_inverse_inverts(C, seed):
+    rng = np.random.default_rng(seed)
+    A = np.tril(rng.uniform(-1, 1, (2, C, C)), -1)
+    T = qwen35.ut_inverse(A)
+    np.testing.assert_allclose((np.eye(C) + A) @ T, np.broadcast_to(np.eye(C), A.shape), atol=1e-9)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 12), st.integers(0, 12), st.integers(0, 2**31))
+def test_convolution_in_pieces_carries_its_window(K, n, cut, seed):
+    rng = np.random.default_rng(seed)
+    cut = min(cut, n)
+    x, w = rng.standard_normal((n, 6)), rng.standard_normal((K, 6))
+    zero = np.zeros((K - 1, 6))
+    y, window = qwen35.causal_conv(x, zero, w)
+    ya, wa = qwen35.causal_conv(x[:cut], zero, w)
+    yb, wb = qwen35.causal_conv(x[cut:], wa, w)
+    np.testing.assert_allclose(np.concatenate([ya, yb]), y, atol=1e-12)
+    np.testing.assert_array_equal(wb, window)
+    padded = np.concatenate([zero, x])                                   # the definition, one output at a time
+    direct = np.array([(padded[t:t + K] * w).sum(0) for t in range(n)])
+    np.testing.assert_allclose(y, direct / (1 + np.exp(-direct)), atol=1e-12)
+
+
+# -- random configs -------------------------------------------------------------------------------------
+
+@st.composite
+def configs(draw):
+    L = draw(st.integers(1, 4))
+    types = tuple(draw(st.lists(st.sampled_from([LINEAR, FULL]), min_size=L, max_size=L)))
+    n_kv = draw(st.sampled_from([1, 2]))
+    hd = draw(st.sampled_from([8, 16]))
+    Hk = draw(st.sampled_from([1, 2]))
+    return Qwen35Config(n_layer=L, n_head=n_kv * draw(st.sampled_from([1, 2])), n_kv_head=n_kv, head_dim=hd,
+                        n_embd=draw(st.sampled_from([16, 32])), n_ctx=96, vocab_size=97, ffn=24, layer_types=types,
+                        lin_k_heads=Hk, lin_v_heads=Hk * draw(st.sampled_from([1, 2])),
+                        lin_k_dim=draw(st.sampled_from([4, 8])), lin_v_dim=draw(st.sampled_from([4, 6])),
+                        conv_kernel=draw(st.integers(1, 5)), rotary_dim=draw(st.sampled_from([2, hd // 2, hd])),
+                        theta=draw(st.sampled_from([1e4, 1e7])), tied=draw(st.booleans()))
+
+
+def build(c, dtype=np.float64, seed=0):
+    return Qwen35(c, random_params(c, seed=seed, std=0.3, dtype=np.float64), dtype=dtype)
+
+
+@settings(max_examples=25, deadline=None)
+@given(configs(), st.integers(1, 40), st.integers(2, 40), st.integers(0, 2**31))
+def test_model_chunk_size_changes_nothing(c, chunk, n, seed):
+    model = build(c)
+    ids = np.random.default_rng(seed).integers(0, c.vocab_size, n)
+    ref = model.forward(ids)
+    model.chunk = chunk
+    np.testing.assert_allclose(model.forward(ids), ref, rtol=0, atol=1e-9)
+
+
+@settings(max_examples=25, deadline=None)
+@given(configs(), st.integers(1, 30), st.integers(1, 12), st.integers(0, 2**31))
+def test_cached_equals_naive(c, P, N, seed):
+    """A prefill (chunked form) and N decode steps (recurrent form) give the rows of one cache-less pass."""
+    model = build(c)
+    ids = np.random.default_rng(seed).integers(0, c.vocab_size, P + N)
+    ref = model.forward(ids)
+    logits, cache = model.prefill(ids[:P])
+    rows = [logits] + [model.decode_step(int(t), cache) for t in ids[P:]]
+    np.testing.assert_allclose(np.array(rows), ref[P - 1:], rtol=0, atol=1e-9)
+
+
+@settings(max_examples=20, deadline=None)
+@given(configs(), st.lists(st.integers(1, 9), min_size=1, max_size=4), st.integers(0, 2**31))
+def test_prefill_in_chunks_equals_whole(c, sizes, seed):
+    model = build(c)
+    ids = np.random.default_rng(seed).integers(0, c.vocab_size, sum(sizes))
+    whole, _ = model.prefill(ids)
+    cache, i = model.new_cache(), 0
+    for s in sizes:
+        logits, cache = model.prefill(ids[i:i + s], cache)
+        i += s
+    np.testing.assert_allclose(logits, whole, rtol=0, atol=1e-9)
+
+
+def test_decode_step_reads_and_writes_each_state_once():
+    """A decode step: each linear layer's state read once and written once (kv_read / kv_write),
+    and the full layers' KV of every position so far (read) and of the new one (written)."""
+    model = load("qwen35-tiny")
+    c = model.config
+    _, cache = model.prefill(np.arange(10))
+    with meter.Meter() as m:
+        model.decode_step(3, cache)
+    (r,) = m.steps
+    kv = c.kv_bytes_per_token(4)
+    assert r.bytes["kv_read"] == c.state_bytes(4) + 11 * kv
+    assert r.bytes["kv_write"] == c.state_bytes(4) + kv
+    assert r.bytes["weights"] == model.step_weight_bytes(1)
