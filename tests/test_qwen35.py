@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 import minillm
 from minillm import meter
-from minillm.cache.state import NoRollback
+from minillm.cache.state import HybridPagedPool, NoRollback, StateFullError
 from minillm.checkpoints.llama_load import llama_from_folder
-from minillm.errors import ConfigError, WeightsError
+from minillm.errors import ConfigError, MiniLLMError, WeightsError
 from minillm.models import qwen35
 from minillm.models.qwen35 import FULL, LINEAR, Qwen35, Qwen35Config, random_params
 
@@ -275,3 +275,77 @@ def test_decode_step_reads_and_writes_each_state_once():
     assert r.bytes["kv_read"] == c.state_bytes(4) + 11 * kv
     assert r.bytes["kv_write"] == c.state_bytes(4) + kv
     assert r.bytes["weights"] == model.step_weight_bytes(1)
+
+
+# -- paged, batched -------------------------------------------------------------------------------------
+
+def paged_pool(model, blocks=64, block_size=4, slots=8):
+    return HybridPagedPool(model.config, blocks, block_size, model.dtype, slots=slots)
+
+
+def run_alone(model, cache, prompt, tokens):
+    cache.reserve(len(prompt))
+    rows = [model.step([(np.asarray(prompt), cache)])[0]]
+    for t in tokens:
+        cache.reserve(1)
+        rows.append(model.step([(np.array([t]), cache)])[0])
+    return np.array(rows)
+
+
+@settings(max_examples=20, deadline=None)
+@given(configs(), st.lists(st.integers(1, 12), min_size=1, max_size=4), st.integers(1, 6), st.integers(0, 2**31))
+def test_paged_and_batched_equal_contiguous_and_alone(c, prompts, steps, seed):
+    """B sequences in one paged pool, prefilled together and decoded together (one step for all: the
+    full layers' batched gather, each linear layer's states read and written one sequence at a time),
+    give each sequence's rows run alone in a contiguous cache."""
+    model = build(c)
+    rng = np.random.default_rng(seed)
+    ps = [rng.integers(0, c.vocab_size, n) for n in prompts]
+    ts = rng.integers(0, c.vocab_size, (len(ps), steps))
+    alone = [run_alone(model, model.new_cache(), p, t) for p, t in zip(ps, ts)]
+    pool = paged_pool(model, slots=len(ps))
+    caches = [pool.sequence() for _ in ps]
+    for cache, p in zip(caches, ps):
+        cache.reserve(len(p))
+    rows = [[r] for r in model.step(list(zip(ps, caches)))]
+    for j in range(steps):
+        for cache in caches:
+            cache.reserve(1)
+        for i, r in enumerate(model.step([(ts[i, j:j + 1], cache) for i, cache in enumerate(caches)])):
+            rows[i].append(r)
+    for got, want in zip(rows, alone):
+        np.testing.assert_allclose(np.array(got), want, rtol=0, atol=1e-9)
+    for cache in caches:
+        cache.free()
+    assert pool.states.n_free == len(ps) and pool.allocator.n_free == pool.num_blocks
+
+
+def test_a_pool_without_state_slots_is_refused():
+    model = load("qwen35-tiny")
+    from minillm.cache.paged import PagedKVPool
+    cache = PagedKVPool(model.config.attention(), 8, 4).sequence()
+    cache.reserve(3)
+    with pytest.raises(MiniLLMError, match="no slot for one"):
+        model.step([(np.array([1, 2, 3]), cache)])
+
+
+def test_state_slots_run_out_in_one_line_and_come_back():
+    model = load("qwen35-tiny")
+    pool = paged_pool(model, slots=2)
+    a, b = pool.sequence(), pool.sequence()
+    with pytest.raises(StateFullError, match="2 state slots are all in use"):
+        pool.sequence()
+    slot = a.state.slot
+    a.free()
+    assert a.state is None and pool.sequence().state.slot == slot
+
+
+def test_memory_is_split_between_state_slots_and_blocks():
+    model = load("qwen35-tiny")
+    c = model.config
+    block = HybridPagedPool.block_nbytes_for(c.attention(), 16)
+    pool = HybridPagedPool.from_memory(c, 4 * c.state_bytes(4) + 10 * block + 5, 16, slots=4)
+    assert (pool.num_blocks, pool.states.slots) == (10, 4)
+    assert pool.nbytes() == 4 * c.state_bytes(4) + 10 * block
+    with pytest.raises(MiniLLMError, match="no KV block"):
+        HybridPagedPool.from_memory(c, 4 * c.state_bytes(4) + block - 1, 16, slots=4)

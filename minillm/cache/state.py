@@ -16,6 +16,12 @@ positions are), and never reads anything older: there is no position to go back 
     State                              one sequence's slot: `read(layer)`, `write(layer, ...)`
     HybridKVCache                      a contiguous KV cache over the full-attention layers only,
                                        plus one State: the cache protocol of cache/contiguous.py
+    HybridPagedPool, HybridPagedCache  the same over a paged pool (cache/paged.py): KV blocks for the
+                                       full layers, and beside them `slots` state slots, one per
+                                       running sequence, taken at admission and given back at the end
+
+A hybrid config answers `attention()` (the config its full layers' KV is sized by: their count as
+n_layer), `state_shapes()` and `linear_layers`; the caches here read nothing else of it.
 
 What a fixed state cannot do, and says so in one line: go back (`truncate` to an earlier position:
 speculative decoding's roll-back). The state after position t is gone once position t + 1 is in.
@@ -30,9 +36,10 @@ import numpy as np
 from .. import meter
 from ..errors import MiniLLMError
 from .contiguous import KVCache, untouched_zeros
+from .paged import KVCacheFullError, PagedKVCache, PagedKVPool
 
 
-class StateFullError(MiniLLMError):
+class StateFullError(KVCacheFullError):
     """Every state slot of a pool is in use."""
 
 
@@ -129,14 +136,19 @@ def no_rollback(length: int, t: int) -> NoRollback:
                       f"it cannot go back from {length} to {t} positions (speculative decoding needs that)")
 
 
+def state_pool(config, slots: int, dtype, xp=np) -> StatePool:
+    return StatePool(config.state_shapes(), len(config.linear_layers), slots, dtype, xp)
+
+
 class HybridKVCache(KVCache):
-    """A hybrid model's contiguous cache: KV for its full-attention layers (`attention`, a config whose
-    n_layer counts only them) and one state slot for its linear layers. Speaks the cache protocol;
+    """A hybrid model's contiguous cache: KV for its full-attention layers (sized by
+    `config.attention()`) and one state slot for its linear layers. Speaks the cache protocol;
     `state` is what the linear layers read and write."""
 
-    def __init__(self, attention, shapes: dict[str, tuple], layers: int, dtype=np.float32, xp=np) -> None:
-        super().__init__(attention, dtype, xp=xp)
-        self.state = StatePool(shapes, layers, 1, dtype, xp).take()
+    def __init__(self, config, dtype=np.float32, xp=np) -> None:
+        super().__init__(config.attention(), dtype, xp=xp)
+        self.hybrid = config
+        self.state = state_pool(config, 1, dtype, xp).take()
 
     def state_nbytes(self) -> int:
         return self.state.nbytes
@@ -154,10 +166,79 @@ class HybridKVCache(KVCache):
         self.state.zero()
 
     def fork(self) -> "HybridKVCache":
-        other = HybridKVCache(self.config, self.state.pool.shapes, self.state.pool.layers, self.dtype, self.xp)
+        other = HybridKVCache(self.hybrid, self.dtype, self.xp)
         other.reserve(self.length)
         other.k[:, :, :self.length] = self.k[:, :, :self.length]
         other.v[:, :, :self.length] = self.v[:, :, :self.length]
         other.state.copy_from(self.state)
         other.length = self.length
         return other
+
+
+class HybridPagedPool(PagedKVPool):
+    """A paged pool for a hybrid: KV blocks of `block_size` positions for the full-attention layers
+    (`pool.k` [L_full, Hkv, blocks, bs, hd]) and `slots` state slots for the linear layers
+    (`pool.states`). A sequence holds blocks as it grows and one slot for its whole life."""
+
+    def __init__(self, config, num_blocks: int, block_size: int = 16, dtype=np.float32, xp=np, *,
+                 slots: int = 16) -> None:
+        super().__init__(config.attention(), num_blocks, block_size, dtype, xp)
+        self.hybrid = config
+        self.states = state_pool(config, slots, dtype, xp)
+
+    @classmethod
+    def from_memory(cls, config, nbytes: int, block_size: int = 16, dtype=np.float32, xp=np, *,
+                    slots: int = 16) -> "HybridPagedPool":
+        """`slots` state slots first, then as many KV blocks as fit in what is left of nbytes."""
+        state = slots * StatePool.slot_nbytes_for(config.state_shapes(), len(config.linear_layers),
+                                                  np.dtype(dtype).itemsize)
+        per_block = cls.block_nbytes_for(config.attention(), block_size, dtype)
+        if nbytes - state < per_block:
+            raise MiniLLMError(
+                f"a KV memory of {nbytes:,} bytes holds {slots} sequences' states ({state:,} bytes) and no KV "
+                f"block of {per_block:,} bytes beside them: give more memory or run fewer sequences at once")
+        return cls(config, (nbytes - state) // per_block, block_size, dtype, xp, slots=slots)
+
+    def nbytes(self) -> int:
+        return super().nbytes() + sum(a.nbytes for a in self.states.arrays.values())
+
+    def sequence(self) -> "HybridPagedCache":
+        return HybridPagedCache(self)
+
+
+class HybridPagedCache(PagedKVCache):
+    """One sequence of a HybridPagedPool: its block table, its length and its state slot."""
+
+    def __init__(self, pool: HybridPagedPool, table: list[int] | None = None, length: int = 0,
+                 state: State | None = None) -> None:
+        if length and state is None:
+            raise ValueError("a sequence that holds positions brings its state")
+        super().__init__(pool, table, length)
+        self.state = state if state is not None else pool.states.take()
+
+    def state_nbytes(self) -> int:
+        return self.state.nbytes
+
+    def truncate(self, t: int) -> None:
+        self.check_truncate(t)
+        if t != self.length:
+            raise no_rollback(self.length, t)
+
+    def free(self) -> None:
+        """Every block back to the pool, and the state slot."""
+        PagedKVCache.truncate(self, 0)
+        if self.state is not None:
+            self.pool.states.give(self.state.slot)
+            self.state = None
+
+    def fork(self) -> "HybridPagedCache":
+        """A second sequence with the same positions: full blocks shared, the last one copied, the
+        state copied into a slot of its own."""
+        state = self.pool.states.take()
+        try:
+            kv = PagedKVCache.fork(self)
+        except KVCacheFullError:
+            self.pool.states.give(state.slot)
+            raise
+        state.copy_from(self.state)
+        return HybridPagedCache(self.pool, kv.table, kv.length, state)

@@ -52,9 +52,10 @@ from typing import Iterator
 import numpy as np
 
 from .. import backend, meter
+from ..cache.contiguous import PassKV
 from ..cache.state import HybridKVCache
 from ..config import MAX_CONTEXT, hf_model_type, whole
-from ..errors import ConfigError
+from ..errors import ConfigError, MiniLLMError
 from . import ops
 from .base import CausalLM
 from .llama import mlp
@@ -640,7 +641,7 @@ class Qwen35(CausalLM):
 
     def new_cache(self) -> HybridKVCache:
         c = self.config
-        return HybridKVCache(c.attention(), c.state_shapes(), len(c.linear_layers), self.dtype, xp=self.xp)
+        return HybridKVCache(c, self.dtype, xp=self.xp)
 
     def sequences(self, plan, layer: int) -> list:
         """(rows, this layer's state) of each sequence of the step; None where its cache keeps no state."""
@@ -648,6 +649,9 @@ class Qwen35(CausalLM):
         out = []
         for s in plan.spans:
             state = getattr(s.cache, "state", None)
+            if state is None and not isinstance(s.cache, PassKV):
+                raise MiniLLMError(f"{self.name}: its linear layers keep a state per sequence and this cache has "
+                                   "no slot for one; make caches with model.new_cache() or a hybrid pool")
             out.append((slice(s.r0, s.r0 + s.n), None if state is None else LayerState(state, j)))
         return out
 
