@@ -349,3 +349,60 @@ def test_memory_is_split_between_state_slots_and_blocks():
     assert pool.nbytes() == 4 * c.state_bytes(4) + 10 * block
     with pytest.raises(MiniLLMError, match="no KV block"):
         HybridPagedPool.from_memory(c, 4 * c.state_bytes(4) + block - 1, 16, slots=4)
+
+
+@settings(max_examples=25, deadline=None)
+@given(configs(), st.integers(1, 40))
+def test_decode_step_bytes_are_the_closed_form(c, context):
+    """Weights, the full layers' KV and the linear layers' states: the meter's count of a decode step
+    equals `decode_step_bytes` exactly, tied or not, any pattern (no full layer: no KV at all)."""
+    model = build(c, np.float32)
+    _, cache = model.prefill(np.arange(context) % c.vocab_size)
+    with meter.Meter() as m:
+        model.decode_step(1, cache)
+    (r,) = m.steps
+    want = qwen35.decode_step_bytes(c, context, 4)
+    assert (r.bytes["weights"], r.bytes["kv_read"], r.bytes["kv_write"]) == \
+        (want["weights"], want["kv_read"], want["kv_write"])
+    assert want["kv"] + want["state"] == want["kv_read"] + want["kv_write"]
+
+
+def test_the_presets_differ_only_in_their_pattern_and_cross_where_the_bytes_say():
+    h, f = qwen35.SHAPES["random-hybrid"], qwen35.SHAPES["random-hybrid-full"]
+    assert (h.n_layer, h.n_embd, h.n_head, h.ffn) == (f.n_layer, f.n_embd, f.n_head, f.ffn)
+    assert len(h.full_layers) == 2 and len(f.full_layers) == 8 and f.state_bytes() == 0
+    T = qwen35.crossover_context(h, f)
+    total = lambda c, t: sum(qwen35.decode_step_bytes(c, t)[k] for k in ("weights", "kv_read", "kv_write"))
+    assert total(h, T) < total(f, T) and total(h, T - 1) >= total(f, T - 1)
+    assert qwen35.crossover_context(f, h) == 0          # the full model starts lighter
+
+
+# -- the context sweep (minillm/measure/contexts.py) -----------------------------------------------------
+
+def test_context_sweep_counts_a_fixed_state_and_a_growing_kv():
+    from minillm.measure.contexts import run_context_sweep
+    tiny = dict(n_layer=4, n_head=2, n_kv_head=1, head_dim=8, n_embd=16, n_ctx=128, vocab_size=50, ffn=16,
+                lin_k_heads=1, lin_v_heads=2, lin_k_dim=4, lin_v_dim=4)
+    h = qwen35.random(Qwen35Config(**tiny, layer_types=(LINEAR, LINEAR, LINEAR, FULL)), name="h")
+    f = qwen35.random(Qwen35Config(**tiny, layer_types=(FULL,) * 4), name="f")
+    r = run_context_sweep([h, f], (40, 8), repeats=2, steps=1)
+    rows = {(x["model"], x["context"]): x for x in r["rows"]}
+    assert r["contexts"] == [8, 40] and len(rows) == 4
+    for m in (h, f):
+        c = m.config
+        for T in (8, 40):
+            want = qwen35.decode_step_bytes(c, T)
+            assert rows[(m.name, T)]["state"] == want["state"]
+            assert rows[(m.name, T)]["kv"] == want["kv"]
+            assert rows[(m.name, T)]["weights"] == want["weights"]
+    assert rows[("h", 40)]["state"] == rows[("h", 8)]["state"] > 0 == rows[("f", 8)]["state"]
+    with pytest.raises(MiniLLMError, match="sweep goes up to 125"):
+        run_context_sweep([h], (126,), repeats=1, steps=2)
+
+
+@pytest.mark.parametrize("a, b, found", [([3, 2, 1], [1, 2, 3], 1000), ([3, 1, 1], [2, 2, 2], 100),
+                                         ([1, 1, 3], [2, 2, 2], None), ([1, 1, 1], [2, 2, 2], 10)])
+def test_crossover_is_where_a_stays_below_b(a, b, found):
+    from minillm.measure.contexts import crossover
+    rows = [{"model": m, "context": T, "ms": v} for m, vs in (("a", a), ("b", b)) for T, v in zip((10, 100, 1000), vs)]
+    assert crossover(rows, "a", "b") == found

@@ -680,3 +680,50 @@ class Qwen35(CausalLM):
                 f"{c.lin_k_heads} key / {c.lin_v_heads} value heads of {c.lin_k_dim} / {c.lin_v_dim}, conv "
                 f"{c.conv_kernel}, FFN {c.ffn}, context {c.n_ctx}, vocab {c.vocab_size}, "
                 f"{self.n_params():,} params, {self.weights})")
+
+
+# -- closed forms: what a decode step moves --------------------------------------------------------------
+
+def decode_step_bytes(c: Qwen35Config, context: int, itemsize: int = 4) -> dict[str, int]:
+    """A batch-1 decode step at position `context` (that many positions cached before it), by the
+    config alone: every weight once (an untied embedding: its one row; a tied one: the head, plus
+    the row), the full layers' KV of context + 1 positions read and of one written, and each linear
+    layer's state read once and written once, whatever the context. The meter's count equals it
+    (tests/test_qwen35.py)."""
+    b, d = itemsize, c.n_embd
+    weights = (c.n_params() + (d if c.tied else -(c.vocab_size - 1) * d)) * b
+    kv, state = c.kv_bytes_per_token(b), c.state_bytes(b)
+    return {"weights": weights, "kv_read": (context + 1) * kv + state, "kv_write": kv + state,
+            "kv": (context + 2) * kv, "state": 2 * state}
+
+
+def crossover_context(a: Qwen35Config, b: Qwen35Config, itemsize: int = 4) -> int | None:
+    """The smallest context at which a decode step of `a` moves fewer bytes (weights, KV, state) than
+    one of `b`; None if it never does (its KV grows as fast or faster, and it starts heavier)."""
+    fa, fb = decode_step_bytes(a, 0, itemsize), decode_step_bytes(b, 0, itemsize)
+    start = lambda f: f["weights"] + f["kv_read"] + f["kv_write"]
+    gap = start(fa) - start(fb)                          # bytes a moves beyond b at context 0
+    slope = b.kv_bytes_per_token(itemsize) - a.kv_bytes_per_token(itemsize)   # per position, b gains
+    if gap < 0:
+        return 0
+    return None if slope <= 0 else gap // slope + 1
+
+
+# -- random presets: a hybrid, and the all-attention model of the same width and depth -----------------
+#
+# Eight blocks of width 512, Qwen3.5's pattern (three linear layers, then a full one); the other preset
+# has a full layer in every block. Both are ~110 MB of float32 weights, beyond this machine's 32 MiB
+# last-level cache, so a decode step streams them: what grows with the context is what differs.
+
+RANDOM_SEED = 1234
+_WIDTH = dict(n_layer=8, n_head=8, n_kv_head=2, head_dim=64, n_embd=512, n_ctx=32768, vocab_size=8192, ffn=1536,
+              lin_k_heads=4, lin_v_heads=8, lin_k_dim=64, lin_v_dim=64, conv_kernel=4, rotary_dim=16, theta=1e7)
+SHAPES: dict[str, Qwen35Config] = {
+    "random-hybrid": Qwen35Config(**_WIDTH, layer_types=(LINEAR, LINEAR, LINEAR, FULL) * 2),
+    "random-hybrid-full": Qwen35Config(**_WIDTH, layer_types=(FULL,) * 8),
+}
+
+
+def random(config: Qwen35Config, seed: int = RANDOM_SEED, dtype=np.float32, name: str = "") -> Qwen35:
+    """A model of this config with seeded random weights (`random_params`, std 0.02)."""
+    return Qwen35(config, random_params(config, seed, 0.02, np.float32), dtype=dtype, name=name)
