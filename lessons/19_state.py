@@ -61,6 +61,7 @@ def lesson(L: Lesson) -> None:
         layer that folds everything it has seen into a **state of fixed size**, per value head one
         `[dk, dv]` matrix, whatever the context.
     """)
+    L.pause()
     hybrid, full = preset(L, HYBRID), preset(L, FULL_NAME)
     two_forms(L, hybrid)
     rows = context_sweep(L, hybrid, full)
