@@ -406,3 +406,14 @@ def test_crossover_is_where_a_stays_below_b(a, b, found):
     from minillm.measure.contexts import crossover
     rows = [{"model": m, "context": T, "ms": v} for m, vs in (("a", a), ("b", b)) for T, v in zip((10, 100, 1000), vs)]
     assert crossover(rows, "a", "b") == found
+
+
+def test_a_model_with_no_full_layer_runs_paged_with_blocks_of_no_bytes():
+    c = Qwen35Config(n_layer=2, n_head=2, n_kv_head=1, head_dim=8, n_embd=16, n_ctx=40, vocab_size=50, ffn=16,
+                     layer_types=(LINEAR, LINEAR), lin_k_heads=1, lin_v_heads=1, lin_k_dim=4, lin_v_dim=4)
+    model = build(c)
+    pool = HybridPagedPool.from_memory(c, 3 * c.state_bytes(8), 16, model.dtype, slots=3)
+    assert pool.num_blocks == 3 * 3 and pool.block_nbytes == 0 and c.kv_bytes_per_token() == 0
+    ids = np.arange(20) % 50
+    cache = pool.sequence()
+    np.testing.assert_allclose(run_alone(model, cache, ids[:10], ids[10:])[-1], model.forward(ids)[-1], atol=1e-9)

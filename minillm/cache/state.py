@@ -193,6 +193,8 @@ class HybridPagedPool(PagedKVPool):
         state = slots * StatePool.slot_nbytes_for(config.state_shapes(), len(config.linear_layers),
                                                   np.dtype(dtype).itemsize)
         per_block = cls.block_nbytes_for(config.attention(), block_size, dtype)
+        if per_block == 0:                  # no full-attention layer: blocks cost nothing, only count positions
+            return cls(config, slots * -(-config.n_ctx // block_size), block_size, dtype, xp, slots=slots)
         if nbytes - state < per_block:
             raise MiniLLMError(
                 f"a KV memory of {nbytes:,} bytes holds {slots} sequences' states ({state:,} bytes) and no KV "
