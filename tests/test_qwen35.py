@@ -417,3 +417,71 @@ def test_a_model_with_no_full_layer_runs_paged_with_blocks_of_no_bytes():
     ids = np.arange(20) % 50
     cache = pool.sequence()
     np.testing.assert_allclose(run_alone(model, cache, ids[:10], ids[10:])[-1], model.forward(ids)[-1], atol=1e-9)
+
+
+# -- in the engine: the block manager admits by blocks and state slots -------------------------------
+
+@st.composite
+def workloads(draw):
+    c = draw(configs())
+    reqs = []
+    for _ in range(draw(st.integers(1, 6))):
+        prompt = draw(st.lists(st.integers(0, c.vocab_size - 1), min_size=1, max_size=20))
+        reqs.append((prompt, draw(st.integers(1, 6)), draw(st.floats(0, 0.05))))
+    return c, draw(st.integers(0, 2**16)), reqs, draw(st.sampled_from([None, 0.9]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(workloads(), st.sampled_from(["continuous", "static", "sequential"]), st.integers(1, 6),
+       st.integers(1, 12), st.sampled_from([0, 1, 4]), st.integers(1, 4))
+def test_engine_gives_every_request_its_tokens_alone(w, policy, block_size, budget, spare, max_seqs):
+    """Random hybrids and workloads: chunked prefill (budgets down to one token a step), batched and
+    continuous decode, pools so small that sequences are preempted and recomputed. Every request's
+    tokens equal `minillm.generate` alone; at the end every block and every state slot is free."""
+    from minillm.engine.engine import Engine
+    from minillm.engine.sequence import SamplingParams
+    c, seed, reqs, temperature = w
+    model = build(c, seed=seed)
+    biggest = max(-(-(len(p) + n) // block_size) for p, n, _ in reqs)
+    engine = Engine(model, num_blocks=biggest + spare, block_size=block_size, policy=policy, max_seqs=max_seqs,
+                    max_batched_tokens=budget)
+    sampling = lambda i: SamplingParams() if temperature is None else SamplingParams(temperature=temperature,
+                                                                                    seed=100 + i)
+    rs = [engine.add_request(p, n, sampling(i), arrival=t) for i, (p, n, t) in enumerate(reqs)]
+    engine.run()
+    for i, ((prompt, n, _), r) in enumerate(zip(reqs, rs)):
+        s = sampling(i)
+        assert r.output == minillm.generate(model, prompt, n, temperature=s.temperature, seed=s.seed), i
+    pool = engine.pool
+    assert pool.allocator.n_free == pool.num_blocks and pool.states.n_free == pool.states.slots
+
+
+def test_engine_refuses_the_prefix_cache_for_a_hybrid_in_one_line():
+    from minillm.engine.engine import Engine
+    with pytest.raises(MiniLLMError) as e:
+        Engine(load("qwen35-tiny"), num_blocks=16, prefix_cache=True)
+    assert "prefix" in str(e.value) and "\n" not in str(e.value)
+
+
+# -- shapes and capacity (minillm/measure/shapes.py) -------------------------------------------------
+
+def test_a_hybrid_shape_counts_its_state_and_its_full_layers_kv():
+    from minillm.measure.shapes import HYBRID_SHAPES, capacity, decode_step_bytes, kv_bytes_per_sequence, shape
+    s, c = shape("qwen3.5-27b"), HYBRID_SHAPES["qwen3.5-27b"]
+    assert (s["kv_layers"], s["linear_layers"]) == (16, 48) and round(s["n_params"] / 1e9) == 27
+    assert kv_bytes_per_sequence(s, 32768, 2) == 32768 * c.kv_bytes_per_token(2) + c.state_bytes(2)
+    step = decode_step_bytes(s, 1000, 2)
+    assert step["state"] == 2 * c.state_bytes(2) and step["kv"] == 1000 * c.kv_bytes_per_token(2)
+    cap = capacity(s, 32768, 80e9)
+    per = 32768 * c.kv_bytes_per_token(2) + c.state_bytes(2)
+    assert cap["sequences"] == int((72e9 - c.n_params() * 2) // per) and cap["state_bytes_per_sequence"] == c.state_bytes(2)
+    every = {**s, "kv_layers": 64, "state_values": 0}              # the same layers, all full attention
+    assert capacity(every, 32768, 80e9)["sequences"] < cap["sequences"]
+
+
+def test_hardware_shape_gives_a_hybrids_state(capsys):
+    from minillm.cli.main import main
+    assert main(["hardware", "--shape", "qwen3.5-27b", "--fit", "32768", "--memory", "80GB"]) == 0
+    out = capsys.readouterr().out
+    assert "only 16 of the 64 layers keep K and V" in out and "78.4 MB at any" in out
+    assert "fixed state of 0.0784 GB" in out and "that fit in 80GB: 8" in out
