@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 import minillm
 from minillm import meter
-from minillm.cache.state import HybridPagedPool, NoRollback, StateFullError
+from minillm.cache.paged import KVCacheFullError
+from minillm.cache.state import HybridPagedPool, NoRollback
 from minillm.checkpoints.llama_load import llama_from_folder
 from minillm.errors import ConfigError, MiniLLMError, WeightsError
 from minillm.models import qwen35
@@ -279,8 +280,11 @@ def test_decode_step_reads_and_writes_each_state_once():
 
 # -- paged, batched -------------------------------------------------------------------------------------
 
-def paged_pool(model, blocks=64, block_size=4, slots=8):
-    return HybridPagedPool(model.config, blocks, block_size, model.dtype, slots=slots)
+def paged_pool(model, sequences=8, block_size=4, positions=64):
+    """Room for `sequences` states and `positions` positions."""
+    probe = HybridPagedPool(model.config, 1, block_size, model.dtype)
+    return HybridPagedPool(model.config, sequences * probe.state_blocks + -(-positions // block_size), block_size,
+                           model.dtype)
 
 
 def run_alone(model, cache, prompt, tokens):
@@ -303,7 +307,7 @@ def test_paged_and_batched_equal_contiguous_and_alone(c, prompts, steps, seed):
     ps = [rng.integers(0, c.vocab_size, n) for n in prompts]
     ts = rng.integers(0, c.vocab_size, (len(ps), steps))
     alone = [run_alone(model, model.new_cache(), p, t) for p, t in zip(ps, ts)]
-    pool = paged_pool(model, slots=len(ps))
+    pool = paged_pool(model, len(ps), positions=sum(len(p) + steps + 4 for p in ps))
     caches = [pool.sequence() for _ in ps]
     for cache, p in zip(caches, ps):
         cache.reserve(len(p))
@@ -317,7 +321,7 @@ def test_paged_and_batched_equal_contiguous_and_alone(c, prompts, steps, seed):
         np.testing.assert_allclose(np.array(got), want, rtol=0, atol=1e-9)
     for cache in caches:
         cache.free()
-    assert pool.states.n_free == len(ps) and pool.allocator.n_free == pool.num_blocks
+    assert pool.states.n_free == pool.states.slots and pool.allocator.n_free == pool.num_blocks
 
 
 def test_a_pool_without_state_slots_is_refused():
@@ -329,52 +333,39 @@ def test_a_pool_without_state_slots_is_refused():
         model.step([(np.array([1, 2, 3]), cache)])
 
 
-def test_state_slots_run_out_in_one_line_and_come_back():
-    model = load("qwen35-tiny")
-    pool = paged_pool(model, slots=2)
-    a, b = pool.sequence(), pool.sequence()
-    with pytest.raises(StateFullError, match="2 state slots are all in use"):
-        pool.sequence()
-    slot = a.state.slot
-    a.free()
-    assert a.state is None and pool.sequence().state.slot == slot
-
-
-def test_memory_is_split_between_state_slots_and_blocks():
+def test_a_state_is_paid_in_blocks_of_the_same_pool():
+    """One budget: a sequence takes ⌈state ÷ block⌉ blocks for its state at once, and blocks for its
+    positions as it grows; when they are not free it is refused in one line, taking nothing."""
     model = load("qwen35-tiny")
     c = model.config
     block = HybridPagedPool.block_nbytes_for(c.attention(), 16)
-    pool = HybridPagedPool.from_memory(c, 4 * c.state_bytes(4) + 10 * block + 5, 16, slots=4)
-    assert (pool.num_blocks, pool.states.slots) == (10, 4)
-    assert pool.nbytes() == 4 * c.state_bytes(4) + 10 * block
-    with pytest.raises(MiniLLMError, match="no KV block"):
-        HybridPagedPool.from_memory(c, 4 * c.state_bytes(4) + block - 1, 16, slots=4)
+    pool = HybridPagedPool.from_memory(c, 2 * c.state_bytes(4) + 10 * block, 16)
+    assert pool.state_blocks == -(-c.state_bytes(4) // block) and pool.num_blocks == (2 * c.state_bytes(4)) // block + 10
+    a = pool.sequence()
+    assert pool.allocator.n_free == pool.num_blocks - pool.state_blocks
+    b = pool.sequence()
+    b.reserve(pool.allocator.n_free * 16)
+    with pytest.raises(KVCacheFullError):
+        pool.sequence()
+    assert pool.allocator.n_free == 0
+    slot = a.state.slot
+    a.free()
+    assert a.state is None and pool.allocator.n_free == pool.state_blocks and pool.sequence().state.slot == slot
+    with pytest.raises(MiniLLMError, match="holds no sequence"):
+        HybridPagedPool.from_memory(c, c.state_bytes(4), 16)
 
 
-@settings(max_examples=25, deadline=None)
-@given(configs(), st.integers(1, 40))
-def test_decode_step_bytes_are_the_closed_form(c, context):
-    """Weights, the full layers' KV and the linear layers' states: the meter's count of a decode step
-    equals `decode_step_bytes` exactly, tied or not, any pattern (no full layer: no KV at all)."""
-    model = build(c, np.float32)
-    _, cache = model.prefill(np.arange(context) % c.vocab_size)
-    with meter.Meter() as m:
-        model.decode_step(1, cache)
-    (r,) = m.steps
-    want = qwen35.decode_step_bytes(c, context, 4)
-    assert (r.bytes["weights"], r.bytes["kv_read"], r.bytes["kv_write"]) == \
-        (want["weights"], want["kv_read"], want["kv_write"])
-    assert want["kv"] + want["state"] == want["kv_read"] + want["kv_write"]
-
-
-def test_the_presets_differ_only_in_their_pattern_and_cross_where_the_bytes_say():
-    h, f = qwen35.SHAPES["random-hybrid"], qwen35.SHAPES["random-hybrid-full"]
-    assert (h.n_layer, h.n_embd, h.n_head, h.ffn) == (f.n_layer, f.n_embd, f.n_head, f.ffn)
-    assert len(h.full_layers) == 2 and len(f.full_layers) == 8 and f.state_bytes() == 0
-    T = qwen35.crossover_context(h, f)
-    total = lambda c, t: sum(qwen35.decode_step_bytes(c, t)[k] for k in ("weights", "kv_read", "kv_write"))
-    assert total(h, T) < total(f, T) and total(h, T - 1) >= total(f, T - 1)
-    assert qwen35.crossover_context(f, h) == 0          # the full model starts lighter
+def test_a_fork_copies_the_state_into_its_own_slot():
+    model = load("qwen35-tiny")
+    pool = paged_pool(model, 3)
+    a = pool.sequence()
+    run_alone(model, a, [1, 2, 3, 4, 5], [6])
+    b = a.fork()
+    assert b.state.slot != a.state.slot and b.length == a.length == 6
+    rows = [model.step([(np.array([7]), cache)])[0] for cache in (a, b) if cache.reserve(1) is None]
+    np.testing.assert_array_equal(rows[0], rows[1])
+    a.free(), b.free()
+    assert pool.allocator.n_free == pool.num_blocks
 
 
 # -- the context sweep (minillm/measure/contexts.py) -----------------------------------------------------
@@ -412,8 +403,9 @@ def test_a_model_with_no_full_layer_runs_paged_with_blocks_of_no_bytes():
     c = Qwen35Config(n_layer=2, n_head=2, n_kv_head=1, head_dim=8, n_embd=16, n_ctx=40, vocab_size=50, ffn=16,
                      layer_types=(LINEAR, LINEAR), lin_k_heads=1, lin_v_heads=1, lin_k_dim=4, lin_v_dim=4)
     model = build(c)
-    pool = HybridPagedPool.from_memory(c, 3 * c.state_bytes(8), 16, model.dtype, slots=3)
-    assert pool.num_blocks == 3 * 3 and pool.block_nbytes == 0 and c.kv_bytes_per_token() == 0
+    pool = HybridPagedPool.from_memory(c, 3 * c.state_bytes(8), 16, model.dtype)
+    assert pool.num_blocks == 3 * 4 and pool.block_nbytes == 0 and c.kv_bytes_per_token() == 0
+    assert pool.state_blocks == 1 and pool.states.slots == 12
     ids = np.arange(20) % 50
     cache = pool.sequence()
     np.testing.assert_allclose(run_alone(model, cache, ids[:10], ids[10:])[-1], model.forward(ids)[-1], atol=1e-9)
@@ -443,7 +435,8 @@ def test_engine_gives_every_request_its_tokens_alone(w, policy, block_size, budg
     c, seed, reqs, temperature = w
     model = build(c, seed=seed)
     biggest = max(-(-(len(p) + n) // block_size) for p, n, _ in reqs)
-    engine = Engine(model, num_blocks=biggest + spare, block_size=block_size, policy=policy, max_seqs=max_seqs,
+    state = HybridPagedPool(c, 1, block_size).state_blocks
+    engine = Engine(model, num_blocks=biggest + state + spare, block_size=block_size, policy=policy, max_seqs=max_seqs,
                     max_batched_tokens=budget)
     sampling = lambda i: SamplingParams() if temperature is None else SamplingParams(temperature=temperature,
                                                                                     seed=100 + i)
@@ -454,6 +447,7 @@ def test_engine_gives_every_request_its_tokens_alone(w, policy, block_size, budg
         assert r.output == minillm.generate(model, prompt, n, temperature=s.temperature, seed=s.seed), i
     pool = engine.pool
     assert pool.allocator.n_free == pool.num_blocks and pool.states.n_free == pool.states.slots
+    assert engine.blocks.hit_tokens == 0
 
 
 def test_engine_refuses_the_prefix_cache_for_a_hybrid_in_one_line():
@@ -485,3 +479,32 @@ def test_hardware_shape_gives_a_hybrids_state(capsys):
     out = capsys.readouterr().out
     assert "only 16 of the 64 layers keep K and V" in out and "78.4 MB at any" in out
     assert "fixed state of 0.0784 GB" in out and "that fit in 80GB: 8" in out
+
+
+def test_a_request_whose_state_and_positions_never_fit_is_refused_at_once():
+    from minillm.engine.engine import Engine
+    model = load("qwen35-tiny")
+    state = HybridPagedPool(model.config, 1, 4).state_blocks
+    engine = Engine(model, num_blocks=state + 2, block_size=4)
+    engine.add_request(list(range(5)), 3)                               # 2 blocks of positions: fits
+    with pytest.raises(MiniLLMError, match=f"needs {state + 3} KV blocks \\(its state's included\\), the pool has "
+                                           f"{state + 2}"):
+        engine.add_request(list(range(9)), 3)
+    assert [len(r.output) for r in engine.run()] == [3]
+
+
+def test_the_block_manager_admits_by_positions_and_state_together():
+    from minillm.engine.block_manager import BlockManager
+    from minillm.engine.sequence import Sequence
+    model = load("qwen35-tiny")
+    s = HybridPagedPool(model.config, 1, 4).state_blocks
+    bm = BlockManager(HybridPagedPool(model.config, s + 2 + s + 1, 4))
+    a, b = Sequence(np.arange(8), 4), Sequence(np.arange(8), 4)
+    assert bm.blocks_to_admit(a, bm.match(a)) == 2 + s and bm.can_admit(a, bm.match(a))
+    bm.admit(a, bm.match(a))
+    assert bm.n_free == s + 1 and not bm.can_admit(b, bm.match(b))    # its positions' blocks alone would be free
+    with pytest.raises(KVCacheFullError):
+        bm.admit(b, bm.match(b))
+    assert bm.n_free == s + 1 and b.cache is None                       # refused whole: nothing taken
+    bm.free(a)
+    assert bm.n_free == bm.num_blocks and bm.pool.states.n_free == bm.pool.states.slots

@@ -17,8 +17,8 @@ positions are), and never reads anything older: there is no position to go back 
     HybridKVCache                      a contiguous KV cache over the full-attention layers only,
                                        plus one State: the cache protocol of cache/contiguous.py
     HybridPagedPool, HybridPagedCache  the same over a paged pool (cache/paged.py): KV blocks for the
-                                       full layers, and beside them `slots` state slots, one per
-                                       running sequence, taken at admission and given back at the end
+                                       full layers, and a state slot per running sequence paid for in
+                                       blocks of the same pool: one budget, one free list
 
 A hybrid config answers `attention()` (the config its full layers' KV is sized by: their count as
 n_layer), `state_shapes()` and `linear_layers`; the caches here read nothing else of it.
@@ -92,7 +92,7 @@ class StatePool:
     def give(self, slot: int) -> None:
         if slot in self.free_list:
             raise ValueError(f"state slot {slot} is already free (given back twice?)")
-        self.free_list.append(slot)
+        self.free_list.appendleft(slot)      # reused first: its pages are touched already
 
 
 class State:
@@ -176,47 +176,59 @@ class HybridKVCache(KVCache):
 
 
 class HybridPagedPool(PagedKVPool):
-    """A paged pool for a hybrid: KV blocks of `block_size` positions for the full-attention layers
-    (`pool.k` [L_full, Hkv, blocks, bs, hd]) and `slots` state slots for the linear layers
-    (`pool.states`). A sequence holds blocks as it grows and one slot for its whole life."""
+    """A paged pool for a hybrid, one budget for both: KV blocks of `block_size` positions for the
+    full-attention layers (`pool.k` [L_full, Hkv, blocks, bs, hd]), and a state slot per sequence for
+    the linear layers (`pool.states`) that costs `state_blocks` whole blocks of the same allocator,
+    ⌈state bytes ÷ block bytes⌉, held for the sequence's whole life. Admitting a sequence is then one
+    question, asked of one free list: are there blocks for its positions and its state? (The blocks
+    held for a state are never written: their pages are never touched. The slots' arrays, one per
+    `state_blocks` blocks, are touched only where a sequence uses one: memory stays the budget.)
 
-    def __init__(self, config, num_blocks: int, block_size: int = 16, dtype=np.float32, xp=np, *,
-                 slots: int = 16) -> None:
+    A hybrid with no full-attention layer has blocks of no bytes: each state then costs one block,
+    and `from_memory` counts states (`slots`) instead."""
+
+    def __init__(self, config, num_blocks: int, block_size: int = 16, dtype=np.float32, xp=np) -> None:
         super().__init__(config.attention(), num_blocks, block_size, dtype, xp)
         self.hybrid = config
-        self.states = state_pool(config, slots, dtype, xp)
+        state = StatePool.slot_nbytes_for(config.state_shapes(), len(config.linear_layers), np.dtype(dtype).itemsize)
+        block = self.block_nbytes
+        self.state_blocks = -(-state // block) if block else 1          # blocks one sequence's state takes
+        slots = num_blocks // self.state_blocks if self.state_blocks else num_blocks   # no linear layer: no state
+        self.states = state_pool(config, max(1, slots), dtype, xp)
 
     @classmethod
-    def from_memory(cls, config, nbytes: int, block_size: int = 16, dtype=np.float32, xp=np, *,
-                    slots: int = 16) -> "HybridPagedPool":
-        """`slots` state slots first, then as many KV blocks as fit in what is left of nbytes."""
-        state = slots * StatePool.slot_nbytes_for(config.state_shapes(), len(config.linear_layers),
-                                                  np.dtype(dtype).itemsize)
+    def from_memory(cls, config, nbytes: int, block_size: int = 16, dtype=np.float32, xp=np) -> "HybridPagedPool":
+        """As many blocks as fit in nbytes; each sequence's state is paid in blocks out of them."""
         per_block = cls.block_nbytes_for(config.attention(), block_size, dtype)
-        if per_block == 0:                  # no full-attention layer: blocks cost nothing, only count positions
-            return cls(config, slots * -(-config.n_ctx // block_size), block_size, dtype, xp, slots=slots)
-        if nbytes - state < per_block:
-            raise MiniLLMError(
-                f"a KV memory of {nbytes:,} bytes holds {slots} sequences' states ({state:,} bytes) and no KV "
-                f"block of {per_block:,} bytes beside them: give more memory or run fewer sequences at once")
-        return cls(config, (nbytes - state) // per_block, block_size, dtype, xp, slots=slots)
+        state = StatePool.slot_nbytes_for(config.state_shapes(), len(config.linear_layers), np.dtype(dtype).itemsize)
+        if per_block == 0:          # states only: as many as fit, with blocks enough to count their positions
+            slots = nbytes // state if state else 1
+            if slots < 1:
+                raise MiniLLMError(f"a KV memory of {nbytes:,} bytes holds no sequence's state of {state:,} bytes "
+                                   "for this model; give at least that much")
+            return cls(config, slots * (1 + -(-config.n_ctx // block_size)), block_size, dtype, xp)
+        need = per_block * (-(-state // per_block) + 1)
+        if nbytes < need:
+            raise MiniLLMError(f"a KV memory of {nbytes:,} bytes holds no sequence: one needs its state "
+                               f"({state:,} bytes) and a KV block of {per_block:,} bytes; give at least {need:,}")
+        return cls(config, nbytes // per_block, block_size, dtype, xp)
 
-    def nbytes(self) -> int:
-        return super().nbytes() + sum(a.nbytes for a in self.states.arrays.values())
-
-    def sequence(self) -> "HybridPagedCache":
-        return HybridPagedCache(self)
+    def sequence(self, table: list[int] | None = None, length: int = 0) -> "HybridPagedCache":
+        """A new sequence: its state's blocks and slot taken now (KVCacheFullError, taking nothing,
+        when the blocks are not free), its table `table` (blocks already taken for it)."""
+        return HybridPagedCache(self, table, length)
 
 
 class HybridPagedCache(PagedKVCache):
-    """One sequence of a HybridPagedPool: its block table, its length and its state slot."""
+    """One sequence of a HybridPagedPool: its block table, its length, its state slot and the blocks
+    that pay for it (`state_table`)."""
 
-    def __init__(self, pool: HybridPagedPool, table: list[int] | None = None, length: int = 0,
-                 state: State | None = None) -> None:
-        if length and state is None:
-            raise ValueError("a sequence that holds positions brings its state")
+    def __init__(self, pool: HybridPagedPool, table: list[int] | None = None, length: int = 0) -> None:
+        if length:
+            raise ValueError("a hybrid sequence starts empty: a state cannot be shared or copied in")
+        self.state_table = pool.allocator.allocate_many(pool.state_blocks)
         super().__init__(pool, table, length)
-        self.state = state if state is not None else pool.states.take()
+        self.state = pool.states.take()
 
     def state_nbytes(self) -> int:
         return self.state.nbytes
@@ -227,20 +239,23 @@ class HybridPagedCache(PagedKVCache):
             raise no_rollback(self.length, t)
 
     def free(self) -> None:
-        """Every block back to the pool, and the state slot."""
+        """Every block back to the pool, the state's with its slot."""
         PagedKVCache.truncate(self, 0)
         if self.state is not None:
             self.pool.states.give(self.state.slot)
-            self.state = None
+            for b in reversed(self.state_table):
+                self.pool.allocator.release(b)
+            self.state, self.state_table = None, []
 
     def fork(self) -> "HybridPagedCache":
         """A second sequence with the same positions: full blocks shared, the last one copied, the
-        state copied into a slot of its own."""
-        state = self.pool.states.take()
+        state copied into a slot (and blocks) of its own."""
+        other = HybridPagedCache(self.pool)
         try:
             kv = PagedKVCache.fork(self)
         except KVCacheFullError:
-            self.pool.states.give(state.slot)
+            other.free()
             raise
-        state.copy_from(self.state)
-        return HybridPagedCache(self.pool, kv.table, kv.length, state)
+        other.table, other.length, other._run = kv.table, kv.length, kv._run
+        other.state.copy_from(self.state)
+        return other

@@ -53,7 +53,7 @@ import numpy as np
 
 from .. import backend, meter
 from ..cache.contiguous import PassKV
-from ..cache.state import HybridKVCache
+from ..cache.state import HybridKVCache, HybridPagedPool
 from ..config import MAX_CONTEXT, hf_model_type, whole
 from ..errors import ConfigError, MiniLLMError
 from . import ops
@@ -570,6 +570,7 @@ class Qwen35(CausalLM):
     """A Qwen3.5 model: a config and checkpoint tensors (Hugging Face names without `model.`)."""
 
     CONFIG = Qwen35Config
+    POOL = HybridPagedPool          # its paged pool: KV blocks for the full layers, states paid in blocks
     manifest = staticmethod(manifest)
     chunk = CHUNK                   # tokens per chunk of the linear layers' chunked form
 
