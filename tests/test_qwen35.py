@@ -508,3 +508,25 @@ def test_the_block_manager_admits_by_positions_and_state_together():
     assert bm.n_free == s + 1 and b.cache is None                       # refused whole: nothing taken
     bm.free(a)
     assert bm.n_free == bm.num_blocks and bm.pool.states.n_free == bm.pool.states.slots
+
+
+def test_bench_context_sweep_prints_the_sweep_and_names_the_crossovers(monkeypatch, capsys):
+    import json as _json
+    from minillm.cli import bench
+    from minillm.cli.main import main
+    tiny = dict(n_layer=4, n_head=2, n_kv_head=1, head_dim=8, n_embd=16, n_ctx=256, vocab_size=50, ffn=16,
+                lin_k_heads=1, lin_v_heads=2, lin_k_dim=4, lin_v_dim=4)
+    presets = {"h": Qwen35Config(**tiny, layer_types=(LINEAR, LINEAR, LINEAR, FULL)),
+               "f": Qwen35Config(**tiny, layer_types=(FULL,) * 4)}
+    monkeypatch.setattr(bench, "load", lambda n, kernels=None: qwen35.random(presets[n], name=n))
+    args = ["bench", "--context-sweep", "--model", "h,f", "--contexts", "8,64,200", "--repeats", "1"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "1: h, weights" in out and "2: f, weights" in out and "h's step" in out
+    assert main(args + ["--json"]) == 0
+    r = _json.loads(capsys.readouterr().out)
+    rows = {(x["model"], x["context"]): x for x in r["rows"]}
+    assert r["crossover_bytes"] == min(T for T in (8, 64, 200) if all(
+        rows[("h", U)]["moved"] < rows[("f", U)]["moved"] for U in (8, 64, 200) if U >= T))
+    assert main(["bench", "--context-sweep", "--batch", "1,2"]) == 1
+    assert "leave out --batch" in capsys.readouterr().err

@@ -11,7 +11,8 @@ step moves the cache on by one position (a fixed state cannot go back), so the r
 to T + repeats·steps. Beside each row, the meter's count of one step at T: weights, KV, state.
 
 `crossover` names where the first model's step becomes cheaper than the second's, measured: the
-smallest context from which its median time stays below the other's at every larger context.
+smallest context from which its median time (or its bytes moved: weights, KV and state, the
+activations aside) stays below the other's at every larger context.
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ def step_counts(model, cache) -> dict:
         model.decode_step(1, cache)
     r = m.steps[0]
     state = sum(r.ops.get(op, {}).get("bytes", 0) for op in ("state_read", "state_write"))
+    kv = r.bytes["kv_read"] + r.bytes["kv_write"] - state
     return {"bytes": r.total_bytes, "weights": r.bytes["weights"], "activations": r.bytes["activations"],
-            "kv": r.bytes["kv_read"] + r.bytes["kv_write"] - state, "state": state, "flops": r.total_flops}
+            "kv": kv, "state": state, "moved": r.bytes["weights"] + kv + state, "flops": r.total_flops}
 
 
 def run_context_sweep(models: list, contexts=CONTEXTS, repeats: int = 5, steps: int = 4, progress=None,
@@ -96,7 +98,7 @@ def run_context_sweep(models: list, contexts=CONTEXTS, repeats: int = 5, steps: 
     names = [m.name for m in models]
     return {"models": names, "contexts": contexts, "repeats": repeats, "steps": steps, "rows": rows,
             "crossover_time": crossover(rows, *names[:2], "ms") if len(names) > 1 else None,
-            "crossover_bytes": crossover(rows, *names[:2], "bytes") if len(names) > 1 else None}
+            "crossover_bytes": crossover(rows, *names[:2], "moved") if len(names) > 1 else None}
 
 
 def crossover(rows: list[dict], a: str, b: str, key: str = "ms") -> int | None:
