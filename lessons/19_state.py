@@ -16,7 +16,12 @@ from rich import box
 from rich.table import Table
 
 import minillm
+from minillm.cache.state import NoRollback
+from minillm.engine.engine import Engine
+from minillm.errors import MiniLLMError
+from minillm.measure.chips import get_chip
 from minillm.measure.contexts import run_context_sweep
+from minillm.measure.shapes import HYBRID_SHAPES, UTILISATION, capacity, shape, shape_of
 from minillm.models import qwen35
 from minillm.models.qwen35 import FULL, LINEAR, Qwen35Config, decode_step_bytes
 from minillm.ui.report import fmt_bytes, fmt_flops
@@ -64,11 +69,14 @@ def lesson(L: Lesson) -> None:
     L.pause()
     hybrid, full = preset(L, HYBRID), preset(L, FULL_NAME)
     two_forms(L, hybrid)
-    rows = context_sweep(L, hybrid, full)
+    context_sweep(L, hybrid, full)
+    capacity_at_32k(L)
+    what_it_costs(L, hybrid)
     L.try_it(f"""
         `minillm bench --context-sweep --model {HYBRID},{FULL_NAME}` measures this lesson's sweep as a
         command (256 to 16,384 tokens), in interleaved rounds, with the crossover named. The chunk size
         of the prompt's form is `model.chunk` (64 by default): any value gives the same logits.
+        `minillm hardware --shape qwen3.5-27b --fit 32768 --memory 80GB` does the capacity arithmetic.
     """)
 
 
@@ -142,7 +150,7 @@ def two_forms(L: Lesson, model) -> None:
     L.pause()
 
 
-def context_sweep(L: Lesson, hybrid, full) -> list[dict]:
+def context_sweep(L: Lesson, hybrid, full) -> None:
     L.section("A decode step against the context")
     h, f = hybrid.config, full.config
     L.say(f"""
@@ -196,7 +204,97 @@ def context_sweep(L: Lesson, hybrid, full) -> list[dict]:
               "context measured): at short contexts its linear layers' small operations cost more than the few "
               "KV bytes they save.")
     L.pause()
-    return r["rows"]
+
+
+def capacity_at_32k(L: Lesson) -> None:
+    L.section("How many sequences fit at 32k")
+    c = HYBRID_SHAPES["qwen3.5-27b"]
+    twin = Qwen35Config(**{**c.asdict(), "layer_types": (FULL,) * c.n_layer})
+    s, t_s = shape("qwen3.5-27b"), shape_of(twin, "every layer full")
+    L.say(f"""
+        Qwen3.5-27B has {c.n_layer} layers: {len(c.full_layers)} keep K and V ({c.n_kv_head} KV heads of
+        {c.head_dim}), {len(c.linear_layers)} keep a state of {c.lin_v_heads} value heads × [{c.lin_k_dim},
+        {c.lin_v_dim}]. Beside it, the same shape with a full attention layer in every block (it exists
+        only on paper: its attention weights are a little smaller, its KV four times larger). The
+        capacity function of lessons 5 and 12 counts a hybrid's state with its KV.
+    """)
+    ctx, b = 32768, 2
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("bf16", "KV/token", "state", "per 32k seq", "H100 80GB", "H200 141GB"):
+        t.add_column(col, justify="right", no_wrap=True)
+    fit = {}
+    for name, x in (("Qwen3.5-27B", s), ("all full", t_s)):
+        caps = [capacity(x, ctx, get_chip(chip).memory_gb * 1e9, bytes_per_weight=b, kv_bytes_per_value=b)
+                for chip in ("h100-sxm", "h200")]
+        fit[name] = [cap["sequences"] for cap in caps]
+        t.add_row(name, fmt_bytes(caps[0]["kv_bytes_per_token"]), fmt_bytes(caps[0]["state_bytes_per_sequence"]),
+                  fmt_bytes(caps[0]["kv_bytes_per_sequence"]), *(f"{n:,}" for n in fit[name]))
+    L.show(t, f"[dim]{ctx:,} tokens a sequence, weights and KV in bf16, {UTILISATION:.0%} of the memory (vLLM's "
+              "default); published config[/]")
+    per_tok = c.kv_bytes_per_token(b)
+    L.fact(f"the state costs what {c.state_bytes(b) / per_tok:,.0f} tokens of its full layers' KV cost "
+           f"({fmt_bytes(c.state_bytes(b))} against {fmt_bytes(per_tok)} a token): past that context a "
+           "sequence's fixed part is the smaller one")
+    L.claim(all(a > z for a, z in zip(fit["Qwen3.5-27B"], fit["all full"])),
+            f"at 32k, {fit['Qwen3.5-27B'][0]} Qwen3.5-27B sequences fit on an H100 beside the weights against "
+            f"{fit['all full'][0]} with every layer full; {fit['Qwen3.5-27B'][1]} against {fit['all full'][1]} "
+            "on an H200")
+    L.pause()
+
+
+def what_it_costs(L: Lesson, model) -> None:
+    L.section("What a fixed state costs")
+    L.say("""
+        The state is a summary, updated in place: the state after token t is gone once token t + 1 is
+        in. Two things every earlier lesson relied on go with it. **Going back**: speculative decoding
+        (lesson 11) drops the rejected guesses' positions from the cache; a state cannot drop them.
+    """)
+    _, cache = model.prefill(np.arange(8) % model.config.vocab_size)
+    try:
+        cache.truncate(4)
+        refused = None
+    except NoRollback as e:
+        refused = str(e)
+    L.claim(refused is not None and cache.length == 8, "asked to go back from 8 positions to 4, the cache "
+            f"refuses in one line: “{refused}”")
+    c = model.config
+    block = 16
+    kv_block = block * c.kv_bytes_per_token(4)
+    q = HYBRID_SHAPES["qwen3.5-27b"]
+    q_ratio = q.state_bytes(2) / (block * q.kv_bytes_per_token(2))
+    L.say(f"""
+        **Prefix caching** (lesson 10) names every full block of a prompt and lets a later request with
+        the same first blocks reuse their keys and values. The linear layers have nothing to reuse at a
+        block boundary unless the state was saved there: a snapshot per block. Here a snapshot
+        ({fmt_bytes(c.state_bytes(4))}) is {c.state_bytes(4) / kv_block:.0f}× the KV of the
+        {block}-position block it would sit beside ({fmt_bytes(kv_block)}); for Qwen3.5-27B in bf16,
+        {q_ratio:.0f}×. vLLM first served such models without prefix caching and later saved states only
+        at coarse, aligned boundaries; SGLang keeps one state per node of its prefix tree. minillm
+        refuses the prefix cache for this family, in one line:
+    """)
+    try:
+        Engine(model, num_blocks=64, block_size=block, prefix_cache=True)
+        said = None
+    except MiniLLMError as e:
+        said = str(e)
+    L.claim(said is not None and "prefix" in said, f"the engine with prefix_cache=True says: “{said}”")
+    P = L.pick(1024, 256)
+    ids = np.random.default_rng(2).integers(0, c.vocab_size, P)
+    _, full_cache = model.prefill(ids)
+    times = time_interleaved({"prefill": lambda: model.prefill(ids), "copy": lambda: full_cache.fork().free()},
+                             L.rounds())
+    ratio = times["prefill"].median / times["copy"].median
+    L.say(f"What a hit would have saved, measured: the prefill of a {P}-token prefix took "
+          f"{times['prefill'].short()}, copying its KV and one state (`cache.fork()`) {times['copy'].short()}, "
+          f"{fmt_x(ratio)} less. What a prefix cache of states would cost is the memory above.")
+    L.timing_note()
+    L.takeaway("""
+        A linear-attention layer keeps a state of fixed size per sequence: its decode step reads and
+        writes the same bytes at any context, and only the full-attention layers' KV grows, here a
+        quarter of the all-attention model's (three layers in four keep none). So KV overtakes the weights
+        four times later, and more sequences fit at long contexts. The price: the state cannot go
+        back, cannot be cut at any block for reuse, and holds a summary of the past, not the past.
+    """)
 
 
 def main(argv: list[str] | None = None) -> int:

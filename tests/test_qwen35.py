@@ -530,3 +530,15 @@ def test_bench_context_sweep_prints_the_sweep_and_names_the_crossovers(monkeypat
         rows[("h", U)]["moved"] < rows[("f", U)]["moved"] for U in (8, 64, 200) if U >= T))
     assert main(["bench", "--context-sweep", "--batch", "1,2"]) == 1
     assert "leave out --batch" in capsys.readouterr().err
+
+
+def test_lesson_19s_claims_fail_when_the_meter_misses_the_state(monkeypatch, capsys):
+    import importlib
+    from minillm.cache import state as state_module
+    lesson = importlib.import_module("minillm.lessons.19_state")
+    original = state_module.State.read
+    monkeypatch.setattr(state_module.State, "read",
+                        lambda self, layer: tuple(a[self.slot, layer] for a in self.pool.arrays.values()))
+    assert lesson.main(["--fast", "--no-pause"]) == 1
+    assert "did not hold" in capsys.readouterr().out
+    monkeypatch.setattr(state_module.State, "read", original)
