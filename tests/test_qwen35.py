@@ -23,10 +23,10 @@ import minillm
 from minillm import meter
 from minillm.cache.paged import KVCacheFullError
 from minillm.cache.state import HybridPagedPool, NoRollback
-from minillm.checkpoints.llama_load import llama_from_folder
 from minillm.errors import ConfigError, MiniLLMError, WeightsError
 from minillm.models import qwen35
 from minillm.models.qwen35 import FULL, LINEAR, Qwen35, Qwen35Config, random_params
+from minillm.models.target import Target
 
 FIXTURES = Path(__file__).parent / "fixtures" / "w5"
 NAMES = ("qwen35-tiny", "qwen35-bf16")       # bf16: another layer pattern, conv width 3, tied, rotary half
@@ -35,7 +35,7 @@ FLOAT32_ATOL = 1e-3      # float32 against transformers' float32 (measured: 5.4e
 
 
 def load(name, dtype=np.float32):
-    return llama_from_folder(FIXTURES / name, model=Qwen35, dtype=dtype)
+    return minillm.load(FIXTURES / name, dtype=dtype, kernels="numpy")
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -107,7 +107,7 @@ def test_older_spellings_read_the_same(tmp_path):
     rope = cfg["rope_parameters"]
     edit_config(folder, drop=["layer_types"], full_attention_interval=4, partial_rotary_factor=rope.pop("partial_rotary_factor"),
                 rope_parameters=rope)
-    assert load("qwen35-tiny").config == llama_from_folder(folder, model=Qwen35).config
+    assert load("qwen35-tiny").config == minillm.load(folder).config
 
 
 @pytest.mark.parametrize("change, words", [
@@ -122,7 +122,7 @@ def test_bad_configs_are_one_line(tmp_path, change, words):
     folder = copy_fixture(tmp_path)
     edit_config(folder, **change)
     with pytest.raises((ConfigError, WeightsError)) as err:
-        llama_from_folder(folder, model=Qwen35)
+        minillm.load(folder)
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
@@ -225,7 +225,7 @@ def configs(draw):
 
 
 def build(c, dtype=np.float64, seed=0):
-    return Qwen35(c, random_params(c, seed=seed, std=0.3, dtype=np.float64), dtype=dtype)
+    return Qwen35(c, random_params(c, seed=seed, std=0.3, dtype=np.float64), Target.numpy(dtype))
 
 
 @settings(max_examples=25, deadline=None)

@@ -60,7 +60,8 @@ from . import ops
 from .base import CausalLM
 from .llama import mlp
 from .ops import merge_heads
-from .weights import check_blocks, check_weights, label, make_weight, on_device, stored
+from .target import Target, cpu_only
+from .weights import check_blocks, label, make_weight, stored
 
 LINEAR, FULL = "linear_attention", "full_attention"
 MODEL_TYPES = ("qwen3_5_text",)
@@ -311,12 +312,14 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return y
 
 
-def partial_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+def partial_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rope=ops.rope) -> np.ndarray:
     """The rotation on the first rd coordinates of each head only (rd = 2·cos.shape[-1]); the rest
-    pass through. x [H, N, hd], cos/sin [N, rd/2] -> [H, N, hd], a new array."""
+    pass through. x [H, N, hd], cos/sin [N, rd/2] -> [H, N, hd], a new array. rope: ops.rope, or a
+    kernel set's (K.rope)."""
     rd = 2 * cos.shape[-1]
-    y = backend.namespace(x).empty_like(x)
-    y[..., :rd] = ops.rope(x[..., :rd], cos, sin)           # rotate-half within the rd coordinates
+    xp = backend.namespace(x)
+    y = xp.empty_like(x)
+    y[..., :rd] = rope(xp.ascontiguousarray(x[..., :rd]), cos, sin)   # rotate-half within the rd coordinates
     y[..., rd:] = x[..., rd:]
     return y
 
@@ -331,16 +334,17 @@ def output_gate(a: np.ndarray, gate: np.ndarray) -> np.ndarray:
     return a
 
 
-def gated_attention(x: np.ndarray, p: dict, c: Qwen35Config, cos, sin, attend) -> np.ndarray:
+def gated_attention(x: np.ndarray, p: dict, c: Qwen35Config, cos, sin, attend, rope=ops.rope) -> np.ndarray:
     """Qwen3.5's full attention. x [N, d] -> [N, d]. `attend(q, k, v)` stores the new keys and values
-    and lets each sequence's queries attend over its own positions (the step's plan)."""
+    and lets each sequence's queries attend over its own positions (the step's plan); rope: the
+    kernel set's rotation."""
     N, H, Hkv, hd = x.shape[0], c.n_head, c.n_kv_head, c.head_dim
     y = ops.linear(x, p["qgkv.weight"])                                     # [N, 2·H·hd + 2·Hkv·hd]
     q = y[:, :H * hd].reshape(N, H, hd).transpose(1, 0, 2)                  # [H, N, hd]
     gate = y[:, H * hd:2 * H * hd]                                          # [N, H·hd]
     kv = y[:, 2 * H * hd:].reshape(N, 2 * Hkv, hd).transpose(1, 0, 2)       # [2·Hkv, N, hd]
-    q = partial_rope(ops.rms_norm(q, p["q_norm.weight"], c.eps), cos, sin)  # per-head norm, then the turn
-    k = partial_rope(ops.rms_norm(kv[:Hkv], p["k_norm.weight"], c.eps), cos, sin)
+    q = partial_rope(ops.rms_norm(q, p["q_norm.weight"], c.eps), cos, sin, rope)   # per-head norm, then the turn
+    k = partial_rope(ops.rms_norm(kv[:Hkv], p["k_norm.weight"], c.eps), cos, sin, rope)
     a = merge_heads(attend(q, k, kv[Hkv:]))                                 # [N, H·hd]
     return ops.linear(output_gate(a, gate), p["o_proj.weight"])             # [N, d]
 
@@ -574,27 +578,29 @@ class Qwen35(CausalLM):
     manifest = staticmethod(manifest)
     chunk = CHUNK                   # tokens per chunk of the linear layers' chunked form
 
-    def __init__(self, config: Qwen35Config, tensors: dict, *, name: str = "", dtype=None,
-                 eos_ids: tuple[int, ...] = (), weights: str = "float32", device=None, kernels: str = "numpy") -> None:
-        """weights: "float32" or "q8_0" / "q4_0" / "q4_1" (every product quantized); kernels: taken for
-        the loaders' sake, the NumPy ones run. CPU only for now."""
+    def __init__(self, config: Qwen35Config, tensors: dict, target: Target | None = None, *, name: str = "",
+                 eos_ids: tuple[int, ...] = ()) -> None:
+        """target: what runs where (models/target.py; None: the NumPy reference in float32 on the CPU).
+        The products are made for its weights' format and kernel set; the linear layers' convolution
+        and delta rule are NumPy's (this module's). The CPU only for now."""
         c = self.config = config
-        weights = check_weights(weights)
-        dtype = self.dtype = np.dtype(dtype or np.float32)
+        target = target or Target.numpy()
         self.name = name or f"qwen3.5-{c.n_layer}x{c.n_embd}"
-        if device is not None and device.is_gpu:
-            from ..backend import DeviceError
-            raise DeviceError(f"{self.name}: Qwen3.5's linear attention runs on the CPU only for now; use --device cpu")
+        if not target.on_cpu:
+            raise cpu_only(f"{self.name}: Qwen3.5's linear attention (its delta rule is NumPy's)", target.device,
+                           "use --device cpu")
+        self.use_target(target)
+        dtype = self.dtype = target.dtype
         self.eos_ids = tuple(eos_ids)
         self.tokenizer = None
         check_blocks({"width": c.n_embd, "attention width H·hd": c.n_head * c.head_dim, "value width": c.value_dim,
-                      "FFN": c.ffn}, weights, self.name)
-        mat = lambda parts: make_weight(parts, weights, dtype, rows=True)
+                      "FFN": c.ffn}, target.weights, self.name)
+        mat = lambda parts: make_weight(parts, target, rows=True)
         vec = lambda a: np.asarray(a, dtype=dtype)
         gain = lambda a: (1.0 + np.asarray(a, dtype=np.float64)).astype(dtype)      # zero-centred norms: 1 + w
         embed = tensors["embed_tokens.weight"]
         self.head_w = mat(embed if c.tied else tensors["lm_head.weight"])
-        self.embed_w = self.head_w if c.tied else make_weight(embed, weights, dtype, rows=True, contiguous=False)
+        self.embed_w = self.head_w if c.tied else make_weight(embed, target, rows=True, contiguous=False)
         self.wte = stored(self.embed_w, rows=True)
         self.blocks = []
         for i, kind in enumerate(c.layer_types):
@@ -658,21 +664,21 @@ class Qwen35(CausalLM):
 
     def run(self, plan) -> np.ndarray:
         """Embeddings, then every block (not the final norm). plan.ids, plan.positions [N] -> x [N, d]."""
-        c = self.config
+        c, K = self.config, plan.kernels
         x = ops.embedding(self.embed_w, None, plan.ids)                              # [N, d]
         cos, sin = ops.rope_tables(plan.positions, c.rotary_dim, c.theta, self.dtype)  # [N, rd/2]
         for layer, (p, kind) in enumerate(zip(self.blocks, c.layer_types)):
-            h = ops.rms_norm(x, p["input_layernorm.weight"], c.eps)
+            h = K.rms_norm(x, p["input_layernorm.weight"], c.eps)
             if kind == LINEAR:
                 h = linear_attention(h, p, c, self.sequences(plan, layer), self.chunk)
             else:
-                h = gated_attention(h, p, c, cos, sin, partial(plan.attend, self.kv_index[layer]))
+                h = gated_attention(h, p, c, cos, sin, partial(plan.attend, self.kv_index[layer]), K.rope)
             x = ops.add(x, h)
-            x = ops.add(x, mlp(ops.rms_norm(x, p["post_attention_layernorm.weight"], c.eps), p))
+            x = ops.add(x, mlp(K.rms_norm(x, p["post_attention_layernorm.weight"], c.eps), p, K.swiglu))
         return x
 
     def head(self, h: np.ndarray) -> np.ndarray:
-        return ops.lm_head(ops.rms_norm(h, self.norm, self.config.eps), self.head_w)
+        return ops.lm_head(self.kernel_set.rms_norm(h, self.norm, self.config.eps), self.head_w)
 
     def __repr__(self) -> str:
         c = self.config
@@ -725,6 +731,9 @@ SHAPES: dict[str, Qwen35Config] = {
 }
 
 
-def random(config: Qwen35Config, seed: int = RANDOM_SEED, dtype=np.float32, name: str = "") -> Qwen35:
-    """A model of this config with seeded random weights (`random_params`, std 0.02)."""
-    return Qwen35(config, random_params(config, seed, 0.02, np.float32), dtype=dtype, name=name)
+def random(config: Qwen35Config, target: Target | None = None, name: str = "", seed: int = RANDOM_SEED) -> Qwen35:
+    """A model of this config with seeded random weights (`random_params`, std 0.02), made for the target."""
+    return Qwen35(config, random_params(config, seed, 0.02, np.float32), target, name=name)
+
+
+CONFIG, MODEL = Qwen35Config, Qwen35       # the family's row reads these (checkpoints/families.py)
