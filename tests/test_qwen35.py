@@ -542,3 +542,49 @@ def test_lesson_19s_claims_fail_when_the_meter_misses_the_state(monkeypatch, cap
     assert lesson.main(["--fast", "--no-pause"]) == 1
     assert "did not hold" in capsys.readouterr().out
     monkeypatch.setattr(state_module.State, "read", original)
+
+
+# -- the other kernel sets ----------------------------------------------------------------------------
+
+def usable(kernels):
+    from minillm.models import kernel_sets
+    try:
+        kernel_sets.spec(kernels).check()
+    except MiniLLMError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("kernels", ["fused", "batch-invariant"])
+def test_the_fixture_through_another_kernel_set(kernels):
+    if not usable(kernels):
+        pytest.skip(f"{kernels} cannot run here")
+    e = np.load(FIXTURES / "qwen35-tiny" / "expected.npz")
+    model = minillm.load(FIXTURES / "qwen35-tiny", kernels=kernels)
+    assert model.kernels == kernels
+    ids = np.concatenate([e["input_ids"], e["greedy_ids"]])
+    np.testing.assert_allclose(model.forward(ids), e["logits"], rtol=0, atol=FLOAT32_ATOL)
+    assert minillm.generate(model, e["input_ids"], len(e["greedy_ids"])) == e["greedy_ids"].tolist()
+
+
+def test_batch_invariant_rows_are_bit_identical_to_alone():
+    """With the batch-invariant set, a sequence's logits in a step shared with others, prefill and
+    decode, are its logits alone, bit for bit (the linear layers run each sequence on its own state)."""
+    if not usable("batch-invariant"):
+        pytest.skip("batch-invariant cannot run here")
+    model = minillm.load(FIXTURES / "qwen35-tiny", kernels="batch-invariant")
+    rng = np.random.default_rng(3)
+    ps = [rng.integers(0, 700, n) for n in (5, 9, 3)]
+    alone = [run_alone(model, model.new_cache(), p, [7, 8]) for p in ps]
+    pool = paged_pool(model, 3, positions=64)
+    caches = [pool.sequence() for _ in ps]
+    for cache, p in zip(caches, ps):
+        cache.reserve(len(p))
+    rows = [[r] for r in model.step(list(zip(ps, caches)))]
+    for t in (7, 8):
+        for cache in caches:
+            cache.reserve(1)
+        for i, r in enumerate(model.step([(np.array([t]), cache) for cache in caches])):
+            rows[i].append(r)
+    for got, want in zip(rows, alone):
+        np.testing.assert_array_equal(np.array(got), want)

@@ -448,9 +448,9 @@ SWEEP_MODELS = "random-hybrid,random-hybrid-full"
 def bench_context_sweep(args) -> int:
     """`--context-sweep`: measure/contexts.py's sweep, one table per context, the crossover named."""
     from ..measure.contexts import CONTEXTS, run_context_sweep
-    if args.batch is not None or args.speculate is not None or args.weights is not None or args.deterministic:
+    if args.batch is not None or args.speculate is not None or args.weights is not None:
         raise MiniLLMError("--context-sweep measures batch-1 decode against the context: leave out --batch, "
-                           "--speculate, --weights and --deterministic")
+                           "--speculate and --weights")
     if args.repeats < 1:
         raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
     contexts = parse_contexts(args.contexts) if args.contexts else list(CONTEXTS)
@@ -461,7 +461,6 @@ def bench_context_sweep(args) -> int:
     if len(kernels) > 1:
         raise MiniLLMError("--context-sweep runs one kernel set: give --kernels numpy or --kernels fused")
     models = [load(n, kernels=kernels[0]) for n in names]
-    kernels = sorted({m.kernels if isinstance(m.kernels, str) else kernels[0] for m in models})
     result = _run_with_bar(args, f"decode against the context, {', '.join(escape(m.name) for m in models)}",
                            len(contexts) * args.repeats,
                            lambda tick: run_context_sweep(models, contexts, args.repeats, progress=tick))
