@@ -57,11 +57,12 @@ from ..cache.state import HybridKVCache, HybridPagedPool
 from ..config import MAX_CONTEXT, hf_model_type, whole
 from ..errors import ConfigError, MiniLLMError
 from . import ops
-from .base import CausalLM
+from .base import RANDOM_SEED, CausalLM
+from .factory import make_weight
 from .llama import mlp
 from .ops import merge_heads
 from .target import Target, cpu_only
-from .weights import check_blocks, label, make_weight, stored
+from .weights import check_blocks, label, stored
 
 LINEAR, FULL = "linear_attention", "full_attention"
 MODEL_TYPES = ("qwen3_5_text",)
@@ -722,7 +723,6 @@ def crossover_context(a: Qwen35Config, b: Qwen35Config, itemsize: int = 4) -> in
 # has a full layer in every block. Both are ~110 MB of float32 weights, beyond this machine's 32 MiB
 # last-level cache, so a decode step streams them: what grows with the context is what differs.
 
-RANDOM_SEED = 1234
 _WIDTH = dict(n_layer=8, n_head=8, n_kv_head=2, head_dim=64, n_embd=512, n_ctx=32768, vocab_size=8192, ffn=1536,
               lin_k_heads=4, lin_v_heads=8, lin_k_dim=64, lin_v_dim=64, conv_kernel=4, rotary_dim=16, theta=1e7)
 SHAPES: dict[str, Qwen35Config] = {
