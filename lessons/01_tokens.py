@@ -218,6 +218,11 @@ GLOSSARY = (
     ("kernels, kernel launch", "GPU programs; the host starting one", 17),
     ("CUDA graph", "a step's kernels recorded, replayed at once", 17),
     ("fusion", "fewer, larger kernels", 17),
+    ("linear attention", "a layer that folds the past into one state", 19),
+    ("state of fixed size", "what such a layer keeps, at any context", 19),
+    ("delta rule", "the state moved toward each new key's value", 19),
+    ("chunked form", "a prompt's state updates as chunk products", 19),
+    ("recurrent form", "one token's read, update and write", 19),
 )
 
 

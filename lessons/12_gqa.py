@@ -135,13 +135,13 @@ def decode_bytes(L: Lesson) -> None:
 LAYOUTS = (("llama-2-7b", "MHA, 32 KV heads"), ("llama-3-8b", "GQA, 8 KV heads"),
            ("mistral-7b", "GQA; window 4k, all"), ("gemma-2-9b", "GQA; window 4k, 1:1"),
            ("gemma-3-12b", "GQA; window 1k, 5:1"), ("gpt-oss-20b", "GQA; window 128, 1:1"),
-           ("deepseek-v3", "MLA: latent 512+64"))
+           ("deepseek-v3", "MLA: latent 512+64"), ("qwen3.5-27b", "GQA; 3 of 4 layers linear"))
 
 
 def smaller_kv(L: Lesson) -> None:
     L.section("Other ways to a smaller KV cache")
     L.say("""
-        GQA is one of four ways today's models shrink the cache:
+        GQA is one of five ways today's models shrink the cache:
 
         - **Latent attention** (MLA, DeepSeek-V2/V3) caches one compressed vector per layer and token,
           `d_c + d_rope = 512 + 64` values: `L·576·b` bytes. By definition every head's K and V are
@@ -152,6 +152,8 @@ def smaller_kv(L: Lesson) -> None:
           those. Mistral-7B v0.1 slides on every layer; Gemma 2 alternates local and global layers,
           Gemma 3 has five local to one global, gpt-oss alternates a 128-token band with full layers.
           Past the window, the local layers' KV stops growing.
+        - **Linear attention** (Qwen3.5, Qwen3-Next: lesson 19): three layers in four keep a fixed-size
+          state per sequence instead of K and V, so only the full-attention quarter grows.
         - **8-bit values** halve fp16's bytes, each with its scales: vLLM's `--kv-cache-dtype fp8` keeps
           one scale per tensor per layer (per KV head with calibration; 1.0 without), llama.cpp's
           `-ctk q8_0` one fp16 scale per 32 values, and minillm's int8 cache one per head vector (below).
@@ -172,8 +174,8 @@ def smaller_kv(L: Lesson) -> None:
         t.add_row(name, how, fmt_kib(kv_bytes_per_token(s, 2)), fmt_bytes(seq[name]) + mark,
                   fmt_bytes(kv_bytes_per_sequence(s, ctx, 1)) + mark)
     L.show(t, f"[dim]bf16/fp16 (2 bytes), one sequence of {ctx:,} tokens; 8-bit: 1 byte a value, scales "
-              "aside; published configs; * past the model's own context (" + ", ".join(past)
-              + "): the formula only[/]")
+              "aside; Qwen3.5's KV at 32k includes its linear layers' fixed state; published configs; * past "
+              "the model's own context (" + ", ".join(past) + "): the formula only[/]")
     ds = shape("deepseek-v3")
     L.fact(f"DeepSeek-V3 caches L·(d_c + d_rope)·2 = {ds['n_layer']}·576·2 = {kv_bytes_per_token(ds, 2):,.0f} "
            f"bytes per token in bf16; as plain multi-head attention ({ds['n_head']} heads of K {ds['head_dim']} and "

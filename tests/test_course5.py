@@ -277,7 +277,7 @@ NOT_TERMS = {
     "long prompts", "many short requests", "once", "one", "only the new token", "per channel", "prompt",
     "query", "queue", "rows of", "sequential", "single", "static", "system prompt", "that", "the critical batch.",
     "time", "token ids into", "total ÷ active", "value", "weights and activations", "which phase", "quantized",
-    "highest request rate", "ngram", "c.asdict(),",
+    "highest request rate", "ngram", "c.asdict(),", "going back",
 }
 
 

@@ -149,9 +149,9 @@ class PagedKVPool:
         self.k[:, :, dst] = self.k[:, :, src]
         self.v[:, :, dst] = self.v[:, :, src]
 
-    def sequence(self) -> "PagedKVCache":
-        """A new, empty sequence in this pool."""
-        return PagedKVCache(self)
+    def sequence(self, table: list[int] | None = None, length: int = 0) -> "PagedKVCache":
+        """A new sequence in this pool (empty, or holding `length` positions in `table`'s blocks)."""
+        return PagedKVCache(self, table, length)
 
 
 class PagedKVCache(CacheBase):

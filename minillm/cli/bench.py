@@ -1,5 +1,6 @@
 """`minillm bench`: decode against the matrix-vector ceiling per context length (default), batched
-decode against the roofline (--batch), or speculative decoding against plain decode (--speculate).
+decode against the roofline (--batch), speculative decoding against plain decode (--speculate), or
+several models' decode step against the context, interleaved (--context-sweep).
 The measurements live in `minillm.measure` (bench, batching, speculation); this module runs them
 with a progress bar on stderr and prints their tables."""
 
@@ -35,8 +36,13 @@ def add_arguments(parser) -> None:
                         help="model to benchmark (default random-124m; with --speculate, the bundled large model); "
                              "with --batch, several comma-separated, measured in the same interleaved rounds "
                              "(e.g. random-moe-16x2,random-moe-16x2-dense)")
-    parser.add_argument("--contexts", default="16,128,512,1000",
-                        help="comma-separated context lengths (default 16,128,512,1000)")
+    parser.add_argument("--contexts", default=None,
+                        help="comma-separated context lengths (default 16,128,512,1000; with --context-sweep "
+                             "256,512,...,16384)")
+    parser.add_argument("--context-sweep", action="store_true",
+                        help="instead: the decode step's time and bytes (weights, KV, a hybrid's state) against the "
+                             "context for each --model (default random-hybrid,random-hybrid-full), interleaved, "
+                             "and the context where the first becomes the cheaper")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds; medians are reported (default 5)")
     parser.add_argument("--batch", default=None, metavar="B,B,...",
                         help="instead: decode with B sequences at once, for each B (e.g. 1,2,4,8,16,32), against "
@@ -110,7 +116,9 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    contexts = parse_contexts(args.contexts)
+    if getattr(args, "context_sweep", False):
+        return bench_context_sweep(args)
+    contexts = parse_contexts(args.contexts or "16,128,512,1000")
     kernels = args.kernel_list = parse_kernels(args.kernels)
     if args.repeats < 1:
         raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
@@ -399,7 +407,7 @@ def bench_weights(args, hw, kernels=None) -> int:
 
     formats = parse_formats(args.weights)
     source = args.model or "random-124m"
-    context = parse_first_context(args.contexts)
+    context = parse_first_context(args.contexts or "16,128,512,1000")
     kernels = kernels or parse_kernels(None)
     with Progress(console=err, transient=True, disable=args.json) as bar:
         task = bar.add_task(f"weights {', '.join(formats)}", total=args.repeats * len(formats) * len(kernels))
@@ -454,4 +462,63 @@ def bench_weights(args, hw, kernels=None) -> int:
     load_note = f"; load average {result['load_average']:.1f}" if result["load_average"] is not None else ""
     out.print(f"{_blas(result)}; widening: "
               f"NumPy, one thread, tiles of {TILE_BYTES // 1024} KiB{load_note}")
+    return 0
+
+
+SWEEP_MODELS = "random-hybrid,random-hybrid-full"
+
+
+def bench_context_sweep(args) -> int:
+    """`--context-sweep`: measure/contexts.py's sweep, one table per context, the crossover named."""
+    from ..measure.contexts import CONTEXTS, run_context_sweep
+    if args.batch is not None or args.speculate is not None or args.weights is not None:
+        raise MiniLLMError("--context-sweep measures batch-1 decode against the context: leave out --batch, "
+                           "--speculate and --weights")
+    if args.repeats < 1:
+        raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
+    contexts = parse_contexts(args.contexts) if args.contexts else list(CONTEXTS)
+    names = [n.strip() for n in (args.model or SWEEP_MODELS).split(",") if n.strip()]
+    if len(set(names)) != len(names):
+        raise MiniLLMError(f"--model {args.model}: each model once")
+    kernels = parse_kernels(args.kernels)
+    if len(kernels) > 1:
+        raise MiniLLMError("--context-sweep runs one kernel set: give --kernels numpy or --kernels fused")
+    models = [load(n, kernels=kernels[0]) for n in names]
+    result = _run_with_bar(args, f"decode against the context, {', '.join(escape(m.name) for m in models)}",
+                           len(contexts) * args.repeats,
+                           lambda tick: run_context_sweep(models, contexts, args.repeats, progress=tick))
+    result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(), blas_spin=blas_spin(),
+                  kernels=kernels, kernels_title=kernels_title(kernels))
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    rows = {(r["model"], r["context"]): r for r in result["rows"]}
+    t = _table(f"decode, batch 1: time and bytes per step against the context (medians of {args.repeats} "
+               f"interleaved rounds of {result['steps']} steps)", ["ctx"] + [c for i, _ in enumerate(models)
+                                                                            for c in (f"ms {i + 1}", "KV", "state")])
+    for T in result["contexts"]:
+        t.add_row(f"{T:,}", *(x for m in models for x in (
+            f"{rows[(m.name, T)]['ms']:.1f}", fmt_bytes(rows[(m.name, T)]["kv"]),
+            fmt_bytes(rows[(m.name, T)]["state"]))))
+    out.print(t)
+    for i, m in enumerate(models):
+        out.print(f"{i + 1}: {escape(m.name)}, weights {fmt_bytes(rows[(m.name, result['contexts'][0])]['weights'])} a "
+                  "step")
+    out.print("[dim]ms: a decode step's median time; KV (read and written) and state (read and written): one step "
+              "at that context, counted by the meter; caches filled with random keys, values and states (a "
+              "step's work does not depend on them)[/]")
+    for m in models:
+        a, b = rows[(m.name, contexts[0] if contexts[0] in result["contexts"] else result["contexts"][0])], \
+            rows[(m.name, result["contexts"][-1])]
+        out.print(f"{escape(m.name)}: from {a['context']:,} to {b['context']:,} tokens its step went from "
+                  f"{a['ms']:.1f} to {b['ms']:.1f} ms ({b['ms'] / a['ms']:.2f}×), its weights, KV and state "
+                  f"{fmt_bytes(a['moved'])} to {fmt_bytes(b['moved'])} ({b['moved'] / a['moved']:.2f}×)")
+    if len(models) > 1:
+        first, second = escape(models[0].name), escape(models[1].name)
+        for key, what in (("crossover_time", "time"), ("crossover_bytes", "weights, KV and state")):
+            T = result[key]
+            out.print(f"{what}: " + (f"{first}'s step is below {second}'s from {T:,} tokens on (every longer "
+                                     "context measured)" if T is not None else
+                                     f"{first}'s step is not below {second}'s at {result['contexts'][-1]:,} tokens"))
+    out.print(f"[dim]{_blas(result)}; {result['kernels_title']}[/]")
     return 0

@@ -185,6 +185,9 @@ def capacity_lines(cap: dict, s: dict, weight_dtype: str, kv_dtype: str, where: 
              + (" GB" if cap["left_bytes"] > 0 else ": the weights alone do not fit"),
              f"    ÷ KV of one sequence ({kv_dtype}): {_sig(cap['kv_bytes_per_sequence'] / 1e9)} GB "
              f"({cap['kv_bytes_per_token'] / 1024:,.4g} KiB per token)"] + ([f"    {window[2:]}"] if window else [])
+    if cap.get("state_bytes_per_sequence"):
+        lines.append(f"      of which a fixed state of {_sig(cap['state_bytes_per_sequence'] / 1e9)} GB "
+                     "(the linear layers')")
     return lines
 
 
@@ -270,6 +273,11 @@ def run_shape(args: argparse.Namespace) -> int:
         mha = kv_tok * s["n_head"] / s["n_kv_head"]
         lines.append(f"  KV per token: 2·L·Hkv·hd·b = {kv_tok / 1024:,.4g} KiB"
                      + (f" ({mha / 1024:,.0f} KiB with a KV head per query head)" if mha != kv_tok else ""))
+    if s.get("state_values"):
+        lines += [f"  hybrid: only {s['kv_layers']} of the {s['n_layer']} layers keep K and V; the other "
+                  f"{s['linear_layers']} (linear",
+                  f"  attention) keep a fixed state per sequence: {s['state_values'] * kvb / 1e6:,.1f} MB at any "
+                  "context"]
     if s.get("window"):
         lines.append(f"  sliding window: {s['local_layers']} of {s['n_layer']} layers keep only the last "
                      f"{s['window']:,} tokens")
@@ -285,6 +293,7 @@ def run_shape(args: argparse.Namespace) -> int:
         lines += [f"  weights per decode step: {step['weights'] / 1e9:,.2f} GB",
                   f"  KV read at context {context:,}: {step['kv'] / 1e9:,.2f} GB "
                   f"({step['kv'] / step['weights']:.0%} of the weights)",
+                  *([f"  state read and written: {step['state'] / 1e9:,.2f} GB, at any context"] if step["state"] else []),
                   f"  decode, batch 1, on {hw.name} ({_sig(hw.bandwidth_gbs)} GB/s): {ms:,.2f} ms/token, "
                   f"~{1e3 / ms:,.0f} tokens/s"]
     if memory is not None:

@@ -1,0 +1,114 @@
+"""`minillm bench --context-sweep`: a decode step's time and bytes against the context, for several
+models in the same interleaved rounds. What grows with the context is the KV cache of every layer
+that keeps one; a hybrid's linear layers keep a fixed state instead (models/qwen35.py), so its step
+grows only by its few full layers' KV.
+
+For each context T, ascending, each model gets a cache holding T positions, filled with random keys
+and values (and a random state) in one write: a decode step's work does not depend on what the
+cache holds, and a real 16k-token prefill of an all-attention model takes minutes here. Then
+`repeats` rounds, every model once per round, each time `steps` decode steps (their median). A
+step moves the cache on by one position (a fixed state cannot go back), so the row's context is T
+to T + repeats·steps. Beside each row, the meter's count of one step at T: weights, KV, state.
+
+`crossover` names where the first model's step becomes cheaper than the second's, measured: the
+smallest context from which its median time (or its bytes moved: weights, KV and state, the
+activations aside) stays below the other's at every larger context.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from ..errors import MiniLLMError
+from ..meter import Meter
+
+CONTEXTS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def fill(model, T: int, rng) -> object:
+    """A new cache of `model` holding T positions of random keys and values (and, for a hybrid,
+    a random state): what a decode step at position T reads, without the prefill that would make it."""
+    cache = model.new_cache()
+    cache.reserve(T)
+    c, dtype = cache.config, model.dtype
+    for layer in range(c.n_layer):
+        k = rng.standard_normal((c.n_kv_head, T, c.head_dim), dtype=np.float32).astype(dtype, copy=False)
+        v = rng.standard_normal((c.n_kv_head, T, c.head_dim), dtype=np.float32).astype(dtype, copy=False)
+        cache.write(layer, 0, k, v)
+    state = getattr(cache, "state", None)
+    if state is not None:
+        for layer in range(state.pool.layers):
+            state.write(layer, *(0.1 * rng.standard_normal(s, dtype=np.float32).astype(dtype, copy=False)
+                                 for s in state.pool.shapes.values()))
+    cache.advance(T)
+    return cache
+
+
+def check_sweep(models, contexts, repeats: int, steps: int) -> None:
+    if not contexts:
+        raise MiniLLMError("--contexts: give at least one context length")
+    for m in models:
+        room = m.config.n_ctx - repeats * steps - 1
+        bad = [T for T in contexts if not 1 <= T <= room]
+        if bad:
+            raise MiniLLMError(f"context {bad[0]}: {m.name} holds {m.config.n_ctx:,} positions, so with "
+                               f"{repeats}×{steps} decode steps after it the sweep goes up to {room:,}")
+
+
+def step_counts(model, cache) -> dict:
+    """The meter's count of one decode step on `cache`: bytes by kind, the state's apart from the KV's."""
+    with Meter() as m:
+        model.decode_step(1, cache)
+    r = m.steps[0]
+    state = sum(r.ops.get(op, {}).get("bytes", 0) for op in ("state_read", "state_write"))
+    kv = r.bytes["kv_read"] + r.bytes["kv_write"] - state
+    return {"bytes": r.total_bytes, "weights": r.bytes["weights"], "activations": r.bytes["activations"],
+            "kv": kv, "state": state, "moved": r.bytes["weights"] + kv + state, "flops": r.total_flops}
+
+
+def run_context_sweep(models: list, contexts=CONTEXTS, repeats: int = 5, steps: int = 4, progress=None,
+                      seed: int = 0) -> dict:
+    """Decode-step time and bytes against the context for `models`, interleaved (see the module)."""
+    contexts = sorted(set(contexts))
+    check_sweep(models, contexts, repeats, steps)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for T in contexts:
+        caches = [fill(m, T, rng) for m in models]
+        counts = [step_counts(m, c) for m, c in zip(models, caches)]
+        samples: list[list[float]] = [[] for _ in models]
+        for _ in range(repeats):
+            for i, (m, cache) in enumerate(zip(models, caches)):
+                times = []
+                for _ in range(steps):
+                    t0 = time.perf_counter()
+                    m.decode_step(1, cache)
+                    times.append(time.perf_counter() - t0)
+                samples[i].append(statistics.median(times))
+            if progress:
+                progress()
+        for m, cache, n, s in zip(models, caches, counts, samples):
+            rows.append({"model": m.name, "context": T, "ms": statistics.median(s) * 1e3, "ms_lo": min(s) * 1e3,
+                         "ms_hi": max(s) * 1e3, **n})
+            cache.free()
+        del caches
+    names = [m.name for m in models]
+    return {"models": names, "contexts": contexts, "repeats": repeats, "steps": steps, "rows": rows,
+            "crossover_time": crossover(rows, *names[:2], "ms") if len(names) > 1 else None,
+            "crossover_bytes": crossover(rows, *names[:2], "moved") if len(names) > 1 else None}
+
+
+def crossover(rows: list[dict], a: str, b: str, key: str = "ms") -> int | None:
+    """The smallest measured context from which `a`'s `key` stays below `b`'s at every larger one;
+    None if `a` is not below `b` at the largest."""
+    by = {(r["model"], r["context"]): r[key] for r in rows}
+    found = None
+    for T in sorted({r["context"] for r in rows}, reverse=True):
+        if by[(a, T)] < by[(b, T)]:
+            found = T
+        else:
+            break
+    return found
