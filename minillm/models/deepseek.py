@@ -1,0 +1,676 @@
+"""The DeepSeek-V3 family (DeepSeek-V3/R1's architecture): multi-head latent attention and DeepSeek's
+mixture of experts, read like the papers (DeepSeek-V2, arXiv 2405.04434; DeepSeek-V3, 2412.19437).
+
+    x = embed[ids]
+    for each block:
+        x = x + mla(rms_norm(x))                       # multi-head latent attention
+        x = x + ffn(rms_norm(x))                       # a dense SwiGLU MLP in the first
+                                                       # `first_k_dense` blocks, then DeepSeek's mixture
+    logits = rms_norm(x) @ head
+
+Multi-head latent attention. Each token's keys and values come out of one small latent vector, and
+that latent (with one rotary key all heads share) is all the KV cache keeps:
+
+    q              = q_b(rms_norm(q_a(x)))             # [H, dn + dr]: low rank (q_lora_rank), or
+                                                       # q_proj(x) when q_lora_rank is null
+    q_nope, q_rope = q[:, :dn], q[:, dn:]              # [H, dn], [H, dr]
+    c, k_rope      = kv_a(x)[:r], kv_a(x)[r:]          # [r] the latent, [dr] one rotary key for all heads
+    c              = rms_norm(c)
+    q_rope, k_rope = rope(q_rope), rope(k_rope)
+    row            = [c | k_rope]                      # [r + dr]: what the cache holds, a token a layer
+                                                       # (512 + 64 = 576 values at DeepSeek-V3's shape)
+
+and then attention, two ways that compute the same numbers:
+
+    decompressed   k_nope_h, v_h = W_UK_h c, W_UV_h c  # kv_b: every head's key [dn] and value [dv]
+                   k_h = [k_nope_h | k_rope]           # the rotary part shared by all heads
+                   o_h = softmax(q_h · k_h / √(dn + dr)) v_h
+    absorbed       q_lat_h = W_UK_hᵀ q_nope_h          # [r]: the query moved into the latent, since
+                                                       # q_nope · (W_UK c) = (W_UKᵀ q_nope) · c
+                   o_lat_h = softmax([q_lat_h | q_rope_h] · row / √(dn + dr)) c      # [r]
+                   o_h = W_UV_h o_lat_h                # [dv]: the value projection applied once, after
+    out = o_proj([o_1 | ... | o_H])
+
+Decompressed is the definition, and how a prompt runs (a prefill's T tokens multiply kv_b once each,
+compute-bound anyway). Absorbed is how serving engines decode (FlashMLA, FlashInfer's MLA kernels):
+H query heads attend over ONE key/value head of r + dr values (multi-query attention whose values
+are the keys' first r entries), and kv_b is multiplied by the H queries instead of by every cached
+token, so a decode step's attention does about 2·H·(2r + dr) FLOPs per (r + dr)·b bytes of KV read:
+≈ 1.9·H per byte in bf16, against GQA's ≈ g.
+
+Rotary positions. `rope_interleave` (DeepSeek's files: true) turns the coordinate pairs (2i, 2i + 1);
+ops.rope turns (i, i + dr/2). A permutation applied to both q and k leaves q·k unchanged, so the
+rotary rows of the query and latent projections are reordered once at load (even ones first), and
+then ops.rope computes exactly transformers' interleaved rotation.
+
+DeepSeek's mixture (`moe`):
+
+    s      = sigmoid(x @ router)                       # [E]: each expert's affinity, in float32
+    choice = s + bias                                  # e_score_correction_bias: balances the load;
+                                                       # it picks the experts, it never weighs them
+    groups: the E experts in n_group groups, a group scored by its top two choices; only the best
+            topk_group groups may be picked from (with experts on n_group nodes: fewer nodes a token)
+    top    = the k largest choices among those groups
+    w      = s[top] / sum(s[top]) (norm_topk_prob) · routed_scaling_factor
+    y      = Σ_j w_j · expert_{top_j}(x) + shared(x)   # n_shared_experts always-on experts, one
+                                                       # SwiGLU of width n_shared · moe_ffn
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Iterator
+
+import numpy as np
+
+from functools import partial
+
+from .. import meter
+from ..backend import DeviceError
+from ..cache.contiguous import PassKV
+from ..config import MAX_CONTEXT, hf_model_type, whole
+from ..errors import ConfigError
+from . import ops
+from .base import CausalLM
+from .llama import mlp
+from .moe import _ROUTES, expert
+from .weights import Dense, check_blocks, check_weights, label, make_weight, stored
+
+MODEL_TYPES = ("deepseek_v3",)
+MLA_DECODE = ("absorbed", "decompressed")
+
+
+# -- the config -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DeepSeekConfig:
+    n_layer: int                      # L: blocks
+    n_head: int                       # H: query heads (each with its own key and value, decompressed)
+    n_embd: int                       # d
+    n_ctx: int                        # longest sequence (`max_position_embeddings`)
+    vocab_size: int                   # V
+    ffn: int                          # F: the dense blocks' MLP width (`intermediate_size`)
+    kv_lora_rank: int = 512           # r: the latent's width
+    q_lora_rank: int | None = 1536    # r_q: the query's bottleneck; None: q_proj straight from x
+    qk_nope_head_dim: int = 128       # dn: a head's key and query outside the rotation
+    qk_rope_head_dim: int = 64        # dr: the rotated part, one key shared by all heads
+    v_head_dim: int = 128             # dv: a head's value
+    n_expert: int = 256               # E: routed experts per sparse block (`n_routed_experts`)
+    top_k: int = 8                    # k: routed experts a token uses (`num_experts_per_tok`)
+    expert_ffn: int = 2048            # F_e: an expert's width (`moe_intermediate_size`)
+    n_shared: int = 1                 # always-on experts, run as one MLP of width n_shared·F_e
+    n_group: int = 8                  # expert groups
+    topk_group: int = 4               # groups a token may pick from
+    routed_scale: float = 2.5         # routed_scaling_factor
+    norm_topk: bool = True            # norm_topk_prob: the k weights renormalised to sum to 1
+    first_k_dense: int = 3            # first_k_dense_replace: blocks 0..first_k_dense-1 are dense
+    eps: float = 1e-6                 # RMS-norm epsilon
+    theta: float = 10000.0            # RoPE base
+    rope_interleave: bool = True      # rotary pairs (2i, 2i+1) in the file's layout (see the top)
+    attention_bias: bool = False      # biases on q_a (or q_proj), kv_a and o
+    tied: bool = False                # the LM head is the token embedding
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "n_head", "n_embd", "n_ctx", "vocab_size", "ffn", "kv_lora_rank",
+                     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_expert", "top_k", "expert_ffn",
+                     "n_group", "topk_group"):
+            whole(getattr(self, name), name, "config", MAX_CONTEXT if name == "n_ctx" else 1 << 62)
+        if self.q_lora_rank is not None:
+            whole(self.q_lora_rank, "q_lora_rank", "config")
+        for name in ("n_shared", "first_k_dense"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"config {name}={value!r}: must be an integer, 0 or more")
+        if self.qk_rope_head_dim % 2:
+            raise ConfigError(f"config qk_rope_head_dim={self.qk_rope_head_dim}: the rotary embedding turns "
+                              "pairs, it must be even")
+        E, G = self.n_expert, self.n_group
+        if E % G:
+            raise ConfigError(f"config: {E} routed experts do not split into n_group={G} equal groups")
+        if self.topk_group > G:
+            raise ConfigError(f"config topk_group={self.topk_group}: there are only n_group={G} groups")
+        if self.top_k > self.topk_group * (E // G):
+            raise ConfigError(f"config: each token uses top_k={self.top_k} experts but its {self.topk_group} "
+                              f"group(s) of {E // G} hold only {self.topk_group * (E // G)}")
+        for name in ("eps", "theta", "routed_scale"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ConfigError(f"config {name}={value!r}: must be a positive finite number")
+
+    # -- what the KV cache reads (config.ModelConfig): one row of r + dr values a token a layer --
+
+    @property
+    def n_kv_head(self) -> int:
+        """The KV cache holds one "head" a token a layer: the latent and the rotary key, side by side."""
+        return 1
+
+    @property
+    def head_dim(self) -> int:
+        """The cache's row: r + dr values (576 at DeepSeek-V3's shape)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def values_in_keys(self) -> int:
+        """The cache keeps no separate values: they are the row's first r entries (the latent)."""
+        return self.kv_lora_rank
+
+    @property
+    def qk_head_dim(self) -> int:
+        """dn + dr: a head's query and key as attention scores them (the scale is 1/√ of this)."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def kv_bytes_per_token(self, itemsize: int = 4) -> int:
+        """L·(r + dr)·b: what every position costs in the KV cache (61·576·2 = 70,272 for DeepSeek-V3)."""
+        return self.n_layer * self.head_dim * itemsize
+
+    def is_sparse(self, layer: int) -> bool:
+        return layer >= self.first_k_dense
+
+    @property
+    def sparse_layers(self) -> tuple[int, ...]:
+        return tuple(range(self.first_k_dense, self.n_layer))
+
+    # -- parameter counts --
+
+    def attention_params(self) -> int:
+        """One block's attention: the query path, kv_a, its norm, kv_b, o (and their biases)."""
+        d, H, r, dr = self.n_embd, self.n_head, self.kv_lora_rank, self.qk_rope_head_dim
+        rq, b = self.q_lora_rank, self.attention_bias
+        q = d * H * self.qk_head_dim if rq is None else d * rq + rq * b + rq + rq * H * self.qk_head_dim
+        kv = d * (r + dr) + (r + dr) * b + r + r * H * (self.qk_nope_head_dim + self.v_head_dim)
+        return q + kv + H * self.v_head_dim * d + d * b
+
+    def expert_params(self) -> int:
+        return 3 * self.n_embd * self.expert_ffn
+
+    def n_params(self) -> int:
+        """Every parameter (what memory holds; a tied head counted once)."""
+        d, L, S = self.n_embd, self.n_layer, len(self.sparse_layers)
+        blocks = L * (self.attention_params() + 2 * d) + (L - S) * 3 * d * self.ffn
+        sparse = S * (d * self.n_expert + self.n_expert + (self.n_expert + self.n_shared) * self.expert_params())
+        return self.vocab_size * d * (1 if self.tied else 2) + blocks + sparse + d
+
+    def active_params(self) -> int:
+        """What one token multiplies by: k routed experts (and the shared ones) instead of all E."""
+        return self.n_params() - len(self.sparse_layers) * (self.n_expert - self.top_k) * self.expert_params()
+
+    def asdict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_hf(cls, cfg: dict, source: str = "config.json") -> "DeepSeekConfig":
+        """Read a Hugging Face config.json of model_type deepseek_v3."""
+        hf_model_type(cfg, source, MODEL_TYPES, "is not a DeepSeek-V3 config.json")
+        need = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size", "vocab_size",
+                "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts",
+                "num_experts_per_tok", "moe_intermediate_size")
+        missing = [k for k in need if k not in cfg and not (k == "n_routed_experts" and "num_local_experts" in cfg)]
+        if missing:
+            raise ConfigError(f"{source}: missing {', '.join(missing)}; is this a deepseek_v3 config.json?")
+        act = cfg.get("hidden_act", "silu")
+        if act != "silu":
+            raise ConfigError(f"{source}: hidden_act={act!r}; minillm implements SwiGLU with silu")
+        quant = cfg.get("quantization_config")
+        if quant:
+            method = quant.get("quant_method") if isinstance(quant, dict) else quant
+            raise ConfigError(f"{source}: the weights are quantized ({str(method)[:20]}: DeepSeek-V3 ships FP8 "
+                              "with a scale per 128x128 tile); minillm reads float32, float16 and bfloat16 "
+                              "checkpoints: convert the weights to bfloat16 first")
+        rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+        scaling = cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else {}
+        kind = scaling.get("rope_type", scaling.get("type")) or rope.get("rope_type", "default")
+        if kind not in ("default", None):
+            raise ConfigError(f"{source}: rope scaling {kind!r} is not implemented; minillm runs the default "
+                              "rotary embedding only")
+        theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        method = cfg.get("topk_method", "noaux_tc")
+        score = cfg.get("scoring_func", "sigmoid")
+        if method != "noaux_tc" or score != "sigmoid":
+            raise ConfigError(f"{source}: topk_method={method!r}, scoring_func={score!r}; minillm implements "
+                              "DeepSeek-V3's router (noaux_tc, sigmoid)")
+        try:
+            return cls(
+                n_layer=cfg["num_hidden_layers"], n_head=cfg["num_attention_heads"], n_embd=cfg["hidden_size"],
+                n_ctx=cfg.get("max_position_embeddings", 4096), vocab_size=cfg["vocab_size"],
+                ffn=cfg["intermediate_size"], kv_lora_rank=cfg["kv_lora_rank"], q_lora_rank=cfg.get("q_lora_rank"),
+                qk_nope_head_dim=cfg["qk_nope_head_dim"], qk_rope_head_dim=cfg["qk_rope_head_dim"],
+                v_head_dim=cfg["v_head_dim"], n_expert=cfg.get("n_routed_experts", cfg.get("num_local_experts")),
+                top_k=cfg["num_experts_per_tok"], expert_ffn=cfg["moe_intermediate_size"],
+                n_shared=cfg.get("n_shared_experts") or 0, n_group=cfg.get("n_group") or 1,
+                topk_group=cfg.get("topk_group") or 1, routed_scale=float(cfg.get("routed_scaling_factor", 1.0)),
+                norm_topk=bool(cfg.get("norm_topk_prob", True)), first_k_dense=cfg.get("first_k_dense_replace") or 0,
+                eps=float(cfg.get("rms_norm_eps", 1e-6)), theta=float(theta),
+                rope_interleave=bool(cfg.get("rope_interleave", True)),
+                attention_bias=bool(cfg.get("attention_bias", False)),
+                tied=bool(cfg.get("tie_word_embeddings", False)))
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ConfigError(f"{source}: a field has the wrong type ({e}); re-download the checkpoint") from None
+
+
+# -- the checkpoint's tensors -----------------------------------------------------------------------
+
+def manifest(c: DeepSeekConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Every tensor of a Hugging Face checkpoint of this config (without the `model.` prefix), with its
+    shape, one at a time (a check stops at the first missing one). Multi-token-prediction blocks
+    (`num_nextn_predict_layers`, after the last block) are not part of it: readers drop them."""
+    d, H, r, dr, rq = c.n_embd, c.n_head, c.kv_lora_rank, c.qk_rope_head_dim, c.q_lora_rank
+    yield "embed_tokens.weight", (c.vocab_size, d)
+    for i in range(c.n_layer):
+        h, a = f"layers.{i}.", f"layers.{i}.self_attn."
+        yield h + "input_layernorm.weight", (d,)
+        if rq is None:
+            yield a + "q_proj.weight", (H * c.qk_head_dim, d)
+        else:
+            yield a + "q_a_proj.weight", (rq, d)
+            if c.attention_bias:
+                yield a + "q_a_proj.bias", (rq,)
+            yield a + "q_a_layernorm.weight", (rq,)
+            yield a + "q_b_proj.weight", (H * c.qk_head_dim, rq)
+        yield a + "kv_a_proj_with_mqa.weight", (r + dr, d)
+        if c.attention_bias:
+            yield a + "kv_a_proj_with_mqa.bias", (r + dr,)
+        yield a + "kv_a_layernorm.weight", (r,)
+        yield a + "kv_b_proj.weight", (H * (c.qk_nope_head_dim + c.v_head_dim), r)
+        yield a + "o_proj.weight", (d, H * c.v_head_dim)
+        if c.attention_bias:
+            yield a + "o_proj.bias", (d,)
+        yield h + "post_attention_layernorm.weight", (d,)
+        m = h + "mlp."
+        if not c.is_sparse(i):
+            yield from ((m + "gate_proj.weight", (c.ffn, d)), (m + "up_proj.weight", (c.ffn, d)),
+                        (m + "down_proj.weight", (d, c.ffn)))
+            continue
+        yield m + "gate.weight", (c.n_expert, d)
+        yield m + "gate.e_score_correction_bias", (c.n_expert,)
+        F = c.expert_ffn
+        for e in range(c.n_expert):
+            x = m + f"experts.{e}."
+            yield from ((x + "gate_proj.weight", (F, d)), (x + "up_proj.weight", (F, d)),
+                        (x + "down_proj.weight", (d, F)))
+        if c.n_shared:
+            Fs = c.n_shared * F
+            yield from ((m + "shared_experts.gate_proj.weight", (Fs, d)), (m + "shared_experts.up_proj.weight", (Fs, d)),
+                        (m + "shared_experts.down_proj.weight", (d, Fs)))
+    yield "norm.weight", (d,)
+    if not c.tied:
+        yield "lm_head.weight", (c.vocab_size, d)
+
+
+def deinterleave(n: int) -> np.ndarray:
+    """The order that takes rotary pairs (2i, 2i + 1) to halves (i, i + n/2): [0, 2, 4, ..., 1, 3, 5, ...]."""
+    return np.concatenate([np.arange(0, n, 2), np.arange(1, n, 2)])
+
+
+def rope_rows(c: DeepSeekConfig, rows: int, heads: int, per_head: int) -> np.ndarray:
+    """The row order of a projection whose output is `heads` groups of `per_head` values, each ending in
+    dr rotary ones: those put in ops.rope's layout (see the top), the others left alone. [rows]."""
+    order = np.arange(rows)
+    if c.rope_interleave:
+        dr = c.qk_rope_head_dim
+        for h in range(heads):
+            end = (h + 1) * per_head
+            order[end - dr:end] = end - dr + deinterleave(dr)
+    return order
+
+
+# -- the attention, as small functions --------------------------------------------------------------
+
+def query(xq: np.ndarray, p: dict, c: DeepSeekConfig) -> np.ndarray:
+    """The queries, every head. xq [N, r_q] (q_a's output, low rank) or [N, H·(dn+dr)] (q_proj's, the
+    direct path) -> [H, N, dn + dr]."""
+    if c.q_lora_rank is not None:
+        xq = ops.linear(ops.rms_norm(xq, p["q_a_layernorm.weight"], c.eps), p["q_b_proj.weight"])   # [N, H·(dn+dr)]
+    N = xq.shape[0]
+    return xq.reshape(N, c.n_head, c.qk_head_dim).transpose(1, 0, 2)                 # [H, N, dn + dr]
+
+
+def project(x: np.ndarray, p: dict, c: DeepSeekConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Everything attention takes from x: x [N, d] -> q [H, N, dn + dr], the latent c [N, r] (normed),
+    the rotary key [1, N, dr] (not turned yet). Low rank: q_a and kv_a side by side, one product
+    [d, r_q + r + dr] (both read x; vLLM fuses them too). Direct: q_proj [d, H·(dn + dr)], then kv_a."""
+    if c.q_lora_rank is not None:
+        a = ops.linear(x, p["qa_kva.weight"], p.get("qa_kva.bias"))        # [N, r_q + r + dr]
+        q, kv = query(a[:, :c.q_lora_rank], p, c), a[:, c.q_lora_rank:]
+    else:
+        q = query(ops.linear(x, p["q_proj.weight"]), p, c)                   # [H, N, dn + dr]
+        kv = ops.linear(x, p["kv_a.weight"], p.get("kv_a.bias"))             # [N, r + dr]
+    r = c.kv_lora_rank
+    latent = ops.rms_norm(kv[:, :r], p["kv_a_layernorm.weight"], c.eps)     # [N, r]
+    return q, latent, kv[None, :, r:]                                       # ..., [1, N, dr]
+
+
+def decompress(latent: np.ndarray, p: dict, c: DeepSeekConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Every head's key (without its rotary part) and value from the latent: kv_b.
+    latent [T, r] -> k_nope [H, T, dn], v [H, T, dv]."""
+    kv = ops.linear(latent, p["kv_b.weight"])                               # [T, H·(dn + dv)]
+    T, dn = latent.shape[0], c.qk_nope_head_dim
+    kv = kv.reshape(T, c.n_head, dn + c.v_head_dim).transpose(1, 0, 2)      # [H, T, dn + dv]
+    return kv[:, :, :dn], kv[:, :, dn:]
+
+
+def head_product(x: np.ndarray, w: np.ndarray, what: str) -> np.ndarray:
+    """Each head's own small product: x [H, N, a] @ w [H, a, b] -> [H, N, b] (one BLAS call a head).
+    Counted like ops.linear: w read once, x and the output written and read, 2 FLOPs a multiply-add."""
+    y = np.matmul(x, w)                                                     # [H, N, b]
+    m = meter.active()
+    if m is not None:
+        H, N, a = x.shape
+        m.count(what, weights=w.nbytes, activations=x.nbytes + y.nbytes, matmul=2 * H * N * a * w.shape[-1])
+    return y
+
+
+def absorb_query(q_nope: np.ndarray, w_uk: np.ndarray) -> np.ndarray:
+    """Each head's query moved into the latent: q_nope [H, N, dn] @ W_UK [H, dn, r] -> [H, N, r]
+    (q_nope · (W_UK_h c) = (W_UK_hᵀ q_nope) · c)."""
+    return head_product(q_nope, w_uk, "mla_absorb_q")
+
+
+def absorb_output(o_lat: np.ndarray, w_uv_t: np.ndarray) -> np.ndarray:
+    """Each head's latent output to its value space: o_lat [H, N, r] @ W_UVᵀ [H, r, dv] -> [H, N, dv]
+    (Σ_t p_t W_UV_h c_t = W_UV_h Σ_t p_t c_t)."""
+    return head_product(o_lat, w_uv_t, "mla_absorb_o")
+
+
+def sdpa(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
+    """Causal attention with its own scale, for queries and values of different widths (the phase-1
+    reference, no cache: ops.attention takes over once the step's plan carries the scale).
+    q [H, Tq, a]; k [Hk, Tk, a], v [Hk, Tk, b] (H = g·Hk: head j·g .. j·g+g-1 read KV head j) ->
+    [H, Tq, b]. Query i sits at position Tk - Tq + i."""
+    H, Tq, _ = q.shape
+    Hk, Tk = k.shape[0], k.shape[1]
+    g = H // Hk
+    qg = q.reshape(Hk, g * Tq, -1) * scale                                  # [Hk, g·Tq, a]
+    s = (qg @ k.transpose(0, 2, 1)).reshape(Hk, g, Tq, Tk)                 # [Hk, g, Tq, Tk]
+    s += ops.causal_mask(Tq, Tk, s.dtype)
+    ops.softmax(s)
+    return (s.reshape(Hk, g * Tq, Tk) @ v).reshape(H, Tq, -1)              # [H, Tq, b]
+
+
+def attention_decompressed(q: np.ndarray, rows: np.ndarray, p: dict, c: DeepSeekConfig) -> np.ndarray:
+    """The definition: every head's K and V rebuilt from the cached rows, then attention.
+    q [H, N, dn + dr] (rotated), rows [1, T, r + dr] (latent | rotated key) -> [H, N, dv]."""
+    r = c.kv_lora_rank
+    k_nope, v = decompress(rows[0, :, :r], p, c)                            # [H, T, dn], [H, T, dv]
+    k = np.concatenate([k_nope, np.broadcast_to(rows[:, :, r:], (c.n_head,) + rows.shape[1:2] + (c.qk_rope_head_dim,))],
+                       axis=-1)                                              # [H, T, dn + dr]
+    return sdpa(q, k, v, c.qk_head_dim ** -0.5)
+
+
+def attention_absorbed(q: np.ndarray, rows: np.ndarray, p: dict, c: DeepSeekConfig) -> np.ndarray:
+    """Attention inside the latent: H query heads over one KV head of r + dr values, whose first r
+    are the values too. q [H, N, dn + dr] (rotated), rows [1, T, r + dr] -> [H, N, dv]."""
+    dn = c.qk_nope_head_dim
+    q_lat = absorb_query(q[:, :, :dn], p["w_uk"])                          # [H, N, r]
+    q_row = np.concatenate([q_lat, q[:, :, dn:]], axis=-1)                  # [H, N, r + dr]
+    o_lat = sdpa(q_row, rows, rows[:, :, :c.kv_lora_rank], c.qk_head_dim ** -0.5)   # [H, N, r]
+    return absorb_output(o_lat, p["w_uv_t"])                                # [H, N, dv]
+
+
+ATTENTION = {"absorbed": attention_absorbed, "decompressed": attention_decompressed}
+
+
+def mla(x: np.ndarray, p: dict, c: DeepSeekConfig, cos: np.ndarray, sin: np.ndarray, attend) -> np.ndarray:
+    """Multi-head latent attention. x [N, d], cos/sin [N, dr/2] -> [N, d]. attend(q, row) ->
+    [H, N, dv]: stores the new rows and attends over every row so far (one of ATTENTION's ways)."""
+    q, latent, k_rope = project(x, p, c)                                     # [H, N, dn+dr], [N, r], [1, N, dr]
+    dn = c.qk_nope_head_dim
+    turned = ops.rope(np.concatenate([q[:, :, dn:], k_rope]), cos, sin)     # [H + 1, N, dr]: q's and k's rotary parts
+    q = np.concatenate([q[:, :, :dn], turned[:-1]], axis=-1)                # [H, N, dn + dr]
+    row = np.concatenate([latent[None], turned[-1:]], axis=-1)              # [1, N, r + dr]: what the cache keeps
+    o = attend(q, row)                                                      # [H, N, dv]
+    return ops.linear(ops.merge_heads(o), p["o_proj.weight"], p.get("o_proj.bias"))   # [N, d]
+
+
+# -- DeepSeek's mixture -----------------------------------------------------------------------------
+
+def route(x: np.ndarray, router: np.ndarray, bias: np.ndarray, c: DeepSeekConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Which k experts each row uses, and how much. x [N, d], router [d, E] float32, bias [E] ->
+    (experts [N, k], weights [N, k]).
+
+    The affinities s = sigmoid(x·router) weigh; s + bias chooses (bias: the load-balancing correction,
+    learned without a loss term). Groups: the E experts split into n_group groups of E/G, each scored
+    by its two best choices; a row picks its k among the topk_group best groups only."""
+    logits = ops.linear(x.astype(np.float32, copy=False), router)            # [N, E], float32 as DeepSeek does
+    s = 1.0 / (1.0 + np.exp(-logits))                                       # [N, E] affinities
+    choice = s + bias                                                       # [N, E]
+    N, E, G = s.shape[0], c.n_expert, c.n_group
+    if c.topk_group < G:
+        per = choice.reshape(N, G, E // G)                                  # [N, G, E/G]
+        best2 = -np.sort(-per, axis=-1)[:, :, :min(2, E // G)].sum(-1)      # [N, G]: a group's two best
+        groups = np.argsort(-best2, axis=-1, kind="stable")[:, :c.topk_group]   # [N, topk_group]
+        allowed = np.zeros((N, G), dtype=bool)
+        np.put_along_axis(allowed, groups, True, axis=-1)
+        choice = np.where(np.repeat(allowed, E // G, axis=-1), choice, -np.inf)   # [N, E]
+    top = np.argsort(-choice, axis=-1, kind="stable")[:, :c.top_k]          # [N, k]: ties to the lower id
+    w = np.take_along_axis(s, top, axis=-1)                                 # [N, k]: weighed by s, not s + bias
+    if c.norm_topk:
+        w = w / (w.sum(-1, keepdims=True) + 1e-20)
+    w = (w * c.routed_scale).astype(x.dtype, copy=False)
+    m = meter.active()
+    if m is not None:
+        m.count("router", activations=3 * s.nbytes + top.nbytes + w.nbytes, other=5 * s.size + 2 * w.size)
+    found = _ROUTES.get()
+    if found is not None:
+        found.append(top)
+    return top, w
+
+
+def routed(x: np.ndarray, experts: np.ndarray, weights: np.ndarray, p: dict) -> np.ndarray:
+    """Each chosen expert run once on all its rows, its outputs weighed and added into them.
+    x [N, d], experts and weights [N, k] -> [N, d] (models/moe.py's `experts_mlp`, after its router)."""
+    k = experts.shape[1]
+    order = np.argsort(experts, axis=None, kind="stable")                   # [N·k] pairs, grouped by expert
+    rows, by = order // k, experts.ravel()[order]
+    starts = np.flatnonzero(np.r_[True, by[1:] != by[:-1]])
+    ends = np.r_[starts[1:], by.size]
+    w = weights.ravel()[order]
+    y = np.zeros_like(x)                                                    # [N, d]
+    for s, t in zip(starts, ends):
+        r = rows[s:t]
+        h = mlp(x[r], expert(p, by[s]))                                     # [n_e, d]
+        h *= w[s:t, None]
+        y[r] += h
+    m = meter.active()
+    if m is not None:
+        pairs = rows.size * x.shape[1]
+        m.count("moe_combine", activations=x.itemsize * (2 * pairs + 3 * pairs + y.size), other=2 * pairs)
+    return y
+
+
+def moe(x: np.ndarray, p: dict, c: DeepSeekConfig) -> np.ndarray:
+    """DeepSeek's mixture: k routed experts per row, plus the shared expert every row uses. [N, d] -> [N, d]."""
+    experts, weights = route(x, p["router.weight"], p["router.bias"], c)   # [N, k] each
+    y = routed(x, experts, weights, p)                                      # [N, d]
+    if c.n_shared:
+        y = ops.add(y, mlp(x, {"gate_up.weight": p["shared.gate_up.weight"],
+                               "down_proj.weight": p["shared.down_proj.weight"]}))
+    return y
+
+
+# -- the model ----------------------------------------------------------------------------------------
+
+class DeepSeekV3(CausalLM):
+    """A DeepSeek-V3-family model: a config and checkpoint tensors (Hugging Face names without `model.`).
+
+    mla: how attention runs, "absorbed" (attention inside the latent) or "decompressed" (every head's
+    K and V rebuilt from it); the two compute the same numbers to float rounding."""
+
+    CONFIG = DeepSeekConfig
+    manifest = staticmethod(manifest)
+    MATRICES = ("qa_kva.weight", "q_b_proj.weight", "q_proj.weight", "kv_a.weight", "kv_b.weight", "o_proj.weight")
+
+    def __init__(self, config: DeepSeekConfig, tensors: dict, *, name: str = "", dtype=None,
+                 eos_ids: tuple[int, ...] = (), weights: str = "float32", device=None, kernels: str = "numpy",
+                 mla: str = "absorbed") -> None:
+        c = self.config = config
+        self.name = name or f"deepseek-{c.n_layer}x{c.n_embd}-{c.n_expert}e"
+        if device is not None and device.is_gpu:
+            raise DeviceError(f"{self.name}: the DeepSeek-V3 family runs on the CPU only for now; use --device cpu")
+        weights = check_weights(weights)
+        check_blocks({"width": c.n_embd, "attention width H·dv": c.n_head * c.v_head_dim,
+                      "FFN": c.ffn, "expert FFN": c.expert_ffn, **({"q_lora_rank": c.q_lora_rank} if c.q_lora_rank
+                                                                  else {})}, weights, self.name)
+        self.dtype = dtype = np.dtype(dtype or np.float32)
+        self.mla = check_mla(mla)
+        self.eos_ids = tuple(eos_ids)
+        self.tokenizer = None
+        embed = tensors["embed_tokens.weight"]                                            # [V, d]
+        self.head_w = make_weight(embed if c.tied else tensors["lm_head.weight"], weights, dtype, rows=True)
+        self.embed_w = self.head_w if c.tied else make_weight(embed, weights, dtype, rows=True, contiguous=False)
+        self.wte = stored(self.embed_w, rows=True)                                        # [V, d]
+        self.norm = np.asarray(tensors["norm.weight"], dtype=dtype)
+        self.params = {"embed_tokens.weight": self.wte, "norm.weight": self.norm}
+        if not c.tied:
+            self.params["lm_head.weight"] = stored(self.head_w, rows=True)
+        self.blocks = []
+        for i in range(c.n_layer):
+            p, held = block_params(tensors, i, c, dtype, weights)
+            self.blocks.append(p)
+            self.params.update({f"layers.{i}.{k}": v for k, v in held.items()})
+        self.weights, self.float_matrices = label(self.matrices(head=False), dtype)
+
+    def ffn(self, layer: int):
+        """Block `layer`'s MLP: a function (x [N, d], its parameters) -> [N, d]."""
+        return partial(moe, c=self.config) if self.config.is_sparse(layer) else mlp
+
+    def attend(self, plan, layer: int, p: dict, q: np.ndarray, row: np.ndarray) -> np.ndarray:
+        """Each sequence's queries over its own rows (no cache yet: a whole-sequence forward)."""
+        out = np.empty((self.config.n_head, q.shape[1], self.config.v_head_dim), dtype=q.dtype)   # [H, N, dv]
+        run = ATTENTION[self.mla]
+        for s in plan.spans:
+            if not isinstance(s.cache, PassKV):
+                raise NotImplementedError("the DeepSeek-V3 family runs whole sequences only so far (no KV cache)")
+            rows = slice(s.r0, s.r0 + s.n)
+            out[:, rows] = run(q[:, rows], row[:, rows], p, self.config)
+        return out
+
+    def run(self, plan) -> np.ndarray:
+        """Embeddings, then every block (not the final norm). plan.ids, plan.positions [N] -> x [N, d]."""
+        c = self.config
+        x = ops.embedding(self.embed_w, None, plan.ids)                                   # [N, d]
+        cos, sin = ops.rope_tables(plan.positions, c.qk_rope_head_dim, c.theta, self.dtype)   # [N, dr/2]
+        for layer, p in enumerate(self.blocks):
+            attend = partial(self.attend, plan, layer, p)
+            x = ops.add(x, mla(ops.rms_norm(x, p["input_layernorm.weight"], c.eps), p, c, cos, sin, attend))
+            x = ops.add(x, self.ffn(layer)(ops.rms_norm(x, p["post_attention_layernorm.weight"], c.eps), p))
+        return x
+
+    def head(self, h: np.ndarray) -> np.ndarray:
+        """The final RMS norm and the LM head, on the scored rows. h [S, d] -> logits [S, V]."""
+        return ops.lm_head(ops.rms_norm(h, self.norm, self.config.eps), self.head_w)
+
+    def gathered(self) -> tuple[str, ...]:
+        return () if self.config.tied else ("embed_tokens.weight",)
+
+    @property
+    def experts(self) -> tuple[int, int]:
+        return self.config.n_expert, self.config.top_k
+
+    def matrices(self, head: bool = True, chosen=None) -> list:
+        """The products a step multiplies, each once (kv_b as the decompressed form multiplies it; the
+        absorbed form reads the same bytes as two per-head halves): attention, dense MLPs, the chosen
+        routed experts and the shared ones (default: the first k, a one-token step; "all": every
+        expert), then the LM head (head=False: not it). Not the router, kept float."""
+        c = self.config
+        if chosen is None:
+            chosen = [range(c.top_k)] * len(c.sparse_layers)
+        elif isinstance(chosen, str):
+            chosen = [range(c.n_expert)] * len(c.sparse_layers)
+        sets = dict(zip(c.sparse_layers, chosen, strict=True))
+        out = []
+        for i, p in enumerate(self.blocks):
+            out += [p[k] for k in self.MATRICES if k in p]
+            if i in sets:
+                out += [w for e in sorted(set(sets[i])) for w in expert(p, e).values()]
+                out += [p[k] for k in ("shared.gate_up.weight", "shared.down_proj.weight") if k in p]
+            else:
+                out += [p["gate_up.weight"], p["down_proj.weight"]]
+        return out + [self.head_w] if head else out
+
+    def __repr__(self) -> str:
+        c = self.config
+        q = f"q_lora {c.q_lora_rank}" if c.q_lora_rank else "direct q"
+        return (f"DeepSeekV3({self.name!r}: {c.n_layer} layers ({len(c.sparse_layers)} with {c.n_expert} experts, "
+                f"top-{c.top_k}, {c.n_shared} shared), MLA {c.n_head} heads, latent {c.kv_lora_rank} + rope "
+                f"{c.qk_rope_head_dim}, {q}, width {c.n_embd}, context {c.n_ctx}, vocab {c.vocab_size}, "
+                f"{self.n_params():,} params ({c.active_params():,} active), {self.weights}, {self.mla})")
+
+
+def check_mla(mla: str) -> str:
+    if mla not in MLA_DECODE:
+        raise ConfigError(f"mla={mla!r}: choose {' or '.join(MLA_DECODE)}")
+    return mla
+
+
+def block_params(t: dict, i: int, c: DeepSeekConfig, dtype, weights: str = "float32") -> tuple[dict, dict]:
+    """Block i's checkpoint tensors -> (the model's parameters, what it holds under checkpoint names).
+
+    q_a (or q_proj) and kv_a side by side in one [d, r_q + r + dr] product (both read x); the rotary
+    rows put in ops.rope's layout (`rope_rows`); kv_b kept once as [H, dn + dv, r]: `kv_b.weight` is
+    that array as the decompressed form multiplies it ([r, H·(dn + dv)], a view), `w_uk` [H, dn, r] and
+    `w_uv_t` [H, r, dv] are views of its two halves, as the absorbed form multiplies them. The router
+    and its bias stay float32; kv_b stays float (the absorbed form's per-head products are NumPy's)."""
+    h, a, m = f"layers.{i}.", f"layers.{i}.self_attn.", f"layers.{i}.mlp."
+    H, r, dr, dn, dv = c.n_head, c.kv_lora_rank, c.qk_rope_head_dim, c.qk_nope_head_dim, c.v_head_dim
+    f = lambda name: np.asarray(t[name], dtype=dtype)
+    mat = lambda parts: make_weight(parts, weights, dtype, rows=True)
+    kv_a = np.asarray(t[a + "kv_a_proj_with_mqa.weight"])[rope_rows(c, r + dr, 1, r + dr)]      # [r + dr, d]
+    kv_a_bias = f(a + "kv_a_proj_with_mqa.bias")[rope_rows(c, r + dr, 1, r + dr)] if c.attention_bias else None
+    q_order = rope_rows(c, H * c.qk_head_dim, H, c.qk_head_dim)
+    p = {"input_layernorm.weight": f(h + "input_layernorm.weight"),
+         "kv_a_layernorm.weight": f(a + "kv_a_layernorm.weight"),
+         "o_proj.weight": mat([t[a + "o_proj.weight"]]),                                          # [H·dv, d]
+         "post_attention_layernorm.weight": f(h + "post_attention_layernorm.weight")}
+    if c.q_lora_rank is None:
+        p["q_proj.weight"] = mat([np.asarray(t[a + "q_proj.weight"])[q_order]])                    # [d, H·(dn+dr)]
+        p["kv_a.weight"] = mat([kv_a])                                                            # [d, r + dr]
+        if c.attention_bias:
+            p["kv_a.bias"] = kv_a_bias
+    else:
+        p["qa_kva.weight"] = mat([t[a + "q_a_proj.weight"], kv_a])                                # [d, r_q + r + dr]
+        if c.attention_bias:
+            p["qa_kva.bias"] = np.concatenate([f(a + "q_a_proj.bias"), kv_a_bias])
+        p["q_a_layernorm.weight"] = f(a + "q_a_layernorm.weight")
+        p["q_b_proj.weight"] = mat([np.asarray(t[a + "q_b_proj.weight"])[q_order]])              # [r_q, H·(dn+dr)]
+    if c.attention_bias:
+        p["o_proj.bias"] = f(a + "o_proj.bias")
+    kv_b = np.ascontiguousarray(f(a + "kv_b_proj.weight").reshape(H, dn + dv, r))       # [H, dn + dv, r], once
+    p["kv_b.weight"] = Dense(kv_b.reshape(H * (dn + dv), r).T)                          # [r, H·(dn + dv)], a view
+    p["w_uk"] = kv_b[:, :dn]                                                            # [H, dn, r]
+    p["w_uv_t"] = kv_b[:, dn:].transpose(0, 2, 1)                                       # [H, r, dv]
+    held = {k: stored(v) for k, v in p.items() if k not in ("kv_b.weight", "w_uk", "w_uv_t")}
+    held["kv_b_proj.weight"] = kv_b                                                     # its bytes once
+    if not c.is_sparse(i):
+        p["gate_up.weight"] = mat([t[m + "gate_proj.weight"], t[m + "up_proj.weight"]])   # [d, 2F]
+        p["down_proj.weight"] = mat([t[m + "down_proj.weight"]])                          # [F, d]
+    else:
+        p["router.weight"] = np.ascontiguousarray(np.asarray(t[m + "gate.weight"], dtype=np.float32).T)   # [d, E]
+        p["router.bias"] = np.asarray(t[m + "gate.e_score_correction_bias"], dtype=np.float32)        # [E]
+        for e in range(c.n_expert):
+            x = m + f"experts.{e}."
+            p[f"experts.{e}.gate_up.weight"] = mat([t[x + "gate_proj.weight"], t[x + "up_proj.weight"]])   # [d, 2F_e]
+            p[f"experts.{e}.down_proj.weight"] = mat([t[x + "down_proj.weight"]])                         # [F_e, d]
+        if c.n_shared:
+            s = m + "shared_experts."
+            p["shared.gate_up.weight"] = mat([t[s + "gate_proj.weight"], t[s + "up_proj.weight"]])
+            p["shared.down_proj.weight"] = mat([t[s + "down_proj.weight"]])
+    held.update({k: stored(v) for k, v in p.items() if k not in held and k not in ("kv_b.weight", "w_uk", "w_uv_t")})
+    return p, held
+
+
+def random_params(c: DeepSeekConfig, seed: int = 0, std: float = 0.02, dtype=np.float32) -> dict[str, np.ndarray]:
+    """Checkpoint-shaped random weights, seeded: normal(0, std) matrices, norm gains near 1, and a
+    router bias of std's order (so that it changes which experts are chosen)."""
+    rng = np.random.default_rng(seed)
+    params = {}
+    for name, shape in manifest(c):
+        if "norm" in name:
+            params[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(dtype)
+        elif name.endswith("e_score_correction_bias"):
+            params[name] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            params[name] = (std * rng.standard_normal(shape)).astype(dtype)
+    return params

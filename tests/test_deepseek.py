@@ -1,0 +1,262 @@
+"""The DeepSeek-V3 family (models/deepseek.py) against transformers' checkpoints, and its invariants on
+random configs: the two ways to attend (absorbed, decompressed) equal, the router against the paper's
+rule row by row, the interleaved rotation, the parameter counts against the published shape."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import minillm
+from minillm.checkpoints.llama_load import read_tensors
+from minillm.errors import ConfigError
+from minillm.measure.experts import PUBLISHED, kv_values_per_token, published_params
+from minillm.models import deepseek, ops
+from minillm.models.deepseek import DeepSeekConfig, DeepSeekV3, random_params
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NAMES = ("w5/deepseekv3-tiny", "deepseekv3-direct-bf16")
+ATOL = 1e-4
+
+
+def load(path, **kw):
+    path = Path(path)
+    config = DeepSeekConfig.from_hf(json.loads((path / "config.json").read_text()), str(path / "config.json"))
+    return DeepSeekV3(config, read_tensors(path), name=path.name, **kw)
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def fixture(request):
+    path = FIXTURES / request.param
+    return path, np.load(path / "expected.npz")
+
+
+@pytest.mark.parametrize("mla", deepseek.MLA_DECODE)
+def test_fixture_logits_match_transformers(fixture, mla):
+    path, e = fixture
+    ids = np.concatenate([e["input_ids"], e["greedy_ids"]])
+    np.testing.assert_allclose(load(path, mla=mla).forward(ids), e["logits"], rtol=0, atol=ATOL)
+
+
+def test_fixture_greedy_matches_transformers_without_the_cache(fixture):
+    path, e = fixture
+    got = minillm.generate(load(path), e["input_ids"], len(e["greedy_ids"]), kv_cache=False)
+    assert got == e["greedy_ids"].tolist()
+
+
+def test_fixture_configs_read_as_written():
+    a = load(FIXTURES / NAMES[0])
+    c = a.config
+    assert (c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim) == (48, 32, 16, 8, 16)
+    assert (c.n_expert, c.top_k, c.n_group, c.topk_group, c.n_shared, c.first_k_dense) == (8, 2, 2, 1, 1, 1)
+    assert (c.routed_scale, c.rope_interleave, c.tied, c.attention_bias) == (2.5, True, False, False)
+    b = load(FIXTURES / NAMES[1])
+    c = b.config
+    assert (c.q_lora_rank, c.v_head_dim, c.qk_head_dim, c.rope_interleave, c.tied, c.attention_bias) == \
+        (None, 16, 20, False, True, True)
+    assert (c.n_shared, c.n_group, c.topk_group, c.norm_topk, c.first_k_dense) == (2, 3, 2, False, 2)
+    for model, path in ((a, NAMES[0]), (b, NAMES[1])):
+        tensors = read_tensors(FIXTURES / path)
+        assert dict(deepseek.manifest(model.config)) == {k: tuple(v.shape) for k, v in tensors.items()}
+        assert model.n_params() == model.config.n_params() == sum(v.size for v in tensors.values())
+
+
+def test_the_published_shape_counts_as_measure_experts_does():
+    """DeepSeek-V3's config (the hub's numbers) against measure/experts.py's arithmetic: the same total
+    and active parameters but the router biases (E a sparse layer), and 61·576·2 = 70,272 KV bytes a token."""
+    s = PUBLISHED["DeepSeek-V3"]
+    a = s["mla"]
+    c = DeepSeekConfig(n_layer=61, n_head=128, n_embd=7168, n_ctx=163840, vocab_size=129280, ffn=18432,
+                       kv_lora_rank=a["kv_lora"], q_lora_rank=a["q_lora"], qk_nope_head_dim=a["nope"],
+                       qk_rope_head_dim=a["rope"], v_head_dim=a["v"], n_expert=256, top_k=8, expert_ffn=2048)
+    total, active = published_params(s)
+    biases = len(c.sparse_layers) * c.n_expert
+    assert (c.n_params(), c.active_params()) == (total + biases, active + biases)
+    assert c.kv_bytes_per_token(2) == kv_values_per_token(s) * 2 == 70_272
+
+
+def copy_fixture(tmp_path, name=NAMES[0]):
+    dst = tmp_path / "ds"
+    shutil.copytree(FIXTURES / name, dst)
+    return dst
+
+
+def edit_config(folder, drop=(), **changes):
+    cfg = json.loads((folder / "config.json").read_text())
+    for k in drop:
+        cfg.pop(k)
+    cfg.update(changes)
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]}), "quantized .fp8"),
+    (dict(rope_parameters={"rope_type": "yarn", "factor": 40, "rope_theta": 1e4}), "rope scaling 'yarn'"),
+    (dict(n_group=3), "8 routed experts do not split into n_group=3"),
+    (dict(topk_group=3), "topk_group=3: there are only n_group=2"),
+    (dict(num_experts_per_tok=5), "top_k=5 experts but its 1 group"),
+    (dict(qk_rope_head_dim=7), "qk_rope_head_dim=7"),
+    (dict(n_shared_experts=-1), "n_shared=-1"),
+    (dict(topk_method="greedy"), "topk_method='greedy'"),
+    (dict(model_type="deepseek_v2"), "model_type 'deepseek_v2' is not a DeepSeek-V3"),
+    (dict(kv_lora_rank="512"), "kv_lora_rank"),
+])
+def test_bad_configs_get_one_clear_line(tmp_path, changes, message):
+    folder = copy_fixture(tmp_path)
+    edit_config(folder, **changes)
+    with pytest.raises(ConfigError, match=message):
+        load(folder)
+
+
+def test_a_missing_field_is_named(tmp_path):
+    folder = copy_fixture(tmp_path)
+    edit_config(folder, drop=("kv_lora_rank", "moe_intermediate_size"))
+    with pytest.raises(ConfigError, match="missing kv_lora_rank, moe_intermediate_size"):
+        load(folder)
+
+
+# -- random configs ------------------------------------------------------------------------------------
+
+@st.composite
+def configs(draw):
+    G = draw(st.sampled_from([1, 2, 3]))
+    per = draw(st.sampled_from([2, 3]))
+    topk_group = draw(st.integers(1, G))
+    L = draw(st.integers(1, 3))
+    return DeepSeekConfig(
+        n_layer=L, n_head=draw(st.sampled_from([1, 2, 3])), n_embd=draw(st.sampled_from([16, 24])), n_ctx=64,
+        vocab_size=61, ffn=draw(st.sampled_from([16, 24])), kv_lora_rank=draw(st.sampled_from([8, 12])),
+        q_lora_rank=draw(st.sampled_from([None, 8, 20])), qk_nope_head_dim=draw(st.sampled_from([4, 6])),
+        qk_rope_head_dim=draw(st.sampled_from([2, 4])), v_head_dim=draw(st.sampled_from([4, 6])),
+        n_expert=G * per, top_k=draw(st.integers(1, topk_group * per)), expert_ffn=draw(st.sampled_from([8, 12])),
+        n_shared=draw(st.integers(0, 2)), n_group=G, topk_group=topk_group,
+        routed_scale=draw(st.sampled_from([1.0, 2.5])), norm_topk=draw(st.booleans()),
+        first_k_dense=draw(st.integers(0, L)), eps=1e-6, theta=1e4, rope_interleave=draw(st.booleans()),
+        attention_bias=draw(st.booleans()), tied=draw(st.booleans()))
+
+
+def build(c, dtype=np.float64, seed=0, **kw):
+    return DeepSeekV3(c, random_params(c, seed=seed, std=0.3, dtype=np.float64), dtype=dtype, **kw)
+
+
+@settings(max_examples=30)
+@given(c=configs(), seed=st.integers(0, 2**16), T=st.integers(1, 9))
+def test_absorbed_equals_decompressed(c, seed, T):
+    """Attention inside the latent computes what every head's rebuilt K and V compute (float64: to
+    rounding), whole model: any query path, groups, shared experts or none, biases, rotary layout."""
+    ids = np.random.default_rng(seed).integers(0, c.vocab_size, T)
+    a = build(c, seed=seed, mla="absorbed").forward(ids)
+    b = build(c, seed=seed, mla="decompressed").forward(ids)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-9)
+
+
+@settings(max_examples=30)
+@given(c=configs(), seed=st.integers(0, 2**16), Tq=st.integers(1, 5), extra=st.integers(0, 6))
+def test_absorbed_equals_decompressed_one_layer(c, seed, Tq, extra):
+    """The two attention functions on one block's parameters, queries after earlier rows (decode and a
+    prompt chunk over a cached prefix)."""
+    rng = np.random.default_rng(seed)
+    p = build(c, seed=seed).blocks[0]
+    Tk = Tq + extra
+    q = rng.standard_normal((c.n_head, Tq, c.qk_head_dim))
+    rows = rng.standard_normal((1, Tk, c.head_dim))
+    a = deepseek.attention_absorbed(q, rows, p, c)
+    b = deepseek.attention_decompressed(q, rows, p, c)
+    assert a.shape == b.shape == (c.n_head, Tq, c.v_head_dim)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
+
+
+def interleaved_rope(x, positions, theta):
+    """The paper's rotation, pairs (2i, 2i + 1) turned by p·θ^(-2i/n) in place. x [..., T, n]."""
+    n = x.shape[-1]
+    angle = positions[:, None] * theta ** (-np.arange(0, n, 2) / n)          # [T, n/2]
+    out = x.copy()
+    out[..., 0::2] = x[..., 0::2] * np.cos(angle) - x[..., 1::2] * np.sin(angle)
+    out[..., 1::2] = x[..., 1::2] * np.cos(angle) + x[..., 0::2] * np.sin(angle)
+    return out
+
+
+@given(n=st.sampled_from([2, 4, 8, 16]), T=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_deinterleaved_rows_turn_as_the_paper_turns(n, T, seed):
+    """ops.rope on the reordered coordinates gives the interleaved rotation's values, reordered the same way."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((3, T, n))
+    pos = rng.integers(0, 500, T)
+    cos, sin = ops.rope_tables(pos, n, 1e4, np.float64)
+    order = deepseek.deinterleave(n)
+    np.testing.assert_allclose(ops.rope(x[..., order], cos, sin), interleaved_rope(x, pos, 1e4)[..., order], atol=1e-12)
+
+
+# -- the router against the paper's rule ---------------------------------------------------------------
+
+def route_alone(x, router, bias, c):
+    """DeepSeek-V3's routing for one row at a time, written from the paper: no arrays shared with the code."""
+    tops, weights = [], []
+    per = c.n_expert // c.n_group
+    for row in x:
+        s = [1 / (1 + math.exp(-float(v))) for v in row @ router]
+        choice = [s[e] + float(bias[e]) for e in range(c.n_expert)]
+        group_score = [sum(sorted(choice[g * per:(g + 1) * per], reverse=True)[:2]) for g in range(c.n_group)]
+        open_groups = sorted(range(c.n_group), key=lambda g: (-group_score[g], g))[:c.topk_group]
+        allowed = [e for g in open_groups for e in range(g * per, (g + 1) * per)]
+        top = sorted(allowed, key=lambda e: (-choice[e], e))[:c.top_k]
+        w = [s[e] for e in top]
+        total = sum(w) if c.norm_topk else 1.0
+        tops.append(top)
+        weights.append([c.routed_scale * v / total for v in w])
+    return np.array(tops), np.array(weights)
+
+
+@settings(max_examples=40)
+@given(c=configs(), seed=st.integers(0, 2**16), N=st.integers(1, 6))
+def test_router_picks_and_weighs_as_the_paper_says(c, seed, N):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((N, c.n_embd)).astype(np.float32)
+    router = rng.standard_normal((c.n_embd, c.n_expert)).astype(np.float32)
+    bias = (0.3 * rng.standard_normal(c.n_expert)).astype(np.float32)
+    top, w = deepseek.route(x, router, bias, c)
+    want_top, want_w = route_alone(x, router, bias, c)
+    assert [set(t) for t in top] == [set(t) for t in want_top]
+    order = np.argsort(top, axis=-1), np.argsort(want_top, axis=-1)
+    np.testing.assert_allclose(np.take_along_axis(w, order[0], -1), np.take_along_axis(want_w, order[1], -1), rtol=1e-5)
+
+
+def test_the_bias_picks_but_does_not_weigh():
+    """A bias large enough to force expert 0 in gets it chosen, with the weight of its own affinity."""
+    c = DeepSeekConfig(n_layer=1, n_head=1, n_embd=8, n_ctx=8, vocab_size=8, ffn=8, kv_lora_rank=4, q_lora_rank=None,
+                       qk_nope_head_dim=2, qk_rope_head_dim=2, v_head_dim=2, n_expert=4, top_k=1, expert_ffn=4,
+                       n_group=1, topk_group=1, routed_scale=1.0, norm_topk=False)
+    rng = np.random.default_rng(0)
+    x, router = rng.standard_normal((5, 8)).astype(np.float32), rng.standard_normal((8, 4)).astype(np.float32)
+    top, w = deepseek.route(x, router, np.array([10.0, 0, 0, 0], np.float32), c)
+    assert (top[:, 0] == 0).all()
+    np.testing.assert_allclose(w[:, 0], 1 / (1 + np.exp(-(x @ router)[:, 0])), rtol=1e-6)
+
+
+@settings(max_examples=25)
+@given(c=configs(), seed=st.integers(0, 2**16), N=st.integers(1, 6))
+def test_the_mixture_equals_each_row_alone(c, seed, N):
+    """The grouped dispatch against every row through its k experts (and the shared ones) one at a time."""
+    c = dataclasses.replace(c, first_k_dense=0)
+    p = build(c, seed=seed).blocks[0]
+    x = np.random.default_rng(seed).standard_normal((N, c.n_embd))
+    top, w = route_alone(x, p["router.weight"], p["router.bias"], c)
+    want = np.zeros_like(x)
+    silu = lambda g: g / (1 + np.exp(-g))
+    for n in range(N):
+        for e, we in zip(top[n], w[n]):
+            gu = x[n] @ np.asarray(p[f"experts.{e}.gate_up.weight"])
+            want[n] += we * ((silu(gu[:c.expert_ffn]) * gu[c.expert_ffn:]) @ np.asarray(p[f"experts.{e}.down_proj.weight"]))
+        if c.n_shared:
+            gu = x[n] @ np.asarray(p["shared.gate_up.weight"])
+            F = c.n_shared * c.expert_ffn
+            want[n] += (silu(gu[:F]) * gu[F:]) @ np.asarray(p["shared.down_proj.weight"])
+    np.testing.assert_allclose(deepseek.moe(x, p, c), want, rtol=1e-5, atol=1e-6)
