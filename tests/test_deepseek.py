@@ -260,3 +260,39 @@ def test_the_mixture_equals_each_row_alone(c, seed, N):
             F = c.n_shared * c.expert_ffn
             want[n] += (silu(gu[:F]) * gu[F:]) @ np.asarray(p["shared.down_proj.weight"])
     np.testing.assert_allclose(deepseek.moe(x, p, c), want, rtol=1e-5, atol=1e-6)
+
+
+# -- the meter against the closed forms ---------------------------------------------------------------
+
+def counted(model, ids):
+    """One step of `ids` (a whole sequence, no cache) under a meter: its weight bytes, and each sparse
+    layer's distinct experts."""
+    from minillm.models.moe import routes
+    with minillm.Meter() as m, routes() as r:
+        model.forward(ids)
+    (s,) = m.steps
+    return s.bytes["weights"], [len(set(a.ravel())) for a in r]
+
+
+@settings(max_examples=20)
+@given(c=configs(), N=st.integers(1, 5), seed=st.integers(0, 2**16), mla=st.sampled_from(deepseek.MLA_DECODE),
+       dtype=st.sampled_from([np.float32, np.float64]))
+def test_meter_reads_the_weights_the_closed_form_says(c, N, seed, mla, dtype):
+    """A step of N rows reads every weight once, the routed experts its rows chose (k at one row) and the
+    shared ones, N rows of the embedding: the meter equals `step_weight_bytes`, either way of attending."""
+    model = build(c, dtype, seed=seed, mla=mla)
+    ids = np.random.default_rng(seed).integers(0, c.vocab_size, N)
+    read, distinct = counted(model, ids)
+    if N == 1:
+        assert distinct == [c.top_k] * len(c.sparse_layers)
+    assert read == deepseek.step_weight_bytes(c, distinct, N, np.dtype(dtype).itemsize)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_meter_reads_quantized_weights_the_closed_form_says(fmt):
+    c = DeepSeekConfig(n_layer=2, n_head=2, n_embd=64, n_ctx=32, vocab_size=96, ffn=64, kv_lora_rank=16,
+                       q_lora_rank=32, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=16, n_expert=4, top_k=2,
+                       expert_ffn=32, n_shared=1, n_group=2, topk_group=1, first_k_dense=1)
+    model = DeepSeekV3(c, random_params(c, seed=1, std=0.3), weights=fmt)
+    read, distinct = counted(model, np.array([3]))
+    assert read == deepseek.step_weight_bytes(c, distinct, 1, 4, fmt) < deepseek.step_weight_bytes(c, distinct, 1, 4)

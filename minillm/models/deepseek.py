@@ -75,6 +75,7 @@ from . import ops
 from .base import CausalLM
 from .llama import mlp
 from .moe import _ROUTES, expert
+from .quant import FORMATS
 from .weights import Dense, check_blocks, check_weights, label, make_weight, stored
 
 MODEL_TYPES = ("deepseek_v3",)
@@ -451,7 +452,8 @@ def route(x: np.ndarray, router: np.ndarray, bias: np.ndarray, c: DeepSeekConfig
     w = (w * c.routed_scale).astype(x.dtype, copy=False)
     m = meter.active()
     if m is not None:
-        m.count("router", activations=3 * s.nbytes + top.nbytes + w.nbytes, other=5 * s.size + 2 * w.size)
+        m.count("router", weights=bias.nbytes, activations=3 * s.nbytes + top.nbytes + w.nbytes,
+                other=5 * s.size + 2 * w.size)
     found = _ROUTES.get()
     if found is not None:
         found.append(top)
@@ -674,3 +676,65 @@ def random_params(c: DeepSeekConfig, seed: int = 0, std: float = 0.02, dtype=np.
         else:
             params[name] = (std * rng.standard_normal(shape)).astype(dtype)
     return params
+
+
+# -- closed forms: what a step reads and does ----------------------------------------------------------
+
+def step_weight_bytes(c: DeepSeekConfig, distinct, n_tokens: int = 1, itemsize: int = 4,
+                      weights: str = "float32") -> int:
+    """The weight bytes a step of n_tokens rows reads, from the config alone: every parameter once,
+    except the embedding table (its n_tokens rows; a tied one is read whole as the head) and the
+    routed experts no row chose. distinct: per sparse layer, how many distinct routed experts the
+    rows chose (k at one token); the shared experts are read every step. weights: the products'
+    format (quantized: their blocks; kv_b, the norms and biases stay in the model's dtype, the
+    router and its bias in float32). Either way of attending reads kv_b once: decompressed as one
+    [r, H·(dn + dv)] product, absorbed as its two per-head halves. The meter's count equals it."""
+    b = itemsize
+    per = (lambda values: values * b) if weights not in FORMATS else \
+        (lambda values: values * FORMATS[weights].block_bytes // 32)
+    d, H, r, dr, rq, bias = c.n_embd, c.n_head, c.kv_lora_rank, c.qk_rope_head_dim, c.q_lora_rank, c.attention_bias
+    qk = H * c.qk_head_dim
+    q = per(d * qk) if rq is None else per(d * rq) + b * (rq * bias + rq) + per(rq * qk)
+    attention = (q + per(d * (r + dr)) + b * ((r + dr) * bias + r) + b * r * H * (c.qk_nope_head_dim + c.v_head_dim)
+                 + per(H * c.v_head_dim * d) + b * d * bias + b * 2 * d)        # ..., kv_b, o, the two block norms
+    distinct = list(distinct)
+    if len(distinct) != len(c.sparse_layers):
+        raise ValueError(f"distinct: one count per sparse layer ({len(c.sparse_layers)}), got {len(distinct)}")
+    one = per(c.expert_params())
+    sparse = sum(4 * (d * c.n_expert + c.n_expert) + n * one + c.n_shared * one for n in distinct)
+    blocks = c.n_layer * attention + (c.n_layer - len(distinct)) * per(3 * d * c.ffn) + sparse
+    return per(n_tokens * d) + blocks + b * d + per(c.vocab_size * d)     # embedding rows, blocks, norm, head
+
+
+def decode_attention_cost(c: DeepSeekConfig, T: int, mla: str, itemsize: int = 4) -> dict[str, int]:
+    """One decode token's attention at context T (T keys, its own included), every layer, by closed form:
+    the KV bytes it reads, its attention FLOPs (scores and the weighted sum), and the product FLOPs
+    that depend on T (decompressed: kv_b over all T cached latents; absorbed: none, the query and the
+    output pass through kv_b's halves once, 2·H·r·(dn + dv)).
+
+        absorbed       attention 2·H·T·(r + dr) + 2·H·T·r            over L·T·(r + dr)·b bytes: ≈ 2H/b per byte
+        decompressed   attention 2·H·T·(dn + dr) + 2·H·T·dv, and kv_b on T rows: 2·T·r·H·(dn + dv)"""
+    H, r, dr, dn, dv, L = c.n_head, c.kv_lora_rank, c.qk_rope_head_dim, c.qk_nope_head_dim, c.v_head_dim, c.n_layer
+    kv = L * T * (r + dr) * itemsize
+    if mla == "absorbed":
+        return {"kv_read": kv, "attention": L * 2 * H * T * (2 * r + dr), "matmul_T": 0,
+                "matmul_fixed": L * 2 * H * r * (dn + dv)}
+    return {"kv_read": kv, "attention": L * 2 * H * T * (dn + dr + dv), "matmul_T": L * 2 * T * r * H * (dn + dv),
+            "matmul_fixed": 0}
+
+
+# -- random presets: DeepSeek's proportions at a size this machine holds --------------------------------
+#
+# DeepSeek-V3 is d = 7,168, H = 128 heads, a latent of 512 + 64, 256 experts of which 8 and one shared a
+# token, in groups of 32, four of the eight groups open, the first 3 of 61 blocks dense. `random-mla`
+# keeps its shape of parts at d = 1,024: 16 heads, a latent of 256 + 32 (a KV row of 288 values),
+# 32 experts of 256 in 4 groups (2 open), 4 and one shared a token, the first block dense. In float32
+# it holds ~0.9 GB, of which a token reads ~0.25 GB: well past a 32 MiB last-level cache.
+
+RANDOM_SEED = 1234
+SHAPES: dict[str, DeepSeekConfig] = {
+    "random-mla": DeepSeekConfig(n_layer=8, n_head=16, n_embd=1024, n_ctx=16384, vocab_size=8192, ffn=2816,
+                                 kv_lora_rank=256, q_lora_rank=384, qk_nope_head_dim=64, qk_rope_head_dim=32,
+                                 v_head_dim=64, n_expert=32, top_k=4, expert_ffn=256, n_shared=1, n_group=4,
+                                 topk_group=2, routed_scale=2.5, first_k_dense=1, eps=1e-6, theta=1e4),
+}
