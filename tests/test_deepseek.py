@@ -1,6 +1,9 @@
 """The DeepSeek-V3 family (models/deepseek.py) against transformers' checkpoints, and its invariants on
-random configs: the two ways to attend (absorbed, decompressed) equal, the router against the paper's
-rule row by row, the interleaved rotation, the parameter counts against the published shape."""
+random configs (the query low rank or direct, groups, shared experts or none, the router bias, the
+rotary layout, biases, a tied head): the two ways to attend (absorbed, decompressed) equal, cached ==
+naive, batched == alone, paged == contiguous, chunked prefill == whole prefill, prefix caching; the
+router against the paper's rule row by row; the meter's KV bytes, weight bytes and attention FLOPs
+against their closed forms; the parameter counts against the published shape."""
 
 from __future__ import annotations
 
@@ -21,16 +24,18 @@ from minillm.errors import ConfigError
 from minillm.measure.experts import PUBLISHED, kv_values_per_token, published_params
 from minillm.models import deepseek, ops
 from minillm.models.deepseek import DeepSeekConfig, DeepSeekV3, random_params
+from minillm.models.moe import routes
+from minillm.models.target import Target
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NAMES = ("w5/deepseekv3-tiny", "deepseekv3-direct-bf16")
 ATOL = 1e-4
 
 
-def load(path, **kw):
-    path = Path(path)
-    config = DeepSeekConfig.from_hf(json.loads((path / "config.json").read_text()), str(path / "config.json"))
-    return DeepSeekV3(config, read_tensors(path), name=path.name, **kw)
+def load(path, mla_decode="absorbed", kernels="numpy"):
+    model = minillm.load(path, kernels=kernels)
+    model.mla_decode = mla_decode
+    return model
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -39,17 +44,30 @@ def fixture(request):
     return path, np.load(path / "expected.npz")
 
 
-@pytest.mark.parametrize("mla", deepseek.MLA_DECODE)
-def test_fixture_logits_match_transformers(fixture, mla):
+def test_fixture_logits_match_transformers(fixture):
     path, e = fixture
     ids = np.concatenate([e["input_ids"], e["greedy_ids"]])
-    np.testing.assert_allclose(load(path, mla=mla).forward(ids), e["logits"], rtol=0, atol=ATOL)
+    np.testing.assert_allclose(load(path).forward(ids), e["logits"], rtol=0, atol=ATOL)
 
 
-def test_fixture_greedy_matches_transformers_without_the_cache(fixture):
+@pytest.mark.parametrize("how", ["no cache", *deepseek.MLA_DECODE, "fused"])
+def test_fixture_greedy_matches_transformers(fixture, how):
+    """Greedy ids as transformers': without the cache, with it decoding either way, and with the fused
+    kernel set's products (its attention stays NumPy's)."""
     path, e = fixture
-    got = minillm.generate(load(path), e["input_ids"], len(e["greedy_ids"]), kv_cache=False)
+    model = load(path, "absorbed" if how in ("no cache", "fused") else how, "fused" if how == "fused" else "numpy")
+    got = minillm.generate(model, e["input_ids"], len(e["greedy_ids"]), kv_cache=how != "no cache")
     assert got == e["greedy_ids"].tolist()
+
+
+@pytest.mark.parametrize("mla_decode", deepseek.MLA_DECODE)
+def test_fixture_prefill_and_decode_rows(fixture, mla_decode):
+    path, e = fixture
+    model, P = load(path, mla_decode), len(e["input_ids"])
+    logits, cache = model.prefill(e["input_ids"])
+    np.testing.assert_allclose(logits, e["logits"][P - 1], rtol=0, atol=ATOL)
+    for i, t in enumerate(e["greedy_ids"]):
+        np.testing.assert_allclose(model.decode_step(int(t), cache), e["logits"][P + i], rtol=0, atol=ATOL)
 
 
 def test_fixture_configs_read_as_written():
@@ -64,7 +82,7 @@ def test_fixture_configs_read_as_written():
         (None, 16, 20, False, True, True)
     assert (c.n_shared, c.n_group, c.topk_group, c.norm_topk, c.first_k_dense) == (2, 3, 2, False, 2)
     for model, path in ((a, NAMES[0]), (b, NAMES[1])):
-        tensors = read_tensors(FIXTURES / path)
+        tensors = read_tensors(FIXTURES / Path(path))
         assert dict(deepseek.manifest(model.config)) == {k: tuple(v.shape) for k, v in tensors.items()}
         assert model.n_params() == model.config.n_params() == sum(v.size for v in tensors.values())
 
@@ -106,7 +124,7 @@ def edit_config(folder, drop=(), **changes):
     (dict(qk_rope_head_dim=7), "qk_rope_head_dim=7"),
     (dict(n_shared_experts=-1), "n_shared=-1"),
     (dict(topk_method="greedy"), "topk_method='greedy'"),
-    (dict(model_type="deepseek_v2"), "model_type 'deepseek_v2' is not a DeepSeek-V3"),
+    (dict(model_type="deepseek_v2"), "model_type 'deepseek_v2' is not supported; minillm runs .*deepseek_v3"),
     (dict(kv_lora_rank="512"), "kv_lora_rank"),
 ])
 def test_bad_configs_get_one_clear_line(tmp_path, changes, message):
@@ -143,18 +161,27 @@ def configs(draw):
         attention_bias=draw(st.booleans()), tied=draw(st.booleans()))
 
 
-def build(c, dtype=np.float64, seed=0, **kw):
-    return DeepSeekV3(c, random_params(c, seed=seed, std=0.3, dtype=np.float64), dtype=dtype, **kw)
+def build(c, dtype=np.float64, seed=0, mla_decode="absorbed", weights="float32", kernels="numpy"):
+    target = Target.resolve("cpu", dtype, weights, kernels)
+    return DeepSeekV3(c, random_params(c, seed=seed, std=0.3, dtype=np.float64), target, mla_decode=mla_decode)
 
 
-@settings(max_examples=30)
-@given(c=configs(), seed=st.integers(0, 2**16), T=st.integers(1, 9))
-def test_absorbed_equals_decompressed(c, seed, T):
-    """Attention inside the latent computes what every head's rebuilt K and V compute (float64: to
-    rounding), whole model: any query path, groups, shared experts or none, biases, rotary layout."""
-    ids = np.random.default_rng(seed).integers(0, c.vocab_size, T)
-    a = build(c, seed=seed, mla="absorbed").forward(ids)
-    b = build(c, seed=seed, mla="decompressed").forward(ids)
+def decode_logits(model, prompt, tokens):
+    """The prompt prefilled, then each token decoded: the logits of every step, [len(tokens) + 1, V]."""
+    logits, cache = model.prefill(prompt)
+    return np.stack([logits] + [model.decode_step(int(t), cache) for t in tokens])
+
+
+@settings(max_examples=25)
+@given(c=configs(), seed=st.integers(0, 2**16), P=st.integers(1, 6), n=st.integers(1, 5))
+def test_absorbed_equals_decompressed(c, seed, P, n):
+    """Decoding inside the latent computes what every head's rebuilt K and V compute (float64: to
+    rounding), whole model through the cache: any query path, groups, shared experts or none, biases,
+    rotary layout, tied head."""
+    rng = np.random.default_rng(seed)
+    prompt, tokens = rng.integers(0, c.vocab_size, P), rng.integers(0, c.vocab_size, n)
+    a = decode_logits(build(c, seed=seed, mla_decode="absorbed"), prompt, tokens)
+    b = decode_logits(build(c, seed=seed, mla_decode="decompressed"), prompt, tokens)
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-9)
 
 
@@ -168,8 +195,8 @@ def test_absorbed_equals_decompressed_one_layer(c, seed, Tq, extra):
     Tk = Tq + extra
     q = rng.standard_normal((c.n_head, Tq, c.qk_head_dim))
     rows = rng.standard_normal((1, Tk, c.head_dim))
-    a = deepseek.attention_absorbed(q, rows, p, c)
-    b = deepseek.attention_decompressed(q, rows, p, c)
+    a = deepseek.absorbed(deepseek.whole_sequence, q, rows, p, c)
+    b = deepseek.decompressed(deepseek.whole_sequence, q, rows, p, c)
     assert a.shape == b.shape == (c.n_head, Tq, c.v_head_dim)
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
 
@@ -219,14 +246,14 @@ def route_alone(x, router, bias, c):
 @given(c=configs(), seed=st.integers(0, 2**16), N=st.integers(1, 6))
 def test_router_picks_and_weighs_as_the_paper_says(c, seed, N):
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((N, c.n_embd)).astype(np.float32)
-    router = rng.standard_normal((c.n_embd, c.n_expert)).astype(np.float32)
-    bias = (0.3 * rng.standard_normal(c.n_expert)).astype(np.float32)
+    x = rng.standard_normal((N, c.n_embd))
+    router = rng.standard_normal((c.n_embd, c.n_expert))
+    bias = 0.3 * rng.standard_normal(c.n_expert)
     top, w = deepseek.route(x, router, bias, c)
     want_top, want_w = route_alone(x, router, bias, c)
     assert [set(t) for t in top] == [set(t) for t in want_top]
     order = np.argsort(top, axis=-1), np.argsort(want_top, axis=-1)
-    np.testing.assert_allclose(np.take_along_axis(w, order[0], -1), np.take_along_axis(want_w, order[1], -1), rtol=1e-5)
+    np.testing.assert_allclose(np.take_along_axis(w, order[0], -1), np.take_along_axis(want_w, order[1], -1), rtol=1e-12)
 
 
 def test_the_bias_picks_but_does_not_weigh():
@@ -235,10 +262,10 @@ def test_the_bias_picks_but_does_not_weigh():
                        qk_nope_head_dim=2, qk_rope_head_dim=2, v_head_dim=2, n_expert=4, top_k=1, expert_ffn=4,
                        n_group=1, topk_group=1, routed_scale=1.0, norm_topk=False)
     rng = np.random.default_rng(0)
-    x, router = rng.standard_normal((5, 8)).astype(np.float32), rng.standard_normal((8, 4)).astype(np.float32)
-    top, w = deepseek.route(x, router, np.array([10.0, 0, 0, 0], np.float32), c)
+    x, router = rng.standard_normal((5, 8)), rng.standard_normal((8, 4))
+    top, w = deepseek.route(x, router, np.array([10.0, 0, 0, 0]), c)
     assert (top[:, 0] == 0).all()
-    np.testing.assert_allclose(w[:, 0], 1 / (1 + np.exp(-(x @ router)[:, 0])), rtol=1e-6)
+    np.testing.assert_allclose(w[:, 0], 1 / (1 + np.exp(-(x @ router)[:, 0])), rtol=1e-12)
 
 
 @settings(max_examples=25)
@@ -248,7 +275,7 @@ def test_the_mixture_equals_each_row_alone(c, seed, N):
     c = dataclasses.replace(c, first_k_dense=0)
     p = build(c, seed=seed).blocks[0]
     x = np.random.default_rng(seed).standard_normal((N, c.n_embd))
-    top, w = route_alone(x, p["router.weight"], p["router.bias"], c)
+    top, w = route_alone(x, np.asarray(p["router.weight"]), p["router.bias"], c)
     want = np.zeros_like(x)
     silu = lambda g: g / (1 + np.exp(-g))
     for n in range(N):
@@ -259,33 +286,120 @@ def test_the_mixture_equals_each_row_alone(c, seed, N):
             gu = x[n] @ np.asarray(p["shared.gate_up.weight"])
             F = c.n_shared * c.expert_ffn
             want[n] += (silu(gu[:F]) * gu[F:]) @ np.asarray(p["shared.down_proj.weight"])
-    np.testing.assert_allclose(deepseek.moe(x, p, c), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(deepseek.moe(x, p, c), want, rtol=1e-9, atol=1e-12)
+
+
+
+
+# -- the cache holds the latent ------------------------------------------------------------------------
+
+@settings(max_examples=15)
+@given(c=configs(), seed=st.integers(0, 2**16), P=st.integers(1, 5), mla_decode=st.sampled_from(deepseek.MLA_DECODE))
+def test_cached_equals_naive(c, seed, P, mla_decode):
+    """Greedy with the latent cache (prefill, then one decode step a token, either way) gives the
+    tokens of the naive loop (the whole sequence recomputed every token, no cache)."""
+    model = build(c, seed=seed, mla_decode=mla_decode)
+    prompt = np.random.default_rng(seed).integers(0, c.vocab_size, P)
+    assert minillm.generate(model, prompt, 6) == minillm.generate(model, prompt, 6, kv_cache=False)
+
+
+@settings(max_examples=10)
+@given(c=configs(), seed=st.integers(0, 2**16), mla_decode=st.sampled_from(deepseek.MLA_DECODE),
+       block_size=st.sampled_from([1, 2, 4]))
+def test_batched_equals_alone_paged_and_contiguous(c, seed, mla_decode, block_size):
+    """Sequences of different lengths decoded in shared steps, in one paged pool (blocks of 1 to 4
+    positions: gathered through their tables) and in contiguous caches, give each sequence's tokens alone."""
+    model = build(c, seed=seed, mla_decode=mla_decode)
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(0, c.vocab_size, n).tolist() for n in (1, 4, 7)]
+    alone = [minillm.generate(model, p, 5) for p in prompts]
+    assert minillm.generate_batch(model, prompts, 5, cache="paged", block_size=block_size) == alone
+    assert minillm.generate_batch(model, prompts, 5, cache="contiguous") == alone
+
+
+@settings(max_examples=15)
+@given(c=configs(), seed=st.integers(0, 2**16), T=st.integers(2, 12), cut=st.integers(1, 11), data=st.data())
+def test_chunked_prefill_equals_whole_prefill(c, seed, T, cut, data):
+    """A prompt prefilled in two chunks (the second attending over the first's cached rows, rebuilt
+    from the latent) gives the whole prefill's logits and cache, contiguous or paged."""
+    cut = min(cut, T - 1)
+    model = build(c, seed=seed)
+    ids = np.random.default_rng(seed).integers(0, c.vocab_size, T)
+    whole, cache = model.prefill(ids)
+    if data.draw(st.booleans(), label="paged"):
+        chunked = minillm.PagedKVPool(c, 16, data.draw(st.sampled_from([1, 3, 4]), label="block"), np.float64).sequence()
+    else:
+        chunked = model.new_cache()
+    model.prefill(ids[:cut], chunked)
+    logits, _ = model.prefill(ids[cut:], chunked)
+    np.testing.assert_allclose(logits, whole, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(chunked.read(0, T)[0], cache.read(0, T)[0], rtol=0, atol=1e-12)
+    assert chunked.read(0, T)[0].shape == (1, T, c.kv_lora_rank + c.qk_rope_head_dim)
+
+
+def test_the_engine_serves_shared_prefixes_and_chunks_as_alone():
+    """The serving engine with prefix caching (a repeated prompt's blocks reused, its rows not
+    recomputed) and a token budget that chunks the long prompts: every request as alone, either way."""
+    from minillm.engine.engine import Engine
+    c = DeepSeekConfig(n_layer=2, n_head=2, n_embd=16, n_ctx=64, vocab_size=61, ffn=16, kv_lora_rank=8, q_lora_rank=8,
+                       qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=6, n_expert=4, top_k=2, expert_ffn=8,
+                       n_shared=1, n_group=2, topk_group=1, first_k_dense=1)
+    prefix = list(range(3, 15))
+    prompts = [prefix + [20], prefix + [21, 22], prefix + [20], [5]]
+    for way in deepseek.MLA_DECODE:
+        model = build(c, mla_decode=way)
+        alone = [minillm.generate(model, p, 6) for p in prompts]
+        engine = Engine(model, num_blocks=64, block_size=4, prefix_cache=True, max_batched_tokens=8)
+        first = [engine.add_request(p, 6) for p in prompts[:2]]
+        engine.run()
+        then = [engine.add_request(p, 6) for p in prompts[2:]]       # the prefix's 3 blocks are cached now
+        engine.run()
+        assert [r.output for r in first + then] == alone
+        assert engine.blocks.hit_tokens >= 12
+
+
+def test_an_int8_latent_cache_keeps_one_scale_a_row():
+    c = deepseek.SHAPES["random-mla"]
+    c = dataclasses.replace(c, n_layer=2, n_ctx=64)
+    cache = minillm.KVCache(c, np.float32, kv_dtype="int8")
+    assert cache.bytes_per_token() == 2 * (256 + 32 + 4)
+    assert cache.arrays() == ("k", "k_scale")
+    rows = np.random.default_rng(0).standard_normal((1, 5, 288)).astype(np.float32)
+    cache.reserve(5)
+    cache.write(0, 0, rows, rows[:, :, :256])
+    k, v = cache.read(0, 5)
+    assert v.shape == (1, 5, 256) and np.shares_memory(k, v)
+    np.testing.assert_allclose(k, rows, atol=np.abs(rows).max() / 127)
 
 
 # -- the meter against the closed forms ---------------------------------------------------------------
 
-def counted(model, ids):
-    """One step of `ids` (a whole sequence, no cache) under a meter: its weight bytes, and each sparse
-    layer's distinct experts."""
-    from minillm.models.moe import routes
+def metered(model, batch):
+    """One step of `batch` [(ids, cache), ...] under a meter: its record, and each sparse layer's distinct experts."""
     with minillm.Meter() as m, routes() as r:
-        model.forward(ids)
+        model.step(batch)
     (s,) = m.steps
-    return s.bytes["weights"], [len(set(a.ravel())) for a in r]
+    return s, [len(set(a.ravel())) for a in r]
 
 
 @settings(max_examples=20)
-@given(c=configs(), N=st.integers(1, 5), seed=st.integers(0, 2**16), mla=st.sampled_from(deepseek.MLA_DECODE),
+@given(c=configs(), N=st.integers(1, 5), seed=st.integers(0, 2**16), mla_decode=st.sampled_from(deepseek.MLA_DECODE),
        dtype=st.sampled_from([np.float32, np.float64]))
-def test_meter_reads_the_weights_the_closed_form_says(c, N, seed, mla, dtype):
-    """A step of N rows reads every weight once, the routed experts its rows chose (k at one row) and the
-    shared ones, N rows of the embedding: the meter equals `step_weight_bytes`, either way of attending."""
-    model = build(c, dtype, seed=seed, mla=mla)
+def test_meter_reads_the_weights_the_closed_form_says(c, N, seed, mla_decode, dtype):
+    """A prompt of N rows reads every weight once, the routed experts its rows chose and the shared
+    ones, N rows of the embedding; a decode step (B = 1) the k chosen plus the shared ones: the meter
+    equals `step_weight_bytes`, either way of attending."""
+    model = build(c, dtype, seed=seed, mla_decode=mla_decode)
+    b = np.dtype(dtype).itemsize
     ids = np.random.default_rng(seed).integers(0, c.vocab_size, N)
-    read, distinct = counted(model, ids)
-    if N == 1:
-        assert distinct == [c.top_k] * len(c.sparse_layers)
-    assert read == deepseek.step_weight_bytes(c, distinct, N, np.dtype(dtype).itemsize)
+    cache = model.new_cache()
+    cache.reserve(N)
+    s, distinct = metered(model, [(ids, cache)])
+    assert s.bytes["weights"] == deepseek.step_weight_bytes(c, distinct, N, b)
+    cache.reserve(1)
+    s, distinct = metered(model, [(ids[:1], cache)])
+    assert distinct == [c.top_k] * len(c.sparse_layers)
+    assert s.bytes["weights"] == deepseek.step_weight_bytes(c, distinct, 1, b) == model.step_weight_bytes(1)
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
@@ -293,6 +407,37 @@ def test_meter_reads_quantized_weights_the_closed_form_says(fmt):
     c = DeepSeekConfig(n_layer=2, n_head=2, n_embd=64, n_ctx=32, vocab_size=96, ffn=64, kv_lora_rank=16,
                        q_lora_rank=32, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=16, n_expert=4, top_k=2,
                        expert_ffn=32, n_shared=1, n_group=2, topk_group=1, first_k_dense=1)
-    model = DeepSeekV3(c, random_params(c, seed=1, std=0.3), weights=fmt)
-    read, distinct = counted(model, np.array([3]))
-    assert read == deepseek.step_weight_bytes(c, distinct, 1, 4, fmt) < deepseek.step_weight_bytes(c, distinct, 1, 4)
+    model = build(c, np.float32, seed=1, weights=fmt)
+    _, cache = model.prefill([1, 2, 3])
+    cache.reserve(1)
+    s, distinct = metered(model, [(np.array([3]), cache)])
+    assert s.bytes["weights"] == deepseek.step_weight_bytes(c, distinct, 1, 4, fmt) == model.step_weight_bytes()
+    assert s.bytes["weights"] < deepseek.step_weight_bytes(c, distinct, 1, 4)
+
+
+@settings(max_examples=15)
+@given(c=configs(), P=st.integers(1, 9), seed=st.integers(0, 2**16), dtype=st.sampled_from([np.float32, np.float64]),
+       paged=st.booleans())
+def test_meter_counts_the_latent_and_the_attention_by_their_closed_forms(c, P, seed, dtype, paged):
+    """KV bytes a token: L·(r + dr)·b written by a prefill, and read by a decode step at context T either
+    way, with the attention FLOPs of `decode_attention_cost`; the two ways' products differ by kv_b over
+    the T cached rows (decompressed) against the query's and the output's trip through its halves."""
+    b = np.dtype(dtype).itemsize
+    ids = np.random.default_rng(seed).integers(0, c.vocab_size, P + 1)
+    T, steps = P + 1, {}
+    for way in deepseek.MLA_DECODE:
+        model = build(c, dtype, seed=seed, mla_decode=way)
+        cache = minillm.PagedKVPool(c, 16, 4, dtype).sequence() if paged else model.new_cache()
+        assert cache.bytes_per_token() == c.kv_bytes_per_token(b) == c.n_layer * (c.kv_lora_rank + c.qk_rope_head_dim) * b
+        cache.reserve(P)
+        s, _ = metered(model, [(ids[:P], cache)])
+        assert s.bytes["kv_write"] == P * c.kv_bytes_per_token(b)
+        cache.reserve(1)
+        s, _ = metered(model, [(ids[P:], cache)])
+        want = steps[way] = deepseek.decode_attention_cost(c, T, way, b)
+        assert s.bytes["kv_read"] == want["kv_read"] == T * c.kv_bytes_per_token(b)
+        assert s.bytes["kv_write"] == c.kv_bytes_per_token(b)
+        assert s.flops["attention"] == want["attention"]
+        want["matmul"] = s.flops["matmul"]
+    a, d = steps["absorbed"], steps["decompressed"]
+    assert d["matmul"] - a["matmul"] == d["matmul_T"] - a["matmul_fixed"]

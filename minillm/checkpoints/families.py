@@ -4,6 +4,7 @@
     gpt2    models/gpt2    gpt2                      gpt2                 checkpoint.py
     llama   models/llama   llama, qwen2, qwen3       llama, qwen2, qwen3  llama_load.py
     moe     models/moe     mixtral, qwen3_moe        (none yet)           llama_load.py
+    deepseek models/deepseek deepseek_v3             (none yet: deepseek2) llama_load.py
 
 A family is its model module plus its row. The module owns what the family is: its config class
 (`CONFIG`, read by `from_hf`), its model (`MODEL`, a `CausalLM`), its manifest (`MODEL.manifest`:
@@ -27,7 +28,7 @@ from types import ModuleType
 from typing import Callable
 
 from ..errors import ConfigError, ModelNotFoundError
-from ..models import gpt2, llama, moe
+from ..models import deepseek, gpt2, llama, moe
 from ..models.base import CausalLM
 from ..models.target import Target
 from .checkpoint import gpt2_from_folder, gpt2_from_gguf
@@ -59,6 +60,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("moe", moe, tuple(moe.MOE_TYPES), (),          # no GGUF reader yet
            GGUFNames("layers", llama.GGUF_BLOCK_NAMES, llama.GGUF_TOP_NAMES), partial(llama_from_folder, model=moe.MoE),
            None, llama_tokenizer),
+    Family("deepseek", deepseek, deepseek.MODEL_TYPES, (),     # llama.cpp's deepseek2: no reader yet
+           GGUFNames("layers", deepseek.GGUF_BLOCK_NAMES, llama.GGUF_TOP_NAMES),
+           partial(llama_from_folder, model=deepseek.DeepSeekV3), None, llama_tokenizer),
 )
 
 

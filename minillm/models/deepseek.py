@@ -64,19 +64,19 @@ from typing import Iterator
 
 import numpy as np
 
+from dataclasses import replace
 from functools import partial
 
 from .. import meter
-from ..backend import DeviceError
-from ..cache.contiguous import PassKV
-from ..config import MAX_CONTEXT, hf_model_type, whole
+from ..config import MAX_CONTEXT, MAX_COUNT, hf_model_type, whole
 from ..errors import ConfigError
-from . import ops
+from . import moe, ops
 from .base import CausalLM
 from .llama import mlp
-from .moe import _ROUTES, expert
+from .moe import MoEConfig, dispatch, expected_distinct_experts, expert, record_route
 from .quant import FORMATS
-from .weights import Dense, check_blocks, check_weights, label, make_weight, stored
+from .target import Target, cpu_only
+from .weights import Dense, check_blocks, label, make_weight, on_device, stored
 
 MODEL_TYPES = ("deepseek_v3",)
 MLA_DECODE = ("absorbed", "decompressed")
@@ -116,7 +116,7 @@ class DeepSeekConfig:
         for name in ("n_layer", "n_head", "n_embd", "n_ctx", "vocab_size", "ffn", "kv_lora_rank",
                      "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_expert", "top_k", "expert_ffn",
                      "n_group", "topk_group"):
-            whole(getattr(self, name), name, "config", MAX_CONTEXT if name == "n_ctx" else 1 << 62)
+            whole(getattr(self, name), name, "config", MAX_CONTEXT if name == "n_ctx" else MAX_COUNT)
         if self.q_lora_rank is not None:
             whole(self.q_lora_rank, "q_lora_rank", "config")
         for name in ("n_shared", "first_k_dense"):
@@ -155,6 +155,13 @@ class DeepSeekConfig:
     def values_in_keys(self) -> int:
         """The cache keeps no separate values: they are the row's first r entries (the latent)."""
         return self.kv_lora_rank
+
+    model_type = "deepseek_v3"        # (a class attribute: config.json's name of the family)
+
+    @property
+    def scale(self) -> float:
+        """Attention's scale, 1/√(dn + dr), either way (absorbed too: not 1/√ of the r + dr it multiplies)."""
+        return self.qk_head_dim ** -0.5
 
     @property
     def qk_head_dim(self) -> int:
@@ -300,6 +307,20 @@ def manifest(c: DeepSeekConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield "lm_head.weight", (c.vocab_size, d)
 
 
+# llama.cpp's names (its architecture `deepseek2`) for a block's tensors, after `layers.{i}.` (GGUF's
+# `blk.{i}.`), without `.weight` / `.bias`. No GGUF reader yet: llama.cpp stacks each layer's experts
+# into one 3-D tensor (ffn_gate_exps, ...) and its newer files split kv_b into attn_k_b and attn_v_b.
+GGUF_BLOCK_NAMES = {
+    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.q_a_proj": "attn_q_a",
+    "self_attn.q_a_layernorm": "attn_q_a_norm", "self_attn.q_b_proj": "attn_q_b",
+    "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa", "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+    "self_attn.kv_b_proj": "attn_kv_b", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp",
+    "mlp.gate.e_score_correction": "exp_probs_b", "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_experts.up_proj": "ffn_up_shexp", "mlp.shared_experts.down_proj": "ffn_down_shexp",
+}
+
+
 def deinterleave(n: int) -> np.ndarray:
     """The order that takes rotary pairs (2i, 2i + 1) to halves (i, i + n/2): [0, 2, 4, ..., 1, 3, 5, ...]."""
     return np.concatenate([np.arange(0, n, 2), np.arange(1, n, 2)])
@@ -319,43 +340,53 @@ def rope_rows(c: DeepSeekConfig, rows: int, heads: int, per_head: int) -> np.nda
 
 # -- the attention, as small functions --------------------------------------------------------------
 
-def query(xq: np.ndarray, p: dict, c: DeepSeekConfig) -> np.ndarray:
+def query(xq: np.ndarray, p: dict, c: DeepSeekConfig, K) -> np.ndarray:
     """The queries, every head. xq [N, r_q] (q_a's output, low rank) or [N, H·(dn+dr)] (q_proj's, the
     direct path) -> [H, N, dn + dr]."""
     if c.q_lora_rank is not None:
-        xq = ops.linear(ops.rms_norm(xq, p["q_a_layernorm.weight"], c.eps), p["q_b_proj.weight"])   # [N, H·(dn+dr)]
+        xq = ops.linear(K.rms_norm(xq, p["q_a_layernorm.weight"], c.eps), p["q_b_proj.weight"])   # [N, H·(dn+dr)]
     N = xq.shape[0]
     return xq.reshape(N, c.n_head, c.qk_head_dim).transpose(1, 0, 2)                 # [H, N, dn + dr]
 
 
-def project(x: np.ndarray, p: dict, c: DeepSeekConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def project(x: np.ndarray, p: dict, c: DeepSeekConfig, K) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Everything attention takes from x: x [N, d] -> q [H, N, dn + dr], the latent c [N, r] (normed),
     the rotary key [1, N, dr] (not turned yet). Low rank: q_a and kv_a side by side, one product
     [d, r_q + r + dr] (both read x; vLLM fuses them too). Direct: q_proj [d, H·(dn + dr)], then kv_a."""
     if c.q_lora_rank is not None:
         a = ops.linear(x, p["qa_kva.weight"], p.get("qa_kva.bias"))        # [N, r_q + r + dr]
-        q, kv = query(a[:, :c.q_lora_rank], p, c), a[:, c.q_lora_rank:]
+        q, kv = query(a[:, :c.q_lora_rank], p, c, K), a[:, c.q_lora_rank:]
     else:
-        q = query(ops.linear(x, p["q_proj.weight"]), p, c)                   # [H, N, dn + dr]
+        q = query(ops.linear(x, p["q_proj.weight"]), p, c, K)                # [H, N, dn + dr]
         kv = ops.linear(x, p["kv_a.weight"], p.get("kv_a.bias"))             # [N, r + dr]
     r = c.kv_lora_rank
-    latent = ops.rms_norm(kv[:, :r], p["kv_a_layernorm.weight"], c.eps)     # [N, r]
+    latent = K.rms_norm(kv[:, :r], p["kv_a_layernorm.weight"], c.eps)       # [N, r]
     return q, latent, kv[None, :, r:]                                       # ..., [1, N, dr]
 
 
-def decompress(latent: np.ndarray, p: dict, c: DeepSeekConfig) -> tuple[np.ndarray, np.ndarray]:
-    """Every head's key (without its rotary part) and value from the latent: kv_b.
-    latent [T, r] -> k_nope [H, T, dn], v [H, T, dv]."""
-    kv = ops.linear(latent, p["kv_b.weight"])                               # [T, H·(dn + dv)]
-    T, dn = latent.shape[0], c.qk_nope_head_dim
+def decompress(rows: np.ndarray, values: np.ndarray, p: dict, c: DeepSeekConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Every head's key and value rebuilt from cached rows: kv_b on each row's latent, and the shared
+    rotary key beside every head's. rows [1, T, r + dr] (values: their first r columns, unused: the
+    latent is read from the rows) -> k [H, T, dn + dr], v [H, T, dv]. The attention it feeds reads
+    these T·H·(dn + dr + dv) values instead of the T·(r + dr) cached: what absorbing saves."""
+    T, r, dn = rows.shape[1], c.kv_lora_rank, c.qk_nope_head_dim
+    kv = ops.linear(rows[0, :, :r], p["kv_b.weight"])                       # [T, H·(dn + dv)]
     kv = kv.reshape(T, c.n_head, dn + c.v_head_dim).transpose(1, 0, 2)      # [H, T, dn + dv]
-    return kv[:, :, :dn], kv[:, :, dn:]
+    k = np.empty((c.n_head, T, c.qk_head_dim), dtype=kv.dtype)              # [H, T, dn + dr]
+    k[:, :, :dn] = kv[:, :, :dn]
+    k[:, :, dn:] = rows[:, :, r:]                                           # one rotary key for every head
+    return k, kv[:, :, dn:]
 
 
-def head_product(x: np.ndarray, w: np.ndarray, what: str) -> np.ndarray:
+def head_product(x: np.ndarray, w: np.ndarray, what: str, row_by_row: bool = False) -> np.ndarray:
     """Each head's own small product: x [H, N, a] @ w [H, a, b] -> [H, N, b] (one BLAS call a head).
-    Counted like ops.linear: w read once, x and the output written and read, 2 FLOPs a multiply-add."""
-    y = np.matmul(x, w)                                                     # [H, N, b]
+    Counted like ops.linear: w read once, x and the output written and read, 2 FLOPs a multiply-add.
+    row_by_row: each row on its own (the batch-invariant set: a row's result never depends on the
+    others in its step)."""
+    if row_by_row:
+        y = np.concatenate([np.matmul(x[:, i:i + 1], w) for i in range(x.shape[1])], axis=1)
+    else:
+        y = np.matmul(x, w)                                                 # [H, N, b]
     m = meter.active()
     if m is not None:
         H, N, a = x.shape
@@ -363,78 +394,57 @@ def head_product(x: np.ndarray, w: np.ndarray, what: str) -> np.ndarray:
     return y
 
 
-def absorb_query(q_nope: np.ndarray, w_uk: np.ndarray) -> np.ndarray:
-    """Each head's query moved into the latent: q_nope [H, N, dn] @ W_UK [H, dn, r] -> [H, N, r]
-    (q_nope · (W_UK_h c) = (W_UK_hᵀ q_nope) · c)."""
-    return head_product(q_nope, w_uk, "mla_absorb_q")
+def absorbed(attend, q: np.ndarray, row: np.ndarray, p: dict, c: DeepSeekConfig, row_by_row: bool = False) -> np.ndarray:
+    """Attention inside the latent: each head's query moved into it (W_UKᵀ q_nope, since q_nope ·
+    (W_UK c) = (W_UKᵀ q_nope) · c), H query heads over ONE key/value head of r + dr values whose first
+    r are the values too, and each head's latent output taken to its value space after (W_UV o_lat).
+    q [H, N, dn + dr] (rotated), row [1, N, r + dr] the new rows -> [H, N, dv].
+    attend(q, k, v, scale=) stores the new rows and attends over all of them (the step's plan)."""
+    dn, r = c.qk_nope_head_dim, c.kv_lora_rank
+    q_lat = head_product(q[:, :, :dn], p["w_uk"], "mla_absorb_q", row_by_row)      # [H, N, r]
+    q_row = np.concatenate([q_lat, q[:, :, dn:]], axis=-1)                           # [H, N, r + dr]
+    o_lat = attend(q_row, row, row[:, :, :r], scale=c.scale)                         # [H, N, r]
+    return head_product(o_lat, p["w_uv_t"], "mla_absorb_o", row_by_row)             # [H, N, dv]
 
 
-def absorb_output(o_lat: np.ndarray, w_uv_t: np.ndarray) -> np.ndarray:
-    """Each head's latent output to its value space: o_lat [H, N, r] @ W_UVᵀ [H, r, dv] -> [H, N, dv]
-    (Σ_t p_t W_UV_h c_t = W_UV_h Σ_t p_t c_t)."""
-    return head_product(o_lat, w_uv_t, "mla_absorb_o")
+def decompressed(attend, q: np.ndarray, row: np.ndarray, p: dict, c: DeepSeekConfig, row_by_row: bool = False) -> np.ndarray:
+    """The definition: every head's K and V rebuilt from all the cached rows (`decompress`), then
+    attention. q [H, N, dn + dr] (rotated), row [1, N, r + dr] the new rows -> [H, N, dv]."""
+    return attend(q, row, row[:, :, :c.kv_lora_rank], scale=c.scale, expand=partial(decompress, p=p, c=c))
 
 
-def sdpa(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
-    """Causal attention with its own scale, for queries and values of different widths (the phase-1
-    reference, no cache: ops.attention takes over once the step's plan carries the scale).
-    q [H, Tq, a]; k [Hk, Tk, a], v [Hk, Tk, b] (H = g·Hk: head j·g .. j·g+g-1 read KV head j) ->
-    [H, Tq, b]. Query i sits at position Tk - Tq + i."""
-    H, Tq, _ = q.shape
-    Hk, Tk = k.shape[0], k.shape[1]
-    g = H // Hk
-    qg = q.reshape(Hk, g * Tq, -1) * scale                                  # [Hk, g·Tq, a]
-    s = (qg @ k.transpose(0, 2, 1)).reshape(Hk, g, Tq, Tk)                 # [Hk, g, Tq, Tk]
-    s += ops.causal_mask(Tq, Tk, s.dtype)
-    ops.softmax(s)
-    return (s.reshape(Hk, g * Tq, Tk) @ v).reshape(H, Tq, -1)              # [H, Tq, b]
+WAYS = {"absorbed": absorbed, "decompressed": decompressed}
 
 
-def attention_decompressed(q: np.ndarray, rows: np.ndarray, p: dict, c: DeepSeekConfig) -> np.ndarray:
-    """The definition: every head's K and V rebuilt from the cached rows, then attention.
-    q [H, N, dn + dr] (rotated), rows [1, T, r + dr] (latent | rotated key) -> [H, N, dv]."""
-    r = c.kv_lora_rank
-    k_nope, v = decompress(rows[0, :, :r], p, c)                            # [H, T, dn], [H, T, dv]
-    k = np.concatenate([k_nope, np.broadcast_to(rows[:, :, r:], (c.n_head,) + rows.shape[1:2] + (c.qk_rope_head_dim,))],
-                       axis=-1)                                              # [H, T, dn + dr]
-    return sdpa(q, k, v, c.qk_head_dim ** -0.5)
+def whole_sequence(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale=None, expand=None) -> np.ndarray:
+    """An `attend` with no cache: the rows given are all there is (k and v: every position so far)."""
+    if expand is not None:
+        k, v = expand(k, v)
+    return ops.attention(q, k, v, scale=scale)
 
 
-def attention_absorbed(q: np.ndarray, rows: np.ndarray, p: dict, c: DeepSeekConfig) -> np.ndarray:
-    """Attention inside the latent: H query heads over one KV head of r + dr values, whose first r
-    are the values too. q [H, N, dn + dr] (rotated), rows [1, T, r + dr] -> [H, N, dv]."""
+def mla(x: np.ndarray, p: dict, c: DeepSeekConfig, cos: np.ndarray, sin: np.ndarray, attend, way, K) -> np.ndarray:
+    """Multi-head latent attention. x [N, d], cos/sin [N, dr/2] -> [N, d]. way: `absorbed` or
+    `decompressed`, attending with attend(q, k, v, scale=, expand=) (the step's plan)."""
+    q, latent, k_rope = project(x, p, c, K)                                 # [H, N, dn+dr], [N, r], [1, N, dr]
     dn = c.qk_nope_head_dim
-    q_lat = absorb_query(q[:, :, :dn], p["w_uk"])                          # [H, N, r]
-    q_row = np.concatenate([q_lat, q[:, :, dn:]], axis=-1)                  # [H, N, r + dr]
-    o_lat = sdpa(q_row, rows, rows[:, :, :c.kv_lora_rank], c.qk_head_dim ** -0.5)   # [H, N, r]
-    return absorb_output(o_lat, p["w_uv_t"])                                # [H, N, dv]
-
-
-ATTENTION = {"absorbed": attention_absorbed, "decompressed": attention_decompressed}
-
-
-def mla(x: np.ndarray, p: dict, c: DeepSeekConfig, cos: np.ndarray, sin: np.ndarray, attend) -> np.ndarray:
-    """Multi-head latent attention. x [N, d], cos/sin [N, dr/2] -> [N, d]. attend(q, row) ->
-    [H, N, dv]: stores the new rows and attends over every row so far (one of ATTENTION's ways)."""
-    q, latent, k_rope = project(x, p, c)                                     # [H, N, dn+dr], [N, r], [1, N, dr]
-    dn = c.qk_nope_head_dim
-    turned = ops.rope(np.concatenate([q[:, :, dn:], k_rope]), cos, sin)     # [H + 1, N, dr]: q's and k's rotary parts
+    turned = K.rope(np.concatenate([q[:, :, dn:], k_rope]), cos, sin)      # [H + 1, N, dr]: q's and k's rotary parts
     q = np.concatenate([q[:, :, :dn], turned[:-1]], axis=-1)                # [H, N, dn + dr]
     row = np.concatenate([latent[None], turned[-1:]], axis=-1)              # [1, N, r + dr]: what the cache keeps
-    o = attend(q, row)                                                      # [H, N, dv]
+    o = way(attend, q, row, p, c, K.batch_invariant)                        # [H, N, dv]
     return ops.linear(ops.merge_heads(o), p["o_proj.weight"], p.get("o_proj.bias"))   # [N, d]
 
 
 # -- DeepSeek's mixture -----------------------------------------------------------------------------
 
-def route(x: np.ndarray, router: np.ndarray, bias: np.ndarray, c: DeepSeekConfig) -> tuple[np.ndarray, np.ndarray]:
-    """Which k experts each row uses, and how much. x [N, d], router [d, E] float32, bias [E] ->
+def route(x: np.ndarray, router, bias: np.ndarray, c: DeepSeekConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Which k experts each row uses, and how much. x [N, d], router [d, E] (a weight), bias [E] ->
     (experts [N, k], weights [N, k]).
 
     The affinities s = sigmoid(x·router) weigh; s + bias chooses (bias: the load-balancing correction,
     learned without a loss term). Groups: the E experts split into n_group groups of E/G, each scored
     by its two best choices; a row picks its k among the topk_group best groups only."""
-    logits = ops.linear(x.astype(np.float32, copy=False), router)            # [N, E], float32 as DeepSeek does
+    logits = ops.linear(x, router)                                          # [N, E]
     s = 1.0 / (1.0 + np.exp(-logits))                                       # [N, E] affinities
     choice = s + bias                                                       # [N, E]
     N, E, G = s.shape[0], c.n_expert, c.n_group
@@ -449,46 +459,23 @@ def route(x: np.ndarray, router: np.ndarray, bias: np.ndarray, c: DeepSeekConfig
     w = np.take_along_axis(s, top, axis=-1)                                 # [N, k]: weighed by s, not s + bias
     if c.norm_topk:
         w = w / (w.sum(-1, keepdims=True) + 1e-20)
-    w = (w * c.routed_scale).astype(x.dtype, copy=False)
+    w = w * c.routed_scale
     m = meter.active()
     if m is not None:
         m.count("router", weights=bias.nbytes, activations=3 * s.nbytes + top.nbytes + w.nbytes,
                 other=5 * s.size + 2 * w.size)
-    found = _ROUTES.get()
-    if found is not None:
-        found.append(top)
+    record_route(top)
     return top, w
 
 
-def routed(x: np.ndarray, experts: np.ndarray, weights: np.ndarray, p: dict) -> np.ndarray:
-    """Each chosen expert run once on all its rows, its outputs weighed and added into them.
-    x [N, d], experts and weights [N, k] -> [N, d] (models/moe.py's `experts_mlp`, after its router)."""
-    k = experts.shape[1]
-    order = np.argsort(experts, axis=None, kind="stable")                   # [N·k] pairs, grouped by expert
-    rows, by = order // k, experts.ravel()[order]
-    starts = np.flatnonzero(np.r_[True, by[1:] != by[:-1]])
-    ends = np.r_[starts[1:], by.size]
-    w = weights.ravel()[order]
-    y = np.zeros_like(x)                                                    # [N, d]
-    for s, t in zip(starts, ends):
-        r = rows[s:t]
-        h = mlp(x[r], expert(p, by[s]))                                     # [n_e, d]
-        h *= w[s:t, None]
-        y[r] += h
-    m = meter.active()
-    if m is not None:
-        pairs = rows.size * x.shape[1]
-        m.count("moe_combine", activations=x.itemsize * (2 * pairs + 3 * pairs + y.size), other=2 * pairs)
-    return y
-
-
-def moe(x: np.ndarray, p: dict, c: DeepSeekConfig) -> np.ndarray:
-    """DeepSeek's mixture: k routed experts per row, plus the shared expert every row uses. [N, d] -> [N, d]."""
+def moe(x: np.ndarray, p: dict, c: DeepSeekConfig, act=ops.swiglu) -> np.ndarray:
+    """DeepSeek's mixture: k routed experts per row (models/moe.py's `dispatch`: each chosen expert
+    once on all its rows), plus the shared expert every row uses. [N, d] -> [N, d]."""
     experts, weights = route(x, p["router.weight"], p["router.bias"], c)   # [N, k] each
-    y = routed(x, experts, weights, p)                                      # [N, d]
+    y = dispatch(x, experts, weights, p, act)                               # [N, d]
     if c.n_shared:
         y = ops.add(y, mlp(x, {"gate_up.weight": p["shared.gate_up.weight"],
-                               "down_proj.weight": p["shared.down_proj.weight"]}))
+                               "down_proj.weight": p["shared.down_proj.weight"]}, act))
     return y
 
 
@@ -497,84 +484,99 @@ def moe(x: np.ndarray, p: dict, c: DeepSeekConfig) -> np.ndarray:
 class DeepSeekV3(CausalLM):
     """A DeepSeek-V3-family model: a config and checkpoint tensors (Hugging Face names without `model.`).
 
-    mla: how attention runs, "absorbed" (attention inside the latent) or "decompressed" (every head's
-    K and V rebuilt from it); the two compute the same numbers to float rounding."""
+    Its KV cache holds one row of r + dr values a token a layer (the config answers the cache as one
+    KV head of that width whose first r values are the values too: `values_in_keys`). A prompt
+    (prefill, a chunk, a speculative check: any step but a decode) attends decompressed; a decode
+    step the way `mla_decode` says: "absorbed" (the default, as serving engines decode) or
+    "decompressed". Attention runs NumPy's form whatever the kernel set (the fused kernels take keys
+    and values of one width), each sequence over its own cache; the products are the set's."""
 
     CONFIG = DeepSeekConfig
     manifest = staticmethod(manifest)
     MATRICES = ("qa_kva.weight", "q_b_proj.weight", "q_proj.weight", "kv_a.weight", "kv_b.weight", "o_proj.weight")
 
-    def __init__(self, config: DeepSeekConfig, tensors: dict, *, name: str = "", dtype=None,
-                 eos_ids: tuple[int, ...] = (), weights: str = "float32", device=None, kernels: str = "numpy",
-                 mla: str = "absorbed") -> None:
+    def __init__(self, config: DeepSeekConfig, tensors: dict, target: Target | None = None, *, name: str = "",
+                 eos_ids: tuple[int, ...] = (), mla_decode: str = "absorbed") -> None:
         c = self.config = config
+        target = target or Target.numpy()
         self.name = name or f"deepseek-{c.n_layer}x{c.n_embd}-{c.n_expert}e"
-        if device is not None and device.is_gpu:
-            raise DeviceError(f"{self.name}: the DeepSeek-V3 family runs on the CPU only for now; use --device cpu")
-        weights = check_weights(weights)
-        check_blocks({"width": c.n_embd, "attention width H·dv": c.n_head * c.v_head_dim,
-                      "FFN": c.ffn, "expert FFN": c.expert_ffn, **({"q_lora_rank": c.q_lora_rank} if c.q_lora_rank
-                                                                  else {})}, weights, self.name)
-        self.dtype = dtype = np.dtype(dtype or np.float32)
-        self.mla = check_mla(mla)
+        if not target.on_cpu:
+            raise cpu_only(f"{self.name}: the DeepSeek-V3 family (its routing and latent attention are NumPy's)",
+                           target.device, "use --device cpu")
+        self.use_target(target)
+        K = self.kernel_set          # attention NumPy's, each sequence over its own cache (see above)
+        self.kernel_set = replace(K, attention_kernel=None, paged_kernel=None, gather_decode=False)
+        check_blocks({"width": c.n_embd, "attention width H·dv": c.n_head * c.v_head_dim, "FFN": c.ffn,
+                      "expert FFN": c.expert_ffn, **({"q_lora_rank": c.q_lora_rank} if c.q_lora_rank else {})},
+                     target.weights, self.name)
+        self.dtype = target.dtype
+        self.mla_decode = check_mla(mla_decode)
         self.eos_ids = tuple(eos_ids)
         self.tokenizer = None
         embed = tensors["embed_tokens.weight"]                                            # [V, d]
-        self.head_w = make_weight(embed if c.tied else tensors["lm_head.weight"], weights, dtype, rows=True)
-        self.embed_w = self.head_w if c.tied else make_weight(embed, weights, dtype, rows=True, contiguous=False)
+        self.head_w = make_weight(embed if c.tied else tensors["lm_head.weight"], target, rows=True)
+        self.embed_w = self.head_w if c.tied else make_weight(embed, target, rows=True, contiguous=False)
         self.wte = stored(self.embed_w, rows=True)                                        # [V, d]
-        self.norm = np.asarray(tensors["norm.weight"], dtype=dtype)
+        self.norm = on_device(np.asarray(tensors["norm.weight"], dtype=self.dtype), target)
         self.params = {"embed_tokens.weight": self.wte, "norm.weight": self.norm}
         if not c.tied:
             self.params["lm_head.weight"] = stored(self.head_w, rows=True)
         self.blocks = []
         for i in range(c.n_layer):
-            p, held = block_params(tensors, i, c, dtype, weights)
+            p, held = block_params(tensors, i, c, target)
             self.blocks.append(p)
             self.params.update({f"layers.{i}.{k}": v for k, v in held.items()})
-        self.weights, self.float_matrices = label(self.matrices(head=False), dtype)
+        self.weights, self.float_matrices = label(self.matrices(head=False), self.dtype)
 
     def ffn(self, layer: int):
         """Block `layer`'s MLP: a function (x [N, d], its parameters) -> [N, d]."""
-        return partial(moe, c=self.config) if self.config.is_sparse(layer) else mlp
+        act = self.kernel_set.swiglu
+        return partial(moe, c=self.config, act=act) if self.config.is_sparse(layer) else partial(mlp, act=act)
 
-    def attend(self, plan, layer: int, p: dict, q: np.ndarray, row: np.ndarray) -> np.ndarray:
-        """Each sequence's queries over its own rows (no cache yet: a whole-sequence forward)."""
-        out = np.empty((self.config.n_head, q.shape[1], self.config.v_head_dim), dtype=q.dtype)   # [H, N, dv]
-        run = ATTENTION[self.mla]
-        for s in plan.spans:
-            if not isinstance(s.cache, PassKV):
-                raise NotImplementedError("the DeepSeek-V3 family runs whole sequences only so far (no KV cache)")
-            rows = slice(s.r0, s.r0 + s.n)
-            out[:, rows] = run(q[:, rows], row[:, rows], p, self.config)
-        return out
+    def way(self, plan) -> str:
+        """How this step attends: a decode step as `mla_decode` says, any other decompressed."""
+        return self.mla_decode if plan.kind == "decode" else "decompressed"
 
     def run(self, plan) -> np.ndarray:
         """Embeddings, then every block (not the final norm). plan.ids, plan.positions [N] -> x [N, d]."""
-        c = self.config
+        c, K = self.config, self.kernel_set
         x = ops.embedding(self.embed_w, None, plan.ids)                                   # [N, d]
         cos, sin = ops.rope_tables(plan.positions, c.qk_rope_head_dim, c.theta, self.dtype)   # [N, dr/2]
+        way = WAYS[self.way(plan)]
         for layer, p in enumerate(self.blocks):
-            attend = partial(self.attend, plan, layer, p)
-            x = ops.add(x, mla(ops.rms_norm(x, p["input_layernorm.weight"], c.eps), p, c, cos, sin, attend))
-            x = ops.add(x, self.ffn(layer)(ops.rms_norm(x, p["post_attention_layernorm.weight"], c.eps), p))
+            h = K.rms_norm(x, p["input_layernorm.weight"], c.eps)
+            x = ops.add(x, mla(h, p, c, cos, sin, partial(plan.attend, layer), way, K))
+            x = ops.add(x, self.ffn(layer)(K.rms_norm(x, p["post_attention_layernorm.weight"], c.eps), p))
         return x
 
     def head(self, h: np.ndarray) -> np.ndarray:
         """The final RMS norm and the LM head, on the scored rows. h [S, d] -> logits [S, V]."""
-        return ops.lm_head(ops.rms_norm(h, self.norm, self.config.eps), self.head_w)
+        return ops.lm_head(self.kernel_set.rms_norm(h, self.norm, self.config.eps), self.head_w)
 
     def gathered(self) -> tuple[str, ...]:
         return () if self.config.tied else ("embed_tokens.weight",)
 
     @property
     def experts(self) -> tuple[int, int]:
+        """(E, k): routed experts per sparse layer, and how many each token uses (the shared ones besides)."""
         return self.config.n_expert, self.config.top_k
+
+    def step_weight_bytes(self, n_tokens: int = 1, distinct=None) -> float:
+        """The weight bytes a decode step of n_tokens rows (one each of n_tokens sequences) reads when its
+        sparse layers' rows chose `distinct` routed experts each (default: uniform routing's
+        expectation, exactly k at one token), by `step_weight_bytes` below; decoding decompressed,
+        each sequence multiplies kv_b over its own cache."""
+        c = self.config
+        if distinct is None:
+            n = expected_distinct_experts(c.n_expert, c.top_k, n_tokens)
+            distinct = [c.top_k if n_tokens == 1 else n] * len(c.sparse_layers)
+        return step_weight_bytes(c, distinct, n_tokens, self.dtype.itemsize, self.weights,
+                                 kv_b_reads=n_tokens if self.mla_decode == "decompressed" else 1)
 
     def matrices(self, head: bool = True, chosen=None) -> list:
         """The products a step multiplies, each once (kv_b as the decompressed form multiplies it; the
-        absorbed form reads the same bytes as two per-head halves): attention, dense MLPs, the chosen
-        routed experts and the shared ones (default: the first k, a one-token step; "all": every
+        absorbed form reads the same bytes as its two per-head halves): attention, dense MLPs, the
+        chosen routed experts and the shared ones (default: the first k, a one-token step; "all": every
         expert), then the LM head (head=False: not it). Not the router, kept float."""
         c = self.config
         if chosen is None:
@@ -598,59 +600,61 @@ class DeepSeekV3(CausalLM):
         return (f"DeepSeekV3({self.name!r}: {c.n_layer} layers ({len(c.sparse_layers)} with {c.n_expert} experts, "
                 f"top-{c.top_k}, {c.n_shared} shared), MLA {c.n_head} heads, latent {c.kv_lora_rank} + rope "
                 f"{c.qk_rope_head_dim}, {q}, width {c.n_embd}, context {c.n_ctx}, vocab {c.vocab_size}, "
-                f"{self.n_params():,} params ({c.active_params():,} active), {self.weights}, {self.mla})")
+                f"{self.n_params():,} params ({c.active_params():,} active), {self.weights}, "
+                f"decode {self.mla_decode})")
 
 
-def check_mla(mla: str) -> str:
-    if mla not in MLA_DECODE:
-        raise ConfigError(f"mla={mla!r}: choose {' or '.join(MLA_DECODE)}")
-    return mla
+def check_mla(way: str) -> str:
+    """A way to attend at decode, one of MLA_DECODE (one clear line otherwise)."""
+    if way not in MLA_DECODE:
+        raise ConfigError(f"mla_decode={way!r}: choose {' or '.join(MLA_DECODE)}")
+    return way
 
 
-def block_params(t: dict, i: int, c: DeepSeekConfig, dtype, weights: str = "float32") -> tuple[dict, dict]:
+def block_params(t: dict, i: int, c: DeepSeekConfig, target: Target) -> tuple[dict, dict]:
     """Block i's checkpoint tensors -> (the model's parameters, what it holds under checkpoint names).
 
-    q_a (or q_proj) and kv_a side by side in one [d, r_q + r + dr] product (both read x); the rotary
-    rows put in ops.rope's layout (`rope_rows`); kv_b kept once as [H, dn + dv, r]: `kv_b.weight` is
-    that array as the decompressed form multiplies it ([r, H·(dn + dv)], a view), `w_uk` [H, dn, r] and
-    `w_uv_t` [H, r, dv] are views of its two halves, as the absorbed form multiplies them. The router
-    and its bias stay float32; kv_b stays float (the absorbed form's per-head products are NumPy's)."""
+    Low rank: q_a and kv_a side by side in one [d, r_q + r + dr] product (both read x). The rotary
+    rows put in ops.rope's layout (`rope_rows`). kv_b kept once, as [H, dn + dv, r]: `kv_b.weight` is
+    that array as the decompressed form multiplies it ([r, H·(dn + dv)], a view), `w_uk` [H, dn, r]
+    and `w_uv_t` [H, r, dv] are views of its two halves, as the absorbed form multiplies them (so kv_b
+    stays float, NumPy's: one array for both forms). The router and its bias stay float."""
     h, a, m = f"layers.{i}.", f"layers.{i}.self_attn.", f"layers.{i}.mlp."
     H, r, dr, dn, dv = c.n_head, c.kv_lora_rank, c.qk_rope_head_dim, c.qk_nope_head_dim, c.v_head_dim
+    dtype = target.dtype
     f = lambda name: np.asarray(t[name], dtype=dtype)
-    mat = lambda parts: make_weight(parts, weights, dtype, rows=True)
+    mat = lambda parts: make_weight(parts, target, rows=True)
     kv_a = np.asarray(t[a + "kv_a_proj_with_mqa.weight"])[rope_rows(c, r + dr, 1, r + dr)]      # [r + dr, d]
-    kv_a_bias = f(a + "kv_a_proj_with_mqa.bias")[rope_rows(c, r + dr, 1, r + dr)] if c.attention_bias else None
     q_order = rope_rows(c, H * c.qk_head_dim, H, c.qk_head_dim)
     p = {"input_layernorm.weight": f(h + "input_layernorm.weight"),
          "kv_a_layernorm.weight": f(a + "kv_a_layernorm.weight"),
          "o_proj.weight": mat([t[a + "o_proj.weight"]]),                                          # [H·dv, d]
          "post_attention_layernorm.weight": f(h + "post_attention_layernorm.weight")}
+    bias = {}
+    if c.attention_bias:
+        bias["kv_a"] = f(a + "kv_a_proj_with_mqa.bias")[rope_rows(c, r + dr, 1, r + dr)]
+        p["o_proj.bias"] = f(a + "o_proj.bias")
     if c.q_lora_rank is None:
         p["q_proj.weight"] = mat([np.asarray(t[a + "q_proj.weight"])[q_order]])                    # [d, H·(dn+dr)]
         p["kv_a.weight"] = mat([kv_a])                                                            # [d, r + dr]
         if c.attention_bias:
-            p["kv_a.bias"] = kv_a_bias
+            p["kv_a.bias"] = bias["kv_a"]
     else:
         p["qa_kva.weight"] = mat([t[a + "q_a_proj.weight"], kv_a])                                # [d, r_q + r + dr]
         if c.attention_bias:
-            p["qa_kva.bias"] = np.concatenate([f(a + "q_a_proj.bias"), kv_a_bias])
+            p["qa_kva.bias"] = np.concatenate([f(a + "q_a_proj.bias"), bias["kv_a"]])
         p["q_a_layernorm.weight"] = f(a + "q_a_layernorm.weight")
         p["q_b_proj.weight"] = mat([np.asarray(t[a + "q_b_proj.weight"])[q_order]])              # [r_q, H·(dn+dr)]
-    if c.attention_bias:
-        p["o_proj.bias"] = f(a + "o_proj.bias")
     kv_b = np.ascontiguousarray(f(a + "kv_b_proj.weight").reshape(H, dn + dv, r))       # [H, dn + dv, r], once
-    p["kv_b.weight"] = Dense(kv_b.reshape(H * (dn + dv), r).T)                          # [r, H·(dn + dv)], a view
-    p["w_uk"] = kv_b[:, :dn]                                                            # [H, dn, r]
-    p["w_uv_t"] = kv_b[:, dn:].transpose(0, 2, 1)                                       # [H, r, dv]
-    held = {k: stored(v) for k, v in p.items() if k not in ("kv_b.weight", "w_uk", "w_uv_t")}
-    held["kv_b_proj.weight"] = kv_b                                                     # its bytes once
+    views = {"kv_b.weight": Dense(kv_b.reshape(H * (dn + dv), r).T),                     # [r, H·(dn + dv)]
+             "w_uk": kv_b[:, :dn],                                                      # [H, dn, r]
+             "w_uv_t": kv_b[:, dn:].transpose(0, 2, 1)}                                 # [H, r, dv]
     if not c.is_sparse(i):
         p["gate_up.weight"] = mat([t[m + "gate_proj.weight"], t[m + "up_proj.weight"]])   # [d, 2F]
         p["down_proj.weight"] = mat([t[m + "down_proj.weight"]])                          # [F, d]
     else:
-        p["router.weight"] = np.ascontiguousarray(np.asarray(t[m + "gate.weight"], dtype=np.float32).T)   # [d, E]
-        p["router.bias"] = np.asarray(t[m + "gate.e_score_correction_bias"], dtype=np.float32)        # [E]
+        p["router.weight"] = make_weight(t[m + "gate.weight"], target.with_(weights="float32"), rows=True)  # [d, E]
+        p["router.bias"] = f(m + "gate.e_score_correction_bias")                                        # [E]
         for e in range(c.n_expert):
             x = m + f"experts.{e}."
             p[f"experts.{e}.gate_up.weight"] = mat([t[x + "gate_proj.weight"], t[x + "up_proj.weight"]])   # [d, 2F_e]
@@ -659,49 +663,51 @@ def block_params(t: dict, i: int, c: DeepSeekConfig, dtype, weights: str = "floa
             s = m + "shared_experts."
             p["shared.gate_up.weight"] = mat([t[s + "gate_proj.weight"], t[s + "up_proj.weight"]])
             p["shared.down_proj.weight"] = mat([t[s + "down_proj.weight"]])
-    held.update({k: stored(v) for k, v in p.items() if k not in held and k not in ("kv_b.weight", "w_uk", "w_uv_t")})
-    return p, held
+    held = {k: stored(v) for k, v in p.items()}
+    held["kv_b_proj.weight"] = kv_b                                                     # its bytes once
+    return {**p, **views}, held
 
 
 def random_params(c: DeepSeekConfig, seed: int = 0, std: float = 0.02, dtype=np.float32) -> dict[str, np.ndarray]:
     """Checkpoint-shaped random weights, seeded: normal(0, std) matrices, norm gains near 1, and a
-    router bias of std's order (so that it changes which experts are chosen)."""
+    router bias of 0.1's order (so that it changes which experts are chosen)."""
     rng = np.random.default_rng(seed)
     params = {}
     for name, shape in manifest(c):
         if "norm" in name:
             params[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(dtype)
         elif name.endswith("e_score_correction_bias"):
-            params[name] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
+            params[name] = (0.1 * rng.standard_normal(shape)).astype(dtype)
         else:
             params[name] = (std * rng.standard_normal(shape)).astype(dtype)
     return params
 
-
 # -- closed forms: what a step reads and does ----------------------------------------------------------
 
 def step_weight_bytes(c: DeepSeekConfig, distinct, n_tokens: int = 1, itemsize: int = 4,
-                      weights: str = "float32") -> int:
+                      weights: str = "float32", kv_b_reads: int = 1) -> int:
     """The weight bytes a step of n_tokens rows reads, from the config alone: every parameter once,
     except the embedding table (its n_tokens rows; a tied one is read whole as the head) and the
     routed experts no row chose. distinct: per sparse layer, how many distinct routed experts the
     rows chose (k at one token); the shared experts are read every step. weights: the products'
-    format (quantized: their blocks; kv_b, the norms and biases stay in the model's dtype, the
-    router and its bias in float32). Either way of attending reads kv_b once: decompressed as one
-    [r, H·(dn + dv)] product, absorbed as its two per-head halves. The meter's count equals it."""
+    format (quantized: their blocks; kv_b, the router, the norms and biases stay floats in the
+    model's dtype). kv_b is read once per layer absorbed (its two per-head halves, for all rows), and
+    once per sequence decompressed (each sequence multiplies it over its own cache): kv_b_reads.
+    The meter's count equals it."""
     b = itemsize
     per = (lambda values: values * b) if weights not in FORMATS else \
         (lambda values: values * FORMATS[weights].block_bytes // 32)
     d, H, r, dr, rq, bias = c.n_embd, c.n_head, c.kv_lora_rank, c.qk_rope_head_dim, c.q_lora_rank, c.attention_bias
     qk = H * c.qk_head_dim
     q = per(d * qk) if rq is None else per(d * rq) + b * (rq * bias + rq) + per(rq * qk)
-    attention = (q + per(d * (r + dr)) + b * ((r + dr) * bias + r) + b * r * H * (c.qk_nope_head_dim + c.v_head_dim)
+    kv_b = b * r * H * (c.qk_nope_head_dim + c.v_head_dim)
+    attention = (q + per(d * (r + dr)) + b * ((r + dr) * bias + r) + kv_b_reads * kv_b
                  + per(H * c.v_head_dim * d) + b * d * bias + b * 2 * d)        # ..., kv_b, o, the two block norms
     distinct = list(distinct)
     if len(distinct) != len(c.sparse_layers):
         raise ValueError(f"distinct: one count per sparse layer ({len(c.sparse_layers)}), got {len(distinct)}")
     one = per(c.expert_params())
-    sparse = sum(4 * (d * c.n_expert + c.n_expert) + n * one + c.n_shared * one for n in distinct)
+    sparse = sum(b * (d * c.n_expert + c.n_expert) + n * one + c.n_shared * one for n in distinct)   # router, bias
     blocks = c.n_layer * attention + (c.n_layer - len(distinct)) * per(3 * d * c.ffn) + sparse
     return per(n_tokens * d) + blocks + b * d + per(c.vocab_size * d)     # embedding rows, blocks, norm, head
 
@@ -712,7 +718,8 @@ def decode_attention_cost(c: DeepSeekConfig, T: int, mla: str, itemsize: int = 4
     that depend on T (decompressed: kv_b over all T cached latents; absorbed: none, the query and the
     output pass through kv_b's halves once, 2·H·r·(dn + dv)).
 
-        absorbed       attention 2·H·T·(r + dr) + 2·H·T·r            over L·T·(r + dr)·b bytes: ≈ 2H/b per byte
+        absorbed       attention 2·H·T·(r + dr) + 2·H·T·r over L·T·(r + dr)·b bytes: 2H·(2r + dr)/((r + dr)·b)
+                       FLOPs a byte, ≈ 1.9·H in bf16 at DeepSeek-V3's shape (242)
         decompressed   attention 2·H·T·(dn + dr) + 2·H·T·dv, and kv_b on T rows: 2·T·r·H·(dn + dv)"""
     H, r, dr, dn, dv, L = c.n_head, c.kv_lora_rank, c.qk_rope_head_dim, c.qk_nope_head_dim, c.v_head_dim, c.n_layer
     kv = L * T * (r + dr) * itemsize
@@ -737,4 +744,23 @@ SHAPES: dict[str, DeepSeekConfig] = {
                                  kv_lora_rank=256, q_lora_rank=384, qk_nope_head_dim=64, qk_rope_head_dim=32,
                                  v_head_dim=64, n_expert=32, top_k=4, expert_ffn=256, n_shared=1, n_group=4,
                                  topk_group=2, routed_scale=2.5, first_k_dense=1, eps=1e-6, theta=1e4),
+    # its GQA twin (models/moe.py's mixture): the same width, layers, heads of the value width, 4 KV
+    # heads (g = 4), the same experts with k + 1 routed in place of the shared one, the first block dense:
+    # a token reads about the same weights, and its cache holds 2·4·64 = 512 values a layer against 288
+    "random-mla-gqa": MoEConfig(n_layer=8, n_head=16, n_kv_head=4, head_dim=64, n_embd=1024, n_ctx=16384,
+                                vocab_size=8192, ffn=2816, eps=1e-6, theta=1e4, arch="qwen3", qk_norm=True,
+                                tied=False, n_expert=32, top_k=5, expert_ffn=256, norm_topk=True,
+                                dense_layers=(0,), model_type="qwen3_moe"),
 }
+
+
+def random(config, target: Target | None = None, name: str = "", seed: int = RANDOM_SEED) -> CausalLM:
+    """A seeded model of this shape with random weights (normal(0, 0.02), norm gains near 1, a router
+    bias of 0.1's order), made for the target; the GQA twin's config builds models/moe.py's mixture."""
+    if not isinstance(config, DeepSeekConfig):
+        return moe.random(config, target, name, seed)
+    params = random_params(config, seed, 0.02, (target or Target.numpy()).dtype)
+    return DeepSeekV3(config, params, target, name=name or f"random-mla-{config.n_layer}x{config.n_embd}")
+
+
+CONFIG, MODEL = DeepSeekConfig, DeepSeekV3          # the family's row reads these (checkpoints/families.py)
