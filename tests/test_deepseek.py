@@ -286,7 +286,7 @@ def test_the_mixture_equals_each_row_alone(c, seed, N):
             gu = x[n] @ np.asarray(p["shared.gate_up.weight"])
             F = c.n_shared * c.expert_ffn
             want[n] += (silu(gu[:F]) * gu[F:]) @ np.asarray(p["shared.down_proj.weight"])
-    np.testing.assert_allclose(deepseek.moe(x, p, c), want, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(deepseek.mixture(x, p, c), want, rtol=1e-9, atol=1e-12)
 
 
 
@@ -441,3 +441,49 @@ def test_meter_counts_the_latent_and_the_attention_by_their_closed_forms(c, P, s
         want["matmul"] = s.flops["matmul"]
     a, d = steps["absorbed"], steps["decompressed"]
     assert d["matmul"] - a["matmul"] == d["matmul_T"] - a["matmul_fixed"]
+
+
+# -- the commands ----------------------------------------------------------------------------------------
+
+def minillm_cli(tmp_path, *args):
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"MINILLM_HOME": str(tmp_path), "MINILLM_FAST": "1"}
+    return subprocess.run([sys.executable, "-m", "minillm", *map(str, args)], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, env=env, timeout=300, cwd=Path(__file__).parents[1])
+
+
+def test_bench_attention_sweeps_both_ways_beside_gqa(tmp_path):
+    """`minillm bench --attention`: the latent model both ways beside a GQA mixture at each context, the
+    KV bytes and attention FLOPs per byte the closed forms give; the table too."""
+    mla, gqa = FIXTURES / NAMES[0], FIXTURES / "qwen3moe-tiny"
+    r = minillm_cli(tmp_path, "bench", "--attention", "--model", f"{mla},{gqa}", "--contexts", "16,64",
+                    "--repeats", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["rows"]
+    c, g = load(mla).config, minillm.load(gqa).config
+    assert [(x["context"], x["way"]) for x in rows] == [(n, w) for n in (16, 64) for w in ("absorbed", "decompressed", None)]
+    for x in rows:
+        if x["way"] is None:
+            assert x["kv_bytes"] == x["context"] * 2 * g.n_layer * g.n_kv_head * g.head_dim * 4
+            assert x["attention_per_byte"] == pytest.approx(g.n_head / g.n_kv_head / 2)     # 4·H·T·hd / (2·Hkv·T·hd·4)
+        else:
+            want = deepseek.decode_attention_cost(c, x["context"], x["way"], 4)
+            assert (x["kv_bytes"], x["attention_flops"]) == (want["kv_read"], want["attention"])
+    table = minillm_cli(tmp_path, "bench", "--attention", "--model", str(mla), "--contexts", "16", "--repeats", "1",
+                        "--mla-decode", "decompressed")
+    assert table.returncode == 0, table.stderr
+    assert "deepseekv3-tiny decomp" in table.stdout and "deepseekv3-tiny absorb" not in table.stdout
+
+
+@pytest.mark.parametrize("args, words", [
+    (("generate", "hi", "--model", "random-tiny", "--mla-decode", "absorbed"), "has no latent attention"),
+    (("bench", "--attention", "--model", "random-tiny", "--contexts", "16", "--mla-decode", "absorbed"),
+     "none of these models has latent attention"),
+    (("bench", "--attention", "--model", "random-tiny", "--contexts", "16", "--mla-decode", "sideways"),
+     "give absorbed and/or decompressed"),
+])
+def test_mla_decode_is_refused_where_it_means_nothing(tmp_path, args, words):
+    r = minillm_cli(tmp_path, *args)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and words in r.stderr, r.stderr

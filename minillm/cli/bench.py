@@ -57,6 +57,14 @@ def add_arguments(parser) -> None:
                              "one interleaved run with --weights or --batch (e.g. numpy,fused; fused,batch-invariant: "
                              "what batch invariance costs, prefill too); default: fused where numba works, else "
                              "numpy (said in the title)")
+    parser.add_argument("--attention", action="store_true",
+                        help="instead: one decode step at each of --contexts for each --model (several, "
+                             "comma-separated, in the same interleaved rounds; a latent-attention model both ways): "
+                             "its time, KV bytes, attention FLOPs per KV byte, against the roofline "
+                             "(e.g. --model random-mla,random-mla-gqa --contexts 256,1024,4096,8192)")
+    parser.add_argument("--mla-decode", default=None, metavar="W,W",
+                        help="a latent-attention model's decode: absorbed and/or decompressed (default: absorbed; "
+                             "with --attention both)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
     parser.add_argument("--device", default="cpu", metavar="DEVICE",
                         help="cpu (default): bench measures NumPy on this CPU; a GPU's figures are printed beside")
@@ -121,12 +129,18 @@ def run(args) -> int:
     if len(kernels) > 1 and batches is None:
         raise MiniLLMError(f"--kernels {','.join(kernels)} compares kernel sets with --weights or --batch: give one of "
                            "them (or one kernel set)")
+    ways = parse_ways(args.mla_decode)
+    if args.attention:
+        if batches is not None or ks is not None:
+            raise MiniLLMError("--attention sweeps contexts: leave out --batch and --speculate")
+        return bench_attention(args, contexts, kernels[0], ways)
     names = [n.strip() for n in (args.model or "").split(",") if n.strip()] if batches is not None else []
     names = names or [args.model or ("large" if ks is not None else "random-124m")]
     models = {}
     for n in names:                                   # each model once per kernel, all in the same rounds
         for k in kernels:
             m = load(n, kernels=k)
+            set_way(m, ways[0] if ways else None)
             if batches is not None:
                 check_batches(m, batches, args.batch_context)
             label = m.name if len(kernels) == 1 else f"{m.name} {k}"
@@ -155,6 +169,58 @@ def run(args) -> int:
         show()
         if gpu:
             out.print(f"[dim]beside it, {escape(gpu_summary(gpu))}[/]")
+    return 0
+
+
+def parse_ways(text: str | None) -> list[str] | None:
+    """--mla-decode: absorbed and/or decompressed, comma-separated (None: not given)."""
+    if text is None:
+        return None
+    ways = list(dict.fromkeys(w.strip() for w in text.split(",") if w.strip()))
+    if not ways or any(w not in ("absorbed", "decompressed") for w in ways):
+        raise MiniLLMError(f"--mla-decode {text!r}: give absorbed and/or decompressed, comma-separated")
+    return ways
+
+
+def set_way(model, way: str | None) -> None:
+    """A latent-attention model's decode way (--mla-decode); refused for any other model."""
+    if way is not None:
+        if not hasattr(model, "mla_decode"):
+            raise MiniLLMError(f"--mla-decode: {model.name} has no latent attention (a DeepSeek-V3-family model has)")
+        model.mla_decode = way
+
+
+def bench_attention(args, contexts: list[int], kernels: str, ways) -> int:
+    """--attention: `measure.attention_sweep` over the models, its table (or --json)."""
+    from ..measure.attention_sweep import run_sweep
+    names = [n.strip() for n in (args.model or "random-mla,random-mla-gqa").split(",") if n.strip()]
+    models = {}
+    for n in names:
+        with err.status(f"loading {escape(n)}…"):
+            models[n] = load(n, kernels=kernels)
+    if ways and not any(hasattr(m, "mla_decode") for m in models.values()):
+        raise MiniLLMError("--mla-decode: none of these models has latent attention (a DeepSeek-V3-family model has)")
+    hw = machine(progress=not args.json)
+    result = _run_with_bar(args, "decode steps across contexts", args.repeats,
+                           lambda tick: run_sweep(models, contexts, hw, args.repeats, chosen=ways, progress=tick))
+    result.update(machine={"bandwidth_gbs": hw.bandwidth_gbs, "peak_gflops": hw.peak_gflops, "method": hw.method},
+                  threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(), blas_spin=blas_spin(),
+                  kernels_title=kernels_title([kernels]))
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    t = _table(f"decode steps, batch 1 (medians of {args.repeats} interleaved rounds)",
+               ("ctx", "model", "ms/step", "KV/step", "attn F/B", "step F/B", "roof ms", "bound"))
+    for r in result["rows"]:
+        label = r["model"] + (f" {r['way'][:6]}" if r["way"] else "")
+        t.add_row(f"{r['context']:,}", escape(label), f"{r['ms']:.1f}", fmt_bytes(r["kv_bytes"]),
+                  f"{r['attention_per_byte']:.1f}", f"{r['step_per_byte']:.2f}", f"{r['roofline_ms']:.1f}", r["bound"])
+    out.print(t)
+    out.print("[dim]KV/step: the cache read; attn F/B: attention FLOPs per KV byte; step F/B: the step's FLOPs per "
+              "byte, weights included; roof ms: max(bytes / bandwidth, FLOPs / peak), bound by whichever; absorb/"
+              "decomp: a latent model's two ways[/]")
+    out.print(f"[dim]this machine: {hw.bandwidth_gbs:.1f} GB/s, {hw.peak_gflops:.0f} GFLOP/s: a ridge of "
+              f"{result['ridge']:.1f} FLOPs a byte; {_blas(result)}; {result['kernels_title']}[/]")
     return 0
 
 

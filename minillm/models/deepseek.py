@@ -43,7 +43,7 @@ ops.rope turns (i, i + dr/2). A permutation applied to both q and k leaves q·k 
 rotary rows of the query and latent projections are reordered once at load (even ones first), and
 then ops.rope computes exactly transformers' interleaved rotation.
 
-DeepSeek's mixture (`moe`):
+DeepSeek's mixture (`mixture`):
 
     s      = sigmoid(x @ router)                       # [E]: each expert's affinity, in float32
     choice = s + bias                                  # e_score_correction_bias: balances the load;
@@ -468,7 +468,7 @@ def route(x: np.ndarray, router, bias: np.ndarray, c: DeepSeekConfig) -> tuple[n
     return top, w
 
 
-def moe(x: np.ndarray, p: dict, c: DeepSeekConfig, act=ops.swiglu) -> np.ndarray:
+def mixture(x: np.ndarray, p: dict, c: DeepSeekConfig, act=ops.swiglu) -> np.ndarray:
     """DeepSeek's mixture: k routed experts per row (models/moe.py's `dispatch`: each chosen expert
     once on all its rows), plus the shared expert every row uses. [N, d] -> [N, d]."""
     experts, weights = route(x, p["router.weight"], p["router.bias"], c)   # [N, k] each
@@ -531,7 +531,7 @@ class DeepSeekV3(CausalLM):
     def ffn(self, layer: int):
         """Block `layer`'s MLP: a function (x [N, d], its parameters) -> [N, d]."""
         act = self.kernel_set.swiglu
-        return partial(moe, c=self.config, act=act) if self.config.is_sparse(layer) else partial(mlp, act=act)
+        return partial(mixture, c=self.config, act=act) if self.config.is_sparse(layer) else partial(mlp, act=act)
 
     def way(self, plan) -> str:
         """How this step attends: a decode step as `mla_decode` says, any other decompressed."""
