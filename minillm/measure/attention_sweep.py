@@ -96,8 +96,9 @@ def run_sweep(models: dict, contexts: list[int], hw, repeats: int = 3, steps: in
         kv, attention = rec.bytes["kv_read"], rec.flops["attention"]
         roof = max(rec.total_bytes / bw, rec.total_flops / peak)
         rows.append({"context": n, "model": label, "way": way, "ms": statistics.median(times[label, way, n]) * 1e3,
+                     "rounds_ms": [t * 1e3 for t in times[label, way, n]],
                      "kv_bytes": kv, "attention_flops": attention, "attention_per_byte": attention / kv,
-                     "step_bytes": rec.total_bytes, "step_flops": rec.total_flops,
+                     "step_bytes": rec.total_bytes, "step_flops": rec.total_flops, "matmul_flops": rec.flops["matmul"],
                      "step_per_byte": rec.total_flops / rec.total_bytes, "roofline_ms": roof * 1e3,
                      "bound": "compute" if rec.total_flops / peak > rec.total_bytes / bw else "memory"})
     rows.sort(key=lambda r: (r["context"], [k for k, _ in runs].index(r["model"]), str(r["way"])))

@@ -21,14 +21,41 @@ SOURCE = "config.json on the Hugging Face hub"
 PUBLISHED = {
     "Mixtral-8x7B": dict(repo="mistralai/Mixtral-8x7B-v0.1", layers=32, d=4096, heads=32, kv_heads=8, head_dim=128,
                          vocab=32000, E=8, k=2, expert_ffn=14336, shared=0, dense_layers=0, dense_ffn=0,
-                         n_ctx=32768, said=(46.7e9, 12.9e9)),
+                         n_ctx=32768, said=(46.7e9, 12.9e9), released="bf16"),
     "Qwen3-30B-A3B": dict(repo="Qwen/Qwen3-30B-A3B", layers=48, d=2048, heads=32, kv_heads=4, head_dim=128,
                           vocab=151936, E=128, k=8, expert_ffn=768, shared=0, dense_layers=0, dense_ffn=0,
-                          n_ctx=40960, said=(30.5e9, 3.3e9)),
+                          n_ctx=40960, said=(30.5e9, 3.3e9), released="bf16"),
     "DeepSeek-V3": dict(repo="deepseek-ai/DeepSeek-V3", layers=61, d=7168, heads=128, vocab=129280, E=256, k=8,
                         expert_ffn=2048, shared=1, dense_layers=3, dense_ffn=18432, n_ctx=163840,
-                        said=(671e9, 37e9), mla=dict(q_lora=1536, kv_lora=512, nope=128, rope=64, v=128)),
+                        said=(671e9, 37e9), mla=dict(q_lora=1536, kv_lora=512, nope=128, rope=64, v=128),
+                        released="fp8"),
 }
+
+# The dtypes the makers released the weights in: bf16, 2 bytes a weight; DeepSeek-V3's fp8 (E4M3), its
+# linear layers at 1 byte a weight plus a float32 scale per 128×128 tile, the embedding, the head, the
+# norms and the routers in bf16 (the hub's model.safetensors: `weight_scale_inv` beside each fp8 matrix).
+FP8_TILE = 128
+RELEASED_BYTES = {"bf16": 2.0, "fp8": 1.0 + 4.0 / FP8_TILE ** 2}
+
+
+def bf16_params(s: dict) -> tuple[int, int]:
+    """(held, read a token) of the parameters an fp8 release keeps in bf16: the embedding and the head,
+    every norm, the routers (MLA's two latent norms included)."""
+    d, L, sparse = s["d"], s["layers"], s["layers"] - s["dense_layers"]
+    norms = d + L * 2 * d + (L * (s["mla"]["q_lora"] + s["mla"]["kv_lora"]) if "mla" in s else 0)
+    small = norms + sparse * d * s["E"]
+    return 2 * s["vocab"] * d + small, 2 * s["vocab"] * d + small
+
+
+def released_bytes(s: dict) -> tuple[float, float]:
+    """(held, read by a token's step) in bytes, in the dtype the weights were released in (`released`):
+    the totals and active counts of `published_params` (the embedding whole, as there)."""
+    total, active = published_params(s)
+    per = RELEASED_BYTES[s["released"]]
+    if s["released"] == "bf16":
+        return per * total, per * active
+    held16, read16 = bf16_params(s)
+    return per * (total - held16) + 2 * held16, per * (active - read16) + 2 * read16
 
 
 def attention_params(s: dict) -> int:
