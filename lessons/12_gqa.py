@@ -138,7 +138,10 @@ def smaller_kv(L: Lesson) -> None:
         GQA is one of four ways today's models shrink the cache:
 
         - **Latent attention** (MLA, DeepSeek-V2/V3) caches one compressed vector per layer and token,
-          `d_c + d_rope = 512 + 64` values, and rebuilds every head's K and V from it: `L·576·b` bytes.
+          `d_c + d_rope = 512 + 64` values: `L·576·b` bytes. A prompt rebuilds every head's K and V
+          from it; decode, as engines run it, folds those projections into the query and the output
+          and attends over the 576 values directly, all 128 heads sharing them, so its attention does
+          about 1.9·H FLOPs a byte instead of lesson 8's ≈ g (lesson 18 runs both ways).
         - **Sliding windows**: a *local* layer attends to the last `w` tokens only, so it keeps only
           those. Mistral-7B v0.1 slides on every layer; Gemma 2 alternates local and global layers,
           Gemma 3 has five local to one global, gpt-oss alternates a 128-token band with full layers.

@@ -487,3 +487,12 @@ def test_bench_attention_sweeps_both_ways_beside_gqa(tmp_path):
 def test_mla_decode_is_refused_where_it_means_nothing(tmp_path, args, words):
     r = minillm_cli(tmp_path, *args)
     assert r.returncode != 0 and "Traceback" not in r.stderr and words in r.stderr, r.stderr
+
+
+def test_speculative_decoding_verifies_drafts_through_the_latent():
+    """A speculative check is a multi-token step over a cached prefix (attended decompressed), a rejected
+    guess rolled back: greedy tokens as plain decoding's, either way of decoding."""
+    path, e = FIXTURES / NAMES[0], np.load(FIXTURES / NAMES[0] / "expected.npz")
+    for way in deepseek.MLA_DECODE:
+        new, _ = minillm.speculative_generate(load(path, way), e["input_ids"], 20, draft="ngram", k=3)
+        assert new == e["greedy_ids"][:20].tolist()
