@@ -20,9 +20,9 @@ from rich.table import Table
 
 import minillm
 from minillm.checkpoints.families import random_model
-from minillm.measure.attention_sweep import run_sweep
+from minillm.measure.contexts import run_context_sweep
 from minillm.measure.chips import CHIPS
-from minillm.measure.experts import PUBLISHED, RELEASED_BYTES, published_params, released_bytes
+from minillm.measure.experts import FP8_TILE, PUBLISHED, held_bytes, published_params, read_bytes
 from minillm.measure.shapes import kv_bytes_per_token, shape
 from minillm.meter import Meter
 from minillm.models import deepseek
@@ -47,8 +47,8 @@ def lesson(L: Lesson) -> None:
     serving_it(L)
     released(L)
     L.try_it("""
-        `minillm bench --attention --model random-mla,random-mla-gqa --contexts 256,1024,4096,8192` runs
-        this lesson's sweep out to 8,192 tokens (a latent model both ways; `--mla-decode absorbed` for one).
+        `minillm bench --context-sweep --model random-mla,random-mla-gqa --contexts 256,1024,4096,8192`
+        runs this lesson's sweep (a latent model both ways; `--mla-decode absorbed` for one).
         `minillm bench --batch 1,4,16 --model random-mla,random-mla-gqa` batches both. Every command that
         runs a model takes `--mla-decode absorbed|decompressed`; a DeepSeek-V3 checkpoint folder
         (`model_type` deepseek_v3, float32 or bfloat16) loads with `minillm.load(folder)`.
@@ -68,19 +68,21 @@ def three(L: Lesson) -> dict:
     w = width(L)
     H, d, L_ = w["n_head"], w["d"], w["n_layer"]
     hd = d // H
-    base = dict(n_layer=L_, n_head=H, head_dim=hd, n_embd=d, n_ctx=512, vocab_size=512, ffn=2 * d, tied=True)
+    def llama_like(n_kv_head: int) -> LlamaConfig:
+        return LlamaConfig(n_layer=L_, n_head=H, n_kv_head=n_kv_head, head_dim=hd, n_embd=d, n_ctx=512,
+                           vocab_size=512, ffn=2 * d, tied=True)
     mla = DeepSeekConfig(n_layer=L_, n_head=H, n_embd=d, n_ctx=512, vocab_size=512, ffn=2 * d,
                          kv_lora_rank=d // 4, q_lora_rank=d // 2, qk_nope_head_dim=hd, qk_rope_head_dim=hd // 2,
                          v_head_dim=hd, n_expert=4, top_k=2, expert_ffn=d // 2, n_shared=1, n_group=2,
                          topk_group=1, first_k_dense=1, tied=True)
-    return {"MHA": LlamaConfig(**base, n_kv_head=H), "GQA": LlamaConfig(**base, n_kv_head=H // 4), "MLA": mla}
+    return {"MHA": llama_like(H), "GQA": llama_like(H // 4), "MLA": mla}
 
 
 # -- 1. bytes a token ----------------------------------------------------------------------------------
 
 def bytes_a_token(L: Lesson) -> None:
     L.say("""
-        Lesson 12 shrank the KV cache by sharing key/value heads (GQA). **Multi-head latent attention**
+        Lesson 12 shrank the KV cache by sharing key/value heads (GQA). Multi-head **latent attention**
         (MLA, DeepSeek-V2 and V3, Kimi K2) goes further: each token's keys and values, for every head,
         are made from one small vector, the **latent** `c` of r values (`kv_a` then an RMSNorm), and
         the cache keeps only that, plus one rotary key of dr values that every head shares. A layer
@@ -132,7 +134,7 @@ def two_ways(L: Lesson) -> None:
         A prompt does this (its T tokens pass through `kv_b` once anyway).
 
         **Absorbed**, how FlashMLA and FlashInfer decode: since `q·(W_UK c) = (W_UKᵀ q)·c`, each head's
-        query moves into the latent instead; then H query heads attend over **one** key/value head of
+        query moves into the latent instead; then H query heads attend over one key/value head of
         r + dr values whose first r are the values too (multi-query attention), and `W_UV` is applied
         once to each head's output. `kv_b` multiplies the H queries, not every cached token.
     """)
@@ -191,7 +193,7 @@ def against_the_ridge(L: Lesson) -> None:
     l3 = shape("llama-3-8b")
     g = l3["n_head"] // l3["n_kv_head"]
     L.say(f"""
-        Lesson 8 found decode attention at about **g FLOPs a byte** in bf16 with GQA (each KV head's
+        Lesson 8 found decode attention at about g FLOPs a byte in bf16 with GQA (each KV head's
         bytes serve its g query heads: 1 for MHA): far below every GPU's ridge, so the KV read bounds it.
         Absorbed MLA has all H query heads share one KV head: per byte of latent read, scores over
         r + dr values and a weighted sum of r, for every head: `2H·(2r + dr) / ((r + dr)·b)`.
@@ -209,7 +211,8 @@ def against_the_ridge(L: Lesson) -> None:
            f"{plural(sum(2 * mla_fb >= v for v in ridges.values()), 'ridge')} of {len(ridges)}")
     L.say("""
         Measured here: decode steps of the DeepSeek-shaped preset beside its GQA twin (the same width,
-        layers and experts, 4 KV heads of 64), each cache filled once and cut back to each context.
+        layers and experts, 4 KV heads of 64), in interleaved rounds, at each context a cache of random
+        rows (a step's work does not depend on what they hold).
     """)
     hw = L.machine()
     if L.fast:
@@ -219,44 +222,50 @@ def against_the_ridge(L: Lesson) -> None:
     else:
         with L.status("building the two presets (seconds)…"):
             models = {MLA: minillm.load(MLA, kernels="numpy"), GQA: minillm.load(GQA, kernels="numpy")}
-    contexts = L.pick([512, 2048, 4096], [64, 256])
-    with L.status(f"filling each cache to {contexts[-1]:,} positions, then {L.rounds()} rounds…"):
-        result = run_sweep(models, contexts, hw, repeats=L.rounds(), steps=L.pick(3, 2))
+    contexts = L.pick([512, 2048, 8192], [64, 256])
+    with L.status(f"{L.rounds()} rounds at {len(contexts)} contexts…"):
+        result = run_context_sweep(list(models.values()), contexts, repeats=L.rounds(), steps=L.pick(3, 2))
+    ridge = hw.peak_gflops / hw.bandwidth_gbs
+    names = {models[MLA].name: "MLA", models[GQA].name: "GQA twin"}
     rows = result["rows"]
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("ctx", "model", "ms/step", "KV read", "attn F/B", "step F/B", "bound"):
         t.add_column(col, justify="right", no_wrap=True)
     for x in rows:
-        name = "GQA twin" if x["model"] == GQA else f"MLA {x['way'][:6]}"
-        t.add_row(f"{x['context']:,}", name, f"{x['ms']:.1f}", fmt_bytes(x["kv_bytes"]), f"{x['attention_per_byte']:.1f}",
-                  f"{x['step_per_byte']:.2f}", x["bound"])
-    L.show(t, f"[dim]batch 1, float32; attn F/B: attention FLOPs per KV byte; step F/B: the whole step's, "
-              f"weights included; bound: on the roofline, ridge {result['ridge']:.1f}[/]")
+        step_fb = x["flops"] / x["bytes"]
+        name = names[x["model"].split(" ")[0]] + (f" {x['way'][:6]}" if x["way"] else "")
+        t.add_row(f"{x['context']:,}", name, f"{x['ms']:.1f}", fmt_bytes(x["kv_read"]),
+                  f"{x['attention_flops'] / x['kv_read']:.1f}", f"{step_fb:.2f}",
+                  "compute" if step_fb > ridge else "memory")
+    L.show(t, f"[dim]batch 1, float32, caches of random rows; attn F/B: attention FLOPs per KV byte; step "
+              f"F/B: the whole step's, weights included; bound: on this machine's roofline, ridge {ridge:.1f}[/]")
     L.timing_note()
-    by = {(x["context"], x["model"], x["way"]): x for x in rows}
+    by = {(x["context"], x["model"].split(" ")[0], x["way"]): x for x in rows}
+    mla, gqa = models[MLA].name, models[GQA].name
     c = models[MLA].config
     absorbed_fb = 2 * c.n_head * (2 * c.kv_lora_rank + c.qk_rope_head_dim) / ((c.kv_lora_rank + c.qk_rope_head_dim) * 4)
-    L.claim(all(abs(by[n, MLA, "absorbed"]["attention_per_byte"] - absorbed_fb) < 1e-9 for n in contexts),
+    fb = lambda x: x["attention_flops"] / x["kv_read"]
+    L.claim(all(abs(fb(by[n, mla, "absorbed"]) - absorbed_fb) < 1e-9 for n in contexts),
             f"absorbed, the attention does {absorbed_fb:.1f} FLOPs a KV byte at every context: "
             f"2H·(2r + dr)/((r + dr)·4) with H = {c.n_head}")
-    g_fb = by[contexts[0], GQA, None]["attention_per_byte"]
     gc = models[GQA].config
+    g_fb = fb(by[contexts[0], gqa, None])
     L.claim(abs(g_fb - gc.n_head / gc.n_kv_head / 2) < 1e-9,
             f"the GQA twin's attention does {g_fb:.1f} (g/2 in float32, g = {gc.n_head // gc.n_kv_head})")
-    n = contexts[-1]
-    kv_ratio = by[n, GQA, None]["kv_bytes"] / by[n, MLA, "absorbed"]["kv_bytes"]
+    n, n0 = contexts[-1], contexts[0]
+    kv_ratio = by[n, gqa, None]["kv_read"] / by[n, mla, "absorbed"]["kv_read"]
     L.claim(abs(kv_ratio - 2 * gc.n_kv_head * gc.head_dim / (c.kv_lora_rank + c.qk_rope_head_dim)) < 1e-9,
-            f"at {n:,} tokens the GQA twin reads {kv_ratio:.2f}× the latent's KV bytes (2·4·64 values a layer "
-            f"against {c.kv_lora_rank} + {c.qk_rope_head_dim})")
-    n0, cost = contexts[0], lambda T, way: decode_attention_cost(c, T, way)
-    grew = {way: by[n, MLA, way]["matmul_flops"] - by[n0, MLA, way]["matmul_flops"] for way in deepseek.MLA_DECODE}
-    L.claim(grew["absorbed"] == 0 and grew["decompressed"] == cost(n, "decompressed")["matmul_T"]
-            - cost(n0, "decompressed")["matmul_T"] > 0,
-            f"from {n0:,} to {n:,} tokens the absorbed step's products stay as they are; the decompressed "
-            f"one's grow by {fmt_flops(grew['decompressed'])}: kv_b over the {n - n0:,} more cached rows")
-    rounds = [a / d for a, d in zip(by[n, MLA, "absorbed"]["rounds_ms"], by[n, MLA, "decompressed"]["rounds_ms"])]
-    ratio = Timing(tuple(rounds))
-    L.say(f"Measured: {faster_words((ratio.median, ratio.lo, ratio.hi), f'at {n:,} tokens an absorbed decode step', 'a decompressed one')}.")
+            f"over {n + 1:,} cached tokens the GQA twin reads {kv_ratio:.2f}× the latent's KV bytes (2·4·64 "
+            f"values a layer against {c.kv_lora_rank} + {c.qk_rope_head_dim})")
+    grew = {way: by[n, mla, way]["matmul_flops"] - by[n0, mla, way]["matmul_flops"] for way in deepseek.MLA_DECODE}
+    T0, T1 = by[n0, mla, "decompressed"]["kv_read"] // c.kv_bytes_per_token(4), \
+        by[n, mla, "decompressed"]["kv_read"] // c.kv_bytes_per_token(4)
+    want = decode_attention_cost(c, T1, "decompressed")["matmul_T"] - decode_attention_cost(c, T0, "decompressed")["matmul_T"]
+    L.claim(grew["absorbed"] == 0 and grew["decompressed"] == want > 0,
+            f"from {T0:,} to {T1:,} cached rows the absorbed step's products stay as they are; the decompressed "
+            f"one's grow by {fmt_flops(grew['decompressed'])}: kv_b over the {T1 - T0:,} more rows")
+    a, d = (Timing(tuple(by[n, mla, way]["ms_rounds"])) for way in ("absorbed", "decompressed"))
+    L.say(f"Measured: {faster_words(a, d, f'at {n:,} tokens an absorbed decode step', 'a decompressed one')}.")
 
 
 # -- 4. serving it --------------------------------------------------------------------------------------
@@ -272,8 +281,8 @@ def serving_it(L: Lesson) -> None:
         Tensor parallelism splits attention by heads: with GQA's 8 KV heads on 8 GPUs, each holds one KV
         head of every token. MLA's latent belongs to all 128 heads at once: split by heads, **every GPU
         needs every token's whole latent**, and the cache is held 8 times over. So SGLang and vLLM run
-        MLA attention **data-parallel** (each GPU attends for its own sequences, over its own latents)
-        and split only the experts, **expert-parallel**: each GPU holds a share of every layer's experts,
+        MLA with **data-parallel attention** (each GPU attends for its own sequences, over its latents)
+        and split only the experts, expert-parallel: each GPU holds a share of every layer's experts,
         and each token's hidden state goes to the GPUs of its k experts and back (an all-to-all).
     """)
     L.fact(f"a {ctx:,}-token sequence: {fmt_bytes(seq)} of latent in bf16; over {gpus} GPUs by heads every "
@@ -298,17 +307,18 @@ def released(L: Lesson) -> None:
     for col in ("model", "dtype", "held", "held/GPU", "read/token", "KV/token"):
         t.add_column(col, justify="right", no_wrap=True)
     got = {}
-    for name, s in PUBLISHED.items():
-        held, read = got[name] = released_bytes(s)
+    for name in PUBLISHED:
         sh = shape(name.lower())
-        t.add_row(name, s["released"], fmt_bytes(held), fmt_bytes(held / 8), fmt_bytes(read),
+        held, read = got[name] = held_bytes(sh), read_bytes(sh)
+        t.add_row(name, sh["released"].split(" ")[0], fmt_bytes(held), fmt_bytes(held / 8), fmt_bytes(read),
                   fmt_bytes(kv_bytes_per_token(sh, 2)))
-    L.show(t, "[dim]held/GPU: over 8 GPUs; read/token: the active weights (embedding counted whole); KV in bf16[/]")
+    L.show(t, "[dim]as released (measure/experts.py); held/GPU: over 8 GPUs; read/token: a decode step's "
+              "weights at batch 1; KV in bf16[/]")
     s = PUBLISHED["DeepSeek-V3"]
     held, _ = got["DeepSeek-V3"]
     total, _ = published_params(s)
     h200 = CHIPS["h200"].memory_gb * 1e9
-    L.fact(f"DeepSeek-V3 in fp8: {RELEASED_BYTES['fp8']:.5f} bytes a matrix weight; {fmt_bytes(held / 8)} a GPU "
+    L.fact(f"DeepSeek-V3 in fp8: {FP8_TILE:.5f} bytes a matrix weight; {fmt_bytes(held / 8)} a GPU "
            f"on 8, {'inside' if held / 8 < h200 else 'beyond'} an H200's {fmt_bytes(h200)}, "
            f"{fmt_bytes(h200 - held / 8)} left for the cache; as bf16 it would be {fmt_bytes(2 * total / 8)} "
            f"a GPU ({fmt_x(2 * total / held)} as much)")

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 import minillm
 from minillm.checkpoints.llama_load import read_tensors
 from minillm.errors import ConfigError
-from minillm.measure.experts import PUBLISHED, kv_values_per_token, published_params
+from minillm.measure.experts import PUBLISHED, published_params
+from minillm.measure.shapes import kv_bytes_per_token, shape
 from minillm.models import deepseek, ops
 from minillm.models.deepseek import DeepSeekConfig, DeepSeekV3, random_params
 from minillm.models.moe import routes
@@ -98,7 +99,7 @@ def test_the_published_shape_counts_as_measure_experts_does():
     total, active = published_params(s)
     biases = len(c.sparse_layers) * c.n_expert
     assert (c.n_params(), c.active_params()) == (total + biases, active + biases)
-    assert c.kv_bytes_per_token(2) == kv_values_per_token(s) * 2 == 70_272
+    assert c.kv_bytes_per_token(2) == kv_bytes_per_token(shape("deepseek-v3"), 2) == 70_272
 
 
 def copy_fixture(tmp_path, name=NAMES[0]):
@@ -454,11 +455,11 @@ def minillm_cli(tmp_path, *args):
                           stdin=subprocess.DEVNULL, env=env, timeout=300, cwd=Path(__file__).parents[1])
 
 
-def test_bench_attention_sweeps_both_ways_beside_gqa(tmp_path):
-    """`minillm bench --attention`: the latent model both ways beside a GQA mixture at each context, the
-    KV bytes and attention FLOPs per byte the closed forms give; the table too."""
+def test_bench_context_sweep_runs_both_ways_beside_gqa(tmp_path):
+    """`minillm bench --context-sweep`: the latent model both ways beside a GQA mixture at each context, the
+    KV bytes and attention FLOPs the closed forms give; the table too, one way when asked."""
     mla, gqa = FIXTURES / NAMES[0], FIXTURES / "qwen3moe-tiny"
-    r = minillm_cli(tmp_path, "bench", "--attention", "--model", f"{mla},{gqa}", "--contexts", "16,64",
+    r = minillm_cli(tmp_path, "bench", "--context-sweep", "--model", f"{mla},{gqa}", "--contexts", "16,64",
                     "--repeats", "1", "--json")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)["rows"]
@@ -466,22 +467,24 @@ def test_bench_attention_sweeps_both_ways_beside_gqa(tmp_path):
     assert [(x["context"], x["way"]) for x in rows] == [(n, w) for n in (16, 64) for w in ("absorbed", "decompressed", None)]
     for x in rows:
         if x["way"] is None:
-            assert x["kv_bytes"] == x["context"] * 2 * g.n_layer * g.n_kv_head * g.head_dim * 4
-            assert x["attention_per_byte"] == pytest.approx(g.n_head / g.n_kv_head / 2)     # 4·H·T·hd / (2·Hkv·T·hd·4)
+            T = x["kv_read"] // (2 * g.n_layer * g.n_kv_head * g.head_dim * 4)
+            assert x["kv_read"] == T * 2 * g.n_layer * g.n_kv_head * g.head_dim * 4 and T == x["context"] + 1
+            assert x["attention_flops"] == 4 * g.n_head * T * g.head_dim * g.n_layer      # g/2 a byte in float32
         else:
-            want = deepseek.decode_attention_cost(c, x["context"], x["way"], 4)
-            assert (x["kv_bytes"], x["attention_flops"]) == (want["kv_read"], want["attention"])
-    table = minillm_cli(tmp_path, "bench", "--attention", "--model", str(mla), "--contexts", "16", "--repeats", "1",
+            T = x["context"] + (1 if x["way"] == "absorbed" else 2)        # the first way's counted step came first
+            want = deepseek.decode_attention_cost(c, T, x["way"], 4)
+            assert (x["kv_read"], x["attention_flops"]) == (want["kv_read"], want["attention"])
+    table = minillm_cli(tmp_path, "bench", "--context-sweep", "--model", str(mla), "--contexts", "16", "--repeats", "1",
                         "--mla-decode", "decompressed")
     assert table.returncode == 0, table.stderr
-    assert "deepseekv3-tiny decomp" in table.stdout and "deepseekv3-tiny absorb" not in table.stdout
+    assert "deepseekv3-tiny decompressed" in table.stdout and "deepseekv3-tiny absorbed" not in table.stdout
 
 
 @pytest.mark.parametrize("args, words", [
     (("generate", "hi", "--model", "random-tiny", "--mla-decode", "absorbed"), "has no latent attention"),
-    (("bench", "--attention", "--model", "random-tiny", "--contexts", "16", "--mla-decode", "absorbed"),
+    (("bench", "--context-sweep", "--model", "random-tiny", "--contexts", "16", "--mla-decode", "absorbed"),
      "none of these models has latent attention"),
-    (("bench", "--attention", "--model", "random-tiny", "--contexts", "16", "--mla-decode", "sideways"),
+    (("bench", "--context-sweep", "--model", "random-tiny", "--contexts", "16", "--mla-decode", "sideways"),
      "give absorbed and/or decompressed"),
 ])
 def test_mla_decode_is_refused_where_it_means_nothing(tmp_path, args, words):

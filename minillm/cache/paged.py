@@ -152,9 +152,9 @@ class PagedKVPool:
         if not self.shared:
             self.v[:, :, dst] = self.v[:, :, src]
 
-    def sequence(self) -> "PagedKVCache":
-        """A new, empty sequence in this pool."""
-        return PagedKVCache(self)
+    def sequence(self, table: list[int] | None = None, length: int = 0) -> "PagedKVCache":
+        """A new sequence in this pool (empty, or holding `length` positions in `table`'s blocks)."""
+        return PagedKVCache(self, table, length)
 
 
 class PagedKVCache(CacheBase):
@@ -294,7 +294,7 @@ def reserve_step(items) -> None:
         cache.check_fits(n)
     need: dict = {}
     for cache, n in items:
-        pool = getattr(cache, "pool", None)
+        pool = cache.pool
         if pool is not None:
             need.setdefault(id(pool), [pool, 0])[1] += cache.blocks_needed(n)
     for pool, n_blocks in need.values():

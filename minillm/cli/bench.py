@@ -1,5 +1,6 @@
 """`minillm bench`: decode against the matrix-vector ceiling per context length (default), batched
-decode against the roofline (--batch), or speculative decoding against plain decode (--speculate).
+decode against the roofline (--batch), speculative decoding against plain decode (--speculate), or
+several models' decode step against the context, interleaved (--context-sweep).
 The measurements live in `minillm.measure` (bench, batching, speculation); this module runs them
 with a progress bar on stderr and prints their tables."""
 
@@ -22,17 +23,26 @@ from ..measure.gpu import gpu_figures, summary as gpu_summary
 from ..measure.hardware import machine
 from ..backend import get_device
 from ..measure.speculation import heldout_prompts, run_speculation_bench
-from ..threads import blas_kernel, blas_name, blas_spin, blas_threads
+from .. import closeness
+from ..measure import residency
+from ..measure.busy import conditions
+from ..measure.comparisons import comparison_threads
+from ..threads import blas_kernel, blas_name, blas_spin, blas_threads, limited
 from ..ui.report import fmt_bytes
-from .common import err, note_if_busy, out
+from .common import err, out
 
 def add_arguments(parser) -> None:
     parser.add_argument("--model", default=None,
                         help="model to benchmark (default random-124m; with --speculate, the bundled large model); "
                              "with --batch, several comma-separated, measured in the same interleaved rounds "
                              "(e.g. random-moe-16x2,random-moe-16x2-dense)")
-    parser.add_argument("--contexts", default="16,128,512,1000",
-                        help="comma-separated context lengths (default 16,128,512,1000)")
+    parser.add_argument("--contexts", default=None,
+                        help="comma-separated context lengths (default 16,128,512,1000; with --context-sweep "
+                             "256,512,...,16384)")
+    parser.add_argument("--context-sweep", action="store_true",
+                        help="instead: the decode step's time and bytes (weights, KV, a hybrid's state) against the "
+                             "context for each --model (default random-hybrid,random-hybrid-full), interleaved, "
+                             "and the context where the first becomes the cheaper")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds; medians are reported (default 5)")
     parser.add_argument("--batch", default=None, metavar="B,B,...",
                         help="instead: decode with B sequences at once, for each B (e.g. 1,2,4,8,16,32), against "
@@ -57,14 +67,9 @@ def add_arguments(parser) -> None:
                              "one interleaved run with --weights or --batch (e.g. numpy,fused; fused,batch-invariant: "
                              "what batch invariance costs, prefill too); default: fused where numba works, else "
                              "numpy (said in the title)")
-    parser.add_argument("--attention", action="store_true",
-                        help="instead: one decode step at each of --contexts for each --model (several, "
-                             "comma-separated, in the same interleaved rounds; a latent-attention model both ways): "
-                             "its time, KV bytes, attention FLOPs per KV byte, against the roofline "
-                             "(e.g. --model random-mla,random-mla-gqa --contexts 256,1024,4096,8192)")
     parser.add_argument("--mla-decode", default=None, metavar="W,W",
                         help="a latent-attention model's decode: absorbed and/or decompressed (default: absorbed; "
-                             "with --attention both)")
+                             "with --context-sweep both, side by side)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
     parser.add_argument("--device", default="cpu", metavar="DEVICE",
                         help="cpu (default): bench measures NumPy on this CPU; a GPU's figures are printed beside")
@@ -103,7 +108,20 @@ def kernels_title(kernels: list[str]) -> str:
 
 
 def run(args) -> int:
-    contexts = parse_contexts(args.contexts)
+    """Every timed side of a bench runs on one thread count: the one asked for (or BLAS's) on a quiet
+    machine, one on a busy one (the note says so, on stderr, --json too; the JSON's `conditions` too)."""
+    threads, why = comparison_threads(getattr(args, "threads", None), default=blas_threads())
+    if why:
+        err.print(f"[yellow]note:[/] {escape(why)}", soft_wrap=False)
+    args.conditions = conditions(threads, why)
+    with limited(threads):
+        return _run(args)
+
+
+def _run(args) -> int:
+    if getattr(args, "context_sweep", False):
+        return bench_context_sweep(args)
+    contexts = parse_contexts(args.contexts or "16,128,512,1000")
     kernels = args.kernel_list = parse_kernels(args.kernels)
     if args.repeats < 1:
         raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
@@ -130,10 +148,6 @@ def run(args) -> int:
         raise MiniLLMError(f"--kernels {','.join(kernels)} compares kernel sets with --weights or --batch: give one of "
                            "them (or one kernel set)")
     ways = parse_ways(args.mla_decode)
-    if args.attention:
-        if batches is not None or ks is not None:
-            raise MiniLLMError("--attention sweeps contexts: leave out --batch and --speculate")
-        return bench_attention(args, contexts, kernels[0], ways)
     names = [n.strip() for n in (args.model or "").split(",") if n.strip()] if batches is not None else []
     names = names or [args.model or ("large" if ks is not None else "random-124m")]
     models = {}
@@ -158,8 +172,7 @@ def run(args) -> int:
     else:
         result, show = bench_contexts(args, model, contexts, hw)
     result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(), blas_spin=blas_spin(),
-                  kernels=kernels,
-                  kernels_title=kernels_title(kernels))
+                  kernels=kernels, kernels_title=kernels_title(kernels), conditions=args.conditions)
     gpu = gpu_figures() if ks is None else None          # this machine's GPU beside the CPU (None: no GPU)
     if gpu:
         result["gpu"] = gpu
@@ -190,52 +203,17 @@ def set_way(model, way: str | None) -> None:
         model.mla_decode = way
 
 
-def bench_attention(args, contexts: list[int], kernels: str, ways) -> int:
-    """--attention: `measure.attention_sweep` over the models, its table (or --json)."""
-    from ..measure.attention_sweep import run_sweep
-    names = [n.strip() for n in (args.model or "random-mla,random-mla-gqa").split(",") if n.strip()]
-    models = {}
-    for n in names:
-        with err.status(f"loading {escape(n)}…"):
-            models[n] = load(n, kernels=kernels)
-    if ways and not any(hasattr(m, "mla_decode") for m in models.values()):
-        raise MiniLLMError("--mla-decode: none of these models has latent attention (a DeepSeek-V3-family model has)")
-    hw = machine(progress=not args.json)
-    result = _run_with_bar(args, "decode steps across contexts", args.repeats,
-                           lambda tick: run_sweep(models, contexts, hw, args.repeats, chosen=ways, progress=tick))
-    result.update(machine={"bandwidth_gbs": hw.bandwidth_gbs, "peak_gflops": hw.peak_gflops, "method": hw.method},
-                  threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(), blas_spin=blas_spin(),
-                  kernels_title=kernels_title([kernels]))
-    if args.json:
-        print(json.dumps(result))
-        return 0
-    t = _table(f"decode steps, batch 1 (medians of {args.repeats} interleaved rounds)",
-               ("ctx", "model", "ms/step", "KV/step", "attn F/B", "step F/B", "roof ms", "bound"))
-    for r in result["rows"]:
-        label = r["model"] + (f" {r['way'][:6]}" if r["way"] else "")
-        t.add_row(f"{r['context']:,}", escape(label), f"{r['ms']:.1f}", fmt_bytes(r["kv_bytes"]),
-                  f"{r['attention_per_byte']:.1f}", f"{r['step_per_byte']:.2f}", f"{r['roofline_ms']:.1f}", r["bound"])
-    out.print(t)
-    out.print("[dim]KV/step: the cache read; attn F/B: attention FLOPs per KV byte; step F/B: the step's FLOPs per "
-              "byte, weights included; roof ms: max(bytes / bandwidth, FLOPs / peak), bound by whichever; absorb/"
-              "decomp: a latent model's two ways[/]")
-    out.print(f"[dim]this machine: {hw.bandwidth_gbs:.1f} GB/s, {hw.peak_gflops:.0f} GFLOP/s: a ridge of "
-              f"{result['ridge']:.1f} FLOPs a byte; {_blas(result)}; {result['kernels_title']}[/]")
-    return 0
-
-
 def _run_with_bar(args, title: str, total: int, work):
-    """`work(tick)` under a progress bar on stderr (none with --json), after the busy-machine note."""
-    if not args.json:
-        note_if_busy(args)
+    """`work(tick)` under a progress bar on stderr (none with --json); the busy note was said in `run`."""
     with Progress(console=err, transient=True, disable=args.json) as bar:
         task = bar.add_task(title, total=total)
         return work(lambda: bar.advance(task))
 
 
-def _verdict(ratio: float) -> str:
-    """A tokens/s ratio in words: within 5% is no ranking (one round on a busy machine moves more)."""
-    return "faster" if ratio > 1.05 else "slower" if ratio < 0.95 else "about the same, within 5%"
+def _verdict(a_rounds, b_rounds) -> str:
+    """Two sides' tokens/s rounds in words, by the one closeness rule (closeness.py)."""
+    side = closeness.apart(a_rounds, b_rounds)
+    return "faster" if side > 0 else "slower" if side < 0 else f"no winner: {closeness.why_not(a_rounds, b_rounds)}"
 
 
 def _blas(result) -> str:
@@ -261,15 +239,17 @@ def bench_contexts(args, model, contexts: list[int], hw):
     def show():
         t = _table(f"{escape(model.name)}: {model.n_params():,} params, {model.dtype}, batch 1 "
                    f"(medians of {args.repeats} interleaved rounds)",
-                   ("ctx", "tok/s", "ms/step", "naive tok/s", "prefill", "bytes/step", "GB/s", "% BW", "% ceil"))
+                   ("ctx", "tok/s", "ms/step", "naive tok/s", "prefill", "bytes/step", "GB/s", "% BW", "% bare"))
         for r in result["rows"]:
             t.add_row(str(r["context"]), f"{r['cached_tok_s']:.1f}", f"{r['cached_ms']:.1f}",
                       f"{r['naive_tok_s']:.2f}", f"{r['prefill_s']:.3f} s", fmt_bytes(r["step_bytes"]),
                       f"{r['achieved_gbs']:.1f}", f"{100 * r['of_bandwidth']:.0f}%", f"{100 * r['of_ceiling']:.0f}%")
         out.print(t)
         out.print("[dim]ctx: context length; tok/s, ms/step, bytes/step, GB/s: cached decode; naive: the whole "
-                  "sequence again every step; % BW: of this machine's bandwidth; % ceil: of the ceiling below[/]")
-        out.print(f"matrix-vector ceiling (every weight a decode step reads, bare NumPy, same run): "
+                  "sequence again every step; % BW: of this machine's bandwidth; % bare: the step's speed as a share "
+                  "of the bare pass below (over 100%: the step was faster; a bare NumPy pass is no ceiling for the "
+                  "fused kernels)[/]")
+        out.print(f"bare matrix-vector pass (every weight a decode step reads, bare NumPy, same run): "
                   f"{result['ceiling_ms']:.1f} ms = {result['ceiling_tok_s']:.1f} tok/s, "
                   f"{fmt_bytes(result['ceiling_bytes'])} at {result['ceiling_gbs']:.1f} GB/s")
         out.print(f"weight layout: \\[in, out] (x @ W) {result['layout_in_out_ms']:.1f} ms, "
@@ -306,7 +286,8 @@ def bench_batches(args, models: dict, batches: list[int], hw):
             for k in others:
                 rows = {r["batch"]: r for r in by[k]["rows"]}
                 out.print(f"{escape(name)}, {k} against {first} at the same B (tokens/s): " + ", ".join(
-                    f"B = {B} {rows[B]['tok_s'] / base[B]['tok_s']:.2f}× ({_verdict(rows[B]['tok_s'] / base[B]['tok_s'])})"
+                    f"B = {B} {rows[B]['tok_s'] / base[B]['tok_s']:.2f}× "
+                    f"({_verdict(rows[B]['tok_s_rounds'], base[B]['tok_s_rounds'])})"
                     for B in sorted(set(base) & set(rows))))
                 if by[k]["prefill_timed"]:
                     out.print(sets_table(by[first], by[k], first, k))
@@ -335,7 +316,8 @@ def _show_batches(args, name: str, result: dict, hw, together: str, blas: str) -
     out.print("[dim]weights/step: the meter's weight bytes of one step; roofline: max(bytes / bandwidth, FLOPs / "
               "peak) for the step's counted bytes and FLOPs; x @ W and engine: ms for one bare pass of B rows "
               "over every weight, the plain product and minillm's ops.matmul (2 rows as matrix-vector products, "
-              "3-63 padded to a multiple of 8)[/]")
+              "3-63 padded to a multiple of 8). A bare pass is no ceiling: the plain product can be far slower "
+              "than the engine's whole step (the small-batch cliff, lesson 8)[/]")
     if moe:
         out.print(f"[dim]a mixture of E = {E} experts, top-k = {k}: chose: the experts its router chose in the "
                   "counted step, mean over the sparse layers; uniform: E·(1 − (1 − k/E)^B), uniform routing's "
@@ -343,14 +325,21 @@ def _show_batches(args, name: str, result: dict, hw, together: str, blas: str) -
                   "passes run the chosen experts with all B rows each[/]")
     base = next((r for r in result["rows"] if r["batch"] == 1), None)
     if base:
-        best = max(result["rows"], key=lambda r: r["tok_s"])
+        step = [B1 / t * 1e3 for B1, t in ((1, x) for x in base["tok_s_rounds"])]      # ms a step, each round
+        bare = result["bare_rounds_ms"]
+        side = closeness.apart(step, bare)
+        how = ("faster than the bare pass, every round beyond its spread" if side < 0 else
+               "slower than the bare pass, every round beyond its spread" if side > 0 else
+               f"no winner against the bare pass ({closeness.why_not(step, bare)})")
         out.print(f"B = 1: {base['ms_step']:.1f} ms a step; bare matrix-vector pass \\[in, out] "
-                  f"{result['bare_in_out_ms']:.1f} ms, \\[out, in] {result['bare_out_in_ms']:.1f} ms: the engine "
-                  f"runs at {100 * result['b1_of_bare']:.0f}% of the faster. Best: B = {best['batch']}, "
-                  f"{best['tok_s'] / base['tok_s']:.1f}× the tokens/s of B = 1.")
+                  f"{result['bare_in_out_ms']:.1f} ms, \\[out, in] {result['bare_out_in_ms']:.1f} ms: the engine's "
+                  f"step took {base['ms_step'] / min(result['bare_in_out_ms'], result['bare_out_in_ms']):.2f}× the "
+                  f"faster, {how}.")
+        r = closeness.rank({f"B = {x['batch']}": x["tok_s_rounds"] for x in result["rows"]}, higher=True)
+        out.print(closeness.best_words(r, "Tokens/s by batch", lambda v: f"{v:,.0f}"))
     fast = max(result["rows"], key=lambda r: r["gbps"])
-    if fast["gbps"] > hw.bandwidth_gbs:
-        out.print(f"B = {fast['batch']}: " + outran(fast["gbps"], hw.bandwidth_gbs, fast["weight_bytes"], hw.llc_bytes))
+    if residency.outran(fast["gbps"], hw):
+        out.print(f"B = {fast['batch']}: " + outran(fast["gbps"], hw, fast["weight_bytes"]))
     cb = result["critical_batch"]
     from ..measure.batching import CRITICAL_BATCH_LIMIT
     crit = f"none up to B = {CRITICAL_BATCH_LIMIT:,} on this run's counts" if cb is None else f"B ≈ {cb:,}"
@@ -358,13 +347,16 @@ def _show_batches(args, name: str, result: dict, hw, together: str, blas: str) -
               f"= {hw.peak_gflops:.0f} GFLOP/s ÷ {hw.bandwidth_gbs:.1f} GB/s; {blas}")
 
 
-def outran(gbs: float, bw: float, nbytes: int, llc: int | None) -> str:
-    """What to say of a step that read faster than this machine's measured bandwidth: its weights
-    (nbytes) fit the last-level cache, so it read them from there; or that figure is low."""
-    said = f"its steps read {gbs:.1f} GB/s, more than the {bw:.1f} GB/s measured for memory"
-    if llc and nbytes <= llc:
-        return f"{said}: its weights, {fmt_bytes(nbytes)}, fit the {fmt_bytes(llc)} last-level cache"
-    return f"{said}, so that figure is low for now; `minillm hardware --remeasure` measures it again"
+def outran(gbs: float, hw, nbytes: int) -> str:
+    """What to say of a step that read faster than this machine's measured bandwidth: a read of a buffer
+    of its weights' size decides whether they came from a cache or the DRAM figure is low (the cache size
+    the operating system lists decides nothing: measure/residency.py)."""
+    probe = residency.probe_at(nbytes)
+    said = (f"its steps read {gbs:.1f} GB/s, more than the {hw.bandwidth_gbs:.1f} GB/s measured for memory, and a "
+            f"read of {fmt_bytes(nbytes)} (its weights' size) ran at {probe:.1f} GB/s")
+    if residency.verdict(nbytes, hw, probe_gbs=probe) == "cache":
+        return f"{said}: the weights came from a cache ({residency.os_reports(hw)})"
+    return f"{said}: the memory figure is low for now; `minillm hardware --remeasure` measures it again"
 
 
 def sets_table(base: dict, other: dict, first: str, k: str) -> Table:
@@ -425,10 +417,11 @@ def bench_speculation(args, model, ks: list[int], hw):
                   "over k+1 tokens (plain row: one decode step)[/]")
         out.print("[green]✓ every run gave plain greedy decode's tokens[/]" if not differ else
                   f"[red]✗ the tokens differ from plain decode's: {escape(', '.join(differ))}[/]")
-        best = max(result["rows"], key=lambda r: r["speedup"])
-        out.print(f"best: draft {escape(best['draft'])}, k = {best['k']}: {best['speedup']:.2f}× plain decode "
-                  f"({best['tokens_per_step']:.2f} tokens per step of the model, {100 * best['acceptance']:.0f}% of "
-                  f"guesses accepted); {_blas(result)}")
+        rounds = {f"{r['draft']} k = {r['k']}": r["speedup_rounds"] for r in result["rows"]}
+        rounds["plain"] = [1.0] * args.repeats
+        ranked = closeness.rank(rounds, higher=True)
+        out.print(escape(closeness.best_words(ranked, "Speed-up over plain decode", lambda v: f"{v:.2f}×")))
+        out.print(f"[dim]{_blas(result)}[/]")
     return result, show
 
 
@@ -437,10 +430,8 @@ def bench_weights(args, hw, kernels=None) -> int:
 
     formats = parse_formats(args.weights)
     source = args.model or "random-124m"
-    context = parse_first_context(args.contexts)
+    context = parse_first_context(args.contexts or "16,128,512,1000")
     kernels = kernels or parse_kernels(None)
-    if not args.json:
-        note_if_busy(args)
     with Progress(console=err, transient=True, disable=args.json) as bar:
         task = bar.add_task(f"weights {', '.join(formats)}", total=args.repeats * len(formats) * len(kernels))
         result = run_quant_bench(source, formats, context=context, repeats=args.repeats,
@@ -449,7 +440,7 @@ def bench_weights(args, hw, kernels=None) -> int:
     bw = hw.bandwidth_gbs
     result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(), blas_spin=blas_spin(),
                   machine={"bandwidth_gbs": bw, "llc_bytes": hw.llc_bytes}, kernels=kernels,
-                  kernels_title=kernels_title(kernels))
+                  kernels_title=kernels_title(kernels), conditions=args.conditions)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -472,7 +463,7 @@ def bench_weights(args, hw, kernels=None) -> int:
     for r in result["rows"]:
         if base is None or r is base:
             continue
-        verdict = "faster" if r["tok_s"] > base["tok_s"] else "slower"
+        verdict = _verdict([1 / x for x in r["decode_rounds_s"]], [1 / x for x in base["decode_rounds_s"]])
         name = f"{r['weights']} {r['kernels']}" if several else r["weights"]
         widen = (f"; widening alone takes {r['widen_ms']:.1f} ms, {r['widen_ms'] / base['decode_ms']:.2f}× "
                  "float32's whole step") if r["widen_ms"] else ("; no widening pass (the fused kernel widens in registers)"
@@ -484,17 +475,82 @@ def bench_weights(args, hw, kernels=None) -> int:
         out.print(f"{name}: {fewer}, "
                   f"decode {r['tok_s'] / base['tok_s']:.2f}× {base_name}'s tokens/s ({verdict}), prefill "
                   f"{base['prefill_s'] / r['prefill_s']:.2f}×{widen}")
-    over = [r for r in result["rows"] if r["of_ceiling"] > 1.0]
+    over = [r for r in result["rows"] if residency.outran(r["of_ceiling"] * bw, hw)]
     if over:
         fastest = max(over, key=lambda r: r["of_ceiling"])
         name = f"{fastest['weights']} {fastest['kernels']}" if several else fastest["weights"]
         out.print(f"{name} ran at {100 * fastest['of_ceiling']:.0f}% of its ceiling: "
-                  + outran(fastest["of_ceiling"] * bw, bw, fastest["model_bytes"], hw.llc_bytes))
-    llc = hw.llc_bytes
-    if llc and base is not None:
-        out.print(f"[dim]float32 weights {fmt_bytes(base['model_bytes'])} against the last-level cache "
-                  f"{fmt_bytes(llc)}: {'beyond' if base['model_bytes'] > llc else 'within'} it[/]")
+                  + outran(fastest["of_ceiling"] * bw, hw, fastest["step_bytes"]))
+    out.print(f"[dim]{residency.os_reports(hw)}; where the weights came from is the measurement's to say[/]")
     load_note = f"; load average {result['load_average']:.1f}" if result["load_average"] is not None else ""
     out.print(f"{_blas(result)}; widening: "
               f"NumPy, one thread, tiles of {TILE_BYTES // 1024} KiB{load_note}")
+    return 0
+
+
+SWEEP_MODELS = "random-hybrid,random-hybrid-full"
+
+
+def bench_context_sweep(args) -> int:
+    """`--context-sweep`: measure/contexts.py's sweep, one table per context, the crossover named; a
+    latent-attention model once per way (--mla-decode), with its attention's FLOPs per KV byte."""
+    from ..measure.contexts import CONTEXTS, run_context_sweep
+    if args.batch is not None or args.speculate is not None or args.weights is not None:
+        raise MiniLLMError("--context-sweep measures batch-1 decode against the context: leave out --batch, "
+                           "--speculate and --weights")
+    if args.repeats < 1:
+        raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
+    contexts = parse_contexts(args.contexts) if args.contexts else list(CONTEXTS)
+    names = [n.strip() for n in (args.model or SWEEP_MODELS).split(",") if n.strip()]
+    if len(set(names)) != len(names):
+        raise MiniLLMError(f"--model {args.model}: each model once")
+    kernels = parse_kernels(args.kernels)
+    if len(kernels) > 1:
+        raise MiniLLMError("--context-sweep runs one kernel set: give --kernels numpy or --kernels fused")
+    ways = parse_ways(args.mla_decode)
+    models = [load(n, kernels=kernels[0]) for n in names]
+    if ways and not any(hasattr(m, "mla_decode") for m in models):
+        raise MiniLLMError("--mla-decode: none of these models has latent attention (a DeepSeek-V3-family model has)")
+    result = _run_with_bar(args, f"decode against the context, {', '.join(escape(m.name) for m in models)}",
+                           len(contexts) * args.repeats,
+                           lambda tick: run_context_sweep(models, contexts, args.repeats, progress=tick, ways=ways))
+    result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(), blas_spin=blas_spin(),
+                  kernels=kernels, kernels_title=kernels_title(kernels))
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    runs = result["models"]
+    rows = {(r["model"], r["context"]): r for r in result["rows"]}
+    t = _table(f"decode, batch 1: time and bytes per step against the context (medians of {args.repeats} "
+               f"interleaved rounds of {result['steps']} steps)", ["ctx"] + [c for i, _ in enumerate(runs)
+                                                                            for c in (f"ms {i + 1}", "KV", "state")])
+    for T in result["contexts"]:
+        t.add_row(f"{T:,}", *(x for name in runs for x in (
+            f"{rows[(name, T)]['ms']:.1f}", fmt_bytes(rows[(name, T)]["kv"]),
+            fmt_bytes(rows[(name, T)]["state"]))))
+    out.print(t)
+    for i, name in enumerate(runs):
+        r = rows[(name, result["contexts"][0])]
+        fb = sorted({round(rows[(name, T)]["attention_flops"] / rows[(name, T)]["kv_read"], 1)
+                     for T in result["contexts"]}) if r["kv_read"] else []
+        out.print(f"{i + 1}: {escape(name)}, weights {fmt_bytes(r['weights'])} a step"
+                  + (f", attention {'–'.join(map(str, fb))} FLOPs a KV byte" if fb else ""))
+    out.print("[dim]ms: a decode step's median time; KV (read and written) and state (read and written): one step "
+              "at that context, counted by the meter; caches filled with random keys, values and states (a "
+              "step's work does not depend on them); attention FLOPs a KV byte: its scores and weighted sums "
+              "over what it read[/]")
+    for name in runs:
+        a, b = rows[(name, result["contexts"][0])], rows[(name, result["contexts"][-1])]
+        out.print(f"{escape(name)}: from {a['context']:,} to {b['context']:,} tokens its step went from "
+                  f"{a['ms']:.1f} to {b['ms']:.1f} ms ({b['ms'] / a['ms']:.2f}×), its weights, KV and state "
+                  f"{fmt_bytes(a['moved'])} to {fmt_bytes(b['moved'])} ({b['moved'] / a['moved']:.2f}×)")
+    firsts = [next(name for name in runs if name.split(" ")[0] == m.name) for m in models]
+    if len(models) > 1:
+        first, second = escape(firsts[0]), escape(firsts[1])
+        for key, what in (("crossover_time", "time"), ("crossover_bytes", "weights, KV and state")):
+            T = result[key]
+            out.print(f"{what}: " + (f"{first}'s step is below {second}'s from {T:,} tokens on (every longer "
+                                     "context measured)" if T is not None else
+                                     f"{first}'s step is not below {second}'s at {result['contexts'][-1]:,} tokens"))
+    out.print(f"[dim]{_blas(result)}; {result['kernels_title']}[/]")
     return 0

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..cache.contiguous import KVCache
-from ..cache.paged import KVCacheFullError, PagedKVCache, PagedKVPool
+from ..cache.paged import KVCacheFullError, PagedKVPool
+from ..errors import MiniLLMError
 from .sequence import Sequence
 
 
@@ -62,7 +63,11 @@ class BlockManager:
     """Gives sequences their caches in one pool, and keeps the prefix cache (when `prefix_cache`)."""
 
     def __init__(self, pool: PagedKVPool, prefix_cache: bool = False) -> None:
+        if prefix_cache and getattr(pool, "states", None) is not None:   # cache/state.py: the hybrid's pool
+            raise MiniLLMError("prefix caching is off for models with linear-attention layers: their state "
+                               "exists only at the end of what ran, not at every block; run without it")
         self.pool = pool
+        self.state_blocks = getattr(pool, "state_blocks", 0)   # what a sequence's fixed state costs (a hybrid)
         self.allocator = pool.allocator
         self.block_size = pool.block_size
         self.prefix_cache = prefix_cache
@@ -98,7 +103,7 @@ class BlockManager:
 
     def fits(self, n_positions: int) -> bool:
         """Could a sequence of n_positions ever run here (with the whole pool to itself)?"""
-        return self.blocks_for(n_positions) <= self.num_blocks
+        return self.blocks_for(n_positions) + self.state_blocks <= self.num_blocks
 
     def blocks_held(self, seq: Sequence) -> int:
         return len(seq.cache.table) if seq.cache is not None else 0
@@ -154,7 +159,7 @@ class BlockManager:
         ones it shares (a cached block nobody holds is taken off the free list: it counts)."""
         shared = m.cached // self.block_size
         revived = sum(1 for h in m.hashes[:shared] if self.allocator.refs[self.cached[h]] == 0)
-        return self.blocks_for(len(seq)) - shared + revived
+        return self.blocks_for(len(seq)) - shared + revived + self.state_blocks
 
     def can_admit(self, seq: Sequence, m: Match) -> bool:
         return self.blocks_to_admit(seq, m) <= self.n_free
@@ -168,6 +173,7 @@ class BlockManager:
             self.lookup_tokens += len(seq)
         full = m.cached // bs
         table = [a.share(b) if a.refs[b] else a.revive(b) for b in (self.cached[h] for h in m.hashes[:full])]
+        cache = None
         try:
             if m.cached % bs:             # the whole prompt was cached: copy its last block, write after it
                 src = self.cached[m.hashes[full]]
@@ -175,11 +181,14 @@ class BlockManager:
                 if b != src:              # (b == src: the block already holds what the copy would write)
                     self.pool.copy_block(src, b)
                 table.append(b)
-            cache = PagedKVCache(self.pool, table, m.cached)
+            cache = self.pool.sequence(table, m.cached)     # a hybrid's: its state's blocks taken too
             cache.reserve(len(seq) - m.cached)
         except KVCacheFullError:
-            for t in reversed(table):
-                a.release(t)
+            if cache is not None:
+                cache.free()
+            else:
+                for t in reversed(table):
+                    a.release(t)
             raise
         self.hit_tokens += m.cached
         self.hashes[seq.id] = m.hashes[:full]
@@ -188,6 +197,9 @@ class BlockManager:
     def adopt(self, seq: Sequence, k: np.ndarray, v: np.ndarray) -> None:
         """Admit a sequence whose first T positions were computed elsewhere, nothing shared: blocks
         for its whole length, k, v [L, Hkv, T, hd] written into them (check `can_admit` first)."""
+        if getattr(self.pool, "states", None) is not None:
+            raise MiniLLMError("a model with linear-attention layers cannot take a prompt computed elsewhere: "
+                               "its state does not travel with the keys and values")
         self.admit(seq, Match())
         write_all(seq.cache, k, v)
 
@@ -226,10 +238,11 @@ class ContiguousBlocks:
     sequence can always grow to the context, and there is no prefix cache."""
 
     prefix_cache = False
-    hit_rate = hit_tokens = 0
+    hit_rate = hit_tokens = state_blocks = 0
 
-    def __init__(self, config, dtype, xp=np) -> None:
+    def __init__(self, config, dtype, xp=np, new_cache=None) -> None:
         self.config, self.dtype, self.xp = config, dtype, xp
+        self.new_cache = new_cache or (lambda: KVCache(config, dtype, xp=xp))   # the model's own (a hybrid's)
         self.block_size = config.n_ctx           # one "block" per sequence: its whole context
         self.n_free = self.num_blocks = 1 << 62  # never the limit
 
@@ -261,7 +274,7 @@ class ContiguousBlocks:
         return True
 
     def admit(self, seq: Sequence, m: Match) -> None:
-        seq.cache = KVCache(self.config, self.dtype, xp=self.xp)
+        seq.cache = self.new_cache()
 
     def adopt(self, seq: Sequence, k: np.ndarray, v: np.ndarray) -> None:
         self.admit(seq, Match())

@@ -152,14 +152,15 @@ class Engine:
             if prefix_cache:
                 raise MiniLLMError("prefix_cache needs cache='paged': contiguous caches share no blocks")
             self.pool = None
-            self.blocks = ContiguousBlocks(model.config, model.dtype, model.xp)
+            self.blocks = ContiguousBlocks(model.config, model.dtype, model.xp, model.new_cache)
         elif cache == "paged":
+            Pool = getattr(model, "POOL", PagedKVPool)     # a hybrid's pool also pays for its states
             if num_blocks is not None:
-                self.pool = PagedKVPool(model.config, num_blocks, block_size, model.dtype, model.xp)
+                self.pool = Pool(model.config, num_blocks, block_size, model.dtype, model.xp)
             else:
                 if kv_memory is not None and kv_memory <= 0:
                     raise MiniLLMError(f"kv_memory={kv_memory}: give the KV cache's size in bytes, more than 0")
-                self.pool = PagedKVPool.from_memory(model.config, kv_memory or DEFAULT_KV_MEMORY,
+                self.pool = Pool.from_memory(model.config, kv_memory or DEFAULT_KV_MEMORY,
                                                     block_size, model.dtype, model.xp)
             self.blocks = BlockManager(self.pool, prefix_cache)
         else:

@@ -57,7 +57,9 @@ class Scheduler:
         if not self.blocks.fits(n):
             raise MiniLLMError(
                 f"a request of {len(seq.prompt)} prompt + {seq.max_new_tokens} new tokens needs "
-                f"{self.blocks.blocks_for(n)} KV blocks, the pool has {self.blocks.num_blocks}: give more KV "
+                f"{self.blocks.blocks_for(n) + self.blocks.state_blocks} KV blocks"
+                + (" (its state's included)" if self.blocks.state_blocks else "")
+                + f", the pool has {self.blocks.num_blocks}: give more KV "
                 "memory (--kv-memory) or ask for fewer tokens")
 
     def add(self, seq: Sequence) -> None:

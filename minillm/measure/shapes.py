@@ -12,6 +12,9 @@ described by a few extra fields of `shape()`'s dict:
                            gpt-oss: half, 128)
     kv_latent              multi-head latent attention (DeepSeek-V2/V3): each layer caches one latent
                            vector of kv_latent values per token (512 + 64 rope), not K and V per head
+    kv_layers, state_values  a hybrid (Qwen3.5, models/qwen35.py): only `kv_layers` of the n_layer
+                           layers (the full-attention ones) keep K and V; the others keep a fixed
+                           state per sequence, `state_values` values in all, whatever the context
 
 A mixture of experts (Mixtral-8x7B, Qwen3-30B-A3B, DeepSeek-V3: measure/experts.py) also has
 `n_active`, the parameters one token multiplies (`n_params` is the total memory holds), and its
@@ -19,7 +22,8 @@ experts (`n_expert`, `top_k`, `expert_params`, `sparse_layers`): a decode step r
 weights at batch 1 and the union of its tokens' experts past it (`experts.params_read`).
 
 `capacity` is the one answer to "how many sequences of T tokens fit in M bytes": memory × the stated
-utilisation − the weights, divided by one sequence's KV bytes. Lessons 5 and 12, `minillm hardware
+utilisation − the weights, divided by one sequence's KV bytes (a hybrid's: its state plus its full
+layers' KV). Lessons 5 and 12, `minillm hardware
 --shape` (and `--fit`) and `minillm diagnose` all call it.
 """
 
@@ -31,7 +35,8 @@ from ..models.llama import LlamaConfig
 
 from ..models.gpt2 import GPT2_SIZES
 from ..errors import MiniLLMError
-from .experts import PUBLISHED, moe_shape, params_read
+from ..models.qwen35 import FULL, LINEAR, Qwen35Config
+from .experts import PUBLISHED, held_bytes, moe_shape, read_bytes
 
 
 def _llama(L, H, Hkv, hd, d, F, V, tied=False, ctx=4096, arch="llama") -> LlamaConfig:
@@ -74,26 +79,60 @@ OTHER_SHAPES: dict[str, dict] = {
 }
 MOE_SHAPES = {name.lower(): name for name in PUBLISHED}    # mixtral-8x7b, qwen3-30b-a3b, deepseek-v3
 
+# As released: the format of each shape's published weights (config.json's torch_dtype), 2 bytes a
+# weight unless said. GPT-2 was released in float32; Llama 2 in fp16; the others in bf16. gpt-oss-20b
+# ships its experts in MXFP4 (32 E2M1 values and one E8M0 scale byte: 17/32 bytes a weight) and the
+# rest in bf16 (`kept_params`). The mixtures of measure/experts.py carry their own (DeepSeek-V3: FP8).
+RELEASED = {"llama-2-7b": "fp16", "llama-2-13b": "fp16"}
+GPT_OSS_EXPERTS = 24 * 32 * 3 * 2880 * 2880         # gpt-oss-20b: 24 layers × 32 experts × 3·d·ffn
+OTHER_SHAPES["gpt-oss-20b"].update(released="mxfp4 experts, bf16 rest", bytes_per_weight=17 / 32,
+                                   kept_params=20_910_000_000 - GPT_OSS_EXPERTS, n_embd=2880,
+                                   untied_embedding=201088 * 2880)
+
+# Hybrids of linear and full attention (published config.json values): Qwen3.5-27B, three Gated
+# DeltaNet layers to one full attention layer, 16 key and 48 value heads of 128 in the linear ones.
+HYBRID_SHAPES: dict[str, Qwen35Config] = {
+    "qwen3.5-27b": Qwen35Config(n_layer=64, n_head=24, n_kv_head=4, head_dim=256, n_embd=5120, n_ctx=262144,
+                                vocab_size=248320, ffn=17408, layer_types=(LINEAR, LINEAR, LINEAR, FULL) * 16,
+                                lin_k_heads=16, lin_v_heads=48, lin_k_dim=128, lin_v_dim=128, conv_kernel=4,
+                                rotary_dim=64, theta=1e7),
+}
+
 UTILISATION = 0.9    # the share of a GPU's memory a server takes: vLLM's gpu_memory_utilization default
 KV_DTYPES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0}
 
 
-def gpt2_as_shape(c) -> dict:
-    return {"n_layer": c.n_layer, "n_kv_head": c.n_head, "head_dim": c.head_dim, "n_params": c.n_params()}
+def _released_dense(key: str, c) -> dict:
+    """A dense shape's release: its format (RELEASED; bf16 by default, GPT-2's float32), and its untied
+    embedding table (not the head), of which a decode step reads a row per token."""
+    label = "fp32" if key.startswith("gpt2-") else RELEASED.get(key, "bf16")
+    tied = getattr(c, "tied", True)
+    return {"released": label, "bytes_per_weight": 4.0 if label == "fp32" else 2.0, "kept_params": 0,
+            "n_embd": c.n_embd, "untied_embedding": 0 if tied else c.vocab_size * c.n_embd}
+
+
 
 
 def shape_of(c, name: str = "") -> dict:
-    """The shape dict of a model config (GPT-2's or a Llama's): what the KV and capacity formulas read."""
-    return {"name": name, "n_layer": c.n_layer, "n_kv_head": c.n_kv_head, "head_dim": c.head_dim,
-            "n_head": c.n_head, "n_params": c.n_params(), "n_ctx": c.n_ctx}
+    """The shape dict of a model config (GPT-2's, a Llama's, a hybrid's): what the KV and capacity
+    formulas read."""
+    out = {"name": name, "n_layer": c.n_layer, "n_kv_head": c.n_kv_head, "head_dim": c.head_dim,
+           "n_head": c.n_head, "n_params": c.n_params(), "n_ctx": c.n_ctx}
+    if hasattr(c, "state_bytes"):                          # a hybrid: a fixed state in its linear layers
+        out.update(kv_layers=len(c.full_layers), state_values=c.state_bytes(1), linear_layers=len(c.linear_layers))
+    return out
 
 
 def shape(name: str) -> dict:
     """{n_layer, n_kv_head, head_dim, n_params, n_ctx} of a shape name (gpt2-124m ... or the tables above),
-    with `window`/`local_layers` or `kv_latent` where the model's attention caps its KV cache."""
+    with `window`/`local_layers` or `kv_latent` where the model's attention caps its KV cache, and the
+    release: `released` (its format in words), `bytes_per_weight` (of its matrices) and `kept_params`
+    (what a smaller format keeps in bf16): `experts.held_bytes` and `read_bytes` size it as released."""
     key = name.strip().lower()
     if key in SHAPES:
-        out = shape_of(SHAPES[key], key)
+        out = {**shape_of(SHAPES[key], key), **_released_dense(key, SHAPES[key])}
+    elif key in HYBRID_SHAPES:
+        out = {**shape_of(HYBRID_SHAPES[key], key), **_released_dense(key, HYBRID_SHAPES[key])}
     elif key in MOE_SHAPES:
         out = {"name": key, **moe_shape(MOE_SHAPES[key])}
     elif key in OTHER_SHAPES:
@@ -101,66 +140,90 @@ def shape(name: str) -> dict:
     elif key.startswith("gpt2-") and key.removeprefix("gpt2-") in GPT2_SIZES:
         c = GPT2_SIZES[key.removeprefix("gpt2-")]
         out = {"name": key, "n_layer": c.n_layer, "n_kv_head": c.n_head, "head_dim": c.head_dim,
-               "n_head": c.n_head, "n_params": c.n_params(), "n_ctx": c.n_ctx}
+               "n_head": c.n_head, "n_params": c.n_params(), "n_ctx": c.n_ctx, **_released_dense(key, c)}
     else:
         out = None
     if out is not None:
         if key in WINDOWS:
             out["window"], out["local_layers"] = WINDOWS[key]
         return out
-    names = [*SHAPES, *MOE_SHAPES, *OTHER_SHAPES, *(f"gpt2-{k}" for k in GPT2_SIZES)]
+    names = [*SHAPES, *MOE_SHAPES, *OTHER_SHAPES, *HYBRID_SHAPES, *(f"gpt2-{k}" for k in GPT2_SIZES)]
     close = difflib.get_close_matches(key, names, n=1)
     hint = f" Did you mean {close[0]}?" if close else ""
     raise MiniLLMError(f"unknown shape {name!r}.{hint} Known shapes: {', '.join(names)}")
 
 
+def kv_layers(s: dict) -> int:
+    """The layers that keep K and V (a hybrid's full-attention layers; every layer otherwise)."""
+    return s.get("kv_layers", s["n_layer"])
+
+
 def kv_bytes_per_token(s: dict, bytes_per_value: float) -> float:
-    """One token's KV bytes in every layer that keeps it: 2·L·Hkv·hd·b (K and V per KV head); with latent
-    attention, L·(d_c + d_rope)·b (one latent per layer). A sliding window does not change this figure,
-    only how many tokens a layer keeps (`kv_bytes_per_sequence`)."""
+    """One token's KV bytes in every layer that keeps it: 2·L·Hkv·hd·b (K and V per KV head; a hybrid:
+    L its full-attention layers); with latent attention, L·(d_c + d_rope)·b (one latent per layer). A
+    sliding window does not change this figure, only how many tokens a layer keeps
+    (`kv_bytes_per_sequence`)."""
     if s.get("kv_latent"):
         return s["n_layer"] * s["kv_latent"] * bytes_per_value
-    return 2 * s["n_layer"] * s["n_kv_head"] * s["head_dim"] * bytes_per_value
+    return 2 * kv_layers(s) * s["n_kv_head"] * s["head_dim"] * bytes_per_value
+
+
+def state_bytes(s: dict, bytes_per_value: float) -> float:
+    """A hybrid's fixed state per sequence (its linear layers' convolution windows and matrices), in
+    the KV cache's dtype; 0 for a model without one."""
+    return s.get("state_values", 0) * bytes_per_value
 
 
 def kv_bytes_per_sequence(s: dict, context: int, bytes_per_value: float) -> float:
     """The KV bytes of one sequence of `context` tokens: every layer keeps all of them, except the local
-    layers of a sliding-window model, which keep the last `window`."""
-    per_layer = kv_bytes_per_token(s, bytes_per_value) / s["n_layer"]
+    layers of a sliding-window model, which keep the last `window`; a hybrid's linear layers keep
+    their fixed state instead (counted here too: it is what the sequence holds besides its KV)."""
+    per_layer = kv_bytes_per_token(s, bytes_per_value) / kv_layers(s) if kv_layers(s) else 0.0
     local = s.get("local_layers", 0)
-    kept = local * min(context, s.get("window", context)) + (s["n_layer"] - local) * context
-    return per_layer * kept
+    kept = local * min(context, s.get("window", context)) + (kv_layers(s) - local) * context
+    return per_layer * kept + state_bytes(s, bytes_per_value)
 
 
-def decode_step_bytes(s: dict, context: int, bytes_per_value: float, kv_bytes_per_value: float | None = None) -> dict:
-    """One batch-1 decode step at `context` tokens: every weight once (a mixture's active ones), and the
-    whole KV cache (what the layers keep: a sliding window caps it)."""
-    weights = params_read(s) * bytes_per_value
-    kv = kv_bytes_per_sequence(s, context, bytes_per_value if kv_bytes_per_value is None else kv_bytes_per_value)
-    return {"weights": weights, "kv": kv, "total": weights + kv}
+def decode_step_bytes(s: dict, context: int, bytes_per_value: float | None,
+                      kv_bytes_per_value: float | None = None) -> dict:
+    """One batch-1 decode step at `context` tokens: every weight once (a mixture's active ones; an untied
+    embedding table's one row), the whole KV cache (what the layers keep: a sliding window caps it),
+    and a hybrid's state, read and written once (`state`; 0 without one). `bytes_per_value` None: the
+    weights as released (`experts.read_bytes`), the KV in 16 bits."""
+    weights = read_bytes(s, 1, bytes_per_value)
+    kv_b = kv_bytes_per_value if kv_bytes_per_value is not None else bytes_per_value or 2.0
+    kv = kv_bytes_per_sequence(s, context, kv_b) - state_bytes(s, kv_b)
+    state = 2 * state_bytes(s, kv_b)
+    return {"weights": weights, "kv": kv, "state": state, "total": weights + kv + state}
 
 
-def capacity(s: dict, context: int, memory_bytes: float, *, bytes_per_weight: float = 2.0,
-             kv_bytes_per_value: float = 2.0, utilisation: float = UTILISATION) -> dict:
+def capacity(s: dict, context: int, memory_bytes: float, *, bytes_per_weight: float | None = 2.0,
+             kv_bytes_per_value: float = 2.0, utilisation: float = UTILISATION, kv_only: bool = False) -> dict:
     """How many sequences of `context` tokens fit in `memory_bytes`, beside the weights:
 
         sequences = ⌊(memory × utilisation − weights) ÷ KV bytes of one sequence⌋   (0 if the weights do not fit)
 
+    (a hybrid's sequence: its fixed state plus its full layers' KV of `context` tokens)
+
     `utilisation`: the share of the memory the server takes (vLLM's default 0.9); the rest is the
-    runtime's (activations, CUDA graphs, fragmentation). Returns the figures the answer is made of."""
-    for what, v in (("context", context), ("memory", memory_bytes), ("bytes per weight", bytes_per_weight),
+    runtime's (activations, CUDA graphs, fragmentation). `bytes_per_weight` None: the weights as
+    released (`experts.held_bytes`). `kv_only`: the memory holds the KV cache alone (the weights
+    elsewhere: counted as 0). Returns the figures the answer is made of."""
+    for what, v in (("context", context), ("memory", memory_bytes),
+                    ("bytes per weight", 2.0 if bytes_per_weight is None else bytes_per_weight),
                     ("KV bytes per value", kv_bytes_per_value)):
         if not v > 0:
             raise MiniLLMError(f"capacity: {what} must be above 0, got {v!r}")
     if not 0 < utilisation <= 1:
         raise MiniLLMError(f"utilisation {utilisation!r}: give a share of the memory above 0 and at most 1 (e.g. 0.9)")
     usable = memory_bytes * utilisation
-    weights = s["n_params"] * bytes_per_weight
+    weights = 0.0 if kv_only else held_bytes(s, bytes_per_weight)
     per_seq = kv_bytes_per_sequence(s, context, kv_bytes_per_value)
     left = usable - weights
     return {"memory_bytes": memory_bytes, "utilisation": utilisation, "usable_bytes": usable,
             "weight_bytes": weights, "kv_bytes_per_token": kv_bytes_per_token(s, kv_bytes_per_value),
-            "kv_bytes_per_sequence": per_seq, "context": context, "left_bytes": left,
+            "kv_bytes_per_sequence": per_seq, "state_bytes_per_sequence": state_bytes(s, kv_bytes_per_value),
+            "context": context, "left_bytes": left,
             "sequences": max(0, int(left // per_seq)), "weights_fit": left >= 0}
 
 

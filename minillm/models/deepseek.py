@@ -59,24 +59,23 @@ DeepSeek's mixture (`mixture`):
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from functools import partial
 from typing import Iterator
 
 import numpy as np
-
-from dataclasses import replace
-from functools import partial
 
 from .. import meter
 from ..config import MAX_CONTEXT, MAX_COUNT, hf_model_type, whole
 from ..errors import ConfigError
 from . import moe, ops
-from .base import CausalLM
+from .base import RANDOM_SEED, CausalLM
+from .factory import make_weight, on_device
 from .llama import mlp
 from .moe import MoEConfig, dispatch, expected_distinct_experts, expert, record_route
 from .quant import FORMATS
 from .target import Target, cpu_only
-from .weights import Dense, check_blocks, label, make_weight, on_device, stored
+from .weights import Dense, check_blocks, label, stored
 
 MODEL_TYPES = ("deepseek_v3",)
 MLA_DECODE = ("absorbed", "decompressed")
@@ -738,7 +737,6 @@ def decode_attention_cost(c: DeepSeekConfig, T: int, mla: str, itemsize: int = 4
 # 32 experts of 256 in 4 groups (2 open), 4 and one shared a token, the first block dense. In float32
 # it holds ~0.9 GB, of which a token reads ~0.25 GB: well past a 32 MiB last-level cache.
 
-RANDOM_SEED = 1234
 SHAPES: dict[str, DeepSeekConfig] = {
     "random-mla": DeepSeekConfig(n_layer=8, n_head=16, n_embd=1024, n_ctx=16384, vocab_size=8192, ffn=2816,
                                  kv_lora_rank=256, q_lora_rank=384, qk_nope_head_dim=64, qk_rope_head_dim=32,

@@ -1,0 +1,304 @@
+"""Lesson 19: A state that does not grow. Qwen3.5 keeps a KV cache in one layer of four; the other
+three (Gated DeltaNet) fold the past into a fixed-size state per sequence. Its two forms on one
+example (chunked for a prompt, recurrent for decode: the same numbers, compute against memory); a
+decode step's time and bytes against the context for a hybrid and an all-attention model of the same
+width and depth, counted and timed; how many sequences fit at 32k; what a fixed state costs.
+
+Run:  python lessons/19_state.py        (or: minillm learn 19)
+"""
+
+from __future__ import annotations
+
+from minillm.lessons._common import Lesson, fmt_x, plural, run_lesson, time_interleaved
+
+import numpy as np
+from rich import box
+from rich.table import Table
+
+import minillm
+from minillm.cache.state import NoRollback
+from minillm.engine.engine import Engine
+from minillm.errors import MiniLLMError
+from minillm.measure.chips import get_chip
+from minillm.measure.contexts import run_context_sweep
+from minillm.measure.shapes import HYBRID_SHAPES, UTILISATION, capacity, shape, shape_of
+from minillm.models import qwen35
+from minillm.models.qwen35 import FULL, LINEAR, Qwen35Config, decode_step_bytes
+from minillm.ui.report import fmt_bytes, fmt_flops
+
+TITLE = "A state that does not grow"
+MINUTES = 8
+WHAT_YOU_WILL_SEE = "chunked == recurrent, decode bytes against context, capacity at 32k"
+
+HYBRID, FULL_NAME = "random-hybrid", "random-hybrid-full"
+
+
+# -- the models: the one place they are built ---------------------------------------------------------
+#
+# Fast mode runs small stand-ins of the same pattern (three linear layers to one full; all full);
+# full mode builds the presets by name, as `minillm bench --context-sweep` does.
+
+_SMALL = dict(n_layer=4, n_head=4, n_kv_head=1, head_dim=32, n_embd=128, n_ctx=8192, vocab_size=1024, ffn=256,
+              lin_k_heads=2, lin_v_heads=4, lin_k_dim=32, lin_v_dim=32, conv_kernel=4, rotary_dim=8, theta=1e7)
+FAST_PRESETS = {HYBRID: Qwen35Config(**_SMALL, layer_types=(LINEAR, LINEAR, LINEAR, FULL)),
+                FULL_NAME: Qwen35Config(**_SMALL, layer_types=(FULL,) * 4)}
+
+
+def preset(L: Lesson, name: str):
+    with L.status(f"building {name}…"):
+        if not L.fast:
+            return minillm.load(name, quiet=True)
+        return qwen35.random(FAST_PRESETS[name], name=f"{name} (small)")
+
+
+# -- the lesson ---------------------------------------------------------------------------------------
+
+def lesson(L: Lesson) -> None:
+    if L.model_name:
+        L.note(f"--model {L.model_name} is not used: this lesson compares its two presets, {HYBRID} and "
+               f"{FULL_NAME}.")
+    L.say("""
+        Every model so far keeps a KV cache: each layer stores every position's key and value, and a
+        decode step reads all of them. Lesson 6 watched that cache overtake the weights; lessons 8-10
+        paged it, shared it, batched beside it. Many models of 2026 keep that cache in only a few
+        layers. Qwen3.5 (and Qwen3-Next before it; Kimi Linear, Nemotron-H, Jamba, MiniMax alike)
+        replaces three attention layers of every four with **linear attention** (Gated DeltaNet): a
+        layer that folds everything it has seen into a **state of fixed size**, per value head one
+        `[dk, dv]` matrix, whatever the context.
+    """)
+    L.pause()
+    hybrid, full = preset(L, HYBRID), preset(L, FULL_NAME)
+    two_forms(L, hybrid)
+    context_sweep(L, hybrid, full)
+    capacity_at_32k(L)
+    what_it_costs(L, hybrid)
+    L.try_it(f"""
+        `minillm bench --context-sweep --model {HYBRID},{FULL_NAME}` measures this lesson's sweep as a
+        command (256 to 16,384 tokens), in interleaved rounds, with the crossover named. The chunk size
+        of the prompt's form is `model.chunk` (64 by default): any value gives the same logits.
+        `minillm hardware --shape qwen3.5-27b --fit 32768 --memory 80GB` does the capacity arithmetic.
+    """)
+
+
+def two_forms(L: Lesson, model) -> None:
+    L.section("Two forms of one layer")
+    c = model.config
+    Hv, dk, dv = c.lin_v_heads, c.lin_k_dim, c.lin_v_dim
+    L.say(f"""
+        For each token t, a linear layer forgets a little (`S = exp(g_t)·S`), then writes the part of the
+        value `v_t` that its state does not already recall for the key `k_t`, at strength `beta_t` (the
+        **delta rule**: `S += k_t·(beta_t·(v_t − Sᵀk_t))ᵀ`), and reads with the query: `o_t = Sᵀq_t`.
+        Run one token at a time, that is the **recurrent form**: read the state, update it, write it
+        back. Decode runs it: {Hv} value heads × [{dk}, {dv}] per layer here, the same bytes at token 10
+        as at token 10,000.
+
+        A prompt runs the **chunked form** instead: within a chunk of C tokens the C writes are one
+        triangular system, solved at once, and outputs and the next state are matrix products; only the
+        state crosses from chunk to chunk. Below, both forms on the same inputs, the shapes of one of this
+        model's linear layers, under the meter.
+    """)
+    T = L.pick(512, 256)
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((Hv, T, dk)).astype(np.float32)
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    q = (rng.standard_normal((Hv, T, dk)) / np.sqrt(dk)).astype(np.float32)
+    v = rng.standard_normal((Hv, T, dv)).astype(np.float32)
+    g = -rng.uniform(0, 0.5, (Hv, T)).astype(np.float32)
+    beta = rng.uniform(0, 1, (Hv, T)).astype(np.float32)
+    S0 = np.zeros((Hv, dk, dv), dtype=np.float32)
+    forms = {"recurrent": lambda: qwen35.delta_rule_recurrent(q, k, v, g, beta, S0),
+             "chunked": lambda: qwen35.delta_rule_chunked(q, k, v, g, beta, S0, qwen35.CHUNK)}
+    out, counted = {}, {}
+    for name, fn in forms.items():
+        with minillm.Meter() as m:
+            out[name] = fn()
+        counted[name] = m.steps[0]
+    diff = max(float(np.abs(out["recurrent"][0] - out["chunked"][0]).max()),
+               float(np.abs(out["recurrent"][1] - out["chunked"][1]).max()))
+    scale = float(np.abs(out["recurrent"][0]).max())
+    L.claim(diff <= 1e-5 * max(1.0, scale), f"over {T} tokens the two forms' outputs and final states differ by "
+            f"{diff:.1e} at most (outputs up to {scale:.1f}): float32 rounding")
+    times = time_interleaved(forms, L.rounds())
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("form", "FLOPs", "state traffic", "time"):
+        t.add_column(col, justify="right", no_wrap=True)
+    state = S0.nbytes
+    for name in forms:
+        traffic = counted[name].bytes["activations"] - sum(a.nbytes for a in (q, k, v, g, beta)) \
+            - out[name][0].nbytes
+        t.add_row(name, fmt_flops(counted[name].total_flops), fmt_bytes(traffic), times[name].short())
+    L.show(t, f"[dim]{Hv} heads, dk = {dk}, dv = {dv}, {T} tokens, chunks of {qwen35.CHUNK}; state traffic: the "
+              f"states the form reads and writes as it goes ({fmt_bytes(state)} each), counted by the meter[/]")
+    L.timing_note()
+    f_rec, f_chunk = counted["recurrent"].total_flops, counted["chunked"].total_flops
+    L.fact(f"the recurrent form does {fmt_flops(f_rec)} in {T} tiny steps that each move the whole state; the "
+           f"chunked form does {fmt_x(f_chunk / f_rec)} those FLOPs as matrix products over "
+           f"{plural(-(-T // qwen35.CHUNK), 'chunk')}, the state moved once per chunk")
+    ratio = times["recurrent"].median / times["chunked"].median
+    L.say(f"Here the recurrent form took {fmt_x(ratio)} the chunked form's time over the whole prompt"
+          + (": a prompt wants the chunked form." if ratio > 1 else
+             ", no more: at this size the two are close on this machine (the chunked form's lead grows with "
+             "the heads' widths, its products' efficiency)."))
+    ids = np.random.default_rng(1).integers(0, c.vocab_size, L.pick(96, 48))
+    P = len(ids) // 2
+    naive = model.forward(ids)
+    logits, cache = model.prefill(ids[:P])
+    rows = [logits] + [model.decode_step(int(tok), cache) for tok in ids[P:-1]]
+    gap = float(np.abs(np.array(rows) - naive[P - 1:-1]).max())
+    L.claim(gap < 1e-4, f"the whole model: a prefill of {P} tokens (chunked form) and {len(ids) - P - 1} decode "
+            f"steps (recurrent form) give the logits of one pass with no cache, within {gap:.1e}")
+    L.pause()
+
+
+def context_sweep(L: Lesson, hybrid, full) -> None:
+    L.section("A decode step against the context")
+    h, f = hybrid.config, full.config
+    L.say(f"""
+        Two models of the same width ({h.n_embd}) and depth ({h.n_layer} blocks): `{hybrid.name}` has
+        Qwen3.5's pattern, {plural(len(h.linear_layers), 'linear layer')} and {len(h.full_layers)} full;
+        `{full.name}` has a full attention layer in every block. Each decode step reads every weight,
+        the KV of the layers that keep one, and (the hybrid) each linear layer's state once, writing
+        it back. The caches are filled with random keys, values and states: a step's work does not
+        depend on what they hold.
+    """)
+    contexts = L.pick((256, 512, 1024, 2048, 4096, 8192, 16384), (128, 512, 2048, 4096))
+    steps = L.pick(4, 2)
+    with L.progress("sweeping the context", len(contexts) * L.rounds()) as advance:
+        r = run_context_sweep([hybrid, full], contexts, repeats=L.rounds(), steps=steps, progress=advance)
+    rows = {(x["model"], x["context"]): x for x in r["rows"]}
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("context", "hybrid", "bytes", "all-attention", "bytes"):
+        t.add_column(col, justify="right", no_wrap=True)
+    exact = True
+    for T in r["contexts"]:
+        a, b = rows[(hybrid.name, T)], rows[(full.name, T)]
+        for m, x in ((hybrid, a), (full, b)):
+            want = decode_step_bytes(m.config, T, m.dtype.itemsize)
+            exact &= (x["weights"], x["kv"], x["state"]) == (want["weights"], want["kv"], want["state"])
+        t.add_row(f"{T:,}", f"{a['ms']:.1f} ms", fmt_bytes(a["weights"] + a["kv"] + a["state"]),
+                  f"{b['ms']:.1f} ms", fmt_bytes(b["weights"] + b["kv"] + b["state"]))
+    L.show(t, f"[dim]median of {r['repeats']} interleaved rounds of {steps} decode steps; bytes: weights + KV + "
+              "state, counted by the meter (activations aside); float32[/]")
+    L.timing_note()
+    L.claim(exact, "every row's weights, KV and state bytes, counted by the meter, equal the closed form: "
+            "weights once, the full layers' KV of every position so far, each linear layer's state read "
+            "once and written once")
+    lo, hi = r["contexts"][0], r["contexts"][-1]
+    grow = {m.name: rows[(m.name, hi)]["kv"] - rows[(m.name, lo)]["kv"] for m in (hybrid, full)}
+    L.claim(rows[(hybrid.name, hi)]["state"] == rows[(hybrid.name, lo)]["state"] > 0
+            and grow[hybrid.name] * len(f.full_layers) == grow[full.name] * len(h.full_layers),
+            f"from {lo:,} to {hi:,} tokens the hybrid's state stays {fmt_bytes(rows[(hybrid.name, lo)]['state'])} "
+            f"a step and its KV grows by {fmt_bytes(grow[hybrid.name])}, "
+            f"{len(h.full_layers)}/{len(f.full_layers)} of the other's {fmt_bytes(grow[full.name])}")
+    T_bytes = qwen35.crossover_context(h, f, hybrid.dtype.itemsize)
+    L.fact(f"by the closed form the hybrid's step moves fewer bytes from context {T_bytes:,} on: its linear "
+           f"layers' extra weights and its state ({fmt_bytes(2 * h.state_bytes(4))} read and written) against "
+           f"{fmt_bytes(f.kv_bytes_per_token(4) - h.kv_bytes_per_token(4))} less KV per position")
+    T_time = r["crossover_time"]
+    if T_time is None:
+        L.say(f"In time, the hybrid's step was not below the other's at {hi:,} tokens on this run.")
+    elif T_time == lo:
+        L.say(f"In time, the hybrid's step was below the other's at every context measured, from {lo:,}.")
+    else:
+        L.say(f"In time, the hybrid's step was below the other's from {T_time:,} tokens on, at every longer "
+              f"context measured (in bytes, by the closed form, from {T_bytes:,}).")
+    L.pause()
+
+
+def capacity_at_32k(L: Lesson) -> None:
+    L.section("How many sequences fit at 32k")
+    c = HYBRID_SHAPES["qwen3.5-27b"]
+    twin = Qwen35Config(**{**c.asdict(), "layer_types": (FULL,) * c.n_layer})
+    s, t_s = shape("qwen3.5-27b"), shape_of(twin, "every layer full")
+    L.say(f"""
+        Qwen3.5-27B has {c.n_layer} layers: {len(c.full_layers)} keep K and V ({c.n_kv_head} KV heads of
+        {c.head_dim}), {len(c.linear_layers)} keep a state of {c.lin_v_heads} value heads × [{c.lin_k_dim},
+        {c.lin_v_dim}]. Beside it, the same shape with a full attention layer in every block (it exists
+        only on paper: its attention weights are a little smaller, its KV four times larger). The
+        capacity function of lessons 5 and 12 counts a hybrid's state with its KV.
+    """)
+    ctx, b = 32768, 2
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("bf16", "KV/token", "state", "per 32k seq", "H100 80GB", "H200 141GB"):
+        t.add_column(col, justify="right", no_wrap=True)
+    fit = {}
+    for name, x in (("Qwen3.5-27B", s), ("all full", t_s)):
+        caps = [capacity(x, ctx, get_chip(chip).memory_gb * 1e9, bytes_per_weight=b, kv_bytes_per_value=b)
+                for chip in ("h100-sxm", "h200")]
+        fit[name] = [cap["sequences"] for cap in caps]
+        t.add_row(name, fmt_bytes(caps[0]["kv_bytes_per_token"]), fmt_bytes(caps[0]["state_bytes_per_sequence"]),
+                  fmt_bytes(caps[0]["kv_bytes_per_sequence"]), *(f"{n:,}" for n in fit[name]))
+    L.show(t, f"[dim]{ctx:,} tokens a sequence, weights and KV in bf16, {UTILISATION:.0%} of the memory (vLLM's "
+              "default); published config[/]")
+    per_tok = c.kv_bytes_per_token(b)
+    L.fact(f"the state costs what {c.state_bytes(b) / per_tok:,.0f} tokens of its full layers' KV cost "
+           f"({fmt_bytes(c.state_bytes(b))} against {fmt_bytes(per_tok)} a token): past that context a "
+           "sequence's fixed part is the smaller one")
+    L.claim(all(a > z for a, z in zip(fit["Qwen3.5-27B"], fit["all full"])),
+            f"at 32k, {fit['Qwen3.5-27B'][0]} Qwen3.5-27B sequences fit on an H100 beside the weights against "
+            f"{fit['all full'][0]} with every layer full; {fit['Qwen3.5-27B'][1]} against {fit['all full'][1]} "
+            "on an H200")
+    L.pause()
+
+
+def what_it_costs(L: Lesson, model) -> None:
+    L.section("What a fixed state costs")
+    L.say("""
+        The state is a summary, updated in place: the state after token t is gone once token t + 1 is
+        in. Two things every earlier lesson relied on go with it. **Going back**: speculative decoding
+        (lesson 11) drops the rejected guesses' positions from the cache; a state cannot drop them.
+    """)
+    _, cache = model.prefill(np.arange(8) % model.config.vocab_size)
+    try:
+        cache.truncate(4)
+        refused = None
+    except NoRollback as e:
+        refused = str(e)
+    L.claim(refused is not None and cache.length == 8, "asked to go back from 8 positions to 4, the cache "
+            f"refuses in one line: “{refused}”")
+    c = model.config
+    block = 16
+    kv_block = block * c.kv_bytes_per_token(4)
+    q = HYBRID_SHAPES["qwen3.5-27b"]
+    q_ratio = q.state_bytes(2) / (block * q.kv_bytes_per_token(2))
+    L.say(f"""
+        **Prefix caching** (lesson 10) names every full block of a prompt and lets a later request with
+        the same first blocks reuse their keys and values. The linear layers have nothing to reuse at a
+        block boundary unless the state was saved there: a snapshot per block. Here a snapshot
+        ({fmt_bytes(c.state_bytes(4))}) is {c.state_bytes(4) / kv_block:.0f}× the KV of the
+        {block}-position block it would sit beside ({fmt_bytes(kv_block)}); for Qwen3.5-27B in bf16,
+        {q_ratio:.0f}×. vLLM first served such models without prefix caching and later saved states only
+        at coarse, aligned boundaries; SGLang keeps one state per node of its prefix tree. minillm
+        refuses the prefix cache for this family, in one line:
+    """)
+    try:
+        Engine(model, num_blocks=64, block_size=block, prefix_cache=True)
+        said = None
+    except MiniLLMError as e:
+        said = str(e)
+    L.claim(said is not None and "prefix" in said, f"the engine with prefix_cache=True says: “{said}”")
+    P = L.pick(1024, 256)
+    ids = np.random.default_rng(2).integers(0, c.vocab_size, P)
+    _, full_cache = model.prefill(ids)
+    times = time_interleaved({"prefill": lambda: model.prefill(ids), "copy": lambda: full_cache.fork().free()},
+                             L.rounds())
+    ratio = times["prefill"].median / times["copy"].median
+    L.say(f"What a hit would have saved, measured: the prefill of a {P}-token prefix took "
+          f"{times['prefill'].short()}, copying its KV and one state (`cache.fork()`) {times['copy'].short()}, "
+          f"{fmt_x(ratio)} less. What a prefix cache of states would cost is the memory above.")
+    L.timing_note()
+    L.takeaway("""
+        A linear-attention layer keeps a state of fixed size per sequence: its decode step reads and
+        writes the same bytes at any context, and only the full-attention layers' KV grows, here a
+        quarter of the all-attention model's (three layers in four keep none). So KV overtakes the weights
+        four times later, and more sequences fit at long contexts. The price: the state cannot go
+        back, cannot be cut at any block for reuse, and holds a summary of the past, not the past.
+    """)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_lesson(lesson, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
