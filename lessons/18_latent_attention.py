@@ -28,7 +28,6 @@ from minillm.meter import Meter
 from minillm.models import deepseek
 from minillm.models.deepseek import DeepSeekConfig, decode_attention_cost
 from minillm.models.llama import LlamaConfig
-from minillm.models.moe import MoEConfig
 from minillm.ui.report import fmt_bytes, fmt_flops
 
 TITLE = "A KV cache of 576 values"
@@ -192,7 +191,7 @@ def against_the_ridge(L: Lesson) -> None:
     mla_fb = 2 * H * (2 * r + dr) / ((r + dr) * 2)
     l3 = shape("llama-3-8b")
     g = l3["n_head"] // l3["n_kv_head"]
-    L.say(f"""
+    L.say("""
         Lesson 8 found decode attention at about g FLOPs a byte in bf16 with GQA (each KV head's
         bytes serve its g query heads: 1 for MHA): far below every GPU's ridge, so the KV read bounds it.
         Absorbed MLA has all H query heads share one KV head: per byte of latent read, scores over

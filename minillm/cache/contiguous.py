@@ -3,7 +3,7 @@ preallocated to n_ctx (a context longer than PREALLOCATE positions, 32,768, star
 as positions fill: a model claiming 10^7 positions does not reserve gigabytes for a short chat).
 
 Layout [L, Hkv, n_ctx, hd] (Hkv = the model's KV heads: GPT-2's H, fewer with grouped-query
-attention): for one layer, the keys of all heads are one [Hkv, t, hd] view
+attention; latent attention's one row of r + dr values, whose first r are the values: `values_in_keys`): for one layer, the keys of all heads are one [Hkv, t, hd] view
 `k[layer, :, :t]`, so a decode step attends over every head in one batched product, with no
 per-step concatenation and no copy of what the cache already holds. The arrays are allocated
 once (the pages are touched only as positions fill), and a step writes only its own positions.

@@ -7,6 +7,7 @@ block. Each sequence keeps a block table (its blocks, in order); position p live
 `table[p // block_size]` at offset `p % block_size`.
 
     pool.k  [L, Hkv, num_blocks, block_size, hd]   (and pool.v): one layer's pool is [Hkv, blocks, bs, hd]
+                                                   (a latent pool: pool.v a view of pool.k's first columns)
 
 Blocks are numbered; the allocator keeps a free list and a reference count per block, so a block
 can be shared by several sequences (a common prompt prefix) and returns to the free list only when
