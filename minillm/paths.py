@@ -102,6 +102,18 @@ def read_capped(path: Path, cap: int) -> bytes | None:
     return None if len(data) > cap else data
 
 
+def read_named_file(path: Path, cap: int, error: type, name: str, hint: str) -> bytes | None:
+    """A file the user named (--prompt-file, --data): its bytes if it holds at most `cap` (None if more),
+    else one `error` line naming it: not a regular file (with `hint`: what to give instead), unreadable."""
+    problem = not_a_regular_file(path)
+    if problem is not None:
+        raise error(f"{name}: {problem}; {hint}")
+    try:
+        return read_capped(path, cap)
+    except OSError as e:
+        raise error(f"{name}: cannot be read ({e.strerror})") from None
+
+
 MAX_JSON_BYTES = 1 << 24   # 16 MiB: the largest config or tokenizer JSON minillm reads (Qwen3's tokenizer.json: 11 MB)
 
 

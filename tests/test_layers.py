@@ -158,6 +158,17 @@ def test_no_package_cycle():
     assert not found, "package import cycles: " + "; ".join(" <-> ".join(g) for g in found)
 
 
+def file_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """module -> the modules of the package it imports (function-local imports counted)."""
+    mods = {module_name(p, root): p for p in root.rglob("*.py")}
+    return {m: {t for t in imports(p, root) if t in mods and t != m} for m, p in mods.items()}
+
+
+def test_no_file_cycle_counting_function_local_imports():
+    found = cycles(file_graph())
+    assert not found, "file import cycles: " + "; ".join(" <-> ".join(g) for g in found)
+
+
 def test_the_reader_sees_function_local_and_relative_imports(tmp_path):
     """The reader itself: a relative import inside a function counts, as a module or as its package."""
     pkg = tmp_path / "minillm"
@@ -175,3 +186,4 @@ def test_the_reader_sees_function_local_and_relative_imports(tmp_path):
     assert cycles(graph(pkg)) == []
     (pkg / "ui" / "report.py").write_text("from ..measure import bench\n")
     assert cycles(graph(pkg)) == [["minillm.measure", "minillm.ui"]]
+    assert cycles(file_graph(pkg)) == [["minillm.measure.bench", "minillm.ui.report"]]

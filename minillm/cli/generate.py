@@ -11,7 +11,7 @@ from ..engine.generate import generate
 from ..engine.sampling import check_sampling
 from ..engine.speculative import check_k, speculative_generate
 from ..errors import MiniLLMError, PromptError
-from ..paths import expand_user, not_a_regular_file, read_capped
+from ..paths import expand_user, read_named_file
 from .common import (TextStream, add_model, add_sampling, add_speculative, encode_prompt, err, load_draft, load_model,
                      kernels_label, note_if_busy)
 
@@ -45,14 +45,8 @@ def read_prompt(args) -> str:
     if name == "-":
         name, raw = "standard input", sys.stdin.buffer.read(MAX_PROMPT_BYTES + 1)
     else:
-        path = expand_user(name)
-        problem = not_a_regular_file(path)
-        if problem is not None:
-            raise PromptError(f"--prompt-file {name}: {problem}; give a UTF-8 text file, or - for standard input")
-        try:
-            raw = read_capped(path, MAX_PROMPT_BYTES)
-        except OSError as e:
-            raise PromptError(f"--prompt-file {name}: cannot be read ({e.strerror})") from None
+        raw = read_named_file(expand_user(name), MAX_PROMPT_BYTES, PromptError, f"--prompt-file {name}",
+                              "give a UTF-8 text file, or - for standard input")
     if raw is None or len(raw) > MAX_PROMPT_BYTES:
         raise PromptError(f"{name}: over {MAX_PROMPT_BYTES >> 20} MiB, far more than any context holds")
     try:

@@ -303,6 +303,17 @@ def transformer_block(x: np.ndarray, p: Block, c: LlamaConfig, cos, sin, attend,
 
 # -- the model ----------------------------------------------------------------------------------------
 
+def checkpoint_params(model) -> dict:
+    """A Llama-shaped model's parameters as the checkpoint names them (`model.params`): the embedding,
+    the final norm, an untied head, and every block's (stacked ones under their stacked names)."""
+    params = {"embed_tokens.weight": model.wte, "norm.weight": model.norm}
+    if not model.config.tied:
+        params["lm_head.weight"] = stored(model.head_w, rows=True)
+    for i, p in enumerate(model.blocks):
+        params.update({f"layers.{i}.{k}": stored(v) for k, v in p.items()})
+    return params
+
+
 class Llama(CausalLM):
     """A Llama-family model: a config and checkpoint tensors (Hugging Face names without `model.`).
     Shares GPT-2's one way in (`CausalLM.step`) and its special cases: only `run` and `head` differ."""
@@ -332,11 +343,7 @@ class Llama(CausalLM):
         self.wte = stored(self.embed_w, rows=True)                                        # [V, d]
         self.blocks: list[Block] = [self.block_params(tensors, i) for i in range(c.n_layer)]
         self.norm = on_device(np.asarray(tensors["norm.weight"], dtype=dtype), target)
-        self.params = {"embed_tokens.weight": self.wte, "norm.weight": self.norm}
-        if not c.tied:
-            self.params["lm_head.weight"] = stored(self.head_w, rows=True)
-        for i, p in enumerate(self.blocks):
-            self.params.update({f"layers.{i}.{k}": stored(v) for k, v in p.items()})
+        self.params = checkpoint_params(self)
         self.weights, self.float_matrices = label(self.matrices(head=False), dtype)
 
     # -- what a subclass changes (models/moe.py): a block's parameters and its MLP --

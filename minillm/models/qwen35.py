@@ -59,7 +59,7 @@ from ..errors import ConfigError, MiniLLMError
 from . import ops
 from .base import RANDOM_SEED, CausalLM
 from .factory import make_weight
-from .llama import mlp
+from .llama import Llama, checkpoint_params, mlp
 from .ops import merge_heads
 from .target import Target, cpu_only
 from .weights import check_blocks, label, stored
@@ -628,11 +628,7 @@ class Qwen35(CausalLM):
             p["down_proj.weight"] = mat(tensors[h + "mlp.down_proj.weight"])
             self.blocks.append(p)
         self.norm = gain(tensors["norm.weight"])
-        self.params = {"embed_tokens.weight": self.wte, "norm.weight": self.norm}
-        if not c.tied:
-            self.params["lm_head.weight"] = stored(self.head_w, rows=True)
-        for i, p in enumerate(self.blocks):
-            self.params.update({f"layers.{i}.{k}": stored(v) for k, v in p.items()})
+        self.params = checkpoint_params(self)
         self.weights, self.float_matrices = label(self.matrices(head=False), dtype)
         self.kv_index = {layer: j for j, layer in enumerate(c.full_layers)}      # block -> its KV layer
         self.state_index = {layer: j for j, layer in enumerate(c.linear_layers)}  # block -> its state slot's layer
@@ -678,8 +674,7 @@ class Qwen35(CausalLM):
             x = ops.add(x, mlp(K.rms_norm(x, p["post_attention_layernorm.weight"], c.eps), p, K.swiglu))
         return x
 
-    def head(self, h: np.ndarray) -> np.ndarray:
-        return ops.lm_head(self.kernel_set.rms_norm(h, self.norm, self.config.eps), self.head_w)
+    head = Llama.head                  # the final RMS norm and the LM head, as the Llama family's
 
     def __repr__(self) -> str:
         c = self.config

@@ -17,7 +17,7 @@ import numpy as np
 from ..checkpoints.checkpoint import load_checkpoint
 from ..models.gpt2 import GPT2Config
 from ..errors import MiniLLMError
-from ..paths import expand_user, not_a_regular_file, read_capped
+from ..paths import expand_user, read_named_file
 from ..bpe import tokenizer
 from .model import forward
 
@@ -34,15 +34,12 @@ MAX_TEXT_BYTES = 1 << 30  # 1 GiB of text is ~250M tokens: days of training at t
 def load_tokens(text_path) -> np.ndarray:
     """The text at text_path as GPT-2 token ids (int32)."""
     path = expand_user(text_path)
-    problem = not_a_regular_file(path)
-    if problem is not None:
-        raise DataError(f"{path}: {problem}; pass --data with the path of a UTF-8 text file")
+    raw = read_named_file(path, MAX_TEXT_BYTES, DataError, str(path), "pass --data with the path of a UTF-8 text file")
+    if raw is None:
+        raise DataError(f"{path}: over {MAX_TEXT_BYTES >> 30} GiB; pass a smaller text (or a slice of it)")
     try:
-        raw = read_capped(path, MAX_TEXT_BYTES)
-        if raw is None:
-            raise DataError(f"{path}: over {MAX_TEXT_BYTES >> 30} GiB; pass a smaller text (or a slice of it)")
         text = raw.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
         raise DataError(f"{path}: cannot read as UTF-8 text ({e})") from None
     return np.asarray(tokenizer().encode_ordinary(text), dtype=np.int32)
 
