@@ -218,6 +218,8 @@ GLOSSARY = (
     ("kernels, kernel launch", "GPU programs; the host starting one", 17),
     ("CUDA graph", "a step's kernels recorded, replayed at once", 17),
     ("fusion", "fewer, larger kernels", 17),
+    ("absorbed, decompressed", "MLA decode in the latent; K, V rebuilt", 18),
+    ("data-parallel attention", "each GPU attends for its own sequences", 18),
     ("linear attention", "a layer that folds the past into one state", 19),
     ("state of fixed size", "what such a layer keeps, at any context", 19),
     ("delta rule", "the state moved toward each new key's value", 19),

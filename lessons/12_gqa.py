@@ -147,7 +147,7 @@ def smaller_kv(L: Lesson) -> None:
           `d_c + d_rope = 512 + 64` values: `L·576·b` bytes. By definition every head's K and V are
           rebuilt from it; in decode, FlashMLA and FlashInfer fold those up-projections into the query
           and the output and attend in the latent itself: 128 query heads sharing one KV head of 576
-          values, so attention does far more FLOPs per byte it reads (lesson 8's table).
+          values, so attention does far more FLOPs per byte it reads (lesson 8's table; lesson 18 runs both ways).
         - **Sliding windows**: a *local* layer attends to the last `w` tokens only, so it keeps only
           those. Mistral-7B v0.1 slides on every layer; Gemma 2 alternates local and global layers,
           Gemma 3 has five local to one global, gpt-oss alternates a 128-token band with full layers.

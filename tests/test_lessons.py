@@ -620,3 +620,27 @@ def test_lesson_15s_critical_batch_sentence_follows_its_numbers(crit, words):
     assert words in text, text
     said = _lesson(15).critical_ratio_words(crit, _lesson(15).FAST_PRESETS["random-moe-16x2"])
     assert ("no bigger" in said) == (crit["mixture"] == crit["dense"]), said
+
+
+@pytest.mark.parametrize("broken", ["values counted", "attention flops"])
+def test_lesson_18s_claims_fail_when_the_latent_cache_or_its_count_is_wrong(broken, monkeypatch, capsys):
+    """A latent cache that counted its values apart from the keys they are part of, or an attention that
+    counted its FLOPs as if the values were as wide as the keys: lesson 18 stops with status 1."""
+    from minillm import meter
+    from minillm.cache import contiguous
+    from minillm.models import ops
+    if broken == "values counted":
+        real_write = contiguous.KVCache.write
+        def write(self, layer, pos, k, v):
+            real_write(self, layer, pos, k, v)
+            if self.shared and meter.active() is not None:
+                meter.active().count("kv_write", kv_write=v.nbytes)
+        monkeypatch.setattr(contiguous.KVCache, "write", write)
+    else:
+        real = ops.attention
+        def wide(q, k, v, Tk=None, kernel=None, scale=None):
+            return real(q, k, k, Tk, kernel, scale)[..., :v.shape[-1]]
+        monkeypatch.setattr(ops, "attention", wide)
+    module = importlib.import_module("minillm.lessons.18_latent_attention")
+    assert module.main(["--fast", "--no-pause"]) == 1
+    assert "✗" in capsys.readouterr().out

@@ -3,7 +3,7 @@ preallocated to n_ctx (a context longer than PREALLOCATE positions, 32,768, star
 as positions fill: a model claiming 10^7 positions does not reserve gigabytes for a short chat).
 
 Layout [L, Hkv, n_ctx, hd] (Hkv = the model's KV heads: GPT-2's H, fewer with grouped-query
-attention): for one layer, the keys of all heads are one [Hkv, t, hd] view
+attention; latent attention's one row of r + dr values, whose first r are the values: `values_in_keys`): for one layer, the keys of all heads are one [Hkv, t, hd] view
 `k[layer, :, :t]`, so a decode step attends over every head in one batched product, with no
 per-step concatenation and no copy of what the cache already holds. The arrays are allocated
 once (the pages are touched only as positions fill), and a step writes only its own positions.
@@ -61,11 +61,13 @@ class CacheBase:
 
     def bytes_per_token(self) -> int:
         """K and V, every layer: 2·L·Hkv·hd·b (72 KiB for GPT-2 small in float32, where Hkv·hd = d);
-        an int8 cache keeps hd one-byte values and one float32 scale per vector: 2·L·Hkv·(hd + 4)."""
+        an int8 cache keeps hd one-byte values and one float32 scale per vector: 2·L·Hkv·(hd + 4).
+        A latent cache (`values_in_keys`) holds the keys only: L·Hkv·hd·b (MLA's L·(r + dr)·b)."""
         c = self.config
+        arrays = 1 if values_in_keys(c) else 2
         if getattr(self, "kv_dtype", None) == "int8":
-            return 2 * c.n_layer * c.n_kv_head * (c.head_dim + SCALE_BYTES)
-        return 2 * c.n_layer * c.n_kv_head * c.head_dim * self.dtype.itemsize
+            return arrays * c.n_layer * c.n_kv_head * (c.head_dim + SCALE_BYTES)
+        return arrays * c.n_layer * c.n_kv_head * c.head_dim * self.dtype.itemsize
 
     def nbytes_used(self) -> int:
         return self.length * self.bytes_per_token()
@@ -112,6 +114,13 @@ def untouched_zeros(shape: tuple, dtype, xp=np) -> np.ndarray:
     return np.frombuffer(buf, dtype).reshape(shape)
 
 
+def values_in_keys(config) -> int:
+    """n > 0 for a latent cache (multi-head latent attention, models/deepseek.py): each position keeps one
+    row of hd values whose first n are its values too, so no value array is stored (`v` is a view of
+    the keys' first n columns) and the bytes are the keys' alone. 0: keys and values apart."""
+    return getattr(config, "values_in_keys", 0) or 0
+
+
 PREALLOCATE = 1 << 15       # positions a contiguous cache allocates up front, at most
 SCALE_BYTES = 4          # an int8 cache's float32 scale per head vector
 KV_DTYPES = (None, "int8")
@@ -146,14 +155,22 @@ class KVCache(CacheBase):
         c, t = self.config, self.length
         shape = (c.n_layer, c.n_kv_head, n, c.head_dim)
         store = np.int8 if self.kv_dtype == "int8" else self.dtype
-        names = ("k", "v", "k_scale", "v_scale") if self.kv_dtype == "int8" else ("k", "v")
+        shared = self.shared = values_in_keys(c)
         grows = self.k is not None
-        for name in names:
+        for name in self.arrays():
             scale = name.endswith("scale")
             new = untouched_zeros(shape[:-1] + (1,) if scale else shape, np.float32 if scale else store, self.xp)
             if grows:
                 new[:, :, :t] = getattr(self, name)[:, :, :t]
             setattr(self, name, new)            # [L, Hkv, capacity, hd] (scales: [L, Hkv, capacity, 1])
+        if shared:                              # a latent cache: the values are the keys' first columns
+            self.v = self.k[..., :shared]
+            self.v_scale = getattr(self, "k_scale", None)
+
+    def arrays(self) -> tuple[str, ...]:
+        """The names of the arrays it stores (a latent cache: no values, and no scales of them)."""
+        names = ("k", "v", "k_scale", "v_scale") if self.kv_dtype == "int8" else ("k", "v")
+        return names[::2] if self.shared else names
 
     @property
     def capacity(self) -> int:
@@ -167,19 +184,25 @@ class KVCache(CacheBase):
     def write(self, layer: int, pos: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store keys and values [Hkv, T, hd] of positions pos .. pos+T-1 for one layer, in place."""
         T = k.shape[1]
+        v = None if self.shared else v                                         # a latent cache: the keys hold it
         if self.kv_dtype == "int8":
-            (qk, sk), (qv, sv) = quantize_int8(k), quantize_int8(v)
-            self.k[layer, :, pos:pos + T], self.k_scale[layer, :, pos:pos + T] = qk, sk
-            self.v[layer, :, pos:pos + T], self.v_scale[layer, :, pos:pos + T] = qv, sv
+            written = widened = 0
+            for name, x in (("k", k), ("v", v)):
+                if x is not None:
+                    q, sc = quantize_int8(x)
+                    getattr(self, name)[layer, :, pos:pos + T] = q
+                    getattr(self, name + "_scale")[layer, :, pos:pos + T] = sc
+                    written, widened = written + q.nbytes + sc.nbytes, widened + x.size
             m = meter.active()
             if m is not None:
-                m.count("kv_write", kv_write=qk.nbytes + sk.nbytes + qv.nbytes + sv.nbytes, dequant=k.size + v.size)
+                m.count("kv_write", kv_write=written, dequant=widened)
             return
         self.k[layer, :, pos:pos + T] = k
-        self.v[layer, :, pos:pos + T] = v
+        if v is not None:
+            self.v[layer, :, pos:pos + T] = v
         m = meter.active()
         if m is not None:
-            m.count("kv_write", kv_write=k.nbytes + v.nbytes)
+            m.count("kv_write", kv_write=k.nbytes + (0 if v is None else v.nbytes))
 
     def read(self, layer: int, t: int) -> tuple[np.ndarray, np.ndarray]:
         """Views (no copy) of the keys and values of the first t positions of one layer: [Hkv, t, hd] each.
@@ -188,15 +211,16 @@ class KVCache(CacheBase):
         if self.kv_dtype == "int8":
             sk, sv = self.k_scale[layer, :, :t], self.v_scale[layer, :, :t]
             wk = (k * sk).astype(self.dtype, copy=False)                       # [Hkv, t, hd], widened
-            wv = (v * sv).astype(self.dtype, copy=False)
+            own_v = not self.shared                                            # (a latent cache's: the keys' columns)
+            wv = (v * sv).astype(self.dtype, copy=False) if own_v else wk[..., :self.shared]
             m = meter.active()
             if m is not None:
-                m.count("kv_read", kv_read=k.nbytes + v.nbytes + sk.nbytes + sv.nbytes,
-                        activations=2 * (wk.nbytes + wv.nbytes), dequant=k.size + v.size)
+                m.count("kv_read", kv_read=k.nbytes + sk.nbytes + own_v * (v.nbytes + sv.nbytes),
+                        activations=2 * (wk.nbytes + own_v * wv.nbytes), dequant=k.size + own_v * v.size)
             return wk, wv
         m = meter.active()
         if m is not None:
-            m.count("kv_read", kv_read=k.nbytes + v.nbytes)
+            m.count("kv_read", kv_read=k.nbytes + (0 if self.shared else v.nbytes))
         return k, v
 
     def read_rows(self, layer: int, t: int) -> tuple[np.ndarray, np.ndarray]:
@@ -206,7 +230,7 @@ class KVCache(CacheBase):
             return self.read(layer, t)
         m = meter.active()
         if m is not None:
-            m.count("kv_read", kv_read=2 * self.k[layer, :, :t].nbytes)
+            m.count("kv_read", kv_read=(1 if self.shared else 2) * self.k[layer, :, :t].nbytes)
         return self.k[layer], self.v[layer]
 
     def truncate(self, t: int) -> None:
@@ -222,11 +246,8 @@ class KVCache(CacheBase):
         Only the filled positions are copied; the rest of the new cache is fresh, untouched memory."""
         other = KVCache(self.config, self.dtype, self.kv_dtype, self.xp)
         other.reserve(self.length)
-        other.k[:, :, :self.length] = self.k[:, :, :self.length]
-        other.v[:, :, :self.length] = self.v[:, :, :self.length]
-        if self.kv_dtype == "int8":
-            other.k_scale[:, :, :self.length] = self.k_scale[:, :, :self.length]
-            other.v_scale[:, :, :self.length] = self.v_scale[:, :, :self.length]
+        for name in self.arrays():
+            getattr(other, name)[:, :, :self.length] = getattr(self, name)[:, :, :self.length]
         other.length = self.length
         return other
 

@@ -7,6 +7,7 @@ block. Each sequence keeps a block table (its blocks, in order); position p live
 `table[p // block_size]` at offset `p % block_size`.
 
     pool.k  [L, Hkv, num_blocks, block_size, hd]   (and pool.v): one layer's pool is [Hkv, blocks, bs, hd]
+                                                   (a latent pool: pool.v a view of pool.k's first columns)
 
 Blocks are numbered; the allocator keeps a free list and a reference count per block, so a block
 can be shared by several sequences (a common prompt prefix) and returns to the free list only when
@@ -27,7 +28,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import MiniLLMError, PromptError
 from .. import backend, meter
-from .contiguous import CacheBase, untouched_zeros
+from .contiguous import CacheBase, untouched_zeros, values_in_keys
 
 
 class KVCacheFullError(MiniLLMError):
@@ -116,11 +117,13 @@ class PagedKVPool:
         self.allocator = BlockAllocator(num_blocks)
         shape = (config.n_layer, config.n_kv_head, num_blocks, block_size, config.head_dim)
         self.k = untouched_zeros(shape, dtype, xp)   # [L, Hkv, blocks, bs, hd]; pages are touched as blocks fill
-        self.v = untouched_zeros(shape, dtype, xp)
+        self.shared = values_in_keys(config)         # a latent pool: the values are the keys' first columns
+        self.v = self.k[..., :self.shared] if self.shared else untouched_zeros(shape, dtype, xp)
 
     @classmethod
     def block_nbytes_for(cls, config: ModelConfig, block_size: int, dtype=np.float32) -> int:
-        return 2 * config.n_layer * config.n_kv_head * config.head_dim * block_size * np.dtype(dtype).itemsize
+        arrays = 1 if values_in_keys(config) else 2
+        return arrays * config.n_layer * config.n_kv_head * config.head_dim * block_size * np.dtype(dtype).itemsize
 
     @classmethod
     def from_memory(cls, config: ModelConfig, nbytes: int, block_size: int = 16, dtype=np.float32,
@@ -142,12 +145,13 @@ class PagedKVPool:
         return self.block_nbytes_for(self.config, self.block_size, self.k.dtype)
 
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return self.k.nbytes + (0 if self.shared else self.v.nbytes)
 
     def copy_block(self, src: int, dst: int) -> None:
         """Block dst's keys and values become a copy of block src's, every layer."""
         self.k[:, :, dst] = self.k[:, :, src]
-        self.v[:, :, dst] = self.v[:, :, src]
+        if not self.shared:
+            self.v[:, :, dst] = self.v[:, :, src]
 
     def sequence(self, table: list[int] | None = None, length: int = 0) -> "PagedKVCache":
         """A new sequence in this pool (empty, or holding `length` positions in `table`'s blocks)."""
@@ -207,17 +211,20 @@ class PagedKVCache(CacheBase):
     def write(self, layer: int, pos: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store keys and values [Hkv, n, hd] of positions pos .. pos+n-1 into their blocks."""
         n = k.shape[1]
+        v = None if self.pool.shared else v                       # a latent pool: the keys hold the values
         if n == 1:
             b, o = self.table[pos // self.block_size], pos % self.block_size
             self.pool.k[layer, :, b, o] = k[:, 0]
-            self.pool.v[layer, :, b, o] = v[:, 0]
+            if v is not None:
+                self.pool.v[layer, :, b, o] = v[:, 0]
         else:
             blocks, offsets = self._where(pos, n)
             self.pool.k[layer][:, blocks, offsets] = k
-            self.pool.v[layer][:, blocks, offsets] = v
+            if v is not None:
+                self.pool.v[layer][:, blocks, offsets] = v
         m = meter.active()
         if m is not None:
-            m.count("kv_write", kv_write=k.nbytes + v.nbytes)
+            m.count("kv_write", kv_write=k.nbytes + (0 if v is None else v.nbytes))
 
     def contiguous(self, n_blocks: int) -> bool:
         """Are the first n_blocks of the table one ascending run (b, b+1, ...)? (Kept up to date by
@@ -230,21 +237,22 @@ class PagedKVCache(CacheBase):
         bs = self.block_size
         nb = -(-t // bs)
         H, hd = self.config.n_kv_head, self.config.head_dim
-        kp, vp = self.pool.k[layer], self.pool.v[layer]          # [Hkv, blocks, bs, hd]
+        shared = self.pool.shared                                  # a latent pool: keys only, values in them
+        pools = (self.pool.k[layer],) if shared else (self.pool.k[layer], self.pool.v[layer])   # [Hkv, blocks, bs, hd]
         if self.contiguous(nb):
             b0 = self.table[0]
-            k = kp[:, b0:b0 + nb].reshape(H, nb * bs, hd)[:, :t]  # a view: no copy
-            v = vp[:, b0:b0 + nb].reshape(H, nb * bs, hd)[:, :t]
+            kv = [p[:, b0:b0 + nb].reshape(H, nb * bs, hd)[:, :t] for p in pools]   # views: no copy
             gathered = 0
         else:
-            xp = backend.namespace(kp)
+            xp = backend.namespace(pools[0])
             idx = xp.asarray(np.asarray(self.table[:nb], dtype=np.intp))   # a gather: one copy of nb blocks (take
-            k = xp.take(kp, idx, axis=1).reshape(H, nb * bs, hd)[:, :t]   # writes it C-ordered, so the
-            v = xp.take(vp, idx, axis=1).reshape(H, nb * bs, hd)[:, :t]   # reshape is free; kp[:, idx] is not)
-            gathered = 2 * H * nb * bs * hd * kp.itemsize
+            kv = [xp.take(p, idx, axis=1).reshape(H, nb * bs, hd)[:, :t]   # writes it C-ordered, so the
+                  for p in pools]                                          # reshape is free; p[:, idx] is not)
+            gathered = len(pools) * H * nb * bs * hd * pools[0].itemsize
+        k, v = kv[0], kv[0][..., :shared] if shared else kv[1]
         m = meter.active()
         if m is not None:
-            used = k.nbytes + v.nbytes
+            used = sum(a.nbytes for a in kv)
             if gathered:   # read the blocks, write the copy, attention reads the copy
                 m.count("kv_gather", kv_read=gathered, activations=gathered + used)
             else:

@@ -5,6 +5,7 @@
     llama   models/llama   llama, qwen2, qwen3       llama, qwen2, qwen3  llama_load.py
     moe     models/moe     mixtral, qwen3_moe        (none yet)           llama_load.py
     qwen35  models/qwen35  qwen3_5_text              (none yet)           llama_load.py
+    deepseek models/deepseek deepseek_v3           (none yet: deepseek2) llama_load.py
 
 A family is its model module plus its row. The module owns what the family is: its config class
 (`CONFIG`, read by `from_hf`), its model (`MODEL`, a `CausalLM`), its manifest (`MODEL.manifest`:
@@ -28,7 +29,7 @@ from types import ModuleType
 from typing import Callable
 
 from ..errors import ConfigError, ModelNotFoundError
-from ..models import gpt2, llama, moe, qwen35
+from ..models import deepseek, gpt2, llama, moe, qwen35
 from ..models.base import CausalLM
 from ..models.target import Target
 from ..paths import folder_file
@@ -63,6 +64,9 @@ FAMILIES: tuple[Family, ...] = (
            None, llama_tokenizer),
     Family("qwen35", qwen35, qwen35.MODEL_TYPES, (), GGUFNames("layers", {}, {}),       # no GGUF reader yet
            partial(llama_from_folder, model=qwen35.Qwen35), None, llama_tokenizer),
+    Family("deepseek", deepseek, deepseek.MODEL_TYPES, (),     # llama.cpp's deepseek2: no reader yet
+           GGUFNames("layers", deepseek.GGUF_BLOCK_NAMES, llama.GGUF_TOP_NAMES),
+           partial(llama_from_folder, model=deepseek.DeepSeekV3), None, llama_tokenizer),
 )
 
 

@@ -157,7 +157,7 @@ def llama_tokenizer(path: Path):
 
 def describe(c: LlamaConfig) -> str:
     """A config in words, for a refusal: "this 2-layer llama config"."""
-    return f"this {c.n_layer}-layer {getattr(c, 'model_type', c.arch)} config"
+    return f"this {c.n_layer}-layer {getattr(c, 'model_type', None) or c.arch} config"
 
 
 def _build(config: LlamaConfig, tensors: dict, tok, where: Path, target: Target, name: str | None, model=None):

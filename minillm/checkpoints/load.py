@@ -42,9 +42,10 @@ def load(source: str | Path | None = None, *, dtype=None, quiet: bool = False,
     8-layer one, beyond the CPU's last-level cache in float32), a random preset ("random-124m" /
     "random-355m" / "random-774m" / "random-1558m": GPT-2-shaped random weights, seeded, std 0.02;
     "random-tiny"; "random-moe-16x2", a mixture of 16 experts, top-2, and "random-moe-16x2-dense", a
-    Llama with its active bytes: models/moe.py), a downloaded "gpt2", "gpt2-medium", "gpt2-large",
-    "gpt2-xl" or "smollm2-135m" (`minillm download NAME` fetches them), a checkpoint folder or
-    .safetensors file (GPT-2 or a Hugging Face llama/qwen2/qwen3/mixtral/qwen3_moe folder), or a .gguf
+    Llama with its active bytes: models/moe.py; "random-mla", DeepSeek-V3's shape of parts at width
+    1,024, and "random-mla-gqa", its GQA twin: models/deepseek.py), a downloaded "gpt2", "gpt2-medium",
+    "gpt2-large", "gpt2-xl" or "smollm2-135m" (`minillm download NAME` fetches them), a checkpoint folder
+    or .safetensors file (GPT-2 or a Hugging Face llama/qwen2/qwen3/mixtral/qwen3_moe/deepseek_v3 folder), or a .gguf
     file. The family comes from the file's own metadata (checkpoints/families.py).
     weights: "float32", "native" (as the checkpoint has them: a GGUF's Q8_0 / Q4_0 / Q4_1 matrices stay
     quantized, float checkpoints stay float), or "q8_0", "q4_0", "q4_1": quantized at load as GGUF

@@ -80,7 +80,8 @@ def run(args) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
     at_least_one(args, "max_new_tokens", "block_size")
     rows = read_prompts(args.file, args.max_new_tokens, args.seed)
-    model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None))
+    model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
+                       mla_decode=getattr(args, "mla_decode", None))
     enc = tokenizer(model)
     ids = [enc.encode(p, allowed_special={"<|endoftext|>"}) for p, *_ in rows]
     limits = [n for _, n, _, _ in rows]

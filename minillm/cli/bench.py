@@ -67,6 +67,9 @@ def add_arguments(parser) -> None:
                              "one interleaved run with --weights or --batch (e.g. numpy,fused; fused,batch-invariant: "
                              "what batch invariance costs, prefill too); default: fused where numba works, else "
                              "numpy (said in the title)")
+    parser.add_argument("--mla-decode", default=None, metavar="W,W",
+                        help="a latent-attention model's decode: absorbed and/or decompressed (default: absorbed; "
+                             "with --context-sweep both, side by side)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
     parser.add_argument("--device", default="cpu", metavar="DEVICE",
                         help="cpu (default): bench measures NumPy on this CPU; a GPU's figures are printed beside")
@@ -144,12 +147,14 @@ def _run(args) -> int:
     if len(kernels) > 1 and batches is None:
         raise MiniLLMError(f"--kernels {','.join(kernels)} compares kernel sets with --weights or --batch: give one of "
                            "them (or one kernel set)")
+    ways = parse_ways(args.mla_decode)
     names = [n.strip() for n in (args.model or "").split(",") if n.strip()] if batches is not None else []
     names = names or [args.model or ("large" if ks is not None else "random-124m")]
     models = {}
     for n in names:                                   # each model once per kernel, all in the same rounds
         for k in kernels:
             m = load(n, kernels=k)
+            set_way(m, ways[0] if ways else None)
             if batches is not None:
                 check_batches(m, batches, args.batch_context)
             label = m.name if len(kernels) == 1 else f"{m.name} {k}"
@@ -178,6 +183,24 @@ def _run(args) -> int:
         if gpu:
             out.print(f"[dim]beside it, {escape(gpu_summary(gpu))}[/]")
     return 0
+
+
+def parse_ways(text: str | None) -> list[str] | None:
+    """--mla-decode: absorbed and/or decompressed, comma-separated (None: not given)."""
+    if text is None:
+        return None
+    ways = list(dict.fromkeys(w.strip() for w in text.split(",") if w.strip()))
+    if not ways or any(w not in ("absorbed", "decompressed") for w in ways):
+        raise MiniLLMError(f"--mla-decode {text!r}: give absorbed and/or decompressed, comma-separated")
+    return ways
+
+
+def set_way(model, way: str | None) -> None:
+    """A latent-attention model's decode way (--mla-decode); refused for any other model."""
+    if way is not None:
+        if not hasattr(model, "mla_decode"):
+            raise MiniLLMError(f"--mla-decode: {model.name} has no latent attention (a DeepSeek-V3-family model has)")
+        model.mla_decode = way
 
 
 def _run_with_bar(args, title: str, total: int, work):
@@ -469,7 +492,8 @@ SWEEP_MODELS = "random-hybrid,random-hybrid-full"
 
 
 def bench_context_sweep(args) -> int:
-    """`--context-sweep`: measure/contexts.py's sweep, one table per context, the crossover named."""
+    """`--context-sweep`: measure/contexts.py's sweep, one table per context, the crossover named; a
+    latent-attention model once per way (--mla-decode), with its attention's FLOPs per KV byte."""
     from ..measure.contexts import CONTEXTS, run_context_sweep
     if args.batch is not None or args.speculate is not None or args.weights is not None:
         raise MiniLLMError("--context-sweep measures batch-1 decode against the context: leave out --batch, "
@@ -483,38 +507,46 @@ def bench_context_sweep(args) -> int:
     kernels = parse_kernels(args.kernels)
     if len(kernels) > 1:
         raise MiniLLMError("--context-sweep runs one kernel set: give --kernels numpy or --kernels fused")
+    ways = parse_ways(args.mla_decode)
     models = [load(n, kernels=kernels[0]) for n in names]
+    if ways and not any(hasattr(m, "mla_decode") for m in models):
+        raise MiniLLMError("--mla-decode: none of these models has latent attention (a DeepSeek-V3-family model has)")
     result = _run_with_bar(args, f"decode against the context, {', '.join(escape(m.name) for m in models)}",
                            len(contexts) * args.repeats,
-                           lambda tick: run_context_sweep(models, contexts, args.repeats, progress=tick))
+                           lambda tick: run_context_sweep(models, contexts, args.repeats, progress=tick, ways=ways))
     result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(), blas_spin=blas_spin(),
                   kernels=kernels, kernels_title=kernels_title(kernels))
     if args.json:
         print(json.dumps(result))
         return 0
+    runs = result["models"]
     rows = {(r["model"], r["context"]): r for r in result["rows"]}
     t = _table(f"decode, batch 1: time and bytes per step against the context (medians of {args.repeats} "
-               f"interleaved rounds of {result['steps']} steps)", ["ctx"] + [c for i, _ in enumerate(models)
+               f"interleaved rounds of {result['steps']} steps)", ["ctx"] + [c for i, _ in enumerate(runs)
                                                                             for c in (f"ms {i + 1}", "KV", "state")])
     for T in result["contexts"]:
-        t.add_row(f"{T:,}", *(x for m in models for x in (
-            f"{rows[(m.name, T)]['ms']:.1f}", fmt_bytes(rows[(m.name, T)]["kv"]),
-            fmt_bytes(rows[(m.name, T)]["state"]))))
+        t.add_row(f"{T:,}", *(x for name in runs for x in (
+            f"{rows[(name, T)]['ms']:.1f}", fmt_bytes(rows[(name, T)]["kv"]),
+            fmt_bytes(rows[(name, T)]["state"]))))
     out.print(t)
-    for i, m in enumerate(models):
-        out.print(f"{i + 1}: {escape(m.name)}, weights {fmt_bytes(rows[(m.name, result['contexts'][0])]['weights'])} a "
-                  "step")
+    for i, name in enumerate(runs):
+        r = rows[(name, result["contexts"][0])]
+        fb = sorted({round(rows[(name, T)]["attention_flops"] / rows[(name, T)]["kv_read"], 1)
+                     for T in result["contexts"]}) if r["kv_read"] else []
+        out.print(f"{i + 1}: {escape(name)}, weights {fmt_bytes(r['weights'])} a step"
+                  + (f", attention {'–'.join(map(str, fb))} FLOPs a KV byte" if fb else ""))
     out.print("[dim]ms: a decode step's median time; KV (read and written) and state (read and written): one step "
               "at that context, counted by the meter; caches filled with random keys, values and states (a "
-              "step's work does not depend on them)[/]")
-    for m in models:
-        a, b = rows[(m.name, contexts[0] if contexts[0] in result["contexts"] else result["contexts"][0])], \
-            rows[(m.name, result["contexts"][-1])]
-        out.print(f"{escape(m.name)}: from {a['context']:,} to {b['context']:,} tokens its step went from "
+              "step's work does not depend on them); attention FLOPs a KV byte: its scores and weighted sums "
+              "over what it read[/]")
+    for name in runs:
+        a, b = rows[(name, result["contexts"][0])], rows[(name, result["contexts"][-1])]
+        out.print(f"{escape(name)}: from {a['context']:,} to {b['context']:,} tokens its step went from "
                   f"{a['ms']:.1f} to {b['ms']:.1f} ms ({b['ms'] / a['ms']:.2f}×), its weights, KV and state "
                   f"{fmt_bytes(a['moved'])} to {fmt_bytes(b['moved'])} ({b['moved'] / a['moved']:.2f}×)")
+    firsts = [next(name for name in runs if name.split(" ")[0] == m.name) for m in models]
     if len(models) > 1:
-        first, second = escape(models[0].name), escape(models[1].name)
+        first, second = escape(firsts[0]), escape(firsts[1])
         for key, what in (("crossover_time", "time"), ("crossover_bytes", "weights, KV and state")):
             T = result[key]
             out.print(f"{what}: " + (f"{first}'s step is below {second}'s from {T:,} tokens on (every longer "

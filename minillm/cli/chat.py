@@ -105,7 +105,8 @@ def run(args) -> int:
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)     # checked once, here
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise PromptError(f"--max-new-tokens {args.max_new_tokens}: must be at least 1")
-    model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None))
+    model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
+                       mla_decode=getattr(args, "mla_decode", None))
     tok = tokenizer(model)
     if not getattr(model, "eos_ids", ()):
         raise MiniLLMError(f"{model.name} has no end-of-turn token: it is not a chat model; try "

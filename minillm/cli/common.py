@@ -32,6 +32,9 @@ KERNELS_HELP = ("the kernel set that computes: fused (numba: products that read 
                 "without a score matrix; the default on the CPU in float32 where numba works), numpy (the readable "
                 "reference; the default otherwise, the reason said once when the model loads), or batch-invariant "
                 "(each request's tokens bit-identical to the same request alone, whatever shares its steps)")
+MLA_HELP = ("latent attention (a DeepSeek-V3-family model): how a decode step attends: absorbed (the default: "
+            "kv_b folded into the query and the output, attention over the cached latent, as serving engines "
+            "decode) or decompressed (every head's K and V rebuilt from the latent each step, as prompts are)")
 DEVICE_HELP = ("where the model runs: cpu (NumPy, default) or cuda (CuPy on an NVIDIA GPU, weights in float16; "
                "pip install 'minillm[gpu]')")
 
@@ -49,6 +52,7 @@ def add_device(p: argparse.ArgumentParser) -> None:
 def add_weights(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default="float32", metavar="FORMAT", help=WEIGHTS_HELP)
     p.add_argument("--kernels", default=None, choices=kernel_sets.NAMES, help=KERNELS_HELP)
+    p.add_argument("--mla-decode", default=None, choices=("absorbed", "decompressed"), help=MLA_HELP)
 
 
 def add_sampling(p: argparse.ArgumentParser) -> None:
@@ -152,10 +156,12 @@ def load_draft(name, model, weights: str | None = None, kernels: str | None = No
     return draft
 
 
-def load_model(source, weights: str = "float32", device="cpu", kernels: str | None = None, quiet: bool = False):
+def load_model(source, weights: str = "float32", device="cpu", kernels: str | None = None, quiet: bool = False,
+               mla_decode: str | None = None):
     """`load`, with a spinner on stderr while it works (random-1558m takes a while to build); on
     --device cuda without a usable GPU, one DeviceError line before anything is read. kernels None:
-    the default (one line on stderr says why it is NumPy's on the CPU, when numba cannot run)."""
+    the default (one line on stderr says why it is NumPy's on the CPU, when numba cannot run).
+    mla_decode: how a latent-attention model decodes (--mla-decode; refused for any other model)."""
     device = get_device(device)
     with err.status(f"loading {escape(str(source or 'the bundled model'))}…"):
         model = load(source, weights=weights, device=device, kernels=kernels)
@@ -163,6 +169,10 @@ def load_model(source, weights: str = "float32", device="cpu", kernels: str | No
         note = kernel_sets.why_default()
         if note:
             err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=False)
+    if mla_decode is not None:
+        if not hasattr(model, "mla_decode"):
+            raise MiniLLMError(f"--mla-decode: {model.name} has no latent attention (a DeepSeek-V3-family model has)")
+        model.mla_decode = mla_decode
     return model
 
 

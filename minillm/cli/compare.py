@@ -51,7 +51,8 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 def run_compare(args) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
     check_k(args.speculate_k, "--speculate-k")   # before loading anything
-    model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None))
+    model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
+                       mla_decode=getattr(args, "mla_decode", None))
     ids = encode_prompt(model, args.prompt, args.max_new_tokens)
     draft = load_draft(args.draft, model, getattr(args, "weights", None))
     hw = hardware.machine(progress=True)
@@ -161,7 +162,8 @@ def fmt_total(m: Meter, seconds: float, n_new: int) -> str:
 # -- traffic -------------------------------------------------------------------------------------
 
 def run_traffic(args) -> int:
-    model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None))
+    model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
+                       mla_decode=getattr(args, "mla_decode", None))
     c = model.config
     if args.prompt_tokens < 1 or args.steps < 1:
         raise PromptError("--prompt-tokens and --steps must be at least 1")

@@ -100,7 +100,8 @@ def run(args) -> int:
     if P < 1 or N < 1 or not 0 <= S < P:
         raise PromptError("--prompt-tokens and --answer-tokens must be at least 1, and --shared-prefix from 0 to "
                           "less than --prompt-tokens")
-    model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None))
+    model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
+                       mla_decode=getattr(args, "mla_decode", None))
     c = model.config
     if P >= c.n_ctx:
         raise PromptError(f"--prompt-tokens {P} does not fit {escape(model.name)}'s context of {c.n_ctx} with room "

@@ -64,7 +64,8 @@ def run(args) -> int:
     prompt = read_prompt(args)
     if args.system is not None and not args.chat:
         raise PromptError("--system goes with --chat")
-    model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None))
+    model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
+                       mla_decode=getattr(args, "mla_decode", None))
     stop = ()
     if args.chat:
         from ..chat import render

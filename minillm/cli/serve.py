@@ -75,7 +75,8 @@ def run(args) -> int:
         raise MiniLLMError(f"--host {args.host} lets other machines connect: set --api-key (or MINILLM_API_KEY), "
                            "or say --insecure-no-key")
     kv = parse_bytes(args.kv_memory)
-    model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None))
+    model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
+                       mla_decode=getattr(args, "mla_decode", None))
     live = (args.live if args.live is not None else sys.stderr.isatty()) and not args.quiet
     view = LiveView(err, title=f"minillm serve: {model.name}") if live else None
     loop = EngineLoop(model, kv_memory=kv, block_size=args.block_size, max_seqs=args.max_seqs,

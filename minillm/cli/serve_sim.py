@@ -237,7 +237,8 @@ def table(results: list[dict]) -> Table:
 
 def run(args) -> int:
     check(args)
-    model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None))
+    model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
+                       mla_decode=getattr(args, "mla_decode", None))
     c = model.config
     items = load_workload(args.workload, rate=args.rate, n=args.requests, seed=args.seed,
                           vocab_size=c.vocab_size, n_ctx=c.n_ctx)

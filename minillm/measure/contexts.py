@@ -10,6 +10,10 @@ cache holds, and a real 16k-token prefill of an all-attention model takes minute
 step moves the cache on by one position (a fixed state cannot go back), so the row's context is T
 to T + repeats·steps. Beside each row, the meter's count of one step at T: weights, KV, state.
 
+A latent-attention model (models/deepseek.py) runs once per way it can decode (`mla_decode`: absorbed
+and decompressed, or the chosen ones), on one cache; each row also carries the step's attention FLOPs
+and KV read, so their ratio says where its attention sits against the machine's ridge.
+
 `crossover` names where the first model's step becomes cheaper than the second's, measured: the
 smallest context from which its median time (or its bytes moved: weights, KV and state, the
 activations aside) stays below the other's at every larger context.
@@ -47,11 +51,20 @@ def fill(model, T: int, rng) -> object:
     return cache
 
 
-def check_sweep(models, contexts, repeats: int, steps: int) -> None:
+def decode_ways(model, chosen=None) -> list:
+    """How a model decodes, each way a run of the sweep: a latent-attention model's ways (the chosen
+    ones of absorbed and decompressed, default both), anyone else's one way (None)."""
+    if not hasattr(model, "mla_decode"):
+        return [None]
+    from ..models.deepseek import MLA_DECODE
+    return list(chosen or MLA_DECODE)
+
+
+def check_sweep(models, contexts, repeats: int, steps: int, ways=None) -> None:
     if not contexts:
         raise MiniLLMError("--contexts: give at least one context length")
     for m in models:
-        room = m.config.n_ctx - repeats * steps - 1
+        room = m.config.n_ctx - repeats * steps * len(decode_ways(m, ways)) - 1
         bad = [T for T in contexts if not 1 <= T <= room]
         if bad:
             raise MiniLLMError(f"context {bad[0]}: {m.name} holds {m.config.n_ctx:,} positions, so with "
@@ -59,46 +72,62 @@ def check_sweep(models, contexts, repeats: int, steps: int) -> None:
 
 
 def step_counts(model, cache) -> dict:
-    """The meter's count of one decode step on `cache`: bytes by kind, the state's apart from the KV's."""
+    """The meter's count of one decode step on `cache`: bytes by kind, the state's apart from the KV's,
+    the attention's FLOPs and the KV it read."""
     with Meter() as m:
         model.decode_step(1, cache)
     r = m.steps[0]
     state = sum(r.ops.get(op, {}).get("bytes", 0) for op in ("state_read", "state_write"))
     kv = r.bytes["kv_read"] + r.bytes["kv_write"] - state
     return {"bytes": r.total_bytes, "weights": r.bytes["weights"], "activations": r.bytes["activations"],
-            "kv": kv, "state": state, "moved": r.bytes["weights"] + kv + state, "flops": r.total_flops}
+            "kv": kv, "state": state, "moved": r.bytes["weights"] + kv + state, "flops": r.total_flops,
+            "kv_read": r.bytes["kv_read"], "attention_flops": r.flops["attention"], "matmul_flops": r.flops["matmul"]}
 
 
 def run_context_sweep(models: list, contexts=CONTEXTS, repeats: int = 5, steps: int = 4, progress=None,
-                      seed: int = 0) -> dict:
-    """Decode-step time and bytes against the context for `models`, interleaved (see the module)."""
+                      seed: int = 0, ways=None) -> dict:
+    """Decode-step time and bytes against the context for `models`, interleaved (see the module); a
+    latent-attention model once per way (`decode_ways`: `ways`, default both), its rows named
+    "name way"."""
     contexts = sorted(set(contexts))
-    check_sweep(models, contexts, repeats, steps)
+    check_sweep(models, contexts, repeats, steps, ways)
+    runs = [(m, way, m.name if way is None else f"{m.name} {way}") for m in models for way in decode_ways(m, ways)]
     rng = np.random.default_rng(seed)
     rows = []
     for T in contexts:
-        caches = [fill(m, T, rng) for m in models]
-        counts = [step_counts(m, c) for m, c in zip(models, caches)]
-        samples: list[list[float]] = [[] for _ in models]
+        caches = {id(m): fill(m, T, rng) for m in models}
+        counts, samples = [], [[] for _ in runs]
+        for m, way, _ in runs:
+            set_way(m, way)
+            counts.append(step_counts(m, caches[id(m)]))
         for _ in range(repeats):
-            for i, (m, cache) in enumerate(zip(models, caches)):
+            for i, (m, way, _) in enumerate(runs):
+                set_way(m, way)
                 times = []
                 for _ in range(steps):
                     t0 = time.perf_counter()
-                    m.decode_step(1, cache)
+                    m.decode_step(1, caches[id(m)])
                     times.append(time.perf_counter() - t0)
                 samples[i].append(statistics.median(times))
             if progress:
                 progress()
-        for m, cache, n, s in zip(models, caches, counts, samples):
-            rows.append({"model": m.name, "context": T, "ms": statistics.median(s) * 1e3, "ms_lo": min(s) * 1e3,
-                         "ms_hi": max(s) * 1e3, **n})
+        for (m, way, label), n, s in zip(runs, counts, samples):
+            rows.append({"model": label, "way": way, "context": T, "ms": statistics.median(s) * 1e3,
+                         "ms_lo": min(s) * 1e3, "ms_hi": max(s) * 1e3, "ms_rounds": [t * 1e3 for t in s], **n})
+        for cache in caches.values():
             cache.free()
         del caches
-    names = [m.name for m in models]
+    names = [label for _, _, label in runs]
+    firsts = [next(label for m2, _, label in runs if m2 is m) for m in models]     # each model's first way
     return {"models": names, "contexts": contexts, "repeats": repeats, "steps": steps, "rows": rows,
-            "crossover_time": crossover(rows, *names[:2], "ms") if len(names) > 1 else None,
-            "crossover_bytes": crossover(rows, *names[:2], "moved") if len(names) > 1 else None}
+            "crossover_time": crossover(rows, *firsts[:2], "ms") if len(firsts) > 1 else None,
+            "crossover_bytes": crossover(rows, *firsts[:2], "moved") if len(firsts) > 1 else None}
+
+
+def set_way(model, way) -> None:
+    """A latent-attention model's decode way for the next steps (None: a model with one way)."""
+    if way is not None:
+        model.mla_decode = way
 
 
 def crossover(rows: list[dict], a: str, b: str, key: str = "ms") -> int | None:

@@ -60,8 +60,8 @@ class KernelSet:
     def swiglu(self, gate_up):
         return ops.swiglu(gate_up, kernel=self.swiglu_kernel)
 
-    def attention(self, q, k, v, Tk=None):
-        return ops.attention(q, k, v, Tk, kernel=self.attention_kernel)
+    def attention(self, q, k, v, Tk=None, scale=None):
+        return ops.attention(q, k, v, Tk, kernel=self.attention_kernel, scale=scale)
 
     @property
     def paged_decode(self) -> Callable | None:

@@ -217,10 +217,15 @@ def route(x: np.ndarray, router, k: int, norm_topk: bool) -> tuple[np.ndarray, n
     if m is not None:
         m.count("router", activations=2 * probs.nbytes + top.nbytes + w.nbytes,
                 other=5 * probs.size + (w.size if norm_topk else 0))
+    record_route(top)
+    return top, w
+
+
+def record_route(top: np.ndarray) -> None:
+    """A router's choice [N, k], for `routes()` when one is recording (every family's routers)."""
     found = _ROUTES.get()
     if found is not None:
         found.append(top)
-    return top, w
 
 
 def expert(p: Block, e: int) -> Block:
@@ -240,6 +245,12 @@ def experts_mlp(x: np.ndarray, p: Block, c: MoEConfig, act=ops.swiglu) -> np.nda
     output and adding it into y (read it, read y, write y; 2 FLOPs a value); and y's zeros.
     act: the experts' SwiGLU (the kernel set's)."""
     experts, weights = route(x, p["router.weight"], c.top_k, c.norm_topk)  # [N, k] each
+    return dispatch(x, experts, weights, p, act)
+
+
+def dispatch(x: np.ndarray, experts: np.ndarray, weights: np.ndarray, p: Block, act=ops.swiglu) -> np.ndarray:
+    """Each chosen expert run once on all its rows (as `experts_mlp` says), its outputs weighed and
+    added into them. x [N, d], experts and weights [N, k] (a router's choice) -> [N, d]."""
     k = experts.shape[1]
     order = np.argsort(experts, axis=None, kind="stable")                   # [N·k] pairs, grouped by expert
     rows, by = order // k, experts.ravel()[order]

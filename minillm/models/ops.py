@@ -147,7 +147,8 @@ def causal_mask(Tq: int, Tk: int, dtype: np.dtype, xp=np) -> np.ndarray:
 QUERY_BLOCK = 128  # prefill queries per block: a block attends only to the keys its last query may see
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None, kernel=None) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None, kernel=None,
+              scale: float | None = None) -> np.ndarray:
     """Causal scaled dot-product attention for all heads in one batched product.
 
     q [H, Tq, hd] are the queries of the Tq newest positions; k, v [Hkv, >= Tk, hd] hold the keys and
@@ -160,7 +161,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
     QUERY_BLOCK queries, each against only the keys its last query may see: the block's
     [rows, keys] scores include a masked triangle, but the keys no query of the block may see are
     never computed (for 512 tokens, 62% of the full T×T matrix).
-    Returns [H, Tq, hd].
+    Returns [H, Tq, hd_v]: the values may be narrower than the keys, and `scale` (default 1/√hd)
+    may be another (latent attention, models/deepseek.py: 576-wide keys, 512-wide values, 1/√192).
 
     Reading k and v is counted by whoever handed them over: a KV cache's `read` as kv_read, the
     pass-through of a cache-less forward as activations.
@@ -169,6 +171,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
     only the query-key pairs a query may see (`count_tiled_attention`).
     """
     Tk = k.shape[1] if Tk is None else int(Tk)
+    if kernel is not None and (scale is not None or v.shape[-1] != q.shape[-1]):
+        raise ValueError("an attention kernel takes keys and values of one width and the scale 1/√hd")
     if kernel is not None:
         out, copied = kernel(q, k, v, Tk)
         count_tiled_attention(q, out, Tk, copied)
@@ -176,10 +180,11 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
     H, Tq, hd = q.shape
     Hkv = k.shape[0]
     g = H // Hkv                                       # query heads per KV head
-    q = q * (1.0 / math.sqrt(hd))                      # [H, Tq, hd]  scaled once, before the product
+    dv = v.shape[-1]
+    q = q * (1.0 / math.sqrt(hd) if scale is None else scale)   # [H, Tq, hd]  scaled once, before the product
     xp = backend.namespace(q)
-    out = xp.empty_like(q)                             # [H, Tq, hd]
-    q4, out4 = q.reshape(Hkv, g, Tq, hd), out.reshape(Hkv, g, Tq, hd)
+    out = xp.empty((H, Tq, dv), dtype=q.dtype)         # [H, Tq, hd_v]
+    q4, out4 = q.reshape(Hkv, g, Tq, hd), out.reshape(Hkv, g, Tq, dv)
     scored = 0                                         # query-key pairs computed, per query head
     for r0 in range(0, Tq, QUERY_BLOCK):
         r1 = min(r0 + QUERY_BLOCK, Tq)
@@ -194,14 +199,14 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
         if g == 1:                                                     # [H, rows, hd]  weighted sum of values
             xp.matmul(scores, v[:, :keys], out=out[:, r0:r1])
         else:
-            out4[:, :, r0:r1] = (scores @ v[:, :keys]).reshape(Hkv, g, rows, hd)
+            out4[:, :, r0:r1] = (scores @ v[:, :keys]).reshape(Hkv, g, rows, dv)
         scored += rows * keys
     m = meter.active()
     if m is not None:
         score_bytes = H * scored * q.itemsize
         m.count("attention",
                 activations=2 * q.nbytes + out.nbytes + 2 * score_bytes,
-                attention=4 * H * scored * hd,
+                attention=2 * H * scored * (hd + dv),
                 other=q.size + (6 if Tq > 1 else 5) * H * scored)
     return out
 

@@ -58,24 +58,33 @@ class PerSequence:
             self.tables = {id(s): np.asarray(s.cache.table, dtype=np.intp)[None]
                            for s in spans if s.n == 1 and paged_float32(s.cache) is not None}
 
-    def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale=None, expand=None) -> np.ndarray:
+        """scale and expand: for latent attention (models/deepseek.py), see `one`."""
         if len(self.spans) == 1:
-            return self.one(self.spans[0], layer, q, k, v)
-        out = backend.namespace(q).empty_like(q)                           # [H, N, hd]
+            return self.one(self.spans[0], layer, q, k, v, scale, expand)
+        out = None
         for s in self.spans:
             rows = slice(s.r0, s.r0 + s.n)
-            out[:, rows] = self.one(s, layer, q[:, rows], k[:, rows], v[:, rows])
+            o = self.one(s, layer, q[:, rows], k[:, rows], v[:, rows], scale, expand)
+            if out is None:
+                out = backend.namespace(q).empty(q.shape[:2] + o.shape[2:], dtype=q.dtype)   # [H, N, hd_v]
+            out[:, rows] = o
         return out
 
-    def one(self, s: Span, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """One sequence: store its new K, V [Hkv, n, hd], then its queries attend over every position so far."""
+    def one(self, s: Span, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale=None,
+            expand=None) -> np.ndarray:
+        """One sequence: store its new K, V [Hkv, n, hd], then its queries attend over every position so
+        far. scale: attention's (default 1/√hd); expand(k, v) -> (k, v): what attention takes, made from
+        the positions the cache read (a latent cache's rows decompressed into every head's K and V)."""
         s.cache.write(layer, s.pos, k, v)
         table = self.tables.get(id(s))
         if table is not None:
             pool = s.cache.pool
             return self.K.paged_decode(q, pool.k[layer], pool.v[layer], table, [s.pos + 1])
         k_all, v_all = s.cache.read_rows(layer, s.pos + s.n)               # [Hkv, >= pos+n, hd]
-        return self.K.attention(q, k_all, v_all, s.pos + s.n)              # [H, n, hd]
+        if expand is not None:
+            k_all, v_all = expand(k_all[:, :s.pos + s.n], v_all[:, :s.pos + s.n])
+        return self.K.attention(q, k_all, v_all, s.pos + s.n, scale)       # [H, n, hd_v]
 
 
 def paged_float32(cache):

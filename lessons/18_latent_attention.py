@@ -1,0 +1,331 @@
+"""Lesson 18: A KV cache of 576 values. Multi-head latent attention (DeepSeek-V2/V3) caches one small
+latent per token and layer instead of every head's keys and values: MHA → GQA → MLA bytes a token,
+counted by the meter; the two ways to attend over the latent (every head's K and V rebuilt from it, or
+kv_b absorbed into the query and the output), equal, and what each reads and does; where the absorbed
+decode sits against the ridge, measured beside a GQA model of the same width; why engines serve MLA
+attention data-parallel and the experts expert-parallel; published mixtures in their released dtypes.
+
+Run:  python lessons/18_latent_attention.py        (or: minillm learn 18)
+"""
+
+from __future__ import annotations
+
+from minillm.lessons._common import Lesson, Timing, faster_words, fmt_x, plural, run_lesson
+
+import dataclasses
+
+import numpy as np
+from rich import box
+from rich.table import Table
+
+import minillm
+from minillm.checkpoints.families import random_model
+from minillm.measure.contexts import run_context_sweep
+from minillm.measure.chips import CHIPS
+from minillm.measure.experts import FP8_TILE, PUBLISHED, held_bytes, published_params, read_bytes
+from minillm.measure.shapes import kv_bytes_per_token, shape
+from minillm.meter import Meter
+from minillm.models import deepseek
+from minillm.models.deepseek import DeepSeekConfig, decode_attention_cost
+from minillm.models.llama import LlamaConfig
+from minillm.ui.report import fmt_bytes, fmt_flops
+
+TITLE = "A KV cache of 576 values"
+MINUTES = 9
+WHAT_YOU_WILL_SEE = "MHA, GQA and MLA bytes a token; absorbed decode against the ridge"
+
+MLA, GQA = "random-mla", "random-mla-gqa"
+
+
+def lesson(L: Lesson) -> None:
+    bytes_a_token(L)
+    two_ways(L)
+    L.pause()
+    against_the_ridge(L)
+    L.pause()
+    serving_it(L)
+    released(L)
+    L.try_it("""
+        `minillm bench --context-sweep --model random-mla,random-mla-gqa --contexts 256,1024,4096,8192`
+        runs this lesson's sweep (a latent model both ways; `--mla-decode absorbed` for one).
+        `minillm bench --batch 1,4,16 --model random-mla,random-mla-gqa` batches both. Every command that
+        runs a model takes `--mla-decode absorbed|decompressed`; a DeepSeek-V3 checkpoint folder
+        (`model_type` deepseek_v3, float32 or bfloat16) loads with `minillm.load(folder)`.
+    """)
+
+
+# -- the models: the one place they are built -----------------------------------------------------------
+#
+# Three models of one width for the bytes a token (one layer count, one head count): MHA, GQA (g = 4),
+# MLA. Fast mode shrinks them; the sweep's full mode loads the presets themselves.
+
+def width(L: Lesson) -> dict:
+    return L.pick(dict(n_layer=4, n_head=8, d=256), dict(n_layer=2, n_head=4, d=64))
+
+
+def three(L: Lesson) -> dict:
+    w = width(L)
+    H, d, L_ = w["n_head"], w["d"], w["n_layer"]
+    hd = d // H
+    def llama_like(n_kv_head: int) -> LlamaConfig:
+        return LlamaConfig(n_layer=L_, n_head=H, n_kv_head=n_kv_head, head_dim=hd, n_embd=d, n_ctx=512,
+                           vocab_size=512, ffn=2 * d, tied=True)
+    mla = DeepSeekConfig(n_layer=L_, n_head=H, n_embd=d, n_ctx=512, vocab_size=512, ffn=2 * d,
+                         kv_lora_rank=d // 4, q_lora_rank=d // 2, qk_nope_head_dim=hd, qk_rope_head_dim=hd // 2,
+                         v_head_dim=hd, n_expert=4, top_k=2, expert_ffn=d // 2, n_shared=1, n_group=2,
+                         topk_group=1, first_k_dense=1, tied=True)
+    return {"MHA": llama_like(H), "GQA": llama_like(H // 4), "MLA": mla}
+
+
+# -- 1. bytes a token ----------------------------------------------------------------------------------
+
+def bytes_a_token(L: Lesson) -> None:
+    L.say("""
+        Lesson 12 shrank the KV cache by sharing key/value heads (GQA). Multi-head **latent attention**
+        (MLA, DeepSeek-V2 and V3, Kimi K2) goes further: each token's keys and values, for every head,
+        are made from one small vector, the **latent** `c` of r values (`kv_a` then an RMSNorm), and
+        the cache keeps only that, plus one rotary key of dr values that every head shares. A layer
+        caches `r + dr` values a token whatever the head count: 512 + 64 = 576 in DeepSeek-V3.
+
+        Below, three random models of one width, differing only in attention, each prefill the same
+        prompt into a real minillm cache while the meter counts what the cache took.
+    """)
+    configs = three(L)
+    T = L.pick(64, 16)
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("attention", "cached a layer", "bytes/token", "closed form"):
+        t.add_column(col, justify="right", no_wrap=True)
+    per = {}
+    for name, c in configs.items():
+        model = random_model(c)
+        with Meter() as m:
+            _, cache = model.prefill(np.arange(T) % c.vocab_size)
+        per[name] = m.steps[0].bytes["kv_write"] // T
+        if name == "MLA":
+            what, closed = f"{c.kv_lora_rank} + {c.qk_rope_head_dim}", c.n_layer * c.head_dim * 4
+        else:
+            what, closed = f"2·{c.n_kv_head}·{c.head_dim}", 2 * c.n_layer * c.n_kv_head * c.head_dim * 4
+        t.add_row(name, what, f"{per[name]:,}", f"{closed:,}")
+        L.claim(per[name] == closed == cache.bytes_per_token(),
+                f"{name}: the meter counted {per[name]:,} bytes a token written, {c.n_layer}·({what})·4")
+    L.show(t, f"[dim]float32, {configs['MHA'].n_layer} layers, {configs['MHA'].n_head} heads, width "
+              f"{configs['MHA'].n_embd}; bytes/token: the meter's kv_write over a {T}-token prefill[/]")
+    L.fact(f"here MLA caches {per['MLA'] / per['MHA']:.0%} of MHA's bytes and {per['MLA'] / per['GQA']:.0%} of "
+           "GQA's (g = 4)")
+    ds, l3, l2 = shape("deepseek-v3"), shape("llama-3-8b"), shape("llama-2-7b")
+    s = PUBLISHED["DeepSeek-V3"]["mla"]
+    mha_ds = ds["n_layer"] * ds["n_head"] * (s["nope"] + s["rope"] + s["v"]) * 2          # keys and values, bf16
+    L.fact(f"in bf16: Llama-2-7B (MHA) {fmt_bytes(kv_bytes_per_token(l2, 2))} a token, Llama-3-8B (GQA, g = "
+           f"{l3['n_head'] // l3['n_kv_head']}) {fmt_bytes(kv_bytes_per_token(l3, 2))}, DeepSeek-V3 "
+           f"{ds['n_layer']}·576·2 = {fmt_bytes(kv_bytes_per_token(ds, 2))}")
+    L.fact(f"DeepSeek-V3 as MHA (128 heads' keys of {s['nope'] + s['rope']} and values of {s['v']}) would cache "
+           f"{fmt_bytes(mha_ds)} a token: {mha_ds / kv_bytes_per_token(ds, 2):.0f}× its latent")
+    L.pause()
+
+
+# -- 2. two ways to attend -----------------------------------------------------------------------------
+
+def two_ways(L: Lesson) -> None:
+    L.section("Two ways to attend over the latent")
+    L.say("""
+        Attention needs every head's key and value. **Decompressed**, the definition: `kv_b` rebuilds
+        them from each cached latent (`k_h = W_UK,h·c`, `v_h = W_UV,h·c`), then attention runs as usual.
+        A prompt does this (its T tokens pass through `kv_b` once anyway).
+
+        **Absorbed**, how FlashMLA and FlashInfer decode: since `q·(W_UK c) = (W_UKᵀ q)·c`, each head's
+        query moves into the latent instead; then H query heads attend over one key/value head of
+        r + dr values whose first r are the values too (multi-query attention), and `W_UV` is applied
+        once to each head's output. `kv_b` multiplies the H queries, not every cached token.
+    """)
+    c = three(L)["MLA"]
+    P, N = L.pick(48, 12), L.pick(8, 4)
+    logits, tokens = {}, {}
+    for way in deepseek.MLA_DECODE:
+        model = random_model(c)
+        model.mla_decode = way
+        first, cache = model.prefill(np.arange(P) % c.vocab_size)
+        out, toks = [first], []
+        for _ in range(N):
+            toks.append(int(np.argmax(out[-1])))
+            out.append(model.decode_step(toks[-1], cache))
+        logits[way], tokens[way] = np.stack(out), toks
+    diff = float(np.abs(logits["absorbed"] - logits["decompressed"]).max())
+    scale = float(np.abs(logits["decompressed"]).max())
+    L.claim(tokens["absorbed"] == tokens["decompressed"] and diff < 1e-4 * scale,
+            f"{N} greedy decode steps after a {P}-token prompt: the same tokens either way, logits apart by "
+            f"at most {diff:.1e} (of values up to {scale:.1f}: float32 rounding)")
+    T = P + N
+    rows = {}
+    for way in deepseek.MLA_DECODE:
+        model = random_model(c)
+        model.mla_decode = way
+        _, cache = model.prefill(np.arange(T - 1) % c.vocab_size)
+        with Meter() as m:
+            model.decode_step(1, cache)
+        rows[way] = m.steps[0]
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("decode step", "KV read", "attention", "kv_b over T", "FLOPs/KV byte"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for way, r in rows.items():
+        want = decode_attention_cost(c, T, way)
+        L.claim(r.bytes["kv_read"] == want["kv_read"] and r.flops["attention"] == want["attention"],
+                f"{way}: the meter's KV read ({fmt_bytes(r.bytes['kv_read'])}) and attention FLOPs "
+                f"({fmt_flops(r.flops['attention'])}) are the closed forms' at context {T}")
+        t.add_row(way, fmt_bytes(r.bytes["kv_read"]), fmt_flops(r.flops["attention"]), fmt_flops(want["matmul_T"]),
+                  f"{(r.flops['attention'] + want['matmul_T']) / r.bytes['kv_read']:.1f}")
+    L.show(t, f"[dim]one decode step at context {T}, {c.n_head} heads, r + dr = {c.kv_lora_rank} + "
+              f"{c.qk_rope_head_dim}, float32; FLOPs/KV byte: attention and kv_b over the context[/]")
+    a, d = decode_attention_cost(c, T, "absorbed"), decode_attention_cost(c, T, "decompressed")
+    L.fact(f"both read the same {fmt_bytes(a['kv_read'])} of latent; decompressed also multiplies kv_b by all "
+           f"{T} rows every step ({fmt_flops(d['matmul_T'])}, growing with the context), absorbed by the "
+           f"query and the output once ({fmt_flops(a['matmul_fixed'])})")
+
+
+# -- 3. against the ridge -------------------------------------------------------------------------------
+
+def against_the_ridge(L: Lesson) -> None:
+    L.section("Where the absorbed decode sits against the ridge")
+    s = PUBLISHED["DeepSeek-V3"]
+    a, H = s["mla"], s["heads"]
+    r, dr = a["kv_lora"], a["rope"]
+    mla_fb = 2 * H * (2 * r + dr) / ((r + dr) * 2)
+    l3 = shape("llama-3-8b")
+    g = l3["n_head"] // l3["n_kv_head"]
+    L.say("""
+        Lesson 8 found decode attention at about g FLOPs a byte in bf16 with GQA (each KV head's
+        bytes serve its g query heads: 1 for MHA): far below every GPU's ridge, so the KV read bounds it.
+        Absorbed MLA has all H query heads share one KV head: per byte of latent read, scores over
+        r + dr values and a weighted sum of r, for every head: `2H·(2r + dr) / ((r + dr)·b)`.
+    """)
+    ridges = {name: CHIPS[name].ridge for name in ("a100-80gb", "h100-sxm", "h200")}
+    L.fact(f"DeepSeek-V3 (H = {H}, r + dr = {r} + {dr}) in bf16: {mla_fb:.0f} FLOPs a KV byte (≈ "
+           f"{mla_fb / H:.2f}·H); Llama-3-8B (g = {g}): {g}")
+    L.fact("ridges: " + ", ".join(f"{n} {v:.0f}" for n, v in ridges.items()) + " FLOPs a byte (bf16 dense peak "
+           "÷ bandwidth)")
+    below = [n for n, v in ridges.items() if mla_fb < v]
+    above = [n for n, v in ridges.items() if mla_fb >= v]
+    L.fact(f"so the absorbed decode's attention is compute-bound on {', '.join(above) or 'none of them'} and "
+           f"memory-bound on {', '.join(below) or 'none'}; verifying 2 tokens a step (its multi-token-"
+           f"prediction draft) doubles it to {2 * mla_fb:.0f}, past "
+           f"{plural(sum(2 * mla_fb >= v for v in ridges.values()), 'ridge')} of {len(ridges)}")
+    L.say("""
+        Measured here: decode steps of the DeepSeek-shaped preset beside its GQA twin (the same width,
+        layers and experts, 4 KV heads of 64), in interleaved rounds, at each context a cache of random
+        rows (a step's work does not depend on what they hold).
+    """)
+    hw = L.machine()
+    if L.fast:
+        small = dict(n_layer=2, n_expert=8, n_ctx=1024)
+        models = {MLA: random_model(dataclasses.replace(deepseek.SHAPES[MLA], **small, n_group=2, topk_group=1)),
+                  GQA: random_model(dataclasses.replace(deepseek.SHAPES[GQA], **small))}
+    else:
+        with L.status("building the two presets (seconds)…"):
+            models = {MLA: minillm.load(MLA, kernels="numpy"), GQA: minillm.load(GQA, kernels="numpy")}
+    contexts = L.pick([512, 2048, 8192], [64, 256])
+    with L.status(f"{L.rounds()} rounds at {len(contexts)} contexts…"):
+        result = run_context_sweep(list(models.values()), contexts, repeats=L.rounds(), steps=L.pick(3, 2))
+    ridge = hw.peak_gflops / hw.bandwidth_gbs
+    names = {models[MLA].name: "MLA", models[GQA].name: "GQA twin"}
+    rows = result["rows"]
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("ctx", "model", "ms/step", "KV read", "attn F/B", "step F/B", "bound"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for x in rows:
+        step_fb = x["flops"] / x["bytes"]
+        name = names[x["model"].split(" ")[0]] + (f" {x['way'][:6]}" if x["way"] else "")
+        t.add_row(f"{x['context']:,}", name, f"{x['ms']:.1f}", fmt_bytes(x["kv_read"]),
+                  f"{x['attention_flops'] / x['kv_read']:.1f}", f"{step_fb:.2f}",
+                  "compute" if step_fb > ridge else "memory")
+    L.show(t, f"[dim]batch 1, float32, caches of random rows; attn F/B: attention FLOPs per KV byte; step "
+              f"F/B: the whole step's, weights included; bound: on this machine's roofline, ridge {ridge:.1f}[/]")
+    L.timing_note()
+    by = {(x["context"], x["model"].split(" ")[0], x["way"]): x for x in rows}
+    mla, gqa = models[MLA].name, models[GQA].name
+    c = models[MLA].config
+    absorbed_fb = 2 * c.n_head * (2 * c.kv_lora_rank + c.qk_rope_head_dim) / ((c.kv_lora_rank + c.qk_rope_head_dim) * 4)
+    fb = lambda x: x["attention_flops"] / x["kv_read"]
+    L.claim(all(abs(fb(by[n, mla, "absorbed"]) - absorbed_fb) < 1e-9 for n in contexts),
+            f"absorbed, the attention does {absorbed_fb:.1f} FLOPs a KV byte at every context: "
+            f"2H·(2r + dr)/((r + dr)·4) with H = {c.n_head}")
+    gc = models[GQA].config
+    g_fb = fb(by[contexts[0], gqa, None])
+    L.claim(abs(g_fb - gc.n_head / gc.n_kv_head / 2) < 1e-9,
+            f"the GQA twin's attention does {g_fb:.1f} (g/2 in float32, g = {gc.n_head // gc.n_kv_head})")
+    n, n0 = contexts[-1], contexts[0]
+    kv_ratio = by[n, gqa, None]["kv_read"] / by[n, mla, "absorbed"]["kv_read"]
+    L.claim(abs(kv_ratio - 2 * gc.n_kv_head * gc.head_dim / (c.kv_lora_rank + c.qk_rope_head_dim)) < 1e-9,
+            f"over {n + 1:,} cached tokens the GQA twin reads {kv_ratio:.2f}× the latent's KV bytes (2·4·64 "
+            f"values a layer against {c.kv_lora_rank} + {c.qk_rope_head_dim})")
+    grew = {way: by[n, mla, way]["matmul_flops"] - by[n0, mla, way]["matmul_flops"] for way in deepseek.MLA_DECODE}
+    T0, T1 = by[n0, mla, "decompressed"]["kv_read"] // c.kv_bytes_per_token(4), \
+        by[n, mla, "decompressed"]["kv_read"] // c.kv_bytes_per_token(4)
+    want = decode_attention_cost(c, T1, "decompressed")["matmul_T"] - decode_attention_cost(c, T0, "decompressed")["matmul_T"]
+    L.claim(grew["absorbed"] == 0 and grew["decompressed"] == want > 0,
+            f"from {T0:,} to {T1:,} cached rows the absorbed step's products stay as they are; the decompressed "
+            f"one's grow by {fmt_flops(grew['decompressed'])}: kv_b over the {T1 - T0:,} more rows")
+    a, d = (Timing(tuple(by[n, mla, way]["ms_rounds"])) for way in ("absorbed", "decompressed"))
+    L.say(f"Measured: {faster_words(a, d, f'at {n:,} tokens an absorbed decode step', 'a decompressed one')}.")
+
+
+# -- 4. serving it --------------------------------------------------------------------------------------
+
+def serving_it(L: Lesson) -> None:
+    L.section("Why engines serve MLA attention data-parallel")
+    s = PUBLISHED["DeepSeek-V3"]
+    ds = shape("deepseek-v3")
+    per_token = kv_bytes_per_token(ds, 2)
+    gpus, ctx = 8, 32768
+    seq = per_token * ctx
+    L.say("""
+        Tensor parallelism splits attention by heads: with GQA's 8 KV heads on 8 GPUs, each holds one KV
+        head of every token. MLA's latent belongs to all 128 heads at once: split by heads, **every GPU
+        needs every token's whole latent**, and the cache is held 8 times over. So SGLang and vLLM run
+        MLA with **data-parallel attention** (each GPU attends for its own sequences, over its latents)
+        and split only the experts, expert-parallel: each GPU holds a share of every layer's experts,
+        and each token's hidden state goes to the GPUs of its k experts and back (an all-to-all).
+    """)
+    L.fact(f"a {ctx:,}-token sequence: {fmt_bytes(seq)} of latent in bf16; over {gpus} GPUs by heads every "
+           f"GPU holds all of it ({fmt_bytes(seq * gpus)} in all), data-parallel one GPU does "
+           f"({fmt_bytes(seq)} in all)")
+    E, k, G, open_ = s["E"], s["k"], 8, 4
+    L.fact(f"expert-parallel on {gpus} GPUs: {E // gpus} of the {E} routed experts of each layer per GPU; "
+           f"routed to its top {k} inside {open_} of {G} groups, a token's experts sit on at most {open_} "
+           f"GPUs when a group is a GPU (DeepSeek-V3's node-limited routing, n_group 8, topk_group 4)")
+
+
+# -- 5. released dtypes ------------------------------------------------------------------------------------
+
+def released(L: Lesson) -> None:
+    L.section("Published mixtures, in the dtypes they were released in")
+    L.say("""
+        Mixtral and Qwen3 ship in bf16 (2 bytes a weight). DeepSeek-V3 ships in **fp8** (E4M3): its
+        linear layers at 1 byte a weight plus a float32 scale per 128×128 tile, the embedding, head,
+        norms and routers in bf16. What 8 GPUs hold and what a token reads follow from that.
+    """)
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("model", "dtype", "held", "held/GPU", "read/token", "KV/token"):
+        t.add_column(col, justify="right", no_wrap=True)
+    got = {}
+    for name in PUBLISHED:
+        sh = shape(name.lower())
+        held, read = got[name] = held_bytes(sh), read_bytes(sh)
+        t.add_row(name, sh["released"].split(" ")[0], fmt_bytes(held), fmt_bytes(held / 8), fmt_bytes(read),
+                  fmt_bytes(kv_bytes_per_token(sh, 2)))
+    L.show(t, "[dim]as released (measure/experts.py); held/GPU: over 8 GPUs; read/token: a decode step's "
+              "weights at batch 1; KV in bf16[/]")
+    s = PUBLISHED["DeepSeek-V3"]
+    held, _ = got["DeepSeek-V3"]
+    total, _ = published_params(s)
+    h200 = CHIPS["h200"].memory_gb * 1e9
+    L.fact(f"DeepSeek-V3 in fp8: {FP8_TILE:.5f} bytes a matrix weight; {fmt_bytes(held / 8)} a GPU "
+           f"on 8, {'inside' if held / 8 < h200 else 'beyond'} an H200's {fmt_bytes(h200)}, "
+           f"{fmt_bytes(h200 - held / 8)} left for the cache; as bf16 it would be {fmt_bytes(2 * total / 8)} "
+           f"a GPU ({fmt_x(2 * total / held)} as much)")
+
+
+def main(argv=None) -> int:
+    return run_lesson(lesson, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

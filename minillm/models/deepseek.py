@@ -1,0 +1,764 @@
+"""The DeepSeek-V3 family (DeepSeek-V3/R1's architecture): multi-head latent attention and DeepSeek's
+mixture of experts, read like the papers (DeepSeek-V2, arXiv 2405.04434; DeepSeek-V3, 2412.19437).
+
+    x = embed[ids]
+    for each block:
+        x = x + mla(rms_norm(x))                       # multi-head latent attention
+        x = x + ffn(rms_norm(x))                       # a dense SwiGLU MLP in the first
+                                                       # `first_k_dense` blocks, then DeepSeek's mixture
+    logits = rms_norm(x) @ head
+
+Multi-head latent attention. Each token's keys and values come out of one small latent vector, and
+that latent (with one rotary key all heads share) is all the KV cache keeps:
+
+    q              = q_b(rms_norm(q_a(x)))             # [H, dn + dr]: low rank (q_lora_rank), or
+                                                       # q_proj(x) when q_lora_rank is null
+    q_nope, q_rope = q[:, :dn], q[:, dn:]              # [H, dn], [H, dr]
+    c, k_rope      = kv_a(x)[:r], kv_a(x)[r:]          # [r] the latent, [dr] one rotary key for all heads
+    c              = rms_norm(c)
+    q_rope, k_rope = rope(q_rope), rope(k_rope)
+    row            = [c | k_rope]                      # [r + dr]: what the cache holds, a token a layer
+                                                       # (512 + 64 = 576 values at DeepSeek-V3's shape)
+
+and then attention, two ways that compute the same numbers:
+
+    decompressed   k_nope_h, v_h = W_UK_h c, W_UV_h c  # kv_b: every head's key [dn] and value [dv]
+                   k_h = [k_nope_h | k_rope]           # the rotary part shared by all heads
+                   o_h = softmax(q_h · k_h / √(dn + dr)) v_h
+    absorbed       q_lat_h = W_UK_hᵀ q_nope_h          # [r]: the query moved into the latent, since
+                                                       # q_nope · (W_UK c) = (W_UKᵀ q_nope) · c
+                   o_lat_h = softmax([q_lat_h | q_rope_h] · row / √(dn + dr)) c      # [r]
+                   o_h = W_UV_h o_lat_h                # [dv]: the value projection applied once, after
+    out = o_proj([o_1 | ... | o_H])
+
+Decompressed is the definition, and how a prompt runs (a prefill's T tokens multiply kv_b once each,
+compute-bound anyway). Absorbed is how serving engines decode (FlashMLA, FlashInfer's MLA kernels):
+H query heads attend over ONE key/value head of r + dr values (multi-query attention whose values
+are the keys' first r entries), and kv_b is multiplied by the H queries instead of by every cached
+token, so a decode step's attention does about 2·H·(2r + dr) FLOPs per (r + dr)·b bytes of KV read:
+≈ 1.9·H per byte in bf16, against GQA's ≈ g.
+
+Rotary positions. `rope_interleave` (DeepSeek's files: true) turns the coordinate pairs (2i, 2i + 1);
+ops.rope turns (i, i + dr/2). A permutation applied to both q and k leaves q·k unchanged, so the
+rotary rows of the query and latent projections are reordered once at load (even ones first), and
+then ops.rope computes exactly transformers' interleaved rotation.
+
+DeepSeek's mixture (`mixture`):
+
+    s      = sigmoid(x @ router)                       # [E]: each expert's affinity, in float32
+    choice = s + bias                                  # e_score_correction_bias: balances the load;
+                                                       # it picks the experts, it never weighs them
+    groups: the E experts in n_group groups, a group scored by its top two choices; only the best
+            topk_group groups may be picked from (with experts on n_group nodes: fewer nodes a token)
+    top    = the k largest choices among those groups
+    w      = s[top] / sum(s[top]) (norm_topk_prob) · routed_scaling_factor
+    y      = Σ_j w_j · expert_{top_j}(x) + shared(x)   # n_shared_experts always-on experts, one
+                                                       # SwiGLU of width n_shared · moe_ffn
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from functools import partial
+from typing import Iterator
+
+import numpy as np
+
+from .. import meter
+from ..config import MAX_CONTEXT, MAX_COUNT, hf_model_type, whole
+from ..errors import ConfigError
+from . import moe, ops
+from .base import RANDOM_SEED, CausalLM
+from .factory import make_weight, on_device
+from .llama import mlp
+from .moe import MoEConfig, dispatch, expected_distinct_experts, expert, record_route
+from .quant import FORMATS
+from .target import Target, cpu_only
+from .weights import Dense, check_blocks, label, stored
+
+MODEL_TYPES = ("deepseek_v3",)
+MLA_DECODE = ("absorbed", "decompressed")
+
+
+# -- the config -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DeepSeekConfig:
+    n_layer: int                      # L: blocks
+    n_head: int                       # H: query heads (each with its own key and value, decompressed)
+    n_embd: int                       # d
+    n_ctx: int                        # longest sequence (`max_position_embeddings`)
+    vocab_size: int                   # V
+    ffn: int                          # F: the dense blocks' MLP width (`intermediate_size`)
+    kv_lora_rank: int = 512           # r: the latent's width
+    q_lora_rank: int | None = 1536    # r_q: the query's bottleneck; None: q_proj straight from x
+    qk_nope_head_dim: int = 128       # dn: a head's key and query outside the rotation
+    qk_rope_head_dim: int = 64        # dr: the rotated part, one key shared by all heads
+    v_head_dim: int = 128             # dv: a head's value
+    n_expert: int = 256               # E: routed experts per sparse block (`n_routed_experts`)
+    top_k: int = 8                    # k: routed experts a token uses (`num_experts_per_tok`)
+    expert_ffn: int = 2048            # F_e: an expert's width (`moe_intermediate_size`)
+    n_shared: int = 1                 # always-on experts, run as one MLP of width n_shared·F_e
+    n_group: int = 8                  # expert groups
+    topk_group: int = 4               # groups a token may pick from
+    routed_scale: float = 2.5         # routed_scaling_factor
+    norm_topk: bool = True            # norm_topk_prob: the k weights renormalised to sum to 1
+    first_k_dense: int = 3            # first_k_dense_replace: blocks 0..first_k_dense-1 are dense
+    eps: float = 1e-6                 # RMS-norm epsilon
+    theta: float = 10000.0            # RoPE base
+    rope_interleave: bool = True      # rotary pairs (2i, 2i+1) in the file's layout (see the top)
+    attention_bias: bool = False      # biases on q_a (or q_proj), kv_a and o
+    tied: bool = False                # the LM head is the token embedding
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "n_head", "n_embd", "n_ctx", "vocab_size", "ffn", "kv_lora_rank",
+                     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_expert", "top_k", "expert_ffn",
+                     "n_group", "topk_group"):
+            whole(getattr(self, name), name, "config", MAX_CONTEXT if name == "n_ctx" else MAX_COUNT)
+        if self.q_lora_rank is not None:
+            whole(self.q_lora_rank, "q_lora_rank", "config")
+        for name in ("n_shared", "first_k_dense"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"config {name}={value!r}: must be an integer, 0 or more")
+        if self.qk_rope_head_dim % 2:
+            raise ConfigError(f"config qk_rope_head_dim={self.qk_rope_head_dim}: the rotary embedding turns "
+                              "pairs, it must be even")
+        E, G = self.n_expert, self.n_group
+        if E % G:
+            raise ConfigError(f"config: {E} routed experts do not split into n_group={G} equal groups")
+        if self.topk_group > G:
+            raise ConfigError(f"config topk_group={self.topk_group}: there are only n_group={G} groups")
+        if self.top_k > self.topk_group * (E // G):
+            raise ConfigError(f"config: each token uses top_k={self.top_k} experts but its {self.topk_group} "
+                              f"group(s) of {E // G} hold only {self.topk_group * (E // G)}")
+        for name in ("eps", "theta", "routed_scale"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ConfigError(f"config {name}={value!r}: must be a positive finite number")
+
+    # -- what the KV cache reads (config.ModelConfig): one row of r + dr values a token a layer --
+
+    @property
+    def n_kv_head(self) -> int:
+        """The KV cache holds one "head" a token a layer: the latent and the rotary key, side by side."""
+        return 1
+
+    @property
+    def head_dim(self) -> int:
+        """The cache's row: r + dr values (576 at DeepSeek-V3's shape)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def values_in_keys(self) -> int:
+        """The cache keeps no separate values: they are the row's first r entries (the latent)."""
+        return self.kv_lora_rank
+
+    model_type = "deepseek_v3"        # (a class attribute: config.json's name of the family)
+
+    @property
+    def scale(self) -> float:
+        """Attention's scale, 1/√(dn + dr), either way (absorbed too: not 1/√ of the r + dr it multiplies)."""
+        return self.qk_head_dim ** -0.5
+
+    @property
+    def qk_head_dim(self) -> int:
+        """dn + dr: a head's query and key as attention scores them (the scale is 1/√ of this)."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def kv_bytes_per_token(self, itemsize: int = 4) -> int:
+        """L·(r + dr)·b: what every position costs in the KV cache (61·576·2 = 70,272 for DeepSeek-V3)."""
+        return self.n_layer * self.head_dim * itemsize
+
+    def is_sparse(self, layer: int) -> bool:
+        return layer >= self.first_k_dense
+
+    @property
+    def sparse_layers(self) -> tuple[int, ...]:
+        return tuple(range(self.first_k_dense, self.n_layer))
+
+    # -- parameter counts --
+
+    def attention_params(self) -> int:
+        """One block's attention: the query path, kv_a, its norm, kv_b, o (and their biases)."""
+        d, H, r, dr = self.n_embd, self.n_head, self.kv_lora_rank, self.qk_rope_head_dim
+        rq, b = self.q_lora_rank, self.attention_bias
+        q = d * H * self.qk_head_dim if rq is None else d * rq + rq * b + rq + rq * H * self.qk_head_dim
+        kv = d * (r + dr) + (r + dr) * b + r + r * H * (self.qk_nope_head_dim + self.v_head_dim)
+        return q + kv + H * self.v_head_dim * d + d * b
+
+    def expert_params(self) -> int:
+        return 3 * self.n_embd * self.expert_ffn
+
+    def n_params(self) -> int:
+        """Every parameter (what memory holds; a tied head counted once)."""
+        d, L, S = self.n_embd, self.n_layer, len(self.sparse_layers)
+        blocks = L * (self.attention_params() + 2 * d) + (L - S) * 3 * d * self.ffn
+        sparse = S * (d * self.n_expert + self.n_expert + (self.n_expert + self.n_shared) * self.expert_params())
+        return self.vocab_size * d * (1 if self.tied else 2) + blocks + sparse + d
+
+    def active_params(self) -> int:
+        """What one token multiplies by: k routed experts (and the shared ones) instead of all E."""
+        return self.n_params() - len(self.sparse_layers) * (self.n_expert - self.top_k) * self.expert_params()
+
+    def asdict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_hf(cls, cfg: dict, source: str = "config.json") -> "DeepSeekConfig":
+        """Read a Hugging Face config.json of model_type deepseek_v3."""
+        hf_model_type(cfg, source, MODEL_TYPES, "is not a DeepSeek-V3 config.json")
+        need = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size", "vocab_size",
+                "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts",
+                "num_experts_per_tok", "moe_intermediate_size")
+        missing = [k for k in need if k not in cfg and not (k == "n_routed_experts" and "num_local_experts" in cfg)]
+        if missing:
+            raise ConfigError(f"{source}: missing {', '.join(missing)}; is this a deepseek_v3 config.json?")
+        act = cfg.get("hidden_act", "silu")
+        if act != "silu":
+            raise ConfigError(f"{source}: hidden_act={act!r}; minillm implements SwiGLU with silu")
+        quant = cfg.get("quantization_config")
+        if quant:
+            method = quant.get("quant_method") if isinstance(quant, dict) else quant
+            raise ConfigError(f"{source}: the weights are quantized ({str(method)[:20]}: DeepSeek-V3 ships FP8 "
+                              "with a scale per 128x128 tile); minillm reads float32, float16 and bfloat16 "
+                              "checkpoints: convert the weights to bfloat16 first")
+        rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+        scaling = cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else {}
+        kind = scaling.get("rope_type", scaling.get("type")) or rope.get("rope_type", "default")
+        if kind not in ("default", None):
+            raise ConfigError(f"{source}: rope scaling {kind!r} is not implemented; minillm runs the default "
+                              "rotary embedding only")
+        theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        method = cfg.get("topk_method", "noaux_tc")
+        score = cfg.get("scoring_func", "sigmoid")
+        if method != "noaux_tc" or score != "sigmoid":
+            raise ConfigError(f"{source}: topk_method={method!r}, scoring_func={score!r}; minillm implements "
+                              "DeepSeek-V3's router (noaux_tc, sigmoid)")
+        try:
+            return cls(
+                n_layer=cfg["num_hidden_layers"], n_head=cfg["num_attention_heads"], n_embd=cfg["hidden_size"],
+                n_ctx=cfg.get("max_position_embeddings", 4096), vocab_size=cfg["vocab_size"],
+                ffn=cfg["intermediate_size"], kv_lora_rank=cfg["kv_lora_rank"], q_lora_rank=cfg.get("q_lora_rank"),
+                qk_nope_head_dim=cfg["qk_nope_head_dim"], qk_rope_head_dim=cfg["qk_rope_head_dim"],
+                v_head_dim=cfg["v_head_dim"], n_expert=cfg.get("n_routed_experts", cfg.get("num_local_experts")),
+                top_k=cfg["num_experts_per_tok"], expert_ffn=cfg["moe_intermediate_size"],
+                n_shared=cfg.get("n_shared_experts") or 0, n_group=cfg.get("n_group") or 1,
+                topk_group=cfg.get("topk_group") or 1, routed_scale=float(cfg.get("routed_scaling_factor", 1.0)),
+                norm_topk=bool(cfg.get("norm_topk_prob", True)), first_k_dense=cfg.get("first_k_dense_replace") or 0,
+                eps=float(cfg.get("rms_norm_eps", 1e-6)), theta=float(theta),
+                rope_interleave=bool(cfg.get("rope_interleave", True)),
+                attention_bias=bool(cfg.get("attention_bias", False)),
+                tied=bool(cfg.get("tie_word_embeddings", False)))
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ConfigError(f"{source}: a field has the wrong type ({e}); re-download the checkpoint") from None
+
+
+# -- the checkpoint's tensors -----------------------------------------------------------------------
+
+def manifest(c: DeepSeekConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Every tensor of a Hugging Face checkpoint of this config (without the `model.` prefix), with its
+    shape, one at a time (a check stops at the first missing one). Multi-token-prediction blocks
+    (`num_nextn_predict_layers`, after the last block) are not part of it: readers drop them."""
+    d, H, r, dr, rq = c.n_embd, c.n_head, c.kv_lora_rank, c.qk_rope_head_dim, c.q_lora_rank
+    yield "embed_tokens.weight", (c.vocab_size, d)
+    for i in range(c.n_layer):
+        h, a = f"layers.{i}.", f"layers.{i}.self_attn."
+        yield h + "input_layernorm.weight", (d,)
+        if rq is None:
+            yield a + "q_proj.weight", (H * c.qk_head_dim, d)
+        else:
+            yield a + "q_a_proj.weight", (rq, d)
+            if c.attention_bias:
+                yield a + "q_a_proj.bias", (rq,)
+            yield a + "q_a_layernorm.weight", (rq,)
+            yield a + "q_b_proj.weight", (H * c.qk_head_dim, rq)
+        yield a + "kv_a_proj_with_mqa.weight", (r + dr, d)
+        if c.attention_bias:
+            yield a + "kv_a_proj_with_mqa.bias", (r + dr,)
+        yield a + "kv_a_layernorm.weight", (r,)
+        yield a + "kv_b_proj.weight", (H * (c.qk_nope_head_dim + c.v_head_dim), r)
+        yield a + "o_proj.weight", (d, H * c.v_head_dim)
+        if c.attention_bias:
+            yield a + "o_proj.bias", (d,)
+        yield h + "post_attention_layernorm.weight", (d,)
+        m = h + "mlp."
+        if not c.is_sparse(i):
+            yield from ((m + "gate_proj.weight", (c.ffn, d)), (m + "up_proj.weight", (c.ffn, d)),
+                        (m + "down_proj.weight", (d, c.ffn)))
+            continue
+        yield m + "gate.weight", (c.n_expert, d)
+        yield m + "gate.e_score_correction_bias", (c.n_expert,)
+        F = c.expert_ffn
+        for e in range(c.n_expert):
+            x = m + f"experts.{e}."
+            yield from ((x + "gate_proj.weight", (F, d)), (x + "up_proj.weight", (F, d)),
+                        (x + "down_proj.weight", (d, F)))
+        if c.n_shared:
+            Fs = c.n_shared * F
+            yield from ((m + "shared_experts.gate_proj.weight", (Fs, d)), (m + "shared_experts.up_proj.weight", (Fs, d)),
+                        (m + "shared_experts.down_proj.weight", (d, Fs)))
+    yield "norm.weight", (d,)
+    if not c.tied:
+        yield "lm_head.weight", (c.vocab_size, d)
+
+
+# llama.cpp's names (its architecture `deepseek2`) for a block's tensors, after `layers.{i}.` (GGUF's
+# `blk.{i}.`), without `.weight` / `.bias`. No GGUF reader yet: llama.cpp stacks each layer's experts
+# into one 3-D tensor (ffn_gate_exps, ...) and its newer files split kv_b into attn_k_b and attn_v_b.
+GGUF_BLOCK_NAMES = {
+    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.q_a_proj": "attn_q_a",
+    "self_attn.q_a_layernorm": "attn_q_a_norm", "self_attn.q_b_proj": "attn_q_b",
+    "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa", "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+    "self_attn.kv_b_proj": "attn_kv_b", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp",
+    "mlp.gate.e_score_correction": "exp_probs_b", "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_experts.up_proj": "ffn_up_shexp", "mlp.shared_experts.down_proj": "ffn_down_shexp",
+}
+
+
+def deinterleave(n: int) -> np.ndarray:
+    """The order that takes rotary pairs (2i, 2i + 1) to halves (i, i + n/2): [0, 2, 4, ..., 1, 3, 5, ...]."""
+    return np.concatenate([np.arange(0, n, 2), np.arange(1, n, 2)])
+
+
+def rope_rows(c: DeepSeekConfig, rows: int, heads: int, per_head: int) -> np.ndarray:
+    """The row order of a projection whose output is `heads` groups of `per_head` values, each ending in
+    dr rotary ones: those put in ops.rope's layout (see the top), the others left alone. [rows]."""
+    order = np.arange(rows)
+    if c.rope_interleave:
+        dr = c.qk_rope_head_dim
+        for h in range(heads):
+            end = (h + 1) * per_head
+            order[end - dr:end] = end - dr + deinterleave(dr)
+    return order
+
+
+# -- the attention, as small functions --------------------------------------------------------------
+
+def query(xq: np.ndarray, p: dict, c: DeepSeekConfig, K) -> np.ndarray:
+    """The queries, every head. xq [N, r_q] (q_a's output, low rank) or [N, H·(dn+dr)] (q_proj's, the
+    direct path) -> [H, N, dn + dr]."""
+    if c.q_lora_rank is not None:
+        xq = ops.linear(K.rms_norm(xq, p["q_a_layernorm.weight"], c.eps), p["q_b_proj.weight"])   # [N, H·(dn+dr)]
+    N = xq.shape[0]
+    return xq.reshape(N, c.n_head, c.qk_head_dim).transpose(1, 0, 2)                 # [H, N, dn + dr]
+
+
+def project(x: np.ndarray, p: dict, c: DeepSeekConfig, K) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Everything attention takes from x: x [N, d] -> q [H, N, dn + dr], the latent c [N, r] (normed),
+    the rotary key [1, N, dr] (not turned yet). Low rank: q_a and kv_a side by side, one product
+    [d, r_q + r + dr] (both read x; vLLM fuses them too). Direct: q_proj [d, H·(dn + dr)], then kv_a."""
+    if c.q_lora_rank is not None:
+        a = ops.linear(x, p["qa_kva.weight"], p.get("qa_kva.bias"))        # [N, r_q + r + dr]
+        q, kv = query(a[:, :c.q_lora_rank], p, c, K), a[:, c.q_lora_rank:]
+    else:
+        q = query(ops.linear(x, p["q_proj.weight"]), p, c, K)                # [H, N, dn + dr]
+        kv = ops.linear(x, p["kv_a.weight"], p.get("kv_a.bias"))             # [N, r + dr]
+    r = c.kv_lora_rank
+    latent = K.rms_norm(kv[:, :r], p["kv_a_layernorm.weight"], c.eps)       # [N, r]
+    return q, latent, kv[None, :, r:]                                       # ..., [1, N, dr]
+
+
+def decompress(rows: np.ndarray, values: np.ndarray, p: dict, c: DeepSeekConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Every head's key and value rebuilt from cached rows: kv_b on each row's latent, and the shared
+    rotary key beside every head's. rows [1, T, r + dr] (values: their first r columns, unused: the
+    latent is read from the rows) -> k [H, T, dn + dr], v [H, T, dv]. The attention it feeds reads
+    these T·H·(dn + dr + dv) values instead of the T·(r + dr) cached: what absorbing saves."""
+    T, r, dn = rows.shape[1], c.kv_lora_rank, c.qk_nope_head_dim
+    kv = ops.linear(rows[0, :, :r], p["kv_b.weight"])                       # [T, H·(dn + dv)]
+    kv = kv.reshape(T, c.n_head, dn + c.v_head_dim).transpose(1, 0, 2)      # [H, T, dn + dv]
+    k = np.empty((c.n_head, T, c.qk_head_dim), dtype=kv.dtype)              # [H, T, dn + dr]
+    k[:, :, :dn] = kv[:, :, :dn]
+    k[:, :, dn:] = rows[:, :, r:]                                           # one rotary key for every head
+    return k, kv[:, :, dn:]
+
+
+def head_product(x: np.ndarray, w: np.ndarray, what: str, row_by_row: bool = False) -> np.ndarray:
+    """Each head's own small product: x [H, N, a] @ w [H, a, b] -> [H, N, b] (one BLAS call a head).
+    Counted like ops.linear: w read once, x and the output written and read, 2 FLOPs a multiply-add.
+    row_by_row: each row on its own (the batch-invariant set: a row's result never depends on the
+    others in its step)."""
+    if row_by_row:
+        y = np.concatenate([np.matmul(x[:, i:i + 1], w) for i in range(x.shape[1])], axis=1)
+    else:
+        y = np.matmul(x, w)                                                 # [H, N, b]
+    m = meter.active()
+    if m is not None:
+        H, N, a = x.shape
+        m.count(what, weights=w.nbytes, activations=x.nbytes + y.nbytes, matmul=2 * H * N * a * w.shape[-1])
+    return y
+
+
+def absorbed(attend, q: np.ndarray, row: np.ndarray, p: dict, c: DeepSeekConfig, row_by_row: bool = False) -> np.ndarray:
+    """Attention inside the latent: each head's query moved into it (W_UKᵀ q_nope, since q_nope ·
+    (W_UK c) = (W_UKᵀ q_nope) · c), H query heads over ONE key/value head of r + dr values whose first
+    r are the values too, and each head's latent output taken to its value space after (W_UV o_lat).
+    q [H, N, dn + dr] (rotated), row [1, N, r + dr] the new rows -> [H, N, dv].
+    attend(q, k, v, scale=) stores the new rows and attends over all of them (the step's plan)."""
+    dn, r = c.qk_nope_head_dim, c.kv_lora_rank
+    q_lat = head_product(q[:, :, :dn], p["w_uk"], "mla_absorb_q", row_by_row)      # [H, N, r]
+    q_row = np.concatenate([q_lat, q[:, :, dn:]], axis=-1)                           # [H, N, r + dr]
+    o_lat = attend(q_row, row, row[:, :, :r], scale=c.scale)                         # [H, N, r]
+    return head_product(o_lat, p["w_uv_t"], "mla_absorb_o", row_by_row)             # [H, N, dv]
+
+
+def decompressed(attend, q: np.ndarray, row: np.ndarray, p: dict, c: DeepSeekConfig, row_by_row: bool = False) -> np.ndarray:
+    """The definition: every head's K and V rebuilt from all the cached rows (`decompress`), then
+    attention. q [H, N, dn + dr] (rotated), row [1, N, r + dr] the new rows -> [H, N, dv]."""
+    return attend(q, row, row[:, :, :c.kv_lora_rank], scale=c.scale, expand=partial(decompress, p=p, c=c))
+
+
+WAYS = {"absorbed": absorbed, "decompressed": decompressed}
+
+
+def whole_sequence(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale=None, expand=None) -> np.ndarray:
+    """An `attend` with no cache: the rows given are all there is (k and v: every position so far)."""
+    if expand is not None:
+        k, v = expand(k, v)
+    return ops.attention(q, k, v, scale=scale)
+
+
+def mla(x: np.ndarray, p: dict, c: DeepSeekConfig, cos: np.ndarray, sin: np.ndarray, attend, way, K) -> np.ndarray:
+    """Multi-head latent attention. x [N, d], cos/sin [N, dr/2] -> [N, d]. way: `absorbed` or
+    `decompressed`, attending with attend(q, k, v, scale=, expand=) (the step's plan)."""
+    q, latent, k_rope = project(x, p, c, K)                                 # [H, N, dn+dr], [N, r], [1, N, dr]
+    dn = c.qk_nope_head_dim
+    turned = K.rope(np.concatenate([q[:, :, dn:], k_rope]), cos, sin)      # [H + 1, N, dr]: q's and k's rotary parts
+    q = np.concatenate([q[:, :, :dn], turned[:-1]], axis=-1)                # [H, N, dn + dr]
+    row = np.concatenate([latent[None], turned[-1:]], axis=-1)              # [1, N, r + dr]: what the cache keeps
+    o = way(attend, q, row, p, c, K.batch_invariant)                        # [H, N, dv]
+    return ops.linear(ops.merge_heads(o), p["o_proj.weight"], p.get("o_proj.bias"))   # [N, d]
+
+
+# -- DeepSeek's mixture -----------------------------------------------------------------------------
+
+def route(x: np.ndarray, router, bias: np.ndarray, c: DeepSeekConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Which k experts each row uses, and how much. x [N, d], router [d, E] (a weight), bias [E] ->
+    (experts [N, k], weights [N, k]).
+
+    The affinities s = sigmoid(x·router) weigh; s + bias chooses (bias: the load-balancing correction,
+    learned without a loss term). Groups: the E experts split into n_group groups of E/G, each scored
+    by its two best choices; a row picks its k among the topk_group best groups only."""
+    logits = ops.linear(x, router)                                          # [N, E]
+    s = 1.0 / (1.0 + np.exp(-logits))                                       # [N, E] affinities
+    choice = s + bias                                                       # [N, E]
+    N, E, G = s.shape[0], c.n_expert, c.n_group
+    if c.topk_group < G:
+        per = choice.reshape(N, G, E // G)                                  # [N, G, E/G]
+        best2 = -np.sort(-per, axis=-1)[:, :, :min(2, E // G)].sum(-1)      # [N, G]: a group's two best
+        groups = np.argsort(-best2, axis=-1, kind="stable")[:, :c.topk_group]   # [N, topk_group]
+        allowed = np.zeros((N, G), dtype=bool)
+        np.put_along_axis(allowed, groups, True, axis=-1)
+        choice = np.where(np.repeat(allowed, E // G, axis=-1), choice, -np.inf)   # [N, E]
+    top = np.argsort(-choice, axis=-1, kind="stable")[:, :c.top_k]          # [N, k]: ties to the lower id
+    w = np.take_along_axis(s, top, axis=-1)                                 # [N, k]: weighed by s, not s + bias
+    if c.norm_topk:
+        w = w / (w.sum(-1, keepdims=True) + 1e-20)
+    w = w * c.routed_scale
+    m = meter.active()
+    if m is not None:
+        m.count("router", weights=bias.nbytes, activations=3 * s.nbytes + top.nbytes + w.nbytes,
+                other=5 * s.size + 2 * w.size)
+    record_route(top)
+    return top, w
+
+
+def mixture(x: np.ndarray, p: dict, c: DeepSeekConfig, act=ops.swiglu) -> np.ndarray:
+    """DeepSeek's mixture: k routed experts per row (models/moe.py's `dispatch`: each chosen expert
+    once on all its rows), plus the shared expert every row uses. [N, d] -> [N, d]."""
+    experts, weights = route(x, p["router.weight"], p["router.bias"], c)   # [N, k] each
+    y = dispatch(x, experts, weights, p, act)                               # [N, d]
+    if c.n_shared:
+        y = ops.add(y, mlp(x, {"gate_up.weight": p["shared.gate_up.weight"],
+                               "down_proj.weight": p["shared.down_proj.weight"]}, act))
+    return y
+
+
+# -- the model ----------------------------------------------------------------------------------------
+
+class DeepSeekV3(CausalLM):
+    """A DeepSeek-V3-family model: a config and checkpoint tensors (Hugging Face names without `model.`).
+
+    Its KV cache holds one row of r + dr values a token a layer (the config answers the cache as one
+    KV head of that width whose first r values are the values too: `values_in_keys`). A prompt
+    (prefill, a chunk, a speculative check: any step but a decode) attends decompressed; a decode
+    step the way `mla_decode` says: "absorbed" (the default, as serving engines decode) or
+    "decompressed". Attention runs NumPy's form whatever the kernel set (the fused kernels take keys
+    and values of one width), each sequence over its own cache; the products are the set's."""
+
+    CONFIG = DeepSeekConfig
+    manifest = staticmethod(manifest)
+    MATRICES = ("qa_kva.weight", "q_b_proj.weight", "q_proj.weight", "kv_a.weight", "kv_b.weight", "o_proj.weight")
+
+    def __init__(self, config: DeepSeekConfig, tensors: dict, target: Target | None = None, *, name: str = "",
+                 eos_ids: tuple[int, ...] = (), mla_decode: str = "absorbed") -> None:
+        c = self.config = config
+        target = target or Target.numpy()
+        self.name = name or f"deepseek-{c.n_layer}x{c.n_embd}-{c.n_expert}e"
+        if not target.on_cpu:
+            raise cpu_only(f"{self.name}: the DeepSeek-V3 family (its routing and latent attention are NumPy's)",
+                           target.device, "use --device cpu")
+        self.use_target(target)
+        K = self.kernel_set          # attention NumPy's, each sequence over its own cache (see above)
+        self.kernel_set = replace(K, attention_kernel=None, paged_kernel=None, gather_decode=False)
+        check_blocks({"width": c.n_embd, "attention width H·dv": c.n_head * c.v_head_dim, "FFN": c.ffn,
+                      "expert FFN": c.expert_ffn, **({"q_lora_rank": c.q_lora_rank} if c.q_lora_rank else {})},
+                     target.weights, self.name)
+        self.dtype = target.dtype
+        self.mla_decode = check_mla(mla_decode)
+        self.eos_ids = tuple(eos_ids)
+        self.tokenizer = None
+        embed = tensors["embed_tokens.weight"]                                            # [V, d]
+        self.head_w = make_weight(embed if c.tied else tensors["lm_head.weight"], target, rows=True)
+        self.embed_w = self.head_w if c.tied else make_weight(embed, target, rows=True, contiguous=False)
+        self.wte = stored(self.embed_w, rows=True)                                        # [V, d]
+        self.norm = on_device(np.asarray(tensors["norm.weight"], dtype=self.dtype), target)
+        self.params = {"embed_tokens.weight": self.wte, "norm.weight": self.norm}
+        if not c.tied:
+            self.params["lm_head.weight"] = stored(self.head_w, rows=True)
+        self.blocks = []
+        for i in range(c.n_layer):
+            p, held = block_params(tensors, i, c, target)
+            self.blocks.append(p)
+            self.params.update({f"layers.{i}.{k}": v for k, v in held.items()})
+        self.weights, self.float_matrices = label(self.matrices(head=False), self.dtype)
+
+    def ffn(self, layer: int):
+        """Block `layer`'s MLP: a function (x [N, d], its parameters) -> [N, d]."""
+        act = self.kernel_set.swiglu
+        return partial(mixture, c=self.config, act=act) if self.config.is_sparse(layer) else partial(mlp, act=act)
+
+    def way(self, plan) -> str:
+        """How this step attends: a decode step as `mla_decode` says, any other decompressed."""
+        return self.mla_decode if plan.kind == "decode" else "decompressed"
+
+    def run(self, plan) -> np.ndarray:
+        """Embeddings, then every block (not the final norm). plan.ids, plan.positions [N] -> x [N, d]."""
+        c, K = self.config, self.kernel_set
+        x = ops.embedding(self.embed_w, None, plan.ids)                                   # [N, d]
+        cos, sin = ops.rope_tables(plan.positions, c.qk_rope_head_dim, c.theta, self.dtype)   # [N, dr/2]
+        way = WAYS[self.way(plan)]
+        for layer, p in enumerate(self.blocks):
+            h = K.rms_norm(x, p["input_layernorm.weight"], c.eps)
+            x = ops.add(x, mla(h, p, c, cos, sin, partial(plan.attend, layer), way, K))
+            x = ops.add(x, self.ffn(layer)(K.rms_norm(x, p["post_attention_layernorm.weight"], c.eps), p))
+        return x
+
+    def head(self, h: np.ndarray) -> np.ndarray:
+        """The final RMS norm and the LM head, on the scored rows. h [S, d] -> logits [S, V]."""
+        return ops.lm_head(self.kernel_set.rms_norm(h, self.norm, self.config.eps), self.head_w)
+
+    def gathered(self) -> tuple[str, ...]:
+        return () if self.config.tied else ("embed_tokens.weight",)
+
+    @property
+    def experts(self) -> tuple[int, int]:
+        """(E, k): routed experts per sparse layer, and how many each token uses (the shared ones besides)."""
+        return self.config.n_expert, self.config.top_k
+
+    def step_weight_bytes(self, n_tokens: int = 1, distinct=None) -> float:
+        """The weight bytes a decode step of n_tokens rows (one each of n_tokens sequences) reads when its
+        sparse layers' rows chose `distinct` routed experts each (default: uniform routing's
+        expectation, exactly k at one token), by `step_weight_bytes` below; decoding decompressed,
+        each sequence multiplies kv_b over its own cache."""
+        c = self.config
+        if distinct is None:
+            n = expected_distinct_experts(c.n_expert, c.top_k, n_tokens)
+            distinct = [c.top_k if n_tokens == 1 else n] * len(c.sparse_layers)
+        return step_weight_bytes(c, distinct, n_tokens, self.dtype.itemsize, self.weights,
+                                 kv_b_reads=n_tokens if self.mla_decode == "decompressed" else 1)
+
+    def matrices(self, head: bool = True, chosen=None) -> list:
+        """The products a step multiplies, each once (kv_b as the decompressed form multiplies it; the
+        absorbed form reads the same bytes as its two per-head halves): attention, dense MLPs, the
+        chosen routed experts and the shared ones (default: the first k, a one-token step; "all": every
+        expert), then the LM head (head=False: not it). Not the router, kept float."""
+        c = self.config
+        if chosen is None:
+            chosen = [range(c.top_k)] * len(c.sparse_layers)
+        elif isinstance(chosen, str):
+            chosen = [range(c.n_expert)] * len(c.sparse_layers)
+        sets = dict(zip(c.sparse_layers, chosen, strict=True))
+        out = []
+        for i, p in enumerate(self.blocks):
+            out += [p[k] for k in self.MATRICES if k in p]
+            if i in sets:
+                out += [w for e in sorted(set(sets[i])) for w in expert(p, e).values()]
+                out += [p[k] for k in ("shared.gate_up.weight", "shared.down_proj.weight") if k in p]
+            else:
+                out += [p["gate_up.weight"], p["down_proj.weight"]]
+        return out + [self.head_w] if head else out
+
+    def __repr__(self) -> str:
+        c = self.config
+        q = f"q_lora {c.q_lora_rank}" if c.q_lora_rank else "direct q"
+        return (f"DeepSeekV3({self.name!r}: {c.n_layer} layers ({len(c.sparse_layers)} with {c.n_expert} experts, "
+                f"top-{c.top_k}, {c.n_shared} shared), MLA {c.n_head} heads, latent {c.kv_lora_rank} + rope "
+                f"{c.qk_rope_head_dim}, {q}, width {c.n_embd}, context {c.n_ctx}, vocab {c.vocab_size}, "
+                f"{self.n_params():,} params ({c.active_params():,} active), {self.weights}, "
+                f"decode {self.mla_decode})")
+
+
+def check_mla(way: str) -> str:
+    """A way to attend at decode, one of MLA_DECODE (one clear line otherwise)."""
+    if way not in MLA_DECODE:
+        raise ConfigError(f"mla_decode={way!r}: choose {' or '.join(MLA_DECODE)}")
+    return way
+
+
+def block_params(t: dict, i: int, c: DeepSeekConfig, target: Target) -> tuple[dict, dict]:
+    """Block i's checkpoint tensors -> (the model's parameters, what it holds under checkpoint names).
+
+    Low rank: q_a and kv_a side by side in one [d, r_q + r + dr] product (both read x). The rotary
+    rows put in ops.rope's layout (`rope_rows`). kv_b kept once, as [H, dn + dv, r]: `kv_b.weight` is
+    that array as the decompressed form multiplies it ([r, H·(dn + dv)], a view), `w_uk` [H, dn, r]
+    and `w_uv_t` [H, r, dv] are views of its two halves, as the absorbed form multiplies them (so kv_b
+    stays float, NumPy's: one array for both forms). The router and its bias stay float."""
+    h, a, m = f"layers.{i}.", f"layers.{i}.self_attn.", f"layers.{i}.mlp."
+    H, r, dr, dn, dv = c.n_head, c.kv_lora_rank, c.qk_rope_head_dim, c.qk_nope_head_dim, c.v_head_dim
+    dtype = target.dtype
+    f = lambda name: np.asarray(t[name], dtype=dtype)
+    mat = lambda parts: make_weight(parts, target, rows=True)
+    kv_a = np.asarray(t[a + "kv_a_proj_with_mqa.weight"])[rope_rows(c, r + dr, 1, r + dr)]      # [r + dr, d]
+    q_order = rope_rows(c, H * c.qk_head_dim, H, c.qk_head_dim)
+    p = {"input_layernorm.weight": f(h + "input_layernorm.weight"),
+         "kv_a_layernorm.weight": f(a + "kv_a_layernorm.weight"),
+         "o_proj.weight": mat([t[a + "o_proj.weight"]]),                                          # [H·dv, d]
+         "post_attention_layernorm.weight": f(h + "post_attention_layernorm.weight")}
+    bias = {}
+    if c.attention_bias:
+        bias["kv_a"] = f(a + "kv_a_proj_with_mqa.bias")[rope_rows(c, r + dr, 1, r + dr)]
+        p["o_proj.bias"] = f(a + "o_proj.bias")
+    if c.q_lora_rank is None:
+        p["q_proj.weight"] = mat([np.asarray(t[a + "q_proj.weight"])[q_order]])                    # [d, H·(dn+dr)]
+        p["kv_a.weight"] = mat([kv_a])                                                            # [d, r + dr]
+        if c.attention_bias:
+            p["kv_a.bias"] = bias["kv_a"]
+    else:
+        p["qa_kva.weight"] = mat([t[a + "q_a_proj.weight"], kv_a])                                # [d, r_q + r + dr]
+        if c.attention_bias:
+            p["qa_kva.bias"] = np.concatenate([f(a + "q_a_proj.bias"), bias["kv_a"]])
+        p["q_a_layernorm.weight"] = f(a + "q_a_layernorm.weight")
+        p["q_b_proj.weight"] = mat([np.asarray(t[a + "q_b_proj.weight"])[q_order]])              # [r_q, H·(dn+dr)]
+    kv_b = np.ascontiguousarray(f(a + "kv_b_proj.weight").reshape(H, dn + dv, r))       # [H, dn + dv, r], once
+    views = {"kv_b.weight": Dense(kv_b.reshape(H * (dn + dv), r).T),                     # [r, H·(dn + dv)]
+             "w_uk": kv_b[:, :dn],                                                      # [H, dn, r]
+             "w_uv_t": kv_b[:, dn:].transpose(0, 2, 1)}                                 # [H, r, dv]
+    if not c.is_sparse(i):
+        p["gate_up.weight"] = mat([t[m + "gate_proj.weight"], t[m + "up_proj.weight"]])   # [d, 2F]
+        p["down_proj.weight"] = mat([t[m + "down_proj.weight"]])                          # [F, d]
+    else:
+        p["router.weight"] = make_weight(t[m + "gate.weight"], target.with_(weights="float32"), rows=True)  # [d, E]
+        p["router.bias"] = f(m + "gate.e_score_correction_bias")                                        # [E]
+        for e in range(c.n_expert):
+            x = m + f"experts.{e}."
+            p[f"experts.{e}.gate_up.weight"] = mat([t[x + "gate_proj.weight"], t[x + "up_proj.weight"]])   # [d, 2F_e]
+            p[f"experts.{e}.down_proj.weight"] = mat([t[x + "down_proj.weight"]])                         # [F_e, d]
+        if c.n_shared:
+            s = m + "shared_experts."
+            p["shared.gate_up.weight"] = mat([t[s + "gate_proj.weight"], t[s + "up_proj.weight"]])
+            p["shared.down_proj.weight"] = mat([t[s + "down_proj.weight"]])
+    held = {k: stored(v) for k, v in p.items()}
+    held["kv_b_proj.weight"] = kv_b                                                     # its bytes once
+    return {**p, **views}, held
+
+
+def random_params(c: DeepSeekConfig, seed: int = 0, std: float = 0.02, dtype=np.float32) -> dict[str, np.ndarray]:
+    """Checkpoint-shaped random weights, seeded: normal(0, std) matrices, norm gains near 1, and a
+    router bias of 0.1's order (so that it changes which experts are chosen)."""
+    rng = np.random.default_rng(seed)
+    params = {}
+    for name, shape in manifest(c):
+        if "norm" in name:
+            params[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(dtype)
+        elif name.endswith("e_score_correction_bias"):
+            params[name] = (0.1 * rng.standard_normal(shape)).astype(dtype)
+        else:
+            params[name] = (std * rng.standard_normal(shape)).astype(dtype)
+    return params
+
+# -- closed forms: what a step reads and does ----------------------------------------------------------
+
+def step_weight_bytes(c: DeepSeekConfig, distinct, n_tokens: int = 1, itemsize: int = 4,
+                      weights: str = "float32", kv_b_reads: int = 1) -> int:
+    """The weight bytes a step of n_tokens rows reads, from the config alone: every parameter once,
+    except the embedding table (its n_tokens rows; a tied one is read whole as the head) and the
+    routed experts no row chose. distinct: per sparse layer, how many distinct routed experts the
+    rows chose (k at one token); the shared experts are read every step. weights: the products'
+    format (quantized: their blocks; kv_b, the router, the norms and biases stay floats in the
+    model's dtype). kv_b is read once per layer absorbed (its two per-head halves, for all rows), and
+    once per sequence decompressed (each sequence multiplies it over its own cache): kv_b_reads.
+    The meter's count equals it."""
+    b = itemsize
+    per = (lambda values: values * b) if weights not in FORMATS else \
+        (lambda values: values * FORMATS[weights].block_bytes // 32)
+    d, H, r, dr, rq, bias = c.n_embd, c.n_head, c.kv_lora_rank, c.qk_rope_head_dim, c.q_lora_rank, c.attention_bias
+    qk = H * c.qk_head_dim
+    q = per(d * qk) if rq is None else per(d * rq) + b * (rq * bias + rq) + per(rq * qk)
+    kv_b = b * r * H * (c.qk_nope_head_dim + c.v_head_dim)
+    attention = (q + per(d * (r + dr)) + b * ((r + dr) * bias + r) + kv_b_reads * kv_b
+                 + per(H * c.v_head_dim * d) + b * d * bias + b * 2 * d)        # ..., kv_b, o, the two block norms
+    distinct = list(distinct)
+    if len(distinct) != len(c.sparse_layers):
+        raise ValueError(f"distinct: one count per sparse layer ({len(c.sparse_layers)}), got {len(distinct)}")
+    one = per(c.expert_params())
+    sparse = sum(b * (d * c.n_expert + c.n_expert) + n * one + c.n_shared * one for n in distinct)   # router, bias
+    blocks = c.n_layer * attention + (c.n_layer - len(distinct)) * per(3 * d * c.ffn) + sparse
+    return per(n_tokens * d) + blocks + b * d + per(c.vocab_size * d)     # embedding rows, blocks, norm, head
+
+
+def decode_attention_cost(c: DeepSeekConfig, T: int, mla: str, itemsize: int = 4) -> dict[str, int]:
+    """One decode token's attention at context T (T keys, its own included), every layer, by closed form:
+    the KV bytes it reads, its attention FLOPs (scores and the weighted sum), and the product FLOPs
+    that depend on T (decompressed: kv_b over all T cached latents; absorbed: none, the query and the
+    output pass through kv_b's halves once, 2·H·r·(dn + dv)).
+
+        absorbed       attention 2·H·T·(r + dr) + 2·H·T·r over L·T·(r + dr)·b bytes: 2H·(2r + dr)/((r + dr)·b)
+                       FLOPs a byte, ≈ 1.9·H in bf16 at DeepSeek-V3's shape (242)
+        decompressed   attention 2·H·T·(dn + dr) + 2·H·T·dv, and kv_b on T rows: 2·T·r·H·(dn + dv)"""
+    H, r, dr, dn, dv, L = c.n_head, c.kv_lora_rank, c.qk_rope_head_dim, c.qk_nope_head_dim, c.v_head_dim, c.n_layer
+    kv = L * T * (r + dr) * itemsize
+    if mla == "absorbed":
+        return {"kv_read": kv, "attention": L * 2 * H * T * (2 * r + dr), "matmul_T": 0,
+                "matmul_fixed": L * 2 * H * r * (dn + dv)}
+    return {"kv_read": kv, "attention": L * 2 * H * T * (dn + dr + dv), "matmul_T": L * 2 * T * r * H * (dn + dv),
+            "matmul_fixed": 0}
+
+
+# -- random presets: DeepSeek's proportions at a size this machine holds --------------------------------
+#
+# DeepSeek-V3 is d = 7,168, H = 128 heads, a latent of 512 + 64, 256 experts of which 8 and one shared a
+# token, in groups of 32, four of the eight groups open, the first 3 of 61 blocks dense. `random-mla`
+# keeps its shape of parts at d = 1,024: 16 heads, a latent of 256 + 32 (a KV row of 288 values),
+# 32 experts of 256 in 4 groups (2 open), 4 and one shared a token, the first block dense. In float32
+# it holds ~0.9 GB, of which a token reads ~0.25 GB: well past a 32 MiB last-level cache.
+
+SHAPES: dict[str, DeepSeekConfig] = {
+    "random-mla": DeepSeekConfig(n_layer=8, n_head=16, n_embd=1024, n_ctx=16384, vocab_size=8192, ffn=2816,
+                                 kv_lora_rank=256, q_lora_rank=384, qk_nope_head_dim=64, qk_rope_head_dim=32,
+                                 v_head_dim=64, n_expert=32, top_k=4, expert_ffn=256, n_shared=1, n_group=4,
+                                 topk_group=2, routed_scale=2.5, first_k_dense=1, eps=1e-6, theta=1e4),
+    # its GQA twin (models/moe.py's mixture): the same width, layers, heads of the value width, 4 KV
+    # heads (g = 4), the same experts with k + 1 routed in place of the shared one, the first block dense:
+    # a token reads about the same weights, and its cache holds 2·4·64 = 512 values a layer against 288
+    "random-mla-gqa": MoEConfig(n_layer=8, n_head=16, n_kv_head=4, head_dim=64, n_embd=1024, n_ctx=16384,
+                                vocab_size=8192, ffn=2816, eps=1e-6, theta=1e4, arch="qwen3", qk_norm=True,
+                                tied=False, n_expert=32, top_k=5, expert_ffn=256, norm_topk=True,
+                                dense_layers=(0,), model_type="qwen3_moe"),
+}
+
+
+def random(config, target: Target | None = None, name: str = "", seed: int = RANDOM_SEED) -> CausalLM:
+    """A seeded model of this shape with random weights (normal(0, 0.02), norm gains near 1, a router
+    bias of 0.1's order), made for the target; the GQA twin's config builds models/moe.py's mixture."""
+    if not isinstance(config, DeepSeekConfig):
+        return moe.random(config, target, name, seed)
+    params = random_params(config, seed, 0.02, (target or Target.numpy()).dtype)
+    return DeepSeekV3(config, params, target, name=name or f"random-mla-{config.n_layer}x{config.n_embd}")
+
+
+CONFIG, MODEL = DeepSeekConfig, DeepSeekV3          # the family's row reads these (checkpoints/families.py)
