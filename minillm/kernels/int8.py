@@ -1,0 +1,231 @@
+"""Integer products, the way llama.cpp multiplies: W4A8 (and W8A8) instead of W4A32.
+
+The fused float kernels widen every weight to float32 and multiply floats. Here the activations are
+rounded too, once per product, per block of 32 values to int8 with one float32 scale, and each
+block's 32 products are summed in integers (one VNNI instruction does 64 such multiply-adds); floats
+appear once per block, to scale the block's integer sum. Bytes read are the same as W4A32's (the
+weights' blocks); the arithmetic per weight is an 8-bit multiply-add instead of a widen, a scale and
+a float multiply-add.
+
+This is a different computation from the float product, so it has its own exact reference, here in
+NumPy, and each kernel equals it bit for bit. For x [T, C] and one weight row w [C] (C = 32·nb):
+
+  1. Activations, per row t and block b of 32 values (`quantize_x`):
+         d_x = max|x| / 127            (float32)
+         q_x = clip(rint(x / d_x), -127, 127)   (rint: halves to even; q_x = 0 where d_x = 0)
+         s_x = Σ q_x  (int32),   m_x = d_x · float(s_x)
+     A block holding inf or NaN gets d_x = NaN and q_x = 0: its rows' outputs are NaN.
+  2. Weights, as stored (models/quant.py's planes): Q8_0 q in -128..127; Q4_0 n - 8 and Q4_1 n,
+     n the nibble 0..15; d_w (and Q4_1's m_w) float16, taken to float32 exactly.
+  3. Per block, in integers (exact: |I_b| < 2^20):   I_b = Σ_k w_k · q_x,k
+  4. Per block, in float32, each operation rounded as written, no fused multiply-add:
+         Q8_0, Q4_0:  P_b = (d_w · d_x) · float(I_b)
+         Q4_1:        P_b = ((d_w · d_x) · float(I_b)) + (m_w · m_x)
+  5. Sixteen lanes, lane L the blocks b = L, L + 16, L + 32, ... in order: A_L = (((0 + P_L) +
+     P_L+16) + ...); then y = the lanes added as a tree: a_i = A_i + A_i+8 (i < 8), b_i = a_i +
+     a_i+4, c_i = b_i + b_i+2, y = c_0 + c_1.
+
+Integer sums are exact in any order, so every instruction set gives the same I_b and the float
+steps are the same operations in the same order: the answer does not depend on the CPU. Nor does a
+row's result depend on the other rows in the product (each row of x has its own scales; nothing is
+shared across rows), so a batch computes each row bit for bit as it would alone: the integer set is
+batch-invariant by construction, without the fixed-order float kernels the batch-invariant mode uses.
+
+Which instructions do step 3 is chosen once from the CPU's features (`isa()`): VNNI's vpdpbusd
+(512- or 256-bit), AVX2's vpmaddubsw + vpmaddwd, or LLVM's portable vectors; see _simd.py.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import numpy as np
+
+from ..errors import MiniLLMError
+from ..models.quant import QK, QuantMatrix
+
+GROUP = 16                       # blocks per group: the kernels' lanes and the reference's step 5
+ENV = "MINILLM_INT8_ISA"         # pin the instruction set (one the CPU has): tests, measurements
+ISA_WORDS = {
+    "avx512-vnni": "AVX512-VNNI vpdpbusd, 512-bit",
+    "avx-vnni": "VNNI vpdpbusd, 256-bit",
+    "avx2": "AVX2 vpmaddubsw + vpmaddwd",
+    "generic": "portable vectors (LLVM)",
+}
+
+
+class Int8Error(MiniLLMError):
+    """The integer kernels cannot run as asked (an instruction set this CPU lacks, a bad shape)."""
+
+
+# -- the instruction set ------------------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def cpu_features() -> frozenset:
+    """The host CPU's features as LLVM sees them (cpuid and what the OS enables: the same source
+    numba compiles for), the enabled ones only; empty where llvmlite is missing."""
+    try:
+        import llvmlite.binding as llvm
+        return frozenset(k for k, v in llvm.get_host_cpu_features().items() if v)
+    except Exception:                         # pragma: no cover - llvmlite missing or odd
+        return frozenset()
+
+
+def supported(features: frozenset | None = None) -> tuple[str, ...]:
+    """The instruction sets the integer dot can run on here, fastest first (measured: _int8.py)."""
+    f = cpu_features() if features is None else features
+    out = []
+    if {"avx512vnni", "avx512bw", "avx512vl", "avx512f"} <= f:
+        out.append("avx512-vnni")
+    if "avxvnni" in f or {"avx512vnni", "avx512vl"} <= f:
+        out.append("avx-vnni")
+    if "avx2" in f:
+        out.append("avx2")
+    out.append("generic")
+    return tuple(out)
+
+
+def isa() -> str:
+    """The instruction set the integer kernels use here: MINILLM_INT8_ISA if set (refused if this CPU
+    lacks it: the instruction would crash the process), else the first of `supported()`."""
+    want = os.environ.get(ENV, "").strip().lower()
+    have = supported()
+    if want:
+        if want not in ISA_WORDS:
+            raise Int8Error(f"{ENV}={want} is not an instruction set; choose one of {', '.join(ISA_WORDS)}")
+        if want not in have:
+            raise Int8Error(f"{ENV}={want}: this CPU lacks it; it has {', '.join(have)}")
+        return want
+    return have[0]
+
+
+def describe(name: str | None = None) -> str:
+    """One line for the step header and `minillm hardware`: 'int8 dot: AVX512-VNNI vpdpbusd, 512-bit'."""
+    name = name or isa()
+    return f"int8 dot: {ISA_WORDS[name]}"
+
+
+# -- the reference (NumPy) ----------------------------------------------------------------------------
+
+def quantize_x_ref(x: np.ndarray) -> tuple:
+    """Step 1 in NumPy: x [T, C] float32 -> (q int8 [T, nb, 32], d float32 [T, nb], s int32 [T, nb],
+    m float32 [T, nb])."""
+    x = np.asarray(x, np.float32)
+    T, C = x.shape
+    xb = x.reshape(T, C // QK, QK)
+    bad = ~np.isfinite(xb).all(axis=2)                                          # [T, nb]
+    amax = np.where(bad, np.float32(0), np.abs(np.where(np.isfinite(xb), xb, 0)).max(axis=2, initial=0))
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        qf = np.clip(np.rint(xb / d[..., None]), -127, 127)
+    q = np.where((d > 0)[..., None], qf, 0).astype(np.int8)
+    d = np.where(bad, np.float32(np.nan), d).astype(np.float32)
+    s = q.astype(np.int32).sum(axis=2, dtype=np.int32)
+    return q, d, s, (d * s.astype(np.float32)).astype(np.float32)
+
+
+def weight_ints(w: QuantMatrix) -> np.ndarray:
+    """Step 2's integers of every weight, [R, nb, 32] int8 in value order (Q8_0 q; Q4_0 n - 8; Q4_1 n)."""
+    R, C = w.shape
+    nb = C // QK
+    if w.fmt.bits == 8:
+        return w.q.view(np.int8).reshape(R, nb, QK)
+    b = w.q.reshape(R, nb, 16)
+    n = np.concatenate([b & 15, b >> 4], axis=2).astype(np.int8)                 # [R, nb, 32]
+    return n - 8 if w.fmt.name == "q4_0" else n
+
+
+def block_sums_ref(wi: np.ndarray, qx: np.ndarray) -> np.ndarray:
+    """Step 3: I [T, R, nb] int32 from the weights' integers [R, nb, 32] and x's [T, nb, 32]. Done as a
+    float32 matrix product per block, exact: every partial sum is an integer below 2^24."""
+    a = qx.astype(np.float32).transpose(1, 0, 2)                                 # [nb, T, 32]
+    b = wi.astype(np.float32).transpose(1, 2, 0)                                 # [nb, 32, R]
+    return np.matmul(a, b).transpose(1, 2, 0).astype(np.int32)                   # [T, R, nb]
+
+
+def matmul_ref(w: QuantMatrix, x: np.ndarray, rows_at_once: int = 64) -> np.ndarray:
+    """x [T, C] @ w^T -> [T, R] float32 by steps 1-5 (the kernels' exact answer), `rows_at_once`
+    rows of x at a time (step 3's [T, R, nb] array is the large one)."""
+    x = np.asarray(x, np.float32)
+    T = x.shape[0]
+    R, C = w.shape
+    if x.ndim != 2 or x.shape[1] != C:
+        raise Int8Error(f"a {R}x{C} weight multiplies rows of {C} values, got x of shape {x.shape}")
+    nb = C // QK
+    wi = weight_ints(w)
+    dw = w.d.astype(np.float32)                                                  # [R, nb], exact
+    mw = None if w.m is None else w.m.astype(np.float32)
+    y = np.empty((T, R), np.float32)
+    for t0 in range(0, T, rows_at_once):
+        qx, dx, _, mx = quantize_x_ref(x[t0:t0 + rows_at_once])
+        I = block_sums_ref(wi, qx)                                               # [t, R, nb]
+        with np.errstate(all="ignore"):
+            P = (dw[None] * dx[:, None, :]) * I.astype(np.float32)               # step 4
+            if mw is not None:
+                P = P + mw[None] * mx[:, None, :]
+            A = np.zeros(P.shape[:2] + (GROUP,), np.float32)                     # step 5
+            for g in range(0, nb, GROUP):
+                n = min(GROUP, nb - g)
+                A[..., :n] = A[..., :n] + P[..., g:g + n]
+            while A.shape[-1] > 1:
+                h = A.shape[-1] // 2
+                A = A[..., :h] + A[..., h:]
+        y[t0:t0 + rows_at_once] = A[..., 0]
+    return y
+
+
+# -- the kernels --------------------------------------------------------------------------------------
+
+_NO_MIN = np.empty((0, 0), np.uint16)
+
+
+def groups(nb: int) -> int:
+    return -(-nb // GROUP)
+
+
+def quantize_x(x: np.ndarray) -> tuple:
+    """Step 1 by the kernel, in the kernels' layout: (xq int8 [T, ng, 8, 64], xd, xs, xm [T, 16·ng])."""
+    from . import _int8
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    T, C = x.shape
+    if C % QK:
+        raise Int8Error(f"rows of {C} values cannot be cut into blocks of {QK}")
+    ng = groups(C // QK)
+    xq = np.empty((T, ng, 8, 64), np.int8)
+    xd = np.empty((T, GROUP * ng), np.float32)
+    xs = np.empty((T, GROUP * ng), np.int32)
+    xm = np.empty((T, GROUP * ng), np.float32)
+    _int8.quantize_x(x, xq, xd, xs, xm)
+    return xq, xd, xs, xm
+
+
+@lru_cache(maxsize=None)
+def _isa_value(name: str):
+    from ._simd import Isa
+    return Isa(name)
+
+
+def matmul(w: QuantMatrix, x: np.ndarray, isa_name: str | None = None, xqs: tuple | None = None) -> np.ndarray:
+    """x [T, C] @ w^T -> [T, R] float32 in integers, equal to `matmul_ref` bit for bit. xqs: x already
+    quantized by `quantize_x` (one rounding for several products of the same input)."""
+    from . import _int8
+    R, C = w.shape
+    if xqs is None:
+        x = np.asarray(x)
+        if x.ndim != 2 or x.shape[1] != C:
+            raise Int8Error(f"a {R}x{C} weight multiplies rows of {C} values, got x of shape {x.shape}")
+        xqs = quantize_x(x)
+    xq, xd, xs, xm = xqs
+    if xd.shape[1] != GROUP * groups(C // QK):
+        raise Int8Error(f"activations quantized for rows of another width than the weight's {C}")
+    T = xq.shape[0]
+    y = np.empty((T, R), np.float32)
+    isa_v = _isa_value(isa_name or isa())
+    d = w.d.view(np.uint16)
+    if w.fmt.bits == 8:
+        _int8.q8_0_matmul(isa_v, np.ascontiguousarray(w.q), d, xq, xd, xs, y)
+    else:
+        m = _NO_MIN if w.m is None else w.m.view(np.uint16)
+        _int8.q4_matmul(isa_v, np.ascontiguousarray(w.q), d, m, xq, xd, xs, xm, y)
+    return y
