@@ -21,9 +21,11 @@ NumPy, and each kernel equals it bit for bit. For x [T, C] and one weight row w 
   4. Per block, in float32, each operation rounded as written, no fused multiply-add:
          Q8_0, Q4_0:  P_b = (d_w · d_x) · float(I_b)
          Q4_1:        P_b = ((d_w · d_x) · float(I_b)) + (m_w · m_x)
-  5. Sixteen lanes, lane L the blocks b = L, L + 16, L + 32, ... in order: A_L = (((0 + P_L) +
-     P_L+16) + ...); then y = the lanes added as a tree: a_i = A_i + A_i+8 (i < 8), b_i = a_i +
-     a_i+4, c_i = b_i + b_i+2, y = c_0 + c_1.
+  5. Sixteen float32 lanes per row: the row's block b goes to lane (r·nb + b) mod 16 (r the row's
+     number in the weight: the kernels take a weight's blocks 16 at a time in storage order, across
+     row ends), and each lane adds its blocks in order from +0.0: A_L = ((0 + P_b) + P_b') + ...
+     Then y = the lanes added as a tree: a_i = A_i + A_i+8 (i < 8), b_i = a_i + a_i+4,
+     c_i = b_i + b_i+2, y = c_0 + c_1.
 
 Integer sums are exact in any order, so every instruction set gives the same I_b and the float
 steps are the same operations in the same order: the answer does not depend on the CPU. Nor does a
@@ -32,11 +34,12 @@ shared across rows), so a batch computes each row bit for bit as it would alone:
 batch-invariant by construction, without the fixed-order float kernels the batch-invariant mode uses.
 
 Which instructions do step 3 is chosen once from the CPU's features (`isa()`): VNNI's vpdpbusd
-(512- or 256-bit), AVX2's vpmaddubsw + vpmaddwd, or LLVM's portable vectors; see _simd.py.
+(512- or 256-bit), AVX2's vpmaddubsw + vpmaddwd, or LLVM's portable vectors; see _int8.py.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from functools import lru_cache
 
@@ -165,9 +168,10 @@ def matmul_ref(w: QuantMatrix, x: np.ndarray, rows_at_once: int = 64) -> np.ndar
             if mw is not None:
                 P = P + mw[None] * mx[:, None, :]
             A = np.zeros(P.shape[:2] + (GROUP,), np.float32)                     # step 5
-            for g in range(0, nb, GROUP):
-                n = min(GROUP, nb - g)
-                A[..., :n] = A[..., :n] + P[..., g:g + n]
+            lane = (np.arange(R)[:, None] * nb + np.arange(nb)[None, :]) % GROUP     # [R, nb]
+            rows = np.arange(R)
+            for b in range(nb):
+                A[:, rows, lane[:, b]] = A[:, rows, lane[:, b]] + P[:, :, b]
             while A.shape[-1] > 1:
                 h = A.shape[-1] // 2
                 A = A[..., :h] + A[..., h:]
@@ -180,29 +184,31 @@ def matmul_ref(w: QuantMatrix, x: np.ndarray, rows_at_once: int = 64) -> np.ndar
 _NO_MIN = np.empty((0, 0), np.uint16)
 
 
-def groups(nb: int) -> int:
-    return -(-nb // GROUP)
+def patterns(nb: int) -> int:
+    """How many different 16-block x vectors a weight of nb blocks a row needs: its block b of row r
+    sits in lane (r·nb + b) mod 16, so the pattern repeats every nb / gcd(nb, 16) groups."""
+    return nb // math.gcd(nb, GROUP)
 
 
 def quantize_x(x: np.ndarray) -> tuple:
-    """Step 1 by the kernel, in the kernels' layout: (xq int8 [T, ng, 8, 64], xd, xs, xm [T, 16·ng])."""
+    """Step 1 by the kernel, in the kernels' layout: (xq int8 [T, P, 8, 64], xd, xs, xm [T, 16·P])."""
     from . import _int8
     x = np.ascontiguousarray(x, dtype=np.float32)
     T, C = x.shape
-    if C % QK:
+    if C % QK or C == 0:
         raise Int8Error(f"rows of {C} values cannot be cut into blocks of {QK}")
-    ng = groups(C // QK)
-    xq = np.empty((T, ng, 8, 64), np.int8)
-    xd = np.empty((T, GROUP * ng), np.float32)
-    xs = np.empty((T, GROUP * ng), np.int32)
-    xm = np.empty((T, GROUP * ng), np.float32)
-    _int8.quantize_x(x, xq, xd, xs, xm)
+    P = patterns(C // QK)
+    xq = np.empty((T, P, 8, 64), np.int8)
+    xd = np.empty((T, GROUP * P), np.float32)
+    xs = np.empty((T, GROUP * P), np.int32)
+    xm = np.empty((T, GROUP * P), np.float32)
+    _int8.quantize_x(x, P, xq, xd, xs, xm)
     return xq, xd, xs, xm
 
 
 @lru_cache(maxsize=None)
 def _isa_value(name: str):
-    from ._simd import Isa
+    from ._int8 import Isa
     return Isa(name)
 
 
@@ -217,7 +223,7 @@ def matmul(w: QuantMatrix, x: np.ndarray, isa_name: str | None = None, xqs: tupl
             raise Int8Error(f"a {R}x{C} weight multiplies rows of {C} values, got x of shape {x.shape}")
         xqs = quantize_x(x)
     xq, xd, xs, xm = xqs
-    if xd.shape[1] != GROUP * groups(C // QK):
+    if xd.shape[1] != GROUP * patterns(C // QK):
         raise Int8Error(f"activations quantized for rows of another width than the weight's {C}")
     T = xq.shape[0]
     y = np.empty((T, R), np.float32)
