@@ -3,9 +3,9 @@ where numba works; compiled on first call for the Isa passed, cached on disk as 
 (the vector operations live in this file so that an edit to them reaches numba's cache, which
 checks only the file of the function it compiled).
 
-    quantize_x(x, P, xq, xd, xs, xm)               activations to int8 blocks, in the kernels' layout
-    q8_0_matmul(isa, q, d, xq, xd, xs, y)           y [T, R] = x @ W^T, W Q8_0
-    q4_matmul(isa, q, d, m, xq, xd, xs, xm, y)      Q4_0 (m empty) and Q4_1
+    quantize_x(x) -> (xq, xd, xs, xm)       activations to int8 blocks, in the kernels' layout
+    KERNELS[("q8_0", isa)](q, d, x, y)      y [T, R] = x @ W^T, W Q8_0 (x rounded inside, once)
+    KERNELS[("q4", isa)](q, d, m, x, y)     Q4_0 (m empty) and Q4_1
 
 The arithmetic is int8.py's reference, bit for bit (see its docstring).
 
@@ -16,8 +16,8 @@ each four products summed into one of 16 int32 lanes and added to an accumulator
 LLVM reaches it only through its intrinsic, so small numba types here hold LLVM vectors as values
 (I8x64 <64 x i8>, I32x16 <16 x i32>, F32x16 <16 x float>), and each operation on them is a few
 lines of LLVM IR written with llvmlite (`@intrinsic`). `dot8` picks its instructions from the Isa the
-kernel was compiled for (the first argument, whose numba type names the instruction set, so each is
-its own compiled specialisation, cached apart):
+kernel was compiled for (a constant of each entry function at the end, whose numba type names the
+instruction set; each entry is its own compiled function, cached apart):
 
     "avx512-vnni"   vpdpbusd on 512-bit registers (AVX512-VNNI)
     "avx-vnni"      vpdpbusd on 256-bit registers (AVX-VNNI, or AVX512-VNNI with AVX512-VL)
@@ -36,7 +36,7 @@ loaded: a transpose of 4-byte words (Q8_0: 16 blocks x 8 words, three rounds of 
 shuffles; Q4: 16 x 4 words, two rounds, then each word's low and high nibbles are vectors k and
 k + 4). The activations are quantized straight into it: a weight's block b of row r lies in lane
 (r·nb + b) mod 16 of its group, so the x vector a group needs repeats every P = nb / gcd(nb, 16)
-groups; quantize_x writes those P patterns (P·16 blocks, x's nb blocks repeated) once per product.
+groups; _quantize writes those P patterns (P·16 blocks, x's nb blocks repeated) once per product.
 Groups that run across row ends cost nothing extra: the 18-block rows of a 576-wide matrix take 18
 blocks of work each, not 32.
 """
@@ -49,6 +49,7 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
+from numba.core.imputils import lower_constant
 from numba.extending import (NativeValue, intrinsic, models, overload, register_model, typeof_impl,
                              unbox)
 
@@ -91,19 +92,6 @@ ISAS = ("avx512-vnni", "avx-vnni", "avx2", "generic")
 VNNI = ("avx512-vnni", "avx-vnni")
 
 
-class Isa:
-    """Which integer-dot instructions a kernel is compiled for (one of ISAS), passed as its first
-    argument: numba compiles (and caches) one specialisation per Isa."""
-
-    def __init__(self, name: str) -> None:
-        if name not in ISAS:
-            raise ValueError(f"unknown integer instruction set {name!r}; one of {', '.join(ISAS)}")
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"Isa({self.name!r})"
-
-
 class IsaType(types.Type):
     def __init__(self, isa: str) -> None:
         self.isa = isa
@@ -113,14 +101,33 @@ class IsaType(types.Type):
 register_model(IsaType)(models.OpaqueModel)
 
 
+class Isa:
+    """Which integer-dot instructions a kernel is compiled for (one of ISAS): a constant of the
+    kernel (the entries at the end of this file), whose numba type names the instruction set."""
+
+    def __init__(self, name: str) -> None:
+        if name not in ISAS:
+            raise ValueError(f"unknown integer instruction set {name!r}; one of {', '.join(ISAS)}")
+        self.name = name
+        self._numba_type_ = IsaType(name)
+
+    def __repr__(self) -> str:
+        return f"Isa({self.name!r})"
+
+
 @typeof_impl.register(Isa)
 def _typeof_isa(val, c):
-    return IsaType(val.name)
+    return val._numba_type_
 
 
 @unbox(IsaType)
 def _unbox_isa(typ, obj, c):
     return NativeValue(c.context.get_constant_null(typ))
+
+
+@lower_constant(IsaType)
+def _isa_constant(context, builder, ty, pyval):
+    return context.get_constant_null(ty)
 
 
 # -- helpers for the code generators -------------------------------------------------------------------
@@ -359,6 +366,31 @@ def q8_group(typingctx, isa, q, off, valid):
 
 
 @intrinsic
+def block_per_lane(typingctx, a, off):
+    """16 blocks of 32 int8 values from flat byte `off` of `a` (all 512 bytes read), block per lane
+    (the activations' side of q8_group: no flip)."""
+    def cg(context, builder, sig, args):
+        base = _ptr(context, builder, sig.args[0], args[0], args[1], _I8)
+        vecs = [builder.load(builder.bitcast(builder.gep(base, [_c32(64 * i)]), I32x16.llvm.as_pointer()), align=1)
+                for i in range(8)]
+        out = [builder.bitcast(v, I8x64.llvm) for v in _transpose(builder, vecs, _Q8_PLAN)]
+        return context.make_tuple(builder, W8, out)
+    return W8(a, off), cg
+
+
+@intrinsic
+def store_w8(typingctx, a, off, w):
+    """The 8 vectors of w to flat byte `off` of `a`, one after another (512 bytes)."""
+    def cg(context, builder, sig, args):
+        base = _ptr(context, builder, sig.args[0], args[0], args[1], _I8)
+        for k in range(8):
+            builder.store(builder.extract_value(args[2], k),
+                          builder.bitcast(builder.gep(base, [_c32(64 * k)]), I8x64.llvm.as_pointer()), align=1)
+        return context.get_dummy_value()
+    return types.none(a, off, w), cg
+
+
+@intrinsic
 def q4_group(typingctx, q, off, valid):
     """A Q4 group: 16 blocks (256 packed bytes from flat byte `off`, `valid` of them read) as 8
     vectors of nibbles 0..15, block per lane: vector k < 4 the low nibbles of each block's bytes
@@ -416,11 +448,11 @@ def dot8(typingctx, isa, q8, acc, w, x, xoff):
         isa_name = sig.args[0].isa
         signed = sig.args[1].literal_value and isa_name not in VNNI
         base = _ptr(context, builder, sig.args[4], args[4], args[5], _I8)
-        acc = args[2]
-        for k in range(8):
+        accs = [args[2], ir.Constant(I32x16.llvm, None)]    # two chains: a dot instruction waits for
+        for k in range(8):                                  # the one before on its accumulator
             xk = builder.load(builder.bitcast(builder.gep(base, [_c32(64 * k)]), I8x64.llvm.as_pointer()), align=1)
-            acc = _dot_one(builder, isa_name, signed, acc, builder.extract_value(args[3], k), xk)
-        return acc
+            accs[k % 2] = _dot_one(builder, isa_name, signed, accs[k % 2], builder.extract_value(args[3], k), xk)
+        return builder.add(accs[0], accs[1])
     return I32x16(isa, q8, acc, w, x, xoff), cg
 
 
@@ -443,49 +475,91 @@ def block_init(typingctx, isa, q8, xs, off):
 
 # == the kernels ==========================================================================================
 
-@njit(parallel=True, cache=True)
-def quantize_x(x, P, xq, xd, xs, xm):
-    """x [T, C] float32 -> per block of 32 values d = max|x| / 127, q = clip(rint(x / d), ±127)
-    (q = 0 where d is 0; d = NaN and q = 0 where the block holds inf or NaN), s = Σq, m = d·float(s),
-    written for P group patterns (lane L of pattern p: x's block (16p + L) mod nb):
-    xq int8 [T, P, 8, 64] (pattern p's vector k, lane L: values 4k..4k+3 of that block),
-    xd, xm float32 and xs int32 [T, 16·P]."""
+@njit(cache=True)
+def patterns(nb):
+    """nb / gcd(nb, 16): how many different x vectors a weight's groups need (see above)."""
+    a, b = nb, GROUP
+    while b:
+        a, b = b, a % b
+    return nb // a
+
+
+@njit(inline="always")
+def _quantize_row(x, t, P, xq, xd, xs, xm, qb, db, sb):
+    """Row t of x [T, C] float32 -> per block of 32 values d = max|x| / 127, q = clip(rint(x / d),
+    ±127) (q = 0 where d is 0; d = NaN and q = 0 where the block holds inf or NaN), s = Σq,
+    m = d·float(s), written for P group patterns (lane L of pattern p: x's block (16p + L) mod nb):
+    xq [T, P, 8, 64] (pattern p's vector k, lane L: values 4k..4k+3 of that block), xd, xm float32
+    and xs int32 [T, 16·P]. Scratch: qb int8 [nb + 16, 32], db float32, sb int32 [nb + 16], each
+    holding its first blocks again past nb (block nb + j is block j mod nb), so that a pattern's 16
+    lanes are 16 consecutive blocks, put block per lane in registers (block_per_lane)."""
+    nb = x.shape[1] // QK
+    for b in range(nb):
+        amax = np.float32(0.0)
+        bad = False
+        for i in range(QK):
+            v = x[t, QK * b + i]
+            bad |= v - v != np.float32(0.0)           # inf or NaN
+            amax = max(amax, abs(v))
+        d = amax / np.float32(127.0)
+        s = np.int32(0)
+        if bad or d == np.float32(0.0):
+            for i in range(QK):
+                qb[b, i] = 0
+            if bad:
+                d = np.float32(np.nan)
+        else:
+            for i in range(QK):
+                qi = np.int32(min(max(np.rint(x[t, QK * b + i] / d), np.float32(-127.0)), np.float32(127.0)))
+                qb[b, i] = qi
+                s += qi
+        db[b] = d
+        sb[b] = s
+    for j in range(GROUP):                            # the wrap: blocks 0, 1, ... again after nb
+        b = j % nb
+        for i in range(QK):
+            qb[nb + j, i] = qb[b, i]
+        db[nb + j] = db[b]
+        sb[nb + j] = sb[b]
+    for p in range(P):
+        b0 = (GROUP * p) % nb
+        store_w8(xq, (t * P + p) * 512, block_per_lane(qb, b0 * QK))
+        for lane in range(GROUP):
+            xd[t, GROUP * p + lane] = db[b0 + lane]
+            xs[t, GROUP * p + lane] = sb[b0 + lane]
+            xm[t, GROUP * p + lane] = db[b0 + lane] * np.float32(sb[b0 + lane])
+
+
+PARALLEL_ROWS = 8     # rows of x from which their rounding runs on all threads
+
+
+@njit(inline="always")
+def _quantize(x):
+    """All rows of x, in the kernels' layout: (xq, xd, xs, xm); on one thread for a few rows (a
+    parallel region costs more than rounding a decode row), on all from PARALLEL_ROWS."""
     T, C = x.shape
     nb = C // QK
-    for t in prange(T):
-        qb = np.empty((nb, QK), np.int8)
-        db = np.empty(nb, np.float32)
-        sb = np.empty(nb, np.int32)
-        for b in range(nb):
-            amax = np.float32(0.0)
-            bad = False
-            for i in range(QK):
-                v = x[t, QK * b + i]
-                bad |= v - v != np.float32(0.0)           # inf or NaN
-                amax = max(amax, abs(v))
-            d = amax / np.float32(127.0)
-            s = 0
-            if bad or d == np.float32(0.0):
-                for i in range(QK):
-                    qb[b, i] = 0
-                if bad:
-                    d = np.float32(np.nan)
-            else:
-                for i in range(QK):
-                    v = min(max(np.rint(x[t, QK * b + i] / d), np.float32(-127.0)), np.float32(127.0))
-                    qb[b, i] = np.int8(v)
-                    s += np.int32(qb[b, i])
-            db[b] = d
-            sb[b] = s
-        for p in range(P):
-            for lane in range(GROUP):
-                b = (GROUP * p + lane) % nb
-                for k in range(8):
-                    for j in range(4):
-                        xq[t, p, k, 4 * lane + j] = qb[b, 4 * k + j]
-                xd[t, GROUP * p + lane] = db[b]
-                xs[t, GROUP * p + lane] = sb[b]
-                xm[t, GROUP * p + lane] = db[b] * np.float32(sb[b])
+    P = patterns(nb)
+    xq = np.empty((T, P, 8, 64), np.int8)
+    f = np.empty((3, T, GROUP * P), np.float32)        # one allocation for the three (each costs)
+    xd, xm, xs = f[0], f[1], f[2].view(np.int32)
+    if T < PARALLEL_ROWS:
+        qb = np.empty((nb + GROUP, QK), np.int8)
+        ds = np.empty((2, nb + GROUP), np.float32)
+        for t in range(T):
+            _quantize_row(x, t, P, xq, xd, xs, xm, qb, ds[0], ds[1].view(np.int32))
+    else:
+        for t in prange(T):
+            qb = np.empty((nb + GROUP, QK), np.int8)
+            ds = np.empty((2, nb + GROUP), np.float32)
+            _quantize_row(x, t, P, xq, xd, xs, xm, qb, ds[0], ds[1].view(np.int32))
+    return xq, xd, xs, xm
+
+
+@njit(parallel=True, cache=True)
+def quantize_x(x):
+    """Step 1 alone (the tests compare it with the reference's): x [T, C] -> (xq, xd, xs, xm)."""
+    return _quantize(x)
 
 
 @njit(inline="always")
@@ -499,12 +573,13 @@ def _accumulate(acc, t, a, f, rend, simple):
         store_f32x16(acc, o, load_f32x16(acc, o) + lanes(a, 0, rend - f))
 
 
-@njit(parallel=True, cache=True)
-def q8_0_matmul(isa, q, d, xq, xd, xs, y):
-    """Q8_0: q int8 [R, C], d uint16 [R, C/32] (float16 bits); xq, xd, xs from quantize_x (P
-    patterns); y float32 [T, R]."""
+@njit(inline="always")
+def _q8_0_matmul(isa, q, d, x, y):
+    """Q8_0: y [T, R] float32 = x [T, C] float32 @ W^T, W's q int8 [R, C] and d uint16 [R, C/32]
+    (float16 bits); x rounded to int8 blocks first (_quantize)."""
     R, C = q.shape
     nb = C // QK
+    xq, xd, xs, xm = _quantize(x)
     P = xd.shape[1] // GROUP
     T = y.shape[0]
     for c in prange((R + ROWS - 1) // ROWS):
@@ -545,13 +620,14 @@ def q8_0_matmul(isa, q, d, xq, xd, xs, y):
                                          + lanes(load_f32x16(spill, t * GROUP), lo, min(nv, rend - f)))
 
 
-@njit(parallel=True, cache=True)
-def q4_matmul(isa, q, d, m, xq, xd, xs, xm, y):
-    """Q4_0 and Q4_1: q uint8 [R, C/2] (GGUF's nibble order), d uint16 [R, C/32]; m uint16
-    [R, C/32] (Q4_1: value = d·n + m) or an empty [0, 0] array (Q4_0: value = d·(n - 8)); xq, xd,
-    xs, xm from quantize_x; y float32 [T, R]."""
+@njit(inline="always")
+def _q4_matmul(isa, q, d, m, x, y):
+    """Q4_0 and Q4_1: y [T, R] = x [T, C] @ W^T, W's q uint8 [R, C/2] (GGUF's nibble order),
+    d uint16 [R, C/32] and m uint16 [R, C/32] (Q4_1: value = d·n + m) or an empty [0, 0] array
+    (Q4_0: value = d·(n - 8)); x rounded to int8 blocks first (_quantize)."""
     R, H = q.shape
     nb = H // 16
+    xq, xd, xs, xm = _quantize(x)
     P = xd.shape[1] // GROUP
     T = y.shape[0]
     has_min = m.shape[0] > 0
@@ -600,3 +676,57 @@ def q4_matmul(isa, q, d, m, xq, xd, xs, xm, y):
                         for t in range(nt):
                             store_f32x16(acc, t * GROUP, load_f32x16(acc, t * GROUP)
                                          + lanes(load_f32x16(spill, t * GROUP), lo, min(nv, rend - f)))
+
+
+# -- the entries: one per format and instruction set (an argument typed by a Python object costs
+# numba's dispatcher 0.8-2.9 µs a call; a global is a constant of the compiled code) -----------------
+
+_AVX512_VNNI, _AVX_VNNI, _AVX2, _GENERIC = (Isa(n) for n in ISAS)
+
+
+@njit(parallel=True, cache=True)
+def q8_0_avx512_vnni(q, d, x, y):
+    _q8_0_matmul(_AVX512_VNNI, q, d, x, y)
+
+
+@njit(parallel=True, cache=True)
+def q8_0_avx_vnni(q, d, x, y):
+    _q8_0_matmul(_AVX_VNNI, q, d, x, y)
+
+
+@njit(parallel=True, cache=True)
+def q8_0_avx2(q, d, x, y):
+    _q8_0_matmul(_AVX2, q, d, x, y)
+
+
+@njit(parallel=True, cache=True)
+def q8_0_generic(q, d, x, y):
+    _q8_0_matmul(_GENERIC, q, d, x, y)
+
+
+@njit(parallel=True, cache=True)
+def q4_avx512_vnni(q, d, m, x, y):
+    _q4_matmul(_AVX512_VNNI, q, d, m, x, y)
+
+
+@njit(parallel=True, cache=True)
+def q4_avx_vnni(q, d, m, x, y):
+    _q4_matmul(_AVX_VNNI, q, d, m, x, y)
+
+
+@njit(parallel=True, cache=True)
+def q4_avx2(q, d, m, x, y):
+    _q4_matmul(_AVX2, q, d, m, x, y)
+
+
+@njit(parallel=True, cache=True)
+def q4_generic(q, d, m, x, y):
+    _q4_matmul(_GENERIC, q, d, m, x, y)
+
+
+KERNELS = {
+    ("q8_0", "avx512-vnni"): q8_0_avx512_vnni, ("q8_0", "avx-vnni"): q8_0_avx_vnni,
+    ("q8_0", "avx2"): q8_0_avx2, ("q8_0", "generic"): q8_0_generic,
+    ("q4", "avx512-vnni"): q4_avx512_vnni, ("q4", "avx-vnni"): q4_avx_vnni,
+    ("q4", "avx2"): q4_avx2, ("q4", "generic"): q4_generic,
+}

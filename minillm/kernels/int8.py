@@ -190,48 +190,52 @@ def patterns(nb: int) -> int:
     return nb // math.gcd(nb, GROUP)
 
 
+def _check(C: int, x) -> np.ndarray:
+    if x.ndim != 2 or x.shape[1] != C:
+        raise Int8Error(f"a weight of rows of {C} values multiplies x [T, {C}], got x of shape {x.shape}")
+    if x.dtype != np.float32 or not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+    return x
+
+
 def quantize_x(x: np.ndarray) -> tuple:
-    """Step 1 by the kernel, in the kernels' layout: (xq int8 [T, P, 8, 64], xd, xs, xm [T, 16·P])."""
+    """Step 1 by the kernels, in their layout: (xq int8 [T, P, 8, 64], xd, xs, xm [T, 16·P])."""
     from . import _int8
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    T, C = x.shape
-    if C % QK or C == 0:
-        raise Int8Error(f"rows of {C} values cannot be cut into blocks of {QK}")
-    P = patterns(C // QK)
-    xq = np.empty((T, P, 8, 64), np.int8)
-    xd = np.empty((T, GROUP * P), np.float32)
-    xs = np.empty((T, GROUP * P), np.int32)
-    xm = np.empty((T, GROUP * P), np.float32)
-    _int8.quantize_x(x, P, xq, xd, xs, xm)
-    return xq, xd, xs, xm
+    x = np.asarray(x)
+    if x.ndim != 2 or x.shape[1] % QK or x.shape[1] == 0:
+        raise Int8Error(f"rows of x cut into blocks of {QK} values: got x of shape {x.shape}")
+    return _int8.quantize_x(_check(x.shape[1], x))
 
 
-@lru_cache(maxsize=None)
-def _isa_value(name: str):
-    from ._int8 import Isa
-    return Isa(name)
+_ISA: list = [None, None]     # [MINILLM_INT8_ISA as last read, the instruction set it gave]
 
 
-def matmul(w: QuantMatrix, x: np.ndarray, isa_name: str | None = None, xqs: tuple | None = None) -> np.ndarray:
-    """x [T, C] @ w^T -> [T, R] float32 in integers, equal to `matmul_ref` bit for bit. xqs: x already
-    quantized by `quantize_x` (one rounding for several products of the same input)."""
-    from . import _int8
+def _current_isa() -> str:
+    want = os.environ.get(ENV)
+    if _ISA[1] is None or want != _ISA[0]:
+        _ISA[:] = [want, isa()]
+    return _ISA[1]
+
+
+def matmul(w: QuantMatrix, x: np.ndarray, isa_name: str | None = None) -> np.ndarray:
+    """x [T, C] @ w^T -> [T, R] float32 in integers (x rounded to int8 blocks inside, once), equal to
+    `matmul_ref` bit for bit. isa_name: one of `supported()` (default `isa()`)."""
+    from ._int8 import KERNELS
     R, C = w.shape
-    if xqs is None:
-        x = np.asarray(x)
-        if x.ndim != 2 or x.shape[1] != C:
-            raise Int8Error(f"a {R}x{C} weight multiplies rows of {C} values, got x of shape {x.shape}")
-        xqs = quantize_x(x)
-    xq, xd, xs, xm = xqs
-    if xd.shape[1] != GROUP * patterns(C // QK):
-        raise Int8Error(f"activations quantized for rows of another width than the weight's {C}")
-    T = xq.shape[0]
-    y = np.empty((T, R), np.float32)
-    isa_v = _isa_value(isa_name or isa())
-    d = w.d.view(np.uint16)
-    if w.fmt.bits == 8:
-        _int8.q8_0_matmul(isa_v, np.ascontiguousarray(w.q), d, xq, xd, xs, y)
-    else:
-        m = _NO_MIN if w.m is None else w.m.view(np.uint16)
-        _int8.q4_matmul(isa_v, np.ascontiguousarray(w.q), d, m, xq, xd, xs, xm, y)
+    x = _check(C, x)
+    y = np.empty((x.shape[0], R), np.float32)
+    if isa_name is not None and isa_name not in supported():
+        raise Int8Error(f"this CPU cannot run the {isa_name!r} integer kernels; it has {', '.join(supported())}")
+    kernel = KERNELS["q8_0" if w.fmt.bits == 8 else "q4", isa_name or _current_isa()]
+    kernel(*(getattr(w, "planes", None) or planes(w)), x, y)
     return y
+
+
+def planes(w: QuantMatrix) -> tuple:
+    """A quantized matrix's planes as the kernels take them: q (C-contiguous), then the scales (and
+    Q4's minimums, Q4_0's an empty array) as float16 bits, uint16."""
+    q = np.ascontiguousarray(w.q)
+    d = np.ascontiguousarray(w.d).view(np.uint16)
+    if w.fmt.bits == 8:
+        return q, d
+    return q, d, _NO_MIN if w.m is None else np.ascontiguousarray(w.m).view(np.uint16)
