@@ -150,11 +150,9 @@ def block_sums_ref(wi: np.ndarray, qx: np.ndarray) -> np.ndarray:
 def matmul_ref(w: QuantMatrix, x: np.ndarray, rows_at_once: int = 64) -> np.ndarray:
     """x [T, C] @ w^T -> [T, R] float32 by steps 1-5 (the kernels' exact answer), `rows_at_once`
     rows of x at a time (step 3's [T, R, nb] array is the large one)."""
-    x = np.asarray(x, np.float32)
-    T = x.shape[0]
     R, C = w.shape
-    if x.ndim != 2 or x.shape[1] != C:
-        raise Int8Error(f"a {R}x{C} weight multiplies rows of {C} values, got x of shape {x.shape}")
+    x = _check(C, np.asarray(x))
+    T = x.shape[0]
     nb = C // QK
     wi = weight_ints(w)
     dw = w.d.astype(np.float32)                                                  # [R, nb], exact
@@ -192,7 +190,7 @@ def patterns(nb: int) -> int:
 
 def _check(C: int, x) -> np.ndarray:
     if x.ndim != 2 or x.shape[1] != C:
-        raise Int8Error(f"a weight of rows of {C} values multiplies x [T, {C}], got x of shape {x.shape}")
+        raise Int8Error(f"a weight of rows of {C} values multiplies x [T, {C}], not x of shape {x.shape}")
     if x.dtype != np.float32 or not x.flags.c_contiguous:
         x = np.ascontiguousarray(x, dtype=np.float32)
     return x
