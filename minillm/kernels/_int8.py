@@ -429,11 +429,16 @@ def _dot_one(builder, isa: str, signed_w: bool, acc, w, x):
             p16 = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", w16, [wh, xh])
             parts.append(_call(builder, "llvm.x86.avx2.pmadd.wd", d8, [p16, _splat(w16, 1)]))
         return builder.add(acc, _shuffle(builder, parts[0], parts[1], list(range(16))))
-    v64 = ir.VectorType(_I32, 64)                                    # generic
-    p = builder.mul(builder.sext(w, v64) if signed_w else builder.zext(w, v64), builder.sext(x, v64))
-    for j in range(4):
-        acc = builder.add(acc, _shuffle(builder, p, p, [4 * lane + j for lane in range(16)]))
-    return acc
+    # generic: bytes to int16 (a product of two fits: at most 255·127), then pairs of products added
+    # in int32 (the shape of a multiply-add of int16 pairs, which LLVM knows), then pairs of those
+    h64, d32 = ir.VectorType(_I16, 64), ir.VectorType(_I32, 32)
+    w16 = builder.sext(w, h64) if signed_w else builder.zext(w, h64)
+    x16 = builder.sext(x, h64)
+    ev, od = list(range(0, 64, 2)), list(range(1, 64, 2))
+    pairs = builder.add(builder.mul(builder.sext(_shuffle(builder, w16, w16, ev), d32), builder.sext(_shuffle(builder, x16, x16, ev), d32)),
+                        builder.mul(builder.sext(_shuffle(builder, w16, w16, od), d32), builder.sext(_shuffle(builder, x16, x16, od), d32)))
+    quads = builder.add(_shuffle(builder, pairs, pairs, list(range(0, 32, 2))), _shuffle(builder, pairs, pairs, list(range(1, 32, 2))))
+    return builder.add(acc, quads)
 
 
 @intrinsic
