@@ -27,6 +27,21 @@ instruction set; each entry is its own compiled function, cached apart):
 Every form leaves the same exact int32 in each lane. Float operations are emitted without fast-math
 flags: no fused multiply-add, no reassociation, each rounding as the NumPy reference's.
 
+Measured (benchmarks/int8_bench.py: whole passes over every product weight, the forms interleaved
+in one process, medians of 7 rounds, one thread, AMD EPYC Zen 4 (AVX512-VNNI) shared with other
+work, as multiples of NumPy float32's speed in the same run), GPT-2-124M's shapes in Q8_0 at B = 1 /
+4 / 16 / 128 rows: avx512-vnni 3.18 / 5.94 / 2.26 / 1.62x, avx-vnni 3.17 / 5.77 / 2.42 / 1.29x,
+avx2 2.30 / 3.81 / 1.52 / 1.00x, generic 1.83 / 2.00 / 0.66 / 0.36x, the plain numba loop over
+int8 (each product typed int64; x rounded before its timer) 0.40 / 0.31 / 0.09 / 0.06x; the fused
+float kernel 2.95 / 3.49 / 1.07 / 0.82x. SmolLM2-135M's in Q4_1 at B = 1 / 4 / 16 (load 4 on 2
+cores): avx512-vnni 3.53 / 6.76 / 2.61x, avx-vnni 2.71 / 6.58 / 2.59x, avx2 3.38 / 6.12 / 2.40x,
+plain loop 0.36 / 0.35 / 0.10x; fused 2.79 / 5.10 / 1.36x. The generic form first widened bytes to
+int32 (SmolLM2 Q4_1, B = 1: 0.82x); in int16 products added in pairs, LLVM's multiply-add shape,
+1.80x. Along the way: the group's eight dot instructions in one chain waited on each other (two
+chains: 5% at one row); a division per lane in the pattern copy (an integer % per lane cost 1.7 µs of
+a 576-wide row's 2.6); an argument typed by a Python object cost numba's dispatcher 0.8-2.9 µs a call
+(hence one entry per instruction set); masks computed for every group's loads instead of the last's.
+
 Blocks per lane. A group is 16 consecutive blocks of the weight, taken in storage order (a row's
 blocks, then the next row's: a group may hold the end of one row and the start of the next). The
 integer dot wants "block per lane": vector k (k = 0..7) holds in its lane L (4 bytes) values
