@@ -47,8 +47,6 @@ all float32's. The bound this project holds the integer set to: held-out perplex
 the same weights' with float activations (`ERROR_BOUND`).
 """
 
-ERROR_BOUND = 0.005      # relative perplexity, W·A8 against W·A32 on the same weights (measured above)
-
 from __future__ import annotations
 
 import math
@@ -60,6 +58,7 @@ import numpy as np
 from ..errors import MiniLLMError
 from ..models.quant import QK, QuantMatrix
 
+ERROR_BOUND = 0.005      # relative perplexity, W·A8 against W·A32 on the same weights (measured above)
 GROUP = 16                       # blocks per group: the kernels' lanes and the reference's step 5
 ENV = "MINILLM_INT8_ISA"         # pin the instruction set (one the CPU has): tests, measurements
 ISA_WORDS = {
