@@ -88,7 +88,7 @@ def served_token_modules():
     sys.path.insert(0, str(ROOT))
     import numpy as np
     import minillm
-    from minillm.config import GPT2Config
+    from minillm.models.gpt2 import GPT2Config
     from minillm.engine.sequence import SamplingParams
     from minillm.serving.api import CompletionRequest
     from minillm.serving.loop import EngineLoop

@@ -129,7 +129,7 @@ def random_model(shape: str, dtype: str):
     import minillm
     if shape == "gpt2-124m":
         return minillm.load("random-124m", device="cuda", dtype=dtype)
-    from minillm.config import LlamaConfig
+    from minillm.models.llama import LlamaConfig
     from minillm.checkpoints.load import random_model as make
     return make(LlamaConfig(**SHAPES[shape]), dtype=dtype, device="cuda")
 

@@ -6,8 +6,8 @@ B = 1, 2, 4, 8 rows of x by every weight, for each way of holding the weights:
 
     numpy float32        ops.matmul on [in, out] float32 (BLAS, with the engine's row shaping)
     numpy q8_0/q4_0/q4_1 QuantMatrix.matmul_t (widening a tile at a time, then BLAS)
-    fused q8_0/q4_0/q4_1 kernels.FusedQuant.matmul (blocks read once, widened in registers)
-    fused float32        kernels.FusedDense.matmul ([out, in]; fused kernel for 2..8 rows, BLAS for 1)
+    fused q8_0/q4_0/q4_1 FusedQuant.matmul (blocks read once, widened in registers)
+    fused float32        FusedDense.matmul ([out, in]; fused kernel for 2..8 rows, BLAS for 1)
 
 Rounds are interleaved (every variant once per round, in turn) and each figure is the median over
 the rounds; GB/s is the weight bytes the pass reads divided by that median. Weight values are
@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from minillm import kernels                                    # noqa: E402
+from minillm.models.fused import FusedDense, FusedQuant  # noqa: E402
 from minillm.measure.threads import blas_kernel, blas_name, blas_threads, limited   # noqa: E402
 from minillm.models import ops                                 # noqa: E402
 from minillm.models.quant import QK, QuantMatrix, get_format  # noqa: E402
@@ -68,13 +69,13 @@ def build(model: str, rng) -> dict:
     dense = [rng.standard_normal(s, dtype=np.float32) * 0.02 for s in shapes]    # [in, out]
     wte = rng.standard_normal((V, d), dtype=np.float32) * 0.02                    # [V, d]
     out["numpy float32"] = [(w, w.shape[0], ops.matmul) for w in dense] + [(wte.T, d, ops.matmul)]
-    fd = [kernels.FusedDense(w) for w in dense] + [kernels.FusedDense(wte, transposed=True)]
+    fd = [FusedDense(w) for w in dense] + [FusedDense(wte, transposed=True)]
     out["fused float32"] = [(w, w.n_in, lambda x, w: w.matmul(x)) for w in fd]
     del dense
     for fmt in FORMATS:
         qs = [random_quant(rng, fmt, o, i) for i, o in shapes] + [random_quant(rng, fmt, V, d)]
         out[f"numpy {fmt}"] = [(w, w.shape[1], lambda x, w: QuantMatrix.matmul_t(w, x)) for w in qs]
-        out[f"fused {fmt}"] = [(kernels.FusedQuant.of(w), w.shape[1], lambda x, w: w.matmul(x)) for w in qs]
+        out[f"fused {fmt}"] = [(FusedQuant.of(w), w.shape[1], lambda x, w: w.matmul(x)) for w in qs]
     return out
 
 
@@ -140,9 +141,9 @@ from minillm import kernels
 from minillm.models.quant import QuantMatrix
 st = kernels.status()
 for fmt in ("q8_0", "q4_0", "q4_1"):
-    w = kernels.FusedQuant.of(QuantMatrix.quantize(np.ones((4, 64), np.float32), fmt))
+    w = FusedQuant.of(QuantMatrix.quantize(np.ones((4, 64), np.float32), fmt))
     w.matmul(np.ones((1, 64), np.float32))
-kernels.FusedDense(np.ones((64, 4), np.float32)).matmul(np.ones((2, 64), np.float32))
+FusedDense(np.ones((64, 4), np.float32)).matmul(np.ones((2, 64), np.float32))
 q = np.ones((2, 3, 8), np.float32); k = np.ones((1, 3, 8), np.float32)
 kernels.attention(q, k, k); kernels.attention(q[:, :1], k, k)
 print(f"{time.perf_counter() - t0:.2f}")

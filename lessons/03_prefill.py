@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import minillm
-from minillm.config import GPT2_SIZES
+from minillm.models.gpt2 import GPT2_SIZES
 from minillm.lessons._common import (Lesson, Timing, bar_chart, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural,
                                      run_lesson, time_interleaved)
 from minillm.measure.chips import CHIPS

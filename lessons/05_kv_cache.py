@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import minillm
-from minillm.config import GPT2_SIZES
+from minillm.models.gpt2 import GPT2_SIZES
 from minillm.lessons._common import (Lesson, bar_chart, faster_words, fmt_bytes, fmt_flops, fmt_x, paired_chart,
                                      ratio_range, run_lesson, time_interleaved, token_text)
 from minillm.measure.chips import get_chip

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import minillm
-from minillm.config import GPT2_SIZES
+from minillm.models.gpt2 import GPT2_SIZES
 from minillm.lessons._common import (Lesson, Timing, bar, bar_chart, fmt_bytes, fmt_time, fmt_x, plural, run_lesson,
                                      stacked_bar)
 from minillm.measure import hardware

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import minillm
-from minillm.config import GPT2_SIZES as MODELS
+from minillm.models.gpt2 import GPT2_SIZES as MODELS
 from minillm.lessons._common import (Lesson, bar_chart, faster_words, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural,
                                      ratio_range, roofline_plot, run_lesson, time_interleaved)
 from minillm.measure.batching import run_batch_bench

@@ -31,7 +31,8 @@ def lesson(L: Lesson) -> None:
     model = L.load_model(default="random-124m", fast="random-tiny")
     hw = L.machine()
     intro(L, model)
-    same_tokens(L, model)
+    same_tokens(L, model, L.load_model(default="random-124m", fast="random-tiny", kernels="batch-invariant")
+                if kernels.available() else None)
     sweep = measure(L, model, hw)
     the_sweep(L, model, sweep, hw)
     the_cliff(L, sweep)
@@ -58,7 +59,8 @@ def intro(L: Lesson, model) -> None:
     L.pause()
 
 
-def same_tokens(L: Lesson, model) -> None:
+def same_tokens(L: Lesson, model, invariant_model) -> None:
+    """invariant_model: the same model in the batch-invariant kernel set (None: numba cannot run here)."""
     L.section("The same tokens, alone or batched")
     enc = minillm.tokenizer()
     prompts = [enc.encode(p) for p in PROMPTS[:L.pick(8, 4)]]
@@ -68,9 +70,9 @@ def same_tokens(L: Lesson, model) -> None:
     with L.status("the prompts batched, then one at a time…"):
         batched = minillm.generate_batch(model, prompts, n, **kw)
         alone = [minillm.generate(model, p, n, **kw) for p in prompts]
-        if invariant:                    # the batch-invariant mode: batched, and each prompt alone, both in it
-            batched_det = minillm.generate_batch(model, prompts, n, deterministic=True, **kw)
-            alone_det = [minillm.generate_batch(model, [p], n, deterministic=True, **kw)[0] for p in prompts]
+        if invariant:                    # the batch-invariant set: batched, and each prompt alone, both with it
+            batched_det = minillm.generate_batch(invariant_model, prompts, n, **kw)
+            alone_det = [minillm.generate_batch(invariant_model, [p], n, **kw)[0] for p in prompts]
     times = {"batched": [], "alone": [], "invariant": []}
     for _ in L.progress_range(L.pick(3, 2), "timing batched against one at a time"):   # interleaved, medians
         t0 = time.perf_counter()
@@ -82,7 +84,7 @@ def same_tokens(L: Lesson, model) -> None:
         times["alone"].append(time.perf_counter() - t0)
         if invariant:
             t0 = time.perf_counter()
-            minillm.generate_batch(model, prompts, n, deterministic=True, **kw)
+            minillm.generate_batch(invariant_model, prompts, n, **kw)
             times["invariant"].append(time.perf_counter() - t0)
     tb, ta = statistics.median(times["batched"]), statistics.median(times["alone"])
     same = sum(a == b for a, b in zip(alone, batched))
@@ -117,18 +119,18 @@ def same_tokens(L: Lesson, model) -> None:
         fix every reduction's order whatever the batch, at a measured cost in throughput.
     """)
     if not invariant:
-        L.note(f"the batch-invariant mode cannot run here ({escape(invariant.reason)}), so its column is left out")
+        L.note(f"the batch-invariant kernels cannot run here ({escape(invariant.reason)}), so their column is left out")
         L.pause()
         return
     kept = sum(a == b for a, b in zip(alone_det, batched_det))
     ti = statistics.median(times["invariant"])
     L.say(f"""
-        The last column is the **batch-invariant mode** (`generate_batch(..., deterministic=True)`,
-        `minillm serve --deterministic`): every product sums each row over its inputs in one fixed
+        The last column is the **batch-invariant kernel set** (`minillm.load(..., kernels="batch-invariant")`,
+        `minillm serve --kernels batch-invariant`): every product sums each row over its inputs in one fixed
         order, and every query attends over exactly its own keys in tiles from key 0, so no row's
         arithmetic depends on the rows beside it. There **{kept} of {len(prompts)}** sequences got
-        exactly their tokens alone (alone in the same mode), against {same} of {len(prompts)} above.
-        The price, this run: batched in that mode took {fmt_time(ti)}, **{fmt_x(ti / tb)}** the time
+        exactly their tokens alone (alone with the same set), against {same} of {len(prompts)} above.
+        The price, this run: batched with that set took {fmt_time(ti)}, **{fmt_x(ti / tb)}** the time
         of the default batched run (medians of the same interleaved runs).
     """)
     L.claim(kept == len(prompts), f"batch-invariant: {kept} of {len(prompts)} sequences equal their tokens alone")

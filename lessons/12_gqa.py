@@ -16,7 +16,7 @@ from rich.table import Table
 
 import minillm
 from minillm.cache.contiguous import KVCache
-from minillm.config import GPT2_SIZES as GPT2_SHAPES
+from minillm.models.gpt2 import GPT2_SIZES as GPT2_SHAPES
 from minillm.measure.chips import get_chip
 from minillm.measure.shapes import (SHAPES, UTILISATION, capacity, decode_step_bytes, kv_bytes_per_sequence,
                                     kv_bytes_per_token, shape)
@@ -81,7 +81,7 @@ def kv_per_token(L: Lesson) -> None:
 
 
 def Llama_like(c, **changes):
-    from minillm.config import LlamaConfig
+    from minillm.models.llama import LlamaConfig
     return LlamaConfig(**{**c.asdict(), **changes})
 
 

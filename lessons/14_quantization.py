@@ -16,7 +16,7 @@ from rich.table import Table
 
 import minillm
 from minillm import kernels as minillm_kernels
-from minillm.config import GPT2_SIZES
+from minillm.models.gpt2 import GPT2_SIZES
 from minillm.measure.quantization import run_quant_bench
 from minillm.models.gpt2 import dequantize_params
 from minillm.models.quant import FORMATS, QK, QuantMatrix

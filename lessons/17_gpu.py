@@ -16,7 +16,7 @@ from rich.table import Table
 
 import minillm
 from minillm.backend import DeviceError, get_device
-from minillm.config import LlamaConfig
+from minillm.models.llama import LlamaConfig
 from minillm.meter import Meter
 from minillm.measure.gpu import ARTICLE_7B, ISSUE_H200, SHAPES, decode_figures, free_bytes, gpu_figures
 from minillm.ui.report import fmt_bytes

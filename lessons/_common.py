@@ -507,14 +507,15 @@ class Lesson:
         """The full-experience value, or the fast one under --fast / MINILLM_FAST=1."""
         return fast if self.fast else full
 
-    def load_model(self, default: str | None = None, fast: str | None = None):
-        """The model for this lesson: --model if given, else `default` (fast mode: `fast`).
+    def load_model(self, default: str | None = None, fast: str | None = None, kernels: str | None = None):
+        """The model for this lesson: --model if given, else `default` (fast mode: `fast`), with the
+        NumPy reference kernels unless `kernels` names another set.
 
         `None` means minillm.load()'s own default, the bundled model (a small random model, with a
         note, when none is installed yet)."""
         name = self.model_name or (fast if self.fast and fast is not None else default)
         with self.status(f"loading {name or 'the bundled model'}…"):
-            model = minillm.load(name, quiet=True)
+            model = minillm.load(name, quiet=True, kernels=kernels)
         if name is None and model.name == "random-tiny":
             self.note("no bundled model is installed yet, so this lesson uses a small random model "
                       "(random-tiny): the numbers are real, the text it writes is gibberish.")
@@ -550,7 +551,7 @@ def _reference_kernels() -> Iterator[None]:
     """While a lesson runs, the models it loads compute with the NumPy kernels, the reference the
     lessons count and explain (MINILLM_KERNELS=numpy: minillm.load's default). A lesson that shows
     the fused kernels asks for them by name (`minillm.load(..., kernels="fused")`: lessons 14, 16)."""
-    from minillm.kernels.runtime import ENV
+    from minillm.models.kernel_sets import ENV
     old = os.environ.get(ENV)
     os.environ[ENV] = "numpy"
     try:

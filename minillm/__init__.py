@@ -33,7 +33,7 @@ else:
 
 # public name -> the module that defines it
 _API = {
-    "GPT2Config": "config", "MiniLLMError": "errors", "PromptError": "errors", "WeightsError": "errors",
+    "GPT2Config": "models.gpt2", "MiniLLMError": "errors", "PromptError": "errors", "WeightsError": "errors",
     "generate_batch": "engine.batch", "generate": "engine.generate", "sample": "engine.sampling",
     "speculative_generate": "engine.speculative", "KVCache": "cache.contiguous",
     "PagedKVCache": "cache.paged", "PagedKVPool": "cache.paged", "load": "checkpoints.load",

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
 from minillm.cache.paged import BlockAllocator, KVCacheFullError, PagedKVPool
-from minillm.config import GPT2Config
+from minillm.models.gpt2 import GPT2Config
 
 CONFIG = GPT2Config(n_layer=1, n_head=1, n_embd=4, n_ctx=64, vocab_size=10)
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minillm import backend
+from minillm import backend, cuda_graph
 from minillm.backend import DeviceError, get_device, namespace
 from strict_arrays import StrictArray, strict
 
@@ -168,7 +168,7 @@ def test_cpu_device_timing_and_launches():
     t0 = cpu.clock()
     assert cpu.clock() >= t0
     assert backend.best_seconds(lambda: host((64, 64)) @ host((64, 64)), np, repeats=2) > 0
-    assert backend.count_launches(lambda: None, cpu) == {}
+    assert cuda_graph.count_launches(lambda: None, cpu) == {}
 
 
 def test_the_meter_times_a_step_with_the_clock_it_is_given():
@@ -264,8 +264,8 @@ def test_gpu_launch_count_and_graph_replay(cuda):
         cp.add(x, 1.0, out=x)
         return x
 
-    assert backend.count_launches(three, cuda)["kernels"] == 3
-    g = backend.Captured(three, cuda)             # one eager call, then the capture (which runs nothing)
+    assert cuda_graph.count_launches(three, cuda)["kernels"] == 3
+    g = cuda_graph.Captured(three, cuda)             # one eager call, then the capture (which runs nothing)
     assert g.launches["kernels"] == 3
     assert float(x[0].get()) == 3.0
     g.replay()

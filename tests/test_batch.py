@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 import minillm
 from minillm.cache.contiguous import KVCache
 from minillm.cache.paged import PagedKVPool, reserve_step
-from minillm.config import GPT2Config
+from minillm.models.gpt2 import GPT2Config
 from minillm.engine import runner
 from minillm.engine.runner import run_step
 from minillm.engine.sequence import SamplingParams, Sequence

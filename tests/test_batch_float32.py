@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import minillm
-from minillm.config import GPT2Config
+from minillm.models.gpt2 import GPT2Config
 from minillm.engine import sampling
 from minillm.engine.batch import generate_batch
 

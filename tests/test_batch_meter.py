@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 import minillm
 from minillm.cache.paged import PagedKVPool
-from minillm.checkpoints.checkpoint import random_params
+from minillm.models.gpt2 import random_params
 from minillm.models import ops
 
 

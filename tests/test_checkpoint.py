@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 import minillm
-from minillm.checkpoints.checkpoint import expected_shapes, load_checkpoint, random_params, save_checkpoint
-from minillm.config import GPT2_SIZES, GPT2Config
+from minillm.checkpoints.checkpoint import expected_shapes, load_checkpoint, save_checkpoint
+from minillm.models.gpt2 import random_params
+from minillm.models.gpt2 import GPT2_SIZES, GPT2Config
 from minillm.errors import ConfigError, ModelNotFoundError, WeightsError
 from minillm.checkpoints.safetensors import write_safetensors
 
@@ -269,12 +270,13 @@ def test_a_config_nested_too_deep_is_a_config_error(tmp_path):
         load_checkpoint(folder)
 
 
-def test_a_config_json_over_one_mib_is_refused_unparsed(tmp_path):
-    """config.json is read with a 1 MiB cap: a file of exactly the cap loads, one byte more is refused by
-    its size (not parsed), with one line naming the file and what to do."""
-    from minillm.checkpoints.checkpoint import MAX_CONFIG_BYTES
+def test_a_config_json_over_the_cap_is_refused_unparsed(tmp_path):
+    """config.json is read as every JSON file a model folder holds (paths.read_json, a 16 MiB cap): a
+    file of exactly the cap loads, one byte more is refused by its size (not parsed), with one line
+    naming the file and what to do."""
+    from minillm.paths import MAX_JSON_BYTES as MAX_CONFIG_BYTES
 
-    assert MAX_CONFIG_BYTES == 1 << 20
+    assert MAX_CONFIG_BYTES == 1 << 24
     folder = write_checkpoint_dir(tmp_path / "ckpt", nontrivial_params(SMALL), {})
     text = json.dumps(SMALL.to_hf())
     (folder / "config.json").write_text(text + " " * (MAX_CONFIG_BYTES - len(text)))   # valid JSON, padded
@@ -284,7 +286,7 @@ def test_a_config_json_over_one_mib_is_refused_unparsed(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_checkpoint(folder)
     message = str(e.value)
-    assert "config.json: over 1,048,576 bytes" in message and "re-download or re-save" in message, message
+    assert f"config.json: {MAX_CONFIG_BYTES + 1:,} bytes, over the {MAX_CONFIG_BYTES:,}-byte cap" in message, message
     assert "\n" not in message and "not valid JSON" not in message, message
 
 

@@ -196,13 +196,14 @@ def test_ctrl_c_while_the_command_is_still_starting(home, delay):
         assert p.returncode in (0, 130, -signal.SIGINT), (p.returncode, err)
 
 
-def test_a_config_json_over_one_mib(home, tmp_path):
-    """config.json is read with a 1 MiB cap: a bigger one (valid JSON, padded) is one line, not parsed."""
+def test_a_config_json_over_the_cap(home, tmp_path):
+    """config.json is read with the 16 MiB cap of every JSON file a folder holds: a bigger one (valid
+    JSON, padded) is one line, not parsed."""
     d = checkpoint(tmp_path)
     text = (d / "config.json").read_text()
-    (d / "config.json").write_text(text + " " * (1 << 20))
-    user_error(run(home, "generate", IN_VOCAB, "--model", d, timeout=30), "config.json", "over 1,048,576 bytes",
-               "re-download or re-save")
+    (d / "config.json").write_text(text + " " * (1 << 24))
+    user_error(run(home, "generate", IN_VOCAB, "--model", d, timeout=30), "config.json",
+               "over the 16,777,216-byte cap", "is it the right file")
 
 
 def test_a_scalar_position_embedding(home, tmp_path):

@@ -16,7 +16,7 @@ import pytest
 
 from minillm.checkpoints import download as dl
 from minillm.cli import download as download_cli
-from minillm.config import GPT2_SIZES
+from minillm.models.gpt2 import GPT2_SIZES
 from minillm.checkpoints.safetensors import write_safetensors
 from minillm.errors import DownloadError, ModelNotFoundError
 

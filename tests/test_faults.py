@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import minillm
-from minillm.config import GPT2Config
+from minillm.models.gpt2 import GPT2Config
 from minillm.engine.engine import Engine, StepFailed
 from minillm.engine.sequence import SamplingParams
 from minillm.serving.api import CompletionRequest

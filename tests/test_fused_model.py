@@ -17,10 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minillm
+from minillm.models.target import Target
 from minillm import kernels, meter
 from minillm.cache.contiguous import KVCache
 from minillm.cache.paged import PagedKVPool
-from minillm.config import GPT2Config, LlamaConfig
+from minillm.models.gpt2 import GPT2Config
+from minillm.models.llama import LlamaConfig
 from minillm.models import gpt2, llama
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"fused kernels: {kernels.status().reason}")
@@ -32,8 +34,8 @@ LLAMA_CFG = LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, head_dim=16, n_embd=64
 
 def build(family: str, weights: str, kernels_: str, seed: int = 0):
     if family == "gpt2":
-        return minillm.GPT2(GPT2_CFG, gpt2.random_params(GPT2_CFG, seed, std=0.1), weights=weights, kernels=kernels_)
-    return llama.Llama(LLAMA_CFG, llama.random_params(LLAMA_CFG, seed, std=0.1), weights=weights, kernels=kernels_)
+        return minillm.GPT2(GPT2_CFG, gpt2.random_params(GPT2_CFG, seed, std=0.1), Target.resolve(weights=weights, kernels=kernels_))
+    return llama.Llama(LLAMA_CFG, llama.random_params(LLAMA_CFG, seed, std=0.1), Target.resolve(weights=weights, kernels=kernels_))
 
 
 def pair(family: str, weights: str, seed: int = 0):
@@ -54,15 +56,17 @@ WEIGHTS = st.sampled_from(["float32", "q8_0", "q4_0"])
 
 
 def test_fused_models_hold_fused_weights_and_numpy_stays_numpy():
+    from minillm.models.fused import FusedDense, FusedQuant
     ref, fused = pair("llama", "q8_0")
-    assert all(isinstance(w, kernels.FusedQuant) for w in fused.matrices())
-    assert not any(isinstance(w, kernels.FusedQuant) for w in ref.matrices())
+    assert all(isinstance(w, FusedQuant) for w in fused.matrices())
+    assert not any(isinstance(w, FusedQuant) for w in ref.matrices())
     f32 = build("gpt2", "float32", "fused")
-    assert all(isinstance(w, kernels.FusedDense) for w in f32.matrices())
+    assert all(isinstance(w, FusedDense) for w in f32.matrices())
     assert f32.embed_w is f32.head_w                                  # the tied table stays one array
     assert build("gpt2", "float32", "numpy").nbytes() == f32.nbytes()
-    f64 = minillm.load("random-tiny", dtype=np.float64, kernels="fused")
-    assert f64.kernels == "numpy"                                     # float64 always computes with NumPy
+    assert minillm.load("random-tiny", dtype=np.float64).kernels == "numpy"    # float64: NumPy's by default
+    with pytest.raises(minillm.MiniLLMError, match="--kernels fused computes in float32, not float64"):
+        minillm.load("random-tiny", dtype=np.float64, kernels="fused")  # asked for: one line saying why not
 
 
 @settings(max_examples=12, deadline=None)
@@ -187,14 +191,26 @@ def test_a_fused_step_matches_its_closed_forms(family, weights, paged):
     assert f.bytes["kv_read"] == fused_forms(model, [P], [P], P)["kv_read"]
 
 
-def test_a_fused_llama_uses_the_one_pass_norm_rotation_and_swiglu_but_not_in_the_batch_invariant_mode():
-    from minillm.kernels import elementwise, invariant
-    from minillm.models import ops
+def test_a_fused_llama_uses_the_one_pass_norm_rotation_and_swiglu_but_not_the_batch_invariant_set():
+    """The kernel set decides, once: the fused set hands ops its one-pass kernels, the reference and
+    the batch-invariant sets none (ops' own, the values the batch-invariant set promises)."""
+    from minillm.kernels import elementwise
     ref, fused = pair("llama", "float32")
-    assert fused.elementwise() == (elementwise.rms_norm, elementwise.rope, elementwise.swiglu)
-    assert ref.elementwise() == (ops.rms_norm, ops.rope, ops.swiglu)
-    with invariant.mode():
-        assert fused.elementwise() == (ops.rms_norm, ops.rope, ops.swiglu)
+    inv = build("llama", "float32", "batch-invariant")
+    K = fused.kernel_set
+    assert (K.norm_kernel, K.rope_kernel, K.swiglu_kernel) == (elementwise.rms_norm, elementwise.rope, elementwise.swiglu)
+    for m in (ref, inv):
+        assert (m.kernel_set.norm_kernel, m.kernel_set.rope_kernel, m.kernel_set.swiglu_kernel) == (None, None, None)
+    calls = []
+    real = elementwise.rms_norm
+    try:                                                     # the fused model's step really calls the kernel
+        elementwise.rms_norm = lambda *a: calls.append(1) or real(*a)
+        object.__setattr__(K, "norm_kernel", elementwise.rms_norm)
+        fused.prefill([1, 2, 3])
+    finally:
+        object.__setattr__(K, "norm_kernel", real)
+        elementwise.rms_norm = real
+    assert len(calls) == 2 * LLAMA_CFG.n_layer + 1             # two norms a block, and the final one
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -204,8 +220,8 @@ def test_decode_past_the_one_thread_kernels_keys_equals_numpy(family):
     from minillm.kernels import products
     cfg = (GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=300, vocab_size=96) if family == "gpt2" else
            LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, head_dim=16, n_embd=64, n_ctx=300, vocab_size=96, ffn=64))
-    make = (lambda k: minillm.GPT2(cfg, gpt2.random_params(cfg, 0, std=0.1), kernels=k)) if family == "gpt2" else \
-        (lambda k: llama.Llama(cfg, llama.random_params(cfg, 0, std=0.1), kernels=k))
+    make = (lambda k: minillm.GPT2(cfg, gpt2.random_params(cfg, 0, std=0.1), Target.resolve(kernels=k))) if family == "gpt2" \
+        else (lambda k: llama.Llama(cfg, llama.random_params(cfg, 0, std=0.1), Target.resolve(kernels=k)))
     ref, fused = make("numpy"), make("fused")
     ids = np.random.default_rng(1).integers(0, 96, 270)
     start = products.SHORT_DECODE - 6

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import minillm
 from minillm.checkpoints.checkpoint import expected_shapes
-from minillm.config import GPT2Config
+from minillm.models.gpt2 import GPT2Config
 from minillm.errors import MiniLLMError
 from minillm.checkpoints.safetensors import read_safetensors
 

@@ -367,7 +367,7 @@ def test_the_measured_bandwidth_bounds_the_engines_achieved_bandwidth(tmp_path, 
     keeps the best of its rounds), so a busy moment lowers the engine and the ceiling alike."""
     import minillm
 
-    from minillm.config import GPT2_SIZES
+    from minillm.models.gpt2 import GPT2_SIZES
 
     monkeypatch.delenv("MINILLM_FAST", raising=False)
     llc = probe.detect_llc_bytes() or 0

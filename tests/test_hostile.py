@@ -298,9 +298,10 @@ def test_out_refuses_what_is_not_a_regular_file(tmp_path):
 
 def test_a_first_save_interrupted_leaves_nothing(tmp_path, monkeypatch):
     import minillm.checkpoints.checkpoint as ck
-    from minillm.config import GPT2Config
+    from minillm.models.gpt2 import GPT2Config
     config = GPT2Config(n_layer=1, n_head=2, n_embd=16, n_ctx=32, vocab_size=64)
-    params = ck.random_params(config, seed=3)
+    from minillm.models.gpt2 import random_params
+    params = random_params(config, seed=3)
     real = ck.atomic_write
 
     def interrupted(path, **kw):
@@ -321,7 +322,7 @@ def test_a_first_save_interrupted_leaves_nothing(tmp_path, monkeypatch):
         assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
         got_config, got = ck.load_checkpoint(target)
         assert got_config == config and all((got[k] == params[k]).all() for k in params)
-    params2 = ck.random_params(config, seed=4)                      # a later save replaces both
+    params2 = __import__("minillm.models.gpt2", fromlist=["x"]).random_params(config, seed=4)                      # a later save replaces both
     ck.save_checkpoint(tmp_path / "new", params2, config)
     assert (ck.load_checkpoint(tmp_path / "new")[1]["wte.weight"] == params2["wte.weight"]).all()
 

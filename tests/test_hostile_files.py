@@ -199,7 +199,7 @@ def llama_gguf() -> GGUF:
 def gpt2_gguf(rng: np.random.Generator, n_layer: int = 2, d: int = 32, n_ctx: int = 64, vocab: int = 300) -> GGUF:
     """A tiny random GPT-2 as an F32 GGUF, with GPT-2's names (`minillm quantize`'s layout)."""
     from minillm.checkpoints.gguf_gpt2 import gguf_name
-    from minillm.config import GPT2Config
+    from minillm.models.gpt2 import GPT2Config
     from minillm.models.gpt2 import GPT2, iter_expected
     c = GPT2Config(n_layer=n_layer, n_head=2, n_embd=d, n_ctx=n_ctx, vocab_size=vocab)
     md = {"general.architecture": (STR, "gpt2"), "gpt2.block_count": (U32, n_layer),
@@ -515,7 +515,7 @@ def test_a_new_cache_takes_memory_only_where_positions_are_written(paged):
     pages; cache/contiguous.py's untouched_zeros)."""
     from minillm.cache.contiguous import KVCache
     from minillm.cache.paged import PagedKVPool
-    from minillm.config import GPT2_SIZES
+    from minillm.models.gpt2 import GPT2_SIZES
     c = GPT2_SIZES["124m"]
     if paged:
         pool = PagedKVPool(c, num_blocks=c.n_ctx // 16, block_size=16)

@@ -1,8 +1,8 @@
 """The package's layers point one way. Read from the source (every import, function-local ones too):
 no package imports one above it, and no group of packages imports itself round a cycle.
 
-    errors, config, paths, backend -> meter -> models.ops, models.quant, kernels -> cache -> models -> engine
-        -> checkpoints, tokenizer -> serving -> training -> measure -> ui -> the public API -> cli
+    errors, config, paths, backend, cuda_graph -> kernels -> meter -> cache -> models -> engine
+        -> checkpoints, bpe, model_tokenizer, chat -> serving -> training -> measure -> ui -> the public API -> cli
 
 The model computes, the engine schedules, the tools (`measure`) sit above what they time, and the
 commands sit on top. A new package must be given its place in LAYERS, or this test fails."""
@@ -18,10 +18,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minillm"
 # may point to its own layer or a lower one.
 LAYERS: list[tuple[str, ...]] = [
     ("minillm.errors", "minillm.config", "minillm.paths", "minillm.data", "minillm._checkout", "minillm.weights",
-     "minillm.threads", "minillm.backend"),         # backend: the array seam (NumPy or CuPy), below everything
+     "minillm.threads", "minillm.backend",          # backend: the array seam (NumPy or CuPy), below everything
+     "minillm.cuda_graph"),                         # capture and replay on a GPU, beside the seam
+    ("minillm.kernels",),                           # compiled kernels: functions over arrays, nothing of a model
     ("minillm.meter",),
-    ("minillm.models.ops", "minillm.models.quant", "minillm.models.weights",   # the weights ops multiply by
-     "minillm.kernels"),                            # the fused kernels ops and the weight factory may use
     ("minillm.cache",),
     ("minillm.models",),
     ("minillm.engine",),

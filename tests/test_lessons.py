@@ -223,7 +223,7 @@ def test_lesson_5s_cache_table_shows_each_models_own_context(monkeypatch):
     from rich.console import Console
 
     import minillm
-    from minillm.config import GPT2_SIZES
+    from minillm.models.gpt2 import GPT2_SIZES
 
     lesson = _lesson(5)
     model = minillm.load(quiet=True)
@@ -253,7 +253,7 @@ def test_lesson_2s_parameter_claim_fails_on_a_wrong_count(wrong, monkeypatch, ca
     """Lesson 2 checks n_params() against the arrays it loaded and GPT-2 small's shapes against its config
     count: either count going wrong fails the lesson."""
     import minillm
-    from minillm.config import GPT2Config
+    from minillm.models.gpt2 import GPT2Config
 
     if wrong.startswith("the model's"):
         real = minillm.GPT2.n_params
@@ -282,8 +282,9 @@ def test_lesson_4s_quadratic_claim_fails_on_a_run_too_short_to_compare(tmp_path,
     """A model whose context leaves room for one new token has no half-length run to compare with: the
     "double the answer, about four times the work" claim must fail, not hold by default."""
     import minillm
-    from minillm.checkpoints.checkpoint import random_params, save_checkpoint
-    from minillm.config import GPT2Config
+    from minillm.checkpoints.checkpoint import save_checkpoint
+    from minillm.models.gpt2 import random_params
+    from minillm.models.gpt2 import GPT2Config
 
     lesson = _lesson(4)
     P = len(minillm.tokenizer().encode(lesson.PROMPT))
@@ -488,8 +489,9 @@ def test_lesson_14s_fused_claim_fails_when_the_fused_product_counts_a_scratch(mo
     from minillm import kernels
     if not kernels.available():
         pytest.skip(kernels.status().reason)
-    real = kernels.FusedQuant.counts
-    monkeypatch.setattr(kernels.FusedQuant, "counts", lambda self, T, itemsize=4: {
+    from minillm.models.fused import FusedQuant
+    real = FusedQuant.counts
+    monkeypatch.setattr(FusedQuant, "counts", lambda self, T, itemsize=4: {
         **real(self, T, itemsize), "scratch": 4 * self.n_in})
     assert _lesson(14).main(["--fast", "--no-pause"]) == 1
     out = " ".join(capsys.readouterr().out.split())
@@ -570,8 +572,8 @@ def test_lesson_15s_claims_fail_when_the_meter_misses_the_union(wrong, monkeypat
         chosen.append(top)
         return top, w
 
-    def experts_mlp(x, p, c):
-        y = real_mlp(x, p, c)
+    def experts_mlp(x, p, c, act=None):
+        y = real_mlp(x, p, c) if act is None else real_mlp(x, p, c, act)
         m, top = meter.active(), chosen.pop()
         if m is not None:
             per_row = np.bincount(top.ravel(), minlength=c.n_expert)

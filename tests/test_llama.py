@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minillm
-from minillm.config import LlamaConfig
+from minillm.models.target import Target
+from minillm.models.llama import LlamaConfig
 from minillm.errors import ConfigError, MiniLLMError, WeightsError
 from minillm.models.llama import Llama, random_params
 from minillm.engine.speculative import speculative_generate
@@ -76,7 +77,7 @@ def configs(draw):
 
 
 def build(c, dtype, seed=0):
-    return Llama(c, random_params(c, seed=seed, std=0.3, dtype=np.float64), dtype=dtype)
+    return Llama(c, random_params(c, seed=seed, std=0.3, dtype=np.float64), Target.numpy(dtype))
 
 
 TOL = {np.float64: 1e-9, np.float32: 2e-4}

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import minillm
 from minillm import meter
-from minillm.checkpoints.checkpoint import random_params
+from minillm.models.gpt2 import random_params
 from minillm.cli import main
 from minillm.models import ops
 

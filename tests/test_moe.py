@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 import minillm
 from minillm.errors import ConfigError, WeightsError
 from minillm.models import moe
-from minillm.models.moe import MOE_PRESETS, MoE, MoEConfig, random_params, routes, step_weight_bytes
+from minillm.checkpoints.families import random_model
+from minillm.models.moe import SHAPES as MOE_PRESETS, MoE, MoEConfig, random_params, routes, step_weight_bytes
+from minillm.models.target import Target
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NAMES = ("mixtral-tiny", "qwen3moe-tiny")
@@ -144,7 +146,7 @@ def configs(draw, width=None):
 
 
 def build(c, dtype=np.float64, seed=0, weights="float32"):
-    return MoE(c, random_params(c, seed=seed, std=0.3, dtype=np.float64), dtype=dtype, weights=weights)
+    return MoE(c, random_params(c, seed=seed, std=0.3, dtype=np.float64), Target.numpy(dtype, weights))
 
 
 TOL = {np.float64: 1e-9, np.float32: 2e-4}
@@ -257,12 +259,12 @@ def test_dense_layers_and_expert_count_spelling_load_from_a_folder(tmp_path):
 
 
 def test_random_presets_build_and_read_what_they_should(monkeypatch):
-    """random_moe on small stand-ins for the presets: the mixture's one-token step reads what its
+    """random_model on small stand-ins for the presets: the mixture's one-token step reads what its
     dense twin's reads, but the routers."""
     small = dict(n_layer=2, n_head=2, n_kv_head=1, head_dim=16, n_embd=32, n_ctx=64, vocab_size=64, tied=True)
     monkeypatch.setitem(MOE_PRESETS, "random-moe-16x2", MoEConfig(**small, ffn=32, n_expert=8, top_k=2))
     monkeypatch.setitem(MOE_PRESETS, "random-moe-16x2-dense", moe.LlamaConfig(**small, ffn=64))
-    mix, dense = moe.random_moe("random-moe-16x2"), moe.random_moe("random-moe-16x2-dense")
+    mix, dense = random_model("random-moe-16x2"), random_model("random-moe-16x2-dense")
     assert isinstance(mix, MoE) and not isinstance(dense, MoE)
     read = []
     for model in (mix, dense):
@@ -271,8 +273,8 @@ def test_random_presets_build_and_read_what_they_should(monkeypatch):
             model.decode_step(4, cache)
         read.append(m.steps[0].bytes["weights"])
     assert read[0] == mix.step_weight_bytes() == read[1] + 2 * 4 * 32 * 8      # + two routers [32, 8]
-    with pytest.raises(ConfigError, match="unknown preset"):
-        moe.random_moe("random-moe-3x1")
+    with pytest.raises(minillm.MiniLLMError, match="unknown preset"):
+        random_model("random-moe-3x1")
 
 
 def test_expected_distinct_experts():
@@ -333,7 +335,7 @@ def test_engine_serves_each_request_as_alone(mixtral):
 @pytest.mark.slow
 def test_the_real_presets_read_the_same_bytes_at_one_token():
     """The two presets themselves (~230 MiB and ~60 MiB of float32, seconds to build)."""
-    mix, dense = moe.random_moe("random-moe-16x2"), moe.random_moe("random-moe-16x2-dense")
+    mix, dense = random_model("random-moe-16x2"), random_model("random-moe-16x2-dense")
     c = mix.config
     assert mix.nbytes() == 4 * c.n_params() and dense.nbytes() == 4 * dense.config.n_params()
     read = []
@@ -602,5 +604,5 @@ def test_a_gpu_is_refused_in_one_line():
     gpu = Device("cuda", numpy, "a stand-in GPU")
     c = MoEConfig(n_layer=1, n_head=2, n_kv_head=1, head_dim=16, n_embd=32, n_ctx=16, vocab_size=50, ffn=32,
                   n_expert=4, top_k=2)
-    with pytest.raises(DeviceError, match="runs on the CPU only for now; use --device cpu"):
-        MoE(c, random_params(c), device=gpu)
+    with pytest.raises(DeviceError, match="a mixture of experts .* runs on the CPU only; on --device cuda use --device cpu"):
+        MoE(c, random_params(c), Target(gpu, np.dtype(np.float32), "float32", "numpy"))

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minillm.config import GPT2Config
+from minillm.models.gpt2 import GPT2Config
 from minillm.engine.generate import generate
 from minillm.errors import MiniLLMError
 from minillm.serving.disagg import Disaggregated, disaggregated, parse_split

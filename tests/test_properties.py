@@ -26,8 +26,8 @@ from hypothesis.extra import numpy as hnp
 
 import minillm
 from minillm.models import ops
-from minillm.checkpoints.checkpoint import random_params
-from minillm.config import GPT2Config
+from minillm.models.gpt2 import random_params
+from minillm.models.gpt2 import GPT2Config
 from minillm.errors import MiniLLMError, PromptError
 from minillm.engine.sampling import check_sampling, sample
 

@@ -21,8 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minillm
+from minillm.models.target import Target
 from minillm import meter
-from minillm.config import GPT2Config
+from minillm.models.gpt2 import GPT2Config
 from minillm.errors import MiniLLMError, WeightsError
 from minillm.models import quant
 from minillm.models.quant import QK, QuantMatrix, f16_to_f32
@@ -133,7 +134,7 @@ def test_the_tiled_product_is_x_times_the_dequantized_matrix(w, fmt, T, tile_byt
     old = quant.TILE_BYTES
     quant.TILE_BYTES = tile_bytes
     try:
-        got = qm.matmul_t(x)
+        got = qm.matmul(x)
     finally:
         quant.TILE_BYTES = old
     deq = qm.dequantize(np.float64)
@@ -154,9 +155,9 @@ def test_the_product_check_catches_a_swapped_nibble_order():
     w = np.random.default_rng(1).standard_normal((8, 64)).astype(np.float32)
     qm = QuantMatrix.quantize(w, "q4_0")
     x = np.random.default_rng(2).standard_normal((1, 64)).astype(np.float32)
-    good = qm.matmul_t(x)
+    good = qm.matmul(x)
     qm.q = (qm.q >> 4) | (qm.q << 4)
-    assert np.abs(qm.matmul_t(x) - good).max() > 1e-2
+    assert np.abs(qm.matmul(x) - good).max() > 1e-2
 
 
 # -- the meter ----------------------------------------------------------------------------------
@@ -188,7 +189,7 @@ def quant_closed_forms(c: GPT2Config, fmt: str, b: int, tokens: int, lm_rows: in
 def test_the_meter_counts_quantized_bytes_exactly(L, H, d, V, fmt, dtype, P, seed):
     config = GPT2Config(n_layer=L, n_head=H, n_embd=d, n_ctx=32, vocab_size=V)
     float_model = random_model(config, seed, dtype=dtype)
-    model = minillm.GPT2(config, float_model.params, weights=fmt)
+    model = minillm.GPT2(config, float_model.params, Target.numpy(dtype, fmt))
     b = np.dtype(dtype).itemsize
     prompt = np.arange(P) % V
     with meter.Meter() as m:
@@ -213,7 +214,7 @@ def test_the_meter_counts_quantized_bytes_exactly(L, H, d, V, fmt, dtype, P, see
 def test_cached_equals_naive_with_quantized_weights(shape, fmt, P, n, seed):
     d, H = shape
     config = GPT2Config(n_layer=2, n_head=H, n_embd=d, n_ctx=32, vocab_size=97)
-    model = minillm.GPT2(config, random_model(config, seed, std=0.3).params, weights=fmt)
+    model = minillm.GPT2(config, random_model(config, seed, std=0.3).params, Target.numpy(np.float64, fmt))
     prompt = list(np.random.default_rng(seed).integers(0, 97, P))
     assert minillm.generate(model, prompt, n) == minillm.generate(model, prompt, n, kv_cache=False)
     ids = np.array(prompt)
@@ -229,7 +230,7 @@ def test_cached_equals_naive_with_quantized_weights(shape, fmt, P, n, seed):
        st.sampled_from(["contiguous", "paged"]), st.integers(0, 999))
 def test_batched_equals_alone_with_quantized_weights(fmt, seqs, cache, seed):
     config = GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=32, vocab_size=97)
-    model = minillm.GPT2(config, random_model(config, seed, std=0.3).params, weights=fmt)
+    model = minillm.GPT2(config, random_model(config, seed, std=0.3).params, Target.numpy(np.float64, fmt))
     rng = np.random.default_rng(seed)
     prompts = [list(rng.integers(0, 97, P)) for P, _ in seqs]
     limits = [n for _, n in seqs]
@@ -257,7 +258,7 @@ def test_bundled_models_quantized_cached_naive_batched(source, fmt):
 @st.composite
 def llama_configs(draw):
     """Llama/Qwen shapes whose every product is whole blocks of 32 (d, H·hd and F multiples of 32)."""
-    from minillm.config import LlamaConfig
+    from minillm.models.llama import LlamaConfig
     n_kv = draw(st.sampled_from([1, 2]))
     g = draw(st.sampled_from([1, 2]))
     arch = draw(st.sampled_from(["llama", "qwen2", "qwen3"]))
@@ -274,7 +275,7 @@ def test_llama_quantized_cached_equals_naive_and_batched_equals_alone(c, fmt, se
     invariants still hold, and the weights it reads are the quantized bytes."""
     from minillm.models.llama import Llama, random_params
     t = random_params(c, seed=seed, std=0.3)
-    model, full = Llama(c, t, weights=fmt), Llama(c, t)
+    model, full = Llama(c, t, Target.numpy(weights=fmt)), Llama(c, t)
     assert model.weights == fmt and isinstance(model.wte, QuantMatrix)
     assert all(isinstance(p[k], QuantMatrix) for p in model.blocks for k in Llama.MATRICES)
     assert model.nbytes() < full.nbytes() / 3
@@ -380,26 +381,27 @@ def test_bench_weights_measures_each_format(tmp_path):
 
 
 def test_a_llama_whose_widths_are_not_whole_blocks_is_one_clear_error():
-    from minillm.config import LlamaConfig
+    from minillm.models.llama import LlamaConfig
     from minillm.errors import WeightsError
     from minillm.models.llama import Llama, random_params
     c = LlamaConfig(n_layer=1, n_head=2, n_kv_head=1, head_dim=24, n_embd=48, n_ctx=16, vocab_size=50, ffn=64,
                     eps=1e-6, theta=1e4, arch="llama", qkv_bias=False, qk_norm=False, tied=True)
     with pytest.raises(WeightsError, match=r"width 48, attention width H·hd 48 not a multiple of 32.*--weights float32"):
-        Llama(c, random_params(c), weights="q8_0", name="odd")
+        Llama(c, random_params(c), Target.numpy(weights="q8_0"), name="odd")
 
 
 def test_a_quantized_draft_is_refused_only_when_it_is_the_same_checkpoint():
     """Two loads of one checkpoint are the model itself; another checkpoint of the same shape and format
     may draft (their quantized embeddings differ)."""
-    from minillm.config import LlamaConfig
+    from minillm.models.llama import LlamaConfig
     from minillm.engine.speculative import check_draft_model
     from minillm.errors import MiniLLMError
     from minillm.models.llama import Llama, random_params
     c = LlamaConfig(n_layer=1, n_head=2, n_kv_head=1, head_dim=32, n_embd=64, n_ctx=16, vocab_size=50, ffn=64,
                     eps=1e-6, theta=1e4, arch="llama", qkv_bias=False, qk_norm=False, tied=True)
-    a, again = Llama(c, random_params(c, seed=1), weights="q8_0"), Llama(c, random_params(c, seed=1), weights="q8_0")
-    other = Llama(c, random_params(c, seed=2), weights="q8_0")
+    q8 = Target.numpy(weights="q8_0")
+    a, again = Llama(c, random_params(c, seed=1), q8), Llama(c, random_params(c, seed=1), q8)
+    other = Llama(c, random_params(c, seed=2), q8)
     check_draft_model(other, a)
     with pytest.raises(MiniLLMError, match="is the model itself"):
         check_draft_model(again, a)

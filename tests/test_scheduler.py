@@ -21,7 +21,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import minillm
-from minillm.config import GPT2Config
+from minillm.models.gpt2 import GPT2Config
 from minillm.engine import runner
 from minillm.engine.block_manager import BlockManager, block_hash
 from minillm.engine.engine import Engine

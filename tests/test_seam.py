@@ -1,9 +1,18 @@
-"""Issue 28's promise: rewriting how weights are multiplied and how families are loaded moved no bit.
+"""Issues 28's and 38's promise: rewriting how weights are multiplied, how families are loaded and
+how kernels are chosen moved no bit.
 
-tests/data/seam_before.npz holds, from the code before that change (tests/data/seam_cases.py made
-it), the logits and meter records of a prefill, three decode steps and a batched step of every
-fixture, random-tiny, the bundled model, quantized and GGUF variants, and SmolLM2 (float32 and
-native). Each is compared exactly: equal bytes of the logits, equal counts of every op.
+tests/data/seam_before.npz holds, from the code before issue 28 (tests/data/seam_cases.py made it),
+the logits and meter records of a prefill, three decode steps and a batched step of every fixture,
+random-tiny, the bundled model, quantized and GGUF variants, and SmolLM2 (float32 and native), with
+the NumPy kernels; tests/data/seam_before_fused.npz the same with the fused kernels, from the code
+before issue 38. Each is compared exactly: equal bytes of the logits, equal counts of every op.
+
+One exception, measured: the fused Q4 kernel (kernels/_numba.py, `q4_matmul_t`) gives other last
+bits when numba loads it from its disk cache than when it compiles it in the process (the same code
+at 0f40f9d does too: the saved file is of fresh compiles, and the code of the day, its cache cleared
+first, equals it bit for bit on every case). Which one a test process gets depends on whether an
+earlier process cached the kernel, so the Q4 cases of the fused set compare their logits to 1e-5 of
+their scale here, their counts exactly.
 """
 
 from __future__ import annotations
@@ -20,8 +29,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "data"))
 import seam_cases  # noqa: E402
 
-BEFORE = np.load(seam_cases.OUT)
-NAMES = sorted({k.split("/")[0] for k in BEFORE.files})
+BEFORE = {k: np.load(f) for k, f in seam_cases.FILES.items()}
+CASES = [(k, name) for k, saved in BEFORE.items() for name in sorted({key.split("/")[0] for key in saved.files})]
 
 
 @pytest.fixture(scope="module")
@@ -37,18 +46,28 @@ def smollm_home(tmp):
     os.environ.pop("MINILLM_HOME", None) if old is None else os.environ.__setitem__("MINILLM_HOME", old)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_logits_and_meter_counts_equal_the_saved_ones_bit_for_bit(name, tmp, request):
+@pytest.mark.parametrize("kernels,name", CASES)
+def test_logits_and_meter_counts_equal_the_saved_ones_bit_for_bit(kernels, name, tmp, request):
     if name.startswith("smollm2"):
         if not request.getfixturevalue("smollm_home"):
             pytest.skip("SmolLM2's GGUF is absent: set MINILLM_WHEELS (see tests/test_smollm2.py)")
-    build = seam_cases.cases(tmp)[name]
+    if kernels != "numpy":
+        import minillm
+        if not minillm.kernels.available():
+            pytest.skip(f"the {kernels} kernels: {minillm.kernels.status().reason}")
+    BEFORE = globals()["BEFORE"][kernels]
+    build = seam_cases.cases(tmp, kernels=kernels)[name]
+    exact = kernels == "numpy" or not any(q4 in name.lower() for q4 in ("q4", "native"))
     for i, (logits, rec) in enumerate(seam_cases.run(build())):
         key = f"{name}/{i}"
         a = np.ascontiguousarray(logits)
-        assert np.array_equal(a[..., :seam_cases.HEAD], BEFORE[key + "/head"]), f"{key}: logits moved"
-        sha = hashlib.sha256(a.tobytes()).hexdigest() + f":{a.dtype}:{a.shape}"
-        assert sha == str(BEFORE[key + "/sha"]), f"{key}: logits moved (past the first few)"
+        if exact:
+            assert np.array_equal(a[..., :seam_cases.HEAD], BEFORE[key + "/head"]), f"{key}: logits moved"
+            sha = hashlib.sha256(a.tobytes()).hexdigest() + f":{a.dtype}:{a.shape}"
+            assert sha == str(BEFORE[key + "/sha"]), f"{key}: logits moved (past the first few)"
+        else:   # the fused Q4 kernel: its bits differ between numba's fresh compile and its disk cache
+            want = BEFORE[key + "/head"]
+            assert np.abs(a[..., :seam_cases.HEAD] - want).max() <= 1e-5 * np.abs(want).max(), f"{key}: logits moved"
         assert json.loads(json.dumps(rec, sort_keys=True)) == json.loads(str(BEFORE[key + "/meter"])), \
             f"{key}: meter counts moved"
 

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import minillm
-from minillm.config import GPT2Config
+from minillm.models.gpt2 import GPT2Config
 from minillm.engine.sequence import EOT
 from minillm.serving.http import Limits, Server
 from minillm.serving.loop import EngineLoop

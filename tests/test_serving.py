@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from minillm.config import GPT2Config
+from minillm.models.gpt2 import GPT2Config
 from minillm.engine.engine import Engine
 from minillm.errors import MiniLLMError
 from minillm.serving.metrics import summarize

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minillm
-from minillm.config import GPT2Config
+from minillm.models.gpt2 import GPT2Config
 from minillm.engine import speculative
 from minillm.engine.sampling import distribution
 from minillm.engine.sequence import SamplingParams

@@ -22,7 +22,7 @@ from minillm.training import model as tmodel
 from minillm.training import ops as tops
 from minillm.training import optim
 from minillm.training import train as tr
-from minillm.config import GPT2Config
+from minillm.models.gpt2 import GPT2Config
 from minillm.errors import MiniLLMError, WeightsError
 
 FEW = settings(max_examples=6, deadline=None)

@@ -20,13 +20,13 @@ from typing import Iterator
 
 import numpy as np
 
-from ..config import GPT2Config
+from ..models.gpt2 import GPT2Config
 from ..errors import ConfigError, WeightsError
-from ..checkpoints.safetensors import read_safetensors, write_safetensors
-from ..models.gpt2 import GPT2, expected_shapes, iter_expected, random_params  # noqa: F401  (GPT-2's manifest)
-from ..paths import _alive, atomic_write, not_a_regular_file, read_capped
-
-BLOCK_TENSORS = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
+from ..models.gpt2 import GPT2, expected_shapes, iter_expected
+from ..models.target import Target
+from ..paths import _alive, atomic_write, not_a_regular_file, read_json
+from .manifest import check_all_finite, check_block_count, check_finite, check_manifest
+from .safetensors import read_safetensors, write_safetensors
 
 
 _MASK_BUFFER = re.compile(r"h\.\d+\.attn\.(masked_)?bias$")
@@ -79,26 +79,12 @@ def infer_config(tensors: dict[str, np.ndarray], metadata: dict, path: Path) -> 
     return config
 
 
-MAX_CONFIG_BYTES = 1 << 20  # a GPT-2 config.json is under 1 KB
-
-
 def read_config(path: Path) -> GPT2Config:
+    """A GPT-2 checkpoint's config.json (one line naming the file if it is missing or not one)."""
     problem = not_a_regular_file(path)
     if problem == "not found":
         raise WeightsError(f"{path}: not found; a checkpoint directory needs config.json beside model.safetensors")
-    if problem is not None:
-        raise WeightsError(f"{path}: {problem}; it should be the checkpoint's config.json file")
-    try:
-        raw = read_capped(path, MAX_CONFIG_BYTES)
-        if raw is None:
-            raise ConfigError(f"{path}: over {MAX_CONFIG_BYTES:,} bytes, too big for a config.json; "
-                              "re-download or re-save the checkpoint")
-        cfg = json.loads(raw.decode("utf-8"))
-    except OSError as e:
-        raise WeightsError(f"{path}: cannot be read ({e.strerror}); it should be the checkpoint's config.json file") from None
-    except (ValueError, RecursionError) as e:           # bad JSON, bad UTF-8, nested too deep
-        raise ConfigError(f"{path}: not valid JSON ({e}); re-download or re-save the checkpoint") from None
-    return GPT2Config.from_hf(cfg, str(path))
+    return GPT2Config.from_hf(read_json(path, what="a config.json"), str(path))
 
 
 def load_checkpoint(source: str | os.PathLike, dtype=np.float32) -> tuple[GPT2Config, dict[str, np.ndarray]]:
@@ -121,61 +107,16 @@ def load_checkpoint(source: str | os.PathLike, dtype=np.float32) -> tuple[GPT2Co
     tensors = canonical_names(raw, file)
     if config is None:
         config = infer_config(tensors, metadata, file)
-    for name, shape in iter_expected(config):                 # stops at the first missing: bounded by the file
-        if name not in tensors:
-            n_want = 12 * config.n_layer + 4
-            more = (f"; the config's {config.n_layer} layers need {n_want:,} tensors and the file holds "
-                    f"{len(tensors):,}" if n_want > len(tensors) else "")
-            raise WeightsError(f"{file}: tensor {name} is missing (expected shape {list(shape)}){more}; "
-                               "is the file complete, and the config the one for it?")
-        if tuple(tensors[name].shape) != shape:
-            raise WeightsError(
-                f"{file}: tensor {name} has shape {list(tensors[name].shape)} but the config "
-                f"({config.n_layer} layers, width {config.n_embd}, vocab {config.vocab_size}, context {config.n_ctx}) "
-                f"needs {list(shape)}; is config.json the one for these weights? "
-                "re-download or re-save the checkpoint"
-            )
+    check_manifest(tensors, iter_expected(config), file, f"a {config.n_layer}-layer GPT-2 of width {config.n_embd}, "
+                   f"vocab {config.vocab_size}, context {config.n_ctx}",
+                   fix="is config.json the one for these weights? re-download or re-save the checkpoint",
+                   count=(f"{config.n_layer} layers", 12 * config.n_layer + 4))
     want = expected_shapes(config)
-    extra = sorted(set(tensors) - set(want))
-    if extra:
-        raise WeightsError(f"{file}: unexpected tensor {extra[0]} (and {len(extra) - 1} more) for a {config.n_layer}-layer GPT-2")
     params = {}
     for name in want:
         params[name] = np.array(tensors[name], dtype=dtype, copy=True)  # off the mmap, into RAM
         check_finite(params[name], f"{file}: tensor {name}")
     return config, params
-
-
-def check_finite(a: np.ndarray, what: str) -> None:
-    """Refuse NaN and infinities: one would turn every logit into NaN and the text into "!!!!".
-
-    A finite sum proves every element finite (NaN and inf propagate), in one pass with no temporary;
-    only when the sum is not finite (a NaN, or finite values that overflow it) is each element checked."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        if np.isfinite(a.sum()):
-            return
-    bad = np.count_nonzero(~np.isfinite(a))
-    if bad:
-        raise WeightsError(f"{what} holds {bad:,} NaN or infinite value{'s' if bad > 1 else ''}; the checkpoint is "
-                           "damaged (or training diverged): re-download it, or use an earlier checkpoint")
-
-
-def check_block_count(n_layer: int, tensors: dict, prefix: str, field: str) -> None:
-    """The config's layer count against the blocks the file holds, before anything loops over layers:
-    a count of 2^63 is one line, not a loop that never ends."""
-    held = {name.split(".")[1] for name in tensors if name.startswith(prefix + ".") and name.count(".") >= 2}
-    if n_layer != len(held):
-        raise ConfigError(f"{field} = {n_layer:,} but the file holds {len(held):,} blocks of tensors; "
-                          "is the file damaged, or the config the one for these weights?")
-
-
-def check_all_finite(tensors: dict, where) -> None:
-    """No NaN or infinity in any tensor (a quantized one: in its scales and minimums)."""
-    from ..models.quant import QuantMatrix
-    for k, v in tensors.items():
-        for a in (v.d, v.m) if isinstance(v, QuantMatrix) else (v,):
-            if a is not None:
-                check_finite(a, f"{where}: tensor {k}")
 
 
 def save_checkpoint(directory: str | os.PathLike, params: dict[str, np.ndarray], config: GPT2Config,
@@ -230,39 +171,33 @@ def _remove_stale_saves(directory: Path) -> None:
 
 # -- GPT-2's row of the family table (checkpoints/families.py) ----------------------------------------
 
-def gpt2_from_folder(path: Path, dtype, weights: str, name: str | None = None, device=None, kernels: str = "numpy") -> GPT2:
+def gpt2_from_folder(path: Path, target: Target, name: str | None = None) -> GPT2:
     """A GPT-2 from a checkpoint directory or .safetensors file."""
-    config, params = load_checkpoint(path, dtype)
-    return GPT2(config, params, name=name or Path(path).name, weights=weights, device=device, kernels=kernels)
+    config, params = load_checkpoint(path, target.dtype)
+    return GPT2(config, params, target, name=name or Path(path).name)
 
 
-def gpt2_from_gguf(md: dict, tensors: dict, path: Path, dtype, weights: str, name: str | None = None,
-                   device=None, kernels: str = "numpy") -> GPT2:
+def gpt2_from_gguf(md: dict, tensors: dict, path: Path, target: Target, name: str | None = None, *, names) -> GPT2:
     """A GPT-2 from a GGUF's tensors (checkpoint names, GGUF's [out, in] rows; as `minillm quantize`
     writes them, or llama.cpp's converter): float matrices back to the checkpoint's [in, out]. The
-    metadata is checked against the tensors (block count, every shape, nothing extra) before use."""
-    from .gguf_gpt2 import gguf_name
+    metadata is checked against the tensors (block count, every shape, nothing extra) before use.
+    names: the family's GGUFNames (its row's), to name a tensor as the file does."""
     emb = tensors.get("wte.weight")
     if emb is None or len(emb.shape) != 2:
         raise WeightsError(f"{path}: no token_embd.weight matrix; is this a GPT-2 GGUF?")
     config = GPT2Config.from_gguf(md, emb.shape[0], path)
     check_block_count(config.n_layer, tensors, "h", f"{path}: metadata gpt2.block_count")
+    matrix = lambda k: k.endswith(GPT2.MATRICES)
+    check_manifest(tensors, iter_expected(config), path,
+                   f"the metadata's {config.n_layer} layers, width {config.n_embd}, context {config.n_ctx}, "
+                   f"vocab {config.vocab_size}", shown=names.to_gguf,
+                   held=lambda k, a: tuple(a.shape)[::-1] if matrix(k) else tuple(a.shape),     # GGUF's [out, in]
+                   fix="the metadata disagrees with the tensors: re-download the file")
     params = {}
-    for k, shape in iter_expected(config):                         # bounded: stops at the first missing
-        if k not in tensors:
-            raise WeightsError(f"{path}: tensor {k} is missing; the file is not a whole GPT-2")
+    for k in expected_shapes(config):
         a = tensors[k]
-        held = tuple(a.shape)[::-1] if k.endswith(GPT2.MATRICES) else tuple(a.shape)   # GGUF's [out, in]
-        if held != shape:
-            raise WeightsError(f"{path}: tensor {gguf_name(k)} has shape {list(held)} but the metadata "
-                               f"({config.n_layer} layers, width {config.n_embd}, context {config.n_ctx}, "
-                               f"vocab {config.vocab_size}) needs {list(shape)}; the metadata disagrees with the tensors: re-download the file")
-        if k.endswith(GPT2.MATRICES) and isinstance(a, np.ndarray):
+        if matrix(k) and isinstance(a, np.ndarray):
             a = np.ascontiguousarray(a.T)                           # GGUF's [out, in] rows -> [in, out]
-        params[k] = np.asarray(a, dtype=dtype) if isinstance(a, np.ndarray) else a
-    extra = sorted(set(tensors) - set(params))
-    if extra:
-        raise WeightsError(f"{path}: unexpected tensor {gguf_name(extra[0])} (and {len(extra) - 1} more) for a "
-                           f"{config.n_layer}-layer GPT-2; the metadata disagrees with the tensors")
+        params[k] = np.asarray(a, dtype=target.dtype) if isinstance(a, np.ndarray) else a
     check_all_finite(params, path)
-    return GPT2(config, params, name=name or Path(path).stem, weights=weights, device=device, kernels=kernels)
+    return GPT2(config, params, target, name=name or Path(path).stem)

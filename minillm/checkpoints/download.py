@@ -31,7 +31,7 @@ from typing import BinaryIO, Iterator
 
 from ..checkpoints.checkpoint import read_config
 from ..checkpoints.safetensors import read_header
-from ..config import GPT2_SIZES
+from ..models.gpt2 import GPT2_SIZES
 from ..errors import DownloadError, MiniLLMError, ModelNotFoundError, SafetensorsError
 from ..paths import atomic_write, cache_dir, expand_user
 

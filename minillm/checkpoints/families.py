@@ -1,15 +1,21 @@
 """The model families minillm runs, one row each: how a file says it holds one, and what builds it.
 
-    family  config       model  Hugging Face model_type  GGUF architecture    reads
-    gpt2    GPT2Config   GPT2   gpt2                     gpt2                 checkpoint.py
-    llama   LlamaConfig  Llama  llama, qwen2, qwen3      llama, qwen2, qwen3  llama_load.py
-    moe     MoEConfig    MoE    mixtral, qwen3_moe       (none yet)           llama_load.py
+    family  module         Hugging Face model_type   GGUF architecture    readers
+    gpt2    models/gpt2    gpt2                      gpt2                 checkpoint.py
+    llama   models/llama   llama, qwen2, qwen3       llama, qwen2, qwen3  llama_load.py
+    moe     models/moe     mixtral, qwen3_moe        (none yet)           llama_load.py
+
+A family is its model module plus its row. The module owns what the family is: its config class
+(`CONFIG`, read by `from_hf`), its model (`MODEL`, a `CausalLM`), its manifest (`MODEL.manifest`:
+every checkpoint tensor with its shape), its GGUF names, its random builder (`random(config,
+target, name)`) and its presets (`SHAPES`: name -> config). The row adds how files name it and which
+readers build it.
 
 `minillm.load` finds the source, then `family_of(path)` reads the family from the file's own
 metadata (config.json's `model_type`, a GGUF's `general.architecture` through the one bounded GGUF
-reader) and the row builds the model. Each row's GGUF names (`GGUFNames`, from the model module's
-tables) serve both the reader and `minillm quantize`'s writer. A new family is one model module
-(a `CausalLM` with `run`, `head`, `MATRICES`, its manifest and GGUF names), its readers, and a row.
+reader) and the row builds the model; a preset's name finds its family the same way, in the rows'
+`SHAPES` (`random_model`). Each row's GGUF names (`GGUFNames`) serve both the reader and
+`minillm quantize`'s writer.
 """
 
 from __future__ import annotations
@@ -17,13 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from types import ModuleType
 from typing import Callable
 
-from ..config import LLAMA_TYPES, GPT2Config, LlamaConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, ModelNotFoundError
 from ..models import gpt2, llama, moe
 from ..models.base import CausalLM
-from ..models.weights import FLOATS
+from ..models.target import Target
 from .checkpoint import gpt2_from_folder, gpt2_from_gguf
 from .gguf_file import GGUFNames, checkpoint_tensors, read_gguf
 from .llama_load import is_gguf, llama_from_folder, llama_from_gguf, llama_tokenizer, read_json
@@ -32,24 +38,25 @@ from .llama_load import is_gguf, llama_from_folder, llama_from_gguf, llama_token
 @dataclass(frozen=True)
 class Family:
     name: str
-    config: type                   # its config class (a ModelConfig)
-    model: type                    # its CausalLM subclass
+    module: ModuleType             # the model module: CONFIG, MODEL, SHAPES, random
     hf_types: tuple[str, ...]      # the config.json `model_type`s it reads
     gguf_archs: tuple[str, ...]    # the GGUF `general.architecture`s it reads
     names: GGUFNames               # its tensors' names, checkpoint <-> GGUF
-    from_folder: Callable          # (path, dtype, weights, name, device, kernels=) -> model: a Hugging Face checkpoint
-    from_gguf: Callable | None     # (metadata, tensors, path, dtype, weights, name, device, kernels=) -> model
+    from_folder: Callable          # (path, target, name) -> model: a Hugging Face checkpoint
+    from_gguf: Callable | None     # (metadata, tensors, path, target, name, names=) -> model
     tokenizer: Callable            # (path) -> its own tokenizer, or None: GPT-2's (minillm.tokenizer)
+
+    config = property(lambda self: self.module.CONFIG)
+    model = property(lambda self: self.module.MODEL)
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("gpt2", GPT2Config, gpt2.GPT2, ("gpt2",), ("gpt2",),
-           GGUFNames("h", gpt2.GGUF_BLOCK_NAMES, gpt2.GGUF_TOP_NAMES), gpt2_from_folder, gpt2_from_gguf,
-           lambda path: None),
-    Family("llama", LlamaConfig, llama.Llama, LLAMA_TYPES, LLAMA_TYPES,
+    Family("gpt2", gpt2, ("gpt2",), ("gpt2",), GGUFNames("h", gpt2.GGUF_BLOCK_NAMES, gpt2.GGUF_TOP_NAMES),
+           gpt2_from_folder, gpt2_from_gguf, lambda path: None),
+    Family("llama", llama, llama.LLAMA_TYPES, llama.LLAMA_TYPES,
            GGUFNames("layers", llama.GGUF_BLOCK_NAMES, llama.GGUF_TOP_NAMES), llama_from_folder, llama_from_gguf,
            llama_tokenizer),
-    Family("moe", moe.MoEConfig, moe.MoE, tuple(moe.MOE_TYPES), (),          # no GGUF reader yet
+    Family("moe", moe, tuple(moe.MOE_TYPES), (),          # no GGUF reader yet
            GGUFNames("layers", llama.GGUF_BLOCK_NAMES, llama.GGUF_TOP_NAMES), partial(llama_from_folder, model=moe.MoE),
            None, llama_tokenizer),
 )
@@ -57,6 +64,27 @@ FAMILIES: tuple[Family, ...] = (
 
 def family(name: str) -> Family:
     return next(f for f in FAMILIES if f.name == name)
+
+
+def presets() -> dict[str, tuple[Family, object]]:
+    """Every random preset of every family: name -> (its family, its config)."""
+    return {name: (f, c) for f in FAMILIES for name, c in f.module.SHAPES.items()}
+
+
+def random_model(source, target: Target | None = None, name: str = "") -> CausalLM:
+    """A seeded random model: a preset's name ("random-124m", "random-tiny", "random-moe-16x2", ...:
+    `presets()`) or a config of any family (its class names the family), made for the target (None:
+    the NumPy reference in float32 on the CPU)."""
+    if isinstance(source, str):
+        found = presets().get(source)
+        if found is None:
+            raise ModelNotFoundError(f"unknown preset {source!r}; choose one of: {', '.join(presets())}")
+        f, config = found
+        return f.module.random(config, target, name or source)
+    f = next((f for f in FAMILIES if type(source) is f.config), None)
+    if f is None:
+        raise ConfigError(f"{type(source).__name__}: not a config of a family minillm runs")
+    return f.module.random(source, target, name)
 
 
 def _by(kind: str, value, where) -> Family:
@@ -69,6 +97,11 @@ def _by(kind: str, value, where) -> Family:
             return f
     known = ", ".join(t for f in FAMILIES for t in getattr(f, kind))
     raise ConfigError(f"{where}: {what} {value!r} is not supported; minillm runs {known}")
+
+
+def hf_types() -> list[str]:
+    """Every config.json model_type a row reads."""
+    return [t for f in FAMILIES for t in f.hf_types]
 
 
 def is_gguf_path(path: Path) -> bool:
@@ -89,13 +122,12 @@ def family_of(path: Path) -> Family:
     return _by("hf_types", cfg.get("model_type", "gpt2" if "n_embd" in cfg else None), cfg_path)
 
 
-def load_path(path: Path, dtype, weights: str, name: str | None = None, device=None,
-              kernels: str = "numpy") -> CausalLM:
-    """A model from a checkpoint path of any family: the family read from the file, then its row
-    (device: a backend.Device, None for the CPU; kernels: "numpy" or "fused")."""
+def load_path(path: Path, target: Target, name: str | None = None) -> CausalLM:
+    """A model from a checkpoint path of any family, made for the target: the family read from the
+    file, then its row."""
     if is_gguf_path(path):
         md, raw = read_gguf(path)
         f = _by("gguf_archs", md.get("general.architecture"), path)
-        tensors = checkpoint_tensors(raw, f.names, path, keep_quantized=weights not in FLOATS)
-        return f.from_gguf(md, tensors, path, dtype, weights, name, device, kernels=kernels)
-    return family_of(path).from_folder(path, dtype, weights, name, device, kernels=kernels)
+        tensors = checkpoint_tensors(raw, f.names, path, keep_quantized=not target.floats)
+        return f.from_gguf(md, tensors, path, target, name, names=f.names)
+    return family_of(path).from_folder(path, target, name)

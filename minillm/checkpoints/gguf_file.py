@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import DAMAGED
 from ..errors import ConfigError, WeightsError
 from ..models.quant import FORMATS, QuantMatrix
 from ..paths import read_regular
@@ -38,7 +39,6 @@ from ..paths import read_regular
 MAGIC = b"GGUF"
 # The tensor types minillm dequantizes (all the `gguf` package knows how to; these are the ones tested).
 SUPPORTED = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
-_DAMAGED = "the file is damaged or not a GGUF file; re-download it"
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class GGUFTensor:
 def _error(path, problem: str) -> WeightsError:
     """One line: a damaged file's names may hold any character, shown as "?" unless printable."""
     problem = "".join(c if c.isprintable() else "?" for c in problem)
-    return WeightsError(f"{path}: {problem}; {_DAMAGED}")
+    return WeightsError(f"{path}: {problem}; {DAMAGED}")
 
 
 def _check_header(path: Path) -> None:

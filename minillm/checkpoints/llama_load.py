@@ -1,7 +1,7 @@
 """The Llama family's row of the family table (checkpoints/families.py): a Hugging Face folder
 (config.json + safetensors, one file or sharded) or a GGUF file's tensors, to a `models.llama.Llama`.
 
-Tensors stay memory-mapped until the model lays them out (`models.llama.fuse_block`): the fused
+Tensors stay memory-mapped until the model lays them out (`models.llama.stack_block`): the stacked
 `[in, out]` matrices are the one copy in RAM. bfloat16 widens to float32 (the top half of a float32).
 """
 
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import LlamaConfig
+from ..models.llama import LlamaConfig
 from ..errors import ConfigError, WeightsError
+from ..models.target import Target
 from ..paths import MAX_JSON_BYTES, not_a_regular_file, read_json  # noqa: F401  (read_json: the family table's)
-from .checkpoint import check_all_finite, check_block_count  # noqa: F401  (check_all_finite: tests)
+from .manifest import check_all_finite, check_block_count, check_manifest
 from .safetensors import read_safetensors
 
 INDEX = "model.safetensors.index.json"
@@ -65,8 +66,7 @@ def read_tensors(folder: Path, file: Path | None = None) -> dict[str, np.ndarray
     return tensors
 
 
-def llama_from_folder(path: Path, dtype=np.float32, weights: str = "float32", name: str | None = None,
-                      device=None, *, model=None, kernels: str = "numpy"):
+def llama_from_folder(path: Path, target: Target, name: str | None = None, *, model=None):
     """A Llama-family model from a Hugging Face folder (or one of its safetensors files), with its
     own tokenizer attached as `.tokenizer` (None when absent). model: the class to build, a `Llama`
     or a subclass of it (the mixture of experts' row passes `models.moe.MoE`); its `CONFIG` reads
@@ -83,7 +83,7 @@ def llama_from_folder(path: Path, dtype=np.float32, weights: str = "float32", na
     eos = token_ids(gen.get("eos_token_id"), config.vocab_size, f"{folder / 'generation_config.json'}: eos_token_id")
     tok = mt.from_folder(folder, eos) if (folder / "tokenizer.json").is_file() or \
         (folder / "tokenizer.model").is_file() else None
-    return _build(config, tensors, tok, folder, dtype, weights, name, device, model, kernels)
+    return _build(config, tensors, tok, folder, target, name, model)
 
 
 def token_ids(value, n_vocab: int, what: str) -> list[int]:
@@ -97,25 +97,23 @@ def token_ids(value, n_vocab: int, what: str) -> list[int]:
     return ids
 
 
-def llama_from_gguf(md: dict, tensors: dict, path: Path, dtype=np.float32, weights: str = "float32",
-                    name: str | None = None, device=None, kernels: str = "numpy"):
+def llama_from_gguf(md: dict, tensors: dict, path: Path, target: Target, name: str | None = None, *, names=None):
     """A Llama-family model from a GGUF's tensors (Hugging Face names), its tokenizer from the metadata."""
     from .. import model_tokenizer as mt
-    from ..models.llama import check_tensors
+    from ..models.llama import iter_expected
     from .gguf_file import unpermute
     c = LlamaConfig.from_gguf(md, path)
     if "lm_head.weight" in tensors:
         c = LlamaConfig(**{**c.asdict(), "tied": False})
     check_block_count(c.n_layer, tensors, "layers", f"{path}: metadata {c.arch}.block_count")
-    check_tensors(tensors, c, str(path))               # every shape, before the loop below reads them
+    check_manifest(tensors, iter_expected(c), path, describe(c))   # every shape, before the loop below reads them
     if c.arch == "llama":                        # only llama's converter permutes (qwen uses NeoX rope)
         for i in range(c.n_layer):
             for proj, heads in (("q_proj", c.n_head), ("k_proj", c.n_kv_head)):
                 key = f"layers.{i}.self_attn.{proj}.weight"
                 if key in tensors and tensors[key].ndim == 2 and tensors[key].shape[0] % (2 * heads) == 0:
                     tensors[key] = unpermute(tensors[key], heads)
-    return _build(c, tensors, mt.from_gguf_metadata(md, path), Path(path), dtype, weights, name, device,
-                  kernels=kernels)
+    return _build(c, tensors, mt.from_gguf_metadata(md, path), Path(path), target, name)
 
 
 def llama_tokenizer(path: Path):
@@ -128,16 +126,20 @@ def llama_tokenizer(path: Path):
     return mt.from_folder(path if path.is_dir() else path.parent)
 
 
-def _build(config: LlamaConfig, tensors: dict, tok, where: Path, dtype, weights: str, name: str | None,
-           device=None, model=None, kernels: str = "numpy"):
-    from ..models.llama import Llama, check_tensors
+def describe(c: LlamaConfig) -> str:
+    """A config in words, for a refusal: "this 2-layer llama config"."""
+    return f"this {c.n_layer}-layer {getattr(c, 'model_type', c.arch)} config"
+
+
+def _build(config: LlamaConfig, tensors: dict, tok, where: Path, target: Target, name: str | None, model=None):
+    from ..models.llama import Llama
     model = model or Llama
-    check_tensors(tensors, config, str(where), expected=model.manifest)   # bounded: stops at the first missing
+    check_manifest(tensors, model.manifest(config), where, describe(config),   # bounded: stops at the first missing
+                   ignored=lambda n: n.endswith("rotary_emb.inv_freq"))
     check_all_finite(tensors, where)
     if tok is not None and tok.n_vocab > config.vocab_size:
         raise WeightsError(f"{where}: the tokenizer has {tok.n_vocab:,} ids but the model only "
                            f"{config.vocab_size:,}: they do not belong together")
-    built = model(config, tensors, name=name or where.name, dtype=dtype,
-                  eos_ids=tok.eos_ids if tok is not None else (), weights=weights, device=device, kernels=kernels)
+    built = model(config, tensors, target, name=name or where.name, eos_ids=tok.eos_ids if tok is not None else ())
     built.tokenizer = tok
     return built

@@ -15,8 +15,8 @@ from rich.table import Table
 from ..checkpoints.load import load
 from ..engine.speculative import MAX_K, check_draft_model
 from ..errors import MiniLLMError
-from ..kernels import invariant
 from ..measure.batching import check_batches, run_batch_benches
+from ..models import kernel_sets
 from ..measure.bench import check_contexts, run_bench
 from ..measure.gpu import gpu_figures, summary as gpu_summary
 from ..measure.hardware import machine
@@ -39,9 +39,6 @@ def add_arguments(parser) -> None:
                              "the roofline and bare passes over the weights; shows this machine's critical batch")
     parser.add_argument("--batch-context", type=int, default=16, metavar="N",
                         help="with --batch: prompt length of every sequence (default 16)")
-    parser.add_argument("--deterministic", action="store_true",
-                        help="with --batch: also run each step batch-invariant (serve --deterministic), "
-                             "interleaved, to measure what it costs")
     parser.add_argument("--speculate", default=None, metavar="K,K,...",
                         help="instead: speculative decoding with K guesses per round, for each K (e.g. 1,2,4,8), "
                              "against plain cached decode, on real held-out text")
@@ -56,8 +53,10 @@ def add_arguments(parser) -> None:
                              "q8_0, q4_0, q4_1; native: a GGUF's own, e.g. SmolLM2's Q4_1), interleaved: bytes per step, tokens/s, %% of each format's own "
                              "ceiling, the widening's share (at the first of --contexts)")
     parser.add_argument("--kernels", default=None, metavar="K,K",
-                        help="numpy and/or fused (e.g. numpy,fused: both side by side in one interleaved run, with "
-                             "--weights or --batch); default: fused where numba works, else numpy (said in the title)")
+                        help="kernel sets: numpy, fused, batch-invariant, several comma-separated side by side in "
+                             "one interleaved run with --weights or --batch (e.g. numpy,fused; fused,batch-invariant: "
+                             "what batch invariance costs, prefill too); default: fused where numba works, else "
+                             "numpy (said in the title)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
     parser.add_argument("--device", default="cpu", metavar="DEVICE",
                         help="cpu (default): bench measures NumPy on this CPU; a GPU's figures are printed beside")
@@ -71,35 +70,33 @@ def parse_contexts(text: str, option: str = "--contexts") -> list[int]:
 
 
 def parse_kernels(text: str | None) -> list[str]:
-    """--kernels: 'numpy', 'fused' or both, comma-separated; None: the default alone."""
+    """--kernels: kernel set names, comma-separated; None: the default alone. One line for a set that
+    is not one, or cannot run here."""
     if text is None:
-        from ..kernels import default
-        return [default()[0]]
+        return [kernel_sets.default(True, "float32", "float32")]
     names = list(dict.fromkeys(k.strip().lower() for k in text.split(",") if k.strip()))
-    if not names or any(k not in ("numpy", "fused") for k in names):
-        raise MiniLLMError(f"--kernels {text!r}: give numpy, fused or numpy,fused")
-    if "fused" in names:
-        from ..kernels import status
-        if not status().usable:
-            raise MiniLLMError(f"--kernels fused: the fused kernels cannot run here ({status().reason})")
+    if not names or any(k not in kernel_sets.NAMES for k in names):
+        raise MiniLLMError(f"--kernels {text!r}: give kernel sets from {', '.join(kernel_sets.NAMES)}, "
+                           "comma-separated (e.g. numpy,fused)")
+    for k in names:
+        kernel_sets.spec(k).check()
     return names
 
 
 def kernels_title(kernels: list[str]) -> str:
-    """The bench title's words for the kernels measured ('fused kernels (numba 0.68.1)', ...)."""
-    from ..kernels import default, status
+    """The bench title's words for the kernel sets measured ('fused kernels (numba 0.68.1, 2 threads)', ...)."""
     from ..kernels import threads
-    words = [f"fused kernels ({status().reason}, {threads()} threads)" if k == "fused" else "NumPy kernels"
+    words = [kernel_sets.get(k).about + (f", {threads()} threads" if kernel_sets.spec(k).needs_numba else "")
              for k in kernels]
-    choice, why = default()
-    if kernels == ["numpy"] and choice == "numpy" and not why.startswith("MINILLM_KERNELS"):
-        words[0] += f" (the fused ones cannot run here: {why})"
+    why = kernel_sets.why_default()
+    if kernels == ["numpy"] and why:
+        words[0] += f" ({why})"
     return " and ".join(words)
 
 
 def run(args) -> int:
     contexts = parse_contexts(args.contexts)
-    kernels = parse_kernels(args.kernels)
+    kernels = args.kernel_list = parse_kernels(args.kernels)
     if args.repeats < 1:
         raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
     batches = parse_contexts(args.batch, "--batch") if args.batch is not None else None
@@ -122,8 +119,8 @@ def run(args) -> int:
         parse_formats(args.weights)
         return bench_weights(args, machine(progress=not args.json), kernels)
     if len(kernels) > 1 and batches is None:
-        raise MiniLLMError("--kernels numpy,fused compares the kernels with --weights or --batch: give one of them "
-                           "(or one kernel)")
+        raise MiniLLMError(f"--kernels {','.join(kernels)} compares kernel sets with --weights or --batch: give one of "
+                           "them (or one kernel set)")
     names = [n.strip() for n in (args.model or "").split(",") if n.strip()] if batches is not None else []
     names = names or [args.model or ("large" if ks is not None else "random-124m")]
     models = {}
@@ -135,12 +132,8 @@ def run(args) -> int:
             label = m.name if len(kernels) == 1 else f"{m.name} {k}"
             models[label if label not in models else f"{label} ({len(models) + 1})"] = m
     model = next(iter(models.values()))
-    if args.deterministic and batches is None:
-        raise MiniLLMError("--deterministic measures the batch-invariant mode's cost with --batch: give --batch too")
     if batches is not None:
         check_batches(model, batches, args.batch_context)
-        if args.deterministic:
-            invariant.check()
     elif ks is None:
         check_contexts(model, contexts)
     hw = machine(progress=not args.json)     # this thread count's figures (measured once, then cached)
@@ -227,7 +220,7 @@ def bench_batches(args, models: dict, batches: list[int], hw):
     results = _run_with_bar(args, f"batched decode, {names}", args.repeats,
                             lambda tick: run_batch_benches(models, batches, hw, context=args.batch_context,
                                                            repeats=args.repeats, progress=tick,
-                                                           deterministic=args.deterministic))
+                                                           prefill="batch-invariant" in args.kernel_list))
     machine_ = {"bandwidth_gbs": hw.bandwidth_gbs, "method": hw.method, "peak_gflops": hw.peak_gflops}
     for label, r in results.items():
         r["machine"] = machine_
@@ -242,12 +235,15 @@ def bench_batches(args, models: dict, batches: list[int], hw):
         for label, m in models.items():
             by_model.setdefault(m.name, {})[m.kernels] = results[label]
         for name, by in by_model.items():
-            if "numpy" in by and "fused" in by:
-                num = {r["batch"]: r for r in by["numpy"]["rows"]}
-                fus = {r["batch"]: r for r in by["fused"]["rows"]}
-                out.print(f"{escape(name)}, fused against NumPy at the same B (tokens/s): " + ", ".join(
-                    f"B = {B} {fus[B]['tok_s'] / num[B]['tok_s']:.2f}× ({_verdict(fus[B]['tok_s'] / num[B]['tok_s'])})"
-                    for B in sorted(set(num) & set(fus))))
+            first, *others = by                              # every other set against the first one listed
+            base = {r["batch"]: r for r in by[first]["rows"]}
+            for k in others:
+                rows = {r["batch"]: r for r in by[k]["rows"]}
+                out.print(f"{escape(name)}, {k} against {first} at the same B (tokens/s): " + ", ".join(
+                    f"B = {B} {rows[B]['tok_s'] / base[B]['tok_s']:.2f}× ({_verdict(rows[B]['tok_s'] / base[B]['tok_s'])})"
+                    for B in sorted(set(base) & set(rows))))
+                if by[k]["prefill_timed"]:
+                    out.print(sets_table(by[first], by[k], first, k))
 
     return result, show
 
@@ -289,8 +285,6 @@ def _show_batches(args, name: str, result: dict, hw, together: str, blas: str) -
     fast = max(result["rows"], key=lambda r: r["gbps"])
     if fast["gbps"] > hw.bandwidth_gbs:
         out.print(f"B = {fast['batch']}: " + outran(fast["gbps"], hw.bandwidth_gbs, fast["weight_bytes"], hw.llc_bytes))
-    if result["deterministic"]:
-        out.print(deterministic_table(result))
     cb = result["critical_batch"]
     from ..measure.batching import CRITICAL_BATCH_LIMIT
     crit = f"none up to B = {CRITICAL_BATCH_LIMIT:,} on this run's counts" if cb is None else f"B ≈ {cb:,}"
@@ -307,14 +301,17 @@ def outran(gbs: float, bw: float, nbytes: int, llc: int | None) -> str:
     return f"{said}, so that figure is low for now; `minillm hardware --remeasure` measures it again"
 
 
-def deterministic_table(result) -> Table:
-    """The batch-invariant mode against the default, per B, from the same interleaved rounds."""
-    t = _table(f"batch-invariant mode (--deterministic, det.) against the default, same rounds, prompts of "
-               f"{result['context']}; ms", ("B", "prefill", "det.", "×", "a step", "det.", "×", "det. tok/s"))
-    for r in result["rows"]:
-        t.add_row(str(r["batch"]), f"{r['prefill_ms']:.1f}", f"{r['det_prefill_ms']:.1f}",
-                  f"{r['det_prefill_ms'] / r['prefill_ms']:.2f}", f"{r['ms_step']:.1f}", f"{r['det_ms_step']:.1f}",
-                  f"{r['det_ms_step'] / r['ms_step']:.2f}", f"{r['det_tok_s']:.0f}")
+def sets_table(base: dict, other: dict, first: str, k: str) -> Table:
+    """One kernel set against another on one model, per B, prefill and decode, from the same
+    interleaved rounds (what the batch-invariant set costs)."""
+    t = _table(f"{k} against {first}, same rounds, prompts of {base['context']}; ms",
+               ("B", "prefill", k[:6] + ".", "×", "a step", k[:6] + ".", "×", "tok/s"))
+    mine = {r["batch"]: r for r in other["rows"]}
+    for r in base["rows"]:
+        o = mine[r["batch"]]
+        t.add_row(str(r["batch"]), f"{r['prefill_ms']:.1f}", f"{o['prefill_ms']:.1f}",
+                  f"{o['prefill_ms'] / r['prefill_ms']:.2f}", f"{r['ms_step']:.1f}", f"{o['ms_step']:.1f}",
+                  f"{o['ms_step'] / r['ms_step']:.2f}", f"{o['tok_s']:.0f}")
     return t
 
 

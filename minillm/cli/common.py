@@ -12,6 +12,7 @@ import numpy as np
 from rich.markup import escape
 
 from ..backend import get_device
+from ..models import kernel_sets
 from ..checkpoints.load import load, model_names
 from ..engine.sampling import check_fits
 from ..engine.speculative import check_draft_model
@@ -27,9 +28,10 @@ WEIGHTS_HELP = ("the weights in memory: float32 (default), q8_0, q4_0 or q4_1 (q
                 "defines them, multiplied without widening the whole matrix), native (as the file has them)")
 
 
-KERNELS_HELP = ("the kernels that compute: fused (numba: products that read each weight once, attention without "
-                "a score matrix; the default where numba works) or numpy (the readable reference; the default "
-                "otherwise, the reason said once when the model loads). float64 models always use numpy")
+KERNELS_HELP = ("the kernel set that computes: fused (numba: products that read each weight once, attention "
+                "without a score matrix; the default on the CPU in float32 where numba works), numpy (the readable "
+                "reference; the default otherwise, the reason said once when the model loads), or batch-invariant "
+                "(each request's tokens bit-identical to the same request alone, whatever shares its steps)")
 DEVICE_HELP = ("where the model runs: cpu (NumPy, default) or cuda (CuPy on an NVIDIA GPU, weights in float16; "
                "pip install 'minillm[gpu]')")
 
@@ -46,7 +48,7 @@ def add_device(p: argparse.ArgumentParser) -> None:
 
 def add_weights(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default="float32", metavar="FORMAT", help=WEIGHTS_HELP)
-    p.add_argument("--kernels", default=None, choices=("numpy", "fused"), help=KERNELS_HELP)
+    p.add_argument("--kernels", default=None, choices=kernel_sets.NAMES, help=KERNELS_HELP)
 
 
 def add_sampling(p: argparse.ArgumentParser) -> None:
@@ -119,7 +121,7 @@ def load_draft(name, model, weights: str | None = None, kernels: str | None = No
     if name == "ngram":
         return "ngram"
     draft = load_model(name, weights or getattr(model, "weights", "float32"), model.device,
-                       kernels or getattr(model, "kernels", None), quiet=True)
+                       kernels or model.kernels, quiet=True)
     check_draft_model(draft, model)
     return draft
 
@@ -127,32 +129,20 @@ def load_draft(name, model, weights: str | None = None, kernels: str | None = No
 def load_model(source, weights: str = "float32", device="cpu", kernels: str | None = None, quiet: bool = False):
     """`load`, with a spinner on stderr while it works (random-1558m takes a while to build); on
     --device cuda without a usable GPU, one DeviceError line before anything is read. kernels None:
-    the default (`kernels_note` says once on stderr why it is NumPy, when it is not fused)."""
+    the default (one line on stderr says why it is NumPy's on the CPU, when numba cannot run)."""
     device = get_device(device)
     with err.status(f"loading {escape(str(source or 'the bundled model'))}…"):
         model = load(source, weights=weights, device=device, kernels=kernels)
-    if kernels is None and not quiet and not device.is_gpu:
-        note = kernels_note()
+    if kernels is None and not quiet and model.target.on_cpu and model.kernels == "numpy":
+        note = kernel_sets.why_default()
         if note:
             err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=False)
     return model
 
 
-def kernels_note() -> str | None:
-    """One line when the default kernels are NumPy because the fused ones cannot run here (None otherwise)."""
-    from ..kernels import default
-    choice, why = default()
-    if choice == "numpy" and not why.startswith("MINILLM_KERNELS"):
-        return f"computing with the NumPy kernels: the fused ones cannot run here ({why})"
-    return None
-
-
 def kernels_label(model) -> str:
-    """How a model computes, for a command's header: 'fused kernels (numba 0.68.1)' or 'NumPy kernels'."""
-    if getattr(model, "kernels", "numpy") == "fused":
-        from ..kernels import status
-        return f"fused kernels ({status().reason})"
-    return "NumPy kernels"
+    """How a model computes, for a command's header: 'fused kernels (numba 0.68.1)', 'NumPy kernels'."""
+    return model.kernel_set.about
 
 
 def encode_prompt(model, prompt: str, max_new_tokens: int) -> np.ndarray:

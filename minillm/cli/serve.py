@@ -10,7 +10,6 @@ import sys
 from rich.markup import escape
 
 from ..errors import MiniLLMError
-from ..kernels import invariant
 from ..serving.http import Limits, Server, is_loopback_host
 from ..serving.loop import EngineLoop
 from ..ui.live import LiveView
@@ -55,9 +54,6 @@ def add_arguments(p) -> None:
     p.add_argument("--live", action=argparse.BooleanOptionalAction, default=None,
                    help="the serving simulator's live view, driven by real traffic (default: on at a terminal)")
     p.add_argument("--quiet", action="store_true", help="no live view and no request log on stderr")
-    p.add_argument("--deterministic", action="store_true",
-                   help="batch-invariant kernels: each request's tokens bit-identical to the same request alone, "
-                        "whatever else is running (slower; needs numba)")
 
 
 def run(args) -> int:
@@ -78,14 +74,12 @@ def run(args) -> int:
         raise MiniLLMError(f"--host {args.host} lets other machines connect: set --api-key (or MINILLM_API_KEY), "
                            "or say --insecure-no-key")
     kv = parse_bytes(args.kv_memory)
-    if args.deterministic:
-        invariant.check()
     model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None))
     live = (args.live if args.live is not None else sys.stderr.isatty()) and not args.quiet
     view = LiveView(err, title=f"minillm serve: {model.name}") if live else None
     loop = EngineLoop(model, kv_memory=kv, block_size=args.block_size, max_seqs=args.max_seqs,
                       max_batched_tokens=args.max_batched_tokens, max_waiting=args.max_waiting,
-                      prefix_cache=args.prefix_cache, on_step=view, deterministic=args.deterministic)
+                      prefix_cache=args.prefix_cache, on_step=view)
     from ..threads import blas_threads
     threads = blas_threads()
     if threads:                      # `minillm monitor` rates the server against the figures of ITS thread count
@@ -109,7 +103,7 @@ def run(args) -> int:
               f"KV pool {loop.pool.num_blocks} blocks of {args.block_size} positions, up to {args.max_seqs} "
               f"sequences and {args.max_batched_tokens} tokens a step"
               f"{', prefix cache on' if args.prefix_cache else ''}"
-              f"{', deterministic (batch-invariant kernels)' if args.deterministic else ''}. "
+              f", {model.kernel_set.about}. "
               "Ctrl-C stops.", soft_wrap=False)
     note_if_busy(args)
     print(f"listening on http://{shown}:{port}", flush=True)

@@ -12,7 +12,6 @@ from rich.table import Table
 
 from ..engine.scheduler import POLICIES
 from ..errors import MiniLLMError
-from ..kernels import invariant
 from ..measure.comparisons import comparison_threads
 from ..paths import output_file
 from ..measure.hardware import machine
@@ -69,8 +68,6 @@ def add_arguments(p) -> None:
     add_model(p)
     p.add_argument("--json", action="store_true", help="a JSON list, one object per run, instead of tables")
     p.add_argument("--no-live", action="store_true", help="no live view (it is off anyway when stdout is not a terminal)")
-    p.add_argument("--deterministic", action="store_true",
-                   help="batch-invariant kernels: each request's tokens as it would get alone (slower; needs numba)")
     p.add_argument("--save-trace", metavar="FILE", help="write the workload as a JSONL trace, to replay or edit")
 
 
@@ -102,10 +99,8 @@ def check(args) -> None:
         raise MiniLLMError(f"--link-gbps {args.link_gbps}: the link's speed must be above 0 Gb/s")
     if args.disaggregate and args.compare not in (None, "disagg"):
         raise MiniLLMError(f"--disaggregate runs alone or with --compare disagg, not --compare {args.compare}")
-    if (args.disaggregate or args.compare == "disagg") and args.deterministic:
-        raise MiniLLMError("--deterministic does not work with disaggregation here: leave one of them out")
-    if args.deterministic:
-        invariant.check()
+    if (args.disaggregate or args.compare == "disagg") and args.kernels == "batch-invariant":
+        raise MiniLLMError("--kernels batch-invariant does not work with disaggregation here: leave one of them out")
     if (args.disaggregate or args.compare == "disagg") and args.prefix_cache:
         raise MiniLLMError("--prefix-cache does not work with disaggregation here: leave one of them out")
 
@@ -143,7 +138,7 @@ def make_engine(model, items: list[WorkItem], run: dict, args) -> Engine:
     budget = run.get("budget", budget_of(args)) or no_chunking(model, args)
     return engine_for(model, items, kv_memory=parse_bytes(args.kv_memory), block_size=run["block_size"],
                       prefix_cache=run["prefix_cache"], policy=run["policy"], max_seqs=args.max_seqs,
-                      max_batched_tokens=budget, deterministic=args.deterministic)
+                      max_batched_tokens=budget)
 
 
 def result(engine: Engine, name: str, args, hw) -> dict:
@@ -273,7 +268,7 @@ def run(args) -> int:
 def setting(args, r: dict) -> str:
     return (f"{args.requests} requests of {args.workload}, {args.rate:g}/s, seed {args.seed}; BLAS "
             f"threads {r.get('threads')}, kernel {r.get('blas') or 'unknown'}; steps interleaved"
-            f"{'; deterministic (batch-invariant kernels)' if args.deterministic else ''}")
+            f"{'; batch-invariant kernels' if args.kernels == 'batch-invariant' else ''}")
 
 
 REAL_LINK_GBPS = 25.0     # a real network link (25 GbE) beside this machine's memory copy
@@ -286,8 +281,7 @@ def rates(model, args, threads: int | None) -> int:
         runs_ = rate_sweep(model, args.rate_list, args.slo_targets, workload=args.workload, n=args.requests,
                            seed=args.seed, threads=threads, kv_memory=parse_bytes(args.kv_memory),
                            block_size=args.block_size, prefix_cache=args.prefix_cache, policy=args.policy,
-                           max_seqs=args.max_seqs, max_batched_tokens=budget_of(args),
-                           deterministic=args.deterministic)
+                           max_seqs=args.max_seqs, max_batched_tokens=budget_of(args))
     h = highest_rate(runs_, args.attainment)
     if args.json:
         print(json.dumps({"runs": runs_, "capacity": {k: v for k, v in h.items() if k != "run"}}, indent=2))

@@ -24,9 +24,10 @@ In float64 the rounding is far below any gap a test meets, and the property test
 equal. Which other sequences share a step is what changes the rounding: a request can get other
 sampled tokens under load than alone, from the same distribution.
 
-With `deterministic=True` nothing of that is left: every product and attention runs in a reduction
-order fixed per row (kernels/invariant.py), and each sequence's tokens, greedy and sampled, are
-bit-identical to its tokens alone (tests/test_deterministic.py), at a cost in throughput.
+With a model loaded with kernels="batch-invariant" nothing of that is left: every product and
+attention runs in a reduction order fixed per row (kernels/batch_invariant.py), and each sequence's
+tokens, greedy and sampled, are bit-identical to its tokens alone (tests/test_batch_invariant.py),
+at a cost in throughput.
 """
 
 from __future__ import annotations
@@ -49,15 +50,15 @@ def _per_prompt(value, n: int, name: str) -> list:
 
 def generate_batch(model, prompts, max_new_tokens, *, temperature: float = 0.0, top_k: int | None = None,
                    top_p: float | None = None, seed=None, cache: str = "paged", block_size: int = 16,
-                   on_step=None, deterministic: bool = False) -> list[list[int]]:
+                   on_step=None) -> list[list[int]]:
     """Generate for every prompt at once, in shared batched steps; returns the new tokens per prompt.
 
     prompts: a list of token-id lists. max_new_tokens: an int, or one per prompt (0 gives []).
     seed: an int (every prompt gets the stream `generate(..., seed=seed)` uses alone), or one per
     prompt, or None. cache: "paged" (one pool of `block_size`-position blocks, sized to fit every
     sequence) or "contiguous" (one n_ctx cache per sequence). `on_step(seqs)` is called after each
-    step with the sequences that ran in it. deterministic: run batch-invariant (the engine's
-    `deterministic`): every sequence's tokens bit-identical to its tokens alone.
+    step with the sequences that ran in it. A model loaded with kernels="batch-invariant" gives
+    every sequence the tokens it gets alone, bit for bit.
 
     It runs on the engine: every request admitted at once as one static batch, every prompt in the
     first step, then one decode token per unfinished sequence per step. What holds against
@@ -84,8 +85,7 @@ def generate_batch(model, prompts, max_new_tokens, *, temperature: float = 0.0, 
     blocks = sum(-(-(ids.size + limit) // block_size) for ids, limit in checked)
     engine = Engine(model, num_blocks=max(blocks, 1), block_size=block_size, cache=cache, policy="static",
                     max_seqs=n, max_batched_tokens=max(sum(ids.size for ids, _ in checked), 1), meter=False,
-                    on_step=None if on_step is None else (lambda e, info: on_step(info.sequences)),
-                    deterministic=deterministic)
+                    on_step=None if on_step is None else (lambda e, info: on_step(info.sequences)))
     reqs = [engine.add_request(ids, limit, SamplingParams(temperature, top_k, top_p, s))
             for (ids, limit), s in zip(checked, seeds)]
     engine.run()

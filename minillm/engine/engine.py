@@ -23,10 +23,11 @@ the numbers are this machine's, but a run does not depend on what else the compu
 steps, and policies compare on the same arrivals. Give `clock=time.monotonic` for wall time (a
 server).
 
-Batch invariance. With `deterministic=True` every step runs in the batch-invariant mode
-(kernels/invariant.py): each request's tokens, greedy or seeded, are bit-identical to the same
-request alone, whatever else shares its steps, with or without a prefix-cache hit or chunked
-prefill. It costs throughput (`minillm bench --batch` measures how much) and needs numba.
+Batch invariance. A model loaded with kernels="batch-invariant" (models/kernel_sets.py) runs every
+step in a fixed order per row: each request's tokens, greedy or seeded, are bit-identical to the
+same request alone, whatever else shares its steps, with or without a prefix-cache hit or chunked
+prefill. It costs throughput (`minillm bench --batch --kernels fused,batch-invariant` measures how
+much) and needs numba.
 
 What it keeps. Every request until `forget(id)` (a server forgets each one it has answered), and
 the records of its last `keep_steps` steps (None: all; a simulation reads them all at the end).
@@ -43,7 +44,6 @@ import numpy as np
 
 from ..cache.paged import PagedKVPool
 from ..errors import MiniLLMError
-from ..kernels import invariant
 from ..meter import Meter
 from .block_manager import BlockManager, ContiguousBlocks
 from .runner import run_step
@@ -146,11 +146,7 @@ class Engine:
     def __init__(self, model, *, kv_memory: int | None = None, num_blocks: int | None = None,
                  block_size: int = 16, cache: str = "paged", prefix_cache: bool = False,
                  policy: str = "continuous", max_seqs: int = 16, max_batched_tokens: int = 256, clock=None,
-                 meter: bool = True, keep_steps: int | None = None, on_step=None,
-                 deterministic: bool = False) -> None:
-        if deterministic:
-            invariant.check()       # one line if the batch-invariant kernels cannot run here
-        self.deterministic = bool(deterministic)
+                 meter: bool = True, keep_steps: int | None = None, on_step=None) -> None:
         self.model = model
         if cache == "contiguous":
             if prefix_cache:
@@ -320,10 +316,9 @@ class Engine:
         try:
             t = time.perf_counter()
             if self.meter is None:
-                with invariant.mode(self.deterministic):
-                    tokens = run_step(self.model, seqs, chunks)
+                tokens = run_step(self.model, seqs, chunks)
             else:
-                with self.meter, self.meter.capture() as recs, invariant.mode(self.deterministic):
+                with self.meter, self.meter.capture() as recs:
                     tokens = run_step(self.model, seqs, chunks)
                 info.record = recs[-1] if recs else None
             info.model_seconds = info.record.seconds if info.record is not None else time.perf_counter() - t

@@ -15,7 +15,6 @@ import numpy as np
 
 from .. import meter
 from ..errors import MiniLLMError
-from ..kernels import invariant
 from .speculative import speculative_generate
 from . import sampling
 from .sampling import check_fits, check_sampling
@@ -31,7 +30,7 @@ def naive_step(model, seq: list[int], kind: str) -> np.ndarray:
 def generate(model, ids, max_new_tokens: int, *, kv_cache: bool = True, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
              on_token: Callable[[int], None] | None = None, draft=None, speculate_k: int = 4,
-             stop_ids=(), deterministic: bool = False) -> list[int]:
+             stop_ids=()) -> list[int]:
     """Generate `max_new_tokens` tokens after the prompt `ids`; returns the new tokens.
 
     kv_cache=True: prefill the prompt, then one decode_step per token.
@@ -43,18 +42,9 @@ def generate(model, ids, max_new_tokens: int, *, kv_cache: bool = True, temperat
     `on_token(id)` is called as each token is chosen (the CLI streams text with it).
     stop_ids: end-of-turn ids (a chat model's `eos_ids`): generation stops after the first of them,
     which is kept as the last new token.
-    deterministic: run in the batch-invariant mode (kernels/invariant.py): the tokens and logits
-    `generate_batch(..., deterministic=True)` gives this prompt in any batch, with or without the
-    cache (a query's attention and a row's products do not depend on how many come with them).
+    A model loaded with kernels="batch-invariant" gives here the tokens and logits
+    `generate_batch` gives this prompt in any batch, with or without the cache.
     """
-    with invariant.mode(deterministic):
-        return _generate(model, ids, max_new_tokens, kv_cache=kv_cache, temperature=temperature, top_k=top_k,
-                         top_p=top_p, seed=seed, on_token=on_token, draft=draft, speculate_k=speculate_k,
-                         stop_ids=stop_ids)
-
-
-def _generate(model, ids, max_new_tokens: int, *, kv_cache, temperature, top_k, top_p, seed, on_token, draft,
-              speculate_k, stop_ids) -> list[int]:
     if draft is not None:
         if not kv_cache:
             raise MiniLLMError("speculative decoding (a draft) needs the KV cache: it rolls the cache back "

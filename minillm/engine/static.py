@@ -13,9 +13,11 @@ buffers. So this step is built for that:
     attention  every slot attends over all nb·block_size positions of its table, the ones not
                written yet masked: the same gather and the same product every step
 
-The prompts are prefilled eagerly (`start`), through the model's own step. The meter counts what
-the static step does: every slot's whole table gathered and attended (the masked positions are
-moved and multiplied too). On the CPU the step runs eagerly; `capture()` needs a GPU (backend.Captured).
+The step is a plan kind (models/plan.py's StaticDecode, made by `model.static_plan`) that runs
+through the model's own `step_plan`, like every other step. The prompts are prefilled eagerly
+(`start`), through the model's `step`. The meter counts what the static step does: every slot's
+whole table gathered and attended (the masked positions are moved and multiplied too). On the CPU
+the step runs eagerly; `capture()` needs a GPU (cuda_graph.Captured).
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ import numpy as np
 
 from .. import backend, meter
 from ..cache.paged import PagedKVCache, PagedKVPool
+from ..cuda_graph import Captured
 from ..errors import MiniLLMError, PromptError
-from ..models import ops
 
 
 class StaticDecode:
@@ -52,10 +54,10 @@ class StaticDecode:
         self.xp = xp = model.xp                                          # the weights' module (backend.py)
         self.pool = PagedKVPool(c, batch * self.nb, block_size, model.dtype, xp=xp)
         self.caches = [PagedKVCache(self.pool, self.pool.allocator.allocate_many(self.nb)) for _ in range(batch)]
-        self.table = xp.asarray(np.array([cache.table for cache in self.caches], dtype=np.intp))   # [B, nb]
+        table = xp.asarray(np.array([cache.table for cache in self.caches], dtype=np.intp))   # [B, nb]
         self.ids = xp.zeros(batch, dtype=np.intp)                        # [B] each slot's token this step
         self.positions = xp.zeros(batch, dtype=np.intp)                 # [B] its position
-        self.keys = xp.arange(self.T)                                    # [T]
+        self.plan = model.static_plan(self.pool, table, self.ids, self.positions)
         self.logits = None                                               # [B, V] the last step's
         self.host_positions = np.zeros(batch, dtype=np.intp)             # a host copy, to stop before T
         self.graph = None
@@ -87,40 +89,15 @@ class StaticDecode:
 
     # -- the step: what a graph records ------------------------------------------------------------
 
-    def attend(self, layer: int, q, k, v):
-        """q [H, B, hd]; the B new keys and values [Hkv, B, hd] -> [H, B, hd]. Writes them at each
-        slot's position, gathers every slot's whole table and attends, the unwritten keys masked."""
-        xp, kp, vp = self.xp, self.pool.k[layer], self.pool.v[layer]    # [Hkv, blocks, bs, hd]
-        kp[:, self._block, self._offset] = k                             # one scatter each
-        vp[:, self._block, self._offset] = v
-        H, hd = kp.shape[0], kp.shape[-1]
-        kk = xp.take(kp, self.table, axis=1).reshape(H, self.B, self.T, hd)   # [Hkv, B, T, hd]
-        vv = xp.take(vp, self.table, axis=1).reshape(H, self.B, self.T, hd)
-        m = meter.active()
-        if m is not None:
-            m.count("kv_write", kv_write=k.nbytes + v.nbytes)
-            m.count("kv_gather", kv_read=kk.nbytes + vv.nbytes, activations=2 * (kk.nbytes + vv.nbytes))
-        return ops.decode_attention(q, kk, vv, self._mask, self._counted_lengths)
-
     def run(self):
         """One decode step of all B slots from the buffers, and the next step's inputs written back
         into them. Reads no host value: this is the function a CUDA graph captures."""
-        xp = self.xp
-        self._block = xp.take_along_axis(self.table, (self.positions // self.bs)[:, None], axis=1)[:, 0]   # [B]
-        self._offset = self.positions % self.bs                                                        # [B]
-        mask = xp.where(self.keys[None, :] <= self.positions[:, None], 0.0, -np.inf)               # [B, T]
-        self._mask = mask.astype(self.model.dtype)[:, None, :]                                        # [B, 1, T]
-        self._counted_lengths = np.full(self.B, self.T)                  # the work done: every key, masked too
-        logits = self.model.head(self.model.run(self))                   # [B, V]
-        self.ids[...] = xp.argmax(logits, axis=-1)                       # greedy, on the device
+        self.plan.prepare()
+        logits = self.model.step_plan(self.plan)                         # [B, V] on the device
+        self.ids[...] = self.xp.argmax(logits, axis=-1)                  # greedy, on the device
         self.positions += 1
         self.logits = logits
         return logits
-
-    # the step plan's interface (models/plan.py), as the model's `run` reads it
-    @property
-    def rows_of_positions(self):
-        return self.positions
 
     # -- running it --------------------------------------------------------------------------------
 
@@ -150,13 +127,13 @@ class StaticDecode:
         return tokens
 
     def capture(self) -> None:
-        """Capture `run` as one CUDA graph (backend.Captured: one eager call first, which also counts the
+        """Capture `run` as one CUDA graph (cuda_graph.Captured: one eager call first, which also counts the
         step for the meter; the capture itself runs nothing). Needs a GPU."""
         if not self.started:
             raise MiniLLMError("StaticDecode.capture before start(prompts)")
         ids, positions = self.ids.copy(), self.positions.copy()
         with meter.Meter() as m:
-            self.graph = backend.Captured(self._counted_run(m), backend.device_of(self.ids))
+            self.graph = Captured(self._counted_run(m), backend.device_of(self.ids))
         self.launches = self.graph.launches
         self.ids[...], self.positions[...] = ids, positions             # the warm-up step is undone
         rec = m.steps[0]

@@ -1,11 +1,14 @@
-"""Fused CPU kernels (numba): the second half of the lesson, what an inference engine does with the
-same arithmetic the NumPy reference does.
+"""The compiled CPU kernels (numba): functions over arrays, nothing of the models. Each is checked
+against its NumPy reference (models/ops.py, models/quant.py) by tests/test_kernels.py; the kernel
+sets of models/kernel_sets.py choose among them, and models/ops.py counts what they do.
 
-    status()                     can the kernels run here (numba imports and compiles), and why not
-    default()                    ("fused", numba's version) where they can, else ("numpy", why not)
-    FusedQuant, FusedDense       weights answering models/' weight interface with fused products
-    fuse(w, transposed=False)    the fused implementation of a weight where there is one, else w
-    quant_matmul_t, dense_matmul_t, attention, paged_decode_attention     the kernels as functions
+    runtime          status() (can numba run here, and why not), threads, set_threads
+    products         the fused float32 products (quant_matmul_t over a quantized matrix's planes,
+                     dense_matmul_t over a float weight kept [out, in]), attention without a score
+                     matrix (FlashAttention's tiles), paged decode attention (FlashDecoding's split)
+    elementwise      one-pass RMS norm, rotation and SwiGLU
+    batch_invariant  fixed-order products and attention: a row's result whatever rows come with it
+    _numba, _batch_invariant   the numba code itself (loop forms measured and written beside them)
 
 Everything but `status`, `available`, `set_threads` and `threads` needs numba: importing it
 without numba raises the status's reason as a MiniLLMError.
@@ -13,11 +16,10 @@ without numba raises the status's reason as a MiniLLMError.
 
 from __future__ import annotations
 
-from .runtime import Status, available, default, set_threads, status, threads
+from .runtime import Status, available, set_threads, status, threads
 
 _LAZY = {
-    "FusedQuant": "weights", "FusedDense": "weights", "fuse": "weights", "FUSED_ROWS": "weights", "DENSE_ROWS": "weights",
-    "quant_matmul_t": "products", "dense_matmul_t": "products", "attention": "products",
+    "quant_matmul_t": "products", "dense_matmul_t": "products", "attention": "products", "planes": "products",
     "paged_decode_attention": "products", "decode_chunk": "products",
 }
 
@@ -36,4 +38,4 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = ["Status", "available", "default", "set_threads", "status", "threads", *_LAZY]
+__all__ = ["Status", "available", "set_threads", "status", "threads", *_LAZY]

@@ -1,11 +1,10 @@
 """Fused kernels for a step's small elementwise operations: ops.rms_norm, ops.rope and ops.swiglu,
-same arguments, same meter counts. A decode step of SmolLM2 makes 61 norms and 30 rotations:
-as NumPy's chains of whole-array calls they took 0.89 ms and 0.37 ms of a 10.1 ms fused Q4_1 step,
+same arguments, same values (ops counts them, whichever ran). A decode step of SmolLM2 makes 61
+norms and 30 rotations: as NumPy's chains of whole-array calls they took 0.89 ms and 0.37 ms of a 10.1 ms fused Q4_1 step,
 as these kernels 0.23 and 0.07 of a 7.7 ms one (quiet 2-core Zen 4, timers around each call); a norm
 of one row: 7.8 µs against the kernel's 1.6.
-The model chooses them (models/llama.py) for float32 on the CPU, and ops' own in the batch-invariant
-mode: each row is computed on its own either way, and ops' results are what that mode promises bit
-for bit.
+The fused kernel set uses them (models/kernel_sets.py); the batch-invariant set keeps ops' own:
+each row is computed on its own either way, and ops' results are what that set promises bit for bit.
 SwiGLU as two vectorized passes per row (exp(-gate) with the kernels' vectorizable fexp, then
 gate·up / (1 + that)): 1.9 µs a row of 1,536 for the kernel, 3.6 with this wrapper, against NumPy's
 chain of six whole-array calls, 5.0 (one numba loop with the cap and the division in it was not
@@ -16,7 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import meter
 from . import _numba as K
 from .products import _check_float32
 
@@ -27,9 +25,6 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     rows = np.ascontiguousarray(x).reshape(-1, x.shape[-1])            # [N, n]
     y = np.empty_like(rows)
     K.rms_norm(rows, w, eps, y)
-    m = meter.active()
-    if m is not None:
-        m.count("rms_norm", weights=w.nbytes, activations=x.nbytes + y.nbytes, other=4 * y.size)
     return y.reshape(x.shape)
 
 
@@ -39,9 +34,6 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     _check_float32(x, cos, sin)
     y = np.empty(x.shape, np.float32)
     K.rope(x, cos, sin, y)
-    m = meter.active()
-    if m is not None:
-        m.count("rope", activations=x.nbytes + y.nbytes + cos.nbytes + sin.nbytes, other=3 * y.size)
     return y
 
 
@@ -51,7 +43,4 @@ def swiglu(gate_up: np.ndarray) -> np.ndarray:
     h = np.ascontiguousarray(gate_up)
     y = np.empty((h.shape[0], h.shape[1] // 2), np.float32)
     K.swiglu(h, y)
-    m = meter.active()
-    if m is not None:
-        m.count("swiglu", activations=gate_up.nbytes + y.nbytes, other=6 * y.size)
     return y

@@ -1,7 +1,9 @@
 """The fused products and attention as plain functions over NumPy arrays (float32), each checked
-against its NumPy reference by tests/test_kernels.py. The classes in `weights.py` call these.
+against its NumPy reference by tests/test_kernels.py. The fused kernel set's weights
+(models/fused.py) and attention (models/kernel_sets.py) call these; models/ops.py counts them.
 
-Shapes follow models/ops.py: a quantized weight is a QuantMatrix's [out, in] rows of blocks; a
+Shapes follow models/ops.py: a quantized weight is the planes of [out, in] rows of blocks that
+models/quant.py's QuantMatrix holds (q, then the scales d and Q4_1's minimums m as float16); a
 float weight for the fused product is kept transposed, [out, in], so that both walk a weight row
 by row; attention takes ops.attention's q [H, Tq, hd], k, v [Hkv, Tk, hd] and the paged pool's
 [Hkv, blocks, block_size, hd] layout (cache/paged.py).
@@ -18,10 +20,7 @@ try:
 except ImportError:                                        # pragma: no cover - NumPy 1.x
     from numpy import byte_bounds
 
-from .. import meter
-from ..models.quant import QuantMatrix
 from . import _numba as K
-from .runtime import count_attention
 
 _NO_MIN = np.empty((0, 0), np.uint16)    # Q4_0 has no minimums: the kernel's m is empty
 QUERY_TILE = 32       # flash attention: queries per tile (of each of a group's g heads)
@@ -46,22 +45,22 @@ def _check_float32(*arrays: np.ndarray) -> None:
             raise TypeError(f"the fused kernels compute in float32, got {a.dtype}: use the NumPy path for it")
 
 
-def planes(w: QuantMatrix) -> tuple:
-    """A quantized matrix's planes as the kernels take them: q, then the scales (and Q4_1's
-    minimums; Q4_0's an empty array) as float16 bits, uint16."""
-    d = w.d.view(np.uint16)
-    if w.fmt.bits == 8:
-        return w.q, d
-    return w.q, d, _NO_MIN if w.m is None else w.m.view(np.uint16)
+def planes(q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> tuple:
+    """A quantized matrix's planes as the kernels take them: q (int8 [R, C]: Q8_0; uint8 [R, C/2]:
+    Q4's nibbles), then the scales (and Q4_1's minimums; for Q4_0 an empty array) as float16 bits,
+    uint16. Made once per weight (models/fused.py keeps them)."""
+    d = d.view(np.uint16)
+    if q.dtype == np.int8:
+        return q, d
+    return q, d, _NO_MIN if m is None else m.view(np.uint16)
 
 
-def quant_matmul_t(w: QuantMatrix, x: np.ndarray) -> np.ndarray:
-    """x [T, C] @ w^T -> [T, R] in float32, w's blocks read once per four rows of x (any T)."""
+def quant_matmul_t(p: tuple, x: np.ndarray) -> np.ndarray:
+    """x [T, C] @ w^T -> [T, R] in float32, w (its `planes`) read once per four rows of x (any T)."""
     _check_float32(x)
     x = _f32(x)
-    y = np.empty((x.shape[0], w.shape[0]), np.float32)      # [T, R]
-    p = getattr(w, "planes", None) or planes(w)             # a FusedQuant keeps its own
-    if w.fmt.bits == 8:
+    y = np.empty((x.shape[0], p[0].shape[0]), np.float32)   # [T, R]
+    if len(p) == 2:
         K.q8_0_matmul_t(*p, x, y)
     else:
         K.q4_matmul_t(*p, x, y)
@@ -102,18 +101,15 @@ def _rows(k: np.ndarray) -> tuple[np.ndarray, int]:
     return c, 2 * c.nbytes
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None) -> tuple[np.ndarray, int]:
     """ops.attention's semantics (causal, query i at position Tk - Tq + i, GQA H = g·Hkv), without a
     score matrix: FlashAttention's tiles and running max/sum for Tq > 1; for Tq == 1 a one-thread
     kernel up to SHORT_DECODE keys, else the paged decode kernel (one page holding all Tk keys,
     split in chunks). q [H, Tq, hd], k, v [Hkv, Tk, hd]
-    -> [H, Tq, hd] float32. With Tk, k and v may hold more rows per head than the Tk keys (a cache's
-    whole arrays, `read_rows`): the first Tk are attended.
-
-    The meter: q read once and the output written once (activations); reading k and v is counted by
-    whoever handed them over, as for ops.attention. FLOPs: 4·hd per query-key pair that a query may
-    see (no pair past the diagonal is computed), other: q's scaling, 5 per pair (the softmax's max,
-    subtract, exp, sum, normalise, as ops counts them)."""
+    -> (out [H, Tq, hd] float32, bytes of k and v copied to rows first: 0 unless they came strided).
+    With Tk, k and v may hold more rows per head than the Tk keys (a cache's whole arrays,
+    `read_rows`): the first Tk are attended. No pair past the diagonal is computed
+    (ops.attention counts what it does)."""
     _check_float32(q, k, v)
     H, Tq, hd = q.shape
     Hkv = k.shape[0]
@@ -140,8 +136,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
     else:
         out = np.empty((H, Tq, hd), np.float32)
         K.flash_attention(_f32(q), k, v, Tk, out, scale, QUERY_TILE, KEY_TILE)
-    count_attention(q, out, Tk, copied=copied_k + copied_v)
-    return out
+    return out, copied_k + copied_v
 
 
 def decode_chunk(longest: int, B: int, Hkv: int, block_size: int) -> int:
@@ -160,10 +155,8 @@ def paged_decode_attention(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray
     q [H, B, hd]; k_pool, v_pool [Hkv, blocks, block_size, hd] (one layer of PagedKVPool.k/.v);
     table [B, nb] each sequence's blocks in order (rows may be padded past their length); lengths
     [B] each sequence's keys. -> [H, B, hd] float32, what ops.decode_attention gives over the
-    gathered, padded and masked keys.
-
-    The meter: the keys and values of each sequence's own positions, read from the pool (kv_read;
-    no copy, no padding), q and the output (activations); FLOPs as `attention`'s, per real key."""
+    gathered, padded and masked keys (ops.paged_decode_attention counts it: each sequence's own
+    keys read from the pool, no copy, no padding)."""
     _check_float32(q, k_pool, v_pool)
     H, B, hd = q.shape
     Hkv, bs = k_pool.shape[0], k_pool.shape[2]
@@ -175,9 +168,4 @@ def paged_decode_attention(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray
     out = np.empty((H, B, hd), np.float32)
     K.paged_decode_attention(_f32(q), k_pool, v_pool, table, lengths, out, np.float32(1.0 / math.sqrt(hd)),
                              decode_chunk(int(lengths.max()), B, Hkv, bs))
-    m = meter.active()
-    if m is not None:
-        keys = int(lengths.sum())
-        m.count("attention", kv_read=2 * Hkv * keys * hd * k_pool.itemsize, activations=q.nbytes + out.nbytes,
-                attention=4 * H * keys * hd, other=q.size + 5 * H * keys)
     return out

@@ -18,8 +18,6 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .. import meter
-
 
 @dataclass(frozen=True)
 class Status:
@@ -75,22 +73,6 @@ def available() -> bool:
     return status().usable
 
 
-ENV = "MINILLM_KERNELS"     # "numpy" pins the default to the reference (the test suite's NumPy tests)
-
-
-def default() -> tuple[str, str]:
-    """The kernels a model computes with unless told: ("fused", "numba 0.68.1") where numba works
-    here, else ("numpy", why not). MINILLM_KERNELS=numpy (or fused) in the environment chooses instead."""
-    import os
-    want = os.environ.get(ENV, "").strip().lower()
-    if want == "numpy":
-        return "numpy", f"{ENV}=numpy"
-    st = status()
-    if st.usable:
-        return "fused", st.reason
-    return "numpy", st.reason
-
-
 def set_threads(n: int | None) -> None:
     """Run the fused kernels on n threads (None: leave as is). Give the same count as BLAS's
     (`measure.threads.limited` sets BLAS's); numba's pool cannot exceed NUMBA_NUM_THREADS (the cores)."""
@@ -106,18 +88,6 @@ def threads() -> int | None:
         return None
     import numba
     return numba.get_num_threads()
-
-
-def count_attention(q, out, Tk: int, copied: int = 0) -> None:
-    """What a fused causal attention reports to the meter: q [H, Tq, hd] and its output read and
-    written once (no score matrix; `copied`: bytes of keys and values copied to rows first),
-    4·hd FLOPs per causal query-key pair."""
-    m = meter.active()
-    if m is not None:
-        H, Tq, hd = q.shape
-        pairs = Tq * (Tk - Tq) + Tq * (Tq + 1) // 2           # query i sees Tk - Tq + i + 1 keys
-        m.count("attention", activations=q.nbytes + out.nbytes + copied, attention=4 * H * pairs * hd,
-                other=q.size + 5 * H * pairs)
 
 
 from .. import threads as _threads  # noqa: E402  (`threads.limited(n)` sets numba's pool too)

@@ -14,9 +14,9 @@ Interleaved rounds, medians. Beside each B, in the same run:
 For a mixture of experts (models/moe.py) each row also has the experts its router chose (mean per
 sparse layer) beside uniform routing's union E·(1 − (1 − k/E)^B) and that union's closed-form bytes.
 
-With `deterministic=True`, each round also runs every B's prefill and decode steps in the
-batch-invariant mode (kernels/invariant.py) beside the default ones, interleaved, so its cost is
-measured against the default on the same machine in the same minutes.
+With `prefill=True`, each sample also times the B prompts' prefill again, so that two kernel sets
+of one model (`minillm bench --batch --kernels fused,batch-invariant`: the batch-invariant set's
+cost) compare on both phases, on the same machine in the same minutes.
 
 The critical batch is where decode turns compute-bound: the smallest B whose step needs more time
 for its FLOPs than for its bytes (`critical_batch`: FLOPs and bytes besides the weights linear in B
@@ -35,7 +35,6 @@ from ..cache.paged import PagedKVPool, reserve_step
 from ..engine.runner import run_step
 from ..engine.sequence import Sequence
 from ..errors import MiniLLMError
-from ..kernels import invariant
 from ..models import ops
 from .bench import decode_weights, head_array, matvec_pass, matvec_pass_out_in
 from ..meter import Meter
@@ -147,29 +146,26 @@ def critical_batch(model, counts: dict, hw, limit: int = CRITICAL_BATCH_LIMIT) -
 
 
 def time_steps(models: dict, runs: dict, context: int, steps: int, rounds: int, progress=None,
-               each=None, deterministic: bool = False) -> dict:
+               each=None, prefill: bool = False) -> dict:
     """Seconds per decode step of each (name, B) in `runs` (B sequences of `models[name]`, from
     `start`). In every round each (B, name) runs once in turn (interleaved: a busy moment slows one
     sample of each), the median of `steps` steps each time, then rewinds. `each(name, B)` runs after
     each sample (`minillm bench --batch`'s bare passes); `progress()` after every round.
-    -> {(name, B): [seconds, one per round]}. With `deterministic`, each sample also times the
-    prompts' prefill again and both in the batch-invariant mode, under (name, B, "prefill"),
-    (name, B, "det") and (name, B, "det_prefill")."""
+    -> {(name, B): [seconds, one per round]}. With `prefill`, each sample also times the prompts'
+    prefill again, under (name, B, "prefill")."""
     out = {key: [] for key in runs}
-    if deterministic:
-        out.update({(*key, kind): [] for key in runs for kind in ("prefill", "det", "det_prefill")})
+    if prefill:
+        out.update({(*key, "prefill"): [] for key in runs})
     batches = list(dict.fromkeys(B for _, B in runs))
     for _ in range(rounds):
         for B in batches:
             for name, model in models.items():
                 seqs = runs[name, B]
-                for d in ((False, True) if deterministic else (False,)):   # both modes, interleaved
-                    with invariant.mode(d):
-                        if deterministic:
-                            out[name, B, "det_prefill" if d else "prefill"].append(prefill_again(model, seqs))
-                        t = decode_steps(model, seqs, steps)
-                    rewind(seqs, context)
-                    out[(name, B, "det") if d else (name, B)].append(t)
+                if prefill:
+                    out[name, B, "prefill"].append(prefill_again(model, seqs))
+                t = decode_steps(model, seqs, steps)
+                rewind(seqs, context)
+                out[name, B].append(t)
                 if each:
                     each(name, B)
         if progress:
@@ -186,20 +182,18 @@ def check_batches(model, batches: list[int], context: int = 16, steps: int = 4) 
 
 
 def run_batch_bench(model, batches: list[int], hw, context: int = 16, repeats: int = 5, steps: int = 4,
-                    progress=None, deterministic: bool = False) -> dict:
+                    progress=None, prefill: bool = False) -> dict:
     """One model's sweep: `run_batch_benches` with it alone."""
     return run_batch_benches({model.name: model}, batches, hw, context, repeats, steps, progress,
-                             deterministic)[model.name]
+                             prefill)[model.name]
 
 
 def run_batch_benches(models: dict, batches: list[int], hw, context: int = 16, repeats: int = 5, steps: int = 4,
-                      progress=None, deterministic: bool = False) -> dict:
+                      progress=None, prefill: bool = False) -> dict:
     """The sweep above for each of `models` ({name: model}), all in the same interleaved rounds
-    (`progress()` after each). -> {name: its result}."""
+    (`progress()` after each; `prefill`: the prompts' prefill timed too). -> {name: its result}."""
     for model in models.values():
         check_batches(model, batches, context, steps)
-    if deterministic:
-        invariant.check()
     rng = np.random.default_rng(0)
     runs = {(name, B): start(model, B, context, steps, rng) for name, model in models.items() for B in batches}
     counts, chose = {}, {}
@@ -229,8 +223,7 @@ def run_batch_benches(models: dict, batches: list[int], hw, context: int = 16, r
                 matvec_pass_out_in(oi, np.ascontiguousarray(head.T))
                 layout_oi[name].append(time.perf_counter() - t0)
 
-    step_s = time_steps(models, runs, context, steps, repeats, progress, each=bare,
-                        deterministic=deterministic)
+    step_s = time_steps(models, runs, context, steps, repeats, progress, each=bare, prefill=prefill)
     return {name: _result(model, name, batches, hw, context, repeats, steps, counts, chose, step_s, plain, shaped,
                           layout_io[name], layout_oi[name], rng)
             for name, model in models.items()}
@@ -256,12 +249,8 @@ def _result(model, name, batches, hw, context, repeats, steps, counts, chose, st
             rows[-1].update(experts_chosen=statistics.mean(len(x) for x in chose[name, B]),
                             experts_uniform=expected_distinct_experts(E, k, B),
                             uniform_weight_bytes=model.step_weight_bytes(B))
-        if (name, B, "det") in step_s:                       # the batch-invariant mode, same rounds
-            rows[-1].update({
-                "prefill_ms": med(step_s[name, B, "prefill"]) * 1e3,
-                "det_prefill_ms": med(step_s[name, B, "det_prefill"]) * 1e3,
-                "det_ms_step": med(step_s[name, B, "det"]) * 1e3, "det_tok_s": B / med(step_s[name, B, "det"]),
-            })
+        if (name, B, "prefill") in step_s:                   # the prompts' prefill, same rounds
+            rows[-1]["prefill_ms"] = med(step_s[name, B, "prefill"]) * 1e3
     counted = {B: counts[name, B] for B in batches}
     for B in (1, 2):                                         # two points at least, the smallest too
         if len(counted) < 2 and B not in counted:
@@ -272,7 +261,7 @@ def _result(model, name, batches, hw, context, repeats, steps, counts, chose, st
         "model": model.name, "context": context, "repeats": repeats, "steps_per_sample": steps,
         "rows": rows, "critical_batch": critical_batch(model, counted, hw),
         "experts": list(model.experts) if model.experts else None,
-        "deterministic": (name, batches[0], "det") in step_s,
+        "prefill_timed": (name, batches[0], "prefill") in step_s,
         "ridge_flops_per_byte": hw.peak_gflops / hw.bandwidth_gbs,
         "bare_in_out_ms": bare_io, "bare_out_in_ms": bare_oi,
         "b1_of_bare": (min(bare_io, bare_oi) / base["ms_step"]) if base else None,

@@ -18,7 +18,8 @@ DeviceError line of `backend.get_device("cuda")`; callers print it and carry on 
 
 from __future__ import annotations
 
-from ..backend import Captured, Device, DeviceError, best_seconds, get_device
+from ..backend import Device, DeviceError, best_seconds, get_device
+from ..cuda_graph import Captured
 from .chips import Hardware
 
 MB = 2**20

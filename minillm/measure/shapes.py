@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import difflib
 
-from ..config import LlamaConfig, GPT2_SIZES
+from ..models.llama import LlamaConfig
+
+from ..models.gpt2 import GPT2_SIZES
 from ..errors import MiniLLMError
 from .experts import PUBLISHED, moe_shape, params_read
 

@@ -27,7 +27,8 @@ from .. import backend, meter
 from ..cache.contiguous import KVCache, PassKV
 from ..config import ModelConfig
 from ..errors import PromptError
-from .plan import check_ids, plan_step
+from .plan import StaticDecode, check_ids, plan_step
+from .target import CPU, Target
 
 
 class CausalLM:
@@ -43,6 +44,9 @@ class CausalLM:
         tokenizer         its own tokenizer as loaded, or None; OWN_TOKENIZER: False if the family
                           uses GPT-2's built-in one (`minillm.tokenizer(model)` then gives it)
         weights           the label of its weights' format; float_matrices: products kept in floats
+        target            what runs where (models/target.py): device, dtype, weights, kernels
+        kernel_set        the implementations it computes with (models/kernel_sets.py), chosen once
+                          from the target; `kernels` its name
         device, xp        where its arrays live (backend.Device) and their module: numpy, or cupy
                           on a GPU (`load(..., device="cuda")`); the ops take theirs from the arrays
     """
@@ -59,13 +63,26 @@ class CausalLM:
     OWN_TOKENIZER: bool = True
     weights: str = "float32"
     float_matrices: int = 0
-    kernels: str = "numpy"       # "fused": numba products and attention (models/weights.py, plan.py)
     experts: tuple | None = None
-    device: backend.Device = backend.CPU
+    target: Target = CPU
+
+    def use_target(self, target: Target) -> None:
+        """Take the target's device and kernel set (a constructor's first step)."""
+        self.target = target
+        self.kernel_set = target.kernel_set()
+
+    @property
+    def kernels(self) -> str:
+        """The name of its kernel set: "numpy", "fused", "batch-invariant", ..."""
+        return self.kernel_set.name
+
+    @property
+    def device(self) -> backend.Device:
+        return self.target.device
 
     @property
     def xp(self):
-        return self.device.xp
+        return self.target.device.xp
 
     # -- the model: each architecture's own ------------------------------------------------------
 
@@ -94,14 +111,24 @@ class CausalLM:
         None gives None (a prompt chunk whose end is not reached yet). A list sets it per sequence.
         Returns one entry per sequence, in order.
         """
-        plan = plan_step(batch, scores, self.config, self.xp, kernels=self.kernels)
+        return self.step_plan(plan_step(batch, scores, self.config, self.xp, self.kernel_set))
+
+    def step_plan(self, plan):
+        """Run a laid-out step (models/plan.py: a StepPlan, or a static step's plan): the model on its
+        rows, the caches advanced, the head on the scored rows (`plan.rows`; None: every row), and
+        the logits as the plan hands them back (per sequence on the host; a static step's on the device)."""
         with plan.meter_step():
             x = self.run(plan)                                            # [N, d]
             plan.advance()
-            if not plan.rows:
+            if plan.rows is not None and not plan.rows:
                 return [None] * len(plan.spans)
-            h = x if len(plan.rows) == x.shape[0] else x[plan.rows]       # [S, d]
-            return plan.split(backend.host_logits(self.head(h)))          # [S, V] on the host -> per sequence
+            h = x if plan.rows is None or len(plan.rows) == x.shape[0] else x[plan.rows]   # [S, d]
+            return plan.finish(self.head(h))                              # [S, V]
+
+    def static_plan(self, pool, table, ids, positions):
+        """The plan of a static decode step over a fixed block table (engine/static.py), with this
+        model's kernel set: device buffers in, device logits out."""
+        return StaticDecode(pool, table, ids, positions, self.kernel_set)
 
     # -- the three special cases --------------------------------------------------------------------
 

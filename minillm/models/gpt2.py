@@ -25,6 +25,8 @@ and the embedding gathers its d values per token from the same array: one copy o
 
 from __future__ import annotations
 
+import math
+from dataclasses import asdict, dataclass
 import hashlib
 from functools import partial
 from typing import Iterator
@@ -32,12 +34,122 @@ from typing import Iterator
 import numpy as np
 
 from .. import backend
-from ..config import GPT2Config
+from ..config import MAX_CONTEXT, MAX_COUNT, from_gguf_build, gguf_getter, whole
+from ..errors import ConfigError
 from . import ops
 from .base import CausalLM
 from .ops import merge_heads, split_heads
 from .quant import QuantMatrix
-from .weights import check_blocks, check_kernels, check_weights, label, make_weight, on_device, stored
+from .target import Target
+from .weights import check_blocks, label, make_weight, on_device, stored
+
+# -- the config ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GPT2Config:
+    n_layer: int = 12        # L: transformer blocks
+    n_head: int = 12         # H: attention heads per block
+    n_embd: int = 768        # d: width of the residual stream
+    n_ctx: int = 1024        # longest sequence (the number of learned positions, `n_positions`)
+    vocab_size: int = 50257  # V: GPT-2's BPE vocabulary
+    ln_eps: float = 1e-5     # layer-norm epsilon
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "n_head", "n_embd", "n_ctx", "vocab_size"):
+            whole(getattr(self, name), name, "config", MAX_CONTEXT if name == "n_ctx" else MAX_COUNT)
+        if self.n_embd % self.n_head:
+            raise ConfigError(
+                f"config n_embd={self.n_embd} is not divisible by n_head={self.n_head}: "
+                "every head must get the same width"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def n_kv_head(self) -> int:
+        """Heads of keys and values the KV cache holds: GPT-2 gives every query head its own."""
+        return self.n_head
+
+    @property
+    def eps(self) -> float:
+        """The layer norms' epsilon (ModelConfig's name for `ln_eps`)."""
+        return self.ln_eps
+
+    def n_params(self) -> int:
+        """Parameters in the checkpoint (the LM head is tied to `wte`, so it adds none)."""
+        L, d, V, T = self.n_layer, self.n_embd, self.vocab_size, self.n_ctx
+        per_block = 12 * d * d + 13 * d  # c_attn, attn.c_proj, c_fc, mlp.c_proj + biases, 2 layer norms
+        return V * d + T * d + L * per_block + 2 * d
+
+    def to_hf(self) -> dict:
+        """config.json in the Hugging Face GPT-2 format."""
+        return {
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "activation_function": "gelu_new",
+            "n_layer": self.n_layer,
+            "n_head": self.n_head,
+            "n_embd": self.n_embd,
+            "n_positions": self.n_ctx,
+            "n_ctx": self.n_ctx,
+            "vocab_size": self.vocab_size,
+            "layer_norm_epsilon": self.ln_eps,
+            "tie_word_embeddings": True,
+        }
+
+    @classmethod
+    def from_hf(cls, cfg: dict, source: str = "config.json") -> "GPT2Config":
+        """Read a Hugging Face config.json dict. `n_positions` is the context (newer files have no `n_ctx`)."""
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"{source}: expected a JSON object, found {type(cfg).__name__}")
+        missing = [k for k in ("n_layer", "n_head", "n_embd", "vocab_size") if k not in cfg]
+        n_ctx = cfg.get("n_positions", cfg.get("n_ctx"))
+        if n_ctx is None:
+            missing.append("n_positions")
+        if missing:
+            raise ConfigError(f"{source}: missing {', '.join(missing)}; is this a GPT-2 config.json?")
+        try:
+            eps = float(cfg.get("layer_norm_epsilon", 1e-5))
+        except (TypeError, ValueError, OverflowError):     # OverflowError: a 400-digit integer
+            eps = math.nan
+        if not 0 < eps < math.inf:
+            raise ConfigError(f"{source}: layer_norm_epsilon={str(cfg.get('layer_norm_epsilon'))[:40]} "
+                              "is not a positive finite number") from None
+        act = cfg.get("activation_function", "gelu_new")
+        if act not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ConfigError(f"{source}: activation_function={act!r}; minillm implements GPT-2's tanh GELU (gelu_new)")
+        for field in ("n_layer", "n_head", "n_embd", "vocab_size"):
+            whole(cfg[field], field, source)
+        whole(n_ctx, "n_positions", source, MAX_CONTEXT)
+        try:
+            return cls(n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"], n_ctx=n_ctx,
+                       vocab_size=cfg["vocab_size"], ln_eps=eps)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
+
+    @classmethod
+    def from_gguf(cls, md: dict, vocab_size: int, where) -> "GPT2Config":
+        """The hyper-parameters from a GGUF's `gpt2.*` keys (vocab_size: the token table's rows)."""
+        get, count = gguf_getter(md, "gpt2", where)
+        return from_gguf_build(lambda: cls(
+            n_layer=count("block_count"), n_head=count("attention.head_count"),
+            n_embd=count("embedding_length"), n_ctx=count("context_length", hi=MAX_CONTEXT),
+            vocab_size=int(vocab_size), ln_eps=float(get("attention.layer_norm_epsilon", 1e-5))), where)
+
+    def asdict(self) -> dict:
+        return asdict(self)
+
+
+# The four GPT-2 sizes OpenAI released (parameter counts with the tied LM head counted once).
+GPT2_SIZES: dict[str, GPT2Config] = {
+    "124m": GPT2Config(n_layer=12, n_head=12, n_embd=768),
+    "355m": GPT2Config(n_layer=24, n_head=16, n_embd=1024),
+    "774m": GPT2Config(n_layer=36, n_head=20, n_embd=1280),
+    "1558m": GPT2Config(n_layer=48, n_head=25, n_embd=1600),
+}
+
 
 Block = dict  # one block's parameters, named as in the checkpoint without the "h.{i}." prefix
 EOT = 50256   # <|endoftext|> in GPT-2's vocabulary
@@ -86,6 +198,19 @@ def random_params(config: GPT2Config, seed: int = 0, std: float = 0.02, dtype=np
             w *= residual_std if residual_std is not None and name.endswith("c_proj.weight") else std
             params[name] = w.astype(dtype, copy=False)
     return params
+
+
+# -- random weights and the presets: one table (`minillm.load("random-124m")`) --------------------------
+
+RANDOM_SEED = 1234
+TINY = GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=256, vocab_size=50257)   # for when no model is installed
+SHAPES: dict[str, GPT2Config] = {**{f"random-{k}": c for k, c in GPT2_SIZES.items()}, "random-tiny": TINY}
+
+
+def random(config: GPT2Config, target=None, name: str = "", seed: int = RANDOM_SEED) -> "GPT2":
+    """A seeded GPT-2 of this shape with random weights (std 0.02), made for the target."""
+    target = target or Target.numpy()
+    return GPT2(config, random_params(config, seed=seed, std=0.02, dtype=target.dtype), target, name=name)
 
 
 # GGUF's names for GPT-2's tensors (llama.cpp's MODEL_ARCH.GPT2), without `.weight` / `.bias`:
@@ -137,41 +262,38 @@ class GPT2(CausalLM):
     MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")   # its products
     OWN_TOKENIZER = False                 # GPT-2's byte-pair tokenizer is built in (minillm.tokenizer())
 
-    def __init__(self, config: GPT2Config, params: dict[str, np.ndarray], *, name: str = "",
-                 weights: str = "float32", device=None, kernels: str = "numpy") -> None:
-        """weights: "float32" (floats in the parameters' dtype; quantized ones widened), "native"
-        (quantized matrices kept as given, e.g. a GGUF's), or "q8_0" / "q4_0" / "q4_1": every
+    def __init__(self, config: GPT2Config, params: dict[str, np.ndarray], target: Target | None = None, *,
+                 name: str = "") -> None:
+        """target: what runs where (models/target.py; None: the NumPy reference on the CPU, in the
+        parameters' dtype). Its weights: "float32" (floats in its dtype; quantized ones widened),
+        "native" (quantized matrices kept as given, e.g. a GGUF's), or "q8_0" / "q4_0" / "q4_1": every
         product and the token embedding (also the tied head) quantized; wpe, biases and norms stay
         float (GGUF keeps 1-D tensors in F32; wpe is read a few rows per step, never as a whole).
-        device: a backend.Device (None: the CPU); every array is moved there once, here.
-        kernels: "numpy" (the reference) or "fused" (numba, float32 on the CPU only: models/weights.py)."""
-        weights = check_weights(weights)
+        Every array is made for its device and kernel set once, here."""
+        target = target or Target.numpy(params["wpe.weight"].dtype)
+        self.use_target(target)
         self.config = config
         made = {"wte.weight", *(f"h.{i}.{k}" for i in range(config.n_layer) for k in self.MATRICES)}   # make_weight's
-        params = {k: v if k in made else on_device(v, device) for k, v in params.items()}   # the caller's dict stays
+        params = {k: v if k in made else on_device(np.asarray(v, dtype=target.dtype), target)   # the caller's
+                  for k, v in params.items()}                                                 # dict stays
         self.params = params
         self.name = name or f"gpt2-{config.n_layer}x{config.n_embd}"
         self.wpe = params["wpe.weight"]                                   # [n_ctx, d]
-        self.dtype = self.wpe.dtype
-        on_cpu = device is None or device.xp is np
-        self.kernels = check_kernels(kernels) if self.dtype == np.float32 and on_cpu else "numpy"
-        check_blocks({"width": config.n_embd}, weights, self.name)
+        self.dtype = target.dtype
+        check_blocks({"width": config.n_embd}, target.weights, self.name)
         self.eos_ids = (EOT,) if config.vocab_size > EOT else ()
         # the tied embedding: one [d, V] array, the LM head's layout; wte its [V, d] view (or GGUF rows)
-        self.embed_w = self.head_w = make_weight(params["wte.weight"], weights, self.dtype, rows=True, device=device,
-                                                 kernels=self.kernels)
+        self.embed_w = self.head_w = make_weight(params["wte.weight"], target, rows=True)
         self.wte = params["wte.weight"] = stored(self.head_w, rows=True)   # [V, d]
         self.blocks: list[Block] = []
         for i in range(config.n_layer):
             h = f"h.{i}."
             p = {k[len(h):]: v for k, v in params.items() if k.startswith(h)}
             for k in self.MATRICES:
-                p[k] = make_weight(p[k], weights, self.dtype, device=device, kernels=self.kernels)
+                p[k] = make_weight(p[k], target)
                 params[h + k] = stored(p[k])
             self.blocks.append(p)
         self.weights, self.float_matrices = label(self.matrices(head=False), self.dtype)
-        if device is not None:
-            self.device = device
 
     def gathered(self) -> tuple[str, ...]:
         return ("wpe.weight",)                                            # a step reads a row of it
@@ -198,3 +320,6 @@ class GPT2(CausalLM):
         c = self.config
         return (f"GPT2({self.name!r}: {c.n_layer} layers, {c.n_head} heads, width {c.n_embd}, "
                 f"context {c.n_ctx}, vocab {c.vocab_size}, {self.n_params():,} params, {self.dtype})")
+
+
+CONFIG, MODEL = GPT2Config, GPT2          # the family's row reads these (checkpoints/families.py)

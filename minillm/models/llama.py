@@ -24,28 +24,161 @@ every weight still read once per step. The tied head keeps one contiguous `[d, V
 embedding is its transposed view, as in GPT-2.
 
 Quantized weights (models/quant.py) stay `[out, in]` rows, as GGUF stores them: a GGUF's own Q8_0 /
-Q4_0 / Q4_1 tensors arrive that way (`weights="native"`), and q|k|v and gate|up are fused by
-stacking rows; a float checkpoint is quantized after fusing (`weights="q8_0"`, ...). The embedding
+Q4_0 / Q4_1 tensors arrive that way (`weights="native"`), and q|k|v and gate|up are stacked
+row after row; a float checkpoint is quantized after stacking (`weights="q8_0"`, ...). The embedding
 and the tied head are then one quantized `[V, d]` matrix, as llama.cpp keeps `token_embd`.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Iterator
 
 import numpy as np
 
-from functools import partial
+import math
+from dataclasses import asdict, dataclass
 
-from ..config import LlamaConfig
-from ..errors import WeightsError
-from ..kernels import invariant
+from .. import backend
+from ..config import MAX_CONTEXT, MAX_COUNT, from_gguf_build, gguf_getter, hf_model_type, whole
+from ..errors import ConfigError, WeightsError
 from . import ops
 from .base import CausalLM
+from .kernel_sets import KernelSet
 from .ops import merge_heads
-from .weights import check_blocks, check_kernels, check_weights, label, make_weight, on_device, stored
+from .target import Target
+from .weights import check_blocks, label, make_weight, on_device, stored
 
-Block = dict   # one block's parameters, fused names (see `fuse_block`)
+# -- the config ---------------------------------------------------------------------------------------
+
+LLAMA_TYPES = ("llama", "qwen2", "qwen3")   # Hugging Face `model_type`s and GGUF architectures this family reads
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    n_layer: int             # L: blocks
+    n_head: int              # H: query heads
+    n_kv_head: int           # Hkv: key/value heads (H = g·Hkv; 1 is multi-query attention)
+    head_dim: int            # hd (not always d / H: Qwen3 sets its own)
+    n_embd: int              # d: width of the residual stream
+    n_ctx: int               # longest sequence (`max_position_embeddings`)
+    vocab_size: int          # V
+    ffn: int                 # F: the MLP's inner width (`intermediate_size`)
+    eps: float = 1e-5        # RMS-norm epsilon
+    theta: float = 10000.0   # RoPE base
+    arch: str = "llama"      # llama, qwen2 or qwen3
+    qkv_bias: bool = False   # biases on q, k, v (Qwen2; Llama's attention_bias)
+    o_bias: bool = False     # a bias on the output projection (Llama's attention_bias)
+    mlp_bias: bool = False   # biases on gate, up, down (Llama's mlp_bias)
+    qk_norm: bool = False    # per-head RMS norm of q and k before the rotation (Qwen3)
+    tied: bool = True        # the LM head is the token embedding
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "n_head", "n_kv_head", "head_dim", "n_embd", "n_ctx", "vocab_size", "ffn"):
+            whole(getattr(self, name), name, "config", MAX_CONTEXT if name == "n_ctx" else MAX_COUNT)
+        if self.n_head % self.n_kv_head:
+            raise ConfigError(f"config: {self.n_head} query heads do not split into groups over "
+                              f"{self.n_kv_head} key/value heads; n_kv_heads must divide n_heads")
+        if self.head_dim % 2:
+            raise ConfigError(f"config head_dim={self.head_dim}: the rotary embedding turns pairs, it must be even")
+        for name in ("eps", "theta"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 < value < math.inf):
+                raise ConfigError(f"config {name}={value!r}: must be a positive finite number")
+        if self.arch not in LLAMA_TYPES:
+            raise ConfigError(f"config arch={self.arch!r}: minillm runs {', '.join(LLAMA_TYPES)}")
+
+    def n_params(self) -> int:
+        """Parameters (the tied head counted once)."""
+        L, d, V, F = self.n_layer, self.n_embd, self.vocab_size, self.ffn
+        q, kv = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+        per_block = (d * (q + 2 * kv) + q * d + 3 * d * F + 2 * d
+                     + (q + 2 * kv) * self.qkv_bias + d * self.o_bias + (2 * F + d) * self.mlp_bias
+                     + 2 * self.head_dim * self.qk_norm)
+        return V * d * (1 if self.tied else 2) + L * per_block + d
+
+    def kv_bytes_per_token(self, itemsize: int = 4) -> int:
+        """2·L·Hkv·hd·b: what every position costs in the KV cache."""
+        return 2 * self.n_layer * self.n_kv_head * self.head_dim * itemsize
+
+    @classmethod
+    def from_hf(cls, cfg: dict, source: str = "config.json") -> "LlamaConfig":
+        """Read a Hugging Face config.json of model_type llama, qwen2 or qwen3."""
+        arch = hf_model_type(cfg, source, LLAMA_TYPES, f"is not supported; minillm runs gpt2, {', '.join(LLAMA_TYPES)}")
+        need = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size", "vocab_size")
+        missing = [k for k in need if k not in cfg]
+        if missing:
+            raise ConfigError(f"{source}: missing {', '.join(missing)}; is this a {arch} config.json?")
+        act = cfg.get("hidden_act", "silu")
+        if act != "silu":
+            raise ConfigError(f"{source}: hidden_act={act!r}; minillm implements SwiGLU with silu")
+        if cfg.get("use_sliding_window"):
+            raise ConfigError(f"{source}: use_sliding_window is on; minillm implements full attention only")
+        rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+        scaling = cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else {}
+        kind = scaling.get("rope_type", scaling.get("type")) or rope.get("rope_type", "default")
+        if kind not in ("default", None):
+            raise ConfigError(f"{source}: rope scaling {kind!r} is not implemented; minillm runs the "
+                              "default rotary embedding only")
+        theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        for field in need:
+            whole(cfg[field], field, source)
+        H = cfg["num_attention_heads"]
+        whole(cfg.get("max_position_embeddings", 2048), "max_position_embeddings", source, MAX_CONTEXT)
+        for field in ("head_dim", "num_key_value_heads"):
+            if cfg.get(field) is not None:
+                whole(cfg[field], field, source)
+        try:
+            head_dim = cfg.get("head_dim") or cfg["hidden_size"] // H
+            return cls(
+                n_layer=cfg["num_hidden_layers"], n_head=H, n_kv_head=cfg.get("num_key_value_heads") or H,
+                head_dim=head_dim, n_embd=cfg["hidden_size"], n_ctx=cfg.get("max_position_embeddings", 2048),
+                vocab_size=cfg["vocab_size"], ffn=cfg["intermediate_size"],
+                eps=float(cfg.get("rms_norm_eps", 1e-6)), theta=float(theta), arch=arch,
+                qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
+                o_bias=arch != "qwen2" and bool(cfg.get("attention_bias", False)),
+                mlp_bias=bool(cfg.get("mlp_bias", False)), qk_norm=arch == "qwen3",
+                tied=bool(cfg.get("tie_word_embeddings", arch != "llama")))
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ConfigError(f"{source}: a field has the wrong type ({e}); re-download the checkpoint") from None
+
+    @classmethod
+    def from_gguf(cls, md: dict, where) -> "LlamaConfig":
+        """The hyper-parameters from a GGUF's `{arch}.block_count`, ... keys."""
+        arch = md.get("general.architecture")
+        if arch not in LLAMA_TYPES:
+            raise ConfigError(f"{where}: GGUF architecture {arch!r} is not supported; minillm runs "
+                              f"{', '.join(LLAMA_TYPES)}")
+        scaling = md.get(f"{arch}.rope.scaling.type")
+        if scaling not in (None, "none"):
+            raise ConfigError(f"{where}: rope scaling {scaling!r} is not implemented; minillm runs the default "
+                              "rotary embedding only")
+
+        get, count = gguf_getter(md, arch, where)
+
+        def build() -> "LlamaConfig":
+            H = count("attention.head_count")
+            d = count("embedding_length")
+            tokens = md.get("tokenizer.ggml.tokens")
+            vocab = count("vocab_size", len(tokens) if isinstance(tokens, list) and tokens else None)
+            return cls(
+                n_layer=count("block_count"), n_head=H, n_kv_head=count("attention.head_count_kv", H),
+                head_dim=count("attention.key_length", d // H), n_embd=d,
+                n_ctx=count("context_length", hi=MAX_CONTEXT), vocab_size=vocab, ffn=count("feed_forward_length"),
+                eps=float(get("attention.layer_norm_rms_epsilon")), theta=float(get("rope.freq_base", 10000.0)),
+                arch=arch, qkv_bias=arch == "qwen2", qk_norm=arch == "qwen3", tied=True)
+
+        return from_gguf_build(build, where)
+
+    def asdict(self) -> dict:
+        return asdict(self)
+
+
+Block = dict   # one block's parameters, stacked names (see `stack_block`)
 MATRICES = ("qkv.weight", "o_proj.weight", "gate_up.weight", "down_proj.weight")   # a block's products
 
 
@@ -108,15 +241,34 @@ def random_params(c: LlamaConfig, seed: int = 0, std: float = 0.02, dtype=np.flo
     return params
 
 
-def fuse_block(t: dict[str, np.ndarray], i: int, c: LlamaConfig, dtype, weights: str = "float32",
-               device=None, dense_mlp: bool = True, kernels: str = "numpy") -> Block:
-    """One block's checkpoint tensors -> the model's: q|k|v and gate|up side by side, [in, out]
-    (quantized: [out, in] rows, see the top of this file), on `device` (None: the CPU).
+RANDOM_SEED = 1234
+SHAPES: dict[str, LlamaConfig] = {}          # no random presets of its own (models/moe.py has a dense twin)
+
+
+def random(config: LlamaConfig, target: Target | None = None, name: str = "", seed: int = RANDOM_SEED) -> "Llama":
+    """A seeded Llama-family model of this shape with random weights (normal(0, 0.02), norm gains near
+    1), made for the target. On a GPU the matrices are drawn there (a 7B model's 13 GB drawn by NumPy
+    would take a minute; the norms, 1-D, on the host)."""
+    target = target or Target.numpy()
+    if target.on_cpu:
+        params = random_params(config, seed=seed, dtype=target.dtype)
+    else:
+        rng, host = target.xp.random.default_rng(seed), np.random.default_rng(seed)
+        params = {k: (1.0 + 0.1 * host.standard_normal(s)).astype(target.dtype) if "norm" in k
+                  else (0.02 * rng.standard_normal(s, dtype=np.float32)).astype(target.dtype)
+                  for k, s in iter_expected(config)}
+    return Llama(config, params, target, name=name or f"random-{config.arch}-{config.n_layer}x{config.n_embd}")
+
+
+def stack_block(t: dict[str, np.ndarray], i: int, c: LlamaConfig, target: Target, dense_mlp: bool = True) -> Block:
+    """One block's checkpoint tensors -> the model's: q|k|v and gate|up stacked side by side, [in, out]
+    (quantized: [out, in] rows, see the top of this file), made for the target (models/target.py).
     dense_mlp=False: attention and norms only (a mixture-of-experts layer brings its experts
     instead: models/moe.py)."""
     h = f"layers.{i}."
     a, m = h + "self_attn.", h + "mlp."
-    mat = lambda names: make_weight([t[n] for n in names], weights, dtype, rows=True, device=device, kernels=kernels)
+    dtype = target.dtype
+    mat = lambda names: make_weight([t[n] for n in names], target, rows=True)
     p = {
         "input_layernorm.weight": np.asarray(t[h + "input_layernorm.weight"], dtype=dtype),
         "qkv.weight": mat([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]),  # [d, (H+2Hkv)·hd]
@@ -136,7 +288,7 @@ def fuse_block(t: dict[str, np.ndarray], i: int, c: LlamaConfig, dtype, weights:
     if c.qk_norm:
         p["q_norm.weight"] = np.asarray(t[a + "q_norm.weight"], dtype=dtype)
         p["k_norm.weight"] = np.asarray(t[a + "k_norm.weight"], dtype=dtype)
-    return {k: v if k in MATRICES else on_device(v, device) for k, v in p.items()}
+    return {k: v if k in MATRICES else on_device(v, target) for k, v in p.items()}
 
 
 # -- the block, as small functions -------------------------------------------------------------------
@@ -149,36 +301,35 @@ def split_qkv(qkv: np.ndarray, H: int, Hkv: int) -> tuple[np.ndarray, np.ndarray
 
 
 def self_attention(x: np.ndarray, p: Block, c: LlamaConfig, cos: np.ndarray, sin: np.ndarray,
-                   attend, rope=ops.rope) -> np.ndarray:
+                   attend, K: KernelSet) -> np.ndarray:
     """Grouped-query attention with rotary positions. x [N, d], cos/sin [N, hd/2] -> [N, d].
     `attend(q, k, v)` stores the new keys and values and lets each sequence's queries attend over
-    its own positions (the step's plan, models/plan.py). rope: ops.rope, or the fused kernel's."""
+    its own positions (the step's plan, models/plan.py). K: the model's kernel set (its rotation)."""
     qkv = ops.linear(x, p["qkv.weight"], p.get("qkv.bias"))                 # [N, (H + 2·Hkv)·hd]
     q, k, v = split_qkv(qkv, c.n_head, c.n_kv_head)                         # [H|Hkv, N, hd]
     if c.qk_norm:                                                           # Qwen3: per-head norms
-        qk = ops.backend.namespace(q).concatenate([ops.rms_norm(q, p["q_norm.weight"], c.eps),
-                                                  ops.rms_norm(k, p["k_norm.weight"], c.eps)])   # [H + Hkv, N, hd]
+        qk = backend.namespace(q).concatenate([ops.rms_norm(q, p["q_norm.weight"], c.eps),
+                                               ops.rms_norm(k, p["k_norm.weight"], c.eps)])   # [H + Hkv, N, hd]
     else:
         qk = qkv.reshape(qkv.shape[0], -1, c.head_dim)[:, :c.n_head + c.n_kv_head].transpose(1, 0, 2)
-    qk = rope(qk, cos, sin)                                                 # q and k turned in one pass
+    qk = K.rope(qk, cos, sin)                                               # q and k turned in one pass
     q, k = qk[:c.n_head], qk[c.n_head:]                                     # [H, N, hd], [Hkv, N, hd]
     a = merge_heads(attend(q, k, v))                                        # [N, H·hd]
     return ops.linear(a, p["o_proj.weight"], p.get("o_proj.bias"))          # [N, d]
 
 
 def mlp(x: np.ndarray, p: Block, act=ops.swiglu) -> np.ndarray:
-    """SwiGLU. [N, d] -> gate|up [N, 2F] -> silu(gate)·up [N, F] -> [N, d]. act: ops.swiglu, or the
-    fused kernel's."""
+    """SwiGLU. [N, d] -> gate|up [N, 2F] -> silu(gate)·up [N, F] -> [N, d]. act: ops.swiglu, or a
+    kernel set's (K.swiglu)."""
     h = ops.linear(x, p["gate_up.weight"], p.get("gate_up.bias"))           # [N, 2F]
     return ops.linear(act(h), p["down_proj.weight"], p.get("down_proj.bias"))   # [N, d]
 
 
-def transformer_block(x: np.ndarray, p: Block, c: LlamaConfig, cos, sin, attend, ffn=mlp,
-                      norm=ops.rms_norm, rope=ops.rope) -> np.ndarray:
+def transformer_block(x: np.ndarray, p: Block, c: LlamaConfig, cos, sin, attend, ffn, K: KernelSet) -> np.ndarray:
     """Pre-norm residual block. [N, d] -> [N, d]. ffn(x, p): the block's MLP (a mixture of experts
-    in models/moe.py); norm and rope: ops', or the fused kernels' (same results, one pass each)."""
-    x = ops.add(x, self_attention(norm(x, p["input_layernorm.weight"], c.eps), p, c, cos, sin, attend, rope))
-    x = ops.add(x, ffn(norm(x, p["post_attention_layernorm.weight"], c.eps), p))
+    in models/moe.py); K: the model's kernel set (its norm and rotation: ops', or one-pass kernels)."""
+    x = ops.add(x, self_attention(K.rms_norm(x, p["input_layernorm.weight"], c.eps), p, c, cos, sin, attend, K))
+    x = ops.add(x, ffn(K.rms_norm(x, p["post_attention_layernorm.weight"], c.eps), p))
     return x
 
 
@@ -190,60 +341,44 @@ class Llama(CausalLM):
 
     MATRICES = MATRICES
     CONFIG = LlamaConfig                       # what a folder's config.json is read into
-    manifest = staticmethod(iter_expected)     # every checkpoint tensor with its shape (check_tensors)
+    manifest = staticmethod(iter_expected)     # every checkpoint tensor with its shape (checkpoints/manifest.py)
 
-    def __init__(self, config: LlamaConfig, tensors: dict[str, np.ndarray], *, name: str = "",
-                 dtype=None, eos_ids: tuple[int, ...] = (), weights: str = "float32", device=None,
-                 kernels: str = "numpy") -> None:
-        """weights: "float32" (quantized tensors of a GGUF are widened), "native" (a GGUF's Q8_0 /
-        Q4_0 / Q4_1 tensors kept as they are) or "q8_0" / "q4_0" / "q4_1" (every matrix quantized).
-        device: a backend.Device (None: the CPU); every array is moved there once, here.
-        kernels: "numpy" (the reference) or "fused" (numba, float32 on the CPU only: models/weights.py)."""
+    def __init__(self, config: LlamaConfig, tensors: dict[str, np.ndarray], target: Target | None = None, *,
+                 name: str = "", eos_ids: tuple[int, ...] = ()) -> None:
+        """target: what runs where (models/target.py; None: the NumPy reference in float32 on the CPU).
+        Its weights: "float32" (quantized tensors of a GGUF are widened), "native" (a GGUF's Q8_0 /
+        Q4_0 / Q4_1 tensors kept as they are) or "q8_0" / "q4_0" / "q4_1" (every matrix quantized);
+        every array is made for its device and kernel set once, here."""
         c = self.config = config
-        weights = check_weights(weights)
-        dtype = np.dtype(dtype or np.float32)
+        target = target or Target.numpy()
+        self.use_target(target)
+        dtype = self.dtype = target.dtype
         self.name = name or f"{c.arch}-{c.n_layer}x{c.n_embd}"
-        self.dtype = dtype
-        on_cpu = device is None or device.xp is np
-        self.kernels = k = check_kernels(kernels) if dtype == np.float32 and on_cpu else "numpy"
         self.eos_ids = tuple(eos_ids)
         self.tokenizer = None                                                             # set by the loader
         check_blocks({"width": c.n_embd, "attention width H·hd": c.n_head * c.head_dim, "FFN": c.ffn},
-                     weights, self.name)
+                     target.weights, self.name)
         embed = tensors["embed_tokens.weight"]                                            # [V, d]
-        self.head_w = make_weight(embed if c.tied else tensors["lm_head.weight"], weights, dtype, rows=True,
-                                  device=device, kernels=k)
-        self.embed_w = self.head_w if c.tied else make_weight(embed, weights, dtype, rows=True, contiguous=False,
-                                                              device=device)
+        self.head_w = make_weight(embed if c.tied else tensors["lm_head.weight"], target, rows=True)
+        self.embed_w = self.head_w if c.tied else make_weight(embed, target, rows=True, contiguous=False)
         self.wte = stored(self.embed_w, rows=True)                                        # [V, d]
-        self.blocks: list[Block] = [self.block_params(tensors, i, dtype, weights, device)
-                                    for i in range(c.n_layer)]
-        self.norm = on_device(np.asarray(tensors["norm.weight"], dtype=dtype), device)
+        self.blocks: list[Block] = [self.block_params(tensors, i) for i in range(c.n_layer)]
+        self.norm = on_device(np.asarray(tensors["norm.weight"], dtype=dtype), target)
         self.params = {"embed_tokens.weight": self.wte, "norm.weight": self.norm}
         if not c.tied:
             self.params["lm_head.weight"] = stored(self.head_w, rows=True)
         for i, p in enumerate(self.blocks):
             self.params.update({f"layers.{i}.{k}": stored(v) for k, v in p.items()})
         self.weights, self.float_matrices = label(self.matrices(head=False), dtype)
-        if device is not None:
-            self.device = device
 
     # -- what a subclass changes (models/moe.py): a block's parameters and its MLP --
 
-    def block_params(self, tensors: dict, i: int, dtype, weights: str, device=None) -> Block:
-        return fuse_block(tensors, i, self.config, dtype, weights, device, kernels=self.kernels)
+    def block_params(self, tensors: dict, i: int) -> Block:
+        return stack_block(tensors, i, self.config, self.target)
 
-    def ffn(self, layer: int, act=ops.swiglu):
-        """Block `layer`'s MLP, a function (x [N, d], its parameters) -> [N, d]; act: its SwiGLU."""
-        return partial(mlp, act=act)
-
-    def elementwise(self):
-        """The blocks' RMS norm, rotation and SwiGLU: ops', or with fused kernels their own (not in
-        the batch-invariant mode, which promises ops' results bit for bit)."""
-        if self.kernels == "fused" and not invariant.on():
-            from ..kernels import elementwise
-            return elementwise.rms_norm, elementwise.rope, elementwise.swiglu
-        return ops.rms_norm, ops.rope, ops.swiglu
+    def ffn(self, layer: int):
+        """Block `layer`'s MLP, a function (x [N, d], its parameters) -> [N, d], with the kernel set's SwiGLU."""
+        return partial(mlp, act=self.kernel_set.swiglu)
 
     def gathered(self) -> tuple[str, ...]:
         return () if self.config.tied else ("embed_tokens.weight",)                      # a row of it per step
@@ -253,16 +388,13 @@ class Llama(CausalLM):
         x = ops.embedding(self.embed_w, None, plan.ids)                            # [N, d]
         c = self.config
         cos, sin = ops.rope_tables(plan.positions, c.head_dim, c.theta, self.dtype)  # [N, hd/2], on its device
-        norm, rope, act = self.elementwise()
         for layer, p in enumerate(self.blocks):
-            x = transformer_block(x, p, self.config, cos, sin, partial(plan.attend, layer), self.ffn(layer, act),
-                                  norm, rope)
+            x = transformer_block(x, p, c, cos, sin, partial(plan.attend, layer), self.ffn(layer), plan.kernels)
         return x
 
     def head(self, h: np.ndarray) -> np.ndarray:
         """The final RMS norm and the LM head, on the scored rows. h [S, d] -> logits [S, V]."""
-        norm = self.elementwise()[0]
-        return ops.lm_head(norm(h, self.norm, self.config.eps), self.head_w)
+        return ops.lm_head(self.kernel_set.rms_norm(h, self.norm, self.config.eps), self.head_w)
 
     def __repr__(self) -> str:
         c = self.config
@@ -273,18 +405,4 @@ class Llama(CausalLM):
                    f"{self.dtype.name}" if self.float_matrices else "") + ")")
 
 
-def check_tensors(tensors: dict, c: LlamaConfig, where: str, expected=iter_expected) -> None:
-    """Every tensor the config needs, with its shape; nothing else. One clear line otherwise.
-    expected: the family's manifest (models/moe.py passes its own)."""
-    for name, shape in expected(c):
-        if name not in tensors:
-            raise WeightsError(f"{where}: tensor {name} is missing (expected shape {list(shape)}); is the "
-                               "checkpoint complete, and the config the one for it?")
-        if tuple(tensors[name].shape) != shape:
-            raise WeightsError(f"{where}: tensor {name} has shape {list(tensors[name].shape)} but the config "
-                               f"needs {list(shape)}; is config.json the one for these weights?")
-    want = dict(expected(c))
-    extra = sorted(n for n in tensors if n not in want and not n.endswith("rotary_emb.inv_freq"))
-    if extra:
-        raise WeightsError(f"{where}: unexpected tensor {extra[0]} (and {len(extra) - 1} more) for this "
-                           f"{c.n_layer}-layer {c.arch} config")
+CONFIG, MODEL = LlamaConfig, Llama          # the family's row reads these (checkpoints/families.py)

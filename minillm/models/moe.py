@@ -44,12 +44,12 @@ from typing import Iterator
 import numpy as np
 
 from .. import meter
-from ..config import LlamaConfig, hf_model_type
-from ..backend import DeviceError
+from ..config import hf_model_type
 from ..errors import ConfigError
 from . import llama, ops
-from .llama import Block, Llama, fuse_block, mlp
+from .llama import Block, Llama, LlamaConfig, mlp, stack_block
 from .quant import FORMATS
+from .target import Target, cpu_only
 from .weights import check_blocks, make_weight
 
 # Hugging Face model_type -> (the attention it shares with models/llama.py, the layer's prefix for the
@@ -227,7 +227,7 @@ def expert(p: Block, e: int) -> Block:
     return {"gate_up.weight": p[f"experts.{e}.gate_up.weight"], "down_proj.weight": p[f"experts.{e}.down_proj.weight"]}
 
 
-def experts_mlp(x: np.ndarray, p: Block, c: MoEConfig) -> np.ndarray:
+def experts_mlp(x: np.ndarray, p: Block, c: MoEConfig, act=ops.swiglu) -> np.ndarray:
     """The mixture: route each row to k experts, then run each chosen expert once on all of its
     rows. x [N, d] -> [N, d].
 
@@ -236,7 +236,8 @@ def experts_mlp(x: np.ndarray, p: Block, c: MoEConfig) -> np.ndarray:
     and an expert no row chose is not read at all. The outputs, scaled by their weights, are added
     into their rows (a row's k experts are distinct, so each run adds into distinct rows).
     Counted besides, per (row, expert) pair of d values: the gather (read, write), scaling the
-    output and adding it into y (read it, read y, write y; 2 FLOPs a value); and y's zeros."""
+    output and adding it into y (read it, read y, write y; 2 FLOPs a value); and y's zeros.
+    act: the experts' SwiGLU (the kernel set's)."""
     experts, weights = route(x, p["router.weight"], c.top_k, c.norm_topk)  # [N, k] each
     k = experts.shape[1]
     order = np.argsort(experts, axis=None, kind="stable")                   # [N·k] pairs, grouped by expert
@@ -247,7 +248,7 @@ def experts_mlp(x: np.ndarray, p: Block, c: MoEConfig) -> np.ndarray:
     y = np.zeros_like(x)                                                    # [N, d]
     for s, t in zip(starts, ends):
         r = rows[s:t]                                                       # the rows expert `by[s]` serves
-        h = mlp(x[r], expert(p, by[s]))                                     # [n_e, d]
+        h = mlp(x[r], expert(p, by[s]), act)                                # [n_e, d]
         h *= w[s:t, None]
         y[r] += h
     m = meter.active()
@@ -267,36 +268,38 @@ class MoE(Llama):
     CONFIG = MoEConfig
     manifest = staticmethod(iter_expected)
 
-    def __init__(self, config: MoEConfig, tensors: dict, *, name: str = "", dtype=None,
-                 eos_ids: tuple[int, ...] = (), weights: str = "float32", device=None,
-                 kernels: str = "numpy") -> None:
-        """kernels: taken for the loaders' sake; a mixture computes with the NumPy kernels (the fused
-        ones are not wired into its routed experts yet)."""
+    def __init__(self, config: MoEConfig, tensors: dict, target: Target | None = None, *, name: str = "",
+                 eos_ids: tuple[int, ...] = ()) -> None:
+        """target: as Llama's. The routing and the grouping of rows by expert are NumPy's (argsort on
+        the host), so a mixture runs on the CPU only; its products take the target's kernel set
+        (the experts' too), the router kept float."""
         c = config
+        target = target or Target.numpy()
         name = name or f"{c.model_type}-{c.n_layer}x{c.n_embd}-{c.n_expert}e"
-        if device is not None and device.is_gpu:            # the routing and grouping are NumPy's
-            raise DeviceError(f"{name}: a mixture of experts runs on the CPU only for now; use --device cpu")
-        check_blocks({"expert FFN": c.expert_ffn}, str(weights).lower(), name)
-        super().__init__(config, tensors, name=name, dtype=dtype, eos_ids=eos_ids, weights=weights, device=device,
-                         kernels="numpy")
+        if not target.on_cpu:
+            raise cpu_only(f"{name}: a mixture of experts (its routing is NumPy's)", target.device,
+                           "use --device cpu")
+        check_blocks({"expert FFN": c.expert_ffn}, target.weights, name)
+        self.router_target = target.with_(weights="float32")                            # the router stays float
+        super().__init__(config, tensors, target, name=name, eos_ids=eos_ids)
 
-    def block_params(self, tensors: dict, i: int, dtype, weights: str, device=None) -> Block:
+    def block_params(self, tensors: dict, i: int) -> Block:
         """Attention and norms as Llama's; then a dense MLP, or the router [d, E] and per expert
         its gate|up [d, 2F_e] and down [F_e, d] (`experts.{e}.gate_up.weight`, ...)."""
         c = self.config
         if not c.is_sparse(i):
-            return fuse_block(tensors, i, c, dtype, weights, device)
-        p = fuse_block(tensors, i, c, dtype, weights, device, dense_mlp=False)
-        mat = lambda w, fmt: make_weight(w, fmt, dtype, rows=True, device=device)
-        p["router.weight"] = mat(tensors[router_name(c, i)], "float32")                  # [d, E], float
+            return stack_block(tensors, i, c, self.target)
+        p = stack_block(tensors, i, c, self.target, dense_mlp=False)
+        p["router.weight"] = make_weight(tensors[router_name(c, i)], self.router_target, rows=True)   # [d, E], float
         for e in range(c.n_expert):
             gate, up, down = (tensors[n] for n in expert_names(c, i, e))
-            p[f"experts.{e}.gate_up.weight"] = mat([gate, up], weights)                  # [d, 2F_e]
-            p[f"experts.{e}.down_proj.weight"] = mat(down, weights)                      # [F_e, d]
+            p[f"experts.{e}.gate_up.weight"] = make_weight([gate, up], self.target, rows=True)       # [d, 2F_e]
+            p[f"experts.{e}.down_proj.weight"] = make_weight(down, self.target, rows=True)           # [F_e, d]
         return p
 
-    def ffn(self, layer: int, act=ops.swiglu):
-        return partial(experts_mlp, c=self.config) if self.config.is_sparse(layer) else partial(mlp, act=act)
+    def ffn(self, layer: int):
+        act = self.kernel_set.swiglu
+        return partial(experts_mlp, c=self.config, act=act) if self.config.is_sparse(layer) else partial(mlp, act=act)
 
     @property
     def experts(self) -> tuple[int, int]:
@@ -377,24 +380,24 @@ def step_weight_bytes(c: MoEConfig, distinct, n_tokens: int = 1, itemsize: int =
 # This machine's last-level cache is 32 MiB (lscpu: L3). The mixture holds ~7 times that in float32,
 # of which a token reads under a third (~1.9 times the cache); the dense preset has the same
 # attention and an MLP as wide as the k experts a token uses, so one token reads the same bytes but
-# the router's (`minillm.load("random-moe-16x2")` once the family table lands).
+# the router's (`minillm.load("random-moe-16x2")`).
 
 RANDOM_SEED = 1234
 _ATTENTION = dict(n_layer=8, n_head=8, n_kv_head=2, head_dim=64, n_embd=512, n_ctx=1024, vocab_size=8192,
                   eps=1e-5, theta=1e4, tied=True)
-MOE_PRESETS: dict[str, LlamaConfig] = {
+SHAPES: dict[str, LlamaConfig] = {
     "random-moe-16x2": MoEConfig(**_ATTENTION, ffn=256, n_expert=16, top_k=2, expert_ffn=256),
     "random-moe-16x2-dense": LlamaConfig(**_ATTENTION, ffn=2 * 256),
 }
 
 
-def random_moe(name: str, dtype=np.float32, weights: str = "float32", device=None) -> Llama:
-    """A preset of MOE_PRESETS with seeded random weights (normal(0, 0.02)): an `MoE`, or for the
-    `-dense` one a `Llama`."""
-    try:
-        c = MOE_PRESETS[name]
-    except KeyError:
-        raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(MOE_PRESETS)}") from None
-    cls = MoE if isinstance(c, MoEConfig) else Llama
-    params = llama.random_params(c, RANDOM_SEED, 0.02, np.float32, expected=cls.manifest)
-    return cls(c, params, name=name, dtype=dtype, weights=weights, device=device)
+def random(config: LlamaConfig, target: Target | None = None, name: str = "", seed: int = RANDOM_SEED) -> Llama:
+    """A seeded model of this shape with random weights (normal(0, 0.02)): an `MoE` for a mixture's
+    config, a `Llama` for a dense one (the preset's twin)."""
+    if not isinstance(config, MoEConfig):
+        return llama.random(config, target, name, seed)
+    params = llama.random_params(config, seed, 0.02, (target or Target.numpy()).dtype, expected=MoE.manifest)
+    return MoE(config, params, target, name=name)
+
+
+CONFIG, MODEL = MoEConfig, MoE          # the family's row reads these (checkpoints/families.py)

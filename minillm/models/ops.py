@@ -22,7 +22,6 @@ import math
 import numpy as np
 
 from .. import backend, meter
-from ..kernels import invariant
 from .weights import as_weight, matmul  # noqa: F401  (matmul: the BLAS-shaped product, for tools)
 
 GELU_C = math.sqrt(2.0 / math.pi)
@@ -78,7 +77,7 @@ def linear(x: np.ndarray, w, b: np.ndarray | None = None) -> np.ndarray:
     """y = x W (+ b): w a weight (models/weights.py; a plain array is [in, out], as in the GPT-2
     checkpoint). [T, in] -> [T, out]."""
     w = as_weight(w)
-    y = invariant.matmul(w, x) if invariant.on() else w.matmul(x)      # [T, out]
+    y = w.matmul(x)                                                    # [T, out]
     if b is not None:
         y += b
     m = meter.active()
@@ -148,12 +147,13 @@ def causal_mask(Tq: int, Tk: int, dtype: np.dtype, xp=np) -> np.ndarray:
 QUERY_BLOCK = 128  # prefill queries per block: a block attends only to the keys its last query may see
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None, kernel=None) -> np.ndarray:
     """Causal scaled dot-product attention for all heads in one batched product.
 
-    q [H, Tq, hd] are the queries of the Tq newest positions; k, v [Hkv, Tk, hd] are the keys and
-    values of all Tk positions so far (Tk >= Tq), so query i sits at absolute position Tk - Tq + i
-    and may look at keys 0 .. Tk - Tq + i. Grouped-query attention: H = g·Hkv query heads share
+    q [H, Tq, hd] are the queries of the Tq newest positions; k, v [Hkv, >= Tk, hd] hold the keys and
+    values of all Tk positions so far in their first Tk rows (Tk >= Tq; None: every row, a cache's
+    `read_rows` may hold more), so query i sits at absolute position Tk - Tq + i and may look at
+    keys 0 .. Tk - Tq + i. Grouped-query attention: H = g·Hkv query heads share
     each key/value head, query heads j·g .. j·g+g-1 reading KV head j (GPT-2: g = 1); the g heads of
     a group are stacked as rows of one product, so each KV head is read once for all of them.
     A decode step (Tq == 1) is one block that needs no mask. A long prefill goes in blocks of
@@ -163,13 +163,18 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     Returns [H, Tq, hd].
 
     Reading k and v is counted by whoever handed them over: a KV cache's `read` as kv_read, the
-    pass-through of a cache-less forward as activations. In the batch-invariant mode
-    (kernels/invariant.py) each query runs over exactly its keys, in tiles from key 0, instead.
+    pass-through of a cache-less forward as activations.
+    kernel: another implementation, (q, k, v, Tk) -> (out, bytes of k and v it copied) (a kernel
+    set's: the fused tiles, the batch-invariant order), counted as what it does: no score matrix,
+    only the query-key pairs a query may see (`count_tiled_attention`).
     """
-    if invariant.on():
-        return invariant.attention(q, k, v)
+    Tk = k.shape[1] if Tk is None else int(Tk)
+    if kernel is not None:
+        out, copied = kernel(q, k, v, Tk)
+        count_tiled_attention(q, out, Tk, copied)
+        return out
     H, Tq, hd = q.shape
-    Hkv, Tk = k.shape[0], k.shape[1]
+    Hkv = k.shape[0]
     g = H // Hkv                                       # query heads per KV head
     q = q * (1.0 / math.sqrt(hd))                      # [H, Tq, hd]  scaled once, before the product
     xp = backend.namespace(q)
@@ -201,6 +206,18 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     return out
 
 
+def count_tiled_attention(q: np.ndarray, out: np.ndarray, Tk: int, copied: int = 0) -> None:
+    """What a causal attention without a score matrix reports: q [H, Tq, hd] and its output read and
+    written once (`copied`: bytes of keys and values copied to rows first), 4·hd FLOPs per causal
+    query-key pair, other: q's scaling, 5 per pair (the softmax's max, subtract, exp, sum, normalise)."""
+    m = meter.active()
+    if m is not None:
+        H, Tq, hd = q.shape
+        pairs = Tq * (Tk - Tq) + Tq * (Tq + 1) // 2           # query i sees Tk - Tq + i + 1 keys
+        m.count("attention", activations=q.nbytes + out.nbytes + copied, attention=4 * H * pairs * hd,
+                other=q.size + 5 * H * pairs)
+
+
 def decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
                      lengths: np.ndarray) -> np.ndarray:
     """Attention for B sequences' one new query each, in one batched product.
@@ -227,6 +244,24 @@ def decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarr
     return out
 
 
+def paged_decode_attention(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, table: np.ndarray,
+                           lengths: np.ndarray, kernel) -> np.ndarray:
+    """B sequences' one new query each over their keys in a paged pool, with no gather (a kernel set's
+    kernel: minillm/kernels/products.py): what `decode_attention` gives over the gathered, padded and
+    masked keys. q [H, B, hd]; k_pool, v_pool [Hkv, blocks, block_size, hd]; table [B, nb] each
+    sequence's blocks; lengths [B] its keys -> [H, B, hd].
+    Counted: the keys and values of each sequence's own positions, read from the pool (kv_read; no
+    copy, no padding), q and the output (activations); FLOPs as `attention`'s, per real key."""
+    out = kernel(q, k_pool, v_pool, table, lengths)
+    m = meter.active()
+    if m is not None:
+        H, _, hd = q.shape
+        keys = int(np.asarray(lengths).sum())
+        m.count("attention", kv_read=2 * k_pool.shape[0] * keys * hd * k_pool.itemsize,
+                activations=q.nbytes + out.nbytes, attention=4 * H * keys * hd, other=q.size + 5 * H * keys)
+    return out
+
+
 def lm_head(x: np.ndarray, head) -> np.ndarray:
     """Logits over the vocabulary: x times the head, [T, d] -> [T, V]. A tied head is the token
     embedding (a plain [V, d] array is taken as that table): x @ wte^T.
@@ -235,7 +270,7 @@ def lm_head(x: np.ndarray, head) -> np.ndarray:
     step. (A float head is kept contiguous [d, V], so it streams like every other [in, out] layer.)
     """
     head = as_weight(head, table=True)
-    logits = invariant.matmul(head, x) if invariant.on() else head.matmul(x)   # [T, V]
+    logits = head.matmul(x)                                                    # [T, V]
     m = meter.active()
     if m is not None:
         T = x.shape[0]
@@ -252,17 +287,21 @@ def lm_head(x: np.ndarray, head) -> np.ndarray:
 # tanh, add, halve; the product with the gate, then with the up projection).
 
 
-def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float, kernel=None) -> np.ndarray:
     """Root-mean-square norm over the last axis: x / sqrt(mean(x²) + eps) · w. No centring, no shift.
     x [..., n], w [n] -> [..., n] (Llama's norms over d, Qwen3's per-head q/k norms over hd).
-    (float16 rows are normalised in float32, then stored back in float16.)"""
-    ms = backend.row_sumsq(x, backend.accumulator(x.dtype))   # [..., 1]  sum of squares, no temporary
-    ms *= 1.0 / x.shape[-1]
-    ms += eps
-    backend.namespace(ms).sqrt(ms, out=ms)
-    y = x / ms                                              # [..., n]
-    y *= w
-    y = y.astype(x.dtype, copy=False)                       # (float32 and float64: y itself)
+    (float16 rows are normalised in float32, then stored back in float16.)
+    kernel: another implementation of the same values (a kernel set's), counted the same."""
+    if kernel is not None:
+        y = kernel(x, w, eps)
+    else:
+        ms = backend.row_sumsq(x, backend.accumulator(x.dtype))   # [..., 1]  sum of squares, no temporary
+        ms *= 1.0 / x.shape[-1]
+        ms += eps
+        backend.namespace(ms).sqrt(ms, out=ms)
+        y = x / ms                                              # [..., n]
+        y *= w
+        y = y.astype(x.dtype, copy=False)                       # (float32 and float64: y itself)
     m = meter.active()
     if m is not None:
         m.count("rms_norm", weights=w.nbytes, activations=x.nbytes + y.nbytes, other=4 * y.size)
@@ -280,37 +319,45 @@ def rope_tables(positions, head_dim: int, theta: float, dtype) -> tuple[np.ndarr
     return xp.cos(angles).astype(dtype), xp.sin(angles).astype(dtype)
 
 
-def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, kernel=None) -> np.ndarray:
     """Rotary position embedding, the rotate-half convention of transformers' Llama: coordinate i
     pairs with i + hd/2, and the pair turns by its position's angle.
-    x [H, N, hd]; cos, sin [N, hd/2] (the rows of these N positions) -> [H, N, hd], a new array."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]                   # [H, N, hd/2] each
-    xp = backend.namespace(x)
-    y = xp.empty_like(x)
-    y1, y2 = y[..., :half], y[..., half:]                   # views of y's halves (out= writes through them)
-    xp.multiply(x1, cos, out=y1)
-    xp.subtract(y1, x2 * sin, out=y1)                       # x1·cos − x2·sin
-    xp.multiply(x2, cos, out=y2)
-    xp.add(y2, x1 * sin, out=y2)                            # x2·cos + x1·sin
+    x [H, N, hd]; cos, sin [N, hd/2] (the rows of these N positions) -> [H, N, hd], a new array.
+    kernel: another implementation of the same values (a kernel set's), counted the same."""
+    if kernel is not None:
+        y = kernel(x, cos, sin)
+    else:
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]                   # [H, N, hd/2] each
+        xp = backend.namespace(x)
+        y = xp.empty_like(x)
+        y1, y2 = y[..., :half], y[..., half:]                   # views of y's halves (out= writes through them)
+        xp.multiply(x1, cos, out=y1)
+        xp.subtract(y1, x2 * sin, out=y1)                       # x1·cos − x2·sin
+        xp.multiply(x2, cos, out=y2)
+        xp.add(y2, x1 * sin, out=y2)                            # x2·cos + x1·sin
     m = meter.active()
     if m is not None:
         m.count("rope", activations=x.nbytes + y.nbytes + cos.nbytes + sin.nbytes, other=3 * y.size)
     return y
 
 
-def swiglu(gate_up: np.ndarray) -> np.ndarray:
+def swiglu(gate_up: np.ndarray, kernel=None) -> np.ndarray:
     """The SwiGLU gate: silu(gate) · up, where silu(g) = g·sigmoid(g) = g·(1 + tanh(g/2))/2 (the
     tanh form never overflows, so no floating-point state to switch per call).
-    gate_up [N, 2F] (the gate and up projections side by side, one product) -> [N, F]."""
-    F = gate_up.shape[-1] // 2
-    gate, up = gate_up[:, :F], gate_up[:, F:]               # [N, F] each
-    y = gate * 0.5
-    backend.namespace(y).tanh(y, out=y)
-    y += 1.0
-    y *= 0.5                                                # sigmoid(gate)
-    y *= gate
-    y *= up
+    gate_up [N, 2F] (the gate and up projections side by side, one product) -> [N, F].
+    kernel: another implementation of the same values (a kernel set's), counted the same."""
+    if kernel is not None:
+        y = kernel(gate_up)
+    else:
+        F = gate_up.shape[-1] // 2
+        gate, up = gate_up[:, :F], gate_up[:, F:]               # [N, F] each
+        y = gate * 0.5
+        backend.namespace(y).tanh(y, out=y)
+        y += 1.0
+        y *= 0.5                                                # sigmoid(gate)
+        y *= gate
+        y *= up
     m = meter.active()
     if m is not None:
         m.count("swiglu", activations=gate_up.nbytes + y.nbytes, other=6 * y.size)

@@ -12,9 +12,11 @@ blocks need four things from it, and nothing else:
     scored rows      which rows the LM head runs on (the last of a sequence, all of them, or none)
 
 `plan_step` builds it once (in the spirit of nano-vllm's prepare_prefill/prepare_decode), choosing
-how attention runs: a decode batch of short sequences in one paged pool as one gather per layer
-(`BatchedDecode`), anything else sequence by sequence over its own cache (`PerSequence`). Both
-implement `attend`, so the blocks never ask which one they got.
+how attention runs: a decode batch in one paged pool as one batch per layer (`BatchedDecode`: one
+gather of short sequences, or the kernel set's paged kernel over any lengths), anything else
+sequence by sequence over its own cache (`PerSequence`). Both implement `attend`, so the blocks never
+ask which one they got; both attend with the model's kernel set (models/kernel_sets.py), which the
+plan carries as `kernels`.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import numpy as np
 from .. import backend, meter
 from ..config import ModelConfig
 from ..errors import PromptError
-from ..kernels import invariant
 from . import ops
+from .kernel_sets import KernelSet, get as get_kernel_set
 
 BATCHED_DECODE_KEYS = 128   # up to this many keys per sequence, a decode batch is attended as one gather
 SCORES = ("last", "all", None)
@@ -44,18 +46,17 @@ class Span:
 
 
 class PerSequence:
-    """Each sequence in turn: write its new K, V into its cache, read every position so far, attend.
-    fused: the numba attention (minillm/kernels/) instead of ops.attention: no score matrix; a paged
-    sequence's one decode token attends over its blocks in the pool, no gather."""
+    """Each sequence in turn: write its new K, V into its cache, then attend over every position so far
+    with the kernel set's attention (the cache's rows in place: `read_rows`); a paged sequence's one
+    decode token, where the set has a paged kernel, over its blocks in the pool, no gather."""
 
-    def __init__(self, spans: list[Span], fused: bool = False) -> None:
+    def __init__(self, spans: list[Span], K: KernelSet) -> None:
         self.spans = spans
-        if fused:
-            from .. import kernels                                         # numba, loaded only when chosen
-            self.kernels = kernels
-            self.one = self.one_fused
-            self.tables = {id(s): np.asarray(s.cache.table, dtype=np.intp)[None]     # [1, blocks], once a step
-                           for s in spans if s.n == 1 and getattr(s.cache, "pool", None) is not None}
+        self.K = K
+        self.tables = {}
+        if K.paged_decode is not None:                                     # [1, blocks], once a step
+            self.tables = {id(s): np.asarray(s.cache.table, dtype=np.intp)[None]
+                           for s in spans if s.n == 1 and paged_float32(s.cache) is not None}
 
     def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         if len(self.spans) == 1:
@@ -66,24 +67,21 @@ class PerSequence:
             out[:, rows] = self.one(s, layer, q[:, rows], k[:, rows], v[:, rows])
         return out
 
-    @staticmethod
-    def one(s: Span, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    def one(self, s: Span, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         """One sequence: store its new K, V [Hkv, n, hd], then its queries attend over every position so far."""
         s.cache.write(layer, s.pos, k, v)
-        k_all, v_all = s.cache.read(layer, s.pos + s.n)                    # [Hkv, pos+n, hd]
-        return ops.attention(q, k_all, v_all)                              # [H, n, hd]
-
-    def one_fused(self, s: Span, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """`one` with the fused kernels (float32): FlashAttention's tiles over what the cache reads,
-        or, for a paged sequence's decode token, the paged kernel over its own blocks (it counts
-        its kv_read itself)."""
-        kernels = self.kernels
-        s.cache.write(layer, s.pos, k, v)
-        pool = getattr(s.cache, "pool", None)
-        if pool is not None and s.n == 1 and pool.k.dtype == np.float32:
-            return kernels.paged_decode_attention(q, pool.k[layer], pool.v[layer], self.tables[id(s)], [s.pos + 1])
+        table = self.tables.get(id(s))
+        if table is not None:
+            pool = s.cache.pool
+            return self.K.paged_decode(q, pool.k[layer], pool.v[layer], table, [s.pos + 1])
         k_all, v_all = s.cache.read_rows(layer, s.pos + s.n)               # [Hkv, >= pos+n, hd]
-        return kernels.attention(q, k_all, v_all, s.pos + s.n)             # [H, n, hd]
+        return self.K.attention(q, k_all, v_all, s.pos + s.n)              # [H, n, hd]
+
+
+def paged_float32(cache):
+    """The cache's paged pool when its keys are float32 (a paged kernel's input), else None."""
+    pool = getattr(cache, "pool", None)
+    return pool if pool is not None and pool.k.dtype == np.float32 else None
 
 
 class BatchedDecode:
@@ -95,14 +93,15 @@ class BatchedDecode:
     The gather is a copy, counted as one: kv_read for the blocks the sequences really hold,
     activations for writing the copy and for attention reading it (padding included: it is moved).
     It pays while the sequences are short: one gather instead of B small reads. `plan_step` uses it
-    up to BATCHED_DECODE_KEYS keys; `minillm bench --batch` shows both ways.
+    up to BATCHED_DECODE_KEYS keys; `minillm bench --batch` shows both ways. With a kernel set's
+    paged kernel (`paged_decode`) nothing is gathered, padded or masked, at any length.
     """
 
-    def __init__(self, pool, caches: list, fused: bool = False) -> None:
+    def __init__(self, pool, caches: list, paged_decode=None) -> None:
         bs = pool.block_size
         xp = backend.namespace(pool.k)                                     # the pool's device
         self.pool = pool
-        self.fused = fused                 # the paged kernel (minillm/kernels/): no gather, no padding, no mask
+        self.paged_decode = paged_decode   # the kernel set's paged kernel: no gather, no padding, no mask
         B = len(caches)
         pos = np.array([c.length for c in caches], dtype=np.intp)          # each new token's position
         self.lengths = pos + 1
@@ -116,8 +115,8 @@ class BatchedDecode:
         self.blocks = xp.asarray(table[np.arange(B), pos // bs])          # where each new key goes   moved once
         self.offsets = xp.asarray(pos % bs)                                #                           a step)
         self.T = nb * bs
-        self.mask = None                   # the fused kernel reads each sequence's own keys: no mask
-        if not fused:
+        self.mask = None                   # the paged kernel reads each sequence's own keys: no mask
+        if paged_decode is None:
             keys = np.arange(self.T)
             mask = np.where(keys[None, :] < self.lengths[:, None], 0.0, -np.inf).astype(pool.k.dtype)[:, None, :]
             self.mask = xp.asarray(mask)                                   # [B, 1, T]; lengths stay on the host
@@ -126,10 +125,8 @@ class BatchedDecode:
     def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         """q [H, B, hd], the B new keys and values [Hkv, B, hd] -> [H, B, hd]."""
         self.write(layer, k, v)
-        if self.fused:                                                     # reads the pool in place
-            from .. import kernels
-            return kernels.paged_decode_attention(q, self.pool.k[layer], self.pool.v[layer], self.table,
-                                                  self.lengths)
+        if self.paged_decode is not None:                                  # reads the pool in place
+            return self.paged_decode(q, self.pool.k[layer], self.pool.v[layer], self.table, self.lengths)
         k_all, v_all = self.read(layer)                                    # [Hkv, B, T, hd]
         return ops.decode_attention(q, k_all, v_all, self.mask, self.lengths)
 
@@ -153,18 +150,63 @@ class BatchedDecode:
         return k, v
 
 
-def batched_decode(spans: list[Span], fused: bool = False) -> BatchedDecode | None:
-    """B > 1 decode tokens in one paged pool, none with more than BATCHED_DECODE_KEYS keys: one
-    gather per layer beats B separate reads. Not in the batch-invariant mode (kernels/invariant.py),
-    where every sequence attends on its own, exactly as it would alone. Fused: any lengths (the paged
-    kernel gathers nothing)."""
-    if invariant.on() or len(spans) < 2 or any(s.n != 1 for s in spans):
+class StaticDecode(BatchedDecode):
+    """The plan of a decode step with static shapes, for a CUDA graph (engine/static.py): B slots,
+    each owning a fixed row of a [B, nb] block table from the start, their token ids and positions
+    in buffers on the device, read by the step and refilled between steps, so the step reads no host
+    value. Every slot attends over its whole table, T = nb·block_size positions, the ones not written
+    yet masked: the same gather and the same product every step. A `BatchedDecode` whose lengths are
+    the whole table: the same write, gather and counts (every key moved and multiplied, masked too).
+
+    `prepare()` (inside the step a graph records) derives where the new keys go and the mask from
+    the positions buffer; the model's `step_plan` then runs it like any plan."""
+
+    def __init__(self, pool, table, ids, positions, kernel_set: KernelSet) -> None:
+        B, nb = table.shape
+        self.pool, self.table, self.ids, self.positions = pool, table, ids, positions     # device buffers
+        self.paged_decode = None
+        self.kernels = kernel_set
+        self.T = nb * pool.block_size
+        self.keys = backend.namespace(table).arange(self.T)                # [T]
+        self.lengths = np.full(B, self.T)                                  # the work done: every key
+        self.held = B * self.T
+        self.rows = None                                                   # every row is scored
+        self.attend = self.attend                                          # (a bound method, as StepPlan's)
+
+    @property
+    def rows_of_positions(self):
+        return self.positions
+
+    def prepare(self) -> None:
+        """From the positions buffer, on the device: each new key's block and offset, and the mask."""
+        xp, bs = backend.namespace(self.table), self.pool.block_size
+        self.blocks = xp.take_along_axis(self.table, (self.positions // bs)[:, None], axis=1)[:, 0]   # [B]
+        self.offsets = self.positions % bs                                                          # [B]
+        mask = xp.where(self.keys[None, :] <= self.positions[:, None], 0.0, -np.inf)                # [B, T]
+        self.mask = mask.astype(self.pool.k.dtype)[:, None, :]                                      # [B, 1, T]
+
+    def meter_step(self):
+        return meter.NO_STEP                    # the slots' owner records the step (outside a capture)
+
+    def advance(self) -> None:
+        pass                                    # the owner moves the positions buffer on
+
+    def finish(self, logits):
+        return logits                           # [B, V], left on the device (a greedy argmax follows there)
+
+
+def batched_decode(spans: list[Span], K: KernelSet) -> BatchedDecode | None:
+    """B > 1 decode tokens in one paged pool, attended as one batch: with the kernel set's paged kernel
+    at any lengths (it gathers nothing), else as one gather per layer while no sequence has more than
+    BATCHED_DECODE_KEYS keys (one gather beats B separate reads). None where the set attends each
+    sequence on its own (the batch-invariant set: exactly as it would alone)."""
+    if not K.gather_decode or len(spans) < 2 or any(s.n != 1 for s in spans):
         return None
     pool = getattr(spans[0].cache, "pool", None)
     if pool is None or any(getattr(s.cache, "pool", None) is not pool for s in spans):
         return None
-    if fused and pool.k.dtype == np.float32:
-        return BatchedDecode(pool, [s.cache for s in spans], fused=True)
+    if K.paged_decode is not None and paged_float32(spans[0].cache) is not None:
+        return BatchedDecode(pool, [s.cache for s in spans], K.paged_decode)
     if max(s.pos for s in spans) >= BATCHED_DECODE_KEYS:
         return None
     return BatchedDecode(pool, [s.cache for s in spans])
@@ -197,7 +239,7 @@ class StepPlan:
     """What the blocks and the head need from one step (see the module's docstring)."""
 
     def __init__(self, spans: list[Span], ids: np.ndarray, positions: np.ndarray, wants: list, xp=np,
-                 kernels: str = "numpy") -> None:
+                 kernel_set: KernelSet | None = None) -> None:
         self.spans = spans
         self.xp = xp                        # the weights' module: ids and positions go to their device
         self.ids = xp.asarray(ids)          # [N]
@@ -205,8 +247,8 @@ class StepPlan:
         one = spans[0]
         self.rows_of_positions = slice(one.pos, one.pos + one.n) if len(spans) == 1 else self.positions
         self.wants = wants                  # per sequence: "last", "all" or None
-        fused = kernels == "fused" and not invariant.on()   # the batch-invariant mode attends its own way
-        self.attention = batched_decode(spans, fused) or PerSequence(spans, fused)
+        self.kernels = K = kernel_set or get_kernel_set("numpy")           # the model's kernel set
+        self.attention = batched_decode(spans, K) or PerSequence(spans, K)
         self.attend = self.attention.attend
         rows = []
         for s, w in zip(spans, wants):
@@ -242,6 +284,10 @@ class StepPlan:
         for s in self.spans:
             s.cache.advance(s.n)
 
+    def finish(self, logits):
+        """The head's [S, V] logits on the host, one entry per sequence (`split`)."""
+        return self.split(backend.host_logits(logits))
+
     def split(self, logits: np.ndarray | None) -> list:
         """The head's [S, V] logits, one entry per sequence: [V] (last), [n, V] (all) or None."""
         out, i = [], 0
@@ -257,10 +303,10 @@ class StepPlan:
         return out
 
 
-def plan_step(batch, scores, config: ModelConfig, xp=np, kernels: str = "numpy") -> StepPlan:
+def plan_step(batch, scores, config: ModelConfig, xp=np, kernel_set: KernelSet | None = None) -> StepPlan:
     """Check a step's batch [(ids, cache), ...] and lay it out. Every cache must already have room for
     its new positions (`cache.reserve(n)`: the caller's job, the engine's block manager in a server).
-    kernels: "fused" attends with the numba kernels (the model's `kernels`)."""
+    kernel_set: the model's (None: the NumPy reference)."""
     if not batch:
         raise PromptError("a step needs at least one sequence")
     wants = [scores] * len(batch) if scores is None or isinstance(scores, str) else list(scores)
@@ -282,4 +328,4 @@ def plan_step(batch, scores, config: ModelConfig, xp=np, kernels: str = "numpy")
     else:
         ids = np.concatenate(chunks)
         positions = np.concatenate([np.arange(s.pos, s.pos + s.n) for s in spans])
-    return StepPlan(spans, ids, positions, wants, xp, kernels)
+    return StepPlan(spans, ids, positions, wants, xp, kernel_set)

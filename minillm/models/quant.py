@@ -49,6 +49,7 @@ TILE_BYTES = 1 << 20       # float32 scratch per tile: this machine's L2 (1 MiB 
 # Measured on GPT-2 small's shapes, Q8_0, one thread, whole decode pass (2-core EPYC, L2 1 MiB,
 # L3 32 MiB, under other load): 256 KiB 0.89 ns a weight, 512 KiB 0.73, 1 MiB 0.59, 2 MiB 0.47-0.79,
 # 4 MiB 1.11. Small tiles pay NumPy's per-call cost (~10 calls a tile), big ones leave L2.
+OUT_TILE = 256            # the fixed-order product (`fixed_matmul`): output rows widened at a time
 DECODE_ROWS = 8            # up to this many rows of x: the scale after the product (see above)
 
 
@@ -166,6 +167,15 @@ class QuantMatrix:
 
     def __repr__(self) -> str:
         return f"QuantMatrix({self.fmt.name}, {self.shape[0]}x{self.shape[1]}, {self.nbytes:,} bytes)"
+
+    @property
+    def stored_as(self) -> str:
+        """Its format's name (the weight interface: what a model's `weights` label counts)."""
+        return self.fmt.name
+
+    def stored(self, rows: bool = False) -> "QuantMatrix":
+        """As a checkpoint holds it: itself ([out, in] rows of blocks, as GGUF keeps them)."""
+        return self
 
     # -- building ----------------------------------------------------------------------------------
 
@@ -355,8 +365,18 @@ class QuantMatrix:
             ops += R * C * (1 if self.fmt.name == "q8_0" else 2)
         return {"weights": self.nbytes, "scratch": 2 * itemsize * (R * C + n_s * R * nb), "dequant": ops}
 
-
-    matmul_t = matmul     # its earlier name (x times the transposed rows)
+    def fixed_matmul(self, x: np.ndarray) -> np.ndarray:
+        """`matmul`'s values with each output summed over the input in index order, so that a row's
+        result never depends on the other rows (the batch-invariant kernel set): OUT_TILE rows at a
+        time widened as `rows` widens them, laid out [in, n], multiplied by the fixed-order kernel."""
+        from ..kernels import batch_invariant
+        x = np.ascontiguousarray(x)
+        y = np.empty((x.shape[0], self.n_out), x.dtype)
+        for r0 in range(0, self.n_out, OUT_TILE):
+            r1 = min(self.n_out, r0 + OUT_TILE)
+            tile = np.ascontiguousarray(self.rows(np.arange(r0, r1), x.dtype).T)      # [in, n]
+            y[:, r0:r1] = batch_invariant.matmul(x, tile)
+        return y
 
     def rows_counts(self, N: int) -> dict:
         """What `rows` on N rows reads and does: their blocks' bytes; per value the cast (Q4: + mask
@@ -379,5 +399,3 @@ def _scratch(n: int, dtype, what: str = "tile") -> np.ndarray:
         buf = _SCRATCH[key] = np.empty(n, dtype)
     return buf[:n]
 
-
-WEIGHTS = ("float32", "q8_0", "q4_0", "q4_1", "native")   # what `minillm.load(weights=...)` accepts

@@ -11,14 +11,18 @@ answers the same calls, so `models/ops.py` never asks what kind of weight it hol
     w.counts(T, itemsize)    what a product of T rows costs the meter: {"weights": bytes read,
                              "dequant": widening FLOPs, "scratch": bytes through the cache}
     w.rows_counts(N)         the same for gathering N rows: {"weights": ..., "dequant": ...}
+    w.fixed_matmul(x)        matmul's values, each output summed over the input in index order: a
+                             row's result whatever rows come with it (the batch-invariant kernels)
+    w.stored_as, w.stored()  its format's name, and its array as a checkpoint holds it
 
 Two implementations, both NumPy:
     Dense        a float array kept [in, out] for BLAS (its `matmul` shapes the product, below)
     QuantMatrix  [out, in] rows of GGUF blocks, widened by NumPy a tile at a time (models/quant.py)
-and one on a device (`make_weight(..., device=)`, backend.py):
+and one on a device (backend.py):
     DeviceDense  a Dense whose array lives on the device (CuPy on a GPU): the plain product `x @ a`
-Fused CPU kernels and GPU arrays are further classes answering the same calls; a model's
-constructor makes every weight through `make_weight`, so that choice is made in one place.
+The kernel sets add theirs (models/fused.py: numba products; `FixedOrder*` below: the
+batch-invariant set's). A model's constructor makes every weight through `make_weight(w, target)`:
+the target (models/target.py) says which, once.
 """
 
 from __future__ import annotations
@@ -30,17 +34,21 @@ import numpy as np
 from .. import backend
 from ..errors import WeightsError
 from .quant import FORMATS, QuantMatrix
+from .target import CPU, FLOATS, Target
 
 
 class Weight(Protocol):
     n_in: int
     n_out: int
     nbytes: int
+    stored_as: str               # "float32", "q8_0", ...: the format its values are kept in
 
     def matmul(self, x: np.ndarray) -> np.ndarray: ...
+    def fixed_matmul(self, x: np.ndarray) -> np.ndarray: ...
     def rows(self, ids: np.ndarray, dtype=None) -> np.ndarray: ...
     def counts(self, T: int, itemsize: int = 4) -> dict: ...
     def rows_counts(self, N: int) -> dict: ...
+    def stored(self, rows: bool = False): ...
 
 
 # -- the product at the heart of every layer --------------------------------------------------------
@@ -103,8 +111,26 @@ class Dense:
     def __repr__(self) -> str:
         return f"Dense({self.a.dtype}, {self.n_in}x{self.n_out}, {self.nbytes:,} bytes)"
 
+    stored_as = property(lambda self: self.a.dtype.name)
+
+    def stored(self, rows: bool = False) -> np.ndarray:
+        """As a checkpoint holds it: [in, out], or with rows=True its [out, in] rows (a view, no copy)."""
+        return self.a.T if rows else self.a
+
     def matmul(self, x: np.ndarray) -> np.ndarray:
         return matmul(x, self.a)                    # [T, out]
+
+    def fixed_matmul(self, x: np.ndarray) -> np.ndarray:
+        """matmul's values summed in index order (kernels/batch_invariant.py), over a contiguous [in, out]."""
+        from ..kernels import batch_invariant
+        a = self.a if self.a.flags.c_contiguous and self.a.dtype == x.dtype else self.in_out(x.dtype)
+        return batch_invariant.matmul(x, a)
+
+    def in_out(self, dtype) -> np.ndarray:
+        """A contiguous [in, out] copy in dtype, made once (the fixed-order product's layout)."""
+        if getattr(self, "_in_out", None) is None or self._in_out.dtype != dtype:
+            self._in_out = np.ascontiguousarray(self.a, dtype=dtype)
+        return self._in_out
 
     def rows(self, ids: np.ndarray, dtype=None) -> np.ndarray:
         return self.a.T[ids]                        # [N, in]  a gather: a copy
@@ -131,66 +157,71 @@ class DeviceDense(Dense):
         return x @ self.a                           # [T, out]
 
 
-def to_device(w, device: backend.Device) -> Weight:
-    """A weight made on the host, moved once onto `device`. Quantized weights stay on the CPU: NumPy
-    widens their blocks there, and no GPU kernel for them is written yet."""
-    if not isinstance(w, Dense):
-        raise backend.DeviceError(f"{w.fmt.name} weights run on the CPU only; on --device {device.name} use "
-                                  "--weights float32 (float16 on a GPU: the default there)")
-    return DeviceDense(device.asarray(w.a))
+class FixedOrderDense(Dense):
+    """The batch-invariant kernel set's float weight: a Dense whose product is its fixed-order one."""
+
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        return self.fixed_matmul(x)
 
 
-def fused_on_device(parts: list, rows: bool, dtype, xp):
-    """Device arrays (random weights drawn on a GPU) fused as make_weight fuses host ones: [in, out]."""
+class FixedOrderQuant(QuantMatrix):
+    """The batch-invariant kernel set's quantized weight: the same planes, the fixed-order product."""
+
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        return self.fixed_matmul(x)
+
+
+def fixed_order(w):
+    """A NumPy weight as the batch-invariant set's (the same arrays, no copy)."""
+    if isinstance(w, QuantMatrix):
+        return FixedOrderQuant(w.fmt, w.q, w.d, w.m)
+    return FixedOrderDense(w.a)
+
+
+def to_device(w, target: Target) -> Weight:
+    """A weight made on the host, moved once onto the target's device (floats only: the target
+    refused quantized weights off the CPU already)."""
+    return DeviceDense(target.device.asarray(w.a))
+
+
+def stacked_on_device(parts: list, rows: bool, dtype, xp):
+    """Device arrays (random weights drawn on a GPU) stacked as make_weight stacks host ones: [in, out]."""
     floats = [p.T if rows else p for p in parts]                                  # [in, out] each
     a = xp.concatenate([f.T for f in floats], axis=0).T if len(floats) > 1 else floats[0]
     return xp.ascontiguousarray(a, dtype=dtype)
 
 
-def on_device(a, device: backend.Device | None):
+def on_device(a, target: Target):
     """A model's other arrays (norms, biases, position tables) on its device: a, or a copy there."""
-    return a if device is None or device.xp is np else device.asarray(a)
+    return a if target.on_cpu else target.device.asarray(a)
 
 
-FLOATS = ("float32", "float64")   # weights= values that keep (or widen to) floats in the model's dtype
-
-
-def check_weights(weights: str) -> str:
-    """`weights=` as one of the values a model takes: "float32" or "float64" (floats, in the model's
-    dtype: a model's own `weights` label passed back gives the same kind of model), "native" (a
-    GGUF's Q8_0 / Q4_0 / Q4_1 blocks kept as the file has them), or a format to quantize to at load
-    ("q8_0", "q4_0", "q4_1")."""
-    w = str(weights).lower()
-    if w not in (*FLOATS, "native", *FORMATS):
-        raise WeightsError(f"weights={weights!r}: choose one of float32, native, {', '.join(FORMATS)}")
-    return w
-
-
-def make_weight(w, weights: str = "float32", dtype=np.float32, *, rows: bool = False,
-                contiguous: bool = True, device: backend.Device | None = None, kernels: str = "numpy") -> Weight:
-    """The one place a model's product weights are made (the fused CPU kernels and the GPU
-    arrays are chosen here).
+def make_weight(w, target: Target = CPU, *, rows: bool = False, contiguous: bool = True) -> Weight:
+    """The one place a model's product weights are made: NumPy's, then the target's kernel set's
+    implementation of it (models/kernel_sets.py), or the device's.
 
     w: a float array [in, out] (a view is fine; with rows=True its [out, in] rows: a torch Linear's
     weight, or an embedding table [V, d], the tied LM head), a `QuantMatrix` ([out, in] rows of
-    blocks, as a GGUF stores them), or a list of them fused (outputs one after another: q|k|v, gate|up).
-    weights: "float32" widens quantized parts to floats in `dtype`; "native" keeps a file's blocks
-    when every part has the same format (a product that mixes formats is widened); "q8_0" / "q4_0" /
-    "q4_1" keeps parts already in that format and quantizes the others' floats to it.
-    contiguous: a float weight is copied contiguous (the layout BLAS streams); False keeps a view,
-    for an embedding table that is only gathered from.
-    device: where the weight lives (backend.Device); None or the CPU: NumPy. Another device gets
-    the host weight moved once (`to_device`: floats only).
-    kernels: "numpy" (the reference: Dense, QuantMatrix) or "fused" (minillm/kernels/: the same
-    weight multiplied by numba kernels that read it once; float32 on the CPU only; see `fused_weight`).
+    blocks, as a GGUF stores them), or a list of them stacked (outputs one after another: q|k|v, gate|up).
+    target.weights: "float32" widens quantized parts to floats in target.dtype; "native" keeps a
+    file's blocks when every part has the same format (a product that mixes formats is widened);
+    "q8_0" / "q4_0" / "q4_1" keeps parts already in that format and quantizes the others' floats to it.
+    contiguous: a float weight is copied contiguous (the layout BLAS streams) and made the kernel
+    set's; False keeps a NumPy view, for an embedding table that is only gathered from.
     """
-    if kernels == "fused" and np.dtype(dtype) == np.float32 and contiguous and (device is None or device.xp is np):
-        return fused_weight(make_weight(w, weights, dtype, rows=rows, contiguous=False))
     parts = w if isinstance(w, list) else [w]
-    if device is not None and device.xp is not np:
+    if not target.on_cpu:
         if all(not isinstance(p, (np.ndarray, QuantMatrix)) for p in parts):   # on the device already (drawn there)
-            return DeviceDense(fused_on_device(parts, rows, dtype, device.xp))
-        return to_device(make_weight(w, weights, dtype, rows=rows, contiguous=contiguous), device)
+            return DeviceDense(stacked_on_device(parts, rows, target.dtype, target.xp))
+        return to_device(numpy_weight(parts, target.weights, target.dtype, rows, contiguous), target)
+    if not contiguous:
+        return numpy_weight(parts, target.weights, target.dtype, rows, contiguous=False)
+    K = target.kernel_set()
+    return K.weight(numpy_weight(parts, target.weights, target.dtype, rows, contiguous=not K.lays_out))
+
+
+def numpy_weight(parts: list, weights: str, dtype, rows: bool, contiguous: bool) -> Weight:
+    """NumPy's weight of `make_weight`'s parts: a QuantMatrix (kept or quantized) or a Dense."""
     fmt = weights if weights in FORMATS else None
     quant = [p for p in parts if isinstance(p, QuantMatrix)]
     if weights not in FLOATS and quant and len(quant) == len(parts) \
@@ -207,31 +238,10 @@ def make_weight(w, weights: str = "float32", dtype=np.float32, *, rows: bool = F
     return Dense(np.ascontiguousarray(a, dtype=dtype) if contiguous else np.asarray(a, dtype=dtype))
 
 
-KERNELS = ("numpy", "fused")
-
-
-def fused_weight(w):
-    """NumPy's weight -> its fused implementation (minillm/kernels/, numba): a QuantMatrix's planes
-    as they are (FusedQuant), a float32 Dense as its [out, in] rows (FusedDense: a torch or GGUF
-    checkpoint's rows kept without a copy, GPT-2's [in, out] copied transposed once, at load)."""
-    from ..kernels import fuse
-    return fuse(w.a.T, transposed=True) if isinstance(w, Dense) else fuse(w)
-
-
-def check_kernels(kernels: str) -> str:
-    """`kernels=` as one of KERNELS (one clear line otherwise)."""
-    k = str(kernels).lower()
-    if k not in KERNELS:
-        raise WeightsError(f"kernels={kernels!r}: choose numpy (the reference) or fused (numba)")
-    return k
-
-
 def stored(w, rows: bool = False):
     """A weight as a checkpoint holds it: a float weight's array ([in, out], or with rows=True its
-    [out, in] rows: a view, no copy), a quantized one as it is."""
-    if isinstance(w, Dense) or hasattr(w, "wt"):     # Dense (on a device too), the fused kernels' FusedDense
-        return w.a.T if rows else w.a
-    return w
+    [out, in] rows: a view, no copy), a quantized one as it is; any other array (a norm) as it is."""
+    return w.stored(rows) if isinstance(w, (Dense, QuantMatrix)) else w
 
 
 def as_weight(w, table: bool = False) -> Weight:
@@ -246,9 +256,9 @@ def as_weight(w, table: bool = False) -> Weight:
 def label(mats: list, dtype) -> tuple[str, int]:
     """The one rule for a model's `weights` label: the most common format among its blocks' products
     (`model.matrices(head=False)`; its dtype's name if none is quantized), and how many products stay in floats beside
-    quantized ones (a GGUF that mixes formats in one fused product)."""
-    kinds = [w.fmt.name if isinstance(w, QuantMatrix) else np.dtype(dtype).name for w in mats]
-    quantized = [k for k in kinds if k != np.dtype(dtype).name]
+    quantized ones (a GGUF that mixes formats in one stacked product)."""
+    kinds = [w.stored_as for w in mats]
+    quantized = [k for k in kinds if k not in FLOATS and k != np.dtype(dtype).name]
     if not quantized:
         return np.dtype(dtype).name, 0
     return max(set(quantized), key=quantized.count), len(kinds) - len(quantized)

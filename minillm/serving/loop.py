@@ -27,11 +27,11 @@ KEEP_STEPS = 64      # step records the live view looks back on; older ones are 
 class EngineLoop:
     def __init__(self, model, *, kv_memory: int, block_size: int = 16, max_seqs: int = 16,
                  max_waiting: int = 64, max_batched_tokens: int = 256, prefix_cache: bool = False,
-                 on_step=None, deterministic: bool = False) -> None:
+                 on_step=None) -> None:
         self.model = model
         self.engine = Engine(model, kv_memory=kv_memory, block_size=block_size, prefix_cache=prefix_cache,
                              policy="continuous", max_seqs=max_seqs, max_batched_tokens=max_batched_tokens,
-                             clock=time.monotonic, keep_steps=KEEP_STEPS, deterministic=deterministic)
+                             clock=time.monotonic, keep_steps=KEEP_STEPS)
         self.view = on_step
         self.pool = self.engine.pool
         self.max_waiting = max_waiting

@@ -182,7 +182,7 @@ def summarize(engine, label: str | None = None, hw=None, slo: dict | None = None
         "policy": label or sched.policy,
         "requests": len(reqs),
         "prefix_cache": engine.blocks.prefix_cache,
-        "deterministic": engine.deterministic,
+        "kernels": engine.model.kernels,
         "block_size": engine.blocks.block_size,
         "kv_blocks": engine.blocks.num_blocks,
         "max_seqs": sched.max_seqs,

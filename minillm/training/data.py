@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from ..checkpoints.checkpoint import load_checkpoint
-from ..config import GPT2Config
+from ..models.gpt2 import GPT2Config
 from ..errors import MiniLLMError
 from ..paths import expand_user, not_a_regular_file, read_capped
 from ..bpe import tokenizer

@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 
-from ..checkpoints.checkpoint import random_params
-from ..config import GPT2Config
+from ..models.gpt2 import random_params
+from ..models.gpt2 import GPT2Config
 from ..errors import MiniLLMError
 from .ops import (attention_backward, attention_forward, dropout_backward, dropout_forward, embedding_backward,
                   embedding_forward, gelu_backward, gelu_forward, layernorm_backward, layernorm_forward,

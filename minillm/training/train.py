@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoints.checkpoint import save_checkpoint
-from ..config import GPT2Config
+from ..models.gpt2 import GPT2Config
 from ..errors import MiniLLMError, WeightsError
 from ..paths import TEMP_NAME_ROOM, expand_user
 from .data import evaluate, get_batch, load_tokens, split_tokens

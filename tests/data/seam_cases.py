@@ -1,8 +1,10 @@
 """The models and steps whose logits and meter counts must not move when the weights' and families'
-code is rewritten (issue 28): tests/data/seam_before.npz was saved by this script run in a checkout
-of the code before that change (`git worktree add /tmp/before 0576de0`, copy this file there, run
-`MINILLM_WHEELS=... python tests/data/seam_cases.py` in it); tests/test_seam.py compares the code of
-the day with it, bit for bit.
+code is rewritten: tests/data/seam_before.npz (the NumPy kernels) was saved by this script run in a
+checkout of the code before issue 28's change (`git worktree add /tmp/before 0576de0`, copy this
+file there, run `MINILLM_WHEELS=... python tests/data/seam_cases.py` in it), and
+tests/data/seam_before_fused.npz (the fused kernels, `MINILLM_SEAM_KERNELS=fused`) in a checkout of
+0f40f9d, before the target and kernel sets (issue 38); tests/test_seam.py compares the code of the
+day with both, bit for bit.
 
 Each case: a prefill of a short prompt, then three greedy decode steps, then one batched step of
 two sequences; saved per step: the logits (whole for a small vocabulary, else the first 16 and a
@@ -23,18 +25,20 @@ import numpy as np
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 FIXTURES = HERE.parent / "fixtures"
-OUT = HERE / "seam_before.npz"
+KERNELS = ("numpy", "fused")
+FILES = {"numpy": HERE / "seam_before.npz", "fused": HERE / "seam_before_fused.npz"}
+OUT = FILES["numpy"]
 PROMPT = [5, 17, 42, 7, 99, 3, 11]
 HEAD = 16             # logits saved as they are per row; the rest as a SHA-256 of all the bytes
 
 
-def cases(tmp: Path, smollm: bool = True):
-    """name -> a function building the model (float32)."""
+def cases(tmp: Path, smollm: bool = True, kernels: str = "numpy"):
+    """name -> a function building the model (float32; one float64 case with the NumPy kernels)."""
     from functools import partial
 
     import minillm
     from minillm.checkpoints.gguf_gpt2 import write_gguf
-    load = partial(minillm.load, kernels="numpy")       # the NumPy reference, bit for bit (not the fused default)
+    load = partial(minillm.load, kernels=kernels)       # the kernels named, bit for bit (not the default)
 
     def gpt2_gguf(fmt):
         def build():
@@ -64,7 +68,8 @@ def cases(tmp: Path, smollm: bool = True):
     out["random-tiny:q8_0"] = lambda: load("random-tiny", weights="q8_0")
     out["random-tiny:q4_0"] = lambda: load("random-tiny", weights="q4_0")
     out["random-tiny:q4_1"] = lambda: load("random-tiny", weights="q4_1")
-    out["random-tiny:float64"] = lambda: load("random-tiny", dtype=np.float64)
+    if kernels == "numpy":                              # the fused kernels compute in float32 only
+        out["random-tiny:float64"] = lambda: load("random-tiny", dtype=np.float64)
     out["small"] = lambda: load("small", quiet=True)
     out["gguf:random-tiny-q8_0"] = gpt2_gguf("q8_0")
     out["gguf:random-tiny-q4_0"] = gpt2_gguf("q4_0")
@@ -121,13 +126,15 @@ def home_with_smollm(tmp: Path) -> bool:
 
 if __name__ == "__main__":
     import tempfile
+    kernels = os.environ.get("MINILLM_SEAM_KERNELS", "numpy")
+    OUT = FILES[kernels]
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         have = home_with_smollm(tmp)
         if not have:
             sys.exit("set MINILLM_WHEELS to the folder holding SmolLM2's wheel (see tests/test_smollm2.py)")
         arrays = {}
-        for name, build in cases(tmp).items():
+        for name, build in cases(tmp, kernels=kernels).items():
             arrays |= pack(name, run(build()))
             print(name, file=sys.stderr)
         np.savez_compressed(OUT, **arrays)

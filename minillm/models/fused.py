@@ -1,5 +1,6 @@
-"""Weights that multiply with the fused kernels, answering the weight interface of models/ (n_in,
-n_out, nbytes, matmul, rows, counts, rows_counts) like the NumPy `Dense` and `QuantMatrix` do.
+"""The fused kernel set's weights (numba products, minillm/kernels/), answering the weight interface
+of models/weights.py (n_in, n_out, nbytes, matmul, rows, counts, rows_counts, ...) like the NumPy
+`Dense` and `QuantMatrix` they are made from (`fuse`), whose subclasses they are.
 
 FusedQuant is a QuantMatrix (same planes, same bytes, same `rows` and `dequantize`) whose product
 runs the fused kernel for up to FUSED_ROWS rows of x in float32: each block's bytes read once,
@@ -25,8 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..models.quant import QK, QuantMatrix
-from . import products
+from ..kernels import products
+from .quant import QK, QuantMatrix
+from .weights import Dense
 
 FUSED_ROWS = 32       # quantized: rows of x up to which the fused kernel runs (more: widening + BLAS)
 DENSE_ROWS = (1, 8)   # float32: rows of x for which the fused kernel runs (prefill: BLAS)
@@ -44,7 +46,7 @@ class FusedQuant(QuantMatrix):
 
     def __init__(self, fmt, q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> None:
         super().__init__(fmt, q, d, m)
-        self.planes = products.planes(self)     # the kernel's arguments, made once (not per product)
+        self.planes = products.planes(q, d, m)  # the kernel's arguments, made once (not per product)
 
     def __repr__(self) -> str:
         return "Fused" + super().__repr__()
@@ -61,13 +63,11 @@ class FusedQuant(QuantMatrix):
         """Does a product of T rows of `dtype` run the fused kernel?"""
         return T <= FUSED_ROWS and dtype == np.float32      # a dtype or a scalar type: no np.dtype() per call
 
-    def matmul_t(self, x: np.ndarray) -> np.ndarray:
+    def matmul(self, x: np.ndarray) -> np.ndarray:
         """x [T, C] @ this^T -> [T, R]."""
         if self.fused(x.shape[0], x.dtype):
-            return products.quant_matmul_t(self, x)
-        return super().matmul_t(x)
-
-    matmul = matmul_t          # the interface's name: x [T, n_in] -> [T, n_out]
+            return products.quant_matmul_t(self.planes, x)
+        return super().matmul(x)
 
     def take_rows(self, order: np.ndarray) -> "FusedQuant":
         return FusedQuant(self.fmt, self.q[order], self.d[order], None if self.m is None else self.m[order])
@@ -94,26 +94,15 @@ class FusedQuant(QuantMatrix):
         return {"weights": self.nbytes, "scratch": 0, "dequant": groups * R * C * 4 + one + R * nb * per_block}
 
 
-class FusedDense:
+class FusedDense(Dense):
     """A float32 weight W [in, out] (y = x @ W), kept as Wt [out, in]; see the module's docstring.
-    Like models/weights.py's Dense, `a` is W [in, out] (here a view of Wt) and the weight describes
-    itself as that array (shape, dtype, size, nbytes), so a model's parameters hold it as any float weight."""
+    As a Dense, `a` is W [in, out] (here a view of Wt), and it describes itself as that array."""
 
     def __init__(self, w: np.ndarray, transposed: bool = False) -> None:
         """w: W [in, out], or Wt [out, in] if `transposed` (then no copy is made)."""
         w = np.asarray(w, dtype=np.float32)
         self.wt = np.ascontiguousarray(w if transposed else w.T)     # [out, in]
-        self.a = self.wt.T                                            # [in, out], a view
-        self.n_in, self.n_out = self.a.shape
-
-    shape = property(lambda self: self.a.shape)
-    dtype = property(lambda self: self.a.dtype)
-    size = property(lambda self: self.a.size)
-    nbytes = property(lambda self: self.a.nbytes)
-    ndim = 2
-
-    def __array__(self, dtype=None, copy=None):
-        return self.a if dtype is None else self.a.astype(dtype)
+        super().__init__(self.wt.T)                                   # a: [in, out], a view
 
     def __repr__(self) -> str:
         return f"FusedDense({self.n_in}x{self.n_out}, {self.nbytes:,} bytes)"
@@ -145,15 +134,15 @@ class FusedDense:
         return {"weights": N * self.n_in * self.wt.itemsize, "dequant": 0}
 
 
-def fuse(w, transposed: bool = False):
-    """The fused implementation of a weight, where there is one: a QuantMatrix -> FusedQuant (same
-    planes, no copy); a float32 2-D array -> FusedDense (W [in, out], or Wt [out, in] with
-    `transposed`, then no copy); anything else (float64, a vector, already fused) unchanged: the
-    NumPy path computes it."""
+def fuse(w):
+    """The fused implementation of a NumPy weight, where there is one: a QuantMatrix -> FusedQuant
+    (same planes, no copy); a float32 Dense -> FusedDense (its [out, in] rows: a torch or GGUF
+    checkpoint's rows kept without a copy, GPT-2's [in, out] copied transposed once, at load);
+    anything else (float64, already fused) unchanged: the NumPy path computes it."""
     if isinstance(w, (FusedQuant, FusedDense)):
         return w
     if isinstance(w, QuantMatrix):
         return FusedQuant.of(w)
-    if isinstance(w, np.ndarray) and w.ndim == 2 and w.dtype == np.float32:
-        return FusedDense(w, transposed=transposed)
+    if isinstance(w, Dense) and w.a.dtype == np.float32:
+        return FusedDense(w.a.T, transposed=True)
     return w
