@@ -88,11 +88,12 @@ def build(model: str, fmt: str, rng) -> tuple[dict, list]:
     fused = [kernels.FusedQuant.of(w) for w in qs]
     v[f"fused {fmt}"] = [(w.matmul, w.shape[1], w.nbytes) for w in fused]
     for name in int8.supported():
-        v[f"int8 {name}"] = [(lambda x, w=w, n=name: int8.matmul(w, x, n), w.shape[1], w.nbytes) for w in fused]
+        v[f"int8 {name}"] = [(lambda x, p=int8.planes(w.q, w.d, w.m), n=name: int8.matmul(p, x, n), w.shape[1], w.nbytes)
+                             for w in fused]
     plain = plain_kernel()
     pre = []
     for w in qs:
-        wi = int8.weight_ints(w)
+        wi = int8.weight_ints(int8.planes(w.q, w.d, w.m))
         dw = w.d.astype(np.float32)
         mw = w.m.astype(np.float32) if w.m is not None else np.zeros_like(dw)
         pre.append((w, wi, dw, mw, w.m is not None))
@@ -119,8 +120,9 @@ def main() -> int:
         for B in [int(b) for b in args.batch.split(",")]:
             xs = {n: rng.standard_normal((B, n), dtype=np.float32) for n in {n for it in variants.values() for _, n, _ in it}}
             w0, x0 = pre[0][0], xs[pre[0][0].shape[1]]
+            p0 = int8.planes(w0.q, w0.d, w0.m)
             for name in int8.supported():                                     # equal to the reference first
-                assert np.array_equal(int8.matmul(w0, x0, name), int8.matmul_ref(w0, x0)), name
+                assert np.array_equal(int8.matmul(p0, x0, name), int8.matmul_ref(p0, x0)), name
             rounded = {n: int8.quantize_x_ref(x) for n, x in xs.items()}
             forms = dict(variants)
             if not args.no_plain:
@@ -132,7 +134,7 @@ def main() -> int:
                 qx, dx, _, mx = rounded[w0.shape[1]]
                 y = np.empty((B, w0.shape[0]), np.float32)
                 plain(*pre[0][1:], qx, dx, mx, y)
-                assert np.array_equal(y, int8.matmul_ref(w0, x0))
+                assert np.array_equal(y, int8.matmul_ref(p0, x0))
             times = {k: [] for k in forms}
             for r in range(args.rounds + 1):                                  # the first round warms up
                 for k, items in forms.items():

@@ -23,6 +23,11 @@ FMTS = ("q8_0", "q4_0", "q4_1")
 ISAS = int8.supported()
 
 
+def pl(w: QuantMatrix) -> tuple:
+    """A QuantMatrix's planes, as the kernels take them."""
+    return int8.planes(w.q, w.d, w.m)
+
+
 def same(a: np.ndarray, b: np.ndarray) -> bool:
     """Bit for bit, NaN where the other is NaN (a NaN's payload is the hardware's choice)."""
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
@@ -120,9 +125,9 @@ def test_rounding_halves_to_even_and_clips():
 @given(quant_matrices(), rows, st.sampled_from(["normal", "wide", "nonfinite"]), st.integers(0, 2**32 - 1))
 def test_every_instruction_set_equals_the_reference_bit_for_bit(w, T, kind, seed):
     x = activations(np.random.default_rng(seed), T, w.shape[1], kind)
-    want = int8.matmul_ref(w, x)
+    want = int8.matmul_ref(pl(w), x)
     for name in ISAS:
-        assert same(int8.matmul(w, x, name), want), name
+        assert same(int8.matmul(pl(w), x, name), want), name
 
 
 @settings(max_examples=40)
@@ -130,9 +135,9 @@ def test_every_instruction_set_equals_the_reference_bit_for_bit(w, T, kind, seed
 def test_a_row_alone_equals_the_same_row_in_a_batch(w, T, seed):
     """Each row of x has its own scales and nothing is shared across rows: batched == alone exactly."""
     x = activations(np.random.default_rng(seed), T, w.shape[1], "normal")
-    batch = int8.matmul(w, x)
+    batch = int8.matmul(pl(w), x)
     for t in range(T):
-        assert same(int8.matmul(w, x[t:t + 1])[0], batch[t])
+        assert same(int8.matmul(pl(w), x[t:t + 1])[0], batch[t])
 
 
 @settings(max_examples=40)
@@ -152,7 +157,7 @@ def test_the_error_against_the_float_product_is_within_the_roundings_bound(w, T,
     wabs = np.abs(W).reshape(-1, nb, QK).sum(axis=2)                 # [R, nb]
     bound = (dx.astype(np.float64) / 2) @ wabs.T                     # [T, R]
     terms = np.abs(x).astype(np.float64) @ np.abs(W).T
-    got = int8.matmul(w, x).astype(np.float64)
+    got = int8.matmul(pl(w), x).astype(np.float64)
     assert (np.abs(got - exact) <= bound * (1 + 1e-5) + 2.0 ** -20 * (terms + bound) + 1e-30).all()
 
 
@@ -163,7 +168,7 @@ def test_shapes_of_real_models_equal_the_reference(fmt):
     for R, C in ((50, 768), (17, 3072), (40, 576), (33, 1536)):
         w = QuantMatrix.quantize(rng.standard_normal((R, C)).astype(np.float32), fmt)
         x = rng.standard_normal((5, C)).astype(np.float32)
-        assert same(int8.matmul(w, x), int8.matmul_ref(w, x))
+        assert same(int8.matmul(pl(w), x), int8.matmul_ref(pl(w), x))
 
 
 # -- the instruction set, and refusals ------------------------------------------------------------------
@@ -188,7 +193,7 @@ def test_an_instruction_set_the_cpu_lacks_is_refused_in_one_line(monkeypatch):
             int8.isa()
         w = QuantMatrix.quantize(np.ones((2, 32), np.float32), "q8_0")
         with pytest.raises(MiniLLMError, match="cannot run"):
-            int8.matmul(w, np.ones((1, 32), np.float32), lacking[0])
+            int8.matmul(pl(w), np.ones((1, 32), np.float32), lacking[0])
     monkeypatch.setenv(int8.ENV, "generic")
     assert int8.isa() == "generic"
 
@@ -197,9 +202,9 @@ def test_a_wrong_shape_is_refused_in_one_line():
     w = QuantMatrix.quantize(np.ones((4, 64), np.float32), "q4_0")
     for x in (np.ones((2, 32), np.float32), np.ones(64, np.float32)):
         with pytest.raises(MiniLLMError, match="multiplies x"):
-            int8.matmul(w, x)
+            int8.matmul(pl(w), x)
         with pytest.raises(MiniLLMError, match="multiplies x"):
-            int8.matmul_ref(w, x)
+            int8.matmul_ref(pl(w), x)
     with pytest.raises(MiniLLMError, match="blocks of 32"):
         int8.quantize_x(np.ones((2, 40), np.float32))
 
@@ -208,4 +213,4 @@ def test_float64_and_strided_x_are_taken_as_float32():
     rng = np.random.default_rng(3)
     w = QuantMatrix.quantize(rng.standard_normal((8, 64)).astype(np.float32), "q8_0")
     x = rng.standard_normal((6, 128))
-    assert same(int8.matmul(w, x[:, ::2]), int8.matmul_ref(w, x[:, ::2].astype(np.float32)))
+    assert same(int8.matmul(pl(w), x[:, ::2]), int8.matmul_ref(pl(w), x[:, ::2].astype(np.float32)))

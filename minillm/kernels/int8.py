@@ -56,9 +56,9 @@ from functools import lru_cache
 import numpy as np
 
 from ..errors import MiniLLMError
-from ..models.quant import QK, QuantMatrix
 
 ERROR_BOUND = 0.005      # relative perplexity, W·A8 against W·A32 on the same weights (measured above)
+QK = 32                  # values per block (models/quant.py's)
 GROUP = 16                       # blocks per group: the kernels' lanes and the reference's step 5
 ENV = "MINILLM_INT8_ISA"         # pin the instruction set (one the CPU has): tests, measurements
 ISA_WORDS = {
@@ -120,6 +120,9 @@ def describe(name: str | None = None) -> str:
     return f"int8 dot: {ISA_WORDS[name]}"
 
 
+_NO_MIN = np.empty((0, 0), np.uint16)   # Q4_0 has no minimums: the kernel's m is empty
+
+
 # -- the reference (NumPy) ----------------------------------------------------------------------------
 
 def quantize_x_ref(x: np.ndarray) -> tuple:
@@ -139,15 +142,32 @@ def quantize_x_ref(x: np.ndarray) -> tuple:
     return q, d, s, (d * s.astype(np.float32)).astype(np.float32)
 
 
-def weight_ints(w: QuantMatrix) -> np.ndarray:
+def planes(q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> tuple:
+    """A quantized matrix's planes as these kernels take them (kernels/products.py's too): q (int8
+    [R, C]: Q8_0; uint8 [R, C/2]: Q4's nibbles in GGUF's order), C-contiguous, then the scales (and
+    Q4_1's minimums; for Q4_0 an empty array) as float16 bits, uint16 [R, C/32]."""
+    q = np.ascontiguousarray(q)
+    d = np.ascontiguousarray(d).view(np.uint16)
+    if q.dtype == np.int8:
+        return q, d
+    return q, d, _NO_MIN if m is None else np.ascontiguousarray(m).view(np.uint16)
+
+
+def _shape(p: tuple) -> tuple[int, int]:
+    """(R, C) of a weight's planes."""
+    q = p[0]
+    return q.shape[0], q.shape[1] * (1 if q.dtype == np.int8 else 2)
+
+
+def weight_ints(p: tuple) -> np.ndarray:
     """Step 2's integers of every weight, [R, nb, 32] int8 in value order (Q8_0 q; Q4_0 n - 8; Q4_1 n)."""
-    R, C = w.shape
+    R, C = _shape(p)
     nb = C // QK
-    if w.fmt.bits == 8:
-        return w.q.view(np.int8).reshape(R, nb, QK)
-    b = w.q.reshape(R, nb, 16)
+    if len(p) == 2:
+        return p[0].view(np.int8).reshape(R, nb, QK)
+    b = p[0].reshape(R, nb, 16)
     n = np.concatenate([b & 15, b >> 4], axis=2).astype(np.int8)                 # [R, nb, 32]
-    return n - 8 if w.fmt.name == "q4_0" else n
+    return n if p[2].shape[0] else n - 8
 
 
 def block_sums_ref(wi: np.ndarray, qx: np.ndarray) -> np.ndarray:
@@ -158,16 +178,16 @@ def block_sums_ref(wi: np.ndarray, qx: np.ndarray) -> np.ndarray:
     return np.matmul(a, b).transpose(1, 2, 0).astype(np.int32)                   # [T, R, nb]
 
 
-def matmul_ref(w: QuantMatrix, x: np.ndarray, rows_at_once: int = 64) -> np.ndarray:
-    """x [T, C] @ w^T -> [T, R] float32 by steps 1-5 (the kernels' exact answer), `rows_at_once`
-    rows of x at a time (step 3's [T, R, nb] array is the large one)."""
-    R, C = w.shape
+def matmul_ref(p: tuple, x: np.ndarray, rows_at_once: int = 64) -> np.ndarray:
+    """x [T, C] @ w^T -> [T, R] float32 by steps 1-5 (the kernels' exact answer), w given by its
+    `planes`, `rows_at_once` rows of x at a time (step 3's [T, R, nb] array is the large one)."""
+    R, C = _shape(p)
     x = _check(C, np.asarray(x))
     T = x.shape[0]
     nb = C // QK
-    wi = weight_ints(w)
-    dw = w.d.astype(np.float32)                                                  # [R, nb], exact
-    mw = None if w.m is None else w.m.astype(np.float32)
+    wi = weight_ints(p)
+    dw = p[1].view(np.float16).astype(np.float32)                                # [R, nb], exact
+    mw = p[2].view(np.float16).astype(np.float32) if len(p) == 3 and p[2].shape[0] else None
     y = np.empty((T, R), np.float32)
     for t0 in range(0, T, rows_at_once):
         qx, dx, _, mx = quantize_x_ref(x[t0:t0 + rows_at_once])
@@ -189,9 +209,6 @@ def matmul_ref(w: QuantMatrix, x: np.ndarray, rows_at_once: int = 64) -> np.ndar
 
 
 # -- the kernels --------------------------------------------------------------------------------------
-
-_NO_MIN = np.empty((0, 0), np.uint16)
-
 
 def patterns(nb: int) -> int:
     """How many different 16-block x vectors a weight of nb blocks a row needs: its block b of row r
@@ -226,25 +243,14 @@ def _current_isa() -> str:
     return _ISA[1]
 
 
-def matmul(w: QuantMatrix, x: np.ndarray, isa_name: str | None = None) -> np.ndarray:
-    """x [T, C] @ w^T -> [T, R] float32 in integers (x rounded to int8 blocks inside, once), equal to
-    `matmul_ref` bit for bit. isa_name: one of `supported()` (default `isa()`)."""
+def matmul(p: tuple, x: np.ndarray, isa_name: str | None = None) -> np.ndarray:
+    """x [T, C] @ w^T -> [T, R] float32 in integers (x rounded to int8 blocks inside, once), w given
+    by its `planes`; equal to `matmul_ref` bit for bit. isa_name: one of `supported()` (default `isa()`)."""
     from ._int8 import KERNELS
-    R, C = w.shape
+    R, C = _shape(p)
     x = _check(C, x)
     y = np.empty((x.shape[0], R), np.float32)
     if isa_name is not None and isa_name not in supported():
         raise Int8Error(f"this CPU cannot run the {isa_name!r} integer kernels; it has {', '.join(supported())}")
-    kernel = KERNELS["q8_0" if w.fmt.bits == 8 else "q4", isa_name or _current_isa()]
-    kernel(*(getattr(w, "planes", None) or planes(w)), x, y)
+    KERNELS["q8_0" if len(p) == 2 else "q4", isa_name or _current_isa()](*p, x, y)
     return y
-
-
-def planes(w: QuantMatrix) -> tuple:
-    """A quantized matrix's planes as the kernels take them: q (C-contiguous), then the scales (and
-    Q4's minimums, Q4_0's an empty array) as float16 bits, uint16."""
-    q = np.ascontiguousarray(w.q)
-    d = np.ascontiguousarray(w.d).view(np.uint16)
-    if w.fmt.bits == 8:
-        return q, d
-    return q, d, _NO_MIN if w.m is None else np.ascontiguousarray(w.m).view(np.uint16)
