@@ -53,10 +53,11 @@ def add_arguments(parser) -> None:
                              "q8_0, q4_0, q4_1; native: a GGUF's own, e.g. SmolLM2's Q4_1), interleaved: bytes per step, tokens/s, %% of each format's own "
                              "ceiling, the widening's share (at the first of --contexts)")
     parser.add_argument("--kernels", default=None, metavar="K,K",
-                        help="kernel sets: numpy, fused, batch-invariant, several comma-separated side by side in "
-                             "one interleaved run with --weights or --batch (e.g. numpy,fused; fused,batch-invariant: "
-                             "what batch invariance costs, prefill too); default: fused where numba works, else "
-                             "numpy (said in the title)")
+                        help="kernel sets: numpy, fused, batch-invariant, int8, several comma-separated side by side "
+                             "in one interleaved run with --weights or --batch (e.g. numpy,fused,int8; "
+                             "fused,batch-invariant: what batch invariance costs, prefill too); default: each "
+                             "format's fastest set here (int8 for quantized weights where its integer products "
+                             "measured faster, else fused) where numba works, else numpy (said in the title)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
     parser.add_argument("--device", default="cpu", metavar="DEVICE",
                         help="cpu (default): bench measures NumPy on this CPU; a GPU's figures are printed beside")
@@ -117,7 +118,7 @@ def run(args) -> int:
             raise MiniLLMError("--weights measures weight formats alone: leave out --batch and --speculate")
         from ..measure.quantization import parse_formats
         parse_formats(args.weights)
-        return bench_weights(args, machine(progress=not args.json), kernels)
+        return bench_weights(args, machine(progress=not args.json), kernels if args.kernels is not None else None)
     if len(kernels) > 1 and batches is None:
         raise MiniLLMError(f"--kernels {','.join(kernels)} compares kernel sets with --weights or --batch: give one of "
                            "them (or one kernel set)")
@@ -372,13 +373,13 @@ def bench_weights(args, hw, kernels=None) -> int:
     formats = parse_formats(args.weights)
     source = args.model or "random-124m"
     context = parse_first_context(args.contexts)
-    kernels = kernels or parse_kernels(None)
     if not args.json:
         note_if_busy(args)
     with Progress(console=err, transient=True, disable=args.json) as bar:
-        task = bar.add_task(f"weights {', '.join(formats)}", total=args.repeats * len(formats) * len(kernels))
+        task = bar.add_task(f"weights {', '.join(formats)}", total=args.repeats * len(formats) * len(kernels or [None]))
         result = run_quant_bench(source, formats, context=context, repeats=args.repeats,
                                  progress=lambda: bar.advance(task), bandwidth_gbs=hw.bandwidth_gbs, kernels=kernels)
+    kernels = list(dict.fromkeys(r["kernels"] for r in result["rows"]))   # without --kernels: each format's default
     several = len(kernels) > 1
     bw = hw.bandwidth_gbs
     result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(), blas_spin=blas_spin(),
@@ -410,7 +411,9 @@ def bench_weights(args, hw, kernels=None) -> int:
         name = f"{r['weights']} {r['kernels']}" if several else r["weights"]
         widen = (f"; widening alone takes {r['widen_ms']:.1f} ms, {r['widen_ms'] / base['decode_ms']:.2f}× "
                  "float32's whole step") if r["widen_ms"] else ("; no widening pass (the fused kernel widens in registers)"
-                                                               if r["kernels"] == "fused" and r["weights"] != "float32" else "")
+                                                               if r["kernels"] == "fused" and r["weights"] != "float32" else
+                                                               "; no widening pass (integer products on the blocks as stored)"
+                                                               if r["kernels"] == "int8" and r["weights"] != "float32" else "")
         base_name = f"float32 {base['kernels']}" if several else "float32"
         fewer = base["step_bytes"] / r["step_bytes"]
         fewer = (f"{fewer:.1f}× fewer bytes than {base_name}" if fewer >= 1.05 else f"{fewer:.2f}× the bytes of {base_name}"

@@ -243,14 +243,41 @@ def _current_isa() -> str:
     return _ISA[1]
 
 
+def kernel(q8: bool, isa_name: str | None = None):
+    """The compiled product for Q8_0 (q8) or Q4 planes on an instruction set (default `isa()`):
+    kernel(*planes, x, y) with x [T, C] float32 C-contiguous and y [T, R] float32 (what a weight
+    class calls per product, without this module's checks)."""
+    from ._int8 import KERNELS
+    name = isa_name or _current_isa()
+    if name not in supported():
+        raise Int8Error(f"this CPU cannot run the {name!r} integer kernels; it has {', '.join(supported())}")
+    return KERNELS["q8_0" if q8 else "q4", name]
+
+
 def matmul(p: tuple, x: np.ndarray, isa_name: str | None = None) -> np.ndarray:
     """x [T, C] @ w^T -> [T, R] float32 in integers (x rounded to int8 blocks inside, once), w given
     by its `planes`; equal to `matmul_ref` bit for bit. isa_name: one of `supported()` (default `isa()`)."""
-    from ._int8 import KERNELS
     R, C = _shape(p)
     x = _check(C, x)
     y = np.empty((x.shape[0], R), np.float32)
-    if isa_name is not None and isa_name not in supported():
-        raise Int8Error(f"this CPU cannot run the {isa_name!r} integer kernels; it has {', '.join(supported())}")
-    KERNELS["q8_0" if len(p) == 2 else "q4", isa_name or _current_isa()](*p, x, y)
+    kernel(len(p) == 2, isa_name)(*p, x, y)
     return y
+
+
+# -- when the integer set is the default ---------------------------------------------------------------
+#
+# Within ERROR_BOUND for every format measured (see above), so speed decides, per format and
+# instruction set, from _int8.py's interleaved measurements against the fused float kernel (one
+# thread, whole passes): with VNNI the integer kernels were the faster at every row count measured
+# for Q8_0 and Q4_1 (decode of one row 3.18 against 2.95x NumPy float32 on GPT-2's Q8_0, 3.53 against
+# 2.79x on SmolLM2's Q4_1; 4 rows 5.94 against 3.49x and 6.76 against 5.10x); with AVX2 alone, faster
+# for Q4 (one row 3.38 against 2.79x) but not for Q8_0's one row (2.30 against 2.95x); the portable
+# form slower for both (1.80 and 1.83x). Q4_0 takes Q4_1's verdict (the same nibbles, no minimum).
+
+def faster_than_fused(fmt: str, name: str | None = None) -> bool:
+    """Is the integer set the faster for weights of `fmt` ("q8_0", "q4_0", "q4_1") on instruction set
+    `name` (default this CPU's), by the measurements above?"""
+    name = name or isa()
+    if name in ("avx512-vnni", "avx-vnni"):
+        return True
+    return name == "avx2" and fmt in ("q4_0", "q4_1")

@@ -8,6 +8,9 @@ target, models/target.py) and then only asked.
     batch-invariant  every product and attention in a fixed order (kernels/batch_invariant.py): a
                      request's tokens bit-identical to the same request alone, whatever shares its steps;
                      each sequence attends over its own cache (no batched gather)
+    int8             the fused set with quantized products in integers (kernels/int8.py): each product's
+                     input rounded per block of 32 to int8, the blocks multiplied with the CPU's integer
+                     dot instructions (VNNI, AVX2), W8A8 / W4A8 as llama.cpp multiplies
 
 A set is a row: what it needs (`Spec`: the CPU, float32, numba) and what it offers (`KernelSet`):
 
@@ -99,6 +102,15 @@ def _batch_invariant() -> KernelSet:
                      attention_kernel=batch_invariant.attention, gather_decode=False, batch_invariant=True)
 
 
+def _int8() -> KernelSet:
+    from ..kernels import elementwise, int8, products
+    from .int8 import integer
+    return KernelSet("int8", f"integer kernels ({int8.describe()}; {runtime.status().reason})", weight=integer,
+                     lays_out=True, norm_kernel=elementwise.rms_norm, rope_kernel=elementwise.rope,
+                     swiglu_kernel=elementwise.swiglu, attention_kernel=products.attention,
+                     paged_kernel=products.paged_decode_attention)
+
+
 @dataclass(frozen=True)
 class Spec:
     """What a kernel set needs, and how it is built."""
@@ -123,6 +135,8 @@ SPECS: dict[str, Spec] = {s.name: s for s in (
          about="numba: products that read each weight once, attention without a score matrix"),
     Spec("batch-invariant", _batch_invariant, needs_numba=True, cpu_only=True,
          about="fixed-order products and attention: each request's tokens as it would get alone"),
+    Spec("int8", _int8, needs_numba=True, cpu_only=True, float32_only=True,
+         about="the fused set, quantized products in integers (x rounded to int8 blocks: W8A8, W4A8)"),
 )}
 NAMES = tuple(SPECS)
 
@@ -145,11 +159,18 @@ def get(name: str) -> KernelSet:
 
 def default(on_cpu: bool, dtype, weights: str) -> str:
     """The set a model computes with unless told: MINILLM_KERNELS when it names one; else on the CPU
-    in float32, fused where numba runs here; else numpy (`why_default` says why)."""
+    in float32 where numba runs here, int8 for quantized weights (q8_0, q4_0, q4_1, and native, a
+    GGUF's blocks) where the integer kernels measured faster than the fused ones for that format on
+    this CPU's instruction set (kernels/int8.py: `faster_than_fused`; all within their error bound),
+    else fused; else numpy (`why_default` says why)."""
     want = os.environ.get(ENV, "").strip().lower()
     if want in SPECS:
         return want
     if on_cpu and np.dtype(dtype) == np.float32 and runtime.status().usable:
+        if weights in ("q8_0", "q4_0", "q4_1", "native"):
+            from ..kernels import int8
+            if int8.faster_than_fused("q4_1" if weights == "native" else weights):
+                return "int8"
         return "fused"
     return "numpy"
 
