@@ -24,7 +24,10 @@ from ..backend import get_device
 from ..measure.speculation import heldout_prompts, run_speculation_bench
 from ..threads import blas_kernel, blas_name, blas_spin, blas_threads
 from ..ui.report import fmt_bytes
-from .common import err, note_if_busy, out
+from ..trace import TraceMeter, check_path, trace_line, write_trace
+from .common import add_trace, err, note_if_busy, out
+
+TRACE_STEPS = 8      # --trace: decode steps traced after the prefill, for each model measured
 
 def add_arguments(parser) -> None:
     parser.add_argument("--model", default=None,
@@ -59,6 +62,8 @@ def add_arguments(parser) -> None:
                              "format's fastest set here (int8 for quantized weights where its integer products "
                              "measured faster, else fused) where numba works, else numpy (said in the title)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    add_trace(parser, f"; after the measurements, a prefill of the first context and {TRACE_STEPS} decode steps "
+                      "of each model, weight format and kernel set measured, each on a track of its own")
     parser.add_argument("--device", default="cpu", metavar="DEVICE",
                         help="cpu (default): bench measures NumPy on this CPU; a GPU's figures are printed beside")
 
@@ -96,6 +101,44 @@ def kernels_title(kernels: list[str]) -> str:
 
 
 def run(args) -> int:
+    if getattr(args, "trace", None) is not None:
+        check_path(args.trace)                   # before measuring anything
+    rc = measure(args)
+    if getattr(args, "trace", None) is not None and rc == 0:
+        trace_runs(args)
+    return rc
+
+
+def trace_runs(args) -> None:
+    """--trace: what each measured model, format and kernel set does in a prefill and TRACE_STEPS decode
+    steps, outside the timed rounds, one track each, in one file."""
+    import numpy as np
+    formats = [w.strip() for w in args.weights.split(",") if w.strip()] if args.weights else ["float32"]
+    kernels = parse_kernels(args.kernels) if args.kernels is not None else [None]
+    if args.weights is None and args.kernels is None:
+        kernels = parse_kernels(None)
+    names = [n.strip() for n in (args.model or "").split(",") if n.strip()] or \
+        [args.model or ("large" if args.speculate is not None else "random-124m")]
+    n = args.batch_context if args.batch is not None else parse_contexts(args.contexts)[0]
+    meters, origin = [], None
+    for name in names:
+        for w in formats:
+            for k in kernels:
+                model = load(name, weights=w, kernels=k)
+                prompt = np.random.default_rng(0).integers(0, model.config.vocab_size, n)
+                tm = TraceMeter(f"{model.name}, {model.weights} weights, {model.kernels} kernels", pid=len(meters) + 1,
+                                origin=origin)
+                origin = tm._origin
+                with tm:
+                    logits, cache = model.prefill(prompt)
+                    for _ in range(min(TRACE_STEPS, model.config.n_ctx - n - 1)):
+                        logits = model.decode_step(int(np.argmax(logits[-1] if logits.ndim > 1 else logits)), cache)
+                meters.append(tm)
+    write_trace(meters, args.trace)
+    (err if args.json else out).print(f"[dim]{escape(trace_line(args.trace, meters))}[/]", soft_wrap=False)
+
+
+def measure(args) -> int:
     contexts = parse_contexts(args.contexts)
     kernels = args.kernel_list = parse_kernels(args.kernels)
     if args.repeats < 1:

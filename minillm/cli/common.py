@@ -53,6 +53,14 @@ def add_weights(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernels", default=None, choices=kernel_sets.NAMES, help=KERNELS_HELP)
 
 
+TRACE_HELP = ("write where the time went as a Chrome trace-event file (JSON; open it in ui.perfetto.dev or "
+              "chrome://tracing): one slice per operation with its bytes and FLOPs, one per step")
+
+
+def add_trace(p: argparse.ArgumentParser, what: str = "") -> None:
+    p.add_argument("--trace", default=None, metavar="FILE", help=TRACE_HELP + what)
+
+
 def add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); higher = more random")
     p.add_argument("--top-k", type=int, default=None, help="sample only from the K most likely tokens")
