@@ -103,12 +103,17 @@ def _batch_invariant() -> KernelSet:
 
 
 def _int8() -> KernelSet:
+    """The fused set with integer products; its paged decode splits every sequence's keys in fixed
+    chunks, so that a decode step gives each sequence the bits it gets in a step of its own (its
+    products are row by row already: kernels/int8.py)."""
+    from functools import partial
+
     from ..kernels import elementwise, int8, products
     from .int8 import integer
     return KernelSet("int8", f"integer kernels ({int8.describe()}; {runtime.status().reason})", weight=integer,
                      lays_out=True, norm_kernel=elementwise.rms_norm, rope_kernel=elementwise.rope,
                      swiglu_kernel=elementwise.swiglu, attention_kernel=products.attention,
-                     paged_kernel=products.paged_decode_attention)
+                     paged_kernel=partial(products.paged_decode_attention, chunk=products.DECODE_CHUNK))
 
 
 @dataclass(frozen=True)
