@@ -1,11 +1,14 @@
 """Run every lesson twice, once as the machine is and once beside CPU-burning processes, and check that
-each exits 0 and that its checked sentences read the same once the numbers are masked.
+each exits 0, that its checked sentences read the same once the numbers are masked, that no ranking
+differs between the two runs except where the closeness rule said "no winner" in one of them, and that
+no line is wider than 80 columns.
 
     python benchmarks/lessons_under_load.py [--fast] [--burners 2] [--only 1,2,3] [--out DIR]
 
 Why: a lesson's claims must hold on a busy machine (claims rest on counts; timed sentences choose
-their words from the numbers). Each run's output is kept in DIR (default: lesson-runs/) as
-NN-quiet.txt and NN-busy.txt, with the wall time of each run in summary.txt.
+their words from the numbers, and rank only when their rounds agree beyond their spread:
+minillm/closeness.py). Each run's output is kept in DIR (default: lesson-runs/) as
+NN-quiet.txt and NN-busy.txt, with the wall time of each run and every check in summary.txt.
 """
 
 from __future__ import annotations
@@ -45,6 +48,67 @@ def checked_sentences(text: str) -> list[str]:
     if cur is not None:
         out.append(cur)
     return [NUMBER.sub("#", s) for s in out]
+
+
+# The sentences that rank (minillm/closeness.py's words, and the lessons' own): each pattern gives
+# the subject (what is ranked, numbers masked) and the verdict (a name, or None for "no winner").
+START = r"(?<!the time of )\b"             # not the other side of a faster_words sentence
+RANKINGS = [
+    re.compile(START + r"(?P<subject>[A-Z][^:.;()]{2,70}): (?:no winner|no (?:budget|run) stands out|"
+               r"(?P<verdict>[^,:;()]+?) best)[,. (]"),
+    re.compile(START + r"(?P<subject>[A-Z][^:.;()]{2,70}) favours (?P<verdict>[^(;]+?) \("),
+    re.compile(r"(?P<subject>\b[\w' ]{2,60}) took [^:]*? the time of (?P<than>[\w' ]+?): "
+               r"(?P<verdict>faster|slower|no winner)"),
+    re.compile(r"(?P<subject>batching bought) (?P<verdict>the dense model|the mixture) more"),
+    re.compile(r"(?P<subject>the mixture) was below it, every round, up to B = \d+, and (?P<verdict>above it, every "
+               r"round, at B = \d+)"),
+    re.compile(r"(?P<subject>tokens per second) (?:(?P<verdict>peaked at [\w ]+?|grew up to the largest)[,:]|"
+               r"showed no batch apart)"),
+    re.compile(r"(?P<subject>The p99 gap between tokens, median of)[^:]*:[^:]*: (?:chunking (?P<verdict>lowered|raised)"
+               r" it|no winner)"),
+    re.compile(r"(?P<subject>the split) (?P<verdict>wins on [^;,.]+|loses on [^;,.]+)"),
+    re.compile(r"(?P<subject>output tokens per second of one at a time): (?P<verdict>more|fewer|no winner)"),
+    re.compile(r"(?P<subject>and continuous batching's) [^:]{1,30}: (?P<verdict>continuous admitted late arrivals "
+               r"sooner|continuous was later|no winner)"),
+    re.compile(r"(?P<subject>tok/s per engine|TTFT p95|TBT p99) (?P<verdict>no chunking|chunked \(budget \d+\)|"
+               r"split|no winner) (?:[\d.,]+ ?(?:tok/s|ms|µs|s)|rounds close)"),
+]
+SUBJECT_NUMBER = re.compile(r"[-+]?\d[\d,.]*")
+
+
+def rankings(text: str) -> list[tuple[str, str | None]]:
+    """The (subject, verdict) of every ranking sentence in a lesson's output, in order; verdict None where
+    the closeness rule said no winner. Wrapped lines are joined first."""
+    flat = " ".join(text.replace("│", " ").split())
+    out = []
+    for pattern in RANKINGS:
+        for m in pattern.finditer(flat):
+            subject = SUBJECT_NUMBER.sub("#", m.group("subject") or pattern.pattern[:30]).strip()
+            if "than" in pattern.groupindex and m.group("than"):
+                subject += " / " + m.group("than")
+            verdict = (m.group("verdict") or "").strip()
+            out.append((subject, None if verdict in ("", "no winner") else verdict))
+    return out
+
+
+def flipped(a: list, b: list) -> list[str]:
+    """Rankings that name different winners in the two runs (a "no winner" in either is not a flip)."""
+    bad = []
+    by = {}
+    for subject, verdict in b:
+        by.setdefault(subject, []).append(verdict)
+    seen: dict = {}
+    for subject, verdict in a:
+        i = seen.get(subject, 0)
+        seen[subject] = i + 1
+        other = by.get(subject, [])
+        if i < len(other) and verdict is not None and other[i] is not None and verdict != other[i]:
+            bad.append(f"{subject}: {verdict} / {other[i]}")
+    return bad
+
+
+def too_wide(text: str, columns: int = 80) -> list[str]:
+    return [line for line in text.splitlines() if len(line) > columns]
 
 
 def run(lesson: Path, fast: bool) -> tuple[int, str, float]:
@@ -89,11 +153,23 @@ def main() -> int:
                 b.terminate()
     for f in lessons:
         a, b = (out / f"{f.name[:2]}-{m}.txt" for m in ("quiet", "busy"))
+        for p in (a, b):
+            if p.exists() and too_wide(p.read_text()):
+                summary.append(f"{p.name}: {len(too_wide(p.read_text()))} lines over 80 columns")
+                print(summary[-1], flush=True)
+                ok = False
         if a.exists() and b.exists():
-            same = checked_sentences(a.read_text()) == checked_sentences(b.read_text())
+            ta, tb = a.read_text(), b.read_text()
+            same = checked_sentences(ta) == checked_sentences(tb)
             summary.append(f"{f.name[:2]} checked sentences, numbers masked: {'same' if same else 'DIFFER'}")
             print(summary[-1], flush=True)
             ok &= same
+            flips = flipped(rankings(ta), rankings(tb))
+            n = len(rankings(ta))
+            summary.append(f"{f.name[:2]} rankings: {n} in the quiet run, "
+                           + ("none flipped" if not flips else "FLIPPED: " + "; ".join(flips)))
+            print(summary[-1], flush=True)
+            ok &= not flips
     (out / "summary.txt").write_text("\n".join(summary) + "\n")
     return 0 if ok else 1
 

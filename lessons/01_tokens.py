@@ -73,11 +73,10 @@ def opening(L: Lesson, enc) -> int:
     """)
     bare, spaced = enc.encode("soft"), enc.encode(" soft")
     L.show(f"enc.encode('soft') = {bare}    enc.encode(' soft') = {spaced}")
-    L.claim(bare != spaced, "in the tokenizer this run loaded, 'soft' and ' soft' are different tokens")
-    L.claim(enc.decode(ids) == SENTENCE, "decode(encode(text)) gave back exactly the text")
-    L.claim(len(ids) < len(SENTENCE),
-            f"fewer tokens than characters: {len(SENTENCE)} characters → {len(ids)} tokens "
-            f"({len(SENTENCE) / len(ids):.1f} characters per token)")
+    L.fact(f"'soft' → {bare} and ' soft' → {spaced}: {'different tokens' if bare != spaced else 'the same token'}")
+    L.fact("decode(encode(text)) " + ("gave back exactly the text" if enc.decode(ids) == SENTENCE else
+                                      "did not give back the text"))
+    L.fact(f"{len(SENTENCE)} characters → {len(ids)} tokens ({len(SENTENCE) / len(ids):.1f} characters per token)")
     return len(ids)
 
 
@@ -91,7 +90,8 @@ def where_tokenization_gets_lumpy(L: Lesson, enc) -> None:
         valid text on its own. Costs in an LLM are counted in tokens, not words: the same sentence
         can cost very different amounts of work depending on how it tokenizes.
     """)
-    L.claim(enc.decode(tricky) == TRICKY, "even split characters came back intact when all the tokens were decoded")
+    L.fact("decoding all the tokens " + ("gave back even the split characters intact" if enc.decode(tricky) == TRICKY
+                                         else "did not give back the text"))
 
 
 def the_vocabulary(L: Lesson, enc) -> None:
@@ -111,8 +111,8 @@ def the_vocabulary(L: Lesson, enc) -> None:
         each, for the model `{model.name}`). Looking a token up is reading one row; lesson 2 follows
         those rows through the network.
     """)
-    L.claim(n_vocab == model.config.vocab_size,
-            f"the tokenizer and the model `{escape(model.name)}` agree: {n_vocab:,} ids")
+    L.fact(f"the tokenizer has {n_vocab:,} ids, the model {escape(model.name)} {model.config.vocab_size:,} rows"
+           + ("" if n_vocab == model.config.vocab_size else ": they differ"))
 
 
 def endoftext(L: Lesson, enc, n_tokens: int) -> None:
@@ -130,8 +130,7 @@ def endoftext(L: Lesson, enc, n_tokens: int) -> None:
         - as plain text: `enc.encode("<|endoftext|>", disallowed_special=())` → `{as_text}`
           ({len(as_text)} ordinary tokens: {" ".join(f"`{token_text(enc, t)}`" for t in as_text)})
     """)
-    L.claim(special == [eot], f"<|endoftext|>, allowed, encodes to the single id {eot}")
-    L.claim(len(as_text) > 1, "the same characters, typed as text, are several ordinary tokens")
+    L.fact(f"<|endoftext|>, allowed, encodes to {special}; typed as text, to {len(as_text)} ordinary tokens")
 
     L.takeaway(f"""
         Everything the model does is counted in tokens: {n_tokens} of them for our sentence. The
@@ -149,19 +148,32 @@ def endoftext(L: Lesson, enc, n_tokens: int) -> None:
     """)
 
 
-# The words the later lessons use, each with the lesson that measures it (shown at the end of lesson 1,
-# and `minillm learn 1` again any time).
+# The words the later lessons use, each with the lesson that introduces it (shown at the end of lesson 1,
+# and `minillm learn 1` again any time). tests/test_course5.py checks that every term a lesson sets in
+# bold is here (or is emphasis, not a term) and that each is in its lesson.
 GLOSSARY = (
+    ("token id", "a text piece's number in the vocabulary", 1),
+    ("vocabulary", "the pieces a tokenizer cuts text into", 1),
     ("prefill", "the prompt's pass: all its tokens at once", 3),
+    ("arithmetic intensity", "FLOPs per byte moved: FLOP/byte", 3),
+    ("compute-bound", "the FLOPs' term of the roofline is larger", 3),
     ("decode", "one new token a step, reading every weight", 4),
     ("KV cache", "earlier positions' keys and values, kept", 5),
-    ("FLOP/byte", "arithmetic intensity: FLOPs per byte moved", 6),
-    ("bandwidth", "bytes a second from memory (GB/s): decode's limit", 6),
-    ("ridge", "peak FLOP/s ÷ bandwidth: above it, compute-bound", 7),
+    ("LM head", "the last product: a score for every id", 6),
+    ("bandwidth", "bytes a second from memory (GB/s)", 6),
+    ("memory-bound", "the bytes' term of the roofline is larger", 6),
+    ("ridge", "peak FLOP/s ÷ bandwidth: the turning point", 7),
     ("roofline", "time ≥ max(bytes ÷ bandwidth, FLOPs ÷ peak)", 7),
-    ("memory-bound", "the bytes' term of the roofline is the larger", 7),
+    ("view of memory", "bytes counted unfused, or ideally fused", 7),
+    ("MBU and MFU", "bandwidth, FLOP/s used ÷ the chip's peak", 7),
+    ("tensor parallelism", "every matrix split over several GPUs", 7),
+    ("all-reduce", "GPUs summing their partial results", 7),
+    ("pipeline parallelism", "the layers split into stages over GPUs", 7),
+    ("weight-only (W4A16)", "small weights, 16-bit math", 7),
+    ("W8A8", "8-bit weights and activations, 8-bit math", 7),
     ("batch, B", "sequences sharing one step: one weight read", 8),
-    ("critical batch", "the B at which decode turns compute-bound", 8),
+    ("critical batch, B*", "the B at which decode turns compute-bound", 8),
+    ("batch-invariant kernel set", "every sum in one order, whatever the batch", 8),
     ("TTFT", "time to first token: arrival to first token", 9),
     ("TBT", "time between tokens: one gap of one request", 9),
     ("TPOT", "time per output token: a request's mean gap", 9),
@@ -169,13 +181,43 @@ GLOSSARY = (
     ("SLO", "a latency target, e.g. TTFT ≤ 0.5 s", 9),
     ("goodput", "requests a second meeting every target", 9),
     ("continuous batching", "sequences join and leave at every step", 9),
-    ("paged KV", "KV memory in blocks, given out as sequences grow", 9),
+    ("paged cache", "KV memory in blocks, given out as it grows", 9),
+    ("preemption", "a sequence's blocks taken back, rerun later", 9),
+    ("multi-LoRA", "many adapters beside one base, one batch", 9),
+    ("structured output", "logits masked to what a grammar allows", 9),
     ("prefix caching", "reusing the KV of a prompt start seen before", 10),
-    ("speculative decoding", "a draft guesses k tokens, one step checks them", 11),
-    ("GQA", "grouped-query attention: query heads share KV heads", 12),
-    ("chunked prefill", "a long prompt split over steps (a token budget)", 13),
+    ("prefill-bound, decode-bound", "which phase a workload's time goes to", 10),
+    ("KV offloading", "prefixes kept in host memory or on SSD", 10),
+    ("cache-aware routing", "a request sent where its prefix is cached", 10),
+    ("speculative decoding", "a draft guesses k tokens, one step checks", 11),
+    ("acceptance length, τ", "tokens kept per check of the model", 11),
+    ("EAGLE, multi-token prediction", "draft heads on the model's own states", 11),
+    ("GQA, grouped-query attention", "query heads share KV heads", 12),
+    ("MLA, latent attention", "one latent vector cached per layer, token", 12),
+    ("sliding windows", "local layers keep only the last w tokens", 12),
+    ("attention sinks", "the first tokens kept beside a window", 12),
+    ("eviction", "dropping tokens that drew little attention", 12),
+    ("KIVI", "2-bit KV: keys per channel, values per token", 12),
+    ("chunked prefill", "a long prompt split over steps (a budget)", 13),
     ("disaggregation", "prefill and decode on separate engines", 13),
-    ("quantization", "weights or KV in fewer bits: Q8_0, Q4_0, ...", 14),
+    ("capacity", "the highest rate that meets the targets", 13),
+    ("input, cached input, output", "the three prices of a token", 13),
+    ("quantization", "weights or KV in fewer bits: Q8_0, Q4_0", 14),
+    ("K-quants", "GGUF blocks in super-blocks of 256", 14),
+    ("FP8, MXFP4, NVFP4", "8- and 4-bit floats with block scales", 14),
+    ("fused kernel", "one loop that widens and multiplies", 14),
+    ("mixture of experts, MoE", "E MLPs a layer, k run per token", 15),
+    ("total, active parameters", "what memory holds; what a token uses", 15),
+    ("shared expert", "an expert every token runs", 15),
+    ("expert parallelism", "each GPU holds some of the experts", 15),
+    ("all-to-all", "every GPU sending tokens to every other", 15),
+    ("as released", "the format a model's makers publish", 15),
+    ("online softmax", "softmax kept as a running max and sum", 16),
+    ("FlashAttention", "attention in tiles, no score matrix stored", 16),
+    ("Flash-Decoding", "one sequence's keys split over the cores", 16),
+    ("kernels, kernel launch", "GPU programs; the host starting one", 17),
+    ("CUDA graph", "a step's kernels recorded, replayed at once", 17),
+    ("fusion", "fewer, larger kernels", 17),
 )
 
 
@@ -187,7 +229,7 @@ def glossary(L: Lesson) -> None:
     t.add_column("what it means", no_wrap=True)
     for word, meaning, n in GLOSSARY:
         t.add_row(str(n), word, meaning)
-    L.show(t, "[dim]#: the lesson that measures it; this list again: minillm learn 1[/]")
+    L.show(t, "[dim]#: the lesson that introduces it; this list again: minillm learn 1[/]")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -149,9 +149,8 @@ def speedup_measured(L: Lesson, model, ids) -> list:
     L.claim(all(fr > 1.0 for *_, fr in rows) and rows[-1][3] > rows[0][3],
             "it saves FLOPs at every length, and more the longer the answer (counted)")
     # Timed: words from the rounds, never a claim (a busy machine changes the words, not the exit status).
-    mid = ratio_range(s_c, s_n)
     L.say(f"For {n} new tokens, saving {fmt_x(fr)} the FLOPs, "
-          + faster_words(mid, "the cache", "naive decode") + ".")
+          + faster_words(s_c, s_n, "the cache", "naive decode") + ".")
     L.say("""
         The longer the answer, the more the cache saves: naive decode's total FLOPs grow with the
         square of the length, cached decode's about linearly. At short lengths the fixed costs both
@@ -214,14 +213,22 @@ def what_the_cache_costs(L: Lesson, model, decode) -> None:
     mha, gqa = fits.values()
     gib = [capacity(shape(key), ctx, gpus[0].memory_gb * 2 ** 30)["sequences"] for key in BIG_MODELS.values()]
     L.say(f"""
-        The memory is each chip's listed figure counted in 10⁹ bytes. A "{gpus[0].memory_gb:g} GB" card holds
-        {gpus[0].memory_gb:g} GiB, {gpus[0].memory_gb * 2 ** 30 / 1e9:.1f}·10⁹ bytes: counted so, the
+        The memory is each chip's listed figure counted in 10⁹ bytes. {article(gpus[0].memory_gb).capitalize()}
+        {gpus[0].memory_gb:g} GB card holds {gpus[0].memory_gb:g} GiB, {gpus[0].memory_gb * 2 ** 30 / 1e9:.1f}·10⁹
+        bytes: counted so, the
         {gpus[0].name} fits {gib[0]} and {gib[1]} sequences instead of {mha[0]} and {gqa[0]}.
 
         Grouped-query attention (GQA) keeps fewer KV heads than query heads, so the same GPU holds
         {fmt_x(gqa[0] / max(1, mha[0]))} the sequences. Past that count a server must queue or preempt
         requests (lesson 9); lesson 8 shows why it wants big batches in the first place.
     """)
+
+
+def article(n: float) -> str:
+    """'a' or 'an' before a number as it is read aloud: an 8, an 11, an 18, an 80; a 40, a 141."""
+    text = f"{n:g}"
+    return "an" if text[0] == "8" or text in ("11", "18") or text.startswith(("11", "18")) and len(text) in (
+        5, 6) else "a"
 
 
 def two_classic_bugs(L: Lesson, model, enc, ids, rows) -> None:

@@ -12,10 +12,9 @@ from rich.markup import escape
 from rich.table import Table
 
 import minillm
-from minillm.models.gpt2 import GPT2_SIZES
 from minillm.lessons._common import (Lesson, Timing, bar, bar_chart, fmt_bytes, fmt_time, fmt_x, plural, run_lesson,
                                      stacked_bar)
-from minillm.measure import hardware
+from minillm.measure import hardware, residency
 from minillm.measure.chips import CHIPS
 from minillm.measure.chips import decode_ceiling
 from minillm.measure.probe import MB
@@ -130,7 +129,7 @@ def can_memory_keep_up(L: Lesson, model, ids, steps):
     ht.add_row("float32 matmul peak", f"{hw.peak_gflops:,.1f} GFLOP/s")
     ht.add_row("ridge point", f"{hw.ridge:,.1f} FLOP/byte  [dim](peak ÷ bandwidth)[/]")
     if hw.llc_bytes:
-        ht.add_row("last-level cache", f"{hw.llc_bytes / MB:g} MiB")
+        ht.add_row("last-level cache", f"{hw.llc_bytes / MB:g} MiB  [dim](what the operating system reports)[/]")
     if hw.fast:
         ht.add_row("[yellow]note[/]", "fast mode: a small buffer, rough figures")
     L.show("[bold]minillm.measure.hardware.machine()[/]", ht)
@@ -164,39 +163,41 @@ def can_memory_keep_up(L: Lesson, model, ids, steps):
     L.console.print(f"[dim]bandwidth: {escape(hardware.provenance(hw))}; steps timed under {L.conditions()}[/]")
     L.console.print()
     fastest = max(s.gbps for s in steps)
-    if not (hw.llc_bytes and model.nbytes() <= hw.llc_bytes):
-        if fastest <= hw.bandwidth_gbs:
-            L.say(f"No decode step read faster than the measured bandwidth: the fastest reached "
-                  f"{fastest:,.1f} GB/s of {hw.bandwidth_gbs:,.1f}.")
-        else:   # two timings compared: a bandwidth measured while the machine was busier than the steps
+    bigger = residency.larger_model(L.model_name or model.name, model.nbytes())
+    if not residency.outran(fastest, hw):
+        L.say(f"No decode step read faster than the measured bandwidth: the fastest reached "
+              f"{fastest:,.1f} GB/s of {hw.bandwidth_gbs:,.1f} ({residency.os_reports(hw)}).")
+    else:       # faster than DRAM: a cache, or a DRAM figure measured while the machine was busier
+        probe = residency.probe_at(model.nbytes())
+        if residency.verdict(model.nbytes(), hw, probe_gbs=probe) == "cache":
+            L.note(f"the fastest decode step read {fastest:,.1f} GB/s, above the {hw.bandwidth_gbs:,.1f} GB/s "
+                   f"measured for DRAM, and a read of {fmt_bytes(model.nbytes())} (this model's weights) ran at "
+                   f"{probe:,.1f} GB/s: this run read its weights from a cache, and a step may beat the DRAM "
+                   "ceiling (or, this small, be held back by per-call overhead instead)"
+                   + (f". Run with --model {bigger} to measure DRAM." if bigger else "."))
+        else:
             L.note(f"the fastest decode step reached {fastest:,.1f} GB/s, above the {hw.bandwidth_gbs:,.1f} GB/s "
-                   "measured for this machine: that figure was measured while the machine was busier; "
-                   "`minillm hardware --remeasure` on a quiet machine measures it again")
-    if hw.llc_bytes and model.nbytes() <= hw.llc_bytes:
-        L.note(f"this model's weights ({fmt_bytes(model.nbytes())}) fit in the {hw.llc_bytes / MB:g} MiB last-level "
-               "cache, so after the first step they can be read from the cache, not from DRAM, and a step may beat "
-               "the DRAM ceiling (or, this small, be held back by per-call overhead instead). "
-               f"Run with --model large, or random-124m ({fmt_bytes(GPT2_SIZES['124m'].n_params() * 4)}), to measure DRAM.")
-    elif not L.fast and L.model_name is None:
+                   f"measured for this machine, though a read of {fmt_bytes(model.nbytes())} ran at {probe:,.1f} "
+                   "GB/s: that figure was measured while the machine was busier; `minillm hardware --remeasure` "
+                   "on a quiet machine measures it again")
+    if not L.fast and L.model_name is None and not residency.outran(fastest, hw):
         small = minillm.load(quiet=True)
         with L.status(f"the same on the default model ({small.name})…"):
             s_steps = decode_run(small, ids, n_steps)
         s_sec = statistics.median(s.seconds for s in s_steps)
         s_gbs = statistics.median(s.total_bytes for s in s_steps) / s_sec / 1e9
-        fits = hw.llc_bytes is not None and small.nbytes() <= hw.llc_bytes
-        if not fits:
-            why = "Its weights do not fit in the cache either, so it too streams from DRAM."
-        else:   # one sentence whichever way the timing fell: the conclusion rests on the sizes, not on one time
-            why = ("Its weights fit in the cache, so DRAM is not its limit: a step may read faster than the DRAM "
-                   "figure (from the cache), or slower (a step is a few dozen small NumPy calls, and with so few "
-                   "bytes per call their fixed overhead of microseconds each can outweigh the reading). "
-                   "GPUs have the same trap: a small model's step is many short kernel launches, each with a "
-                   "fixed cost, which is why engines capture a decode step once as a CUDA graph and "
-                   "replay it.")
+        if residency.outran(s_gbs, hw):
+            why = ("Its steps read faster than DRAM: they read the weights from a cache, so DRAM is not their "
+                   "limit.")
+        else:   # slower than DRAM's figure, though its bytes are few: per-call overhead can outweigh them
+            why = ("Its steps did not read faster than DRAM. With so few bytes per call, a step is a few dozen "
+                   "small NumPy calls whose fixed overhead of microseconds each can outweigh the reading.")
         L.say(f"""
             Compare the default model `{escape(small.name)}` (what `minillm.load()` gives): {fmt_bytes(small.nbytes())}
-            of weights against a {hw.llc_bytes / MB:g} MiB last-level cache. Its decode steps achieved
-            **{s_gbs:,.1f} GB/s** ({s_gbs / hw.bandwidth_gbs:.0%} of this machine's DRAM bandwidth). {why}
+            of weights. Its decode steps achieved **{s_gbs:,.1f} GB/s** ({s_gbs / hw.bandwidth_gbs:.0%} of this
+            machine's DRAM bandwidth). {why} GPUs have the same trap: a small model's step is many short
+            kernel launches, each with a fixed cost, which is why engines capture a decode step once as a CUDA
+            graph and replay it (lesson 17).
         """)
     L.busy_note()
     return hw
@@ -268,12 +269,13 @@ def long_context(L: Lesson, model, r) -> None:
         t = {r.attended}. One sequence's KV read equals the weights at t ≈ weights ÷ (KV bytes per token) =
         **{t_here:,.0f} positions** for `{escape(model.name)}` (its context is {c.n_ctx:,}).
 
-        For a 7B model with one KV head per query head (Llama-2-7B, fp16): {fmt_bytes(kv7)} per token,
+        For a 7B model with one KV head per query head (Llama-2-7B, fp16): {kv7 / 1024:,.0f} KiB per token,
         so one sequence reads as much KV as weights at {w7 / kv7:,.0f} tokens, and a batch of 32
         sequences at 4,096 tokens reads {fmt_bytes(32 * 4096 * kv7)} of KV per step against
         {fmt_bytes(w7)} of weights: {fmt_x(32 * 4096 * kv7 / w7)}. Batching shares the weight read, never the
-        KV read (each sequence has its own). That is why grouped-query attention, KV caches in 8 bits,
-        and attention kernels that split long contexts across the chip (FlashDecoding) matter.
+        KV read (each sequence has its own). That is why grouped-query attention and KV caches in 8 bits
+        matter: they cut those bytes. FlashDecoding does not cut them: it splits one long sequence's read
+        over all the chip's cores, so that the read runs at full bandwidth when the batch is small.
     """)
 
 

@@ -16,7 +16,8 @@ from rich.table import Table
 import minillm
 from minillm.models.gpt2 import GPT2_SIZES as MODELS
 from minillm.lessons._common import (Lesson, bar_chart, faster_words, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural,
-                                     ratio_range, roofline_plot, run_lesson, time_interleaved)
+                                     roofline_plot, run_lesson, time_interleaved)
+from minillm import closeness
 from minillm.measure.batching import run_batch_bench
 from minillm.measure.chips import CHIPS, decode_ceiling, roofline
 from minillm.ui import report
@@ -230,10 +231,12 @@ def which_phase_dominates(L: Lesson, model, hw, rng) -> dict:
     def dominant(ph, key):
         return "prefill" if ph["prefill"][key] > ph["decode"][key] else "decode"
 
+    here = closeness.one_run_apart(a["prefill"]["seconds"], a["decode"]["seconds"])   # one run: the rule's band
+    took = ("prefill took longer here" if here > 0 else "decode took longer here" if here < 0 else
+            f"prefill and decode took about as long here (within {closeness.CLOSE:.0%}, one run)")
     L.say(f"""
         Workload A: prefill does {a['prefill']['flops'] / (a['prefill']['flops'] + a['decode']['flops']):.0%} of
-        the FLOPs; {dominant(a, 'seconds')} took longer here, and {dominant(a, 'roof_gpu_fused')} would take longer
-        on the A100. Workload B: decode moves {b_['decode']['bytes'] / (b_['prefill']['bytes'] + b_['decode']['bytes']):.0%}
+        the FLOPs; {took}, and {dominant(a, 'roof_gpu_fused')} would take longer on the A100. Workload B: decode moves {b_['decode']['bytes'] / (b_['prefill']['bytes'] + b_['decode']['bytes']):.0%}
         of the bytes, and {dominant(b_, 'roof_gpu_fused')} would dominate on the A100.
     """)
     L.claim(a["prefill"]["flops"] > a["decode"]["flops"],
@@ -317,10 +320,10 @@ def prefix_caching(L: Lesson, model, hw, work: dict) -> list:
               fmt_bytes(after["bytes"]), times["prefix"].short())
     L.show(t)
     L.timing_note()
-    ratio = ratio_range(times["prefix"], times["full"])
+    said = faster_words(times["prefix"], times["full"], "the prefix computed once", "prefilling everything")
     L.say(f"""
         Both rows count and time the same work: the second includes the prefix's own prefill, done once.
-        Timed in turns, {faster_words(ratio, "the prefix computed once", "prefilling everything")}. Time
+        Timed in turns, {said}. Time
         follows FLOPs only partly: every prefill call reads all the weights once, whatever its length,
         so short prefills gain less than their FLOPs suggest. The saving grows with the length of the
         shared prefix.

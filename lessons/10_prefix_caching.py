@@ -8,13 +8,13 @@ Run:  python lessons/10_prefix_caching.py        (or: minillm learn 10)
 from __future__ import annotations
 
 from rich import box
-from rich.markup import escape
 from rich.table import Table
 
-from minillm.lessons._common import Lesson, fall_words, run_lesson
+from minillm.lessons._common import Lesson, fall_words, fmt_x, run_lesson
+from minillm import closeness
 
 from minillm.serving.metrics import serve
-from minillm.serving.workloads import WorkItem, generate_workload
+from minillm.serving.workloads import generate_workload
 from minillm.ui.report import fmt_flops, fmt_time
 
 TITLE = "Prefix caching; diagnosis"
@@ -32,6 +32,7 @@ def lesson(L: Lesson) -> None:
     system = len(items[0].prompt) - shared
     with_and_without(L, model, items, system, hw)
     block_sizes(L, model, items, system)
+    offload(L, model, hw)
     diagnose(L, model, hw)
     L.try_it("""
         `minillm serve-sim --workload shared-prefix --compare prefix-cache` and
@@ -119,6 +120,60 @@ def block_sizes(L: Lesson, model, items, system: int) -> None:
     L.pause()
 
 
+def reload_rows(model, hw) -> list[dict]:
+    """Reload a cached prefix's KV, or compute it again? Per prompt token: its KV bytes over the link
+    against its prefill FLOPs (2 per weight, attention's aside: at least) at the peak. Reload when
+    bytes ÷ link bandwidth < FLOPs ÷ peak. This model on this machine (its measured copy bandwidth
+    and matmul peak), and published shapes on an H100 from host memory and from an NVMe drive."""
+    from minillm.measure.chips import LINKS, get_chip
+    from minillm.measure.shapes import kv_bytes_per_token, shape
+    c = model.config
+    rows = [{"what": model.name, "chip": "here", "kv": 2 * c.n_layer * c.n_kv_head * c.head_dim * model.dtype.itemsize,
+             "flops": 2 * model.n_params(), "link": hw.bandwidth_gbs, "link_name": "memory", "peak": hw.peak_gflops}]
+    h100 = get_chip("h100-sxm")
+    for name in ("llama-2-7b", "llama-3-8b"):
+        s = shape(name)
+        for link in ("pcie5", "nvme4"):
+            rows.append({"what": name, "chip": "H100", "kv": kv_bytes_per_token(s, 2), "flops": 2 * s["n_params"],
+                         "link": LINKS[link][0], "link_name": {"pcie5": "PCIe 5", "nvme4": "NVMe"}[link],
+                         "peak": h100.peak_gflops})
+    for r in rows:
+        r["reload_s"] = r["kv"] / (r["link"] * 1e9)
+        r["compute_s"] = r["flops"] / (r["peak"] * 1e9)
+    return rows
+
+
+def offload(L: Lesson, model, hw) -> None:
+    L.section("Prefixes beyond one engine's memory: offloading and routing")
+    rows = reload_rows(model, hw)
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    for col in ("model", "chip", "from", "KV/token", "reload", "recompute", "cheaper"):
+        t.add_column(col, justify="left" if col in ("model", "chip", "from") else "right", no_wrap=True)
+    for r in rows:
+        t.add_row(r["what"], r["chip"], r["link_name"], f"{r['kv'] / 1024:,.4g} KiB", fmt_time(r["reload_s"]),
+                  fmt_time(r["compute_s"]), "reload" if r["reload_s"] < r["compute_s"] else "recompute")
+    L.say("""
+        A GPU's memory holds only so many prefixes. With **KV offloading** engines keep more in host memory
+        or on SSD (LMCache, SGLang's HiCache, Mooncake's store, vLLM's KV connectors) and load a prefix back
+        when a request needs it. That pays when moving its KV is quicker than computing it again:
+        **reload when KV bytes ÷ link bandwidth < prefill FLOPs ÷ peak**. Per prompt token:
+    """)
+    L.show(t, "[dim]reload: one token's KV over the link (here: this machine's measured memory bandwidth; PCIe 5 x16 "
+              "64 GB/s and one NVMe drive 7 GB/s: published, measure/chips.LINKS); recompute: 2 FLOPs per weight "
+              "at the peak, attention's aside, so at least that[/]")
+    here = rows[0]
+    L.say(f"""
+        Here, {'reloading' if here['reload_s'] < here['compute_s'] else 'computing again'} is cheaper, by
+        {fmt_x(max(here['reload_s'], here['compute_s']) / min(here['reload_s'], here['compute_s']))}. The rule
+        favours models with a small KV cache per token for their size (grouped-query attention) and fast
+        links. With several replicas, each holds its own cache: **cache-aware routing** sends each request
+        to the replica already holding its prefix (NVIDIA Dynamo's KV router, SGLang's router) and gets
+        the hit that random routing would spread thin, one replica in N. One engine, as here, cannot show
+        that.
+    """)
+    L.pause()
+
+
 def diagnose(L: Lesson, model, hw) -> None:
     L.section("Diagnosing a workload: prefill-bound or decode-bound?")
     c = model.config
@@ -174,7 +229,11 @@ def diagnosis_words(long_prompt: tuple, long_answer: tuple) -> str:
     """Which phase took each workload's time, and what bound it, read from the run (share, share, verdicts)."""
     out = []
     for name, (pre, dec, pv, dv) in (("long prompts", long_prompt), ("long answers", long_answer)):
-        phase, share, bound = ("prefill", pre, pv) if pre >= dec else ("decode", dec, dv)
+        if closeness.one_run_apart(pre, dec) == 0:          # one run's shares: the closeness rule's band
+            out.append(f"{name}: prompt and decode steps took about the same share of the model's time "
+                       f"({pre:.0%} and {dec:.0%}, within {closeness.CLOSE:.0%})")
+            continue
+        phase, share, bound = ("prefill", pre, pv) if pre > dec else ("decode", dec, dv)
         out.append(f"{name}: {share:.0%} of the model's time went to {phase} steps, which were "
                    f"{bound}-bound by the roofline" if bound != "—" else
                    f"{name}: {share:.0%} of the model's time went to {phase} steps")

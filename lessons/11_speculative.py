@@ -14,6 +14,7 @@ from rich.table import Table
 import minillm
 from minillm.engine.speculative import speculative_generate
 from minillm.lessons._common import Lesson, bar_chart, fmt_bytes, fmt_x, run_lesson, time_interleaved
+from minillm import closeness
 from minillm.measure.chips import CHIPS
 from minillm.meter import Meter
 from minillm.measure.speculation import heldout_prompts, run_speculation_bench
@@ -174,7 +175,7 @@ def measure(L: Lesson, model, draft) -> dict:
     prompts = heldout_prompts(L.pick(2, 1), 32)
     with L.status(f"speculative decode for k = {', '.join(map(str, ks))}, two drafts…"):
         sweep = run_speculation_bench(model, {"ngram": "ngram", draft.name: draft}, ks, prompts,
-                                      L.pick(40, 12), repeats=L.pick(3, 1))
+                                      L.pick(40, 12), repeats=L.rounds())
     return sweep
 
 
@@ -211,12 +212,16 @@ def against_k(L: Lesson, model, sweep: dict) -> None:
         Two different shares. **accepted** is accepted guesses ÷ guesses made. The literature's **α** is
         the chance that one guess is accepted given that every guess before it was: guess i is kept with
         probability α^i, so later guesses are *reached* less often even when α stays the same, and the
-        accepted share falls with k. A round of k guesses keeps on average
+        accepted share falls with k. A round of k guesses keeps on average (the accepted guesses and the
+        model's own token; the *acceptance length*, τ, that papers report)
 
-        **E = (1 − α^(k+1)) ÷ (1 − α)** tokens (the accepted guesses and the model's own token),
+        ```
+        E = (1 − α^(k+1)) ÷ (1 − α)   tokens a round
+        speedup ≈ E ÷ (c·k + 1)       a draft step costing c model steps
+        ```
 
-        and with a draft step costing c model steps, the speedup is about **E ÷ (c·k + 1)** (Leviathan et
-        al.), before the cost of checking k+1 tokens at once, which the first part of this lesson measured.
+        (Leviathan et al.), before the cost of checking k+1 tokens at once, which the first part of this
+        lesson measured.
     """)
     if model_rows:
         k1 = next((r for r in model_rows if r["k"] == 1), model_rows[0])
@@ -242,12 +247,50 @@ def against_k(L: Lesson, model, sweep: dict) -> None:
         else:
             fit = "here."
         L.say(f"The formula with one α follows the measured tokens per check within {worst:.0%} at every k {fit}")
+        heads(L, model, alpha)
     L.pause()
+
+
+def head_cost(model) -> float:
+    """A one-layer draft head's cost in model steps (c), by bytes: one block's weights and the LM head it
+    shares with the model, over the model's weights (GPT-2's block: 12·d² + 13·d parameters)."""
+    c = model.config
+    return (12 * c.n_embd ** 2 + 13 * c.n_embd + c.vocab_size * c.n_embd) / model.n_params()
+
+
+MTP_ACCEPTED = (0.85, 0.90)     # DeepSeek-V3's report: its MTP draft's second token accepted 85-90% of the time
+
+
+def heads(L: Lesson, model, alpha: float) -> None:
+    """X24: the drafts engines run now, one paragraph and a row computed from this run's α."""
+    c = head_cost(model)
+    rows = [(k, expected_tokens(alpha, k), expected_tokens(alpha, k) / (c * k + 1)) for k in (1, 2, 4)]
+    L.say(f"""
+        Engines now draft with the model itself. An **EAGLE** head (EAGLE-3 the latest) is one decoder
+        layer that reads the model's own last hidden states and reuses its LM head; DeepSeek-V3 ships a
+        **multi-token prediction** (MTP) module that does the same for one token ahead (lesson 15), with
+        the second token accepted {MTP_ACCEPTED[0] * 100:.0f}-{MTP_ACCEPTED[1]:.0%} of the time by its report:
+        an acceptance length τ = 1 + α of {1 + MTP_ACCEPTED[0]:.2f}-{1 + MTP_ACCEPTED[1]:.2f} tokens a check.
+        Their guesses are often a small tree, checked in one step with a mask that lets each branch see
+        only its own ancestors, and they report τ, not the acceptance rate. On `{escape(model.name)}` a
+        one-layer head would cost c ≈ {c:.2f} of a step (one block and the head, by bytes); with this
+        run's α = {alpha:.2f}:
+    """)
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("k", "τ = E", "E ÷ (ck + 1)"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for k, e, sp in rows:
+        t.add_row(str(k), f"{e:.2f}", f"{sp:.2f}×")
+    L.show(t, f"[dim]a one-layer head on {escape(model.name)}: c = (12·d² + 13·d + V·d) ÷ params = {c:.2f}; α "
+              "fitted above; the check of k+1 tokens counted as one step[/]")
 
 
 def when_it_vanishes(L: Lesson, model, draft, sweep: dict) -> None:
     L.section("Where the speedup comes from, and when it vanishes")
     best = max(sweep["rows"], key=lambda r: r["speedup"])
+    rounds = {f"{short_name(r['draft'])} k = {r['k']}": r["speedup_rounds"] for r in sweep["rows"]}
+    rounds["plain"] = [1.0] * sweep["repeats"]
+    ranking = closeness.rank(rounds, higher=True)
     by_draft = {}
     for r in sweep["rows"]:
         if r["draft"] not in by_draft or r["speedup"] > by_draft[r["draft"]]["speedup"]:
@@ -277,8 +320,10 @@ def when_it_vanishes(L: Lesson, model, draft, sweep: dict) -> None:
           fp16 does 2·5 FLOPs per 2-byte weight, {2 * 5 / 2:.0f} FLOP/byte, against an A100's ridge of
           {a100.ridge:.0f}.
 
-        Here the best was draft {escape(best['draft'])} at k = {best['k']}: {best['speedup']:.2f}× plain
-        decode of `{escape(model.name)}`, with {best['tokens_per_step']:.2f} tokens kept per check. The
+        At the median the fastest was draft {escape(best['draft'])} at k = {best['k']}: {best['speedup']:.2f}×
+        plain decode of `{escape(model.name)}` ({min(best['speedup_rounds']):.2f}-{max(best['speedup_rounds']):.2f}×
+        over the rounds), with {best['tokens_per_step']:.2f} tokens kept per check.
+        {escape(closeness.best_words(ranking, 'Ranked by the closeness rule', lambda v: f'{v:.2f}×'))} The
         shares depend on the text: `minillm bench --speculate` runs other prompts and lengths, so the same
         draft and k can show another acceptance there.
     """)

@@ -8,7 +8,7 @@ Run:  python lessons/12_gqa.py        (or: minillm learn 12)
 
 from __future__ import annotations
 
-from minillm.lessons._common import Lesson, fmt_x, plural, run_lesson
+from minillm.lessons._common import Lesson, fmt_x, run_lesson
 
 import numpy as np
 from rich import box
@@ -21,7 +21,12 @@ from minillm.measure.chips import get_chip
 from minillm.measure.shapes import (SHAPES, UTILISATION, capacity, decode_step_bytes, kv_bytes_per_sequence,
                                     kv_bytes_per_token, shape)
 from minillm.models.llama import Llama, random_params
-from minillm.ui.report import fmt_bytes, fmt_flops, fmt_time
+from minillm.ui.report import fmt_bytes, fmt_flops
+
+
+def fmt_kib(n: float) -> str:
+    """KV bytes per token in KiB, as `minillm hardware --shape` and lesson 5 print them."""
+    return f"{n / 1024:,.4g} KiB"
 
 TITLE = "Today's architecture: GQA and the KV cache"
 MINUTES = 8
@@ -34,6 +39,7 @@ def lesson(L: Lesson) -> None:
     kv_per_token(L)
     decode_bytes(L)
     smaller_kv(L)
+    evict_and_compress(L)
     batch_limit(L)
     long_prefill(L)
     real_model(L)
@@ -138,26 +144,36 @@ def smaller_kv(L: Lesson) -> None:
         GQA is one of four ways today's models shrink the cache:
 
         - **Latent attention** (MLA, DeepSeek-V2/V3) caches one compressed vector per layer and token,
-          `d_c + d_rope = 512 + 64` values, and rebuilds every head's K and V from it: `L·576·b` bytes.
+          `d_c + d_rope = 512 + 64` values: `L·576·b` bytes. By definition every head's K and V are
+          rebuilt from it; in decode, FlashMLA and FlashInfer fold those up-projections into the query
+          and the output and attend in the latent itself: 128 query heads sharing one KV head of 576
+          values, so attention does far more FLOPs per byte it reads (lesson 8's table).
         - **Sliding windows**: a *local* layer attends to the last `w` tokens only, so it keeps only
           those. Mistral-7B v0.1 slides on every layer; Gemma 2 alternates local and global layers,
           Gemma 3 has five local to one global, gpt-oss alternates a 128-token band with full layers.
           Past the window, the local layers' KV stops growing.
-        - **8-bit values** (FP8 or INT8 KV caches: vLLM's `--kv-cache-dtype fp8`, llama.cpp's
-          `-ctk q8_0`) halve fp16's bytes, with a small scale per vector.
+        - **8-bit values** halve fp16's bytes, each with its scales: vLLM's `--kv-cache-dtype fp8` keeps
+          one scale per tensor per layer (per KV head with calibration; 1.0 without), llama.cpp's
+          `-ctk q8_0` one fp16 scale per 32 values, and minillm's int8 cache one per head vector (below).
+          A per-tensor scale costs no bytes but must fit every value: that is why FP8 KV needs calibration.
     """)
     ctx = 32768
-    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
     for col in ("shape", "attention", "KV/token", "KV at 32k", "8-bit"):
         t.add_column(col, justify="right" if col not in ("shape", "attention") else "left", no_wrap=True)
     seq = {}
+    past = []
     for name, how in LAYOUTS:
         s = shape(name)
         seq[name] = kv_bytes_per_sequence(s, ctx, 2)
-        t.add_row(name, how, fmt_bytes(kv_bytes_per_token(s, 2)), fmt_bytes(seq[name]),
-                  fmt_bytes(kv_bytes_per_sequence(s, ctx, 1)))
+        mark = " *" if s["n_ctx"] < ctx else ""
+        if mark:
+            past.append(f"{name} {s['n_ctx']:,}")
+        t.add_row(name, how, fmt_kib(kv_bytes_per_token(s, 2)), fmt_bytes(seq[name]) + mark,
+                  fmt_bytes(kv_bytes_per_sequence(s, ctx, 1)) + mark)
     L.show(t, f"[dim]bf16/fp16 (2 bytes), one sequence of {ctx:,} tokens; 8-bit: 1 byte a value, scales "
-              "aside; published configs[/]")
+              "aside; published configs; * past the model's own context (" + ", ".join(past)
+              + "): the formula only[/]")
     ds = shape("deepseek-v3")
     L.fact(f"DeepSeek-V3 caches L·(d_c + d_rope)·2 = {ds['n_layer']}·576·2 = {kv_bytes_per_token(ds, 2):,.0f} "
            f"bytes per token in bf16; as plain multi-head attention ({ds['n_head']} heads of K {ds['head_dim']} and "
@@ -197,6 +213,54 @@ def smaller_kv(L: Lesson) -> None:
     L.pause()
 
 
+SINKS, WINDOW, BUDGET, KIVI_GROUP, KIVI_BITS, KIVI_RESIDUAL = 4, 4096, 2048, 32, 2, 128
+
+
+def cache_rows(name: str = "qwen2.5-7b", ctx: int = 32768) -> list[tuple[str, float]]:
+    """One sequence's KV bytes at `ctx` tokens (bf16) under each way of keeping less: the whole cache;
+    attention sinks and a window (StreamingLLM: the first SINKS tokens and the last WINDOW); an eviction
+    budget (H2O/SnapKV: BUDGET tokens kept by attention score); KIVI's 2-bit keys per channel and values
+    per token (a bf16 scale and zero per group of KIVI_GROUP, the last KIVI_RESIDUAL tokens kept in bf16)."""
+    s = shape(name)
+    tok = kv_bytes_per_token(s, 2)
+    kivi = (KIVI_BITS / 8 + 2 * 2 / KIVI_GROUP) / 2          # bytes a value ÷ bf16's 2: scale and zero per group
+    return [("every token, bf16", ctx * tok),
+            (f"sinks {SINKS} + window {WINDOW:,}", min(ctx, SINKS + WINDOW) * tok),
+            (f"evict to {BUDGET:,} tokens", min(ctx, BUDGET) * tok),
+            (f"KIVI {KIVI_BITS}-bit, {KIVI_RESIDUAL} in bf16", (ctx - KIVI_RESIDUAL) * tok * kivi + KIVI_RESIDUAL * tok)]
+
+
+def evict_and_compress(L: Lesson) -> None:
+    L.section("Keeping fewer tokens, or fewer bits, at run time")
+    name, ctx = "qwen2.5-7b", 32768                  # a model whose own context reaches 32k
+    L.say(f"""
+        The ways above are choices of the model's shape. Others act on a trained model's cache while it runs,
+        and change what it attends to, so they trade quality (not measured here) for bytes:
+
+        - **Attention sinks** (StreamingLLM, Xiao et al. 2023): the first few tokens draw much of every
+          head's attention whatever they say; keeping them and a window of the latest tokens keeps a model
+          stable past its training length with a cache that stops growing.
+        - **Eviction** (H2O, SnapKV): keep the tokens that drew the most attention so far, up to a budget.
+        - **KIVI** (Liu et al. 2024) quantizes the cache to 2 bits, keys **per channel** and values **per
+          token**: keys have a few channels of large magnitude in every token, so a scale per channel fits
+          them; values do not, so a scale per token does. That is also why K and V are quantized apart
+          (the 8-bit caches above).
+
+        Below, one {name} sequence of {ctx:,} tokens (its context: {shape(name)['n_ctx']:,}) under each.
+    """)
+    rows = cache_rows(name, ctx)
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("kept", "KV bytes", "of the whole"):
+        t.add_column(col, justify="left" if col == "kept" else "right", no_wrap=True)
+    for label, nbytes in rows:
+        t.add_row(label, fmt_bytes(nbytes), f"{nbytes / rows[0][1]:.1%}")
+    L.show(t, f"[dim]{name}: {fmt_kib(kv_bytes_per_token(shape(name), 2))} per token in bf16; KIVI: a bf16 scale "
+              f"and zero per {KIVI_GROUP} values[/]")
+    L.fact(f"a window and sinks cap the cache at (sinks + window) tokens whatever the context: "
+           f"{fmt_bytes(rows[1][1])} here, {rows[0][1] / rows[1][1]:.0f}× less than keeping every token")
+    L.pause()
+
+
 def shape_of(c) -> dict:
     return {"n_layer": c.n_layer, "n_kv_head": c.n_kv_head, "head_dim": c.head_dim}
 
@@ -219,7 +283,7 @@ def batch_limit(L: Lesson) -> None:
     for name in ("llama-2-7b", "llama-3-8b"):
         cap = capacity(shape(name), ctx, chip.memory_gb * 1e9, bytes_per_weight=b, kv_bytes_per_value=b)
         fit[name] = cap["sequences"]
-        t.add_row(name, fmt_bytes(cap["weight_bytes"]), fmt_bytes(cap["kv_bytes_per_token"]),
+        t.add_row(name, fmt_bytes(cap["weight_bytes"]), fmt_kib(cap["kv_bytes_per_token"]),
                   fmt_bytes(cap["kv_bytes_per_sequence"]), f"{fit[name]:,}")
     L.show(t, f"[dim]{ctx:,} tokens per sequence; {chip.name}: {chip.memory_gb:g} GB × {UTILISATION}, "
               f"{chip.source}[/]")

@@ -8,6 +8,7 @@ Run:  python lessons/13_two_phases.py        (or: minillm learn 13)
 from __future__ import annotations
 
 from minillm.lessons._common import Lesson, bar_chart, fmt_x, paired_chart, plural, run_lesson
+from minillm import closeness
 
 from rich import box
 from rich.table import Table
@@ -17,7 +18,9 @@ from minillm.measure.comparisons import comparison_threads, fit_problem
 from minillm.threads import blas_threads
 from minillm.serving.disagg import (OnThreads, colocated_summary, disaggregated_engines,
                                     measure_copy_gbps, run_interleaved)
-from minillm.serving.metrics import engine_for, serve, step_fit, summarize
+from minillm.serving.metrics import engine_for, merge_rounds, serve, step_fit, summarize
+from minillm.serving.rates import (capacity_words, highest_rate, price_lines, rate_engines, rate_summaries,
+                                   token_prices)
 from minillm.serving.workloads import WorkItem, generate_workload
 from minillm.ui.report import fmt_bytes, fmt_time
 
@@ -25,6 +28,12 @@ TITLE = "When the two phases meet"
 MINUTES = 10
 WHAT_YOU_WILL_SEE = "a long prefill stalling decodes; the budget sweep; goodput; the P/D split"
 CHUNKS = (16, 32, 64, 128)   # prompt tokens a step may carry beside the decodes, in the fit's chart
+PRICE_PER_HOUR = 1.0         # an example price of one engine an hour, in dollars: edit it (the rest is measured)
+
+
+def fmt_rate(rate: float) -> str:
+    """A request rate in words: '410 per second', '2.5 per second'."""
+    return f"{rate:,.0f} per second" if rate >= 10 else f"{rate:.2g} per second"
 
 
 def lesson(L: Lesson) -> None:
@@ -36,6 +45,8 @@ def lesson(L: Lesson) -> None:
     sweep = budgets(L, model, items)
     L.pause()
     goodput_vs_throughput(L, model)
+    L.pause()
+    rates_and_prices(L, model)
     L.pause()
     split = disaggregation(L, model, items)
     L.pause()
@@ -64,7 +75,7 @@ def workload(L: Lesson, model) -> list[WorkItem]:
         reading the weights. A server runs both **in the same step**: that is what
         continuous batching does. This lesson looks at what that costs the sequences that are decoding.
 
-        The workload (`--workload mixed`): {n} requests at {rate:.2g} per second, short chats (prompts
+        The workload (`--workload mixed`): {n} requests at {fmt_rate(rate)}, short chats (prompts
         {min(len(w.prompt) for w in items if w not in long)}-{max(len(w.prompt) for w in items if w not in long)}
         tokens) and {len(long)} long documents of {', '.join(str(len(w.prompt)) for w in long)} tokens on
         `{model.name}` (context {c.n_ctx}).
@@ -80,10 +91,12 @@ def gaps_of(req) -> list[float]:
 def interference(L: Lesson, model, items) -> None:
     L.section("Interference, in one picture")
     budget = L.pick(32, 16)
-    whole = engine_for(model, items, max_batched_tokens=model.config.n_ctx * 16)
-    chunked = engine_for(model, items, max_batched_tokens=budget)
-    with L.status("serving the workload twice, whole prompts and chunks, step by step in turn…"):
-        run_interleaved([whole, chunked])
+    R = L.serve_rounds()
+    wholes = [engine_for(model, items, max_batched_tokens=model.config.n_ctx * 16) for _ in range(R)]
+    chunks = [engine_for(model, items, max_batched_tokens=budget) for _ in range(R)]
+    with L.status(f"serving the workload whole and in chunks, {R} rounds each, step by step in turn…"):
+        run_interleaved([e for pair in zip(wholes, chunks) for e in pair])
+    whole, chunked = wholes[0], chunks[0]           # the picture: the first round's
     # the step that ran the most prompt tokens beside running decodes, and a request that waited in it
     stall = max((s for s in whole.steps if s.decode_tokens), key=lambda s: (s.prefill_tokens, s.seconds))
     end = stall.start + stall.seconds
@@ -96,8 +109,8 @@ def interference(L: Lesson, model, items) -> None:
     L.show(paired_chart(f"request {victim.id}: the gap before each of its tokens", rows,
                         ("whole", f"chunk {budget}")),
            f"[dim]◆ the step that ran {stall.prefill_tokens} prompt tokens beside {stall.decode_tokens} "
-           f"decodes: {fmt_time(stall.seconds)}[/]")
-    L.claim(stall.prefill_tokens > budget and max(s.n_tokens for s in chunked.steps) <= budget,
+           f"decodes: {fmt_time(stall.seconds)} (the first of {R} rounds)[/]")
+    L.claim(stall.prefill_tokens > budget and max(s.n_tokens for e in chunks for s in e.steps) <= budget,
             f"without chunking, a step ran {stall.prefill_tokens} prompt tokens beside {stall.decode_tokens} "
             f"decodes; with a budget of {budget} no step ran more than {budget} tokens")
     decode_only = sorted(s.seconds for s in whole.steps if not s.prefill_tokens)
@@ -107,13 +120,15 @@ def interference(L: Lesson, model, items) -> None:
         how = "longer than" if r > 1.25 else "shorter than" if r < 0.8 else "about as long as"
         L.say(f"That step took {fmt_time(stall.seconds)}: {fmt_x(r)} a median decode-only step "
               f"({fmt_time(typical)}), {how} one.")
-    a, b = summarize(whole), summarize(chunked)
-    same = all(whole.requests[k].output == chunked.requests[k].output for k in whole.requests)
-    L.claim(same, "both runs gave every request the same tokens: only the timing changed")
-    r = b["tbt_p99_s"] / a["tbt_p99_s"] if a["tbt_p99_s"] else 1.0
-    how = ("chunking lowered it" if r < 0.9 else "chunking raised it" if r > 1.1
-           else "within 10%: on this run chunking did not change it")
-    L.say(f"The p99 gap between tokens: {fmt_time(a['tbt_p99_s'])} with whole prompts, "
+    a = merge_rounds([summarize(e) for e in wholes])
+    b = merge_rounds([summarize(e) for e in chunks])
+    same = all(w.requests[k].output == c.requests[k].output for w, c in zip(wholes, chunks) for k in w.requests)
+    L.claim(same, "in every round both runs gave every request the same tokens: only the timing changed")
+    side = closeness.apart(b["rounds"]["tbt_p99_s"], a["rounds"]["tbt_p99_s"])
+    how = (f"chunking lowered it, every round beyond the other's spread ({closeness.holds_for()})" if side < 0 else
+           f"chunking raised it, every round beyond the other's spread ({closeness.holds_for()})" if side > 0 else
+           f"no winner ({closeness.why_not(b['rounds']['tbt_p99_s'], a['rounds']['tbt_p99_s'])})")
+    L.say(f"The p99 gap between tokens, median of {R} rounds: {fmt_time(a['tbt_p99_s'])} with whole prompts, "
           f"{fmt_time(b['tbt_p99_s'])} in chunks of {budget}: {how}.")
     L.say(f"""
         A running sequence gets its next token only when the step it is in ends. A step that also runs
@@ -129,16 +144,18 @@ def budgets(L: Lesson, model, items) -> dict:
     from minillm.ui.report import budget_verdict
     c = model.config
     sizes = L.pick((16, 32, 64, 128, None), (16, 64, None))
-    engines = [engine_for(model, items, max_batched_tokens=b or c.n_ctx * 16) for b in sizes]
-    with L.status(f"serving the workload at {len(sizes)} budgets, interleaved…"):
-        run_interleaved(engines)
-    probe = summarize(engines[-1])
+    R = L.serve_rounds()
+    engines = [[engine_for(model, items, max_batched_tokens=b or c.n_ctx * 16) for _ in range(R)] for b in sizes]
+    with L.status(f"serving the workload at {len(sizes)} budgets, {R} rounds each, interleaved…"):
+        run_interleaved([e for es in engines for e in es])
+    probe = summarize(engines[-1][0])
     slo = {"ttft": round(2 * probe["ttft_p50_s"], 3), "tpot": round(1.5 * probe["tbt_p50_s"], 4)}
     results = []
-    for b, e in zip(sizes, engines):
-        r = summarize(e, "no chunking" if b is None else f"budget {b}", slo=slo)
-        r["budget"] = b
+    for b, es in zip(sizes, engines):
+        r = merge_rounds([summarize(e, "no chunking" if b is None else f"budget {b}", slo=slo) for e in es])
+        r["budget"], r["threads"] = b, blas_threads()
         results.append(r)
+    engines = [e for es in engines for e in es]
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("budget", "tok/s", "TTFT p50", "p95", "TBT p95", "p99", "good/s"):
         t.add_column(col, justify="right", no_wrap=True)
@@ -147,8 +164,9 @@ def budgets(L: Lesson, model, items) -> dict:
                   fmt_time(r["ttft_p50_s"]), fmt_time(r["ttft_p95_s"]), fmt_time(r["tbt_p95_s"]),
                   fmt_time(r["tbt_p99_s"]), f"{r['goodput_rps']:.2f}")
     fit = step_fit([s for e in engines for s in e.steps])
-    L.show(t, f"[dim]targets: TTFT ≤ {fmt_time(slo['ttft'])} (twice the no-chunking run's median), TPOT ≤ "
-              f"{fmt_time(slo['tpot'])} (1.5× its median gap); good/s: requests per second meeting both[/]")
+    L.show(t, f"[dim]medians of {R} rounds; targets: TTFT ≤ {fmt_time(slo['ttft'])} (twice the no-chunking run's "
+              f"median), TPOT ≤ {fmt_time(slo['tpot'])} (1.5× its median gap); good/s: requests per second "
+              "meeting both[/]")
     L.busy_note()
     problem = fit_problem(fit)
     if problem is not None:                 # a fit that explains nothing: say so, conclude nothing from it
@@ -185,58 +203,123 @@ def goodput_vs_throughput(L: Lesson, model) -> None:
     items = [WorkItem(0.0, w.prompt, L.pick(16, 8)) for w in
              generate_workload("poisson", rate=1.0, n=n, seed=2, vocab_size=c.vocab_size, n_ctx=c.n_ctx)]
     caps = L.pick((1, 2, 4, 8, 16), (1, 4, 8))
-    engines = [engine_for(model, items, max_seqs=b) for b in caps]
-    with L.status(f"serving {n} requests with batches of {', '.join(map(str, caps))}, interleaved…"):
-        run_interleaved(engines)
-    lo_, hi_ = summarize(engines[0]), summarize(engines[-1])
+    R = L.serve_rounds()
+    engines = [[engine_for(model, items, max_seqs=b) for _ in range(R)] for b in caps]
+    with L.status(f"serving {n} requests with batches of {', '.join(map(str, caps))}, {R} rounds, interleaved…"):
+        run_interleaved([e for es in engines for e in es])
+    lo_, hi_ = merge_rounds([summarize(e) for e in engines[0]]), merge_rounds([summarize(e) for e in engines[-1]])
     slo = {"tpot": (lo_["tpot_p50_s"] * hi_["tpot_p50_s"]) ** 0.5}   # between the smallest and largest batch
-    rs = [summarize(e, f"batch {b}", slo=slo) for b, e in zip(caps, engines)]
+    rs = [merge_rounds([summarize(e, f"batch {b}", slo=slo) for e in es]) for b, es in zip(caps, engines)]
     L.show(bar_chart("output tokens per second", [(r["policy"], r["output_tokens_per_s"],
                                                   f"{r['output_tokens_per_s']:.1f}") for r in rs]),
            bar_chart(f"goodput: requests/s with TPOT ≤ {fmt_time(slo['tpot'])}",
                      [(r["policy"], r["goodput_rps"], f"{r['goodput_rps']:.2f} ({r['slo_met']['all']:.0%})")
                       for r in rs], style="green"),
-           f"[dim]the target: halfway (geometric mean) between the median TPOT of batch {caps[0]} "
-           f"({fmt_time(lo_['tpot_p50_s'])}) and of batch {caps[-1]} ({fmt_time(hi_['tpot_p50_s'])})[/]")
-    fast_ = max(rs, key=lambda r: r["output_tokens_per_s"])
-    good = max(rs, key=lambda r: r["goodput_rps"])
-    if fast_ is good:     # a busy machine can blur the steps' times; say what this run showed
-        L.note(f"on this run {fast_['policy']} led both tokens/s and goodput: the target did not separate "
-               "them here (see the TPOT medians above); run it again on a quieter machine")
-    else:
-        L.say(f"On this run the most tokens per second came from {fast_['policy']} "
-              f"({fast_['output_tokens_per_s']:.1f}); the most requests meeting the target from {good['policy']} "
-              f"({good['goodput_rps']:.2f}/s).")
-    top = caps[[r is fast_ for r in rs].index(True)]
-    grew = top == caps[-1]
+           f"[dim]medians of {R} rounds; the target: halfway (geometric mean) between the median TPOT of batch "
+           f"{caps[0]} ({fmt_time(lo_['tpot_p50_s'])}) and of batch {caps[-1]} ({fmt_time(hi_['tpot_p50_s'])})[/]")
+    tput = closeness.rank({r["policy"]: r["rounds"]["output_tokens_per_s"] for r in rs})
+    good = closeness.rank({r["policy"]: r["rounds"]["goodput_rps"] for r in rs})
+    L.say(closeness.best_words(tput, "Tokens per second", lambda v: f"{v:.1f}") + " "
+          + closeness.best_words(good, "Goodput", lambda v: f"{v:.2f}/s"))
     L.say(f"""
         A bigger batch shares each weight read among more sequences: more tokens per second, up to the
         critical batch, where a step turns compute-bound (lesson 8) and tokens per second flatten. Here
-        tokens per second {'grew up to the largest batch, ' + str(top) if grew else f'peaked at batch {top}, below the largest ({caps[-1]})'}.
-        Each sequence's step is longer, so its time per output token grows, and past the target a request
-        counts for nothing. **Goodput** (as `vllm bench serve --goodput` counts it, at one rate)
-        counts only the requests that met every target: the measure a product with a latency promise
-        lives by. The target here comes from the run itself; a real one comes from the product. And one
-        rate says little: systems are compared by the **highest request rate** at which, say, 90% of
-        requests still meet the target (DistServe's 4.48× and 10.2× are such rates), found by sweeping
-        the rate: `minillm serve-sim --rates 1,2,4,8 --slo ...` does that here.
+        tokens per second {peak_words(tput, [r['policy'] for r in rs])}. Each sequence's step is longer, so its
+        time per output token grows, and past the target a request counts for nothing. **Goodput** (as
+        `vllm bench serve --goodput` counts it, at one rate) counts only the requests that met every
+        target: the measure a product with a latency promise lives by. The target here comes from the run
+        itself; a real one comes from the product. And one rate says little: systems are compared by the
+        **highest request rate** at which, say, 90% of requests still meet the target (DistServe's 4.48×
+        and 10.2× are such rates), found by sweeping the rate: next.
     """)
 
 
+def peak_words(ranking, order: list[str]) -> str:
+    """Where tokens/s peaked over the batch caps, by the closeness rule: 'grew up to the largest batch'
+    only when the largest is apart from every other; 'peaked at' a smaller one only when every larger
+    batch fell beyond the rounds' spread; else no batch stands out."""
+    if ranking.winner is None:
+        return f"showed no batch apart from the others ({ranking.reason})"
+    if ranking.winner == order[-1]:
+        return f"grew up to the largest batch, {order[-1]}, beyond every other batch's spread"
+    return (f"peaked at {ranking.winner}, below the largest ({order[-1]}): the larger batches fell beyond the "
+            "rounds' spread")
+
+
+def rates_and_prices(L: Lesson, model) -> None:
+    """X16, X26: the rate sweep `serve-sim --rates` runs, and what a token costs at the capacity found."""
+    L.section("Goodput against the request rate, and what a token costs")
+    c = model.config
+    probe = [WorkItem(0.0, w.prompt, w.max_tokens) for w in
+             generate_workload("poisson", rate=1.0, n=2, seed=3, vocab_size=c.vocab_size, n_ctx=c.n_ctx)]
+    with L.status("timing two requests alone…"):
+        alone, _ = serve(model, probe, policy="sequential")
+    per = alone["duration_s"] / len(probe)
+    rates = [float(f"{x / per:.3g}") for x in L.pick((0.5, 1, 2, 4, 8), (0.5, 1, 2, 4))]
+    n = L.pick(16, 8)
+    with L.status(f"serving {n} requests at {len(rates)} rates, interleaved…"):
+        engines = rate_engines(model, rates, workload="poisson", n=n, seed=0)
+    first, last = (summarize(e) for e in (engines[0], engines[-1]))      # the targets: between the two ends
+    slo = {"ttft": round((first["ttft_p95_s"] * last["ttft_p95_s"]) ** 0.5, 4),
+           "tpot": round((first["tpot_p95_s"] * last["tpot_p95_s"]) ** 0.5, 5)}
+    runs = rate_summaries(engines, rates, slo)
+    h = highest_rate(runs)
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("rate", "tok/s", "TTFT p95", "TPOT p95", "goodput", "met"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for r in runs:
+        mark = " ◆" if r is h["run"] else ""
+        t.add_row(f"{fmt_rate(r['rate']).split(' ')[0]}/s{mark}", f"{r['output_tokens_per_s']:.1f}",
+                  fmt_time(r["ttft_p95_s"]), fmt_time(r["tpot_p95_s"]), f"{r['goodput_rps']:.2f}/s",
+                  f"{r['attainment']:.0%}")
+    L.say(f"""
+        `minillm serve-sim --rates` serves the same seeded requests at each rate (the arrivals scaled),
+        every rate's engine stepped in turn, and finds the highest rate at which 90% of the requests meet
+        every target: one engine's **capacity**. Here {n} requests at {len(rates)} rates, from half the pace
+        of one request alone ({fmt_time(per)}) up; targets TTFT ≤ {fmt_time(slo['ttft'])} and TPOT ≤
+        {fmt_time(slo['tpot'])}, halfway (geometric mean) between the lowest and the highest rate's p95.
+    """)
+    L.show(t, "[dim]met: the share of requests that met every target; ◆ the highest rate where 90% did[/]")
+    for line in capacity_words(h, "the targets"):
+        L.console.print(line)
+    L.console.print()
+    run = h["run"] or runs[0]
+    kv_tok = 2 * c.n_layer * c.n_kv_head * c.head_dim * model.dtype.itemsize
+    hw = L.machine()
+    prices = token_prices(run, kv_tok, hw.bandwidth_gbs)
+    L.say(f"""
+        Providers price **input**, **cached input** and **output** tokens apart (cached input often about
+        a tenth of input). The same run says why, {'at the capacity found' if h['run'] else 'at the lowest rate'}
+        ({fmt_rate(run['rate'])}): split each step's seconds between its prompt and its output tokens by their
+        FLOPs, charge the idle time to both, and a cached prompt token costs only the reload of its KV
+        ({kv_tok:,} bytes at this machine's {hw.bandwidth_gbs:.1f} GB/s, lesson 10), not its prefill. At an
+        example ${PRICE_PER_HOUR:g} an engine-hour (`PRICE_PER_HOUR` at the top of this lesson):
+    """)
+    for line in price_lines(prices, PRICE_PER_HOUR):
+        L.console.print(line)
+    L.console.print()
+    L.fact("cost per million tokens = engine-seconds spent on them × (duration ÷ busy seconds) ÷ tokens × 10⁶ "
+           "× price per hour ÷ 3,600; a reasoning or agent workload (long decode, shared prefixes) is priced "
+           "mostly by its output and cached-input columns")
+
+
 def disaggregation(L: Lesson, model, items) -> dict:
+    from minillm.ui.report import disagg_verdict
     L.section("Splitting the phases: two engines, KV on the wire")
     with L.status("measuring this machine's copy bandwidth…"):
         link = measure_copy_gbps()
     budget = L.pick(32, 16)
     threads, why = comparison_threads(blas_threads())
     T = threads or 1
-    one = OnThreads(engine_for(model, items, max_batched_tokens=budget), T)
-    split = disaggregated_engines(model, items, p_threads=T, d_threads=T, link_gbps=link,
-                                  max_batched_tokens=budget)
-    with L.status(f"serving the workload on one engine and split, every step on {T} thread(s), interleaved…"):
-        run_interleaved([one, split])
-    a = colocated_summary(one.engine, T, label="one engine")
-    b = split.summary(label="split")
+    R = L.serve_rounds()
+    ones = [OnThreads(engine_for(model, items, max_batched_tokens=budget), T) for _ in range(R)]
+    splits = [disaggregated_engines(model, items, p_threads=T, d_threads=T, link_gbps=link,
+                                    max_batched_tokens=budget) for _ in range(R)]
+    with L.status(f"serving the workload on one engine and split, {R} rounds, every step on "
+                  f"{plural(T, 'thread')}, interleaved…"):
+        run_interleaved([x for pair in zip(ones, splits) for x in pair])
+    a = merge_rounds([colocated_summary(o.engine, T, label="one engine") for o in ones])
+    b = merge_rounds([sp.summary(label="split") for sp in splits])
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("", "tok/s", "per engine", "TTFT p95", "TPOT p95", "TBT p99", "KV moved"):
         t.add_column(col, justify="right", no_wrap=True)
@@ -244,20 +327,24 @@ def disaggregation(L: Lesson, model, items) -> dict:
         t.add_row(r["label"], f"{r['output_tokens_per_s']:.1f}", f"{r['output_tokens_per_s'] / n:.1f}",
                   fmt_time(r["ttft_p95_s"]), fmt_time(r["tpot_p95_s"]), fmt_time(r["tbt_p99_s"]),
                   fmt_bytes(r["kv_bytes_moved"]))
-    L.show(t, f"[dim]every step of every engine on {plural(T, 'BLAS thread')}; link: {link:.3g} Gb/s, this "
-              "machine's measured copy; per engine: tok/s ÷ the engines that served[/]")
+    L.show(t, f"[dim]medians of {R} rounds; every step of every engine on {plural(T, 'BLAS thread')}; link: "
+              f"{link:.3g} Gb/s, this machine's measured copy; per engine: tok/s ÷ the engines that served[/]")
     if why:
         L.note(why)
     c = model.config
     per_pos = 2 * c.n_layer * c.n_kv_head * c.head_dim * model.dtype.itemsize
     expect = sum(per_pos * len(w.prompt) for w in items if w.max_tokens > 1)
-    L.claim(b["kv_bytes_moved"] == expect,
-            f"the KV handed over: {fmt_bytes(expect)} = 2 (K, V) × {c.n_layer} layers × {c.n_kv_head} heads × "
-            f"{c.head_dim} × {model.dtype.itemsize} bytes = {per_pos:,} bytes per prompt position")
-    outs = split.outputs()
-    L.claim(all(outs[k] == one.engine.requests[k].output for k in outs),
-            "every request got the same tokens from the split as from one engine")
+    L.claim(all(sp.summary()["kv_bytes_moved"] == expect for sp in splits),
+            f"the KV handed over, every round: {fmt_bytes(expect)} = 2 (K, V) × {c.n_layer} layers × "
+            f"{c.n_kv_head} heads × {c.head_dim} × {model.dtype.itemsize} bytes = {per_pos:,} bytes per prompt "
+            "position")
+    L.claim(all(sp.outputs()[k] == o.engine.requests[k].output for sp, o in zip(splits, ones) for k in sp.outputs()),
+            "every request got the same tokens from the split as from one engine, every round")
     at25 = expect * 8 / 25e9
+    for line in disagg_verdict([{**a, "link_gbps": link}, {**b, "link_gbps": link}]):
+        if not line.startswith("  "):            # the rankings; the details are in the table and below
+            L.console.print(line.removesuffix(" Measured:"))
+    L.console.print()
     L.say(f"""
         The prefill engine runs prompts only, the decode engine decodes only: no prompt ever shares a
         step with a decode, and each can have its own batch and budget. Here each engine steps on
@@ -283,21 +370,28 @@ def remedies(L: Lesson, model, sweep: dict, split: dict) -> None:
     L.section("Which remedy, for which target, here and on a GPU")
     res = sweep["results"]
     whole = next(r for r in res if r["budget"] is None)
-    best_chunk = min((r for r in res if r["budget"] is not None), key=lambda r: r["tbt_p99_s"])
+    best_chunk = min((r for r in res if r["budget"] is not None), key=lambda r: r["budget"])   # the most chunked
     # throughput per engine: the split serves with two engines' steps, the others with one
-    options = {"no chunking": {**whole, "per_engine": whole["output_tokens_per_s"]},
-               f"chunked ({best_chunk['policy']})": {**best_chunk, "per_engine": best_chunk["output_tokens_per_s"]},
-               "split": {**split["split"], "per_engine": split["split"]["output_tokens_per_s"] / 2}}
+    options = {"no chunking": (whole, 1), f"chunked ({best_chunk['policy']})": (best_chunk, 1),
+               "split": (split["split"], 2)}
+
+    def rounds(r, n, key):
+        if key == "per_engine":
+            return [x / n for x in r["rounds"]["output_tokens_per_s"]]
+        return r["rounds"][key]
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("target", "best here", "its figure", "worst"):
         t.add_column(col, no_wrap=True)
     for key, what, high in (("per_engine", "tok/s per engine", True), ("ttft_p95_s", "TTFT p95", False),
                             ("tbt_p99_s", "TBT p99", False)):
-        order = sorted(options, key=lambda k: options[k][key], reverse=high)
+        ranking = closeness.rank({k: rounds(r, n, key) for k, (r, n) in options.items()}, higher=high)
         f = (lambda x: f"{x:.1f} tok/s") if high else fmt_time
-        t.add_row(what, order[0], f(options[order[0]][key]), order[-1])
-    L.show(t, "[dim]from this lesson's runs of the mixed workload (the split ran in its own interleaved "
-              "pair, on as many threads per step as one engine, so compare it with care)[/]")
+        t.add_row(what, ranking.winner or "no winner",
+                  f(ranking.medians[ranking.winner]) if ranking.winner else "rounds close",
+                  ranking.loser or "—")
+    L.show(t, f"[dim]from this lesson's runs of the mixed workload, by the closeness rule ({closeness.holds_for()}): "
+              "a best or worst only beyond every other option's spread over the rounds (the split ran in its own "
+              "interleaved rounds, on as many threads per step as one engine)[/]")
     fit = sweep["fit"]
     n_params, wbytes = model.n_params(), model.nbytes()
     fp16 = wbytes / model.dtype.itemsize * 2
@@ -324,7 +418,7 @@ def remedies(L: Lesson, model, sweep: dict, split: dict) -> None:
         proportion to its tokens: a budget of 512 makes a step {fmt_x(lo)} to {fmt_x(max(c[512] for c in cost.values()))}
         a decode step on these chips, 2048 makes it {fmt_x(min(c[2048] for c in cost.values()))} to {fmt_x(hi)}.
         vLLM's "about 2048 for latency" is that compromise, not a free lunch. (A model this small on a
-        GPU is bound by kernel launches, not by this roofline: lesson 6.)
+        GPU is bound by its kernels' count and size, not by this roofline: lesson 17 measures it.)
     """)
     problem = fit_problem(fit)
     if problem is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from minillm.lessons._common import Lesson, Timing, faster_words, fmt_x, gpu_ridge_range, ratio_range, run_lesson
+from minillm.lessons._common import Lesson, Timing, faster_words, fmt_x, gpu_ridge_range, run_lesson
 
 import numpy as np
 from rich import box
@@ -18,7 +18,6 @@ from rich.table import Table
 
 import minillm
 from minillm import kernels as minillm_kernels
-from minillm.models.gpt2 import GPT2_SIZES
 from minillm.measure.quantization import run_quant_bench
 from minillm.models.gpt2 import dequantize_params
 from minillm.models.quant import FORMATS, QK, QuantMatrix
@@ -29,12 +28,14 @@ MINUTES = 8
 WHAT_YOU_WILL_SEE = "Q8_0 and Q4_0 blocks, bytes per step, the widening's cost, the quality"
 
 SHOWN = ("float32", "q8_0", "q4_0")
+NVFP4_BLOCK = 16          # NVFP4: 16 E2M1 values share one E4M3 scale (and a float32 scale per tensor)
 
 
 def lesson(L: Lesson) -> None:
     blocks(L)
     rows, fused_rows = bytes_and_speed(L)
     prefill_against_decode(L, rows)
+    ridge_and_format(L)
     quality(L)
     fused(L, rows, fused_rows)
     integers(L)
@@ -103,7 +104,8 @@ def formats_people_download(L: Lesson) -> None:
         most sensitive matrices, about 4.8-4.9 bits a weight in all, and an *importance matrix* (imatrix)
         can weight the rounding by which weights matter most. GPUs have their own: **FP8** (E4M3: one
         sign, four exponent and three mantissa bits) with a scale per tensor or per 128×128 tile, and
-        **MXFP4** (gpt-oss), 32 4-bit floats (E2M1) sharing one power-of-two scale.
+        **MXFP4** (gpt-oss), 32 4-bit floats (E2M1) sharing one power-of-two scale; **NVFP4**
+        (NVIDIA's Blackwell), 16 of them sharing an FP8 (E4M3) scale, with one float32 scale per tensor.
     """)
     rows = [(n, *GGML_QUANT_SIZES[getattr(GGMLQuantizationType, n)]) for n in ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")
             if hasattr(GGMLQuantizationType, n)]
@@ -111,6 +113,7 @@ def formats_people_download(L: Lesson) -> None:
         rows.append(("MXFP4", 32, 32 // 2 + 1))        # 32 E2M1 values, one E8M0 scale byte
     else:
         rows.append(("MXFP4", *GGML_QUANT_SIZES[GGMLQuantizationType.MXFP4]))
+    rows.append(("NVFP4", NVFP4_BLOCK, NVFP4_BLOCK // 2 + 1))     # 16 E2M1 values, one E4M3 scale byte
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("format", "weights/block", "bytes/block", "bits/weight"):
         t.add_column(col, justify="right", no_wrap=True)
@@ -118,8 +121,8 @@ def formats_people_download(L: Lesson) -> None:
         t.add_row(name, str(n), str(b), f"{8 * b / n:.4g}")
     tile = 128 * 128                                          # one float32 scale per 128×128 tile
     t.add_row("FP8 E4M3", "128×128", f"{tile + 4:,}", f"{8 * (tile + 4) / tile:.4g}")
-    L.show(t, "[dim]block sizes from the gguf package's GGML_QUANT_SIZES; FP8 with one float32 scale per "
-              "128×128 tile, as DeepSeek-V3 ships it[/]")
+    L.show(t, "[dim]block sizes from the gguf package's GGML_QUANT_SIZES; NVFP4 by its layout (its per-tensor "
+              "float32 scale aside); FP8 with one float32 scale per 128×128 tile, as DeepSeek-V3 ships it[/]")
     L.say("""
         Which kind of product each one implies matters for prefill (next part): GPTQ and AWQ files on
         Marlin-style GPU kernels are **W4A16** (weights widened to fp16 in registers, fp16 products);
@@ -166,12 +169,7 @@ def bytes_and_speed(L: Lesson) -> dict:
               "a step does it, timed alone[/]")
     L.timing_note()
     f32, q8, q4 = rows["float32"], rows["q8_0"], rows["q4_0"]
-    if hw.llc_bytes and f32["model_bytes"] <= hw.llc_bytes:
-        L.note(f"the float32 weights ({fmt_bytes(f32['model_bytes'])}) fit in this machine's "
-               f"{fmt_bytes(hw.llc_bytes)} last-level cache: after the first step they may be read from the cache, "
-               "not from DRAM, so float32 can pass its DRAM ceiling and saving bytes buys less. "
-               f"--model random-355m ({fmt_bytes(4 * GPT2_SIZES['355m'].n_params())}) reads from DRAM on most "
-               "machines.")
+    L.say(cache_words(f32, hw, L.model_name or source))
     L.claim(all(r["weight_bytes"] == r["weights_read"] for r in rows.values()),
             "in every format a decode step reads each weight once: the meter's weight bytes ("
             + ", ".join(fmt_bytes(r["weight_bytes"]) for r in rows.values()) + ") equal the model's bytes, "
@@ -179,8 +177,7 @@ def bytes_and_speed(L: Lesson) -> dict:
     L.fact(f"each format's ceiling is its own bytes at this machine's bandwidth: Q8_0's is "
            f"{fmt_x(f32['step_bytes'] / q8['step_bytes'])} float32's, Q4_0's "
            f"{fmt_x(f32['step_bytes'] / q4['step_bytes'])}")
-    r8 = ratio_range(Timing(tuple(q8["decode_rounds_s"])), Timing(tuple(f32["decode_rounds_s"])))
-    L.say(f"Measured: {faster_words(r8, 'a Q8_0 decode step', 'a float32 one')}.")
+    L.say(f"Measured: {faster_words(Timing(tuple(q8['decode_rounds_s'])), Timing(tuple(f32['decode_rounds_s'])), 'a Q8_0 decode step', 'a float32 one')}.")
     saved_s = (f32["step_bytes"] - q8["step_bytes"]) / bw
     widen_s = q8["widen_ms"] / 1e3
     more = "more than" if widen_s > 1.1 * saved_s else "less than" if widen_s < saved_s / 1.1 else "about what"
@@ -218,12 +215,64 @@ def prefill_against_decode(L: Lesson, rows: dict) -> None:
     for w, r in rows.items():
         t.add_row(w, f"{r['prefill_tok_s']:,.0f}", f"{r['tok_s']:,.1f}", fmt_x(r["prefill_tok_s"] / r["tok_s"]))
     L.show(t)
-    r8 = ratio_range(Timing(tuple(q8["prefill_rounds_s"])), Timing(tuple(f32["prefill_rounds_s"])))
     n = round(f32["prefill_tok_s"] * f32["prefill_s"])
-    L.say(f"Measured on {n} prompt tokens: {faster_words(r8, 'a Q8_0 prefill', 'a float32 one')}. A prefill "
+    L.say(f"Measured on {n} prompt tokens: {faster_words(Timing(tuple(q8['prefill_rounds_s'])), Timing(tuple(f32['prefill_rounds_s'])), 'a Q8_0 prefill', 'a float32 one')}. A prefill "
           f"widens each tile once for all its rows: the cast alone, {fmt_time(q8['widen_ms'] / 1e3)} a pass, is "
           f"{fmt_time(q8['widen_ms'] / 1e3 / n)} per prompt token (the scales come on top), against "
           f"{fmt_time(q8['widen_ms'] / 1e3)} per decoded one.")
+    L.pause()
+
+
+# -- 3b. the math's precision moves the ridge ----------------------------------------------------------
+
+def format_rows(chip_name: str) -> list[dict]:
+    """Each way of storing weights and doing the math on one chip, by its published figures: the dense
+    tensor peak of the math's precision, the ridge (peak ÷ bandwidth), the bytes a weight, and the critical
+    batch of decode from the weights alone, B* ≈ ridge · bytes a weight ÷ 2 (lesson 8)."""
+    from minillm.measure.chips import get_chip, peak_for
+    chip = get_chip(chip_name)
+    kinds = (("bf16 (W16A16)", "bf16", 2.0), ("FP8 (W8A8)", "fp8", 1.0 + 4 / 16384),
+             ("4-bit weight-only (W4A16)", "bf16", 18 / 32), ("NVFP4 (W4A4)", "fp4", (NVFP4_BLOCK // 2 + 1) / NVFP4_BLOCK))
+    out = []
+    for name, math, b in kinds:
+        peak = peak_for(chip, math)
+        if peak is None:
+            continue
+        ridge = peak / chip.bandwidth_gbs
+        out.append({"format": name, "math": math, "peak_tflops": peak / 1e3, "ridge": ridge, "bytes": b,
+                    "b_star": ridge * b / 2})
+    return out
+
+
+def ridge_and_format(L: Lesson) -> None:
+    L.section("The math's precision moves the ridge")
+    chips = ("h100-sxm", "b200")
+    L.say("""
+        A chip's tensor cores do twice the operations a second at half the precision: FP8 twice bf16,
+        FP4 twice FP8. The ridge, peak ÷ bandwidth, doubles with it. Where the weights are stored in the
+        same precision as the math, their bytes halve too, and decode's critical batch from the weights,
+        **B\\* ≈ ridge · b ÷ 2** (lesson 8), stays put. Weight-only formats shrink b on the old ridge, so
+        they *lower* the critical batch (decode turns compute-bound sooner), and they give a prefill no
+        more FLOPs; W8A8 and W4A4 give it more.
+    """)
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    for col in ("chip", "weights, math", "peak", "ridge", "bytes/w", "B*"):
+        t.add_column(col, justify="left" if col in ("chip", "weights, math") else "right", no_wrap=True)
+    table = {}
+    for name in chips:
+        table[name] = format_rows(name)
+        for r in table[name]:
+            t.add_row(name, r["format"], f"{r['peak_tflops']:,.0f} TF", f"{r['ridge']:,.0f}", f"{r['bytes']:.3g}",
+                      f"{r['b_star']:,.0f}")
+    L.show(t, "[dim]peak: dense tensor TFLOP/s in the math's precision (datasheets, measure/chips.py); "
+              "bytes/w: bytes a weight with its scales (FP8 with 128×128 tiles, 4-bit with a scale per 32, "
+              "NVFP4 per 16); B*: ridge × bytes/w ÷ 2, from the weights alone[/]")
+    for name, rows in table.items():
+        bf16, fp8 = rows[0], rows[1]
+        wo = next(r for r in rows if r["format"].startswith("4-bit"))
+        L.fact(f"{name}: FP8 math has {fmt_x(fp8['ridge'] / bf16['ridge'])} bf16's ridge, and with FP8 weights "
+               f"B* {fp8['b_star']:,.0f} against bf16's {bf16['b_star']:,.0f}; 4-bit weights on bf16 math bring B* to "
+               f"{wo['b_star']:,.0f}, {fmt_x(bf16['b_star'] / wo['b_star'])} lower")
     L.pause()
 
 
@@ -235,13 +284,16 @@ def quality(L: Lesson) -> None:
     L.section("What it costs in quality")
     name = L.pick("large", "small")
     n_tokens = L.pick(8192, 1024)
+    tokens = load_tokens(BundledText())
+    every = tokens[int(len(tokens) * DEFAULT_DATA_SPLIT):]
+    held = every[:n_tokens]
     L.say(f"""
         The loss on text the model never trained on (the last 10% of the bundled Shakespeare, its first
-        {n_tokens:,} tokens here; `minillm eval --weights W` scores all of it), in nats per token: lower is
-        better. Then the greedy text each format writes.
+        {len(held):,} of {len(every):,} tokens here), in nats per token: lower is better. `minillm eval
+        --weights W` scores all {len(every):,}, so its figure (the README's) is another slice's mean and
+        differs from this one; what to compare is the change between formats on the same tokens. Then the
+        greedy text each format writes.
     """)
-    tokens = load_tokens(BundledText())
-    held = tokens[int(len(tokens) * DEFAULT_DATA_SPLIT):][:n_tokens]
     loss, text = {}, {}
     enc = minillm.tokenizer()
     prompt = enc.encode("ROMEO:")
@@ -302,7 +354,8 @@ def fused(L: Lesson, rows: dict, fused_rows: dict) -> None:
         minillm has fused kernels of its own (`minillm/kernels/`, compiled by numba; `--kernels fused`, the
         default where numba works): for each row of a weight, one loop widens each stored integer in a
         register, multiplies it by its block's scale and by x, and adds it into a vector of sums, with no
-        buffer of floats (W4A16 in float32: the activations stay floats). The same rounds above ran them:
+        buffer of floats (weight-only: 4-bit weights, float32 activations and products, W4A32). The same
+        rounds above ran them:
         the same bytes, the same blocks.
     """)
     f32, q8, q4 = rows["float32"], rows["q8_0"], rows["q4_0"]
@@ -332,8 +385,7 @@ def fused(L: Lesson, rows: dict, fused_rows: dict) -> None:
     base = Timing(tuple(f32["decode_rounds_s"]))
     for w, name in (("q8_0", "Q8_0"), ("q4_0", "Q4_0")):
         r = fused_rows[w]
-        ratio = ratio_range(Timing(tuple(r["decode_rounds_s"])), base)
-        L.say(f"Measured: {faster_words(ratio, f'a fused {name} decode step', 'a NumPy float32 one')}.")
+        L.say(f"Measured: {faster_words(Timing(tuple(r['decode_rounds_s'])), base, f'a fused {name} decode step', 'a NumPy float32 one')}.")
     speed8, bytes8 = fused_rows["q8_0"]["tok_s"] / f32["tok_s"], f32["step_bytes"] / fused_rows["q8_0"]["step_bytes"]
     speed4, bytes4 = fused_rows["q4_0"]["tok_s"] / f32["tok_s"], f32["step_bytes"] / fused_rows["q4_0"]["step_bytes"]
     L.say(f"""
@@ -341,7 +393,8 @@ def fused(L: Lesson, rows: dict, fused_rows: dict) -> None:
         {fmt_x(bytes8)} fewer bytes, {reach_words(speed8, bytes8)}; fused Q4_0 {fmt_x(speed4)} for
         {fmt_x(bytes4)}, {reach_words(speed4, bytes4)}. What is left between the two: the step's other work
         (attention, the norms, Python), the same in every format, and the widening's arithmetic, which
-        does not shrink with the bytes (a Q4 value takes more operations to unpack than a Q8 one).
+        does not shrink with the bytes (a Q4 value takes more operations to unpack than a Q8 one){
+        "; and, on this busy machine, other processes, which slow every round" if L.busy else ""}.
     """)
     L.takeaway(f"""
         Quantized weights cut a decode step's bytes (here Q8_0 by {fmt_x(bytes8)}, Q4_0 by {fmt_x(bytes4)}). NumPy
@@ -349,6 +402,21 @@ def fused(L: Lesson, rows: dict, fused_rows: dict) -> None:
         a fused kernel widens in registers and reached {fmt_x(speed8)}: {reach_words(speed8, bytes8)}. A prefill
         past the ridge in tokens is bound by FLOPs, which 4-bit weights alone do not reduce.
     """)
+
+
+def cache_words(f32: dict, hw, name: str) -> str:
+    """Where float32's weights came from, as the measurement says (measure/residency.py): faster than its
+    DRAM ceiling is a cache; otherwise only what the operating system reports, no conclusion."""
+    from minillm.measure import residency
+    share = f32["of_ceiling"]
+    if share * hw.bandwidth_gbs > residency.OUTRAN * hw.bandwidth_gbs:
+        bigger = residency.larger_model(name, f32["model_bytes"])
+        return (f"Float32 decoded at {share:.0%} of its DRAM ceiling: this run read its "
+                f"{fmt_bytes(f32['model_bytes'])} of weights faster than DRAM can, from a cache, so saving bytes "
+                f"buys less here ({residency.os_reports(hw)})."
+                + (f" --model {bigger} reads more than a cache holds." if bigger else ""))
+    return (f"Float32 decoded at {share:.0%} of its DRAM ceiling ({residency.os_reports(hw)}; the run's speeds, "
+            "not that size, say where the weights came from).")
 
 
 def reach_words(speed: float, byte_ratio: float) -> str:
@@ -415,21 +483,22 @@ def integers(L: Lesson) -> None:
                 f"{fmt_bytes(b['scratch_bytes'])} in the cache")
     for w, name in (("q8_0", "Q8_0"), ("q4_0", "Q4_0")):
         a, b = got[w, "fused"], got[w, "int8"]
-        dec = ratio_range(Timing(tuple(b["decode_rounds_s"])), Timing(tuple(a["decode_rounds_s"])))
-        pre = ratio_range(Timing(tuple(b["prefill_rounds_s"])), Timing(tuple(a["prefill_rounds_s"])))
-        L.say(f"Measured, {name}: {faster_words(dec, 'a W·A8 decode step', 'the W·A32 one')}; "
-              f"{faster_words(pre, 'a W·A8 prefill', 'the W·A32 one')}.")
+        dec = faster_words(Timing(tuple(b["decode_rounds_s"])), Timing(tuple(a["decode_rounds_s"])),
+                           "a W·A8 decode step", "the W·A32 one")
+        pre = faster_words(Timing(tuple(b["prefill_rounds_s"])), Timing(tuple(a["prefill_rounds_s"])),
+                           "a W·A8 prefill", "the W·A32 one")
+        L.say(f"Measured, {name}: {dec}; {pre}.")
     q4f, q4i = got["q4_0", "fused"], got["q4_0", "int8"]
     bytes4 = base["step_bytes"] / q4i["step_bytes"]
     s_f, s_i = q4f["tok_s"] / base["tok_s"], q4i["tok_s"] / base["tok_s"]
-    pre4 = ratio_range(Timing(tuple(q4i["prefill_rounds_s"])), Timing(tuple(q4f["prefill_rounds_s"])))
     n = round(q4i["prefill_tok_s"] * q4i["prefill_s"])
     L.say(f"""
         Against the byte ratio that bounds a decode step: Q4_0 reads {fmt_x(bytes4)} fewer bytes than
         float32; W4A32 reached {fmt_x(s_f)} float32's tokens/s, {reach_words(s_f, bytes4)}, and W4A8
         {fmt_x(s_i)}, {reach_words(s_i, bytes4)}. A prefill multiplies each of its {n} rows by every weight
         it reads, so the arithmetic weighs more there than in decode; on this run
-        {faster_words(pre4, 'the W4A8 prefill', 'the W4A32 one')} (each product also pays a fixed cost for
+        {faster_words(Timing(tuple(q4i["prefill_rounds_s"])), Timing(tuple(q4f["prefill_rounds_s"])),
+                      "the W4A8 prefill", "the W4A32 one")} (each product also pays a fixed cost for
         rounding its input, which small matrices feel most).
     """)
     # what the rounding of x costs: the held-out loss, both ways, on the same Q4_0 weights

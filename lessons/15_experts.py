@@ -10,7 +10,7 @@ Run:  python lessons/15_experts.py        (or: minillm learn 15)
 
 from __future__ import annotations
 
-from minillm.lessons._common import Lesson, busy_line, fmt_x, plural, run_lesson
+from minillm.lessons._common import Lesson, fmt_x, plural, run_lesson
 
 import statistics
 
@@ -20,9 +20,10 @@ from rich.table import Table
 
 import minillm
 from minillm.engine.engine import Engine
+from minillm import closeness
 from minillm.measure import batching
-from minillm.measure.chips import CHIPS
-from minillm.measure.experts import PUBLISHED, SOURCE, published_params, uniform_busiest
+from minillm.measure.chips import CHIPS, LINKS
+from minillm.measure.experts import PUBLISHED, RELEASED, SOURCE, kept_params, published_params, uniform_busiest
 from minillm.meter import Meter
 from minillm.models import llama, moe
 from minillm.models.moe import MoE, MoEConfig, expected_distinct_experts, routes
@@ -35,6 +36,7 @@ WHAT_YOU_WILL_SEE = "active and total bytes, the union of experts a batch reads,
 MOE_NAME, DENSE_NAME = "random-moe-16x2", "random-moe-16x2-dense"
 BATCHES = (1, 2, 4, 8, 16, 32)
 CONTEXT = 16                       # tokens of prompt behind every sequence of the batch sweep
+TRY_EXPERTS = (128, 8)             # the try-it's E and k: Qwen3-30B-A3B's (k/E = 1/16, the presets' 1/8)
 
 
 # -- the models: the one place they are built ---------------------------------------------------------
@@ -48,6 +50,12 @@ FAST_PRESETS = {
     MOE_NAME: MoEConfig(**_SMALL, ffn=64, n_expert=16, top_k=2, expert_ffn=64),
     DENSE_NAME: llama.LlamaConfig(**_SMALL, ffn=2 * 64),
 }
+
+
+def mix_ratio() -> int:
+    """E/k of the small mixture the lesson runs."""
+    c = FAST_PRESETS[MOE_NAME]
+    return c.n_expert // c.top_k
 
 
 def preset(L: Lesson, name: str):
@@ -72,14 +80,17 @@ def lesson(L: Lesson) -> None:
     models = {"dense": dense, "mixture": mix}
     runs = start_runs(L, models)
     counts = union_of_experts(L, models, runs)
-    crit = speed(L, models, runs, counts)
-    busiest = imbalance(L, mix)
-    expert_parallelism(L, mix, busiest, crit)
+    crit, bound = speed(L, models, runs, counts)
+    busiest = imbalance(L, mix, bound)
+    expert_parallelism(L, mix, busiest, crit, bound)
+    E, k = TRY_EXPERTS
     L.try_it(f"""
         `minillm bench --batch 1,2,4,8,16,32 --model {MOE_NAME},{DENSE_NAME}` measures this lesson's
         two curves as a command, in the same interleaved rounds. Change `BATCHES` at the top of this lesson to
-        sweep past 32 and watch the mixture read all of its experts; in `FAST_PRESETS`, give the small
-        mixture 64 experts and top-8 (Qwen3's ratio) and see how far the union falls behind B·k.
+        sweep past 32 and watch the mixture read all of its experts; in `FAST_PRESETS` (the models
+        `--fast` runs; full mode loads the presets by name), give the small mixture {E} experts and
+        top-{k}, Qwen3-30B-A3B's k/E = 1/{E // k} against the presets' 1/{mix_ratio()}, and see how far
+        the union falls behind B·k.
     """)
 
 
@@ -134,32 +145,48 @@ def decode_once(model) -> tuple[int, list[int]]:
 # (MLA included): minillm/measure/experts.py, which `minillm hardware --shape` reads too.
 
 def published(L: Lesson) -> None:
+    from minillm.measure.experts import held_bytes, read_bytes
+    from minillm.measure.shapes import shape
     L.section("Published mixtures: total against active")
     L.say(f"""
-        The same arithmetic on three released models, from the numbers in their {SOURCE}. In bf16 every
-        parameter is 2 bytes: the memory must hold the total, a token reads the active part.
+        The same arithmetic on three released models, from the numbers in their {SOURCE}, each sized
+        **as released**: Mixtral and Qwen3 ship bf16 (2 bytes a parameter); DeepSeek-V3 ships its
+        matrices in FP8 (1 byte) with a float32 scale per 128×128 tile, and its embedding, head, routers
+        and norms in bf16. The memory must hold the total; a token reads the active part (less the
+        embedding table, of which it reads one row).
     """)
-    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("model", "E", "k", "total", "active", "held", "read/token", "share"):
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    for col in ("model", "experts", "total", "active", "held", "read/tok", "share"):
         t.add_column(col, justify="right", no_wrap=True)
     got = {}
     for name, s in PUBLISHED.items():
         total, active = got[name] = published_params(s)
-        t.add_row(name, str(s["E"]) + ("+1" if s["shared"] else ""), str(s["k"]), f"{total / 1e9:.1f}B",
-                  f"{active / 1e9:.1f}B", fmt_bytes(2 * total), fmt_bytes(2 * active), f"{active / total:.0%}")
-    L.show(t, "[dim]" + "; ".join(f"{n}: {s['repo']}" for n, s in PUBLISHED.items()) + "[/]")
+        sh = shape(name.lower())
+        fmt = "fp8" if RELEASED[name][1] < 2 else RELEASED[name][0]
+        t.add_row(name, f"{s['E']}{'+1' if s['shared'] else ''}, top-{s['k']}", f"{total / 1e9:.1f}B",
+                  f"{active / 1e9:.2f}B", f"{fmt_bytes(held_bytes(sh))} {fmt}", fmt_bytes(read_bytes(sh)),
+                  f"{active / total:.0%}")
+    L.show(t, "[dim]" + "; ".join(f"{n}: {s['repo']}" for n, s in PUBLISHED.items())
+           + "; held and read/token in the released format[/]")
     for name, s in PUBLISHED.items():
         total, active = got[name]
-        L.fact(f"{name}: {total / 1e9:.1f}B parameters, {active / 1e9:.1f}B active by these formulas; its "
+        L.fact(f"{name}: {total / 1e9:.1f}B parameters, {active / 1e9:.2f}B active by these formulas; its "
                f"makers say {s['said'][0] / 1e9:g}B and {s['said'][1] / 1e9:g}B")
+    ds = shape("deepseek-v3")
+    ratio = held_bytes(ds, 2.0) / held_bytes(ds)
+    L.fact(f"DeepSeek-V3 as released holds {fmt_bytes(held_bytes(ds))}: {kept_params(PUBLISHED['DeepSeek-V3']) / 1e9:.2f}B "
+           f"parameters in bf16, the rest at 1 + 4/16,384 bytes; upcast to bf16 it would hold "
+           f"{fmt_bytes(held_bytes(ds, 2.0))}, {fmt_x(ratio)} that")
     L.say("""
         What the table leaves out or changes. DeepSeek-V3 runs one **shared expert** in every sparse layer
         for every token (the "+1": counted in both columns), keeps its first 3 layers dense, and its
         attention is **MLA**: queries and keys/values pass through low-rank latents, so its attention
         weights follow the formula in `measure.experts.attention_params`, not `d·(H + 2·Hkv)·hd`, and its KV cache
-        holds the 512 + 64 latent per layer instead of keys and values. Its multi-token-prediction module
-        (about 14B more in the released files, 685B in all) is not counted: decode does not need it.
-        Routers and norms are counted; none of these matrices has a bias.
+        holds the 512 + 64 latent per layer instead of keys and values. Its multi-token-prediction (MTP)
+        module (about 14B more in the released files, 685B in all) is not counted: plain decode does not
+        run it, but engines can use it as the draft of lesson 11 (DeepSeek's report: the second token
+        accepted 85-90% of the time, about 1.8× the tokens per second). Routers and norms are counted;
+        none of these matrices has a bias.
     """)
     L.pause()
 
@@ -271,16 +298,15 @@ def speed(L: Lesson, models: dict, runs: dict, counts: dict) -> dict:
               f"and FLOPs at this machine's {hw.bandwidth_gbs:.1f} GB/s and {hw.peak_gflops:.0f} GFLOP/s "
               f"(ridge {hw.peak_gflops / hw.bandwidth_gbs:.2g} FLOP/byte)[/]")
     L.timing_note()
-    busy = busy_line() is not None
     L.say("Both were measured in the same rounds on the same BLAS threads"
           + (", on a busy machine: the tokens/s are slower and noisier than it can do, the counts are not."
-             if busy else "."))
+             if L.busy else "."))
     crit = {name: batching.critical_batch(model, {B: counts[name, B] for B in BATCHES}, hw)
             for name, model in models.items()}
     L.say(roofline_words(crit, E, k, mix.config.n_params() / mix.config.active_params()))
     L.say(measured_words(tps, gain))
     L.pause()
-    return crit
+    return crit, bound
 
 
 def roofline_words(crit: dict, E: int, k: int, held: float) -> str:
@@ -303,23 +329,34 @@ def roofline_words(crit: dict, E: int, k: int, held: float) -> str:
 
 
 def measured_words(tps: dict, gain: dict) -> str:
-    """The measured gains from batching, ranked only when every round agrees."""
+    """The measured gains from batching, through the one closeness rule on each round's gain
+    (tokens/s at B ÷ at B = 1 of the same round): ranked only when the rounds agree beyond their spread."""
     last = BATCHES[-1]
-    per_round = [(d * 1 / d1) / (m / m1) for d, d1, m, m1 in zip(tps["dense", last], tps["dense", 1],
-                                                                 tps["mixture", last], tps["mixture", 1])]
+    g = {(name, B): [x / y for x, y in zip(tps[name, B], tps[name, 1])] for name in ("dense", "mixture")
+         for B in BATCHES}
     head = (f"Measured, B = {last} gave the dense model {fmt_x(gain['dense', last])} its B = 1 tokens/s and the "
             f"mixture {fmt_x(gain['mixture', last])}: ")
-    if min(per_round) > 1:
-        head += "batching bought the dense model more, in every round."
-    elif max(per_round) < 1:
-        head += "batching bought the mixture more, in every round."
+    side = closeness.apart(g["dense", last], g["mixture", last])
+    if side:
+        who = "the dense model" if side > 0 else "the mixture"
+        head += (f"batching bought {who} more, every round beyond the other's spread "
+                 f"({closeness.holds_for()}).")
     else:
-        head += "the rounds disagree on which gained more, so this run does not rank them."
+        head += f"no winner ({closeness.why_not(g['dense', last], g['mixture', last])}): this run does not rank them."
     mid = BATCHES[len(BATCHES) // 2]
-    target = gain["dense", mid]
-    reach = next((B for B in BATCHES if gain["mixture", B] >= target), None)
-    head += (f" The dense model's gain at B = {mid} was {fmt_x(target)}; the mixture "
-             + (f"first reached it at B = {reach}." if reach else f"did not reach it by B = {last}."))
+    target = g["dense", mid]
+    status = [closeness.apart(g["mixture", B], target) for B in BATCHES]
+    first = next((i for i, a in enumerate(status) if a >= 0), None)
+    head += f" The dense model's gain at B = {mid} was {fmt_x(gain['dense', mid])}; the mixture "
+    if first is None:
+        head += f"stayed below it in every round up to B = {last}."
+    elif status[first] > 0:
+        head += f"was below it, every round, up to B = {BATCHES[first - 1]}, and above it, every round, at B = " \
+                f"{BATCHES[first]}." if first else f"was above it already at B = {BATCHES[0]}."
+    else:
+        head += (f"was below it, every round, up to B = {BATCHES[first - 1]}; at B = {BATCHES[first]} the rounds "
+                 "overlap it, so this run does not say where it reached it." if first else
+                 "overlaps it from B = 1: this run does not say where it reached it.")
     return head + (" The mixture's step also pays for a product per chosen expert (up to E a layer) where "
                    "the dense one makes one: time the meter does not count.")
 
@@ -333,15 +370,35 @@ def served_requests(L: Lesson, vocab: int) -> list[tuple[list[int], int]]:
              int(rng.integers(*L.pick((8, 33), (3, 9))))) for _ in range(n)]
 
 
-def imbalance(L: Lesson, mix) -> float:
+def regime_words(bound: dict) -> str:
+    """Which regime the sweep's decode steps were in, from the roofline verdicts of its counts."""
+    steps = [v for (name, _), v in bound.items() if name == "mixture"]
+    if not any(steps):
+        return ("Every decode step of the sweep above was memory-bound by its counts: there an expert's time "
+                "was its weight read, and what a step waited on was the union of experts, not their rows.")
+    if all(steps):
+        return "Every decode step of the sweep above was compute-bound by its counts: there rows set the time."
+    first = min(B for (name, B), v in bound.items() if name == "mixture" and v)
+    return (f"The sweep's decode steps were memory-bound by their counts below B = {first} (the union of experts "
+            f"set the time) and compute-bound from it (rows did).")
+
+
+def imbalance(L: Lesson, mix, bound: dict) -> float:
     L.section("How evenly a served workload spreads over the experts")
     c = mix.config
     E, k, S = c.n_expert, c.top_k, len(c.sparse_layers)
     reqs = served_requests(L, c.vocab_size)
     L.say(f"""
-        The union counts experts; the time an expert takes depends on its rows. Here the engine serves
-        {plural(len(reqs), 'request')} (continuous batching, paged KV cache) and `moe.routes()` records
-        every row's k experts in every layer. A fair share is k/E = {k / E:.1%} of a layer's rows.
+        The union counts the experts a step reads. What an expert's *rows* cost depends on the regime
+        (lesson 7's ridge). Below the ridge an expert's time is its weight read, about the same for 1 row
+        or 20, so the number of experts each GPU must read sets the wait. Past the ridge (a prefill, or
+        decode with wide expert parallelism: DeepSeek-V3 gives each GPU about one expert and hundreds of
+        tokens) an expert's time grows with its rows, and an uneven spread of rows sets it.
+        {regime_words(bound)}
+
+        Here the engine serves {plural(len(reqs), 'request')} (continuous batching, paged KV cache) and
+        `moe.routes()` records every row's k experts in every layer. A fair share is k/E = {k / E:.1%} of
+        a layer's rows.
     """)
     engine = Engine(mix, num_blocks=sum(-(-(len(p) + n) // 16) for p, n in reqs) + len(reqs), block_size=16)
     with routes() as r:
@@ -374,8 +431,8 @@ def imbalance(L: Lesson, mix) -> float:
         The busiest expert of the most uneven layer served {fmt_x(worst)} the mean expert's rows:
         {how} ({fmt_x(chance)}). These are random weights: trained routers are pushed toward balance in
         training (an auxiliary loss, or DeepSeek-V3's per-expert bias), and how even one is on your
-        workload is a thing to measure, as here. Spread over GPUs, a step waits for the GPU whose experts
-        got the most rows (next).
+        workload is a thing to measure, as here. Spread over GPUs past the ridge, a step waits for the GPU
+        whose experts got the most rows (next).
     """)
     L.pause()
     return worst
@@ -384,54 +441,107 @@ def imbalance(L: Lesson, mix) -> float:
 # -- 6. expert parallelism ----------------------------------------------------------------------------
 
 GPUS = 8
+EP_CHIP = "h200"                # the GPU the EP table sizes against: its memory and its HBM bandwidth
 
 
-def expert_parallelism(L: Lesson, mix, busiest: float, crit: dict) -> None:
+def ep_rows(G: int = GPUS, chip: str = EP_CHIP) -> list[dict]:
+    """Expert parallelism on G GPUs for each published mixture, as released: each GPU's routed experts
+    and its copy of everything else (attention served data-parallel), the all-to-all bytes a token sends
+    (dispatch and combine, bf16, one copy per chosen expert: an upper bound), and the tokens a GPU sends
+    in a step before those bytes equal its experts' bytes, and before they take as long on a link as
+    the experts' read from HBM (NVLink, InfiniBand)."""
+    from minillm.measure.experts import held_bytes
+    from minillm.measure.shapes import shape
+    hw = CHIPS[chip]
+    rows = []
+    for name, s in PUBLISHED.items():
+        d, sparse = s["d"], s["layers"] - s["dense_layers"]
+        bpw = RELEASED[name][1]
+        experts = sparse * s["E"] * 3 * d * s["expert_ffn"]
+        mine = experts / G * bpw
+        rest = held_bytes(shape(name.lower())) - experts * bpw
+        moved = 2 * s["k"] * d * 2 * sparse * (G - 1) / G
+        bytes_match = mine / moved
+        rows.append({"name": name, "experts_per_gpu": s["E"] / G, "experts_bytes": mine, "rest_bytes": rest,
+                     "per_gpu": mine + rest, "moved": moved, "bytes_match": bytes_match,
+                     **{link: bytes_match * LINKS[link][0] * 1e9 / (hw.bandwidth_gbs * 1e9)
+                        for link in ("nvlink4", "ib-ndr")}})
+    return rows
+
+
+def expert_parallelism(L: Lesson, mix, busiest: float, crit: dict, bound: dict) -> None:
     L.section("Expert parallelism, on paper")
+    chip = CHIPS[EP_CHIP]
     L.say(f"""
         A model too big for one GPU is spread over several. **Expert parallelism** (EP) puts E/G of each
         layer's experts on each of G GPUs. At every sparse layer each token's hidden vector (d values) is
         sent to the GPUs of its k experts (*dispatch*), and their outputs come back (*combine*): two
         **all-to-all** exchanges a layer. With experts spread evenly, (G − 1)/G of those copies leave
-        their GPU. Below, bf16 (2 bytes a value) on G = {GPUS}:
+        their GPU. Below, on G = {GPUS} {chip.name.upper()}s, weights as released, hidden vectors in bf16:
     """)
-    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("model", "experts/GPU", "held/GPU", "all-to-all/token", "tokens to match"):
+    rows = ep_rows()
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    for col in ("model", "exp/GPU", "experts", "+ rest", "a2a/tok", "bytes", "NVLink", "IB"):
         t.add_column(col, justify="right", no_wrap=True)
-    held_per_gpu = {}
-    for name, s in PUBLISHED.items():
-        d, sparse = s["d"], s["layers"] - s["dense_layers"]
-        held = held_per_gpu[name] = sparse * s["E"] // GPUS * 3 * d * s["expert_ffn"] * 2
-        moved = 2 * s["k"] * d * 2 * sparse * (GPUS - 1) / GPUS
-        t.add_row(name, f"{s['E'] / GPUS:g}", fmt_bytes(held), fmt_bytes(moved), f"{held / moved:,.0f}")
-    L.show(t, "[dim]held/GPU: its routed experts' weights; all-to-all/token: dispatch and combine over all "
-              "sparse layers; tokens to match: the tokens a GPU sends in a step before their all-to-all "
-              "bytes equal the expert weights it reads in that step[/]")
-    chip = CHIPS["h200"]
-    over = [n for n, h in held_per_gpu.items() if h > chip.memory_gb * 1e9]
-    if over:
-        L.say(f"{' and '.join(over)} would not fit on {GPUS} GPUs: each one's share of the experts alone is "
-              f"more than the {chip.memory_gb:g} GB of an H200 ({chip.source}), so it is spread over more.")
-    L.fact("all-to-all bytes per token = 2 · k · d · 2 bytes · sparse layers · (G − 1)/G; they grow with the "
-           "batch, while each GPU reads its experts once a step")
+    for r in rows:
+        t.add_row(r["name"], f"{r['experts_per_gpu']:g}", fmt_bytes(r["experts_bytes"]), fmt_bytes(r["rest_bytes"]),
+                  fmt_bytes(r["moved"]), f"{r['bytes_match']:,.0f}", f"{r['nvlink4']:,.0f}", f"{r['ib-ndr']:,.0f}")
+    L.show(t, f"[dim]experts: one GPU's routed experts; + rest: its copy of every other weight (attention "
+              f"served data-parallel); a2a/token: dispatch and combine over every sparse layer; bytes, "
+              f"NVLink, IB: the tokens a GPU sends in a step before their all-to-all equals its experts' "
+              f"bytes, or takes as long as reading them at {chip.bandwidth_gbs / 1e3:g} TB/s: on "
+              f"{LINKS['nvlink4'][1]}; on {LINKS['ib-ndr'][1]}[/]")
+    L.fact("all-to-all bytes per token = 2 · k · d · 2 bytes · sparse layers · (G − 1)/G: one copy per chosen "
+           "expert, an upper bound (DeepEP-style dispatch sends one per destination GPU, and node-limited "
+           "routing caps the nodes); they grow with the batch, while each GPU reads its experts once a step")
+    room = chip.memory_gb * 1e9 * 0.9
+    fit = [r["name"] for r in rows if r["per_gpu"] <= room]
+    over = [r["name"] for r in rows if r["per_gpu"] > room]
+    ds = next(r for r in rows if r["name"] == "DeepSeek-V3")
+    bf16 = 2 * ds["experts_bytes"] / RELEASED["DeepSeek-V3"][1]
     L.say(f"""
+        As released, each GPU holds {', '.join(f"{r['name']} {fmt_bytes(r['per_gpu'])}" for r in rows)},
+        against the {fmt_bytes(room)} an {chip.name.upper()} gives a server (0.9 × {chip.memory_gb:g} GB):
+        {and_list(fit) or 'none'} {'fits' if len(fit) == 1 else 'fit'}{', not ' + and_list(over) if over else ''},
+        with {fmt_bytes(room - ds['per_gpu'])} a GPU left for DeepSeek-V3's KV cache. In bf16 its experts
+        alone would be {fmt_bytes(bf16)} a GPU, {'more' if bf16 > chip.memory_gb * 1e9 else 'less'} than the
+        card's {chip.memory_gb:g} GB: sized in bf16 it needs twice the GPUs; in FP8 on 8 H200s is how
+        SGLang's and vLLM's guides serve it.
+
         So EP trades weight bytes for link bytes. Each GPU holds and reads only its experts, and the
         batch a step needs for its experts to turn compute-bound is gathered from the tokens of every
-        GPU. But the all-to-all bytes cross the links between GPUs, slower than each GPU's own memory
-        (NVLink within a node, InfiniBand or Ethernet between nodes), and they grow with the tokens.
-        DeepSeek-V3's report routes each token to at most 4 nodes, sends the dispatch in FP8, and serves
-        decode with EP over 320 GPUs. The step also waits for the busiest GPU: with one expert per GPU,
-        this lesson's served run would leave the mean GPU idle {1 - 1 / busiest:.0%} of the time its busiest
-        worked ({fmt_x(busiest)} the mean rows). Engines answer with redundant copies of busy experts.
+        GPU. But links are slower than a GPU's own memory: at equal *time* the all-to-all catches up
+        with the experts' read {fmt_x(ds['bytes_match'] / ds['nvlink4'])} sooner over NVLink and
+        {fmt_x(ds['bytes_match'] / ds['ib-ndr'])} sooner over InfiniBand than the byte count says. That is
+        why DeepSeek-V3's report routes each token to at most 4 nodes, sends the dispatch in FP8, and
+        overlaps the exchange with computation (two micro-batches in turn), serving decode with EP over
+        320 GPUs. {busiest_words(busiest, bound)} Engines answer with redundant copies of busy experts.
     """)
     c = mix.config
     L.takeaway(f"""
         A mixture's memory holds every expert; a token reads only its k. At batch 1 decode costs the active
         bytes. As B grows a step reads the union of its tokens' experts, E·(1 − (1 − k/E)^B) a layer, and
         each expert read serves only its own rows. {critical_ratio_words(crit, c)} Expert
-        parallelism spreads the experts over GPUs and pays with all-to-all bytes per token and with the
-        busiest expert's wait.
+        parallelism spreads the experts over GPUs and pays with all-to-all bytes per token, slower links
+        than memory, and the busiest GPU's wait.
     """)
+
+
+def and_list(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1] if names else ""
+
+
+def busiest_words(busiest: float, bound: dict) -> str:
+    """What the busiest expert's rows mean for a step spread over GPUs, by regime."""
+    idle = 1 - 1 / busiest
+    return (f"Past the ridge a step also waits for the busiest GPU: with one expert per GPU, this lesson's "
+            f"served run would leave the mean GPU idle {idle:.0%} of the time its busiest worked "
+            f"({fmt_x(busiest)} the mean rows). Below it (every decode step here, by its counts)"
+            if not any(v for (n, _), v in bound.items() if n == "mixture") else
+            f"Past the ridge a step also waits for the busiest GPU: with one expert per GPU, this lesson's "
+            f"served run would leave the mean GPU idle {idle:.0%} of the time its busiest worked "
+            f"({fmt_x(busiest)} the mean rows). Below it") + \
+        " a step waits instead for the GPU with the most experts to read."
 
 
 def critical_ratio_words(crit: dict, c: MoEConfig) -> str:

@@ -16,9 +16,10 @@ from rich.table import Table
 
 import minillm
 from minillm import kernels
-from minillm.lessons._common import Lesson, faster_words, fmt_x, ratio_range, run_lesson, time_interleaved
+from minillm.lessons._common import Lesson, faster_words, fmt_x, run_lesson, time_interleaved
+from minillm.measure.chips import CHIPS, roofline
 from minillm.models import ops
-from minillm.ui.report import fmt_bytes
+from minillm.ui.report import fmt_bytes, fmt_flops, fmt_mib, fmt_time
 
 TITLE = "Attention without the scores"
 MINUTES = 6
@@ -39,7 +40,9 @@ def lesson(L: Lesson) -> None:
         implementation writes the whole score matrix and reads it back, and those bytes grow with the
         prompt's square{here}. The online softmax keeps a running maximum and a running sum per query and
         rescales what it has so far when the maximum grows, so a tile of scores lives in registers and
-        cache and is gone: the same result, to rounding, with only Q, K, V and the output moving.
+        cache and is gone: the same result, to rounding, with only Q, K, V and the output moving (Milakov and
+        Gimelshein, 2018; FlashAttention, Dao et al., 2022). What that saves depends on where the scores
+        would have gone: through a GPU's HBM, a share of a long prefill's time; here, into a cache.
     """)
     L.try_it("""
         `minillm bench --batch 1,2,4,8 --kernels numpy,fused` compares both kernels in decode, where the
@@ -65,13 +68,18 @@ def score_bytes(L: Lesson) -> tuple[int, float]:
     fused = minillm.load(name, kernels="fused", quiet=True)
     c = ref.config
     lengths = [T for T in L.pick((512, 1024), (128, 256)) if T <= c.n_ctx]
+    share = {T: scored_pairs(T) / T ** 2 for T in lengths}
     L.say(f"""
-        Attention compares each query with every key before it: a T-token prefill computes about T²/2
-        scores per head and layer. NumPy's attention (`ops.attention`) writes them as a matrix, takes the
-        softmax of each row in place, and reads them again to weigh the values: 4 bytes written and 4 read
-        per score. Below, prefills of `{name}` ({c.n_layer} layers, {c.n_head} heads) metered with both
-        kernels (`minillm.load(..., kernels="numpy")` and `"fused"`): the bytes attention moves, beside the
-        weights the same prefill reads.
+        Attention compares each query with every key before it: a T-token prefill needs about T²/2 scores
+        per head and layer. NumPy's attention (`ops.attention`) takes the queries in blocks of
+        {ops.QUERY_BLOCK} and scores each block against every key its last query may see, so it computes
+        more: {', '.join(f"{share[T]:.0%} of T² at {T:,} tokens" for T in lengths)}. It writes the scores
+        as a matrix, adds the mask and takes the softmax in place (a maximum, a subtraction, an exp, a sum
+        and a scaling: five to seven passes over each block), and reads them again to weigh the values.
+        The meter counts **at least** 4 bytes written and 4 read per score: the unfused kernel's lower
+        bound (lesson 7's view), not every pass. Below, prefills of `{name}` ({c.n_layer} layers,
+        {c.n_head} heads) metered with both kernels (`minillm.load(..., kernels="numpy")` and `"fused"`):
+        the bytes attention moves, beside the weights the same prefill reads.
     """)
     rng = np.random.default_rng(0)
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -94,7 +102,8 @@ def score_bytes(L: Lesson) -> tuple[int, float]:
                       fmt_bytes(w), fmt_x(att / w))
         got[T, "forms"] = (qkvo, scores, L_ * T * d * 4)              # NumPy also writes q scaled: one more q
     L.show(t, "[dim]attention: the bytes the meter counted for attention's own reads and writes in one prefill "
-              "(k and v are counted as the KV cache's read); scores: 2·L·H·pairs·4 bytes by the closed form[/]")
+              "(k and v are counted as the KV cache's read); scores: 2·L·H·pairs·4 bytes by the closed form, "
+              "at least[/]")
     L.pause()
     for T in lengths:
         qkvo, scores, q_scaled = got[T, "forms"]
@@ -114,13 +123,77 @@ def score_bytes(L: Lesson) -> tuple[int, float]:
     """)
     ids = rng.integers(0, c.vocab_size, T)
     times = time_interleaved({"numpy": lambda: ref.prefill(ids), "fused": lambda: fused.prefill(ids)}, L.rounds())
-    r = ratio_range(times["fused"], times["numpy"])
     L.say(f"Measured, the whole prefill of {T:,} tokens: "
-          f"{faster_words(r, 'the fused one', 'NumPy' + chr(39) + 's')} (the products run on the same BLAS "
-          "in both for a prompt this long).")
+          f"{faster_words(times['fused'], times['numpy'], 'the fused one', 'NumPy' + chr(39) + 's')} (the products "
+          "run on the same BLAS in both for a prompt this long).")
     L.timing_note()
+    why_so_little(L, ref, c, T, got[T, "forms"][1], times["numpy"].median)
     L.pause()
     return T, ratio
+
+
+def why_so_little(L: Lesson, ref, c, T: int, scores: int, numpy_s: float) -> None:
+    """E20: what the removed score bytes could save here (their time at the measured bandwidth against the
+    prefill's measured time and its FLOPs at the measured peak), and where FlashAttention's win is."""
+    hw = L.machine()
+    with minillm.Meter() as m:
+        ref.prefill(np.arange(T) % c.vocab_size)
+    flops = m.steps[0].total_flops
+    bound = roofline(m.steps[0].total_bytes, flops, hw).bound
+    score_s = scores / (hw.bandwidth_gbs * 1e9)
+    flop_s = flops / (hw.peak_gflops * 1e9)
+    block = c.n_head * ops.QUERY_BLOCK * T * 4
+    llc = f"the operating system reports a last-level cache of {fmt_mib(hw.llc_bytes)}" if hw.llc_bytes else \
+        "the operating system reports no cache size"
+    L.say(f"""
+        Why so little changes here: by its counts this prefill is {bound}-bound on this machine. The meter counts {fmt_flops(flops)}, which take
+        {fmt_time(flop_s)} at this machine's measured {hw.peak_gflops:,.0f} GFLOP/s; the score bytes the fused
+        kernel removes, {fmt_bytes(scores)}, take {fmt_time(score_s)} at its measured {hw.bandwidth_gbs:.1f} GB/s:
+        **{score_s / numpy_s:.0%} of NumPy's measured prefill** ({fmt_time(numpy_s)}), at most what removing them
+        can save. And NumPy's scores are never one large matrix: {c.n_head} heads × {ops.QUERY_BLOCK} queries ×
+        {T:,} keys × 4 bytes = {fmt_bytes(block)} at a time, written and read back while it is fresh
+        ({llc}).
+    """)
+    rows = gpu_rows()
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    for col in ("prompt", "FLOPs", "at peak", "attention", "scores", "at HBM", "÷ FLOP time"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for r in rows:
+        t.add_row(f"{r['T']:,}", fmt_flops(r["flops"]), fmt_time(r["flop_s"]), f"{r['attention_share']:.0%}",
+                  fmt_bytes(r["score_bytes"]), fmt_time(r["score_s"]), f"{r['score_s'] / r['flop_s']:.0%}")
+    L.show(t, f"[dim]{GPU_SHAPE} in fp16 on an {GPU_CHIP.upper()} ({CHIPS[GPU_CHIP].bandwidth_gbs:,.0f} GB/s, "
+              f"{CHIPS[GPU_CHIP].peak_gflops / 1e3:,.0f} TFLOP/s), by the arithmetic: FLOPs 2·params·T plus "
+              "attention's 2·L·T²·d (causal half); attention: its share of them; scores: the causal half "
+              "written and read once in fp16, at least (an unfused softmax passes over them more)[/]")
+    L.say(f"""
+        On a GPU it is another story. A prefill there takes milliseconds, and an unfused softmax sends its
+        scores through HBM: at {rows[-1]['T']:,} tokens, written and read once each they would take
+        {fmt_time(rows[-1]['score_s'])}, {rows[-1]['score_s'] / rows[-1]['flop_s']:.0%} of the prefill's
+        arithmetic at the peak, with attention {rows[-1]['attention_share']:.0%} of its FLOPs. That is where
+        FlashAttention (Dao et al., 2022) wins: the scores of a tile live in on-chip memory and are gone, on
+        the online softmax Milakov and Gimelshein (2018) wrote down for the normaliser. Flash-Decoding (Dao,
+        Haziza, Massa and Sizov, 2023) splits one long sequence's keys over the chip's cores in decode, where
+        a single query would leave most of them idle.
+    """)
+
+
+GPU_SHAPE, GPU_CHIP = "llama-3-8b", "h100-sxm"
+
+
+def gpu_rows(lengths=(2048, 8192, 32768)) -> list[dict]:
+    """A long prefill of GPU_SHAPE on GPU_CHIP in fp16, by the arithmetic: its FLOPs at the peak, and the
+    causal half of its T×T scores written and read once in fp16 at the HBM bandwidth."""
+    from minillm.measure.shapes import shape
+    s, chip = shape(GPU_SHAPE), CHIPS[GPU_CHIP]
+    d = s["n_head"] * s["head_dim"]
+    out = []
+    for T in lengths:
+        attn = 2 * s["n_layer"] * T * T * d                     # q·k and p·v, causal half: 4·L·T²·d ÷ 2
+        flops = 2 * s["n_params"] * T + attn
+        score_bytes = s["n_layer"] * s["n_head"] * T * T // 2 * 2 * 2     # causal half, fp16, written and read
+        out.append({"T": T, "flops": flops, "flop_s": flops / (chip.peak_gflops * 1e9), "attention_share": attn / flops,
+                    "score_bytes": score_bytes, "score_s": score_bytes / (chip.bandwidth_gbs * 1e9)})
+    return out
 
 
 # -- 2. the online softmax, block by block ----------------------------------------------------------

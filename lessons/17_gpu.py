@@ -1,7 +1,10 @@
-"""Lesson 17: On a GPU. The same engine on an NVIDIA GPU (CuPy): a small model's step waits on kernel
-launches, not bytes; a CUDA graph replays the step in one launch; a 7B-class model meets the memory wall
-the article describes, measured on your card's own bandwidth; and batching turns the step compute-bound.
-Without a GPU it says so and shows the figures minillm's developers measured on an H200 as data, with their source.
+"""Lesson 17: On a GPU. The same engine on an NVIDIA GPU (CuPy): eager, a small model's step waits on the
+host's kernel launches, not bytes; a CUDA graph replays the step in one launch, and what is left is the
+device's own time per kernel; a 7B-class model meets the memory wall the article describes, measured on
+your card's own bandwidth; and batching a grouped-query (GQA) model raises its FLOPs per byte toward the
+ridge, every row set against both roofs (a model with one KV head per query head never gets there).
+Without a GPU it says so and shows the figures minillm's developers measured on an H200 as data, with their
+source, read against the same roofline.
 
 Run:  python lessons/17_gpu.py        (or: minillm learn 17)
 """
@@ -18,12 +21,14 @@ import minillm
 from minillm.backend import DeviceError, get_device
 from minillm.models.llama import LlamaConfig
 from minillm.meter import Meter
-from minillm.measure.gpu import ARTICLE_7B, ISSUE_H200, SHAPES, decode_figures, free_bytes, gpu_figures
+from minillm.measure.chips import CHIPS
+from minillm.measure.gpu import (ARTICLE_7B, H200_RUN, SHAPES, batched_step, crossing_batch, decode_figures,
+                                 free_bytes, gpu_figures, roof_shares)
 from minillm.ui.report import fmt_bytes
 
 TITLE = "On a GPU: launches, graphs, the memory wall"
 MINUTES = 4
-WHAT_YOU_WILL_SEE = "kernels × launch cost, a CUDA graph, 7B on your card, where batching turns compute-bound"
+WHAT_YOU_WILL_SEE = "launches, a CUDA graph, 7B on your card, batching against both roofs"
 
 
 def lesson(L: Lesson) -> None:
@@ -32,7 +37,7 @@ def lesson(L: Lesson) -> None:
         device = get_device("cuda")
     except DeviceError as e:
         L.note(f"no GPU here: {escape(str(e))}")
-        the_issues_table(L)
+        h200_table(L)
     else:
         on_this_gpu(L, device)
     L.try_it("""
@@ -80,45 +85,125 @@ def operations(L: Lesson) -> None:
     """)
 
 
-# -- 2a. no GPU: the issue's H200 figures, as data -------------------------------------------------------
+# -- 2a. no GPU: minillm's developers' H200 figures, as data --------------------------------------------
 
-def the_issues_table(L: Lesson) -> None:
-    g, big = ISSUE_H200["gpt2_124m_fp16_b1"], ISSUE_H200["llama2_7b_fp16_b1"]
-    batched, gqa = ISSUE_H200["llama2_7b_fp16_graph_ms"], ISSUE_H200["llama3_8b_gqa_fp16"]
+H200_ROWS = (("llama-2-7b", 1, "llama2_7b_fp16_b1"), ("llama-2-7b", 64, "64"), ("llama-2-7b", 256, "256"),
+             ("llama-3-8b", 256, "256"), ("llama-3-8b", 384, "384"))
+
+
+def h200_rows() -> list[dict]:
+    """The developers' measured steps on the H200, each with its bytes and FLOPs by the shape's arithmetic
+    (weights once, every sequence's KV of 256 positions) and its shares of the H200's two roofs."""
+    chip, ctx = CHIPS["h200"], H200_RUN["context"]
+    out = []
+    for shape, B, key in H200_ROWS:
+        if key == "llama2_7b_fp16_b1":
+            ms = H200_RUN[key]["graph_ms"]
+        elif shape == "llama-2-7b":
+            ms = H200_RUN["llama2_7b_fp16_graph_ms"][key]
+        else:
+            ms = H200_RUN["llama3_8b_gqa_fp16"]["graph_ms"][key]
+        step = batched_step(shape, B, ctx)
+        out.append({"shape": shape, "batch": B, "ms": ms, **step,
+                    **roof_shares(step, ms, chip.bandwidth_gbs, chip.peak_gflops / 1e3)})
+    return out
+
+
+def gpu_ridges() -> dict:
+    """The fp16 ridges of the GPUs in minillm's chip table (those with their own memory and a peak)."""
+    return {c.name: c.ridge for c in CHIPS.values() if c.memory_gb and c.ridge}
+
+
+def cap_words(cap: float) -> str:
+    """Whether a batched step's FLOP/byte cap can reach any GPU's ridge in the chip table."""
+    ridges = gpu_ridges()
+    low = min(ridges, key=ridges.get)
+    if cap < ridges[low]:
+        return (f"below the lowest fp16 ridge in minillm's chip table ({ridges[low]:.0f}, the {low}'s), so it "
+                "never turns compute-bound at this context on any of them.")
+    return f"above the {low}'s ridge of {ridges[low]:.0f}: a batch large enough crosses it there."
+
+
+def h200_table(L: Lesson) -> None:
+    g, big = H200_RUN["gpt2_124m_fp16_b1"], H200_RUN["llama2_7b_fp16_b1"]
+    chip = CHIPS["h200"]
     L.section("What a GPU did with this work: an H200's figures (not this machine's)")
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("decode step", "eager", "graph", "bytes a step"):
-        t.add_column(col, justify="left" if col == "decode step" else "right", no_wrap=True)
-    t.add_row("GPT-2-124M shape, fp16, B=1", f"{g['eager_ms']} ms", f"{g['graph_ms']} ms", fmt_bytes(g["bytes"]))
+    for col in ("decode step, B = 1", "eager", "graph", "bytes a step"):
+        t.add_column(col, justify="left" if col.startswith("decode") else "right", no_wrap=True)
+    t.add_row("GPT-2-124M shape, fp16", f"{g['eager_ms']} ms", f"{g['graph_ms']} ms", fmt_bytes(g["bytes"]))
     t.add_row("  transformers generate", f"{g['transformers_eager_ms']} ms", "—", "")
-    t.add_row("Llama-2-7B shape, fp16, B=1", f"{big['eager_ms']} ms", f"{big['graph_ms']} ms", fmt_bytes(big["bytes"]))
-    for b, ms in batched.items():
-        t.add_row(f"Llama-2-7B shape, fp16, B={b}", "", f"{ms} ms", "")
-    for b, ms in gqa["graph_ms"].items():
-        t.add_row(f"Llama-3-8B shape (GQA), B={b}", "", f"{ms} ms", "")
-    L.show(t, f"[dim]source: {ISSUE_H200['source']}[/]")
+    t.add_row("Llama-2-7B shape, fp16", f"{big['eager_ms']} ms", f"{big['graph_ms']} ms", fmt_bytes(big["bytes"]))
+    L.show(t, f"[dim]source: {H200_RUN['source']}[/]")
     copy = big["copy_tbs"] * 1e12
     small_share = g["bytes"] / (g["graph_ms"] * 1e-3) / copy
     big_gbs = big["bytes"] / (big["graph_ms"] * 1e-3)
     per_kernel = (g["eager_ms"] - g["graph_ms"]) * 1e3 / g["kernels"]
+    in_graph = g["graph_ms"] * 1e3 / g["kernels"]
     ceiling_ms = big["bytes"] / copy * 1e3
-    b1 = 1 / (big["graph_ms"] * 1e-3)
     L.say(f"""
         What those figures say, computed from them alone:
 
-        - **A small model is bound by launches.** GPT-2-124M's graph step moved {fmt_bytes(g['bytes'])} in
+        - **Eager, a small model's step waits on the host.** GPT-2-124M's eager step took {g['eager_ms']} ms,
+          its graph {g['graph_ms']} ms: the graph saved {g['eager_ms'] - g['graph_ms']:.2f} ms,
+          {per_kernel:.1f} µs for each of its about {g['kernels']} kernels, the host's launch and the
+          framework's dispatch.
+        - **As a graph, it waits on its kernels.** The graph step moved {fmt_bytes(g['bytes'])} in
           {g['graph_ms']} ms: {g['bytes'] / (g['graph_ms'] * 1e-3) / 1e9:,.0f} GB/s, {small_share:.0%} of the
-          {big['copy_tbs']} TB/s a device copy reached on that card. Eager, the same step took {g['eager_ms']} ms:
-          the graph saved {g['eager_ms'] - g['graph_ms']:.2f} ms, {per_kernel:.1f} µs for each of its about
-          {g['kernels']} kernels.
+          {big['copy_tbs']} TB/s a device copy reached on that card. That is {in_graph:.1f} µs a kernel on the
+          device, however few bytes each moves: the next fix is fusion (fewer, larger kernels), not bandwidth.
         - **A 7B-class model meets the memory wall.** {fmt_bytes(big['bytes'])} in {big['graph_ms']} ms is
-          {big_gbs / 1e12:.2f} TB/s, {big_gbs / copy:.0%} of the copy bandwidth; streaming the weights at the full
-          copy speed would take {ceiling_ms:.1f} ms. The article's {ARTICLE_7B['ms']:g} ms is
-          {fmt_bytes(ARTICLE_7B['bytes'])} at an {ARTICLE_7B['chip']}'s bandwidth.
-        - **Batching.** B = 1 makes {b1:,.0f} tokens/s; B = 64 {64 / (batched['64'] * 1e-3):,.0f} and B = 256
-          {256 / (batched['256'] * 1e-3):,.0f}: 256 sequences for {fmt_x(batched['256'] / big['graph_ms'])} the
-          time of one. The Llama-3-8B shape ran {'–'.join(str(x) for x in gqa['tflops'])} TFLOP/s at
-          B = {' and '.join(gqa['graph_ms'])}, which the issue reads as turning compute-bound.
+          {big_gbs / 1e12:.2f} TB/s, {big_gbs / copy:.0%} of the copy bandwidth and {big_gbs / 1e9 / chip.bandwidth_gbs:.0%}
+          of the {chip.bandwidth_gbs / 1e3:g} TB/s datasheet figure; streaming the weights at the full copy speed
+          would take {ceiling_ms:.1f} ms. The article's {ARTICLE_7B['ms']:g} ms is
+          {fmt_bytes(ARTICLE_7B['bytes'])} at an {ARTICLE_7B['chip']}'s bandwidth. This was a minimal step of
+          separate kernels; lesson 6's 80-90% of the datasheet is what tuned engines with fused kernels reach.
+    """)
+    rows = h200_rows()
+    one = next(r for r in rows if r["shape"] == "llama-2-7b" and r["batch"] == 1)
+    L.claim(abs(one["bytes"] - big["bytes"]) < 0.01 * big["bytes"],
+            f"the Llama-2-7B shape's arithmetic (weights once, 256 positions of KV) gives "
+            f"{fmt_bytes(one['bytes'])} a step, within 1% of the {fmt_bytes(big['bytes'])} that run counted")
+    L.pause()
+    batched_rows(L, rows, chip)
+
+
+def batched_rows(L: Lesson, rows: list[dict], chip) -> None:
+    """The batched steps against both roofs of the H200's published figures: FLOP/byte against the ridge,
+    where the bytes go (weights, KV), and the shares of the bandwidth and the peak each step reached."""
+    ridge = chip.ridge
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    for col in ("shape", "B", "ms", "weights", "KV", "FLOP/B", "bound", "% BW", "% peak"):
+        t.add_column(col, justify="left" if col == "shape" else "right", no_wrap=True)
+    for r in rows:
+        t.add_row(r["shape"], str(r["batch"]), f"{r['ms']:g}", fmt_bytes(r["weights"]), fmt_bytes(r["kv"]),
+                  f"{r['intensity']:.0f}", r["bound"], f"{r['of_bandwidth']:.0%}", f"{r['of_peak']:.0%}")
+    L.show(t, f"[dim]graph steps over {H200_RUN['context']} positions; weights, KV, FLOP/B by each shape's "
+              f"arithmetic; bound: the roofline of the {chip.name.upper()}'s published {chip.bandwidth_gbs:,.0f} "
+              f"GB/s and {chip.peak_gflops / 1e3:,.0f} TFLOP/s (ridge {ridge:.0f}); % BW, % peak: the step's "
+              "bytes and FLOPs over its measured time, against each[/]")
+    mha = next(r for r in rows if r["shape"] == "llama-2-7b" and r["batch"] == max(
+        x["batch"] for x in rows if x["shape"] == "llama-2-7b"))
+    gqa = [r for r in rows if r["shape"] == "llama-3-8b"]
+    first = next((r for r in gqa if r["intensity"] >= ridge), None)
+    below = [r for r in gqa if r["intensity"] < ridge]
+    one = next(r for r in rows if r["shape"] == "llama-2-7b" and r["batch"] == 1)
+    cross = crossing_batch(batched_step("llama-3-8b", 1, H200_RUN["context"]), ridge)
+    L.say(f"""
+        Batching shares the weight read, never the KV read (lesson 6). Llama-2-7B (one KV head per query
+        head) at B = {mha['batch']}: {mha['batch']} sequences took {fmt_x(mha['ms'] / one['ms'])} the time of
+        one, and {fmt_bytes(mha['kv'])} of the step's {fmt_bytes(mha['bytes'])} were KV
+        ({fmt_bytes(mha['kv_per_row'])} a sequence), {fmt_x(mha['kv'] / mha['weights'])} the weights. Its FLOPs
+        per byte can only tend to one row's FLOPs ÷ its own KV bytes, **{mha['cap']:.0f}**:
+        {cap_words(mha['cap'])}
+
+        Llama-3-8B keeps 8 KV heads for 32 query heads: its cap is {gqa[0]['cap']:.0f}, and it reaches the
+        H200's ridge near **B ≈ {cross:,.0f}** by the same arithmetic. At B = {', '.join(str(r['batch']) for r in below)}
+        its step did {', '.join(f"{r['intensity']:.0f}" for r in below)} FLOP/byte, below the ridge of {ridge:.0f}:
+        memory-bound by the roofline, though it reached only {below[-1]['of_bandwidth']:.0%} of the bandwidth
+        and {below[-1]['of_peak']:.0%} of the peak, {fmt_x(1 / below[-1]['of_roofline'])} its roofline time: bound by
+        neither roof. {f"At B = {first['batch']} ({first['intensity']:.0f} FLOP/byte) it passes the ridge." if first
+        else "No measured batch passes the ridge."}
     """)
 
 
@@ -140,19 +225,22 @@ def on_this_gpu(L: Lesson, device) -> None:
     copy = hw["copy_gbs"] * 1e9
     steps = L.pick(30, 8)
 
-    # a small model: launches
+    # a small model: launches, then the device's own time per kernel
     small = minillm.load("random-124m", device=device)                       # float16 on the GPU
     with L.status("GPT-2-124M shape, float16, B = 1: eager, then one graph…"):
         s = decode_figures(small, 1, 256, steps)
     launches_ms = s["kernels"] * hw["launch_us"] / 1e3
+    per_kernel = s["graph_ms"] * 1e3 / s["kernels"]
     L.say(f"""
         **GPT-2-124M shape, float16, one sequence.** A step launches {s['kernels']} kernels (counted from
         its CUDA graph's nodes). Eager it took {s['eager_ms']:.2f} ms; {s['kernels']} × {hw['launch_us']:.2f} µs
-        of launches is {launches_ms:.2f} ms of that ({launches_ms / s['eager_ms']:.0%}). As one graph it took
-        {s['graph_ms']:.2f} ms ({fmt_x(s['eager_ms'] / s['graph_ms'])} the eager speed), moving
-        {fmt_bytes(s['bytes'])}: {s['graph_gbs']:,.0f} GB/s, {s['graph_gbs'] * 1e9 / copy:.0%} of this card's copy
-        bandwidth. The issue's H200 did it in {ISSUE_H200['gpt2_124m_fp16_b1']['graph_ms']} ms with torch
-        ({ISSUE_H200['source']}).
+        of launches is {launches_ms:.2f} ms of that ({launches_ms / s['eager_ms']:.0%}): eager, the host sets the
+        time. As one graph it took {s['graph_ms']:.2f} ms ({fmt_x(s['eager_ms'] / s['graph_ms'])} the eager
+        speed), moving {fmt_bytes(s['bytes'])}: {s['graph_gbs']:,.0f} GB/s, {s['graph_gbs'] * 1e9 / copy:.0%} of
+        this card's copy bandwidth. That is {per_kernel:.1f} µs a kernel on the device, against
+        {hw['graph_launch_us']:.2f} µs for an empty kernel inside a graph: the number and size of the kernels
+        set the graph's time, and fusion (fewer, larger kernels) is the next fix, not bandwidth. Minillm's
+        developers' H200 did it in {H200_RUN['gpt2_124m_fp16_b1']['graph_ms']} ms with torch ({H200_RUN['source']}).
     """)
     L.claim(s["kernels"] > 0 and s["bytes"] > 0, f"the captured step has {s['kernels']} kernels and moves "
             f"{fmt_bytes(s['bytes'])}, as the meter counts it")
@@ -160,16 +248,8 @@ def on_this_gpu(L: Lesson, device) -> None:
     L.pause()
 
     # a 7B-class model: the wall
-    c = dict(SHAPES["llama2-7b"])
-    per_layer = 2 * (4 * c["n_embd"] ** 2 + 3 * c["n_embd"] * c["ffn"])     # float16 bytes of one block
-    room = free_bytes(device) * 0.8 - 2 * 2 * c["vocab_size"] * c["n_embd"]
-    layers = max(1, min(c["n_layer"], L.pick(c["n_layer"], 4), int(room // (per_layer * 1.15))))
-    cfg = LlamaConfig(**{**c, "n_layer": layers})
-    what = "the Llama-2-7B shape" if layers == c["n_layer"] else \
-        f"the Llama-2-7B shape cut to {layers} of its {c['n_layer']} layers (what fits{' in fast mode' if L.fast else ''})"
-    with L.status(f"{what}: random float16 weights on the GPU, one decode step…"):
-        from minillm.checkpoints.load import random_model
-        big = random_model(cfg, dtype="float16", device=device)
+    big, cfg, what = _load_shape(L, device, "llama2-7b", "the Llama-2-7B shape")
+    with L.status(f"{what}: one decode step…"):
         b = decode_figures(big, 1, 256, steps)
     ceiling_ms = b["bytes"] / copy * 1e3
     L.say(f"""
@@ -177,32 +257,74 @@ def on_this_gpu(L: Lesson, device) -> None:
         {b['graph_gbs']:,.0f} GB/s, {b['graph_gbs'] * 1e9 / copy:.0%} of the copy bandwidth measured above.
         At the full copy speed those bytes take {ceiling_ms:.2f} ms: that is this card's wall for this step.
         The article's wall is {ARTICLE_7B['ms']:g} ms for {fmt_bytes(ARTICLE_7B['bytes'])} on an
-        {ARTICLE_7B['chip']}; here {fmt_bytes(b['bytes'])} took {b['graph_ms']:.2f} ms.
+        {ARTICLE_7B['chip']}; here {fmt_bytes(b['bytes'])} took {b['graph_ms']:.2f} ms. This is a plain step of
+        separate kernels: engines with fused kernels reach more of the bandwidth (lesson 6's 80-90%).
     """)
+    del big
+    L.pause()
+    batching_on_this_gpu(L, device, hw, steps)
 
-    # batching: where the step turns compute-bound
+
+def _load_shape(L: Lesson, device, key: str, name: str):
+    """A Llama-family shape (measure/gpu.SHAPES) with random float16 weights on the GPU, cut to the layers
+    that fit its free memory (and to 4 in fast mode): (model, config, what it is in words)."""
+    from minillm.checkpoints.load import random_model
+    c = dict(SHAPES[key])
+    d, F, Hkv, hd = c["n_embd"], c["ffn"], c["n_kv_head"], c["head_dim"]
+    per_layer = 2 * (2 * d * d + 2 * d * Hkv * hd + 3 * d * F)              # float16 bytes of one block
+    room = free_bytes(device) * 0.8 - 2 * 2 * c["vocab_size"] * d
+    layers = max(1, min(c["n_layer"], L.pick(c["n_layer"], 4), int(room // (per_layer * 1.15))))
+    cfg = LlamaConfig(**{**c, "n_layer": layers})
+    what = name if layers == c["n_layer"] else \
+        f"{name} cut to {layers} of its {c['n_layer']} layers (what fits{' in fast mode' if L.fast else ''})"
+    with L.status(f"{what}: random float16 weights on the GPU…"):
+        model = random_model(cfg, dtype="float16", device=device)
+    return model, cfg, what
+
+
+def batching_on_this_gpu(L: Lesson, device, hw, steps: int) -> None:
+    """Llama-3-8B's shape (GQA: 8 KV heads for 32 query heads), B sequences over 256 positions: each row's
+    FLOP/byte against this card's ridge, and its shares of both roofs."""
     ridge = hw["ridge_flop_per_byte"]["float16"]
+    big, cfg, what = _load_shape(L, device, "llama3-8b", "the Llama-3-8B shape (GQA)")
+    at1 = batched_step("llama-3-8b", 1, 256)
+    mha = batched_step("llama-2-7b", 1, 256)
+    cross = crossing_batch(at1, ridge)
+    L.say(f"""
+        **Batching, against both roofs.** A step of B sequences reads the weights once and each
+        sequence's KV of 256 positions, so its FLOPs per byte tend to one row's FLOPs ÷ its own KV bytes:
+        {mha['cap']:.0f} for Llama-2-7B (one KV head per query head: below every GPU ridge, it never
+        crosses) and {at1['cap']:.0f} for Llama-3-8B, whose 8 KV heads serve 32 query heads. On this card
+        (ridge {ridge:,.0f} in float16) the full Llama-3-8B shape turns compute-bound near
+        **B ≈ {'never' if cross is None else f'{cross:,.0f}'}** by that arithmetic. Below, {what}, measured:
+    """)
     rows = []
-    for B in L.pick((1, 8, 32, 64, 128, 256), (1, 8, 32)):
+    for B in L.pick((1, 8, 32, 64, 128, 256, 384, 512), (1, 8, 32)):
         kv = 2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * 256 * 2 * B
         if kv * 2.5 > free_bytes(device):
             break
         with L.status(f"B = {B}…"):
-            r = b if B == 1 else decode_figures(big, B, 256, max(3, steps // 3), eager=False)
+            r = decode_figures(big, B, 256, max(3, steps // 3), eager=B == 1)
+        r.update(roof_shares({"bytes": r["bytes"], "flops": r["flops"]}, r["graph_ms"], hw["copy_gbs"],
+                             hw["matmul_tflops"]["float16"]))
         rows.append(r)
-    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("B", "ms/step", "tokens/s", "FLOP/byte", "TFLOP/s", "GB/s"):
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    for col in ("B", "ms/step", "tokens/s", "FLOP/byte", "bound", "% BW", "% peak"):
         t.add_column(col, justify="right", no_wrap=True)
     for r in rows:
         t.add_row(str(r["batch"]), f"{r['graph_ms']:.2f}", f"{r['batch'] / r['graph_ms'] * 1e3:,.0f}",
-                  f"{r['intensity']:.1f}", f"{r['graph_tflops']:.1f}", f"{r['graph_gbs']:,.0f}")
-    L.show(t, f"[dim]{what}, float16, graph replays over a static KV of 256 positions; ridge {ridge:,.0f} "
-              "FLOP/byte[/]")
-    over = next((r["batch"] for r in rows if r["intensity"] >= ridge), None)
+                  f"{r['intensity']:.1f}", r["bound"], f"{r['of_bandwidth']:.0%}", f"{r['of_peak']:.0%}")
+    L.show(t, f"[dim]{what}, float16, graph replays over a static KV of 256 positions; FLOP/byte: the meter's; "
+              f"bound: this card's roofline (copy {hw['copy_gbs']:,.0f} GB/s, matmul "
+              f"{hw['matmul_tflops']['float16']:,.1f} TFLOP/s, ridge {ridge:,.0f}); % BW, % peak: of each, reached[/]")
+    over = next((r for r in rows if r["intensity"] >= ridge), None)
+    last = rows[-1]
     L.say(f"""
-        A step's FLOPs per byte grow with B: the weights are read once for all B sequences. {'From B = ' + str(over)
-        + ' the step does more FLOPs per byte than the ridge: compute-bound.' if over else 'Up to B = '
-        + str(rows[-1]['batch']) + ' it stays under the ridge: still memory-bound (the KV cache grows with B too).'}
+        A step's FLOPs per byte grow with B: the weights are read once for all B sequences.
+        {f"From B = {over['batch']} the step does more FLOPs per byte than the ridge: compute-bound by the roofline."
+         if over else f"Up to B = {last['batch']} it stays under the ridge: memory-bound by the roofline (the KV "
+         "cache grows with B too)."} The largest batch reached {last['of_bandwidth']:.0%} of the bandwidth and
+        {last['of_peak']:.0%} of the peak: {fmt_x(1 / last['of_roofline'])} its roofline time.
     """)
     L.claim(all(r2["intensity"] > r1["intensity"] for r1, r2 in zip(rows, rows[1:])),
             "FLOP/byte rises with every larger batch")

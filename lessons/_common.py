@@ -44,6 +44,7 @@ from rich.text import Text
 
 import minillm
 from minillm.errors import MiniLLMError
+from minillm import closeness
 from minillm.measure import hardware, probe
 from minillm.cli.main import add_threads_option
 from minillm.threads import blas_threads, limited
@@ -90,20 +91,24 @@ def growth_words(ratio: float, work: float) -> str:
     return f"grew more than the work ({fmt_x(ratio)} for {fmt_x(work)})"
 
 
-def faster_words(ratio: tuple[float, float, float], what: str, than: str) -> str:
-    """'X took 0.4× the time of Y in every round' and the like, from (median, lo, hi) of X ÷ Y per round."""
-    mid, lo, hi = ratio
-    if hi < 1.0:
-        how = "faster in every round"
-    elif lo > 1.0:
-        how = "slower in every round"
-    elif mid < 0.9:
-        how = "faster at the median, though not in every round"
-    elif mid > 1.1:
-        how = "slower at the median, though not in every round"
+def faster_words(a: "Timing", b: "Timing", what: str, than: str) -> str:
+    """'X took 0.4× the time of Y: faster, every round beyond the other's …' and the like: the ratio of
+    the medians and of the rounds (`ratio_range`), and the one closeness rule's verdict on the two sides'
+    rounds (closeness.py): faster or slower only when their rounds agree beyond their spread."""
+    side = closeness.apart(a.seconds, b.seconds)
+    if side < 0:
+        how = f"faster, every round beyond the other's spread ({closeness.holds_for()})"
+    elif side > 0:
+        how = f"slower, every round beyond the other's spread ({closeness.holds_for()})"
     else:
-        how = "about as fast (within 10% at the median)"
-    return f"{what} took {fmt_ratio(ratio)} the time of {than}: {how}"
+        how = f"no winner ({closeness.why_not(a.seconds, b.seconds)})"
+    return f"{what} took {fmt_ratio(ratio_range(a, b))} the time of {than}: {how}"
+
+
+def rank_words(sides: dict, what: str, fmt, higher: bool = True) -> str:
+    """The one closeness rule's sentence on several sides' rounds ({name: values}): a winner only
+    when its rounds lie beyond every other side's spread (closeness.py)."""
+    return closeness.best_words(closeness.rank(sides, higher), what, fmt)
 
 
 def fall_words(time_ratio: float, work_ratio: float, what: str = "time") -> str:
@@ -355,7 +360,11 @@ class Lesson:
     _after_claim: bool = False
     _commands: list[str] = field(default_factory=list)    # shell lines to print whole, under the next try_it
     _hw: object = None                                      # the hardware figures, once shown
-    _busy: bool | None = None                               # busy when the first timing asked (rounds())
+    _busy: bool | None = None                               # busy at the last probe (recheck())
+    _busy_said: bool = False                                # the busy-machine note printed already
+    _probed: bool = False                                   # this section's timings probed the machine
+    _threads_free: bool = False                             # no --threads: a busy machine may drop to one
+    _stack: contextlib.ExitStack | None = None              # run_lesson's: a thread limit set mid-lesson
 
     def _gap(self) -> None:
         """A blank line between a run of checked claims and what follows."""
@@ -373,6 +382,7 @@ class Lesson:
 
     def section(self, title: str) -> None:
         self._after_claim = False
+        self._probed = False                 # the next timing probes the machine again
         self.console.print()
         self.console.rule(f"[bold]{title}[/]", align="left")
         self.console.print()
@@ -404,10 +414,28 @@ class Lesson:
             self.no_pause = True
 
     def busy_note(self) -> None:
-        """Say so when other programs are keeping this machine busy: measured times suffer, counts do not."""
+        """Say so when other programs are keeping this machine busy: measured times suffer, counts do not.
+        (Probes the machine at most once per section; the note is printed once per lesson.)"""
+        self.recheck()
+
+    def recheck(self) -> bool:
+        """Before a section's timings: probe the machine again (a lull at the start can hide a busy
+        machine later), once per section. The first time it is busy, say so; and when the learner chose
+        no thread count and BLAS runs on several, run the rest of the lesson on one thread, every side of
+        each comparison alike. Returns whether the machine is busy now."""
+        if self._probed:
+            return bool(self._busy)
+        self._probed = True
         line = busy_line()
-        if line:
+        self._busy = line is not None
+        if line and not self._busy_said:
+            self._busy_said = True
+            if self._threads_free and self._stack is not None and (blas_threads() or 1) > 1:
+                self._stack.enter_context(limited(1))
+                line += ("; so from here this lesson runs on 1 BLAS thread, every side of each comparison "
+                         "alike (--threads N to choose)")
             self.note(line)
+        return self._busy
 
     def status(self, message: str):
         """A spinner while something slow runs (nothing is printed when output is not a terminal)."""
@@ -480,12 +508,23 @@ class Lesson:
 
     def rounds(self) -> int:
         """How many interleaved rounds a timing gets: 5 in full mode (3 on a busy machine, where each round
-        takes several times as long and the medians move with the load anyway), 2 in fast mode."""
+        takes several times as long and the medians move with the load anyway), 2 in fast mode. Probes the
+        machine first, once per section (`recheck`)."""
+        busy = self.recheck()
         if self.fast:
             return 2
-        if self._busy is None:
-            self._busy = busy_line() is not None
-        return 3 if self._busy else 5
+        return 3 if busy else 5
+
+    def serve_rounds(self) -> int:
+        """Rounds of a served workload in a comparison (each round serves every side's whole workload):
+        3 in full mode, 2 on a busy machine or in fast mode, the fewest the closeness rule ranks."""
+        busy = self.recheck()
+        return 2 if self.fast or busy else 3
+
+    @property
+    def busy(self) -> bool:
+        """Whether the last probe found the machine busy."""
+        return bool(self._busy)
 
     def conditions(self) -> str:
         """The conditions the times were measured under: BLAS threads and the load average."""
@@ -623,13 +662,15 @@ def run_lesson(body: Callable[[Lesson], None], argv: list[str] | None = None, *,
     fast = bool(args.fast) or fast_from_env()
     L = Lesson(number, title, fast=fast, no_pause=args.no_pause, model_name=args.model, console=console)
     threads, busy = args.threads, busy_line() if timed else None
+    L._threads_free, L._busy_said, L._busy = args.threads is None, bool(busy), busy is not None if timed else None
     if busy and threads is None and (blas_threads() or 1) > 1:
         # runs on different thread counts rank upside down on a contended machine: every side on one
         threads = 1
         busy += ("; so this lesson runs on 1 BLAS thread, every side of each comparison alike "
                  "(--threads N to choose)")
     try:
-        with limited(threads), _fast_env(fast), _reference_kernels():
+        with limited(threads), _fast_env(fast), _reference_kernels(), contextlib.ExitStack() as stack:
+            L._stack = stack
             console.print(Panel(f"[bold]Lesson {number}: {title}[/]\n[dim]about {minutes} minutes · {what}[/]"
                                 f"\n[dim]{L.conditions()}[/]"
                                 + ("\n[yellow]fast mode: smaller models and fewer steps[/]" if fast else ""),
@@ -646,5 +687,6 @@ def run_lesson(body: Callable[[Lesson], None], argv: list[str] | None = None, *,
     except KeyboardInterrupt:
         console.print("\n[dim]stopped.[/]")
         return 130
-    console.print(f"\n[dim]Lesson {number} done: {len(L.claims)} claims checked against this run's numbers.[/]")
+    console.print(f"\n[dim]Lesson {number} done: {plural(len(L.claims), 'claim')} checked against this run's "
+                  "numbers.[/]")
     return 0

@@ -1,5 +1,6 @@
-"""minillm: a from-scratch LLM inference engine (GPT-2, the Llama family) in pure NumPy that shows
-where inference time goes.
+"""minillm: a from-scratch LLM inference engine in pure NumPy (GPT-2, the Llama family, mixtures of
+experts; fused numba kernels and a CuPy path beside the NumPy reference) that shows where inference
+time goes.
 
     import minillm
     model = minillm.load()                       # the bundled Shakespeare model

@@ -293,4 +293,4 @@ def test_gpu_check_skips_cleanly_without_a_gpu(tmp_path):
     assert r.returncode == 0, r.stderr
     report = json.loads(out.read_text())
     assert report["skipped"] == why and report["parts"] == {}
-    assert "H200" in report["issue_h200"]["source"]
+    assert "H200" in report["developers_h200"]["source"]

@@ -140,13 +140,27 @@ def test_presets_have_sources_and_figures():
     expected = {"a100-40gb": (1555, 312e3), "a100-80gb": (2039, 312e3), "h100-sxm": (3350, 989e3),
                 "h200": (4800, 989e3), "rtx-4090": (1008, 165e3), "apple-m1": (68, None), "m1-pro": (200, None),
                 "m1-max": (400, None), "m2": (100, None), "m3-max": (400, None), "m4": (120, None),
-                "m4-pro": (273, None), "ddr4-3200-dual": (51.2, None), "ddr5-5600-dual": (89.6, None)}
+                "m4-pro": (273, None), "ddr4-3200-dual": (51.2, None), "ddr5-5600-dual": (89.6, None),
+                "b200": (8000, 2250e3), "gb200": (8000, 2500e3), "mi300x": (5300, 1307e3)}
     assert set(CHIPS) == set(expected)
     for name, (bw, peak) in expected.items():
         chip = CHIPS[name]
         assert (chip.name, chip.bandwidth_gbs, chip.peak_gflops) == (name, bw, peak)
         assert chip.source and not chip.measured
     assert "300" in CHIPS["m3-max"].note
+
+
+def test_the_2026_chips_carry_their_lower_precision_peaks():
+    """X21: B200/GB200 and MI300X with their datasheets' dense FP8 (and FP4) peaks: halving the math
+    precision doubles the peak, so it doubles the ridge."""
+    from minillm.measure.chips import peak_for
+    for name, fp4 in (("b200", True), ("gb200", True), ("mi300x", False), ("h100-sxm", False)):
+        chip = CHIPS[name]
+        assert peak_for(chip, "fp8") == pytest.approx(2 * peak_for(chip, "bf16"), rel=0.01)
+        assert (peak_for(chip, "fp4") == pytest.approx(4 * chip.peak_gflops, rel=0.01)) if fp4 else \
+            peak_for(chip, "fp4") is None
+        assert chip.memory_gb and "datasheet" in chip.source
+    assert peak_for(CHIPS["a100-80gb"], "fp8") is None
 
 
 def test_get_chip_is_forgiving_about_spelling():

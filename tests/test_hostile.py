@@ -474,8 +474,8 @@ def test_loadgen_withholds_the_verdict_when_there_is_nothing_to_read(tmp_path):
     assert phase_verdict({"prefill_s": 0.0, "decode_s": 0.0}) is None
     assert phase_verdict({"prefill_s": 0.0, "decode_s": 0.5}) == "decode"
     assert phase_verdict({"prefill_s": 0.56, "decode_s": 0.5}) == "prefill"
-    assert phase_verdict({"prefill_s": 0.54, "decode_s": 0.5}) == "neither"       # within 10%: no winner
-    assert phase_verdict({"prefill_s": 0.5, "decode_s": 0.54}) == "neither"
+    assert phase_verdict({"prefill_s": 0.52, "decode_s": 0.5}) == "neither"       # within 5%: no winner
+    assert phase_verdict({"prefill_s": 0.5, "decode_s": 0.52}) == "neither"
 
 
 def test_monitor_against_a_llama_cpp_server(tmp_path):

@@ -18,7 +18,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minillm"
 # may point to its own layer or a lower one.
 LAYERS: list[tuple[str, ...]] = [
     ("minillm.errors", "minillm.config", "minillm.paths", "minillm.data", "minillm._checkout", "minillm.weights",
-     "minillm.threads", "minillm.backend",          # backend: the array seam (NumPy or CuPy), below everything
+     "minillm.threads", "minillm.closeness",        # closeness: the one rule every ranking goes through
+     "minillm.backend",                             # backend: the array seam (NumPy or CuPy), below everything
      "minillm.cuda_graph"),                         # capture and replay on a GPU, beside the seam
     ("minillm.kernels",),                           # compiled kernels: functions over arrays, nothing of a model
     ("minillm.meter", "minillm.trace"),             # trace: the meter's reports as a Chrome trace

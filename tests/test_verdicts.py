@@ -12,8 +12,9 @@ import pytest
 from minillm.ui import report
 
 
-def _run(name, **figures):
-    return {"policy": name, "label": name, **figures}
+def _run(name, rounds=None, **figures):
+    """A run's figures; `rounds` ({figure: [value per round]}) as merge_rounds keeps them (none: one run)."""
+    return {"policy": name, "label": name, **figures, **({"rounds": rounds} if rounds else {})}
 
 
 def check_best(m):
@@ -27,19 +28,32 @@ def check_best(m):
 def check_favours(m):
     name = lambda r: r["policy"]  # noqa: E731
     show = lambda v: f"{v:.1f}"  # noqa: E731
-    said = m.favours([_run("a", x=10.0), _run("b", x=20.0), _run("c", x=20.0)], "x", True, "T", show, name)
-    assert "favours b and c (20.0; a: 10.0)" in said
-    said = m.favours([_run("a", x=10.0), _run("b", x=10.2)], "x", True, "T", show, name)
+    said = m.favours([_run("a", {"x": [10.0, 11.0]}, x=10.5), _run("b", {"x": [20.0, 21.0]}, x=20.5),
+                      _run("c", {"x": [30.0, 31.0]}, x=30.5)], "x", True, "T", show, name)
+    assert "favours c (30.5 (30.0-31.0); a: 10.5 (10.0-11.0)), beyond every other run's spread" in said
+    said = m.favours([_run("a", {"x": [10.0, 11.0]}, x=10.5), _run("b", {"x": [10.2, 10.3]}, x=10.25)], "x", True,
+                     "T", show, name)
     assert "favours" not in said and "no budget stands out" in said          # within 5%: none favoured
-    said = m.favours([_run("a", x=0.1), _run("b", x=0.3)], "x", False, "Gap", show, name)
+    said = m.favours([_run("a", {"x": [10.0, 25.0]}, x=17.5), _run("b", {"x": [20.0, 21.0]}, x=20.5)], "x",
+                     True, "T", show, name)
+    assert "favours" not in said and "rounds overlap" in said                # a busy round crosses
+    said = m.favours([_run("a", x=10.0), _run("b", x=20.0)], "x", True, "T", show, name)
+    assert "favours" not in said and "one run" in said                       # one run ranks nothing
+    said = m.favours([_run("a", {"x": [0.1, 0.11]}, x=0.1), _run("b", {"x": [0.3, 0.31]}, x=0.3)], "x", False,
+                     "Gap", show, name)
     assert "favours a" in said
 
 
+def _twice(**figures):
+    """Two rounds of each figure, 2% apart: the rounds of a steady run."""
+    return {k: [v, v * 1.02] for k, v in figures.items()}
+
+
 def check_budget_verdict(m):
-    runs = [_run("budget 32", output_tokens_per_s=10.0, tbt_p99_s=0.1, ttft_p95_s=1.0, goodput_rps=0.1,
-                 good_requests=1, slo_met={"tpot": 0.5}),
-            _run("no chunking", output_tokens_per_s=20.0, tbt_p99_s=0.3, ttft_p95_s=0.5, goodput_rps=0.3,
-                 good_requests=3, slo_met={"tpot": 0.9})]
+    a = dict(output_tokens_per_s=10.0, tbt_p99_s=0.1, ttft_p95_s=1.0, goodput_rps=0.1)
+    b = dict(output_tokens_per_s=20.0, tbt_p99_s=0.3, ttft_p95_s=0.5, goodput_rps=0.3)
+    runs = [_run("budget 32", _twice(**a), **a, good_requests=1, slo_met={"tpot": 0.5}),
+            _run("no chunking", _twice(**b), **b, good_requests=3, slo_met={"tpot": 0.9})]
     good = {"fixed_s": 0.046, "per_token_s": 0.0013, "r2": 0.77, "steps": 100}
     said = " ".join(m.budget_verdict(runs, good, {"tpot": 0.07}, weight_read_s=0.018))
     assert "46 ms + 1.3 ms per token" in said and "costs as much as 35 tokens" in said
@@ -70,6 +84,9 @@ def _disagg_runs(one_threads, split):
     two = {**common, "label": "split", "split": split, "threads": 2, "output_tokens_per_s": 150.0,
            "ttft_p95_s": 0.05, "busy": [0.3, 0.9], "fit": [fit, fit], "kv_bytes_moved": 1000, "handoffs": 4,
            "link_seconds": 1e-4, "link_gbps": 25.0}
+    for r in (one, two):
+        r["rounds"] = _twice(output_tokens_per_s=r["output_tokens_per_s"], ttft_p95_s=r["ttft_p95_s"],
+                             tpot_p95_s=r["tpot_p95_s"])
     return [one, two]
 
 
@@ -77,7 +94,7 @@ def check_disagg_verdict(m):
     said = " ".join(m.disagg_verdict(_disagg_runs(2, "1:1")))      # the issue's run: 2 threads against 1:1
     assert "Not ranked" in said and "wins" not in said and "loses" not in said
     said = " ".join(m.disagg_verdict(_disagg_runs(1, "1:1")))
-    assert "Against one the split" in said and "on 1 BLAS thread" in said
+    assert "Against one the split" in said and "this machine, 1 BLAS thread, now" in said
     assert "loses on tok/s per engine" in said and "TTFT p95" in said.split("wins on")[1]   # 75 < 100 per engine
     assert "favours the split" in said and "disfavours it" in said      # the simulation's two biases
 
@@ -99,7 +116,8 @@ def _broken():
 
     def favours(results, key, high, what, show, name):  # names a winner however close the runs
         hi, lo = report.best(results, key, high)
-        return f"{what} favours {name(hi)} ({show(hi[key])}; {name(lo)}: {show(lo[key])})."
+        return (f"{what} favours {name(hi)} ({show(hi[key])} ({show(hi[key])}-{show(hi[key])}); {name(lo)}: "
+                f"{show(lo[key])} ({show(lo[key])}-{show(lo[key])})), beyond every other run's spread.")
 
     def budget_verdict(results, fit, slo, weight_read_s=None):   # uses a fit that explains nothing
         return real["budget_verdict"](results, fit and {**fit, "r2": max(fit["r2"], 0.9)}, slo, weight_read_s)

@@ -53,6 +53,7 @@ class CacheBase:
 
     config: ModelConfig
     length: int = 0
+    pool = None          # a paged cache's pool of blocks (cache/paged.py); None: the cache owns its arrays
 
     @property
     def n_ctx(self) -> int:
@@ -236,6 +237,7 @@ class PassKV:
 
     length = 0
     capacity = float("inf")
+    pool = None
 
     def reserve(self, n_new: int) -> None:
         pass

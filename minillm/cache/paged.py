@@ -287,7 +287,7 @@ def reserve_step(items) -> None:
         cache.check_fits(n)
     need: dict = {}
     for cache, n in items:
-        pool = getattr(cache, "pool", None)
+        pool = cache.pool
         if pool is not None:
             need.setdefault(id(pool), [pool, 0])[1] += cache.blocks_needed(n)
     for pool, n_blocks in need.values():

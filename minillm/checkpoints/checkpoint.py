@@ -20,9 +20,9 @@ from typing import Iterator
 
 import numpy as np
 
-from ..models.gpt2 import GPT2Config
+from ..config import MAX_CONTEXT, from_gguf_build, gguf_getter
 from ..errors import ConfigError, WeightsError
-from ..models.gpt2 import GPT2, expected_shapes, iter_expected
+from ..models.gpt2 import GPT2, GPT2Config, expected_shapes, iter_expected
 from ..models.target import Target
 from ..paths import _alive, atomic_write, not_a_regular_file, read_json
 from .manifest import check_all_finite, check_block_count, check_finite, check_manifest
@@ -177,6 +177,15 @@ def gpt2_from_folder(path: Path, target: Target, name: str | None = None) -> GPT
     return GPT2(config, params, target, name=name or Path(path).name)
 
 
+def gpt2_config_from_gguf(md: dict, vocab_size: int, where) -> GPT2Config:
+    """The hyper-parameters from a GGUF's `gpt2.*` keys (vocab_size: the token table's rows)."""
+    get, count = gguf_getter(md, "gpt2", where)
+    return from_gguf_build(lambda: GPT2Config(
+        n_layer=count("block_count"), n_head=count("attention.head_count"),
+        n_embd=count("embedding_length"), n_ctx=count("context_length", hi=MAX_CONTEXT),
+        vocab_size=int(vocab_size), ln_eps=float(get("attention.layer_norm_epsilon", 1e-5))), where)
+
+
 def gpt2_from_gguf(md: dict, tensors: dict, path: Path, target: Target, name: str | None = None, *, names) -> GPT2:
     """A GPT-2 from a GGUF's tensors (checkpoint names, GGUF's [out, in] rows; as `minillm quantize`
     writes them, or llama.cpp's converter): float matrices back to the checkpoint's [in, out]. The
@@ -185,7 +194,7 @@ def gpt2_from_gguf(md: dict, tensors: dict, path: Path, target: Target, name: st
     emb = tensors.get("wte.weight")
     if emb is None or len(emb.shape) != 2:
         raise WeightsError(f"{path}: no token_embd.weight matrix; is this a GPT-2 GGUF?")
-    config = GPT2Config.from_gguf(md, emb.shape[0], path)
+    config = gpt2_config_from_gguf(md, emb.shape[0], path)
     check_block_count(config.n_layer, tensors, "h", f"{path}: metadata gpt2.block_count")
     matrix = lambda k: k.endswith(GPT2.MATRICES)
     check_manifest(tensors, iter_expected(config), path,

@@ -38,7 +38,6 @@ from ..paths import atomic_write, cache_dir, expand_user
 HF_BASE = "https://huggingface.co"  # overridden by $MINILLM_HF_BASE, then by `base_url=`
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-FILES = (CONFIG_FILE, WEIGHTS_FILE)  # config first: it is small and fails fast on a bad URL
 
 CHUNK = 1 << 20  # read and hash 1 MiB at a time: the file never has to fit in memory
 TIMEOUT_S = 30.0  # give up on a connect or a read that stalls this long

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models.llama import LlamaConfig
+from ..config import MAX_CONTEXT, from_gguf_build, gguf_getter
 from ..errors import ConfigError, WeightsError
+from ..models.llama import LLAMA_TYPES, LlamaConfig
 from ..models.target import Target
 from ..paths import MAX_JSON_BYTES, not_a_regular_file, read_json  # noqa: F401  (read_json: the family table's)
 from .manifest import check_all_finite, check_block_count, check_manifest
@@ -97,12 +98,40 @@ def token_ids(value, n_vocab: int, what: str) -> list[int]:
     return ids
 
 
+def llama_config_from_gguf(md: dict, where) -> LlamaConfig:
+    """The hyper-parameters from a GGUF's `{arch}.block_count`, ... keys."""
+    arch = md.get("general.architecture")
+    if arch not in LLAMA_TYPES:
+        raise ConfigError(f"{where}: GGUF architecture {arch!r} is not supported; minillm runs "
+                          f"{', '.join(LLAMA_TYPES)}")
+    scaling = md.get(f"{arch}.rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise ConfigError(f"{where}: rope scaling {scaling!r} is not implemented; minillm runs the default "
+                          "rotary embedding only")
+
+    get, count = gguf_getter(md, arch, where)
+
+    def build() -> LlamaConfig:
+        H = count("attention.head_count")
+        d = count("embedding_length")
+        tokens = md.get("tokenizer.ggml.tokens")
+        vocab = count("vocab_size", len(tokens) if isinstance(tokens, list) and tokens else None)
+        return LlamaConfig(
+            n_layer=count("block_count"), n_head=H, n_kv_head=count("attention.head_count_kv", H),
+            head_dim=count("attention.key_length", d // H), n_embd=d,
+            n_ctx=count("context_length", hi=MAX_CONTEXT), vocab_size=vocab, ffn=count("feed_forward_length"),
+            eps=float(get("attention.layer_norm_rms_epsilon")), theta=float(get("rope.freq_base", 10000.0)),
+            arch=arch, qkv_bias=arch == "qwen2", qk_norm=arch == "qwen3", tied=True)
+
+    return from_gguf_build(build, where)
+
+
 def llama_from_gguf(md: dict, tensors: dict, path: Path, target: Target, name: str | None = None, *, names=None):
     """A Llama-family model from a GGUF's tensors (Hugging Face names), its tokenizer from the metadata."""
     from .. import model_tokenizer as mt
     from ..models.llama import iter_expected
     from .gguf_file import unpermute
-    c = LlamaConfig.from_gguf(md, path)
+    c = llama_config_from_gguf(md, path)
     if "lm_head.weight" in tensors:
         c = LlamaConfig(**{**c.asdict(), "tied": False})
     check_block_count(c.n_layer, tensors, "layers", f"{path}: metadata {c.arch}.block_count")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import statistics
 import time
 from pathlib import Path
 
@@ -16,6 +17,9 @@ from ..engine.generate import generate
 from ..engine.sampling import check_sampling
 from ..errors import MiniLLMError, PromptError
 from ..bpe import tokenizer
+from .. import closeness
+from ..measure.comparisons import comparison_threads
+from ..threads import blas_threads, limited
 from .common import add_model, add_sampling, at_least_one, err, kernels_label, load_model, note_if_busy, out
 
 
@@ -29,6 +33,9 @@ def add_arguments(p) -> None:
     p.add_argument("--block-size", type=int, default=16, help="positions per KV-cache block (default 16)")
     p.add_argument("--compare", action="store_true",
                    help="also generate each prompt alone, one after another: same tokens? how much faster?")
+    p.add_argument("--repeats", type=int, default=2, metavar="N",
+                   help="with --compare: rounds of each, interleaved; ranked only when the rounds agree beyond "
+                        "their spread (default 2)")
     p.add_argument("--json", action="store_true", help="one JSON object per prompt instead of text panels")
 
 
@@ -79,25 +86,38 @@ def run(args) -> int:
     limits = [n for _, n, _, _ in rows]
     seeds = [s for _, _, s, _ in rows]
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    note_if_busy(args)
+    at_least_one(args, "repeats")
+    threads, why = comparison_threads(getattr(args, "threads", None), default=blas_threads())
+    if args.compare and why:                  # every side on one thread count: one, when busy
+        err.print(f"[yellow]note:[/] {escape(why)}", soft_wrap=False)
+    else:
+        note_if_busy(args)
+        threads = getattr(args, "threads", None)
     steps = []
-    with err.status(f"{len(rows)} prompts in shared steps…") as status:
-        def on_step(seqs):
-            steps.append(len(seqs))
-            status.update(f"{len(rows)} prompts in shared steps: step {len(steps)}, {len(seqs)} sequences")
-        t0 = time.perf_counter()
-        try:
-            new = generate_batch(model, ids, limits, seed=seeds, cache="paged", block_size=args.block_size,
-                                 on_step=on_step, **sampling)
-        except PromptError as e:
-            raise PromptError(_line_of(str(e), rows)) from None
-        seconds = time.perf_counter() - t0
-    alone = alone_s = None
-    if args.compare:
-        with err.status("the same prompts one at a time…"):
+    batched_s, alone_rounds, alone = [], [], None
+    for r in range(args.repeats if args.compare else 1):
+        with limited(threads), err.status(f"{len(rows)} prompts in shared steps…") as status:
+            def on_step(seqs):
+                if r == 0:
+                    steps.append(len(seqs))
+                status.update(f"{len(rows)} prompts in shared steps: step {len(steps)}, {len(seqs)} sequences")
             t0 = time.perf_counter()
-            alone = [generate(model, i, n, seed=s, **sampling) for i, n, s in zip(ids, limits, seeds)]
-            alone_s = time.perf_counter() - t0
+            try:
+                out_r = generate_batch(model, ids, limits, seed=seeds, cache="paged", block_size=args.block_size,
+                                       on_step=on_step, **sampling)
+            except PromptError as e:
+                raise PromptError(_line_of(str(e), rows)) from None
+            batched_s.append(time.perf_counter() - t0)
+        if r == 0:
+            new = out_r
+        if args.compare:
+            with limited(threads), err.status("the same prompts one at a time…"):
+                t0 = time.perf_counter()
+                got = [generate(model, i, n, seed=s, **sampling) for i, n, s in zip(ids, limits, seeds)]
+                alone_rounds.append(time.perf_counter() - t0)
+            alone = alone if alone is not None else got
+    seconds = statistics.median(batched_s)
+    alone_s = statistics.median(alone_rounds) if alone_rounds else None
     n_tokens = sum(len(t) for t in new)
     if args.json:
         for (prompt, *_), tokens in zip(rows, new):
@@ -110,8 +130,13 @@ def run(args) -> int:
               f"sequences, model {escape(model.name)}, {kernels_label(model)}")
     if alone is not None:
         same = sum(a == b for a, b in zip(alone, new))
-        out.print(f"one at a time: {alone_s:.2f} s ({n_tokens / alone_s:.1f} tokens/s): batching was "
-                  f"[bold]{alone_s / seconds:.2f}×[/] faster; identical tokens for {same} of {len(rows)} prompts"
+        side = closeness.apart(alone_rounds, batched_s)
+        how = (f"faster, every round beyond the other's spread ({closeness.holds_for(threads)})" if side > 0 else
+               f"slower, every round beyond the other's spread ({closeness.holds_for(threads)})" if side < 0 else
+               f"no winner ({closeness.why_not(alone_rounds, batched_s)})")
+        out.print(f"one at a time: {alone_s:.2f} s ({n_tokens / alone_s:.1f} tokens/s), medians of "
+                  f"{len(alone_rounds)} interleaved rounds: batching took {seconds / alone_s:.2f}× the time, {how}; "
+                  f"identical tokens for {same} of {len(rows)} prompts"
                   + ("" if same == len(rows) else
                      " (a batched product sums in another order: in float32 a near-tie between two tokens can flip)"))
     return 0

@@ -22,10 +22,14 @@ from ..measure.gpu import gpu_figures, summary as gpu_summary
 from ..measure.hardware import machine
 from ..backend import get_device
 from ..measure.speculation import heldout_prompts, run_speculation_bench
-from ..threads import blas_kernel, blas_name, blas_spin, blas_threads
+from .. import closeness
+from ..measure import residency
+from ..measure.busy import conditions
+from ..measure.comparisons import comparison_threads
+from ..threads import blas_kernel, blas_name, blas_spin, blas_threads, limited
 from ..ui.report import fmt_bytes
 from ..trace import TraceMeter, check_path, trace_line, write_trace
-from .common import add_trace, err, note_if_busy, out
+from .common import add_trace, err, out
 
 TRACE_STEPS = 8      # --trace: decode steps traced after the prefill, for each model measured
 
@@ -101,11 +105,19 @@ def kernels_title(kernels: list[str]) -> str:
 
 
 def run(args) -> int:
+    """Every timed side of a bench runs on one thread count: the one asked for (or BLAS's) on a quiet
+    machine, one on a busy one (the note says so, on stderr, --json too; the JSON's `conditions` too).
+    --trace: after the measurements, on the same threads (`trace_runs`)."""
     if getattr(args, "trace", None) is not None:
         check_path(args.trace)                   # before measuring anything
-    rc = measure(args)
-    if getattr(args, "trace", None) is not None and rc == 0:
-        trace_runs(args)
+    threads, why = comparison_threads(getattr(args, "threads", None), default=blas_threads())
+    if why:
+        err.print(f"[yellow]note:[/] {escape(why)}", soft_wrap=False)
+    args.conditions = conditions(threads, why)
+    with limited(threads):
+        rc = _run(args)
+        if getattr(args, "trace", None) is not None and rc == 0:
+            trace_runs(args)
     return rc
 
 
@@ -138,7 +150,7 @@ def trace_runs(args) -> None:
     (err if args.json else out).print(f"[dim]{escape(trace_line(args.trace, meters))}[/]", soft_wrap=False)
 
 
-def measure(args) -> int:
+def _run(args) -> int:
     contexts = parse_contexts(args.contexts)
     kernels = args.kernel_list = parse_kernels(args.kernels)
     if args.repeats < 1:
@@ -188,8 +200,7 @@ def measure(args) -> int:
     else:
         result, show = bench_contexts(args, model, contexts, hw)
     result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(), blas_spin=blas_spin(),
-                  kernels=kernels,
-                  kernels_title=kernels_title(kernels))
+                  kernels=kernels, kernels_title=kernels_title(kernels), conditions=args.conditions)
     gpu = gpu_figures() if ks is None else None          # this machine's GPU beside the CPU (None: no GPU)
     if gpu:
         result["gpu"] = gpu
@@ -203,17 +214,16 @@ def measure(args) -> int:
 
 
 def _run_with_bar(args, title: str, total: int, work):
-    """`work(tick)` under a progress bar on stderr (none with --json), after the busy-machine note."""
-    if not args.json:
-        note_if_busy(args)
+    """`work(tick)` under a progress bar on stderr (none with --json); the busy note was said in `run`."""
     with Progress(console=err, transient=True, disable=args.json) as bar:
         task = bar.add_task(title, total=total)
         return work(lambda: bar.advance(task))
 
 
-def _verdict(ratio: float) -> str:
-    """A tokens/s ratio in words: within 5% is no ranking (one round on a busy machine moves more)."""
-    return "faster" if ratio > 1.05 else "slower" if ratio < 0.95 else "about the same, within 5%"
+def _verdict(a_rounds, b_rounds) -> str:
+    """Two sides' tokens/s rounds in words, by the one closeness rule (closeness.py)."""
+    side = closeness.apart(a_rounds, b_rounds)
+    return "faster" if side > 0 else "slower" if side < 0 else f"no winner: {closeness.why_not(a_rounds, b_rounds)}"
 
 
 def _blas(result) -> str:
@@ -239,15 +249,17 @@ def bench_contexts(args, model, contexts: list[int], hw):
     def show():
         t = _table(f"{escape(model.name)}: {model.n_params():,} params, {model.dtype}, batch 1 "
                    f"(medians of {args.repeats} interleaved rounds)",
-                   ("ctx", "tok/s", "ms/step", "naive tok/s", "prefill", "bytes/step", "GB/s", "% BW", "% ceil"))
+                   ("ctx", "tok/s", "ms/step", "naive tok/s", "prefill", "bytes/step", "GB/s", "% BW", "% bare"))
         for r in result["rows"]:
             t.add_row(str(r["context"]), f"{r['cached_tok_s']:.1f}", f"{r['cached_ms']:.1f}",
                       f"{r['naive_tok_s']:.2f}", f"{r['prefill_s']:.3f} s", fmt_bytes(r["step_bytes"]),
                       f"{r['achieved_gbs']:.1f}", f"{100 * r['of_bandwidth']:.0f}%", f"{100 * r['of_ceiling']:.0f}%")
         out.print(t)
         out.print("[dim]ctx: context length; tok/s, ms/step, bytes/step, GB/s: cached decode; naive: the whole "
-                  "sequence again every step; % BW: of this machine's bandwidth; % ceil: of the ceiling below[/]")
-        out.print(f"matrix-vector ceiling (every weight a decode step reads, bare NumPy, same run): "
+                  "sequence again every step; % BW: of this machine's bandwidth; % bare: the step's speed as a share "
+                  "of the bare pass below (over 100%: the step was faster; a bare NumPy pass is no ceiling for the "
+                  "fused kernels)[/]")
+        out.print(f"bare matrix-vector pass (every weight a decode step reads, bare NumPy, same run): "
                   f"{result['ceiling_ms']:.1f} ms = {result['ceiling_tok_s']:.1f} tok/s, "
                   f"{fmt_bytes(result['ceiling_bytes'])} at {result['ceiling_gbs']:.1f} GB/s")
         out.print(f"weight layout: \\[in, out] (x @ W) {result['layout_in_out_ms']:.1f} ms, "
@@ -284,7 +296,8 @@ def bench_batches(args, models: dict, batches: list[int], hw):
             for k in others:
                 rows = {r["batch"]: r for r in by[k]["rows"]}
                 out.print(f"{escape(name)}, {k} against {first} at the same B (tokens/s): " + ", ".join(
-                    f"B = {B} {rows[B]['tok_s'] / base[B]['tok_s']:.2f}× ({_verdict(rows[B]['tok_s'] / base[B]['tok_s'])})"
+                    f"B = {B} {rows[B]['tok_s'] / base[B]['tok_s']:.2f}× "
+                    f"({_verdict(rows[B]['tok_s_rounds'], base[B]['tok_s_rounds'])})"
                     for B in sorted(set(base) & set(rows))))
                 if by[k]["prefill_timed"]:
                     out.print(sets_table(by[first], by[k], first, k))
@@ -313,7 +326,8 @@ def _show_batches(args, name: str, result: dict, hw, together: str, blas: str) -
     out.print("[dim]weights/step: the meter's weight bytes of one step; roofline: max(bytes / bandwidth, FLOPs / "
               "peak) for the step's counted bytes and FLOPs; x @ W and engine: ms for one bare pass of B rows "
               "over every weight, the plain product and minillm's ops.matmul (2 rows as matrix-vector products, "
-              "3-63 padded to a multiple of 8)[/]")
+              "3-63 padded to a multiple of 8). A bare pass is no ceiling: the plain product can be far slower "
+              "than the engine's whole step (the small-batch cliff, lesson 8)[/]")
     if moe:
         out.print(f"[dim]a mixture of E = {E} experts, top-k = {k}: chose: the experts its router chose in the "
                   "counted step, mean over the sparse layers; uniform: E·(1 − (1 − k/E)^B), uniform routing's "
@@ -321,14 +335,21 @@ def _show_batches(args, name: str, result: dict, hw, together: str, blas: str) -
                   "passes run the chosen experts with all B rows each[/]")
     base = next((r for r in result["rows"] if r["batch"] == 1), None)
     if base:
-        best = max(result["rows"], key=lambda r: r["tok_s"])
+        step = [B1 / t * 1e3 for B1, t in ((1, x) for x in base["tok_s_rounds"])]      # ms a step, each round
+        bare = result["bare_rounds_ms"]
+        side = closeness.apart(step, bare)
+        how = ("faster than the bare pass, every round beyond its spread" if side < 0 else
+               "slower than the bare pass, every round beyond its spread" if side > 0 else
+               f"no winner against the bare pass ({closeness.why_not(step, bare)})")
         out.print(f"B = 1: {base['ms_step']:.1f} ms a step; bare matrix-vector pass \\[in, out] "
-                  f"{result['bare_in_out_ms']:.1f} ms, \\[out, in] {result['bare_out_in_ms']:.1f} ms: the engine "
-                  f"runs at {100 * result['b1_of_bare']:.0f}% of the faster. Best: B = {best['batch']}, "
-                  f"{best['tok_s'] / base['tok_s']:.1f}× the tokens/s of B = 1.")
+                  f"{result['bare_in_out_ms']:.1f} ms, \\[out, in] {result['bare_out_in_ms']:.1f} ms: the engine's "
+                  f"step took {base['ms_step'] / min(result['bare_in_out_ms'], result['bare_out_in_ms']):.2f}× the "
+                  f"faster, {how}.")
+        r = closeness.rank({f"B = {x['batch']}": x["tok_s_rounds"] for x in result["rows"]}, higher=True)
+        out.print(closeness.best_words(r, "Tokens/s by batch", lambda v: f"{v:,.0f}"))
     fast = max(result["rows"], key=lambda r: r["gbps"])
-    if fast["gbps"] > hw.bandwidth_gbs:
-        out.print(f"B = {fast['batch']}: " + outran(fast["gbps"], hw.bandwidth_gbs, fast["weight_bytes"], hw.llc_bytes))
+    if residency.outran(fast["gbps"], hw):
+        out.print(f"B = {fast['batch']}: " + outran(fast["gbps"], hw, fast["weight_bytes"]))
     cb = result["critical_batch"]
     from ..measure.batching import CRITICAL_BATCH_LIMIT
     crit = f"none up to B = {CRITICAL_BATCH_LIMIT:,} on this run's counts" if cb is None else f"B ≈ {cb:,}"
@@ -336,13 +357,16 @@ def _show_batches(args, name: str, result: dict, hw, together: str, blas: str) -
               f"= {hw.peak_gflops:.0f} GFLOP/s ÷ {hw.bandwidth_gbs:.1f} GB/s; {blas}")
 
 
-def outran(gbs: float, bw: float, nbytes: int, llc: int | None) -> str:
-    """What to say of a step that read faster than this machine's measured bandwidth: its weights
-    (nbytes) fit the last-level cache, so it read them from there; or that figure is low."""
-    said = f"its steps read {gbs:.1f} GB/s, more than the {bw:.1f} GB/s measured for memory"
-    if llc and nbytes <= llc:
-        return f"{said}: its weights, {fmt_bytes(nbytes)}, fit the {fmt_bytes(llc)} last-level cache"
-    return f"{said}, so that figure is low for now; `minillm hardware --remeasure` measures it again"
+def outran(gbs: float, hw, nbytes: int) -> str:
+    """What to say of a step that read faster than this machine's measured bandwidth: a read of a buffer
+    of its weights' size decides whether they came from a cache or the DRAM figure is low (the cache size
+    the operating system lists decides nothing: measure/residency.py)."""
+    probe = residency.probe_at(nbytes)
+    said = (f"its steps read {gbs:.1f} GB/s, more than the {hw.bandwidth_gbs:.1f} GB/s measured for memory, and a "
+            f"read of {fmt_bytes(nbytes)} (its weights' size) ran at {probe:.1f} GB/s")
+    if residency.verdict(nbytes, hw, probe_gbs=probe) == "cache":
+        return f"{said}: the weights came from a cache ({residency.os_reports(hw)})"
+    return f"{said}: the memory figure is low for now; `minillm hardware --remeasure` measures it again"
 
 
 def sets_table(base: dict, other: dict, first: str, k: str) -> Table:
@@ -403,10 +427,11 @@ def bench_speculation(args, model, ks: list[int], hw):
                   "over k+1 tokens (plain row: one decode step)[/]")
         out.print("[green]✓ every run gave plain greedy decode's tokens[/]" if not differ else
                   f"[red]✗ the tokens differ from plain decode's: {escape(', '.join(differ))}[/]")
-        best = max(result["rows"], key=lambda r: r["speedup"])
-        out.print(f"best: draft {escape(best['draft'])}, k = {best['k']}: {best['speedup']:.2f}× plain decode "
-                  f"({best['tokens_per_step']:.2f} tokens per step of the model, {100 * best['acceptance']:.0f}% of "
-                  f"guesses accepted); {_blas(result)}")
+        rounds = {f"{r['draft']} k = {r['k']}": r["speedup_rounds"] for r in result["rows"]}
+        rounds["plain"] = [1.0] * args.repeats
+        ranked = closeness.rank(rounds, higher=True)
+        out.print(escape(closeness.best_words(ranked, "Speed-up over plain decode", lambda v: f"{v:.2f}×")))
+        out.print(f"[dim]{_blas(result)}[/]")
     return result, show
 
 
@@ -416,8 +441,6 @@ def bench_weights(args, hw, kernels=None) -> int:
     formats = parse_formats(args.weights)
     source = args.model or "random-124m"
     context = parse_first_context(args.contexts)
-    if not args.json:
-        note_if_busy(args)
     with Progress(console=err, transient=True, disable=args.json) as bar:
         task = bar.add_task(f"weights {', '.join(formats)}", total=args.repeats * len(formats) * len(kernels or [None]))
         result = run_quant_bench(source, formats, context=context, repeats=args.repeats,
@@ -427,7 +450,7 @@ def bench_weights(args, hw, kernels=None) -> int:
     bw = hw.bandwidth_gbs
     result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(), blas_spin=blas_spin(),
                   machine={"bandwidth_gbs": bw, "llc_bytes": hw.llc_bytes}, kernels=kernels,
-                  kernels_title=kernels_title(kernels))
+                  kernels_title=kernels_title(kernels), conditions=args.conditions)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -450,7 +473,7 @@ def bench_weights(args, hw, kernels=None) -> int:
     for r in result["rows"]:
         if base is None or r is base:
             continue
-        verdict = "faster" if r["tok_s"] > base["tok_s"] else "slower"
+        verdict = _verdict([1 / x for x in r["decode_rounds_s"]], [1 / x for x in base["decode_rounds_s"]])
         name = f"{r['weights']} {r['kernels']}" if several else r["weights"]
         widen = (f"; widening alone takes {r['widen_ms']:.1f} ms, {r['widen_ms'] / base['decode_ms']:.2f}× "
                  "float32's whole step") if r["widen_ms"] else ("; no widening pass (the fused kernel widens in registers)"
@@ -464,16 +487,13 @@ def bench_weights(args, hw, kernels=None) -> int:
         out.print(f"{name}: {fewer}, "
                   f"decode {r['tok_s'] / base['tok_s']:.2f}× {base_name}'s tokens/s ({verdict}), prefill "
                   f"{base['prefill_s'] / r['prefill_s']:.2f}×{widen}")
-    over = [r for r in result["rows"] if r["of_ceiling"] > 1.0]
+    over = [r for r in result["rows"] if residency.outran(r["of_ceiling"] * bw, hw)]
     if over:
         fastest = max(over, key=lambda r: r["of_ceiling"])
         name = f"{fastest['weights']} {fastest['kernels']}" if several else fastest["weights"]
         out.print(f"{name} ran at {100 * fastest['of_ceiling']:.0f}% of its ceiling: "
-                  + outran(fastest["of_ceiling"] * bw, bw, fastest["model_bytes"], hw.llc_bytes))
-    llc = hw.llc_bytes
-    if llc and base is not None:
-        out.print(f"[dim]float32 weights {fmt_bytes(base['model_bytes'])} against the last-level cache "
-                  f"{fmt_bytes(llc)}: {'beyond' if base['model_bytes'] > llc else 'within'} it[/]")
+                  + outran(fastest["of_ceiling"] * bw, hw, fastest["step_bytes"]))
+    out.print(f"[dim]{residency.os_reports(hw)}; where the weights came from is the measurement's to say[/]")
     load_note = f"; load average {result['load_average']:.1f}" if result["load_average"] is not None else ""
     out.print(f"{_blas(result)}; widening: "
               f"NumPy, one thread, tiles of {TILE_BYTES // 1024} KiB{load_note}")

@@ -123,6 +123,32 @@ def note_if_busy(args) -> None:
         err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=False)
 
 
+WARM_NOTE_S = 0.5      # a warm-up longer than this compiled something: said, so no one reads it as a step
+
+
+def warm_up(model, ids, kv_cache: bool = True, engine: bool = False) -> float:
+    """Before a timed run: one short generation (prefill and decode) through the same code, so the fused
+    kernels' one-time compilation (numba, seconds on the first call) and the first touches of the weights
+    are not counted as a step; with `engine`, two short requests through the serving engine too (its
+    batched, paged steps). Says so on stderr when it took long enough to have compiled something.
+    -> the seconds it took."""
+    import time
+
+    from ..engine.generate import generate
+    ids = list(ids)[: max(1, min(8, len(ids)))]
+    t0 = time.perf_counter()
+    generate(model, ids, 2, kv_cache=kv_cache)
+    if engine:
+        from ..serving.metrics import serve
+        from ..serving.workloads import WorkItem
+        serve(model, [WorkItem(0.0, ids, 2), WorkItem(0.0, ids[::-1], 2)])
+    seconds = time.perf_counter() - t0
+    if seconds > WARM_NOTE_S:
+        err.print(f"[dim]warm-up: {seconds:.1f} s before timing (compiling the fused kernels on first use, and "
+                  "first touches of the weights): not counted as a step[/]", soft_wrap=False)
+    return seconds
+
+
 def load_draft(name, model, weights: str | None = None, kernels: str | None = None):
     """The --draft value: None (or 'none'), 'ngram', or a model loaded like --model (with the same
     --weights as given, e.g. native; else in the format the target ended up in)."""

@@ -20,7 +20,8 @@ from ..measure.gpu import as_hardware, gpu_figures, summary as gpu_summary
 from ..meter import Meter
 from ..bpe import tokenizer
 from ..ui import report
-from .common import add_model, add_sampling, add_speculative, encode_prompt, load_draft, load_model, note_if_busy, out
+from .common import (add_model, add_sampling, add_speculative, encode_prompt, load_draft, load_model, note_if_busy, out,
+                     warm_up)
 
 
 def add_compare_arguments(p) -> None:
@@ -59,7 +60,7 @@ def run_compare(args) -> int:
         hw = as_hardware(gpu, model.dtype.name)
     note_if_busy(args)
     enc = tokenizer(model)
-    generate(model, ids, min(2, args.max_new_tokens))   # warm-up: first touches of weights and cache pages
+    warm_up(model, ids)          # first touches of weights and cache pages; the fused kernels compiled
     runs = {}
     for path, kv in (("cached", True), ("naive", False)):
         with out.status(f"[bold]{path} decode[/]: {args.max_new_tokens} tokens with {escape(model.name)}…"):
@@ -103,8 +104,10 @@ def run_compare(args) -> int:
             out.print(f"[red]✗ {path}: the tokens differ from cached from new token {diff}[/] "
                       f"(cached {new_c[diff]}, {path} {new[diff]})")
 
-    note = report.cache_note(model.nbytes(), hw)
-    if note:   # said first: a cache-resident model does not show the memory wall this command is about
+    decode_gbs = [r.gbps for r in m_c.of_kind("decode")]
+    step_gbs = sorted(decode_gbs)[len(decode_gbs) // 2] if decode_gbs and not model.device.is_gpu else None
+    note = report.cache_note(model.nbytes(), hw, step_gbs, args.model or model.name)
+    if note:   # said first: a cache-resident run does not show the memory wall this command is about
         out.print(Panel(Text(note), title="cache-resident model", title_align="left", border_style="yellow"))
     rows = report.select(m_c.steps, args.rows)
     w = out.width
@@ -113,7 +116,8 @@ def run_compare(args) -> int:
 
     for path, (new, m, seconds) in runs.items():
         out.print(f"[bold]{path:6}[/] {fmt_total(m, seconds, len(new))}")
-    out.print(f"[bold]speedup of the KV cache: {s_n / s_c:.2f}×[/] in time, "
+    out.print(f"[bold]speedup of the KV cache: {s_n / s_c:.2f}×[/] in time (one run of each: `minillm bench` "
+              "times them over rounds), "
               f"{m_n.totals().flops / m_c.totals().flops:.1f}× fewer FLOPs, "
               f"{m_n.totals().bytes / m_c.totals().bytes:.2f}× fewer bytes")
     if spec is not None:
@@ -125,8 +129,7 @@ def run_compare(args) -> int:
         out.print("• " + report.verdict(m_c.steps[-1], hw, "cached"))
         out.print("• " + report.verdict(m_n.steps[-1], hw, "naive"))
     if note:
-        out.print("[yellow]• cache-resident: the weights came from the CPU cache, so these verdicts describe "
-                  "the cache, not DRAM (try --model large: real text from DRAM, or random-124m)[/]")
+        out.print("[yellow]• cache-resident, by this run's GB/s: these verdicts describe a cache, not DRAM[/]")
     if not model.device.is_gpu:
         out.print(f"[dim]this machine: {escape(hardware.provenance(hw))}[/]")
     if gpu:
@@ -144,7 +147,8 @@ def speculative_summary(stats, m_cached: Meter, s_spec: float, s_cached: float) 
            f"(draft {report.fmt_bytes(stats.draft_bytes / stats.kept)}, model {report.fmt_bytes(stats.target_bytes / stats.kept)})")
     if plain:
         per += f" against {report.fmt_bytes(plain)} per cached decode step"
-    return (f"[bold]speculative: {s_cached / s_spec:.2f}× the speed of cached decode[/]; {stats.accepted} of "
+    return (f"[bold]speculative: {s_cached / s_spec:.2f}× the speed of cached decode[/] (one run of each: "
+            f"`minillm bench --speculate` ranks them over rounds); {stats.accepted} of "
             f"{stats.drafted} guesses accepted ({stats.acceptance_rate:.0%}), {stats.tokens_per_round:.2f} tokens per "
             f"step of the model ({len(stats.rounds)} steps); {per}")
 
@@ -168,8 +172,8 @@ def run_traffic(args) -> int:
         raise PromptError(f"--prompt-tokens {args.prompt_tokens} + --steps {args.steps} is beyond the context of "
                           f"{c.n_ctx}: with this prompt at most {c.n_ctx - args.prompt_tokens} steps fit")
     ids = np.random.default_rng(0).integers(0, c.vocab_size, args.prompt_tokens)   # a seeded random prompt
-    if not args.json:
-        note_if_busy(args)
+    note_if_busy(args)                       # on stderr: --json too
+    warm_up(model, ids, kv_cache=not args.no_cache)     # compile time is not a step (said when it is long)
     with Meter() as m:   # the prefill, then --steps decode steps (the prefill gives the first new token)
         generate(model, ids, args.steps + 1, kv_cache=not args.no_cache)
     if args.json:

@@ -61,7 +61,8 @@ def measure_workload(model, prompt_tokens: int, answer_tokens: int):
     """(prefill record, prefill seconds, decode Phase for the whole answer, per-step growth, first decode record)."""
     c = model.config
     ids = np.random.default_rng(0).integers(0, c.vocab_size, prompt_tokens)   # a seeded random prompt
-    model.prefill(ids[:4])   # warm-up: first touches of the weights
+    _, warm = model.prefill(ids[:4])   # warm-up: first touches of the weights, compiled kernels (not timed)
+    model.decode_step(int(ids[4 % len(ids)]), warm)
     with Meter() as m:
         t0 = time.perf_counter()
         logits, cache = model.prefill(ids)
@@ -154,6 +155,7 @@ def run(args) -> int:
 
     # Throughput against latency: B sequences share each read of the weights (a mixture's: the union
     # of their experts, `model.step_weight_bytes(B)` under uniform routing, beyond the one token's).
+    batched = {}                             # B -> seconds of one decode step of B requests on the chip
     if first is not None:
         own_fused = report.fused_bytes(first, c, 4) - first.bytes["weights"]
         union = " (a mixture: the union of their experts, uniform routing)" if model.experts else ""
@@ -165,16 +167,33 @@ def run(args) -> int:
         for B in BATCHES:
             weights = first.bytes["weights"] + model.step_weight_bytes(B) - model.step_weight_bytes(1)
             r = roofline((weights + B * own_fused) * FP16, B * first.total_flops, chip)
+            batched[B] = r.seconds
             bt.add_row(str(B), _t(r.seconds), f"{B / r.seconds:,.0f}", f"{1 / r.seconds:,.0f}", r.bound)
         out.print(bt)
 
-    # The diagnosis.
+    # The diagnosis: which phase dominates here, on the chip alone, and on the chip batched (lesson 7's
+    # rule: B requests share each decode step, so a request's share of decode falls about B times).
     dom_here = "prefill" if here(prefill) > here(dec) else "decode"
     dom_chip = "prefill" if on_chip(prefill) > on_chip(dec) else "decode"
     out.print("[bold]Diagnosis[/]")
     out.print(f"• here, {dom_here} takes most of a request ({_t(here(prefill))} prefill against "
-              f"{_t(here(dec))} decode); on {chip.name}, {dom_chip} does ({_t(on_chip(prefill))} against "
-              f"{_t(on_chip(dec))}).")
+              f"{_t(here(dec))} decode); on {chip.name} alone (B = 1), {dom_chip} does ({_t(on_chip(prefill))} "
+              f"against {_t(on_chip(dec))}).")
+    dom_served = dom_chip
+    if batched and n_decode:
+        # a request's share of its decode at batch B: its steps, each shared by B requests (the first step's
+        # time: later ones grow by one token of KV each, a small share of a step at these contexts)
+        share = {B: n_decode * t / B for B, t in batched.items()}
+        words = []
+        for B, d in share.items():
+            if B == 1:
+                continue
+            side = "prefill" if on_chip(prefill) > d else "decode"
+            words.append(f"B = {B}: prefill {_t(on_chip(prefill))} against {_t(d)} of shared decode, {side}")
+        top = max(share)
+        dom_served = "prefill" if on_chip(prefill) > share[top] else "decode"
+        out.print(f"• served in batches on {chip.name} (each request's share of the decode steps): "
+                  + "; ".join(words) + f". A server runs batches: the advice below is for B = {top}.")
     pre_roof = roofline(prefill.fused * FP16, prefill.flops, chip)
     line = (f"• on {chip.name} the prefill is {pre_roof.bound}-bound ({pre_roof.intensity:.3g} FLOP/byte against a "
             f"ridge of {pre_roof.ridge:.0f})")
@@ -190,7 +209,7 @@ def run(args) -> int:
                   f"÷ {report.fmt_bytes(cap['kv_bytes_per_sequence'])} of KV each): the most the batch above can "
                   "hold (`minillm hardware --fit` for a named shape).")
     tips = []
-    if dom_chip == "decode":
+    if dom_served == "decode":
         tips.append("batching: the table above, more requests per weight read")
         tips.append("quantization: fewer bytes per weight, and decode's time is bytes ÷ bandwidth")
     else:
@@ -201,5 +220,6 @@ def run(args) -> int:
         saved = S / P
         tips.append(f"prefix caching: the {S} shared tokens are {saved:.0%} of every prompt's prefill, computed "
                     "once instead of per request")
-    out.print(f"• what attacks {dom_chip}, the phase that dominates on {chip.name}: " + "; ".join(tips) + ".")
+    out.print(f"• what attacks {dom_served}, the phase that dominates on {chip.name} in batches: " + "; ".join(tips)
+              + ".")
     return 0

@@ -25,8 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `minillm hardware`."""
     parser.add_argument("--chip", metavar="NAME", help=f"a known chip: {', '.join(CHIPS)}")
     parser.add_argument("--params", metavar="N", help="model size for the decode ceiling: 7B, 124M, 1.5e9, ...")
-    parser.add_argument("--dtype", default="fp16", choices=list(BYTES_PER_ELEMENT),
-                        help="bytes per weight for the decode ceiling (default fp16)")
+    parser.add_argument("--dtype", default=None, choices=list(BYTES_PER_ELEMENT),
+                        help="bytes per weight for the decode ceiling (default fp16; with --shape: the "
+                             "model's own release, e.g. DeepSeek-V3's FP8 with its tile scales)")
     parser.add_argument("--remeasure", action="store_true", help="measure this machine again at this thread count, replacing those cached figures")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of tables")
     parser.add_argument("--shape", metavar="NAME", help="a model shape by name (llama-3-8b, llama-2-7b, mistral-7b, "
@@ -43,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --fit: the memory to fill, e.g. 80GB, 24GiB (default: the --chip's own memory)")
     parser.add_argument("--kv-dtype", default=None, choices=list(KV_DTYPES),
                         help="with --shape: bytes per KV value (default: --dtype); int8/fp8 caches halve fp16's")
+    parser.add_argument("--kv-only", action="store_true",
+                        help="with --fit: the memory holds the KV cache alone (the weights are elsewhere)")
     parser.add_argument("--utilisation", type=float, default=UTILISATION, metavar="U",
                         help=f"with --shape: the share of the memory the server takes (default {UTILISATION}, "
                              "vLLM's gpu_memory_utilization; the rest is the runtime's)")
@@ -73,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         return run_shape(args)
     chip = get_chip(args.chip) if args.chip else None
     n_params = parse_count(args.params) if args.params else None
-    dtype = _dtype_key(args.dtype)
+    dtype = _dtype_key(args.dtype or "fp16")
 
     if args.remeasure or cached() is None:
         note_if_busy(args)                      # before measuring: a busy machine measures low
@@ -207,12 +210,26 @@ def gpu_table(g: dict) -> Table:
     return t
 
 
+WIDTH = 80     # `hardware --shape` prints lines of at most this many columns
+
+
+def _wrap(lines: list[str], width: int = WIDTH) -> list[str]:
+    """Each line folded at words within `width` columns, its continuation indented under its text."""
+    import textwrap
+    out = []
+    for line in lines:
+        lead = len(line) - len(line.lstrip(" "))
+        out += textwrap.wrap(line, width, subsequent_indent=" " * (lead + 2), break_on_hyphens=False) or [""]
+    return out
+
+
 def run_shape(args: argparse.Namespace) -> int:
     """`minillm hardware --shape NAME [--chip C] [--context T] [--fit T --memory M --kv-dtype D]`: a decode
-    step's bytes from the shape, and how many sequences fit."""
-    from rich.console import Console
-
+    step's bytes from the shape, and how many sequences fit. Without --dtype the weights are sized as
+    the model was released (`measure/shapes.py`: DeepSeek-V3 in FP8 with its tile scales, GPT-2 in
+    float32, the others in 16 bits), and bf16 is shown beside a smaller release as the doubling it is."""
     from ..errors import MiniLLMError
+    from ..measure.experts import held_bytes
     from ..measure.shapes import capacity, decode_step_bytes, kv_bytes_per_token, shape
     from .common import parse_bytes
     s = shape(args.shape)
@@ -221,12 +238,19 @@ def run_shape(args: argparse.Namespace) -> int:
     fit = getattr(args, "fit", None)
     if fit is not None and args.context is not None and fit != args.context:
         raise MiniLLMError("--fit T and --context T both give the tokens per sequence: choose one")
+    if getattr(args, "kv_only", False) and fit is None:
+        raise MiniLLMError("--kv-only counts the KV cache alone in --fit's memory: give --fit T too")
     context = fit if fit is not None else args.context if args.context is not None else s["n_ctx"]
     if context < 1:
         raise MiniLLMError(f"--{'fit' if fit is not None else 'context'} {context}: must be at least 1")
-    wd = _dtype_key(args.dtype)
-    b = BYTES_PER_ELEMENT[wd]
-    kvd = getattr(args, "kv_dtype", None) or (wd if wd in KV_DTYPES else "fp16")
+    if args.dtype is None:                           # as released
+        wd, b, wlabel = None, None, f"{s['released']}, as released"
+    else:
+        wd = _dtype_key(args.dtype)
+        b, wlabel = BYTES_PER_ELEMENT[wd], wd
+    kvd = getattr(args, "kv_dtype", None)
+    if kvd is None:                                  # the weights' own, where it is a KV dtype; else 16 bits
+        kvd = (wd if wd in KV_DTYPES else "fp16") if wd else ("fp32" if s.get("released") == "fp32" else "bf16")
     kvb = KV_DTYPES[kvd]
     util = getattr(args, "utilisation", UTILISATION)
     memory = parse_bytes(args.memory, "--memory") if getattr(args, "memory", None) else None
@@ -241,9 +265,8 @@ def run_shape(args: argparse.Namespace) -> int:
     kv_tok = kv_bytes_per_token(s, kvb)
     moe = (f" ({s['n_active'] / 1e9:.2f}B active: top-{s['top_k']} of {s['n_expert']} experts in "
            f"{s['sparse_layers']} of the layers)" if "n_active" in s else "")
-    lines = [f"{s['name']} (weights {args.dtype}, KV {kvd}): {s['n_params'] / 1e9:.2f}B params{moe}, {s['n_layer']} "
-             f"layers,",
-             f"  {s['n_head']} heads, "
+    lines = [f"{s['name']} (weights {wlabel}; KV {kvd}): {s['n_params'] / 1e9:.2f}B params{moe}, "
+             f"{s['n_layer']} layers, {s['n_head']} heads, "
              + (f"a latent of {s['kv_latent']} values per layer cached (multi-head latent attention)"
                 if s.get("kv_latent") else f"{s['n_kv_head']} KV heads of {s['head_dim']}")]
     if s.get("kv_latent"):
@@ -255,9 +278,13 @@ def run_shape(args: argparse.Namespace) -> int:
     if s.get("window"):
         lines.append(f"  sliding window: {s['local_layers']} of {s['n_layer']} layers keep only the last "
                      f"{s['window']:,} tokens")
-    if moe:
-        lines.append(f"  weights held: {s['n_params'] * b / 1e9:,.2f} GB (every expert); read by one token: "
-                     f"{step['weights'] / 1e9:,.2f} GB (its experts)")
+    held = held_bytes(s, b)
+    lines.append(f"  weights held: {held / 1e9:,.2f} GB" + (" (every expert)" if moe else "")
+                 + (f"; read by one token: {step['weights'] / 1e9:,.2f} GB (its experts)" if moe else ""))
+    if b is None and s.get("bytes_per_weight", 2.0) < 2.0:      # a smaller release: bf16 is the doubling
+        bf16 = held_bytes(s, 2.0)
+        lines.append(f"  in bf16 throughout (an upcast): {bf16 / 1e9:,.2f} GB held, {fmt_ratio(bf16 / held)} the "
+                     "release")
     if fit is None and hw is not None:
         ms = step["total"] / (hw.bandwidth_gbs * 1e9) * 1e3
         lines += [f"  weights per decode step: {step['weights'] / 1e9:,.2f} GB",
@@ -266,45 +293,53 @@ def run_shape(args: argparse.Namespace) -> int:
                   f"  decode, batch 1, on {hw.name} ({_sig(hw.bandwidth_gbs)} GB/s): {ms:,.2f} ms/token, "
                   f"~{1e3 / ms:,.0f} tokens/s"]
     if memory is not None:
-        cap = capacity(s, context, memory, bytes_per_weight=b, kv_bytes_per_value=kvb, utilisation=util)
+        kv_only = bool(getattr(args, "kv_only", False))
+        cap = capacity(s, context, memory, bytes_per_weight=b, kv_bytes_per_value=kvb, utilisation=util,
+                       kv_only=kv_only)
         where = (f"in {args.memory}" if getattr(args, "memory", None) else f"in {hw.name}'s {hw.memory_gb:g} GB")
-        lines += capacity_lines(cap, s, args.dtype, kvd, where)
+        lines += capacity_lines(cap, s, "none: --kv-only" if kv_only else wlabel, kvd, where)
+    out.print("\n".join(_wrap(lines)), highlight=False, soft_wrap=True)
     if moe and fit is None:
-        lines += moe_ceilings(s, context, b, kvb, [hw] if args.chip else [c for c in CHIPS.values() if c.memory_gb])
-    Console().print("\n".join(lines), highlight=False, soft_wrap=True)
+        moe_ceilings(s, context, b, kvb, [hw] if args.chip else [c for c in CHIPS.values() if c.memory_gb])
     return 0
+
+
+def fmt_ratio(x: float) -> str:
+    return f"{x:.2f}×"
 
 
 MOE_BATCH = 32
 
 
-def moe_ceilings(s: dict, context: int, b: float, kvb: float, chips: list) -> list[str]:
+def moe_ceilings(s: dict, context: int, b: float | None, kvb: float, chips: list) -> None:
     """A mixture's decode ceilings on each chip, by the roofline: batch 1 reading the active weights,
     the same if a token read every expert (the total: a dense model of its size), and a step of
     MOE_BATCH tokens reading uniform routing's union of experts (`experts.params_read`); each with
     the KV of `context` tokens per sequence and 2 FLOPs per weight a token multiplies (attention's
-    FLOPs aside). And whether the total fits the chip's memory."""
+    FLOPs aside). And whether the weights fit the chip's memory. `b` None: the weights as released."""
     from ..measure.chips import roofline
-    from ..measure.experts import params_read
+    from ..measure.experts import held_bytes, params_read, read_bytes
     from ..models.moe import expected_distinct_experts
     from ..measure.shapes import kv_bytes_per_sequence
     B, kv = MOE_BATCH, kv_bytes_per_sequence(s, context, kvb)
-    lines = [f"  GPU ceilings at context {context:,} (roofline; ms per step, tokens/s):",
-             f"    {'chip':<14}{'batch 1, active':>18}{'if dense (total)':>19}{f'batch {B}, union':>21}  weights fit?"]
+    held = held_bytes(s, b) / 1e9
+    t = Table(title=f"GPU ceilings at context {context:,} (roofline): ms a step, tokens/s", title_justify="left",
+              box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("chip", "B=1 ms", "tok/s", "all read ms", "tok/s", f"B={B} ms", "tok/s", "GPUs"):
+        t.add_column(col, justify="left" if col == "chip" else "right", no_wrap=True)
     for hw in chips:
-        one = roofline(params_read(s) * b + kv, 2 * s["n_active"], hw)
-        dense = roofline(s["n_params"] * b + kv, 2 * s["n_params"], hw)
-        many = roofline(params_read(s, B) * b + B * kv, 2 * B * s["n_active"], hw)
-        held = s["n_params"] * b / 1e9
-        fits = (f"yes, {held:,.0f} of {hw.memory_gb:g} GB" if held <= hw.memory_gb else
-                f"no: {held:,.0f} GB, {math.ceil(held / hw.memory_gb)} GPUs at least")
-        lines.append(f"    {hw.name:<14}{_ms(one.seconds * 1e3):>9} {1 / one.seconds:>7,.0f}/s"
-                     f"{_ms(dense.seconds * 1e3):>10} {1 / dense.seconds:>7,.0f}/s"
-                     f"{_ms(many.seconds * 1e3):>10} {B / many.seconds:>9,.0f}/s  {fits}")
+        one = roofline(read_bytes(s, 1, b) + kv, 2 * s["n_active"], hw)
+        dense = roofline(held * 1e9 + kv, 2 * s["n_params"], hw)
+        many = roofline(read_bytes(s, B, b) + B * kv, 2 * B * s["n_active"], hw)
+        fits = "1" if held <= hw.memory_gb else f"{math.ceil(held / hw.memory_gb)}+"
+        t.add_row(hw.name, _ms(one.seconds * 1e3), f"{1 / one.seconds:,.0f}", _ms(dense.seconds * 1e3),
+                  f"{1 / dense.seconds:,.0f}", _ms(many.seconds * 1e3), f"{B / many.seconds:,.0f}", fits)
+    out.print(t)
     E, k = s["n_expert"], s["top_k"]
     union = expected_distinct_experts(E, k, B)
-    lines.append(f"    [dim]batch {B}: E·(1 − (1 − k/E)^{B}) = {union:.1f} of E = {E} "
-                 f"experts read per sparse layer (k = {k}, uniform routing), {params_read(s, B) / 1e9:,.1f}B "
-                 f"parameters' weights, {params_read(s, B) / s['n_active']:.2g}× one token's; weights fit: the "
-                 "total alone against the chip's memory (the KV cache needs room too: --fit)[/]")
-    return lines
+    note = (f"B=1: the active weights; all read: every expert, as a dense model of its size; B={B}: "
+            f"E·(1 − (1 − k/E)^{B}) = {union:.1f} of E = {E} experts read per sparse layer (k = {k}, uniform "
+            f"routing), {params_read(s, B) / 1e9:,.1f}B parameters, {params_read(s, B) / params_read(s):.2g}× one "
+            f"token's; GPUs: the fewest whose memory holds the {held:,.0f} GB of weights alone (the KV cache needs "
+            "room too: --fit)")
+    out.print("\n".join(_wrap(["  " + note])), style="dim", highlight=False, soft_wrap=True)

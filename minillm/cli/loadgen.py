@@ -12,6 +12,7 @@ from ..serving.engines import TIE
 from ..serving.loadgen import run_load
 from ..serving.metrics import parse_slo
 from ..serving.workloads import WORKLOADS
+from ..measure.busy import conditions
 from .common import err, load_model, out
 
 
@@ -45,9 +46,14 @@ def run(args) -> int:
         from ..bpe import tokenizer
         model = load_model(args.tokenizer)
         enc, enc_name = tokenizer(model), model.name
+    cond = conditions()                  # this machine: the clients' (and, on loopback, the server's)
+    if cond["busy"]:
+        err.print(f"[yellow]note:[/] {cond['busy']} (the client's machine: on loopback, the server's too)",
+                  soft_wrap=False)
     with err.status(f"{args.requests} requests at {args.rate:g}/s to {args.url}…"):
         r = run_load(args.url, args.workload, args.rate, args.requests, args.seed, args.timeout, slo,
                      api_key=args.api_key, model=args.model, tokenizer=enc, tokenizer_name=enc_name)
+    r["conditions"] = cond
     if args.json:
         print(json.dumps(r))
         return 0 if not r["errors"] else 2
@@ -79,7 +85,8 @@ def run(args) -> int:
         out.print(f"server ({s['engine']}, from /metrics): prefill {s['prefill_s'] or 0:.2f} s"
                   f"{tokens('prefill_tokens')}, decode {s['decode_s'] or 0:.2f} s{tokens('decode_tokens')}"
                   + (f", {s['preemptions']:.0f} preemptions" if s["preemptions"] is not None else "")
-                  + (f": [bold]{s['bottleneck']}[/] took the server's time" if s["bottleneck"] != "neither" else
+                  + (f": [bold]{s['bottleneck']}[/] took the server's time (one run, beyond the closeness rule's "
+                     f"{TIE - 1:.0%} band)" if s["bottleneck"] != "neither" else
                      f": prefill and decode took about the same time (within {TIE - 1:.0%})")
                   + (f"; {s['cancelled']:.0f} requests cancelled" if s["cancelled"] else ""))
     return 0 if not r["errors"] else 2

@@ -19,12 +19,14 @@ from ..threads import blas_kernel, blas_threads, limited
 from ..engine.engine import Engine
 from ..serving.disagg import (OnThreads, colocated_summary, disaggregated_engines,
                               measure_copy_gbps, parse_split, run_interleaved)
-from ..serving.metrics import engine_for, parse_slo, step_fit, summarize
-from ..serving.rates import ATTAINMENT, capacity_words, highest_rate, parse_rates, rate_sweep
+from ..serving.metrics import engine_for, merge_rounds, parse_slo, step_fit, summarize
+from ..measure.busy import conditions
+from ..serving.rates import ATTAINMENT, capacity_words, highest_rate, parse_rates, price_lines, rate_sweep, token_prices
 from ..serving.workloads import WORKLOADS, WorkItem, load_workload, write_trace
 from ..ui.live import LiveView
-from ..ui.report import budget_verdict, diagnosis, disagg_verdict, fmt_bytes, fmt_flops, fmt_time, slo_text
-from .common import (add_batch_limits, add_kv_options, add_model, at_least_one, err, load_model, note_if_busy, out,
+from ..ui.report import budget_verdict, diagnosis, disagg_verdict, favours, fmt_bytes, fmt_flops, fmt_time, slo_text
+from ..measure.busy import busy_note
+from .common import (add_batch_limits, add_kv_options, add_model, at_least_one, err, load_model, out, warm_up,
                      parse_bytes)
 
 BUDGETS = (32, 128, 512, 2048, None)       # --compare budget; None: no chunking
@@ -47,6 +49,9 @@ def add_arguments(p) -> None:
     p.add_argument("--price-per-hour", type=float, default=None, metavar="USD",
                    help="with --rates: what an engine costs an hour, for the cost per million tokens")
     p.add_argument("--requests", type=int, default=64, help="how many requests (default 64)")
+    p.add_argument("--repeats", type=int, default=None, metavar="N",
+                   help="with --compare: serve every configuration N times, all interleaved, and rank a figure "
+                        "only when its rounds agree beyond their spread (default 2; 1 ranks nothing)")
     p.add_argument("--seed", type=int, default=0, help="the workload's seed (default 0)")
     p.add_argument("--policy", default="continuous", choices=POLICIES, help="(default continuous)")
     p.add_argument("--compare", nargs="?", const="policies", choices=list(COMPARE), default=None,
@@ -78,6 +83,8 @@ def budget_of(args) -> int:
 
 def check(args) -> None:
     at_least_one(args, "requests", "block_size", "max_seqs", "max_batched_tokens")
+    if args.repeats is not None and args.repeats < 1:
+        raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
     parse_bytes(args.kv_memory)
     if not args.rate > 0:
         raise MiniLLMError(f"--rate {args.rate}: requests per second must be more than 0")
@@ -161,16 +168,29 @@ def simulate(model, items: list[WorkItem], run: dict, args, live: bool, hw) -> d
     return result(engine, name, args, hw)
 
 
+def repeats_of(args) -> int:
+    """Rounds of each configuration in a comparison: --repeats, or 2 (the fewest the closeness rule ranks)."""
+    return args.repeats if args.repeats is not None else 2
+
+
 def sweep(model, items: list[WorkItem], args, hw, threads: int | None = None) -> tuple[list[dict], dict | None]:
-    """--compare budget: every budget's engine on the same requests, stepped in turn (interleaved),
-    and one fit of step time against tokens over all their steps."""
-    engines = [(label(r, args), make_engine(model, items, r, args)) for r in runs(args)]
-    with err.status(f"serving {len(items)} requests at {len(engines)} budgets, interleaved…"):
-        run_interleaved([OnThreads(e, threads) for _, e in engines])
-    results = [result(e, name, args, hw) for name, e in engines]
-    for r, b in zip(results, BUDGETS):
-        r["budget"] = b
-    return results, step_fit([s for _, e in engines for s in e.steps])
+    """--compare (policies, prefix-cache, block-size, budget): every configuration's engine on the same
+    requests, each `repeats_of(args)` times, all stepped in turn (interleaved, on `threads`), merged per
+    configuration with its rounds (`merge_rounds`); and one fit of step time against tokens over all
+    their steps."""
+    R = repeats_of(args)
+    configs = runs(args)
+    engines = [(label(r, args), [make_engine(model, items, r, args) for _ in range(R)]) for r in configs]
+    with err.status(f"serving {len(items)} requests, {len(engines)} ways × {R} rounds, interleaved…"):
+        run_interleaved([OnThreads(e, threads) for _, es in engines for e in es])
+    results = [merge_rounds([result(e, name, args, hw) for e in es]) for name, es in engines]
+    for r, c in zip(results, configs):
+        r["budget"] = c.get("budget")
+    return results, step_fit([s for _, es in engines for e in es for s in e.steps])
+
+
+def _threads(n: int) -> str:
+    return f"{n} BLAS thread{'s' if n != 1 else ''}"
 
 
 def _s(x) -> str:
@@ -231,35 +251,41 @@ def run(args) -> int:
     # every side of a comparison on one thread count: the one asked for, or one on a busy machine
     threads, why = comparison_threads(getattr(args, "threads", None), default=blas_threads())
     compares = bool(args.compare or args.split or args.rate_list)
-    if not args.json:
-        if why and compares:
-            err.print(f"[yellow]note:[/] {escape(why)}", soft_wrap=False)
-        else:
-            note_if_busy(args)
-    if not compares:
+    if not compares:                       # one run: its own threads, and the plain busy note
         threads = getattr(args, "threads", None)
+        why = busy_note(threads)
+    if why:                                # on stderr, --json too (the JSON carries it in `conditions`)
+        err.print(f"[yellow]note:[/] {escape(why)}", soft_wrap=False)
+    args.conditions = conditions(threads, why)
+    warm_up(model, items[0].prompt, engine=True)    # compile time and first touches: not a step of any run
     if args.rate_list is not None:
-        return rates(model, args, threads)
+        return rates(model, args, threads, hw)
     if args.split or args.compare == "disagg":
         return disagg(model, items, args, hw, threads)
     fit = None
     with limited(threads):
-        if args.compare == "budget":
+        if args.compare:
             results, fit = sweep(model, items, args, hw, threads)
         else:
             results = [simulate(model, items, r, args, live, hw) for r in runs(args)]
     if args.json:
-        print(json.dumps(results, indent=2))
+        print(json.dumps([{**r, "conditions": args.conditions} for r in results], indent=2))
         return 0
     out.print(budget_table(results) if args.compare == "budget" else table(results))
     if args.compare == "budget":
         out.print("[dim]budget: tokens one step may run (none: every prompt whole, no chunking); good/s: "
                   "requests per second that met every target; met: their share[/]")
-        out.print(f"[dim]{escape(setting(args, results[0]))}[/]")
+        out.print(f"[dim]{escape(setting(args, results[0]))}; {repeats_of(args)} rounds of each[/]")
         read = model.nbytes() / (hw.bandwidth_gbs * 1e9) if hw.blas_threads == results[0].get("threads") else None
         for line in budget_verdict(results, fit, args.slo_targets, weight_read_s=read):
             out.print(line)
         return 0
+    if args.compare:
+        out.print(f"[dim]{escape(setting(args, results[0]))}; {repeats_of(args)} rounds of each, interleaved[/]")
+        for key, what, high in (("output_tokens_per_s", "Throughput", True), ("ttft_p95_s", "TTFT p95", False),
+                                ("tbt_p99_s", "The p99 gap between tokens", False)):
+            out.print(favours(results, key, high, what, (lambda v: f"{v:.1f} tok/s") if high else fmt_time,
+                              lambda r: r["policy"]).replace("no budget stands out", "no run stands out"))
     for r in results:
         out.print(diagnosis(r))
     return 0
@@ -274,7 +300,7 @@ def setting(args, r: dict) -> str:
 REAL_LINK_GBPS = 25.0     # a real network link (25 GbE) beside this machine's memory copy
 
 
-def rates(model, args, threads: int | None) -> int:
+def rates(model, args, threads: int | None, hw=None) -> int:
     """--rates: the same seeded workload at each rate, one engine each, interleaved; the highest rate
     whose attainment meets the target, and what a token costs there."""
     with err.status(f"serving {args.requests} requests at {len(args.rate_list)} rates, interleaved…"):
@@ -283,8 +309,15 @@ def rates(model, args, threads: int | None) -> int:
                            block_size=args.block_size, prefix_cache=args.prefix_cache, policy=args.policy,
                            max_seqs=args.max_seqs, max_batched_tokens=budget_of(args))
     h = highest_rate(runs_, args.attainment)
+    prices = None
+    if h["run"] is not None and hw is not None:
+        c = model.config
+        kv_tok = 2 * c.n_layer * c.n_kv_head * c.head_dim * model.dtype.itemsize
+        prices = token_prices(h["run"], kv_tok, hw.bandwidth_gbs)
+        h["prices"] = prices
     if args.json:
-        print(json.dumps({"runs": runs_, "capacity": {k: v for k, v in h.items() if k != "run"}}, indent=2))
+        print(json.dumps({"runs": runs_, "capacity": {k: v for k, v in h.items() if k != "run"},
+                          "conditions": args.conditions}, indent=2))
         return 0
     slo = slo_text(args.slo_targets)
     t = Table(title=f"serve-sim: goodput against the request rate; targets {slo}", title_justify="left",
@@ -297,10 +330,13 @@ def rates(model, args, threads: int | None) -> int:
                   _s(r["tpot_p95_s"]), f"{r['goodput_rps']:.2f}/s", f"{r['attainment']:.0%}")
     out.print(t)
     out.print(f"[dim]{args.requests} requests of {args.workload}, seed {args.seed}, the same at every rate; "
-              f"{threads or blas_threads()} BLAS thread(s) for every rate; met: the share that met every "
+              f"{_threads(threads or blas_threads() or 1)} for every rate; met: the share that met every "
               f"target; ◆ the highest rate where {args.attainment:.0%} did[/]")
     for line in capacity_words(h, slo, args.price_per_hour):
         out.print(line)
+    if prices:
+        for line in price_lines(prices, args.price_per_hour):
+            out.print(line)
     return 0
 
 
@@ -321,26 +357,28 @@ def disagg(model, items: list[WorkItem], args, hw, threads: int | None = None) -
         link, link_name = args.link_gbps, "given"
     kw = dict(block_size=args.block_size, max_seqs=args.max_seqs)
     budget = budget_of(args)
-    runners = []
+    R = repeats_of(args) if args.compare == "disagg" else 1
+    runners = []                                   # (name, [one runner per round])
     if args.compare == "disagg":
         for b, name in ((budget, f"one, chunk {budget}"), (no_chunking(model, args), "one, whole")):
-            e = engine_for(model, items, kv_memory=2 * kv, max_batched_tokens=b, **kw)
-            runners.append((name, OnThreads(e, p if p == d else T)))
+            runners.append((name, [OnThreads(engine_for(model, items, kv_memory=2 * kv, max_batched_tokens=b, **kw),
+                                             p if p == d else T) for _ in range(R)]))
     links = [link] + ([REAL_LINK_GBPS] if args.compare == "disagg" and abs(link - REAL_LINK_GBPS) > 1e-9 else [])
     for g in links:
-        split = disaggregated_engines(model, items, p_threads=p, d_threads=d, link_gbps=g, kv_memory=kv,
-                                      max_batched_tokens=budget, **kw)
-        runners.append((f"split {p}:{d} {g:.3g}G", split))
-    with err.status(f"serving {len(items)} requests, {len(runners)} ways, interleaved…"):
-        run_interleaved([r for _, r in runners])
+        runners.append((f"split {p}:{d} {g:.3g}G", [
+            disaggregated_engines(model, items, p_threads=p, d_threads=d, link_gbps=g, kv_memory=kv,
+                                  max_batched_tokens=budget, **kw) for _ in range(R)]))
+    with err.status(f"serving {len(items)} requests, {len(runners)} ways × {R} rounds, interleaved…"):
+        run_interleaved([r for _, rs in runners for r in rs])
     results = []
-    for name, r in runners:
-        s = (colocated_summary(r.engine, r.threads, args.slo_targets, name) if isinstance(r, OnThreads)
-             else r.summary(args.slo_targets, name))
+    for name, rs in runners:
+        summaries = [colocated_summary(r.engine, r.threads, args.slo_targets, name) if isinstance(r, OnThreads)
+                     else r.summary(args.slo_targets, name) for r in rs]
+        s = merge_rounds(summaries)
         s["blas"] = blas_kernel()
         results.append(s)
     if args.json:
-        print(json.dumps(results, indent=2))
+        print(json.dumps([{**r, "conditions": args.conditions} for r in results], indent=2))
         return 0
     out.print(disagg_table(results))
     out.print(f"[dim]{escape(setting(args, {'threads': f'{p}:{d}', 'blas': blas_kernel()}))}; link "

@@ -1,5 +1,6 @@
 """Generation: one sequence at a time (the teaching loops), and the engine that runs many in
-shared batched steps. It never imports a model: the model is passed in and asked for `step`.
+shared batched steps. It never imports a model: the model is passed in and asked for `step` (or
+`step_plan`, for a plan it made: `static_plan`).
 
     sampling       logits -> one token (greedy, temperature, top-k, top-p) and the checks on those settings
     sequence       `SamplingParams`, and `Sequence`: one request's tokens, settings and random stream
@@ -12,4 +13,5 @@ shared batched steps. It never imports a model: the model is passed in and asked
                    `adopt` for a sequence prefilled elsewhere
     batch          `generate_batch`: many prompts through the engine
     speculative    `speculative_generate`: a draft guesses k tokens, the target checks them in one step
+    static         `StaticDecode`: B slots decoding with fixed shapes, the step a CUDA graph replays
 """

@@ -6,6 +6,9 @@ the measurements behind `minillm bench` (the meter that counts each step's bytes
     hardware      `machine()`: the measured figures, cached; what another chip would do
     chips         `CHIPS` (published chips), `Hardware`, `roofline`, `decode_ceiling`
     shapes        model shapes by name for the chip calculator (weights and KV bytes per token)
+    experts       published mixtures' shapes, expert parallelism's arithmetic
+    comparisons   the words for a comparison computed from the numbers beside it
+    gpu           a GPU's measured figures (copy bandwidth, matmul peak, launch cost, decode steps)
     busy          is the machine busy? a one-line note before the first timing
     bench         decode against the memory ceiling per context length (`minillm bench`)
     batching      batched decode against the roofline (`bench --batch`)

@@ -243,6 +243,9 @@ def _result(model, name, batches, hw, context, repeats, steps, counts, chose, st
             "roofline_ms": rl[0] * 1e3, "bound": rl[1],
             "bare_plain_ms": med(plain[name, B]) * 1e3, "bare_engine_ms": med(shaped[name, B]) * 1e3,
             "spread_ms": [min(step_s[name, B]) * 1e3, max(step_s[name, B]) * 1e3],
+            "tok_s_rounds": [B / x for x in step_s[name, B]],           # each round's, for the closeness rule
+            "bare_plain_rounds_ms": [x * 1e3 for x in plain[name, B]],
+            "bare_engine_rounds_ms": [x * 1e3 for x in shaped[name, B]],
         })
         if model.experts:                                    # a mixture: the union, chosen and uniform
             E, k = model.experts
@@ -264,6 +267,7 @@ def _result(model, name, batches, hw, context, repeats, steps, counts, chose, st
         "prefill_timed": (name, batches[0], "prefill") in step_s,
         "ridge_flops_per_byte": hw.peak_gflops / hw.bandwidth_gbs,
         "bare_in_out_ms": bare_io, "bare_out_in_ms": bare_oi,
+        "bare_rounds_ms": [min(a, b) * 1e3 for a, b in zip(layout_io, layout_oi)],
         "b1_of_bare": (min(bare_io, bare_oi) / base["ms_step"]) if base else None,
     }
 

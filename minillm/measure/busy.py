@@ -81,3 +81,17 @@ def busy_note(threads: int | None = None) -> str | None:
     except (AttributeError, OSError):     # not on every system
         load = None
     return assess(threads, os.cpu_count() or 1, load, *probe())
+
+
+def conditions(threads: int | None = None, note: str | None = None) -> dict:
+    """The conditions a timed command ran under, for its JSON (`--json` notes a busy machine too): the
+    busy note (None when quiet), the BLAS threads, the load average and the CPUs. `note`: a note already
+    taken (so the machine is not probed twice)."""
+    if threads is None:
+        threads = blas_threads()
+    try:
+        load = round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        load = None
+    return {"busy": note if note is not None else busy_note(threads), "blas_threads": threads,
+            "load_average": load, "cpus": os.cpu_count()}

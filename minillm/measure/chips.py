@@ -45,6 +45,7 @@ class Hardware:
     blas_threads: int | None = None  # threads BLAS ran the measurement with
     numpy_version: str | None = None
     memory_gb: float | None = None  # the chip's own memory (GPUs), for what fits on one
+    peaks: dict = field(default_factory=dict)  # dense tensor peaks in other precisions, TFLOP/s: {"fp8": ...}
 
     @property
     def ridge(self) -> float | None:
@@ -63,10 +64,10 @@ class Hardware:
 
 
 def _chip(name: str, bandwidth_gbs: float, peak_tflops: float | None, source: str, note: str = "",
-          memory_gb: float | None = None) -> Hardware:
+          memory_gb: float | None = None, peaks: dict | None = None) -> Hardware:
     peak = None if peak_tflops is None else peak_tflops * 1000.0
     return Hardware(name=name, bandwidth_gbs=bandwidth_gbs, peak_gflops=peak, source=source, note=note,
-                    memory_gb=memory_gb)
+                    memory_gb=memory_gb, peaks=dict(peaks or {}))
 
 
 _DENSE = "peak: dense FP16 tensor math (spec sheets also quote twice that, with sparsity)"
@@ -78,8 +79,13 @@ CHIPS: dict[str, Hardware] = {
         _chip("a100-40gb", 1555, 312, "NVIDIA A100 datasheet (40 GB PCIe/SXM)", _DENSE, 40),
         _chip("a100-80gb", 2039, 312, "NVIDIA A100 datasheet (80 GB SXM)",
               "2,039 GB/s ≈ 2 TB/s, the bandwidth of the article's 7B example", 80),
-        _chip("h100-sxm", 3350, 989, "NVIDIA H100 datasheet (SXM)", _DENSE, 80),
-        _chip("h200", 4800, 989, "NVIDIA H200 datasheet (SXM)", _DENSE, 141),
+        _chip("h100-sxm", 3350, 989, "NVIDIA H100 datasheet (SXM)", _DENSE, 80, {"fp8": 1979}),
+        _chip("h200", 4800, 989, "NVIDIA H200 datasheet (SXM)", _DENSE, 141, {"fp8": 1979}),
+        _chip("b200", 8000, 2250, "NVIDIA DGX B200 datasheet, per GPU (HGX B200)", _DENSE, 180,
+              {"fp8": 4500, "fp4": 9000}),
+        _chip("gb200", 8000, 2500, "NVIDIA GB200 NVL72 datasheet, per GPU", _DENSE, 186,
+              {"fp8": 5000, "fp4": 10000}),
+        _chip("mi300x", 5300, 1307, "AMD Instinct MI300X datasheet", _DENSE, 192, {"fp8": 2615}),
         _chip("rtx-4090", 1008, 165, "NVIDIA Ada GPU architecture whitepaper (RTX 4090)",
               "peak: dense FP16 tensor math with FP32 accumulate", 24),
         _chip("apple-m1", 68, None, "Apple M1 tech specs"),
@@ -104,7 +110,27 @@ ALIASES = {
     "h200-sxm": "h200", "4090": "rtx-4090", "rtx4090": "rtx-4090", "geforce-rtx-4090": "rtx-4090",
     "m1": "apple-m1", "apple-m2": "m2", "apple-m4": "m4", "m1pro": "m1-pro", "m1max": "m1-max",
     "m3max": "m3-max", "m4pro": "m4-pro", "ddr4": "ddr4-3200-dual", "ddr5": "ddr5-5600-dual",
+    "b200-sxm": "b200", "gb200-nvl72": "gb200", "mi300": "mi300x", "amd-mi300x": "mi300x",
 }
+
+# Links between GPUs, published figures, GB/s each way: what an all-to-all or a KV transfer crosses.
+LINKS: dict[str, tuple[float, str]] = {
+    "nvlink4": (450.0, "NVLink 4 (H100, H200): 900 GB/s both ways, 450 each way"),
+    "nvlink5": (900.0, "NVLink 5 (B200, GB200): 1.8 TB/s both ways, 900 each way"),
+    "ib-ndr": (50.0, "InfiniBand NDR, one 400 Gb/s port: 50 GB/s each way"),
+    "pcie5": (64.0, "PCIe 5.0 x16: 64 GB/s each way (host memory to GPU)"),
+    "nvme4": (7.0, "one PCIe 4.0 NVMe drive: about 7 GB/s of reads"),
+}
+
+
+def peak_for(hw: Hardware, precision: str = "fp16") -> float | None:
+    """A chip's dense tensor peak in GFLOP/s for `precision` (fp16/bf16: the table's peak; fp8, fp4
+    where published), None where it has none."""
+    key = DTYPE_ALIASES.get(precision, precision)
+    if key in ("fp16", "bf16"):
+        return hw.peak_gflops
+    tf = hw.peaks.get(key)
+    return None if tf is None else tf * 1000.0
 
 
 def get_chip(name: str | Hardware) -> Hardware:

@@ -143,16 +143,17 @@ def summary(figures: dict) -> str:
 
 # -- a model's decode step on the GPU: eager against one CUDA-graph replay (lesson 17, gpu_check) ---------
 
-ISSUE_SOURCE = ("measured on an NVIDIA H200 with torch 2.11 and CUDA 13, random weights, a minimal decode step "
-                "with a static KV cache over 256 positions, one run, by minillm's developers")
-ISSUE_H200 = {   # the issue's figures: data to measure against, not a claim about any machine running this
-    "source": ISSUE_SOURCE,
+H200_SOURCE = ("measured on an NVIDIA H200 with torch 2.11 and CUDA 13, random weights, a minimal decode step "
+               "with a static KV cache over 256 positions, one run, by minillm's developers")
+H200_RUN = {   # minillm's developers' figures: data to measure against, not a claim about any machine running this
+    "source": H200_SOURCE,
     "gpt2_124m_fp16_b1": {"eager_ms": 2.31, "graph_ms": 0.74, "bytes": 257e6, "transformers_eager_ms": 4.97,
                           "kernels": 180},
     "smollm2_135m_bf16_transformers_eager_ms": 18.2,
     "llama2_7b_fp16_b1": {"eager_ms": 17.7, "graph_ms": 5.59, "bytes": 13.3e9, "copy_tbs": 4.27},
     "llama2_7b_fp16_graph_ms": {"64": 8.4, "256": 16.1},
     "llama3_8b_gqa_fp16": {"graph_ms": {"256": 11.3, "384": 16.1}, "tflops": (364, 382)},
+    "context": 256,
 }
 ARTICLE_7B = {"bytes": 14e9, "ms": 7.0, "chip": "A100"}   # the article's wall: 14 GB a step, ~7 ms a token
 
@@ -161,7 +162,41 @@ SHAPES = {   # LlamaConfig fields of the Llama-family shapes the GPU figures use
                          vocab_size=49152, ffn=1536, eps=1e-5, theta=100000.0),
     "llama2-7b": dict(n_layer=32, n_head=32, n_kv_head=32, head_dim=128, n_embd=4096, n_ctx=4096,
                       vocab_size=32000, ffn=11008, eps=1e-5, theta=10000.0, tied=False),
+    "llama3-8b": dict(n_layer=32, n_head=32, n_kv_head=8, head_dim=128, n_embd=4096, n_ctx=8192,
+                      vocab_size=128256, ffn=14336, eps=1e-5, theta=500000.0, tied=False),
 }
+
+
+def batched_step(shape_name: str, batch: int, context: int, bytes_per_value: float = 2.0) -> dict:
+    """A batched decode step of a named shape (measure/shapes.py) by its arithmetic: the weights read
+    once for all B rows (an untied embedding by its rows), each sequence's KV of `context` positions, and
+    2 FLOPs per weight per row plus attention's 4·L·t·H·hd per row. -> bytes by kind, FLOPs, FLOP/byte,
+    and `cap`: the FLOP/byte the step tends to as B grows (one row's FLOPs ÷ its own KV bytes)."""
+    from .experts import params_read
+    from .shapes import kv_bytes_per_sequence, shape
+    s = shape(shape_name)
+    weights = params_read(s, batch) * bytes_per_value
+    kv_one = kv_bytes_per_sequence(s, context, bytes_per_value)
+    per_row = 2 * params_read(s, 1) + 4 * s["n_layer"] * context * s["n_head"] * s["head_dim"]
+    flops = batch * per_row
+    return {"weights": weights, "kv": batch * kv_one, "bytes": weights + batch * kv_one, "flops": flops,
+            "intensity": flops / (weights + batch * kv_one), "cap": per_row / kv_one, "kv_per_row": kv_one}
+
+
+def roof_shares(step: dict, ms: float, bandwidth_gbs: float, peak_tflops: float) -> dict:
+    """A measured step against both roofs: its bytes' time at the bandwidth, its FLOPs' time at the
+    peak, the roofline's bound, and the shares of the bandwidth and of the peak it reached."""
+    t_mem = step["bytes"] / (bandwidth_gbs * 1e9) * 1e3
+    t_cmp = step["flops"] / (peak_tflops * 1e12) * 1e3
+    return {"t_mem_ms": t_mem, "t_cmp_ms": t_cmp, "bound": "compute" if t_cmp > t_mem else "memory",
+            "of_bandwidth": t_mem / ms, "of_peak": t_cmp / ms, "of_roofline": max(t_mem, t_cmp) / ms}
+
+
+def crossing_batch(step_at_1: dict, ridge: float) -> float | None:
+    """The B at which a batched step's FLOP/byte reaches `ridge` (None when its cap stays below it):
+    B·F ÷ (W + B·K) = ridge, so B = ridge·W ÷ (F − ridge·K) for one row's FLOPs F and KV bytes K."""
+    F, K, W = step_at_1["flops"], step_at_1["kv_per_row"], step_at_1["weights"]
+    return None if F <= ridge * K else ridge * W / (F - ridge * K)
 
 
 def free_bytes(device: Device) -> int:

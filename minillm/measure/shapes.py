@@ -31,7 +31,7 @@ from ..models.llama import LlamaConfig
 
 from ..models.gpt2 import GPT2_SIZES
 from ..errors import MiniLLMError
-from .experts import PUBLISHED, moe_shape, params_read
+from .experts import PUBLISHED, held_bytes, moe_shape, read_bytes
 
 
 def _llama(L, H, Hkv, hd, d, F, V, tied=False, ctx=4096, arch="llama") -> LlamaConfig:
@@ -74,12 +74,28 @@ OTHER_SHAPES: dict[str, dict] = {
 }
 MOE_SHAPES = {name.lower(): name for name in PUBLISHED}    # mixtral-8x7b, qwen3-30b-a3b, deepseek-v3
 
+# As released: the format of each shape's published weights (config.json's torch_dtype), 2 bytes a
+# weight unless said. GPT-2 was released in float32; Llama 2 in fp16; the others in bf16. gpt-oss-20b
+# ships its experts in MXFP4 (32 E2M1 values and one E8M0 scale byte: 17/32 bytes a weight) and the
+# rest in bf16 (`kept_params`). The mixtures of measure/experts.py carry their own (DeepSeek-V3: FP8).
+RELEASED = {"llama-2-7b": "fp16", "llama-2-13b": "fp16"}
+GPT_OSS_EXPERTS = 24 * 32 * 3 * 2880 * 2880         # gpt-oss-20b: 24 layers × 32 experts × 3·d·ffn
+OTHER_SHAPES["gpt-oss-20b"].update(released="mxfp4 experts, bf16 rest", bytes_per_weight=17 / 32,
+                                   kept_params=20_910_000_000 - GPT_OSS_EXPERTS, n_embd=2880,
+                                   untied_embedding=201088 * 2880)
 UTILISATION = 0.9    # the share of a GPU's memory a server takes: vLLM's gpu_memory_utilization default
 KV_DTYPES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0}
 
 
-def gpt2_as_shape(c) -> dict:
-    return {"n_layer": c.n_layer, "n_kv_head": c.n_head, "head_dim": c.head_dim, "n_params": c.n_params()}
+def _released_dense(key: str, c) -> dict:
+    """A dense shape's release: its format (RELEASED; bf16 by default, GPT-2's float32), and its untied
+    embedding table (not the head), of which a decode step reads a row per token."""
+    label = "fp32" if key.startswith("gpt2-") else RELEASED.get(key, "bf16")
+    tied = getattr(c, "tied", True)
+    return {"released": label, "bytes_per_weight": 4.0 if label == "fp32" else 2.0, "kept_params": 0,
+            "n_embd": c.n_embd, "untied_embedding": 0 if tied else c.vocab_size * c.n_embd}
+
+
 
 
 def shape_of(c, name: str = "") -> dict:
@@ -90,10 +106,12 @@ def shape_of(c, name: str = "") -> dict:
 
 def shape(name: str) -> dict:
     """{n_layer, n_kv_head, head_dim, n_params, n_ctx} of a shape name (gpt2-124m ... or the tables above),
-    with `window`/`local_layers` or `kv_latent` where the model's attention caps its KV cache."""
+    with `window`/`local_layers` or `kv_latent` where the model's attention caps its KV cache, and the
+    release: `released` (its format in words), `bytes_per_weight` (of its matrices) and `kept_params`
+    (what a smaller format keeps in bf16): `experts.held_bytes` and `read_bytes` size it as released."""
     key = name.strip().lower()
     if key in SHAPES:
-        out = shape_of(SHAPES[key], key)
+        out = {**shape_of(SHAPES[key], key), **_released_dense(key, SHAPES[key])}
     elif key in MOE_SHAPES:
         out = {"name": key, **moe_shape(MOE_SHAPES[key])}
     elif key in OTHER_SHAPES:
@@ -101,7 +119,7 @@ def shape(name: str) -> dict:
     elif key.startswith("gpt2-") and key.removeprefix("gpt2-") in GPT2_SIZES:
         c = GPT2_SIZES[key.removeprefix("gpt2-")]
         out = {"name": key, "n_layer": c.n_layer, "n_kv_head": c.n_head, "head_dim": c.head_dim,
-               "n_head": c.n_head, "n_params": c.n_params(), "n_ctx": c.n_ctx}
+               "n_head": c.n_head, "n_params": c.n_params(), "n_ctx": c.n_ctx, **_released_dense(key, c)}
     else:
         out = None
     if out is not None:
@@ -132,30 +150,36 @@ def kv_bytes_per_sequence(s: dict, context: int, bytes_per_value: float) -> floa
     return per_layer * kept
 
 
-def decode_step_bytes(s: dict, context: int, bytes_per_value: float, kv_bytes_per_value: float | None = None) -> dict:
-    """One batch-1 decode step at `context` tokens: every weight once (a mixture's active ones), and the
-    whole KV cache (what the layers keep: a sliding window caps it)."""
-    weights = params_read(s) * bytes_per_value
-    kv = kv_bytes_per_sequence(s, context, bytes_per_value if kv_bytes_per_value is None else kv_bytes_per_value)
+def decode_step_bytes(s: dict, context: int, bytes_per_value: float | None,
+                      kv_bytes_per_value: float | None = None) -> dict:
+    """One batch-1 decode step at `context` tokens: every weight once (a mixture's active ones; an untied
+    embedding table's one row), and the whole KV cache (what the layers keep: a sliding window caps it).
+    `bytes_per_value` None: the weights as released (`experts.read_bytes`), the KV in 16 bits."""
+    weights = read_bytes(s, 1, bytes_per_value)
+    kv_b = kv_bytes_per_value if kv_bytes_per_value is not None else bytes_per_value or 2.0
+    kv = kv_bytes_per_sequence(s, context, kv_b)
     return {"weights": weights, "kv": kv, "total": weights + kv}
 
 
-def capacity(s: dict, context: int, memory_bytes: float, *, bytes_per_weight: float = 2.0,
-             kv_bytes_per_value: float = 2.0, utilisation: float = UTILISATION) -> dict:
+def capacity(s: dict, context: int, memory_bytes: float, *, bytes_per_weight: float | None = 2.0,
+             kv_bytes_per_value: float = 2.0, utilisation: float = UTILISATION, kv_only: bool = False) -> dict:
     """How many sequences of `context` tokens fit in `memory_bytes`, beside the weights:
 
         sequences = ⌊(memory × utilisation − weights) ÷ KV bytes of one sequence⌋   (0 if the weights do not fit)
 
     `utilisation`: the share of the memory the server takes (vLLM's default 0.9); the rest is the
-    runtime's (activations, CUDA graphs, fragmentation). Returns the figures the answer is made of."""
-    for what, v in (("context", context), ("memory", memory_bytes), ("bytes per weight", bytes_per_weight),
+    runtime's (activations, CUDA graphs, fragmentation). `bytes_per_weight` None: the weights as
+    released (`experts.held_bytes`). `kv_only`: the memory holds the KV cache alone (the weights
+    elsewhere: counted as 0). Returns the figures the answer is made of."""
+    for what, v in (("context", context), ("memory", memory_bytes),
+                    ("bytes per weight", 2.0 if bytes_per_weight is None else bytes_per_weight),
                     ("KV bytes per value", kv_bytes_per_value)):
         if not v > 0:
             raise MiniLLMError(f"capacity: {what} must be above 0, got {v!r}")
     if not 0 < utilisation <= 1:
         raise MiniLLMError(f"utilisation {utilisation!r}: give a share of the memory above 0 and at most 1 (e.g. 0.9)")
     usable = memory_bytes * utilisation
-    weights = s["n_params"] * bytes_per_weight
+    weights = 0.0 if kv_only else held_bytes(s, bytes_per_weight)
     per_seq = kv_bytes_per_sequence(s, context, kv_bytes_per_value)
     left = usable - weights
     return {"memory_bytes": memory_bytes, "utilisation": utilisation, "usable_bytes": usable,

@@ -70,10 +70,13 @@ def run_speculation_bench(model, drafts: dict, ks: list[int], prompts: list[np.n
             if progress is not None:
                 progress()
 
+    def by_repeat(c) -> list[float]:
+        """Each repeat's time, summed over the prompts."""
+        return [sum(s for _, s in times[c][i * len(prompts):(i + 1) * len(prompts)]) for i in range(repeats)]
+
     def seconds_of(c) -> float:
         """Median over repeats of the time summed over prompts."""
-        by_repeat = [sum(s for _, s in times[c][i * len(prompts):(i + 1) * len(prompts)]) for i in range(repeats)]
-        return statistics.median(by_repeat)
+        return statistics.median(by_repeat(c))
 
     plain_tokens = sum(v["steps"] for v in per[None].values())
     plain_s = seconds_of(None)
@@ -87,6 +90,7 @@ def run_speculation_bench(model, drafts: dict, ks: list[int], prompts: list[np.n
                ("drafted", "accepted", "kept", "rounds", "draft_bytes", "target_bytes")}
         verify = [s for v in per[c].values() for s in v["verify_s"]]
         s = seconds_of(c)
+        speedups = [(agg["kept"] / a) / (plain_tokens / b) for a, b in zip(by_repeat(c), by_repeat(None))]
         rows.append({
             "draft": name, "k": k, "tok_s": agg["kept"] / s, "speedup": (agg["kept"] / s) / plain["tok_s"],
             "acceptance": agg["accepted"] / agg["drafted"] if agg["drafted"] else 0.0,
@@ -96,6 +100,7 @@ def run_speculation_bench(model, drafts: dict, ks: list[int], prompts: list[np.n
             "draft_bytes_per_token": agg["draft_bytes"] / agg["kept"],
             "verify_ms": 1e3 * statistics.median(verify) if verify else None,
             "same_tokens": same[c] if temperature == 0 else None,
+            "speedup_rounds": speedups,        # each repeat's tokens/s ÷ plain decode's in the same repeat
         })
     draft_ms = {}
     for name in drafts:

@@ -69,9 +69,6 @@ class FusedQuant(QuantMatrix):
             return products.quant_matmul_t(self.planes, x)
         return super().matmul(x)
 
-    def take_rows(self, order: np.ndarray) -> "FusedQuant":
-        return FusedQuant(self.fmt, self.q[order], self.d[order], None if self.m is None else self.m[order])
-
     def counts(self, T: int, itemsize: int = 4) -> dict:
         """What a product of T rows tells the meter. Fused: weights = the blocks' bytes, read once
         (rows of x go in fours, the later fours finding the row in the L1 cache); no scratch;

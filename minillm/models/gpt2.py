@@ -34,14 +34,15 @@ from typing import Iterator
 import numpy as np
 
 from .. import backend
-from ..config import MAX_CONTEXT, MAX_COUNT, from_gguf_build, gguf_getter, whole
+from ..config import MAX_CONTEXT, MAX_COUNT, whole
 from ..errors import ConfigError
 from . import ops
-from .base import CausalLM
+from .base import RANDOM_SEED, CausalLM
 from .ops import merge_heads, split_heads
 from .quant import QuantMatrix
 from .target import Target
-from .weights import check_blocks, label, make_weight, on_device, stored
+from .factory import make_weight, on_device
+from .weights import check_blocks, label, stored
 
 # -- the config ---------------------------------------------------------------------------------------
 
@@ -129,15 +130,6 @@ class GPT2Config:
         except ConfigError as e:
             raise ConfigError(f"{source}: {e}") from None
 
-    @classmethod
-    def from_gguf(cls, md: dict, vocab_size: int, where) -> "GPT2Config":
-        """The hyper-parameters from a GGUF's `gpt2.*` keys (vocab_size: the token table's rows)."""
-        get, count = gguf_getter(md, "gpt2", where)
-        return from_gguf_build(lambda: cls(
-            n_layer=count("block_count"), n_head=count("attention.head_count"),
-            n_embd=count("embedding_length"), n_ctx=count("context_length", hi=MAX_CONTEXT),
-            vocab_size=int(vocab_size), ln_eps=float(get("attention.layer_norm_epsilon", 1e-5))), where)
-
     def asdict(self) -> dict:
         return asdict(self)
 
@@ -202,7 +194,6 @@ def random_params(config: GPT2Config, seed: int = 0, std: float = 0.02, dtype=np
 
 # -- random weights and the presets: one table (`minillm.load("random-124m")`) --------------------------
 
-RANDOM_SEED = 1234
 TINY = GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=256, vocab_size=50257)   # for when no model is installed
 SHAPES: dict[str, GPT2Config] = {**{f"random-{k}": c for k, c in GPT2_SIZES.items()}, "random-tiny": TINY}
 

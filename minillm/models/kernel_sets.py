@@ -12,7 +12,8 @@ target, models/target.py) and then only asked.
                      input rounded per block of 32 to int8, the blocks multiplied with the CPU's integer
                      dot instructions (VNNI, AVX2), W8A8 / W4A8 as llama.cpp multiplies
 
-A set is a row: what it needs (`Spec`: the CPU, float32, numba) and what it offers (`KernelSet`):
+A set is what it needs (a row of models/target.py's KERNEL_SETS: the CPU, float32, numba: what runs
+where, said in one place) and what it offers (`KernelSet`, built here):
 
     K.weight(w)              a NumPy weight (Dense, QuantMatrix) as this set's (at load, once)
     K.rms_norm(x, w, eps)    K.rope(x, cos, sin)    K.swiglu(gate_up)
@@ -23,27 +24,18 @@ A set is a row: what it needs (`Spec`: the CPU, float32, numba) and what it offe
 
 Every one of these is counted once, in models/ops.py, whichever implementation ran: a set passes
 its compute kernel to the op (`ops.rms_norm(x, w, eps, kernel=...)`). Adding a set is one builder
-and one `Spec` row here.
+here and one row in target.py.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
 
-import numpy as np
-
-from ..errors import MiniLLMError
 from ..kernels import runtime
 from . import ops
-
-ENV = "MINILLM_KERNELS"     # the default set, when given (the test suite pins "numpy")
-
-
-class KernelsUnavailable(MiniLLMError):
-    """A kernel set that cannot run in this process (numba missing or not working)."""
+from .target import ENV, KERNEL_SETS, NAMES, default, spec, why_default  # noqa: F401  (the table's names)
 
 
 @dataclass(frozen=True)
@@ -116,73 +108,14 @@ def _int8() -> KernelSet:
                      paged_kernel=partial(products.paged_decode_attention, chunk=products.DECODE_CHUNK))
 
 
-@dataclass(frozen=True)
-class Spec:
-    """What a kernel set needs, and how it is built."""
-    name: str
-    build: Callable[[], KernelSet]
-    needs_numba: bool = False
-    cpu_only: bool = False
-    float32_only: bool = False
-    about: str = ""
-
-    def check(self) -> None:
-        """One line if this set cannot run in this process."""
-        if self.needs_numba:
-            st = runtime.status()
-            if not st.usable:
-                raise KernelsUnavailable(f"--kernels {self.name} needs numba, which cannot run here: {st.reason}")
-
-
-SPECS: dict[str, Spec] = {s.name: s for s in (
-    Spec("numpy", _numpy, about="the reference every other set is tested equal to"),
-    Spec("fused", _fused, needs_numba=True, cpu_only=True, float32_only=True,
-         about="numba: products that read each weight once, attention without a score matrix"),
-    Spec("batch-invariant", _batch_invariant, needs_numba=True, cpu_only=True,
-         about="fixed-order products and attention: each request's tokens as it would get alone"),
-    Spec("int8", _int8, needs_numba=True, cpu_only=True, float32_only=True,
-         about="the fused set, quantized products in integers (x rounded to int8 blocks: W8A8, W4A8)"),
-)}
-NAMES = tuple(SPECS)
-
-
-def spec(name) -> Spec:
-    """The row of a kernel set's name (one clear line naming the sets otherwise)."""
-    s = SPECS.get(str(name).lower())
-    if s is None:
-        raise MiniLLMError(f"kernels={name!r}: choose one of {', '.join(NAMES)}")
-    return s
+BUILDERS: dict[str, Callable[[], KernelSet]] = {
+    "numpy": _numpy, "fused": _fused, "batch-invariant": _batch_invariant, "int8": _int8,
+}
 
 
 @lru_cache(maxsize=None)
 def get(name: str) -> KernelSet:
-    """The kernel set of a name, built once per process."""
-    s = spec(name)
-    s.check()
-    return s.build()
-
-
-def default(on_cpu: bool, dtype, weights: str) -> str:
-    """The set a model computes with unless told: MINILLM_KERNELS when it names one; else on the CPU
-    in float32 where numba runs here, int8 for quantized weights (q8_0, q4_0, q4_1, and native, a
-    GGUF's blocks) where the integer kernels measured faster than the fused ones for that format on
-    this CPU's instruction set (kernels/int8.py: `faster_than_fused`; all within their error bound),
-    else fused; else numpy (`why_default` says why)."""
-    want = os.environ.get(ENV, "").strip().lower()
-    if want in SPECS:
-        return want
-    if on_cpu and np.dtype(dtype) == np.float32 and runtime.status().usable:
-        if weights in ("q8_0", "q4_0", "q4_1", "native"):
-            from ..kernels import int8
-            if int8.faster_than_fused("q4_1" if weights == "native" else weights):
-                return "int8"
-        return "fused"
-    return "numpy"
-
-
-def why_default() -> str | None:
-    """One line when the default is NumPy on the CPU because numba cannot run here (None otherwise)."""
-    if os.environ.get(ENV, "").strip().lower() in SPECS:
-        return None
-    st = runtime.status()
-    return None if st.usable else f"computing with the NumPy kernels: the fused ones cannot run here ({st.reason})"
+    """The kernel set of a name (a row of models/target.py's KERNEL_SETS), built once per process;
+    one line if it cannot run here."""
+    spec(name).check()
+    return BUILDERS[spec(name).name]()

@@ -42,14 +42,15 @@ import math
 from dataclasses import asdict, dataclass
 
 from .. import backend
-from ..config import MAX_CONTEXT, MAX_COUNT, from_gguf_build, gguf_getter, hf_model_type, whole
+from ..config import MAX_CONTEXT, MAX_COUNT, hf_model_type, whole
 from ..errors import ConfigError, WeightsError
 from . import ops
-from .base import CausalLM
+from .base import RANDOM_SEED, CausalLM
 from .kernel_sets import KernelSet
 from .ops import merge_heads
 from .target import Target
-from .weights import check_blocks, label, make_weight, on_device, stored
+from .factory import make_weight, on_device
+from .weights import check_blocks, label, stored
 
 # -- the config ---------------------------------------------------------------------------------------
 
@@ -146,34 +147,6 @@ class LlamaConfig:
         except (TypeError, ValueError, OverflowError) as e:
             raise ConfigError(f"{source}: a field has the wrong type ({e}); re-download the checkpoint") from None
 
-    @classmethod
-    def from_gguf(cls, md: dict, where) -> "LlamaConfig":
-        """The hyper-parameters from a GGUF's `{arch}.block_count`, ... keys."""
-        arch = md.get("general.architecture")
-        if arch not in LLAMA_TYPES:
-            raise ConfigError(f"{where}: GGUF architecture {arch!r} is not supported; minillm runs "
-                              f"{', '.join(LLAMA_TYPES)}")
-        scaling = md.get(f"{arch}.rope.scaling.type")
-        if scaling not in (None, "none"):
-            raise ConfigError(f"{where}: rope scaling {scaling!r} is not implemented; minillm runs the default "
-                              "rotary embedding only")
-
-        get, count = gguf_getter(md, arch, where)
-
-        def build() -> "LlamaConfig":
-            H = count("attention.head_count")
-            d = count("embedding_length")
-            tokens = md.get("tokenizer.ggml.tokens")
-            vocab = count("vocab_size", len(tokens) if isinstance(tokens, list) and tokens else None)
-            return cls(
-                n_layer=count("block_count"), n_head=H, n_kv_head=count("attention.head_count_kv", H),
-                head_dim=count("attention.key_length", d // H), n_embd=d,
-                n_ctx=count("context_length", hi=MAX_CONTEXT), vocab_size=vocab, ffn=count("feed_forward_length"),
-                eps=float(get("attention.layer_norm_rms_epsilon")), theta=float(get("rope.freq_base", 10000.0)),
-                arch=arch, qkv_bias=arch == "qwen2", qk_norm=arch == "qwen3", tied=True)
-
-        return from_gguf_build(build, where)
-
     def asdict(self) -> dict:
         return asdict(self)
 
@@ -223,10 +196,6 @@ GGUF_BLOCK_NAMES = {
 GGUF_TOP_NAMES = {"embed_tokens": "token_embd", "norm": "output_norm", "lm_head": "output"}
 
 
-def expected_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    return dict(iter_expected(c))
-
-
 def random_params(c: LlamaConfig, seed: int = 0, std: float = 0.02, dtype=np.float32,
                   expected=iter_expected) -> dict[str, np.ndarray]:
     """Checkpoint-shaped random weights (normal(0, std) matrices and biases, norm gains near 1). Seeded.
@@ -241,7 +210,6 @@ def random_params(c: LlamaConfig, seed: int = 0, std: float = 0.02, dtype=np.flo
     return params
 
 
-RANDOM_SEED = 1234
 SHAPES: dict[str, LlamaConfig] = {}          # no random presets of its own (models/moe.py has a dense twin)
 
 

@@ -27,10 +27,9 @@ of B tokens reads E·(1 − (1 − k/E)^B) experts per layer (`expected_distinct
 serving about B·k/E rows where a dense MLP serves B: the FLOPs per weight byte a batch of B buys a
 dense model, a mixture buys at about E/k times that batch.
 
-The experts' matrices are made like every other product weight (`weights.make_weight`: float
-[in, out], or quantized [out, in] rows with `weights="q8_0"` / `"q4_0"`), and multiplied by
-`ops.linear`. The router stays float, as llama.cpp keeps `ffn_gate_inp` (it is small, and it picks
-the experts). The family's row in checkpoints/families.py reads Hugging Face folders of both kinds.
+The experts are made like every product weight (`factory.make_weight`, the target's kernel set) and
+multiplied by `ops.linear`; the router stays float, as llama.cpp keeps `ffn_gate_inp` (small, and it
+picks the experts). The family's row in checkpoints/families.py reads Hugging Face folders of both kinds.
 """
 
 from __future__ import annotations
@@ -47,10 +46,12 @@ from .. import meter
 from ..config import hf_model_type
 from ..errors import ConfigError
 from . import llama, ops
+from .base import RANDOM_SEED
 from .llama import Block, Llama, LlamaConfig, mlp, stack_block
+from .factory import make_weight
 from .quant import FORMATS
 from .target import Target, cpu_only
-from .weights import check_blocks, make_weight
+from .weights import check_blocks
 
 # Hugging Face model_type -> (the attention it shares with models/llama.py, the layer's prefix for the
 # router and the experts, the experts' gate, up and down names)
@@ -175,7 +176,7 @@ def iter_expected(c: MoEConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
 
 
 def random_params(c: MoEConfig, seed: int = 0, std: float = 0.02, dtype=np.float32) -> dict[str, np.ndarray]:
-    """Checkpoint-shaped random weights, seeded (`llama.random_params` on this family's table)."""
+    """Checkpoint-shaped random weights, seeded (`llama.random_params` on this family's manifest)."""
     return llama.random_params(c, seed, std, dtype, expected=iter_expected)
 
 
@@ -377,12 +378,10 @@ def step_weight_bytes(c: MoEConfig, distinct, n_tokens: int = 1, itemsize: int =
 
 # -- random presets: a mixture beyond the cache, and the dense model of its active size --------------
 #
-# This machine's last-level cache is 32 MiB (lscpu: L3). The mixture holds ~7 times that in float32,
-# of which a token reads under a third (~1.9 times the cache); the dense preset has the same
-# attention and an MLP as wide as the k experts a token uses, so one token reads the same bytes but
-# the router's (`minillm.load("random-moe-16x2")`).
+# The mixture holds ~230 MiB in float32 (7 times a 32 MiB last-level cache), of which a token reads
+# under a third; the dense preset has the same attention and an MLP as wide as the k experts a token
+# uses, so one token reads the same bytes but the router's (`minillm.load("random-moe-16x2")`).
 
-RANDOM_SEED = 1234
 _ATTENTION = dict(n_layer=8, n_head=8, n_kv_head=2, head_dim=64, n_embd=512, n_ctx=1024, vocab_size=8192,
                   eps=1e-5, theta=1e4, tied=True)
 SHAPES: dict[str, LlamaConfig] = {
@@ -396,8 +395,7 @@ def random(config: LlamaConfig, target: Target | None = None, name: str = "", se
     config, a `Llama` for a dense one (the preset's twin)."""
     if not isinstance(config, MoEConfig):
         return llama.random(config, target, name, seed)
-    params = llama.random_params(config, seed, 0.02, (target or Target.numpy()).dtype, expected=MoE.manifest)
-    return MoE(config, params, target, name=name)
+    return MoE(config, random_params(config, seed, 0.02, (target or Target.numpy()).dtype), target, name=name)
 
 
 CONFIG, MODEL = MoEConfig, MoE          # the family's row reads these (checkpoints/families.py)

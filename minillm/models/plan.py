@@ -80,7 +80,7 @@ class PerSequence:
 
 def paged_float32(cache):
     """The cache's paged pool when its keys are float32 (a paged kernel's input), else None."""
-    pool = getattr(cache, "pool", None)
+    pool = cache.pool
     return pool if pool is not None and pool.k.dtype == np.float32 else None
 
 
@@ -202,8 +202,8 @@ def batched_decode(spans: list[Span], K: KernelSet) -> BatchedDecode | None:
     sequence on its own (the batch-invariant set: exactly as it would alone)."""
     if not K.gather_decode or len(spans) < 2 or any(s.n != 1 for s in spans):
         return None
-    pool = getattr(spans[0].cache, "pool", None)
-    if pool is None or any(getattr(s.cache, "pool", None) is not pool for s in spans):
+    pool = spans[0].cache.pool
+    if pool is None or any(s.cache.pool is not pool for s in spans):
         return None
     if K.paged_decode is not None and paged_float32(spans[0].cache) is not None:
         return BatchedDecode(pool, [s.cache for s in spans], K.paged_decode)

@@ -366,9 +366,8 @@ class QuantMatrix:
         return {"weights": self.nbytes, "scratch": 2 * itemsize * (R * C + n_s * R * nb), "dequant": ops}
 
     def fixed_matmul(self, x: np.ndarray) -> np.ndarray:
-        """`matmul`'s values with each output summed over the input in index order, so that a row's
-        result never depends on the other rows (the batch-invariant kernel set): OUT_TILE rows at a
-        time widened as `rows` widens them, laid out [in, n], multiplied by the fixed-order kernel."""
+        """`matmul`'s values, each output summed over the input in index order (the batch-invariant
+        kernels): OUT_TILE rows at a time widened as `rows` does, laid out [in, n]."""
         from ..kernels import batch_invariant
         x = np.ascontiguousarray(x)
         y = np.empty((x.shape[0], self.n_out), x.dtype)

@@ -10,21 +10,98 @@ then handed, as one value, to the readers, the model and every weight it makes.
     weights   "float32" (floats in dtype), "native" (a GGUF's blocks as the file has them), or
               "q8_0" / "q4_0" / "q4_1" (quantized at load); "float64" is float32's spelling for
               dtype float64
-    kernels   a kernel set's name (models/kernel_sets.py: numpy, fused, batch-invariant, ...);
-              None: the fastest set that runs here for these weights (`kernel_sets.default`)
+    kernels   a kernel set's name (KERNEL_SETS below: numpy, fused, batch-invariant, ...); None:
+              the fastest set that runs here for these weights (`default`)
 
-Every "runs on the CPU only" refusal is worded once, here (`cpu_only`).
+What each kernel set needs (the CPU, float32, numba) is a row of KERNEL_SETS, and every "runs on
+the CPU only" refusal is worded once, here (`cpu_only`): what runs where is said in this file.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import backend
 from ..errors import MiniLLMError, WeightsError
+from ..kernels import runtime
 from .quant import FORMATS
+
+ENV = "MINILLM_KERNELS"     # the default kernel set, when given (the test suite pins "numpy")
+
+
+class KernelsUnavailable(MiniLLMError):
+    """A kernel set that cannot run in this process (numba missing or not working)."""
+
+
+# -- the kernel sets: what each needs (models/kernel_sets.py builds what each offers) -----------------
+
+@dataclass(frozen=True)
+class Spec:
+    """What a kernel set needs (models/kernel_sets.py builds what it offers)."""
+    name: str
+    needs_numba: bool = False
+    cpu_only: bool = False
+    float32_only: bool = False
+    about: str = ""
+
+    def check(self) -> None:
+        """One line if this set cannot run in this process."""
+        if self.needs_numba:
+            st = runtime.status()
+            if not st.usable:
+                raise KernelsUnavailable(f"--kernels {self.name} needs numba, which cannot run here: {st.reason}")
+
+
+KERNEL_SETS: dict[str, Spec] = {s.name: s for s in (
+    Spec("numpy", about="the reference every other set is tested equal to"),
+    Spec("fused", needs_numba=True, cpu_only=True, float32_only=True,
+         about="numba: products that read each weight once, attention without a score matrix"),
+    Spec("batch-invariant", needs_numba=True, cpu_only=True,
+         about="fixed-order products and attention: each request's tokens as it would get alone"),
+    Spec("int8", needs_numba=True, cpu_only=True, float32_only=True,
+         about="the fused set, quantized products in integers (x rounded to int8 blocks: W8A8, W4A8)"),
+)}
+NAMES = tuple(KERNEL_SETS)
+
+
+def spec(name) -> Spec:
+    """The row of a kernel set's name (one clear line naming the sets otherwise)."""
+    s = KERNEL_SETS.get(str(name).lower())
+    if s is None:
+        raise MiniLLMError(f"kernels={name!r}: choose one of {', '.join(NAMES)}")
+    return s
+
+
+def default(on_cpu: bool, dtype, weights: str) -> str:
+    """The set a model computes with unless told: MINILLM_KERNELS when it names one; else on the CPU
+    in float32 where numba runs here, int8 for quantized weights (q8_0, q4_0, q4_1, and native, a
+    GGUF's blocks) where the integer kernels measured faster than the fused ones for that format on
+    this CPU's instruction set (kernels/int8.py: `faster_than_fused`; all within their error bound),
+    else fused; else numpy (`why_default` says why)."""
+    want = os.environ.get(ENV, "").strip().lower()
+    if want in KERNEL_SETS:
+        return want
+    if on_cpu and np.dtype(dtype) == np.float32 and runtime.status().usable:
+        if weights in ("q8_0", "q4_0", "q4_1", "native"):
+            from ..kernels import int8
+            if int8.faster_than_fused("q4_1" if weights == "native" else weights):
+                return "int8"
+        return "fused"
+    return "numpy"
+
+
+def why_default() -> str | None:
+    """One line when the default is NumPy on the CPU because numba cannot run here (None otherwise)."""
+    if os.environ.get(ENV, "").strip().lower() in KERNEL_SETS:
+        return None
+    st = runtime.status()
+    return None if st.usable else f"computing with the NumPy kernels: the fused ones cannot run here ({st.reason})"
+
+
+# -- the weights ----------------------------------------------------------------------------------
 
 FLOATS = ("float32", "float64")    # weights= values that keep (or widen to) floats in the model's dtype
 WEIGHTS = (*FLOATS, "native", *FORMATS)
@@ -65,11 +142,6 @@ class Target:
         """Are the products kept in floats (not quantized blocks)?"""
         return self.weights in FLOATS
 
-    def kernel_set(self):
-        """The KernelSet this target names (models/kernel_sets.py; built once per process)."""
-        from . import kernel_sets
-        return kernel_sets.get(self.kernels)
-
     def with_(self, **changes) -> "Target":
         """This target with some fields changed, resolved again (a draft model in another format)."""
         now = {"device": self.device, "dtype": self.dtype, "weights": self.weights, "kernels": self.kernels}
@@ -78,7 +150,6 @@ class Target:
     @classmethod
     def resolve(cls, device="cpu", dtype=None, weights="float32", kernels=None) -> "Target":
         """Check and complete a choice of device, dtype, weights and kernels (see the module's docstring)."""
-        from . import kernel_sets
         w = check_weights(weights)
         device = backend.get_device(device)
         if w == "float64":
@@ -94,15 +165,15 @@ class Target:
         if dtype not in (np.float16, np.float32, np.float64):
             raise MiniLLMError(f"dtype {dtype}: on a GPU minillm computes in float16 (default) or float32")
         if kernels is None:
-            kernels = kernel_sets.default(on_cpu, dtype, w)
-        spec = kernel_sets.spec(kernels)
-        if spec.cpu_only and not on_cpu:
-            raise cpu_only(f"--kernels {spec.name}", device, "leave --kernels out (the GPU computes with CuPy)")
-        if spec.float32_only and dtype != np.float32:
-            raise MiniLLMError(f"--kernels {spec.name} computes in float32, not {dtype}: leave --kernels out, "
+            kernels = default(on_cpu, dtype, w)
+        row = spec(kernels)
+        if row.cpu_only and not on_cpu:
+            raise cpu_only(f"--kernels {row.name}", device, "leave --kernels out (the GPU computes with CuPy)")
+        if row.float32_only and dtype != np.float32:
+            raise MiniLLMError(f"--kernels {row.name} computes in float32, not {dtype}: leave --kernels out, "
                                "or load in float32")
-        spec.check()                                   # numba, the CPU's instructions: one line if missing
-        return cls(device, dtype, w, spec.name)
+        row.check()                                    # numba, the CPU's instructions: one line if missing
+        return cls(device, dtype, w, row.name)
 
     @classmethod
     def numpy(cls, dtype=np.float32, weights: str = "float32") -> "Target":

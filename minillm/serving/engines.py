@@ -19,7 +19,8 @@ server gave (`phase_verdict`).
 
 from __future__ import annotations
 
-KINDS = ("minillm", "vllm", "llama.cpp")
+from ..closeness import CLOSE, one_run_apart    # the one closeness rule
+
 NO_TIMINGS = "no phase timings exposed by this server"
 
 
@@ -93,7 +94,7 @@ def difference(before: dict, after: dict) -> dict:
             for k in after}
 
 
-TIE = 1.1      # phase seconds within 10% of each other: neither phase is said to have taken the time
+TIE = 1 + CLOSE    # phase seconds within the rule's band of each other: neither phase is said to have taken the time
 
 
 def phase_verdict(delta: dict) -> str | None:
@@ -103,8 +104,5 @@ def phase_verdict(delta: dict) -> str | None:
     if pre is None and dec is None or not (pre or dec):
         return None
     pre, dec = pre or 0.0, dec or 0.0
-    if pre > TIE * dec:
-        return "prefill"
-    if dec > TIE * pre:
-        return "decode"
-    return "neither"
+    side = one_run_apart(pre, dec)       # one run's shares: ranked only beyond the closeness rule's band
+    return "prefill" if side > 0 else "decode" if side < 0 else "neither"

@@ -180,6 +180,7 @@ def summarize(engine, label: str | None = None, hw=None, slo: dict | None = None
     sched = engine.scheduler
     result = {
         "policy": label or sched.policy,
+        "scheduler": sched.policy,
         "requests": len(reqs),
         "prefix_cache": engine.blocks.prefix_cache,
         "kernels": engine.model.kernels,
@@ -200,6 +201,9 @@ def summarize(engine, label: str | None = None, hw=None, slo: dict | None = None
         "prefill_tokens": sum(s.prefill_tokens for s in steps),
         "decode_tokens": sum(s.decode_tokens for s in steps),
         "prefill_flops": int(prefill_flops),
+        "prefill_seconds": sum(s.seconds * prefill_share(s) / s.record.total_flops for s in steps
+                               if s.record is not None and s.record.total_flops),
+        "busy_seconds": sum(s.seconds for s in steps),
         "kv_waste": 1 - used / reserved if reserved else 0.0,
         "kv_waste_contiguous": 1 - total_len / contiguous if contiguous else 0.0,
         "kv_waste_by_block_size": {str(k): v for k, v in by_bs.items()},
@@ -266,3 +270,27 @@ def serve(model, items, *, label: str | None = None, hw=None, on_step=None, **en
     engine = engine_for(model, items, on_step=on_step, **engine_kw)
     engine.run()
     return summarize(engine, label, hw), engine
+
+
+# The timed figures of a run: the ones a comparison ranks, kept per round when a workload is served
+# several times (`merge_rounds`), so the rankings go through the one closeness rule (closeness.py).
+ROUND_KEYS = ("output_tokens_per_s", "duration_s", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s",
+              "tbt_p50_s", "tbt_p95_s", "tbt_p99_s", "e2e_p50_s", "e2e_p95_s", "goodput_rps", "mean_batch")
+
+
+def merge_rounds(summaries: list[dict]) -> dict:
+    """One summary of the same configuration served in several rounds: the first round's fields, each
+    timed figure (ROUND_KEYS) replaced by its median over the rounds, and `rounds`: {figure: [one value
+    per round]}, what a ranking reads its spread from. One round: that round, with one-value lists."""
+    first = dict(summaries[0])
+    rounds = {}
+    for key in ROUND_KEYS:
+        values = [s.get(key) for s in summaries]
+        if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            rounds[key] = [float(v) for v in values]
+            first[key] = float(np.median(values))
+    if "slo_met" in first:
+        rounds["attainment"] = [s["slo_met"]["all"] for s in summaries]
+    first["rounds"] = rounds
+    first["n_rounds"] = len(summaries)
+    return first

@@ -33,13 +33,10 @@ def parse_rates(text: str) -> list[float]:
     return sorted(rates)
 
 
-def rate_sweep(model, rates: list[float], slo: dict, *, workload: str = "poisson", n: int = 32, seed: int = 0,
-               threads: int | None = None, **engine_kw) -> list[dict]:
-    """The same seeded workload at each rate (arrivals scaled, the same prompts and lengths), every
-    engine on `threads` BLAS threads, stepped in turn. One summary per rate, with `rate` and the share
-    of requests that met every target (`attainment`)."""
-    if not slo:
-        raise MiniLLMError("--rates needs latency targets to meet: add --slo ttft=S,tpot=S (either alone)")
+def rate_engines(model, rates: list[float], *, workload: str = "poisson", n: int = 32, seed: int = 0,
+                 threads: int | None = None, **engine_kw) -> list:
+    """The same seeded workload at each rate (arrivals scaled, the same prompts and lengths), one engine
+    per rate on `threads` BLAS threads, all stepped in turn until done. -> the engines, in rate order."""
     if workload not in WORKLOADS:
         raise MiniLLMError(f"--rates sweeps a generated workload ({', '.join(WORKLOADS)}): a trace's arrival "
                            "times are fixed")
@@ -49,6 +46,12 @@ def rate_sweep(model, rates: list[float], slo: dict, *, workload: str = "poisson
         items = generate_workload(workload, rate=r, n=n, seed=seed, vocab_size=c.vocab_size, n_ctx=c.n_ctx)
         engines.append(engine_for(model, items, **engine_kw))
     run_interleaved([OnThreads(e, threads) for e in engines])
+    return engines
+
+
+def rate_summaries(engines: list, rates: list[float], slo: dict) -> list[dict]:
+    """One summary per rate's engine against the targets `slo`, with `rate` and `attainment` (the share
+    of requests that met every target)."""
     out = []
     for r, e in zip(rates, engines):
         s = summarize(e, f"{r:g}/s", slo=slo)
@@ -56,6 +59,15 @@ def rate_sweep(model, rates: list[float], slo: dict, *, workload: str = "poisson
         s["attainment"] = s["slo_met"]["all"]
         out.append(s)
     return out
+
+
+def rate_sweep(model, rates: list[float], slo: dict, *, workload: str = "poisson", n: int = 32, seed: int = 0,
+               threads: int | None = None, **engine_kw) -> list[dict]:
+    """`rate_engines`, then `rate_summaries` against `slo`: one summary per rate."""
+    if not slo:
+        raise MiniLLMError("--rates needs latency targets to meet: add --slo ttft=S,tpot=S (either alone)")
+    engines = rate_engines(model, rates, workload=workload, n=n, seed=seed, threads=threads, **engine_kw)
+    return rate_summaries(engines, rates, slo)
 
 
 def highest_rate(runs: list[dict], attainment: float = ATTAINMENT) -> dict:
@@ -71,6 +83,49 @@ def highest_rate(runs: list[dict], attainment: float = ATTAINMENT) -> dict:
             "tokens_per_s": tok_s, "engine_s_per_mtok": 1e6 / tok_s if tok_s > 0 else None,
             "below": [r["rate"] for r in runs if r["rate"] < best["rate"] and r["attainment"] < attainment],
             "all_met": len(met) == len(runs)}
+
+
+def token_prices(run: dict, kv_bytes_per_token: float, bandwidth_gbs: float) -> dict:
+    """What a token costs at one run's load, in engine-seconds per million (multiply by a price per
+    hour ÷ 3,600 for money), the way providers price them apart:
+
+        input          the steps' seconds that went to prompt tokens (each step split by its FLOPs),
+                       over the prompt tokens;
+        output         the rest of the steps' seconds, over the output tokens;
+        cached input   a prompt token found in a prefix cache costs no prefill: reloading its KV bytes
+                       at `bandwidth_gbs` instead (the reload of an offloaded prefix, lesson 10).
+
+    The engine is paid for while it idles too: each phase carries its share of the idle time
+    (duration ÷ busy seconds)."""
+    busy = run.get("busy_seconds") or 0.0
+    scale = run["duration_s"] / busy if busy > 0 else 1.0
+    pre_s = run.get("prefill_seconds", 0.0)
+    dec_s = max(0.0, busy - pre_s)
+    per_m = lambda s, n: s * scale / n * 1e6 if n else None  # noqa: E731
+    cached = kv_bytes_per_token / (bandwidth_gbs * 1e9) * scale * 1e6
+    return {"input_s_per_mtok": per_m(pre_s, run.get("prefill_tokens", 0)),
+            "cached_input_s_per_mtok": cached,
+            "output_s_per_mtok": per_m(dec_s, run.get("output_tokens", 0)), "idle_scale": scale}
+
+
+def price_lines(p: dict, price_per_hour: float | None) -> list[str]:
+    """The three prices in words: engine-hours per million tokens, and money at `price_per_hour`."""
+    def each(key):
+        s = p[key]
+        if s is None:
+            return "—"
+        hours = s / 3600
+        money = price_per_hour * hours if price_per_hour else None
+        return f"{hours:.3g} engine-hours" + ("" if money is None else f" (${money:,.2f})" if money >= 0.01
+                                              else f" (${money:.2g})")
+    lines = [f"  Per million tokens at that load: input {each('input_s_per_mtok')}, cached input "
+             f"{each('cached_input_s_per_mtok')}, output {each('output_s_per_mtok')}."]
+    if p["input_s_per_mtok"] and p["output_s_per_mtok"]:
+        x = lambda v: f"{v:,.0f}×" if v >= 100 else f"{v:.3g}×"  # noqa: E731
+        lines.append(f"  An output token costs {x(p['output_s_per_mtok'] / p['input_s_per_mtok'])} an input token "
+                     f"here; an input token {x(p['input_s_per_mtok'] / p['cached_input_s_per_mtok'])} a cached one "
+                     "(its KV reloaded at this machine's bandwidth, not computed).")
+    return lines
 
 
 def capacity_words(h: dict, slo_text: str, price_per_hour: float | None = None) -> list[str]:

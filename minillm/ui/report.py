@@ -10,6 +10,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
+from .. import closeness
 from ..measure.chips import Hardware, roofline
 from ..measure.comparisons import fit_problem
 from ..meter import StepRecord
@@ -40,7 +41,9 @@ def fmt_time(s: float) -> str:
         return f"{s:.2f} s"
     if s >= 1e-3:
         return f"{s * 1e3:.3g} ms"
-    return f"{s * 1e6:.3g} µs"
+    if s >= 1e-6 or s == 0:
+        return f"{s * 1e6:.3g} µs"
+    return f"{s * 1e9:.3g} ns"
 
 
 def select(records: list[StepRecord], most: int = 12) -> list[int]:
@@ -124,8 +127,10 @@ def verdict(r: StepRecord, hw: Hardware, path: str) -> str:
         what = f"{path} step at position {last_position(r)}"
         if r.n_tokens > 1:
             what += f" recomputes {r.n_tokens} tokens"
+    at = (f" at {hw.blas_threads} BLAS thread{'s' if hw.blas_threads != 1 else ''}"
+          if getattr(hw, "blas_threads", None) else "")
     return (f"{what}: {r.intensity:.3g} FLOP/byte, {fmt_bytes(r.total_bytes)} moved (unfused) → {bound}-bound "
-            f"(this machine's ridge is {hw.ridge:.3g} FLOP/byte); {r.gbps:.1f} GB/s and {r.gflops:.1f} GFLOP/s "
+            f"(this machine's ridge{at} is {hw.ridge:.3g} FLOP/byte); {r.gbps:.1f} GB/s and {r.gflops:.1f} GFLOP/s "
             f"achieved, {100 * r.gbps / hw.bandwidth_gbs:.0f}% of this machine's {hw.bandwidth_gbs:.1f} GB/s "
             f"and {100 * r.gflops / hw.peak_gflops:.0f}% of its {hw.peak_gflops:.0f} GFLOP/s")
 
@@ -138,19 +143,19 @@ def fmt_mib(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def cache_resident(model_bytes: int, hw: Hardware) -> bool:
-    return bool(hw.llc_bytes) and model_bytes <= hw.llc_bytes
-
-
-def cache_note(model_bytes: int, hw: Hardware) -> str | None:
-    """When the weights fit in the last-level cache, DRAM is not what a decode step measures."""
-    if cache_resident(model_bytes, hw):
-        return (f"This model's weights ({fmt_mib(model_bytes)}) fit in this CPU's {fmt_mib(hw.llc_bytes)} "
-                "last-level cache, so a decode step reads them from the cache, not from DRAM: the GB/s below "
-                "are cache speeds, and this run cannot show decode waiting on memory. To see it, add "
-                "--model large (the bundled 77 MB model, real text) or --model random-124m (GPT-2 small's "
-                "size, about 500 MB a step).")
-    return None
+def cache_note(model_bytes: int, hw: Hardware, step_gbs: float | None, name: str = "") -> str | None:
+    """When this run's decode steps read faster than the DRAM bandwidth measured here, they read the
+    weights from a cache, and the GB/s below are not DRAM's: said from the measurement (`step_gbs`, the
+    median decode step's), never from the cache size the operating system lists (measure/residency.py).
+    The advice names a bigger model than the one running (`name`), never the same one."""
+    from ..measure import residency
+    if step_gbs is None or not residency.outran(step_gbs, hw):
+        return None
+    bigger = residency.larger_model(name, model_bytes)
+    return (f"This run's decode steps read {step_gbs:,.1f} GB/s, more than the {hw.bandwidth_gbs:,.1f} GB/s measured "
+            f"for this machine's memory: the weights ({fmt_mib(model_bytes)}) came from a cache, not DRAM "
+            f"({residency.os_reports(hw)}), and this run cannot show decode waiting on memory."
+            + (f" To see it, add --model {bigger}." if bigger else ""))
 
 
 # -- serving verdicts: sentences from the figures of serve-sim's runs (serve-sim and lesson 13 print them)
@@ -166,20 +171,29 @@ def best(results: list[dict], key: str, high: bool) -> tuple[dict, dict]:
     return order[0], order[-1]
 
 
-CLOSE = 0.05     # runs within 5% of each other on a figure: none is said to be favoured by it
+CLOSE = closeness.CLOSE     # the one closeness rule's band (closeness.py)
+
+
+def rounds_of(r: dict, key: str) -> list[float]:
+    """A run's figure in each round it was served (`serving.metrics.merge_rounds`); one run: its value."""
+    return list(r.get("rounds", {}).get(key) or [r[key]])
 
 
 def favours(results: list[dict], key: str, high: bool, what: str, show, name) -> str:
-    """One sentence of the budget sweep: which run a figure favours, from the figures themselves. Runs that show the same
-    value are named together; when every run is within CLOSE of the best, none is favoured."""
-    hi, lo = best(results, key, high)
-    top = [r for r in results if r.get(key) is not None and show(r[key]) == show(hi[key])]
-    a, b = sorted((hi[key], lo[key]))
-    if b == 0 or (b - a) / b < CLOSE:
-        return f"{what}: every run within {CLOSE:.0%} ({show(a)} to {show(b)}): on this workload no budget stands out."
-    names = [name(r) for r in top]
-    who = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-    return f"{what} favours {who} ({show(hi[key])}; {name(lo)}: {show(lo[key])})."
+    """One sentence of a sweep: which run a figure favours, by the one closeness rule on each run's rounds
+    (closeness.py): a run is favoured only when its rounds lie beyond every other run's spread;
+    otherwise no run stands out, said with the reason. The words say what the ranking holds for."""
+    have = [r for r in results if r.get(key) is not None]
+    ranking = closeness.rank({name(r): rounds_of(r, key) for r in have}, higher=high)
+    threads = next((r.get("threads") for r in have if isinstance(r.get("threads"), int)), None)
+    if ranking.winner is None:
+        figs = ", ".join(f"{k} {closeness.spread_text(ranking, k, show)}" for k in ranking.order)
+        return f"{what}: no budget stands out ({ranking.reason}): {figs}."
+    w, lo = ranking.winner, ranking.worst
+    n = ranking.rounds[w]
+    return (f"{what} favours {w} ({closeness.spread_text(ranking, w, show)}; {lo}: "
+            f"{closeness.spread_text(ranking, lo, show)}), beyond every other run's spread over {n} rounds; "
+            f"{closeness.holds_for(threads)}.")
 
 
 def budget_verdict(results: list[dict], fit: dict | None, slo: dict, weight_read_s: float | None = None) -> list[str]:
@@ -243,9 +257,11 @@ def diagnosis(r: dict) -> str:
                 "this machine's roofline turns): bigger "
                 "batches no longer come free; fewer FLOPs per token or faster arithmetic help")
     how = " and were mostly memory-bound" if bound == "memory" else ""
+    continuous = r.get("scheduler", r["policy"]) == "continuous"
+    bigger = ("bigger batches (more KV memory, a higher --max-seqs) and fewer bytes per weight help" if continuous
+              else "bigger batches (continuous batching, more KV memory) and fewer bytes per weight help")
     return (f"{escape(r['policy'])}: decode steps took {dec / total:.0%} of the time{how}: "
-            + ("bigger batches (continuous batching, more KV memory) and fewer bytes per weight help"
-               if bound == "memory" else "run with the machine's figures for a verdict"))
+            + (bigger if bound == "memory" else "run with the machine's figures for a verdict"))
 
 
 def disagg_verdict(results: list[dict]) -> list[str]:
@@ -258,13 +274,17 @@ def disagg_verdict(results: list[dict]) -> list[str]:
     figures = [("output_tokens_per_s", "tok/s", True), ("ttft_p95_s", "TTFT p95", False),
                ("tpot_p95_s", "TPOT p95", False)] + ([("goodput_rps", "goodput", True)] if "slo" in one[0] else [])
     for key, what, high in figures:
-        hi, lo = best(results, key, high)
-        f = (lambda x: f"{x:.2f}") if key in ("output_tokens_per_s", "goodput_rps") else fmt_time
-        a, b = sorted((hi[key], lo[key]))
-        if b == 0 or (b - a) / b < CLOSE:
-            lines.append(f"{what}: every run within {CLOSE:.0%} ({f(a)} to {f(b)}).")
+        have = [r for r in results if r.get(key) is not None]
+        if not have:
             continue
-        lines.append(f"{what}: best {escape(hi['label'])} ({f(hi[key])}), worst {escape(lo['label'])} ({f(lo[key])}).")
+        f = (lambda x: f"{x:.2f}") if key in ("output_tokens_per_s", "goodput_rps") else fmt_time
+        ranking = closeness.rank({escape(r["label"]): rounds_of(r, key) for r in have}, higher=high)
+        if ranking.winner is None:
+            lines.append(f"{what}: no winner ({ranking.reason}): " + ", ".join(
+                f"{k} {closeness.spread_text(ranking, k, f)}" for k in ranking.order) + ".")
+            continue
+        lines.append(f"{what}: best {ranking.winner} ({closeness.spread_text(ranking, ranking.winner, f)}), worst "
+                     f"{ranking.worst} ({closeness.spread_text(ranking, ranking.worst, f)}).")
     s, c = splits[0], one[0]
     sides = {"one engine": c.get("threads"), **dict(zip(("prefill engine", "decode engine"),
                                                           (int(x) for x in s["split"].split(":"))))}
@@ -272,20 +292,25 @@ def disagg_verdict(results: list[dict]) -> list[str]:
         lines.append("Not ranked: the steps ran on different thread counts (" + ", ".join(
             f"{k} {v}" for k, v in sides.items()) + "); run the split as T:T beside one engine on T threads.")
         return lines
-    for r in (s, c):                            # the split serves with two engines' steps, one engine with one
-        r["tok_s_per_engine"] = r["output_tokens_per_s"] / (2 if r is s else 1)
+    per_engine = {id(s): 2, id(c): 1}          # the split serves with two engines' steps, one engine with one
     figures = [("tok_s_per_engine", "tok/s per engine", True)] + figures[1:]
-    known = [(key, what, high) for key, what, high in figures if s[key] is not None and c[key] is not None]
-    close = lambda a, b: a == b or abs(a - b) / max(abs(a), abs(b)) < CLOSE   # noqa: E731
-    tied = [what for key, what, high in known if close(s[key], c[key])]
-    lost = [what for key, what, high in known
-            if what not in tied and (s[key] < c[key] if high else s[key] > c[key])]
-    won = [what for key, what, high in known if what not in lost and what not in tied]
+
+    def rounds(r, key):
+        if key == "tok_s_per_engine":
+            return [x / per_engine[id(r)] for x in rounds_of(r, "output_tokens_per_s")]
+        return rounds_of(r, key)
+    known = [(key, what, high) for key, what, high in figures
+             if (key == "tok_s_per_engine" or (s.get(key) is not None and c.get(key) is not None))]
+    side = {what: closeness.apart(rounds(s, key), rounds(c, key)) * (1 if high else -1) for key, what, high in known}
+    tied = [what for what, v in side.items() if v == 0]
+    lost = [what for what, v in side.items() if v < 0]
+    won = [what for what, v in side.items() if v > 0]
     verdict = "; ".join(x for x in (f"wins on {', '.join(won)}" if won else "",
                                     f"loses on {', '.join(lost)}" if lost else "",
-                                    f"is within {CLOSE:.0%} on {', '.join(tied)}" if tied else "") if x)
-    lines.append(f"Against {escape(c['label'])} the split {verdict}, every engine's steps on "
-                 f"{c['threads']} BLAS thread{'s' if c['threads'] != 1 else ''}. Measured:")
+                                    f"has no winner against it on {', '.join(tied)}" if tied else "") if x)
+    lines.append(f"Against {escape(c['label'])} the split {verdict}, by the closeness rule (rounds beyond each "
+                 f"other's spread, over {CLOSE:.0%} apart); every engine's steps alike: "
+                 f"{closeness.holds_for(c['threads'])}. Measured:")
     lines.append(f"  busy: prefill engine {s['busy'][0]:.0%}, decode engine {s['busy'][1]:.0%} of the run "
                  f"(one engine: {c['busy'][0]:.0%}); an engine idles when its phase has no work.")
     fp, fd, fc = s["fit"][0], s["fit"][1], c["fit"][0]
