@@ -1,6 +1,6 @@
 """What integer products cost in accuracy: float32 against W8A32/W4A32 (the weights quantized, the
-activations float) and W8A8/W4A8 (the activations rounded to int8 blocks too: --kernels int8), on
-the same weights, measured, not assumed.
+activations float: the NumPy kernels) and W8A8/W4A8 (the activations rounded to int8 blocks too:
+--kernels int8), on the same weights, measured, not assumed.
 
     python benchmarks/int8_error.py                                  # the bundled model and SmolLM2
     python benchmarks/int8_error.py --models small --tokens 0         # all of the held-out text
