@@ -8,6 +8,8 @@ Run:  python lessons/14_quantization.py        (or: minillm learn 14)
 
 from __future__ import annotations
 
+import math
+
 from minillm.lessons._common import Lesson, Timing, faster_words, fmt_x, gpu_ridge_range, run_lesson
 
 import numpy as np
@@ -36,6 +38,7 @@ def lesson(L: Lesson) -> None:
     ridge_and_format(L)
     quality(L)
     fused(L, rows, fused_rows)
+    integers(L)
     L.try_it("""
         `minillm bench --weights float32,q8_0,q4_0 --kernels numpy,fused --model random-124m` is this lesson's
         two tables as a command, in one interleaved run.
@@ -424,6 +427,126 @@ def reach_words(speed: float, byte_ratio: float) -> str:
     if speed <= 1.0:
         return f"no gain at all from the bytes, {share:.0%} of the byte ratio"
     return f"{share:.0%} of the byte ratio"
+
+
+# -- 6. integers: W4A32, then W4A8 on the same weights ---------------------------------------------
+#
+# (issue 39: the integer kernel set; kept to this section)
+
+def integers(L: Lesson) -> None:
+    from minillm.kernels import int8
+    L.section("Integers: the same weights, W4A32 then W4A8")
+    if not minillm_kernels.available():
+        L.note(f"the integer kernels need numba, which cannot run here ({minillm_kernels.status().reason})")
+        return
+    isa = int8.isa()
+    per_dot, per_fma = _multiply_adds(isa)
+    L.say(f"""
+        The fused kernels above still multiply floats: each 4-bit weight is widened, scaled and
+        multiplied by a float32 activation, **W4A32**. llama.cpp does what the integer kernel set here
+        does (`--kernels int8`, minillm/kernels/int8.py): it rounds each product's input, once per
+        product, to int8 per block of 32 values with one float scale (`d_x = max|x| / 127`), and then a
+        block's 32 products are integers, summed in integers: `y = Σ_blocks d_w·d_x·Σ q_w·q_x`. Floats
+        appear once per block, not once per weight. **W4A8**. On this CPU the integer sums run on
+        {int8.describe().removeprefix("int8 dot: ")}: one instruction does {per_dot} 8-bit
+        multiply-adds where a float32 FMA on the same register does {per_fma}.
+
+        Below, the same Q8_0 and Q4_0 blocks multiplied both ways, in the same interleaved rounds:
+        the bytes are equal, the arithmetic is not.
+    """)
+    source = L.model_name or L.pick("random-124m", "small")
+    L.busy_note()                                  # probed again, just before these timings
+    formats = ["float32", "q8_0", "q4_0"]
+    with L.progress("W4A32 and W4A8, interleaved", L.rounds() * len(formats) * 2) as advance:
+        res = run_quant_bench(source, formats, context=16, prefill=L.pick(128, 32), repeats=L.rounds(),
+                              progress=advance, kernels=["fused", "int8"])
+    got = {(r["weights"], r["kernels"]): r for r in res["rows"]}
+    base = got["float32", "fused"]
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("weights", "product", "bytes/step", "tok/s", "× f32", "bytes ÷", "prefill/s"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for w in ("float32", "q8_0", "q4_0"):
+        for k in (("fused",) if w == "float32" else ("fused", "int8")):
+            r = got[w, k]
+            t.add_row(w, "W·A32" if k == "fused" else "W·A8", fmt_bytes(r["step_bytes"]), f"{r['tok_s']:,.1f}",
+                      fmt_x(r["tok_s"] / base["tok_s"]), fmt_x(base["step_bytes"] / r["step_bytes"]),
+                      f"{r['prefill_tok_s']:,.0f}")
+    L.show(t, "[dim]W·A32: --kernels fused; W·A8: --kernels int8; × f32: tokens/s against the fused float32 "
+              "decode in the same rounds; bytes ÷: how many times fewer bytes than float32 a step reads; decode at "
+              "context 16, batch 1; prefill/s: prompt tokens a second[/]")
+    L.timing_note()
+    for w in ("q8_0", "q4_0"):
+        a, b = got[w, "fused"], got[w, "int8"]
+        L.claim(a["weight_bytes"] == b["weight_bytes"] == b["weights_read"],
+                f"{w}: both kernel sets read the same {fmt_bytes(b['weight_bytes'])} of weights a step (the meter's "
+                "count, each block once); the integer set also writes x's int8 copy, "
+                f"{fmt_bytes(b['scratch_bytes'])} in the cache")
+    for w, name in (("q8_0", "Q8_0"), ("q4_0", "Q4_0")):
+        a, b = got[w, "fused"], got[w, "int8"]
+        dec = faster_words(Timing(tuple(b["decode_rounds_s"])), Timing(tuple(a["decode_rounds_s"])),
+                           "a W·A8 decode step", "the W·A32 one")
+        pre = faster_words(Timing(tuple(b["prefill_rounds_s"])), Timing(tuple(a["prefill_rounds_s"])),
+                           "a W·A8 prefill", "the W·A32 one")
+        L.say(f"Measured, {name}: {dec}; {pre}.")
+    q4f, q4i = got["q4_0", "fused"], got["q4_0", "int8"]
+    bytes4 = base["step_bytes"] / q4i["step_bytes"]
+    s_f, s_i = q4f["tok_s"] / base["tok_s"], q4i["tok_s"] / base["tok_s"]
+    n = round(q4i["prefill_tok_s"] * q4i["prefill_s"])
+    L.say(f"""
+        Against the byte ratio that bounds a decode step: Q4_0 reads {fmt_x(bytes4)} fewer bytes than
+        float32; W4A32 reached {fmt_x(s_f)} float32's tokens/s, {reach_words(s_f, bytes4)}, and W4A8
+        {fmt_x(s_i)}, {reach_words(s_i, bytes4)}. A prefill multiplies each of its {n} rows by every weight
+        it reads, so the arithmetic weighs more there than in decode; on this run
+        {faster_words(Timing(tuple(q4i["prefill_rounds_s"])), Timing(tuple(q4f["prefill_rounds_s"])),
+                      "the W4A8 prefill", "the W4A32 one")} (each product also pays a fixed cost for
+        rounding its input, which small matrices feel most).
+    """)
+    # what the rounding of x costs: the held-out loss, both ways, on the same Q4_0 weights
+    n_tokens = L.pick(4096, 512)
+    loss = {k: _heldout_loss(minillm.load(source if source != "random-124m" else L.pick("large", "small"),
+                                          weights="q4_0", kernels=k, quiet=True), n_tokens)
+            for k in ("fused", "int8")}
+    scored = L.pick("large", "small") if source == "random-124m" else source
+    ppl = math.exp(loss["int8"] - loss["fused"]) - 1          # the relative change of the perplexity
+    L.fact(f"held-out loss of {scored} with Q4_0 weights on {n_tokens:,} tokens of the bundled Shakespeare's last "
+           f"10%: W4A32 {loss['fused']:.4f}, W4A8 {loss['int8']:.4f} nats per token")
+    L.claim(abs(ppl) <= int8.ERROR_BOUND,
+            f"rounding the activations to int8 moved the held-out perplexity (exp of the loss) by {ppl:+.3%}, "
+            f"within the {int8.ERROR_BOUND:.1%} this project holds the integer set to")
+    L.say(f"""
+        So the integer set changes the arithmetic, not the bytes: the same blocks, multiplied
+        {per_dot} at a time in 8-bit integers, and a rounding of the activations whose cost in accuracy
+        is measured above. `minillm bench
+        --weights q8_0,q4_0 --kernels numpy,fused,int8` runs this comparison, and `benchmarks/int8_error.py`
+        measures the accuracy on SmolLM2 too.
+    """)
+
+
+def _multiply_adds(isa: str) -> tuple[int, int]:
+    """8-bit multiply-adds one integer-dot instruction does on this instruction set, and float32 FMAs
+    one instruction does on a register of the same width (bits of the register / bits of a value)."""
+    bits = {"avx512-vnni": 512, "avx-vnni": 256, "avx2": 256, "generic": 128}[isa]
+    return bits // 8, bits // 32
+
+
+def _heldout_loss(model, n_tokens: int) -> float:
+    """Mean cross-entropy (nats/token) of the model's own forward (its kernels) over the first n_tokens
+    of the held-out text, in windows of its context."""
+    from minillm.data import BundledText
+    from minillm.training.data import DEFAULT_DATA_SPLIT, load_tokens
+    tokens = load_tokens(BundledText())
+    held = np.asarray(tokens[int(len(tokens) * DEFAULT_DATA_SPLIT):][:n_tokens + 1], np.int64)
+    T = model.config.n_ctx
+    total, count = 0.0, 0
+    for s in range(0, len(held) - 1, T):
+        x, y = held[s:s + T], held[s + 1:s + T + 1]
+        x = x[:len(y)]
+        z = model.forward(x).astype(np.float64)
+        z -= z.max(axis=1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+        total -= float(logp[np.arange(len(y)), y].sum())
+        count += len(y)
+    return total / count
 
 
 def main(argv: list[str] | None = None) -> int:

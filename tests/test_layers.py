@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
      "minillm.backend",                             # backend: the array seam (NumPy or CuPy), below everything
      "minillm.cuda_graph"),                         # capture and replay on a GPU, beside the seam
     ("minillm.kernels",),                           # compiled kernels: functions over arrays, nothing of a model
-    ("minillm.meter",),
+    ("minillm.meter", "minillm.trace"),             # trace: the meter's reports as a Chrome trace
     ("minillm.cache",),
     ("minillm.models",),
     ("minillm.engine",),

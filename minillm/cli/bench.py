@@ -29,7 +29,10 @@ from ..measure.busy import conditions
 from ..measure.comparisons import comparison_threads
 from ..threads import blas_kernel, blas_name, blas_spin, blas_threads, limited
 from ..ui.report import fmt_bytes
-from .common import err, out
+from ..trace import TraceMeter, check_path, trace_line, write_trace
+from .common import add_trace, err, out
+
+TRACE_STEPS = 8      # --trace: decode steps traced after the prefill, for each model measured
 
 def add_arguments(parser) -> None:
     parser.add_argument("--model", default=None,
@@ -63,14 +66,17 @@ def add_arguments(parser) -> None:
                              "q8_0, q4_0, q4_1; native: a GGUF's own, e.g. SmolLM2's Q4_1), interleaved: bytes per step, tokens/s, %% of each format's own "
                              "ceiling, the widening's share (at the first of --contexts)")
     parser.add_argument("--kernels", default=None, metavar="K,K",
-                        help="kernel sets: numpy, fused, batch-invariant, several comma-separated side by side in "
-                             "one interleaved run with --weights or --batch (e.g. numpy,fused; fused,batch-invariant: "
-                             "what batch invariance costs, prefill too); default: fused where numba works, else "
-                             "numpy (said in the title)")
+                        help="kernel sets: numpy, fused, batch-invariant, int8, several comma-separated side by side "
+                             "in one interleaved run with --weights or --batch (e.g. numpy,fused,int8; "
+                             "fused,batch-invariant: what batch invariance costs, prefill too); default: each "
+                             "format's fastest set here (int8 for quantized weights where its integer products "
+                             "measured faster, else fused) where numba works, else numpy (said in the title)")
     parser.add_argument("--mla-decode", default=None, metavar="W,W",
                         help="a latent-attention model's decode: absorbed and/or decompressed (default: absorbed; "
                              "with --context-sweep both, side by side)")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    add_trace(parser, f"; after the measurements, a prefill of the first context and {TRACE_STEPS} decode steps "
+                      "of each model, weight format and kernel set measured, each on a track of its own")
     parser.add_argument("--device", default="cpu", metavar="DEVICE",
                         help="cpu (default): bench measures NumPy on this CPU; a GPU's figures are printed beside")
 
@@ -109,13 +115,48 @@ def kernels_title(kernels: list[str]) -> str:
 
 def run(args) -> int:
     """Every timed side of a bench runs on one thread count: the one asked for (or BLAS's) on a quiet
-    machine, one on a busy one (the note says so, on stderr, --json too; the JSON's `conditions` too)."""
+    machine, one on a busy one (the note says so, on stderr, --json too; the JSON's `conditions` too).
+    --trace: after the measurements, on the same threads (`trace_runs`)."""
+    if getattr(args, "trace", None) is not None:
+        check_path(args.trace)                   # before measuring anything
     threads, why = comparison_threads(getattr(args, "threads", None), default=blas_threads())
     if why:
         err.print(f"[yellow]note:[/] {escape(why)}", soft_wrap=False)
     args.conditions = conditions(threads, why)
     with limited(threads):
-        return _run(args)
+        rc = _run(args)
+        if getattr(args, "trace", None) is not None and rc == 0:
+            trace_runs(args)
+    return rc
+
+
+def trace_runs(args) -> None:
+    """--trace: what each measured model, format and kernel set does in a prefill and TRACE_STEPS decode
+    steps, outside the timed rounds, one track each, in one file."""
+    import numpy as np
+    formats = [w.strip() for w in args.weights.split(",") if w.strip()] if args.weights else ["float32"]
+    kernels = parse_kernels(args.kernels) if args.kernels is not None else [None]
+    if args.weights is None and args.kernels is None:
+        kernels = parse_kernels(None)
+    names = [n.strip() for n in (args.model or "").split(",") if n.strip()] or \
+        [args.model or ("large" if args.speculate is not None else "random-124m")]
+    n = args.batch_context if args.batch is not None else parse_contexts(args.contexts)[0]
+    meters, origin = [], None
+    for name in names:
+        for w in formats:
+            for k in kernels:
+                model = load(name, weights=w, kernels=k)
+                prompt = np.random.default_rng(0).integers(0, model.config.vocab_size, n)
+                tm = TraceMeter(f"{model.name}, {model.weights} weights, {model.kernels} kernels", pid=len(meters) + 1,
+                                origin=origin)
+                origin = tm._origin
+                with tm:
+                    logits, cache = model.prefill(prompt)
+                    for _ in range(min(TRACE_STEPS, model.config.n_ctx - n - 1)):
+                        logits = model.decode_step(int(np.argmax(logits[-1] if logits.ndim > 1 else logits)), cache)
+                meters.append(tm)
+    write_trace(meters, args.trace)
+    (err if args.json else out).print(f"[dim]{escape(trace_line(args.trace, meters))}[/]", soft_wrap=False)
 
 
 def _run(args) -> int:
@@ -143,7 +184,7 @@ def _run(args) -> int:
             raise MiniLLMError("--weights measures weight formats alone: leave out --batch and --speculate")
         from ..measure.quantization import parse_formats
         parse_formats(args.weights)
-        return bench_weights(args, machine(progress=not args.json), kernels)
+        return bench_weights(args, machine(progress=not args.json), kernels if args.kernels is not None else None)
     if len(kernels) > 1 and batches is None:
         raise MiniLLMError(f"--kernels {','.join(kernels)} compares kernel sets with --weights or --batch: give one of "
                            "them (or one kernel set)")
@@ -433,9 +474,10 @@ def bench_weights(args, hw, kernels=None) -> int:
     context = parse_first_context(args.contexts or "16,128,512,1000")
     kernels = kernels or parse_kernels(None)
     with Progress(console=err, transient=True, disable=args.json) as bar:
-        task = bar.add_task(f"weights {', '.join(formats)}", total=args.repeats * len(formats) * len(kernels))
+        task = bar.add_task(f"weights {', '.join(formats)}", total=args.repeats * len(formats) * len(kernels or [None]))
         result = run_quant_bench(source, formats, context=context, repeats=args.repeats,
                                  progress=lambda: bar.advance(task), bandwidth_gbs=hw.bandwidth_gbs, kernels=kernels)
+    kernels = list(dict.fromkeys(r["kernels"] for r in result["rows"]))   # without --kernels: each format's default
     several = len(kernels) > 1
     bw = hw.bandwidth_gbs
     result.update(threads=blas_threads(), blas=blas_name(), blas_kernel=blas_kernel(), blas_spin=blas_spin(),
@@ -467,7 +509,9 @@ def bench_weights(args, hw, kernels=None) -> int:
         name = f"{r['weights']} {r['kernels']}" if several else r["weights"]
         widen = (f"; widening alone takes {r['widen_ms']:.1f} ms, {r['widen_ms'] / base['decode_ms']:.2f}× "
                  "float32's whole step") if r["widen_ms"] else ("; no widening pass (the fused kernel widens in registers)"
-                                                               if r["kernels"] == "fused" and r["weights"] != "float32" else "")
+                                                               if r["kernels"] == "fused" and r["weights"] != "float32" else
+                                                               "; no widening pass (integer products on the blocks as stored)"
+                                                               if r["kernels"] == "int8" and r["weights"] != "float32" else "")
         base_name = f"float32 {base['kernels']}" if several else "float32"
         fewer = base["step_bytes"] / r["step_bytes"]
         fewer = (f"{fewer:.1f}× fewer bytes than {base_name}" if fewer >= 1.05 else f"{fewer:.2f}× the bytes of {base_name}"

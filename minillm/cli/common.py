@@ -29,9 +29,11 @@ WEIGHTS_HELP = ("the weights in memory: float32 (default), q8_0, q4_0 or q4_1 (q
 
 
 KERNELS_HELP = ("the kernel set that computes: fused (numba: products that read each weight once, attention "
-                "without a score matrix; the default on the CPU in float32 where numba works), numpy (the readable "
-                "reference; the default otherwise, the reason said once when the model loads), or batch-invariant "
-                "(each request's tokens bit-identical to the same request alone, whatever shares its steps)")
+                "without a score matrix; the default on the CPU in float32 where numba works), int8 (the fused set "
+                "with quantized products in integers, x rounded to int8 blocks as llama.cpp does; the default for "
+                "quantized weights where it measured faster on this CPU), numpy (the readable reference; the "
+                "default otherwise, the reason said once when the model loads), or batch-invariant (each request's "
+                "tokens bit-identical to the same request alone, whatever shares its steps)")
 MLA_HELP = ("latent attention (a DeepSeek-V3-family model): how a decode step attends: absorbed (the default: "
             "kv_b folded into the query and the output, attention over the cached latent, as serving engines "
             "decode) or decompressed (every head's K and V rebuilt from the latent each step, as prompts are)")
@@ -53,6 +55,14 @@ def add_weights(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default="float32", metavar="FORMAT", help=WEIGHTS_HELP)
     p.add_argument("--kernels", default=None, choices=kernel_sets.NAMES, help=KERNELS_HELP)
     p.add_argument("--mla-decode", default=None, choices=("absorbed", "decompressed"), help=MLA_HELP)
+
+
+TRACE_HELP = ("write where the time went as a Chrome trace-event file (JSON; open it in ui.perfetto.dev or "
+              "chrome://tracing): one slice per operation with its bytes and FLOPs, one per step")
+
+
+def add_trace(p: argparse.ArgumentParser, what: str = "") -> None:
+    p.add_argument("--trace", default=None, metavar="FILE", help=TRACE_HELP + what)
 
 
 def add_sampling(p: argparse.ArgumentParser) -> None:

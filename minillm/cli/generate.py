@@ -12,8 +12,9 @@ from ..engine.sampling import check_sampling
 from ..engine.speculative import check_k, speculative_generate
 from ..errors import MiniLLMError, PromptError
 from ..paths import expand_user, read_named_file
-from .common import (TextStream, add_model, add_sampling, add_speculative, encode_prompt, err, load_draft, load_model,
-                     kernels_label, note_if_busy)
+from ..trace import check_path, trace_line, traced
+from .common import (TextStream, add_model, add_sampling, add_speculative, add_trace, encode_prompt, err, load_draft,
+                     load_model, kernels_label, note_if_busy)
 
 
 MAX_PROMPT_BYTES = 16 << 20  # far beyond any context (1,024 tokens are ~4 KB of text)
@@ -26,6 +27,7 @@ def add_arguments(p) -> None:
     add_model(p)
     p.add_argument("--max-new-tokens", type=int, default=100, help="how many tokens to generate (default 100)")
     add_sampling(p)
+    add_trace(p, " (the generation's steps; the meter's counting adds its small cost to them)")
     p.add_argument("--no-cache", action="store_true", help="naive decode: recompute the whole sequence every step")
     add_speculative(p)
     p.add_argument("--chat", action="store_true",
@@ -62,6 +64,8 @@ def run(args) -> int:
         raise MiniLLMError("--draft needs the KV cache (it rolls the cache back past rejected guesses): "
                            "drop --no-cache or --draft")
     prompt = read_prompt(args)
+    if args.trace is not None:
+        check_path(args.trace)                   # before loading anything
     if args.system is not None and not args.chat:
         raise PromptError("--system goes with --chat")
     model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
@@ -88,13 +92,14 @@ def run(args) -> int:
     t0 = time.perf_counter()
     stream = TextStream(model, skip=stop)
     stats = None
-    if draft is None:
-        new = generate(model, ids, args.max_new_tokens, kv_cache=not args.no_cache, temperature=args.temperature,
-                       top_k=args.top_k, top_p=args.top_p, seed=args.seed, on_token=stream, stop_ids=stop)
-    else:
-        new, stats = speculative_generate(model, ids, args.max_new_tokens, draft=draft, k=args.speculate_k,
-                                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                          seed=args.seed, on_token=stream)
+    with traced(args.trace, f"minillm generate: {model.name}, {model.kernels} kernels") as tm:
+        if draft is None:
+            new = generate(model, ids, args.max_new_tokens, kv_cache=not args.no_cache, temperature=args.temperature,
+                           top_k=args.top_k, top_p=args.top_p, seed=args.seed, on_token=stream, stop_ids=stop)
+        else:
+            new, stats = speculative_generate(model, ids, args.max_new_tokens, draft=draft, k=args.speculate_k,
+                                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                              seed=args.seed, on_token=stream)
     stream.close()
     seconds = time.perf_counter() - t0
     sys.stdout.write("\n")
@@ -110,4 +115,6 @@ def run(args) -> int:
                     "draws, and so the text, differ from the same seed without a draft")
     err.print(f"[dim]{len(new)} tokens in {seconds:.2f} s ({len(new) / seconds:.1f} tokens/s), "
               f"{how}, model {escape(model.name)}, {kernels_label(model)}[/]", soft_wrap=False)
+    if tm is not None:
+        err.print(f"[dim]{escape(trace_line(args.trace, [tm]))}[/]", soft_wrap=False)
     return 0

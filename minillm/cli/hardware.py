@@ -86,9 +86,12 @@ def run(args: argparse.Namespace) -> int:
     targets = [chip] if chip else [here, *([gpu_hw] if gpu_hw else []), *CHIPS.values()]
     ceilings = [decode_ceiling(n_params, dtype, hw) for hw in targets] if n_params else []
 
+    from ..kernels import int8
+    dot = {"isa": int8.isa(), "supported": list(int8.supported()), "words": int8.describe()}
     if args.json:
         print(json.dumps({
             "machine": {**asdict(here), "ridge": here.ridge},
+            "int8_dot": dot,
             "presets": {name: {**asdict(hw), "ridge": hw.ridge} for name, hw in CHIPS.items()},
             "decode_ceiling": ceilings,
             **({"gpu": gpu} if gpu else {}),
@@ -105,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
         mine.add_row(f"  {name}", f"{gbs:,.1f} GB/s  [dim]{escape(METHODS.get(name, ''))}[/]")
     mine.add_row("float32 matmul peak", f"{here.peak_gflops:,.1f} GFLOP/s ({here.matmul_size}² sgemm)")
     mine.add_row("ridge point", f"{here.ridge:,.1f} FLOP/byte (peak ÷ bandwidth)")
+    mine.add_row("integer dot (--kernels int8)",
+                 f"{escape(dot['words'].removeprefix('int8 dot: '))}  [dim]this CPU runs: {', '.join(dot['supported'])}[/]")
     if here.llc_bytes:
         mine.add_row("last-level cache", f"{here.llc_bytes / MB:g} MiB (buffer {here.buffer_mb} MiB)")
     mine.add_row("BLAS threads", f"{here.blas_threads or 'unknown'} (set with --threads N; NumPy {here.numpy_version})")

@@ -14,11 +14,16 @@ from ..serving.guard import is_loopback_host
 from ..serving.http import Limits, Server
 from ..serving.loop import EngineLoop
 from ..ui.live import LiveView
-from .common import add_batch_limits, add_kv_options, add_model, at_least_one, err, load_model, note_if_busy, parse_bytes
+from ..trace import TraceMeter, check_path, trace_line
+from .common import (add_batch_limits, add_kv_options, add_model, add_trace, at_least_one, err, load_model,
+                     note_if_busy, parse_bytes)
+
+TRACE_EVENTS = 1_000_000    # --trace keeps the last this many slices (about 10,000 steps of a small model)
 
 
 def add_arguments(p) -> None:
     add_model(p)
+    add_trace(p, f"; written when the server stops, the last {TRACE_EVENTS:,} slices")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: only this machine can connect)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
@@ -75,6 +80,8 @@ def run(args) -> int:
         raise MiniLLMError(f"--host {args.host} lets other machines connect: set --api-key (or MINILLM_API_KEY), "
                            "or say --insecure-no-key")
     kv = parse_bytes(args.kv_memory)
+    if args.trace is not None:
+        check_path(args.trace)                   # before loading anything
     model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
                        mla_decode=getattr(args, "mla_decode", None))
     live = (args.live if args.live is not None else sys.stderr.isatty()) and not args.quiet
@@ -82,6 +89,11 @@ def run(args) -> int:
     loop = EngineLoop(model, kv_memory=kv, block_size=args.block_size, max_seqs=args.max_seqs,
                       max_batched_tokens=args.max_batched_tokens, max_waiting=args.max_waiting,
                       prefix_cache=args.prefix_cache, on_step=view)
+    tm = None
+    if args.trace is not None and loop.engine.meter is not None:     # the engine thread's steps, traced
+        tm = TraceMeter(f"minillm serve: {model.name}, {model.kernels} kernels", max_events=TRACE_EVENTS)
+        tm.keep = loop.engine.meter.keep
+        loop.engine.meter = tm
     from ..threads import blas_threads
     threads = blas_threads()
     if threads:                      # `minillm monitor` rates the server against the figures of ITS thread count
@@ -123,6 +135,9 @@ def run(args) -> int:
     finally:
         server.server_close()
         loop.stop(grace=1.0)
+        if tm is not None:
+            tm.write_trace(args.trace)
+            err.print(trace_line(args.trace, [tm]), soft_wrap=False)
     err.print("minillm serve: stopped")
     return 0
 

@@ -152,18 +152,22 @@ def decode_chunk(longest: int, B: int, Hkv: int, block_size: int) -> int:
 
 
 def paged_decode_attention(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, table: np.ndarray,
-                           lengths: np.ndarray) -> np.ndarray:
+                           lengths: np.ndarray, chunk: int | None = None) -> np.ndarray:
     """B sequences' one new query each, over their keys in a paged pool, no gather and no padding.
     q [H, B, hd]; k_pool, v_pool [Hkv, blocks, block_size, hd] (one layer of PagedKVPool.k/.v);
     table [B, nb] each sequence's blocks in order (rows may be padded past their length); lengths
     [B] each sequence's keys. -> [H, B, hd] float32, what ops.decode_attention gives over the
     gathered, padded and masked keys (ops.paged_decode_attention counts it: each sequence's own
-    keys read from the pool, no copy, no padding)."""
+    keys read from the pool, no copy, no padding). chunk: keys per work item (rounded up to whole
+    blocks); None: `decode_chunk`'s, which depends on the batch (its size, its longest sequence). A
+    fixed chunk splits every sequence the same way in any batch, so its result is bit for bit the
+    same as alone (the int8 kernel set passes DECODE_CHUNK)."""
     _check_float32(q, k_pool, v_pool)
     table, lengths = checks.paged(q, k_pool, v_pool, table, lengths)
     H, B, hd = q.shape
     Hkv, bs = k_pool.shape[0], k_pool.shape[2]
     out = np.empty((H, B, hd), np.float32)
     K.paged_decode_attention(_f32(q), k_pool, v_pool, table, lengths, out, np.float32(1.0 / math.sqrt(hd)),
-                             decode_chunk(int(lengths.max()), B, Hkv, bs))
+                             decode_chunk(int(lengths.max()), B, Hkv, bs) if chunk is None
+                             else -(-chunk // bs) * bs)
     return out

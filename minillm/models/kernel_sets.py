@@ -8,6 +8,9 @@ target, models/target.py) and then only asked.
     batch-invariant  every product and attention in a fixed order (kernels/batch_invariant.py): a
                      request's tokens bit-identical to the same request alone, whatever shares its steps;
                      each sequence attends over its own cache (no batched gather)
+    int8             the fused set with quantized products in integers (kernels/int8.py): each product's
+                     input rounded per block of 32 to int8, the blocks multiplied with the CPU's integer
+                     dot instructions (VNNI, AVX2), W8A8 / W4A8 as llama.cpp multiplies
 
 A set is what it needs (a row of models/target.py's KERNEL_SETS: the CPU, float32, numba: what runs
 where, said in one place) and what it offers (`KernelSet`, built here):
@@ -91,8 +94,22 @@ def _batch_invariant() -> KernelSet:
                      attention_kernel=batch_invariant.attention, gather_decode=False, batch_invariant=True)
 
 
+def _int8() -> KernelSet:
+    """The fused set with integer products; its paged decode splits every sequence's keys in fixed
+    chunks, so that a decode step gives each sequence the bits it gets in a step of its own (its
+    products are row by row already: kernels/int8.py)."""
+    from functools import partial
+
+    from ..kernels import elementwise, int8, products
+    from .int8 import integer
+    return KernelSet("int8", f"integer kernels ({int8.describe()}; {runtime.status().reason})", weight=integer,
+                     lays_out=True, norm_kernel=elementwise.rms_norm, rope_kernel=elementwise.rope,
+                     swiglu_kernel=elementwise.swiglu, attention_kernel=products.attention,
+                     paged_kernel=partial(products.paged_decode_attention, chunk=products.DECODE_CHUNK))
+
+
 BUILDERS: dict[str, Callable[[], KernelSet]] = {
-    "numpy": _numpy, "fused": _fused, "batch-invariant": _batch_invariant,
+    "numpy": _numpy, "fused": _fused, "batch-invariant": _batch_invariant, "int8": _int8,
 }
 
 

@@ -61,6 +61,8 @@ KERNEL_SETS: dict[str, Spec] = {s.name: s for s in (
          about="numba: products that read each weight once, attention without a score matrix"),
     Spec("batch-invariant", needs_numba=True, cpu_only=True,
          about="fixed-order products and attention: each request's tokens as it would get alone"),
+    Spec("int8", needs_numba=True, cpu_only=True, float32_only=True,
+         about="the fused set, quantized products in integers (x rounded to int8 blocks: W8A8, W4A8)"),
 )}
 NAMES = tuple(KERNEL_SETS)
 
@@ -75,11 +77,18 @@ def spec(name) -> Spec:
 
 def default(on_cpu: bool, dtype, weights: str) -> str:
     """The set a model computes with unless told: MINILLM_KERNELS when it names one; else on the CPU
-    in float32, fused where numba runs here; else numpy (`why_default` says why)."""
+    in float32 where numba runs here, int8 for quantized weights (q8_0, q4_0, q4_1, and native, a
+    GGUF's blocks) where the integer kernels measured faster than the fused ones for that format on
+    this CPU's instruction set (kernels/int8.py: `faster_than_fused`; all within their error bound),
+    else fused; else numpy (`why_default` says why)."""
     want = os.environ.get(ENV, "").strip().lower()
     if want in KERNEL_SETS:
         return want
     if on_cpu and np.dtype(dtype) == np.float32 and runtime.status().usable:
+        if weights in ("q8_0", "q4_0", "q4_1", "native"):
+            from ..kernels import int8
+            if int8.faster_than_fused("q4_1" if weights == "native" else weights):
+                return "int8"
         return "fused"
     return "numpy"
 

@@ -1,0 +1,752 @@
+"""The integer kernels (numba), and the vector operations they are written with. Imported only
+where numba works; compiled on first call for the Isa passed, cached on disk as _numba.py's are
+(the vector operations live in this file so that an edit to them reaches numba's cache, which
+checks only the file of the function it compiled).
+
+    quantize_x(x) -> (xq, xd, xs, xm)       activations to int8 blocks, in the kernels' layout
+    KERNELS[("q8_0", isa)](q, d, x, y)      y [T, R] = x @ W^T, W Q8_0 (x rounded inside, once)
+    KERNELS[("q4", isa)](q, d, m, x, y)     Q4_0 (m empty) and Q4_1
+
+The arithmetic is int8.py's reference, bit for bit (see its docstring).
+
+Vectors in numba. numba compiles a plain loop over integers with int64 arithmetic (an int8 times an
+int8 is typed int64), so an integer dot product written as a loop runs 8 lanes a vector at best. The
+instruction an integer product wants is VNNI's vpdpbusd: 64 unsigned bytes times 64 signed bytes,
+each four products summed into one of 16 int32 lanes and added to an accumulator, one instruction.
+LLVM reaches it only through its intrinsic, so small numba types here hold LLVM vectors as values
+(I8x64 <64 x i8>, I32x16 <16 x i32>, F32x16 <16 x float>), and each operation on them is a few
+lines of LLVM IR written with llvmlite (`@intrinsic`). `dot8` picks its instructions from the Isa the
+kernel was compiled for (a constant of each entry function at the end, whose numba type names the
+instruction set; each entry is its own compiled function, cached apart):
+
+    "avx512-vnni"   vpdpbusd on 512-bit registers (AVX512-VNNI)
+    "avx-vnni"      vpdpbusd on 256-bit registers (AVX-VNNI, or AVX512-VNNI with AVX512-VL)
+    "avx2"          vpmaddubsw then vpmaddwd: pairs of u8·s8 to int16, pairs of those to int32
+    "generic"       LLVM's portable vectors: widen to int32, multiply, add fours (any CPU)
+
+Every form leaves the same exact int32 in each lane. Float operations are emitted without fast-math
+flags: no fused multiply-add, no reassociation, each rounding as the NumPy reference's.
+
+Measured (benchmarks/int8_bench.py: whole passes over every product weight, the forms interleaved
+in one process, medians of 7 rounds, one thread, AMD EPYC Zen 4 (AVX512-VNNI) shared with other
+work, as multiples of NumPy float32's speed in the same run), GPT-2-124M's shapes in Q8_0 at B = 1 /
+4 / 16 / 128 rows: avx512-vnni 3.18 / 5.94 / 2.26 / 1.62x, avx-vnni 3.17 / 5.77 / 2.42 / 1.29x,
+avx2 2.30 / 3.81 / 1.52 / 1.00x, generic 1.83 / 2.00 / 0.66 / 0.36x, the plain numba loop over
+int8 (each product typed int64; x rounded before its timer) 0.40 / 0.31 / 0.09 / 0.06x; the fused
+float kernel 2.95 / 3.49 / 1.07 / 0.82x. SmolLM2-135M's in Q4_1 at B = 1 / 4 / 16 (load 4 on 2
+cores): avx512-vnni 3.53 / 6.76 / 2.61x, avx-vnni 2.71 / 6.58 / 2.59x, avx2 3.38 / 6.12 / 2.40x,
+plain loop 0.36 / 0.35 / 0.10x; fused 2.79 / 5.10 / 1.36x. The generic form first widened bytes to
+int32 (SmolLM2 Q4_1, B = 1: 0.82x); in int16 products added in pairs, LLVM's multiply-add shape,
+1.80x. Along the way: the group's eight dot instructions in one chain waited on each other (two
+chains: 5% at one row); a division per lane in the pattern copy (an integer % per lane cost 1.7 µs of
+a 576-wide row's 2.6); an argument typed by a Python object cost numba's dispatcher 0.8-2.9 µs a call
+(hence one entry per instruction set); masks computed for every group's loads instead of the last's.
+
+Blocks per lane. A group is 16 consecutive blocks of the weight, taken in storage order (a row's
+blocks, then the next row's: a group may hold the end of one row and the start of the next). The
+integer dot wants "block per lane": vector k (k = 0..7) holds in its lane L (4 bytes) values
+4k..4k+3 of the group's block L, so that eight dot instructions leave each block's integer sum in a
+lane of its own, no horizontal sums. The weights are put in that order in registers as they are
+loaded: a transpose of 4-byte words (Q8_0: 16 blocks x 8 words, three rounds of two-register
+shuffles; Q4: 16 x 4 words, two rounds, then each word's low and high nibbles are vectors k and
+k + 4). The activations are quantized straight into it: a weight's block b of row r lies in lane
+(r·nb + b) mod 16 of its group, so the x vector a group needs repeats every P = nb / gcd(nb, 16)
+groups; _quantize writes those P patterns (P·16 blocks, x's nb blocks repeated) once per product.
+Groups that run across row ends cost nothing extra: the 18-block rows of a 576-wide matrix take 18
+blocks of work each, not 32.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.core.imputils import lower_constant
+from numba.extending import (NativeValue, intrinsic, models, overload, register_model, typeof_impl,
+                             unbox)
+
+QK = 32          # values per block
+GROUP = 16       # blocks per group: one lane each
+ROWS = 16        # weight rows per parallel work item (16 rows of nb blocks: whole groups, for any nb)
+TILE = 32        # rows of x per pass over a work item's groups (a group's x: TILE·512 bytes, in L1)
+
+
+# == vector values in numba ===========================================================================
+
+_I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+_F32, _F16 = ir.FloatType(), ir.HalfType()
+_ELT = {"i8": _I8, "i32": _I32, "f32": _F32}
+
+
+class Vec(types.Type):
+    """An LLVM vector of `n` elements of `kind` ("i8", "i32", "f32") held as a numba value."""
+
+    def __init__(self, kind: str, n: int) -> None:
+        self.kind, self.n = kind, n
+        super().__init__(name=f"Vec({kind}x{n})")
+
+    @property
+    def llvm(self) -> ir.VectorType:
+        return ir.VectorType(_ELT[self.kind], self.n)
+
+
+@register_model(Vec)
+class _VecModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, fe_type.llvm)
+
+
+I8x64 = Vec("i8", 64)
+I32x16 = Vec("i32", 16)
+F32x16 = Vec("f32", 16)
+W8 = types.UniTuple(I8x64, 8)       # a group's weights: 8 vectors of 64 bytes, block per lane
+ISAS = ("avx512-vnni", "avx-vnni", "avx2", "generic")
+VNNI = ("avx512-vnni", "avx-vnni")
+
+
+class IsaType(types.Type):
+    def __init__(self, isa: str) -> None:
+        self.isa = isa
+        super().__init__(name=f"Isa({isa})")
+
+
+register_model(IsaType)(models.OpaqueModel)
+
+
+class Isa:
+    """Which integer-dot instructions a kernel is compiled for (one of ISAS): a constant of the
+    kernel (the entries at the end of this file), whose numba type names the instruction set."""
+
+    def __init__(self, name: str) -> None:
+        if name not in ISAS:
+            raise ValueError(f"unknown integer instruction set {name!r}; one of {', '.join(ISAS)}")
+        self.name = name
+        self._numba_type_ = IsaType(name)
+
+    def __repr__(self) -> str:
+        return f"Isa({self.name!r})"
+
+
+@typeof_impl.register(Isa)
+def _typeof_isa(val, c):
+    return val._numba_type_
+
+
+@unbox(IsaType)
+def _unbox_isa(typ, obj, c):
+    return NativeValue(c.context.get_constant_null(typ))
+
+
+@lower_constant(IsaType)
+def _isa_constant(context, builder, ty, pyval):
+    return context.get_constant_null(ty)
+
+
+# -- helpers for the code generators -------------------------------------------------------------------
+
+def _c32(v: int) -> ir.Constant:
+    return ir.Constant(_I32, v)
+
+
+def _splat(ty: ir.VectorType, v) -> ir.Constant:
+    return ir.Constant(ty, [v] * ty.count)
+
+
+def _ptr(context, builder, arrty, arr, off, elt: ir.Type):
+    """Address of element `off` (a flat index) of a C-contiguous array, as a pointer to `elt`."""
+    a = context.make_array(arrty)(context, builder, arr)
+    return builder.bitcast(builder.gep(a.data, [off]), elt.as_pointer())
+
+
+def _call(builder, name: str, ret: ir.Type, args: list):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, args)
+
+
+def _i64(builder, v):
+    it = ir.IntType(64)
+    return v if v.type.width == 64 else builder.sext(v, it) if v.type.width < 64 else builder.trunc(v, it)
+
+
+def _mask(builder, n: int, valid) -> ir.Value:
+    """<n x i1>: lane i on when i < valid, built as an n-bit integer (a kmov; n <= 64)."""
+    it = ir.IntType(64)
+    valid = _i64(builder, valid)
+    full = builder.icmp_signed(">=", valid, ir.Constant(it, n))
+    low = builder.sub(builder.shl(ir.Constant(it, 1), builder.select(full, ir.Constant(it, 0), valid)),
+                      ir.Constant(it, 1))
+    bits = builder.select(full, ir.Constant(it, (1 << n) - 1 if n < 64 else -1), low)
+    bits = builder.trunc(bits, ir.IntType(n)) if n < 64 else bits
+    return builder.bitcast(bits, ir.VectorType(ir.IntType(1), n))
+
+
+def _masked_load(builder, ptr, vty: ir.VectorType, mask):
+    """llvm.masked.load: lanes off the mask read nothing (no fault past an array's end) and are 0."""
+    name = f"llvm.masked.load.v{vty.count}{'f32' if vty.element == _F32 else 'i' + str(vty.element.width)}.p0"
+    return _call(builder, name, vty, [builder.bitcast(ptr, vty.as_pointer()), _c32(1), mask,
+                                      ir.Constant(vty, None)])
+
+
+def _shuffle(builder, a, b, idx: list[int]):
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(idx)), idx))
+
+
+def _halves(builder, v, n: int):
+    return _shuffle(builder, v, v, list(range(n // 2))), _shuffle(builder, v, v, list(range(n // 2, n)))
+
+
+# -- loads, stores, arithmetic ------------------------------------------------------------------------
+
+@intrinsic
+def load_f32x16(typingctx, arr, off):
+    def cg(context, builder, sig, args):
+        return builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], F32x16.llvm), align=4)
+    return F32x16(arr, off), cg
+
+
+@intrinsic
+def store_f32x16(typingctx, arr, off, v):
+    def cg(context, builder, sig, args):
+        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], args[1], F32x16.llvm), align=4)
+        return context.get_dummy_value()
+    return types.none(arr, off, v), cg
+
+
+@intrinsic
+def load_f16x16(typingctx, arr, off, valid):
+    """16 float16 values (their bits, uint16) from flat index `off`, the first `valid` read (the rest
+    0), to float32 exactly (LLVM's fpext: vcvtph2ps with F16C; inf and NaN stay inf and NaN)."""
+    def cg(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], args[1], _I16)
+        h = _masked_load(builder, p, ir.VectorType(_I16, 16), _mask(builder, 16, args[2]))
+        return builder.fpext(builder.bitcast(h, ir.VectorType(_F16, 16)), F32x16.llvm)
+    return F32x16(arr, off, valid), cg
+
+
+def _binop(inst_f: str, inst_i: str):
+    def impl(a, b):
+        if isinstance(a, Vec) and a == b:
+            inst = inst_f if a.kind == "f32" else inst_i
+
+            @intrinsic
+            def _op(typingctx, x, y):
+                def cg(context, builder, sig, args):
+                    return getattr(builder, inst)(args[0], args[1])
+                return x(x, y), cg
+            return lambda a, b: _op(a, b)
+    return impl
+
+
+overload(operator.add)(_binop("fadd", "add"))
+overload(operator.mul)(_binop("fmul", "mul"))
+
+
+@intrinsic
+def zero_f32x16(typingctx):
+    def cg(context, builder, sig, args):
+        return ir.Constant(F32x16.llvm, None)
+    return F32x16(), cg
+
+
+@intrinsic
+def zero_i32x16(typingctx):
+    def cg(context, builder, sig, args):
+        return ir.Constant(I32x16.llvm, None)
+    return I32x16(), cg
+
+
+@intrinsic
+def to_f32(typingctx, v):
+    """int32 lanes -> float32 lanes (exact below 2^24, as every block sum here is)."""
+    def cg(context, builder, sig, args):
+        return builder.sitofp(args[0], F32x16.llvm)
+    return F32x16(v), cg
+
+
+@intrinsic
+def lanes(typingctx, v, lo, hi):
+    """v's lanes lo..hi-1, the others +0.0 (added to an accumulator, +0.0 leaves it exactly as it was:
+    a sum that starts at +0.0 is never -0.0)."""
+    def cg(context, builder, sig, args):
+        vt = ir.VectorType(ir.IntType(64), 16)
+        iota = ir.Constant(vt, list(range(16)))
+        bl = builder.shuffle_vector(builder.insert_element(ir.Constant(vt, None), _i64(builder, args[1]), _c32(0)),
+                                    ir.Constant(vt, None), ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
+        bh = builder.shuffle_vector(builder.insert_element(ir.Constant(vt, None), _i64(builder, args[2]), _c32(0)),
+                                    ir.Constant(vt, None), ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
+        on = builder.and_(builder.icmp_signed(">=", iota, bl), builder.icmp_signed("<", iota, bh))
+        return builder.select(on, args[0], ir.Constant(F32x16.llvm, None))
+    return F32x16(v, lo, hi), cg
+
+
+@intrinsic
+def tree_sum(typingctx, v):
+    """The 16 float32 lanes added in a fixed tree: a_i = v_i + v_i+8 (i < 8), then the same halving
+    to 4, 2 and 1 lanes (the reference adds in this order)."""
+    def cg(context, builder, sig, args):
+        v, n = args[0], 16
+        while n > 1:
+            v = builder.fadd(_shuffle(builder, v, v, list(range(n // 2))), _shuffle(builder, v, v, list(range(n // 2, n))))
+            n //= 2
+        return builder.extract_element(v, _c32(0))
+    return types.float32(v), cg
+
+
+# -- a group's weights, block per lane -----------------------------------------------------------------
+
+def _transpose_plan(n_vec: int, n_word: int) -> list:
+    """Shuffle rounds turning n_vec vectors of 16 int32 lanes, which hold a row-major [16 blocks,
+    n_word words] matrix, into n_word vectors whose lane L is block L's word k (n_vec = n_word, a
+    power of 2). Round s pairs the vectors that differ in bit s of their number and swaps that bit
+    with bit s of the word index; each mask is found by following where every element goes."""
+    pos = [[v * 16 + lane for lane in range(16)] for v in range(n_vec)]   # element f = block·n_word + word
+    rounds_n = n_vec.bit_length() - 1
+    rounds = []
+    for s in range(rounds_n):
+        bit = 1 << s
+        new = [None] * n_vec
+        masks = []
+        for a in range(n_vec):
+            if a & bit:
+                continue
+            both = pos[a] + pos[a | bit]
+            for half in (0, 1):
+                sel = [i for i in range(32) if bool((both[i] % n_word) & bit) == bool(half)]
+                if s == rounds_n - 1:                   # the last round puts lanes in block order
+                    sel.sort(key=lambda i: both[i] // n_word)
+                out = a | (bit if half else 0)
+                new[out] = [both[i] for i in sel]
+                masks.append((a, a | bit, out, sel))
+        pos = new
+        rounds.append(masks)
+    for k in range(n_vec):
+        assert pos[k] == [lane * n_word + k for lane in range(16)], pos[k]
+    return rounds
+
+
+_Q8_PLAN = _transpose_plan(8, 8)
+_Q4_PLAN = _transpose_plan(4, 4)
+
+
+def _transpose(builder, vecs: list, plan) -> list:
+    for masks in plan:
+        new = list(vecs)
+        for a, b, out, sel in masks:
+            new[out] = _shuffle(builder, vecs[a], vecs[b], sel)
+        vecs = new
+    return vecs
+
+
+def _load_group(builder, base, nbytes: int, valid):
+    """nbytes // 64 vectors of <16 x i32> from `base` (an i8 pointer); the first `valid` bytes read,
+    the rest 0 (a matrix's last, partial group: masked loads, taken only there)."""
+    vty = ir.VectorType(_I8, 64)
+    n = nbytes // 64
+    whole = builder.icmp_signed(">=", valid, ir.Constant(valid.type, nbytes))
+    with builder.if_else(whole, likely=True) as (then, otherwise):
+        with then:
+            blk_full = builder.block
+            full = [builder.load(builder.bitcast(builder.gep(base, [_c32(64 * i)]), vty.as_pointer()), align=1)
+                    for i in range(n)]
+        with otherwise:
+            part = [_masked_load(builder, builder.gep(base, [_c32(64 * i)]), vty,
+                                 _mask(builder, 64, builder.sub(valid, ir.Constant(valid.type, 64 * i))))
+                    for i in range(n)]
+            blk_part = builder.block
+    phis = []
+    for f, p in zip(full, part):                   # phis first: they lead their block
+        phi = builder.phi(vty)
+        phi.add_incoming(f, blk_full)
+        phi.add_incoming(p, blk_part)
+        phis.append(phi)
+    return [builder.bitcast(phi, I32x16.llvm) for phi in phis]
+
+
+@intrinsic
+def q8_group(typingctx, isa, q, off, valid):
+    """A Q8_0 group: 16 blocks from flat byte `off` of q (`valid` bytes of it; the rest 0), block per
+    lane. For the VNNI forms each byte is flipped to w + 128 (xor 0x80): the instruction's first
+    operand is unsigned; the kernel starts each block's sum at -128·Σx (block_init)."""
+    def cg(context, builder, sig, args):
+        base = _ptr(context, builder, sig.args[1], args[1], args[2], _I8)
+        out = []
+        for v in _transpose(builder, _load_group(builder, base, 512, args[3]), _Q8_PLAN):
+            v = builder.bitcast(v, I8x64.llvm)
+            out.append(builder.xor(v, _splat(I8x64.llvm, 0x80)) if sig.args[0].isa in VNNI else v)
+        return context.make_tuple(builder, W8, out)
+    return W8(isa, q, off, valid), cg
+
+
+@intrinsic
+def block_per_lane(typingctx, a, off):
+    """16 blocks of 32 int8 values from flat byte `off` of `a` (all 512 bytes read), block per lane
+    (the activations' side of q8_group: no flip)."""
+    def cg(context, builder, sig, args):
+        base = _ptr(context, builder, sig.args[0], args[0], args[1], _I8)
+        vecs = [builder.load(builder.bitcast(builder.gep(base, [_c32(64 * i)]), I32x16.llvm.as_pointer()), align=1)
+                for i in range(8)]
+        out = [builder.bitcast(v, I8x64.llvm) for v in _transpose(builder, vecs, _Q8_PLAN)]
+        return context.make_tuple(builder, W8, out)
+    return W8(a, off), cg
+
+
+@intrinsic
+def store_w8(typingctx, a, off, w):
+    """The 8 vectors of w to flat byte `off` of `a`, one after another (512 bytes)."""
+    def cg(context, builder, sig, args):
+        base = _ptr(context, builder, sig.args[0], args[0], args[1], _I8)
+        for k in range(8):
+            builder.store(builder.extract_value(args[2], k),
+                          builder.bitcast(builder.gep(base, [_c32(64 * k)]), I8x64.llvm.as_pointer()), align=1)
+        return context.get_dummy_value()
+    return types.none(a, off, w), cg
+
+
+@intrinsic
+def q4_group(typingctx, q, off, valid):
+    """A Q4 group: 16 blocks (256 packed bytes from flat byte `off`, `valid` of them read) as 8
+    vectors of nibbles 0..15, block per lane: vector k < 4 the low nibbles of each block's bytes
+    4k..4k+3 (its values 4k..4k+3), vector k + 4 their high nibbles (values 16+4k..19+4k)."""
+    def cg(context, builder, sig, args):
+        base = _ptr(context, builder, sig.args[0], args[0], args[1], _I8)
+        words = _transpose(builder, _load_group(builder, base, 256, args[2]), _Q4_PLAN)
+        m = _splat(I32x16.llvm, 0x0F0F0F0F)
+        lo = [builder.bitcast(builder.and_(w, m), I8x64.llvm) for w in words]
+        hi = [builder.bitcast(builder.and_(builder.lshr(w, _splat(I32x16.llvm, 4)), m), I8x64.llvm) for w in words]
+        return context.make_tuple(builder, W8, lo + hi)
+    return W8(q, off, valid), cg
+
+
+# -- the integer dot --------------------------------------------------------------------------------------
+
+def _dot_one(builder, isa: str, signed_w: bool, acc, w, x):
+    """acc (<16 x i32>) plus, per lane, the four products of w's and x's bytes there. w unsigned
+    bytes (signed when signed_w: Q8_0 outside the VNNI forms), x signed."""
+    v32 = I32x16.llvm
+    if isa == "avx512-vnni":
+        return _call(builder, "llvm.x86.avx512.vpdpbusd.512", v32,
+                     [acc, builder.bitcast(w, v32), builder.bitcast(x, v32)])
+    if isa == "avx-vnni":
+        v8 = ir.VectorType(_I32, 8)
+        parts = [_call(builder, "llvm.x86.avx512.vpdpbusd.256", v8, [a, builder.bitcast(wh, v8), builder.bitcast(xh, v8)])
+                 for a, wh, xh in zip(_halves(builder, acc, 16), _halves(builder, w, 64), _halves(builder, x, 64))]
+        return _shuffle(builder, parts[0], parts[1], list(range(16)))
+    if isa == "avx2":
+        b32, w16, d8 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)
+        parts = []
+        for wh, xh in zip(_halves(builder, w, 64), _halves(builder, x, 64)):
+            if signed_w:                  # |w| (unsigned, at most 128) times x with w's sign: pairs fit int16
+                xh = _call(builder, "llvm.x86.avx2.psign.b", b32, [xh, wh])
+                wh = _call(builder, "llvm.abs.v32i8", b32, [wh, ir.Constant(ir.IntType(1), 0)])
+            p16 = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", w16, [wh, xh])
+            parts.append(_call(builder, "llvm.x86.avx2.pmadd.wd", d8, [p16, _splat(w16, 1)]))
+        return builder.add(acc, _shuffle(builder, parts[0], parts[1], list(range(16))))
+    # generic: bytes to int16 (a product of two fits: at most 255·127), then pairs of products added
+    # in int32 (the shape of a multiply-add of int16 pairs, which LLVM knows), then pairs of those
+    h64, d32 = ir.VectorType(_I16, 64), ir.VectorType(_I32, 32)
+    w16 = builder.sext(w, h64) if signed_w else builder.zext(w, h64)
+    x16 = builder.sext(x, h64)
+    ev, od = list(range(0, 64, 2)), list(range(1, 64, 2))
+    pairs = builder.add(builder.mul(builder.sext(_shuffle(builder, w16, w16, ev), d32), builder.sext(_shuffle(builder, x16, x16, ev), d32)),
+                        builder.mul(builder.sext(_shuffle(builder, w16, w16, od), d32), builder.sext(_shuffle(builder, x16, x16, od), d32)))
+    quads = builder.add(_shuffle(builder, pairs, pairs, list(range(0, 32, 2))), _shuffle(builder, pairs, pairs, list(range(1, 32, 2))))
+    return builder.add(acc, quads)
+
+
+@intrinsic
+def dot8(typingctx, isa, q8, acc, w, x, xoff):
+    """acc + Σ_k (per lane, the four byte products of w[k] and the k-th 64 bytes of x from flat
+    `xoff`): block per lane, each block's integer dot product in its lane. q8: a literal bool, w a
+    Q8_0 group from q8_group (signed bytes, or w + 128 on the VNNI forms), else Q4 nibbles."""
+    if not isinstance(q8, types.BooleanLiteral):
+        return None
+
+    def cg(context, builder, sig, args):
+        isa_name = sig.args[0].isa
+        signed = sig.args[1].literal_value and isa_name not in VNNI
+        base = _ptr(context, builder, sig.args[4], args[4], args[5], _I8)
+        accs = [args[2], ir.Constant(I32x16.llvm, None)]    # two chains: a dot instruction waits for
+        for k in range(8):                                  # the one before on its accumulator
+            xk = builder.load(builder.bitcast(builder.gep(base, [_c32(64 * k)]), I8x64.llvm.as_pointer()), align=1)
+            accs[k % 2] = _dot_one(builder, isa_name, signed, accs[k % 2], builder.extract_value(args[3], k), xk)
+        return builder.add(accs[0], accs[1])
+    return I32x16(isa, q8, acc, w, x, xoff), cg
+
+
+@intrinsic
+def block_init(typingctx, isa, q8, xs, off):
+    """Where a group's integer sums start, per lane: minus an offset times the activations' block
+    sums xs[off:off+16]. Q8_0 on the VNNI forms multiplies w + 128 (q8_group): -128·Σx; Q4_0
+    (q8 False; n - 8 multiplied as n): -8·Σx; Q8_0 otherwise 0 (xs unread)."""
+    if not isinstance(q8, types.BooleanLiteral):
+        return None
+
+    def cg(context, builder, sig, args):
+        q8v = sig.args[1].literal_value
+        if q8v and sig.args[0].isa not in VNNI:
+            return ir.Constant(I32x16.llvm, None)
+        v = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], I32x16.llvm), align=4)
+        return builder.sub(ir.Constant(I32x16.llvm, None), builder.shl(v, _splat(I32x16.llvm, 7 if q8v else 3)))
+    return I32x16(isa, q8, xs, off), cg
+
+
+# == the kernels ==========================================================================================
+
+@njit(cache=True)
+def patterns(nb):
+    """nb / gcd(nb, 16): how many different x vectors a weight's groups need (see above)."""
+    a, b = nb, GROUP
+    while b:
+        a, b = b, a % b
+    return nb // a
+
+
+@njit(inline="always")
+def _quantize_row(x, t, P, xq, xd, xs, xm, qb, db, sb):
+    """Row t of x [T, C] float32 -> per block of 32 values d = max|x| / 127, q = clip(rint(x / d),
+    ±127) (q = 0 where d is 0; d = NaN and q = 0 where the block holds inf or NaN), s = Σq,
+    m = d·float(s), written for P group patterns (lane L of pattern p: x's block (16p + L) mod nb):
+    xq [T, P, 8, 64] (pattern p's vector k, lane L: values 4k..4k+3 of that block), xd, xm float32
+    and xs int32 [T, 16·P]. Scratch: qb int8 [nb + 16, 32], db float32, sb int32 [nb + 16], each
+    holding its first blocks again past nb (block nb + j is block j mod nb), so that a pattern's 16
+    lanes are 16 consecutive blocks, put block per lane in registers (block_per_lane)."""
+    nb = x.shape[1] // QK
+    for b in range(nb):
+        amax = np.float32(0.0)
+        bad = False
+        for i in range(QK):
+            v = x[t, QK * b + i]
+            bad |= v - v != np.float32(0.0)           # inf or NaN
+            amax = max(amax, abs(v))
+        d = amax / np.float32(127.0)
+        s = np.int32(0)
+        if bad or d == np.float32(0.0):
+            for i in range(QK):
+                qb[b, i] = 0
+            if bad:
+                d = np.float32(np.nan)
+        else:
+            for i in range(QK):
+                qi = np.int32(min(max(np.rint(x[t, QK * b + i] / d), np.float32(-127.0)), np.float32(127.0)))
+                qb[b, i] = qi
+                s += qi
+        db[b] = d
+        sb[b] = s
+    for j in range(GROUP):                            # the wrap: blocks 0, 1, ... again after nb
+        b = j % nb
+        for i in range(QK):
+            qb[nb + j, i] = qb[b, i]
+        db[nb + j] = db[b]
+        sb[nb + j] = sb[b]
+    for p in range(P):
+        b0 = (GROUP * p) % nb
+        store_w8(xq, (t * P + p) * 512, block_per_lane(qb, b0 * QK))
+        for lane in range(GROUP):
+            xd[t, GROUP * p + lane] = db[b0 + lane]
+            xs[t, GROUP * p + lane] = sb[b0 + lane]
+            xm[t, GROUP * p + lane] = db[b0 + lane] * np.float32(sb[b0 + lane])
+
+
+PARALLEL_ROWS = 8     # rows of x from which their rounding runs on all threads
+
+
+@njit(inline="always")
+def _quantize(x):
+    """All rows of x, in the kernels' layout: (xq, xd, xs, xm); on one thread for a few rows (a
+    parallel region costs more than rounding a decode row), on all from PARALLEL_ROWS."""
+    T, C = x.shape
+    nb = C // QK
+    P = patterns(nb)
+    xq = np.empty((T, P, 8, 64), np.int8)
+    f = np.empty((3, T, GROUP * P), np.float32)        # one allocation for the three (each costs)
+    xd, xm, xs = f[0], f[1], f[2].view(np.int32)
+    if T < PARALLEL_ROWS:
+        qb = np.empty((nb + GROUP, QK), np.int8)
+        ds = np.empty((2, nb + GROUP), np.float32)
+        for t in range(T):
+            _quantize_row(x, t, P, xq, xd, xs, xm, qb, ds[0], ds[1].view(np.int32))
+    else:
+        for t in prange(T):
+            qb = np.empty((nb + GROUP, QK), np.int8)
+            ds = np.empty((2, nb + GROUP), np.float32)
+            _quantize_row(x, t, P, xq, xd, xs, xm, qb, ds[0], ds[1].view(np.int32))
+    return xq, xd, xs, xm
+
+
+@njit(parallel=True, cache=True)
+def quantize_x(x):
+    """Step 1 alone (the tests compare it with the reference's): x [T, C] -> (xq, xd, xs, xm)."""
+    return _quantize(x)
+
+
+@njit(inline="always")
+def _accumulate(acc, t, a, f, rend, simple):
+    """Add a group's float results `a` (16 lanes, x row t) into row accumulator acc[t]: all lanes when
+    the group lies within the row (simple), else only the lanes up to the row's end `rend` (flat)."""
+    o = t * GROUP
+    if simple:
+        store_f32x16(acc, o, load_f32x16(acc, o) + a)
+    else:
+        store_f32x16(acc, o, load_f32x16(acc, o) + lanes(a, 0, rend - f))
+
+
+@njit(inline="always")
+def _q8_0_matmul(isa, q, d, x, y):
+    """Q8_0: y [T, R] float32 = x [T, C] float32 @ W^T, W's q int8 [R, C] and d uint16 [R, C/32]
+    (float16 bits); x rounded to int8 blocks first (_quantize)."""
+    R, C = q.shape
+    nb = C // QK
+    xq, xd, xs, xm = _quantize(x)
+    P = xd.shape[1] // GROUP
+    T = y.shape[0]
+    for c in prange((R + ROWS - 1) // ROWS):
+        r0, r1 = c * ROWS, min(R, c * ROWS + ROWS)
+        acc = np.empty((TILE, GROUP), np.float32)
+        spill = np.empty((TILE, GROUP), np.float32)    # a group's results past a row's end
+        for t0 in range(0, T, TILE):
+            nt = min(TILE, T - t0)
+            for t in range(nt):
+                store_f32x16(acc, t * GROUP, zero_f32x16())
+            r = r0
+            rend = (r0 + 1) * nb                       # flat block where row r ends
+            for f in range(r0 * nb, r1 * nb, GROUP):
+                nv = min(GROUP, r1 * nb - f)
+                w = q8_group(isa, q, f * QK, nv * QK)
+                dw = load_f16x16(d, f, nv)
+                o = (f // GROUP) % P * GROUP
+                simple = rend >= f + GROUP
+                for t in range(nt):
+                    ox = (t0 + t) * P * GROUP + o
+                    i = dot8(isa, True, block_init(isa, True, xs, ox), w, xq, ox * QK)
+                    a = (dw * load_f32x16(xd, ox)) * to_f32(i)
+                    _accumulate(acc, t, a, f, rend, simple)
+                    if not simple:
+                        store_f32x16(spill, t * GROUP, a)
+                lo = 0
+                while rend <= f + nv:                  # rows ending in this group
+                    for t in range(nt):
+                        y[t0 + t, r] = tree_sum(load_f32x16(acc, t * GROUP))
+                        store_f32x16(acc, t * GROUP, zero_f32x16())
+                    lo = rend - f
+                    r += 1
+                    rend += nb
+                    if r < r1 and lo < nv:            # the next row's lanes of this group (0 + a, as
+                                                      # the reference adds: never -0.0)
+                        for t in range(nt):
+                            store_f32x16(acc, t * GROUP, load_f32x16(acc, t * GROUP)
+                                         + lanes(load_f32x16(spill, t * GROUP), lo, min(nv, rend - f)))
+
+
+@njit(inline="always")
+def _q4_matmul(isa, q, d, m, x, y):
+    """Q4_0 and Q4_1: y [T, R] = x [T, C] @ W^T, W's q uint8 [R, C/2] (GGUF's nibble order),
+    d uint16 [R, C/32] and m uint16 [R, C/32] (Q4_1: value = d·n + m) or an empty [0, 0] array
+    (Q4_0: value = d·(n - 8)); x rounded to int8 blocks first (_quantize)."""
+    R, H = q.shape
+    nb = H // 16
+    xq, xd, xs, xm = _quantize(x)
+    P = xd.shape[1] // GROUP
+    T = y.shape[0]
+    has_min = m.shape[0] > 0
+    for c in prange((R + ROWS - 1) // ROWS):
+        r0, r1 = c * ROWS, min(R, c * ROWS + ROWS)
+        acc = np.empty((TILE, GROUP), np.float32)
+        spill = np.empty((TILE, GROUP), np.float32)
+        for t0 in range(0, T, TILE):
+            nt = min(TILE, T - t0)
+            for t in range(nt):
+                store_f32x16(acc, t * GROUP, zero_f32x16())
+            r = r0
+            rend = (r0 + 1) * nb
+            for f in range(r0 * nb, r1 * nb, GROUP):
+                nv = min(GROUP, r1 * nb - f)
+                w = q4_group(q, f * 16, nv * 16)
+                dw = load_f16x16(d, f, nv)
+                o = (f // GROUP) % P * GROUP
+                simple = rend >= f + GROUP
+                if has_min:
+                    mw = load_f16x16(m, f, nv)
+                    for t in range(nt):
+                        ox = (t0 + t) * P * GROUP + o
+                        i = dot8(isa, False, zero_i32x16(), w, xq, ox * QK)
+                        a = (dw * load_f32x16(xd, ox)) * to_f32(i) + mw * load_f32x16(xm, ox)
+                        _accumulate(acc, t, a, f, rend, simple)
+                        if not simple:
+                            store_f32x16(spill, t * GROUP, a)
+                else:
+                    for t in range(nt):
+                        ox = (t0 + t) * P * GROUP + o
+                        i = dot8(isa, False, block_init(isa, False, xs, ox), w, xq, ox * QK)
+                        a = (dw * load_f32x16(xd, ox)) * to_f32(i)
+                        _accumulate(acc, t, a, f, rend, simple)
+                        if not simple:
+                            store_f32x16(spill, t * GROUP, a)
+                lo = 0
+                while rend <= f + nv:
+                    for t in range(nt):
+                        y[t0 + t, r] = tree_sum(load_f32x16(acc, t * GROUP))
+                        store_f32x16(acc, t * GROUP, zero_f32x16())
+                    lo = rend - f
+                    r += 1
+                    rend += nb
+                    if r < r1 and lo < nv:
+                        for t in range(nt):
+                            store_f32x16(acc, t * GROUP, load_f32x16(acc, t * GROUP)
+                                         + lanes(load_f32x16(spill, t * GROUP), lo, min(nv, rend - f)))
+
+
+# -- the entries: one per format and instruction set (an argument typed by a Python object costs
+# numba's dispatcher 0.8-2.9 µs a call; a global is a constant of the compiled code) -----------------
+
+_AVX512_VNNI, _AVX_VNNI, _AVX2, _GENERIC = (Isa(n) for n in ISAS)
+
+
+@njit(parallel=True, cache=True)
+def q8_0_avx512_vnni(q, d, x, y):
+    _q8_0_matmul(_AVX512_VNNI, q, d, x, y)
+
+
+@njit(parallel=True, cache=True)
+def q8_0_avx_vnni(q, d, x, y):
+    _q8_0_matmul(_AVX_VNNI, q, d, x, y)
+
+
+@njit(parallel=True, cache=True)
+def q8_0_avx2(q, d, x, y):
+    _q8_0_matmul(_AVX2, q, d, x, y)
+
+
+@njit(parallel=True, cache=True)
+def q8_0_generic(q, d, x, y):
+    _q8_0_matmul(_GENERIC, q, d, x, y)
+
+
+@njit(parallel=True, cache=True)
+def q4_avx512_vnni(q, d, m, x, y):
+    _q4_matmul(_AVX512_VNNI, q, d, m, x, y)
+
+
+@njit(parallel=True, cache=True)
+def q4_avx_vnni(q, d, m, x, y):
+    _q4_matmul(_AVX_VNNI, q, d, m, x, y)
+
+
+@njit(parallel=True, cache=True)
+def q4_avx2(q, d, m, x, y):
+    _q4_matmul(_AVX2, q, d, m, x, y)
+
+
+@njit(parallel=True, cache=True)
+def q4_generic(q, d, m, x, y):
+    _q4_matmul(_GENERIC, q, d, m, x, y)
+
+
+KERNELS = {
+    ("q8_0", "avx512-vnni"): q8_0_avx512_vnni, ("q8_0", "avx-vnni"): q8_0_avx_vnni,
+    ("q8_0", "avx2"): q8_0_avx2, ("q8_0", "generic"): q8_0_generic,
+    ("q4", "avx512-vnni"): q4_avx512_vnni, ("q4", "avx-vnni"): q4_avx_vnni,
+    ("q4", "avx2"): q4_avx2, ("q4", "generic"): q4_generic,
+}

@@ -1,0 +1,283 @@
+"""Integer products, the way llama.cpp multiplies: W4A8 (and W8A8) instead of W4A32.
+
+The fused float kernels widen every weight to float32 and multiply floats. Here the activations are
+rounded too, once per product, per block of 32 values to int8 with one float32 scale, and each
+block's 32 products are summed in integers (one VNNI instruction does 64 such multiply-adds); floats
+appear once per block, to scale the block's integer sum. Bytes read are the same as W4A32's (the
+weights' blocks); the arithmetic per weight is an 8-bit multiply-add instead of a widen, a scale and
+a float multiply-add.
+
+This is a different computation from the float product, so it has its own exact reference, here in
+NumPy, and each kernel equals it bit for bit. For x [T, C] and one weight row w [C] (C = 32·nb):
+
+  1. Activations, per row t and block b of 32 values (`quantize_x`):
+         d_x = max|x| / 127            (float32)
+         q_x = clip(rint(x / d_x), -127, 127)   (rint: halves to even; q_x = 0 where d_x = 0)
+         s_x = Σ q_x  (int32),   m_x = d_x · float(s_x)
+     A block holding inf or NaN gets d_x = NaN and q_x = 0: its rows' outputs are NaN.
+  2. Weights, as stored (models/quant.py's planes): Q8_0 q in -128..127; Q4_0 n - 8 and Q4_1 n,
+     n the nibble 0..15; d_w (and Q4_1's m_w) float16, taken to float32 exactly.
+  3. Per block, in integers (exact: |I_b| < 2^20):   I_b = Σ_k w_k · q_x,k
+  4. Per block, in float32, each operation rounded as written, no fused multiply-add:
+         Q8_0, Q4_0:  P_b = (d_w · d_x) · float(I_b)
+         Q4_1:        P_b = ((d_w · d_x) · float(I_b)) + (m_w · m_x)
+  5. Sixteen float32 lanes per row: the row's block b goes to lane (r·nb + b) mod 16 (r the row's
+     number in the weight: the kernels take a weight's blocks 16 at a time in storage order, across
+     row ends), and each lane adds its blocks in order from +0.0: A_L = ((0 + P_b) + P_b') + ...
+     Then y = the lanes added as a tree: a_i = A_i + A_i+8 (i < 8), b_i = a_i + a_i+4,
+     c_i = b_i + b_i+2, y = c_0 + c_1.
+
+Integer sums are exact in any order, so every instruction set gives the same I_b and the float
+steps are the same operations in the same order: the answer does not depend on the CPU. Nor does a
+row's result depend on the other rows in the product (each row of x has its own scales; nothing is
+shared across rows), so a batch computes each row bit for bit as it would alone: the integer set is
+batch-invariant by construction, without the fixed-order float kernels the batch-invariant mode uses.
+
+Which instructions do step 3 is chosen once from the CPU's features (`isa()`): VNNI's vpdpbusd
+(512- or 256-bit), AVX2's vpmaddubsw + vpmaddwd, or LLVM's portable vectors; see _int8.py, which
+also has the forms' measured speeds.
+
+The cost in accuracy, measured (benchmarks/int8_error.py, held-out Shakespeare; float activations
+against int8 ones on the same weights, the int8 kernel set): the bundled model, all 33,802 held-out
+tokens, perplexity Q8_0 130.417 -> 130.441 (+0.02%), Q4_0 130.908 -> 130.912 (+0.003%), float32
+130.422; SmolLM2-135M, 4,095 tokens, its native Q4_1 34.903 -> 34.932 (+0.08%; float32, the same
+blocks widened, 34.903), requantized Q8_0 34.870 -> 34.986 (+0.33%); the largest logit moved by the
+rounding of x 2.2 (SmolLM2 Q4_1) to 4.4 (its Q8_0), the same top-1 at 95-99% of positions, SmolLM2's
+256 greedy tokens all float32's. The bound this project holds the integer set to: held-out perplexity
+within 0.5% of the same weights' with float activations (`ERROR_BOUND`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from functools import lru_cache
+
+import numpy as np
+
+from ..errors import MiniLLMError
+
+ERROR_BOUND = 0.005      # relative perplexity, W·A8 against W·A32 on the same weights (measured above)
+QK = 32                  # values per block (models/quant.py's)
+GROUP = 16                       # blocks per group: the kernels' lanes and the reference's step 5
+ENV = "MINILLM_INT8_ISA"         # pin the instruction set (one the CPU has): tests, measurements
+ISA_WORDS = {
+    "avx512-vnni": "AVX512-VNNI vpdpbusd, 512-bit",
+    "avx-vnni": "VNNI vpdpbusd, 256-bit",
+    "avx2": "AVX2 vpmaddubsw + vpmaddwd",
+    "generic": "portable vectors (LLVM)",
+}
+
+
+class Int8Error(MiniLLMError):
+    """The integer kernels cannot run as asked (an instruction set this CPU lacks, a bad shape)."""
+
+
+# -- the instruction set ------------------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def cpu_features() -> frozenset:
+    """The host CPU's features as LLVM sees them (cpuid and what the OS enables: the same source
+    numba compiles for), the enabled ones only; empty where llvmlite is missing."""
+    try:
+        import llvmlite.binding as llvm
+        return frozenset(k for k, v in llvm.get_host_cpu_features().items() if v)
+    except Exception:                         # pragma: no cover - llvmlite missing or odd
+        return frozenset()
+
+
+def supported(features: frozenset | None = None) -> tuple[str, ...]:
+    """The instruction sets the integer dot can run on here, fastest first (measured: _int8.py)."""
+    f = cpu_features() if features is None else features
+    out = []
+    if {"avx512vnni", "avx512bw", "avx512vl", "avx512f"} <= f:
+        out.append("avx512-vnni")
+    if "avxvnni" in f or {"avx512vnni", "avx512vl"} <= f:
+        out.append("avx-vnni")
+    if "avx2" in f:
+        out.append("avx2")
+    out.append("generic")
+    return tuple(out)
+
+
+def isa() -> str:
+    """The instruction set the integer kernels use here: MINILLM_INT8_ISA if set (refused if this CPU
+    lacks it: the instruction would crash the process), else the first of `supported()`."""
+    want = os.environ.get(ENV, "").strip().lower()
+    have = supported()
+    if want:
+        if want not in ISA_WORDS:
+            raise Int8Error(f"{ENV}={want} is not an instruction set; choose one of {', '.join(ISA_WORDS)}")
+        if want not in have:
+            raise Int8Error(f"{ENV}={want}: this CPU lacks it; it has {', '.join(have)}")
+        return want
+    return have[0]
+
+
+def describe(name: str | None = None) -> str:
+    """One line for the step header and `minillm hardware`: 'int8 dot: AVX512-VNNI vpdpbusd, 512-bit'."""
+    name = name or isa()
+    return f"int8 dot: {ISA_WORDS[name]}"
+
+
+_NO_MIN = np.empty((0, 0), np.uint16)   # Q4_0 has no minimums: the kernel's m is empty
+
+
+# -- the reference (NumPy) ----------------------------------------------------------------------------
+
+def quantize_x_ref(x: np.ndarray) -> tuple:
+    """Step 1 in NumPy: x [T, C] float32 -> (q int8 [T, nb, 32], d float32 [T, nb], s int32 [T, nb],
+    m float32 [T, nb])."""
+    x = np.asarray(x, np.float32)
+    T, C = x.shape
+    xb = x.reshape(T, C // QK, QK)
+    bad = ~np.isfinite(xb).all(axis=2)                                          # [T, nb]
+    amax = np.where(bad, np.float32(0), np.abs(np.where(np.isfinite(xb), xb, 0)).max(axis=2, initial=0))
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        qf = np.clip(np.rint(xb / d[..., None]), -127, 127)
+    q = np.where((d > 0)[..., None], qf, 0).astype(np.int8)
+    d = np.where(bad, np.float32(np.nan), d).astype(np.float32)
+    s = q.astype(np.int32).sum(axis=2, dtype=np.int32)
+    return q, d, s, (d * s.astype(np.float32)).astype(np.float32)
+
+
+def planes(q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> tuple:
+    """A quantized matrix's planes as these kernels take them (kernels/products.py's too): q (int8
+    [R, C]: Q8_0; uint8 [R, C/2]: Q4's nibbles in GGUF's order), C-contiguous, then the scales (and
+    Q4_1's minimums; for Q4_0 an empty array) as float16 bits, uint16 [R, C/32]."""
+    q = np.ascontiguousarray(q)
+    d = np.ascontiguousarray(d).view(np.uint16)
+    if q.dtype == np.int8:
+        return q, d
+    return q, d, _NO_MIN if m is None else np.ascontiguousarray(m).view(np.uint16)
+
+
+def _shape(p: tuple) -> tuple[int, int]:
+    """(R, C) of a weight's planes."""
+    q = p[0]
+    return q.shape[0], q.shape[1] * (1 if q.dtype == np.int8 else 2)
+
+
+def weight_ints(p: tuple) -> np.ndarray:
+    """Step 2's integers of every weight, [R, nb, 32] int8 in value order (Q8_0 q; Q4_0 n - 8; Q4_1 n)."""
+    R, C = _shape(p)
+    nb = C // QK
+    if len(p) == 2:
+        return p[0].view(np.int8).reshape(R, nb, QK)
+    b = p[0].reshape(R, nb, 16)
+    n = np.concatenate([b & 15, b >> 4], axis=2).astype(np.int8)                 # [R, nb, 32]
+    return n if p[2].shape[0] else n - 8
+
+
+def block_sums_ref(wi: np.ndarray, qx: np.ndarray) -> np.ndarray:
+    """Step 3: I [T, R, nb] int32 from the weights' integers [R, nb, 32] and x's [T, nb, 32]. Done as a
+    float32 matrix product per block, exact: every partial sum is an integer below 2^24."""
+    a = qx.astype(np.float32).transpose(1, 0, 2)                                 # [nb, T, 32]
+    b = wi.astype(np.float32).transpose(1, 2, 0)                                 # [nb, 32, R]
+    return np.matmul(a, b).transpose(1, 2, 0).astype(np.int32)                   # [T, R, nb]
+
+
+def matmul_ref(p: tuple, x: np.ndarray, rows_at_once: int = 64) -> np.ndarray:
+    """x [T, C] @ w^T -> [T, R] float32 by steps 1-5 (the kernels' exact answer), w given by its
+    `planes`, `rows_at_once` rows of x at a time (step 3's [T, R, nb] array is the large one)."""
+    R, C = _shape(p)
+    x = _check(C, np.asarray(x))
+    T = x.shape[0]
+    nb = C // QK
+    wi = weight_ints(p)
+    dw = p[1].view(np.float16).astype(np.float32)                                # [R, nb], exact
+    mw = p[2].view(np.float16).astype(np.float32) if len(p) == 3 and p[2].shape[0] else None
+    y = np.empty((T, R), np.float32)
+    for t0 in range(0, T, rows_at_once):
+        qx, dx, _, mx = quantize_x_ref(x[t0:t0 + rows_at_once])
+        I = block_sums_ref(wi, qx)                                               # [t, R, nb]
+        with np.errstate(all="ignore"):
+            P = (dw[None] * dx[:, None, :]) * I.astype(np.float32)               # step 4
+            if mw is not None:
+                P = P + mw[None] * mx[:, None, :]
+            A = np.zeros(P.shape[:2] + (GROUP,), np.float32)                     # step 5
+            lane = (np.arange(R)[:, None] * nb + np.arange(nb)[None, :]) % GROUP     # [R, nb]
+            rows = np.arange(R)
+            for b in range(nb):
+                A[:, rows, lane[:, b]] = A[:, rows, lane[:, b]] + P[:, :, b]
+            while A.shape[-1] > 1:
+                h = A.shape[-1] // 2
+                A = A[..., :h] + A[..., h:]
+        y[t0:t0 + rows_at_once] = A[..., 0]
+    return y
+
+
+# -- the kernels --------------------------------------------------------------------------------------
+
+def patterns(nb: int) -> int:
+    """How many different 16-block x vectors a weight of nb blocks a row needs: its block b of row r
+    sits in lane (r·nb + b) mod 16, so the pattern repeats every nb / gcd(nb, 16) groups."""
+    return nb // math.gcd(nb, GROUP)
+
+
+def _check(C: int, x) -> np.ndarray:
+    if x.ndim != 2 or x.shape[1] != C:
+        raise Int8Error(f"a weight of rows of {C} values multiplies x [T, {C}], not x of shape {x.shape}")
+    if x.dtype != np.float32 or not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+    return x
+
+
+def quantize_x(x: np.ndarray) -> tuple:
+    """Step 1 by the kernels, in their layout: (xq int8 [T, P, 8, 64], xd, xs, xm [T, 16·P])."""
+    from . import _int8
+    x = np.asarray(x)
+    if x.ndim != 2 or x.shape[1] % QK or x.shape[1] == 0:
+        raise Int8Error(f"rows of x cut into blocks of {QK} values: got x of shape {x.shape}")
+    return _int8.quantize_x(_check(x.shape[1], x))
+
+
+_ISA: list = [None, None]     # [MINILLM_INT8_ISA as last read, the instruction set it gave]
+
+
+def _current_isa() -> str:
+    want = os.environ.get(ENV)
+    if _ISA[1] is None or want != _ISA[0]:
+        _ISA[:] = [want, isa()]
+    return _ISA[1]
+
+
+def kernel(q8: bool, isa_name: str | None = None):
+    """The compiled product for Q8_0 (q8) or Q4 planes on an instruction set (default `isa()`):
+    kernel(*planes, x, y) with x [T, C] float32 C-contiguous and y [T, R] float32 (what a weight
+    class calls per product, without this module's checks)."""
+    from ._int8 import KERNELS
+    name = isa_name or _current_isa()
+    if name not in supported():
+        raise Int8Error(f"this CPU cannot run the {name!r} integer kernels; it has {', '.join(supported())}")
+    return KERNELS["q8_0" if q8 else "q4", name]
+
+
+def matmul(p: tuple, x: np.ndarray, isa_name: str | None = None) -> np.ndarray:
+    """x [T, C] @ w^T -> [T, R] float32 in integers (x rounded to int8 blocks inside, once), w given
+    by its `planes`; equal to `matmul_ref` bit for bit. isa_name: one of `supported()` (default `isa()`)."""
+    R, C = _shape(p)
+    x = _check(C, x)
+    y = np.empty((x.shape[0], R), np.float32)
+    kernel(len(p) == 2, isa_name)(*p, x, y)
+    return y
+
+
+# -- when the integer set is the default ---------------------------------------------------------------
+#
+# Within ERROR_BOUND for every format measured (see above), so speed decides, per format and
+# instruction set, from _int8.py's interleaved measurements against the fused float kernel (one
+# thread, whole passes): with VNNI the integer kernels were the faster at every row count measured
+# for Q8_0 and Q4_1 (decode of one row 3.18 against 2.95x NumPy float32 on GPT-2's Q8_0, 3.53 against
+# 2.79x on SmolLM2's Q4_1; 4 rows 5.94 against 3.49x and 6.76 against 5.10x); with AVX2 alone, faster
+# for Q4 (one row 3.38 against 2.79x) but not for Q8_0's one row (2.30 against 2.95x); the portable
+# form slower for both (1.80 and 1.83x). Q4_0 takes Q4_1's verdict (the same nibbles, no minimum).
+
+def faster_than_fused(fmt: str, name: str | None = None) -> bool:
+    """Is the integer set the faster for weights of `fmt` ("q8_0", "q4_0", "q4_1") on instruction set
+    `name` (default this CPU's), by the measurements above?"""
+    name = name or isa()
+    if name in ("avx512-vnni", "avx-vnni"):
+        return True
+    return name == "avx2" and fmt in ("q4_0", "q4_1")

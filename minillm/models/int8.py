@@ -1,0 +1,92 @@
+"""The integer kernel set's weights (`--kernels int8`): quantized products the way llama.cpp
+multiplies them, W8A8 / W4A8 (minillm/kernels/int8.py: the arithmetic, its exact NumPy reference and
+what it costs in accuracy; _int8.py: the kernels and their measured forms).
+
+Int8Quant is a QuantMatrix (same planes, same bytes, same `rows`, `dequantize`, `fixed_matmul`)
+whose product rounds each row of x to int8 blocks once and multiplies the blocks in integers, for
+any number of rows: one pass over the weight's groups serves all of x's rows (32 at a time from the
+cache), so decode rows and a prefill's tiles are the same kernel. Float weights (a float32 model,
+norms aside) are the fused set's (models/fused.py): the integer set changes quantized products only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import int8
+from .fused import fuse
+from .quant import QK, QuantMatrix
+
+
+class Int8Quant(QuantMatrix):
+    """A QuantMatrix multiplied by the integer kernels (see the module's docstring)."""
+
+    @classmethod
+    def of(cls, w: QuantMatrix) -> "Int8Quant":
+        """The same planes (no copy), multiplied in integers."""
+        return cls(w.fmt, np.ascontiguousarray(w.q), np.ascontiguousarray(w.d),
+                   None if w.m is None else np.ascontiguousarray(w.m))
+
+    def __init__(self, fmt, q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> None:
+        super().__init__(fmt, q, d, m)
+        self.planes = int8.planes(q, d, m)      # the kernel's arguments, made once
+        self._kernel = None
+
+    def __repr__(self) -> str:
+        return "Int8" + super().__repr__()
+
+    @property
+    def n_in(self) -> int:
+        return self.shape[1]
+
+    @property
+    def n_out(self) -> int:
+        return self.shape[0]
+
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        """x [T, C] @ this^T -> [T, R] float32: x rounded to int8 blocks, the blocks multiplied in
+        integers (float64 x: QuantMatrix's float product, the NumPy path's)."""
+        if x.dtype != np.float32:
+            return super().matmul(x)
+        if self._kernel is None:                 # chosen at the first product: MINILLM_INT8_ISA read then
+            self._kernel = int8.kernel(len(self.planes) == 2)
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+        y = np.empty((x.shape[0], self.shape[0]), np.float32)
+        self._kernel(*self.planes, x, y)
+        return y
+
+    def take_rows(self, order: np.ndarray) -> "Int8Quant":
+        return Int8Quant(self.fmt, self.q[order], self.d[order], None if self.m is None else self.m[order])
+
+    def counts(self, T: int, itemsize: int = 4) -> dict:
+        """What a product of T rows tells the meter (its 2·T·R·C multiply-adds, integer here, are
+        ops.linear's `matmul`). weights = the blocks' bytes, read once (the passes after the first
+        32 rows of x find them in the cache); scratch = x's rounded copy, written once and read back
+        (int8 values in P lane patterns of 16 blocks, each lane's scale, sum and d·sum: P·(512 + 192)
+        bytes a row); dequant = the rest: rounding x, 7 per value (|x|, max, divide, round, two
+        clips, the sum) and 2 per block (the scale, d·sum); per pass of 32 rows over the weight each
+        scale (and minimum) widened from float16, 1, and Q4's nibbles split, 1 per value; per block
+        and row of x, the block's float work: int to float, d_w·d_x, the product, the add, 4 (Q4_0's
+        -8·Σx in integers +1, Q4_1's m_w·m_x and its add +2); per output, the 16 lanes' tree, 15."""
+        if itemsize != 4:
+            return super().counts(T, itemsize)
+        R, C = self.shape
+        nb = C // QK
+        P = int8.patterns(nb)
+        passes = -(-T // 32)
+        n_s = 2 if self.fmt.has_min else 1
+        per_block = 4 + {"q8_0": 0, "q4_0": 1, "q4_1": 2}[self.fmt.name]
+        dequant = (T * C * 7 + T * nb * 2 + passes * (R * nb * n_s + (R * C if self.fmt.bits == 4 else 0))
+                   + T * R * nb * per_block + T * R * 15)
+        return {"weights": self.nbytes, "scratch": 2 * T * P * (512 + 192), "dequant": dequant}
+
+
+def integer(w):
+    """The integer set's implementation of a NumPy weight: a QuantMatrix -> Int8Quant (same planes,
+    no copy); a float weight -> the fused set's (models/fused.py); anything else unchanged."""
+    if isinstance(w, Int8Quant):
+        return w
+    if isinstance(w, QuantMatrix):
+        return Int8Quant.of(w)
+    return fuse(w)

@@ -1,0 +1,216 @@
+"""The integer kernels (minillm/kernels/int8.py, _int8.py) against their exact NumPy reference: the
+rounding of x, and every product on every instruction set this CPU runs, bit for bit, over random
+shapes, row counts, stored bytes, extreme and non-finite scales and activations; a row's result
+alone equals the same row in a batch, exactly; the reference's error against the float product
+stays within the bound its rounding allows; the refusals.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minillm import kernels
+from minillm.errors import MiniLLMError
+from minillm.kernels import int8
+from minillm.models.quant import QK, QuantMatrix
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"numba kernels: {kernels.status().reason}")
+
+FMTS = ("q8_0", "q4_0", "q4_1")
+ISAS = int8.supported()
+
+
+def pl(w: QuantMatrix) -> tuple:
+    """A QuantMatrix's planes, as the kernels take them."""
+    return int8.planes(w.q, w.d, w.m)
+
+
+def same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit for bit, NaN where the other is NaN (a NaN's payload is the hardware's choice)."""
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    if a.shape != b.shape:
+        return False
+    na, nb_ = np.isnan(a), np.isnan(b)
+    return bool((na == nb_).all() and np.array_equal(a[~na].view(np.uint32), b[~nb_].view(np.uint32)))
+
+
+def scales(rng, n: int, kind: str) -> np.ndarray:
+    """n float16 scales: ordinary, any bit pattern (subnormal to 65504, inf and NaN), or zero."""
+    if kind == "zero":
+        return np.zeros(n, np.float16)
+    if kind == "any":
+        return rng.integers(0, 1 << 16, n).astype(np.uint16).view(np.float16)
+    return (rng.standard_normal(n) * 0.01).astype(np.float16)
+
+
+@st.composite
+def quant_matrices(draw, max_rows: int = 40, max_blocks: int = 40, finite: bool = False):
+    """A QuantMatrix of random stored bytes (Q8_0's full -128..127), its scales (and minimums)
+    ordinary, any float16 bits, or zero, block by block."""
+    fmt = draw(st.sampled_from(FMTS))
+    R, nb = draw(st.integers(1, max_rows)), draw(st.integers(1, max_blocks))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    kinds = ["plain", "zero"] if finite else ["plain", "any", "zero"]
+    pick = rng.integers(0, len(kinds), 2 * R * nb) if draw(st.booleans()) else np.zeros(2 * R * nb, int)
+    table = [scales(rng, 2 * R * nb, k) for k in kinds]
+    sc = np.choose(pick, table).astype(np.float16)
+    d, m = sc[:R * nb].reshape(R, nb), sc[R * nb:].reshape(R, nb)
+    if finite:
+        d, m = np.where(np.isfinite(d), d, 1), np.where(np.isfinite(m), m, 1)
+    if fmt == "q8_0":
+        q = rng.integers(-128, 128, (R, nb * QK)).astype(np.int8)
+    else:
+        q = rng.integers(0, 256, (R, nb * QK // 2)).astype(np.uint8)
+    return QuantMatrix(fmt, q, d, m if fmt == "q4_1" else None)
+
+
+def activations(rng, T: int, C: int, kind: str) -> np.ndarray:
+    """x [T, C]: normal, wide (1e-40 to 1e38, both signs, zeros), or with inf and NaN sprinkled in."""
+    x = rng.standard_normal((T, C)).astype(np.float32)
+    if kind == "wide":
+        x *= (10.0 ** rng.uniform(-40, 37, (T, C))).astype(np.float32)
+        x[rng.random((T, C)) < 0.1] = 0
+    elif kind == "nonfinite":
+        x[rng.random((T, C)) < 0.02] = np.inf
+        x[rng.random((T, C)) < 0.02] = -np.inf
+        x[rng.random((T, C)) < 0.02] = np.nan
+    return x
+
+
+def unpack(xq, xd, xs, xm, nb):
+    """The kernels' layout back to blocks: (q [T, nb, 32], d, s, m [T, nb]); pattern p's lane L
+    holds block (16p + L) mod nb: the first nb lanes in order are blocks 0..nb-1."""
+    T = xq.shape[0]
+    q = xq.reshape(T, -1, 8, 16, 4).transpose(0, 1, 3, 2, 4).reshape(T, -1, QK)[:, :nb]
+    return q, xd[:, :nb], xs[:, :nb], xm[:, :nb]
+
+
+rows = st.one_of(st.integers(1, 9), st.integers(30, 70))         # past the tile of 32 and 8 rows
+
+
+# -- step 1: rounding x ---------------------------------------------------------------------------
+
+@settings(max_examples=60)
+@given(st.integers(1, 40), rows, st.sampled_from(["normal", "wide", "nonfinite"]), st.integers(0, 2**32 - 1))
+def test_rounding_x_matches_the_reference_and_every_lane_pattern(nb, T, kind, seed):
+    x = activations(np.random.default_rng(seed), T, nb * QK, kind)
+    got = int8.quantize_x(x)
+    want = int8.quantize_x_ref(x)
+    for g, w in zip(unpack(*got, nb), want):
+        assert same(g, w) if g.dtype.kind == "f" else np.array_equal(g, w)
+    P = int8.patterns(nb)
+    lanes = (np.arange(16 * P) % nb)                              # every pattern's lanes, in order
+    assert np.array_equal(got[2], want[2][:, lanes])
+    assert same(got[1], want[1][:, lanes])
+
+
+def test_rounding_halves_to_even_and_clips():
+    x = np.zeros((1, 32), np.float32)
+    x[0, :4] = [127.0, 0.5, 1.5, -2.5]                             # d = 1: q = x rounded, halves to even
+    q, d, s, m = int8.quantize_x_ref(x)
+    assert d[0, 0] == 1 and q[0, 0, :4].tolist() == [127, 0, 2, -2] and s[0, 0] == 127
+    got = unpack(*int8.quantize_x(x), 1)
+    assert got[0][0, 0, :4].tolist() == [127, 0, 2, -2]
+    x[0, 5] = np.nan                                               # a non-finite block: d NaN, q 0
+    q, d, s, m = int8.quantize_x_ref(x)
+    assert np.isnan(d[0, 0]) and not q.any() and s[0, 0] == 0
+
+
+# -- steps 2-5: the products ------------------------------------------------------------------------
+
+@settings(max_examples=80)
+@given(quant_matrices(), rows, st.sampled_from(["normal", "wide", "nonfinite"]), st.integers(0, 2**32 - 1))
+def test_every_instruction_set_equals_the_reference_bit_for_bit(w, T, kind, seed):
+    x = activations(np.random.default_rng(seed), T, w.shape[1], kind)
+    want = int8.matmul_ref(pl(w), x)
+    for name in ISAS:
+        assert same(int8.matmul(pl(w), x, name), want), name
+
+
+@settings(max_examples=40)
+@given(quant_matrices(max_rows=24, max_blocks=20), st.integers(2, 40), st.integers(0, 2**32 - 1))
+def test_a_row_alone_equals_the_same_row_in_a_batch(w, T, seed):
+    """Each row of x has its own scales and nothing is shared across rows: batched == alone exactly."""
+    x = activations(np.random.default_rng(seed), T, w.shape[1], "normal")
+    batch = int8.matmul(pl(w), x)
+    for t in range(T):
+        assert same(int8.matmul(pl(w), x[t:t + 1])[0], batch[t])
+
+
+@settings(max_examples=40)
+@given(quant_matrices(max_rows=30, max_blocks=24, finite=True), st.integers(1, 12), st.integers(0, 2**32 - 1))
+def test_the_error_against_the_float_product_is_within_the_roundings_bound(w, T, seed):
+    """Rounding x to d·q moves each value by at most d/2, so the product moves by at most
+    Σ_b (d_b/2)·Σ_k |w_k| per row, plus float32 rounding of the sums (bounded by 2^-22 per term of the
+    exact sum of |w·x|, far below it here); a kernel that drops or misplaces a block is outside it."""
+    rng = np.random.default_rng(seed)
+    x = activations(rng, T, w.shape[1], "normal")
+    W = w.dequantize().astype(np.float64)                           # [R, C], exact values
+    if not np.isfinite(W).all() or np.abs(W).max() > 1e30:
+        return
+    exact = x.astype(np.float64) @ W.T                               # [T, R]
+    _, dx, _, _ = int8.quantize_x_ref(x)                             # [T, nb]
+    nb = w.shape[1] // QK
+    wabs = np.abs(W).reshape(-1, nb, QK).sum(axis=2)                 # [R, nb]
+    bound = (dx.astype(np.float64) / 2) @ wabs.T                     # [T, R]
+    terms = np.abs(x).astype(np.float64) @ np.abs(W).T
+    got = int8.matmul(pl(w), x).astype(np.float64)
+    assert (np.abs(got - exact) <= bound * (1 + 1e-5) + 2.0 ** -20 * (terms + bound) + 1e-30).all()
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_shapes_of_real_models_equal_the_reference(fmt):
+    """The widths of GPT-2 and SmolLM2 (768, 3072; 576, 1536), their patterns 3, 6, 9 and 3."""
+    rng = np.random.default_rng(0)
+    for R, C in ((50, 768), (17, 3072), (40, 576), (33, 1536)):
+        w = QuantMatrix.quantize(rng.standard_normal((R, C)).astype(np.float32), fmt)
+        x = rng.standard_normal((5, C)).astype(np.float32)
+        assert same(int8.matmul(pl(w), x), int8.matmul_ref(pl(w), x))
+
+
+# -- the instruction set, and refusals ------------------------------------------------------------------
+
+def test_the_instruction_set_follows_the_cpus_features():
+    assert int8.supported(frozenset({"avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx2"})) == \
+        ("avx512-vnni", "avx-vnni", "avx2", "generic")
+    assert int8.supported(frozenset({"avxvnni", "avx2"})) == ("avx-vnni", "avx2", "generic")
+    assert int8.supported(frozenset({"avx2", "fma"})) == ("avx2", "generic")
+    assert int8.supported(frozenset({"neon"})) == ("generic",)
+    assert int8.isa() in ISAS and int8.describe().startswith("int8 dot: ")
+
+
+def test_an_instruction_set_the_cpu_lacks_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setenv(int8.ENV, "avx-512-typo")
+    with pytest.raises(MiniLLMError, match="not an instruction set"):
+        int8.isa()
+    lacking = [n for n in int8.ISA_WORDS if n not in ISAS]
+    if lacking:
+        monkeypatch.setenv(int8.ENV, lacking[0])
+        with pytest.raises(MiniLLMError, match="this CPU lacks it"):
+            int8.isa()
+        w = QuantMatrix.quantize(np.ones((2, 32), np.float32), "q8_0")
+        with pytest.raises(MiniLLMError, match="cannot run"):
+            int8.matmul(pl(w), np.ones((1, 32), np.float32), lacking[0])
+    monkeypatch.setenv(int8.ENV, "generic")
+    assert int8.isa() == "generic"
+
+
+def test_a_wrong_shape_is_refused_in_one_line():
+    w = QuantMatrix.quantize(np.ones((4, 64), np.float32), "q4_0")
+    for x in (np.ones((2, 32), np.float32), np.ones(64, np.float32)):
+        with pytest.raises(MiniLLMError, match="multiplies x"):
+            int8.matmul(pl(w), x)
+        with pytest.raises(MiniLLMError, match="multiplies x"):
+            int8.matmul_ref(pl(w), x)
+    with pytest.raises(MiniLLMError, match="blocks of 32"):
+        int8.quantize_x(np.ones((2, 40), np.float32))
+
+
+def test_float64_and_strided_x_are_taken_as_float32():
+    rng = np.random.default_rng(3)
+    w = QuantMatrix.quantize(rng.standard_normal((8, 64)).astype(np.float32), "q8_0")
+    x = rng.standard_normal((6, 128))
+    assert same(int8.matmul(pl(w), x[:, ::2]), int8.matmul_ref(pl(w), x[:, ::2].astype(np.float32)))
