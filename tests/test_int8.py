@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minillm import kernels
-from minillm.errors import MiniLLMError
+from minillm.errors import WeightsError, MiniLLMError
 from minillm.kernels import int8
 from minillm.models.quant import QK, QuantMatrix
 
@@ -49,7 +49,9 @@ def scales(rng, n: int, kind: str) -> np.ndarray:
 @st.composite
 def quant_matrices(draw, max_rows: int = 40, max_blocks: int = 40, finite: bool = False):
     """A QuantMatrix of random stored bytes (Q8_0's full -128..127), its scales (and minimums)
-    ordinary, any float16 bits, or zero, block by block."""
+    ordinary, any float16 bits, or zero, block by block. A non-finite scale or minimum is refused
+    in one line where the matrix is made (checked here each time one is drawn); then it is made
+    finite, and the matrix built."""
     fmt = draw(st.sampled_from(FMTS))
     R, nb = draw(st.integers(1, max_rows)), draw(st.integers(1, max_blocks))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
@@ -58,12 +60,14 @@ def quant_matrices(draw, max_rows: int = 40, max_blocks: int = 40, finite: bool 
     table = [scales(rng, 2 * R * nb, k) for k in kinds]
     sc = np.choose(pick, table).astype(np.float16)
     d, m = sc[:R * nb].reshape(R, nb), sc[R * nb:].reshape(R, nb)
-    if finite:
-        d, m = np.where(np.isfinite(d), d, 1), np.where(np.isfinite(m), m, 1)
     if fmt == "q8_0":
         q = rng.integers(-128, 128, (R, nb * QK)).astype(np.int8)
     else:
         q = rng.integers(0, 256, (R, nb * QK // 2)).astype(np.uint8)
+    if not (np.isfinite(d).all() and (fmt != "q4_1" or np.isfinite(m).all())):
+        with pytest.raises(WeightsError, match="NaN or infinite"):
+            QuantMatrix(fmt, q, d, m if fmt == "q4_1" else None)
+    d, m = np.where(np.isfinite(d), d, 1), np.where(np.isfinite(m), m, 1)
     return QuantMatrix(fmt, q, d, m if fmt == "q4_1" else None)
 
 

@@ -34,6 +34,9 @@ from .common import add_trace, err, out
 
 TRACE_STEPS = 8      # --trace: decode steps traced after the prefill, for each model measured
 
+DEFAULT_CONTEXTS = "16,128,512,1000"     # --contexts when not given (--context-sweep has its own)
+
+
 def add_arguments(parser) -> None:
     parser.add_argument("--model", default=None,
                         help="model to benchmark (default random-124m; with --speculate, the bundled large model); "
@@ -140,7 +143,7 @@ def trace_runs(args) -> None:
         kernels = parse_kernels(None)
     names = [n.strip() for n in (args.model or "").split(",") if n.strip()] or \
         [args.model or ("large" if args.speculate is not None else "random-124m")]
-    n = args.batch_context if args.batch is not None else parse_contexts(args.contexts)[0]
+    n = args.batch_context if args.batch is not None else parse_contexts(args.contexts or DEFAULT_CONTEXTS)[0]
     meters, origin = [], None
     for name in names:
         for w in formats:
@@ -162,7 +165,7 @@ def trace_runs(args) -> None:
 def _run(args) -> int:
     if getattr(args, "context_sweep", False):
         return bench_context_sweep(args)
-    contexts = parse_contexts(args.contexts or "16,128,512,1000")
+    contexts = parse_contexts(args.contexts or DEFAULT_CONTEXTS)
     kernels = args.kernel_list = parse_kernels(args.kernels)
     if args.repeats < 1:
         raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
@@ -471,7 +474,7 @@ def bench_weights(args, hw, kernels=None) -> int:
 
     formats = parse_formats(args.weights)
     source = args.model or "random-124m"
-    context = parse_first_context(args.contexts or "16,128,512,1000")
+    context = parse_first_context(args.contexts or DEFAULT_CONTEXTS)
     kernels = kernels or parse_kernels(None)
     with Progress(console=err, transient=True, disable=args.json) as bar:
         task = bar.add_task(f"weights {', '.join(formats)}", total=args.repeats * len(formats) * len(kernels or [None]))
