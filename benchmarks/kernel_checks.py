@@ -19,6 +19,9 @@ import sys
 import time
 from pathlib import Path
 
+import os as _os
+_os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "10")   # before NumPy loads OpenBLAS: as minillm sets it
+
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

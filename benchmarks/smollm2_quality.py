@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import argparse
 
+import os as _os
+_os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "10")   # before NumPy loads OpenBLAS: as minillm sets it
+
 import numpy as np
 
 import minillm

@@ -30,6 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import os as _os
+_os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "10")   # before NumPy loads OpenBLAS: as minillm sets it
+
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]

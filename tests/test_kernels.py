@@ -115,10 +115,11 @@ def test_fused_quantized_product_equals_numpy(w, T, seed):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(1, 80), st.integers(1, 12).map(lambda b: 32 * b), st.one_of(st.integers(1, 10), st.integers(60, 70)),
-       st.integers(0, 2**32 - 1))
+@given(st.integers(1, 80), st.integers(1, 12).map(lambda b: 32 * b),
+       st.one_of(st.integers(1, 12), st.integers(60, 70), st.integers(255, 260)), st.integers(0, 2**32 - 1))
 def test_fused_dense_product_equals_numpy(n_out, n_in, T, seed):
-    """1..8 rows: the fused kernel; 9..64: BLAS as Wt @ x^T; more: x @ Wt^T."""
+    """1..7 rows: the row form; 8..256: the register-blocked form (odd output and x row counts: its
+    tails); more: BLAS, x @ Wt^T."""
     rng = np.random.default_rng(seed)
     W = rng.standard_normal((n_in, n_out)).astype(np.float32)
     x = rng.standard_normal((T, n_in)).astype(np.float32)
@@ -128,10 +129,9 @@ def test_fused_dense_product_equals_numpy(n_out, n_in, T, seed):
     assert np.all(np.abs(kernels.dense_matmul_t(fd.wt, x) - exact) <= bound)
     assert np.all(np.abs(fd.matmul(x) - exact) <= bound)
     assert (fd.n_in, fd.n_out, fd.nbytes) == (n_in, n_out, W.nbytes)
-    with meter.Meter() as m:                        # the meter: the weight once; BLAS's y^T copied to rows
+    with meter.Meter() as m:                        # the meter: the weight once, no scratch, whichever ran
         ops.linear(x, fd)
-    copied = 2 * T * n_out * 4 if 8 < T <= 64 else 0
-    assert m.steps[-1].bytes["weights"] == W.nbytes and m.steps[-1].scratch == copied
+    assert m.steps[-1].bytes["weights"] == W.nbytes and m.steps[-1].scratch == 0
     ids = rng.integers(0, n_out, 5)
     assert np.array_equal(fd.rows(ids), W.T[ids])
 

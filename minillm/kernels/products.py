@@ -70,14 +70,18 @@ def quant_matmul_t(p: tuple, x: np.ndarray) -> np.ndarray:
     return y
 
 
+BLOCKED_FROM = 8      # rows of x from which the float32 product runs the register-blocked form
+
+
 def dense_matmul_t(wt: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """x [T, C] @ wt^T -> [T, R], wt float32 [R, C] (a weight [in, out] kept as its transpose):
-    the weight read once per four rows of x."""
+    """x [T, C] @ wt^T -> [T, R], wt float32 [R, C] (a weight [in, out] kept as its transpose): the
+    weight read once, for four rows of x at a time (the row form up to 7 rows, then four output
+    rows against four rows of x: _numba.py says why)."""
     _check_float32(x, wt)
     checks.dense_product(wt, x)
     x = _f32(x)
     y = np.empty((x.shape[0], wt.shape[0]), np.float32)
-    K.dense_matmul_t(wt, x, y)
+    (K.dense_matmul_t_blocked if x.shape[0] >= BLOCKED_FROM else K.dense_matmul_t)(wt, x, y)
     return y
 
 

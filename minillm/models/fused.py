@@ -10,16 +10,11 @@ QuantMatrix does, widening a tile at a time for BLAS, and counts as QuantMatrix 
 3.3x (Q4_0) at 8 rows, 1.3x and 1.7x at 32, 0.98x and 1.07x at 64, 0.44x and 0.53x at 512.
 
 FusedDense is a float32 weight y = x @ W for W [in, out], kept as its transpose [out, in] (the same
-bytes; `rows` are then contiguous, for a tied head's embedding lookup). 1..8 rows of x (DENSE_ROWS) run
-the fused kernel, which reads the weight once for four rows of x; other row counts run BLAS on the
-same array: up to BLAS_AS_WT_ROWS rows as y^T = Wt @ x^T (y then copied to rows), more as x @ Wt.T.
-GPT-2-124M's layers, quiet 2-core Zen 4, 2 threads, one pass each: Wt @ x^T 35.0 / 50.4 / 84.3 ms
-at 16 / 32 / 64 rows, x @ Wt.T 47.4 / 59.0 / 90.7, the NumPy path's x @ W 37.1 / 51.1 / 80.1; at
-128 and 512 rows x @ Wt.T is the faster (157 and 542 ms against 160 and 751; x @ W 149 and 532).
-Measured before (one thread, CPU time, busy machine):
-fused over ops.matmul on [in, out] 1.15-1.18x at 1 row, 1.1-5x at 2..8 rows (BLAS packs the whole
-weight for 3..8 rows), 0.84x and below from 16 rows; BLAS on Wt.T instead of W costs 0-15% more
-at 64..512 rows (the price of keeping one copy, in the fused kernel's layout).
+bytes; `rows` are then contiguous, for a tied head's embedding lookup). 1..256 rows of x (DENSE_ROWS)
+run the fused kernels, which read the weight once (the row form to 7 rows, the register-blocked form
+from 8: kernels/_numba.py has their measurements against BLAS); more rows (a long prompt) run BLAS
+on the same array, x @ Wt.T (at 512 rows 461 ms over GPT-2-124M's products against the blocked
+form's 485; quiet 2-core Zen 4, 2 threads).
 """
 
 from __future__ import annotations
@@ -31,8 +26,7 @@ from .quant import QK, QuantMatrix
 from .weights import Dense
 
 FUSED_ROWS = 32       # quantized: rows of x up to which the fused kernel runs (more: widening + BLAS)
-DENSE_ROWS = (1, 8)   # float32: rows of x for which the fused kernel runs (prefill: BLAS)
-BLAS_AS_WT_ROWS = 64  # float32, more rows: up to this many, BLAS computes y^T = Wt @ x^T (see above)
+DENSE_ROWS = (1, 256)  # float32: rows of x for which the fused kernels run (a longer prompt: BLAS)
 
 
 class FusedQuant(QuantMatrix):
@@ -112,20 +106,15 @@ class FusedDense(Dense):
         T = x.shape[0]
         if self.fused(T, x.dtype):
             return products.dense_matmul_t(self.wt, x)
-        if T <= BLAS_AS_WT_ROWS:
-            return np.ascontiguousarray((self.wt @ x.T).T)      # [out, in] @ [in, T], then [T, out]
-        return x @ self.wt.T
+        return x @ self.wt.T                                     # [T, in] @ [in, out], BLAS
 
     def rows(self, ids: np.ndarray, dtype=np.float32) -> np.ndarray:
         """The weight vectors of outputs `ids`, [N, n_in] (a tied head: the token embeddings)."""
         return self.wt[ids].astype(dtype or np.float32, copy=False)
 
     def counts(self, T: int, itemsize: int = 4) -> dict:
-        """The weight read once; where BLAS computes y^T = Wt @ x^T (up to BLAS_AS_WT_ROWS rows not
-        run by the fused kernel) the [out, T] result is copied to [T, out] rows: that copy, written
-        and read again, counts as scratch."""
-        copied = T <= BLAS_AS_WT_ROWS and not self.fused(T, np.float32 if itemsize == 4 else np.float64)
-        return {"weights": self.nbytes, "dequant": 0, "scratch": 2 * T * self.n_out * itemsize if copied else 0}
+        """The weight read once, whichever ran (BLAS's packing copies are its own, as for Dense)."""
+        return {"weights": self.nbytes, "dequant": 0, "scratch": 0}
 
     def rows_counts(self, N: int) -> dict:
         return {"weights": N * self.n_in * self.wt.itemsize, "dequant": 0}
