@@ -155,12 +155,12 @@ def tbt_words(ratio: float, mean_batch: float) -> str:
         how = f"{fmt_x(ratio)} one at a time's: somewhat higher"
     else:
         how = f"{fmt_x(ratio)} one at a time's: much higher"
-    return (f"Continuous batching's median time between tokens was {how}, with {mean_batch:.1f} sequences per "
-            "step on average and now and then a prompt chunk in the step. Below the critical batch (lesson 8) a "
-            "bigger step costs little more than a small one; past it, a step's time grows about in proportion "
-            "to B. Lesson 8 measured where that comes on this CPU; on a GPU in fp16, from the weights alone, past "
-            f"about the ridge: B ≈ {gpu_ridge_range()} on an A100, H200 and H100 (more once KV reads count). The token "
-            "budget per step (`--max-batched-tokens`) is the knob Sarathi-Serve tunes for it.")
+    return (f"Continuous batching's median time between tokens was {how}. Its steps held {mean_batch:.1f} "
+            "sequences on average, now and then with a prompt chunk. Below the critical batch (lesson 8), a "
+            "bigger step costs little more than a small one. Past it, a step's time grows about in proportion "
+            "to B. Lesson 8 measured where that comes on this CPU. On a GPU in fp16, from the weights alone, it "
+            f"comes past about the ridge: B ≈ {gpu_ridge_range()} on an A100, H200 and H100 (more once KV reads "
+            "count). Sarathi-Serve tunes the token budget per step (`--max-batched-tokens`) for it.")
 
 
 def goodput(L: Lesson, runs: dict, per_request: float) -> None:
@@ -171,15 +171,16 @@ def goodput(L: Lesson, runs: dict, per_request: float) -> None:
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("policy", "requests", "meet both", "goodput, req/s", "tok/s"):
         t.add_column(col, justify="right", no_wrap=True)
-    good, per_round = {}, {}
+    good, per_round, met_counts = {}, {}, {}
     for p, (r, es) in runs.items():
-        per_round[p] = []
+        per_round[p], met_counts[p] = [], []
         for e in es:
             reqs = list(e.requests.values())
             ok = [q for q in reqs if q.ttft is not None and q.ttft <= ttft_slo
                   and (not q.tbt or statistics.mean(q.tbt) <= tpot_slo)]
             dur = summarize(e)["duration_s"]
             per_round[p].append(len(ok) / dur if dur else 0.0)
+            met_counts[p].append(len(ok))
             if e is es[0]:
                 met = len(ok)
         good[p] = statistics.median(per_round[p])
@@ -193,7 +194,7 @@ def goodput(L: Lesson, runs: dict, per_request: float) -> None:
         still meets the targets (DistServe's figures; lesson 13 runs `minillm serve-sim --rates`).
     """)
     L.show(t, f"[dim]meet both: in the first round; goodput: the median of {len(per_round['continuous'])} rounds[/]")
-    ranking = closeness.rank(per_round, higher=True)
+    ranking = closeness.rank(per_round, higher=True, counts=met_counts)   # goodput counts requests
     L.say(f"""
         {closeness.best_words(ranking, "Goodput on this run", lambda v: f"{v:.2f} requests/s")} Bigger batches
         raise throughput until each step's time pushes TPOT past its target: the batch a server should run is

@@ -7,6 +7,8 @@ Run:  python lessons/13_two_phases.py        (or: minillm learn 13)
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from minillm.lessons._common import Lesson, bar_chart, fmt_x, paired_chart, plural, run_lesson
 from minillm import closeness
 
@@ -15,7 +17,7 @@ from rich.table import Table
 
 from minillm.measure.chips import get_chip, roofline
 from minillm.measure.comparisons import comparison_threads, fit_problem
-from minillm.threads import blas_threads
+from minillm.threads import blas_threads, limited
 from minillm.serving.disagg import (OnThreads, colocated_summary, disaggregated_engines,
                                     measure_copy_gbps, run_interleaved)
 from minillm.serving.metrics import engine_for, merge_rounds, serve, step_fit, summarize
@@ -38,7 +40,7 @@ def fmt_rate(rate: float) -> str:
 
 def lesson(L: Lesson) -> None:
     model = L.load_model(default="large", fast="random-tiny")
-    items = workload(L, model)
+    items, alone = workload(L, model)
     L.pause()
     interference(L, model, items)
     L.pause()
@@ -48,7 +50,8 @@ def lesson(L: Lesson) -> None:
     L.pause()
     rates_and_prices(L, model)
     L.pause()
-    split = disaggregation(L, model, items)
+    split = disaggregation(L, model, items, chunk=min(r["budget"] for r in sweep["results"] if r["budget"]),
+                           alone=alone)
     L.pause()
     remedies(L, model, sweep, split)
     L.try_it("""
@@ -58,14 +61,22 @@ def lesson(L: Lesson) -> None:
     """)
 
 
-def workload(L: Lesson, model) -> list[WorkItem]:
-    """`mixed`: short chats and, one in eight, a long document, at a rate that keeps several running."""
+def alone_seconds(model) -> float:
+    """Seconds a request takes served alone here, now: two seeded requests one after the other."""
     c = model.config
     probe = [WorkItem(0.0, w.prompt, w.max_tokens) for w in
              generate_workload("poisson", rate=1.0, n=2, seed=1, vocab_size=c.vocab_size, n_ctx=c.n_ctx)]
+    r, _ = serve(model, probe, policy="sequential")
+    return r["duration_s"] / 2
+
+
+def workload(L: Lesson, model) -> tuple[list[WorkItem], float]:
+    """`mixed`: short chats and, one in eight, a long document, at a rate that keeps several running
+    (four requests in the time of one alone) -> the requests, and that time."""
+    c = model.config
     with L.status("timing two requests alone…"):
-        r, _ = serve(model, probe, policy="sequential")
-    rate = 4.0 / (r["duration_s"] / 2)
+        alone = alone_seconds(model)
+    rate = 4.0 / alone
     n = L.pick(24, 16)
     items = generate_workload("mixed", rate=rate, n=n, seed=0, vocab_size=c.vocab_size, n_ctx=c.n_ctx)
     long = [w for w in items if len(w.prompt) > c.n_ctx // 2]
@@ -80,7 +91,7 @@ def workload(L: Lesson, model) -> list[WorkItem]:
         tokens) and {len(long)} long documents of {', '.join(str(len(w.prompt)) for w in long)} tokens on
         `{model.name}` (context {c.n_ctx}).
     """)
-    return items
+    return items, alone
 
 
 def gaps_of(req) -> list[float]:
@@ -218,7 +229,8 @@ def goodput_vs_throughput(L: Lesson, model) -> None:
            f"[dim]medians of {R} rounds; the target: halfway (geometric mean) between the median TPOT of batch "
            f"{caps[0]} ({fmt_time(lo_['tpot_p50_s'])}) and of batch {caps[-1]} ({fmt_time(hi_['tpot_p50_s'])})[/]")
     tput = closeness.rank({r["policy"]: r["rounds"]["output_tokens_per_s"] for r in rs})
-    good = closeness.rank({r["policy"]: r["rounds"]["goodput_rps"] for r in rs})
+    good = closeness.rank({r["policy"]: r["rounds"]["goodput_rps"] for r in rs},      # goodput counts requests
+                          counts={r["policy"]: r["rounds"]["good_requests"] for r in rs})
     L.say(closeness.best_words(tput, "Tokens per second", lambda v: f"{v:.1f}") + " "
           + closeness.best_words(good, "Goodput", lambda v: f"{v:.2f}/s"))
     L.say(f"""
@@ -303,7 +315,11 @@ def rates_and_prices(L: Lesson, model) -> None:
            "mostly by its output and cached-input columns")
 
 
-def disaggregation(L: Lesson, model, items) -> dict:
+def disaggregation(L: Lesson, model, items, chunk: int, alone: float) -> dict:
+    """One engine against the split, in interleaved rounds on one thread count; the remedies' table's
+    other two options (whole prompts, the smallest budget) ride in the same rounds, so the three are
+    ranked from one measurement, not from two taken minutes apart. alone: the seconds a request took
+    alone when the workload was paced (`workload`)."""
     from minillm.ui.report import disagg_verdict
     L.section("Splitting the phases: two engines, KV on the wire")
     with L.status("measuring this machine's copy bandwidth…"):
@@ -312,14 +328,28 @@ def disaggregation(L: Lesson, model, items) -> dict:
     threads, why = comparison_threads(blas_threads())
     T = threads or 1
     R = L.serve_rounds()
-    ones = [OnThreads(engine_for(model, items, max_batched_tokens=budget), T) for _ in range(R)]
-    splits = [disaggregated_engines(model, items, p_threads=T, d_threads=T, link_gbps=link,
-                                    max_batched_tokens=budget) for _ in range(R)]
-    with L.status(f"serving the workload on one engine and split, {R} rounds, every step on "
-                  f"{plural(T, 'thread')}, interleaved…"):
-        run_interleaved([x for pair in zip(ones, splits) for x in pair])
+    # Each round paces the workload by a request timed alone just before it, on the same threads: the
+    # engines then run as loaded as the first section's, however busy the machine has become since
+    # (a fixed pace on a machine slowed later overloads one engine and not the split's two).
+    ones, splits, wholes, chunks = [], [], [], []
+    with L.status(f"serving the workload on one engine and split (and whole prompts, budget {chunk} for the "
+                  f"last section), {R} rounds, every step on {plural(T, 'thread')}, interleaved…"):
+        for _ in range(R):
+            with limited(T):
+                pace = alone_seconds(model)
+            paced = [replace(w, arrival=w.arrival * pace / alone) for w in items]
+            four = [OnThreads(engine_for(model, paced, max_batched_tokens=budget), T),
+                    disaggregated_engines(model, paced, p_threads=T, d_threads=T, link_gbps=link,
+                                          max_batched_tokens=budget),
+                    OnThreads(engine_for(model, paced, max_batched_tokens=model.config.n_ctx * 16), T),
+                    OnThreads(engine_for(model, paced, max_batched_tokens=chunk), T)]
+            for group, x in zip((ones, splits, wholes, chunks), four):
+                group.append(x)
+            run_interleaved(four)
     a = merge_rounds([colocated_summary(o.engine, T, label="one engine") for o in ones])
     b = merge_rounds([sp.summary(label="split") for sp in splits])
+    whole = merge_rounds([colocated_summary(o.engine, T, label="no chunking") for o in wholes])
+    chunked = merge_rounds([colocated_summary(o.engine, T, label=f"chunked (budget {chunk})") for o in chunks])
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("", "tok/s", "per engine", "TTFT p95", "TPOT p95", "TBT p99", "KV moved"):
         t.add_column(col, justify="right", no_wrap=True)
@@ -327,7 +357,8 @@ def disaggregation(L: Lesson, model, items) -> dict:
         t.add_row(r["label"], f"{r['output_tokens_per_s']:.1f}", f"{r['output_tokens_per_s'] / n:.1f}",
                   fmt_time(r["ttft_p95_s"]), fmt_time(r["tpot_p95_s"]), fmt_time(r["tbt_p99_s"]),
                   fmt_bytes(r["kv_bytes_moved"]))
-    L.show(t, f"[dim]medians of {R} rounds; every step of every engine on {plural(T, 'BLAS thread')}; link: "
+    L.show(t, f"[dim]medians of {R} rounds, each paced by a request timed alone just before it; every step of "
+              f"every engine on {plural(T, 'BLAS thread')}; link: "
               f"{link:.3g} Gb/s, this machine's measured copy; per engine: tok/s ÷ the engines that served[/]")
     if why:
         L.note(why)
@@ -341,6 +372,7 @@ def disaggregation(L: Lesson, model, items) -> dict:
     L.claim(all(sp.outputs()[k] == o.engine.requests[k].output for sp, o in zip(splits, ones) for k in sp.outputs()),
             "every request got the same tokens from the split as from one engine, every round")
     at25 = expect * 8 / 25e9
+    L.console.print()
     for line in disagg_verdict([{**a, "link_gbps": link}, {**b, "link_gbps": link}]):
         if not line.startswith("  "):            # the rankings; the details are in the table and below
             L.console.print(line.removesuffix(" Measured:"))
@@ -363,16 +395,14 @@ def disaggregation(L: Lesson, model, items) -> dict:
         on its P/D mode: it does not raise throughput, it lets TTFT and the gap between tokens be tuned
         apart. SGLang and NVIDIA Dynamo do it across GPUs and networks too.
     """)
-    return {"one": a, "split": b}
+    return {"one": a, "split": b, "whole": whole, "chunked": chunked, "threads": T}
 
 
 def remedies(L: Lesson, model, sweep: dict, split: dict) -> None:
     L.section("Which remedy, for which target, here and on a GPU")
-    res = sweep["results"]
-    whole = next(r for r in res if r["budget"] is None)
-    best_chunk = min((r for r in res if r["budget"] is not None), key=lambda r: r["budget"])   # the most chunked
-    # throughput per engine: the split serves with two engines' steps, the others with one
-    options = {"no chunking": (whole, 1), f"chunked ({best_chunk['policy']})": (best_chunk, 1),
+    # from one interleaved measurement (disaggregation's rounds); per engine: the split serves with
+    # two engines' steps, the others with one
+    options = {"no chunking": (split["whole"], 1), split["chunked"]["label"]: (split["chunked"], 1),
                "split": (split["split"], 2)}
 
     def rounds(r, n, key):
@@ -389,9 +419,9 @@ def remedies(L: Lesson, model, sweep: dict, split: dict) -> None:
         t.add_row(what, ranking.winner or "no winner",
                   f(ranking.medians[ranking.winner]) if ranking.winner else "rounds close",
                   ranking.loser or "—")
-    L.show(t, f"[dim]from this lesson's runs of the mixed workload, by the closeness rule ({closeness.holds_for()}): "
-              "a best or worst only beyond every other option's spread over the rounds (the split ran in its own "
-              "interleaved rounds, on as many threads per step as one engine)[/]")
+    L.show(t, f"[dim]the mixed workload, the three served in the same interleaved rounds; by the closeness rule "
+              f"({closeness.holds_for(split['threads'])}): a best or worst only beyond every other option's "
+              "spread over the rounds[/]")
     fit = sweep["fit"]
     n_params, wbytes = model.n_params(), model.nbytes()
     fp16 = wbytes / model.dtype.itemsize * 2

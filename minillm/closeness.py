@@ -16,6 +16,12 @@ The rounds are the samples of an interleaved measurement: each side once per rou
 busy moment of the machine slows one round of every side, not every round of one (the lessons'
 `time_interleaved`, `measure.batching.time_steps`, `serving.disagg.run_interleaved`).
 
+A figure that counts events (goodput: the requests that met their targets, per second) moves by whole
+events with the load: two requests against one is not a ranking. Given the counts behind each round
+(`rank(..., counts=...)`), a side is ranked above another only when, besides the rule above, every
+round's count of the one exceeds every round's count of the other by more than COUNT_Z × √(a + b):
+twice the spread two Poisson counts of these sizes would show.
+
 A comparison of shares within one run (loadgen's "which phase took the server's time", the split of
 one run's seconds) has no rounds: `one_run_apart` ranks it only beyond the CLOSE band and says that
 it is one run.
@@ -23,12 +29,14 @@ it is one run.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 CLOSE = 0.05        # medians within 5% of the larger: no side is ranked above the other
 MIN_ROUNDS = 2      # a side needs this many rounds before it can be ranked
+COUNT_Z = 2.0       # counts of events apart by more than COUNT_Z × √(a + b) (two Poisson spreads)
 
 
 def _rel(a: float, b: float) -> float:
@@ -58,6 +66,17 @@ def one_run_apart(a: float, b: float, close: float = CLOSE) -> int:
     if _rel(a, b) <= close:
         return 0
     return 1 if a > b else -1
+
+
+def counts_apart(a: Sequence[int], b: Sequence[int], z: float = COUNT_Z) -> int:
+    """+1 when every round's count in `a` exceeds every round's count in `b` by more than z·√(a + b),
+    -1 the other way round, else 0 (counts of events too close to rank: one request against two)."""
+    lo_a, hi_a, lo_b, hi_b = min(a), max(a), min(b), max(b)
+    if lo_a - hi_b > z * math.sqrt(lo_a + hi_b):
+        return 1
+    if lo_b - hi_a > z * math.sqrt(lo_b + hi_a):
+        return -1
+    return 0
 
 
 def why_not(a: Sequence[float], b: Sequence[float], close: float = CLOSE) -> str:
@@ -90,26 +109,44 @@ class Ranking:
         return self.order[-1]
 
 
-def rank(sides: Mapping[str, Sequence[float]], higher: bool = True, close: float = CLOSE) -> Ranking:
+def rank(sides: Mapping[str, Sequence[float]], higher: bool = True, close: float = CLOSE,
+         counts: Mapping[str, Sequence[int]] | None = None) -> Ranking:
     """Rank `sides` ({name: its rounds}) by the rule: a winner only when it is apart from every other
-    side; `higher` says whether a larger figure is better (tokens/s) or worse (seconds)."""
+    side; `higher` says whether a larger figure is better (tokens/s) or worse (seconds). `counts`
+    ({name: the events counted in each round}) adds the counting rule (`counts_apart`) for figures
+    that count events."""
     rounds = {k: [float(x) for x in v] for k, v in sides.items() if len(v)}
     if not rounds:
         raise ValueError("rank: no side has a round")
     med = {k: statistics.median(v) for k, v in rounds.items()}
     order = tuple(sorted(rounds, key=lambda k: med[k], reverse=higher))
     sign = 1 if higher else -1
+
+    def above(a: str, b: str) -> bool:              # a ranked better than b
+        if sign * apart(rounds[a], rounds[b], close) <= 0:
+            return False
+        return counts is None or sign * counts_apart(counts[a], counts[b]) > 0
+
+    def reason_for(a: str, b: str) -> str:        # why a is not ranked above b, said "b against a"
+        if sign * apart(rounds[a], rounds[b], close) <= 0:
+            return why_not(rounds[a], rounds[b], close)
+        return (f"counts too close to rank, {_span(counts[b])} against {_span(counts[a])} per round, not apart by "
+                f"{COUNT_Z:g}·√ of their sum")
+
     best, worst = order[0], order[-1]
     others = [k for k in order if k != best]
-    winner = best if others and all(sign * apart(rounds[best], rounds[k], close) > 0 for k in others) else None
-    loser = (worst if len(order) > 1 and all(sign * apart(rounds[k], rounds[worst], close) > 0
-                                             for k in order if k != worst) else None)
+    winner = best if others and all(above(best, k) for k in others) else None
+    loser = worst if len(order) > 1 and all(above(k, worst) for k in order if k != worst) else None
     reason = ""
     if winner is None and others:
-        closest = next(k for k in others if sign * apart(rounds[best], rounds[k], close) <= 0)
-        reason = f"{closest} against {best}: {why_not(rounds[best], rounds[closest], close)}"
+        closest = next(k for k in others if not above(best, k))
+        reason = f"{closest} against {best}: {reason_for(best, closest)}"
     return Ranking(order, med, {k: (min(v), max(v)) for k, v in rounds.items()},
                    {k: len(v) for k, v in rounds.items()}, winner, loser, reason)
+
+
+def _span(c: Sequence[int]) -> str:
+    return str(min(c)) if min(c) == max(c) else f"{min(c)}-{max(c)}"
 
 
 def holds_for(threads: int | None = None) -> str:

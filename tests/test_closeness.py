@@ -74,3 +74,31 @@ def test_the_lessons_words_go_through_the_rule():
     assert "slower, every round" in said
     said = _common.faster_words(T((0.5,)), T((1.0,)), "fused", "NumPy")
     assert "no winner (one run" in said
+
+
+counts = st.lists(st.integers(0, 60), min_size=2, max_size=5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(counts, counts)
+def test_counts_rank_only_beyond_twice_their_poisson_spread(a, b):
+    """Goodput counts requests: lesson 9's quiet run ranked static (2 of 24 met both) above
+    sequential (2), its busy run sequential (2) above static (1). A count is ranked only when every
+    round's count clears every round's of the other by more than COUNT_Z·√ of their sum."""
+    side = closeness.counts_apart(a, b)
+    assert side == -closeness.counts_apart(b, a)
+    if side:
+        hi, lo = (a, b) if side > 0 else (b, a)
+        assert min(hi) - max(lo) > closeness.COUNT_Z * (min(hi) + max(lo)) ** 0.5
+    for x, y in zip(a, b):
+        if abs(x - y) <= 2:                                     # a request or two apart never ranks
+            assert side == 0
+
+
+def test_a_goodput_ranking_needs_its_counts_apart_too():
+    per_s = {"static": [0.11, 0.11, 0.11], "sequential": [0.07, 0.07, 0.07]}  # lesson 9, quiet, 24 requests
+    assert closeness.rank(per_s).winner == "static"                             # the rates alone rank
+    r = closeness.rank(per_s, counts={"static": [2, 2, 2], "sequential": [2, 2, 2]})
+    assert r.winner is None and "counts too close to rank, 2 against 2" in r.reason
+    r = closeness.rank(per_s, counts={"static": [20, 21, 22], "sequential": [5, 6, 5]})
+    assert r.winner == "static" and r.loser == "sequential"

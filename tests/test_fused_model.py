@@ -241,3 +241,33 @@ def test_an_int8_kv_cache_with_fused_kernels_reads_through_read():
     assert_close(fused.prefill(ids[:8], c_fused)[0], ref.prefill(ids[:8], c_ref)[0], "int8 prefill")
     for t in ids[8:]:
         assert_close(fused.decode_step(int(t), c_fused), ref.decode_step(int(t), c_ref), "int8 decode")
+
+
+def test_a_fused_gpt2_uses_the_one_pass_layer_norm_and_gelu_but_not_the_batch_invariant_set():
+    """GPT-2's block asks its kernel set for its norm and activation, as Llama's does: the fused set's
+    kernels run in its step; the reference and the batch-invariant sets use ops' own."""
+    from minillm.kernels import elementwise
+    ref, fused = pair("gpt2", "float32")
+    inv = build("gpt2", "float32", "batch-invariant")
+    K = fused.kernel_set
+    assert (K.layer_norm_kernel, K.gelu_kernel) == (elementwise.layer_norm, elementwise.gelu)
+    for m in (ref, inv):
+        assert (m.kernel_set.layer_norm_kernel, m.kernel_set.gelu_kernel) == (None, None)
+    calls = {"norm": 0, "gelu": 0}
+    real_norm, real_gelu = K.layer_norm_kernel, K.gelu_kernel
+
+    def norm(*a):
+        calls["norm"] += 1
+        return real_norm(*a)
+
+    def gelu(*a):
+        calls["gelu"] += 1
+        return real_gelu(*a)
+    try:
+        object.__setattr__(K, "layer_norm_kernel", norm)
+        object.__setattr__(K, "gelu_kernel", gelu)
+        fused.prefill([1, 2, 3])
+    finally:
+        object.__setattr__(K, "layer_norm_kernel", real_norm)
+        object.__setattr__(K, "gelu_kernel", real_gelu)
+    assert calls == {"norm": 2 * GPT2_CFG.n_layer + 1, "gelu": GPT2_CFG.n_layer}

@@ -164,7 +164,12 @@ def test_elementwise_kernels_refuse_each_inconsistent_shape():
              (elementwise.rope, ops.rope, (f32(3, 4, 7), f32(4, 3), f32(4, 3))),      # odd head size
              (elementwise.rope, None, (f32(4, 8), f32(4, 4), f32(4, 4))),
              (elementwise.swiglu, ops.swiglu, (f32(3, 7),)),
-             (elementwise.swiglu, None, (f32(8),))]
+             (elementwise.swiglu, None, (f32(8),)),
+             (elementwise.layer_norm, ops.layer_norm, (x, f32(7), f32(8), 1e-5)),     # a short weight
+             (elementwise.layer_norm, ops.layer_norm, (x, f32(8), f32(9), 1e-5)),     # a long bias
+             (elementwise.layer_norm, None, (x, f32(2, 8), f32(8), 1e-5)),
+             (elementwise.gelu, None, (f32(3, 0),)),
+             (elementwise.gelu, None, (np.float32(1.0),))]
     for kernel, reference, args in cases:
         with pytest.raises(ValueError):
             kernel(*args)
@@ -220,6 +225,11 @@ def test_valid_edge_shapes_equal_numpy():
     np.testing.assert_allclose(elementwise.rope(xr, c, s), ops.rope(xr, c, s), rtol=1e-5, atol=1e-6)
     h = f32(3, 10)
     np.testing.assert_allclose(elementwise.swiglu(h), ops.swiglu(h), rtol=1e-4, atol=1e-6)
+    b = f32(10)
+    np.testing.assert_allclose(elementwise.layer_norm(x, w, b, 1e-5), ops.layer_norm(x, w, b, 1e-5), rtol=1e-5,
+                               atol=1e-5)
+    for g in (f32(1, 1), f32(3, 10), f32(2, 3, 7)):
+        np.testing.assert_allclose(elementwise.gelu(g), ops.gelu(g), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow

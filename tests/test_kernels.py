@@ -177,6 +177,52 @@ def test_fused_swiglu_equals_numpy(N, F, spread, view, seed):
 
 
 @settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 6), st.sampled_from([8, 64, 768]), st.sampled_from([1e-5, 1e-6]),
+       st.sampled_from([0.01, 1.0, 300.0]), st.sampled_from([0.0, 5.0]), st.integers(0, 2**32 - 1))
+def test_fused_layer_norm_equals_numpy(lead, N, n, eps, spread, offset, seed):
+    """GPT-2's norm in three passes against ops.layer_norm's eight, rows of any scale, centred or far
+    from 0 (offset: a mean of 5 spreads, where centring cancels): both within (n + 8) roundings of the
+    exact norm, on the scale of the row's largest |x| over its spread, times |w|, plus |b|."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((lead, N, n)) * spread + offset * spread).astype(np.float32)
+    w, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    x64 = x.astype(np.float64)
+    mean = x64.mean(-1, keepdims=True)
+    sd = np.sqrt(((x64 - mean) ** 2).mean(-1, keepdims=True) + eps)
+    exact = (x64 - mean) / sd * w + b
+    bound = (n + 8) * U * (np.abs(x64).max(-1, keepdims=True) / sd * np.abs(w) + np.abs(b)) + 1e-30
+    fused = FUSED.layer_norm(x, w, b, eps)
+    reference = ops.layer_norm(x, w, b, eps)
+    assert fused.shape == x.shape and fused.dtype == np.float32
+    assert np.all(np.abs(reference - exact) <= bound) and np.all(np.abs(fused - exact) <= bound)
+    assert np.array_equal(fused, elementwise.layer_norm(x, w, b, eps))
+    counted = []
+    for norm in (FUSED.layer_norm, ops.layer_norm):  # counted once, in ops, whichever ran: the same count
+        with meter.Meter() as m:
+            norm(x, w, b, eps)
+        counted.append([(s.ops, s.bytes) for s in m.steps])
+    assert counted[0] == counted[1] and sum(s.ops["layer_norm"]["calls"] for s in m.steps) == 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 6), st.sampled_from([1, 16, 3072]), st.sampled_from([0.1, 3.0, 100.0]), st.booleans(),
+       st.integers(0, 2**32 - 1))
+def test_fused_gelu_equals_numpy(N, F, spread, view, seed):
+    """GPT-2's tanh GELU as x / (1 + exp(-2u)) in two vectorized passes against ops.gelu's tanh
+    chain, inputs from ±0.1 to beyond exp's cap, contiguous or a strided view: both within 16
+    roundings of |x| of the exact value."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((N, F + (3 if view else 0))) * spread).astype(np.float32)[:, :F]
+    x64 = x.astype(np.float64)
+    exact = 0.5 * x64 * (1.0 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3)))
+    bound = 16 * U * np.abs(x64) + 1e-30
+    fused = FUSED.gelu(x)
+    reference = ops.gelu(x)
+    assert fused.shape == x.shape and fused.dtype == np.float32
+    assert np.all(np.abs(reference - exact) <= bound) and np.all(np.abs(fused - exact) <= bound)
+
+
+@settings(max_examples=40, deadline=None)
 @given(st.integers(1, 12), st.integers(1, 9), st.sampled_from([8, 64, 128]), st.booleans(), st.integers(0, 2**32 - 1))
 def test_fused_rope_equals_numpy(G, N, hd, view, seed):
     """The rotation in one pass against ops.rope, on a contiguous array or (as the model passes it)

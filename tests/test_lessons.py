@@ -378,6 +378,10 @@ def test_lesson_9s_time_between_tokens_sentence_follows_the_ratio(ratio, words):
     """E7: the README's run had TBT p50 3.9× one at a time's; the lesson said 'a little higher'."""
     text = _lesson(9).tbt_words(ratio, 11.2)
     assert words in text and "a little" not in text
+    # W12 (the third teaching review): it was one sentence of some 90 words; now none passes 30
+    import re
+    longest = max(len(s.split()) for s in re.split(r"(?<=[.!?])\s+(?=[A-Z])", text))
+    assert longest <= 30, longest
 
 
 def test_lesson_10_and_serve_sim_read_the_decode_verdict_they_print():

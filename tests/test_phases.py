@@ -343,11 +343,11 @@ def _runs(**figures):
 def test_a_budget_verdict_names_a_run_only_beyond_the_others_spread_and_none_when_all_are_close():
     from minillm.ui.report import budget_verdict
     runs = _runs(output_tokens_per_s=[10.0, 20.0, 20.0], tbt_p99_s=[0.1, 0.3, 0.2],
-                 ttft_p95_s=[1.0, 1.02, 1.01], goodput_rps=[0.1, 0.3, 0.2], good_requests=[1, 3, 2],
+                 ttft_p95_s=[1.0, 1.02, 1.01], goodput_rps=[0.1, 0.6, 0.2], good_requests=[10, 60, 20],
                  slo_met=[{"all": x, "tpot": x} for x in (0.2, 0.6, 0.4)])
     lines = budget_verdict(runs, None, {"tpot": 0.05})
     tput, gap, ttft, good = lines[0], lines[1], lines[2], lines[-1]
     assert "favours" not in tput and "no budget stands out" in tput          # two tied at the top: no winner
     assert "favours budget 32 (100 ms (100-101 ms); budget 128: 302 ms (300-303 ms))" in gap
     assert "favours" not in ttft and "within 5%" in ttft and "no budget stands out" in ttft
-    assert "favours budget 128 (0.30 req/s (0.30-0.30 req/s); budget 32: 0.10 req/s" in good
+    assert "favours budget 128 (0.60 req/s (0.60-0.61 req/s); budget 32: 0.10 req/s" in good

@@ -52,8 +52,8 @@ def _twice(**figures):
 def check_budget_verdict(m):
     a = dict(output_tokens_per_s=10.0, tbt_p99_s=0.1, ttft_p95_s=1.0, goodput_rps=0.1)
     b = dict(output_tokens_per_s=20.0, tbt_p99_s=0.3, ttft_p95_s=0.5, goodput_rps=0.3)
-    runs = [_run("budget 32", _twice(**a), **a, good_requests=1, slo_met={"tpot": 0.5}),
-            _run("no chunking", _twice(**b), **b, good_requests=3, slo_met={"tpot": 0.9})]
+    runs = [_run("budget 32", _twice(**a), **a, good_requests=10, slo_met={"tpot": 0.5}),
+            _run("no chunking", _twice(**b), **b, good_requests=30, slo_met={"tpot": 0.9})]
     good = {"fixed_s": 0.046, "per_token_s": 0.0013, "r2": 0.77, "steps": 100}
     said = " ".join(m.budget_verdict(runs, good, {"tpot": 0.07}, weight_read_s=0.018))
     assert "46 ms + 1.3 ms per token" in said and "costs as much as 35 tokens" in said
@@ -63,6 +63,9 @@ def check_budget_verdict(m):
     said = " ".join(m.budget_verdict(runs, useless, {"tpot": 0.07}))
     assert "the fit is not used (r² 0.01" in said and "per token" not in said and "up to" not in said
     assert "Goodput (TPOT≤70 ms) favours no chunking" in said
+    runs[0]["good_requests"], runs[1]["good_requests"] = 1, 3                # goodput counts requests: 3
+    said = " ".join(m.budget_verdict(runs, useless, {"tpot": 0.07}))          # against 1 ranks nothing
+    assert "Goodput (TPOT≤70 ms) favours" not in said and "budget 32 against no chunking: counts too close to rank, 1 against 3" in said
 
 
 def check_diagnosis(m):

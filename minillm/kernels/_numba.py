@@ -550,6 +550,42 @@ def rms_norm(x, w, eps, y):
 
 
 @njit(cache=True, fastmath=FAST)
+def layer_norm(x, w, b, eps, y):
+    """x, y [N, n] float32, w, b [n]: y = (x - mean) / sqrt(var + eps) · w + b, row by row (GPT-2's
+    norm), as ops.layer_norm computes it: the mean, then the variance of the centred row, then one
+    pass to write (ops.layer_norm makes eight passes and two arrays)."""
+    N, n = x.shape
+    for r in range(N):
+        s = np.float32(0.0)
+        for i in range(n):
+            s += x[r, i]
+        mean = s / np.float32(n)
+        q = np.float32(0.0)
+        for i in range(n):
+            c = x[r, i] - mean
+            q += c * c
+        inv = np.float32(1.0) / np.sqrt(q / np.float32(n) + np.float32(eps))
+        for i in range(n):
+            y[r, i] = (x[r, i] - mean) * inv * w[i] + b[i]
+
+
+@njit(cache=True, fastmath=FAST)
+def gelu(x, y):
+    """x, y [N, F] float32: GPT-2's tanh GELU, 0.5·x·(1 + tanh(u)) with u = √(2/π)·(x + 0.044715·x³),
+    written x / (1 + exp(-2u)). Two vectorized passes per row, as swiglu: exp(-2u) (the vectorizable
+    fexp; -2u capped at 88, where the result is 0 to float32's precision), then the division (libm's
+    tanhf is a call per value, not vectorized)."""
+    N, F = x.shape
+    for r in range(N):
+        for i in range(F):
+            v = x[r, i]
+            u = np.float32(-1.5957691216057308) * (v + np.float32(0.044715) * v * v * v)
+            y[r, i] = fexp(min(u, np.float32(88.0)))
+        for i in range(F):
+            y[r, i] = x[r, i] / (np.float32(1.0) + y[r, i])
+
+
+@njit(cache=True, fastmath=FAST)
 def rope(x, cos, sin, y):
     """x [G, N, hd] (any strides: q and k are views of the qkv product), cos, sin [N, hd/2], y
     [G, N, hd]: coordinate i and i + hd/2 turned by their position's angle, as ops.rope does."""

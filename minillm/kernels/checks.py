@@ -135,6 +135,22 @@ def rms_norm(x, w) -> None:
                          f"{getattr(w, 'shape', w)}")
 
 
+def layer_norm(x, w, b) -> None:
+    """layer_norm: x [..., n], w and b [n]."""
+    shape = getattr(x, "shape", ())
+    n = shape[-1] if shape else "?"
+    if not shape or getattr(w, "shape", None) != shape[-1:] or getattr(b, "shape", None) != shape[-1:]:
+        raise ValueError(f"layer_norm: x {shape} needs a weight and a bias of [{n}], got "
+                         f"{getattr(w, 'shape', w)} and {getattr(b, 'shape', b)}")
+
+
+def rows(x, what: str) -> None:
+    """An elementwise kernel's x: an array of at least one axis, its last axis not empty."""
+    shape = getattr(x, "shape", None)
+    if shape is None or not shape or shape[-1] == 0:
+        raise ValueError(f"{what}: x needs rows of at least one value, got shape {shape}")
+
+
 def rope(x, cos, sin) -> None:
     """rope: x [H, N, hd] with hd even, cos and sin [N, hd/2]."""
     H, N, hd = _shape(x, 3, "rope's x")

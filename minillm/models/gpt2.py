@@ -234,16 +234,16 @@ def self_attention(x: np.ndarray, p: Block, n_head: int, attend) -> np.ndarray:
     return ops.linear(a, p["attn.c_proj.weight"], p["attn.c_proj.bias"])   # [N, d]
 
 
-def mlp(x: np.ndarray, p: Block) -> np.ndarray:
+def mlp(x: np.ndarray, p: Block, K: KernelSet) -> np.ndarray:
     """[T, d] -> [T, 4d] -> GELU -> [T, d]."""
     h = ops.linear(x, p["mlp.c_fc.weight"], p["mlp.c_fc.bias"])          # [T, 4d]
-    return ops.linear(ops.gelu(h), p["mlp.c_proj.weight"], p["mlp.c_proj.bias"])   # [T, d]
+    return ops.linear(K.gelu(h), p["mlp.c_proj.weight"], p["mlp.c_proj.bias"])   # [T, d]
 
 
-def transformer_block(x: np.ndarray, p: Block, n_head: int, eps: float, attend) -> np.ndarray:
-    """Pre-norm residual block. [N, d] -> [N, d]."""
-    x = ops.add(x, self_attention(ops.layer_norm(x, p["ln_1.weight"], p["ln_1.bias"], eps), p, n_head, attend))
-    x = ops.add(x, mlp(ops.layer_norm(x, p["ln_2.weight"], p["ln_2.bias"], eps), p))
+def transformer_block(x: np.ndarray, p: Block, n_head: int, eps: float, attend, K: KernelSet) -> np.ndarray:
+    """Pre-norm residual block. [N, d] -> [N, d]. K: the kernel set's norm and GELU (models/kernel_sets.py)."""
+    x = ops.add(x, self_attention(K.layer_norm(x, p["ln_1.weight"], p["ln_1.bias"], eps), p, n_head, attend))
+    x = ops.add(x, mlp(K.layer_norm(x, p["ln_2.weight"], p["ln_2.bias"], eps), p, K))
     return x
 
 
@@ -299,12 +299,12 @@ class GPT2(CausalLM):
         c = self.config
         x = ops.embedding(self.embed_w, self.wpe, plan.ids, plan.rows_of_positions)  # [N, d]
         for layer, p in enumerate(self.blocks):
-            x = transformer_block(x, p, c.n_head, c.ln_eps, partial(plan.attend, layer))   # [N, d]
+            x = transformer_block(x, p, c.n_head, c.ln_eps, partial(plan.attend, layer), plan.kernels)   # [N, d]
         return x
 
     def head(self, h: np.ndarray) -> np.ndarray:
         """ln_f, then the LM head tied to the embedding. [S, d] -> logits [S, V]."""
-        h = ops.layer_norm(h, self.params["ln_f.weight"], self.params["ln_f.bias"], self.config.ln_eps)
+        h = self.kernel_set.layer_norm(h, self.params["ln_f.weight"], self.params["ln_f.bias"], self.config.ln_eps)
         return ops.lm_head(h, self.head_w)                                          # [S, V]
 
     def __repr__(self) -> str:

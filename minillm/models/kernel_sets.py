@@ -4,7 +4,7 @@ target, models/target.py) and then only asked.
     numpy            the reference: NumPy (or CuPy on a GPU) through models/ops.py; every other set is
                      tested equal to it
     fused            numba (minillm/kernels/): products that read each weight once, attention without
-                     a score matrix, one-pass norms, rotations and SwiGLU; float32 on the CPU
+                     a score matrix, one-pass norms, rotations, GELU and SwiGLU; float32 on the CPU
     batch-invariant  every product and attention in a fixed order (kernels/batch_invariant.py): a
                      request's tokens bit-identical to the same request alone, whatever shares its steps;
                      each sequence attends over its own cache (no batched gather)
@@ -17,6 +17,7 @@ where, said in one place) and what it offers (`KernelSet`, built here):
 
     K.weight(w)              a NumPy weight (Dense, QuantMatrix) as this set's (at load, once)
     K.rms_norm(x, w, eps)    K.rope(x, cos, sin)    K.swiglu(gate_up)
+    K.layer_norm(x, w, b, eps)    K.gelu(x)              (GPT-2's norm and activation)
     K.attention(q, k, v, Tk) causal attention over a cache's first Tk rows
     K.paged_decode           (q, k_pool, v_pool, table, lengths) -> out: one query per sequence over its
                              blocks in a paged pool, no gather; None: the step gathers (models/plan.py)
@@ -45,6 +46,8 @@ class KernelSet:
     weight: Callable = lambda w: w               # a NumPy weight -> this set's
     lays_out: bool = False                       # its weights copy the values into their own layout
     norm_kernel: Callable | None = None          # the compute kernels it passes to ops (None: ops' own)
+    layer_norm_kernel: Callable | None = None
+    gelu_kernel: Callable | None = None
     rope_kernel: Callable | None = None
     swiglu_kernel: Callable | None = None
     attention_kernel: Callable | None = None
@@ -56,6 +59,12 @@ class KernelSet:
 
     def rms_norm(self, x, w, eps):
         return ops.rms_norm(x, w, eps, kernel=self.norm_kernel)
+
+    def layer_norm(self, x, w, b, eps):
+        return ops.layer_norm(x, w, b, eps, kernel=self.layer_norm_kernel)
+
+    def gelu(self, x):
+        return ops.gelu(x, kernel=self.gelu_kernel)
 
     def rope(self, x, cos, sin):
         return ops.rope(x, cos, sin, kernel=self.rope_kernel)
@@ -83,7 +92,8 @@ def _fused() -> KernelSet:
     from ..kernels import elementwise, products
     from .fused import fuse
     return KernelSet("fused", f"fused kernels ({runtime.status().reason})", weight=fuse, lays_out=True,
-                     norm_kernel=elementwise.rms_norm, rope_kernel=elementwise.rope, swiglu_kernel=elementwise.swiglu,
+                     norm_kernel=elementwise.rms_norm, layer_norm_kernel=elementwise.layer_norm,
+                     gelu_kernel=elementwise.gelu, rope_kernel=elementwise.rope, swiglu_kernel=elementwise.swiglu,
                      attention_kernel=products.attention, paged_kernel=products.paged_decode_attention)
 
 
@@ -103,7 +113,8 @@ def _int8() -> KernelSet:
     from ..kernels import elementwise, int8, products
     from .int8 import integer
     return KernelSet("int8", f"integer kernels ({int8.describe()}; {runtime.status().reason})", weight=integer,
-                     lays_out=True, norm_kernel=elementwise.rms_norm, rope_kernel=elementwise.rope,
+                     lays_out=True, norm_kernel=elementwise.rms_norm, layer_norm_kernel=elementwise.layer_norm,
+                     gelu_kernel=elementwise.gelu, rope_kernel=elementwise.rope,
                      swiglu_kernel=elementwise.swiglu, attention_kernel=products.attention,
                      paged_kernel=partial(products.paged_decode_attention, chunk=products.DECODE_CHUNK))
 

@@ -52,21 +52,25 @@ def embedding(wte, wpe, ids: np.ndarray, positions=None) -> np.ndarray:
     return x
 
 
-def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float, kernel=None) -> np.ndarray:
     """Normalise each row to mean 0, variance 1, then scale by w and shift by b. [T, d] -> [T, d].
-    (float16 rows are normalised in float32, then stored back in float16.)"""
-    xp, wide = backend.namespace(x), backend.accumulator(x.dtype)
-    inv_d = 1.0 / x.shape[-1]
-    mean = backend.row_sum(x, wide)                          # [T, 1]
-    mean *= inv_d
-    y = x - mean                                             # [T, d]  centred
-    var = backend.row_sum(y * y, wide)                       # [T, 1]
-    var *= inv_d
-    var += eps
-    y /= xp.sqrt(var, out=var)                               # [T, d]  unit variance
-    y *= w
-    y += b
-    y = y.astype(x.dtype, copy=False)                        # (float32 and float64: y itself)
+    (float16 rows are normalised in float32, then stored back in float16.)
+    kernel: another implementation of the same values (a kernel set's), counted the same."""
+    if kernel is not None:
+        y = kernel(x, w, b, eps)
+    else:
+        xp, wide = backend.namespace(x), backend.accumulator(x.dtype)
+        inv_d = 1.0 / x.shape[-1]
+        mean = backend.row_sum(x, wide)                          # [T, 1]
+        mean *= inv_d
+        y = x - mean                                             # [T, d]  centred
+        var = backend.row_sum(y * y, wide)                       # [T, 1]
+        var *= inv_d
+        var += eps
+        y /= xp.sqrt(var, out=var)                               # [T, d]  unit variance
+        y *= w
+        y += b
+        y = y.astype(x.dtype, copy=False)                        # (float32 and float64: y itself)
     m = meter.active()
     if m is not None:
         m.count("layer_norm", weights=w.nbytes + b.nbytes, activations=x.nbytes + y.nbytes, other=7 * y.size)
@@ -104,17 +108,21 @@ def merge_heads(a: np.ndarray) -> np.ndarray:
     return a.transpose(1, 0, 2).reshape(T, H * hd)
 
 
-def gelu(x: np.ndarray) -> np.ndarray:
-    """GPT-2's GELU, the tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))). Shape kept."""
-    y = x * x
-    y *= x
-    y *= 0.044715
-    y += x
-    y *= GELU_C
-    backend.namespace(y).tanh(y, out=y)
-    y += 1.0
-    y *= x
-    y *= 0.5
+def gelu(x: np.ndarray, kernel=None) -> np.ndarray:
+    """GPT-2's GELU, the tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))). Shape kept.
+    kernel: another implementation of the same values (a kernel set's), counted the same."""
+    if kernel is not None:
+        y = kernel(x)
+    else:
+        y = x * x
+        y *= x
+        y *= 0.044715
+        y += x
+        y *= GELU_C
+        backend.namespace(y).tanh(y, out=y)
+        y += 1.0
+        y *= x
+        y *= 0.5
     m = meter.active()
     if m is not None:
         m.count("gelu", activations=x.nbytes + y.nbytes, other=8 * y.size)

@@ -291,6 +291,7 @@ def merge_rounds(summaries: list[dict]) -> dict:
             first[key] = float(np.median(values))
     if "slo_met" in first:
         rounds["attainment"] = [s["slo_met"]["all"] for s in summaries]
+        rounds["good_requests"] = [int(s["good_requests"]) for s in summaries]   # goodput ranks by this count too
     first["rounds"] = rounds
     first["n_rounds"] = len(summaries)
     return first

@@ -179,12 +179,21 @@ def rounds_of(r: dict, key: str) -> list[float]:
     return list(r.get("rounds", {}).get(key) or [r[key]])
 
 
+def counts_of(results: list[dict], key: str, name) -> dict | None:
+    """Goodput counts requests: the count behind each round, for the closeness rule's counting test."""
+    if key != "goodput_rps":
+        return None
+    return {name(r): [int(x) for x in r.get("rounds", {}).get("good_requests") or [r["good_requests"]]]
+            for r in results if r.get(key) is not None}
+
+
 def favours(results: list[dict], key: str, high: bool, what: str, show, name) -> str:
     """One sentence of a sweep: which run a figure favours, by the one closeness rule on each run's rounds
     (closeness.py): a run is favoured only when its rounds lie beyond every other run's spread;
     otherwise no run stands out, said with the reason. The words say what the ranking holds for."""
     have = [r for r in results if r.get(key) is not None]
-    ranking = closeness.rank({name(r): rounds_of(r, key) for r in have}, higher=high)
+    ranking = closeness.rank({name(r): rounds_of(r, key) for r in have}, higher=high,
+                             counts=counts_of(have, key, name))
     threads = next((r.get("threads") for r in have if isinstance(r.get("threads"), int)), None)
     if ranking.winner is None:
         figs = ", ".join(f"{k} {closeness.spread_text(ranking, k, show)}" for k in ranking.order)
@@ -278,7 +287,8 @@ def disagg_verdict(results: list[dict]) -> list[str]:
         if not have:
             continue
         f = (lambda x: f"{x:.2f}") if key in ("output_tokens_per_s", "goodput_rps") else fmt_time
-        ranking = closeness.rank({escape(r["label"]): rounds_of(r, key) for r in have}, higher=high)
+        ranking = closeness.rank({escape(r["label"]): rounds_of(r, key) for r in have}, higher=high,
+                                 counts=counts_of(have, key, lambda r: escape(r["label"])))
         if ranking.winner is None:
             lines.append(f"{what}: no winner ({ranking.reason}): " + ", ".join(
                 f"{k} {closeness.spread_text(ranking, k, f)}" for k in ranking.order) + ".")

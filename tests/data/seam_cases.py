@@ -2,9 +2,11 @@
 code is rewritten: tests/data/seam_before.npz (the NumPy kernels) was saved by this script run in a
 checkout of the code before issue 28's change (`git worktree add /tmp/before 0576de0`, copy this
 file there, run `MINILLM_WHEELS=... python tests/data/seam_cases.py` in it), and
-tests/data/seam_before_fused.npz (the fused kernels, `MINILLM_SEAM_KERNELS=fused`) in a checkout of
-0f40f9d, before the target and kernel sets (issue 38); tests/test_seam.py compares the code of the
-day with both, bit for bit.
+tests/data/seam_before_fused.npz (the fused kernels, `MINILLM_SEAM_KERNELS=fused`) first in a checkout of
+0f40f9d, before the target and kernel sets (issue 38; the code after it equalled that file bit for
+bit), then saved again from the code that gave GPT-2's norm and GELU to the fused set (their one-pass
+kernels round otherwise than NumPy's chains: an intended change of the fused GPT-2 cases' last bits);
+tests/test_seam.py compares the code of the day with both, bit for bit.
 
 Each case: a prefill of a short prompt, then three greedy decode steps, then one batched step of
 two sequences; saved per step: the logits (whole for a small vocabulary, else the first 16 and a
