@@ -579,8 +579,8 @@ def gelu(x, y):
     for r in range(N):
         for i in range(F):
             v = x[r, i]
-            u = np.float32(-1.5957691216057308) * (v + np.float32(0.044715) * v * v * v)
-            y[r, i] = fexp(min(u, np.float32(88.0)))
+            minus_2u = np.float32(-1.5957691216057308) * (v + np.float32(0.044715) * v * v * v)
+            y[r, i] = fexp(min(minus_2u, np.float32(88.0)))
         for i in range(F):
             y[r, i] = x[r, i] / (np.float32(1.0) + y[r, i])
 

@@ -45,7 +45,7 @@ def gelu(x: np.ndarray) -> np.ndarray:
     """ops.gelu for float32 rows: x [..., F] -> [..., F], a new array."""
     _check_float32(x)
     checks.rows(x, "gelu")
-    rows = np.ascontiguousarray(x).reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
+    rows = np.ascontiguousarray(x).reshape(-1, x.shape[-1])            # [N, F]
     y = np.empty_like(rows)
     K.gelu(rows, y)
     return y.reshape(x.shape)
