@@ -325,6 +325,7 @@ def disaggregation(L: Lesson, model, items, chunk: int, alone: float) -> dict:
     with L.status("measuring this machine's copy bandwidth…"):
         link = measure_copy_gbps()
     budget = L.pick(32, 16)
+    uncapped = model.config.n_ctx * 16   # a budget above any prompt: no chunking
     threads, why = comparison_threads(blas_threads())
     T = threads or 1
     R = L.serve_rounds()
@@ -340,8 +341,8 @@ def disaggregation(L: Lesson, model, items, chunk: int, alone: float) -> dict:
             paced = [replace(w, arrival=w.arrival * pace / alone) for w in items]
             four = [OnThreads(engine_for(model, paced, max_batched_tokens=budget), T),
                     disaggregated_engines(model, paced, p_threads=T, d_threads=T, link_gbps=link,
-                                          max_batched_tokens=budget),
-                    OnThreads(engine_for(model, paced, max_batched_tokens=model.config.n_ctx * 16), T),
+                                          max_batched_tokens=budget, prefill_batched_tokens=uncapped),
+                    OnThreads(engine_for(model, paced, max_batched_tokens=uncapped), T),
                     OnThreads(engine_for(model, paced, max_batched_tokens=chunk), T)]
             for group, x in zip((ones, splits, wholes, chunks), four):
                 group.append(x)
@@ -379,7 +380,9 @@ def disaggregation(L: Lesson, model, items, chunk: int, alone: float) -> dict:
     L.console.print()
     L.say(f"""
         The prefill engine runs prompts only, the decode engine decodes only: no prompt ever shares a
-        step with a decode, and each can have its own batch and budget. Here each engine steps on
+        step with a decode, and each can have its own batch and budget: here the prefill engine takes
+        each prompt whole (no decode waits behind it, so nothing to chunk for), the decode engine
+        keeps the budget of {budget}. Each engine steps on
         {plural(T, 'thread')}, as the one engine does: two devices like this one against one, as DistServe
         puts prefill and decode on GPUs of their own (each with its full bandwidth and its own
         parallelism). The price: one of them idles whenever its phase has no work (busy

@@ -123,15 +123,20 @@ def workloads(draw):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(items=workloads(), budget=st.sampled_from([4, 16, 256]), block=st.sampled_from([1, 4, 16]),
-       link=st.sampled_from([0.001, 25.0]))
+       link=st.sampled_from([0.001, 25.0]), prefill_budget=st.sampled_from([None, 4, 1024]))
 def test_disaggregation_keeps_tokens_hands_over_a_fresh_prefill_and_frees_every_block(
-        dtype, items, budget, block, link):
+        dtype, items, budget, block, link, prefill_budget):
     model = random_model(CONFIG, 3, dtype=dtype)
     d = Disaggregated(model, p_threads=1, d_threads=1, link_gbps=link, num_blocks=64, block_size=block,
-                      max_seqs=3, max_batched_tokens=budget, keep_kv=True)
+                      max_seqs=3, max_batched_tokens=budget, prefill_batched_tokens=prefill_budget, keep_kv=True)
     for w in items:
         d.add(w.prompt, w.max_tokens, w.sampling, arrival=w.arrival)
     d.run()
+    # the prefill engine steps within its own budget; the decode engine within the shared one
+    assert all(s.n_tokens <= (prefill_budget or budget) for s in d.prefill.steps)
+    assert all(s.n_tokens <= budget for s in d.decode.steps)
+    if prefill_budget == 1024:      # above every prompt: each prompt whole, from its first position
+        assert all(pos == 0 for s in d.prefill.steps for _, pos, _ in s.seqs)
     outs = d.outputs()
     for rid, w in zip(d.order, items):
         assert outs[rid] == generate(model, w.prompt, w.max_tokens, temperature=w.temperature, seed=w.seed)

@@ -113,11 +113,15 @@ class Disaggregated:
 
     def __init__(self, model, *, p_threads: int, d_threads: int, link_gbps: float, kv_memory: int | None = None,
                  num_blocks: int | None = None, block_size: int = 16, max_seqs: int = 16,
-                 max_batched_tokens: int = 256, on_step=None, keep_kv: bool = False) -> None:
+                 max_batched_tokens: int = 256, prefill_batched_tokens: int | None = None, on_step=None,
+                 keep_kv: bool = False) -> None:
+        """prefill_batched_tokens: the prefill engine's own budget (default: max_batched_tokens). With no
+        decode beside it, that engine has nothing to chunk a prompt for; a budget above the longest
+        prompt takes each whole, as DistServe's prefill instances do."""
         if not link_gbps > 0:
             raise MiniLLMError(f"--link-gbps {link_gbps}: the link's speed must be above 0 Gb/s")
         kw = dict(kv_memory=kv_memory, num_blocks=num_blocks, block_size=block_size, max_seqs=max_seqs)
-        self.prefill = Engine(model, **kw, max_batched_tokens=max_batched_tokens)
+        self.prefill = Engine(model, **kw, max_batched_tokens=prefill_batched_tokens or max_batched_tokens)
         self.decode = Engine(model, **kw, max_batched_tokens=max_batched_tokens)
         self.p_threads, self.d_threads = p_threads, d_threads
         self.link_gbps = float(link_gbps)
