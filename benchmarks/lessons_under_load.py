@@ -120,19 +120,31 @@ def run(lesson: Path, fast: bool) -> tuple[int, str, float]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--fast", action="store_true")
-    p.add_argument("--burners", type=int, default=2)
-    p.add_argument("--only", default="")
-    p.add_argument("--out", default="lesson-runs")
-    p.add_argument("--modes", default="quiet,busy")
+    p = argparse.ArgumentParser(
+        description=" ".join(__doc__.split("\n\n")[0].split()),
+        epilog="A full run of all the lessons takes about half an hour on 2 cores; --fast about a minute.")
+    p.add_argument("--fast", action="store_true", help="run each lesson with --fast (small sizes, seconds)")
+    p.add_argument("--burners", type=int, default=2,
+                   help="CPU-burning processes beside the busy run (default: 2)")
+    p.add_argument("--only", default="", metavar="N,N,...", help="only these lessons, by number (e.g. 5,13)")
+    p.add_argument("--out", default="lesson-runs", metavar="DIR",
+                   help="where each run's output and summary.txt go (default: lesson-runs/)")
+    p.add_argument("--modes", default="quiet,busy", metavar="quiet,busy",
+                   help="which runs, in order (default: quiet,busy; the checks need both)")
     args = p.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if not set(args.modes.split(",")) <= {"quiet", "busy"}:
+        p.error(f"--modes {args.modes!r}: name quiet, busy or both, e.g. --modes quiet,busy")
     lessons = sorted(ROOT.joinpath("lessons").glob("[0-9][0-9]_*.py"))
     if args.only:
-        keep = {int(n) for n in args.only.split(",")}
+        try:
+            keep = {int(n) for n in args.only.split(",")}
+        except ValueError:
+            p.error(f"--only {args.only!r}: give lesson numbers separated by commas, e.g. --only 5,13")
+        if not keep & {int(f.name[:2]) for f in lessons}:
+            p.error(f"--only {args.only!r}: no such lesson (they are numbered 1-{len(lessons)})")
         lessons = [f for f in lessons if int(f.name[:2]) in keep]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     ok = True
     summary = []
     for mode in args.modes.split(","):

@@ -477,3 +477,62 @@ def test_the_under_load_check_finds_a_flipped_ranking_and_forgives_no_winner():
     assert m.flipped(a, m.rankings(busy_close)) == []                  # the rule said no winner: not a flip
     assert m.flipped(a, m.rankings(busy_flip)) == ["Throughput: no chunking / budget 16"]
     assert m.too_wide("x" * 81 + "\nok") and not m.too_wide("x" * 80)
+
+
+
+@pytest.mark.parametrize("args, words", [(["--only", "5,x"], "give lesson numbers separated by commas"),
+                                         (["--modes", "loud"], "name quiet, busy or both"),
+                                         (["--only", "99"], "no such lesson")])
+def test_the_under_load_run_refuses_bad_arguments_in_one_line(args, words, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    path = Path(__file__).parents[1] / "benchmarks" / "lessons_under_load.py"
+    proc = subprocess.run([sys.executable, str(path), *args, "--out", str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and words in proc.stderr.splitlines()[-1] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()                     # nothing run, nothing written
+
+# -- what was left untested: the probe again in each section, the ridge's thread count --------------------
+
+def test_a_lesson_probes_the_machine_again_in_each_section(monkeypatch):
+    """M42: a lull at a lesson's start hid a busy machine later. Each section's first timing probes
+    again (once per section), and the first busy probe prints the note, once."""
+    import io
+
+    from rich.console import Console
+
+    from minillm.lessons import _common
+    answers = iter([None, "busy machine (stand-in)", "busy machine (stand-in)"])
+    probes = []
+    monkeypatch.setattr(_common, "busy_line", lambda: probes.append(1) or next(answers))
+    out = io.StringIO()
+    L = _common.Lesson(0, "a stand-in", console=Console(file=out, width=80, color_system=None))
+    L.section("quiet at first")
+    assert L.recheck() is False and L.recheck() is False and len(probes) == 1   # once per section
+    L.section("busy later")
+    assert L.recheck() is True and len(probes) == 2
+    L.section("still busy")
+    assert L.recheck() is True and len(probes) == 3
+    assert out.getvalue().count("busy machine (stand-in)") == 1
+
+
+def test_a_steps_verdict_names_the_thread_count_its_ridge_was_measured_at():
+    """The naive step read 'compute-bound' in the README and 'memory-bound' on a busy run: the ridge
+    moved with the BLAS threads, not the work. The verdict says which ridge it used."""
+    import dataclasses
+
+    import minillm
+    from minillm.measure.chips import Hardware
+    from minillm.ui import report
+    model = minillm.load("random-tiny", quiet=True)
+    with minillm.Meter() as naive:
+        minillm.generate(model, list(range(20)), 3, kv_cache=False)
+    step = naive.steps[-1]
+    hw = Hardware(name="this machine", bandwidth_gbs=30.0, peak_gflops=170.0, llc_bytes=32 * 2**20,
+                  measured_at="2026-12-02T00:00:00+00:00", cpu="x", threads=2, methods={"vecmat": 30.0},
+                  method="vecmat")
+    one = report.verdict(step, dataclasses.replace(hw, blas_threads=1), "naive")
+    two = report.verdict(step, dataclasses.replace(hw, blas_threads=2), "naive")
+    assert f"this machine's ridge at 1 BLAS thread is {hw.ridge:.3g} FLOP/byte" in one
+    assert "ridge at 2 BLAS threads is" in two
