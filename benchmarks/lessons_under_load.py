@@ -140,8 +140,10 @@ def main() -> int:
             keep = {int(n) for n in args.only.split(",")}
         except ValueError:
             p.error(f"--only {args.only!r}: give lesson numbers separated by commas, e.g. --only 5,13")
-        if not keep & {int(f.name[:2]) for f in lessons}:
-            p.error(f"--only {args.only!r}: no such lesson (they are numbered 1-{len(lessons)})")
+        numbers = sorted(int(f.name[:2]) for f in lessons)
+        if keep - set(numbers):
+            p.error(f"--only {args.only!r}: no lesson {', '.join(map(str, sorted(keep - set(numbers))))} "
+                    f"(they are numbered {numbers[0]}-{numbers[-1]})")
         lessons = [f for f in lessons if int(f.name[:2]) in keep]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,9 @@ fed the numbers that once misled, and through fast runs of the lessons themselve
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -453,11 +456,12 @@ def test_lesson_9_sizes_a_lora_adapter_against_its_base():
 
 # -- benchmarks/lessons_under_load.py: what the lead's two runs check ------------------------------------
 
+UNDER_LOAD = Path(__file__).parents[1] / "benchmarks" / "lessons_under_load.py"
+
+
 def _under_load():
     import importlib.util
-    from pathlib import Path
-    path = Path(__file__).parents[1] / "benchmarks" / "lessons_under_load.py"
-    spec = importlib.util.spec_from_file_location("lessons_under_load", path)
+    spec = importlib.util.spec_from_file_location("lessons_under_load", UNDER_LOAD)
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
     return m
@@ -479,19 +483,15 @@ def test_the_under_load_check_finds_a_flipped_ranking_and_forgives_no_winner():
     assert m.too_wide("x" * 81 + "\nok") and not m.too_wide("x" * 80)
 
 
-
 @pytest.mark.parametrize("args, words", [(["--only", "5,x"], "give lesson numbers separated by commas"),
                                          (["--modes", "loud"], "name quiet, busy or both"),
-                                         (["--only", "99"], "no such lesson")])
+                                         (["--only", "5,99"], "no lesson 99 (they are numbered 1-")])
 def test_the_under_load_run_refuses_bad_arguments_in_one_line(args, words, tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
-    path = Path(__file__).parents[1] / "benchmarks" / "lessons_under_load.py"
-    proc = subprocess.run([sys.executable, str(path), *args, "--out", str(tmp_path / "runs")],
+    proc = subprocess.run([sys.executable, str(UNDER_LOAD), *args, "--out", str(tmp_path / "runs")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and words in proc.stderr.splitlines()[-1] and "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists()                     # nothing run, nothing written
+
 
 # -- what was left untested: the probe again in each section, the ridge's thread count --------------------
 
