@@ -84,6 +84,13 @@ COMMANDS = [
             "Prefill a prompt of your length and run decode steps from it under the meter; show each phase's "
             "work and roofline time here and on a chosen chip, time to first token, batched throughput against "
             "latency, and which optimization attacks the phase that dominates.", threads=True),
+    Command("roofline", "cli.roofline", "this machine's roofline with your steps on it, in the terminal or a file",
+            "Measure decode at B = 1..32, prefills and naive steps of several lengths, float32 against Q8_0 and "
+            "Q4_0, a mixture of experts and a latent-attention step, and draw each on this machine's roofline "
+            "(measured bandwidth and peak at the thread count they ran on; log-log, slope, roof and ridge "
+            "labelled) by its counted FLOPs per byte and measured FLOP/s; beside it a published chip's roofline "
+            "with the same steps' counted FLOP/byte. In the terminal (plotext; the tables where it is not a "
+            "terminal of 80 columns), and with --plot in an SVG or PNG file.", threads=True),
     Command("bench", "cli.bench", "decode speed against the matrix-vector ceiling, per context length",
             "Benchmark cached decode, naive decode and prefill at several context lengths, beside a bare NumPy "
             "matrix-vector pass over the same weights (the ceiling).", threads=True),

@@ -155,12 +155,16 @@ def run_bench(model, contexts: list[int], repeats: int = 5, decode_steps: int = 
     ceiling, layout_oi, stripped, idle, metered = [], [], [], [], []
 
     # bytes of one cached decode step at each context: from the meter, as the engine reports them
-    step_bytes, step_flops = {}, {}
+    step_bytes, step_flops, whole = {}, {}, {}
     for n in contexts:
-        _, cache = model.prefill(prompts[n])
+        with Meter() as mp:
+            _, cache = model.prefill(prompts[n])
         with Meter() as m:
             model.decode_step(1, cache)
+        with Meter() as mn:
+            model.forward(prompts[n], last_only=True)
         step_bytes[n], step_flops[n] = m.steps[0].total_bytes, m.steps[0].total_flops
+        whole[n] = (mp.totals(), mn.totals())             # the prefill and the naive step, counted
 
     for _ in range(repeats):
         for n in contexts:                                   # interleaved: every measurement once per round
@@ -209,6 +213,8 @@ def run_bench(model, contexts: list[int], repeats: int = 5, decode_steps: int = 
             "prefill_s": med(s["prefill"]),
             "step_bytes": step_bytes[n],
             "step_flops": step_flops[n],
+            "prefill_bytes": whole[n][0].bytes, "prefill_flops": whole[n][0].flops,
+            "naive_bytes": whole[n][1].bytes, "naive_flops": whole[n][1].flops,
             "achieved_gbs": step_bytes[n] / t_cached / 1e9,
             "of_ceiling": ceiling_s / t_cached,
         })

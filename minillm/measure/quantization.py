@@ -119,6 +119,7 @@ def run_quant_bench(source, formats: list[str], *, context: int = 16, prefill: i
             "kernels": model.kernels,
             "model_bytes": model.nbytes(),
             "step_bytes": dec.total_bytes,
+            "step_flops": dec.total_flops,
             "weight_bytes": dec.bytes["weights"],
             "weights_read": weights_read_per_step(model),     # the closed form the meter should equal
             "scratch_bytes": dec.scratch,
