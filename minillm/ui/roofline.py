@@ -211,7 +211,7 @@ def figure(pictures: list):
         ax.loglog(xs, [roof.attainable(x) for x in xs], color="tab:blue", lw=2, label="roof")
         ax.axvline(roof.ridge, color="tab:red", ls="--", lw=1)
         ax.text(roof.ridge * 1.1, y0 * 1.3, f"ridge {roof.ridge:.3g} FLOP/byte", color="tab:red", fontsize=8)
-        ax.text(x0 * 1.3, roof.attainable(x0 * 1.3) * 1.4, f"{roof.bandwidth_gbs:.3g} GB/s", color="tab:blue",
+        ax.text(x0 * 1.3, roof.attainable(x0 * 1.3) * 1.4, f"{fmt(roof.bandwidth_gbs)} GB/s", color="tab:blue",
                 fontsize=8, rotation=30)
         ax.text(roof.ridge * 1.2, roof.peak_gflops * 1.1, f"peak {roof.peak_gflops:,.0f} GFLOP/s",
                 color="tab:blue", fontsize=8)
@@ -236,8 +236,10 @@ def write_file(pictures: list, path: str | os.PathLike) -> Path:
     path = check_plot_path(path)
     fig = figure(pictures)
     fmt = path.suffix.lower().lstrip(".")
+    import matplotlib
     try:
-        with atomic_write(path) as f:
+        # SVG: the words stay text (searchable, small), not outlines
+        with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "minillm"}), atomic_write(path) as f:
             fig.savefig(f, format=fmt, dpi=110, metadata={"Date": None} if fmt == "svg" else None)
     except OSError as e:
         raise MiniLLMError(f"cannot write the picture to {path}: {e.strerror or e}") from None
