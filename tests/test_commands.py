@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from minillm.cli.commands import COMMANDS
@@ -16,7 +17,7 @@ from minillm.measure import busy
 from test_cli import REPO, cli_env, ok, run, user_error
 
 COMPUTES = ["generate", "generate-batch", "serve", "serve-sim", "compare", "traffic", "hardware", "diagnose",
-            "bench", "train", "eval", "learn"]
+            "bench", "train", "eval", "learn", "roofline"]
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +62,61 @@ def test_learn_finds_the_lessons_when_asked(home):
     assert {m for m in modules if m.startswith("minillm.lessons.")}
     r = ok(run(home, "learn", "--help"))
     assert "the lesson to run: its number (1-" in r.stdout
+
+
+# The commands that run a model without --kernels, each with the reason (the README names them). Every
+# other command with a --model option must take --kernels with every kernel set: the walk below reads it
+# from the parser itself, so a new command that runs a model is held to it without being listed.
+NO_KERNELS = {
+    "loadgen": "its --model is the field sent to a server, which runs the model",
+    "learn": "each lesson computes with the NumPy reference, or names the set it teaches",
+}
+
+
+def _options(name: str) -> dict:
+    from minillm.cli.commands import build_parser
+    parser = build_parser(name)
+    sub = next(a for a in parser._actions if a.dest == "command").choices[name]
+    return {o: a for a in sub._actions for o in a.option_strings}
+
+
+def test_every_command_that_runs_a_model_takes_kernels():
+    from minillm.models import kernel_sets
+    runs_a_model = [c.name for c in COMMANDS if "--model" in _options(c.name)]
+    assert {"generate", "chat", "eval", "bench", "roofline", "serve", "diagnose"} <= set(runs_a_model)
+    for name in runs_a_model:
+        options = _options(name)
+        if name in NO_KERNELS:
+            assert "--kernels" not in options, f"{name} takes --kernels now: drop it from NO_KERNELS"
+            continue
+        assert "--kernels" in options, f"minillm {name} runs a model and takes no --kernels"
+        choices = options["--kernels"].choices
+        assert choices is None or set(kernel_sets.NAMES) <= set(choices), name
+
+
+def test_eval_scores_with_a_kernel_set(home, tmp_path):
+    """`eval --kernels K`: the model's own forward with K. With numpy's products it equals the training
+    code's loss; int8 (where it runs) scores the same quantized model within its rounding of x."""
+    import minillm
+    from minillm.models import kernel_sets
+    from minillm.training.data import evaluate, evaluate_model
+    from minillm.models.gpt2 import dequantize_params
+    tokens = np.random.default_rng(0).integers(0, 1000, 300)
+    m = minillm.load("random-tiny", weights="q4_0", kernels="numpy", quiet=True)
+    assert evaluate_model(m, tokens) == pytest.approx(evaluate(dequantize_params(m.params), m.config, tokens),
+                                                       rel=1e-5)
+    data = tmp_path / "t.txt"
+    data.write_text("To be, or not to be, that is the question. " * 40)
+    base = ok(run(home, "eval", "--model", "random-tiny", "--weights", "q4_0", "--data", data)).stdout
+    try:
+        kernel_sets.spec("int8").check()
+    except minillm.MiniLLMError as e:
+        pytest.skip(f"the int8 kernel set cannot run here: {e}")
+    r = ok(run(home, "eval", "--model", "random-tiny", "--kernels", "int8", "--weights", "q4_0", "--data", data,
+               timeout=300)).stdout
+    assert "q4_0 weights, int8 kernels" in r
+    loss = lambda text: float(text.split("held-out loss ")[1].split()[0])
+    assert loss(r) == pytest.approx(loss(base), abs=0.02)
 
 
 @pytest.mark.parametrize("name", COMPUTES)
