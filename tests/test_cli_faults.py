@@ -142,13 +142,37 @@ def test_stdout_full_or_closed(home):
     user_error(subprocess.CompletedProcess(args, r.returncode, "", r.stderr), "standard output is closed")
 
 
+@pytest.mark.skipif(not hasattr(__import__("fcntl"), "F_SETPIPE_SZ"), reason="needs Linux's F_SETPIPE_SZ "
+                    "to size the pipe the generation writes to")
 def test_ctrl_c_while_generating(home):
+    """Ctrl-C while tokens are being generated: 130, "interrupted", no traceback. However fast or slow
+    the machine, the signal lands mid-generation: the child's stdout is a one-page pipe filled here to
+    all but the prompt's 6 bytes, so after echoing "ROMEO:" it blocks on its first token until read."""
+    import fcntl
+    import termios
+    import time
+    r, w = os.pipe()
+    size = fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)
+    os.write(w, b"." * (size - len("ROMEO:")))                   # the pipe full but for the prompt
     p = subprocess.Popen([sys.executable, "-m", "minillm", "generate", "ROMEO:", "--model", "random-tiny",
-                          "--max-new-tokens", "250", "--no-cache"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          "--max-new-tokens", "250", "--no-cache"], stdout=w, stderr=subprocess.PIPE,
                          text=True, env=cli_env(home), cwd=REPO)
-    assert p.stdout.read(6) == "ROMEO:"                          # running main(), past the imports
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
+    os.close(w)
+    try:
+        t0 = time.monotonic()
+        queued = lambda: int.from_bytes(fcntl.ioctl(r, termios.FIONREAD, b"\0" * 4), sys.byteorder)
+        while queued() < size and p.poll() is None and time.monotonic() - t0 < 120:
+            time.sleep(0.01)                                     # until the prompt is echoed: in main()
+        assert queued() == size and p.poll() is None, p.stderr.read() if p.poll() is not None else "timeout"
+        p.send_signal(signal.SIGINT)                             # it cannot have finished: the pipe is full
+        with os.fdopen(r, "rb") as reader:
+            out = reader.read()
+        err = p.stderr.read()
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert out.startswith(b"." * (size - 6) + b"ROMEO:")
     assert p.returncode == 130 and "Traceback" not in err and "interrupted" in err, err
 
 
