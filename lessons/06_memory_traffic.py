@@ -153,6 +153,7 @@ def can_memory_keep_up(L: Lesson, model, ids, steps):
         ("ceiling: bandwidth ÷ bytes", ceiling, f"{ceiling:,.1f} tok/s"),
         ("measured (median step)", measured, f"{measured:,.1f} tok/s"),
     ], style="green"))
+    L.roofline(hw, [("decode step (median)", r.intensity, r.total_flops / sec / 1e9)])
     L.say(f"""
         A step moves {fmt_bytes(step_bytes)}; at {hw.bandwidth_gbs:,.1f} GB/s that takes at least
         {fmt_time(step_bytes / (hw.bandwidth_gbs * 1e9))}, so **{ceiling:,.1f} tokens/s is the ceiling**

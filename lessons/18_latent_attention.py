@@ -239,6 +239,8 @@ def against_the_ridge(L: Lesson) -> None:
     L.show(t, f"[dim]batch 1, float32, caches of random rows; attn F/B: attention FLOPs per KV byte; step "
               f"F/B: the whole step's, weights included; bound: on this machine's roofline, ridge {ridge:.1f}[/]")
     L.timing_note()
+    L.roofline(hw, [(f"{names[x['model'].split(' ')[0]]}{' ' + x['way'][:6] if x['way'] else ''} {x['context']:,}",
+                     x["flops"] / x["bytes"], x["flops"] / x["ms"] / 1e6) for x in rows])
     by = {(x["context"], x["model"].split(" ")[0], x["way"]): x for x in rows}
     mla, gqa = models[MLA].name, models[GQA].name
     c = models[MLA].config

@@ -275,8 +275,41 @@ def stacked_bar(parts: list[tuple[float, str]], vmax: float, width: int = 50) ->
     return out
 
 
-def roofline_plot(bandwidth_gbs: float, peak_gflops: float, points: list[tuple[str, float, float]],
-                  width: int = 64, height: int = 15) -> Text:
+class RooflinePlot:
+    """A roofline that draws itself for the console it is printed on: on a terminal of 80 columns or
+    more, the picture `minillm roofline` draws (plotext, `minillm.ui.roofline`: slope, roof and ridge
+    labelled, each point's key at its counted FLOP/byte and measured GFLOP/s); elsewhere (a pipe, a
+    file, the tests, a narrow window) the same points in characters (`roofline_chars`)."""
+
+    def __init__(self, bandwidth_gbs: float, peak_gflops: float, points: list[tuple[str, float, float]],
+                 width: int = 64, height: int = 15):
+        self.args = (bandwidth_gbs, peak_gflops, points, width, height)
+
+    def picture(self):
+        """The lesson's points as a `measure.roofline.Picture`: each (key, FLOP/byte, GFLOP/s) as a
+        second's work at that rate (FLOPs = GFLOP/s × 10⁹, bytes = FLOPs ÷ FLOP/byte)."""
+        from minillm.measure.roofline import Picture, Point, Roof
+        bw, peak, points = self.args[:3]
+        roof = Roof("this machine", bw, peak, threads=blas_threads(), measured=True)
+        pts = [Point(key, "lesson", y * 1e9, y * 1e9 / x, 1.0) for key, x, y in points if x > 0 and y > 0]
+        return Picture(roof, pts, f"this machine: {bw:,.1f} GB/s, {peak:,.0f} GFLOP/s (measured)")
+
+    def __rich_console__(self, console, options):
+        from minillm.ui import roofline as draw
+        if console.is_terminal and options.max_width >= draw.MIN_COLUMNS:
+            pic = self.picture()
+            marks = [p.label for p in pic.points]
+            yield Text.from_ansi(draw.terminal(pic, width=min(80, options.max_width), marks=marks,
+                                               color=draw.colour_wanted() and not console.no_color))
+        else:
+            yield roofline_chars(*self.args)
+
+
+roofline_plot = RooflinePlot
+
+
+def roofline_chars(bandwidth_gbs: float, peak_gflops: float, points: list[tuple[str, float, float]],
+                   width: int = 64, height: int = 15) -> Text:
     """A log-log roofline in characters: x = FLOPs per byte, y = GFLOP/s.
 
     The roof is min(peak, intensity × bandwidth), drawn with dots; each point (letter, intensity,
@@ -559,6 +592,13 @@ class Lesson:
             self.note("no bundled model is installed yet, so this lesson uses a small random model "
                       "(random-tiny): the numbers are real, the text it writes is gibberish.")
         return model
+
+    def roofline(self, hw, points: list[tuple[str, float, float]]) -> None:
+        """Show (label, FLOP/byte as counted, GFLOP/s as measured) points on this machine's roofline
+        (`roofline_plot`), each with a key, and the keys' legend under it."""
+        keys = "123456789abcdefghijklmnopqrstuvwxyz"[:len(points)]
+        self.show(roofline_plot(hw.bandwidth_gbs, hw.peak_gflops, [(k, x, y) for k, (_, x, y) in zip(keys, points)]),
+                  "   ".join(f"[bold magenta]{k}[/] {escape(label)}" for k, (label, _, _) in zip(keys, points)))
 
     def machine(self):
         """This machine's measured bandwidth and matmul peak (measured once, then cached). The first call

@@ -223,3 +223,27 @@ def test_it_renders_in_a_real_terminal_of_80_columns(tmp_path):
         assert words in screen, f"{words!r} not on the screen:\n{screen}"
     mine = screen[:screen.index("h100-sxm, published")]      # this machine's picture: its three points
     assert all(k in plot_area(mine) for k in "123"), screen
+
+
+def test_the_lessons_roofline_is_the_picture_on_a_terminal_and_characters_elsewhere():
+    """Lessons 6, 7, 8, 14 and 18 show their points with `roofline_plot`: plotext's picture on a terminal
+    of 80 columns, the characters in a pipe or a narrower one; the same keys at the same points."""
+    import io
+
+    from rich.console import Console
+
+    from minillm.lessons._common import roofline_plot
+    points = [("a", 0.5, 2.0), ("b", 4.0, 30.0)]
+    pic = roofline_plot(10.0, 120.0, points).picture()
+    assert [(p.label, p.intensity, p.gflops) for p in pic.points] == [
+        (k, pytest.approx(x), pytest.approx(y)) for k, x, y in points]
+
+    def shown(width, terminal):
+        c = Console(file=io.StringIO(), width=width, force_terminal=terminal, color_system=None)
+        c.print(roofline_plot(10.0, 120.0, points))
+        return c.file.getvalue()
+    wide = shown(80, True)
+    assert "FLOP/byte (counted)" in wide and "ridge 12 FLOP/byte" in wide and max(map(len, wide.splitlines())) <= 80
+    assert "a" in plot_area(wide) and "b" in plot_area(wide)
+    for text in (shown(79, True), shown(120, False)):
+        assert "▲ ridge 12" in text and "FLOP/byte (counted)" not in text

@@ -71,8 +71,10 @@ def title(picture) -> str:
     return f"BUSY: {picture.title}" if picture.busy else picture.title
 
 
-def terminal(picture, width: int = 80, height: int = HEIGHT, color: bool | None = None) -> str:
-    """The picture as text for a terminal `width` columns wide (plotext)."""
+def terminal(picture, width: int = 80, height: int = HEIGHT, color: bool | None = None,
+             marks: list[str] | None = None) -> str:
+    """The picture as text for a terminal `width` columns wide (plotext); `marks`: the points' keys
+    (default `keys`)."""
     import plotext as plt
 
     color = colour_wanted() if color is None else color
@@ -86,7 +88,7 @@ def terminal(picture, width: int = 80, height: int = HEIGHT, color: bool | None 
     plt.yscale("log")
     plt.plot(xs, [roof.attainable(x) for x in xs], marker="dot", color="blue")
     plt.vline(roof.ridge, "red")
-    for k, p in zip(keys(picture), picture.points):
+    for k, p in zip(marks or keys(picture), picture.points):
         plt.scatter([p.intensity], [picture.y(p)], marker=k, color="magenta+")
     # the labels of the roof: the slope's bandwidth above it, top left, the peak over the flat, the ridge at the foot
     plt.text(f"slope {fmt(roof.bandwidth_gbs)} GB/s", x0 * 1.05,
