@@ -173,7 +173,7 @@ def test_traffic_table(home):
 
 # Written out, not read from the parser under test: a command that drops out of the parser must fail here.
 SUBCOMMANDS = ["bench", "compare", "diagnose", "download", "eval", "generate", "generate-batch", "hardware", "learn",
-               "loadgen", "monitor", "serve", "traffic", "train"]
+               "loadgen", "monitor", "roofline", "serve", "traffic", "train"]
 
 
 def test_help(home):
