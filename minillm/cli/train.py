@@ -11,6 +11,7 @@ from rich.console import Console
 from ..checkpoints.load import load
 from ..data import BundledText  # the default --data: the bundled text
 from ..errors import MiniLLMError
+from ..models import kernel_sets
 from ..training.data import heldout_loss
 from ..training.train import train
 
@@ -67,13 +68,19 @@ def add_eval_arguments(parser) -> None:
                              "as GGUF defines them (the loss of the dequantized values: the quantized product "
                              "computes x @ dequantize(W) to float32 rounding)")
     parser.add_argument("--data", default=BundledText(), help="the text whose last 10%% of tokens is scored (default: the bundled tinyshakespeare)")
+    parser.add_argument("--kernels", default=None, choices=kernel_sets.NAMES,
+                        help="the kernel set that scores: numpy (the default: the training code's forward pass "
+                             "over the dequantized weights), or fused, int8, batch-invariant: the model's own "
+                             "forward pass with that set, as generate runs it (int8: x rounded to int8 blocks too)")
 
 
 def run_eval(args) -> int:
     from ..models.gpt2 import dequantize_params
 
-    model = load(args.model, weights=args.weights, kernels="numpy")   # NumPy: training differentiates it; a checkpoint or any model name; default the bundled model
-    loss = heldout_loss(args.data, (dequantize_params(model.params), model.config))
+    own = args.kernels not in (None, "numpy")          # another set: the model's own forward with it
+    model = load(args.model, weights=args.weights, kernels=args.kernels if own else "numpy")   # a checkpoint or any model name; default the bundled model
+    loss = heldout_loss(args.data, model if own else (dequantize_params(model.params), model.config))
     what = "" if model.weights in ("float32", "float64") else f" with {model.weights} weights"
+    what += f", {model.kernels} kernels" if own else ""
     print(f"held-out loss {loss:.4f} nats/token (perplexity {math.exp(loss):.1f}){what} on the last 10% of {args.data}")
     return 0

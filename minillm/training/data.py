@@ -93,12 +93,35 @@ def evaluate(params, config: GPT2Config, tokens, batch=8, chunk=512) -> float:
 # ================================================================================ held-out loss
 
 
+def evaluate_model(model, tokens) -> float:
+    """`evaluate`'s loss computed by a loaded model's own forward pass, with its weights and kernel set
+    (`minillm eval --kernels`): the same windows, each token scored on its window's logits."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    if len(tokens) < 2:
+        raise DataError(f"need at least 2 tokens to evaluate, got {len(tokens)}")
+    T = model.config.n_ctx
+    total, count = 0.0, 0
+    for start in range(0, len(tokens) - 1, T):
+        ids = tokens[start:min(start + T, len(tokens) - 1)]                   # [t]
+        tgt = tokens[start + 1:start + 1 + len(ids)]                           # [t]
+        logits = np.asarray(model.forward(ids), dtype=np.float64)             # [t, V]
+        m = logits.max(axis=-1, keepdims=True)
+        logp = logits - m - np.log(np.exp(logits - m).sum(axis=-1, keepdims=True))
+        total -= float(logp[np.arange(len(ids)), tgt].sum())
+        count += len(ids)
+    return total / count
+
+
 def heldout_loss(text_path, model) -> float:
     """Held-out loss (nats/token) on the last 10% of the tokens of text_path (see `evaluate`).
 
-    model: a checkpoint directory (model.safetensors + config.json), or a (params, config) pair in either order.
+    model: a checkpoint directory (model.safetensors + config.json), a (params, config) pair in either
+    order, or a loaded model (`minillm.load`), scored by its own forward pass (`evaluate_model`).
     """
-    if isinstance(model, (str, os.PathLike)):
+    own = hasattr(model, "forward") and hasattr(model, "config")
+    if own:
+        config, params = model.config, None
+    elif isinstance(model, (str, os.PathLike)):
         config, params = load_checkpoint(model)
     else:
         a, b = model
@@ -112,7 +135,7 @@ def heldout_loss(text_path, model) -> float:
         raise DataError(f"{text_path}: holds GPT-2 token {int(heldout.max())}, outside this model's vocabulary of "
                         f"{config.vocab_size}; the text is read with GPT-2's tokenizer, so use a model with its "
                         "50,257 tokens")
-    loss = evaluate(params, config, heldout)
+    loss = evaluate_model(model, heldout) if own else evaluate(params, config, heldout)
     if not np.isfinite(loss):
         raise MiniLLMError(f"the held-out loss is {loss}: the model computes non-finite numbers; check its weights")
     return loss
