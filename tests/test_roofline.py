@@ -247,3 +247,24 @@ def test_the_lessons_roofline_is_the_picture_on_a_terminal_and_characters_elsewh
     assert "a" in plot_area(wide) and "b" in plot_area(wide)
     for text in (shown(79, True), shown(120, False)):
         assert "▲ ridge 12" in text and "FLOP/byte (counted)" not in text
+
+
+def test_every_point_gets_a_key_on_the_picture_and_a_row_in_an_80_column_legend():
+    """Points in one character cell each keep a key (the later beside the first); the legend of the
+    longest labels the command makes still fits 80 columns, one point a row if two do not fit."""
+    import io
+
+    from rich.console import Console
+    labels = [f"decode B={B}" for B in (1, 2, 4, 8, 16, 32)] + ["prefill 512", "naive 512"] + \
+        [f"{w} {k}" for w in ("float32", "q8_0", "q4_0") for k in ("fused", "int8")] + \
+        ["moe B=1", "moe B=8", "mla absorb. B=1", "mla decomp. B=1"]
+    pts = [rl.Point(label, "decode", 1e9, 2e9, 0.5 + 0.01 * i) for i, label in enumerate(labels)]   # one spot
+    for pic in (rl.Picture(rl.Roof("this machine", 10.0, 120.0, 1, True), pts, "t"),
+                rl.Picture(rl.Roof("a100-80gb", 2039.0, 312000.0), pts, "t", measured=False)):
+        area = plot_area(draw.terminal(pic, color=False))
+        assert all(k in area for k in draw.keys(pic)), area
+        c = Console(file=io.StringIO(), width=80)
+        c.print(draw.legend(pic))
+        text = c.file.getvalue()
+        assert "…" not in text and max(map(len, text.splitlines())) <= 80
+        assert all(label in text for label in labels)

@@ -166,7 +166,7 @@ def picture(results: dict, hw: Hardware, busy: str | None = None) -> Picture:
     roof = machine_roof(hw)
     threads = f"{roof.threads} thread{'s' if roof.threads != 1 else ''}" if roof.threads else "threads unknown"
     title = f"this machine, {threads}: {roof.bandwidth_gbs:.1f} GB/s, {roof.peak_gflops:.0f} GFLOP/s"
-    notes = [f"roof: {hw.method} bandwidth and float32 matmul peak, {roof.note}".rstrip(", ")]
+    notes = [f"roof: bandwidth ({hw.method} reads) and float32 matmul peak, {roof.note}".rstrip(", ")]
     if hw.load_avg is not None and hw.threads and hw.load_avg > 0.5 * hw.threads:
         notes.append("the roof's figures were measured on a busy machine: minillm hardware --remeasure")
     return Picture(roof, points(results), title, busy=busy, notes=notes)

@@ -25,6 +25,8 @@ HEIGHT = 22             # rows of the terminal picture
 KEYS = string.digits[1:] + string.ascii_lowercase + string.ascii_uppercase
 EXTENSIONS = (".svg", ".png")
 PLOTS_HINT = "pip install 'minillm[plots]' (matplotlib)"
+# the cells a key may move to when its own is taken: nearest first, along its row before above or below
+NEAR = sorted(((dc, dr) for dc in range(-8, 9) for dr in (-1, 0, 1)), key=lambda o: (abs(o[0]) + 3 * abs(o[1]), -o[0]))
 
 
 def keys(picture) -> list[str]:
@@ -67,6 +69,23 @@ def bounds(picture) -> tuple[tuple[float, float], tuple[float, float]]:
     return (x0, x1), (y0, y1)
 
 
+def placed(picture, xs: tuple, ys: tuple, cols: int, rows: int) -> list[tuple[float, float]]:
+    """Where each point's key goes, on axes spanning `xs` and `ys` drawn in `cols` × `rows` character
+    cells: at its (FLOP/byte, GFLOP/s), or, when an earlier key holds that cell, the nearest free cell
+    beside it, on its row first (the legend has the figures)."""
+    cx = math.log10(xs[1] / xs[0]) / max(1, cols - 1)             # one character, in decades
+    cy = math.log10(ys[1] / ys[0]) / max(1, rows - 1)
+    taken, out = set(), []
+    for p in picture.points:
+        x, y = p.intensity, picture.y(p)
+        col, row = round(math.log10(x / xs[0]) / cx), round(math.log10(y / ys[0]) / cy)
+        dc, dr = next((o for o in NEAR if (col + o[0], row + o[1]) not in taken
+                       and 0 <= col + o[0] < cols and 0 <= row + o[1] < rows), (0, 0))
+        taken.add((col + dc, row + dr))
+        out.append((xs[0] * 10 ** ((col + dc) * cx), ys[0] * 10 ** ((row + dr) * cy)))
+    return out
+
+
 def title(picture) -> str:
     return f"BUSY: {picture.title}" if picture.busy else picture.title
 
@@ -74,10 +93,20 @@ def title(picture) -> str:
 def terminal(picture, width: int = 80, height: int = HEIGHT, color: bool | None = None,
              marks: list[str] | None = None) -> str:
     """The picture as text for a terminal `width` columns wide (plotext); `marks`: the points' keys
-    (default `keys`)."""
+    (default `keys`). Drawn twice: first without the points, to read the size of the frame plotext
+    chose, so that each key lands in a character cell of its own (`placed`)."""
+    color = colour_wanted() if color is None else color
+    frame = _draw(picture, width, height, False, [], []).splitlines()
+    top = next(i for i, line in enumerate(frame) if "┌" in line)
+    bottom = next(i for i, line in enumerate(frame) if "└" in line)
+    cols = frame[top].index("┐") - frame[top].index("┌") - 1
+    xy = placed(picture, *bounds(picture), cols, bottom - top - 1)
+    return _draw(picture, width, height, color, marks or keys(picture), xy)
+
+
+def _draw(picture, width: int, height: int, color: bool, marks: list[str], xy: list) -> str:
     import plotext as plt
 
-    color = colour_wanted() if color is None else color
     roof = picture.roof
     (x0, x1), (y0, y1) = bounds(picture)
     n = 240
@@ -86,10 +115,12 @@ def terminal(picture, width: int = 80, height: int = HEIGHT, color: bool | None 
     plt.plotsize(width, height)
     plt.xscale("log")
     plt.yscale("log")
+    plt.xlim(math.log10(x0), math.log10(x1))       # plotext takes a log axis's limits as exponents
+    plt.ylim(math.log10(y0), math.log10(y1))
     plt.plot(xs, [roof.attainable(x) for x in xs], marker="dot", color="blue")
     plt.vline(roof.ridge, "red")
-    for k, p in zip(marks or keys(picture), picture.points):
-        plt.scatter([p.intensity], [picture.y(p)], marker=k, color="magenta+")
+    for k, (x, y) in zip(marks, xy):
+        plt.scatter([x], [y], marker=k, color="magenta+")
     # the labels of the roof: the slope's bandwidth above it, top left, the peak over the flat, the ridge at the foot
     plt.text(f"slope {fmt(roof.bandwidth_gbs)} GB/s", x0 * 1.05,
              min(roof.peak_gflops / 2, roof.attainable(x0) * 30), color="blue", alignment="left")
@@ -99,7 +130,8 @@ def terminal(picture, width: int = 80, height: int = HEIGHT, color: bool | None 
              alignment="right" if roof.ridge > (x0 * x1) ** 0.5 else "left")
     decades = lambda a, b: [10.0 ** e for e in range(round(math.log10(a)), round(math.log10(b)) + 1)]
     plt.xticks(decades(x0, x1), [f"{v:g}" for v in decades(x0, x1)])
-    plt.yticks(decades(y0, y1), [fmt(v) for v in decades(y0, y1)])
+    inside = [v for v in decades(y0, y1) if v < y1 / 1.01]      # the top decade would sit on the title
+    plt.yticks(inside, [fmt(v) for v in inside])
     plt.title(title(picture))
     plt.xlabel("FLOP/byte (counted)")
     plt.ylabel("GFLOP/s")
@@ -128,21 +160,25 @@ def legend_rows(picture) -> list[tuple[str, str, str, str, str]]:
     return rows
 
 
-def legend(picture):
-    """The legend as a rich table, two points a row (fits 80 columns)."""
+def legend(picture, width: int = 80):
+    """The legend as a rich table: two points a row where that fits `width` columns, else one."""
     from rich import box
+    from rich.console import Console
     from rich.table import Table
 
     what, last = ("GFLOP/s", "%roof") if picture.measured else ("roof", "bound")
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
-    for _ in range(2):
-        for col, just in (("", "right"), ("step", "left"), ("F/B", "right"), (what, "right"), (last, "right")):
-            t.add_column(col, justify=just, no_wrap=True)
     rows = legend_rows(picture)
-    half = -(-len(rows) // 2)
-    for i in range(half):
-        right = rows[i + half] if i + half < len(rows) else ("",) * 5
-        t.add_row(*rows[i], *right)
+    for across in (2, 1):
+        t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+        for _ in range(across):
+            for col, just in (("", "right"), ("step", "left"), ("F/B", "right"), (what, "right"), (last, "right")):
+                t.add_column(col, justify=just, no_wrap=True)
+        n = -(-len(rows) // across)
+        for i in range(n):
+            t.add_row(*(cell for j in range(across)
+                        for cell in (rows[i + j * n] if i + j * n < len(rows) else ("",) * 5)))
+        if Console(width=10_000).measure(t).maximum <= width:
+            break
     return t
 
 
