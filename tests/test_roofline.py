@@ -263,8 +263,9 @@ def test_every_point_gets_a_key_on_the_picture_and_a_row_in_an_80_column_legend(
                 rl.Picture(rl.Roof("a100-80gb", 2039.0, 312000.0), pts, "t", measured=False)):
         area = plot_area(draw.terminal(pic, color=False))
         assert all(k in area for k in draw.keys(pic)), area
-        c = Console(file=io.StringIO(), width=80)
-        c.print(draw.legend(pic))
-        text = c.file.getvalue()
-        assert "…" not in text and max(map(len, text.splitlines())) <= 80
-        assert all(label in text for label in labels)
+        for width in (80, 50):                      # at 50 columns, one point a row
+            c = Console(file=io.StringIO(), width=width)
+            c.print(draw.legend(pic, width=width))
+            text = c.file.getvalue()
+            assert "…" not in text and max(map(len, text.splitlines())) <= width
+            assert all(label in text for label in labels)
