@@ -60,13 +60,14 @@ def _span(values: list[float], pad: float = 2.0) -> tuple[float, float]:
 
 
 def bounds(picture) -> tuple[tuple[float, float], tuple[float, float]]:
-    """The x and y ranges: every point, the ridge and the roof, a decade's margin where it fits."""
+    """The x and y ranges: every point, the ridge and the roof; x in whole decades, y from a whole
+    decade to a little over the highest of the peak and the points (room for the peak's label)."""
     roof = picture.roof
     xs = [p.intensity for p in picture.points] + [roof.ridge]
     x0, x1 = _span(xs)
     ys = [picture.y(p) for p in picture.points] + [roof.peak_gflops, roof.attainable(x0)]
-    y0, y1 = _span(ys, 1.5)
-    return (x0, x1), (y0, y1)
+    y0 = _span(ys, 1.5)[0]
+    return (x0, x1), (y0, max(ys) * 2.5)
 
 
 def placed(picture, xs: tuple, ys: tuple, cols: int, rows: int) -> list[tuple[float, float]]:
