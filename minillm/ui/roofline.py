@@ -235,36 +235,58 @@ def check_plot_path(path: str | os.PathLike) -> Path:
 
 
 def figure(pictures: list):
-    """A matplotlib figure: one log-log axes per picture, side by side, the same data as `terminal`."""
+    """A matplotlib figure, the same data as `terminal`: one log-log axes per picture, side by side,
+    each point its key (keys in one spot stepped apart), and under each the legend's rows."""
     import matplotlib
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.4 * len(pictures), 5.2), layout="constrained")
+    n = max(len(p.points) for p in pictures)
+    rows = -(-n // 2)
+    fig = Figure(figsize=(6.4 * len(pictures), 5.2 + 0.19 * rows + 0.4), layout="constrained")
+    grid = fig.add_gridspec(2, len(pictures), height_ratios=[5.2, 0.19 * rows + 0.4])
     for i, pic in enumerate(pictures):
-        ax = fig.add_subplot(1, len(pictures), i + 1)
+        ax = fig.add_subplot(grid[0, i])
         roof = pic.roof
         (x0, x1), (y0, y1) = bounds(pic)
-        n = 240
-        xs = [x0 * (x1 / x0) ** (j / (n - 1)) for j in range(n)]
+        m = 240
+        xs = [x0 * (x1 / x0) ** (j / (m - 1)) for j in range(m)]
         ax.loglog(xs, [roof.attainable(x) for x in xs], color="tab:blue", lw=2, label="roof")
         ax.axvline(roof.ridge, color="tab:red", ls="--", lw=1)
         ax.text(roof.ridge * 1.1, y0 * 1.3, f"ridge {roof.ridge:.3g} FLOP/byte", color="tab:red", fontsize=8)
         ax.text(x0 * 1.3, roof.attainable(x0 * 1.3) * 1.4, f"{fmt(roof.bandwidth_gbs)} GB/s", color="tab:blue",
                 fontsize=8, rotation=30)
-        ax.text(roof.ridge * 1.2, roof.peak_gflops * 1.1, f"peak {roof.peak_gflops:,.0f} GFLOP/s",
+        ax.text(roof.ridge * 1.2, roof.peak_gflops * 1.1, f"peak {fmt(roof.peak_gflops)} GFLOP/s",
                 color="tab:blue", fontsize=8)
+        seen: list = []                                # keys already drawn, in decades: step apart
         for k, p in zip(keys(pic), pic.points):
             y = pic.y(p)
-            ax.scatter([p.intensity], [y], s=18, color="tab:purple", zorder=3)
-            ax.annotate(f"{k} {p.label}", (p.intensity, y), textcoords="offset points", xytext=(4, 3),
-                        fontsize=7)
+            at = (math.log10(p.intensity), math.log10(y))
+            near = sum(abs(a - at[0]) < 0.06 and abs(b - at[1]) < 0.06 for a, b in seen)
+            seen.append(at)
+            ax.scatter([p.intensity], [y], s=14, color="tab:purple", zorder=3)
+            ax.annotate(k, (p.intensity, y), textcoords="offset points", xytext=(4 + 7 * near, 2),
+                        fontsize=8, fontweight="bold", color="tab:purple")
         ax.set_xlim(x0, x1)
         ax.set_ylim(y0, y1)
         ax.set_xlabel("FLOP/byte (counted)")
         ax.set_ylabel("GFLOP/s" + (" (counted FLOPs ÷ measured time)" if pic.measured else " (on the roof)"))
         ax.set_title(title(pic), fontsize=9, color="tab:red" if pic.busy else "black")
         ax.grid(True, which="major", alpha=0.3)
+        key = fig.add_subplot(grid[1, i])              # the legend's rows, two columns
+        key.axis("off")
+        head = ("step", "F/B", "GFLOP/s" if pic.measured else "roof", "%roof" if pic.measured else "bound")
+        lines = legend_rows(pic)
+        for col in range(2):
+            left = 0.5 * col
+            for j, cell in enumerate(head):
+                key.text(left + (0, 0.26, 0.36, 0.46)[j], 1.0, cell, fontsize=7, weight="bold", va="top",
+                         transform=key.transAxes, ha="left" if j == 0 else "right")
+            for r, (k, label, fb, gf, last) in enumerate(lines[col * rows:(col + 1) * rows]):
+                y = 1.0 - (r + 1) / (rows + 1)
+                for j, cell in enumerate((f"{k} {label}", fb, gf, last)):
+                    key.text(left + (0, 0.26, 0.36, 0.46)[j], y, cell, fontsize=7, va="top",
+                             transform=key.transAxes, ha="left" if j == 0 else "right")
     return fig
 
 
