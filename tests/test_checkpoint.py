@@ -233,7 +233,7 @@ def test_a_config_claiming_huge_sizes_costs_no_more_than_the_file(tmp_path, n_la
         load_checkpoint(path)
     seconds, peak = time.perf_counter() - t0, tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    assert seconds < 2 and peak < 10_000_000, (seconds, peak)
+    assert peak < 10_000_000, (seconds, peak)      # memory, not the clock: a busy machine's 2 s prove nothing
 
 
 @pytest.mark.parametrize("bad", ["nan", "inf"])
