@@ -168,8 +168,8 @@ def bytes_and_speed(L: Lesson) -> dict:
               "tok/s: decode at context 16, batch 1; widening: every quantized weight turned into floats as "
               "a step does it, timed alone[/]")
     L.timing_note()
-    L.roofline(hw, [(f"{r['weights']} {r['kernels']}", r["step_flops"] / r["step_bytes"], r["step_flops"] / r["decode_ms"] / 1e6)
-                    for r in res["rows"]])
+    L.roofline(hw, [(f"{r['weights']} {r['kernels']}", r["step_flops"] / r["step_bytes"],
+                     r["step_flops"] / r["decode_ms"] / 1e6) for r in res["rows"]])
     f32, q8, q4 = rows["float32"], rows["q8_0"], rows["q4_0"]
     L.say(cache_words(f32, hw, L.model_name or source))
     L.claim(all(r["weight_bytes"] == r["weights_read"] for r in rows.values()),
