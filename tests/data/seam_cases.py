@@ -2,7 +2,8 @@
 code is rewritten: tests/data/seam_before.npz (the NumPy kernels) was saved by this script run in a
 checkout of the code before issue 28's change (`git worktree add /tmp/before 0576de0`, copy this
 file there, run `MINILLM_WHEELS=... python tests/data/seam_cases.py` in it), and
-tests/data/seam_before_fused.npz (the fused kernels, `MINILLM_SEAM_KERNELS=fused`) first in a checkout of
+tests/data/seam_before_fused.npz (the fused kernels, `MINILLM_SEAM_KERNELS=fused`, numba compiling for a Zen 4:
+`NUMBA_CPU_NAME=znver4` on another CPU) first in a checkout of
 0f40f9d, before the target and kernel sets (issue 38; the code after it equalled that file bit for
 bit), then saved again from the code that gave GPT-2's norm and GELU to the fused set (their one-pass
 kernels round otherwise than NumPy's chains: an intended change of the fused GPT-2 cases' last bits);
@@ -30,6 +31,16 @@ FIXTURES = HERE.parent / "fixtures"
 KERNELS = ("numpy", "fused")
 FILES = {"numpy": HERE / "seam_before.npz", "fused": HERE / "seam_before_fused.npz"}
 OUT = FILES["numpy"]
+# The CPU numba compiled for when each file was saved (`NUMBA_CPU_NAME`; None: the host's, which for
+# NumPy's kernels does not matter). The fused kernels are fastmath loops: LLVM tunes their vector
+# width and reduction order for the CPU it targets (Zen 4 and Intel's AVX-512 chips differ), so
+# their last bits are those of one code generation. tests/test_seam.py compiles them for this CPU,
+# in a process of their own, on any host that can run its instructions.
+TARGETS = {"numpy": None, "fused": "znver4"}
+# What LLVM's znver4 may emit, as /proc/cpuinfo names the flags: a host with all of them runs it.
+TARGET_FLAGS = {"znver4": {"avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512cd", "avx512dq",
+                           "avx512vl", "avx512_vnni", "avx512_bf16", "avx512vbmi", "avx512_vbmi2",
+                           "avx512ifma", "avx512_bitalg", "avx512_vpopcntdq", "gfni", "vaes", "vpclmulqdq"}}
 PROMPT = [5, 17, 42, 7, 99, 3, 11]
 HEAD = 16             # logits saved as they are per row; the rest as a SHA-256 of all the bytes
 
@@ -126,7 +137,33 @@ def home_with_smollm(tmp: Path) -> bool:
     return True
 
 
-if __name__ == "__main__":
+def host_runs(target: str | None) -> bool:
+    """Whether this CPU can run code LLVM compiled for `target` (Linux's /proc/cpuinfo flags)."""
+    if target is None:
+        return True
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return TARGET_FLAGS[target] <= set(flags)
+
+
+def compute(kernels: str, out: Path, tmp: Path) -> None:
+    """Every case's packed logits and counts with `kernels` into `out` (run by tests/test_seam.py in a
+    process whose numba targets TARGETS[kernels]); SmolLM2's cases only where its GGUF is found."""
+    have = home_with_smollm(tmp)
+    arrays = {}
+    for name, build in cases(tmp, smollm=have, kernels=kernels).items():
+        arrays |= pack(name, run(build()))
+    np.savez(out, **arrays)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--compute"]:
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        compute(sys.argv[2], Path(sys.argv[3]), Path(d))
+elif __name__ == "__main__":
     import tempfile
     kernels = os.environ.get("MINILLM_SEAM_KERNELS", "numpy")
     OUT = FILES[kernels]
