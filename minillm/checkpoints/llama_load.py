@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import MAX_CONTEXT, from_gguf_build, gguf_getter
+from ..config import MAX_CONTEXT, MAX_COUNT, from_gguf_build, gguf_getter
 from ..errors import ConfigError, WeightsError
 from ..models.llama import LLAMA_TYPES, LlamaConfig
 from ..models.target import Target
@@ -79,7 +79,7 @@ def llama_from_folder(path: Path, target: Target, name: str | None = None, *, mo
     raw = read_json(config_path)
     tensors = read_tensors(folder, file)
     layers = raw.get("num_hidden_layers") if isinstance(raw, dict) else None
-    if isinstance(layers, int) and not isinstance(layers, bool):
+    if isinstance(layers, int) and not isinstance(layers, bool) and 1 <= layers <= MAX_COUNT:   # else: from_hf says
         drop_next_token_blocks(tensors, layers, raw.get("num_nextn_predict_layers"))
         # the count against the blocks the file holds before the config is read: a reader may build
         # a list per layer (Qwen3.5's layer_types when the file gives none): 2^62 layers is one line
