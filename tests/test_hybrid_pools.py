@@ -79,3 +79,15 @@ def test_generate_batch_runs_hybrid_requests_that_fit():
     for p, o in zip(prompts, out):
         alone = minillm.generate(model, p, 6)
         assert list(o) == list(alone), (o, alone)
+
+
+def test_with_the_integer_set_generate_batch_gives_a_hybrid_its_tokens_alone():
+    """The README's statement for the int8 set and hybrids, as far as it holds: every prompt whole
+    in the first step (generate_batch), then decode steps: each request's tokens are its tokens alone."""
+    from minillm import kernels
+    if not kernels.available():
+        pytest.skip("numba kernels cannot run here")
+    model = minillm.load(QWEN35, weights="q8_0", kernels="int8")
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12, 13], [3, 1, 4]]
+    for p, o in zip(prompts, generate_batch(model, prompts, 6)):
+        assert list(o) == list(minillm.generate(model, p, 6))

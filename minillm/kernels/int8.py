@@ -30,8 +30,10 @@ NumPy, and each kernel equals it bit for bit. For x [T, C] and one weight row w 
 Integer sums are exact in any order, so every instruction set gives the same I_b and the float
 steps are the same operations in the same order: the answer does not depend on the CPU. Nor does a
 row's result depend on the other rows in the product (each row of x has its own scales; nothing is
-shared across rows), so a batch computes each row bit for bit as it would alone: the integer set is
-batch-invariant by construction, without the fixed-order float kernels the batch-invariant mode uses.
+shared across rows), so a batch computes each row bit for bit as it would alone: the integer
+products are batch-invariant by construction, without the fixed-order float kernels the
+batch-invariant mode uses. (A model's step is more than its products: a prefill cut into other
+pieces attends, and a hybrid's linear layers chunk their delta rule, in another order: README.)
 
 Which instructions do step 3 is chosen once from the CPU's features (`isa()`): VNNI's vpdpbusd
 (512- or 256-bit), AVX2's vpmaddubsw + vpmaddwd, or LLVM's portable vectors; see _int8.py, which
