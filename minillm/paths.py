@@ -130,16 +130,16 @@ def folder_file(folder: Path, name, named_by: str = "", what: str = "file name")
 
 
 class FolderFile(type(Path())):
-    """A path `folder_file` checked, which remembers its folder (`home`, the folder's real path): the
+    """A path `folder_file` checked, which remembers its folder (`folder_real`, its real path): the
     reader checks again what it actually opened (`read_regular`), so a file swapped for a link
     between the check and the open is refused, never read."""
 
-    home = ""                         # set by `folder_file`; a path made from it (its parent) has none
+    folder_real = ""                  # set by `folder_file`; a path made from it (its parent) has none
 
     @classmethod
     def of(cls, path: Path, home: str) -> "FolderFile":
         p = cls(path)
-        p.home = home
+        p.folder_real = home
         return p
 
 
@@ -181,7 +181,7 @@ def _open_checked(path: Path) -> int:
         if not stat.S_ISREG(mode):
             kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
             raise WeightsError(f"{path}: is {kind}, not a regular file")
-        home = getattr(path, "home", "")
+        home = getattr(path, "folder_real", "")
         if home:
             real = _opened_path(fd)
             if real is None:                         # no way to ask the descriptor: its identity instead
