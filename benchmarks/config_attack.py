@@ -5,7 +5,8 @@ For each checkpoint folder (the test fixtures: GPT-2, Llama, Qwen3-MoE, Mixtral,
 Qwen3.5), every field of its config.json that holds an integer (found in the file, not listed by
 hand: layers, heads, widths, vocabulary, experts, ranks, windows, ...) is set in turn to each of
 VALUES (0, -1, 2^31, 2^40, 2^62, 2^64, 10^8, a float, a string, true, null), and the folder is
-loaded with `minillm.load`. Each case runs in one worker process per folder, under an address-space
+loaded with `minillm.load`; where the config has lists (Qwen3.5's `layer_types`), each case runs
+again without them (" -lists"), as a reader then derives them from the counts. Each case runs in one worker process per folder, under an address-space
 limit (--memory, default 2 GiB: a reader that sizes anything by the hostile count fails there rather
 than swapping), with Python's allocations traced; the outcome is
 
@@ -74,10 +75,13 @@ def worker(folder: str, values: list[str], memory: int, out) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         dst = Path(tmp) / src.name
         shutil.copytree(src, dst)
-        for field in int_fields(base):
+        lists = [k for k, v in base.items() if isinstance(v, list) and k != "architectures"]
+        bare = {k: v for k, v in base.items() if k not in lists}     # the per-layer lists dropped: a reader
+        variants = [("", base)] + ([(" -lists", bare)] if lists else [])   # then derives them from the counts
+        for field, (suffix, cfg) in ((f, v) for f in int_fields(base) for v in variants):
             for text in values:
                 value = eval(text)                      # noqa: S307 - the fixed table above
-                (dst / "config.json").write_text(json.dumps(with_value(base, field, value)))
+                (dst / "config.json").write_text(json.dumps(with_value(cfg, field, value)))
                 tracemalloc.start()
                 t0 = time.perf_counter()
                 try:
@@ -90,7 +94,7 @@ def worker(folder: str, values: list[str], memory: int, out) -> None:
                 seconds = time.perf_counter() - t0
                 peak = tracemalloc.get_traced_memory()[1]
                 tracemalloc.stop()
-                out.put((folder, field, text, kind, seconds, peak, msg[:160]))
+                out.put((folder, field + suffix, text, kind, seconds, peak, msg[:160]))
     out.put(None)
 
 
