@@ -320,3 +320,17 @@ def test_numba_compiling_for_a_generic_cpu_runs_the_portable_integer_kernels(tmp
     r = subprocess.run(gen, capture_output=True, text=True, env=env | home | {int8.ENV: "avx512-vnni"}, timeout=600)
     assert r.returncode != 0 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "lacks it" in r.stderr
+
+
+def test_the_instruction_set_follows_numbas_target_features(monkeypatch):
+    """NUMBA_CPU_FEATURES naming no VNNI (a CPU without it, or a target chosen so): the integer set
+    is what both the host and the target have; "" (what numba sets for NUMBA_CPU_NAME=generic): the
+    portable form; unset: the host's."""
+    from numba.core import config
+    host = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx2", "f16c"})
+    monkeypatch.setattr(config, "CPU_FEATURES", "+avx2,+f16c,-avx512vnni,+sse4.2")
+    assert int8.supported(host & int8.target_features(host)) == ("avx2", "generic")
+    monkeypatch.setattr(config, "CPU_FEATURES", "")
+    assert int8.supported(host & int8.target_features(host)) == ("generic",)
+    monkeypatch.setattr(config, "CPU_FEATURES", None)
+    assert int8.target_features(host) == host
