@@ -245,3 +245,51 @@ def test_a_template_swapped_for_a_link_while_loading_is_never_read(tmp_path):
         stop.set()
         t.join()
     assert seen["inside"] + seen["refused"] > 20, seen
+
+
+def test_weights_swapped_for_a_link_while_loading_are_never_read(tmp_path):
+    """The same race for model.safetensors, whose header and data were two opens: the file is opened
+    once (header and mapped data from one descriptor), checked by what was opened. A thread swaps it
+    for a link to another checkpoint outside the folder; every read gets the folder's tensors or one
+    line."""
+    import threading
+    from minillm.checkpoints.llama_load import read_tensors
+    src = Path(__file__).parent / "fixtures" / "llama-tiny"
+    d = tmp_path / "model"
+    shutil.copytree(src, d)
+    tensors, _ = read_safetensors(d / "model.safetensors")
+    inside = {k: np.array(v) for k, v in tensors.items()}
+    outside = tmp_path / "outside.safetensors"
+    write_safetensors(outside, {k: -v for k, v in inside.items()})
+    stop = threading.Event()
+
+    def swap():
+        i = 0
+        while not stop.is_set():
+            i += 1
+            tmp = d / f".swap{i % 2}"
+            if i % 2:
+                tmp.symlink_to(outside)
+            else:
+                shutil.copyfile(src / "model.safetensors", tmp)
+            os.replace(tmp, d / "model.safetensors")
+
+    t = threading.Thread(target=swap, daemon=True)
+    t.start()
+    seen = {"inside": 0, "refused": 0}
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            try:
+                got = read_tensors(d, None)
+            except WeightsError as e:
+                assert "\n" not in str(e)
+                seen["refused"] += 1
+                continue
+            for k, v in inside.items():
+                assert np.array_equal(got[k.removeprefix("model.")], v), k
+            seen["inside"] += 1
+    finally:
+        stop.set()
+        t.join()
+    assert seen["inside"] + seen["refused"] > 20, seen
