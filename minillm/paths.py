@@ -3,6 +3,7 @@ the two ways it touches them: only regular files are read, and every file is wri
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import stat
@@ -120,12 +121,81 @@ def folder_file(folder: Path, name, named_by: str = "", what: str = "file name")
     except (OSError, ValueError) as e:
         raise WeightsError(f"{path}: cannot be resolved ({e}); check the folder") from None
     if os.path.commonpath([home, real]) == home or _hub_blob(real, home):
-        return path
+        return FolderFile.of(path, home)
     problem = not_a_regular_file(path)
     if problem is not None and problem != "not found":
         raise WeightsError(f"{path}: {problem} (a link to {printable_name(real)}, outside the model's folder)")
     raise WeightsError(f"{path}: a link to {printable_name(real)}, outside the model's folder; minillm reads a "
                        "model's files only from inside its folder: copy the file in")
+
+
+class FolderFile(type(Path())):
+    """A path `folder_file` checked, which remembers its folder (`folder_real`, its real path): the
+    reader checks again what it actually opened (`read_regular`), so a file swapped for a link
+    between the check and the open is refused, never read."""
+
+    folder_real = ""                  # set by `folder_file`; a path made from it (its parent) has none
+
+    @classmethod
+    def of(cls, path: Path, home: str) -> "FolderFile":
+        p = cls(path)
+        p.folder_real = home
+        return p
+
+
+def _opened_path(fd: int) -> str | None:
+    """The real path of what descriptor fd is open on (Linux: /proc/self/fd; macOS: F_GETPATH), or None."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        pass
+    try:
+        import fcntl
+        return fcntl.fcntl(fd, getattr(fcntl, "F_GETPATH"), b"\0" * 1024).split(b"\0", 1)[0].decode()
+    except (ImportError, AttributeError, OSError, UnicodeDecodeError):
+        return None
+
+
+def _open_checked(path: Path) -> int:
+    """A descriptor on path's file, opened once and then checked: not blocking (a FIFO), a regular file
+    (fstat of the descriptor), and for a model folder's file (`FolderFile`) inside its folder by the
+    descriptor's own real path. O_NOFOLLOW first: a link is followed only when the name is one (a hub
+    snapshot's), and then what was opened is what is checked. One WeightsError line otherwise."""
+    from .errors import WeightsError
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        try:
+            fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0))
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.EMLINK):       # not "the name is a link"
+                raise
+            fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise WeightsError(f"{path}: not found") from None
+    except OSError as e:
+        raise WeightsError(f"{path}: cannot be read ({e.strerror or e})") from None
+    except ValueError:
+        raise WeightsError(f"{path}: cannot be read (the name holds a NUL byte, which no file name can)") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+            raise WeightsError(f"{path}: is {kind}, not a regular file")
+        home = getattr(path, "folder_real", "")
+        if home:
+            real = _opened_path(fd)
+            if real is None:                         # no way to ask the descriptor: its identity instead
+                st, now = os.fstat(fd), os.stat(os.path.realpath(path))
+                real = os.path.realpath(path) if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino) else "?"
+            if not (os.path.commonpath([home, real]) == home or _hub_blob(real, home)):
+                raise WeightsError(f"{path}: what was opened is {printable_name(real)}, outside the model's "
+                                   "folder (the file changed since it was checked); minillm reads a model's "
+                                   "files only from inside its folder")
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def printable_name(name, limit: int = 60) -> str:
@@ -197,8 +267,9 @@ def read_regular(path: Path, how_much, hint: str = "") -> tuple[int, bytes]:
     problem = not_a_regular_file(path)
     if problem is not None:
         raise WeightsError(f"{path}: {problem}" + (f"; {hint}" if hint else ""))
+    fd = _open_checked(path)         # what is read is what was checked: the descriptor, not the name again
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(fd, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             return size, f.read(how_much(size))
     except OSError as e:

@@ -113,37 +113,114 @@ class TraceMeter(Meter):
         return write_trace([self], path)
 
 
+MARK = '{"otherData": {"source": "minillm"'   # how every trace minillm writes begins: the one kind of
+                                             # file a trace may replace
+TRACE_EVENTS = 100_000     # slices a traced command keeps (the last ones): about 1 kB each in memory,
+                           # measured, so some 100 MB at most, whatever the run's length
+
+
 def as_trace(meters: list[TraceMeter]) -> dict:
-    return {"traceEvents": [e for m in meters for e in m.trace_events()], "displayTimeUnit": "ms",
-            "otherData": {"source": "minillm", "slices": "one per operation reported to the meter"}}
+    return {"otherData": {"source": "minillm", "slices": "one per operation reported to the meter"},
+            "traceEvents": [e for m in meters for e in m.trace_events()], "displayTimeUnit": "ms"}
+
+
+def _refuse(path, why: str) -> TraceError:
+    return TraceError(f"cannot write the trace to {str(path)[:200]!r}: {why}")
+
+
+def _ours(path: Path) -> bool:
+    """Is the regular file at path a trace minillm wrote (it begins with MARK)? Read without
+    following a link, a few bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return False
+    try:
+        return os.read(fd, len(MARK)).decode("utf-8", "replace") == MARK
+    finally:
+        os.close(fd)
+
+
+def _check_target(path: Path) -> bool:
+    """What is at path now: nothing (False), or a trace minillm wrote (True); else one line. Never a
+    link (even to a trace: what it points at would be replaced), a device, a FIFO, a socket, a
+    folder, or a file minillm did not write."""
+    import stat
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise _refuse(path, e.strerror or str(e)) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise _refuse(path, "it is a symbolic link; give the name of a new file such as trace.json")
+    if stat.S_ISDIR(st.st_mode):
+        raise _refuse(path, "it is a folder; give a file name such as trace.json")
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
+                "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a file")
+        raise _refuse(path, f"it is {kind}, not a file; give the name of a new file such as trace.json")
+    if not _ours(path):
+        raise _refuse(path, "a file is there that is not a trace minillm wrote; remove it or choose another name")
+    return True
 
 
 def check_path(path: str | Path) -> Path:
-    """The trace's path, checked before any work: its folder must exist and not be the path itself."""
-    path = Path(path).expanduser()
+    """The trace's path, checked before any work: a name (no NUL byte, each part at most the
+    system's 255 bytes), in a folder that exists and takes a new file (tried: a temporary file made
+    and removed), where there is nothing yet or a trace minillm wrote (`_check_target`)."""
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+    if not isinstance(text, str) or not text:
+        raise _refuse(path, "give a file name such as trace.json")
+    if "\0" in text:
+        raise _refuse(text.replace("\0", "\\0"), "the name holds a NUL byte; give a file name such as trace.json")
+    path = Path(text).expanduser()
     folder = path.parent if str(path.parent) else Path(".")
+    longest = max((len(os.fsencode(p)) for p in path.parts), default=0)
+    try:
+        limit = os.pathconf(folder if folder.is_dir() else ".", "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        limit = 255
+    if longest > limit:
+        raise _refuse(f"{text[:60]}...", f"a part of the name is {longest:,} bytes long, past the system's {limit}")
     if not folder.is_dir():
-        raise TraceError(f"cannot write the trace to {path}: folder {folder} does not exist")
-    if path.is_dir():
-        raise TraceError(f"cannot write the trace to {path}: it is a folder; give a file name such as trace.json")
+        raise _refuse(path, f"folder {folder} does not exist")
+    if path.name in ("", ".", ".."):
+        raise _refuse(path, "it is a folder; give a file name such as trace.json")
+    _check_target(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".minillm-trace-check.", dir=folder)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise _refuse(path, f"folder {folder} takes no new file ({e.strerror or e})") from None
     return path
 
 
 def write_trace(meters: list[TraceMeter], path: str | Path) -> Path:
-    """Several meters' traces (each its own track) in one file, whole or not at all."""
+    """Several meters' traces (each its own track) in one file, whole or not at all: written to a
+    temporary file in the same folder, then put in place without replacing anything minillm did not
+    write: linked to the name where nothing is there (refused if something appeared since), renamed
+    over a trace of minillm's."""
     path = check_path(path)
     folder = path.parent if str(path.parent) else Path(".")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=folder)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:200]}.", suffix=".part", dir=folder)
     except OSError as e:
-        raise TraceError(f"cannot write the trace to {path}: {e.strerror or e}") from None
+        raise _refuse(path, e.strerror or str(e)) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(as_trace(meters), f)
-        os.replace(tmp, path)
+        if _check_target(path):
+            os.replace(tmp, path)          # a trace of ours: replaced whole
+        else:
+            os.link(tmp, path)             # nothing there: a new name, never over what appeared since
+    except FileExistsError:
+        raise _refuse(path, "a file appeared there while the trace was made; remove it or choose another name") from None
     except OSError as e:
+        raise _refuse(path, e.strerror or str(e)) from None
+    finally:
         Path(tmp).unlink(missing_ok=True)
-        raise TraceError(f"cannot write the trace to {path}: {e.strerror or e}") from None
     return path
 
 
@@ -155,7 +232,7 @@ def traced(path: str | Path | None, process_name: str = "minillm"):
         yield None
         return
     path = check_path(path)
-    m = TraceMeter(process_name)
+    m = TraceMeter(process_name, max_events=TRACE_EVENTS)
     try:
         with m:
             yield m
@@ -166,4 +243,6 @@ def traced(path: str | Path | None, process_name: str = "minillm"):
 def trace_line(path, meters) -> str:
     """What a command says after writing a trace."""
     n = sum(1 for m in meters for e in m.events if e.get("cat") == "op")
-    return f"trace: {n:,} operation slices in {path} (open it in ui.perfetto.dev or chrome://tracing)"
+    full = any(m.events.maxlen is not None and len(m.events) == m.events.maxlen for m in meters)
+    last = f" (the last {sum(len(m.events) for m in meters):,} slices kept)" if full else ""
+    return f"trace: {n:,} operation slices in {path}{last} (open it in ui.perfetto.dev or chrome://tracing)"

@@ -68,6 +68,19 @@ def test_bench_rejects_contexts_beyond_the_model(capsys, tmp_path, monkeypatch):
     assert "context 5000" in capsys.readouterr().err
 
 
+def test_bench_refuses_an_empty_list_of_contexts_in_one_line(capsys, tmp_path, monkeypatch):
+    """"" or "," asks for no context: one line, before the machine is probed (no note), never the
+    defaults measured silently; with --context-sweep too."""
+    monkeypatch.setenv("MINILLM_HOME", str(tmp_path))
+    for extra in ([], ["--context-sweep"]):
+        for given in ("", ",", " , "):
+            assert main(["bench", "--model", "random-tiny", "--contexts", given, "--repeats", "1", *extra]) == 1
+            captured = capsys.readouterr()
+            lines = captured.err.strip().splitlines()
+            assert len(lines) == 1 and "--contexts" in lines[0] and "at least one" in lines[0], captured.err
+            assert captured.out == ""
+
+
 def test_bench_runs_both_kernels_side_by_side_in_one_run(capsys):
     """`bench --kernels numpy,fused` with --weights and with --batch: every row once per kernel, the
     fused rows with no widening pass and the meter's fused counts (no scratch); one clear line for

@@ -193,7 +193,7 @@ def test_an_instruction_set_the_cpu_lacks_is_refused_in_one_line(monkeypatch):
     lacking = [n for n in int8.ISA_WORDS if n not in ISAS]
     if lacking:
         monkeypatch.setenv(int8.ENV, lacking[0])
-        with pytest.raises(MiniLLMError, match="this CPU lacks it"):
+        with pytest.raises(MiniLLMError, match="lacks it"):
             int8.isa()
         w = QuantMatrix.quantize(np.ones((2, 32), np.float32), "q8_0")
         with pytest.raises(MiniLLMError, match="cannot run"):
@@ -218,3 +218,119 @@ def test_float64_and_strided_x_are_taken_as_float32():
     w = QuantMatrix.quantize(rng.standard_normal((8, 64)).astype(np.float32), "q8_0")
     x = rng.standard_normal((6, 128))
     assert same(int8.matmul(pl(w), x[:, ::2]), int8.matmul_ref(pl(w), x[:, ::2].astype(np.float32)))
+
+
+# -- reads stay inside the arrays (guard pages), planes checked ------------------------------------
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_no_kernel_reads_past_a_plane_that_ends_at_a_guard_page(fmt):
+    """Every plane and x end exactly where an unreadable page begins: a load of one byte past any of
+    them kills the process. Every instruction set, every size of a weight's last, partial group of
+    16 blocks (1..15 blocks; numba's bounds checks cannot see the kernels' hand-written loads), in a
+    row of its own (R = 1) and across rows (R = 3), and a whole last group for contrast."""
+    from guard_pages import guarded
+    rng = np.random.default_rng(11)
+    with guarded() as g:
+        for R, nb in [(1, n) for n in range(1, 17)] + [(3, n) for n in (1, 5, 7, 17, 21)]:
+            w = QuantMatrix.quantize(rng.standard_normal((R, nb * QK)).astype(np.float32), fmt)
+            p = pl(w)
+            gp = int8.planes(g.place(w.q), g.place(w.d), None if w.m is None else g.place(w.m))
+            x = g.place(rng.standard_normal((3, nb * QK)).astype(np.float32))
+            want = int8.matmul_ref(p, x)
+            for name in ISAS:
+                assert same(int8.matmul(gp, x, name), want), (name, R, nb)
+
+
+def test_planes_that_disagree_and_a_narrow_x_are_refused_in_one_line():
+    """Planes whose shapes, dtypes or layout disagree (each would read past an array or give a wrong
+    answer) -> one ValueError line from int8.matmul and int8.planes; x narrower or wider than the
+    weight -> one line from Int8Quant.matmul, as from QuantMatrix.matmul."""
+    from minillm.models.int8 import Int8Quant
+    rng = np.random.default_rng(5)
+    q8 = QuantMatrix.quantize(rng.standard_normal((4, 64)).astype(np.float32), "q8_0")
+    q41 = QuantMatrix.quantize(rng.standard_normal((4, 64)).astype(np.float32), "q4_1")
+    q8p, q41p = pl(q8), pl(q41)
+    x = np.ones((2, 64), np.float32)
+    bad = [
+        (q8p[0][:, :32], q8p[1]),                          # q narrower than its scales say
+        (q8p[0], q8p[1][:3]),                              # fewer rows of scales
+        (q8p[0].view(np.uint8), q8p[1]),                   # Q8_0's q as unsigned
+        (q8p[0], q8p[1].view(np.int16)),                   # scales not uint16
+        (q8p[0][:, ::2], q8p[1][:, ::2]),                  # strided planes
+        (q41p[0], q41p[1], q41p[2][:2]),                   # minimums for fewer rows
+        (q41p[0], q41p[1], q41p[2][:, :1]),                # minimums for fewer blocks
+        (q41p[0][:, :16], q41p[1], q41p[2]),               # nibbles for one block, scales for two
+        (q41p[0].view(np.int8), q41p[1], q41p[2]),         # Q4's nibbles as signed
+        (q41p[0],),                                        # one plane
+        (np.zeros((4, 0), np.int8), np.zeros((4, 0), np.uint16)),   # rows of no values
+    ]
+    for p in bad:
+        with pytest.raises(ValueError) as e:
+            int8.matmul(p, x)
+        assert "\n" not in str(e.value), p
+    with pytest.raises(ValueError, match="do not match"):
+        int8.planes(q8.q[:, :32], q8.d)
+    w = Int8Quant.of(q41)
+    for xx in (np.ones((2, 32), np.float32), np.ones((2, 96), np.float32), np.ones(64, np.float32)):
+        with pytest.raises(ValueError, match="x needs 64 columns"):
+            w.matmul(xx)
+
+
+GENERIC_SCRIPT = r"""
+import numpy as np, sys
+from minillm.kernels import int8
+from minillm.models.quant import QK
+assert int8.supported() == ("generic",), int8.supported()
+h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)      # every float16 bit pattern, as scales
+rng = np.random.default_rng(0)
+x = rng.standard_normal((3, 16 * QK)).astype(np.float32)
+for fmt in ("q8_0", "q4_0", "q4_1"):
+    R = (1 << 16) // 16                                           # 16 blocks a row: every pattern once
+    d = h.reshape(R, 16)
+    if fmt == "q8_0":
+        p = int8.planes(rng.integers(-128, 128, (R, 16 * QK)).astype(np.int8), d)
+    else:
+        m = np.roll(h, 7).reshape(R, 16) if fmt == "q4_1" else None
+        p = int8.planes(rng.integers(0, 256, (R, 8 * QK)).astype(np.uint8), d, m)
+    got, want = int8.matmul(p, x), int8.matmul_ref(p, x)
+    nan = np.isnan(want)
+    assert (np.isnan(got) == nan).all() and np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32)), fmt
+print("generic target: every float16 scale exact")
+"""
+
+
+def test_numba_compiling_for_a_generic_cpu_runs_the_portable_integer_kernels(tmp_path):
+    """NUMBA_CPU_NAME=generic (numba then compiles for no features beyond the architecture's
+    baseline; a CPU without VNNI or F16C is the same case): the integer set follows numba's target
+    (the portable form; float16 scales widened in integers, every bit pattern exact) instead of
+    emitting an instruction the target lacks (an LLVM abort, exit 134); a quantized model generates,
+    and an instruction set the target lacks, asked for, is refused in one line."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, NUMBA_CPU_NAME="generic")
+    env.pop("NUMBA_CPU_FEATURES", None)
+    r = subprocess.run([sys.executable, "-c", GENERIC_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0 and "every float16 scale exact" in r.stdout, r.stderr[-3000:]
+    gen = [sys.executable, "-m", "minillm", "generate", "ROMEO:", "--model", "random-tiny", "--weights", "q8_0",
+           "--kernels", "int8", "--max-new-tokens", "3"]
+    home = dict(MINILLM_HOME=str(tmp_path), MINILLM_FAST="1")
+    r = subprocess.run(gen, capture_output=True, text=True, env=env | home, timeout=600)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    r = subprocess.run(gen, capture_output=True, text=True, env=env | home | {int8.ENV: "avx512-vnni"}, timeout=600)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "lacks it" in r.stderr
+
+
+def test_the_instruction_set_follows_numbas_target_features(monkeypatch):
+    """NUMBA_CPU_FEATURES naming no VNNI (a CPU without it, or a target chosen so): the integer set
+    is what both the host and the target have; "" (what numba sets for NUMBA_CPU_NAME=generic): the
+    portable form; unset: the host's."""
+    from numba.core import config
+    host = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx2", "f16c"})
+    monkeypatch.setattr(config, "CPU_FEATURES", "+avx2,+f16c,-avx512vnni,+sse4.2")
+    assert int8.supported(host & int8.target_features(host)) == ("avx2", "generic")
+    monkeypatch.setattr(config, "CPU_FEATURES", "")
+    assert int8.supported(host & int8.target_features(host)) == ("generic",)
+    monkeypatch.setattr(config, "CPU_FEATURES", None)
+    assert int8.target_features(host) == host

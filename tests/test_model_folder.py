@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -199,3 +200,96 @@ def test_a_nul_in_the_path_of_a_folder_or_a_file_it_names_is_one_line(tmp_path, 
             with pytest.raises(WeightsError, match="NUL byte") as e:
                 load(path)
             assert "\n" not in str(e.value) and "\x00" not in str(e.value)
+
+
+def test_a_template_swapped_for_a_link_while_loading_is_never_read(tmp_path):
+    """The check and the read were two opens: a chat_template.jinja swapped for a link to a file
+    outside the folder between them was read (19 of 777 loads). Now the file is opened once and what
+    was opened is checked (its descriptor's real path): a thread swaps the file and the link in a
+    loop while the tokenizer loads; every load gets the folder's template or one line, never the
+    outside file."""
+    import threading
+    from minillm import model_tokenizer as mt
+    d = hf_chat_folder(tmp_path, jinja=True)
+    inside = (d / "chat_template.jinja").read_text()
+    secret = tmp_path / "secret.jinja"
+    secret.write_text("SECRET OUTSIDE THE FOLDER {{ messages }}")
+    stop = threading.Event()
+
+    def swap():
+        i = 0
+        while not stop.is_set():
+            i += 1
+            tmp = d / f".swap{i % 2}"
+            if i % 2:
+                tmp.symlink_to(secret)
+            else:
+                tmp.write_text(inside)
+            os.replace(tmp, d / "chat_template.jinja")
+
+    t = threading.Thread(target=swap, daemon=True)
+    t.start()
+    seen = {"inside": 0, "refused": 0}
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            try:
+                tok = mt.from_folder(d)
+            except WeightsError as e:
+                assert "\n" not in str(e)
+                seen["refused"] += 1
+                continue
+            assert tok.chat_template in (inside, None) and "SECRET" not in (tok.chat_template or "")
+            seen["inside"] += tok.chat_template == inside
+    finally:
+        stop.set()
+        t.join()
+    assert seen["inside"] + seen["refused"] > 20, seen
+
+
+def test_weights_swapped_for_a_link_while_loading_are_never_read(tmp_path):
+    """The same race for model.safetensors, whose header and data were two opens: the file is opened
+    once (header and mapped data from one descriptor), checked by what was opened. A thread swaps it
+    for a link to another checkpoint outside the folder; every read gets the folder's tensors or one
+    line."""
+    import threading
+    from minillm.checkpoints.llama_load import read_tensors
+    src = Path(__file__).parent / "fixtures" / "llama-tiny"
+    d = tmp_path / "model"
+    shutil.copytree(src, d)
+    tensors, _ = read_safetensors(d / "model.safetensors")
+    inside = {k: np.array(v) for k, v in tensors.items()}
+    outside = tmp_path / "outside.safetensors"
+    write_safetensors(outside, {k: -v for k, v in inside.items()})
+    stop = threading.Event()
+
+    def swap():
+        i = 0
+        while not stop.is_set():
+            i += 1
+            tmp = d / f".swap{i % 2}"
+            if i % 2:
+                tmp.symlink_to(outside)
+            else:
+                shutil.copyfile(src / "model.safetensors", tmp)
+            os.replace(tmp, d / "model.safetensors")
+
+    t = threading.Thread(target=swap, daemon=True)
+    t.start()
+    seen = {"inside": 0, "refused": 0}
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            try:
+                got = read_tensors(d, None)
+            except WeightsError as e:
+                assert "\n" not in str(e)
+                seen["refused"] += 1
+                continue
+            for k, v in inside.items():
+                assert np.array_equal(got[k.removeprefix("model.")], v), k
+            seen["inside"] += 1
+    finally:
+        stop.set()
+        t.join()
+    assert seen["inside"] + seen["refused"] > 20, seen

@@ -175,3 +175,21 @@ def test_sigterm_with_renders_queued_answers_every_chat_and_exits_within_its_gra
         assert status == 503 and ctype == "application/json", (status, body)
         assert "shutting down" in json.loads(body)["error"]["message"]
     assert answered_in < 1.0 and exited_in < grace, (answered_in, exited_in)
+
+
+def test_the_breaker_refuses_one_address_and_serves_the_clients_on_others(slow_server):
+    """The breaker is keyed by address: after 3 renders of 127.0.0.2 ran past their budget, every
+    chat from 127.0.0.2 is refused at once (429, Retry-After; a benign client there shares it, as
+    the README says), while benign clients on 127.0.0.3, .4, .5 are their own clients: 200, fast."""
+    server, port = slow_server
+    statuses = [chat(port, LONG, source="127.0.0.2")[0] for _ in range(3)]
+    assert statuses == [400, 400, 400], statuses                     # each over budget, one at a time
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30, source_address=("127.0.0.2", 0))
+    conn.request("POST", "/v1/chat/completions", body=chat_body("hi"), headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    body = json.loads(r.read())
+    conn.close()
+    assert r.status == 429 and int(r.getheader("Retry-After")) > 0 and "refused" in body["error"]["message"]
+    for source in ("127.0.0.3", "127.0.0.4", "127.0.0.5"):
+        status, seconds = chat(port, "hi", source=source)
+        assert status == 200 and seconds < RENDER_SECONDS / 2, (source, status, seconds)

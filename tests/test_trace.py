@@ -5,6 +5,7 @@ meter's own counts, the slices inside their steps, and a bad path refused in one
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -144,3 +145,76 @@ def test_serve_writes_the_engine_threads_steps_when_it_stops(tmp_path):
             p.kill()
     ops = ops_in(out)
     assert ops and len({e["tid"] for e in ops}) == 1           # the engine thread's track
+
+
+# -- where a trace may go: nothing replaced that minillm did not write, checked before the work -----
+
+def _bad_paths(tmp_path):
+    """(path, words of its one line, what must stay as it was)."""
+    import os
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    target = tmp_path / "precious.txt"
+    target.write_text("not a trace")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    ours = tmp_path / "ours.json"
+    TraceMeter().write_trace(ours)
+    link_to_ours = tmp_path / "link-to-ours.json"
+    link_to_ours.symlink_to(ours)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    readonly = Path("/proc/trace.json") if os.geteuid() == 0 else ro / "trace.json"   # root writes anywhere else
+    return [(fifo, "FIFO"), (link, "symbolic link"), (link_to_ours, "symbolic link"), (target, "not a trace"),
+            (tmp_path / ("x" * 256 + ".json"), "261 bytes long"), (readonly, "takes no new file"),
+            (tmp_path, "folder"), (tmp_path / "nope" / "t.json", "does not exist")]
+
+
+def test_a_trace_refuses_what_it_did_not_write_in_one_line(tmp_path):
+    """Device nodes, FIFOs, links (to anything, a trace of ours too), a file minillm did not write, a
+    name past 255 bytes, a folder that takes no file, a NUL byte: one TraceError line each, from the
+    check the commands run before their work and from the write itself; nothing there changes."""
+    import os
+    from minillm.trace import TraceError, check_path
+    bad = _bad_paths(tmp_path) + [(Path("/dev/null"), "device"), (str(tmp_path / "a\0b.json"), "NUL")]
+    for path, words in bad:
+        before = os.lstat(path) if os.path.lexists(path) and "\0" not in str(path) else None
+        for attempt in (check_path, TraceMeter().write_trace):
+            with pytest.raises(TraceError) as e:
+                attempt(path)
+            assert words in str(e.value) and "\n" not in str(e.value), (path, str(e.value))
+        if before is not None:
+            after = os.lstat(path)
+            assert (after.st_mode, after.st_ino, after.st_size, after.st_mtime_ns) == \
+                (before.st_mode, before.st_ino, before.st_size, before.st_mtime_ns), path
+    assert (tmp_path / "precious.txt").read_text() == "not a trace"
+    ours = tmp_path / "ours.json"
+    TraceMeter().write_trace(ours)                       # a trace of ours: replaced whole
+    assert json.loads(ours.read_text())["otherData"]["source"] == "minillm"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []    # no temporary left
+
+
+def test_generate_trace_refuses_before_it_generates(tmp_path):
+    """The CLI: one line, exit 1, before the model runs (no generated text), nothing replaced."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, MINILLM_HOME=str(tmp_path / "home"), MINILLM_FAST="1")
+    for path, words in _bad_paths(tmp_path):
+        r = subprocess.run([sys.executable, "-m", "minillm", "generate", "ROMEO:", "--model", "random-tiny",
+                            "--max-new-tokens", "3", "--trace", str(path)], capture_output=True, text=True,
+                           env=env, timeout=120)
+        assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr
+        assert "ROMEO:" not in r.stdout, r.stdout
+    assert (tmp_path / "precious.txt").read_text() == "not a trace"
+
+
+def test_a_traced_commands_slices_are_bounded():
+    """`traced` keeps the last TRACE_EVENTS slices (about 1 kB each): a long run's memory is bounded."""
+    from minillm import trace
+    with trace.TraceMeter(max_events=50) as m:
+        minillm.generate(minillm.load("random-tiny"), [1, 2, 3], 20)
+    assert len(m.events) == 50 and "the last 50 slices kept" in trace.trace_line("t.json", [m])
+    assert trace.TRACE_EVENTS <= 100_000

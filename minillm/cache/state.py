@@ -187,14 +187,21 @@ class HybridPagedPool(PagedKVPool):
     A hybrid with no full-attention layer has blocks of no bytes: each state then costs one block,
     and `from_memory` counts states (`slots`) instead."""
 
-    def __init__(self, config, num_blocks: int, block_size: int = 16, dtype=np.float32, xp=np) -> None:
+    def __init__(self, config, num_blocks: int, block_size: int = 16, dtype=np.float32, xp=np,
+                 slots: int | None = None) -> None:
         super().__init__(config.attention(), num_blocks, block_size, dtype, xp)
         self.hybrid = config
-        state = StatePool.slot_nbytes_for(config.state_shapes(), len(config.linear_layers), np.dtype(dtype).itemsize)
-        block = self.block_nbytes
-        self.state_blocks = -(-state // block) if block else 1          # blocks one sequence's state takes
-        slots = num_blocks // self.state_blocks if self.state_blocks else num_blocks   # no linear layer: no state
+        self.state_blocks = self.state_blocks_for(config, block_size, dtype)     # blocks one state takes
+        if slots is None:           # one per sequence that can run: each holds its state's blocks and at
+            slots = num_blocks // (self.state_blocks + 1)      # least one block of positions
         self.states = state_pool(config, max(1, slots), dtype, xp)
+
+    @classmethod
+    def state_blocks_for(cls, config, block_size: int = 16, dtype=np.float32) -> int:
+        """Blocks one sequence's state takes: ⌈state bytes ÷ block bytes⌉ (1 where blocks hold no bytes)."""
+        state = StatePool.slot_nbytes_for(config.state_shapes(), len(config.linear_layers), np.dtype(dtype).itemsize)
+        block = cls.block_nbytes_for(config.attention(), block_size, dtype)
+        return -(-state // block) if block else 1
 
     @classmethod
     def from_memory(cls, config, nbytes: int, block_size: int = 16, dtype=np.float32, xp=np) -> "HybridPagedPool":
@@ -206,7 +213,7 @@ class HybridPagedPool(PagedKVPool):
             if slots < 1:
                 raise MiniLLMError(f"a KV memory of {nbytes:,} bytes holds no sequence's state of {state:,} bytes "
                                    "for this model; give at least that much")
-            return cls(config, slots * (1 + -(-config.n_ctx // block_size)), block_size, dtype, xp)
+            return cls(config, slots * (1 + -(-config.n_ctx // block_size)), block_size, dtype, xp, slots=slots)
         need = per_block * (-(-state // per_block) + 1)
         if nbytes < need:
             raise MiniLLMError(f"a KV memory of {nbytes:,} bytes holds no sequence: one needs its state "
@@ -228,7 +235,12 @@ class HybridPagedCache(PagedKVCache):
             raise ValueError("a hybrid sequence starts empty: a state cannot be shared or copied in")
         self.state_table = pool.allocator.allocate_many(pool.state_blocks)
         super().__init__(pool, table, length)
-        self.state = pool.states.take()
+        try:
+            self.state = pool.states.take()
+        except StateFullError:                  # every slot in use: the state's blocks back, nothing taken
+            for b in reversed(self.state_table):
+                pool.allocator.release(b)
+            raise
 
     def state_nbytes(self) -> int:
         return self.state.nbytes

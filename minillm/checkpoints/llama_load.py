@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import MAX_CONTEXT, from_gguf_build, gguf_getter
+from ..config import MAX_CONTEXT, MAX_COUNT, from_gguf_build, gguf_getter
 from ..errors import ConfigError, WeightsError
 from ..models.llama import LLAMA_TYPES, LlamaConfig
 from ..models.target import Target
@@ -76,8 +76,15 @@ def llama_from_folder(path: Path, target: Target, name: str | None = None, *, mo
     path = Path(path)
     folder, file = (path.parent, path) if path.is_file() else (path, None)
     config_path = folder_file(folder, "config.json")
-    config = model.CONFIG.from_hf(read_json(config_path), str(config_path))
+    raw = read_json(config_path)
     tensors = read_tensors(folder, file)
+    layers = raw.get("num_hidden_layers") if isinstance(raw, dict) else None
+    if isinstance(layers, int) and not isinstance(layers, bool) and 1 <= layers <= MAX_COUNT:   # else: from_hf says
+        drop_next_token_blocks(tensors, layers, raw.get("num_nextn_predict_layers"))
+        # the count against the blocks the file holds before the config is read: a reader may build
+        # a list per layer (Qwen3.5's layer_types when the file gives none): 2^62 layers is one line
+        check_block_count(layers, tensors, "layers", f"{config_path}: num_hidden_layers")
+    config = model.CONFIG.from_hf(raw, str(config_path))
     check_block_count(config.n_layer, tensors, "layers", f"{config_path}: num_hidden_layers")
     gen_path = folder_file(folder, "generation_config.json")
     gen = read_json(gen_path) if gen_path.is_file() else {}
@@ -85,6 +92,19 @@ def llama_from_folder(path: Path, target: Target, name: str | None = None, *, mo
     tok = mt.from_folder(folder, eos) if (folder / "tokenizer.json").is_file() or \
         (folder / "tokenizer.model").is_file() else None
     return _build(config, tensors, tok, folder, target, name, model)
+
+
+def drop_next_token_blocks(tensors: dict, n_layer: int, n_next) -> None:
+    """Drop a checkpoint's multi-token-prediction blocks (DeepSeek-V3's `num_nextn_predict_layers`:
+    blocks n_layer .. n_layer + n_next - 1, after the last block, used to draft tokens in training
+    and speculation, not by the next-token model minillm runs). Bounded by the file's tensors,
+    whatever n_next claims; nothing is dropped unless the config names such blocks."""
+    if isinstance(n_next, bool) or not isinstance(n_next, int) or n_next < 1:
+        return
+    for name in [k for k in tensors if k.startswith("layers.")]:
+        index = name.split(".")[1]
+        if index.isdigit() and n_layer <= int(index) < n_layer + n_next:
+            del tensors[name]
 
 
 def token_ids(value, n_vocab: int, what: str) -> list[int]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SafetensorsError
-from ..paths import atomic_write, not_a_regular_file
+from ..paths import _open_checked, atomic_write, not_a_regular_file
 
 # The format's names for element types. BF16 (bfloat16) has no NumPy dtype: it is read as its raw
 # 16-bit patterns and widened to float32 (a bfloat16 is the top half of a float32).
@@ -55,27 +55,37 @@ def _error(path, problem: str, fix: str = _DAMAGED) -> SafetensorsError:
 # ----------------------------------------------------------------------------------------- reading
 
 
-def _read_raw_header(path: Path) -> tuple[bytes, int]:
-    """The header's bytes and the file's size, after checking that the file holds them."""
+def _open(path: Path):
+    """The file, opened once and checked by what was opened (paths._open_checked: a regular file; a
+    model folder's, inside its folder), as a binary file object: the header and the data are both
+    read from it, never from the name again (a file swapped between two opens is never mixed in)."""
     problem = not_a_regular_file(path)
     if problem == "not found":
         raise _error(path, "not found", "check the path, or download the model first")
     if problem is not None:
         fix = "pass the model.safetensors file inside it" if path.is_dir() else "pass a .safetensors file"
         raise _error(path, problem, fix)
+    return os.fdopen(_open_checked(path), "rb")
+
+
+def _read_raw_header(path: Path, f=None) -> tuple[bytes, int]:
+    """The header's bytes and the file's size, after checking that the file holds them (from the open
+    file f, else the file at path, opened here)."""
+    if f is None:
+        with _open(path) as f:
+            return _read_raw_header(path, f)
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < 8:
-                what = "is empty" if size == 0 else f"is only {size} bytes, too short for the 8-byte header length"
-                raise _error(path, what)
-            n = int.from_bytes(f.read(8), "little")
-            if n > MAX_HEADER_BYTES:
-                raise _error(path, f"header length {n} is over the format's {MAX_HEADER_BYTES}-byte cap")
-            if n > size - 8:
-                raise _error(path, f"header claims {n} bytes but the file has only {size - 8} after the length "
-                                   "field (truncated download?)")
-            return f.read(n), size
+        size = os.fstat(f.fileno()).st_size
+        if size < 8:
+            what = "is empty" if size == 0 else f"is only {size} bytes, too short for the 8-byte header length"
+            raise _error(path, what)
+        n = int.from_bytes(f.read(8), "little")
+        if n > MAX_HEADER_BYTES:
+            raise _error(path, f"header length {n} is over the format's {MAX_HEADER_BYTES}-byte cap")
+        if n > size - 8:
+            raise _error(path, f"header claims {n} bytes but the file has only {size - 8} after the length "
+                               "field (truncated download?)")
+        return f.read(n), size
     except OSError as e:
         raise _error(path, f"cannot be read ({e.strerror or e})", "check that it exists and is readable") from None
 
@@ -162,10 +172,11 @@ def _check_coverage(path: Path, entries: dict, data_size: int) -> None:
                            "(a wrong header length, or bytes appended?)")
 
 
-def _parse(path) -> tuple[dict, dict[str, str], int, int]:
-    """(tensor entries, metadata, data section start, data section size), all validated."""
-    path = Path(path)
-    raw, size = _read_raw_header(path)
+def _parse(path, f=None) -> tuple[dict, dict[str, str], int, int]:
+    """(tensor entries, metadata, data section start, data section size), all validated (read from the
+    open file f where given)."""
+    path = path if isinstance(path, Path) else Path(path)
+    raw, size = _read_raw_header(path, f)
     header = _parse_json(path, raw)
     metadata = _check_metadata(path, header.pop(METADATA_KEY, None))
     data_start = 8 + len(raw)
@@ -189,10 +200,12 @@ def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
 
 def read_safetensors(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """All tensors (read-only, memory-mapped, in the file's dtype; BF16 becomes float32) and the metadata."""
-    entries, metadata, data_start, data_size = _parse(path)
-    if data_size > 0:
-        data = np.asarray(np.memmap(path, dtype=np.uint8, mode="r", offset=data_start, shape=(data_size,)))
-    else:
+    path = path if isinstance(path, Path) else Path(path)
+    with _open(path) as f:                      # one open: the header and the mapped data from it
+        entries, metadata, data_start, data_size = _parse(path, f)
+        if data_size > 0:
+            data = np.asarray(np.memmap(f, dtype=np.uint8, mode="r", offset=data_start, shape=(data_size,)))
+    if data_size <= 0:
         data = np.zeros(0, dtype=np.uint8)  # mmap cannot map zero bytes
         data.flags.writeable = False
     tensors = {}

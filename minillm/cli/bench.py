@@ -86,9 +86,12 @@ def add_arguments(parser) -> None:
 
 def parse_contexts(text: str, option: str = "--contexts") -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise MiniLLMError(f"{option} {text!r}: expected comma-separated integers such as 16,128,512") from None
+    if not values:                      # "" or ",": nothing asked is not the defaults
+        raise MiniLLMError(f"{option} {text!r}: give at least one integer, comma-separated, such as 16,128,512")
+    return values
 
 
 def parse_kernels(text: str | None) -> list[str]:
@@ -122,6 +125,8 @@ def run(args) -> int:
     --trace: after the measurements, on the same threads (`trace_runs`)."""
     if getattr(args, "trace", None) is not None:
         check_path(args.trace)                   # before measuring anything
+    if getattr(args, "contexts", None) is not None:
+        parse_contexts(args.contexts)            # a bad list is one line before the machine is probed
     threads, why = comparison_threads(getattr(args, "threads", None), default=blas_threads())
     if why:
         err.print(f"[yellow]note:[/] {escape(why)}", soft_wrap=False)
@@ -143,7 +148,7 @@ def trace_runs(args) -> None:
         kernels = parse_kernels(None)
     names = [n.strip() for n in (args.model or "").split(",") if n.strip()] or \
         [args.model or ("large" if args.speculate is not None else "random-124m")]
-    n = args.batch_context if args.batch is not None else parse_contexts(args.contexts or DEFAULT_CONTEXTS)[0]
+    n = args.batch_context if args.batch is not None else parse_contexts(DEFAULT_CONTEXTS if args.contexts is None else args.contexts)[0]
     meters, origin = [], None
     for name in names:
         for w in formats:
@@ -165,7 +170,7 @@ def trace_runs(args) -> None:
 def _run(args) -> int:
     if getattr(args, "context_sweep", False):
         return bench_context_sweep(args)
-    contexts = parse_contexts(args.contexts or DEFAULT_CONTEXTS)
+    contexts = parse_contexts(DEFAULT_CONTEXTS if args.contexts is None else args.contexts)
     kernels = args.kernel_list = parse_kernels(args.kernels)
     if args.repeats < 1:
         raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
@@ -474,7 +479,7 @@ def bench_weights(args, hw, kernels=None) -> int:
 
     formats = parse_formats(args.weights)
     source = args.model or "random-124m"
-    context = parse_first_context(args.contexts or DEFAULT_CONTEXTS)
+    context = parse_first_context(DEFAULT_CONTEXTS if args.contexts is None else args.contexts)
     kernels = kernels or parse_kernels(None)
     with Progress(console=err, transient=True, disable=args.json) as bar:
         task = bar.add_task(f"weights {', '.join(formats)}", total=args.repeats * len(formats) * len(kernels or [None]))
@@ -547,7 +552,7 @@ def bench_context_sweep(args) -> int:
                            "--speculate and --weights")
     if args.repeats < 1:
         raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
-    contexts = parse_contexts(args.contexts) if args.contexts else list(CONTEXTS)
+    contexts = parse_contexts(args.contexts) if args.contexts is not None else list(CONTEXTS)
     names = [n.strip() for n in (args.model or SWEEP_MODELS).split(",") if n.strip()]
     if len(set(names)) != len(names):
         raise MiniLLMError(f"--model {args.model}: each model once")

@@ -172,9 +172,12 @@ def _i64(builder, v):
 
 
 def _mask(builder, n: int, valid) -> ir.Value:
-    """<n x i1>: lane i on when i < valid, built as an n-bit integer (a kmov; n <= 64)."""
+    """<n x i1>: lane i on when i < valid, built as an n-bit integer (a kmov; n <= 64). valid <= 0
+    turns every lane off: a shift by a negative amount would be poison in LLVM (any lanes on, a read
+    past the array's end: a partial group's vectors past its last valid byte have valid < 0)."""
     it = ir.IntType(64)
     valid = _i64(builder, valid)
+    valid = builder.select(builder.icmp_signed("<", valid, ir.Constant(it, 0)), ir.Constant(it, 0), valid)
     full = builder.icmp_signed(">=", valid, ir.Constant(it, n))
     low = builder.sub(builder.shl(ir.Constant(it, 1), builder.select(full, ir.Constant(it, 0), valid)),
                       ir.Constant(it, 1))
@@ -222,8 +225,35 @@ def load_f16x16(typingctx, arr, off, valid):
     def cg(context, builder, sig, args):
         p = _ptr(context, builder, sig.args[0], args[0], args[1], _I16)
         h = _masked_load(builder, p, ir.VectorType(_I16, 16), _mask(builder, 16, args[2]))
-        return builder.fpext(builder.bitcast(h, ir.VectorType(_F16, 16)), F32x16.llvm)
+        if "f16c" in _target_features():
+            return builder.fpext(builder.bitcast(h, ir.VectorType(_F16, 16)), F32x16.llvm)
+        return _f16_bits_to_f32(builder, h)
     return F32x16(arr, off, valid), cg
+
+
+def _target_features() -> frozenset:
+    """The features both the host and numba's target have (int8.cpu_features): what may be emitted."""
+    from .int8 import cpu_features
+    return cpu_features()
+
+
+def _f16_bits_to_f32(builder, h):
+    """<16 x i16> float16 bits -> <16 x float>, exactly, in integer operations: for a target without
+    F16C, where LLVM's fpext calls a runtime function (__extendhfsf2) numba's JIT does not have.
+    Normal: the exponent rebased by 112, the mantissa shifted; subnormal or zero: mantissa · 2^-24
+    (exact); inf and NaN: exponent all ones, the mantissa kept (NaN stays NaN)."""
+    v32 = ir.VectorType(_I32, 16)
+    x = builder.zext(h, v32)
+    sign = builder.shl(builder.and_(x, _splat(v32, 0x8000)), _splat(v32, 16))
+    e = builder.and_(builder.lshr(x, _splat(v32, 10)), _splat(v32, 0x1F))
+    mant = builder.and_(x, _splat(v32, 0x3FF))
+    normal = builder.or_(builder.shl(builder.add(e, _splat(v32, 112)), _splat(v32, 23)),
+                         builder.shl(mant, _splat(v32, 13)))
+    special = builder.or_(_splat(v32, 0x7F800000), builder.shl(mant, _splat(v32, 13)))
+    sub = builder.bitcast(builder.fmul(builder.sitofp(mant, F32x16.llvm), _splat(F32x16.llvm, 2.0 ** -24)), v32)
+    mag = builder.select(builder.icmp_unsigned("==", e, _splat(v32, 0)), sub,
+                         builder.select(builder.icmp_unsigned("==", e, _splat(v32, 0x1F)), special, normal))
+    return builder.bitcast(builder.or_(mag, sign), F32x16.llvm)
 
 
 def _binop(inst_f: str, inst_i: str):

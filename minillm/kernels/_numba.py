@@ -573,14 +573,17 @@ def layer_norm(x, w, b, eps, y):
 def gelu(x, y):
     """x, y [N, F] float32: GPT-2's tanh GELU, 0.5·x·(1 + tanh(u)) with u = √(2/π)·(x + 0.044715·x³),
     written x / (1 + exp(-2u)). Two vectorized passes per row, as swiglu: exp(-2u) (the vectorizable
-    fexp; -2u capped at 88, where the result is 0 to float32's precision), then the division (libm's
-    tanhf is a call per value, not vectorized)."""
+    fexp), then the division (libm's tanhf is a call per value, not vectorized). Past -2u = 88 (x below
+    about -10, down to -inf, where x³ overflows) exp(-2u) is taken as inf: x / inf is -0, NumPy's tanh
+    chain's answer there (the exact value is below 1e-36); capping it at exp(88) instead gave
+    x / 1.65e38, -0.06 to -2.06 for x <= -1e37. x = -inf gives NaN, as NumPy's does."""
     N, F = x.shape
     for r in range(N):
         for i in range(F):
             v = x[r, i]
             minus_2u = np.float32(-1.5957691216057308) * (v + np.float32(0.044715) * v * v * v)
-            y[r, i] = fexp(min(minus_2u, np.float32(88.0)))
+            e = fexp(min(minus_2u, np.float32(88.0)))
+            y[r, i] = e if minus_2u <= np.float32(88.0) else np.float32(np.inf)
         for i in range(F):
             y[r, i] = x[r, i] / (np.float32(1.0) + y[r, i])
 

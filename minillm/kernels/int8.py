@@ -30,8 +30,10 @@ NumPy, and each kernel equals it bit for bit. For x [T, C] and one weight row w 
 Integer sums are exact in any order, so every instruction set gives the same I_b and the float
 steps are the same operations in the same order: the answer does not depend on the CPU. Nor does a
 row's result depend on the other rows in the product (each row of x has its own scales; nothing is
-shared across rows), so a batch computes each row bit for bit as it would alone: the integer set is
-batch-invariant by construction, without the fixed-order float kernels the batch-invariant mode uses.
+shared across rows), so a batch computes each row bit for bit as it would alone: the integer
+products are batch-invariant by construction, without the fixed-order float kernels the
+batch-invariant mode uses. (A model's step is more than its products: a prefill cut into other
+pieces attends, and a hybrid's linear layers chunk their delta rule, in another order: README.)
 
 Which instructions do step 3 is chosen once from the CPU's features (`isa()`): VNNI's vpdpbusd
 (512- or 256-bit), AVX2's vpmaddubsw + vpmaddwd, or LLVM's portable vectors; see _int8.py, which
@@ -69,21 +71,42 @@ ISA_WORDS = {
 }
 
 
-class Int8Error(MiniLLMError):
-    """The integer kernels cannot run as asked (an instruction set this CPU lacks, a bad shape)."""
+class Int8Error(MiniLLMError, ValueError):
+    """The integer kernels cannot run as asked (an instruction set this CPU lacks, a bad shape): a
+    ValueError too, the class the other kernels' checks (kernels/checks.py) raise."""
 
 
 # -- the instruction set ------------------------------------------------------------------------------
 
 @lru_cache(maxsize=1)
 def cpu_features() -> frozenset:
-    """The host CPU's features as LLVM sees them (cpuid and what the OS enables: the same source
-    numba compiles for), the enabled ones only; empty where llvmlite is missing."""
+    """The features the integer kernels may use: those of the host CPU (as LLVM sees them: cpuid and
+    what the OS enables) that numba's target also has. numba compiles for the host unless told
+    otherwise (NUMBA_CPU_NAME=generic, NUMBA_CPU_FEATURES=...): an instruction the host has but the
+    target lacks cannot be compiled (LLVM aborts the process), one the target names but the host
+    lacks would crash it. Empty where llvmlite is missing."""
     try:
         import llvmlite.binding as llvm
-        return frozenset(k for k, v in llvm.get_host_cpu_features().items() if v)
+        host = frozenset(k for k, v in llvm.get_host_cpu_features().items() if v)
     except Exception:                         # pragma: no cover - llvmlite missing or odd
         return frozenset()
+    return host & target_features(host)
+
+
+def target_features(host: frozenset) -> frozenset:
+    """The features numba compiles for: NUMBA_CPU_FEATURES's "+name" entries where it is set (numba
+    sets it to "" for NUMBA_CPU_NAME=generic: none beyond the architecture's baseline), else the
+    host's (numba's codegen reads the same two settings)."""
+    try:
+        from numba.core import config
+        given = config.CPU_FEATURES
+    except Exception:                         # pragma: no cover - numba missing
+        given = os.environ.get("NUMBA_CPU_FEATURES")
+        if given is None and os.environ.get("NUMBA_CPU_NAME", "").lower() == "generic":
+            given = ""
+    if given is None:
+        return host
+    return frozenset(f.strip()[1:] for f in given.split(",") if f.strip().startswith("+"))
 
 
 def supported(features: frozenset | None = None) -> tuple[str, ...]:
@@ -109,7 +132,7 @@ def isa() -> str:
         if want not in ISA_WORDS:
             raise Int8Error(f"{ENV}={want} is not an instruction set; choose one of {', '.join(ISA_WORDS)}")
         if want not in have:
-            raise Int8Error(f"{ENV}={want}: this CPU lacks it; it has {', '.join(have)}")
+            raise Int8Error(f"{ENV}={want}: this CPU (or numba's target) lacks it; it has {', '.join(have)}")
         return want
     return have[0]
 
@@ -145,12 +168,28 @@ def quantize_x_ref(x: np.ndarray) -> tuple:
 def planes(q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> tuple:
     """A quantized matrix's planes as these kernels take them (kernels/products.py's too): q (int8
     [R, C]: Q8_0; uint8 [R, C/2]: Q4's nibbles in GGUF's order), C-contiguous, then the scales (and
-    Q4_1's minimums; for Q4_0 an empty array) as float16 bits, uint16 [R, C/32]."""
+    Q4_1's minimums; for Q4_0 an empty array) as float16 bits, uint16 [R, C/32], checked to agree
+    (`check_planes`)."""
     q = np.ascontiguousarray(q)
     d = np.ascontiguousarray(d).view(np.uint16)
     if q.dtype == np.int8:
-        return q, d
-    return q, d, _NO_MIN if m is None else np.ascontiguousarray(m).view(np.uint16)
+        return check_planes((q, d))
+    return check_planes((q, d, _NO_MIN if m is None else np.ascontiguousarray(m).view(np.uint16)))
+
+
+def check_planes(p: tuple) -> tuple:
+    """p as the kernels read it, or a ValueError in one line: kernels/checks.py's agreement of shapes
+    and dtypes (q int8 [R, 32·nb] with d uint16 [R, nb]; or q uint8 [R, 16·nb], d and m uint16
+    [R, nb], m [0, 0] for Q4_0), at least one block a row, and each plane C-contiguous (the kernels
+    read them by flat offsets: a strided plane would be read as if it were not)."""
+    from . import checks
+    p = checks.planes(tuple(p))
+    if p[0].shape[1] == 0:
+        raise Int8Error(f"integer product: a weight of {p[0].shape[0]} rows of no values; rows need whole "
+                        f"blocks of {QK} values")
+    if not all(a.flags.c_contiguous for a in p):
+        raise Int8Error("integer product: the planes must be C-contiguous (make them with int8.planes)")
+    return p
 
 
 def _shape(p: tuple) -> tuple[int, int]:
@@ -250,15 +289,17 @@ def kernel(q8: bool, isa_name: str | None = None):
     from ._int8 import KERNELS
     name = isa_name or _current_isa()
     if name not in supported():
-        raise Int8Error(f"this CPU cannot run the {name!r} integer kernels; it has {', '.join(supported())}")
+        raise Int8Error(f"this CPU (or numba's target) cannot run the {name!r} integer kernels; it has "
+                        f"{', '.join(supported())}")
     return KERNELS["q8_0" if q8 else "q4", name]
 
 
 def matmul(p: tuple, x: np.ndarray, isa_name: str | None = None) -> np.ndarray:
     """x [T, C] @ w^T -> [T, R] float32 in integers (x rounded to int8 blocks inside, once), w given
     by its `planes`; equal to `matmul_ref` bit for bit. isa_name: one of `supported()` (default `isa()`)."""
+    p = check_planes(p)
     R, C = _shape(p)
-    x = _check(C, x)
+    x = _check(C, np.asarray(x))
     y = np.empty((x.shape[0], R), np.float32)
     kernel(len(p) == 2, isa_name)(*p, x, y)
     return y

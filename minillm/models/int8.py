@@ -48,6 +48,9 @@ class Int8Quant(QuantMatrix):
         integers (float64 x: QuantMatrix's float product, the NumPy path's)."""
         if x.dtype != np.float32:
             return super().matmul(x)
+        R, C = self.shape
+        if x.ndim != 2 or x.shape[1] != C:      # the kernel trusts x's width: a narrower x is read past
+            raise ValueError(f"quantized product: x {x.shape} against a [{R}, {C}] matrix: x needs {C} columns")
         if self._kernel is None:                 # chosen at the first product: MINILLM_INT8_ISA read then
             self._kernel = int8.kernel(len(self.planes) == 2)
         if not x.flags.c_contiguous:

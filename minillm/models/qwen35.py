@@ -45,6 +45,7 @@ layer's q, gate, k and v into one [d, 2·H·hd + 2·Hkv·hd]: each weight read o
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Iterator
@@ -209,7 +210,7 @@ class Qwen35Config:
             factor = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25)))
             if not 0 < factor <= 1:
                 raise ConfigError(f"partial_rotary_factor={factor}: must be in (0, 1]")
-            return cls(n_layer=L, n_head=H, n_kv_head=cfg.get("num_key_value_heads") or H, head_dim=head_dim,
+            return check_state(cls(n_layer=L, n_head=H, n_kv_head=cfg.get("num_key_value_heads") or H, head_dim=head_dim,
                        n_embd=cfg["hidden_size"], n_ctx=cfg.get("max_position_embeddings", 32768),
                        vocab_size=cfg["vocab_size"], ffn=cfg["intermediate_size"], layer_types=tuple(types),
                        lin_k_heads=cfg.get("linear_num_key_heads", 16), lin_v_heads=cfg.get("linear_num_value_heads", 32),
@@ -217,11 +218,34 @@ class Qwen35Config:
                        conv_kernel=cfg.get("linear_conv_kernel_dim", 4), rotary_dim=int(head_dim * factor),
                        eps=float(cfg.get("rms_norm_eps", 1e-6)),
                        theta=float(rope.get("rope_theta", cfg.get("rope_theta", 1e7))),
-                       tied=bool(cfg.get("tie_word_embeddings", False)))
+                       tied=bool(cfg.get("tie_word_embeddings", False))))
         except ConfigError as e:
             raise ConfigError(f"{source}: {e}") from None
         except (TypeError, ValueError, OverflowError) as e:
             raise ConfigError(f"{source}: a field has the wrong type ({e}); re-download the checkpoint") from None
+
+
+def machine_memory() -> int | None:
+    """The machine's physical memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_state(c: Qwen35Config) -> Qwen35Config:
+    """A config read from a file whose one sequence's state (`state_bytes`, float32) could be held:
+    no larger than the model's own weights (its parameters in float32: published hybrids' states are
+    under 1% of their weights; a few kilobytes of linear_*_head_dim can otherwise ask for terabytes)
+    and than the machine's memory. Refused before anything is allocated."""
+    state, weights, ram = c.state_bytes(4), 4 * c.n_params(), machine_memory()
+    if state > weights or (ram is not None and state > ram):
+        why = (f"more than the model's {weights:,} bytes of weights" if state > weights
+               else f"more than this machine's {ram:,} bytes of memory")
+        raise ConfigError(f"one sequence's linear-attention state would take {state:,} bytes ({len(c.linear_layers):,} "
+                          f"layers of [{c.lin_v_heads}, {c.lin_k_dim}, {c.lin_v_dim}]), {why}; are the "
+                          "linear_* fields the ones for these weights?")
+    return c
 
 
 @dataclass(frozen=True)
