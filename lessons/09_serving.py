@@ -130,16 +130,17 @@ def policies(L: Lesson, model, items, hw) -> dict:
     tbt = con["tbt_p50_s"] / seq["tbt_p50_s"]
     L.say(f"""
         Measured ({L.conditions()}): continuous batching served {fmt_x(speed)} the output tokens per second
-        of one at a time: {"more, every round beyond the other's spread, with fewer steps sharing each weight read"
-        if faster > 0 else "fewer, every round beyond the other's spread" if faster < 0 else
+        of one at a time: {"more, by " + closeness.rule_words(len(con["rounds"]["output_tokens_per_s"])) +
+        ", with fewer steps sharing each weight read" if faster > 0 else "fewer, by " +
+        closeness.rule_words(len(con["rounds"]["output_tokens_per_s"])) if faster < 0 else
         "no winner (" + closeness.why_not(con['rounds']['output_tokens_per_s'], seq['rounds']['output_tokens_per_s'])
         + "; a busy machine can hide what sharing weight reads saves)"}.
 
         One at a time, requests **queue**: time to first token is mostly waiting. Static batching shares
         the weight reads, but a request that arrives while a batch runs waits for the whole batch to finish.
         Here static batching's p95 TTFT was {fmt_time(sta['ttft_p95_s'])} and continuous batching's
-        {fmt_time(con['ttft_p95_s'])} ({fmt_x(ttft)}): {"continuous admitted late arrivals sooner, every round"
-        if sooner < 0 else "continuous was later, every round" if sooner > 0 else "no winner (" +
+        {fmt_time(con['ttft_p95_s'])} ({fmt_x(ttft)}): {"continuous admitted late arrivals sooner, ranked"
+        if sooner < 0 else "continuous was later, ranked" if sooner > 0 else "no winner (" +
         closeness.why_not(con['rounds']['ttft_p95_s'], sta['rounds']['ttft_p95_s']) + ")"}
         ({closeness.holds_for()}).
     """)

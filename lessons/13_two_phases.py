@@ -135,10 +135,9 @@ def interference(L: Lesson, model, items) -> None:
     b = merge_rounds([summarize(e) for e in chunks])
     same = all(w.requests[k].output == c.requests[k].output for w, c in zip(wholes, chunks) for k in w.requests)
     L.claim(same, "in every round both runs gave every request the same tokens: only the timing changed")
-    side = closeness.apart(b["rounds"]["tbt_p99_s"], a["rounds"]["tbt_p99_s"])
-    how = (f"chunking lowered it, every round beyond the other's spread ({closeness.holds_for()})" if side < 0 else
-           f"chunking raised it, every round beyond the other's spread ({closeness.holds_for()})" if side > 0 else
-           f"no winner ({closeness.why_not(b['rounds']['tbt_p99_s'], a['rounds']['tbt_p99_s'])})")
+    t = closeness.test(b["rounds"]["tbt_p99_s"], a["rounds"]["tbt_p99_s"])
+    how = (f"chunking {'lowered' if t.side < 0 else 'raised'} it, {closeness.rule_words(t.n)} "
+           f"({closeness.holds_for()})" if t.side else f"no winner ({t.reason})")
     L.say(f"The p99 gap between tokens, median of {R} rounds: {fmt_time(a['tbt_p99_s'])} with whole prompts, "
           f"{fmt_time(b['tbt_p99_s'])} in chunks of {budget}: {how}.")
     L.say(f"""

@@ -330,7 +330,7 @@ def roofline_words(crit: dict, E: int, k: int, held: float) -> str:
 
 def measured_words(tps: dict, gain: dict) -> str:
     """The measured gains from batching, through the one closeness rule on each round's gain
-    (tokens/s at B ÷ at B = 1 of the same round): ranked only when the rounds agree beyond their spread."""
+    (tokens/s at B ÷ at B = 1 of the same round): ranked only by the sign test on the paired rounds."""
     last = BATCHES[-1]
     g = {(name, B): [x / y for x, y in zip(tps[name, B], tps[name, 1])] for name in ("dense", "mixture")
          for B in BATCHES}
@@ -339,7 +339,7 @@ def measured_words(tps: dict, gain: dict) -> str:
     side = closeness.apart(g["dense", last], g["mixture", last])
     if side:
         who = "the dense model" if side > 0 else "the mixture"
-        head += (f"batching bought {who} more, every round beyond the other's spread "
+        head += (f"batching bought {who} more, by {closeness.rule_words(len(g['dense', last]))} "
                  f"({closeness.holds_for()}).")
     else:
         head += f"no winner ({closeness.why_not(g['dense', last], g['mixture', last])}): this run does not rank them."
@@ -349,14 +349,14 @@ def measured_words(tps: dict, gain: dict) -> str:
     first = next((i for i, a in enumerate(status) if a >= 0), None)
     head += f" The dense model's gain at B = {mid} was {fmt_x(gain['dense', mid])}; the mixture "
     if first is None:
-        head += f"stayed below it in every round up to B = {last}."
+        head += f"was ranked below it up to B = {last}."
     elif status[first] > 0:
-        head += f"was below it, every round, up to B = {BATCHES[first - 1]}, and above it, every round, at B = " \
+        head += f"was ranked below it up to B = {BATCHES[first - 1]}, and above it at B = " \
                 f"{BATCHES[first]}." if first else f"was above it already at B = {BATCHES[0]}."
     else:
-        head += (f"was below it, every round, up to B = {BATCHES[first - 1]}; at B = {BATCHES[first]} the rounds "
-                 "overlap it, so this run does not say where it reached it." if first else
-                 "overlaps it from B = 1: this run does not say where it reached it.")
+        head += (f"was ranked below it up to B = {BATCHES[first - 1]}; at B = {BATCHES[first]} the rule ranks "
+                 "neither, so this run does not say where it reached it." if first else
+                 "is not ranked against it from B = 1: this run does not say where it reached it.")
     return head + (" The mixture's step also pays for a product per chosen expert (up to E a layer) where "
                    "the dense one makes one: time the meter does not count.")
 

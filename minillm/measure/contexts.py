@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from ..closeness import round_order
 from ..errors import MiniLLMError
 from ..meter import Meter
 
@@ -100,8 +101,9 @@ def run_context_sweep(models: list, contexts=CONTEXTS, repeats: int = 5, steps: 
         for m, way, _ in runs:
             set_way(m, way)
             counts.append(step_counts(m, caches[id(m)]))
-        for _ in range(repeats):
-            for i, (m, way, _) in enumerate(runs):
+        for r in range(repeats):
+            for i in round_order(list(range(len(runs))), r):    # the order reversed every other round
+                m, way, _ = runs[i]
                 set_way(m, way)
                 times = []
                 for _ in range(steps):
