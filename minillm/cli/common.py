@@ -113,6 +113,20 @@ def parse_bytes(text: str, option: str = "--kv-memory") -> int:
     return size
 
 
+def one_thread_when_busy(args, stack) -> int | None:
+    """The one thread rule of every command that times (`measure.comparisons.comparison_threads`, as
+    `bench`, `serve-sim` and the lessons use): on a busy machine every timed side runs on 1 BLAS thread,
+    said on stderr before the first number; on a quiet one, --threads or as BLAS runs. Enters the
+    thread count on `stack` (a contextlib.ExitStack) for the rest of the command. -> the thread count."""
+    from ..measure.comparisons import comparison_threads
+    from ..threads import blas_threads, limited
+    threads, why = comparison_threads(getattr(args, "threads", None), default=blas_threads())
+    if why:
+        err.print(f"[yellow]note:[/] {escape(why)}", soft_wrap=False)
+    stack.enter_context(limited(threads))
+    return threads or blas_threads()
+
+
 def at_least_one(args, *names: str) -> None:
     """Refuse, with the option's name, any of the integer options `names` that is below 1."""
     for name in names:

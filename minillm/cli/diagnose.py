@@ -11,6 +11,7 @@ each column names.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ from ..measure.chips import get_chip, roofline
 from ..measure.shapes import capacity, shape_of
 from ..meter import Meter, totals
 from ..ui import report
-from .common import MODEL_HELP, add_device, add_weights, load_model, note_if_busy, out
+from .common import MODEL_HELP, add_device, add_weights, load_model, one_thread_when_busy, out
 
 FP16 = 0.5          # the chip columns assume fp16 weights and activations: half the float32 bytes
 BATCHES = (1, 8, 32)
@@ -92,6 +93,11 @@ def _t(seconds: float) -> str:
 
 
 def run(args) -> int:
+    with contextlib.ExitStack() as stack:
+        return _run(args, stack)
+
+
+def _run(args, stack) -> int:
     chip = get_chip(args.chip)
     if chip.peak_gflops is None:
         raise PromptError(f"--chip {args.chip}: {chip.name} has no published FLOP/s peak; choose a GPU preset "
@@ -110,7 +116,7 @@ def run(args) -> int:
         raise PromptError(f"--prompt-tokens {P} + --answer-tokens {N} is beyond {escape(model.name)}'s context of "
                           f"{c.n_ctx}: with this prompt at most {c.n_ctx - P} answer tokens fit")
     hw = hardware.machine(progress=True)
-    note_if_busy(args)
+    one_thread_when_busy(args, stack)        # busy: 1 thread for the timed steps, said first
     with out.status(f"prefilling {P} tokens and running two decode steps on {escape(model.name)}…"):
         pre, pre_seconds, dec, first, growth, n_decode = measure_workload(model, P, N)
     prefill = _phase([pre], c)

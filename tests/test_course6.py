@@ -1,0 +1,53 @@
+"""Round six of the course (issue 53): one thread rule for every command that times, and the items of
+lists 3 and 4, each a test broken once on purpose."""
+
+from __future__ import annotations
+
+import pytest
+
+from minillm.cli.commands import main
+
+
+def _record_threads(monkeypatch, module, name="generate"):
+    """Record the BLAS threads each call of `module.name` ran under."""
+    from minillm.threads import blas_threads
+    real = getattr(module, name)
+    seen = []
+
+    def spy(*a, **k):
+        seen.append(blas_threads())
+        return real(*a, **k)
+    monkeypatch.setattr(module, name, spy)
+    return seen
+
+
+@pytest.mark.parametrize("busy", [True, False])
+def test_compare_runs_every_side_on_one_thread_when_busy_and_says_so_first(capsys, monkeypatch, busy):
+    """Issue 53, item 2: `compare` said "busy … try --threads 1" and stayed on 2 threads. Busy, every
+    timed side (cached, naive) runs on 1 BLAS thread, the note saying so on stderr before the first
+    number; quiet, on the threads BLAS runs with. A test of the rule, not of speed."""
+    from minillm.cli import compare
+    from minillm.measure import comparisons
+    from minillm.threads import limited
+    monkeypatch.setattr(comparisons, "busy_note", lambda threads=None: "this machine is busy" if busy else None)
+    seen = _record_threads(monkeypatch, compare)
+    with limited(2):                                # as a 2-core machine starts
+        assert main(["compare", "ROMEO:", "--model", "random-tiny", "--max-new-tokens", "3",
+                     "--draft", "none"]) == 0
+    out = capsys.readouterr()
+    want = 1 if busy else 2
+    assert len(seen) >= 2 and set(seen) == {want}
+    assert ("So every side of this comparison runs on 1 BLAS thread" in out.err) == busy
+    assert f"both on {want} BLAS thread" in " ".join(out.out.split())
+
+
+def test_traffic_and_diagnose_follow_the_same_rule(capsys, monkeypatch):
+    from minillm.cli import compare
+    from minillm.measure import comparisons
+    from minillm.threads import limited
+    monkeypatch.setattr(comparisons, "busy_note", lambda threads=None: "this machine is busy")
+    seen = _record_threads(monkeypatch, compare)
+    with limited(2):
+        assert main(["traffic", "--model", "random-tiny", "--steps", "2", "--json"]) == 0
+    assert seen and set(seen) == {1}
+    assert "runs on 1 BLAS thread" in capsys.readouterr().err
