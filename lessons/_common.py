@@ -539,8 +539,10 @@ class Lesson:
 
     def timing_note(self) -> None:
         """A dim line under a timing: how it was measured, and under what conditions."""
-        busy = " (fewer: the machine is busy)" if self._busy and not self.fast else ""
-        self.console.print(f"[dim]times: median and range of {self.rounds()} interleaved rounds{busy}; "
+        n = self.rounds()
+        why = (" (fast mode: too few for a verdict)" if n < closeness.MIN_ROUNDS else
+               " or more, until the verdict rule decides")
+        self.console.print(f"[dim]times: median and range of {n} interleaved rounds{why}; "
                            f"{self.conditions()}[/]")
         self.console.print()
 
@@ -691,4 +693,20 @@ def run_lesson(body: Callable[[Lesson], None], argv: list[str] | None = None, *,
         return 130
     console.print(f"\n[dim]Lesson {number} done: {plural(len(L.claims), 'claim')} checked against this run's "
                   "numbers.[/]")
+    console.print(f"[dim]{next_words(number)}[/]")
     return 0
+
+
+def next_words(number: int) -> str:
+    """Where to go after lesson `number`: the next lesson of its track, or, at a track's end, the tracks
+    that build on it (`minillm learn --track NAME`, minillm/cli/learn.py)."""
+    from minillm.cli.learn import TRACKS, next_in_track, track_of
+    track, after = track_of(number), next_in_track(number)
+    if track is None:
+        return "Next: `minillm learn` lists the lessons and their tracks."
+    if after is not None:
+        return f"Next in the {track.name} track: `minillm learn {after}`."
+    if track.name == "core":
+        return ("You have the core. The other tracks are independent parts, each building on it: "
+                + ", ".join(t.name for t in TRACKS if t.name != "core") + " (`minillm learn --track NAME`).")
+    return f"The {track.name} track is done; `minillm learn` lists the others."

@@ -51,3 +51,38 @@ def test_traffic_and_diagnose_follow_the_same_rule(capsys, monkeypatch):
         assert main(["traffic", "--model", "random-tiny", "--steps", "2", "--json"]) == 0
     assert seen and set(seen) == {1}
     assert "runs on 1 BLAS thread" in capsys.readouterr().err
+
+
+# -- item 4: a short path -----------------------------------------------------------------------------
+
+def test_every_lesson_is_in_exactly_one_track_and_the_core_is_about_30_minutes():
+    from minillm.cli import learn
+    numbers = [info.number for info in learn.discover()]
+    placed = [n for t in learn.TRACKS for n in t.lessons]
+    assert sorted(placed) == sorted(numbers)                     # every lesson once, none twice
+    core = learn.find_track("core")
+    assert core.lessons == (1, 2, 3, 4, 5, 6, 8)                 # tokens -> ... -> memory traffic -> batching
+    minutes = sum(i.minutes for i in learn.discover() if i.number in core.lessons)
+    assert 25 <= minutes <= 35
+    assert all(t.builds_on for t in learn.TRACKS)
+
+
+def test_learn_signposts_the_core_track(capsys):
+    assert main(["learn"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Start with the core track" in out and "minillm learn --track core" in out
+    for name in ("serving", "models", "kernels", "hardware"):
+        assert f"{name}: lessons" in out and "builds on core" in out
+    assert main(["learn", "--track", "core"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "the core track" in out and "7 lessons, about 31 minutes" in out
+    assert main(["learn", "--track", "nope"]) == 1
+    assert "no track 'nope'; choose one of: core, serving" in " ".join(capsys.readouterr().err.split())
+
+
+def test_each_lesson_names_the_next_of_its_track():
+    from minillm.lessons._common import next_words
+    assert "Next in the core track: `minillm learn 2`" in next_words(1)
+    assert "Next in the core track: `minillm learn 8`" in next_words(6)
+    assert "You have the core" in next_words(8)
+    assert "Next in the serving track: `minillm learn 10`" in next_words(9)
