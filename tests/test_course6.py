@@ -86,3 +86,23 @@ def test_each_lesson_names_the_next_of_its_track():
     assert "Next in the core track: `minillm learn 8`" in next_words(6)
     assert "You have the core" in next_words(8)
     assert "Next in the serving track: `minillm learn 10`" in next_words(9)
+
+
+# -- list 4: a compile never timed as a step ----------------------------------------------------------
+
+def test_the_warm_up_reaches_the_decode_kernel_past_short_decode(monkeypatch):
+    """`traffic` timed a 10.22 s first decode step past 256 keys: the split decode kernel compiling.
+    The warm-up runs a decode past SHORT_DECODE keys wherever the context allows, under compiled kernels."""
+    import types
+
+    from minillm.cli import common
+    from minillm.engine import generate as gen_module
+    from minillm.kernels.products import SHORT_DECODE
+    lengths = []
+    monkeypatch.setattr(gen_module, "generate", lambda model, ids, n, **k: lengths.append(len(ids) + n))
+    model = types.SimpleNamespace(config=types.SimpleNamespace(n_ctx=1024), kernels="fused")
+    common.warm_up(model, [1, 2, 3])
+    assert max(lengths) > SHORT_DECODE + 1                           # a decode step with more keys than it
+    lengths.clear()
+    common.warm_up(types.SimpleNamespace(config=types.SimpleNamespace(n_ctx=1024), kernels="numpy"), [1, 2])
+    assert max(lengths) <= 10                                        # NumPy compiles nothing: short
