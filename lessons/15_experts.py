@@ -24,6 +24,7 @@ from minillm import closeness
 from minillm.measure import batching
 from minillm.measure.chips import CHIPS, LINKS
 from minillm.measure.experts import PUBLISHED, RELEASED, SOURCE, kept_params, published_params, uniform_busiest
+from minillm.measure.shapes import gpus_needed
 from minillm.meter import Meter
 from minillm.models import llama, moe
 from minillm.models.moe import MoE, MoEConfig, expected_distinct_experts, routes
@@ -499,6 +500,9 @@ def expert_parallelism(L: Lesson, mix, busiest: float, crit: dict, bound: dict) 
     over = [r["name"] for r in rows if r["per_gpu"] > room]
     ds = next(r for r in rows if r["name"] == "DeepSeek-V3")
     bf16 = 2 * ds["experts_bytes"] / RELEASED["DeepSeek-V3"][1]
+    held_ds = ds["experts_bytes"] * GPUS + ds["rest_bytes"]              # every routed expert once, the rest
+    need_even = gpus_needed(held_ds, chip.memory_gb * 1e9)
+    need_ep = gpus_needed(held_ds, chip.memory_gb * 1e9, replicated_bytes=ds["rest_bytes"])
     L.say(f"""
         As released, each GPU holds {', '.join(f"{r['name']} {fmt_bytes(r['per_gpu'])}" for r in rows)},
         against the {fmt_bytes(room)} an {chip.name.upper()} gives a server (0.9 × {chip.memory_gb:g} GB):
@@ -506,7 +510,10 @@ def expert_parallelism(L: Lesson, mix, busiest: float, crit: dict, bound: dict) 
         with {fmt_bytes(room - ds['per_gpu'])} a GPU left for DeepSeek-V3's KV cache. In bf16 its experts
         alone would be {fmt_bytes(bf16)} a GPU, {'more' if bf16 > chip.memory_gb * 1e9 else 'less'} than the
         card's {chip.memory_gb:g} GB: sized in bf16 it needs twice the GPUs; in FP8 on 8 H200s is how
-        SGLang's and vLLM's guides serve it.
+        SGLang's and vLLM's guides serve it. By the one capacity rule (`gpus_needed`: 0.9 of each GPU
+        holds the weights), DeepSeek-V3 needs at least {need_even} {chip.name.upper()}s with every weight
+        split evenly (what `minillm hardware --shape deepseek-v3` says) and {need_ep} with its attention
+        copied to every GPU as here; 8 leaves the KV cache the room above.
 
         So EP trades weight bytes for link bytes. Each GPU holds and reads only its experts, and the
         batch a step needs for its experts to turn compute-bound is gathered from the tokens of every

@@ -316,11 +316,10 @@ def released(L: Lesson) -> None:
     s = PUBLISHED["DeepSeek-V3"]
     held, _ = got["DeepSeek-V3"]
     total, _ = published_params(s)
-    h200 = CHIPS["h200"].memory_gb * 1e9
-    L.fact(f"DeepSeek-V3 in fp8: {FP8_TILE:.5f} bytes a matrix weight; {fmt_bytes(held / 8)} a GPU "
-           f"on 8, {'inside' if held / 8 < h200 else 'beyond'} an H200's {fmt_bytes(h200)}, "
-           f"{fmt_bytes(h200 - held / 8)} left for the cache; as bf16 it would be {fmt_bytes(2 * total / 8)} "
-           f"a GPU ({fmt_x(2 * total / held)} as much)")
+    L.fact(f"DeepSeek-V3 in fp8: {FP8_TILE:.5f} bytes a matrix weight, {fmt_bytes(held)} held; as bf16 "
+           f"it would be {fmt_bytes(2 * total)} ({fmt_x(2 * total / held)} as much). held/GPU is an even split; "
+           "how many GPUs it needs and what is left for the cache, as served (attention on every GPU), "
+           "is lesson 15's one capacity rule")
 
 
 def main(argv=None) -> int:

@@ -106,3 +106,35 @@ def test_the_warm_up_reaches_the_decode_kernel_past_short_decode(monkeypatch):
     lengths.clear()
     common.warm_up(types.SimpleNamespace(config=types.SimpleNamespace(n_ctx=1024), kernels="numpy"), [1, 2])
     assert max(lengths) <= 10                                        # NumPy compiles nothing: short
+
+
+# -- list 3: one capacity rule for every "how many GPUs" answer ----------------------------------------
+
+def test_one_capacity_rule_answers_how_many_gpus(capsys):
+    """DeepSeek-V3 needed 5 H200s (`hardware`: weights ÷ memory), 6 (--fit: 0.9 of memory) and 8
+    (lessons 15 and 18). One rule, `gpus_needed`: 0.9 of each GPU holds the weights, split evenly or
+    with a replicated part; `hardware --shape` and lesson 15 both use it."""
+    from minillm.measure.chips import CHIPS
+    from minillm.measure.experts import held_bytes
+    from minillm.measure.shapes import gpus_needed, shape
+    s = shape("deepseek-v3")
+    h200 = CHIPS["h200"].memory_gb * 1e9
+    even = gpus_needed(held_bytes(s), h200)
+    assert even == 6 and gpus_needed(held_bytes(s), h200, replicated_bytes=19.1e9) == 7
+    assert gpus_needed(1.0, h200, replicated_bytes=h200) is None
+    assert main(["hardware", "--shape", "deepseek-v3", "--chip", "h200"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("h200"))
+    assert row.split()[-1] == str(even)
+    import importlib
+    m = importlib.import_module("minillm.lessons.15_experts")
+    import inspect
+    src = inspect.getsource(m.expert_parallelism)
+    assert "gpus_needed(" in src                                    # the lesson asks the same rule
+
+
+def test_fit_beyond_the_models_context_is_refused(capsys):
+    """`--fit 4096` was accepted for GPT-2 (context 1,024): a count of sequences it cannot hold."""
+    assert main(["hardware", "--shape", "gpt2-124m", "--fit", "4096", "--memory", "80GB"]) == 1
+    err = capsys.readouterr().err
+    assert "--fit 4,096: beyond gpt2-124m's context of 1,024 tokens" in " ".join(err.split())
+    assert main(["hardware", "--shape", "gpt2-124m", "--fit", "1024", "--memory", "80GB"]) == 0

@@ -30,6 +30,7 @@ layers' KV). Lessons 5 and 12, `minillm hardware
 from __future__ import annotations
 
 import difflib
+import math
 
 from ..models.llama import LlamaConfig
 
@@ -225,6 +226,22 @@ def capacity(s: dict, context: int, memory_bytes: float, *, bytes_per_weight: fl
             "kv_bytes_per_sequence": per_seq, "state_bytes_per_sequence": state_bytes(s, kv_bytes_per_value),
             "context": context, "left_bytes": left,
             "sequences": max(0, int(left // per_seq)), "weights_fit": left >= 0}
+
+
+def gpus_needed(held_bytes: float, memory_bytes: float, utilisation: float = UTILISATION,
+                replicated_bytes: float = 0.0) -> int | None:
+    """The one capacity rule for "how many GPUs": the fewest G whose memory, at `utilisation` of it (what
+    a server takes, as `capacity` and --fit count), holds the weights alone, (held − replicated)/G +
+    replicated each; `replicated_bytes`: what every GPU keeps a copy of (expert parallelism's attention,
+    served data-parallel), 0 when every weight is split evenly. The KV cache needs room beyond it
+    (`capacity` counts the sequences that fit). None: the replicated part alone does not fit one GPU.
+    `hardware --shape`'s GPUs column (split evenly) and lesson 15 (as served, with EP) use it."""
+    if memory_bytes <= 0:
+        raise ValueError("gpus_needed: a GPU with no memory")
+    room = memory_bytes * utilisation - replicated_bytes
+    if room <= 0:
+        return None
+    return max(1, math.ceil((held_bytes - replicated_bytes) / room))
 
 
 def sequences_that_fit(s: dict, context: int, bytes_per_value: float, memory_bytes: float,
