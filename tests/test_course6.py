@@ -138,3 +138,16 @@ def test_fit_beyond_the_models_context_is_refused(capsys):
     err = capsys.readouterr().err
     assert "--fit 4,096: beyond gpt2-124m's context of 1,024 tokens" in " ".join(err.split())
     assert main(["hardware", "--shape", "gpt2-124m", "--fit", "1024", "--memory", "80GB"]) == 0
+
+
+# -- list 3: lesson 15's mixture against its dense twin of equal bytes -------------------------------
+
+def test_lesson_15_ranks_the_twin_at_b1_by_the_rule_and_never_calls_a_ranked_gap_noise():
+    import importlib
+    m = importlib.import_module("minillm.lessons.15_experts")
+    b = {"mixture": 1.0e6, "dense": 1.0e6}
+    said = m.twin_words({("mixture", 1): [174.0, 170.0] * 3, ("dense", 1): [108.0, 110.0] * 3}, b, 2)
+    assert "yet the mixture made more tokens/s than the twin, ranked by a sign test on 6" in said
+    assert "That is not noise, and not bytes" in said
+    said = m.twin_words({("mixture", 1): [174.0, 100.0] * 3, ("dense", 1): [108.0, 110.0] * 3}, b, 2)
+    assert "the rule ranks neither (3 of 6 rounds" in said and "noise" not in said
