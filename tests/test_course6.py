@@ -3,6 +3,7 @@ lists 3 and 4, each a test broken once on purpose."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from minillm.cli.commands import main
@@ -151,3 +152,19 @@ def test_lesson_15_ranks_the_twin_at_b1_by_the_rule_and_never_calls_a_ranked_gap
     assert "That is not noise, and not bytes" in said
     said = m.twin_words({("mixture", 1): [174.0, 100.0] * 3, ("dense", 1): [108.0, 110.0] * 3}, b, 2)
     assert "the rule ranks neither (3 of 6 rounds" in said and "noise" not in said
+
+
+# -- list 3: lesson 11's table and its ranking give one speed-up --------------------------------------
+
+def test_the_speculation_speedup_is_the_median_of_its_paired_rounds():
+    """Lesson 11's table said 0.94× where its ranking sentence said 0.92×: a ratio of medians against
+    the median of the rounds' ratios. One figure now: the median of the paired rounds."""
+    import statistics
+
+    import minillm
+    from minillm.measure.speculation import run_speculation_bench
+    model = minillm.load("random-tiny", quiet=True)
+    prompts = [np.arange(1, 9)]
+    res = run_speculation_bench(model, {"ngram": "ngram"}, [2], prompts, 6, repeats=3)
+    for r in res["rows"]:
+        assert r["speedup"] == statistics.median(r["speedup_rounds"])
