@@ -164,11 +164,18 @@ def tbt_words(ratio: float, mean_batch: float) -> str:
             "count). Sarathi-Serve tunes the token budget per step (`--max-batched-tokens`) for it.")
 
 
+def tpot_target(runs: dict) -> tuple[float, str]:
+    """The TPOT target: 1.5 × the largest of the policies' median gaps between tokens, so that no policy
+    fails it at its median (M51: 3 × one at a time's gap sat below continuous batching's median gap, and
+    the best policy's goodput was 0). -> (target in seconds, the policy with the largest median gap)."""
+    slowest = max(runs, key=lambda p: runs[p][0]["tbt_p50_s"])
+    return 1.5 * runs[slowest][0]["tbt_p50_s"], slowest
+
+
 def goodput(L: Lesson, runs: dict, per_request: float) -> None:
     L.section("Latency targets and goodput")
-    seq = runs["sequential"][0]
     ttft_slo = 2 * per_request
-    tpot_slo = 3 * seq["tbt_p50_s"]
+    tpot_slo, slowest = tpot_target(runs)
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("policy", "requests", "meet both", "goodput, req/s", "tok/s"):
         t.add_column(col, justify="right", no_wrap=True)
@@ -186,9 +193,13 @@ def goodput(L: Lesson, runs: dict, per_request: float) -> None:
                 met = len(ok)
         good[p] = statistics.median(per_round[p])
         t.add_row(p, str(len(reqs)), str(met), f"{good[p]:.2f}", f"{r['output_tokens_per_s']:.1f}")
+    L.claim(any(max(c) > 0 for c in met_counts.values()),
+            "at least one policy met both targets for some request: the targets separate the policies "
+            "instead of failing them all")
     L.say(f"""
         A service promises latency targets (*SLOs*), say TTFT under {fmt_time(ttft_slo)} (twice one request
-        alone here) and TPOT under {fmt_time(tpot_slo)} (three times one at a time's median gap). **Goodput**
+        alone here) and TPOT under {fmt_time(tpot_slo)} (1.5 times the largest of the three policies'
+        median gaps, {slowest}'s: a target each can meet at its median, so the queue decides). **Goodput**
         is the requests per second that meet both (the formula of `vllm bench serve --goodput`):
         throughput that users feel. These targets come from this run; real ones come from the product.
         Comparing systems by goodput means sweeping the request rate and finding the highest rate that

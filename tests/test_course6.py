@@ -168,3 +168,16 @@ def test_the_speculation_speedup_is_the_median_of_its_paired_rounds():
     res = run_speculation_bench(model, {"ngram": "ngram"}, [2], prompts, 6, repeats=3)
     for r in res["rows"]:
         assert r["speedup"] == statistics.median(r["speedup_rounds"])
+
+
+# -- list 3: lesson 9's goodput target --------------------------------------------------------------
+
+def test_lesson_9s_tpot_target_sits_above_every_policys_median_gap():
+    """M51: the TPOT target (3 × one at a time's gap) sat below continuous batching's median gap (3.6×
+    it), so the best policy met no request. The target is now 1.5 × the largest median gap."""
+    import importlib
+    m = importlib.import_module("minillm.lessons.09_serving")
+    runs = {"sequential": ({"tbt_p50_s": 0.0257},), "static": ({"tbt_p50_s": 0.05},),
+            "continuous": ({"tbt_p50_s": 0.0928},)}
+    target, slowest = m.tpot_target(runs)
+    assert slowest == "continuous" and all(target > r[0]["tbt_p50_s"] for r in runs.values())
