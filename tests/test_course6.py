@@ -181,3 +181,34 @@ def test_lesson_9s_tpot_target_sits_above_every_policys_median_gap():
             "continuous": ({"tbt_p50_s": 0.0928},)}
     target, slowest = m.tpot_target(runs)
     assert slowest == "continuous" and all(target > r[0]["tbt_p50_s"] for r in runs.values())
+
+
+# -- list 3: lesson 13 shows one throughput for "no chunking" ------------------------------------------
+
+def test_lesson_13s_split_table_names_each_configuration_once():
+    import importlib
+    m = importlib.import_module("minillm.lessons.13_two_phases")
+    rows = m.split_rows({"label": "one, budget 32"}, {"label": "split"}, {"label": "no chunking"},
+                        {"label": "chunked (budget 16)"})
+    assert [r["label"] for r, _ in rows].count("no chunking") == 1 and [n for _, n in rows] == [1, 2, 1, 1]
+    with pytest.raises(ValueError):
+        m.split_rows({"label": "no chunking"}, {"label": "split"}, {"label": "no chunking"}, {"label": "c"})
+
+
+# -- list 3: lesson 8's batch-invariant price --------------------------------------------------------
+
+def test_lesson_8_prices_the_batch_invariant_set_by_the_verdict_rule(capsys):
+    """Lesson 8 priced the batch-invariant set at "1×" with the same 2.94 s on both sides (from 2-3
+    rounds, not alternated). The price is now the paired rounds' ratio and range, and the rule's
+    verdict on them."""
+    import importlib
+
+    from minillm import kernels
+    if not kernels.available():
+        pytest.skip("the batch-invariant kernels cannot run here")
+    m = importlib.import_module("minillm.lessons.08_batching")
+    assert m.main(["--fast", "--no-pause"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    said = out.split("The price, this run:")[1][:400]
+    assert "the time of the default batched run:" in said and "over the rounds" in said
+    assert any(w in said for w in ("no winner (", ": slower, ", ": faster, "))
