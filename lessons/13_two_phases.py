@@ -346,10 +346,10 @@ def disaggregation(L: Lesson, model, items, chunk: int, alone: float) -> dict:
             for group, x in zip((ones, splits, wholes, chunks), four):
                 group.append(x)
             run_interleaved(four)
-    a = merge_rounds([colocated_summary(o.engine, T, label=f"one, budget {budget}") for o in ones])
+    a = merge_rounds([colocated_summary(o.engine, T, label="one engine") for o in ones])
     b = merge_rounds([sp.summary(label="split") for sp in splits])
     whole = merge_rounds([colocated_summary(o.engine, T, label="no chunking") for o in wholes])
-    chunked = merge_rounds([colocated_summary(o.engine, T, label=f"chunked (budget {chunk})") for o in chunks])
+    chunked = merge_rounds([colocated_summary(o.engine, T, label=f"budget {chunk}") for o in chunks])
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("", "tok/s", "per engine", "TTFT p95", "TPOT p95", "TBT p99", "KV moved"):
         t.add_column(col, justify="right", no_wrap=True)
@@ -359,8 +359,8 @@ def disaggregation(L: Lesson, model, items, chunk: int, alone: float) -> dict:
                   fmt_bytes(r["kv_bytes_moved"]))
     L.show(t, f"[dim]medians of {R} rounds, all four served in the same rounds, each paced by a request timed "
               f"alone just before it; every step of every engine on {plural(T, 'BLAS thread')}; link: "
-              f"{link:.3g} Gb/s, this machine's measured copy; per engine: tok/s ÷ the engines that served. "
-              "The budget sweep's rows are another measurement (a fixed pace, earlier): compare within a "
+              f"{link:.3g} Gb/s, this machine's measured copy; per engine: tok/s ÷ the engines that served; "
+              f"one engine: the split's decode budget, {budget}. The budget sweep's rows are another measurement (a fixed pace, earlier): compare within a "
               "table, not across[/]")
     if why:
         L.note(why)

@@ -212,3 +212,16 @@ def test_lesson_8_prices_the_batch_invariant_set_by_the_verdict_rule(capsys):
     said = out.split("The price, this run:")[1][:400]
     assert "the time of the default batched run:" in said and "over the rounds" in said
     assert any(w in said for w in ("no winner (", ": slower, ", ": faster, "))
+
+
+# -- list 3: lesson 14's two Q8_0 figures ------------------------------------------------------------
+
+def test_lesson_14_measures_every_kernel_set_once_so_a_figure_is_one_measurement():
+    """Lesson 14 showed fused Q8_0 at 110.7 tok/s, then 50.7 in the next table: two measurements. One
+    run now holds every kernel set (numpy, fused, int8) in the same rounds, and section 6 reuses it."""
+    import importlib
+    import inspect
+    m = importlib.import_module("minillm.lessons.14_quantization")
+    assert inspect.getsource(m).count("run_quant_bench(") == 1
+    assert "int8" in inspect.getsource(m.bytes_and_speed)
+    assert "run_quant_bench" not in inspect.getsource(m.integers)
