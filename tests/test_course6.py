@@ -225,3 +225,29 @@ def test_lesson_14_measures_every_kernel_set_once_so_a_figure_is_one_measurement
     assert inspect.getsource(m).count("run_quant_bench(") == 1
     assert "int8" in inspect.getsource(m.bytes_and_speed)
     assert "run_quant_bench" not in inspect.getsource(m.integers)
+
+
+# -- list 4: diagnose's batched table counts the answer's KV ----------------------------------------
+
+def test_diagnose_batched_steps_count_the_answers_kv(monkeypatch, capsys):
+    """`diagnose`'s H100 batched table counted only the prompt's KV for 2,000-token answers. Its step is
+    now the answer's mean step: a longer answer, more KV, a longer batched step on the same chip."""
+    import argparse
+
+    from minillm.cli import diagnose as d
+    from minillm.measure.chips import Hardware
+    chip = Hardware(name="gpu-x", bandwidth_gbs=2000.0, peak_gflops=300_000.0, memory_gb=24)
+    monkeypatch.setattr(d, "get_chip", lambda name: chip)
+    monkeypatch.setattr(d, "one_thread_when_busy", lambda args, stack: None)
+    monkeypatch.setattr(d.out, "width", 200, raising=False)
+    step = {}
+    for N in (4, 200):
+        args = argparse.Namespace(prompt_tokens=16, answer_tokens=N, shared_prefix=0, chip="x",
+                                  model="random-tiny", weights="float32", device="cpu")
+        assert d.run(args) == 0
+        out = capsys.readouterr().out
+        assert f"a step at the answer's mean context, about {16 + N // 2:,} tokens" in " ".join(out.split())
+        table = out.split("Batched decode")[1]
+        row = next(line.split() for line in table.splitlines() if line.split()[:1] == [str(d.BATCHES[-1])])
+        step[N] = float(row[1]) * {"ns": 1e-9, "µs": 1e-6, "ms": 1e-3, "s": 1.0}[row[2]]
+    assert step[200] > step[4]                    # the same B, more KV a step: a longer step

@@ -164,16 +164,20 @@ def _run(args, stack) -> int:
     # of their experts, `model.step_weight_bytes(B)` under uniform routing, beyond the one token's).
     batched = {}                             # B -> seconds of one decode step of B requests on the chip
     if first is not None:
-        own_fused = report.fused_bytes(first, c, 4) - first.bytes["weights"]
+        # a request's own bytes and FLOPs in its mean decode step over the whole answer: its KV grows from
+        # the prompt's P keys to P + N (issue 53: the table counted only the prompt's KV for long answers)
+        own_fused = dec.fused / max(1, n_decode) - first.bytes["weights"]
+        own_flops = dec.flops / max(1, n_decode)
         union = " (a mixture: the union of their experts, uniform routing)" if model.experts else ""
         bt = Table(box=box.SIMPLE_HEAD, header_style="bold", title_justify="left",
                    title=f"Batched decode on {chip.name}: B requests share each weight read{union} (roofline, "
-                         "fused, fp16)")
+                         f"fused, fp16; a step at the answer's mean context, about {P + N // 2:,} tokens, "
+                         "its KV counted)")
         for col in ("B", "time per step", "tokens/s in all", "tokens/s per request", "bound"):
             bt.add_column(col, justify="right", no_wrap=True)
         for B in BATCHES:
             weights = first.bytes["weights"] + model.step_weight_bytes(B) - model.step_weight_bytes(1)
-            r = roofline((weights + B * own_fused) * FP16, B * first.total_flops, chip)
+            r = roofline((weights + B * own_fused) * FP16, B * own_flops, chip)
             batched[B] = r.seconds
             bt.add_row(str(B), _t(r.seconds), f"{B / r.seconds:,.0f}", f"{1 / r.seconds:,.0f}", r.bound)
         out.print(bt)
@@ -188,8 +192,8 @@ def _run(args, stack) -> int:
               f"against {_t(on_chip(dec))}).")
     dom_served = dom_chip
     if batched and n_decode:
-        # a request's share of its decode at batch B: its steps, each shared by B requests (the first step's
-        # time: later ones grow by one token of KV each, a small share of a step at these contexts)
+        # a request's share of its decode at batch B: its steps, each shared by B requests (the mean step's
+        # time over the answer, its KV counted at the mean context)
         share = {B: n_decode * t / B for B, t in batched.items()}
         words = []
         for B, d in share.items():
