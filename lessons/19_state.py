@@ -195,13 +195,16 @@ def context_sweep(L: Lesson, hybrid, full) -> None:
            f"layers' extra weights and its state ({fmt_bytes(2 * h.state_bytes(4))} read and written) against "
            f"{fmt_bytes(f.kv_bytes_per_token(4) - h.kv_bytes_per_token(4))} less KV per position")
     T_time = r["crossover_time"]
+    rule = "ranked by the verdict rule on the paired rounds at each context"
     if T_time is None:
-        L.say(f"In time, the hybrid's step was not below the other's at {hi:,} tokens on this run.")
+        L.say(f"In time, the hybrid's step was not ranked below the other's at {hi:,} tokens on this run "
+              f"({rule}).")
     elif T_time == lo:
-        L.say(f"In time, the hybrid's step was below the other's at every context measured, from {lo:,}.")
+        L.say(f"In time, the hybrid's step was below the other's at every context measured, from {lo:,} "
+              f"({rule}).")
     else:
         L.say(f"In time, the hybrid's step was below the other's from {T_time:,} tokens on, at every longer "
-              f"context measured (in bytes, by the closed form, from {T_bytes:,}).")
+              f"context measured ({rule}; in bytes, by the closed form, from {T_bytes:,}).")
     L.pause()
 
 

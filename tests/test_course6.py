@@ -251,3 +251,26 @@ def test_diagnose_batched_steps_count_the_answers_kv(monkeypatch, capsys):
         row = next(line.split() for line in table.splitlines() if line.split()[:1] == [str(d.BATCHES[-1])])
         step[N] = float(row[1]) * {"ns": 1e-9, "µs": 1e-6, "ms": 1e-3, "s": 1.0}[row[2]]
     assert step[200] > step[4]                    # the same B, more KV a step: a longer step
+
+
+# -- C21 / list 4: the crossover through the rule; no sentence from a single context -----------------
+
+def test_the_time_crossover_is_ranked_by_the_rule_not_by_medians():
+    """C21: lesson 19's crossover came from medians (at 1,024 tokens both read 13.0 ms). A context
+    counts as below only where the rule ranks the paired rounds."""
+    from minillm.measure.contexts import crossover
+
+    def row(model, T, ms):
+        return {"model": model, "context": T, "ms": sorted(ms)[len(ms) // 2], "ms_rounds": ms, "moved": 1.0}
+    rows = [row("h", 256, [12.9, 13.0] * 3), row("f", 256, [13.05, 13.1] * 3),    # h below by medians, not ranked
+            row("h", 1024, [10.0] * 6), row("f", 1024, [13.0] * 6),
+            row("h", 4096, [11.0] * 6), row("f", 4096, [20.0] * 6)]
+    assert crossover(rows, "h", "f", "ms") == 1024
+
+
+def test_a_one_context_sweep_says_no_growth(capsys):
+    """`bench --context-sweep` at one context printed "from 8,192 to 8,192 … (1.00×)"."""
+    assert main(["bench", "--model", "random-tiny", "--context-sweep", "--contexts", "64", "--repeats", "1"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "one context (64 tokens): no growth and no crossover to say" in out
+    assert "from 64 to 64" not in out

@@ -587,6 +587,11 @@ def bench_context_sweep(args) -> int:
               "at that context, counted by the meter; caches filled with random keys, values and states (a "
               "step's work does not depend on them); attention FLOPs a KV byte: its scores and weighted sums "
               "over what it read[/]")
+    if len(result["contexts"]) < 2:              # no growth and no crossover from one context
+        out.print(f"[dim]one context ({result['contexts'][0]:,} tokens): no growth and no crossover to "
+                  "say; give --contexts two or more[/]")
+        out.print(f"[dim]{_blas(result)}; {result['kernels_title']}[/]")
+        return 0
     for name in runs:
         a, b = rows[(name, result["contexts"][0])], rows[(name, result["contexts"][-1])]
         out.print(f"{escape(name)}: from {a['context']:,} to {b['context']:,} tokens its step went from "
@@ -597,8 +602,10 @@ def bench_context_sweep(args) -> int:
         first, second = escape(firsts[0]), escape(firsts[1])
         for key, what in (("crossover_time", "time"), ("crossover_bytes", "weights, KV and state")):
             T = result[key]
+            how = (" by the verdict rule on the paired rounds" if key == "crossover_time" else " (counted)")
             out.print(f"{what}: " + (f"{first}'s step is below {second}'s from {T:,} tokens on (every longer "
-                                     "context measured)" if T is not None else
-                                     f"{first}'s step is not below {second}'s at {result['contexts'][-1]:,} tokens"))
+                                     f"context measured){how}" if T is not None else
+                                     f"{first}'s step is not below {second}'s at {result['contexts'][-1]:,} "
+                                     f"tokens{how}"))
     out.print(f"[dim]{_blas(result)}; {result['kernels_title']}[/]")
     return 0
