@@ -274,3 +274,12 @@ def test_a_one_context_sweep_says_no_growth(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "one context (64 tokens): no growth and no crossover to say" in out
     assert "from 64 to 64" not in out
+
+
+def test_the_b1_ceiling_says_which_context_its_kv_is(capsys):
+    """`hardware --shape`'s B = 1 ceiling silently included the KV of a 32k context."""
+    assert main(["hardware", "--shape", "llama-3-8b", "--chip", "h100", "--context", "4096"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "decode, batch 1, on h100-sxm (3,350 GB/s), the weights and the KV of 4,096 tokens:" in out
+    assert main(["hardware", "--shape", "llama-3-8b", "--chip", "h100"]) == 0
+    assert "(the default: the model's context; --context T)" in " ".join(capsys.readouterr().out.split())

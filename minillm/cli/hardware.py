@@ -302,8 +302,9 @@ def run_shape(args: argparse.Namespace) -> int:
                   f"  KV read at context {context:,}: {step['kv'] / 1e9:,.2f} GB "
                   f"({step['kv'] / step['weights']:.0%} of the weights)",
                   *([f"  state read and written: {step['state'] / 1e9:,.2f} GB, at any context"] if step["state"] else []),
-                  f"  decode, batch 1, on {hw.name} ({_sig(hw.bandwidth_gbs)} GB/s): {ms:,.2f} ms/token, "
-                  f"~{1e3 / ms:,.0f} tokens/s"]
+                  f"  decode, batch 1, on {hw.name} ({_sig(hw.bandwidth_gbs)} GB/s), the weights and the KV of "
+                  f"{context:,} tokens{' (the default: the model' + chr(39) + 's context; --context T)' if args.context is None else ''}: "
+                  f"{ms:,.2f} ms/token, ~{1e3 / ms:,.0f} tokens/s"]
     if memory is not None:
         kv_only = bool(getattr(args, "kv_only", False))
         cap = capacity(s, context, memory, bytes_per_weight=b, kv_bytes_per_value=kvb, utilisation=util,
