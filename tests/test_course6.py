@@ -283,3 +283,23 @@ def test_the_b1_ceiling_says_which_context_its_kv_is(capsys):
     assert "decode, batch 1, on h100-sxm (3,350 GB/s), the weights and the KV of 4,096 tokens:" in out
     assert main(["hardware", "--shape", "llama-3-8b", "--chip", "h100"]) == 0
     assert "(the default: the model's context; --context T)" in " ".join(capsys.readouterr().out.split())
+
+
+# -- item 1: the harness reports every change between a winner and no winner -------------------------
+
+def test_the_under_load_check_reports_winner_no_winner_changes():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "lessons_under_load.py"
+    spec = importlib.util.spec_from_file_location("lessons_under_load", path)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    quiet = ("Throughput favours no chunking (12 tok/s (11-13 tok/s); budget 16: 5 tok/s (4-6 tok/s)), ranked. "
+             "In time, the hybrid's step was below the other's from 1,024 tokens on, at every longer context "
+             "measured (ranked by the verdict rule).")
+    busy = quiet.replace("Throughput favours no chunking (12 tok/s (11-13 tok/s); budget 16: 5 tok/s (4-6 tok/s)), "
+                         "ranked", "Throughput: no budget stands out (a reason): no chunking 12 tok/s")
+    a, b = m.rankings(quiet), m.rankings(busy)
+    assert ("In time, the hybrid's step", "below the other's from 1,024 tokens on, at every longer context measured") in a
+    assert m.flipped(a, b) == []
+    assert m.changed(a, b) == ["Throughput: no chunking / no winner"]
