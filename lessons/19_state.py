@@ -21,7 +21,7 @@ from minillm.engine.engine import Engine
 from minillm.errors import MiniLLMError
 from minillm.measure.chips import get_chip
 from minillm.measure.contexts import run_context_sweep
-from minillm.measure.shapes import HYBRID_SHAPES, UTILISATION, capacity, shape, shape_of
+from minillm.measure.shapes import HYBRID_SHAPES, UTILISATION, capacity, shape, shape_of, state_bytes
 from minillm.models import qwen35
 from minillm.models.qwen35 import FULL, LINEAR, Qwen35Config, decode_step_bytes
 from minillm.ui.report import fmt_bytes, fmt_flops
@@ -231,12 +231,15 @@ def capacity_at_32k(L: Lesson) -> None:
         fit[name] = [cap["sequences"] for cap in caps]
         t.add_row(name, fmt_bytes(caps[0]["kv_bytes_per_token"]), fmt_bytes(caps[0]["state_bytes_per_sequence"]),
                   fmt_bytes(caps[0]["kv_bytes_per_sequence"]), *(f"{n:,}" for n in fit[name]))
-    L.show(t, f"[dim]{ctx:,} tokens a sequence, weights and KV in bf16, {UTILISATION:.0%} of the memory (vLLM's "
-              "default); published config[/]")
+    L.show(t, f"[dim]{ctx:,} tokens a sequence, weights and KV in bf16, the delta rule's state in float32 "
+              f"as released (config.json's mamba_ssm_dtype; its convolution window in bf16), {UTILISATION:.0%} "
+              "of the memory (vLLM's default); published config[/]")
     per_tok = c.kv_bytes_per_token(b)
-    L.fact(f"the state costs what {c.state_bytes(b) / per_tok:,.0f} tokens of its full layers' KV cost "
-           f"({fmt_bytes(c.state_bytes(b))} against {fmt_bytes(per_tok)} a token): past that context a "
-           "sequence's fixed part is the smaller one")
+    held = state_bytes(s, b)
+    L.fact(f"the state costs what {held / per_tok:,.0f} tokens of its full layers' KV cost "
+           f"({fmt_bytes(held)} against {fmt_bytes(per_tok)} a token): past that context a "
+           "sequence's fixed part is the smaller one. It is kept in float32, twice the KV's bytes a value: "
+           "it is rewritten at every token, and rounding it to bf16 each time would pile up the error")
     L.claim(all(a > z for a, z in zip(fit["Qwen3.5-27B"], fit["all full"])),
             f"at 32k, {fit['Qwen3.5-27B'][0]} Qwen3.5-27B sequences fit on an H100 beside the weights against "
             f"{fit['all full'][0]} with every layer full; {fit['Qwen3.5-27B'][1]} against {fit['all full'][1]} "
@@ -263,14 +266,14 @@ def what_it_costs(L: Lesson, model) -> None:
     block = 16
     kv_block = block * c.kv_bytes_per_token(4)
     q = HYBRID_SHAPES["qwen3.5-27b"]
-    q_ratio = q.state_bytes(2) / (block * q.kv_bytes_per_token(2))
+    q_ratio = state_bytes(shape("qwen3.5-27b"), 2) / (block * q.kv_bytes_per_token(2))
     L.say(f"""
         **Prefix caching** (lesson 10) names every full block of a prompt and lets a later request with
         the same first blocks reuse their keys and values. The linear layers have nothing to reuse at a
         block boundary unless the state was saved there: a snapshot per block. Here a snapshot
         ({fmt_bytes(c.state_bytes(4))}) is {c.state_bytes(4) / kv_block:.0f}× the KV of the
         {block}-position block it would sit beside ({fmt_bytes(kv_block)}); for Qwen3.5-27B in bf16,
-        {q_ratio:.0f}×. vLLM first served such models without prefix caching and later saved states only
+        {q_ratio:.0f}× (KV in bf16, its state in float32 as released). vLLM first served such models without prefix caching and later saved states only
         at coarse, aligned boundaries; SGLang keeps one state per node of its prefix tree. minillm
         refuses the prefix cache for this family, in one line:
     """)

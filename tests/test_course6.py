@@ -303,3 +303,18 @@ def test_the_under_load_check_reports_winner_no_winner_changes():
     assert ("In time, the hybrid's step", "below the other's from 1,024 tokens on, at every longer context measured") in a
     assert m.flipped(a, b) == []
     assert m.changed(a, b) == ["Throughput: no chunking / no winner"]
+
+
+# -- E23: Qwen3.5's state in float32, as released -----------------------------------------------------
+
+def test_qwen35_state_is_sized_in_float32_as_released():
+    """E23: config.json's mamba_ssm_dtype is float32 (vLLM sizes its state cache by it): 154 MB a
+    sequence with the bf16 convolution window, not 78.4; at 32k, 7 sequences on an H100 and 31 on an
+    H200 beside bf16 weights."""
+    from minillm.measure.shapes import capacity, shape, state_bytes
+    s = shape("qwen3.5-27b")
+    assert round(state_bytes(s, 2) / 1e6) == 154
+    assert [capacity(s, 32768, m, bytes_per_weight=2, kv_bytes_per_value=2)["sequences"]
+            for m in (80e9, 141e9)] == [7, 31]
+    plain = {k: v for k, v in s.items() if k != "ssm_bytes"}               # a hybrid with no release dtype
+    assert state_bytes(plain, 2) == plain["state_values"] * 2

@@ -16,7 +16,7 @@ from ..measure.chips import BYTES_PER_ELEMENT, CHIPS, Hardware, _dtype_key, deco
 from ..measure.gpu import as_hardware, gpu_figures
 from ..measure.hardware import STALE_DAYS, age_seconds, cache_path, cached, fmt_age, is_stale, machine, was_busy
 from ..measure.probe import MB, METHODS
-from ..measure.shapes import KV_DTYPES, UTILISATION, gpus_needed
+from ..measure.shapes import KV_DTYPES, UTILISATION, gpus_needed, state_bytes
 from .common import note_if_busy, out
 
 
@@ -284,8 +284,9 @@ def run_shape(args: argparse.Namespace) -> int:
     if s.get("state_values"):
         lines += [f"  hybrid: only {s['kv_layers']} of the {s['n_layer']} layers keep K and V; the other "
                   f"{s['linear_layers']} (linear",
-                  f"  attention) keep a fixed state per sequence: {s['state_values'] * kvb / 1e6:,.1f} MB at any "
-                  "context"]
+                  f"  attention) keep a fixed state per sequence: {state_bytes(s, kvb) / 1e6:,.1f} MB at any "
+                  "context" + (f" (its matrices in {'float32' if s['ssm_bytes'] == 4 else s['ssm_bytes']} "
+                               "as released)" if "ssm_bytes" in s else "")]
     if s.get("window"):
         lines.append(f"  sliding window: {s['local_layers']} of {s['n_layer']} layers keep only the last "
                      f"{s['window']:,} tokens")
