@@ -46,7 +46,7 @@ def lesson(L: Lesson) -> None:
     serving_it(L)
     released(L)
     L.try_it("""
-        `minillm bench --context-sweep --model random-mla,random-mla-gqa --contexts 256,1024,4096,8192`
+        `minillm bench --context-sweep --model random-mla,random-mla-gqa --contexts 256,1024,4096,8192 --kernels numpy`
         runs this lesson's sweep (a latent model both ways; `--mla-decode absorbed` for one).
         `minillm bench --batch 1,4,16 --model random-mla,random-mla-gqa` batches both. Every command that
         runs a model takes `--mla-decode absorbed|decompressed`; a DeepSeek-V3 checkpoint folder

@@ -61,10 +61,13 @@ def lesson(L: Lesson) -> None:
         Every model so far keeps a KV cache: each layer stores every position's key and value, and a
         decode step reads all of them. Lesson 6 watched that cache overtake the weights; lessons 8-10
         paged it, shared it, batched beside it. Many models of 2026 keep that cache in only a few
-        layers. Qwen3.5 (and Qwen3-Next before it; Kimi Linear, Nemotron-H, Jamba, MiniMax alike)
-        replaces three attention layers of every four with **linear attention** (Gated DeltaNet): a
-        layer that folds everything it has seen into a **state of fixed size**, per value head one
-        `[dk, dv]` matrix, whatever the context.
+        layers. Qwen3.5 (and Qwen3-Next before it) replaces three attention layers of every four with
+        **linear attention** (Gated DeltaNet): a layer that folds everything it has seen into a **state
+        of fixed size**, per value head one `[dk, dv]` matrix plus a short convolution's last K − 1
+        inputs, whatever the context. Others mix otherwise: Kimi Linear 3:1 with Kimi Delta Attention
+        (and MLA in its full layers), Nemotron-H Mamba-2 with attention in under a tenth of its layers,
+        Jamba Mamba with one attention layer in eight, MiniMax-01 lightning attention 7:1. The ratio
+        trades recall for memory.
     """)
     L.pause()
     hybrid, full = preset(L, HYBRID), preset(L, FULL_NAME)
@@ -189,7 +192,7 @@ def context_sweep(L: Lesson, hybrid, full) -> None:
             and grow[hybrid.name] * len(f.full_layers) == grow[full.name] * len(h.full_layers),
             f"from {lo:,} to {hi:,} tokens the hybrid's state stays {fmt_bytes(rows[(hybrid.name, lo)]['state'])} "
             f"a step and its KV grows by {fmt_bytes(grow[hybrid.name])}, "
-            f"{len(h.full_layers)}/{len(f.full_layers)} of the other's {fmt_bytes(grow[full.name])}")
+            f"{share_words(len(h.full_layers), len(f.full_layers))} of the other's {fmt_bytes(grow[full.name])}")
     T_bytes = qwen35.crossover_context(h, f, hybrid.dtype.itemsize)
     L.fact(f"by the closed form the hybrid's step moves fewer bytes from context {T_bytes:,} on: its linear "
            f"layers' extra weights and its state ({fmt_bytes(2 * h.state_bytes(4))} read and written) against "
@@ -206,6 +209,15 @@ def context_sweep(L: Lesson, hybrid, full) -> None:
         L.say(f"In time, the hybrid's step was below the other's from {T_time:,} tokens on, at every longer "
               f"context measured ({rule}; in bytes, by the closed form, from {T_bytes:,}).")
     L.pause()
+
+
+def share_words(a: int, b: int) -> str:
+    """W28: a share of layers in words ('a quarter'), the same in fast and full mode (2/8 and 1/4)."""
+    from fractions import Fraction
+    f = Fraction(a, b)
+    names = {Fraction(1, 2): "half", Fraction(1, 4): "a quarter", Fraction(1, 3): "a third",
+             Fraction(3, 4): "three quarters", Fraction(1, 8): "an eighth"}
+    return names.get(f, f"{f.numerator}/{f.denominator}")
 
 
 def capacity_at_32k(L: Lesson) -> None:

@@ -318,3 +318,31 @@ def test_qwen35_state_is_sized_in_float32_as_released():
             for m in (80e9, 141e9)] == [7, 31]
     plain = {k: v for k, v in s.items() if k != "ssm_bytes"}               # a hybrid with no release dtype
     assert state_bytes(plain, 2) == plain["state_values"] * 2
+
+
+# -- the review's lesson 14 items: E24, C24, W26 -------------------------------------------------------
+
+def test_lesson_14_says_which_set_quantized_weights_get_and_reads_a_ratio_past_the_bytes(monkeypatch):
+    import importlib
+
+    from minillm.models import target
+    from minillm.models.kernel_sets import ENV
+    m = importlib.import_module("minillm.lessons.14_quantization")
+    monkeypatch.setenv(ENV, "numpy")                             # as inside a lesson
+    said = m.default_words()                                     # E24: the learner's default, not the lesson's
+    monkeypatch.delenv(ENV)
+    want = target.default(True, np.float32, "q4_0")
+    assert ("--kernels int8" in said) == (want == "int8") or "here too" in said
+    assert m.reach_words(4.33, 3.7).startswith("117% of the byte ratio, past it")   # C24
+    assert m.reach_words(3.5, 3.7) == "the byte ratio reached (within 10%)"
+    assert m._multiply_adds("avx512-vnni") == (64, 16)                                # W26: VNNI only
+    assert m._multiply_adds("avx2") is None and m._multiply_adds("generic") is None
+
+
+# -- the review's wording items: W28, W33 ------------------------------------------------------------
+
+def test_small_shares_and_layer_shares_read_right():
+    import importlib
+    assert importlib.import_module("minillm.lessons.16_flash_attention").share_text(20.7e-3 / 4.83) == "0.4%"
+    share = importlib.import_module("minillm.lessons.19_state").share_words
+    assert share(2, 8) == share(1, 4) == "a quarter" and share(3, 7) == "3/7"
