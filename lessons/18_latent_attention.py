@@ -234,10 +234,11 @@ def against_the_ridge(L: Lesson) -> None:
         step_fb = x["flops"] / x["bytes"]
         name = names[x["model"].split(" ")[0]] + (f" {x['way'][:6]}" if x["way"] else "")
         t.add_row(f"{x['context']:,}", name, f"{x['ms']:.1f}", fmt_bytes(x["kv_read"]),
-                  f"{x['attention_flops'] / x['kv_read']:.1f}", f"{step_fb:.2f}",
-                  "compute" if step_fb > ridge else "memory")
+                  f"{x['attention_flops'] / x['kv_read']:.1f}", f"{step_fb:.2f}", bound_cell(x, hw))
     L.show(t, f"[dim]batch 1, float32, caches of random rows; attn F/B: attention FLOPs per KV byte; step "
-              f"F/B: the whole step's, weights included; bound: on this machine's roofline, ridge {ridge:.1f}[/]")
+              f"F/B: the whole step's, weights included; bound: the roof that binds on this machine's "
+              f"roofline (ridge {ridge:.1f}) and the share of the measured time it explains; neither: "
+              "under half[/]")
     L.timing_note()
     by = {(x["context"], x["model"].split(" ")[0], x["way"]): x for x in rows}
     mla, gqa = models[MLA].name, models[GQA].name
@@ -265,6 +266,39 @@ def against_the_ridge(L: Lesson) -> None:
             f"one's grow by {fmt_flops(grew['decompressed'])}: kv_b over the {T1 - T0:,} more rows")
     a, d = (Timing(tuple(by[n, mla, way]["ms_rounds"])) for way in ("absorbed", "decompressed"))
     L.say(f"Measured: {faster_words(a, d, f'at {n:,} tokens an absorbed decode step', 'a decompressed one')}.")
+    L.say(twin_words(by[n, gqa, None], by[n, mla, "absorbed"], n, kv_ratio, absorbed_fb, ridge))
+
+
+def bound_cell(x: dict, hw) -> str:
+    """M47: which roof binds a measured step, and how much of its time that roof explains: "memory
+    11%" (the bytes at the bandwidth are 11% of the time measured); "neither" under half."""
+    mem = x["bytes"] / (hw.bandwidth_gbs * 1e9)
+    comp = x["flops"] / (hw.peak_gflops * 1e9)
+    share = max(mem, comp) / (x["ms"] / 1e3)
+    kind = "memory" if mem >= comp else "compute"
+    return f"{kind} {share:.0%}" if share >= 0.5 else f"neither {share:.0%}"
+
+
+def twin_words(twin: dict, mla: dict, n: int, kv_ratio: float, absorbed_fb: float, ridge: float) -> str:
+    """C23: MLA's absorbed step against the GQA twin, by the verdict rule, with why a cache 1.78× larger
+    can be the faster one here: the KV's share of a batch-1 step, the absorbed attention past this
+    CPU's ridge, and (on a GPU) the same 242 FLOPs a byte against its ridge."""
+    from minillm import closeness
+    t = closeness.test(twin["ms_rounds"], mla["ms_rounds"])
+    share = mla["kv_read"] / mla["bytes"]
+    head = f"At {n:,} tokens the GQA twin's step, reading {kv_ratio:.2f}× the latent's KV bytes, was "
+    if not t.side:
+        return head + f"not ranked against MLA's absorbed one ({t.reason})."
+    how = "faster" if t.side < 0 else "slower"
+    why = (f" Why fewer KV bytes need not win here: at batch 1 the KV is {share:.0%} of the absorbed step's "
+           f"bytes (the weights are the rest); its attention does {absorbed_fb:.0f} FLOPs a KV byte, "
+           + (f"past this CPU's ridge of {ridge:.1f}, so it waits on arithmetic, not on the bytes it saves"
+              if absorbed_fb > ridge else f"below this CPU's ridge of {ridge:.1f}")
+           + "; and the latent "
+           "model runs more, smaller products a layer. On a GPU the same absorbed attention does 242 FLOPs a "
+           "KV byte at DeepSeek-V3's 128 heads, about an H200's ridge of 206: there the saved bytes count."
+           if t.side < 0 else "")
+    return head + f"{how} than MLA's absorbed one, by {closeness.rule_words(t.n)} ({closeness.holds_for()})." + why
 
 
 # -- 4. serving it --------------------------------------------------------------------------------------

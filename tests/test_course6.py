@@ -346,3 +346,22 @@ def test_small_shares_and_layer_shares_read_right():
     assert importlib.import_module("minillm.lessons.16_flash_attention").share_text(20.7e-3 / 4.83) == "0.4%"
     share = importlib.import_module("minillm.lessons.19_state").share_words
     assert share(2, 8) == share(1, 4) == "a quarter" and share(3, 7) == "3/7"
+
+
+# -- C23, M47: lesson 18's measured table in words ----------------------------------------------------
+
+def test_lesson_18_says_why_the_twin_can_be_faster_and_which_roof_explains_a_step():
+    import importlib
+    import types
+    m = importlib.import_module("minillm.lessons.18_latent_attention")
+    hw = types.SimpleNamespace(bandwidth_gbs=32.8, peak_gflops=100.0)
+    step = {"bytes": 275e6, "flops": 1e6, "ms": 76.7}                  # 8.4 ms of bytes in 76.7: neither
+    assert m.bound_cell(step, hw) == "neither 11%"
+    assert m.bound_cell({**step, "ms": 9.0}, hw).startswith("memory 9")
+    twin = {"ms_rounds": [72.5] * 6}
+    mla = {"ms_rounds": [76.7 * 1.1] * 6, "kv_read": 5e6, "bytes": 275e6}
+    said = m.twin_words(twin, mla, 512, 1.78, 15.1, 3.1)
+    assert "was faster than MLA's absorbed one, by a sign test on 6 paired rounds" in said
+    assert "the KV is 2% of the absorbed step's bytes" in said and "past this CPU's ridge of 3.1" in said
+    said = m.twin_words({"ms_rounds": [72.5, 90.0] * 3}, mla, 512, 1.78, 15.1, 3.1)
+    assert "not ranked against MLA's absorbed one" in said and "Why" not in said
