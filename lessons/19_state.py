@@ -197,6 +197,7 @@ def context_sweep(L: Lesson, hybrid, full) -> None:
     L.fact(f"by the closed form the hybrid's step moves fewer bytes from context {T_bytes:,} on: its linear "
            f"layers' extra weights and its state ({fmt_bytes(2 * h.state_bytes(4))} read and written) against "
            f"{fmt_bytes(f.kv_bytes_per_token(4) - h.kv_bytes_per_token(4))} less KV per position")
+    L.say(published_crossover())
     T_time = r["crossover_time"]
     rule = "ranked by the verdict rule on the paired rounds at each context"
     if T_time is None:
@@ -209,6 +210,27 @@ def context_sweep(L: Lesson, hybrid, full) -> None:
         L.say(f"In time, the hybrid's step was below the other's from {T_time:,} tokens on, at every longer "
               f"context measured ({rule}; in bytes, by the closed form, from {T_bytes:,}).")
     L.pause()
+
+
+def published_crossover() -> str:
+    """M46: "when does a hybrid pay" for the model the lesson names: Qwen3.5-27B against its all-attention
+    twin, weights and KV in bf16, its state in float32 as released (E23), by the closed forms: at batch 1
+    (its heavier linear layers and its state read and written each step, against the KV it saves) and
+    per sequence in a large batch (the weights shared: the state against the KV alone)."""
+    c = HYBRID_SHAPES["qwen3.5-27b"]
+    twin = Qwen35Config(**{**c.asdict(), "layer_types": (FULL,) * c.n_layer})
+    s = shape("qwen3.5-27b")
+    fa, fb = qwen35.decode_step_bytes(c, 0, 2), qwen35.decode_step_bytes(twin, 0, 2)
+    extra = 2 * s["state_ssm_values"] * (s.get("ssm_bytes", 2) - 2)      # the state wider than bf16
+    gap = fa["weights"] + fa["kv_read"] + fa["kv_write"] + extra - (fb["weights"] + fb["kv_read"] + fb["kv_write"])
+    slope = twin.kv_bytes_per_token(2) - c.kv_bytes_per_token(2)         # the KV the hybrid saves a position
+    one = gap // slope + 1
+    many = int(2 * state_bytes(s, 2) // slope) + 1
+    return (f"At Qwen3.5-27B's published shape (weights and KV in bf16, its state in float32), by the same "
+            f"closed forms: a batch-1 step of the hybrid moves more bytes than its all-attention twin up to "
+            f"{one - 1:,} tokens, fewer from {one:,} (its linear layers weigh {fmt_bytes(fa['weights'] - fb['weights'])} "
+            f"more and its state, {fmt_bytes(state_bytes(s, 2))}, is read and written each step); in a large "
+            f"batch, where the weights are shared, a sequence's step moves fewer from about {many:,} tokens.")
 
 
 def share_words(a: int, b: int) -> str:

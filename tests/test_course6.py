@@ -365,3 +365,14 @@ def test_lesson_18_says_why_the_twin_can_be_faster_and_which_roof_explains_a_ste
     assert "the KV is 2% of the absorbed step's bytes" in said and "past this CPU's ridge of 3.1" in said
     said = m.twin_words({"ms_rounds": [72.5, 90.0] * 3}, mla, 512, 1.78, 15.1, 3.1)
     assert "not ranked against MLA's absorbed one" in said and "Why" not in said
+
+
+def test_lesson_19_answers_when_a_hybrid_pays_at_the_published_shape():
+    """M46: the crossover was printed for the toy preset only. At Qwen3.5-27B (bf16 weights and KV, the
+    state in float32) a batch-1 step moves more bytes than the twin's up to about 6,900 tokens (6,176
+    with a bf16 state), and per sequence in a large batch from about 1,600."""
+    import importlib
+    import re
+    said = importlib.import_module("minillm.lessons.19_state").published_crossover()
+    one, many = (int(x.replace(",", "")) for x in re.findall(r"fewer from (?:about )?([\d,]+)", said))
+    assert 6176 < one < 7500 and 1400 < many < 1800
