@@ -283,10 +283,15 @@ def capacity_at_32k(L: Lesson) -> None:
 
 def what_it_costs(L: Lesson, model) -> None:
     L.section("What a fixed state costs")
-    L.say("""
+    L.say(f"""
         The state is a summary, updated in place: the state after token t is gone once token t + 1 is
         in. Two things every earlier lesson relied on go with it. **Going back**: speculative decoding
         (lesson 11) drops the rejected guesses' positions from the cache; a state cannot drop them.
+        That is a price, not a wall: Qwen3-Next and Qwen3.5 ship a multi-token-prediction layer to
+        draft for themselves, and vLLM and SGLang verify the drafts on Gated DeltaNet layers by keeping
+        a state per draft position (and a convolution window longer by the draft), then keeping the
+        accepted one: k + 1 states of {fmt_bytes(state_bytes(shape("qwen3.5-27b"), 2))} a sequence during
+        a verify at Qwen3.5-27B's shape. This engine keeps one state, so it refuses instead:
     """)
     _, cache = model.prefill(np.arange(8) % model.config.vocab_size)
     try:
@@ -331,8 +336,9 @@ def what_it_costs(L: Lesson, model) -> None:
         A linear-attention layer keeps a state of fixed size per sequence: its decode step reads and
         writes the same bytes at any context, and only the full-attention layers' KV grows, here a
         quarter of the all-attention model's (three layers in four keep none). So KV overtakes the weights
-        four times later, and more sequences fit at long contexts. The price: the state cannot go
-        back, cannot be cut at any block for reuse, and holds a summary of the past, not the past.
+        four times later, and more sequences fit at long contexts. The price: going back or reusing a
+        prefix needs a copy of the state per draft or per block (this engine keeps one, and refuses
+        both), and the state holds a summary of the past, not the past.
     """)
 
 
