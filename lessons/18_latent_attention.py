@@ -52,6 +52,13 @@ def lesson(L: Lesson) -> None:
         runs a model takes `--mla-decode absorbed|decompressed`; a DeepSeek-V3 checkpoint folder
         (`model_type` deepseek_v3, float32 or bfloat16) loads with `minillm.load(folder)`.
     """)
+    L.say(SOURCES)
+
+
+# W27: what this lesson rests on
+SOURCES = ("Sources: DeepSeek-AI, \"DeepSeek-V2\" (2024: multi-head latent attention, its decoupled "
+           "rotary key and the absorption); \"DeepSeek-V3 Technical Report\" (2024) and its config.json; "
+           "FlashMLA, DeepSeek's decode kernel for the absorbed form.")
 
 
 # -- the models: the one place they are built -----------------------------------------------------------

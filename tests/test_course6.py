@@ -376,3 +376,16 @@ def test_lesson_19_answers_when_a_hybrid_pays_at_the_published_shape():
     said = importlib.import_module("minillm.lessons.19_state").published_crossover()
     one, many = (int(x.replace(",", "")) for x in re.findall(r"fewer from (?:about )?([\d,]+)", said))
     assert 6176 < one < 7500 and 1400 < many < 1800
+
+
+def test_lessons_18_and_19_cite_their_sources_and_19_ranks_its_forms_by_the_rule():
+    """W27: lessons 18 and 19 cited nothing; C21/M44: 'a prompt wants the chunked form' came from one
+    median ratio, and the forms were taught as compute against memory."""
+    import importlib
+    import inspect
+    m18 = importlib.import_module("minillm.lessons.18_latent_attention")
+    m19 = importlib.import_module("minillm.lessons.19_state")
+    assert "DeepSeek-V2" in m18.SOURCES and "FlashMLA" in m18.SOURCES
+    assert "Schlag" in m19.SOURCES and "Gated Delta Networks" in m19.SOURCES
+    src = inspect.getsource(m19.two_forms)
+    assert "faster_words(" in src and "a prompt wants the chunked form" not in src
