@@ -308,9 +308,9 @@ def attention_intensity(L: Lesson) -> None:
         With one KV head per query head, attention does about 1 FLOP per bf16 byte; grouped-query attention
         about g. Latent attention, absorbed as DeepSeek's kernels run it, does about 1.9·H: {mla['intensity']:.0f}
         with 128 heads ({where}), and twice that when multi-token prediction's verify step reads the latent
-        once for two tokens. Its attention then needs no batch to use the arithmetic, which is why
-        DeepSeek-style models are served with attention data-parallel (each GPU its own sequences) and the
-        experts expert-parallel (lesson 15).
+        once for two tokens. Why engines then serve its attention data-parallel (each GPU its own
+        sequences) and its experts expert-parallel is lesson 18's (the latent held once, not once a GPU)
+        and lesson 15's.
     """)
 
 

@@ -328,6 +328,11 @@ def serving_it(L: Lesson) -> None:
     L.fact(f"a {ctx:,}-token sequence: {fmt_bytes(seq)} of latent in bf16; over {gpus} GPUs by heads every "
            f"GPU holds all of it ({fmt_bytes(seq * gpus)} in all), data-parallel one GPU does "
            f"({fmt_bytes(seq)} in all)")
+    H, r, dr = s["heads"], s["mla"]["kv_lora"], s["mla"]["rope"]
+    absorbed = 2 * H * (2 * r + dr) / ((r + dr) * 2)              # FLOPs a bf16 KV byte, absorbed
+    L.fact(f"and split by heads each GPU's absorbed attention would read the whole latent for {H // gpus} "
+           f"of the {H} heads: {absorbed / gpus:.0f} FLOPs a KV byte instead of {absorbed:.0f}, the "
+           "intensity divided by the GPUs, the second reason after the copies")
     E, k, G, open_ = s["E"], s["k"], 8, 4
     L.fact(f"expert-parallel on {gpus} GPUs: {E // gpus} of the {E} routed experts of each layer per GPU; "
            f"routed to its top {k} inside {open_} of {G} groups, a token's experts sit on at most {open_} "
