@@ -543,6 +543,10 @@ def integers(L: Lesson, fused_rows: dict, int_rows: dict) -> None:
         is measured above. `minillm bench
         --weights q8_0,q4_0 --kernels numpy,fused,int8` runs this comparison, and `benchmarks/int8_error.py`
         measures the accuracy on SmolLM2 too.
+        Its products are also batch-invariant by construction: a block's integer sum is exact in any
+        order, each row is rounded with its own scales, and a row's blocks are added in one order, so a
+        row's result does not depend on the rows beside it; lesson 8's batch-invariant floats pay to
+        fix the order for the same property.
     """)
 
 

@@ -143,6 +143,11 @@ def two_ways(L: Lesson) -> None:
         query moves into the latent instead; then H query heads attend over one key/value head of
         r + dr values whose first r are the values too (multi-query attention), and `W_UV` is applied
         once to each head's output. `kv_b` multiplies the H queries, not every cached token.
+
+        Why the rotary key is apart (DeepSeek-V2, §2.1.3): the absorption moves `W_UKᵀ` from the key
+        to the query, which works only if nothing sits between them. RoPE rotates a key by its
+        position, a different matrix at every position, so a rotated latent could not be absorbed.
+        Hence a small separate key of dr values, rotated and shared by all heads: the "+ 64" of 576.
     """)
     c = three(L)["MLA"]
     P, N = L.pick(48, 12), L.pick(8, 4)
