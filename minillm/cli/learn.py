@@ -142,14 +142,23 @@ def listing(track: Track | None = None):
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, header_style="bold")
     t.add_column("NN", justify="right", no_wrap=True)
     t.add_column("lesson", style="bold")
-    if track is None:
-        t.add_column("track", no_wrap=True)
     t.add_column("min", justify="right", no_wrap=True)
     t.add_column("what you will see")
-    for info in infos:
-        tr = track_of(info.number)
-        cells = [f"{info.number:02d}", info.title] + ([tr.name if tr else ""] if track is None else [])
-        t.add_row(*cells, str(info.minutes), info.what)
+    if track is not None:
+        for info in infos:
+            t.add_row(f"{info.number:02d}", info.title, str(info.minutes), info.what)
+        return t
+    by_number = {info.number: info for info in infos}           # the full listing, grouped by track
+    for tr in TRACKS:
+        t.add_row("", f"[cyan]{tr.name} track[/]", "", f"[dim]builds on {tr.builds_on}[/]")
+        for n in tr.lessons:
+            if n in by_number:
+                info = by_number[n]
+                t.add_row(f"{info.number:02d}", info.title, str(info.minutes), info.what)
+    placed = {n for tr in TRACKS for n in tr.lessons}
+    for info in infos:                                          # a lesson no track names (none today)
+        if info.number not in placed:
+            t.add_row(f"{info.number:02d}", info.title, str(info.minutes), info.what)
     return t
 
 
