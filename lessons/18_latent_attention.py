@@ -55,6 +55,11 @@ def lesson(L: Lesson) -> None:
     L.say(SOURCES)
 
 
+def fmt_kib(n: float) -> str:
+    """KV bytes a token in KiB, as lesson 12 and `minillm hardware --shape` print them (W20, W31)."""
+    return f"{n / 1024:,.4g} KiB"
+
+
 # W27: what this lesson rests on
 SOURCES = ("Sources: DeepSeek-AI, \"DeepSeek-V2\" (2024: multi-head latent attention, its decoupled "
            "rotary key and the absorption); \"DeepSeek-V3 Technical Report\" (2024) and its config.json; "
@@ -122,11 +127,11 @@ def bytes_a_token(L: Lesson) -> None:
     ds, l3, l2 = shape("deepseek-v3"), shape("llama-3-8b"), shape("llama-2-7b")
     s = PUBLISHED["DeepSeek-V3"]["mla"]
     mha_ds = ds["n_layer"] * ds["n_head"] * (s["nope"] + s["rope"] + s["v"]) * 2          # keys and values, bf16
-    L.fact(f"in bf16: Llama-2-7B (MHA) {fmt_bytes(kv_bytes_per_token(l2, 2))} a token, Llama-3-8B (GQA, g = "
-           f"{l3['n_head'] // l3['n_kv_head']}) {fmt_bytes(kv_bytes_per_token(l3, 2))}, DeepSeek-V3 "
-           f"{ds['n_layer']}·576·2 = {fmt_bytes(kv_bytes_per_token(ds, 2))}")
+    L.fact(f"in bf16: Llama-2-7B (MHA) {fmt_kib(kv_bytes_per_token(l2, 2))} a token, Llama-3-8B (GQA, g = "
+           f"{l3['n_head'] // l3['n_kv_head']}) {fmt_kib(kv_bytes_per_token(l3, 2))}, DeepSeek-V3 "
+           f"{ds['n_layer']}·576·2 = {fmt_kib(kv_bytes_per_token(ds, 2))}")
     L.fact(f"DeepSeek-V3 as MHA (128 heads' keys of {s['nope'] + s['rope']} and values of {s['v']}) would cache "
-           f"{fmt_bytes(mha_ds)} a token: {mha_ds / kv_bytes_per_token(ds, 2):.0f}× its latent")
+           f"{fmt_kib(mha_ds)} a token: {mha_ds / kv_bytes_per_token(ds, 2):.0f}× its latent")
     L.pause()
 
 
@@ -361,7 +366,7 @@ def released(L: Lesson) -> None:
         sh = shape(name.lower())
         held, read = got[name] = held_bytes(sh), read_bytes(sh)
         t.add_row(name, sh["released"].split(" ")[0], fmt_bytes(held), fmt_bytes(held / 8), fmt_bytes(read),
-                  fmt_bytes(kv_bytes_per_token(sh, 2)))
+                  fmt_kib(kv_bytes_per_token(sh, 2)))
     L.show(t, "[dim]as released (measure/experts.py); held/GPU: over 8 GPUs; read/token: a decode step's "
               "weights at batch 1; KV in bf16[/]")
     s = PUBLISHED["DeepSeek-V3"]

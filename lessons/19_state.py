@@ -84,6 +84,11 @@ def lesson(L: Lesson) -> None:
     L.say(SOURCES)
 
 
+def fmt_kib(n: float) -> str:
+    """KV bytes a token in KiB, as lesson 12 and `minillm hardware --shape` print them (W20, W31)."""
+    return f"{n / 1024:,.4g} KiB"
+
+
 # W27: what this lesson rests on
 SOURCES = ("Sources: Schlag, Irie and Schmidhuber, \"Linear Transformers Are Secretly Fast Weight "
            "Programmers\" (2021: the delta rule as fast weights); Yang et al., \"Parallelizing Linear "
@@ -274,7 +279,7 @@ def capacity_at_32k(L: Lesson) -> None:
         caps = [capacity(x, ctx, get_chip(chip).memory_gb * 1e9, bytes_per_weight=b, kv_bytes_per_value=b)
                 for chip in ("h100-sxm", "h200")]
         fit[name] = [cap["sequences"] for cap in caps]
-        t.add_row(name, fmt_bytes(caps[0]["kv_bytes_per_token"]), fmt_bytes(caps[0]["state_bytes_per_sequence"]),
+        t.add_row(name, fmt_kib(caps[0]["kv_bytes_per_token"]), fmt_bytes(caps[0]["state_bytes_per_sequence"]),
                   fmt_bytes(caps[0]["kv_bytes_per_sequence"]), *(f"{n:,}" for n in fit[name]))
     L.show(t, f"[dim]{ctx:,} tokens a sequence, weights and KV in bf16, the delta rule's state in float32 "
               f"as released (config.json's mamba_ssm_dtype; its convolution window in bf16), {UTILISATION:.0%} "
@@ -282,7 +287,7 @@ def capacity_at_32k(L: Lesson) -> None:
     per_tok = c.kv_bytes_per_token(b)
     held = state_bytes(s, b)
     L.fact(f"the state costs what {held / per_tok:,.0f} tokens of its full layers' KV cost "
-           f"({fmt_bytes(held)} against {fmt_bytes(per_tok)} a token): past that context a "
+           f"({fmt_bytes(held)} against {fmt_kib(per_tok)} a token): past that context a "
            "sequence's fixed part is the smaller one. It is kept in float32, twice the KV's bytes a value: "
            "it is rewritten at every token, and rounding it to bf16 each time would pile up the error")
     L.claim(all(a > z for a, z in zip(fit["Qwen3.5-27B"], fit["all full"])),
