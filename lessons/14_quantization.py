@@ -251,8 +251,9 @@ def ridge_and_format(L: Lesson) -> None:
     L.section("The math's precision moves the ridge")
     chips = ("h100-sxm", "b200")
     L.say("""
-        A chip's tensor cores do twice the operations a second at half the precision: FP8 twice bf16,
-        FP4 twice FP8. The ridge, peak ÷ bandwidth, doubles with it. Where the weights are stored in the
+        A chip's tensor cores do about twice the operations a second at half the precision, by their
+        datasheets (the H100's FP8 twice its bf16, the B200's FP4 twice its FP8), not by a law. The
+        ridge, peak ÷ bandwidth, doubles with it. Where the weights are stored in the
         same precision as the math, their bytes halve too, and decode's critical batch from the weights,
         **B\\* ≈ ridge · b ÷ 2** (lesson 8), stays put. Weight-only formats shrink b on the old ridge, so
         they *lower* the critical batch (decode turns compute-bound sooner), and they give a prefill no
@@ -276,6 +277,11 @@ def ridge_and_format(L: Lesson) -> None:
         L.fact(f"{name}: FP8 math has {fmt_x(fp8['ridge'] / bf16['ridge'])} bf16's ridge, and with FP8 weights "
                f"B* {fp8['b_star']:,.0f} against bf16's {bf16['b_star']:,.0f}; 4-bit weights on bf16 math bring B* to "
                f"{wo['b_star']:,.0f}, {fmt_x(bf16['b_star'] / wo['b_star'])} lower")
+    nv = next((r for r in table.get("b200", []) if r["format"].startswith("NVFP4")), None)
+    if nv is not None:                  # W32: why NVFP4's B* sits above bf16's on the same chip
+        L.say(f"On the B200 NVFP4's B* is {nv['b_star']:,.0f} against bf16's {table['b200'][0]['b_star']:,.0f}: "
+              f"its scales add a sixteenth of a byte a weight (a byte per 16), an eighth more than the half "
+              "byte, while the math runs at the full FP4 rate.")
     L.pause()
 
 
