@@ -389,3 +389,25 @@ def test_lessons_18_and_19_cite_their_sources_and_19_ranks_its_forms_by_the_rule
     assert "Schlag" in m19.SOURCES and "Gated Delta Networks" in m19.SOURCES
     src = inspect.getsource(m19.two_forms)
     assert "faster_words(" in src and "a prompt wants the chunked form" not in src
+
+
+# -- list 4: a bandwidth says the thread count it was measured at -------------------------------------
+
+def test_a_steps_verdict_names_the_threads_of_the_bandwidth_it_is_read_against():
+    """Two bandwidths (1 and 2 threads) on different screens without saying which: the step's verdict
+    names the BLAS threads of the figures it reads against."""
+    import types
+
+    from minillm.ui import report
+    hw = types.SimpleNamespace(bandwidth_gbs=12.9, peak_gflops=94.0, ridge=7.3, blas_threads=1)
+    r = types.SimpleNamespace(kind="decode", n_tokens=1, intensity=0.5, total_bytes=1e6, gbps=3.0, gflops=1.0,
+                              total_flops=5e5, positions=None)
+    import pytest as _pytest
+    mp = _pytest.MonkeyPatch()
+    mp.setattr(report, "bound_of", lambda r, hw: "memory")
+    mp.setattr(report, "last_position", lambda r: 7)
+    try:
+        said = report.verdict(r, hw, "KV-cached")
+    finally:
+        mp.undo()
+    assert said.endswith("of its 94 GFLOP/s at 1 BLAS thread")

@@ -132,7 +132,7 @@ def verdict(r: StepRecord, hw: Hardware, path: str) -> str:
     return (f"{what}: {r.intensity:.3g} FLOP/byte, {fmt_bytes(r.total_bytes)} moved (unfused) → {bound}-bound "
             f"(this machine's ridge{at} is {hw.ridge:.3g} FLOP/byte); {r.gbps:.1f} GB/s and {r.gflops:.1f} GFLOP/s "
             f"achieved, {100 * r.gbps / hw.bandwidth_gbs:.0f}% of this machine's {hw.bandwidth_gbs:.1f} GB/s "
-            f"and {100 * r.gflops / hw.peak_gflops:.0f}% of its {hw.peak_gflops:.0f} GFLOP/s")
+            f"and {100 * r.gflops / hw.peak_gflops:.0f}% of its {hw.peak_gflops:.0f} GFLOP/s{at}")   # the threads said
 
 
 def fmt_mib(n: float) -> str:
