@@ -39,7 +39,9 @@ def test_compare_runs_every_side_on_one_thread_when_busy_and_says_so_first(capsy
     want = 1 if busy else 2
     assert len(seen) >= 2 and set(seen) == {want}
     assert ("So every side of this comparison runs on 1 BLAS thread" in out.err) == busy
-    assert f"both on {want} BLAS thread" in " ".join(out.out.split())
+    flat = " ".join(out.out.split())
+    assert f"both on {want} BLAS thread" in flat
+    assert f"ridge at {want} BLAS thread" in flat          # read against that thread count's figures
 
 
 def test_traffic_and_diagnose_follow_the_same_rule(capsys, monkeypatch):

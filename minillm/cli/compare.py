@@ -61,11 +61,11 @@ def _compare(args, stack) -> int:
                        mla_decode=getattr(args, "mla_decode", None))
     ids = encode_prompt(model, args.prompt, args.max_new_tokens)
     draft = load_draft(args.draft, model, getattr(args, "weights", None))
-    hw = hardware.machine(progress=True)
+    threads = one_thread_when_busy(args, stack)          # busy: every side on 1 thread, said first; and the
+    hw = hardware.machine(progress=True)                 # figures read against are that thread count's
     gpu = gpu_figures()                                   # None without a GPU
     if model.device.is_gpu:                               # the roofline of the chip the model runs on
         hw = as_hardware(gpu, model.dtype.name)
-    threads = one_thread_when_busy(args, stack)          # busy: every side on 1 thread, said first
     enc = tokenizer(model)
     warm_up(model, ids)          # first touches of weights and cache pages; the fused kernels compiled
     runs = {}

@@ -115,8 +115,8 @@ def _run(args, stack) -> int:
     if P + N > c.n_ctx:
         raise PromptError(f"--prompt-tokens {P} + --answer-tokens {N} is beyond {escape(model.name)}'s context of "
                           f"{c.n_ctx}: with this prompt at most {c.n_ctx - P} answer tokens fit")
-    hw = hardware.machine(progress=True)
-    one_thread_when_busy(args, stack)        # busy: 1 thread for the timed steps, said first
+    one_thread_when_busy(args, stack)        # busy: 1 thread for the timed steps, said first (and the
+    hw = hardware.machine(progress=True)     # figures read against are that thread count's)
     with out.status(f"prefilling {P} tokens and running two decode steps on {escape(model.name)}…"):
         pre, pre_seconds, dec, first, growth, n_decode = measure_workload(model, P, N)
     prefill = _phase([pre], c)
