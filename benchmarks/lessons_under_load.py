@@ -60,8 +60,7 @@ RANKINGS = [
     re.compile(r"(?P<subject>\b[\w' ]{2,60}) took [^:]*? the time of (?P<than>[\w' ]+?): "
                r"(?P<verdict>faster|slower|no winner)"),
     re.compile(r"(?P<subject>batching bought) (?P<verdict>the dense model|the mixture) more"),
-    re.compile(r"(?P<subject>the mixture) was below it, every round, up to B = \d+, and (?P<verdict>above it, every "
-               r"round, at B = \d+)"),
+    re.compile(r"(?P<subject>the mixture) was ranked below it up to B = \d+, and (?P<verdict>above it at B = \d+)"),
     re.compile(r"(?P<subject>tokens per second) (?:(?P<verdict>peaked at [\w ]+?|grew up to the largest)[,:]|"
                r"showed no batch apart)"),
     re.compile(r"(?P<subject>The p99 gap between tokens, median of)[^:]*:[^:]*: (?:chunking (?P<verdict>lowered|raised)"
@@ -70,8 +69,12 @@ RANKINGS = [
     re.compile(r"(?P<subject>output tokens per second of one at a time): (?P<verdict>more|fewer|no winner)"),
     re.compile(r"(?P<subject>and continuous batching's) [^:]{1,30}: (?P<verdict>continuous admitted late arrivals "
                r"sooner|continuous was later|no winner)"),
-    re.compile(r"(?P<subject>tok/s per engine|TTFT p95|TBT p99) (?P<verdict>no chunking|chunked \(budget \d+\)|"
+    re.compile(r"(?P<subject>tok/s per engine|TTFT p95|TBT p99) (?P<verdict>no chunking|budget \d+|"
                r"split|no winner) (?:[\d.,]+ ?(?:tok/s|ms|µs|s)|rounds close)"),
+    re.compile(r"(?P<subject>In time, the hybrid's step) (?:was (?P<verdict>below the other's [^(]+?) \(|"
+               r"was not ranked below)"),
+    re.compile(r"(?P<subject>At B = 1 a step of the mixture)[^;]*?(?:; in tokens/s the rule ranks neither|, yet "
+               r"(?P<verdict>the mixture|the twin) made more)"),
 ]
 SUBJECT_NUMBER = re.compile(r"[-+]?\d[\d,.]*")
 
@@ -105,6 +108,24 @@ def flipped(a: list, b: list) -> list[str]:
         if i < len(other) and verdict is not None and other[i] is not None and verdict != other[i]:
             bad.append(f"{subject}: {verdict} / {other[i]}")
     return bad
+
+
+def changed(a: list, b: list) -> list[str]:
+    """Rankings where one run named a winner and the other said no winner: not a reversal, but a
+    learner of the two runs reads another conclusion, so the summary reports each (the review's
+    recommendation: seen, not excused)."""
+    by: dict = {}
+    for subject, verdict in b:
+        by.setdefault(subject, []).append(verdict)
+    seen: dict = {}
+    out = []
+    for subject, verdict in a:
+        i = seen.get(subject, 0)
+        seen[subject] = i + 1
+        other = by.get(subject, [])
+        if i < len(other) and (verdict is None) != (other[i] is None):
+            out.append(f"{subject}: {verdict or 'no winner'} / {other[i] or 'no winner'}")
+    return out
 
 
 def too_wide(text: str, columns: int = 80) -> list[str]:
@@ -179,9 +200,12 @@ def main() -> int:
             print(summary[-1], flush=True)
             ok &= same
             flips = flipped(rankings(ta), rankings(tb))
+            moved = changed(rankings(ta), rankings(tb))
             n = len(rankings(ta))
             summary.append(f"{f.name[:2]} rankings: {n} in the quiet run, "
-                           + ("none flipped" if not flips else "FLIPPED: " + "; ".join(flips)))
+                           + ("none flipped" if not flips else "FLIPPED: " + "; ".join(flips))
+                           + (f"; {len(moved)} changed between a winner and no winner: " + "; ".join(moved)
+                              if moved else "; none changed between a winner and no winner"))
             print(summary[-1], flush=True)
             ok &= not flips
     (out / "summary.txt").write_text("\n".join(summary) + "\n")

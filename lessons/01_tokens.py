@@ -206,6 +206,8 @@ GLOSSARY = (
     ("K-quants", "GGUF blocks in super-blocks of 256", 14),
     ("FP8, MXFP4, NVFP4", "8- and 4-bit floats with block scales", 14),
     ("fused kernel", "one loop that widens and multiplies", 14),
+    ("W4A32, W4A8", "4-bit weights; float32 or int8 activations", 14),
+    ("integer dot product (VNNI)", "8-bit multiply-adds in one instruction", 14),
     ("mixture of experts, MoE", "E MLPs a layer, k run per token", 15),
     ("total, active parameters", "what memory holds; what a token uses", 15),
     ("shared expert", "an expert every token runs", 15),
@@ -225,6 +227,8 @@ GLOSSARY = (
     ("delta rule", "the state moved toward each new key's value", 19),
     ("chunked form", "a prompt's state updates as chunk products", 19),
     ("recurrent form", "one token's read, update and write", 19),
+    ("hybrid", "linear layers beside a few full ones", 19),
+    ("Gated DeltaNet", "the delta rule with a decay, exp(g), a token", 19),
 )
 
 

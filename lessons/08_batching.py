@@ -6,7 +6,6 @@ Run:  python lessons/08_batching.py        (or: minillm learn 8)
 from __future__ import annotations
 
 import statistics
-import time
 
 import numpy as np
 from rich.markup import escape
@@ -14,8 +13,8 @@ from rich.table import Table
 
 import minillm
 from minillm import kernels
-from minillm.lessons._common import (Lesson, bar_chart, fmt_bytes, fmt_time, fmt_x, growth_words, plural,
-                                     roofline_plot, run_lesson)
+from minillm.lessons._common import (Lesson, bar_chart, faster_words, fmt_bytes, fmt_time, fmt_x, growth_words,
+                                     plural, roofline_plot, run_lesson, time_interleaved)
 from minillm import closeness
 from minillm.measure.batching import run_batch_bench
 from minillm.measure.chips import get_chip
@@ -74,19 +73,13 @@ def same_tokens(L: Lesson, model, invariant_model) -> None:
         if invariant:                    # the batch-invariant set: batched, and each prompt alone, both with it
             batched_det = minillm.generate_batch(invariant_model, prompts, n, **kw)
             alone_det = [minillm.generate_batch(invariant_model, [p], n, **kw)[0] for p in prompts]
-    times = {"batched": [], "alone": [], "invariant": []}
-    for _ in L.progress_range(L.pick(3, 2), "timing batched against one at a time"):   # interleaved, medians
-        t0 = time.perf_counter()
-        minillm.generate_batch(model, prompts, n, **kw)
-        times["batched"].append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        for p in prompts:
-            minillm.generate(model, p, n, **kw)
-        times["alone"].append(time.perf_counter() - t0)
-        if invariant:
-            t0 = time.perf_counter()
-            minillm.generate_batch(invariant_model, prompts, n, **kw)
-            times["invariant"].append(time.perf_counter() - t0)
+    work = {"batched": lambda: minillm.generate_batch(model, prompts, n, **kw),
+            "alone": lambda: [minillm.generate(model, p, n, **kw) for p in prompts]}
+    if invariant:
+        work["invariant"] = lambda: minillm.generate_batch(invariant_model, prompts, n, **kw)
+    with L.status("timing batched against one at a time, in paired rounds…"):
+        timed = time_interleaved(work, L.rounds(), warmup=False)   # the order alternated every round
+    times = {k: list(v.seconds) for k, v in timed.items()}
     tb, ta = statistics.median(times["batched"]), statistics.median(times["alone"])
     same = sum(a == b for a, b in zip(alone, batched))
     t = Table(header_style="bold")
@@ -103,7 +96,8 @@ def same_tokens(L: Lesson, model, invariant_model) -> None:
     L.show(t)
     L.say(f"""
         {len(prompts)} prompts × {n} tokens: batched {fmt_time(tb)}, one at a time {fmt_time(ta)}
-        (medians of {len(times['alone'])} interleaved runs): batched took **{fmt_x(tb / ta)}** the time.
+        (medians of {len(times['alone'])} paired rounds, the order alternated): batched took
+        **{fmt_x(tb / ta)}** the time.
         **{same} of {len(prompts)}** sequences got exactly the tokens they get alone. Nothing a sequence
         samples with is shared: its logits are its own rows of each product, and its random generator is
         its own. But in float32 a batched product sums in another order than a single row's, so its
@@ -131,8 +125,8 @@ def same_tokens(L: Lesson, model, invariant_model) -> None:
         order, and every query attends over exactly its own keys in tiles from key 0, so no row's
         arithmetic depends on the rows beside it. There **{kept} of {len(prompts)}** sequences got
         exactly their tokens alone (alone with the same set), against {same} of {len(prompts)} above.
-        The price, this run: batched with that set took {fmt_time(ti)}, **{fmt_x(ti / tb)}** the time
-        of the default batched run (medians of the same interleaved runs).
+        The price, this run: batched with that set took {fmt_time(ti)} against {fmt_time(tb)}:
+        {faster_words(timed["invariant"], timed["batched"], "it", "the default batched run")}.
     """)
     L.claim(kept == len(prompts), f"batch-invariant: {kept} of {len(prompts)} sequences equal their tokens alone")
     L.pause()
@@ -314,9 +308,9 @@ def attention_intensity(L: Lesson) -> None:
         With one KV head per query head, attention does about 1 FLOP per bf16 byte; grouped-query attention
         about g. Latent attention, absorbed as DeepSeek's kernels run it, does about 1.9·H: {mla['intensity']:.0f}
         with 128 heads ({where}), and twice that when multi-token prediction's verify step reads the latent
-        once for two tokens. Its attention then needs no batch to use the arithmetic, which is why
-        DeepSeek-style models are served with attention data-parallel (each GPU its own sequences) and the
-        experts expert-parallel (lesson 15).
+        once for two tokens. Why engines then serve its attention data-parallel (each GPU its own
+        sequences) and its experts expert-parallel is lesson 18's (the latent held once, not once a GPU)
+        and lesson 15's.
     """)
 
 

@@ -130,16 +130,17 @@ def policies(L: Lesson, model, items, hw) -> dict:
     tbt = con["tbt_p50_s"] / seq["tbt_p50_s"]
     L.say(f"""
         Measured ({L.conditions()}): continuous batching served {fmt_x(speed)} the output tokens per second
-        of one at a time: {"more, every round beyond the other's spread, with fewer steps sharing each weight read"
-        if faster > 0 else "fewer, every round beyond the other's spread" if faster < 0 else
+        of one at a time: {"more, by " + closeness.rule_words(len(con["rounds"]["output_tokens_per_s"])) +
+        ", with fewer steps sharing each weight read" if faster > 0 else "fewer, by " +
+        closeness.rule_words(len(con["rounds"]["output_tokens_per_s"])) if faster < 0 else
         "no winner (" + closeness.why_not(con['rounds']['output_tokens_per_s'], seq['rounds']['output_tokens_per_s'])
         + "; a busy machine can hide what sharing weight reads saves)"}.
 
         One at a time, requests **queue**: time to first token is mostly waiting. Static batching shares
         the weight reads, but a request that arrives while a batch runs waits for the whole batch to finish.
         Here static batching's p95 TTFT was {fmt_time(sta['ttft_p95_s'])} and continuous batching's
-        {fmt_time(con['ttft_p95_s'])} ({fmt_x(ttft)}): {"continuous admitted late arrivals sooner, every round"
-        if sooner < 0 else "continuous was later, every round" if sooner > 0 else "no winner (" +
+        {fmt_time(con['ttft_p95_s'])} ({fmt_x(ttft)}): {"continuous admitted late arrivals sooner, ranked"
+        if sooner < 0 else "continuous was later, ranked" if sooner > 0 else "no winner (" +
         closeness.why_not(con['rounds']['ttft_p95_s'], sta['rounds']['ttft_p95_s']) + ")"}
         ({closeness.holds_for()}).
     """)
@@ -163,11 +164,18 @@ def tbt_words(ratio: float, mean_batch: float) -> str:
             "count). Sarathi-Serve tunes the token budget per step (`--max-batched-tokens`) for it.")
 
 
+def tpot_target(runs: dict) -> tuple[float, str]:
+    """The TPOT target: 1.5 × the largest of the policies' median gaps between tokens, so that no policy
+    fails it at its median (M51: 3 × one at a time's gap sat below continuous batching's median gap, and
+    the best policy's goodput was 0). -> (target in seconds, the policy with the largest median gap)."""
+    slowest = max(runs, key=lambda p: runs[p][0]["tbt_p50_s"])
+    return 1.5 * runs[slowest][0]["tbt_p50_s"], slowest
+
+
 def goodput(L: Lesson, runs: dict, per_request: float) -> None:
     L.section("Latency targets and goodput")
-    seq = runs["sequential"][0]
     ttft_slo = 2 * per_request
-    tpot_slo = 3 * seq["tbt_p50_s"]
+    tpot_slo, slowest = tpot_target(runs)
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("policy", "requests", "meet both", "goodput, req/s", "tok/s"):
         t.add_column(col, justify="right", no_wrap=True)
@@ -185,9 +193,13 @@ def goodput(L: Lesson, runs: dict, per_request: float) -> None:
                 met = len(ok)
         good[p] = statistics.median(per_round[p])
         t.add_row(p, str(len(reqs)), str(met), f"{good[p]:.2f}", f"{r['output_tokens_per_s']:.1f}")
+    L.claim(any(max(c) > 0 for c in met_counts.values()),
+            "at least one policy met both targets for some request: the targets separate the policies "
+            "instead of failing them all")
     L.say(f"""
         A service promises latency targets (*SLOs*), say TTFT under {fmt_time(ttft_slo)} (twice one request
-        alone here) and TPOT under {fmt_time(tpot_slo)} (three times one at a time's median gap). **Goodput**
+        alone here) and TPOT under {fmt_time(tpot_slo)} (1.5 times the largest of the three policies'
+        median gaps, {slowest}'s: a target each can meet at its median, so the queue decides). **Goodput**
         is the requests per second that meet both (the formula of `vllm bench serve --goodput`):
         throughput that users feel. These targets come from this run; real ones come from the product.
         Comparing systems by goodput means sweeping the request rate and finding the highest rate that

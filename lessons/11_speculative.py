@@ -197,8 +197,9 @@ def against_k(L: Lesson, model, sweep: dict) -> None:
                   f"{r['acceptance']:.0%}", f"{r['tokens_per_step']:.2f}",
                   f"{r['speedup']:.2f}×", fmt_bytes(r["bytes_per_token"]))
     L.show(t, "[dim]guesses: guesses made per round (the n-gram draft makes none when nothing matches); "
-              "accepted: accepted ÷ guessed; kept: tokens kept per step of the model; speedup: tokens per "
-              f"second against plain decode's ({p['tok_s']:.1f} tokens/s); bytes/tok: the "
+              "accepted: accepted ÷ guessed; kept: tokens kept per step of the model; speedup: the median over "
+              f"the rounds of tokens per second against plain decode's in the same round (plain: "
+              f"{p['tok_s']:.1f} tokens/s); bytes/tok: the "
               "draft's and the model's, as metered, per token kept; greedy, real held-out text[/]")
     L.console.print(f"[dim]times: medians of {sweep['repeats']} interleaved rounds; {L.conditions()}[/]")
     L.console.print()

@@ -135,10 +135,9 @@ def interference(L: Lesson, model, items) -> None:
     b = merge_rounds([summarize(e) for e in chunks])
     same = all(w.requests[k].output == c.requests[k].output for w, c in zip(wholes, chunks) for k in w.requests)
     L.claim(same, "in every round both runs gave every request the same tokens: only the timing changed")
-    side = closeness.apart(b["rounds"]["tbt_p99_s"], a["rounds"]["tbt_p99_s"])
-    how = (f"chunking lowered it, every round beyond the other's spread ({closeness.holds_for()})" if side < 0 else
-           f"chunking raised it, every round beyond the other's spread ({closeness.holds_for()})" if side > 0 else
-           f"no winner ({closeness.why_not(b['rounds']['tbt_p99_s'], a['rounds']['tbt_p99_s'])})")
+    t = closeness.test(b["rounds"]["tbt_p99_s"], a["rounds"]["tbt_p99_s"])
+    how = (f"chunking {'lowered' if t.side < 0 else 'raised'} it, {closeness.rule_words(t.n)} "
+           f"({closeness.holds_for()})" if t.side else f"no winner ({t.reason})")
     L.say(f"The p99 gap between tokens, median of {R} rounds: {fmt_time(a['tbt_p99_s'])} with whole prompts, "
           f"{fmt_time(b['tbt_p99_s'])} in chunks of {budget}: {how}.")
     L.say(f"""
@@ -350,17 +349,19 @@ def disaggregation(L: Lesson, model, items, chunk: int, alone: float) -> dict:
     a = merge_rounds([colocated_summary(o.engine, T, label="one engine") for o in ones])
     b = merge_rounds([sp.summary(label="split") for sp in splits])
     whole = merge_rounds([colocated_summary(o.engine, T, label="no chunking") for o in wholes])
-    chunked = merge_rounds([colocated_summary(o.engine, T, label=f"chunked (budget {chunk})") for o in chunks])
+    chunked = merge_rounds([colocated_summary(o.engine, T, label=f"budget {chunk}") for o in chunks])
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("", "tok/s", "per engine", "TTFT p95", "TPOT p95", "TBT p99", "KV moved"):
         t.add_column(col, justify="right", no_wrap=True)
-    for r, n in ((a, 1), (b, 2)):
+    for r, n in split_rows(a, b, whole, chunked):
         t.add_row(r["label"], f"{r['output_tokens_per_s']:.1f}", f"{r['output_tokens_per_s'] / n:.1f}",
                   fmt_time(r["ttft_p95_s"]), fmt_time(r["tpot_p95_s"]), fmt_time(r["tbt_p99_s"]),
                   fmt_bytes(r["kv_bytes_moved"]))
-    L.show(t, f"[dim]medians of {R} rounds, each paced by a request timed alone just before it; every step of "
-              f"every engine on {plural(T, 'BLAS thread')}; link: "
-              f"{link:.3g} Gb/s, this machine's measured copy; per engine: tok/s ÷ the engines that served[/]")
+    L.show(t, f"[dim]medians of {R} rounds, all four served in the same rounds, each paced by a request timed "
+              f"alone just before it; every step of every engine on {plural(T, 'BLAS thread')}; link: "
+              f"{link:.3g} Gb/s, this machine's measured copy; per engine: tok/s ÷ the engines that served; "
+              f"one engine: the split's decode budget, {budget}. The budget sweep's rows are another measurement (a fixed pace, earlier): compare within a "
+              "table, not across[/]")
     if why:
         L.note(why)
     c = model.config
@@ -399,6 +400,17 @@ def disaggregation(L: Lesson, model, items, chunk: int, alone: float) -> dict:
         apart. SGLang and NVIDIA Dynamo do it across GPUs and networks too.
     """)
     return {"one": a, "split": b, "whole": whole, "chunked": chunked, "threads": T}
+
+
+def split_rows(one: dict, split: dict, whole: dict, chunked: dict) -> list[tuple[dict, int]]:
+    """The split table's rows, (summary, engines that served): one engine with the decode budget, the
+    split, and the remedies' other two options from the same rounds, so each configuration shows one
+    throughput (issue 53: "no chunking" was printed with three)."""
+    rows = [(one, 1), (split, 2), (whole, 1), (chunked, 1)]
+    labels = [r["label"] for r, _ in rows]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"split_rows: two rows named alike: {labels}")
+    return rows
 
 
 def remedies(L: Lesson, model, sweep: dict, split: dict) -> None:

@@ -46,12 +46,24 @@ def lesson(L: Lesson) -> None:
     serving_it(L)
     released(L)
     L.try_it("""
-        `minillm bench --context-sweep --model random-mla,random-mla-gqa --contexts 256,1024,4096,8192`
+        `minillm bench --context-sweep --model random-mla,random-mla-gqa --contexts 256,1024,4096,8192 --kernels numpy`
         runs this lesson's sweep (a latent model both ways; `--mla-decode absorbed` for one).
         `minillm bench --batch 1,4,16 --model random-mla,random-mla-gqa` batches both. Every command that
         runs a model takes `--mla-decode absorbed|decompressed`; a DeepSeek-V3 checkpoint folder
         (`model_type` deepseek_v3, float32 or bfloat16) loads with `minillm.load(folder)`.
     """)
+    L.say(SOURCES)
+
+
+def fmt_kib(n: float) -> str:
+    """KV bytes a token in KiB, as lesson 12 and `minillm hardware --shape` print them (W20, W31)."""
+    return f"{n / 1024:,.4g} KiB"
+
+
+# W27: what this lesson rests on
+SOURCES = ("Sources: DeepSeek-AI, \"DeepSeek-V2\" (2024: multi-head latent attention, its decoupled "
+           "rotary key and the absorption); \"DeepSeek-V3 Technical Report\" (2024) and its config.json; "
+           "FlashMLA, DeepSeek's decode kernel for the absorbed form.")
 
 
 # -- the models: the one place they are built -----------------------------------------------------------
@@ -115,11 +127,11 @@ def bytes_a_token(L: Lesson) -> None:
     ds, l3, l2 = shape("deepseek-v3"), shape("llama-3-8b"), shape("llama-2-7b")
     s = PUBLISHED["DeepSeek-V3"]["mla"]
     mha_ds = ds["n_layer"] * ds["n_head"] * (s["nope"] + s["rope"] + s["v"]) * 2          # keys and values, bf16
-    L.fact(f"in bf16: Llama-2-7B (MHA) {fmt_bytes(kv_bytes_per_token(l2, 2))} a token, Llama-3-8B (GQA, g = "
-           f"{l3['n_head'] // l3['n_kv_head']}) {fmt_bytes(kv_bytes_per_token(l3, 2))}, DeepSeek-V3 "
-           f"{ds['n_layer']}·576·2 = {fmt_bytes(kv_bytes_per_token(ds, 2))}")
+    L.fact(f"in bf16: Llama-2-7B (MHA) {fmt_kib(kv_bytes_per_token(l2, 2))} a token, Llama-3-8B (GQA, g = "
+           f"{l3['n_head'] // l3['n_kv_head']}) {fmt_kib(kv_bytes_per_token(l3, 2))}, DeepSeek-V3 "
+           f"{ds['n_layer']}·576·2 = {fmt_kib(kv_bytes_per_token(ds, 2))}")
     L.fact(f"DeepSeek-V3 as MHA (128 heads' keys of {s['nope'] + s['rope']} and values of {s['v']}) would cache "
-           f"{fmt_bytes(mha_ds)} a token: {mha_ds / kv_bytes_per_token(ds, 2):.0f}× its latent")
+           f"{fmt_kib(mha_ds)} a token: {mha_ds / kv_bytes_per_token(ds, 2):.0f}× its latent")
     L.pause()
 
 
@@ -136,6 +148,11 @@ def two_ways(L: Lesson) -> None:
         query moves into the latent instead; then H query heads attend over one key/value head of
         r + dr values whose first r are the values too (multi-query attention), and `W_UV` is applied
         once to each head's output. `kv_b` multiplies the H queries, not every cached token.
+
+        Why the rotary key is apart (DeepSeek-V2, §2.1.3): the absorption moves `W_UKᵀ` from the key
+        to the query, which works only if nothing sits between them. RoPE rotates a key by its
+        position, a different matrix at every position, so a rotated latent could not be absorbed.
+        Hence a small separate key of dr values, rotated and shared by all heads: the "+ 64" of 576.
     """)
     c = three(L)["MLA"]
     P, N = L.pick(48, 12), L.pick(8, 4)
@@ -234,10 +251,11 @@ def against_the_ridge(L: Lesson) -> None:
         step_fb = x["flops"] / x["bytes"]
         name = names[x["model"].split(" ")[0]] + (f" {x['way'][:6]}" if x["way"] else "")
         t.add_row(f"{x['context']:,}", name, f"{x['ms']:.1f}", fmt_bytes(x["kv_read"]),
-                  f"{x['attention_flops'] / x['kv_read']:.1f}", f"{step_fb:.2f}",
-                  "compute" if step_fb > ridge else "memory")
+                  f"{x['attention_flops'] / x['kv_read']:.1f}", f"{step_fb:.2f}", bound_cell(x, hw))
     L.show(t, f"[dim]batch 1, float32, caches of random rows; attn F/B: attention FLOPs per KV byte; step "
-              f"F/B: the whole step's, weights included; bound: on this machine's roofline, ridge {ridge:.1f}[/]")
+              f"F/B: the whole step's, weights included; bound: the roof that binds on this machine's "
+              f"roofline (ridge {ridge:.1f}) and the share of the measured time it explains; neither: "
+              "under half[/]")
     L.timing_note()
     L.roofline(hw, [(f"{names[x['model'].split(' ')[0]]}{' ' + x['way'][:6] if x['way'] else ''} {x['context']:,}",
                      x["flops"] / x["bytes"], x["flops"] / x["ms"] / 1e6) for x in rows])
@@ -267,6 +285,39 @@ def against_the_ridge(L: Lesson) -> None:
             f"one's grow by {fmt_flops(grew['decompressed'])}: kv_b over the {T1 - T0:,} more rows")
     a, d = (Timing(tuple(by[n, mla, way]["ms_rounds"])) for way in ("absorbed", "decompressed"))
     L.say(f"Measured: {faster_words(a, d, f'at {n:,} tokens an absorbed decode step', 'a decompressed one')}.")
+    L.say(twin_words(by[n, gqa, None], by[n, mla, "absorbed"], n, kv_ratio, absorbed_fb, ridge))
+
+
+def bound_cell(x: dict, hw) -> str:
+    """M47: which roof binds a measured step, and how much of its time that roof explains: "memory
+    11%" (the bytes at the bandwidth are 11% of the time measured); "neither" under half."""
+    mem = x["bytes"] / (hw.bandwidth_gbs * 1e9)
+    comp = x["flops"] / (hw.peak_gflops * 1e9)
+    share = max(mem, comp) / (x["ms"] / 1e3)
+    kind = "memory" if mem >= comp else "compute"
+    return f"{kind} {share:.0%}" if share >= 0.5 else f"neither {share:.0%}"
+
+
+def twin_words(twin: dict, mla: dict, n: int, kv_ratio: float, absorbed_fb: float, ridge: float) -> str:
+    """C23: MLA's absorbed step against the GQA twin, by the verdict rule, with why a cache 1.78× larger
+    can be the faster one here: the KV's share of a batch-1 step, the absorbed attention past this
+    CPU's ridge, and (on a GPU) the same 242 FLOPs a byte against its ridge."""
+    from minillm import closeness
+    t = closeness.test(twin["ms_rounds"], mla["ms_rounds"])
+    share = mla["kv_read"] / mla["bytes"]
+    head = f"At {n:,} tokens the GQA twin's step, reading {kv_ratio:.2f}× the latent's KV bytes, was "
+    if not t.side:
+        return head + f"not ranked against MLA's absorbed one ({t.reason})."
+    how = "faster" if t.side < 0 else "slower"
+    why = (f" Why fewer KV bytes need not win here: at batch 1 the KV is {share:.0%} of the absorbed step's "
+           f"bytes (the weights are the rest); its attention does {absorbed_fb:.0f} FLOPs a KV byte, "
+           + (f"past this CPU's ridge of {ridge:.1f}, so it waits on arithmetic, not on the bytes it saves"
+              if absorbed_fb > ridge else f"below this CPU's ridge of {ridge:.1f}")
+           + "; and the latent "
+           "model runs more, smaller products a layer. On a GPU the same absorbed attention does 242 FLOPs a "
+           "KV byte at DeepSeek-V3's 128 heads, about an H200's ridge of 206: there the saved bytes count."
+           if t.side < 0 else "")
+    return head + f"{how} than MLA's absorbed one, by {closeness.rule_words(t.n)} ({closeness.holds_for()})." + why
 
 
 # -- 4. serving it --------------------------------------------------------------------------------------
@@ -289,6 +340,11 @@ def serving_it(L: Lesson) -> None:
     L.fact(f"a {ctx:,}-token sequence: {fmt_bytes(seq)} of latent in bf16; over {gpus} GPUs by heads every "
            f"GPU holds all of it ({fmt_bytes(seq * gpus)} in all), data-parallel one GPU does "
            f"({fmt_bytes(seq)} in all)")
+    H, r, dr = s["heads"], s["mla"]["kv_lora"], s["mla"]["rope"]
+    absorbed = 2 * H * (2 * r + dr) / ((r + dr) * 2)              # FLOPs a bf16 KV byte, absorbed
+    L.fact(f"and split by heads each GPU's absorbed attention would read the whole latent for {H // gpus} "
+           f"of the {H} heads: {absorbed / gpus:.0f} FLOPs a KV byte instead of {absorbed:.0f}, the "
+           "intensity divided by the GPUs, the second reason after the copies")
     E, k, G, open_ = s["E"], s["k"], 8, 4
     L.fact(f"expert-parallel on {gpus} GPUs: {E // gpus} of the {E} routed experts of each layer per GPU; "
            f"routed to its top {k} inside {open_} of {G} groups, a token's experts sit on at most {open_} "
@@ -312,17 +368,16 @@ def released(L: Lesson) -> None:
         sh = shape(name.lower())
         held, read = got[name] = held_bytes(sh), read_bytes(sh)
         t.add_row(name, sh["released"].split(" ")[0], fmt_bytes(held), fmt_bytes(held / 8), fmt_bytes(read),
-                  fmt_bytes(kv_bytes_per_token(sh, 2)))
+                  fmt_kib(kv_bytes_per_token(sh, 2)))
     L.show(t, "[dim]as released (measure/experts.py); held/GPU: over 8 GPUs; read/token: a decode step's "
               "weights at batch 1; KV in bf16[/]")
     s = PUBLISHED["DeepSeek-V3"]
     held, _ = got["DeepSeek-V3"]
     total, _ = published_params(s)
-    h200 = CHIPS["h200"].memory_gb * 1e9
-    L.fact(f"DeepSeek-V3 in fp8: {FP8_TILE:.5f} bytes a matrix weight; {fmt_bytes(held / 8)} a GPU "
-           f"on 8, {'inside' if held / 8 < h200 else 'beyond'} an H200's {fmt_bytes(h200)}, "
-           f"{fmt_bytes(h200 - held / 8)} left for the cache; as bf16 it would be {fmt_bytes(2 * total / 8)} "
-           f"a GPU ({fmt_x(2 * total / held)} as much)")
+    L.fact(f"DeepSeek-V3 in fp8: {FP8_TILE:.5f} bytes a matrix weight, {fmt_bytes(held)} held; as bf16 "
+           f"it would be {fmt_bytes(2 * total)} ({fmt_x(2 * total / held)} as much). held/GPU is an even split; "
+           "how many GPUs it needs and what is left for the cache, as served (attention on every GPU), "
+           "is lesson 15's one capacity rule")
 
 
 def main(argv=None) -> int:

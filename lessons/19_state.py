@@ -9,7 +9,7 @@ Run:  python lessons/19_state.py        (or: minillm learn 19)
 
 from __future__ import annotations
 
-from minillm.lessons._common import Lesson, fmt_x, plural, run_lesson, time_interleaved
+from minillm.lessons._common import Lesson, faster_words, fmt_x, plural, run_lesson, time_interleaved
 
 import numpy as np
 from rich import box
@@ -21,10 +21,10 @@ from minillm.engine.engine import Engine
 from minillm.errors import MiniLLMError
 from minillm.measure.chips import get_chip
 from minillm.measure.contexts import run_context_sweep
-from minillm.measure.shapes import HYBRID_SHAPES, UTILISATION, capacity, shape, shape_of
+from minillm.measure.shapes import HYBRID_SHAPES, UTILISATION, capacity, shape, shape_of, state_bytes
 from minillm.models import qwen35
 from minillm.models.qwen35 import FULL, LINEAR, Qwen35Config, decode_step_bytes
-from minillm.ui.report import fmt_bytes, fmt_flops
+from minillm.ui.report import fmt_bytes, fmt_flops, fmt_time
 
 TITLE = "A state that does not grow"
 MINUTES = 8
@@ -61,10 +61,13 @@ def lesson(L: Lesson) -> None:
         Every model so far keeps a KV cache: each layer stores every position's key and value, and a
         decode step reads all of them. Lesson 6 watched that cache overtake the weights; lessons 8-10
         paged it, shared it, batched beside it. Many models of 2026 keep that cache in only a few
-        layers. Qwen3.5 (and Qwen3-Next before it; Kimi Linear, Nemotron-H, Jamba, MiniMax alike)
-        replaces three attention layers of every four with **linear attention** (Gated DeltaNet): a
-        layer that folds everything it has seen into a **state of fixed size**, per value head one
-        `[dk, dv]` matrix, whatever the context.
+        layers. Qwen3.5 (and Qwen3-Next before it) replaces three attention layers of every four with
+        **linear attention** (Gated DeltaNet): a layer that folds everything it has seen into a **state
+        of fixed size**, per value head one `[dk, dv]` matrix plus a short convolution's last K − 1
+        inputs, whatever the context. Others mix otherwise: Kimi Linear 3:1 with Kimi Delta Attention
+        (and MLA in its full layers), Nemotron-H Mamba-2 with attention in under a tenth of its layers,
+        Jamba Mamba with one attention layer in eight, MiniMax-01 lightning attention 7:1. The ratio
+        trades recall for memory.
     """)
     L.pause()
     hybrid, full = preset(L, HYBRID), preset(L, FULL_NAME)
@@ -78,6 +81,19 @@ def lesson(L: Lesson) -> None:
         of the prompt's form is `model.chunk` (64 by default): any value gives the same logits.
         `minillm hardware --shape qwen3.5-27b --fit 32768 --memory 80GB` does the capacity arithmetic.
     """)
+    L.say(SOURCES)
+
+
+def fmt_kib(n: float) -> str:
+    """KV bytes a token in KiB, as lesson 12 and `minillm hardware --shape` print them (W20, W31)."""
+    return f"{n / 1024:,.4g} KiB"
+
+
+# W27: what this lesson rests on
+SOURCES = ("Sources: Schlag, Irie and Schmidhuber, \"Linear Transformers Are Secretly Fast Weight "
+           "Programmers\" (2021: the delta rule as fast weights); Yang et al., \"Parallelizing Linear "
+           "Transformers with the Delta Rule over Sequence Length\" (2024: the chunked form); Yang, Kautz and "
+           "Hatamizadeh, \"Gated Delta Networks\" (ICLR 2025); Qwen3.5-27B's config.json.")
 
 
 def two_forms(L: Lesson, model) -> None:
@@ -120,25 +136,28 @@ def two_forms(L: Lesson, model) -> None:
             f"{diff:.1e} at most (outputs up to {scale:.1f}): float32 rounding")
     times = time_interleaved(forms, L.rounds())
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("form", "FLOPs", "state traffic", "time"):
+    for col in ("form", "FLOPs", "state in and out", "time"):
         t.add_column(col, justify="right", no_wrap=True)
     state = S0.nbytes
     for name in forms:
         traffic = counted[name].bytes["activations"] - sum(a.nbytes for a in (q, k, v, g, beta)) \
             - out[name][0].nbytes
         t.add_row(name, fmt_flops(counted[name].total_flops), fmt_bytes(traffic), times[name].short())
-    L.show(t, f"[dim]{Hv} heads, dk = {dk}, dv = {dv}, {T} tokens, chunks of {qwen35.CHUNK}; state traffic: the "
-              f"states the form reads and writes as it goes ({fmt_bytes(state)} each), counted by the meter[/]")
+    L.show(t, f"[dim]{Hv} heads, dk = {dk}, dv = {dv}, {T} tokens, chunks of {qwen35.CHUNK}; state in and "
+              f"out: the states the meter counts the form reading and writing ({fmt_bytes(state)} each); the "
+              f"chunked form's scan also reads and writes S in every chunk, inside its products[/]")
     L.timing_note()
     f_rec, f_chunk = counted["recurrent"].total_flops, counted["chunked"].total_flops
-    L.fact(f"the recurrent form does {fmt_flops(f_rec)} in {T} tiny steps that each move the whole state; the "
+    L.fact(f"the recurrent form does {fmt_flops(f_rec)} in {T} small steps, a few NumPy calls each; the "
            f"chunked form does {fmt_x(f_chunk / f_rec)} those FLOPs as matrix products over "
-           f"{plural(-(-T // qwen35.CHUNK), 'chunk')}, the state moved once per chunk")
-    ratio = times["recurrent"].median / times["chunked"].median
-    L.say(f"Here the recurrent form took {fmt_x(ratio)} the chunked form's time over the whole prompt"
-          + (": a prompt wants the chunked form." if ratio > 1 else
-             ", no more: at this size the two are close on this machine (the chunked form's lead grows with "
-             "the heads' widths, its products' efficiency)."))
+           f"{plural(-(-T // qwen35.CHUNK), 'chunk')}")
+    L.say(f"Here: {faster_words(times['chunked'], times['recurrent'], 'the chunked form', 'the recurrent one')}; "
+          f"the recurrent form spent {fmt_time(times['recurrent'].median / T)} a token. On a CPU it loses, "
+          f"where it loses, to its many small calls, not to moving the state: a {dk}×{dv} state stays in the "
+          "caches. On a GPU a fused recurrent kernel keeps the state on chip for a whole prompt, and loses "
+          "to a chain of matrix-vector updates, one token after another, that cannot use the tensor "
+          "cores. Decode is memory-bound for its own reason: one token reads S and writes it back, about "
+          "7·dk·dv FLOPs for 8·dk·dv bytes in float32, under 1 FLOP a byte, and no batch shares it.")
     ids = np.random.default_rng(1).integers(0, c.vocab_size, L.pick(96, 48))
     P = len(ids) // 2
     naive = model.forward(ids)
@@ -189,20 +208,54 @@ def context_sweep(L: Lesson, hybrid, full) -> None:
             and grow[hybrid.name] * len(f.full_layers) == grow[full.name] * len(h.full_layers),
             f"from {lo:,} to {hi:,} tokens the hybrid's state stays {fmt_bytes(rows[(hybrid.name, lo)]['state'])} "
             f"a step and its KV grows by {fmt_bytes(grow[hybrid.name])}, "
-            f"{len(h.full_layers)}/{len(f.full_layers)} of the other's {fmt_bytes(grow[full.name])}")
+            f"{share_words(len(h.full_layers), len(f.full_layers))} of the other's {fmt_bytes(grow[full.name])}")
     T_bytes = qwen35.crossover_context(h, f, hybrid.dtype.itemsize)
     L.fact(f"by the closed form the hybrid's step moves fewer bytes from context {T_bytes:,} on: its linear "
            f"layers' extra weights and its state ({fmt_bytes(2 * h.state_bytes(4))} read and written) against "
            f"{fmt_bytes(f.kv_bytes_per_token(4) - h.kv_bytes_per_token(4))} less KV per position")
+    L.say(published_crossover())
     T_time = r["crossover_time"]
+    rule = "ranked by the verdict rule on the paired rounds at each context"
     if T_time is None:
-        L.say(f"In time, the hybrid's step was not below the other's at {hi:,} tokens on this run.")
+        L.say(f"In time, the hybrid's step was not ranked below the other's at {hi:,} tokens on this run "
+              f"({rule}).")
     elif T_time == lo:
-        L.say(f"In time, the hybrid's step was below the other's at every context measured, from {lo:,}.")
+        L.say(f"In time, the hybrid's step was below the other's at every context measured, from {lo:,} "
+              f"({rule}).")
     else:
         L.say(f"In time, the hybrid's step was below the other's from {T_time:,} tokens on, at every longer "
-              f"context measured (in bytes, by the closed form, from {T_bytes:,}).")
+              f"context measured ({rule}; in bytes, by the closed form, from {T_bytes:,}).")
     L.pause()
+
+
+def published_crossover() -> str:
+    """M46: "when does a hybrid pay" for the model the lesson names: Qwen3.5-27B against its all-attention
+    twin, weights and KV in bf16, its state in float32 as released (E23), by the closed forms: at batch 1
+    (its heavier linear layers and its state read and written each step, against the KV it saves) and
+    per sequence in a large batch (the weights shared: the state against the KV alone)."""
+    c = HYBRID_SHAPES["qwen3.5-27b"]
+    twin = Qwen35Config(**{**c.asdict(), "layer_types": (FULL,) * c.n_layer})
+    s = shape("qwen3.5-27b")
+    fa, fb = qwen35.decode_step_bytes(c, 0, 2), qwen35.decode_step_bytes(twin, 0, 2)
+    extra = 2 * s["state_ssm_values"] * (s.get("ssm_bytes", 2) - 2)      # the state wider than bf16
+    gap = fa["weights"] + fa["kv_read"] + fa["kv_write"] + extra - (fb["weights"] + fb["kv_read"] + fb["kv_write"])
+    slope = twin.kv_bytes_per_token(2) - c.kv_bytes_per_token(2)         # the KV the hybrid saves a position
+    one = gap // slope + 1
+    many = int(2 * state_bytes(s, 2) // slope) + 1
+    return (f"At Qwen3.5-27B's published shape (weights and KV in bf16, its state in float32), by the same "
+            f"closed forms: a batch-1 step of the hybrid moves more bytes than its all-attention twin up to "
+            f"{one - 1:,} tokens, fewer from {one:,} (its linear layers weigh {fmt_bytes(fa['weights'] - fb['weights'])} "
+            f"more and its state, {fmt_bytes(state_bytes(s, 2))}, is read and written each step); in a large "
+            f"batch, where the weights are shared, a sequence's step moves fewer from about {many:,} tokens.")
+
+
+def share_words(a: int, b: int) -> str:
+    """W28: a share of layers in words ('a quarter'), the same in fast and full mode (2/8 and 1/4)."""
+    from fractions import Fraction
+    f = Fraction(a, b)
+    names = {Fraction(1, 2): "half", Fraction(1, 4): "a quarter", Fraction(1, 3): "a third",
+             Fraction(3, 4): "three quarters", Fraction(1, 8): "an eighth"}
+    return names.get(f, f"{f.numerator}/{f.denominator}")
 
 
 def capacity_at_32k(L: Lesson) -> None:
@@ -226,14 +279,17 @@ def capacity_at_32k(L: Lesson) -> None:
         caps = [capacity(x, ctx, get_chip(chip).memory_gb * 1e9, bytes_per_weight=b, kv_bytes_per_value=b)
                 for chip in ("h100-sxm", "h200")]
         fit[name] = [cap["sequences"] for cap in caps]
-        t.add_row(name, fmt_bytes(caps[0]["kv_bytes_per_token"]), fmt_bytes(caps[0]["state_bytes_per_sequence"]),
+        t.add_row(name, fmt_kib(caps[0]["kv_bytes_per_token"]), fmt_bytes(caps[0]["state_bytes_per_sequence"]),
                   fmt_bytes(caps[0]["kv_bytes_per_sequence"]), *(f"{n:,}" for n in fit[name]))
-    L.show(t, f"[dim]{ctx:,} tokens a sequence, weights and KV in bf16, {UTILISATION:.0%} of the memory (vLLM's "
-              "default); published config[/]")
+    L.show(t, f"[dim]{ctx:,} tokens a sequence, weights and KV in bf16, the delta rule's state in float32 "
+              f"as released (config.json's mamba_ssm_dtype; its convolution window in bf16), {UTILISATION:.0%} "
+              "of the memory (vLLM's default); published config[/]")
     per_tok = c.kv_bytes_per_token(b)
-    L.fact(f"the state costs what {c.state_bytes(b) / per_tok:,.0f} tokens of its full layers' KV cost "
-           f"({fmt_bytes(c.state_bytes(b))} against {fmt_bytes(per_tok)} a token): past that context a "
-           "sequence's fixed part is the smaller one")
+    held = state_bytes(s, b)
+    L.fact(f"the state costs what {held / per_tok:,.0f} tokens of its full layers' KV cost "
+           f"({fmt_bytes(held)} against {fmt_kib(per_tok)} a token): past that context a "
+           "sequence's fixed part is the smaller one. It is kept in float32, twice the KV's bytes a value: "
+           "it is rewritten at every token, and rounding it to bf16 each time would pile up the error")
     L.claim(all(a > z for a, z in zip(fit["Qwen3.5-27B"], fit["all full"])),
             f"at 32k, {fit['Qwen3.5-27B'][0]} Qwen3.5-27B sequences fit on an H100 beside the weights against "
             f"{fit['all full'][0]} with every layer full; {fit['Qwen3.5-27B'][1]} against {fit['all full'][1]} "
@@ -243,10 +299,15 @@ def capacity_at_32k(L: Lesson) -> None:
 
 def what_it_costs(L: Lesson, model) -> None:
     L.section("What a fixed state costs")
-    L.say("""
+    L.say(f"""
         The state is a summary, updated in place: the state after token t is gone once token t + 1 is
         in. Two things every earlier lesson relied on go with it. **Going back**: speculative decoding
         (lesson 11) drops the rejected guesses' positions from the cache; a state cannot drop them.
+        That is a price, not a wall: Qwen3-Next and Qwen3.5 ship a multi-token-prediction layer to
+        draft for themselves, and vLLM and SGLang verify the drafts on Gated DeltaNet layers by keeping
+        a state per draft position (and a convolution window longer by the draft), then keeping the
+        accepted one: k + 1 states of {fmt_bytes(state_bytes(shape("qwen3.5-27b"), 2))} a sequence during
+        a verify at Qwen3.5-27B's shape. This engine keeps one state, so it refuses instead:
     """)
     _, cache = model.prefill(np.arange(8) % model.config.vocab_size)
     try:
@@ -260,14 +321,14 @@ def what_it_costs(L: Lesson, model) -> None:
     block = 16
     kv_block = block * c.kv_bytes_per_token(4)
     q = HYBRID_SHAPES["qwen3.5-27b"]
-    q_ratio = q.state_bytes(2) / (block * q.kv_bytes_per_token(2))
+    q_ratio = state_bytes(shape("qwen3.5-27b"), 2) / (block * q.kv_bytes_per_token(2))
     L.say(f"""
         **Prefix caching** (lesson 10) names every full block of a prompt and lets a later request with
         the same first blocks reuse their keys and values. The linear layers have nothing to reuse at a
         block boundary unless the state was saved there: a snapshot per block. Here a snapshot
         ({fmt_bytes(c.state_bytes(4))}) is {c.state_bytes(4) / kv_block:.0f}× the KV of the
         {block}-position block it would sit beside ({fmt_bytes(kv_block)}); for Qwen3.5-27B in bf16,
-        {q_ratio:.0f}×. vLLM first served such models without prefix caching and later saved states only
+        {q_ratio:.0f}× (KV in bf16, its state in float32 as released). vLLM first served such models without prefix caching and later saved states only
         at coarse, aligned boundaries; SGLang keeps one state per node of its prefix tree. minillm
         refuses the prefix cache for this family, in one line:
     """)
@@ -291,8 +352,9 @@ def what_it_costs(L: Lesson, model) -> None:
         A linear-attention layer keeps a state of fixed size per sequence: its decode step reads and
         writes the same bytes at any context, and only the full-attention layers' KV grows, here a
         quarter of the all-attention model's (three layers in four keep none). So KV overtakes the weights
-        four times later, and more sequences fit at long contexts. The price: the state cannot go
-        back, cannot be cut at any block for reuse, and holds a summary of the past, not the past.
+        four times later, and more sequences fit at long contexts. The price: going back or reusing a
+        prefix needs a copy of the state per draft or per block (this engine keeps one, and refuses
+        both), and the state holds a summary of the past, not the past.
     """)
 
 

@@ -92,16 +92,10 @@ def growth_words(ratio: float, work: float) -> str:
 
 
 def faster_words(a: "Timing", b: "Timing", what: str, than: str) -> str:
-    """'X took 0.4× the time of Y: faster, every round beyond the other's …' and the like: the ratio of
+    """'X took 0.4× the time of Y: faster, 6 of 6 paired rounds over 5% apart, …' and the like: the ratio of
     the medians and of the rounds (`ratio_range`), and the one closeness rule's verdict on the two sides'
-    rounds (closeness.py): faster or slower only when their rounds agree beyond their spread."""
-    side = closeness.apart(a.seconds, b.seconds)
-    if side < 0:
-        how = f"faster, every round beyond the other's spread ({closeness.holds_for()})"
-    elif side > 0:
-        how = f"slower, every round beyond the other's spread ({closeness.holds_for()})"
-    else:
-        how = f"no winner ({closeness.why_not(a.seconds, b.seconds)})"
+    rounds (closeness.py): faster or slower only when the sign test on their paired rounds ranks them."""
+    how = closeness.verdict_words(a.seconds, b.seconds, lower_better=True)
     return f"{what} took {fmt_ratio(ratio_range(a, b))} the time of {than}: {how}"
 
 
@@ -185,19 +179,28 @@ def ratio_range(a: Timing, b: Timing) -> tuple[float, float, float]:
 
 
 def time_interleaved(work: dict[str, Callable[[], object]], rounds: int, warmup: bool = True) -> dict[str, Timing]:
-    """Time each piece of work once per round, in turn, for `rounds` rounds (after one untimed warm-up each).
+    """Time each piece of work once per round, in turn, for `rounds` rounds (after one untimed warm-up each),
+    the order reversed every other round (`closeness.round_order`).
 
     Interleaving puts every piece of work under the same passing load: a busy moment of the machine
-    slows one round of each, not every sample of one of them."""
+    slows one round of each, not every sample of one of them; the rounds are paired, for the verdict
+    rule (closeness.py). Two pieces of work given `rounds` >= closeness.MIN_ROUNDS get more rounds, up to
+    closeness.CAP, until the rule ranks them or can no longer (`closeness.settled`)."""
     if warmup:
         for fn in work.values():
             fn()
     times: dict[str, list[float]] = {name: [] for name in work}
-    for _ in range(max(1, rounds)):
-        for name, fn in work.items():
+    names = list(work)
+    adaptive = len(names) == 2 and rounds >= closeness.MIN_ROUNDS
+    i = 0
+    while True:
+        for name in closeness.round_order(names, i):
             t0 = time.perf_counter()
-            fn()
+            work[name]()
             times[name].append(time.perf_counter() - t0)
+        i += 1
+        if i >= max(1, rounds) and not (adaptive and not closeness.settled(*(times[n] for n in names))):
+            break
     return {name: Timing(tuple(ts)) for name, ts in times.items()}
 
 
@@ -540,19 +543,18 @@ class Lesson:
     # -- what lessons need from minillm -------------------------------------------------------
 
     def rounds(self) -> int:
-        """How many interleaved rounds a timing gets: 5 in full mode (3 on a busy machine, where each round
-        takes several times as long and the medians move with the load anyway), 2 in fast mode. Probes the
-        machine first, once per section (`recheck`)."""
-        busy = self.recheck()
-        if self.fast:
-            return 2
-        return 3 if busy else 5
+        """How many interleaved rounds a timing gets: closeness.MIN_ROUNDS (6, the fewest the verdict
+        rule's sign test can rank; two sides get more until it decides, `time_interleaved`) in full
+        mode, busy or not (fewer rounds would rank noise more often, not less); 2 in fast mode, whose
+        verdicts say "not ranked" with that reason. Probes the machine first, once per section."""
+        self.recheck()
+        return 2 if self.fast else closeness.MIN_ROUNDS
 
     def serve_rounds(self) -> int:
         """Rounds of a served workload in a comparison (each round serves every side's whole workload):
-        3 in full mode, 2 on a busy machine or in fast mode, the fewest the closeness rule ranks."""
-        busy = self.recheck()
-        return 2 if self.fast or busy else 3
+        closeness.MIN_ROUNDS in full mode, busy or not, the fewest the verdict rule ranks; 2 in fast mode."""
+        self.recheck()
+        return 2 if self.fast else closeness.MIN_ROUNDS
 
     @property
     def busy(self) -> bool:
@@ -570,8 +572,10 @@ class Lesson:
 
     def timing_note(self) -> None:
         """A dim line under a timing: how it was measured, and under what conditions."""
-        busy = " (fewer: the machine is busy)" if self._busy and not self.fast else ""
-        self.console.print(f"[dim]times: median and range of {self.rounds()} interleaved rounds{busy}; "
+        n = self.rounds()
+        why = (" (fast mode: too few for a verdict)" if n < closeness.MIN_ROUNDS else
+               " or more, until the verdict rule decides")
+        self.console.print(f"[dim]times: median and range of {n} interleaved rounds{why}; "
                            f"{self.conditions()}[/]")
         self.console.print()
 
@@ -729,4 +733,20 @@ def run_lesson(body: Callable[[Lesson], None], argv: list[str] | None = None, *,
         return 130
     console.print(f"\n[dim]Lesson {number} done: {plural(len(L.claims), 'claim')} checked against this run's "
                   "numbers.[/]")
+    console.print(f"[dim]{next_words(number)}[/]")
     return 0
+
+
+def next_words(number: int) -> str:
+    """Where to go after lesson `number`: the next lesson of its track, or, at a track's end, the tracks
+    that build on it (`minillm learn --track NAME`, minillm/cli/learn.py)."""
+    from minillm.cli.learn import TRACKS, next_in_track, track_of
+    track, after = track_of(number), next_in_track(number)
+    if track is None:
+        return "Next: `minillm learn` lists the lessons and their tracks."
+    if after is not None:
+        return f"Next in the {track.name} track: `minillm learn {after}`."
+    if track.name == "core":
+        return ("You have the core. The other tracks are independent parts, each building on it: "
+                + ", ".join(t.name for t in TRACKS if t.name != "core") + " (`minillm learn --track NAME`).")
+    return f"The {track.name} track is done; `minillm learn` lists the others."

@@ -51,8 +51,9 @@ def test_generate_batch_compare_reports_identical_tokens(tmp_path):
     assert r.returncode == 0, r.stderr
     flat = " ".join(r.stdout.split())
     assert "identical tokens for 2 of 2 prompts" in flat and "batched steps" in flat
-    assert "medians of 2 interleaved rounds" in flat                 # ranked by the closeness rule
-    assert ", faster, every round" in flat or ", slower, every round" in flat or ", no winner (" in flat
+    assert "medians of 6 interleaved rounds" in flat                 # ranked by the verdict rule
+    assert ", faster, " in flat or ", slower, " in flat or ", no winner (" in flat
+    assert "paired rounds" in flat or "by an exact sign test" in flat
 
 
 def test_generate_batch_bad_input(tmp_path):

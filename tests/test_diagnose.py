@@ -69,7 +69,7 @@ def _diagnose_in_process(monkeypatch, capsys, chip):
     from minillm.cli import diagnose as d
 
     monkeypatch.setattr(d, "get_chip", lambda name: chip)
-    monkeypatch.setattr(d, "note_if_busy", lambda args: None)
+    monkeypatch.setattr(d, "one_thread_when_busy", lambda args, stack: None)
     args = argparse.Namespace(prompt_tokens=40, answer_tokens=10, shared_prefix=0, chip="x", model="random-tiny",
                               weights="float32", device="cpu")
     assert d.run(args) == 0

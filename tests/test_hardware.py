@@ -408,7 +408,7 @@ def test_cli_says_when_the_weights_do_not_fit_the_chip(home, counted, capsys):
     names tensor parallelism with the GPU count; 7B fits and gets no such line."""
     assert hardware_cli.run(_args("--chip", "h100", "--params", "70B", "--dtype", "fp16")) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "do not fit its 80 GB" in out and "over 2 or more" in out
+    assert "do not fit 0.9 of its 80 GB" in out and "over 2 or more" in out   # the one capacity rule
     assert hardware_cli.run(_args("--chip", "h100", "--params", "7B", "--dtype", "fp16")) == 0
     assert "do not fit" not in capsys.readouterr().out
 

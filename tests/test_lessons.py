@@ -328,12 +328,13 @@ def test_fall_words_on_lesson_10s_run_that_said_less_than(ttft, flops, rel):
     assert rel in _common.fall_words(ttft, flops, "time to first token")
 
 
-@pytest.mark.parametrize("a, b, words", [((0.4, 0.45), (1.0, 1.02), "faster, every round beyond"),
-                                          ((0.5, 1.2), (1.0, 1.01), "no winner (their rounds overlap)"),
-                                          ((1.0, 1.01), (1.02, 1.03), "no winner (medians within 5%)"),
-                                          ((1.3, 1.5), (1.0, 1.01), "slower, every round beyond")])
+@pytest.mark.parametrize("a, b, words", [((0.4, 0.45), (1.0, 1.02), "faster, 6 of 6 paired rounds"),
+                                          ((0.5, 1.2), (1.0, 1.01), "no winner (3 of 6 rounds"),
+                                          ((1.0, 1.01), (1.02, 1.03), "no winner (0 of 6 rounds"),
+                                          ((1.3, 1.5), (1.0, 1.01), "slower, 6 of 6 paired rounds")])
 def test_faster_words_follow_the_rounds(a, b, words):
-    assert words in _common.faster_words(_common.Timing(a), _common.Timing(b), "a", "b")
+    """The verdict rule's paired sign test over 6 rounds (each pair repeated three times)."""
+    assert words in _common.faster_words(_common.Timing(a * 3), _common.Timing(b * 3), "a", "b")
 
 
 def test_lesson_7s_gpu_batching_verdict_is_chosen_by_the_cap_against_the_ridge():
@@ -600,16 +601,16 @@ def test_lesson_15s_claims_fail_when_the_meter_misses_the_union(wrong, monkeypat
 
 
 @pytest.mark.parametrize("rounds, words", [
-    (([8.0, 7.5], [4.0, 3.5]), "bought the dense model more, every round beyond the other's spread"),
-    (([3.0, 3.2], [4.0, 3.5]), "bought the mixture more, every round beyond the other's spread"),
-    (([8.0, 3.0], [4.0, 3.5]), "this run does not rank them"),
+    (([8.0, 7.5] * 3, [4.0, 3.5] * 3), "bought the dense model more, by a sign test on 6 paired rounds"),
+    (([3.0, 3.2] * 3, [4.0, 3.5] * 3), "bought the mixture more, by a sign test on 6 paired rounds"),
+    (([8.0, 3.0] * 3, [4.0, 3.5] * 3), "this run does not rank them"),
 ])
 def test_lesson_15s_batching_verdict_ranks_only_when_every_round_agrees(rounds, words):
     """On a busy machine one round can invert the order: the lesson ranks the two models' gains from
     batching only by the one closeness rule (tokens/s at B = 1 are 1 in these rounds, so a gain is B = 32's)."""
     m = _lesson(15)
     dense, mix = rounds
-    tps = {(name, B): [1.0, 1.0] for name in ("dense", "mixture") for B in m.BATCHES}
+    tps = {(name, B): [1.0] * 6 for name in ("dense", "mixture") for B in m.BATCHES}
     tps.update({("dense", 32): dense, ("mixture", 32): mix})
     gain = {(name, B): 1.0 for name in ("dense", "mixture") for B in m.BATCHES}
     assert words in m.measured_words(tps, gain)

@@ -461,14 +461,17 @@ def test_engine_refuses_the_prefix_cache_for_a_hybrid_in_one_line():
 
 def test_a_hybrid_shape_counts_its_state_and_its_full_layers_kv():
     from minillm.measure.shapes import HYBRID_SHAPES, capacity, decode_step_bytes, kv_bytes_per_sequence, shape
+    import math
     s, c = shape("qwen3.5-27b"), HYBRID_SHAPES["qwen3.5-27b"]
     assert (s["kv_layers"], s["linear_layers"]) == (16, 48) and round(s["n_params"] / 1e9) == 27
-    assert kv_bytes_per_sequence(s, 32768, 2) == 32768 * c.kv_bytes_per_token(2) + c.state_bytes(2)
+    conv, ssm = (48 * math.prod(v) for v in c.state_shapes().values())
+    held = conv * 2 + ssm * 4                      # E23: the delta rule's matrices in float32, as released
+    assert kv_bytes_per_sequence(s, 32768, 2) == 32768 * c.kv_bytes_per_token(2) + held
     step = decode_step_bytes(s, 1000, 2)
-    assert step["state"] == 2 * c.state_bytes(2) and step["kv"] == 1000 * c.kv_bytes_per_token(2)
+    assert step["state"] == 2 * held and step["kv"] == 1000 * c.kv_bytes_per_token(2)
     cap = capacity(s, 32768, 80e9)
-    per = 32768 * c.kv_bytes_per_token(2) + c.state_bytes(2)
-    assert cap["sequences"] == int((72e9 - c.n_params() * 2) // per) and cap["state_bytes_per_sequence"] == c.state_bytes(2)
+    per = 32768 * c.kv_bytes_per_token(2) + held
+    assert cap["sequences"] == int((72e9 - c.n_params() * 2) // per) and cap["state_bytes_per_sequence"] == held
     every = {**s, "kv_layers": 64, "state_values": 0}              # the same layers, all full attention
     assert capacity(every, 32768, 80e9)["sequences"] < cap["sequences"]
 
@@ -477,8 +480,8 @@ def test_hardware_shape_gives_a_hybrids_state(capsys):
     from minillm.cli import main
     assert main(["hardware", "--shape", "qwen3.5-27b", "--fit", "32768", "--memory", "80GB"]) == 0
     out = capsys.readouterr().out
-    assert "only 16 of the 64 layers keep K and V" in out and "78.4 MB at any" in out
-    assert "fixed state of 0.0784 GB" in out and "that fit in 80GB: 8" in out
+    assert "only 16 of the 64 layers keep K and V" in out and "153.9 MB at any" in out     # E23: float32
+    assert "fixed state of 0.154 GB" in out and "that fit in 80GB: 7" in out
 
 
 def test_a_request_whose_state_and_positions_never_fit_is_refused_at_once():

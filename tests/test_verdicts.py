@@ -28,25 +28,29 @@ def check_best(m):
 def check_favours(m):
     name = lambda r: r["policy"]  # noqa: E731
     show = lambda v: f"{v:.1f}"  # noqa: E731
-    said = m.favours([_run("a", {"x": [10.0, 11.0]}, x=10.5), _run("b", {"x": [20.0, 21.0]}, x=20.5),
-                      _run("c", {"x": [30.0, 31.0]}, x=30.5)], "x", True, "T", show, name)
-    assert "favours c (30.5 (30.0-31.0); a: 10.5 (10.0-11.0)), beyond every other run's spread" in said
-    said = m.favours([_run("a", {"x": [10.0, 11.0]}, x=10.5), _run("b", {"x": [10.2, 10.3]}, x=10.25)], "x", True,
-                     "T", show, name)
-    assert "favours" not in said and "no budget stands out" in said          # within 5%: none favoured
-    said = m.favours([_run("a", {"x": [10.0, 25.0]}, x=17.5), _run("b", {"x": [20.0, 21.0]}, x=20.5)], "x",
+    six = lambda *v: list(v) * 3  # noqa: E731      six paired rounds: the fewest the rule ranks
+    said = m.favours([_run("a", {"x": six(10.0, 11.0)}, x=10.5), _run("b", {"x": six(20.0, 21.0)}, x=20.5),
+                      _run("c", {"x": six(30.0, 31.0)}, x=30.5)], "x", True, "T", show, name)
+    assert "favours c (30.5 (30.0-31.0); a: 10.5 (10.0-11.0)), ranked by a sign test on 6 paired rounds" in said
+    said = m.favours([_run("a", {"x": six(10.0, 11.0)}, x=10.5), _run("b", {"x": six(10.2, 10.3)}, x=10.25)], "x",
                      True, "T", show, name)
-    assert "favours" not in said and "rounds overlap" in said                # a busy round crosses
+    assert "favours" not in said and "no budget stands out" in said          # within 5%: none favoured
+    said = m.favours([_run("a", {"x": six(10.0, 25.0)}, x=17.5), _run("b", {"x": six(20.0, 21.0)}, x=20.5)], "x",
+                     True, "T", show, name)
+    assert "favours" not in said and "3 of 6 rounds" in said                 # the rounds disagree
+    said = m.favours([_run("a", {"x": [10.0, 11.0]}, x=10.5), _run("b", {"x": [20.0, 21.0]}, x=20.5)], "x", True,
+                     "T", show, name)
+    assert "favours" not in said and "2 paired rounds: a sign test at 5% needs 6" in said   # too few
     said = m.favours([_run("a", x=10.0), _run("b", x=20.0)], "x", True, "T", show, name)
-    assert "favours" not in said and "one run" in said                       # one run ranks nothing
-    said = m.favours([_run("a", {"x": [0.1, 0.11]}, x=0.1), _run("b", {"x": [0.3, 0.31]}, x=0.3)], "x", False,
+    assert "favours" not in said and "1 paired round:" in said              # one run ranks nothing
+    said = m.favours([_run("a", {"x": six(0.1, 0.11)}, x=0.1), _run("b", {"x": six(0.3, 0.31)}, x=0.3)], "x", False,
                      "Gap", show, name)
     assert "favours a" in said
 
 
 def _twice(**figures):
-    """Two rounds of each figure, 2% apart: the rounds of a steady run."""
-    return {k: [v, v * 1.02] for k, v in figures.items()}
+    """Six rounds of each figure, 2% apart in turn: the rounds of a steady run."""
+    return {k: [v, v * 1.02] * 3 for k, v in figures.items()}
 
 
 def check_budget_verdict(m):

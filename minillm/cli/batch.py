@@ -33,9 +33,9 @@ def add_arguments(p) -> None:
     p.add_argument("--block-size", type=int, default=16, help="positions per KV-cache block (default 16)")
     p.add_argument("--compare", action="store_true",
                    help="also generate each prompt alone, one after another: same tokens? how much faster?")
-    p.add_argument("--repeats", type=int, default=2, metavar="N",
-                   help="with --compare: rounds of each, interleaved; ranked only when the rounds agree beyond "
-                        "their spread (default 2)")
+    p.add_argument("--repeats", type=int, default=6, metavar="N",
+                   help="with --compare: rounds of each, back to back, the order alternated; ranked only by a "
+                        "sign test on the paired rounds at 5%%, which needs 6 (default 6)")
     p.add_argument("--json", action="store_true", help="one JSON object per prompt instead of text panels")
 
 
@@ -96,7 +96,7 @@ def run(args) -> int:
         threads = getattr(args, "threads", None)
     steps = []
     batched_s, alone_rounds, alone = [], [], None
-    for r in range(args.repeats if args.compare else 1):
+    def batched(r):
         with limited(threads), err.status(f"{len(rows)} prompts in shared steps…") as status:
             def on_step(seqs):
                 if r == 0:
@@ -109,14 +109,25 @@ def run(args) -> int:
             except PromptError as e:
                 raise PromptError(_line_of(str(e), rows)) from None
             batched_s.append(time.perf_counter() - t0)
-        if r == 0:
-            new = out_r
-        if args.compare:
-            with limited(threads), err.status("the same prompts one at a time…"):
-                t0 = time.perf_counter()
-                got = [generate(model, i, n, seed=s, **sampling) for i, n, s in zip(ids, limits, seeds)]
-                alone_rounds.append(time.perf_counter() - t0)
-            alone = alone if alone is not None else got
+        return out_r
+
+    def one_at_a_time():
+        with limited(threads), err.status("the same prompts one at a time…"):
+            t0 = time.perf_counter()
+            got = [generate(model, i, n, seed=s, **sampling) for i, n, s in zip(ids, limits, seeds)]
+            alone_rounds.append(time.perf_counter() - t0)
+        return got
+
+    new = None
+    for r in range(args.repeats if args.compare else 1):
+        # paired rounds for the verdict rule (closeness.py): both sides back to back, the order alternated
+        for side in closeness.round_order(("batched", "alone") if args.compare else ("batched",), r):
+            if side == "batched":
+                got_b = batched(r)
+                new = got_b if new is None else new
+            else:
+                got = one_at_a_time()
+                alone = alone if alone is not None else got
     seconds = statistics.median(batched_s)
     alone_s = statistics.median(alone_rounds) if alone_rounds else None
     n_tokens = sum(len(t) for t in new)
@@ -131,10 +142,7 @@ def run(args) -> int:
               f"sequences, model {escape(model.name)}, {kernels_label(model)}")
     if alone is not None:
         same = sum(a == b for a, b in zip(alone, new))
-        side = closeness.apart(alone_rounds, batched_s)
-        how = (f"faster, every round beyond the other's spread ({closeness.holds_for(threads)})" if side > 0 else
-               f"slower, every round beyond the other's spread ({closeness.holds_for(threads)})" if side < 0 else
-               f"no winner ({closeness.why_not(alone_rounds, batched_s)})")
+        how = closeness.verdict_words(batched_s, alone_rounds, lower_better=True, threads=threads)
         out.print(f"one at a time: {alone_s:.2f} s ({n_tokens / alone_s:.1f} tokens/s), medians of "
                   f"{len(alone_rounds)} interleaved rounds: batching took {seconds / alone_s:.2f}× the time, {how}; "
                   f"identical tokens for {same} of {len(rows)} prompts"

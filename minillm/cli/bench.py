@@ -49,7 +49,9 @@ def add_arguments(parser) -> None:
                         help="instead: the decode step's time and bytes (weights, KV, a hybrid's state) against the "
                              "context for each --model (default random-hybrid,random-hybrid-full), interleaved, "
                              "and the context where the first becomes the cheaper")
-    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds; medians are reported (default 5)")
+    parser.add_argument("--repeats", type=int, default=6,
+                        help="interleaved rounds, the order alternated; medians are reported, and a verdict needs "
+                             "6, the fewest a sign test at 5%% ranks (default 6)")
     parser.add_argument("--batch", default=None, metavar="B,B,...",
                         help="instead: decode with B sequences at once, for each B (e.g. 1,2,4,8,16,32), against "
                              "the roofline and bare passes over the weights; shows this machine's critical batch")
@@ -376,10 +378,9 @@ def _show_batches(args, name: str, result: dict, hw, together: str, blas: str) -
     if base:
         step = [B1 / t * 1e3 for B1, t in ((1, x) for x in base["tok_s_rounds"])]      # ms a step, each round
         bare = result["bare_rounds_ms"]
-        side = closeness.apart(step, bare)
-        how = ("faster than the bare pass, every round beyond its spread" if side < 0 else
-               "slower than the bare pass, every round beyond its spread" if side > 0 else
-               f"no winner against the bare pass ({closeness.why_not(step, bare)})")
+        t = closeness.test(step, bare)
+        how = (f"{'faster' if t.side < 0 else 'slower'} than the bare pass, {closeness.rule_words(t.n)}"
+               if t.side else f"no winner against the bare pass ({t.reason})")
         out.print(f"B = 1: {base['ms_step']:.1f} ms a step; bare matrix-vector pass \\[in, out] "
                   f"{result['bare_in_out_ms']:.1f} ms, \\[out, in] {result['bare_out_in_ms']:.1f} ms: the engine's "
                   f"step took {base['ms_step'] / min(result['bare_in_out_ms'], result['bare_out_in_ms']):.2f}× the "
@@ -591,6 +592,11 @@ def bench_context_sweep(args) -> int:
               "at that context, counted by the meter; caches filled with random keys, values and states (a "
               "step's work does not depend on them); attention FLOPs a KV byte: its scores and weighted sums "
               "over what it read[/]")
+    if len(result["contexts"]) < 2:              # no growth and no crossover from one context
+        out.print(f"[dim]one context ({result['contexts'][0]:,} tokens): no growth and no crossover to "
+                  "say; give --contexts two or more[/]")
+        out.print(f"[dim]{_blas(result)}; {result['kernels_title']}[/]")
+        return 0
     for name in runs:
         a, b = rows[(name, result["contexts"][0])], rows[(name, result["contexts"][-1])]
         out.print(f"{escape(name)}: from {a['context']:,} to {b['context']:,} tokens its step went from "
@@ -601,8 +607,10 @@ def bench_context_sweep(args) -> int:
         first, second = escape(firsts[0]), escape(firsts[1])
         for key, what in (("crossover_time", "time"), ("crossover_bytes", "weights, KV and state")):
             T = result[key]
+            how = (" by the verdict rule on the paired rounds" if key == "crossover_time" else " (counted)")
             out.print(f"{what}: " + (f"{first}'s step is below {second}'s from {T:,} tokens on (every longer "
-                                     "context measured)" if T is not None else
-                                     f"{first}'s step is not below {second}'s at {result['contexts'][-1]:,} tokens"))
+                                     f"context measured){how}" if T is not None else
+                                     f"{first}'s step is not below {second}'s at {result['contexts'][-1]:,} "
+                                     f"tokens{how}"))
     out.print(f"[dim]{_blas(result)}; {result['kernels_title']}[/]")
     return 0

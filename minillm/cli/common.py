@@ -113,6 +113,20 @@ def parse_bytes(text: str, option: str = "--kv-memory") -> int:
     return size
 
 
+def one_thread_when_busy(args, stack) -> int | None:
+    """The one thread rule of every command that times (`measure.comparisons.comparison_threads`, as
+    `bench`, `serve-sim` and the lessons use): on a busy machine every timed side runs on 1 BLAS thread,
+    said on stderr before the first number; on a quiet one, --threads or as BLAS runs. Enters the
+    thread count on `stack` (a contextlib.ExitStack) for the rest of the command. -> the thread count."""
+    from ..measure.comparisons import comparison_threads
+    from ..threads import blas_threads, limited
+    threads, why = comparison_threads(getattr(args, "threads", None), default=blas_threads())
+    if why:
+        err.print(f"[yellow]note:[/] {escape(why)}", soft_wrap=False)
+    stack.enter_context(limited(threads))
+    return threads or blas_threads()
+
+
 def at_least_one(args, *names: str) -> None:
     """Refuse, with the option's name, any of the integer options `names` that is below 1."""
     for name in names:
@@ -135,13 +149,21 @@ def warm_up(model, ids, kv_cache: bool = True, engine: bool = False) -> float:
     kernels' one-time compilation (numba, seconds on the first call) and the first touches of the weights
     are not counted as a step; with `engine`, two short requests through the serving engine too (its
     batched, paged steps). Says so on stderr when it took long enough to have compiled something.
+    A compiled kernel set has a second decode kernel past SHORT_DECODE keys (FlashDecoding's split,
+    kernels/products.py): the warm-up's prompt is long enough to reach it where the context allows,
+    so that compile is not timed as a step either (`traffic` once timed a 10 s first step past 256 keys).
     -> the seconds it took."""
     import time
 
     from ..engine.generate import generate
+    from ..kernels.products import SHORT_DECODE
     ids = list(ids)[: max(1, min(8, len(ids)))]
     t0 = time.perf_counter()
     generate(model, ids, 2, kv_cache=kv_cache)
+    n_ctx = getattr(model.config, "n_ctx", 0) or 0
+    if getattr(model, "kernels", "numpy") != "numpy" and kv_cache and n_ctx >= SHORT_DECODE + 3:
+        long = (ids * (SHORT_DECODE // len(ids) + 2))[: SHORT_DECODE + 1]    # the decode passes SHORT_DECODE keys
+        generate(model, long, 2, kv_cache=True)
     if engine:
         from ..serving.metrics import serve
         from ..serving.workloads import WorkItem

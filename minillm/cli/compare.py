@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
@@ -20,8 +21,8 @@ from ..measure.gpu import as_hardware, gpu_figures, summary as gpu_summary
 from ..meter import Meter
 from ..bpe import tokenizer
 from ..ui import report
-from .common import (add_model, add_sampling, add_speculative, encode_prompt, load_draft, load_model, note_if_busy, out,
-                     warm_up)
+from .common import (add_model, add_sampling, add_speculative, encode_prompt, load_draft, load_model,
+                     one_thread_when_busy, out, warm_up)
 
 
 def add_compare_arguments(p) -> None:
@@ -49,17 +50,22 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def run_compare(args) -> int:
+    with contextlib.ExitStack() as stack:
+        return _compare(args, stack)
+
+
+def _compare(args, stack) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
     check_k(args.speculate_k, "--speculate-k")   # before loading anything
     model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
                        mla_decode=getattr(args, "mla_decode", None))
     ids = encode_prompt(model, args.prompt, args.max_new_tokens)
     draft = load_draft(args.draft, model, getattr(args, "weights", None))
-    hw = hardware.machine(progress=True)
+    threads = one_thread_when_busy(args, stack)          # busy: every side on 1 thread, said first; and the
+    hw = hardware.machine(progress=True)                 # figures read against are that thread count's
     gpu = gpu_figures()                                   # None without a GPU
     if model.device.is_gpu:                               # the roofline of the chip the model runs on
         hw = as_hardware(gpu, model.dtype.name)
-    note_if_busy(args)
     enc = tokenizer(model)
     warm_up(model, ids)          # first touches of weights and cache pages; the fused kernels compiled
     runs = {}
@@ -117,8 +123,8 @@ def run_compare(args) -> int:
 
     for path, (new, m, seconds) in runs.items():
         out.print(f"[bold]{path:6}[/] {fmt_total(m, seconds, len(new))}")
-    out.print(f"[bold]speedup of the KV cache: {s_n / s_c:.2f}×[/] in time (one run of each: `minillm bench` "
-              "times them over rounds), "
+    out.print(f"[bold]speedup of the KV cache: {s_n / s_c:.2f}×[/] in time (one run of each, both on "
+              f"{threads or '?'} BLAS thread{'s' if threads != 1 else ''}: `minillm bench` times them over rounds), "
               f"{m_n.totals().flops / m_c.totals().flops:.1f}× fewer FLOPs, "
               f"{m_n.totals().bytes / m_c.totals().bytes:.2f}× fewer bytes")
     if spec is not None:
@@ -162,6 +168,11 @@ def fmt_total(m: Meter, seconds: float, n_new: int) -> str:
 # -- traffic -------------------------------------------------------------------------------------
 
 def run_traffic(args) -> int:
+    with contextlib.ExitStack() as stack:
+        return _traffic(args, stack)
+
+
+def _traffic(args, stack) -> int:
     model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
                        mla_decode=getattr(args, "mla_decode", None))
     c = model.config
@@ -174,7 +185,7 @@ def run_traffic(args) -> int:
         raise PromptError(f"--prompt-tokens {args.prompt_tokens} + --steps {args.steps} is beyond the context of "
                           f"{c.n_ctx}: with this prompt at most {c.n_ctx - args.prompt_tokens} steps fit")
     ids = np.random.default_rng(0).integers(0, c.vocab_size, args.prompt_tokens)   # a seeded random prompt
-    note_if_busy(args)                       # on stderr: --json too
+    one_thread_when_busy(args, stack)        # busy: 1 thread, said on stderr (--json too)
     warm_up(model, ids, kv_cache=not args.no_cache)     # compile time is not a step (said when it is long)
     with Meter() as m:   # the prefill, then --steps decode steps (the prefill gives the first new token)
         generate(model, ids, args.steps + 1, kv_cache=not args.no_cache)

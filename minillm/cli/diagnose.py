@@ -11,6 +11,7 @@ each column names.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ from ..measure.chips import get_chip, roofline
 from ..measure.shapes import capacity, shape_of
 from ..meter import Meter, totals
 from ..ui import report
-from .common import MODEL_HELP, add_device, add_weights, load_model, note_if_busy, out
+from .common import MODEL_HELP, add_device, add_weights, load_model, one_thread_when_busy, out
 
 FP16 = 0.5          # the chip columns assume fp16 weights and activations: half the float32 bytes
 BATCHES = (1, 8, 32)
@@ -92,6 +93,11 @@ def _t(seconds: float) -> str:
 
 
 def run(args) -> int:
+    with contextlib.ExitStack() as stack:
+        return _run(args, stack)
+
+
+def _run(args, stack) -> int:
     chip = get_chip(args.chip)
     if chip.peak_gflops is None:
         raise PromptError(f"--chip {args.chip}: {chip.name} has no published FLOP/s peak; choose a GPU preset "
@@ -109,8 +115,8 @@ def run(args) -> int:
     if P + N > c.n_ctx:
         raise PromptError(f"--prompt-tokens {P} + --answer-tokens {N} is beyond {escape(model.name)}'s context of "
                           f"{c.n_ctx}: with this prompt at most {c.n_ctx - P} answer tokens fit")
-    hw = hardware.machine(progress=True)
-    note_if_busy(args)
+    one_thread_when_busy(args, stack)        # busy: 1 thread for the timed steps, said first (and the
+    hw = hardware.machine(progress=True)     # figures read against are that thread count's)
     with out.status(f"prefilling {P} tokens and running two decode steps on {escape(model.name)}…"):
         pre, pre_seconds, dec, first, growth, n_decode = measure_workload(model, P, N)
     prefill = _phase([pre], c)
@@ -158,16 +164,20 @@ def run(args) -> int:
     # of their experts, `model.step_weight_bytes(B)` under uniform routing, beyond the one token's).
     batched = {}                             # B -> seconds of one decode step of B requests on the chip
     if first is not None:
-        own_fused = report.fused_bytes(first, c, 4) - first.bytes["weights"]
+        # a request's own bytes and FLOPs in its mean decode step over the whole answer: its KV grows from
+        # the prompt's P keys to P + N (issue 53: the table counted only the prompt's KV for long answers)
+        own_fused = dec.fused / max(1, n_decode) - first.bytes["weights"]
+        own_flops = dec.flops / max(1, n_decode)
         union = " (a mixture: the union of their experts, uniform routing)" if model.experts else ""
         bt = Table(box=box.SIMPLE_HEAD, header_style="bold", title_justify="left",
                    title=f"Batched decode on {chip.name}: B requests share each weight read{union} (roofline, "
-                         "fused, fp16)")
+                         f"fused, fp16; a step at the answer's mean context, about {P + N // 2:,} tokens, "
+                         "its KV counted)")
         for col in ("B", "time per step", "tokens/s in all", "tokens/s per request", "bound"):
             bt.add_column(col, justify="right", no_wrap=True)
         for B in BATCHES:
             weights = first.bytes["weights"] + model.step_weight_bytes(B) - model.step_weight_bytes(1)
-            r = roofline((weights + B * own_fused) * FP16, B * first.total_flops, chip)
+            r = roofline((weights + B * own_fused) * FP16, B * own_flops, chip)
             batched[B] = r.seconds
             bt.add_row(str(B), _t(r.seconds), f"{B / r.seconds:,.0f}", f"{1 / r.seconds:,.0f}", r.bound)
         out.print(bt)
@@ -182,8 +192,8 @@ def run(args) -> int:
               f"against {_t(on_chip(dec))}).")
     dom_served = dom_chip
     if batched and n_decode:
-        # a request's share of its decode at batch B: its steps, each shared by B requests (the first step's
-        # time: later ones grow by one token of KV each, a small share of a step at these contexts)
+        # a request's share of its decode at batch B: its steps, each shared by B requests (the mean step's
+        # time over the answer, its KV counted at the mean context)
         share = {B: n_decode * t / B for B, t in batched.items()}
         words = []
         for B, d in share.items():

@@ -16,7 +16,7 @@ from ..measure.chips import BYTES_PER_ELEMENT, CHIPS, Hardware, _dtype_key, deco
 from ..measure.gpu import as_hardware, gpu_figures
 from ..measure.hardware import STALE_DAYS, age_seconds, cache_path, cached, fmt_age, is_stale, machine, was_busy
 from ..measure.probe import MB, METHODS
-from ..measure.shapes import KV_DTYPES, UTILISATION
+from ..measure.shapes import KV_DTYPES, UTILISATION, gpus_needed, state_bytes
 from .common import note_if_busy, out
 
 
@@ -168,10 +168,10 @@ def run(args: argparse.Namespace) -> int:
             console.print("[dim]A published bandwidth is a peak: real decode kernels reach only part of it "
                           "(lesson 6 measures the share this machine's steps reach).[/]")
         for hw, c in zip(targets, ceilings):
-            if hw.memory_gb and c["gb_per_token"] > hw.memory_gb:
-                n = math.ceil(c["gb_per_token"] / hw.memory_gb)
-                console.print(f"[yellow]{hw.name}:[/] {_sig(c['gb_per_token'])} GB of weights do not fit its "
-                              f"{hw.memory_gb:g} GB: no single {hw.name} runs this model, and its ceiling above is "
+            if hw.memory_gb and c["gb_per_token"] > hw.memory_gb * UTILISATION:
+                n = gpus_needed(c["gb_per_token"] * 1e9, hw.memory_gb * 1e9)     # the one capacity rule
+                console.print(f"[yellow]{hw.name}:[/] {_sig(c['gb_per_token'])} GB of weights do not fit "
+                              f"{UTILISATION:g} of its {hw.memory_gb:g} GB: no single {hw.name} runs this model, and its ceiling above is "
                               f"arithmetic only. Tensor parallelism splits every matrix over {n} or more, each "
                               f"reading 1/{n} of the weights per step (and the KV cache needs room too).")
     return 0
@@ -246,6 +246,9 @@ def run_shape(args: argparse.Namespace) -> int:
     context = fit if fit is not None else args.context if args.context is not None else s["n_ctx"]
     if context < 1:
         raise MiniLLMError(f"--{'fit' if fit is not None else 'context'} {context}: must be at least 1")
+    if context > s["n_ctx"]:                  # a sequence the model cannot hold: no count of them is an answer
+        raise MiniLLMError(f"--{'fit' if fit is not None else 'context'} {context:,}: beyond {s['name']}'s "
+                           f"context of {s['n_ctx']:,} tokens; give at most {s['n_ctx']}")
     if args.dtype is None:                           # as released
         wd, b, wlabel = None, None, f"{s['released']}, as released"
     else:
@@ -281,8 +284,9 @@ def run_shape(args: argparse.Namespace) -> int:
     if s.get("state_values"):
         lines += [f"  hybrid: only {s['kv_layers']} of the {s['n_layer']} layers keep K and V; the other "
                   f"{s['linear_layers']} (linear",
-                  f"  attention) keep a fixed state per sequence: {s['state_values'] * kvb / 1e6:,.1f} MB at any "
-                  "context"]
+                  f"  attention) keep a fixed state per sequence: {state_bytes(s, kvb) / 1e6:,.1f} MB at any "
+                  "context" + (f" (its matrices in {'float32' if s['ssm_bytes'] == 4 else s['ssm_bytes']} "
+                               "as released)" if "ssm_bytes" in s else "")]
     if s.get("window"):
         lines.append(f"  sliding window: {s['local_layers']} of {s['n_layer']} layers keep only the last "
                      f"{s['window']:,} tokens")
@@ -299,8 +303,9 @@ def run_shape(args: argparse.Namespace) -> int:
                   f"  KV read at context {context:,}: {step['kv'] / 1e9:,.2f} GB "
                   f"({step['kv'] / step['weights']:.0%} of the weights)",
                   *([f"  state read and written: {step['state'] / 1e9:,.2f} GB, at any context"] if step["state"] else []),
-                  f"  decode, batch 1, on {hw.name} ({_sig(hw.bandwidth_gbs)} GB/s): {ms:,.2f} ms/token, "
-                  f"~{1e3 / ms:,.0f} tokens/s"]
+                  f"  decode, batch 1, on {hw.name} ({_sig(hw.bandwidth_gbs)} GB/s), the weights and the KV of "
+                  f"{context:,} tokens{' (the default: the model' + chr(39) + 's context; --context T)' if args.context is None else ''}: "
+                  f"{ms:,.2f} ms/token, ~{1e3 / ms:,.0f} tokens/s"]
     if memory is not None:
         kv_only = bool(getattr(args, "kv_only", False))
         cap = capacity(s, context, memory, bytes_per_weight=b, kv_bytes_per_value=kvb, utilisation=util,
@@ -340,7 +345,7 @@ def moe_ceilings(s: dict, context: int, b: float | None, kvb: float, chips: list
         one = roofline(read_bytes(s, 1, b) + kv, 2 * s["n_active"], hw)
         dense = roofline(held * 1e9 + kv, 2 * s["n_params"], hw)
         many = roofline(read_bytes(s, B, b) + B * kv, 2 * B * s["n_active"], hw)
-        fits = "1" if held <= hw.memory_gb else f"{math.ceil(held / hw.memory_gb)}+"
+        fits = str(gpus_needed(held * 1e9, hw.memory_gb * 1e9))        # every weight split evenly
         t.add_row(hw.name, _ms(one.seconds * 1e3), f"{1 / one.seconds:,.0f}", _ms(dense.seconds * 1e3),
                   f"{1 / dense.seconds:,.0f}", _ms(many.seconds * 1e3), f"{B / many.seconds:,.0f}", fits)
     out.print(t)
@@ -349,6 +354,6 @@ def moe_ceilings(s: dict, context: int, b: float | None, kvb: float, chips: list
     note = (f"B=1: the active weights; all read: every expert, as a dense model of its size; B={B}: "
             f"E·(1 − (1 − k/E)^{B}) = {union:.1f} of E = {E} experts read per sparse layer (k = {k}, uniform "
             f"routing), {params_read(s, B) / 1e9:,.1f}B parameters, {params_read(s, B) / params_read(s):.2g}× one "
-            f"token's; GPUs: the fewest whose memory holds the {held:,.0f} GB of weights alone (the KV cache needs "
-            "room too: --fit)")
+            f"token's; GPUs: the fewest whose memory at {UTILISATION:g} of it (what a server takes, as --fit "
+            f"counts) holds the {held:,.0f} GB of weights alone, split evenly; the KV cache needs room beyond (--fit)")
     out.print("\n".join(_wrap(["  " + note])), style="dim", highlight=False, soft_wrap=True)

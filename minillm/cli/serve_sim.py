@@ -10,6 +10,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
+from ..closeness import MIN_ROUNDS
 from ..engine.scheduler import POLICIES
 from ..errors import MiniLLMError
 from ..measure.comparisons import comparison_threads
@@ -51,7 +52,7 @@ def add_arguments(p) -> None:
     p.add_argument("--requests", type=int, default=64, help="how many requests (default 64)")
     p.add_argument("--repeats", type=int, default=None, metavar="N",
                    help="with --compare: serve every configuration N times, all interleaved, and rank a figure "
-                        "only when its rounds agree beyond their spread (default 2; 1 ranks nothing)")
+                        "only by a sign test on the paired rounds at 5%%, which needs 6 (default 6)")
     p.add_argument("--seed", type=int, default=0, help="the workload's seed (default 0)")
     p.add_argument("--policy", default="continuous", choices=POLICIES, help="(default continuous)")
     p.add_argument("--compare", nargs="?", const="policies", choices=list(COMPARE), default=None,
@@ -169,8 +170,9 @@ def simulate(model, items: list[WorkItem], run: dict, args, live: bool, hw) -> d
 
 
 def repeats_of(args) -> int:
-    """Rounds of each configuration in a comparison: --repeats, or 2 (the fewest the closeness rule ranks)."""
-    return args.repeats if args.repeats is not None else 2
+    """Rounds of each configuration in a comparison: --repeats, or closeness.MIN_ROUNDS (6: the fewest the
+    verdict rule's sign test ranks)."""
+    return args.repeats if args.repeats is not None else MIN_ROUNDS
 
 
 def sweep(model, items: list[WorkItem], args, hw, threads: int | None = None) -> tuple[list[dict], dict | None]:

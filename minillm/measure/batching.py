@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from ..cache.paged import PagedKVPool, reserve_step
+from ..closeness import round_order
 from ..engine.runner import run_step
 from ..engine.sequence import Sequence
 from ..errors import MiniLLMError
@@ -157,9 +158,10 @@ def time_steps(models: dict, runs: dict, context: int, steps: int, rounds: int, 
     if prefill:
         out.update({(*key, "prefill"): [] for key in runs})
     batches = list(dict.fromkeys(B for _, B in runs))
-    for _ in range(rounds):
+    for i in range(rounds):
         for B in batches:
-            for name, model in models.items():
+            for name in round_order(list(models), i):      # the order reversed every other round
+                model = models[name]
                 seqs = runs[name, B]
                 if prefill:
                     out[name, B, "prefill"].append(prefill_again(model, seqs))

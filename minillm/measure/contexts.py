@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from ..closeness import apart, round_order
 from ..errors import MiniLLMError
 from ..meter import Meter
 
@@ -100,8 +101,9 @@ def run_context_sweep(models: list, contexts=CONTEXTS, repeats: int = 5, steps: 
         for m, way, _ in runs:
             set_way(m, way)
             counts.append(step_counts(m, caches[id(m)]))
-        for _ in range(repeats):
-            for i, (m, way, _) in enumerate(runs):
+        for r in range(repeats):
+            for i in round_order(list(range(len(runs))), r):    # the order reversed every other round
+                m, way, _ = runs[i]
                 set_way(m, way)
                 times = []
                 for _ in range(steps):
@@ -132,11 +134,19 @@ def set_way(model, way) -> None:
 
 def crossover(rows: list[dict], a: str, b: str, key: str = "ms") -> int | None:
     """The smallest measured context from which `a`'s `key` stays below `b`'s at every larger one;
-    None if `a` is not below `b` at the largest."""
-    by = {(r["model"], r["context"]): r[key] for r in rows}
+    None if `a` is not below `b` at the largest. A time ("ms") is below only where the verdict rule
+    ranks it so on the paired rounds (closeness.py; C21: a crossover from medians moved from 1,024
+    tokens to 256 between two runs); a count ("moved": bytes) is compared as it is."""
+    by = {(r["model"], r["context"]): r for r in rows}
+
+    def below(T) -> bool:
+        x, y = by[(a, T)], by[(b, T)]
+        if key == "ms" and "ms_rounds" in x:
+            return apart(x["ms_rounds"], y["ms_rounds"]) < 0
+        return x[key] < y[key]
     found = None
     for T in sorted({r["context"] for r in rows}, reverse=True):
-        if by[(a, T)] < by[(b, T)]:
+        if below(T):
             found = T
         else:
             break

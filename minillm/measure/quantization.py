@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from ..checkpoints.load import load
+from ..closeness import round_order
 from ..errors import MiniLLMError
 from ..meter import Meter
 from ..models.quant import (DECODE_ROWS, FORMATS, TILE_BYTES, QuantMatrix, _scratch,
@@ -97,8 +98,9 @@ def run_quant_bench(source, formats: list[str], *, context: int = 16, prefill: i
             model.prefill(long_prompt)
         counted[w] = (m.steps[0], mp.steps[0])
     samples = {w: {"decode": [], "prefill": [], "widen": []} for w in models}
-    for _ in range(repeats):
-        for w, model in models.items():                      # interleaved: each format once per round
+    for i in range(repeats):
+        for w in round_order(list(models), i):               # interleaved, each format once per round,
+            model = models[w]                                # the order reversed every other round
             _, cache = model.prefill(prompt)
             samples[w]["decode"].append(statistics.median(
                 _time(lambda: model.decode_step(1, cache)) for _ in range(decode_steps)))

@@ -30,6 +30,7 @@ layers' KV). Lessons 5 and 12, `minillm hardware
 from __future__ import annotations
 
 import difflib
+import math
 
 from ..models.llama import LlamaConfig
 
@@ -97,6 +98,10 @@ HYBRID_SHAPES: dict[str, Qwen35Config] = {
                                 lin_k_heads=16, lin_v_heads=48, lin_k_dim=128, lin_v_dim=128, conv_kernel=4,
                                 rotary_dim=64, theta=1e7),
 }
+# The dtype a released hybrid keeps its recurrent state in (config.json's "mamba_ssm_dtype", which vLLM
+# sizes its state cache by): Qwen3.5-27B's delta-rule matrices in float32, rewritten at every token, so
+# kept wider than the KV; the convolution's window stays in the KV's dtype. Bytes a value.
+STATE_DTYPE_BYTES: dict[str, int] = {"qwen3.5-27b": 4}
 
 UTILISATION = 0.9    # the share of a GPU's memory a server takes: vLLM's gpu_memory_utilization default
 KV_DTYPES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0}
@@ -119,7 +124,9 @@ def shape_of(c, name: str = "") -> dict:
     out = {"name": name, "n_layer": c.n_layer, "n_kv_head": c.n_kv_head, "head_dim": c.head_dim,
            "n_head": c.n_head, "n_params": c.n_params(), "n_ctx": c.n_ctx}
     if hasattr(c, "state_bytes"):                          # a hybrid: a fixed state in its linear layers
-        out.update(kv_layers=len(c.full_layers), state_values=c.state_bytes(1), linear_layers=len(c.linear_layers))
+        conv, ssm = (len(c.linear_layers) * math.prod(v) for v in c.state_shapes().values())
+        out.update(kv_layers=len(c.full_layers), state_values=c.state_bytes(1), linear_layers=len(c.linear_layers),
+                   state_conv_values=conv, state_ssm_values=ssm)
     return out
 
 
@@ -133,6 +140,8 @@ def shape(name: str) -> dict:
         out = {**shape_of(SHAPES[key], key), **_released_dense(key, SHAPES[key])}
     elif key in HYBRID_SHAPES:
         out = {**shape_of(HYBRID_SHAPES[key], key), **_released_dense(key, HYBRID_SHAPES[key])}
+        if key in STATE_DTYPE_BYTES:
+            out["ssm_bytes"] = STATE_DTYPE_BYTES[key]
     elif key in MOE_SHAPES:
         out = {"name": key, **moe_shape(MOE_SHAPES[key])}
     elif key in OTHER_SHAPES:
@@ -169,9 +178,12 @@ def kv_bytes_per_token(s: dict, bytes_per_value: float) -> float:
 
 
 def state_bytes(s: dict, bytes_per_value: float) -> float:
-    """A hybrid's fixed state per sequence (its linear layers' convolution windows and matrices), in
-    the KV cache's dtype; 0 for a model without one."""
-    return s.get("state_values", 0) * bytes_per_value
+    """A hybrid's fixed state per sequence: its linear layers' convolution windows in the KV cache's
+    dtype, and their delta-rule matrices in the release's state dtype (`ssm_bytes`, E23: Qwen3.5 keeps
+    them in float32) or the KV's where none is given; 0 for a model without one."""
+    if "state_ssm_values" not in s or not s.get("state_values"):
+        return s.get("state_values", 0) * bytes_per_value
+    return s["state_conv_values"] * bytes_per_value + s["state_ssm_values"] * s.get("ssm_bytes", bytes_per_value)
 
 
 def kv_bytes_per_sequence(s: dict, context: int, bytes_per_value: float) -> float:
@@ -225,6 +237,22 @@ def capacity(s: dict, context: int, memory_bytes: float, *, bytes_per_weight: fl
             "kv_bytes_per_sequence": per_seq, "state_bytes_per_sequence": state_bytes(s, kv_bytes_per_value),
             "context": context, "left_bytes": left,
             "sequences": max(0, int(left // per_seq)), "weights_fit": left >= 0}
+
+
+def gpus_needed(held_bytes: float, memory_bytes: float, utilisation: float = UTILISATION,
+                replicated_bytes: float = 0.0) -> int | None:
+    """The one capacity rule for "how many GPUs": the fewest G whose memory, at `utilisation` of it (what
+    a server takes, as `capacity` and --fit count), holds the weights alone, (held − replicated)/G +
+    replicated each; `replicated_bytes`: what every GPU keeps a copy of (expert parallelism's attention,
+    served data-parallel), 0 when every weight is split evenly. The KV cache needs room beyond it
+    (`capacity` counts the sequences that fit). None: the replicated part alone does not fit one GPU.
+    `hardware --shape`'s GPUs column (split evenly) and lesson 15 (as served, with EP) use it."""
+    if memory_bytes <= 0:
+        raise ValueError("gpus_needed: a GPU with no memory")
+    room = memory_bytes * utilisation - replicated_bytes
+    if room <= 0:
+        return None
+    return max(1, math.ceil((held_bytes - replicated_bytes) / room))
 
 
 def sequences_that_fit(s: dict, context: int, bytes_per_value: float, memory_bytes: float,

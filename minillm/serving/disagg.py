@@ -265,8 +265,10 @@ def run_interleaved(runners: list) -> None:
     load on the machine slows a step of each of them, not the whole run of one. (An engine that can
     run nothing with no request on its way raises from its own `step`.)"""
     live = list(runners)
+    sweep = 0
     while live:
-        for r in list(live):
+        sweep += 1                          # the order reversed every other sweep: no side always first
+        for r in (list(live) if sweep % 2 else list(reversed(live))):
             if not r.has_work:
                 live.remove(r)
                 continue

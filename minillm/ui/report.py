@@ -132,7 +132,7 @@ def verdict(r: StepRecord, hw: Hardware, path: str) -> str:
     return (f"{what}: {r.intensity:.3g} FLOP/byte, {fmt_bytes(r.total_bytes)} moved (unfused) → {bound}-bound "
             f"(this machine's ridge{at} is {hw.ridge:.3g} FLOP/byte); {r.gbps:.1f} GB/s and {r.gflops:.1f} GFLOP/s "
             f"achieved, {100 * r.gbps / hw.bandwidth_gbs:.0f}% of this machine's {hw.bandwidth_gbs:.1f} GB/s "
-            f"and {100 * r.gflops / hw.peak_gflops:.0f}% of its {hw.peak_gflops:.0f} GFLOP/s")
+            f"and {100 * r.gflops / hw.peak_gflops:.0f}% of its {hw.peak_gflops:.0f} GFLOP/s{at}")   # the threads said
 
 
 def fmt_mib(n: float) -> str:
@@ -189,7 +189,7 @@ def counts_of(results: list[dict], key: str, name) -> dict | None:
 
 def favours(results: list[dict], key: str, high: bool, what: str, show, name) -> str:
     """One sentence of a sweep: which run a figure favours, by the one closeness rule on each run's rounds
-    (closeness.py): a run is favoured only when its rounds lie beyond every other run's spread;
+    (closeness.py): a run is favoured only when the sign test on the paired rounds ranks it above every other;
     otherwise no run stands out, said with the reason. The words say what the ranking holds for."""
     have = [r for r in results if r.get(key) is not None]
     ranking = closeness.rank({name(r): rounds_of(r, key) for r in have}, higher=high,
@@ -201,7 +201,7 @@ def favours(results: list[dict], key: str, high: bool, what: str, show, name) ->
     w, lo = ranking.winner, ranking.worst
     n = ranking.rounds[w]
     return (f"{what} favours {w} ({closeness.spread_text(ranking, w, show)}; {lo}: "
-            f"{closeness.spread_text(ranking, lo, show)}), beyond every other run's spread over {n} rounds; "
+            f"{closeness.spread_text(ranking, lo, show)}), ranked by {closeness.rule_words(n)}; "
             f"{closeness.holds_for(threads)}.")
 
 
@@ -318,8 +318,8 @@ def disagg_verdict(results: list[dict]) -> list[str]:
     verdict = "; ".join(x for x in (f"wins on {', '.join(won)}" if won else "",
                                     f"loses on {', '.join(lost)}" if lost else "",
                                     f"has no winner against it on {', '.join(tied)}" if tied else "") if x)
-    lines.append(f"Against {escape(c['label'])} the split {verdict}, by the closeness rule (rounds beyond each "
-                 f"other's spread, over {CLOSE:.0%} apart); every engine's steps alike: "
+    lines.append(f"Against {escape(c['label'])} the split {verdict}, by the verdict rule "
+                 f"({closeness.rule_words(len(rounds(c, known[0][0])))}); every engine's steps alike: "
                  f"{closeness.holds_for(c['threads'])}. Measured:")
     lines.append(f"  busy: prefill engine {s['busy'][0]:.0%}, decode engine {s['busy'][1]:.0%} of the run "
                  f"(one engine: {c['busy'][0]:.0%}); an engine idles when its phase has no work.")

@@ -1,0 +1,415 @@
+"""Round six of the course (issue 53): one thread rule for every command that times, and the items of
+lists 3 and 4, each a test broken once on purpose."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minillm.cli.commands import main
+
+
+def _record_threads(monkeypatch, module, name="generate"):
+    """Record the BLAS threads each call of `module.name` ran under."""
+    from minillm.threads import blas_threads
+    real = getattr(module, name)
+    seen = []
+
+    def spy(*a, **k):
+        seen.append(blas_threads())
+        return real(*a, **k)
+    monkeypatch.setattr(module, name, spy)
+    return seen
+
+
+@pytest.mark.parametrize("busy", [True, False])
+def test_compare_runs_every_side_on_one_thread_when_busy_and_says_so_first(capsys, monkeypatch, busy):
+    """Issue 53, item 2: `compare` said "busy … try --threads 1" and stayed on 2 threads. Busy, every
+    timed side (cached, naive) runs on 1 BLAS thread, the note saying so on stderr before the first
+    number; quiet, on the threads BLAS runs with. A test of the rule, not of speed."""
+    from minillm.cli import compare
+    from minillm.measure import comparisons
+    from minillm.threads import limited
+    monkeypatch.setattr(comparisons, "busy_note", lambda threads=None: "this machine is busy" if busy else None)
+    seen = _record_threads(monkeypatch, compare)
+    with limited(2):                                # as a 2-core machine starts
+        assert main(["compare", "ROMEO:", "--model", "random-tiny", "--max-new-tokens", "3",
+                     "--draft", "none"]) == 0
+    out = capsys.readouterr()
+    want = 1 if busy else 2
+    assert len(seen) >= 2 and set(seen) == {want}
+    assert ("So every side of this comparison runs on 1 BLAS thread" in out.err) == busy
+    flat = " ".join(out.out.split())
+    assert f"both on {want} BLAS thread" in flat
+    assert f"ridge at {want} BLAS thread" in flat          # read against that thread count's figures
+
+
+def test_traffic_and_diagnose_follow_the_same_rule(capsys, monkeypatch):
+    from minillm.cli import compare
+    from minillm.measure import comparisons
+    from minillm.threads import limited
+    monkeypatch.setattr(comparisons, "busy_note", lambda threads=None: "this machine is busy")
+    seen = _record_threads(monkeypatch, compare)
+    with limited(2):
+        assert main(["traffic", "--model", "random-tiny", "--steps", "2", "--json"]) == 0
+    assert seen and set(seen) == {1}
+    assert "runs on 1 BLAS thread" in capsys.readouterr().err
+
+
+# -- item 4: a short path -----------------------------------------------------------------------------
+
+def test_every_lesson_is_in_exactly_one_track_and_the_core_is_about_30_minutes():
+    from minillm.cli import learn
+    numbers = [info.number for info in learn.discover()]
+    placed = [n for t in learn.TRACKS for n in t.lessons]
+    assert sorted(placed) == sorted(numbers)                     # every lesson once, none twice
+    core = learn.find_track("core")
+    assert core.lessons == (1, 2, 3, 4, 5, 6, 8)                 # tokens -> ... -> memory traffic -> batching
+    minutes = sum(i.minutes for i in learn.discover() if i.number in core.lessons)
+    assert 25 <= minutes <= 35
+    assert all(t.builds_on for t in learn.TRACKS)
+
+
+def test_learn_signposts_the_core_track(capsys):
+    assert main(["learn"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Start with the core track" in out and "minillm learn --track core" in out
+    for name in ("serving", "models", "kernels", "hardware"):
+        assert f"{name}: lessons" in out and "builds on core" in out
+    assert main(["learn", "--track", "core"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "the core track" in out and "7 lessons, about 31 minutes" in out
+    assert main(["learn", "--track", "nope"]) == 1
+    assert "no track 'nope'; choose one of: core, serving" in " ".join(capsys.readouterr().err.split())
+
+
+def test_each_lesson_names_the_next_of_its_track():
+    from minillm.lessons._common import next_words
+    assert "Next in the core track: `minillm learn 2`" in next_words(1)
+    assert "Next in the core track: `minillm learn 8`" in next_words(6)
+    assert "You have the core" in next_words(8)
+    assert "Next in the serving track: `minillm learn 10`" in next_words(9)
+
+
+# -- list 4: a compile never timed as a step ----------------------------------------------------------
+
+def test_the_warm_up_reaches_the_decode_kernel_past_short_decode(monkeypatch):
+    """`traffic` timed a 10.22 s first decode step past 256 keys: the split decode kernel compiling.
+    The warm-up runs a decode past SHORT_DECODE keys wherever the context allows, under compiled kernels."""
+    import types
+
+    from minillm.cli import common
+    from minillm.engine import generate as gen_module
+    from minillm.kernels.products import SHORT_DECODE
+    lengths = []
+    monkeypatch.setattr(gen_module, "generate", lambda model, ids, n, **k: lengths.append(len(ids) + n))
+    model = types.SimpleNamespace(config=types.SimpleNamespace(n_ctx=1024), kernels="fused")
+    common.warm_up(model, [1, 2, 3])
+    assert max(lengths) > SHORT_DECODE + 1                           # a decode step with more keys than it
+    lengths.clear()
+    common.warm_up(types.SimpleNamespace(config=types.SimpleNamespace(n_ctx=1024), kernels="numpy"), [1, 2])
+    assert max(lengths) <= 10                                        # NumPy compiles nothing: short
+
+
+# -- list 3: one capacity rule for every "how many GPUs" answer ----------------------------------------
+
+def test_one_capacity_rule_answers_how_many_gpus(capsys):
+    """DeepSeek-V3 needed 5 H200s (`hardware`: weights ÷ memory), 6 (--fit: 0.9 of memory) and 8
+    (lessons 15 and 18). One rule, `gpus_needed`: 0.9 of each GPU holds the weights, split evenly or
+    with a replicated part; `hardware --shape` and lesson 15 both use it."""
+    from minillm.measure.chips import CHIPS
+    from minillm.measure.experts import held_bytes
+    from minillm.measure.shapes import gpus_needed, shape
+    s = shape("deepseek-v3")
+    h200 = CHIPS["h200"].memory_gb * 1e9
+    even = gpus_needed(held_bytes(s), h200)
+    assert even == 6 and gpus_needed(held_bytes(s), h200, replicated_bytes=19.1e9) == 7
+    assert gpus_needed(1.0, h200, replicated_bytes=h200) is None
+    assert main(["hardware", "--shape", "deepseek-v3", "--chip", "h200"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("h200"))
+    assert row.split()[-1] == str(even)
+    import importlib
+    m = importlib.import_module("minillm.lessons.15_experts")
+    import inspect
+    src = inspect.getsource(m.expert_parallelism)
+    assert "gpus_needed(" in src                                    # the lesson asks the same rule
+
+
+def test_fit_beyond_the_models_context_is_refused(capsys):
+    """`--fit 4096` was accepted for GPT-2 (context 1,024): a count of sequences it cannot hold."""
+    assert main(["hardware", "--shape", "gpt2-124m", "--fit", "4096", "--memory", "80GB"]) == 1
+    err = capsys.readouterr().err
+    assert "--fit 4,096: beyond gpt2-124m's context of 1,024 tokens" in " ".join(err.split())
+    assert main(["hardware", "--shape", "gpt2-124m", "--fit", "1024", "--memory", "80GB"]) == 0
+
+
+# -- list 3: lesson 15's mixture against its dense twin of equal bytes -------------------------------
+
+def test_lesson_15_ranks_the_twin_at_b1_by_the_rule_and_never_calls_a_ranked_gap_noise():
+    import importlib
+    m = importlib.import_module("minillm.lessons.15_experts")
+    b = {"mixture": 1.0e6, "dense": 1.0e6}
+    said = m.twin_words({("mixture", 1): [174.0, 170.0] * 3, ("dense", 1): [108.0, 110.0] * 3}, b, 2)
+    assert "yet the mixture made more tokens/s than the twin, ranked by a sign test on 6" in said
+    assert "That is not noise, and not bytes" in said
+    said = m.twin_words({("mixture", 1): [174.0, 100.0] * 3, ("dense", 1): [108.0, 110.0] * 3}, b, 2)
+    assert "the rule ranks neither (3 of 6 rounds" in said and "noise" not in said
+
+
+# -- list 3: lesson 11's table and its ranking give one speed-up --------------------------------------
+
+def test_the_speculation_speedup_is_the_median_of_its_paired_rounds():
+    """Lesson 11's table said 0.94× where its ranking sentence said 0.92×: a ratio of medians against
+    the median of the rounds' ratios. One figure now: the median of the paired rounds."""
+    import statistics
+
+    import minillm
+    from minillm.measure.speculation import run_speculation_bench
+    model = minillm.load("random-tiny", quiet=True)
+    prompts = [np.arange(1, 9)]
+    res = run_speculation_bench(model, {"ngram": "ngram"}, [2], prompts, 6, repeats=3)
+    for r in res["rows"]:
+        assert r["speedup"] == statistics.median(r["speedup_rounds"])
+
+
+# -- list 3: lesson 9's goodput target --------------------------------------------------------------
+
+def test_lesson_9s_tpot_target_sits_above_every_policys_median_gap():
+    """M51: the TPOT target (3 × one at a time's gap) sat below continuous batching's median gap (3.6×
+    it), so the best policy met no request. The target is now 1.5 × the largest median gap."""
+    import importlib
+    m = importlib.import_module("minillm.lessons.09_serving")
+    runs = {"sequential": ({"tbt_p50_s": 0.0257},), "static": ({"tbt_p50_s": 0.05},),
+            "continuous": ({"tbt_p50_s": 0.0928},)}
+    target, slowest = m.tpot_target(runs)
+    assert slowest == "continuous" and all(target > r[0]["tbt_p50_s"] for r in runs.values())
+
+
+# -- list 3: lesson 13 shows one throughput for "no chunking" ------------------------------------------
+
+def test_lesson_13s_split_table_names_each_configuration_once():
+    import importlib
+    m = importlib.import_module("minillm.lessons.13_two_phases")
+    rows = m.split_rows({"label": "one, budget 32"}, {"label": "split"}, {"label": "no chunking"},
+                        {"label": "chunked (budget 16)"})
+    assert [r["label"] for r, _ in rows].count("no chunking") == 1 and [n for _, n in rows] == [1, 2, 1, 1]
+    with pytest.raises(ValueError):
+        m.split_rows({"label": "no chunking"}, {"label": "split"}, {"label": "no chunking"}, {"label": "c"})
+
+
+# -- list 3: lesson 8's batch-invariant price --------------------------------------------------------
+
+def test_lesson_8_prices_the_batch_invariant_set_by_the_verdict_rule(capsys):
+    """Lesson 8 priced the batch-invariant set at "1×" with the same 2.94 s on both sides (from 2-3
+    rounds, not alternated). The price is now the paired rounds' ratio and range, and the rule's
+    verdict on them."""
+    import importlib
+
+    from minillm import kernels
+    if not kernels.available():
+        pytest.skip("the batch-invariant kernels cannot run here")
+    m = importlib.import_module("minillm.lessons.08_batching")
+    assert m.main(["--fast", "--no-pause"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    said = out.split("The price, this run:")[1][:400]
+    assert "the time of the default batched run:" in said and "over the rounds" in said
+    assert any(w in said for w in ("no winner (", ": slower, ", ": faster, "))
+
+
+# -- list 3: lesson 14's two Q8_0 figures ------------------------------------------------------------
+
+def test_lesson_14_measures_every_kernel_set_once_so_a_figure_is_one_measurement():
+    """Lesson 14 showed fused Q8_0 at 110.7 tok/s, then 50.7 in the next table: two measurements. One
+    run now holds every kernel set (numpy, fused, int8) in the same rounds, and section 6 reuses it."""
+    import importlib
+    import inspect
+    m = importlib.import_module("minillm.lessons.14_quantization")
+    assert inspect.getsource(m).count("run_quant_bench(") == 1
+    assert "int8" in inspect.getsource(m.bytes_and_speed)
+    assert "run_quant_bench" not in inspect.getsource(m.integers)
+
+
+# -- list 4: diagnose's batched table counts the answer's KV ----------------------------------------
+
+def test_diagnose_batched_steps_count_the_answers_kv(monkeypatch, capsys):
+    """`diagnose`'s H100 batched table counted only the prompt's KV for 2,000-token answers. Its step is
+    now the answer's mean step: a longer answer, more KV, a longer batched step on the same chip."""
+    import argparse
+
+    from minillm.cli import diagnose as d
+    from minillm.measure.chips import Hardware
+    chip = Hardware(name="gpu-x", bandwidth_gbs=2000.0, peak_gflops=300_000.0, memory_gb=24)
+    monkeypatch.setattr(d, "get_chip", lambda name: chip)
+    monkeypatch.setattr(d, "one_thread_when_busy", lambda args, stack: None)
+    monkeypatch.setattr(d.out, "width", 200, raising=False)
+    step = {}
+    for N in (4, 200):
+        args = argparse.Namespace(prompt_tokens=16, answer_tokens=N, shared_prefix=0, chip="x",
+                                  model="random-tiny", weights="float32", device="cpu")
+        assert d.run(args) == 0
+        out = capsys.readouterr().out
+        assert f"a step at the answer's mean context, about {16 + N // 2:,} tokens" in " ".join(out.split())
+        table = out.split("Batched decode")[1]
+        row = next(line.split() for line in table.splitlines() if line.split()[:1] == [str(d.BATCHES[-1])])
+        step[N] = float(row[1]) * {"ns": 1e-9, "µs": 1e-6, "ms": 1e-3, "s": 1.0}[row[2]]
+    assert step[200] > step[4]                    # the same B, more KV a step: a longer step
+
+
+# -- C21 / list 4: the crossover through the rule; no sentence from a single context -----------------
+
+def test_the_time_crossover_is_ranked_by_the_rule_not_by_medians():
+    """C21: lesson 19's crossover came from medians (at 1,024 tokens both read 13.0 ms). A context
+    counts as below only where the rule ranks the paired rounds."""
+    from minillm.measure.contexts import crossover
+
+    def row(model, T, ms):
+        return {"model": model, "context": T, "ms": sorted(ms)[len(ms) // 2], "ms_rounds": ms, "moved": 1.0}
+    rows = [row("h", 256, [12.9, 13.0] * 3), row("f", 256, [13.05, 13.1] * 3),    # h below by medians, not ranked
+            row("h", 1024, [10.0] * 6), row("f", 1024, [13.0] * 6),
+            row("h", 4096, [11.0] * 6), row("f", 4096, [20.0] * 6)]
+    assert crossover(rows, "h", "f", "ms") == 1024
+
+
+def test_a_one_context_sweep_says_no_growth(capsys):
+    """`bench --context-sweep` at one context printed "from 8,192 to 8,192 … (1.00×)"."""
+    assert main(["bench", "--model", "random-tiny", "--context-sweep", "--contexts", "64", "--repeats", "1"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "one context (64 tokens): no growth and no crossover to say" in out
+    assert "from 64 to 64" not in out
+
+
+def test_the_b1_ceiling_says_which_context_its_kv_is(capsys):
+    """`hardware --shape`'s B = 1 ceiling silently included the KV of a 32k context."""
+    assert main(["hardware", "--shape", "llama-3-8b", "--chip", "h100", "--context", "4096"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "decode, batch 1, on h100-sxm (3,350 GB/s), the weights and the KV of 4,096 tokens:" in out
+    assert main(["hardware", "--shape", "llama-3-8b", "--chip", "h100"]) == 0
+    assert "(the default: the model's context; --context T)" in " ".join(capsys.readouterr().out.split())
+
+
+# -- item 1: the harness reports every change between a winner and no winner -------------------------
+
+def test_the_under_load_check_reports_winner_no_winner_changes():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "lessons_under_load.py"
+    spec = importlib.util.spec_from_file_location("lessons_under_load", path)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    quiet = ("Throughput favours no chunking (12 tok/s (11-13 tok/s); budget 16: 5 tok/s (4-6 tok/s)), ranked. "
+             "In time, the hybrid's step was below the other's from 1,024 tokens on, at every longer context "
+             "measured (ranked by the verdict rule).")
+    busy = quiet.replace("Throughput favours no chunking (12 tok/s (11-13 tok/s); budget 16: 5 tok/s (4-6 tok/s)), "
+                         "ranked", "Throughput: no budget stands out (a reason): no chunking 12 tok/s")
+    a, b = m.rankings(quiet), m.rankings(busy)
+    assert ("In time, the hybrid's step", "below the other's from 1,024 tokens on, at every longer context measured") in a
+    assert m.flipped(a, b) == []
+    assert m.changed(a, b) == ["Throughput: no chunking / no winner"]
+
+
+# -- E23: Qwen3.5's state in float32, as released -----------------------------------------------------
+
+def test_qwen35_state_is_sized_in_float32_as_released():
+    """E23: config.json's mamba_ssm_dtype is float32 (vLLM sizes its state cache by it): 154 MB a
+    sequence with the bf16 convolution window, not 78.4; at 32k, 7 sequences on an H100 and 31 on an
+    H200 beside bf16 weights."""
+    from minillm.measure.shapes import capacity, shape, state_bytes
+    s = shape("qwen3.5-27b")
+    assert round(state_bytes(s, 2) / 1e6) == 154
+    assert [capacity(s, 32768, m, bytes_per_weight=2, kv_bytes_per_value=2)["sequences"]
+            for m in (80e9, 141e9)] == [7, 31]
+    plain = {k: v for k, v in s.items() if k != "ssm_bytes"}               # a hybrid with no release dtype
+    assert state_bytes(plain, 2) == plain["state_values"] * 2
+
+
+# -- the review's lesson 14 items: E24, C24, W26 -------------------------------------------------------
+
+def test_lesson_14_says_which_set_quantized_weights_get_and_reads_a_ratio_past_the_bytes(monkeypatch):
+    import importlib
+
+    from minillm.models import target
+    from minillm.models.kernel_sets import ENV
+    m = importlib.import_module("minillm.lessons.14_quantization")
+    monkeypatch.setenv(ENV, "numpy")                             # as inside a lesson
+    said = m.default_words()                                     # E24: the learner's default, not the lesson's
+    monkeypatch.delenv(ENV)
+    want = target.default(True, np.float32, "q4_0")
+    assert ("--kernels int8" in said) == (want == "int8") or "here too" in said
+    assert m.reach_words(4.33, 3.7).startswith("117% of the byte ratio, past it")   # C24
+    assert m.reach_words(3.5, 3.7) == "the byte ratio reached (within 10%)"
+    assert m._multiply_adds("avx512-vnni") == (64, 16)                                # W26: VNNI only
+    assert m._multiply_adds("avx2") is None and m._multiply_adds("generic") is None
+
+
+# -- the review's wording items: W28, W33 ------------------------------------------------------------
+
+def test_small_shares_and_layer_shares_read_right():
+    import importlib
+    assert importlib.import_module("minillm.lessons.16_flash_attention").share_text(20.7e-3 / 4.83) == "0.4%"
+    share = importlib.import_module("minillm.lessons.19_state").share_words
+    assert share(2, 8) == share(1, 4) == "a quarter" and share(3, 7) == "3/7"
+
+
+# -- C23, M47: lesson 18's measured table in words ----------------------------------------------------
+
+def test_lesson_18_says_why_the_twin_can_be_faster_and_which_roof_explains_a_step():
+    import importlib
+    import types
+    m = importlib.import_module("minillm.lessons.18_latent_attention")
+    hw = types.SimpleNamespace(bandwidth_gbs=32.8, peak_gflops=100.0)
+    step = {"bytes": 275e6, "flops": 1e6, "ms": 76.7}                  # 8.4 ms of bytes in 76.7: neither
+    assert m.bound_cell(step, hw) == "neither 11%"
+    assert m.bound_cell({**step, "ms": 9.0}, hw).startswith("memory 9")
+    twin = {"ms_rounds": [72.5] * 6}
+    mla = {"ms_rounds": [76.7 * 1.1] * 6, "kv_read": 5e6, "bytes": 275e6}
+    said = m.twin_words(twin, mla, 512, 1.78, 15.1, 3.1)
+    assert "was faster than MLA's absorbed one, by a sign test on 6 paired rounds" in said
+    assert "the KV is 2% of the absorbed step's bytes" in said and "past this CPU's ridge of 3.1" in said
+    said = m.twin_words({"ms_rounds": [72.5, 90.0] * 3}, mla, 512, 1.78, 15.1, 3.1)
+    assert "not ranked against MLA's absorbed one" in said and "Why" not in said
+
+
+def test_lesson_19_answers_when_a_hybrid_pays_at_the_published_shape():
+    """M46: the crossover was printed for the toy preset only. At Qwen3.5-27B (bf16 weights and KV, the
+    state in float32) a batch-1 step moves more bytes than the twin's up to about 6,900 tokens (6,176
+    with a bf16 state), and per sequence in a large batch from about 1,600."""
+    import importlib
+    import re
+    said = importlib.import_module("minillm.lessons.19_state").published_crossover()
+    one, many = (int(x.replace(",", "")) for x in re.findall(r"fewer from (?:about )?([\d,]+)", said))
+    assert 6176 < one < 7500 and 1400 < many < 1800
+
+
+def test_lessons_18_and_19_cite_their_sources_and_19_ranks_its_forms_by_the_rule():
+    """W27: lessons 18 and 19 cited nothing; C21/M44: 'a prompt wants the chunked form' came from one
+    median ratio, and the forms were taught as compute against memory."""
+    import importlib
+    import inspect
+    m18 = importlib.import_module("minillm.lessons.18_latent_attention")
+    m19 = importlib.import_module("minillm.lessons.19_state")
+    assert "DeepSeek-V2" in m18.SOURCES and "FlashMLA" in m18.SOURCES
+    assert "Schlag" in m19.SOURCES and "Gated Delta Networks" in m19.SOURCES
+    src = inspect.getsource(m19.two_forms)
+    assert "faster_words(" in src and "a prompt wants the chunked form" not in src
+
+
+# -- list 4: a bandwidth says the thread count it was measured at -------------------------------------
+
+def test_a_steps_verdict_names_the_threads_of_the_bandwidth_it_is_read_against():
+    """Two bandwidths (1 and 2 threads) on different screens without saying which: the step's verdict
+    names the BLAS threads of the figures it reads against."""
+    import types
+
+    from minillm.ui import report
+    hw = types.SimpleNamespace(bandwidth_gbs=12.9, peak_gflops=94.0, ridge=7.3, blas_threads=1)
+    r = types.SimpleNamespace(kind="decode", n_tokens=1, intensity=0.5, total_bytes=1e6, gbps=3.0, gflops=1.0,
+                              total_flops=5e5, positions=None)
+    import pytest as _pytest
+    mp = _pytest.MonkeyPatch()
+    mp.setattr(report, "bound_of", lambda r, hw: "memory")
+    mp.setattr(report, "last_position", lambda r: 7)
+    try:
+        said = report.verdict(r, hw, "KV-cached")
+    finally:
+        mp.undo()
+    assert said.endswith("of its 94 GFLOP/s at 1 BLAS thread")
