@@ -333,6 +333,21 @@ def test_a_pool_without_state_slots_is_refused():
         model.step([(np.array([1, 2, 3]), cache)])
 
 
+def test_a_static_step_refuses_a_hybrid_in_one_line():
+    """A plan kind that carries no state (the static decode step) refuses a hybrid before it runs,
+    and its `states` refuses too: the linear layers never run on a plan that cannot feed them."""
+    from minillm.models.plan import NoStaticState, StaticDecode
+    model = load("qwen35-tiny")
+    pool = paged_pool(model, sequences=2)
+    table, ids, pos = np.zeros((2, 2), dtype=np.intp), np.zeros(2, dtype=np.intp), np.zeros(2, dtype=np.intp)
+    with pytest.raises(NoStaticState, match="no per-sequence state") as e:
+        model.static_plan(pool, table, ids, pos)
+    assert "\n" not in str(e.value)
+    plan = StaticDecode(pool, table, ids, pos, model.kernel_set)
+    with pytest.raises(NoStaticState, match="eager steps"):
+        plan.states(0)
+
+
 def test_a_state_is_paid_in_blocks_of_the_same_pool():
     """One budget: a sequence takes ⌈state ÷ block⌉ blocks for its state at once, and blocks for its
     positions as it grows; when they are not free it is refused in one line, taking nothing."""

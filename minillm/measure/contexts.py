@@ -42,7 +42,7 @@ def fill(model, T: int, rng) -> object:
         k = rng.standard_normal((c.n_kv_head, T, c.head_dim), dtype=np.float32).astype(dtype, copy=False)
         v = rng.standard_normal((c.n_kv_head, T, c.head_dim), dtype=np.float32).astype(dtype, copy=False)
         cache.write(layer, 0, k, v)
-    state = getattr(cache, "state", None)
+    state = cache.state                                # (cache protocol: None for a plain cache)
     if state is not None:
         for layer in range(state.pool.layers):
             state.write(layer, *(0.1 * rng.standard_normal(s, dtype=np.float32).astype(dtype, copy=False)

@@ -118,7 +118,7 @@ def shape_of(c, name: str = "") -> dict:
     formulas read."""
     out = {"name": name, "n_layer": c.n_layer, "n_kv_head": c.n_kv_head, "head_dim": c.head_dim,
            "n_head": c.n_head, "n_params": c.n_params(), "n_ctx": c.n_ctx}
-    if hasattr(c, "state_bytes"):                          # a hybrid: a fixed state in its linear layers
+    if c.linear_layers:                                    # a hybrid: a fixed state in its linear layers (config.Layout)
         out.update(kv_layers=len(c.full_layers), state_values=c.state_bytes(1), linear_layers=len(c.linear_layers))
     return out
 

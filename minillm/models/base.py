@@ -25,10 +25,11 @@ import numpy as np
 
 from .. import backend, meter
 from ..cache.contiguous import KVCache, PassKV
+from ..cache.paged import PagedKVPool
 from ..config import ModelConfig
 from ..errors import PromptError
 from . import kernel_sets
-from .plan import StaticDecode, check_ids, plan_step
+from .plan import NO_STATIC_STATE, NoStaticState, StaticDecode, check_ids, plan_step
 from .target import CPU, Target
 
 
@@ -44,6 +45,7 @@ class CausalLM:
         matrices()        every product a decode step multiplies, once
         step_weight_bytes(B)  the closed form of the weight bytes a decode step of B tokens reads
         experts           (E, k) of a mixture of experts' sparse layers (models/moe.py); None: dense
+        POOL, new_cache() its paged pool's class and its contiguous cache (a hybrid's keep states)
         fingerprint()     equal for two loads of one checkpoint, different for two checkpoints
         tokenizer         its own tokenizer as loaded, or None; OWN_TOKENIZER: False if the family
                           uses GPT-2's built-in one (`minillm.tokenizer(model)` then gives it)
@@ -69,6 +71,7 @@ class CausalLM:
     float_matrices: int = 0
     experts: tuple | None = None
     target: Target = CPU
+    POOL = PagedKVPool           # its paged pool (cache/paged.py; a hybrid's also pays for its states)
 
     def use_target(self, target: Target) -> None:
         """Take the target's device and kernel set (a constructor's first step)."""
@@ -131,7 +134,10 @@ class CausalLM:
 
     def static_plan(self, pool, table, ids, positions):
         """The plan of a static decode step over a fixed block table (engine/static.py), with this
-        model's kernel set: device buffers in, device logits out."""
+        model's kernel set: device buffers in, device logits out. A pool that keeps states (a hybrid's)
+        cannot take one: one line."""
+        if pool.states is not None:
+            raise NoStaticState(NO_STATIC_STATE)
         return StaticDecode(pool, table, ids, positions, self.kernel_set)
 
     # -- the three special cases --------------------------------------------------------------------

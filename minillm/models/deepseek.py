@@ -66,7 +66,7 @@ from typing import Iterator
 import numpy as np
 
 from .. import meter
-from ..config import MAX_CONTEXT, MAX_COUNT, hf_model_type, whole
+from ..config import Layout, MAX_CONTEXT, MAX_COUNT, hf_model_type, whole
 from ..errors import ConfigError
 from . import moe, ops
 from .base import RANDOM_SEED, CausalLM
@@ -84,7 +84,7 @@ MLA_DECODE = ("absorbed", "decompressed")
 # -- the config -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class DeepSeekConfig:
+class DeepSeekConfig(Layout):
     n_layer: int                      # L: blocks
     n_head: int                       # H: query heads (each with its own key and value, decompressed)
     n_embd: int                       # d

@@ -34,7 +34,7 @@ from typing import Iterator
 import numpy as np
 
 from .. import backend
-from ..config import MAX_CONTEXT, MAX_COUNT, whole
+from ..config import Layout, MAX_CONTEXT, MAX_COUNT, whole
 from ..errors import ConfigError
 from . import ops
 from .base import RANDOM_SEED, CausalLM
@@ -47,7 +47,7 @@ from .weights import check_blocks, label, stored
 # -- the config ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class GPT2Config:
+class GPT2Config(Layout):
     n_layer: int = 12        # L: transformer blocks
     n_head: int = 12         # H: attention heads per block
     n_embd: int = 768        # d: width of the residual stream

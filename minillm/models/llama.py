@@ -42,7 +42,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from .. import backend
-from ..config import MAX_CONTEXT, MAX_COUNT, hf_model_type, whole
+from ..config import Layout, MAX_CONTEXT, MAX_COUNT, hf_model_type, whole
 from ..errors import ConfigError, WeightsError
 from . import ops
 from .base import RANDOM_SEED, CausalLM
@@ -58,7 +58,7 @@ LLAMA_TYPES = ("llama", "qwen2", "qwen3")   # Hugging Face `model_type`s and GGU
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
+class LlamaConfig(Layout):
     n_layer: int             # L: blocks
     n_head: int              # H: query heads
     n_kv_head: int           # Hkv: key/value heads (H = g·Hkv; 1 is multi-query attention)

@@ -11,6 +11,11 @@ blocks need four things from it, and nothing else:
                      attend over its own positions only
     scored rows      which rows the LM head runs on (the last of a sequence, all of them, or none)
 
+and, for a layer that keeps a fixed state per sequence instead (a hybrid's linear layer), one more:
+
+    states(layer)    (rows, that sequence's state for the layer) per sequence (cache/state.py); a plan
+                     that cannot carry one (the static step) refuses in one line
+
 `plan_step` builds it once (in the spirit of nano-vllm's prepare_prefill/prepare_decode), choosing
 how attention runs: a decode batch in one paged pool as one batch per layer (`BatchedDecode`: one
 gather of short sequences, or the kernel set's paged kernel over any lengths), anything else
@@ -28,10 +33,12 @@ import numpy as np
 
 from .. import backend, meter
 from ..config import ModelConfig
-from ..errors import PromptError
+from ..errors import MiniLLMError, PromptError
 from . import ops
 from .kernel_sets import KernelSet, get as get_kernel_set
 
+NO_STATIC_STATE = ("a static decode step has no per-sequence state: a model with linear-attention layers "
+                   "(a hybrid) decodes with eager steps; leave out the static step")
 BATCHED_DECODE_KEYS = 128   # up to this many keys per sequence, a decode batch is attended as one gather
 SCORES = ("last", "all", None)
 
@@ -159,6 +166,10 @@ class BatchedDecode:
         return k, v
 
 
+class NoStaticState(MiniLLMError):
+    """A static decode step asked for a hybrid: its slots carry block tables, no state."""
+
+
 class StaticDecode(BatchedDecode):
     """The plan of a decode step with static shapes, for a CUDA graph (engine/static.py): B slots,
     each owning a fixed row of a [B, nb] block table from the start, their token ids and positions
@@ -196,6 +207,9 @@ class StaticDecode(BatchedDecode):
 
     def meter_step(self):
         return meter.NO_STEP                    # the slots' owner records the step (outside a capture)
+
+    def states(self, layer: int):
+        raise NoStaticState(NO_STATIC_STATE)
 
     def advance(self) -> None:
         pass                                    # the owner moves the positions buffer on
@@ -287,6 +301,18 @@ class StepPlan:
                           attended=max(s.pos + s.n for s in self.spans),
                           seqs=[(s.pos, s.n) for s in self.spans],
                           clock=None if self.xp is np else partial(backend.clock, self.xp))
+
+    def states(self, layer: int) -> list:
+        """What a layer that keeps a fixed state per sequence (a hybrid's linear layer, cache/state.py)
+        takes from the step: (its rows, its state for state layer `layer`) per sequence, the state
+        None for a pass that keeps nothing (it starts at zeros and is dropped)."""
+        out = []
+        for s in self.spans:
+            if s.cache.state is None and not s.cache.transient:
+                raise MiniLLMError("this model's linear layers keep a state per sequence and this cache has no "
+                                   "slot for one; make caches with model.new_cache() or the model's pool (model.POOL)")
+            out.append((slice(s.r0, s.r0 + s.n), None if s.cache.state is None else s.cache.state.at(layer)))
+        return out
 
     def advance(self) -> None:
         """The step ran: every cache now holds its new positions."""

@@ -52,10 +52,9 @@ from typing import Iterator
 import numpy as np
 
 from .. import backend, meter
-from ..cache.contiguous import PassKV
 from ..cache.state import HybridKVCache, HybridPagedPool
-from ..config import MAX_CONTEXT, hf_model_type, whole
-from ..errors import ConfigError, MiniLLMError
+from ..config import Layout, MAX_CONTEXT, hf_model_type, whole
+from ..errors import ConfigError
 from . import ops
 from .base import RANDOM_SEED, CausalLM
 from .factory import make_weight
@@ -74,7 +73,7 @@ L2_EPS = 1e-6               # the L2 norm's epsilon (the reference's, whatever r
 # -- the config -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Qwen35Config:
+class Qwen35Config(Layout):
     n_layer: int              # L: blocks, linear and full
     n_head: int               # H: query heads of the full layers
     n_kv_head: int            # Hkv: their key/value heads
@@ -225,7 +224,7 @@ class Qwen35Config:
 
 
 @dataclass(frozen=True)
-class AttentionView:
+class AttentionView(Layout):
     """What a KV cache reads of a config (config.ModelConfig), for a hybrid's full layers only."""
     n_layer: int
     n_head: int
@@ -558,19 +557,6 @@ def linear_attention(x: np.ndarray, p: dict, c: Qwen35Config, sequences, chunk: 
 
 # -- the model ----------------------------------------------------------------------------------------
 
-class LayerState:
-    """One sequence's state for one linear layer: `read()` and `write(window, S)`."""
-
-    def __init__(self, state, layer: int) -> None:
-        self.state, self.layer = state, layer
-
-    def read(self):
-        return self.state.read(self.layer)
-
-    def write(self, *s):
-        self.state.write(self.layer, *s)
-
-
 class Qwen35(CausalLM):
     """A Qwen3.5 model: a config and checkpoint tensors (Hugging Face names without `model.`)."""
 
@@ -647,18 +633,6 @@ class Qwen35(CausalLM):
         c = self.config
         return HybridKVCache(c, self.dtype, xp=self.xp)
 
-    def sequences(self, plan, layer: int) -> list:
-        """(rows, this layer's state) of each sequence of the step; None where its cache keeps no state."""
-        j = self.state_index[layer]
-        out = []
-        for s in plan.spans:
-            state = getattr(s.cache, "state", None)
-            if state is None and not isinstance(s.cache, PassKV):
-                raise MiniLLMError(f"{self.name}: its linear layers keep a state per sequence and this cache has "
-                                   "no slot for one; make caches with model.new_cache() or a hybrid pool")
-            out.append((slice(s.r0, s.r0 + s.n), None if state is None else LayerState(state, j)))
-        return out
-
     def run(self, plan) -> np.ndarray:
         """Embeddings, then every block (not the final norm). plan.ids, plan.positions [N] -> x [N, d]."""
         c, K = self.config, plan.kernels
@@ -667,7 +641,7 @@ class Qwen35(CausalLM):
         for layer, (p, kind) in enumerate(zip(self.blocks, c.layer_types)):
             h = K.rms_norm(x, p["input_layernorm.weight"], c.eps)
             if kind == LINEAR:
-                h = linear_attention(h, p, c, self.sequences(plan, layer), self.chunk)
+                h = linear_attention(h, p, c, plan.states(self.state_index[layer]), self.chunk)
             else:
                 h = gated_attention(h, p, c, cos, sin, partial(plan.attend, self.kv_index[layer]), K.rope)
             x = ops.add(x, h)
