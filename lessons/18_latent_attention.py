@@ -141,8 +141,7 @@ def two_ways(L: Lesson) -> None:
     P, N = L.pick(48, 12), L.pick(8, 4)
     logits, tokens = {}, {}
     for way in deepseek.MLA_DECODE:
-        model = random_model(c)
-        model.mla_decode = way
+        model = random_model(c, options={"mla_decode": way})
         first, cache = model.prefill(np.arange(P) % c.vocab_size)
         out, toks = [first], []
         for _ in range(N):
@@ -157,8 +156,7 @@ def two_ways(L: Lesson) -> None:
     T = P + N
     rows = {}
     for way in deepseek.MLA_DECODE:
-        model = random_model(c)
-        model.mla_decode = way
+        model = random_model(c, options={"mla_decode": way})
         _, cache = model.prefill(np.arange(T - 1) % c.vocab_size)
         with Meter() as m:
             model.decode_step(1, cache)

@@ -34,9 +34,7 @@ ATOL = 1e-4
 
 
 def load(path, mla_decode="absorbed", kernels="numpy"):
-    model = minillm.load(path, kernels=kernels)
-    model.mla_decode = mla_decode
-    return model
+    return minillm.load(path, kernels=kernels, options={"mla_decode": mla_decode})
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -490,6 +488,26 @@ def test_bench_context_sweep_runs_both_ways_beside_gqa(tmp_path):
 def test_mla_decode_is_refused_where_it_means_nothing(tmp_path, args, words):
     r = minillm_cli(tmp_path, *args)
     assert r.returncode != 0 and "Traceback" not in r.stderr and words in r.stderr, r.stderr
+
+
+def test_options_are_values_checked_at_load():
+    """The family's option goes to the constructor (no change after load); another value is another
+    model sharing the weights, this one unchanged; a wrong option or value is one line at load."""
+    from minillm.models.options import OptionError
+    path = FIXTURES / NAMES[0]
+    a = load(path, "decompressed")
+    assert a.mla_decode == "decompressed" and a.options == {"mla_decode": "decompressed"}
+    b = a.with_options(mla_decode="absorbed")
+    assert (a.mla_decode, b.mla_decode) == ("decompressed", "absorbed") and b.blocks is a.blocks
+    assert minillm.load(path, kernels="numpy").mla_decode == deepseek.MLA_OPTION.default
+    for options, words in (({"mla_decode": "sideways"}, "choose absorbed or decompressed"),
+                           ({"window": 4}, "no family takes it")):
+        with pytest.raises(OptionError, match=words):
+            minillm.load(path, options=options)
+    with pytest.raises(OptionError, match="random-tiny has no latent attention"):
+        minillm.load("random-tiny", options={"mla_decode": "absorbed"})
+    with pytest.raises(OptionError, match="choose absorbed"):
+        a.with_options(mla_decode="sideways")
 
 
 def test_speculative_decoding_verifies_drafts_through_the_latent():

@@ -35,7 +35,8 @@ def has_bundled() -> bool:
 
 
 def load(source: str | Path | None = None, *, dtype=None, quiet: bool = False,
-         weights: str = "float32", device="cpu", kernels: str | None = None) -> CausalLM:
+         weights: str = "float32", device="cpu", kernels: str | None = None,
+         options: dict | None = None) -> CausalLM:
     """Load a model, of any family, from any of its sources.
 
     source: None or "default" or "small" (the bundled Shakespeare model), "large" (the bundled
@@ -60,26 +61,29 @@ def load(source: str | Path | None = None, *, dtype=None, quiet: bool = False,
     matrix), "batch-invariant" (each request's tokens as it would get alone, whatever shares its
     steps); None (default): fused where numba works here on the CPU in float32, else NumPy's (or
     CuPy's on a GPU). A set that cannot run as asked is one line saying why.
+    options: the family's options (models/options.py), name -> value, e.g. {"mla_decode": "decompressed"}
+    for a DeepSeek-V3-family model: checked against the family's row, handed to the constructor; one
+    its family lacks, or a value outside its choices, is one line.
     """
     target = Target.resolve(device, dtype, weights, kernels)
     if source == "large":
         if not (bundled_dir("large") / "model.safetensors").is_file():
             raise ModelNotFoundError(f"the large bundled model is not installed (no {bundled_dir('large')}/"
                                      "model.safetensors); reinstall minillm, or choose another model")
-        return load_path(bundled_dir("large"), target, BUNDLED["large"][1])
+        return load_path(bundled_dir("large"), target, BUNDLED["large"][1], options)
     if source is None or source in ("default", "small"):
         if has_bundled():
-            return load_path(bundled_dir(), target, BUNDLED["small"][1])
+            return load_path(bundled_dir(), target, BUNDLED["small"][1], options)
         if not quiet:
             print("minillm: no bundled model is installed; using a small random model (random-tiny)", file=sys.stderr)
-        return random_model("random-tiny", target)
+        return random_model("random-tiny", target, options=options)
     source_str = str(source)
     if source_str in presets():
-        return random_model(source_str, target)
+        return random_model(source_str, target, options=options)
     if source_str.startswith("random-"):
         raise ModelNotFoundError(f"unknown model {source_str!r}; choose one of: {', '.join(model_names())}")
     if source_str in (*DOWNLOADABLE, *LLAMA_DOWNLOADABLE):
-        return load_path(downloaded(source_str), target, source_str)
+        return load_path(downloaded(source_str), target, source_str, options)
     path = expand_user(source_str)
     problem = not_a_regular_file(path)
     if problem == "not found":
@@ -90,7 +94,7 @@ def load(source: str | Path | None = None, *, dtype=None, quiet: bool = False,
     if problem is not None and problem.startswith("cannot"):   # a name too long, a loop of links, no permission
         raise WeightsError(f"{printable_name(source_str, 200)}: {problem}; choose a checkpoint path or one of: "
                            f"{', '.join(model_names())}")
-    return load_path(path, target)
+    return load_path(path, target, options=options)
 
 
 def downloaded(name: str) -> Path:

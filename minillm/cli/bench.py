@@ -30,7 +30,8 @@ from ..measure.comparisons import comparison_threads
 from ..threads import blas_kernel, blas_name, blas_spin, blas_threads, limited
 from ..ui.report import fmt_bytes
 from ..trace import TraceMeter, check_path, trace_line, write_trace
-from .common import add_trace, err, out
+from ..checkpoints.families import all_options
+from .common import add_options, add_trace, err, out
 
 TRACE_STEPS = 8      # --trace: decode steps traced after the prefill, for each model measured
 
@@ -74,9 +75,7 @@ def add_arguments(parser) -> None:
                              "fused,batch-invariant: what batch invariance costs, prefill too); default: each "
                              "format's fastest set here (int8 for quantized weights where its integer products "
                              "measured faster, else fused) where numba works, else numpy (said in the title)")
-    parser.add_argument("--mla-decode", default=None, metavar="W,W",
-                        help="a latent-attention model's decode: absorbed and/or decompressed (default: absorbed; "
-                             "with --context-sweep both, side by side)")
+    add_options(parser, several=True)       # --mla-decode, ...: from the families' rows
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
     add_trace(parser, f"; after the measurements, a prefill of the first context and {TRACE_STEPS} decode steps "
                       "of each model, weight format and kernel set measured, each on a track of its own")
@@ -191,14 +190,13 @@ def _run(args) -> int:
     if len(kernels) > 1 and batches is None:
         raise MiniLLMError(f"--kernels {','.join(kernels)} compares kernel sets with --weights or --batch: give one of "
                            "them (or one kernel set)")
-    ways = parse_ways(args.mla_decode)
+    first = {name: values[0] for name, values in parse_option_values(args).items()}
     names = [n.strip() for n in (args.model or "").split(",") if n.strip()] if batches is not None else []
     names = names or [args.model or ("large" if ks is not None else "random-124m")]
     models = {}
     for n in names:                                   # each model once per kernel, all in the same rounds
         for k in kernels:
-            m = load(n, kernels=k)
-            set_way(m, ways[0] if ways else None)
+            m = load(n, kernels=k, options=first)
             if batches is not None:
                 check_batches(m, batches, args.batch_context)
             label = m.name if len(kernels) == 1 else f"{m.name} {k}"
@@ -229,22 +227,19 @@ def _run(args) -> int:
     return 0
 
 
-def parse_ways(text: str | None) -> list[str] | None:
-    """--mla-decode: absorbed and/or decompressed, comma-separated (None: not given)."""
-    if text is None:
-        return None
-    ways = list(dict.fromkeys(w.strip() for w in text.split(",") if w.strip()))
-    if not ways or any(w not in ("absorbed", "decompressed") for w in ways):
-        raise MiniLLMError(f"--mla-decode {text!r}: give absorbed and/or decompressed, comma-separated")
-    return ways
-
-
-def set_way(model, way: str | None) -> None:
-    """A latent-attention model's decode way (--mla-decode); refused for any other model."""
-    if way is not None:
-        if not hasattr(model, "mla_decode"):
-            raise MiniLLMError(f"--mla-decode: {model.name} has no latent attention (a DeepSeek-V3-family model has)")
-        model.mla_decode = way
+def parse_option_values(args) -> dict[str, list[str]]:
+    """The family options given (--mla-decode absorbed,decompressed, ...): name -> values, each one of
+    the option's choices (one line otherwise); the options not given are left out."""
+    given, out = vars(args), {}
+    for o in all_options():
+        text = given.get(o.name)
+        if text is None:
+            continue
+        values = list(dict.fromkeys(w.strip() for w in text.split(",") if w.strip()))
+        if not values or any(w not in o.choices for w in values):
+            raise MiniLLMError(f"{o.flag} {text!r}: give {' and/or '.join(o.choices)}, comma-separated")
+        out[o.name] = values
+    return out
 
 
 def _run_with_bar(args, title: str, total: int, work):
@@ -554,10 +549,11 @@ def bench_context_sweep(args) -> int:
     kernels = parse_kernels(args.kernels)
     if len(kernels) > 1:
         raise MiniLLMError("--context-sweep runs one kernel set: give --kernels numpy or --kernels fused")
-    ways = parse_ways(args.mla_decode)
+    ways = parse_option_values(args)
     models = [load(n, kernels=kernels[0]) for n in names]
-    if ways and not any(hasattr(m, "mla_decode") for m in models):
-        raise MiniLLMError("--mla-decode: none of these models has latent attention (a DeepSeek-V3-family model has)")
+    for o in all_options():
+        if o.name in ways and not any(o in m.OPTIONS for m in models):
+            raise MiniLLMError(f"{o.flag}: none of these models has {o.needs}")
     result = _run_with_bar(args, f"decode against the context, {', '.join(escape(m.name) for m in models)}",
                            len(contexts) * args.repeats,
                            lambda tick: run_context_sweep(models, contexts, args.repeats, progress=tick, ways=ways))

@@ -20,7 +20,7 @@ from ..measure.gpu import as_hardware, gpu_figures, summary as gpu_summary
 from ..meter import Meter
 from ..bpe import tokenizer
 from ..ui import report
-from .common import (add_model, add_sampling, add_speculative, encode_prompt, load_draft, load_model, note_if_busy, out,
+from .common import (model_options, add_model, add_sampling, add_speculative, encode_prompt, load_draft, load_model, note_if_busy, out,
                      warm_up)
 
 
@@ -52,7 +52,7 @@ def run_compare(args) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
     check_k(args.speculate_k, "--speculate-k")   # before loading anything
     model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
-                       mla_decode=getattr(args, "mla_decode", None))
+                       options=model_options(args))
     ids = encode_prompt(model, args.prompt, args.max_new_tokens)
     draft = load_draft(args.draft, model, getattr(args, "weights", None))
     hw = hardware.machine(progress=True)
@@ -163,7 +163,7 @@ def fmt_total(m: Meter, seconds: float, n_new: int) -> str:
 
 def run_traffic(args) -> int:
     model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
-                       mla_decode=getattr(args, "mla_decode", None))
+                       options=model_options(args))
     c = model.config
     if args.prompt_tokens < 1 or args.steps < 1:
         raise PromptError("--prompt-tokens and --steps must be at least 1")

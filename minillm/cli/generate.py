@@ -13,7 +13,7 @@ from ..engine.speculative import check_k, speculative_generate
 from ..errors import MiniLLMError, PromptError
 from ..paths import expand_user, read_named_file
 from ..trace import check_path, trace_line, traced
-from .common import (TextStream, add_model, add_sampling, add_speculative, add_trace, encode_prompt, err, load_draft,
+from .common import (model_options, TextStream, add_model, add_sampling, add_speculative, add_trace, encode_prompt, err, load_draft,
                      load_model, kernels_label, note_if_busy)
 
 
@@ -69,7 +69,7 @@ def run(args) -> int:
     if args.system is not None and not args.chat:
         raise PromptError("--system goes with --chat")
     model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
-                       mla_decode=getattr(args, "mla_decode", None))
+                       options=model_options(args))
     stop = ()
     if args.chat:
         from ..chat import render

@@ -15,7 +15,7 @@ from ..serving.http import Limits, Server
 from ..serving.loop import EngineLoop
 from ..ui.live import LiveView
 from ..trace import TraceMeter, check_path, trace_line
-from .common import (add_batch_limits, add_kv_options, add_model, add_trace, at_least_one, err, load_model,
+from .common import (model_options, add_batch_limits, add_kv_options, add_model, add_trace, at_least_one, err, load_model,
                      note_if_busy, parse_bytes)
 
 TRACE_EVENTS = 1_000_000    # --trace keeps the last this many slices (about 10,000 steps of a small model)
@@ -83,7 +83,7 @@ def run(args) -> int:
     if args.trace is not None:
         check_path(args.trace)                   # before loading anything
     model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
-                       mla_decode=getattr(args, "mla_decode", None))
+                       options=model_options(args))
     live = (args.live if args.live is not None else sys.stderr.isatty()) and not args.quiet
     view = LiveView(err, title=f"minillm serve: {model.name}") if live else None
     loop = EngineLoop(model, kv_memory=kv, block_size=args.block_size, max_seqs=args.max_seqs,

@@ -19,6 +19,7 @@ manager) and never names its steps for the meter (`with meter.label("verify"):` 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 
 import numpy as np
@@ -29,6 +30,7 @@ from ..cache.paged import PagedKVPool
 from ..config import ModelConfig
 from ..errors import PromptError
 from . import kernel_sets
+from .options import check_options
 from .plan import NO_STATIC_STATE, NoStaticState, StaticDecode, check_ids, plan_step
 from .target import CPU, Target
 
@@ -45,6 +47,8 @@ class CausalLM:
         matrices()        every product a decode step multiplies, once
         step_weight_bytes(B)  the closed form of the weight bytes a decode step of B tokens reads
         experts           (E, k) of a mixture of experts' sparse layers (models/moe.py); None: dense
+        OPTIONS, options  its family's options (models/options.py) and their values in this model;
+                          with_options(name=value): another model with other values, the same weights
         POOL, new_cache() its paged pool's class and its contiguous cache (a hybrid's keep states)
         fingerprint()     equal for two loads of one checkpoint, different for two checkpoints
         tokenizer         its own tokenizer as loaded, or None; OWN_TOKENIZER: False if the family
@@ -71,12 +75,26 @@ class CausalLM:
     float_matrices: int = 0
     experts: tuple | None = None
     target: Target = CPU
+    OPTIONS: tuple = ()          # its family's options (models/options.py), each a constructor keyword
     POOL = PagedKVPool           # its paged pool (cache/paged.py; a hybrid's also pays for its states)
 
     def use_target(self, target: Target) -> None:
         """Take the target's device and kernel set (a constructor's first step)."""
         self.target = target
         self.kernel_set = kernel_sets.get(target.kernels)
+
+    @property
+    def options(self) -> dict:
+        """Its family's options as this model was built with them: name -> value."""
+        return {o.name: vars(self)[o.name] for o in self.OPTIONS}
+
+    def with_options(self, **changes) -> "CausalLM":
+        """This model with other values of its family's options (one line for an option it lacks or a
+        value outside the choices): a new model sharing these weights; this one is unchanged."""
+        check_options(self.OPTIONS, changes, self.name)
+        other = copy.copy(self)
+        vars(other).update(changes)
+        return other
 
     @property
     def kernels(self) -> str:

@@ -73,12 +73,19 @@ from .base import RANDOM_SEED, CausalLM
 from .factory import make_weight, on_device
 from .llama import mlp
 from .moe import MoEConfig, dispatch, expected_distinct_experts, expert, record_route
+from .options import Option
 from .quant import FORMATS
 from .target import Target, cpu_only
 from .weights import Dense, check_blocks, label, stored
 
 MODEL_TYPES = ("deepseek_v3",)
 MLA_DECODE = ("absorbed", "decompressed")
+MLA_OPTION = Option(
+    "mla_decode", MLA_DECODE,
+    "latent attention (a DeepSeek-V3-family model): how a decode step attends: absorbed (the default: kv_b "
+    "folded into the query and the output, attention over the cached latent, as serving engines decode) or "
+    "decompressed (every head's K and V rebuilt from the latent each step, as prompts are)",
+    "latent attention (a DeepSeek-V3-family model has)")
 
 
 # -- the config -------------------------------------------------------------------------------------
@@ -491,6 +498,7 @@ class DeepSeekV3(CausalLM):
     and values of one width), each sequence over its own cache; the products are the set's."""
 
     CONFIG = DeepSeekConfig
+    OPTIONS = (MLA_OPTION,)          # the family's option: how a decode step attends
     manifest = staticmethod(manifest)
     MATRICES = ("qa_kva.weight", "q_b_proj.weight", "q_proj.weight", "kv_a.weight", "kv_b.weight", "o_proj.weight")
 
@@ -509,7 +517,7 @@ class DeepSeekV3(CausalLM):
                       "expert FFN": c.expert_ffn, **({"q_lora_rank": c.q_lora_rank} if c.q_lora_rank else {})},
                      target.weights, self.name)
         self.dtype = target.dtype
-        self.mla_decode = check_mla(mla_decode)
+        self.mla_decode = MLA_OPTION.check(mla_decode)
         self.eos_ids = tuple(eos_ids)
         self.tokenizer = None
         embed = tensors["embed_tokens.weight"]                                            # [V, d]
@@ -601,13 +609,6 @@ class DeepSeekV3(CausalLM):
                 f"{c.qk_rope_head_dim}, {q}, width {c.n_embd}, context {c.n_ctx}, vocab {c.vocab_size}, "
                 f"{self.n_params():,} params ({c.active_params():,} active), {self.weights}, "
                 f"decode {self.mla_decode})")
-
-
-def check_mla(way: str) -> str:
-    """A way to attend at decode, one of MLA_DECODE (one clear line otherwise)."""
-    if way not in MLA_DECODE:
-        raise ConfigError(f"mla_decode={way!r}: choose {' or '.join(MLA_DECODE)}")
-    return way
 
 
 def block_params(t: dict, i: int, c: DeepSeekConfig, target: Target) -> tuple[dict, dict]:
@@ -752,13 +753,13 @@ SHAPES: dict[str, DeepSeekConfig] = {
 }
 
 
-def random(config, target: Target | None = None, name: str = "", seed: int = RANDOM_SEED) -> CausalLM:
+def random(config, target: Target | None = None, name: str = "", seed: int = RANDOM_SEED, **options) -> CausalLM:
     """A seeded model of this shape with random weights (normal(0, 0.02), norm gains near 1, a router
     bias of 0.1's order), made for the target; the GQA twin's config builds models/moe.py's mixture."""
     if not isinstance(config, DeepSeekConfig):
         return moe.random(config, target, name, seed)
     params = random_params(config, seed, 0.02, (target or Target.numpy()).dtype)
-    return DeepSeekV3(config, params, target, name=name or f"random-mla-{config.n_layer}x{config.n_embd}")
+    return DeepSeekV3(config, params, target, name=name or f"random-mla-{config.n_layer}x{config.n_embd}", **options)
 
 
 CONFIG, MODEL = DeepSeekConfig, DeepSeekV3          # the family's row reads these (checkpoints/families.py)
