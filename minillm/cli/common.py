@@ -199,7 +199,9 @@ def load_model(source, weights: str = "float32", device="cpu", kernels: str | No
 
 def kernels_label(model) -> str:
     """How a model computes, for a command's header: 'fused kernels (numba 0.68.1)', 'NumPy kernels'."""
-    return model.kernel_set.about
+    declined = model.kernel_set.declines(model.ATTENTION_ASKS)
+    return model.kernel_set.about + (f"; attention in NumPy's form (the set's kernel takes no {', '.join(declined)})"
+                                     if declined else "")
 
 
 def encode_prompt(model, prompt: str, max_new_tokens: int) -> np.ndarray:

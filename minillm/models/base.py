@@ -49,6 +49,8 @@ class CausalLM:
         experts           (E, k) of a mixture of experts' sparse layers (models/moe.py); None: dense
         OPTIONS, options  its family's options (models/options.py) and their values in this model;
                           with_options(name=value): another model with other values, the same weights
+        ATTENTION_ASKS    the options its attention asks of the kernel set (ops.AttentionSpec: scale,
+                          window, ...); where the set's kernel declines one, NumPy's form attends
         POOL, new_cache() its paged pool's class and its contiguous cache (a hybrid's keep states)
         fingerprint()     equal for two loads of one checkpoint, different for two checkpoints
         tokenizer         its own tokenizer as loaded, or None; OWN_TOKENIZER: False if the family
@@ -75,6 +77,7 @@ class CausalLM:
     float_matrices: int = 0
     experts: tuple | None = None
     target: Target = CPU
+    ATTENTION_ASKS: frozenset = frozenset()   # the attention options it attends with (ops.AttentionSpec)
     OPTIONS: tuple = ()          # its family's options (models/options.py), each a constructor keyword
     POOL = PagedKVPool           # its paged pool (cache/paged.py; a hybrid's also pays for its states)
 

@@ -59,7 +59,7 @@ DeepSeek's mixture (`mixture`):
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Iterator
 
@@ -76,7 +76,7 @@ from .moe import MoEConfig, dispatch, expected_distinct_experts, expert, record_
 from .options import Option
 from .quant import FORMATS
 from .target import Target, cpu_only
-from .weights import Dense, check_blocks, label, stored
+from .weights import check_blocks, label, stored
 
 MODEL_TYPES = ("deepseek_v3",)
 MLA_DECODE = ("absorbed", "decompressed")
@@ -384,60 +384,47 @@ def decompress(rows: np.ndarray, values: np.ndarray, p: dict, c: DeepSeekConfig)
     return k, kv[:, :, dn:]
 
 
-def head_product(x: np.ndarray, w: np.ndarray, what: str, row_by_row: bool = False) -> np.ndarray:
-    """Each head's own small product: x [H, N, a] @ w [H, a, b] -> [H, N, b] (one BLAS call a head).
-    Counted like ops.linear: w read once, x and the output written and read, 2 FLOPs a multiply-add.
-    row_by_row: each row on its own (the batch-invariant set: a row's result never depends on the
-    others in its step)."""
-    if row_by_row:
-        y = np.concatenate([np.matmul(x[:, i:i + 1], w) for i in range(x.shape[1])], axis=1)
-    else:
-        y = np.matmul(x, w)                                                 # [H, N, b]
-    m = meter.active()
-    if m is not None:
-        H, N, a = x.shape
-        m.count(what, weights=w.nbytes, activations=x.nbytes + y.nbytes, matmul=2 * H * N * a * w.shape[-1])
-    return y
-
-
-def absorbed(attend, q: np.ndarray, row: np.ndarray, p: dict, c: DeepSeekConfig, row_by_row: bool = False) -> np.ndarray:
+def absorbed(attend, q: np.ndarray, row: np.ndarray, p: dict, c: DeepSeekConfig, K=None) -> np.ndarray:
     """Attention inside the latent: each head's query moved into it (W_UKᵀ q_nope, since q_nope ·
     (W_UK c) = (W_UKᵀ q_nope) · c), H query heads over ONE key/value head of r + dr values whose first
     r are the values too, and each head's latent output taken to its value space after (W_UV o_lat).
     q [H, N, dn + dr] (rotated), row [1, N, r + dr] the new rows -> [H, N, dv].
-    attend(q, k, v, scale=) stores the new rows and attends over all of them (the step's plan)."""
+    attend(q, k, v, spec) stores the new rows and attends over all of them (the step's plan); K: the
+    kernel set (its per-head products; None: NumPy's)."""
     dn, r = c.qk_nope_head_dim, c.kv_lora_rank
-    q_lat = head_product(q[:, :, :dn], p["w_uk"], "mla_absorb_q", row_by_row)      # [H, N, r]
+    head_product = ops.head_product if K is None else K.head_product
+    q_lat = head_product(q[:, :, :dn], p["w_uk"], "mla_absorb_q")                   # [H, N, r]
     q_row = np.concatenate([q_lat, q[:, :, dn:]], axis=-1)                           # [H, N, r + dr]
-    o_lat = attend(q_row, row, row[:, :, :r], scale=c.scale)                         # [H, N, r]
-    return head_product(o_lat, p["w_uv_t"], "mla_absorb_o", row_by_row)             # [H, N, dv]
+    o_lat = attend(q_row, row, row[:, :, :r], ops.AttentionSpec(scale=c.scale, value_width=r))   # [H, N, r]
+    return head_product(o_lat, p["w_uv_t"], "mla_absorb_o")                         # [H, N, dv]
 
 
-def decompressed(attend, q: np.ndarray, row: np.ndarray, p: dict, c: DeepSeekConfig, row_by_row: bool = False) -> np.ndarray:
+def decompressed(attend, q: np.ndarray, row: np.ndarray, p: dict, c: DeepSeekConfig, K=None) -> np.ndarray:
     """The definition: every head's K and V rebuilt from all the cached rows (`decompress`), then
     attention. q [H, N, dn + dr] (rotated), row [1, N, r + dr] the new rows -> [H, N, dv]."""
-    return attend(q, row, row[:, :, :c.kv_lora_rank], scale=c.scale, expand=partial(decompress, p=p, c=c))
+    spec = ops.AttentionSpec(scale=c.scale, value_width=c.v_head_dim, expand=partial(decompress, p=p, c=c))
+    return attend(q, row, row[:, :, :c.kv_lora_rank], spec)
 
 
 WAYS = {"absorbed": absorbed, "decompressed": decompressed}
 
 
-def whole_sequence(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale=None, expand=None) -> np.ndarray:
+def whole_sequence(q: np.ndarray, k: np.ndarray, v: np.ndarray, spec: ops.AttentionSpec = ops.PLAIN) -> np.ndarray:
     """An `attend` with no cache: the rows given are all there is (k and v: every position so far)."""
-    if expand is not None:
-        k, v = expand(k, v)
-    return ops.attention(q, k, v, scale=scale)
+    if spec.expand is not None:
+        k, v = spec.expand(k, v)
+    return ops.attention(q, k, v, spec=spec)
 
 
 def mla(x: np.ndarray, p: dict, c: DeepSeekConfig, cos: np.ndarray, sin: np.ndarray, attend, way, K) -> np.ndarray:
     """Multi-head latent attention. x [N, d], cos/sin [N, dr/2] -> [N, d]. way: `absorbed` or
-    `decompressed`, attending with attend(q, k, v, scale=, expand=) (the step's plan)."""
+    `decompressed`, attending with attend(q, k, v, spec) (the step's plan)."""
     q, latent, k_rope = project(x, p, c, K)                                 # [H, N, dn+dr], [N, r], [1, N, dr]
     dn = c.qk_nope_head_dim
     turned = K.rope(np.concatenate([q[:, :, dn:], k_rope]), cos, sin)      # [H + 1, N, dr]: q's and k's rotary parts
     q = np.concatenate([q[:, :, :dn], turned[:-1]], axis=-1)                # [H, N, dn + dr]
     row = np.concatenate([latent[None], turned[-1:]], axis=-1)              # [1, N, r + dr]: what the cache keeps
-    o = way(attend, q, row, p, c, K.batch_invariant)                        # [H, N, dv]
+    o = way(attend, q, row, p, c, K)                                        # [H, N, dv]
     return ops.linear(ops.merge_heads(o), p["o_proj.weight"], p.get("o_proj.bias"))   # [N, d]
 
 
@@ -495,10 +482,12 @@ class DeepSeekV3(CausalLM):
     (prefill, a chunk, a speculative check: any step but a decode) attends decompressed; a decode
     step the way `mla_decode` says: "absorbed" (the default, as serving engines decode) or
     "decompressed". Attention runs NumPy's form whatever the kernel set (the fused kernels take keys
-    and values of one width), each sequence over its own cache; the products are the set's."""
+    and values of one width: the set declines its options, ops.AttentionSpec), each sequence over its
+    own cache; the products are the set's."""
 
     CONFIG = DeepSeekConfig
     OPTIONS = (MLA_OPTION,)          # the family's option: how a decode step attends
+    ATTENTION_ASKS = frozenset({"scale", "value_width"})      # its own scale, values narrower than keys
     manifest = staticmethod(manifest)
     MATRICES = ("qa_kva.weight", "q_b_proj.weight", "q_proj.weight", "kv_a.weight", "kv_b.weight", "o_proj.weight")
 
@@ -511,8 +500,6 @@ class DeepSeekV3(CausalLM):
             raise cpu_only(f"{self.name}: the DeepSeek-V3 family (its routing and latent attention are NumPy's)",
                            target.device, "use --device cpu")
         self.use_target(target)
-        K = self.kernel_set          # attention NumPy's, each sequence over its own cache (see above)
-        self.kernel_set = replace(K, attention_kernel=None, paged_kernel=None, gather_decode=False)
         check_blocks({"width": c.n_embd, "attention width H·dv": c.n_head * c.v_head_dim, "FFN": c.ffn,
                       "expert FFN": c.expert_ffn, **({"q_lora_rank": c.q_lora_rank} if c.q_lora_rank else {})},
                      target.weights, self.name)
@@ -646,7 +633,8 @@ def block_params(t: dict, i: int, c: DeepSeekConfig, target: Target) -> tuple[di
         p["q_a_layernorm.weight"] = f(a + "q_a_layernorm.weight")
         p["q_b_proj.weight"] = mat([np.asarray(t[a + "q_b_proj.weight"])[q_order]])              # [r_q, H·(dn+dr)]
     kv_b = np.ascontiguousarray(f(a + "kv_b_proj.weight").reshape(H, dn + dv, r))       # [H, dn + dv, r], once
-    views = {"kv_b.weight": Dense(kv_b.reshape(H * (dn + dv), r).T),                     # [r, H·(dn + dv)]
+    views = {"kv_b.weight": make_weight(kv_b.reshape(H * (dn + dv), r), target.with_(weights="float32"),
+                                        rows=True, contiguous=False),                   # [r, H·(dn + dv)], a view
              "w_uk": kv_b[:, :dn],                                                      # [H, dn, r]
              "w_uv_t": kv_b[:, dn:].transpose(0, 2, 1)}                                 # [H, r, dv]
     if not c.is_sparse(i):
