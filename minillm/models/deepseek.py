@@ -38,14 +38,13 @@ from typing import Iterator
 
 import numpy as np
 
-from .. import meter
 from ..config import Layout, MAX_CONTEXT, MAX_COUNT, hf_model_type, whole
 from ..errors import ConfigError
-from . import moe, ops
+from . import ops
 from .base import RANDOM_SEED, CausalLM
 from .factory import make_weight, on_device
-from .llama import mlp
-from .moe import MoEConfig, dispatch, expected_distinct_experts, expert, record_route
+from .blocks import mlp, norm_head
+from .mixture import dispatch, expected_distinct_experts, expert, grouped_route as route  # noqa: F401  (route: its router)
 from .mla import MLA_DECODE, MLA_OPTION, WAYS, MLAShape, mla  # noqa: F401  (MLA_DECODE: the family's ways)
 from .quant import FORMATS
 from .target import Target, cpu_only
@@ -316,37 +315,6 @@ def rope_rows(c: DeepSeekConfig, rows: int, heads: int, per_head: int) -> np.nda
 
 # -- DeepSeek's mixture -----------------------------------------------------------------------------
 
-def route(x: np.ndarray, router, bias: np.ndarray, c: DeepSeekConfig) -> tuple[np.ndarray, np.ndarray]:
-    """Which k experts each row uses, and how much. x [N, d], router [d, E] (a weight), bias [E] ->
-    (experts [N, k], weights [N, k]).
-
-    The affinities s = sigmoid(x·router) weigh; s + bias chooses (bias: the load-balancing correction,
-    learned without a loss term). Groups: the E experts split into n_group groups of E/G, each scored
-    by its two best choices; a row picks its k among the topk_group best groups only."""
-    logits = ops.linear(x, router)                                          # [N, E]
-    s = 1.0 / (1.0 + np.exp(-logits))                                       # [N, E] affinities
-    choice = s + bias                                                       # [N, E]
-    N, E, G = s.shape[0], c.n_expert, c.n_group
-    if c.topk_group < G:
-        per = choice.reshape(N, G, E // G)                                  # [N, G, E/G]
-        best2 = -np.sort(-per, axis=-1)[:, :, :min(2, E // G)].sum(-1)      # [N, G]: a group's two best
-        groups = np.argsort(-best2, axis=-1, kind="stable")[:, :c.topk_group]   # [N, topk_group]
-        allowed = np.zeros((N, G), dtype=bool)
-        np.put_along_axis(allowed, groups, True, axis=-1)
-        choice = np.where(np.repeat(allowed, E // G, axis=-1), choice, -np.inf)   # [N, E]
-    top = np.argsort(-choice, axis=-1, kind="stable")[:, :c.top_k]          # [N, k]: ties to the lower id
-    w = np.take_along_axis(s, top, axis=-1)                                 # [N, k]: weighed by s, not s + bias
-    if c.norm_topk:
-        w = w / (w.sum(-1, keepdims=True) + 1e-20)
-    w = w * c.routed_scale
-    m = meter.active()
-    if m is not None:
-        m.count("router", weights=bias.nbytes, activations=3 * s.nbytes + top.nbytes + w.nbytes,
-                other=5 * s.size + 2 * w.size)
-    record_route(top)
-    return top, w
-
-
 def mixture(x: np.ndarray, p: dict, c: DeepSeekConfig, act=ops.swiglu) -> np.ndarray:
     """DeepSeek's mixture: k routed experts per row (models/moe.py's `dispatch`: each chosen expert
     once on all its rows), plus the shared expert every row uses. [N, d] -> [N, d]."""
@@ -430,9 +398,7 @@ class DeepSeekV3(CausalLM):
             x = ops.add(x, self.ffn(layer)(K.rms_norm(x, p["post_attention_layernorm.weight"], c.eps), p))
         return x
 
-    def head(self, h: np.ndarray) -> np.ndarray:
-        """The final RMS norm and the LM head, on the scored rows. h [S, d] -> logits [S, V]."""
-        return ops.lm_head(self.kernel_set.rms_norm(h, self.norm, self.config.eps), self.head_w)
+    head = norm_head                   # the final RMS norm and the LM head (models/blocks.py)
 
     def gathered(self) -> tuple[str, ...]:
         return () if self.config.tied else ("embed_tokens.weight",)
@@ -613,26 +579,18 @@ def decode_attention_cost(c: DeepSeekConfig, T: int, mla: str, itemsize: int = 4
 # 32 experts of 256 in 4 groups (2 open), 4 and one shared a token, the first block dense. In float32
 # it holds ~0.9 GB, of which a token reads ~0.25 GB: well past a 32 MiB last-level cache.
 
-SHAPES: dict[str, DeepSeekConfig] = {
+SHAPES: dict[str, DeepSeekConfig] = {                 # its GQA twin, random-mla-gqa: models/moe.py
     "random-mla": DeepSeekConfig(n_layer=8, n_head=16, n_embd=1024, n_ctx=16384, vocab_size=8192, ffn=2816,
                                  kv_lora_rank=256, q_lora_rank=384, qk_nope_head_dim=64, qk_rope_head_dim=32,
                                  v_head_dim=64, n_expert=32, top_k=4, expert_ffn=256, n_shared=1, n_group=4,
                                  topk_group=2, routed_scale=2.5, first_k_dense=1, eps=1e-6, theta=1e4),
-    # its GQA twin (models/moe.py's mixture): the same width, layers, heads of the value width, 4 KV
-    # heads (g = 4), the same experts with k + 1 routed in place of the shared one, the first block dense:
-    # a token reads about the same weights, and its cache holds 2·4·64 = 512 values a layer against 288
-    "random-mla-gqa": MoEConfig(n_layer=8, n_head=16, n_kv_head=4, head_dim=64, n_embd=1024, n_ctx=16384,
-                                vocab_size=8192, ffn=2816, eps=1e-6, theta=1e4, arch="qwen3", qk_norm=True,
-                                tied=False, n_expert=32, top_k=5, expert_ffn=256, norm_topk=True,
-                                dense_layers=(0,), model_type="qwen3_moe"),
 }
 
 
-def random(config, target: Target | None = None, name: str = "", seed: int = RANDOM_SEED, **options) -> CausalLM:
+def random(config: DeepSeekConfig, target: Target | None = None, name: str = "", seed: int = RANDOM_SEED,
+           **options) -> "DeepSeekV3":
     """A seeded model of this shape with random weights (normal(0, 0.02), norm gains near 1, a router
-    bias of 0.1's order), made for the target; the GQA twin's config builds models/moe.py's mixture."""
-    if not isinstance(config, DeepSeekConfig):
-        return moe.random(config, target, name, seed)
+    bias of 0.1's order), made for the target with the family's options."""
     params = random_params(config, seed, 0.02, (target or Target.numpy()).dtype)
     return DeepSeekV3(config, params, target, name=name or f"random-mla-{config.n_layer}x{config.n_embd}", **options)
 

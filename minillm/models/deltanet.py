@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import backend, meter
 from . import ops
-from .ops import sigmoid
+from .blocks import sigmoid
 
 CHUNK = 64                  # tokens per chunk of the chunked form (the reference's default)
 PIECE = 16                  # chunks solved at once: bounds the [Hv, chunks, C, C] arrays of a long prompt

@@ -449,24 +449,3 @@ def swiglu(gate_up: np.ndarray, kernel=None) -> np.ndarray:
     if m is not None:
         m.count("swiglu", activations=gate_up.nbytes + y.nbytes, other=6 * y.size)
     return y
-
-
-# -- gates (Qwen3.5's, models/qwen35.py and models/deltanet.py) ----------------------------------------
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    """1 / (1 + e^-x) as (1 + tanh(x/2)) / 2: never overflows. A new array, x's shape."""
-    y = x * 0.5
-    backend.namespace(y).tanh(y, out=y)
-    y += 1.0
-    y *= 0.5
-    return y
-
-
-def output_gate(a: np.ndarray, gate: np.ndarray) -> np.ndarray:
-    """a · sigmoid(gate), in place. a, gate [N, H·hd]. Counted: 5 FLOPs an element (the sigmoid's
-    4, the product)."""
-    a *= sigmoid(gate)
-    m = meter.active()
-    if m is not None:
-        m.count("output_gate", activations=2 * a.nbytes + gate.nbytes, other=5 * a.size)
-    return a

@@ -43,7 +43,7 @@ from . import ops
 from .base import RANDOM_SEED, CausalLM
 from .deltanet import CHUNK, DeltaNetShape, linear_attention
 from .factory import make_weight
-from .llama import Llama, checkpoint_params, mlp
+from .blocks import checkpoint_params, mlp, norm_head, output_gate
 from .ops import merge_heads
 from .target import Target, cpu_only
 from .weights import check_blocks, label, stored
@@ -314,7 +314,7 @@ def gated_attention(x: np.ndarray, p: dict, c: Qwen35Config, cos, sin, attend, r
     q = partial_rope(ops.rms_norm(q, p["q_norm.weight"], c.eps), cos, sin, rope)   # per-head norm, then the turn
     k = partial_rope(ops.rms_norm(kv[:Hkv], p["k_norm.weight"], c.eps), cos, sin, rope)
     a = merge_heads(attend(q, k, kv[Hkv:]))                                 # [N, H·hd]
-    return ops.linear(ops.output_gate(a, gate), p["o_proj.weight"])             # [N, d]
+    return ops.linear(output_gate(a, gate), p["o_proj.weight"])             # [N, d]
 
 
 # -- the model ----------------------------------------------------------------------------------------
@@ -411,7 +411,7 @@ class Qwen35(CausalLM):
             x = ops.add(x, mlp(K.rms_norm(x, p["post_attention_layernorm.weight"], c.eps), p, K.swiglu))
         return x
 
-    head = Llama.head                  # the final RMS norm and the LM head, as the Llama family's
+    head = norm_head                   # the final RMS norm and the LM head (models/blocks.py)
 
     def __repr__(self) -> str:
         c = self.config
