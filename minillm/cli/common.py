@@ -171,7 +171,7 @@ def load_draft(name, model, weights: str | None = None, kernels: str | None = No
         return None
     if name == "ngram":
         return "ngram"
-    draft = load_model(name, weights or getattr(model, "weights", "float32"), model.device,
+    draft = load_model(name, weights or model.weights, model.device,
                        kernels or model.kernels, quiet=True)
     check_draft_model(draft, model)
     return draft
