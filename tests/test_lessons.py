@@ -642,8 +642,8 @@ def test_lesson_18s_claims_fail_when_the_latent_cache_or_its_count_is_wrong(brok
         monkeypatch.setattr(contiguous.KVCache, "write", write)
     else:
         real = ops.attention
-        def wide(q, k, v, Tk=None, kernel=None, scale=None):
-            return real(q, k, k, Tk, kernel, scale)[..., :v.shape[-1]]
+        def wide(q, k, v, Tk=None, kernel=None, spec=ops.PLAIN):
+            return real(q, k, k, Tk, kernel, spec)[..., :v.shape[-1]]
         monkeypatch.setattr(ops, "attention", wide)
     module = importlib.import_module("minillm.lessons.18_latent_attention")
     assert module.main(["--fast", "--no-pause"]) == 1
