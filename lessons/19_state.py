@@ -22,7 +22,7 @@ from minillm.errors import MiniLLMError
 from minillm.measure.chips import get_chip
 from minillm.measure.contexts import run_context_sweep
 from minillm.measure.shapes import HYBRID_SHAPES, UTILISATION, capacity, shape, shape_of, state_bytes
-from minillm.models import qwen35
+from minillm.models import deltanet, qwen35
 from minillm.models.qwen35 import FULL, LINEAR, Qwen35Config, decode_step_bytes
 from minillm.ui.report import fmt_bytes, fmt_flops, fmt_time
 
@@ -122,8 +122,8 @@ def two_forms(L: Lesson, model) -> None:
     g = -rng.uniform(0, 0.5, (Hv, T)).astype(np.float32)
     beta = rng.uniform(0, 1, (Hv, T)).astype(np.float32)
     S0 = np.zeros((Hv, dk, dv), dtype=np.float32)
-    forms = {"recurrent": lambda: qwen35.delta_rule_recurrent(q, k, v, g, beta, S0),
-             "chunked": lambda: qwen35.delta_rule_chunked(q, k, v, g, beta, S0, qwen35.CHUNK)}
+    forms = {"recurrent": lambda: deltanet.delta_rule_recurrent(q, k, v, g, beta, S0),
+             "chunked": lambda: deltanet.delta_rule_chunked(q, k, v, g, beta, S0, deltanet.CHUNK)}
     out, counted = {}, {}
     for name, fn in forms.items():
         with minillm.Meter() as m:
@@ -143,14 +143,14 @@ def two_forms(L: Lesson, model) -> None:
         traffic = counted[name].bytes["activations"] - sum(a.nbytes for a in (q, k, v, g, beta)) \
             - out[name][0].nbytes
         t.add_row(name, fmt_flops(counted[name].total_flops), fmt_bytes(traffic), times[name].short())
-    L.show(t, f"[dim]{Hv} heads, dk = {dk}, dv = {dv}, {T} tokens, chunks of {qwen35.CHUNK}; state in and "
+    L.show(t, f"[dim]{Hv} heads, dk = {dk}, dv = {dv}, {T} tokens, chunks of {deltanet.CHUNK}; state in and "
               f"out: the states the meter counts the form reading and writing ({fmt_bytes(state)} each); the "
               f"chunked form's scan also reads and writes S in every chunk, inside its products[/]")
     L.timing_note()
     f_rec, f_chunk = counted["recurrent"].total_flops, counted["chunked"].total_flops
     L.fact(f"the recurrent form does {fmt_flops(f_rec)} in {T} small steps, a few NumPy calls each; the "
            f"chunked form does {fmt_x(f_chunk / f_rec)} those FLOPs as matrix products over "
-           f"{plural(-(-T // qwen35.CHUNK), 'chunk')}")
+           f"{plural(-(-T // deltanet.CHUNK), 'chunk')}")
     L.say(f"Here: {faster_words(times['chunked'], times['recurrent'], 'the chunked form', 'the recurrent one')}; "
           f"the recurrent form spent {fmt_time(times['recurrent'].median / T)} a token. On a CPU it loses, "
           f"where it loses, to its many small calls, not to moving the state: a {dk}×{dv} state stays in the "

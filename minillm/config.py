@@ -31,7 +31,8 @@ def whole(value, field: str, source, hi: int = MAX_COUNT) -> int:
 
 
 class ModelConfig(Protocol):
-    """What the caches, the plan and the tools read of any family's config."""
+    """What the caches, the plan and the tools read of any family's config: its counts, and the
+    layout of what a sequence keeps (`Layout`'s defaults: a plain KV cache)."""
     n_layer: int             # L: blocks
     n_head: int              # H: query heads
     n_kv_head: int           # Hkv: key/value heads the KV cache holds
@@ -40,6 +41,29 @@ class ModelConfig(Protocol):
     n_ctx: int               # longest sequence
     vocab_size: int          # V
     eps: float               # the norms' epsilon
+    values_in_keys: int      # n > 0: a latent cache, the values the keys' first n columns (0: apart)
+    linear_layers: tuple     # the blocks that keep a fixed state instead of KV (a hybrid's)
+
+
+class Layout:
+    """The layout a config declares for what a sequence keeps, with a plain transformer's defaults;
+    every family's config class derives from it and overrides what differs:
+
+        values_in_keys   n > 0: each position keeps one row of head_dim values whose first n are its
+                         values too (multi-head latent attention, models/deepseek.py); 0: K and V apart
+        linear_layers    the blocks that keep a fixed-size state per sequence instead of KV
+                         (a hybrid, models/qwen35.py; cache/state.py holds it); () for none
+        state_shapes()   one such layer's state: name -> shape ({} for none)
+        state_bytes(b)   a sequence's whole state in bytes at b bytes a value (0 for none)
+    """
+    values_in_keys = 0
+    linear_layers: tuple = ()
+
+    def state_shapes(self) -> dict:
+        return {}
+
+    def state_bytes(self, itemsize: int = 4) -> int:
+        return 0
 
 
 def hf_model_type(cfg, source: str, types, refusal: str) -> str:
@@ -50,6 +74,19 @@ def hf_model_type(cfg, source: str, types, refusal: str) -> str:
     if kind not in types:
         raise ConfigError(f"{source}: model_type {kind!r} {refusal}")
     return kind
+
+
+def hf_rope(cfg: dict, source) -> tuple[dict, float]:
+    """A config.json's rotary settings: (its `rope_parameters`, {} where there is none; the base θ, from
+    there or the top level, 10,000 by default). Scaling of any kind (`rope_scaling` or a `rope_type`)
+    but the default rotation is one line: minillm runs the default rotation only."""
+    rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    scaling = cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else {}
+    kind = scaling.get("rope_type", scaling.get("type")) or rope.get("rope_type", "default")
+    if kind not in ("default", None):
+        raise ConfigError(f"{source}: rope scaling {kind!r} is not implemented; minillm runs the default "
+                          "rotary embedding only")
+    return rope, rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
 
 
 def gguf_getter(md: dict, arch: str, where):

@@ -23,7 +23,7 @@ from minillm.checkpoints.llama_load import read_tensors
 from minillm.errors import ConfigError
 from minillm.measure.experts import PUBLISHED, published_params
 from minillm.measure.shapes import kv_bytes_per_token, shape
-from minillm.models import deepseek, ops
+from minillm.models import deepseek, mla, ops
 from minillm.models.deepseek import DeepSeekConfig, DeepSeekV3, random_params
 from minillm.models.moe import routes
 from minillm.models.target import Target
@@ -34,9 +34,7 @@ ATOL = 1e-4
 
 
 def load(path, mla_decode="absorbed", kernels="numpy"):
-    model = minillm.load(path, kernels=kernels)
-    model.mla_decode = mla_decode
-    return model
+    return minillm.load(path, kernels=kernels, options={"mla_decode": mla_decode})
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -196,8 +194,8 @@ def test_absorbed_equals_decompressed_one_layer(c, seed, Tq, extra):
     Tk = Tq + extra
     q = rng.standard_normal((c.n_head, Tq, c.qk_head_dim))
     rows = rng.standard_normal((1, Tk, c.head_dim))
-    a = deepseek.absorbed(deepseek.whole_sequence, q, rows, p, c)
-    b = deepseek.decompressed(deepseek.whole_sequence, q, rows, p, c)
+    a = mla.absorbed(mla.whole_sequence, q, rows, p, c)
+    b = mla.decompressed(mla.whole_sequence, q, rows, p, c)
     assert a.shape == b.shape == (c.n_head, Tq, c.v_head_dim)
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
 
@@ -492,6 +490,26 @@ def test_mla_decode_is_refused_where_it_means_nothing(tmp_path, args, words):
     assert r.returncode != 0 and "Traceback" not in r.stderr and words in r.stderr, r.stderr
 
 
+def test_options_are_values_checked_at_load():
+    """The family's option goes to the constructor (no change after load); another value is another
+    model sharing the weights, this one unchanged; a wrong option or value is one line at load."""
+    from minillm.models.options import OptionError
+    path = FIXTURES / NAMES[0]
+    a = load(path, "decompressed")
+    assert a.mla_decode == "decompressed" and a.options == {"mla_decode": "decompressed"}
+    b = a.with_options(mla_decode="absorbed")
+    assert (a.mla_decode, b.mla_decode) == ("decompressed", "absorbed") and b.blocks is a.blocks
+    assert minillm.load(path, kernels="numpy").mla_decode == deepseek.MLA_OPTION.default
+    for options, words in (({"mla_decode": "sideways"}, "choose absorbed or decompressed"),
+                           ({"window": 4}, "no family takes it")):
+        with pytest.raises(OptionError, match=words):
+            minillm.load(path, options=options)
+    with pytest.raises(OptionError, match="random-tiny has no latent attention"):
+        minillm.load("random-tiny", options={"mla_decode": "absorbed"})
+    with pytest.raises(OptionError, match="choose absorbed"):
+        a.with_options(mla_decode="sideways")
+
+
 def test_speculative_decoding_verifies_drafts_through_the_latent():
     """A speculative check is a multi-token step over a cached prefix (attended decompressed), a rejected
     guess rolled back: greedy tokens as plain decoding's, either way of decoding."""
@@ -499,3 +517,15 @@ def test_speculative_decoding_verifies_drafts_through_the_latent():
     for way in deepseek.MLA_DECODE:
         new, _ = minillm.speculative_generate(load(path, way), e["input_ids"], 20, draft="ngram", k=3)
         assert new == e["greedy_ids"][:20].tolist()
+
+
+def test_a_header_says_when_the_kernel_set_attends_with_numpys_form():
+    """The fused set's attention kernel declines latent attention's options (its scale, narrower
+    values): the set is left as it is (no edit), and the command's header says NumPy's form attends."""
+    if not minillm.kernels.available():
+        pytest.skip(f"the fused kernels: {minillm.kernels.status().reason}")
+    from minillm.cli.common import kernels_label
+    model = minillm.load(FIXTURES / NAMES[0], kernels="fused")
+    assert model.kernel_set is minillm.models.kernel_sets.get("fused")
+    assert "attention in NumPy's form" in kernels_label(model) and "scale, value_width" in kernels_label(model)
+    assert "NumPy's form" not in kernels_label(minillm.load("random-tiny", kernels="fused"))

@@ -54,6 +54,13 @@ class CacheBase:
     config: ModelConfig
     length: int = 0
     pool = None          # a paged cache's pool of blocks (cache/paged.py); None: the cache owns its arrays
+    state = None         # a hybrid's fixed per-sequence state (cache/state.py's State); None: it keeps none
+    transient = False    # True for a pass that keeps nothing (PassKV): a state starts at zeros and is dropped
+    kv_dtype = None      # "int8": an 8-bit cache (KVCache); None: the model's dtype
+
+    def state_nbytes(self) -> int:
+        """The bytes of its fixed state (0: none)."""
+        return 0 if self.state is None else self.state.nbytes
 
     @property
     def n_ctx(self) -> int:
@@ -64,8 +71,8 @@ class CacheBase:
         an int8 cache keeps hd one-byte values and one float32 scale per vector: 2·L·Hkv·(hd + 4).
         A latent cache (`values_in_keys`) holds the keys only: L·Hkv·hd·b (MLA's L·(r + dr)·b)."""
         c = self.config
-        arrays = 1 if values_in_keys(c) else 2
-        if getattr(self, "kv_dtype", None) == "int8":
+        arrays = 1 if c.values_in_keys else 2
+        if self.kv_dtype == "int8":
             return arrays * c.n_layer * c.n_kv_head * (c.head_dim + SCALE_BYTES)
         return arrays * c.n_layer * c.n_kv_head * c.head_dim * self.dtype.itemsize
 
@@ -114,13 +121,6 @@ def untouched_zeros(shape: tuple, dtype, xp=np) -> np.ndarray:
     return np.frombuffer(buf, dtype).reshape(shape)
 
 
-def values_in_keys(config) -> int:
-    """n > 0 for a latent cache (multi-head latent attention, models/deepseek.py): each position keeps one
-    row of hd values whose first n are its values too, so no value array is stored (`v` is a view of
-    the keys' first n columns) and the bytes are the keys' alone. 0: keys and values apart."""
-    return getattr(config, "values_in_keys", 0) or 0
-
-
 PREALLOCATE = 1 << 15       # positions a contiguous cache allocates up front, at most
 SCALE_BYTES = 4          # an int8 cache's float32 scale per head vector
 KV_DTYPES = (None, "int8")
@@ -155,7 +155,7 @@ class KVCache(CacheBase):
         c, t = self.config, self.length
         shape = (c.n_layer, c.n_kv_head, n, c.head_dim)
         store = np.int8 if self.kv_dtype == "int8" else self.dtype
-        shared = self.shared = values_in_keys(c)
+        shared = self.shared = c.values_in_keys          # config.Layout: a latent cache or not
         grows = self.k is not None
         for name in self.arrays():
             scale = name.endswith("scale")
@@ -259,6 +259,8 @@ class PassKV:
     length = 0
     capacity = float("inf")
     pool = None
+    state = None
+    transient = True         # keeps nothing: a hybrid's linear layers start from zeros and keep nothing
 
     def reserve(self, n_new: int) -> None:
         pass

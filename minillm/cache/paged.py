@@ -28,7 +28,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import MiniLLMError, PromptError
 from .. import backend, meter
-from .contiguous import CacheBase, untouched_zeros, values_in_keys
+from .contiguous import CacheBase, untouched_zeros
 
 
 class KVCacheFullError(MiniLLMError):
@@ -105,7 +105,14 @@ class BlockAllocator:
 
 
 class PagedKVPool:
-    """The memory: K and V blocks for every layer, shared by all sequences, and their allocator."""
+    """The memory: K and V blocks for every layer, shared by all sequences, and their allocator.
+
+    What the block manager asks of every pool: `state_blocks`, the blocks a sequence's fixed state
+    costs besides its positions', and `states`, the pool of those states (cache/state.py's
+    HybridPagedPool has them; here 0 and None: a plain pool keeps K and V only)."""
+
+    state_blocks = 0
+    states = None
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, dtype=np.float32,
                  xp=np) -> None:
@@ -117,12 +124,12 @@ class PagedKVPool:
         self.allocator = BlockAllocator(num_blocks)
         shape = (config.n_layer, config.n_kv_head, num_blocks, block_size, config.head_dim)
         self.k = untouched_zeros(shape, dtype, xp)   # [L, Hkv, blocks, bs, hd]; pages are touched as blocks fill
-        self.shared = values_in_keys(config)         # a latent pool: the values are the keys' first columns
+        self.shared = config.values_in_keys          # a latent pool: the values are the keys' first columns
         self.v = self.k[..., :self.shared] if self.shared else untouched_zeros(shape, dtype, xp)
 
     @classmethod
     def block_nbytes_for(cls, config: ModelConfig, block_size: int, dtype=np.float32) -> int:
-        arrays = 1 if values_in_keys(config) else 2
+        arrays = 1 if config.values_in_keys else 2
         return arrays * config.n_layer * config.n_kv_head * config.head_dim * block_size * np.dtype(dtype).itemsize
 
     @classmethod

@@ -21,7 +21,10 @@ positions are), and never reads anything older: there is no position to go back 
                                        blocks of the same pool: one budget, one free list
 
 A hybrid config answers `attention()` (the config its full layers' KV is sized by: their count as
-n_layer), `state_shapes()` and `linear_layers`; the caches here read nothing else of it.
+n_layer), and declares `state_shapes()` and `linear_layers` (config.Layout: every config has them,
+empty for a plain transformer); the caches here read nothing else of it. The caches and the pool
+answer the protocol every cache and pool answers (`state`, `state_nbytes()`; `states`,
+`state_blocks`), so nothing asks which kind it holds.
 
 What a fixed state cannot do, and says so in one line: go back (`truncate` to an earlier position:
 speculative decoding's roll-back). The state after position t is gone once position t + 1 is in.
@@ -130,6 +133,24 @@ class State:
     def nbytes(self) -> int:
         return self.pool.slot_nbytes
 
+    def at(self, layer: int) -> "LayerState":
+        """This state's one layer, as a linear layer reads and writes it."""
+        return LayerState(self, layer)
+
+
+class LayerState:
+    """One sequence's state for one linear layer: `read()` and `write(*states)` (what a step's plan
+    offers a linear layer: models/plan.py's `states`)."""
+
+    def __init__(self, state: State, layer: int) -> None:
+        self.state, self.layer = state, layer
+
+    def read(self) -> tuple[np.ndarray, ...]:
+        return self.state.read(self.layer)
+
+    def write(self, *s: np.ndarray) -> None:
+        self.state.write(self.layer, *s)
+
 
 def no_rollback(length: int, t: int) -> NoRollback:
     return NoRollback(f"this model's linear-attention layers keep one state per sequence, not its positions: "
@@ -149,9 +170,6 @@ class HybridKVCache(KVCache):
         super().__init__(config.attention(), dtype, xp=xp)
         self.hybrid = config
         self.state = state_pool(config, 1, dtype, xp).take()
-
-    def state_nbytes(self) -> int:
-        return self.state.nbytes
 
     def nbytes_used(self) -> int:
         return super().nbytes_used() + self.state.nbytes
@@ -241,9 +259,6 @@ class HybridPagedCache(PagedKVCache):
             for b in reversed(self.state_table):
                 pool.allocator.release(b)
             raise
-
-    def state_nbytes(self) -> int:
-        return self.state.nbytes
 
     def truncate(self, t: int) -> None:
         self.check_truncate(t)

@@ -10,8 +10,9 @@
 A family is its model module plus its row. The module owns what the family is: its config class
 (`CONFIG`, read by `from_hf`), its model (`MODEL`, a `CausalLM`), its manifest (`MODEL.manifest`:
 every checkpoint tensor with its shape), its GGUF names, its random builder (`random(config,
-target, name)`) and its presets (`SHAPES`: name -> config). The row adds how files name it and which
-readers build it.
+target, name, **options)`), its presets (`SHAPES`: name -> config) and its options (`MODEL.OPTIONS`,
+models/options.py: checked against the row at load, handed to the constructor). The row adds how
+files name it and which readers build it.
 
 `minillm.load` finds the source, then `family_of(path)` reads the family from the file's own
 metadata (config.json's `model_type`, a GGUF's `general.architecture` through the one bounded GGUF
@@ -31,6 +32,7 @@ from typing import Callable
 from ..errors import ConfigError, ModelNotFoundError
 from ..models import deepseek, gpt2, llama, moe, qwen35
 from ..models.base import CausalLM
+from ..models.options import Option, check_options
 from ..models.target import Target
 from ..paths import folder_file
 from .checkpoint import gpt2_from_folder, gpt2_from_gguf
@@ -51,6 +53,11 @@ class Family:
 
     config = property(lambda self: self.module.CONFIG)
     model = property(lambda self: self.module.MODEL)
+    options = property(lambda self: self.module.MODEL.OPTIONS)     # its options (models/options.py)
+
+    def check_options(self, options: dict | None, who: str) -> dict:
+        """The options asked of a model of this family, checked against its row (one line otherwise)."""
+        return check_options(self.options, options, who, all_options())
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -74,25 +81,34 @@ def family(name: str) -> Family:
     return next(f for f in FAMILIES if f.name == name)
 
 
+def all_options() -> list[Option]:
+    """Every row's options, each once (the CLI derives its flags from them)."""
+    found = {}
+    for f in FAMILIES:
+        for o in f.options:
+            found.setdefault(o.name, o)
+    return list(found.values())
+
+
 def presets() -> dict[str, tuple[Family, object]]:
     """Every random preset of every family: name -> (its family, its config)."""
     return {name: (f, c) for f in FAMILIES for name, c in f.module.SHAPES.items()}
 
 
-def random_model(source, target: Target | None = None, name: str = "") -> CausalLM:
+def random_model(source, target: Target | None = None, name: str = "", options: dict | None = None) -> CausalLM:
     """A seeded random model: a preset's name ("random-124m", "random-tiny", "random-moe-16x2", ...:
     `presets()`) or a config of any family (its class names the family), made for the target (None:
-    the NumPy reference in float32 on the CPU)."""
+    the NumPy reference in float32 on the CPU) with the family's options (checked against its row)."""
     if isinstance(source, str):
         found = presets().get(source)
         if found is None:
             raise ModelNotFoundError(f"unknown preset {source!r}; choose one of: {', '.join(presets())}")
         f, config = found
-        return f.module.random(config, target, name or source)
+        return f.module.random(config, target, name or source, **f.check_options(options, name or source))
     f = next((f for f in FAMILIES if type(source) is f.config), None)
     if f is None:
         raise ConfigError(f"{type(source).__name__}: not a config of a family minillm runs")
-    return f.module.random(source, target, name)
+    return f.module.random(source, target, name, **f.check_options(options, name or "this model"))
 
 
 def _by(kind: str, value, where) -> Family:
@@ -130,12 +146,15 @@ def family_of(path: Path) -> Family:
     return _by("hf_types", cfg.get("model_type", "gpt2" if "n_embd" in cfg else None), cfg_path)
 
 
-def load_path(path: Path, target: Target, name: str | None = None) -> CausalLM:
-    """A model from a checkpoint path of any family, made for the target: the family read from the
-    file, then its row."""
+def load_path(path: Path, target: Target, name: str | None = None, options: dict | None = None) -> CausalLM:
+    """A model from a checkpoint path of any family, made for the target with the family's options
+    (checked against its row before anything is read): the family read from the file, then its row."""
+    who = name or Path(path).name
     if is_gguf_path(path):
         md, raw = read_gguf(path)
         f = _by("gguf_archs", md.get("general.architecture"), path)
+        opts = f.check_options(options, who)
         tensors = checkpoint_tensors(raw, f.names, path, keep_quantized=not target.floats)
-        return f.from_gguf(md, tensors, path, target, name, names=f.names)
-    return family_of(path).from_folder(path, target, name)
+        return f.from_gguf(md, tensors, path, target, name, names=f.names, **opts)
+    f = family_of(path)
+    return f.from_folder(path, target, name, **f.check_options(options, who))

@@ -65,11 +65,11 @@ def read_tensors(folder: Path, file: Path | None = None) -> dict[str, np.ndarray
     return tensors
 
 
-def llama_from_folder(path: Path, target: Target, name: str | None = None, *, model=None):
+def llama_from_folder(path: Path, target: Target, name: str | None = None, *, model=None, **options):
     """A Llama-family model from a Hugging Face folder (or one of its safetensors files), with its
     own tokenizer attached as `.tokenizer` (None when absent). model: the class to build, a `Llama`
     or a subclass of it (the mixture of experts' row passes `models.moe.MoE`); its `CONFIG` reads
-    config.json and its `manifest` checks the tensors."""
+    config.json and its `manifest` checks the tensors; options: its family's (models/options.py)."""
     from .. import model_tokenizer as mt
     from ..models.llama import Llama
     model = model or Llama
@@ -91,7 +91,7 @@ def llama_from_folder(path: Path, target: Target, name: str | None = None, *, mo
     eos = token_ids(gen.get("eos_token_id"), config.vocab_size, f"{gen_path}: eos_token_id")
     tok = mt.from_folder(folder, eos) if (folder / "tokenizer.json").is_file() or \
         (folder / "tokenizer.model").is_file() else None
-    return _build(config, tensors, tok, folder, target, name, model)
+    return _build(config, tensors, tok, folder, target, name, model, options)
 
 
 def drop_next_token_blocks(tensors: dict, n_layer: int, n_next) -> None:
@@ -180,7 +180,8 @@ def describe(c: LlamaConfig) -> str:
     return f"this {c.n_layer}-layer {getattr(c, 'model_type', None) or c.arch} config"
 
 
-def _build(config: LlamaConfig, tensors: dict, tok, where: Path, target: Target, name: str | None, model=None):
+def _build(config: LlamaConfig, tensors: dict, tok, where: Path, target: Target, name: str | None, model=None,
+           options: dict | None = None):
     from ..models.llama import Llama
     model = model or Llama
     check_manifest(tensors, model.manifest(config), where, describe(config),   # bounded: stops at the first missing
@@ -189,6 +190,7 @@ def _build(config: LlamaConfig, tensors: dict, tok, where: Path, target: Target,
     if tok is not None and tok.n_vocab > config.vocab_size:
         raise WeightsError(f"{where}: the tokenizer has {tok.n_vocab:,} ids but the model only "
                            f"{config.vocab_size:,}: they do not belong together")
-    built = model(config, tensors, target, name=name or where.name, eos_ids=tok.eos_ids if tok is not None else ())
+    built = model(config, tensors, target, name=name or where.name, eos_ids=tok.eos_ids if tok is not None else (),
+                  **(options or {}))                  # the family's options, checked by its row
     built.tokenizer = tok
     return built

@@ -20,7 +20,8 @@ from ..bpe import tokenizer
 from .. import closeness
 from ..measure.comparisons import comparison_threads
 from ..threads import blas_threads, limited
-from .common import add_model, add_sampling, at_least_one, err, kernels_label, load_model, note_if_busy, out
+from .common import (add_model, add_sampling, at_least_one, err, kernels_label, load_model, model_options,
+                     note_if_busy, out)
 
 
 def add_arguments(p) -> None:
@@ -81,7 +82,7 @@ def run(args) -> int:
     at_least_one(args, "max_new_tokens", "block_size")
     rows = read_prompts(args.file, args.max_new_tokens, args.seed)
     model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
-                       mla_decode=getattr(args, "mla_decode", None))
+                       options=model_options(args))
     enc = tokenizer(model)
     ids = [enc.encode(p, allowed_special={"<|endoftext|>"}) for p, *_ in rows]
     limits = [n for _, n, _, _ in rows]

@@ -7,6 +7,8 @@ with a progress bar on stderr and prints their tables."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import Callable
 
 from rich import box
 from rich.markup import escape
@@ -30,7 +32,8 @@ from ..measure.comparisons import comparison_threads
 from ..threads import blas_kernel, blas_name, blas_spin, blas_threads, limited
 from ..ui.report import fmt_bytes
 from ..trace import TraceMeter, check_path, trace_line, write_trace
-from .common import add_trace, err, out
+from ..checkpoints.families import all_options
+from .common import add_options, add_trace, err, out
 
 TRACE_STEPS = 8      # --trace: decode steps traced after the prefill, for each model measured
 
@@ -71,14 +74,11 @@ def add_arguments(parser) -> None:
                              "q8_0, q4_0, q4_1; native: a GGUF's own, e.g. SmolLM2's Q4_1), interleaved: bytes per step, tokens/s, %% of each format's own "
                              "ceiling, the widening's share (at the first of --contexts)")
     parser.add_argument("--kernels", default=None, metavar="K,K",
-                        help="kernel sets: numpy, fused, batch-invariant, int8, several comma-separated side by side "
+                        help=f"kernel sets: {', '.join(kernel_sets.NAMES)}, several comma-separated side by side "
                              "in one interleaved run with --weights or --batch (e.g. numpy,fused,int8; "
-                             "fused,batch-invariant: what batch invariance costs, prefill too); default: each "
-                             "format's fastest set here (int8 for quantized weights where its integer products "
-                             "measured faster, else fused) where numba works, else numpy (said in the title)")
-    parser.add_argument("--mla-decode", default=None, metavar="W,W",
-                        help="a latent-attention model's decode: absorbed and/or decompressed (default: absorbed; "
-                             "with --context-sweep both, side by side)")
+                             "fused,batch-invariant: what batch invariance costs, prefill too); default: "
+                             f"{kernel_sets.default_described()} (said in the title)")
+    add_options(parser, several=True)       # --mla-decode, ...: from the families' rows
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
     add_trace(parser, f"; after the measurements, a prefill of the first context and {TRACE_STEPS} decode steps "
                       "of each model, weight format and kernel set measured, each on a track of its own")
@@ -169,43 +169,68 @@ def trace_runs(args) -> None:
     (err if args.json else out).print(f"[dim]{escape(trace_line(args.trace, meters))}[/]", soft_wrap=False)
 
 
+def given(args, flag: str) -> bool:
+    """Was this flag given on the command line (a value, or a switch that is on)?"""
+    return vars(args).get(flag[2:].replace("-", "_")) not in (None, False)
+
+
+def chosen_mode(args) -> "Mode":
+    """The mode the flags ask for (MODES, the first given; none: the context lengths), and one line
+    when a flag it does not combine with is given too."""
+    mode = next(m for m in MODES if m.flag is None or given(args, m.flag))
+    clash = [f for f in mode.excludes if given(args, f)]
+    if clash:
+        listed = clash[0] if len(clash) == 1 else f"{', '.join(clash[:-1])} and {clash[-1]}"
+        raise MiniLLMError(f"{mode.flag} {mode.what}: leave out {listed}")
+    return mode
+
+
 def _run(args) -> int:
-    if getattr(args, "context_sweep", False):
-        return bench_context_sweep(args)
+    return chosen_mode(args).run(args)
+
+
+def _checked(args) -> tuple[list[int], list[str]]:
+    """What every mode but the sweep checks first: the contexts, the kernel sets, the repeats, a CPU."""
     contexts = parse_contexts(DEFAULT_CONTEXTS if args.contexts is None else args.contexts)
     kernels = args.kernel_list = parse_kernels(args.kernels)
     if args.repeats < 1:
         raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
-    batches = parse_contexts(args.batch, "--batch") if args.batch is not None else None
-    ks = parse_contexts(args.speculate, "--speculate") if args.speculate is not None else None
-    if ks is not None:
-        if batches is not None:
-            raise MiniLLMError("--batch and --speculate measure different things: give one of them")
-        if not ks or any(not 1 <= k <= MAX_K for k in ks):
-            raise MiniLLMError(f"--speculate {args.speculate}: each K must be 1 to {MAX_K}, e.g. 1,2,4,8")
-        if args.prompts < 1 or args.new_tokens < 2:
-            raise MiniLLMError("--prompts must be at least 1 and --new-tokens at least 2")
     if get_device(args.device).is_gpu:       # without a GPU: get_device's one line
         raise MiniLLMError("bench measures the CPU's NumPy steps against its bare passes (a GPU's figures are "
                            "printed beside them); a model's steps on the GPU: minillm learn 17, or "
                            "python benchmarks/gpu_check.py")
-    if args.weights is not None:
-        if batches is not None or ks is not None:
-            raise MiniLLMError("--weights measures weight formats alone: leave out --batch and --speculate")
-        from ..measure.quantization import parse_formats
-        parse_formats(args.weights)
-        return bench_weights(args, machine(progress=not args.json), kernels if args.kernels is not None else None)
+    return contexts, kernels
+
+
+def _bench_formats(args) -> int:
+    """--weights: each weight format's decode and prefill, interleaved (measure/quantization.py)."""
+    _, kernels = _checked(args)
+    from ..measure.quantization import parse_formats
+    parse_formats(args.weights)
+    return bench_weights(args, machine(progress=not args.json), kernels if args.kernels is not None else None)
+
+
+def _bench_steps(args) -> int:
+    """The model's steps: decode against the context lengths (the default), --batch's batched decode
+    against the roofline, or --speculate's drafts against plain decode."""
+    batches = parse_contexts(args.batch, "--batch") if args.batch is not None else None
+    ks = parse_contexts(args.speculate, "--speculate") if args.speculate is not None else None
+    if ks is not None:
+        if not ks or any(not 1 <= k <= MAX_K for k in ks):
+            raise MiniLLMError(f"--speculate {args.speculate}: each K must be 1 to {MAX_K}, e.g. 1,2,4,8")
+        if args.prompts < 1 or args.new_tokens < 2:
+            raise MiniLLMError("--prompts must be at least 1 and --new-tokens at least 2")
+    contexts, kernels = _checked(args)
     if len(kernels) > 1 and batches is None:
         raise MiniLLMError(f"--kernels {','.join(kernels)} compares kernel sets with --weights or --batch: give one of "
                            "them (or one kernel set)")
-    ways = parse_ways(args.mla_decode)
+    first = {name: values[0] for name, values in parse_option_values(args).items()}
     names = [n.strip() for n in (args.model or "").split(",") if n.strip()] if batches is not None else []
     names = names or [args.model or ("large" if ks is not None else "random-124m")]
     models = {}
     for n in names:                                   # each model once per kernel, all in the same rounds
         for k in kernels:
-            m = load(n, kernels=k)
-            set_way(m, ways[0] if ways else None)
+            m = load(n, kernels=k, options=first)
             if batches is not None:
                 check_batches(m, batches, args.batch_context)
             label = m.name if len(kernels) == 1 else f"{m.name} {k}"
@@ -236,22 +261,19 @@ def _run(args) -> int:
     return 0
 
 
-def parse_ways(text: str | None) -> list[str] | None:
-    """--mla-decode: absorbed and/or decompressed, comma-separated (None: not given)."""
-    if text is None:
-        return None
-    ways = list(dict.fromkeys(w.strip() for w in text.split(",") if w.strip()))
-    if not ways or any(w not in ("absorbed", "decompressed") for w in ways):
-        raise MiniLLMError(f"--mla-decode {text!r}: give absorbed and/or decompressed, comma-separated")
-    return ways
-
-
-def set_way(model, way: str | None) -> None:
-    """A latent-attention model's decode way (--mla-decode); refused for any other model."""
-    if way is not None:
-        if not hasattr(model, "mla_decode"):
-            raise MiniLLMError(f"--mla-decode: {model.name} has no latent attention (a DeepSeek-V3-family model has)")
-        model.mla_decode = way
+def parse_option_values(args) -> dict[str, list[str]]:
+    """The family options given (--mla-decode absorbed,decompressed, ...): name -> values, each one of
+    the option's choices (one line otherwise); the options not given are left out."""
+    given, out = vars(args), {}
+    for o in all_options():
+        text = given.get(o.name)
+        if text is None:
+            continue
+        values = list(dict.fromkeys(w.strip() for w in text.split(",") if w.strip()))
+        if not values or any(w not in o.choices for w in values):
+            raise MiniLLMError(f"{o.flag} {text!r}: give {' and/or '.join(o.choices)}, comma-separated")
+        out[o.name] = values
+    return out
 
 
 def _run_with_bar(args, title: str, total: int, work):
@@ -548,9 +570,6 @@ def bench_context_sweep(args) -> int:
     """`--context-sweep`: measure/contexts.py's sweep, one table per context, the crossover named; a
     latent-attention model once per way (--mla-decode), with its attention's FLOPs per KV byte."""
     from ..measure.contexts import CONTEXTS, run_context_sweep
-    if args.batch is not None or args.speculate is not None or args.weights is not None:
-        raise MiniLLMError("--context-sweep measures batch-1 decode against the context: leave out --batch, "
-                           "--speculate and --weights")
     if args.repeats < 1:
         raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
     contexts = parse_contexts(args.contexts) if args.contexts is not None else list(CONTEXTS)
@@ -560,10 +579,11 @@ def bench_context_sweep(args) -> int:
     kernels = parse_kernels(args.kernels)
     if len(kernels) > 1:
         raise MiniLLMError("--context-sweep runs one kernel set: give --kernels numpy or --kernels fused")
-    ways = parse_ways(args.mla_decode)
+    ways = parse_option_values(args)
     models = [load(n, kernels=kernels[0]) for n in names]
-    if ways and not any(hasattr(m, "mla_decode") for m in models):
-        raise MiniLLMError("--mla-decode: none of these models has latent attention (a DeepSeek-V3-family model has)")
+    for o in all_options():
+        if o.name in ways and not any(o in m.OPTIONS for m in models):
+            raise MiniLLMError(f"{o.flag}: none of these models has {o.needs}")
     result = _run_with_bar(args, f"decode against the context, {', '.join(escape(m.name) for m in models)}",
                            len(contexts) * args.repeats,
                            lambda tick: run_context_sweep(models, contexts, args.repeats, progress=tick, ways=ways))
@@ -614,3 +634,23 @@ def bench_context_sweep(args) -> int:
                                      f"tokens{how}"))
     out.print(f"[dim]{_blas(result)}; {result['kernels_title']}[/]")
     return 0
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One thing bench measures: the flag that asks for it (None: the default), what it measures (for
+    a refusal), the flags it does not combine with, and what runs it (args -> exit code)."""
+    flag: str | None
+    what: str
+    excludes: tuple[str, ...]
+    run: Callable[..., int]
+
+
+MODES = (
+    Mode("--context-sweep", "measures batch-1 decode against the context", ("--batch", "--speculate", "--weights"),
+         bench_context_sweep),
+    Mode("--weights", "measures weight formats alone", ("--batch", "--speculate"), _bench_formats),
+    Mode("--speculate", "measures speculative decoding against plain decode", ("--batch",), _bench_steps),
+    Mode("--batch", "measures batched decode against the roofline", (), _bench_steps),
+    Mode(None, "measures decode against the context lengths", (), _bench_steps),
+)

@@ -20,7 +20,7 @@ from ..engine.sequence import SamplingParams
 from ..errors import MiniLLMError, PromptError
 from ..meter import Meter
 from ..bpe import tokenizer
-from .common import TextStream, add_model, add_sampling, err, load_model
+from .common import add_model, add_sampling, err, load_model, model_options, TextStream
 
 
 def add_arguments(p) -> None:
@@ -106,9 +106,9 @@ def run(args) -> int:
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise PromptError(f"--max-new-tokens {args.max_new_tokens}: must be at least 1")
     model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
-                       mla_decode=getattr(args, "mla_decode", None))
+                       options=model_options(args))
     tok = tokenizer(model)
-    if not getattr(model, "eos_ids", ()):
+    if not model.eos_ids:
         raise MiniLLMError(f"{model.name} has no end-of-turn token: it is not a chat model; try "
                            "--model smollm2-135m (minillm download smollm2-135m)")
     _, note = render([{"role": "user", "content": "x"}], tok)

@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from ..backend import get_device
 from ..models import kernel_sets
+from ..checkpoints.families import all_options
 from ..checkpoints.load import load, model_names
 from ..engine.sampling import check_fits
 from ..engine.speculative import check_draft_model
@@ -28,15 +29,8 @@ WEIGHTS_HELP = ("the weights in memory: float32 (default), q8_0, q4_0 or q4_1 (q
                 "defines them, multiplied without widening the whole matrix), native (as the file has them)")
 
 
-KERNELS_HELP = ("the kernel set that computes: fused (numba: products that read each weight once, attention "
-                "without a score matrix; the default on the CPU in float32 where numba works), int8 (the fused set "
-                "with quantized products in integers, x rounded to int8 blocks as llama.cpp does; the default for "
-                "quantized weights where it measured faster on this CPU), numpy (the readable reference; the "
-                "default otherwise, the reason said once when the model loads), or batch-invariant (each request's "
-                "tokens bit-identical to the same request alone, whatever shares its steps)")
-MLA_HELP = ("latent attention (a DeepSeek-V3-family model): how a decode step attends: absorbed (the default: "
-            "kv_b folded into the query and the output, attention over the cached latent, as serving engines "
-            "decode) or decompressed (every head's K and V rebuilt from the latent each step, as prompts are)")
+KERNELS_HELP = (f"the kernel set that computes: {kernel_sets.described()}; default: {kernel_sets.default_described()} "
+                "(the reason said once when the model loads)")
 DEVICE_HELP = ("where the model runs: cpu (NumPy, default) or cuda (CuPy on an NVIDIA GPU, weights in float16; "
                "pip install 'minillm[gpu]')")
 
@@ -54,7 +48,24 @@ def add_device(p: argparse.ArgumentParser) -> None:
 def add_weights(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default="float32", metavar="FORMAT", help=WEIGHTS_HELP)
     p.add_argument("--kernels", default=None, choices=kernel_sets.NAMES, help=KERNELS_HELP)
-    p.add_argument("--mla-decode", default=None, choices=("absorbed", "decompressed"), help=MLA_HELP)
+    add_options(p)
+
+
+def add_options(p: argparse.ArgumentParser, several: bool = False) -> None:
+    """One flag per family option, derived from the families' rows (models/options.py): `--mla-decode`
+    for DeepSeek's. several: a comparison's flag, taking choices comma-separated (bench)."""
+    for o in all_options():
+        if several:
+            p.add_argument(o.flag, default=None, metavar=",".join(o.choices),
+                           help=f"{o.help}; several comma-separated: each side by side")
+        else:
+            p.add_argument(o.flag, default=None, choices=o.choices, help=o.help)
+
+
+def model_options(args) -> dict:
+    """The family options given on the command line (flags derived from the rows), name -> value."""
+    given = vars(args)
+    return {o.name: given[o.name] for o in all_options() if given.get(o.name) is not None}
 
 
 TRACE_HELP = ("write where the time went as a Chrome trace-event file (JSON; open it in ui.perfetto.dev or "
@@ -182,35 +193,33 @@ def load_draft(name, model, weights: str | None = None, kernels: str | None = No
         return None
     if name == "ngram":
         return "ngram"
-    draft = load_model(name, weights or getattr(model, "weights", "float32"), model.device,
+    draft = load_model(name, weights or model.weights, model.device,
                        kernels or model.kernels, quiet=True)
     check_draft_model(draft, model)
     return draft
 
 
 def load_model(source, weights: str = "float32", device="cpu", kernels: str | None = None, quiet: bool = False,
-               mla_decode: str | None = None):
+               options: dict | None = None):
     """`load`, with a spinner on stderr while it works (random-1558m takes a while to build); on
     --device cuda without a usable GPU, one DeviceError line before anything is read. kernels None:
     the default (one line on stderr says why it is NumPy's on the CPU, when numba cannot run).
-    mla_decode: how a latent-attention model decodes (--mla-decode; refused for any other model)."""
+    options: the family's options (`model_options(args)`: --mla-decode, ...), checked by its row at load."""
     device = get_device(device)
     with err.status(f"loading {escape(str(source or 'the bundled model'))}…"):
-        model = load(source, weights=weights, device=device, kernels=kernels)
+        model = load(source, weights=weights, device=device, kernels=kernels, options=options)
     if kernels is None and not quiet and model.target.on_cpu and model.kernels == "numpy":
         note = kernel_sets.why_default()
         if note:
             err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=False)
-    if mla_decode is not None:
-        if not hasattr(model, "mla_decode"):
-            raise MiniLLMError(f"--mla-decode: {model.name} has no latent attention (a DeepSeek-V3-family model has)")
-        model.mla_decode = mla_decode
     return model
 
 
 def kernels_label(model) -> str:
     """How a model computes, for a command's header: 'fused kernels (numba 0.68.1)', 'NumPy kernels'."""
-    return model.kernel_set.about
+    declined = model.kernel_set.declines(model.ATTENTION_ASKS)
+    return model.kernel_set.about + (f"; attention in NumPy's form (the set's kernel takes no {', '.join(declined)})"
+                                     if declined else "")
 
 
 def encode_prompt(model, prompt: str, max_new_tokens: int) -> np.ndarray:

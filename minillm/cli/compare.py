@@ -22,7 +22,7 @@ from ..meter import Meter
 from ..bpe import tokenizer
 from ..ui import report
 from .common import (add_model, add_sampling, add_speculative, encode_prompt, load_draft, load_model,
-                     one_thread_when_busy, out, warm_up)
+                     model_options, one_thread_when_busy, out, warm_up)
 
 
 def add_compare_arguments(p) -> None:
@@ -58,7 +58,7 @@ def _compare(args, stack) -> int:
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed)
     check_k(args.speculate_k, "--speculate-k")   # before loading anything
     model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
-                       mla_decode=getattr(args, "mla_decode", None))
+                       options=model_options(args))
     ids = encode_prompt(model, args.prompt, args.max_new_tokens)
     draft = load_draft(args.draft, model, getattr(args, "weights", None))
     threads = one_thread_when_busy(args, stack)          # busy: every side on 1 thread, said first; and the
@@ -174,7 +174,7 @@ def run_traffic(args) -> int:
 
 def _traffic(args, stack) -> int:
     model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
-                       mla_decode=getattr(args, "mla_decode", None))
+                       options=model_options(args))
     c = model.config
     if args.prompt_tokens < 1 or args.steps < 1:
         raise PromptError("--prompt-tokens and --steps must be at least 1")

@@ -26,7 +26,7 @@ from ..measure.chips import get_chip, roofline
 from ..measure.shapes import capacity, shape_of
 from ..meter import Meter, totals
 from ..ui import report
-from .common import MODEL_HELP, add_device, add_weights, load_model, one_thread_when_busy, out
+from .common import MODEL_HELP, add_device, add_weights, load_model, model_options, one_thread_when_busy, out
 
 FP16 = 0.5          # the chip columns assume fp16 weights and activations: half the float32 bytes
 BATCHES = (1, 8, 32)
@@ -107,7 +107,7 @@ def _run(args, stack) -> int:
         raise PromptError("--prompt-tokens and --answer-tokens must be at least 1, and --shared-prefix from 0 to "
                           "less than --prompt-tokens")
     model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
-                       mla_decode=getattr(args, "mla_decode", None))
+                       options=model_options(args))
     c = model.config
     if P >= c.n_ctx:
         raise PromptError(f"--prompt-tokens {P} does not fit {escape(model.name)}'s context of {c.n_ctx} with room "

@@ -13,8 +13,8 @@ from ..engine.speculative import check_k, speculative_generate
 from ..errors import MiniLLMError, PromptError
 from ..paths import expand_user, read_named_file
 from ..trace import check_path, trace_line, traced
-from .common import (TextStream, add_model, add_sampling, add_speculative, add_trace, encode_prompt, err, load_draft,
-                     load_model, kernels_label, note_if_busy)
+from .common import (add_model, add_sampling, add_speculative, add_trace, encode_prompt, err, kernels_label,
+                     load_draft, load_model, model_options, note_if_busy, TextStream)
 
 
 MAX_PROMPT_BYTES = 16 << 20  # far beyond any context (1,024 tokens are ~4 KB of text)
@@ -69,7 +69,7 @@ def run(args) -> int:
     if args.system is not None and not args.chat:
         raise PromptError("--system goes with --chat")
     model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
-                       mla_decode=getattr(args, "mla_decode", None))
+                       options=model_options(args))
     stop = ()
     if args.chat:
         from ..chat import render
@@ -81,7 +81,7 @@ def run(args) -> int:
         if note:
             err.print(f"[dim]{escape(note)}[/]")
         ids = encode_prompt(model, text, args.max_new_tokens)
-        stop = tuple(getattr(model, "eos_ids", ()))
+        stop = tuple(model.eos_ids)
     else:
         ids = encode_prompt(model, prompt, args.max_new_tokens)
         shown = prompt

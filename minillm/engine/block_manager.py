@@ -63,11 +63,11 @@ class BlockManager:
     """Gives sequences their caches in one pool, and keeps the prefix cache (when `prefix_cache`)."""
 
     def __init__(self, pool: PagedKVPool, prefix_cache: bool = False) -> None:
-        if prefix_cache and getattr(pool, "states", None) is not None:   # cache/state.py: the hybrid's pool
+        if prefix_cache and pool.states is not None:   # cache/state.py: the hybrid's pool
             raise MiniLLMError("prefix caching is off for models with linear-attention layers: their state "
                                "exists only at the end of what ran, not at every block; run without it")
         self.pool = pool
-        self.state_blocks = getattr(pool, "state_blocks", 0)   # what a sequence's fixed state costs (a hybrid)
+        self.state_blocks = pool.state_blocks   # what a sequence's fixed state costs (a hybrid)
         self.allocator = pool.allocator
         self.block_size = pool.block_size
         self.prefix_cache = prefix_cache
@@ -198,7 +198,7 @@ class BlockManager:
     def adopt(self, seq: Sequence, k: np.ndarray, v: np.ndarray) -> None:
         """Admit a sequence whose first T positions were computed elsewhere, nothing shared: blocks
         for its whole length, k, v [L, Hkv, T, hd] written into them (check `can_admit` first)."""
-        if getattr(self.pool, "states", None) is not None:
+        if self.pool.states is not None:
             raise MiniLLMError("a model with linear-attention layers cannot take a prompt computed elsewhere: "
                                "its state does not travel with the keys and values")
         self.admit(seq, Match())

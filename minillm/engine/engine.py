@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..cache.paged import PagedKVPool
 from ..errors import MiniLLMError
 from ..meter import Meter
 from .block_manager import BlockManager, ContiguousBlocks
@@ -152,7 +151,7 @@ class Engine:
             self.pool = None
             self.blocks = ContiguousBlocks(model.config, model.dtype, model.xp, model.new_cache)
         elif cache == "paged":
-            Pool = getattr(model, "POOL", PagedKVPool)     # a hybrid's pool also pays for its states
+            Pool = model.POOL                               # a hybrid's pool also pays for its states
             if num_blocks is not None:
                 self.pool = Pool(model.config, num_blocks, block_size, model.dtype, model.xp)
             else:

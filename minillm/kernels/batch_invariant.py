@@ -12,6 +12,7 @@ now and then a token does.
     matmul(x, a)               x [T, in] @ a [in, out] (C-contiguous), each output a sum over the
                                input in index order (_batch_invariant.py): the same for 1 row or 500
     attention(q, k, v, Tk)     each query over exactly its keys, in tiles anchored at key 0
+    head_products(x, w)        each head's small product [H, N, a] @ [H, a, b], each row on its own
 
 The rest of a step already computes each row on its own: NumPy's reductions over a contiguous last
 axis (the norms, the softmax of sampling) sum each row in an order fixed by its length, and the
@@ -56,3 +57,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
     run = K.attention_threads if H * Tq * Tk * hd >= K.PARALLEL_FROM else K.attention_one
     run(q, k, v, out, q.dtype.type(1.0 / math.sqrt(hd)), KEY_TILE)
     return out, 0
+
+
+def head_products(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x [H, N, a] @ w [H, a, b] -> [H, N, b], each of the N rows multiplied on its own: a row's
+    result never depends on the others (a [H, N, a] product's order depends on N)."""
+    return np.concatenate([np.matmul(x[:, i:i + 1], w) for i in range(x.shape[1])], axis=1)

@@ -43,7 +43,7 @@ def fill(model, T: int, rng) -> object:
         k = rng.standard_normal((c.n_kv_head, T, c.head_dim), dtype=np.float32).astype(dtype, copy=False)
         v = rng.standard_normal((c.n_kv_head, T, c.head_dim), dtype=np.float32).astype(dtype, copy=False)
         cache.write(layer, 0, k, v)
-    state = getattr(cache, "state", None)
+    state = cache.state                                # (cache protocol: None for a plain cache)
     if state is not None:
         for layer in range(state.pool.layers):
             state.write(layer, *(0.1 * rng.standard_normal(s, dtype=np.float32).astype(dtype, copy=False)
@@ -52,13 +52,15 @@ def fill(model, T: int, rng) -> object:
     return cache
 
 
-def decode_ways(model, chosen=None) -> list:
-    """How a model decodes, each way a run of the sweep: a latent-attention model's ways (the chosen
-    ones of absorbed and decompressed, default both), anyone else's one way (None)."""
-    if not hasattr(model, "mla_decode"):
-        return [None]
-    from ..models.deepseek import MLA_DECODE
-    return list(chosen or MLA_DECODE)
+def decode_ways(model, chosen: dict | None = None) -> list[dict]:
+    """How a model decodes, each way a run of the sweep: one per value of each of its family's options
+    (models/options.py; `chosen`: name -> the values to run, default every choice), as the options
+    to build it with (`with_options`); a model without options runs once ({})."""
+    runs = [{}]
+    for o in model.OPTIONS:
+        values = (chosen or {}).get(o.name) or o.choices
+        runs = [{**r, o.name: v} for r in runs for v in values]
+    return runs
 
 
 def check_sweep(models, contexts, repeats: int, steps: int, ways=None) -> None:
@@ -88,48 +90,42 @@ def step_counts(model, cache) -> dict:
 def run_context_sweep(models: list, contexts=CONTEXTS, repeats: int = 5, steps: int = 4, progress=None,
                       seed: int = 0, ways=None) -> dict:
     """Decode-step time and bytes against the context for `models`, interleaved (see the module); a
-    latent-attention model once per way (`decode_ways`: `ways`, default both), its rows named
-    "name way"."""
+    latent-attention model once per way (`decode_ways`: `ways`, option name -> values, default every
+    choice), its rows named "name way"."""
     contexts = sorted(set(contexts))
     check_sweep(models, contexts, repeats, steps, ways)
-    runs = [(m, way, m.name if way is None else f"{m.name} {way}") for m in models for way in decode_ways(m, ways)]
+    runs = [(m, m.with_options(**opts), " ".join(opts.values()) or None) for m in models
+            for opts in decode_ways(m, ways)]                 # (model, the model that way, its way in words)
+    runs = [(m, mw, way, m.name if way is None else f"{m.name} {way}") for m, mw, way in runs]
     rng = np.random.default_rng(seed)
     rows = []
     for T in contexts:
         caches = {id(m): fill(m, T, rng) for m in models}
         counts, samples = [], [[] for _ in runs]
-        for m, way, _ in runs:
-            set_way(m, way)
-            counts.append(step_counts(m, caches[id(m)]))
+        for m, mw, _, _ in runs:
+            counts.append(step_counts(mw, caches[id(m)]))
         for r in range(repeats):
             for i in round_order(list(range(len(runs))), r):    # the order reversed every other round
-                m, way, _ = runs[i]
-                set_way(m, way)
+                m, mw, _, _ = runs[i]
                 times = []
                 for _ in range(steps):
                     t0 = time.perf_counter()
-                    m.decode_step(1, caches[id(m)])
+                    mw.decode_step(1, caches[id(m)])
                     times.append(time.perf_counter() - t0)
                 samples[i].append(statistics.median(times))
             if progress:
                 progress()
-        for (m, way, label), n, s in zip(runs, counts, samples):
+        for (m, _, way, label), n, s in zip(runs, counts, samples):
             rows.append({"model": label, "way": way, "context": T, "ms": statistics.median(s) * 1e3,
                          "ms_lo": min(s) * 1e3, "ms_hi": max(s) * 1e3, "ms_rounds": [t * 1e3 for t in s], **n})
         for cache in caches.values():
             cache.free()
         del caches
-    names = [label for _, _, label in runs]
-    firsts = [next(label for m2, _, label in runs if m2 is m) for m in models]     # each model's first way
+    names = [label for _, _, _, label in runs]
+    firsts = [next(label for m2, _, _, label in runs if m2 is m) for m in models]     # each model's first way
     return {"models": names, "contexts": contexts, "repeats": repeats, "steps": steps, "rows": rows,
             "crossover_time": crossover(rows, *firsts[:2], "ms") if len(firsts) > 1 else None,
             "crossover_bytes": crossover(rows, *firsts[:2], "moved") if len(firsts) > 1 else None}
-
-
-def set_way(model, way) -> None:
-    """A latent-attention model's decode way for the next steps (None: a model with one way)."""
-    if way is not None:
-        model.mla_decode = way
 
 
 def crossover(rows: list[dict], a: str, b: str, key: str = "ms") -> int | None:

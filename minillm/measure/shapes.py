@@ -111,7 +111,7 @@ def _released_dense(key: str, c) -> dict:
     """A dense shape's release: its format (RELEASED; bf16 by default, GPT-2's float32), and its untied
     embedding table (not the head), of which a decode step reads a row per token."""
     label = "fp32" if key.startswith("gpt2-") else RELEASED.get(key, "bf16")
-    tied = getattr(c, "tied", True)
+    tied = c.tied
     return {"released": label, "bytes_per_weight": 4.0 if label == "fp32" else 2.0, "kept_params": 0,
             "n_embd": c.n_embd, "untied_embedding": 0 if tied else c.vocab_size * c.n_embd}
 
@@ -123,7 +123,7 @@ def shape_of(c, name: str = "") -> dict:
     formulas read."""
     out = {"name": name, "n_layer": c.n_layer, "n_kv_head": c.n_kv_head, "head_dim": c.head_dim,
            "n_head": c.n_head, "n_params": c.n_params(), "n_ctx": c.n_ctx}
-    if hasattr(c, "state_bytes"):                          # a hybrid: a fixed state in its linear layers
+    if c.linear_layers:                                    # a hybrid: a fixed state in its linear layers (config.Layout)
         conv, ssm = (len(c.linear_layers) * math.prod(v) for v in c.state_shapes().values())
         out.update(kv_layers=len(c.full_layers), state_values=c.state_bytes(1), linear_layers=len(c.linear_layers),
                    state_conv_values=conv, state_ssm_values=ssm)

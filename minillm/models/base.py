@@ -19,16 +19,19 @@ manager) and never names its steps for the meter (`with meter.label("verify"):` 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 
 import numpy as np
 
 from .. import backend, meter
 from ..cache.contiguous import KVCache, PassKV
+from ..cache.paged import PagedKVPool
 from ..config import ModelConfig
 from ..errors import PromptError
 from . import kernel_sets
-from .plan import StaticDecode, check_ids, plan_step
+from .options import check_options
+from .plan import NO_STATIC_STATE, NoStaticState, StaticPlan, check_ids, plan_step
 from .target import CPU, Target
 
 
@@ -44,6 +47,11 @@ class CausalLM:
         matrices()        every product a decode step multiplies, once
         step_weight_bytes(B)  the closed form of the weight bytes a decode step of B tokens reads
         experts           (E, k) of a mixture of experts' sparse layers (models/moe.py); None: dense
+        OPTIONS, options  its family's options (models/options.py) and their values in this model;
+                          with_options(name=value): another model with other values, the same weights
+        ATTENTION_ASKS    the options its attention asks of the kernel set (ops.AttentionSpec: scale,
+                          window, ...); where the set's kernel declines one, NumPy's form attends
+        POOL, new_cache() its paged pool's class and its contiguous cache (a hybrid's keep states)
         fingerprint()     equal for two loads of one checkpoint, different for two checkpoints
         tokenizer         its own tokenizer as loaded, or None; OWN_TOKENIZER: False if the family
                           uses GPT-2's built-in one (`minillm.tokenizer(model)` then gives it)
@@ -69,11 +77,27 @@ class CausalLM:
     float_matrices: int = 0
     experts: tuple | None = None
     target: Target = CPU
+    ATTENTION_ASKS: frozenset = frozenset()   # the attention options it attends with (ops.AttentionSpec)
+    OPTIONS: tuple = ()          # its family's options (models/options.py), each a constructor keyword
+    POOL = PagedKVPool           # its paged pool (cache/paged.py; a hybrid's also pays for its states)
 
     def use_target(self, target: Target) -> None:
         """Take the target's device and kernel set (a constructor's first step)."""
         self.target = target
         self.kernel_set = kernel_sets.get(target.kernels)
+
+    @property
+    def options(self) -> dict:
+        """Its family's options as this model was built with them: name -> value."""
+        return {o.name: vars(self)[o.name] for o in self.OPTIONS}
+
+    def with_options(self, **changes) -> "CausalLM":
+        """This model with other values of its family's options (one line for an option it lacks or a
+        value outside the choices): a new model sharing these weights; this one is unchanged."""
+        check_options(self.OPTIONS, changes, self.name)
+        other = copy.copy(self)
+        vars(other).update(changes)
+        return other
 
     @property
     def kernels(self) -> str:
@@ -131,8 +155,11 @@ class CausalLM:
 
     def static_plan(self, pool, table, ids, positions):
         """The plan of a static decode step over a fixed block table (engine/static.py), with this
-        model's kernel set: device buffers in, device logits out."""
-        return StaticDecode(pool, table, ids, positions, self.kernel_set)
+        model's kernel set: device buffers in, device logits out. A pool that keeps states (a hybrid's)
+        cannot take one: one line."""
+        if pool.states is not None:
+            raise NoStaticState(NO_STATIC_STATE)
+        return StaticPlan(pool, table, ids, positions, self.kernel_set)
 
     # -- the three special cases --------------------------------------------------------------------
 

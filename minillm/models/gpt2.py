@@ -34,7 +34,7 @@ from typing import Iterator
 import numpy as np
 
 from .. import backend
-from ..config import MAX_CONTEXT, MAX_COUNT, whole
+from ..config import Layout, MAX_CONTEXT, MAX_COUNT, whole
 from ..errors import ConfigError
 from . import ops
 from .base import RANDOM_SEED, CausalLM
@@ -47,13 +47,14 @@ from .weights import check_blocks, label, stored
 # -- the config ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class GPT2Config:
+class GPT2Config(Layout):
     n_layer: int = 12        # L: transformer blocks
     n_head: int = 12         # H: attention heads per block
     n_embd: int = 768        # d: width of the residual stream
     n_ctx: int = 1024        # longest sequence (the number of learned positions, `n_positions`)
     vocab_size: int = 50257  # V: GPT-2's BPE vocabulary
     ln_eps: float = 1e-5     # layer-norm epsilon
+    tied = True              # (a class attribute) its LM head is the token table
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "n_embd", "n_ctx", "vocab_size"):

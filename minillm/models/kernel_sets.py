@@ -18,7 +18,10 @@ where, said in one place) and what it offers (`KernelSet`, built here):
     K.weight(w)              a NumPy weight (Dense, QuantMatrix) as this set's (at load, once)
     K.rms_norm(x, w, eps)    K.rope(x, cos, sin)    K.swiglu(gate_up)
     K.layer_norm(x, w, b, eps)    K.gelu(x)              (GPT-2's norm and activation)
-    K.attention(q, k, v, Tk) causal attention over a cache's first Tk rows
+    K.attention(q, k, v, Tk, spec)  causal attention over a cache's first Tk rows, with its options
+                             (ops.AttentionSpec): the set's kernel where it accepts them all
+                             (`attention_accepts`), else ops' NumPy form; counted once in ops either way
+    K.head_product(x, w, what)  each head's small product [H, N, a] @ [H, a, b] (latent attention's)
     K.paged_decode           (q, k_pool, v_pool, table, lengths) -> out: one query per sequence over its
                              blocks in a paged pool, no gather; None: the step gathers (models/plan.py)
     K.gather_decode          may a decode batch of short sequences attend as one gather?
@@ -36,7 +39,7 @@ from typing import Callable
 
 from ..kernels import runtime
 from . import ops
-from .target import ENV, KERNEL_SETS, NAMES, default, spec, why_default  # noqa: F401  (the table's names)
+from .target import ENV, KERNEL_SETS, NAMES, default, default_described, described, spec, why_default  # noqa: F401  (the table's names)
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ class KernelSet:
     rope_kernel: Callable | None = None
     swiglu_kernel: Callable | None = None
     attention_kernel: Callable | None = None
+    attention_accepts: frozenset = frozenset()   # the AttentionSpec options its attention kernel takes
+    head_product_kernel: Callable | None = None
     paged_kernel: Callable | None = None         # None: no paged kernel, a decode batch is gathered
     gather_decode: bool = True
     batch_invariant: bool = False                # a row's results never depend on the others in its step
@@ -72,8 +77,21 @@ class KernelSet:
     def swiglu(self, gate_up):
         return ops.swiglu(gate_up, kernel=self.swiglu_kernel)
 
-    def attention(self, q, k, v, Tk=None, scale=None):
-        return ops.attention(q, k, v, Tk, kernel=self.attention_kernel, scale=scale)
+    def attention(self, q, k, v, Tk=None, spec: ops.AttentionSpec = ops.PLAIN):
+        return ops.attention(q, k, v, Tk, kernel=self.attention_kernel if self.takes(spec) else None, spec=spec)
+
+    def takes(self, spec: ops.AttentionSpec) -> bool:
+        """Does its attention kernel take these options (else the NumPy form attends)? A value narrower
+        than the keys is an option too (`value_width`); `expand` is the plan's, before attention."""
+        return spec.asks() - {"expand"} <= self.attention_accepts
+
+    def declines(self, asks) -> list[str]:
+        """Of the attention options named in `asks` (ops.AttentionSpec's fields; a model's ATTENTION_ASKS),
+        those for which this set attends with NumPy's form instead of its kernel (a header says so)."""
+        return [] if self.attention_kernel is None else sorted(set(asks) - {"expand"} - self.attention_accepts)
+
+    def head_product(self, x, w, what: str = "head_product"):
+        return ops.head_product(x, w, what, kernel=self.head_product_kernel)
 
     @property
     def paged_decode(self) -> Callable | None:
@@ -101,7 +119,8 @@ def _batch_invariant() -> KernelSet:
     from ..kernels import batch_invariant
     from .weights import fixed_order
     return KernelSet("batch-invariant", f"batch-invariant kernels ({runtime.status().reason})", weight=fixed_order,
-                     attention_kernel=batch_invariant.attention, gather_decode=False, batch_invariant=True)
+                     attention_kernel=batch_invariant.attention, head_product_kernel=batch_invariant.head_products,
+                     gather_decode=False, batch_invariant=True)
 
 
 def _int8() -> KernelSet:

@@ -18,6 +18,8 @@ layer norm 7 (mean, subtract, square, variance, normalise, scale, shift), tanh-G
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
+from typing import Callable
 
 import numpy as np
 
@@ -155,8 +157,56 @@ def causal_mask(Tq: int, Tk: int, dtype: np.dtype, xp=np) -> np.ndarray:
 QUERY_BLOCK = 128  # prefill queries per block: a block attends only to the keys its last query may see
 
 
+@dataclass(frozen=True, eq=False)
+class AttentionSpec:
+    """How one attention differs from plain causal attention over every earlier position, each field
+    None where it does not (`PLAIN`: all of them). What a family asks of `plan.attend`:
+
+        scale        the scores' scale (None: 1/√hd; latent attention: 1/√(dn + dr))
+        value_width  the values' width where narrower than the keys' (latent attention: r of r + dr)
+        window       a query at position p attends keys p - window + 1 .. p only (a sliding window)
+        sinks        [H]: one logit per query head in the softmax's denominator, with no value (a sink)
+        expand       expand(k, v) -> (k, v): what attention takes, made from the positions a cache read
+                     (a latent cache's rows decompressed into every head's K and V); the plan's to apply
+
+    A kernel set's attention kernel takes the fields it declares (`KernelSet.attention_accepts`);
+    for any other, the set attends with `attention`'s NumPy form here, counted the same way."""
+    scale: float | None = None
+    value_width: int | None = None
+    window: int | None = None
+    sinks: object = None
+    expand: Callable | None = None
+
+    def asks(self) -> frozenset:
+        """The options it sets, by name: what a kernel must accept to attend with it."""
+        return frozenset(f.name for f in fields(self) if getattr(self, f.name) is not None)
+
+
+PLAIN = AttentionSpec()
+
+
+def softmax_with_sinks(s: np.ndarray, sinks: np.ndarray) -> np.ndarray:
+    """`softmax` with one more logit per row that takes no value (a sink: gpt-oss's per head), in place:
+    s [..., n], sinks broadcast to [..., 1]. A sink of -inf adds exactly 0 to the denominator: the
+    result is `softmax`'s, bit for bit."""
+    xp = backend.namespace(s)
+    top = xp.maximum(s.max(axis=-1, keepdims=True), sinks)
+    s -= top
+    xp.exp(s, out=s)
+    s *= 1.0 / (s.sum(axis=-1, keepdims=True) + xp.exp(sinks - top))
+    return s
+
+
+def window_mask(rows: int, n: int, first: int, dtype, xp=np) -> np.ndarray:
+    """[rows, n]: -inf where key j (of the n from the block's first key) fell behind query i's window,
+    j < first + i (first: the lowest key the block's first query may see, from that same origin)."""
+    j = np.arange(n)[None, :]
+    i = np.arange(rows)[:, None]
+    return xp.asarray(np.where(j < first + i, -np.inf, 0.0).astype(dtype))
+
+
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None, kernel=None,
-              scale: float | None = None) -> np.ndarray:
+              spec: AttentionSpec = PLAIN) -> np.ndarray:
     """Causal scaled dot-product attention for all heads in one batched product.
 
     q [H, Tq, hd] are the queries of the Tq newest positions; k, v [Hkv, >= Tk, hd] hold the keys and
@@ -169,8 +219,10 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
     QUERY_BLOCK queries, each against only the keys its last query may see: the block's
     [rows, keys] scores include a masked triangle, but the keys no query of the block may see are
     never computed (for 512 tokens, 62% of the full T×T matrix).
-    Returns [H, Tq, hd_v]: the values may be narrower than the keys, and `scale` (default 1/√hd)
-    may be another (latent attention, models/deepseek.py: 576-wide keys, 512-wide values, 1/√192).
+    Returns [H, Tq, hd_v]. spec (`AttentionSpec`): the values may be narrower than the keys and the
+    scale another (latent attention, models/mla.py: 576-wide keys, 512-wide values, 1/√192); a window
+    bounds the keys each query sees (and the keys read: a block starts at its first query's first
+    key); sinks add one logit per head to each softmax's denominator. `expand` is the plan's.
 
     Reading k and v is counted by whoever handed them over: a KV cache's `read` as kv_read, the
     pass-through of a cache-less forward as activations.
@@ -179,8 +231,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
     only the query-key pairs a query may see (`count_tiled_attention`).
     """
     Tk = k.shape[1] if Tk is None else int(Tk)
-    if kernel is not None and (scale is not None or v.shape[-1] != q.shape[-1]):
-        raise ValueError("an attention kernel takes keys and values of one width and the scale 1/√hd")
+    if kernel is not None and (spec.asks() - {"expand"} or v.shape[-1] != q.shape[-1]):
+        raise ValueError("an attention kernel takes keys and values of one width and the scale 1/√hd, with no "
+                         "window or sink (its kernel set attends with NumPy's form otherwise)")
     if kernel is not None:
         out, copied = kernel(q, k, v, Tk)
         count_tiled_attention(q, out, Tk, copied)
@@ -189,34 +242,55 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
     Hkv = k.shape[0]
     g = H // Hkv                                       # query heads per KV head
     dv = v.shape[-1]
-    q = q * (1.0 / math.sqrt(hd) if scale is None else scale)   # [H, Tq, hd]  scaled once, before the product
+    q = q * (1.0 / math.sqrt(hd) if spec.scale is None else spec.scale)   # [H, Tq, hd]  scaled once, before the product
     xp = backend.namespace(q)
     out = xp.empty((H, Tq, dv), dtype=q.dtype)         # [H, Tq, hd_v]
     q4, out4 = q.reshape(Hkv, g, Tq, hd), out.reshape(Hkv, g, Tq, dv)
+    window, sinks = spec.window, None if spec.sinks is None else xp.asarray(spec.sinks, dtype=q.dtype).reshape(Hkv, g, 1, 1)
     scored = 0                                         # query-key pairs computed, per query head
     for r0 in range(0, Tq, QUERY_BLOCK):
         r1 = min(r0 + QUERY_BLOCK, Tq)
         rows = r1 - r0
         keys = Tk - Tq + r1                            # the block's last query sees keys 0 .. keys-1
+        lo = 0 if window is None else max(0, Tk - Tq + r0 - window + 1)   # and its first query keys lo ..
         qb = q4[:, :, r0:r1].reshape(Hkv, g * rows, hd)                # [Hkv, g·rows, hd]
-        scores = qb @ k[:, :keys].transpose(0, 2, 1)                   # [Hkv, g·rows, keys]  QK^T
+        scores = qb @ k[:, lo:keys].transpose(0, 2, 1)                 # [Hkv, g·rows, keys - lo]  QK^T
+        n = keys - lo
+        masked = scores.reshape(Hkv, g, rows, n)                       # a view: in-place adds
         if rows > 1:
-            masked = scores.reshape(Hkv, g, rows, keys)                # a view: one in-place add
-            xp.add(masked, causal_mask(rows, keys, scores.dtype, xp), out=masked)
-        softmax(scores)
-        if g == 1:                                                     # [H, rows, hd]  weighted sum of values
-            xp.matmul(scores, v[:, :keys], out=out[:, r0:r1])
+            xp.add(masked, causal_mask(rows, n, scores.dtype, xp), out=masked)
+            if window is not None:                                     # the keys behind each query's window
+                xp.add(masked, window_mask(rows, n, Tk - Tq + r0 - window + 1 - lo, scores.dtype, xp), out=masked)
+        if sinks is None:
+            softmax(scores)
         else:
-            out4[:, :, r0:r1] = (scores @ v[:, :keys]).reshape(Hkv, g, rows, dv)
-        scored += rows * keys
+            softmax_with_sinks(masked, sinks)
+        if g == 1:                                                     # [H, rows, hd]  weighted sum of values
+            xp.matmul(scores, v[:, lo:keys], out=out[:, r0:r1])
+        else:
+            out4[:, :, r0:r1] = (scores @ v[:, lo:keys]).reshape(Hkv, g, rows, dv)
+        scored += rows * n
     m = meter.active()
     if m is not None:
         score_bytes = H * scored * q.itemsize
         m.count("attention",
                 activations=2 * q.nbytes + out.nbytes + 2 * score_bytes,
                 attention=2 * H * scored * (hd + dv),
-                other=q.size + (6 if Tq > 1 else 5) * H * scored)
+                other=q.size + (6 if Tq > 1 else 5) * H * scored + (0 if sinks is None else 5 * H * Tq))
     return out
+
+
+def head_product(x: np.ndarray, w: np.ndarray, what: str = "head_product", kernel=None) -> np.ndarray:
+    """Each head's own small product: x [H, N, a] @ w [H, a, b] -> [H, N, b] (one BLAS call a head;
+    latent attention's absorbed query and output, models/mla.py). kernel: a kernel set's (x, w) -> y
+    (the batch-invariant set's, each row on its own). Counted like `linear`: w read once, x and the
+    output written and read, 2 FLOPs a multiply-add; `what` names the op."""
+    y = backend.namespace(x).matmul(x, w) if kernel is None else kernel(x, w)   # [H, N, b]
+    m = meter.active()
+    if m is not None:
+        H, N, a = x.shape
+        m.count(what, weights=w.nbytes, activations=x.nbytes + y.nbytes, matmul=2 * H * N * a * w.shape[-1])
+    return y
 
 
 def count_tiled_attention(q: np.ndarray, out: np.ndarray, Tk: int, copied: int = 0) -> None:

@@ -6,10 +6,16 @@ blocks need four things from it, and nothing else:
     ids        [N]   every new token, all sequences' rows one after the other
     positions  [N]   each row's position in its own sequence (RoPE reads it); `rows_of_positions`
                      indexes a position table the same way (a slice for one sequence: no gather)
-    attend(layer, q, k, v)    q [H, N, hd], k and v [Hkv, N, hd] -> [H, N, hd]: store each
+    attend(layer, q, k, v, spec)  q [H, N, hd], k and v [Hkv, N, hd] -> [H, N, hd]: store each
                      sequence's new keys and values in its cache, and let each sequence's queries
-                     attend over its own positions only
+                     attend over its own positions only; spec: its options (ops.AttentionSpec: a
+                     scale, narrower values, a window, sinks, an expansion), default none
     scored rows      which rows the LM head runs on (the last of a sequence, all of them, or none)
+
+and, for a layer that keeps a fixed state per sequence instead (a hybrid's linear layer), one more:
+
+    states(layer)    (rows, that sequence's state for the layer) per sequence (cache/state.py); a plan
+                     that cannot carry one (the static step) refuses in one line
 
 `plan_step` builds it once (in the spirit of nano-vllm's prepare_prefill/prepare_decode), choosing
 how attention runs: a decode batch in one paged pool as one batch per layer (`BatchedDecode`: one
@@ -28,10 +34,12 @@ import numpy as np
 
 from .. import backend, meter
 from ..config import ModelConfig
-from ..errors import PromptError
+from ..errors import MiniLLMError, PromptError
 from . import ops
 from .kernel_sets import KernelSet, get as get_kernel_set
 
+NO_STATIC_STATE = ("a static decode step has no per-sequence state: a model with linear-attention layers "
+                   "(a hybrid) decodes with eager steps; leave out the static step")
 BATCHED_DECODE_KEYS = 128   # up to this many keys per sequence, a decode batch is attended as one gather
 SCORES = ("last", "all", None)
 
@@ -58,33 +66,35 @@ class PerSequence:
             self.tables = {id(s): np.asarray(s.cache.table, dtype=np.intp)[None]
                            for s in spans if s.n == 1 and paged_float32(s.cache) is not None}
 
-    def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale=None, expand=None) -> np.ndarray:
-        """scale and expand: for latent attention (models/deepseek.py), see `one`."""
+    def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+               spec: ops.AttentionSpec = ops.PLAIN) -> np.ndarray:
+        """spec: the attention's options (ops.AttentionSpec), see `one`."""
         if len(self.spans) == 1:
-            return self.one(self.spans[0], layer, q, k, v, scale, expand)
+            return self.one(self.spans[0], layer, q, k, v, spec)
         out = None
         for s in self.spans:
             rows = slice(s.r0, s.r0 + s.n)
-            o = self.one(s, layer, q[:, rows], k[:, rows], v[:, rows], scale, expand)
+            o = self.one(s, layer, q[:, rows], k[:, rows], v[:, rows], spec)
             if out is None:
                 out = backend.namespace(q).empty(q.shape[:2] + o.shape[2:], dtype=q.dtype)   # [H, N, hd_v]
             out[:, rows] = o
         return out
 
-    def one(self, s: Span, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale=None,
-            expand=None) -> np.ndarray:
+    def one(self, s: Span, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+            spec: ops.AttentionSpec = ops.PLAIN) -> np.ndarray:
         """One sequence: store its new K, V [Hkv, n, hd], then its queries attend over every position so
-        far. scale: attention's (default 1/√hd); expand(k, v) -> (k, v): what attention takes, made from
-        the positions the cache read (a latent cache's rows decompressed into every head's K and V)."""
+        far, with the spec's options (its scale, narrower values, a window, sinks: the kernel set's
+        kernel where it takes them, else NumPy's form); spec.expand(k, v) -> (k, v): what attention
+        takes, made from the positions the cache read (a latent cache's rows decompressed)."""
         s.cache.write(layer, s.pos, k, v)
         table = self.tables.get(id(s))
-        if table is not None:
+        if table is not None and not spec.asks():                          # plain: the paged kernel, in place
             pool = s.cache.pool
             return self.K.paged_decode(q, pool.k[layer], pool.v[layer], table, [s.pos + 1])
         k_all, v_all = s.cache.read_rows(layer, s.pos + s.n)               # [Hkv, >= pos+n, hd]
-        if expand is not None:
-            k_all, v_all = expand(k_all[:, :s.pos + s.n], v_all[:, :s.pos + s.n])
-        return self.K.attention(q, k_all, v_all, s.pos + s.n, scale)       # [H, n, hd_v]
+        if spec.expand is not None:
+            k_all, v_all = spec.expand(k_all[:, :s.pos + s.n], v_all[:, :s.pos + s.n])
+        return self.K.attention(q, k_all, v_all, s.pos + s.n, spec)        # [H, n, hd_v]
 
 
 def paged_float32(cache):
@@ -131,8 +141,12 @@ class BatchedDecode:
             self.mask = xp.asarray(mask)                                   # [B, 1, T]; lengths stay on the host
         self.held = int(sum(-(-int(n) // bs) for n in self.lengths)) * bs  # positions in blocks really held
 
-    def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """q [H, B, hd], the B new keys and values [Hkv, B, hd] -> [H, B, hd]."""
+    def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+               spec: ops.AttentionSpec = ops.PLAIN) -> np.ndarray:
+        """q [H, B, hd], the B new keys and values [Hkv, B, hd] -> [H, B, hd]. Plain attention only (a
+        StepPlan sends any other spec to its per-sequence form)."""
+        if spec.asks():
+            raise ValueError(f"a batched decode step attends plainly; asked {sorted(spec.asks())}")
         self.write(layer, k, v)
         if self.paged_decode is not None:                                  # reads the pool in place
             return self.paged_decode(q, self.pool.k[layer], self.pool.v[layer], self.table, self.lengths)
@@ -159,7 +173,11 @@ class BatchedDecode:
         return k, v
 
 
-class StaticDecode(BatchedDecode):
+class NoStaticState(MiniLLMError):
+    """A static decode step asked for a hybrid: its slots carry block tables, no state."""
+
+
+class StaticPlan(BatchedDecode):
     """The plan of a decode step with static shapes, for a CUDA graph (engine/static.py): B slots,
     each owning a fixed row of a [B, nb] block table from the start, their token ids and positions
     in buffers on the device, read by the step and refilled between steps, so the step reads no host
@@ -196,6 +214,9 @@ class StaticDecode(BatchedDecode):
 
     def meter_step(self):
         return meter.NO_STEP                    # the slots' owner records the step (outside a capture)
+
+    def states(self, layer: int):
+        raise NoStaticState(NO_STATIC_STATE)
 
     def advance(self) -> None:
         pass                                    # the owner moves the positions buffer on
@@ -257,8 +278,8 @@ class StepPlan:
         self.rows_of_positions = slice(one.pos, one.pos + one.n) if len(spans) == 1 else self.positions
         self.wants = wants                  # per sequence: "last", "all" or None
         self.kernels = K = kernel_set or get_kernel_set("numpy")           # the model's kernel set
-        self.attention = batched_decode(spans, K) or PerSequence(spans, K)
-        self.attend = self.attention.attend
+        self.each = PerSequence(spans, K)                                  # any attention, sequence by sequence
+        self.attention = batched_decode(spans, K) or self.each             # plain attention: batched where it pays
         rows = []
         for s, w in zip(spans, wants):
             if w == "last":
@@ -266,6 +287,14 @@ class StepPlan:
             elif w == "all":
                 rows.extend(range(s.r0, s.r0 + s.n))
         self.rows = rows                    # the rows the LM head scores
+
+    def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+               spec: ops.AttentionSpec = ops.PLAIN) -> np.ndarray:
+        """The blocks' one attention (see the module): plain attention as the plan chose (batched or per
+        sequence), any other spec (ops.AttentionSpec) sequence by sequence over each own cache."""
+        if spec.asks():
+            return self.each.attend(layer, q, k, v, spec)
+        return self.attention.attend(layer, q, k, v)
 
     @property
     def n_tokens(self) -> int:
@@ -287,6 +316,18 @@ class StepPlan:
                           attended=max(s.pos + s.n for s in self.spans),
                           seqs=[(s.pos, s.n) for s in self.spans],
                           clock=None if self.xp is np else partial(backend.clock, self.xp))
+
+    def states(self, layer: int) -> list:
+        """What a layer that keeps a fixed state per sequence (a hybrid's linear layer, cache/state.py)
+        takes from the step: (its rows, its state for state layer `layer`) per sequence, the state
+        None for a pass that keeps nothing (it starts at zeros and is dropped)."""
+        out = []
+        for s in self.spans:
+            if s.cache.state is None and not s.cache.transient:
+                raise MiniLLMError("this model's linear layers keep a state per sequence and this cache has no "
+                                   "slot for one; make caches with model.new_cache() or the model's pool (model.POOL)")
+            out.append((slice(s.r0, s.r0 + s.n), None if s.cache.state is None else s.cache.state.at(layer)))
+        return out
 
     def advance(self) -> None:
         """The step ran: every cache now holds its new positions."""
