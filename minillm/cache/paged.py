@@ -114,6 +114,11 @@ class PagedKVPool:
     state_blocks = 0
     states = None
 
+    @classmethod
+    def state_blocks_for(cls, config, block_size: int = 16, dtype=np.float32) -> int:
+        """Blocks one sequence's fixed state takes besides its positions': none in a plain pool."""
+        return 0
+
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, dtype=np.float32,
                  xp=np) -> None:
         """xp: the module of the model's arrays (numpy; cupy puts the blocks on the GPU)."""

@@ -171,8 +171,7 @@ def warm_up(model, ids, kv_cache: bool = True, engine: bool = False) -> float:
     ids = list(ids)[: max(1, min(8, len(ids)))]
     t0 = time.perf_counter()
     generate(model, ids, 2, kv_cache=kv_cache)
-    n_ctx = getattr(model.config, "n_ctx", 0) or 0
-    if getattr(model, "kernels", "numpy") != "numpy" and kv_cache and n_ctx >= SHORT_DECODE + 3:
+    if model.kernels != "numpy" and kv_cache and model.config.n_ctx >= SHORT_DECODE + 3:
         long = (ids * (SHORT_DECODE // len(ids) + 2))[: SHORT_DECODE + 1]    # the decode passes SHORT_DECODE keys
         generate(model, long, 2, kv_cache=True)
     if engine:

@@ -82,8 +82,7 @@ def generate_batch(model, prompts, max_new_tokens, *, temperature: float = 0.0, 
         except PromptError as e:
             raise PromptError(f"prompt {i}: {e}") from None
         checked.append((ids, int(limit)))
-    state_blocks = getattr(getattr(model, "POOL", None), "state_blocks_for", None)   # a hybrid's states
-    per_state = state_blocks(model.config, block_size, model.dtype) if state_blocks is not None else 0
+    per_state = model.POOL.state_blocks_for(model.config, block_size, model.dtype)   # a hybrid's states
     blocks = sum(-(-(ids.size + limit) // block_size) + per_state for ids, limit in checked)
     engine = Engine(model, num_blocks=max(blocks, 1), block_size=block_size, cache=cache, policy="static",
                     max_seqs=n, max_batched_tokens=max(sum(ids.size for ids, _ in checked), 1), meter=False,

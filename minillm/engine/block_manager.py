@@ -162,8 +162,8 @@ class BlockManager:
         return self.blocks_for(len(seq)) - shared + revived + self.state_blocks
 
     def can_admit(self, seq: Sequence, m: Match) -> bool:
-        states = getattr(self.pool, "states", None)     # a hybrid's: a free state slot too (blocks of no
-        return self.blocks_to_admit(seq, m) <= self.n_free and (states is None or states.n_free > 0)   # bytes)
+        states = self.pool.states               # a hybrid's: a free state slot too (blocks of no bytes)
+        return self.blocks_to_admit(seq, m) <= self.n_free and (states is None or states.n_free > 0)
 
     def admit(self, seq: Sequence, m: Match) -> None:
         """Give the sequence a cache holding the cached blocks of its prefix (shared) and free blocks

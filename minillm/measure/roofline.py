@@ -235,11 +235,8 @@ def collect(hw: Hardware, parts=PARTS, model: str = "random-124m", batches=BATCH
         results["mixture"] = run_batch_bench(load(MIXTURE, kernels=kernels), [1, 8], hw, repeats=repeats)
     if "latent" in parts:
         say("latent")
-        models = {}
-        for way in ("absorbed", "decompressed"):
-            m = load(LATENT, kernels=kernels)
-            m.mla_decode = way
-            models[way] = m
+        m = load(LATENT, kernels=kernels)
+        models = {way: m.with_options(mla_decode=way) for way in ("absorbed", "decompressed")}
         results["latent"] = run_batch_benches(models, [1], hw, context=LATENT_CONTEXT, repeats=repeats)
     return results
 
