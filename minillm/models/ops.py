@@ -474,3 +474,22 @@ def geglu(gate_up: np.ndarray) -> np.ndarray:
     if m is not None:
         m.count("geglu", activations=gate_up.nbytes + y.nbytes, other=9 * y.size)
     return y
+
+
+def clamped_swiglu(gate_up: np.ndarray, limit: float, alpha: float) -> np.ndarray:
+    """gpt-oss's SwiGLU: (clip(up, -limit, limit) + 1) · g · sigmoid(alpha · g), g = min(gate, limit),
+    the sigmoid in its tanh form (as `swiglu`). gate_up [N, 2F] (gate, then up) -> [N, F].
+    Counted 9 an element: two clips, the scaled sigmoid's four, the products and the + 1."""
+    F = gate_up.shape[-1] // 2
+    xp = backend.namespace(gate_up)
+    g = xp.minimum(gate_up[:, :F], limit)                       # [N, F]
+    y = g * (0.5 * alpha)
+    xp.tanh(y, out=y)
+    y += 1.0
+    y *= 0.5                                                    # sigmoid(alpha · g)
+    y *= g
+    y *= xp.clip(gate_up[:, F:], -limit, limit) + 1.0
+    m = meter.active()
+    if m is not None:
+        m.count("swiglu", activations=gate_up.nbytes + y.nbytes, other=9 * y.size)
+    return y
