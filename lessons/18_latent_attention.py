@@ -25,7 +25,7 @@ from minillm.measure.chips import CHIPS
 from minillm.measure.experts import FP8_TILE, PUBLISHED, held_bytes, published_params, read_bytes
 from minillm.measure.shapes import kv_bytes_per_token, shape
 from minillm.meter import Meter
-from minillm.models import deepseek
+from minillm.models import deepseek, moe
 from minillm.models.deepseek import DeepSeekConfig, decode_attention_cost
 from minillm.models.llama import LlamaConfig
 from minillm.ui.report import fmt_bytes, fmt_flops
@@ -215,7 +215,7 @@ def against_the_ridge(L: Lesson) -> None:
     if L.fast:
         small = dict(n_layer=2, n_expert=8, n_ctx=1024)
         models = {MLA: random_model(dataclasses.replace(deepseek.SHAPES[MLA], **small, n_group=2, topk_group=1)),
-                  GQA: random_model(dataclasses.replace(deepseek.SHAPES[GQA], **small))}
+                  GQA: random_model(dataclasses.replace(moe.SHAPES[GQA], **small))}
     else:
         with L.status("building the two presets (seconds)…"):
             models = {MLA: minillm.load(MLA, kernels="numpy"), GQA: minillm.load(GQA, kernels="numpy")}

@@ -22,7 +22,7 @@ from minillm.errors import MiniLLMError
 from minillm.measure.chips import get_chip
 from minillm.measure.contexts import run_context_sweep
 from minillm.measure.shapes import HYBRID_SHAPES, UTILISATION, capacity, shape, shape_of
-from minillm.models import qwen35
+from minillm.models import deltanet, qwen35
 from minillm.models.qwen35 import FULL, LINEAR, Qwen35Config, decode_step_bytes
 from minillm.ui.report import fmt_bytes, fmt_flops
 
@@ -106,8 +106,8 @@ def two_forms(L: Lesson, model) -> None:
     g = -rng.uniform(0, 0.5, (Hv, T)).astype(np.float32)
     beta = rng.uniform(0, 1, (Hv, T)).astype(np.float32)
     S0 = np.zeros((Hv, dk, dv), dtype=np.float32)
-    forms = {"recurrent": lambda: qwen35.delta_rule_recurrent(q, k, v, g, beta, S0),
-             "chunked": lambda: qwen35.delta_rule_chunked(q, k, v, g, beta, S0, qwen35.CHUNK)}
+    forms = {"recurrent": lambda: deltanet.delta_rule_recurrent(q, k, v, g, beta, S0),
+             "chunked": lambda: deltanet.delta_rule_chunked(q, k, v, g, beta, S0, deltanet.CHUNK)}
     out, counted = {}, {}
     for name, fn in forms.items():
         with minillm.Meter() as m:
@@ -127,13 +127,13 @@ def two_forms(L: Lesson, model) -> None:
         traffic = counted[name].bytes["activations"] - sum(a.nbytes for a in (q, k, v, g, beta)) \
             - out[name][0].nbytes
         t.add_row(name, fmt_flops(counted[name].total_flops), fmt_bytes(traffic), times[name].short())
-    L.show(t, f"[dim]{Hv} heads, dk = {dk}, dv = {dv}, {T} tokens, chunks of {qwen35.CHUNK}; state traffic: the "
+    L.show(t, f"[dim]{Hv} heads, dk = {dk}, dv = {dv}, {T} tokens, chunks of {deltanet.CHUNK}; state traffic: the "
               f"states the form reads and writes as it goes ({fmt_bytes(state)} each), counted by the meter[/]")
     L.timing_note()
     f_rec, f_chunk = counted["recurrent"].total_flops, counted["chunked"].total_flops
     L.fact(f"the recurrent form does {fmt_flops(f_rec)} in {T} tiny steps that each move the whole state; the "
            f"chunked form does {fmt_x(f_chunk / f_rec)} those FLOPs as matrix products over "
-           f"{plural(-(-T // qwen35.CHUNK), 'chunk')}, the state moved once per chunk")
+           f"{plural(-(-T // deltanet.CHUNK), 'chunk')}, the state moved once per chunk")
     ratio = times["recurrent"].median / times["chunked"].median
     L.say(f"Here the recurrent form took {fmt_x(ratio)} the chunked form's time over the whole prompt"
           + (": a prompt wants the chunked form." if ratio > 1 else

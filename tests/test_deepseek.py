@@ -23,7 +23,7 @@ from minillm.checkpoints.llama_load import read_tensors
 from minillm.errors import ConfigError
 from minillm.measure.experts import PUBLISHED, published_params
 from minillm.measure.shapes import kv_bytes_per_token, shape
-from minillm.models import deepseek, ops
+from minillm.models import deepseek, mla, ops
 from minillm.models.deepseek import DeepSeekConfig, DeepSeekV3, random_params
 from minillm.models.moe import routes
 from minillm.models.target import Target
@@ -194,8 +194,8 @@ def test_absorbed_equals_decompressed_one_layer(c, seed, Tq, extra):
     Tk = Tq + extra
     q = rng.standard_normal((c.n_head, Tq, c.qk_head_dim))
     rows = rng.standard_normal((1, Tk, c.head_dim))
-    a = deepseek.absorbed(deepseek.whole_sequence, q, rows, p, c)
-    b = deepseek.decompressed(deepseek.whole_sequence, q, rows, p, c)
+    a = mla.absorbed(mla.whole_sequence, q, rows, p, c)
+    b = mla.decompressed(mla.whole_sequence, q, rows, p, c)
     assert a.shape == b.shape == (c.n_head, Tq, c.v_head_dim)
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
 

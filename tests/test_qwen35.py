@@ -24,7 +24,7 @@ from minillm import meter
 from minillm.cache.paged import KVCacheFullError
 from minillm.cache.state import HybridPagedPool, NoRollback
 from minillm.errors import ConfigError, MiniLLMError, WeightsError
-from minillm.models import qwen35
+from minillm.models import deltanet, qwen35
 from minillm.models.qwen35 import FULL, LINEAR, Qwen35, Qwen35Config, random_params
 from minillm.models.target import Target
 
@@ -155,12 +155,12 @@ def delta_inputs(draw):
 @given(delta_inputs())
 def test_chunked_equals_recurrent(inputs):
     q, k, v, g, beta, S, chunk = inputs
-    o1, S1 = qwen35.delta_rule_recurrent(q, k, v, g, beta, S)
-    o2, S2 = qwen35.delta_rule_chunked(q, k, v, g, beta, S, chunk)
+    o1, S1 = deltanet.delta_rule_recurrent(q, k, v, g, beta, S)
+    o2, S2 = deltanet.delta_rule_chunked(q, k, v, g, beta, S, chunk)
     np.testing.assert_allclose(o2, o1, rtol=0, atol=1e-10)
     np.testing.assert_allclose(S2, S1, rtol=0, atol=1e-10)
     f = lambda a: a.astype(np.float32)
-    o3, S3 = qwen35.delta_rule_chunked(*map(f, (q, k, v, g, beta, S)), chunk)
+    o3, S3 = deltanet.delta_rule_chunked(*map(f, (q, k, v, g, beta, S)), chunk)
     assert o3.dtype == np.float32
     np.testing.assert_allclose(o3, o1, rtol=0, atol=2e-5 * max(1.0, np.abs(o1).max()))
 
@@ -172,10 +172,10 @@ def test_a_prompt_split_anywhere_carries_the_state(inputs, data):
     q, k, v, g, beta, S, chunk = inputs
     n = q.shape[1]
     cut = data.draw(st.integers(0, n))
-    o, S_end = qwen35.delta_rule_chunked(q, k, v, g, beta, S, chunk)
+    o, S_end = deltanet.delta_rule_chunked(q, k, v, g, beta, S, chunk)
     part = lambda a, s: a[:, s]
-    oa, Sa = qwen35.delta_rule(*(part(a, slice(0, cut)) for a in (q, k, v, g, beta)), S, chunk) if cut else (o[:, :0], S)
-    ob, Sb = qwen35.delta_rule(*(part(a, slice(cut, n)) for a in (q, k, v, g, beta)), Sa, chunk) if cut < n \
+    oa, Sa = deltanet.delta_rule(*(part(a, slice(0, cut)) for a in (q, k, v, g, beta)), S, chunk) if cut else (o[:, :0], S)
+    ob, Sb = deltanet.delta_rule(*(part(a, slice(cut, n)) for a in (q, k, v, g, beta)), Sa, chunk) if cut < n \
         else (o[:, :0], Sa)
     np.testing.assert_allclose(np.concatenate([oa, ob], axis=1), o, rtol=0, atol=1e-10)
     np.testing.assert_allclose(Sb, S_end, rtol=0, atol=1e-10)
@@ -186,7 +186,7 @@ def test_a_prompt_split_anywhere_carries_the_state(inputs, data):
 def test_ut_inverse_inverts(C, seed):
     rng = np.random.default_rng(seed)
     A = np.tril(rng.uniform(-1, 1, (2, C, C)), -1)
-    T = qwen35.ut_inverse(A)
+    T = deltanet.ut_inverse(A)
     np.testing.assert_allclose((np.eye(C) + A) @ T, np.broadcast_to(np.eye(C), A.shape), atol=1e-9)
 
 
@@ -197,9 +197,9 @@ def test_convolution_in_pieces_carries_its_window(K, n, cut, seed):
     cut = min(cut, n)
     x, w = rng.standard_normal((n, 6)), rng.standard_normal((K, 6))
     zero = np.zeros((K - 1, 6))
-    y, window = qwen35.causal_conv(x, zero, w)
-    ya, wa = qwen35.causal_conv(x[:cut], zero, w)
-    yb, wb = qwen35.causal_conv(x[cut:], wa, w)
+    y, window = deltanet.causal_conv(x, zero, w)
+    ya, wa = deltanet.causal_conv(x[:cut], zero, w)
+    yb, wb = deltanet.causal_conv(x[cut:], wa, w)
     np.testing.assert_allclose(np.concatenate([ya, yb]), y, atol=1e-12)
     np.testing.assert_array_equal(wb, window)
     padded = np.concatenate([zero, x])                                   # the definition, one output at a time

@@ -328,7 +328,7 @@ def moe_ceilings(s: dict, context: int, b: float | None, kvb: float, chips: list
     FLOPs aside). And whether the weights fit the chip's memory. `b` None: the weights as released."""
     from ..measure.chips import roofline
     from ..measure.experts import held_bytes, params_read, read_bytes
-    from ..models.moe import expected_distinct_experts
+    from ..models.mixture import expected_distinct_experts
     from ..measure.shapes import kv_bytes_per_sequence
     B, kv = MOE_BATCH, kv_bytes_per_sequence(s, context, kvb)
     held = held_bytes(s, b) / 1e9

@@ -38,7 +38,7 @@ from ..errors import MiniLLMError
 from ..models import ops
 from .bench import decode_weights, head_array, matvec_pass, matvec_pass_out_in
 from ..meter import Meter
-from ..models.moe import expected_distinct_experts, routes
+from ..models.mixture import expected_distinct_experts, routes
 
 
 def bare_pass(mats: list[np.ndarray], head: np.ndarray, B: int, shaped: bool) -> float:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..models.moe import expected_distinct_experts
+from ..models.mixture import expected_distinct_experts
 
 SOURCE = "config.json on the Hugging Face hub"
 PUBLISHED = {

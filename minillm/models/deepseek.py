@@ -8,35 +8,8 @@ mixture of experts, read like the papers (DeepSeek-V2, arXiv 2405.04434; DeepSee
                                                        # `first_k_dense` blocks, then DeepSeek's mixture
     logits = rms_norm(x) @ head
 
-Multi-head latent attention. Each token's keys and values come out of one small latent vector, and
-that latent (with one rotary key all heads share) is all the KV cache keeps:
-
-    q              = q_b(rms_norm(q_a(x)))             # [H, dn + dr]: low rank (q_lora_rank), or
-                                                       # q_proj(x) when q_lora_rank is null
-    q_nope, q_rope = q[:, :dn], q[:, dn:]              # [H, dn], [H, dr]
-    c, k_rope      = kv_a(x)[:r], kv_a(x)[r:]          # [r] the latent, [dr] one rotary key for all heads
-    c              = rms_norm(c)
-    q_rope, k_rope = rope(q_rope), rope(k_rope)
-    row            = [c | k_rope]                      # [r + dr]: what the cache holds, a token a layer
-                                                       # (512 + 64 = 576 values at DeepSeek-V3's shape)
-
-and then attention, two ways that compute the same numbers:
-
-    decompressed   k_nope_h, v_h = W_UK_h c, W_UV_h c  # kv_b: every head's key [dn] and value [dv]
-                   k_h = [k_nope_h | k_rope]           # the rotary part shared by all heads
-                   o_h = softmax(q_h · k_h / √(dn + dr)) v_h
-    absorbed       q_lat_h = W_UK_hᵀ q_nope_h          # [r]: the query moved into the latent, since
-                                                       # q_nope · (W_UK c) = (W_UKᵀ q_nope) · c
-                   o_lat_h = softmax([q_lat_h | q_rope_h] · row / √(dn + dr)) c      # [r]
-                   o_h = W_UV_h o_lat_h                # [dv]: the value projection applied once, after
-    out = o_proj([o_1 | ... | o_H])
-
-Decompressed is the definition, and how a prompt runs (a prefill's T tokens multiply kv_b once each,
-compute-bound anyway). Absorbed is how serving engines decode (FlashMLA, FlashInfer's MLA kernels):
-H query heads attend over ONE key/value head of r + dr values (multi-query attention whose values
-are the keys' first r entries), and kv_b is multiplied by the H queries instead of by every cached
-token, so a decode step's attention does about 2·H·(2r + dr) FLOPs per (r + dr)·b bytes of KV read:
-≈ 1.9·H per byte in bf16, against GQA's ≈ g.
+Multi-head latent attention is an attention kind of its own (models/mla.py: the latent, the two
+ways of attending, `MLAShape`); this module assembles it, with DeepSeek's mixture, into blocks.
 
 Rotary positions. `rope_interleave` (DeepSeek's files: true) turns the coordinate pairs (2i, 2i + 1);
 ops.rope turns (i, i + dr/2). A permutation applied to both q and k leaves q·k unchanged, so the
@@ -65,29 +38,19 @@ from typing import Iterator
 
 import numpy as np
 
-from .. import meter
 from ..config import Layout, MAX_CONTEXT, MAX_COUNT, hf_model_type, whole
 from ..errors import ConfigError
-from . import moe, ops
+from . import ops
 from .base import RANDOM_SEED, CausalLM
 from .factory import make_weight, on_device
-from .llama import mlp
-from .moe import MoEConfig, dispatch, expected_distinct_experts, expert, record_route
-from .options import Option
+from .blocks import mlp, norm_head
+from .mixture import dispatch, expected_distinct_experts, expert, grouped_route as route  # noqa: F401  (route: its router)
+from .mla import MLA_DECODE, MLA_OPTION, WAYS, MLAShape, mla  # noqa: F401  (MLA_DECODE: the family's ways)
 from .quant import FORMATS
 from .target import Target, cpu_only
 from .weights import check_blocks, label, stored
 
 MODEL_TYPES = ("deepseek_v3",)
-MLA_DECODE = ("absorbed", "decompressed")
-MLA_OPTION = Option(
-    "mla_decode", MLA_DECODE,
-    "latent attention (a DeepSeek-V3-family model): how a decode step attends: absorbed (the default: kv_b "
-    "folded into the query and the output, attention over the cached latent, as serving engines decode) or "
-    "decompressed (every head's K and V rebuilt from the latent each step, as prompts are)",
-    "latent attention (a DeepSeek-V3-family model has)")
-
-
 # -- the config -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -168,6 +131,12 @@ class DeepSeekConfig(Layout):
     def scale(self) -> float:
         """Attention's scale, 1/√(dn + dr), either way (absorbed too: not 1/√ of the r + dr it multiplies)."""
         return self.qk_head_dim ** -0.5
+
+    @property
+    def mla(self) -> MLAShape:
+        """What its latent attention reads (models/mla.py)."""
+        return MLAShape(self.n_head, self.kv_lora_rank, self.qk_nope_head_dim, self.qk_rope_head_dim,
+                        self.v_head_dim, self.q_lora_rank, self.eps)
 
     @property
     def qk_head_dim(self) -> int:
@@ -344,122 +313,7 @@ def rope_rows(c: DeepSeekConfig, rows: int, heads: int, per_head: int) -> np.nda
     return order
 
 
-# -- the attention, as small functions --------------------------------------------------------------
-
-def query(xq: np.ndarray, p: dict, c: DeepSeekConfig, K) -> np.ndarray:
-    """The queries, every head. xq [N, r_q] (q_a's output, low rank) or [N, H·(dn+dr)] (q_proj's, the
-    direct path) -> [H, N, dn + dr]."""
-    if c.q_lora_rank is not None:
-        xq = ops.linear(K.rms_norm(xq, p["q_a_layernorm.weight"], c.eps), p["q_b_proj.weight"])   # [N, H·(dn+dr)]
-    N = xq.shape[0]
-    return xq.reshape(N, c.n_head, c.qk_head_dim).transpose(1, 0, 2)                 # [H, N, dn + dr]
-
-
-def project(x: np.ndarray, p: dict, c: DeepSeekConfig, K) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Everything attention takes from x: x [N, d] -> q [H, N, dn + dr], the latent c [N, r] (normed),
-    the rotary key [1, N, dr] (not turned yet). Low rank: q_a and kv_a side by side, one product
-    [d, r_q + r + dr] (both read x; vLLM fuses them too). Direct: q_proj [d, H·(dn + dr)], then kv_a."""
-    if c.q_lora_rank is not None:
-        a = ops.linear(x, p["qa_kva.weight"], p.get("qa_kva.bias"))        # [N, r_q + r + dr]
-        q, kv = query(a[:, :c.q_lora_rank], p, c, K), a[:, c.q_lora_rank:]
-    else:
-        q = query(ops.linear(x, p["q_proj.weight"]), p, c, K)                # [H, N, dn + dr]
-        kv = ops.linear(x, p["kv_a.weight"], p.get("kv_a.bias"))             # [N, r + dr]
-    r = c.kv_lora_rank
-    latent = K.rms_norm(kv[:, :r], p["kv_a_layernorm.weight"], c.eps)       # [N, r]
-    return q, latent, kv[None, :, r:]                                       # ..., [1, N, dr]
-
-
-def decompress(rows: np.ndarray, values: np.ndarray, p: dict, c: DeepSeekConfig) -> tuple[np.ndarray, np.ndarray]:
-    """Every head's key and value rebuilt from cached rows: kv_b on each row's latent, and the shared
-    rotary key beside every head's. rows [1, T, r + dr] (values: their first r columns, unused: the
-    latent is read from the rows) -> k [H, T, dn + dr], v [H, T, dv]. The attention it feeds reads
-    these T·H·(dn + dr + dv) values instead of the T·(r + dr) cached: what absorbing saves."""
-    T, r, dn = rows.shape[1], c.kv_lora_rank, c.qk_nope_head_dim
-    kv = ops.linear(rows[0, :, :r], p["kv_b.weight"])                       # [T, H·(dn + dv)]
-    kv = kv.reshape(T, c.n_head, dn + c.v_head_dim).transpose(1, 0, 2)      # [H, T, dn + dv]
-    k = np.empty((c.n_head, T, c.qk_head_dim), dtype=kv.dtype)              # [H, T, dn + dr]
-    k[:, :, :dn] = kv[:, :, :dn]
-    k[:, :, dn:] = rows[:, :, r:]                                           # one rotary key for every head
-    return k, kv[:, :, dn:]
-
-
-def absorbed(attend, q: np.ndarray, row: np.ndarray, p: dict, c: DeepSeekConfig, K=None) -> np.ndarray:
-    """Attention inside the latent: each head's query moved into it (W_UKᵀ q_nope, since q_nope ·
-    (W_UK c) = (W_UKᵀ q_nope) · c), H query heads over ONE key/value head of r + dr values whose first
-    r are the values too, and each head's latent output taken to its value space after (W_UV o_lat).
-    q [H, N, dn + dr] (rotated), row [1, N, r + dr] the new rows -> [H, N, dv].
-    attend(q, k, v, spec) stores the new rows and attends over all of them (the step's plan); K: the
-    kernel set (its per-head products; None: NumPy's)."""
-    dn, r = c.qk_nope_head_dim, c.kv_lora_rank
-    head_product = ops.head_product if K is None else K.head_product
-    q_lat = head_product(q[:, :, :dn], p["w_uk"], "mla_absorb_q")                   # [H, N, r]
-    q_row = np.concatenate([q_lat, q[:, :, dn:]], axis=-1)                           # [H, N, r + dr]
-    o_lat = attend(q_row, row, row[:, :, :r], ops.AttentionSpec(scale=c.scale, value_width=r))   # [H, N, r]
-    return head_product(o_lat, p["w_uv_t"], "mla_absorb_o")                         # [H, N, dv]
-
-
-def decompressed(attend, q: np.ndarray, row: np.ndarray, p: dict, c: DeepSeekConfig, K=None) -> np.ndarray:
-    """The definition: every head's K and V rebuilt from all the cached rows (`decompress`), then
-    attention. q [H, N, dn + dr] (rotated), row [1, N, r + dr] the new rows -> [H, N, dv]."""
-    spec = ops.AttentionSpec(scale=c.scale, value_width=c.v_head_dim, expand=partial(decompress, p=p, c=c))
-    return attend(q, row, row[:, :, :c.kv_lora_rank], spec)
-
-
-WAYS = {"absorbed": absorbed, "decompressed": decompressed}
-
-
-def whole_sequence(q: np.ndarray, k: np.ndarray, v: np.ndarray, spec: ops.AttentionSpec = ops.PLAIN) -> np.ndarray:
-    """An `attend` with no cache: the rows given are all there is (k and v: every position so far)."""
-    if spec.expand is not None:
-        k, v = spec.expand(k, v)
-    return ops.attention(q, k, v, spec=spec)
-
-
-def mla(x: np.ndarray, p: dict, c: DeepSeekConfig, cos: np.ndarray, sin: np.ndarray, attend, way, K) -> np.ndarray:
-    """Multi-head latent attention. x [N, d], cos/sin [N, dr/2] -> [N, d]. way: `absorbed` or
-    `decompressed`, attending with attend(q, k, v, spec) (the step's plan)."""
-    q, latent, k_rope = project(x, p, c, K)                                 # [H, N, dn+dr], [N, r], [1, N, dr]
-    dn = c.qk_nope_head_dim
-    turned = K.rope(np.concatenate([q[:, :, dn:], k_rope]), cos, sin)      # [H + 1, N, dr]: q's and k's rotary parts
-    q = np.concatenate([q[:, :, :dn], turned[:-1]], axis=-1)                # [H, N, dn + dr]
-    row = np.concatenate([latent[None], turned[-1:]], axis=-1)              # [1, N, r + dr]: what the cache keeps
-    o = way(attend, q, row, p, c, K)                                        # [H, N, dv]
-    return ops.linear(ops.merge_heads(o), p["o_proj.weight"], p.get("o_proj.bias"))   # [N, d]
-
-
 # -- DeepSeek's mixture -----------------------------------------------------------------------------
-
-def route(x: np.ndarray, router, bias: np.ndarray, c: DeepSeekConfig) -> tuple[np.ndarray, np.ndarray]:
-    """Which k experts each row uses, and how much. x [N, d], router [d, E] (a weight), bias [E] ->
-    (experts [N, k], weights [N, k]).
-
-    The affinities s = sigmoid(x·router) weigh; s + bias chooses (bias: the load-balancing correction,
-    learned without a loss term). Groups: the E experts split into n_group groups of E/G, each scored
-    by its two best choices; a row picks its k among the topk_group best groups only."""
-    logits = ops.linear(x, router)                                          # [N, E]
-    s = 1.0 / (1.0 + np.exp(-logits))                                       # [N, E] affinities
-    choice = s + bias                                                       # [N, E]
-    N, E, G = s.shape[0], c.n_expert, c.n_group
-    if c.topk_group < G:
-        per = choice.reshape(N, G, E // G)                                  # [N, G, E/G]
-        best2 = -np.sort(-per, axis=-1)[:, :, :min(2, E // G)].sum(-1)      # [N, G]: a group's two best
-        groups = np.argsort(-best2, axis=-1, kind="stable")[:, :c.topk_group]   # [N, topk_group]
-        allowed = np.zeros((N, G), dtype=bool)
-        np.put_along_axis(allowed, groups, True, axis=-1)
-        choice = np.where(np.repeat(allowed, E // G, axis=-1), choice, -np.inf)   # [N, E]
-    top = np.argsort(-choice, axis=-1, kind="stable")[:, :c.top_k]          # [N, k]: ties to the lower id
-    w = np.take_along_axis(s, top, axis=-1)                                 # [N, k]: weighed by s, not s + bias
-    if c.norm_topk:
-        w = w / (w.sum(-1, keepdims=True) + 1e-20)
-    w = w * c.routed_scale
-    m = meter.active()
-    if m is not None:
-        m.count("router", weights=bias.nbytes, activations=3 * s.nbytes + top.nbytes + w.nbytes,
-                other=5 * s.size + 2 * w.size)
-    record_route(top)
-    return top, w
-
 
 def mixture(x: np.ndarray, p: dict, c: DeepSeekConfig, act=ops.swiglu) -> np.ndarray:
     """DeepSeek's mixture: k routed experts per row (models/moe.py's `dispatch`: each chosen expert
@@ -505,6 +359,7 @@ class DeepSeekV3(CausalLM):
                      target.weights, self.name)
         self.dtype = target.dtype
         self.mla_decode = MLA_OPTION.check(mla_decode)
+        self.shape = c.mla                   # what its latent attention reads (models/mla.py)
         self.eos_ids = tuple(eos_ids)
         self.tokenizer = None
         embed = tensors["embed_tokens.weight"]                                            # [V, d]
@@ -539,13 +394,11 @@ class DeepSeekV3(CausalLM):
         way = WAYS[self.way(plan)]
         for layer, p in enumerate(self.blocks):
             h = K.rms_norm(x, p["input_layernorm.weight"], c.eps)
-            x = ops.add(x, mla(h, p, c, cos, sin, partial(plan.attend, layer), way, K))
+            x = ops.add(x, mla(h, p, self.shape, cos, sin, partial(plan.attend, layer), way, K))
             x = ops.add(x, self.ffn(layer)(K.rms_norm(x, p["post_attention_layernorm.weight"], c.eps), p))
         return x
 
-    def head(self, h: np.ndarray) -> np.ndarray:
-        """The final RMS norm and the LM head, on the scored rows. h [S, d] -> logits [S, V]."""
-        return ops.lm_head(self.kernel_set.rms_norm(h, self.norm, self.config.eps), self.head_w)
+    head = norm_head                   # the final RMS norm and the LM head (models/blocks.py)
 
     def gathered(self) -> tuple[str, ...]:
         return () if self.config.tied else ("embed_tokens.weight",)
@@ -726,26 +579,18 @@ def decode_attention_cost(c: DeepSeekConfig, T: int, mla: str, itemsize: int = 4
 # 32 experts of 256 in 4 groups (2 open), 4 and one shared a token, the first block dense. In float32
 # it holds ~0.9 GB, of which a token reads ~0.25 GB: well past a 32 MiB last-level cache.
 
-SHAPES: dict[str, DeepSeekConfig] = {
+SHAPES: dict[str, DeepSeekConfig] = {                 # its GQA twin, random-mla-gqa: models/moe.py
     "random-mla": DeepSeekConfig(n_layer=8, n_head=16, n_embd=1024, n_ctx=16384, vocab_size=8192, ffn=2816,
                                  kv_lora_rank=256, q_lora_rank=384, qk_nope_head_dim=64, qk_rope_head_dim=32,
                                  v_head_dim=64, n_expert=32, top_k=4, expert_ffn=256, n_shared=1, n_group=4,
                                  topk_group=2, routed_scale=2.5, first_k_dense=1, eps=1e-6, theta=1e4),
-    # its GQA twin (models/moe.py's mixture): the same width, layers, heads of the value width, 4 KV
-    # heads (g = 4), the same experts with k + 1 routed in place of the shared one, the first block dense:
-    # a token reads about the same weights, and its cache holds 2·4·64 = 512 values a layer against 288
-    "random-mla-gqa": MoEConfig(n_layer=8, n_head=16, n_kv_head=4, head_dim=64, n_embd=1024, n_ctx=16384,
-                                vocab_size=8192, ffn=2816, eps=1e-6, theta=1e4, arch="qwen3", qk_norm=True,
-                                tied=False, n_expert=32, top_k=5, expert_ffn=256, norm_topk=True,
-                                dense_layers=(0,), model_type="qwen3_moe"),
 }
 
 
-def random(config, target: Target | None = None, name: str = "", seed: int = RANDOM_SEED, **options) -> CausalLM:
+def random(config: DeepSeekConfig, target: Target | None = None, name: str = "", seed: int = RANDOM_SEED,
+           **options) -> "DeepSeekV3":
     """A seeded model of this shape with random weights (normal(0, 0.02), norm gains near 1, a router
-    bias of 0.1's order), made for the target; the GQA twin's config builds models/moe.py's mixture."""
-    if not isinstance(config, DeepSeekConfig):
-        return moe.random(config, target, name, seed)
+    bias of 0.1's order), made for the target with the family's options."""
     params = random_params(config, seed, 0.02, (target or Target.numpy()).dtype)
     return DeepSeekV3(config, params, target, name=name or f"random-mla-{config.n_layer}x{config.n_embd}", **options)
 

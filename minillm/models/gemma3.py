@@ -34,8 +34,9 @@ import numpy as np
 
 from ..config import Layout, MAX_CONTEXT, MAX_COUNT, hf_model_type, whole
 from ..errors import ConfigError
-from . import llama, ops
+from . import ops
 from .base import RANDOM_SEED
+from .blocks import mlp
 from .factory import on_device
 from .llama import Block, Llama, self_attention, stack_block
 from .target import Target
@@ -219,7 +220,7 @@ def gains(tensors: dict, dtype) -> dict:
 
 def geglu_mlp(x: np.ndarray, p: Block) -> np.ndarray:
     """GeGLU. [N, d] -> gate|up [N, 2F] -> gelu_tanh(gate)·up [N, F] -> [N, d]."""
-    return llama.mlp(x, p, act=ops.geglu)
+    return mlp(x, p, act=ops.geglu)
 
 
 def gemma_block(x: np.ndarray, p: Block, c: Gemma3Config, cos, sin, attend, K) -> np.ndarray:

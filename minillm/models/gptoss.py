@@ -39,7 +39,8 @@ from . import ops
 from .base import RANDOM_SEED
 from .factory import make_weight, on_device
 from .llama import Block, stack_block, transformer_block
-from .moe import MoE, experts_mlp
+from .mixture import experts_mlp
+from .moe import MoE
 from .target import Target
 
 MODEL_TYPES = ("gpt_oss",)

@@ -46,6 +46,7 @@ from ..config import Layout, MAX_CONTEXT, MAX_COUNT, hf_model_type, whole
 from ..errors import ConfigError, WeightsError
 from . import ops
 from .base import RANDOM_SEED, CausalLM
+from .blocks import checkpoint_params, mlp, norm_head
 from .kernel_sets import KernelSet
 from .ops import merge_heads
 from .target import Target
@@ -286,13 +287,6 @@ def self_attention(x: np.ndarray, p: Block, c: LlamaConfig, cos: np.ndarray, sin
     return ops.linear(a, p["o_proj.weight"], p.get("o_proj.bias"))          # [N, d]
 
 
-def mlp(x: np.ndarray, p: Block, act=ops.swiglu) -> np.ndarray:
-    """SwiGLU. [N, d] -> gate|up [N, 2F] -> silu(gate)·up [N, F] -> [N, d]. act: ops.swiglu, or a
-    kernel set's (K.swiglu)."""
-    h = ops.linear(x, p["gate_up.weight"], p.get("gate_up.bias"))           # [N, 2F]
-    return ops.linear(act(h), p["down_proj.weight"], p.get("down_proj.bias"))   # [N, d]
-
-
 def transformer_block(x: np.ndarray, p: Block, c: LlamaConfig, cos, sin, attend, ffn, K: KernelSet) -> np.ndarray:
     """Pre-norm residual block. [N, d] -> [N, d]. ffn(x, p): the block's MLP (a mixture of experts
     in models/moe.py); K: the model's kernel set (its norm and rotation: ops', or one-pass kernels)."""
@@ -302,17 +296,6 @@ def transformer_block(x: np.ndarray, p: Block, c: LlamaConfig, cos, sin, attend,
 
 
 # -- the model ----------------------------------------------------------------------------------------
-
-def checkpoint_params(model) -> dict:
-    """A Llama-shaped model's parameters as the checkpoint names them (`model.params`): the embedding,
-    the final norm, an untied head, and every block's (stacked ones under their stacked names)."""
-    params = {"embed_tokens.weight": model.wte, "norm.weight": model.norm}
-    if not model.config.tied:
-        params["lm_head.weight"] = stored(model.head_w, rows=True)
-    for i, p in enumerate(model.blocks):
-        params.update({f"layers.{i}.{k}": stored(v) for k, v in p.items()})
-    return params
-
 
 class Llama(CausalLM):
     """A Llama-family model: a config and checkpoint tensors (Hugging Face names without `model.`).
@@ -367,9 +350,7 @@ class Llama(CausalLM):
             x = transformer_block(x, p, c, cos, sin, partial(plan.attend, layer), self.ffn(layer), plan.kernels)
         return x
 
-    def head(self, h: np.ndarray) -> np.ndarray:
-        """The final RMS norm and the LM head, on the scored rows. h [S, d] -> logits [S, V]."""
-        return ops.lm_head(self.kernel_set.rms_norm(h, self.norm, self.config.eps), self.head_w)
+    head = norm_head                   # the final RMS norm and the LM head (models/blocks.py)
 
     def __repr__(self) -> str:
         c = self.config

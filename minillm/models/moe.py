@@ -34,20 +34,19 @@ picks the experts). The family's row in checkpoints/families.py reads Hugging Fa
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import partial
 from typing import Iterator
 
 import numpy as np
 
-from .. import meter
 from ..config import hf_model_type
 from ..errors import ConfigError
-from . import llama, ops
+from . import llama
 from .base import RANDOM_SEED
-from .llama import Block, Llama, LlamaConfig, mlp, stack_block
+from .blocks import mlp
+from .llama import Block, Llama, LlamaConfig, stack_block
+from .mixture import dispatch, expected_distinct_experts, expert, experts_mlp, record_route, route, routes  # noqa: F401  (the mixture's ops, named where the family is too)
 from .factory import make_weight
 from .quant import FORMATS
 from .target import Target, cpu_only
@@ -180,98 +179,6 @@ def random_params(c: MoEConfig, seed: int = 0, std: float = 0.02, dtype=np.float
     return llama.random_params(c, seed, std, dtype, expected=iter_expected)
 
 
-# -- the expert layer --------------------------------------------------------------------------------
-
-_ROUTES: ContextVar = ContextVar("minillm_moe_routes", default=None)
-
-
-@contextmanager
-def routes():
-    """The experts every sparse layer chose while active, on this thread: a list of [N, k] arrays, one
-    per sparse layer and step, in the order they ran (a step's layers one after another).
-
-    >>> with routes() as r:
-    ...     model.decode_step(token, cache)
-    >>> [set(a.ravel()) for a in r]          # the experts each sparse layer read
-    """
-    found: list[np.ndarray] = []
-    token = _ROUTES.set(found)
-    try:
-        yield found
-    finally:
-        _ROUTES.reset(token)
-
-
-def route(x: np.ndarray, router, k: int, norm_topk: bool, bias=None) -> tuple[np.ndarray, np.ndarray]:
-    """Which k experts each row uses, and how much. x [N, d], router [d, E] (bias [E]: gpt-oss's) ->
-    (experts [N, k] ints, weights [N, k]), the largest probability first.
-    Counted: the router's product (ops.linear), then per row a softmax over E (5 FLOPs an entry)
-    and, renormalised, k divisions."""
-    logits = ops.linear(x, router, bias)                                    # [N, E]
-    probs = ops.softmax(logits)                                             # [N, E], in place
-    top = np.argsort(-probs, axis=-1, kind="stable")[:, :k]                 # [N, k]: ties to the lower id
-    w = np.take_along_axis(probs, top, axis=-1)                             # [N, k]
-    if norm_topk:
-        w /= w.sum(axis=-1, keepdims=True)
-    m = meter.active()
-    if m is not None:
-        m.count("router", activations=2 * probs.nbytes + top.nbytes + w.nbytes,
-                other=5 * probs.size + (w.size if norm_topk else 0))
-    record_route(top)
-    return top, w
-
-
-def record_route(top: np.ndarray) -> None:
-    """A router's choice [N, k], for `routes()` when one is recording (every family's routers)."""
-    found = _ROUTES.get()
-    if found is not None:
-        found.append(top)
-
-
-def expert(p: Block, e: int, biases: bool = False) -> Block:
-    """Expert e of a sparse block: its {"gate_up.weight", "down_proj.weight"}, as `llama.mlp` takes them
-    (biases: with their biases too, where it has them: gpt-oss's)."""
-    names = ("gate_up.weight", "down_proj.weight") + (("gate_up.bias", "down_proj.bias") if biases else ())
-    return {n: p[f"experts.{e}.{n}"] for n in names if f"experts.{e}.{n}" in p}
-
-
-def experts_mlp(x: np.ndarray, p: Block, c: MoEConfig, act=ops.swiglu) -> np.ndarray:
-    """The mixture: route each row to k experts, then run each chosen expert once on all of its
-    rows. x [N, d] -> [N, d].
-
-    The N·k (row, expert) pairs are sorted by expert, so expert e's rows are one run of them: its
-    gate|up and down weights are multiplied once for that run (`llama.mlp`, through `ops.linear`),
-    and an expert no row chose is not read at all. The outputs, scaled by their weights, are added
-    into their rows (a row's k experts are distinct, so each run adds into distinct rows).
-    Counted besides, per (row, expert) pair of d values: the gather (read, write), scaling the
-    output and adding it into y (read it, read y, write y; 2 FLOPs a value); and y's zeros.
-    act: the experts' SwiGLU (the kernel set's)."""
-    experts, weights = route(x, p["router.weight"], c.top_k, c.norm_topk, p.get("router.bias"))  # [N, k] each
-    return dispatch(x, experts, weights, p, act)
-
-
-def dispatch(x: np.ndarray, experts: np.ndarray, weights: np.ndarray, p: Block, act=ops.swiglu) -> np.ndarray:
-    """Each chosen expert run once on all its rows (as `experts_mlp` says), its outputs weighed and
-    added into them. x [N, d], experts and weights [N, k] (a router's choice) -> [N, d]."""
-    k = experts.shape[1]
-    order = np.argsort(experts, axis=None, kind="stable")                   # [N·k] pairs, grouped by expert
-    rows, by = order // k, experts.ravel()[order]
-    starts = np.flatnonzero(np.r_[True, by[1:] != by[:-1]])                 # where each expert's run begins
-    ends = np.r_[starts[1:], by.size]
-    w = weights.ravel()[order]                                              # [N·k], in the same order
-    y = np.zeros_like(x)                                                    # [N, d]
-    for s, t in zip(starts, ends):
-        r = rows[s:t]                                                       # the rows expert `by[s]` serves
-        h = mlp(x[r], expert(p, by[s], True), act)                              # [n_e, d]
-        h *= w[s:t, None]
-        y[r] += h
-    m = meter.active()
-    if m is not None:
-        pairs = rows.size * x.shape[1]                                      # values gathered and added
-        m.count("moe_combine", activations=x.itemsize * (2 * pairs + 3 * pairs + y.size), other=2 * pairs)
-    return y
-
-
 # -- the model ----------------------------------------------------------------------------------------
 
 class MoE(Llama):
@@ -361,12 +268,6 @@ class MoE(Llama):
 
 # -- closed forms: what a step reads -----------------------------------------------------------------
 
-def expected_distinct_experts(E: int, k: int, B: int) -> float:
-    """Experts a layer reads for B tokens that each choose k of E uniformly at random: E·(1 − (1 − k/E)^B).
-    (Expert e escapes one token with probability 1 − k/E, all B with (1 − k/E)^B.) B = 1 gives k."""
-    return E * (1.0 - (1.0 - k / E) ** B)
-
-
 def step_weight_bytes(c: MoEConfig, distinct, n_tokens: int = 1, itemsize: int = 4, weights: str = "float32"):
     """The weight bytes a step of n_tokens rows reads, from the config alone: every parameter once,
     except the embedding table (its n_tokens rows; a tied table is read whole as the head) and the
@@ -400,6 +301,13 @@ _ATTENTION = dict(n_layer=8, n_head=8, n_kv_head=2, head_dim=64, n_embd=512, n_c
 SHAPES: dict[str, LlamaConfig] = {
     "random-moe-16x2": MoEConfig(**_ATTENTION, ffn=256, n_expert=16, top_k=2, expert_ffn=256),
     "random-moe-16x2-dense": LlamaConfig(**_ATTENTION, ffn=2 * 256),
+    # random-mla's GQA twin (models/deepseek.py, lesson 18): the same width, layers, heads of the value width, 4 KV
+    # heads (g = 4), the same experts with k + 1 routed in place of the shared one, the first block dense:
+    # a token reads about the same weights, and its cache holds 2·4·64 = 512 values a layer against 288
+    "random-mla-gqa": MoEConfig(n_layer=8, n_head=16, n_kv_head=4, head_dim=64, n_embd=1024, n_ctx=16384,
+                                vocab_size=8192, ffn=2816, eps=1e-6, theta=1e4, arch="qwen3", qk_norm=True,
+                                tied=False, n_expert=32, top_k=5, expert_ffn=256, norm_topk=True,
+                                dense_layers=(0,), model_type="qwen3_moe"),
 }
 
 
