@@ -238,24 +238,28 @@ class PagedKVCache(CacheBase):
         reserve and truncate: change the table only through them.)"""
         return n_blocks <= self._run
 
-    def read(self, layer: int, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """Keys and values of positions 0 .. t-1, [Hkv, t, hd] each: a view of the pool when the blocks
-        are one ascending run, else a copy gathered through the block table."""
+    def read(self, layer: int, t: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Keys and values of positions start .. t-1, [Hkv, t - start, hd] each: a view of the pool when
+        their blocks are one ascending run, else a copy gathered through the block table (start > 0: a
+        sliding window's positions, from the block that holds `start`)."""
         bs = self.block_size
-        nb = -(-t // bs)
+        first, nb = start // bs, -(-t // bs)                       # the blocks read: first .. nb-1
+        lo, hi = start - first * bs, t - first * bs                # the positions' rows in them
         H, hd = self.config.n_kv_head, self.config.head_dim
         shared = self.pool.shared                                  # a latent pool: keys only, values in them
         pools = (self.pool.k[layer],) if shared else (self.pool.k[layer], self.pool.v[layer])   # [Hkv, blocks, bs, hd]
-        if self.contiguous(nb):
-            b0 = self.table[0]
-            kv = [p[:, b0:b0 + nb].reshape(H, nb * bs, hd)[:, :t] for p in pools]   # views: no copy
+        run = self.contiguous(nb) if first == 0 else self.contiguous_from(first, nb)
+        n = nb - first
+        if run:
+            b0 = self.table[first]
+            kv = [p[:, b0:b0 + n].reshape(H, n * bs, hd)[:, lo:hi] for p in pools]   # views: no copy
             gathered = 0
         else:
             xp = backend.namespace(pools[0])
-            idx = xp.asarray(np.asarray(self.table[:nb], dtype=np.intp))   # a gather: one copy of nb blocks (take
-            kv = [xp.take(p, idx, axis=1).reshape(H, nb * bs, hd)[:, :t]   # writes it C-ordered, so the
-                  for p in pools]                                          # reshape is free; p[:, idx] is not)
-            gathered = len(pools) * H * nb * bs * hd * pools[0].itemsize
+            idx = xp.asarray(np.asarray(self.table[first:nb], dtype=np.intp))   # a gather: one copy of n blocks
+            kv = [xp.take(p, idx, axis=1).reshape(H, n * bs, hd)[:, lo:hi]      # (take writes it C-ordered, so
+                  for p in pools]                                               # the reshape is free)
+            gathered = len(pools) * H * n * bs * hd * pools[0].itemsize
         k, v = kv[0], kv[0][..., :shared] if shared else kv[1]
         m = meter.active()
         if m is not None:
@@ -265,6 +269,11 @@ class PagedKVCache(CacheBase):
             else:
                 m.count("kv_read", kv_read=used)
         return k, v
+
+    def contiguous_from(self, first: int, nb: int) -> bool:
+        """Are blocks first .. nb-1 of the table one ascending run?"""
+        t = self.table
+        return all(t[i + 1] == t[i] + 1 for i in range(first, nb - 1))
 
     def truncate(self, t: int) -> None:
         """Keep positions 0 .. t-1 and give back the blocks past them."""
