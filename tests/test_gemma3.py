@@ -140,3 +140,13 @@ def test_random_preset_decodes():
     assert isinstance(m, gemma3.Gemma3) and len(m.config.window_layers) == 5
     out = minillm.generate(m, [1, 2, 3], 4)
     assert len(out) == 4
+
+
+def test_capacity_counts_a_windowed_layers_kv_as_min_context_window():
+    """`hardware --shape gemma-3-27b --fit T`: 10 global layers keep T positions, 52 sliding keep 1,024."""
+    from minillm.measure.shapes import capacity, kv_bytes_per_sequence, shape
+    s = shape("gemma-3-27b")
+    per_layer = 2 * 16 * 128 * 2
+    for T in (512, 1024, 32768, 131072):
+        assert kv_bytes_per_sequence(s, T, 2) == per_layer * (10 * T + 52 * min(T, 1024))
+    assert capacity(s, 131072, 80e9)["kv_bytes_per_sequence"] == per_layer * (10 * 131072 + 52 * 1024)

@@ -35,6 +35,7 @@ from ..models.llama import LlamaConfig
 
 from ..models.gpt2 import GPT2_SIZES
 from ..errors import MiniLLMError
+from ..models import gemma3
 from ..models.qwen35 import FULL, LINEAR, Qwen35Config
 from .experts import PUBLISHED, held_bytes, moe_shape, read_bytes
 
@@ -98,6 +99,9 @@ HYBRID_SHAPES: dict[str, Qwen35Config] = {
                                 rotary_dim=64, theta=1e7),
 }
 
+# Families with a window of their own (models/gemma3.py's released shapes, read from their configs).
+WINDOWED_SHAPES = dict(gemma3.RELEASED)
+
 UTILISATION = 0.9    # the share of a GPU's memory a server takes: vLLM's gpu_memory_utilization default
 KV_DTYPES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0}
 
@@ -120,6 +124,8 @@ def shape_of(c, name: str = "") -> dict:
            "n_head": c.n_head, "n_params": c.n_params(), "n_ctx": c.n_ctx}
     if c.linear_layers:                                    # a hybrid: a fixed state in its linear layers (config.Layout)
         out.update(kv_layers=len(c.full_layers), state_values=c.state_bytes(1), linear_layers=len(c.linear_layers))
+    if c.window_layers:                                    # a sliding window on some layers (config.Layout)
+        out.update(window=c.window, local_layers=len(c.window_layers))
     return out
 
 
@@ -133,6 +139,8 @@ def shape(name: str) -> dict:
         out = {**shape_of(SHAPES[key], key), **_released_dense(key, SHAPES[key])}
     elif key in HYBRID_SHAPES:
         out = {**shape_of(HYBRID_SHAPES[key], key), **_released_dense(key, HYBRID_SHAPES[key])}
+    elif key in WINDOWED_SHAPES:
+        out = {**shape_of(WINDOWED_SHAPES[key], key), **_released_dense(key, WINDOWED_SHAPES[key])}
     elif key in MOE_SHAPES:
         out = {"name": key, **moe_shape(MOE_SHAPES[key])}
     elif key in OTHER_SHAPES:
@@ -147,7 +155,7 @@ def shape(name: str) -> dict:
         if key in WINDOWS:
             out["window"], out["local_layers"] = WINDOWS[key]
         return out
-    names = [*SHAPES, *MOE_SHAPES, *OTHER_SHAPES, *HYBRID_SHAPES, *(f"gpt2-{k}" for k in GPT2_SIZES)]
+    names = [*SHAPES, *MOE_SHAPES, *OTHER_SHAPES, *HYBRID_SHAPES, *WINDOWED_SHAPES, *(f"gpt2-{k}" for k in GPT2_SIZES)]
     close = difflib.get_close_matches(key, names, n=1)
     hint = f" Did you mean {close[0]}?" if close else ""
     raise MiniLLMError(f"unknown shape {name!r}.{hint} Known shapes: {', '.join(names)}")

@@ -297,7 +297,7 @@ RELEASED: dict[str, Gemma3Config] = {       # published config.json values
                                 query_scalar=168, rope_factor=8.0),
 }
 
-_SMALL = dict(n_layer=6, n_head=4, n_kv_head=1, head_dim=64, n_embd=256, n_ctx=16384, vocab_size=4096, ffn=768,
+_SMALL = dict(n_layer=6, n_head=4, n_kv_head=1, head_dim=64, n_embd=256, n_ctx=32768, vocab_size=4096, ffn=768,
               window=64)
 SHAPES: dict[str, Gemma3Config] = {
     "random-gemma3": Gemma3Config(**_SMALL, layer_types=_pattern(6)),
