@@ -80,6 +80,19 @@ def hf_model_type(cfg, source: str, types, refusal: str) -> str:
     return kind
 
 
+def hf_rope(cfg: dict, source) -> tuple[dict, float]:
+    """A config.json's rotary settings: (its `rope_parameters`, {} where there is none; the base θ, from
+    there or the top level, 10,000 by default). Scaling of any kind (`rope_scaling` or a `rope_type`)
+    but the default rotation is one line: minillm runs the default rotation only."""
+    rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    scaling = cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else {}
+    kind = scaling.get("rope_type", scaling.get("type")) or rope.get("rope_type", "default")
+    if kind not in ("default", None):
+        raise ConfigError(f"{source}: rope scaling {kind!r} is not implemented; minillm runs the default "
+                          "rotary embedding only")
+    return rope, rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+
+
 def gguf_getter(md: dict, arch: str, where):
     """get(key, default) of a GGUF's `{arch}.{key}` metadata; a missing one is one clear line. And
     count(key, default, hi): the same, an integer from 1 to hi (`whole`), else one line naming the key."""

@@ -1,8 +1,8 @@
 """Where a step's time goes, as a picture: a Chrome trace-event file (JSON) that Perfetto
 (ui.perfetto.dev) and chrome://tracing open, fed by the meter.
 
-Every operation reports itself to the active meter after it has run (`m.count(op, ...)`: models/
-ops.py and the kernels). A `TraceMeter` is a Meter that also notes the time of each report: the
+Every operation reports itself to the active meter after it has run (`m.count(op, ...)`: the op
+modules, models/ops.py and the ones families assemble, whichever kernel ran). A `TraceMeter` is a Meter that also notes the time of each report: the
 operation's slice runs from the previous report (or the step's start) to its own, so it holds the
 operation and the Python around it, and the slices tile the step with no gap. Each slice carries the
 bytes and FLOPs the operation reported, by kind, as its arguments; each step is a slice around its

@@ -336,14 +336,14 @@ def test_a_pool_without_state_slots_is_refused():
 def test_a_static_step_refuses_a_hybrid_in_one_line():
     """A plan kind that carries no state (the static decode step) refuses a hybrid before it runs,
     and its `states` refuses too: the linear layers never run on a plan that cannot feed them."""
-    from minillm.models.plan import NoStaticState, StaticDecode
+    from minillm.models.plan import NoStaticState, StaticPlan
     model = load("qwen35-tiny")
     pool = paged_pool(model, sequences=2)
     table, ids, pos = np.zeros((2, 2), dtype=np.intp), np.zeros(2, dtype=np.intp), np.zeros(2, dtype=np.intp)
     with pytest.raises(NoStaticState, match="no per-sequence state") as e:
         model.static_plan(pool, table, ids, pos)
     assert "\n" not in str(e.value)
-    plan = StaticDecode(pool, table, ids, pos, model.kernel_set)
+    plan = StaticPlan(pool, table, ids, pos, model.kernel_set)
     with pytest.raises(NoStaticState, match="eager steps"):
         plan.states(0)
 

@@ -5,5 +5,7 @@ computes only its new token.
                 `generate`); `CacheBase`, what both caches share
     paged       `PagedKVPool` (a shared pool of fixed-size blocks, reference-counted by
                 `BlockAllocator`) and `PagedKVCache` (a sequence's block table into it): batches
-                and serving
+                and serving; what every pool and cache answers (`state_blocks`, `states`; `state`)
+    state       a fixed-size state per sequence (a hybrid's linear layers): `StatePool`, `State`, and
+                the hybrid caches and pool that hold one beside the full layers' KV
 """

@@ -44,7 +44,8 @@ def load(source: str | Path | None = None, *, dtype=None, quiet: bool = False,
     "random-355m" / "random-774m" / "random-1558m": GPT-2-shaped random weights, seeded, std 0.02;
     "random-tiny"; "random-moe-16x2", a mixture of 16 experts, top-2, and "random-moe-16x2-dense", a
     Llama with its active bytes: models/moe.py; "random-mla", DeepSeek-V3's shape of parts at width
-    1,024, and "random-mla-gqa", its GQA twin: models/deepseek.py), a downloaded "gpt2", "gpt2-medium",
+    1,024: models/deepseek.py, and "random-mla-gqa", its GQA twin: models/moe.py; "random-hybrid" and
+    "random-hybrid-full", Qwen3.5's hybrid and its all-attention twin: models/qwen35.py), a downloaded "gpt2", "gpt2-medium",
     "gpt2-large", "gpt2-xl" or "smollm2-135m" (`minillm download NAME` fetches them), a checkpoint folder
     or .safetensors file (GPT-2 or a Hugging Face llama/qwen2/qwen3/mixtral/qwen3_moe/deepseek_v3 folder), or a .gguf
     file. The family comes from the file's own metadata (checkpoints/families.py).
@@ -56,11 +57,10 @@ def load(source: str | Path | None = None, *, dtype=None, quiet: bool = False,
     default: half the bytes a step streams) or float32 (to compare tokens with the CPU).
     device: "cpu" (NumPy) or "cuda" (CuPy on an NVIDIA GPU: `pip install 'minillm[gpu]'`); the
     weights are made on the host, then moved once. No usable GPU: one DeviceError line.
-    kernels: a kernel set (models/kernel_sets.py): "numpy" (the reference every other set is tested
-    against), "fused" (numba products that read each weight once, attention without a score
-    matrix), "batch-invariant" (each request's tokens as it would get alone, whatever shares its
-    steps); None (default): fused where numba works here on the CPU in float32, else NumPy's (or
-    CuPy's on a GPU). A set that cannot run as asked is one line saying why.
+    kernels: the name of a kernel set, a row of models/target.py's KERNEL_SETS (`kernel_sets.described()`
+    says each: numpy, the reference every other set is tested against; fused; batch-invariant; int8);
+    None (default): `kernel_sets.default_described()` (CuPy's on a GPU). A set that cannot run as
+    asked is one line saying why.
     options: the family's options (models/options.py), name -> value, e.g. {"mla_decode": "decompressed"}
     for a DeepSeek-V3-family model: checked against the family's row, handed to the constructor; one
     its family lacks, or a value outside its choices, is one line.

@@ -70,11 +70,10 @@ def add_arguments(parser) -> None:
                              "q8_0, q4_0, q4_1; native: a GGUF's own, e.g. SmolLM2's Q4_1), interleaved: bytes per step, tokens/s, %% of each format's own "
                              "ceiling, the widening's share (at the first of --contexts)")
     parser.add_argument("--kernels", default=None, metavar="K,K",
-                        help="kernel sets: numpy, fused, batch-invariant, int8, several comma-separated side by side "
+                        help=f"kernel sets: {', '.join(kernel_sets.NAMES)}, several comma-separated side by side "
                              "in one interleaved run with --weights or --batch (e.g. numpy,fused,int8; "
-                             "fused,batch-invariant: what batch invariance costs, prefill too); default: each "
-                             "format's fastest set here (int8 for quantized weights where its integer products "
-                             "measured faster, else fused) where numba works, else numpy (said in the title)")
+                             "fused,batch-invariant: what batch invariance costs, prefill too); default: "
+                             f"{kernel_sets.default_described()} (said in the title)")
     add_options(parser, several=True)       # --mla-decode, ...: from the families' rows
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
     add_trace(parser, f"; after the measurements, a prefill of the first context and {TRACE_STEPS} decode steps "

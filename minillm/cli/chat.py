@@ -108,7 +108,7 @@ def run(args) -> int:
     model = load_model(args.model, args.weights, args.device, getattr(args, "kernels", None),
                        options=model_options(args))
     tok = tokenizer(model)
-    if not getattr(model, "eos_ids", ()):
+    if not model.eos_ids:
         raise MiniLLMError(f"{model.name} has no end-of-turn token: it is not a chat model; try "
                            "--model smollm2-135m (minillm download smollm2-135m)")
     _, note = render([{"role": "user", "content": "x"}], tok)

@@ -29,12 +29,8 @@ WEIGHTS_HELP = ("the weights in memory: float32 (default), q8_0, q4_0 or q4_1 (q
                 "defines them, multiplied without widening the whole matrix), native (as the file has them)")
 
 
-KERNELS_HELP = ("the kernel set that computes: fused (numba: products that read each weight once, attention "
-                "without a score matrix; the default on the CPU in float32 where numba works), int8 (the fused set "
-                "with quantized products in integers, x rounded to int8 blocks as llama.cpp does; the default for "
-                "quantized weights where it measured faster on this CPU), numpy (the readable reference; the "
-                "default otherwise, the reason said once when the model loads), or batch-invariant (each request's "
-                "tokens bit-identical to the same request alone, whatever shares its steps)")
+KERNELS_HELP = (f"the kernel set that computes: {kernel_sets.described()}; default: {kernel_sets.default_described()} "
+                "(the reason said once when the model loads)")
 DEVICE_HELP = ("where the model runs: cpu (NumPy, default) or cuda (CuPy on an NVIDIA GPU, weights in float16; "
                "pip install 'minillm[gpu]')")
 
@@ -175,7 +171,7 @@ def load_draft(name, model, weights: str | None = None, kernels: str | None = No
         return None
     if name == "ngram":
         return "ngram"
-    draft = load_model(name, weights or getattr(model, "weights", "float32"), model.device,
+    draft = load_model(name, weights or model.weights, model.device,
                        kernels or model.kernels, quiet=True)
     check_draft_model(draft, model)
     return draft

@@ -81,7 +81,7 @@ def run(args) -> int:
         if note:
             err.print(f"[dim]{escape(note)}[/]")
         ids = encode_prompt(model, text, args.max_new_tokens)
-        stop = tuple(getattr(model, "eos_ids", ()))
+        stop = tuple(model.eos_ids)
     else:
         ids = encode_prompt(model, prompt, args.max_new_tokens)
         shown = prompt

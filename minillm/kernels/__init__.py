@@ -8,7 +8,9 @@ sets of models/kernel_sets.py choose among them, and models/ops.py counts what t
                      matrix (FlashAttention's tiles), paged decode attention (FlashDecoding's split)
     elementwise      one-pass RMS norm, rotation and SwiGLU
     batch_invariant  fixed-order products and attention: a row's result whatever rows come with it
-    _numba, _batch_invariant   the numba code itself (loop forms measured and written beside them)
+    int8             quantized products in integers: x rounded to int8 blocks, the CPU's dot instructions
+    checks           each kernel's argument checks, before it runs (one line for a wrong array)
+    _numba, _batch_invariant, _int8   the numba code itself (loop forms measured and written beside them)
 
 Everything but `status`, `available`, `set_threads` and `threads` needs numba: importing it
 without numba raises the status's reason as a MiniLLMError.

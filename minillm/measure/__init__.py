@@ -14,4 +14,6 @@ the measurements behind `minillm bench` (the meter that counts each step's bytes
     batching      batched decode against the roofline (`bench --batch`)
     quantization  fewer bytes per weight: decode per weight format (`bench --weights`)
     speculation   speculative decoding per k and draft against plain decode (`bench --speculate`)
+    contexts      a decode step's time and bytes against the context, interleaved (`bench --context-sweep`)
+    residency     were the weights read from a cache or from DRAM? from the measurement, never sysfs
 """

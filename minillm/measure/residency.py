@@ -25,7 +25,7 @@ RESIDENT = 1.5       # a buffer of the weights' size read 1.5× faster than the 
 
 def os_reports(hw) -> str:
     """'the operating system reports a last-level cache of 32 MiB' (or that it reports none)."""
-    n = getattr(hw, "llc_bytes", None)
+    n = hw.llc_bytes                          # (Hardware: None where the system lists none)
     if not n:
         return "the operating system reports no last-level cache size"
     unit, scale = next((u, s) for u, s in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1)) if n >= s)

@@ -110,7 +110,7 @@ def _released_dense(key: str, c) -> dict:
     """A dense shape's release: its format (RELEASED; bf16 by default, GPT-2's float32), and its untied
     embedding table (not the head), of which a decode step reads a row per token."""
     label = "fp32" if key.startswith("gpt2-") else RELEASED.get(key, "bf16")
-    tied = getattr(c, "tied", True)
+    tied = c.tied
     return {"released": label, "bytes_per_weight": 4.0 if label == "fp32" else 2.0, "kept_params": 0,
             "n_embd": c.n_embd, "untied_embedding": 0 if tied else c.vocab_size * c.n_embd}
 

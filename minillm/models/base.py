@@ -31,7 +31,7 @@ from ..config import ModelConfig
 from ..errors import PromptError
 from . import kernel_sets
 from .options import check_options
-from .plan import NO_STATIC_STATE, NoStaticState, StaticDecode, check_ids, plan_step
+from .plan import NO_STATIC_STATE, NoStaticState, StaticPlan, check_ids, plan_step
 from .target import CPU, Target
 
 
@@ -159,7 +159,7 @@ class CausalLM:
         cannot take one: one line."""
         if pool.states is not None:
             raise NoStaticState(NO_STATIC_STATE)
-        return StaticDecode(pool, table, ids, positions, self.kernel_set)
+        return StaticPlan(pool, table, ids, positions, self.kernel_set)
 
     # -- the three special cases --------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..config import Layout, MAX_CONTEXT, MAX_COUNT, hf_model_type, whole
+from ..config import Layout, MAX_CONTEXT, MAX_COUNT, hf_model_type, hf_rope, whole
 from ..errors import ConfigError
 from . import ops
 from .base import RANDOM_SEED, CausalLM
@@ -200,13 +200,7 @@ class DeepSeekConfig(Layout):
             raise ConfigError(f"{source}: the weights are quantized ({str(method)[:20]}: DeepSeek-V3 ships FP8 "
                               "with a scale per 128x128 tile); minillm reads float32, float16 and bfloat16 "
                               "checkpoints: convert the weights to bfloat16 first")
-        rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
-        scaling = cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else {}
-        kind = scaling.get("rope_type", scaling.get("type")) or rope.get("rope_type", "default")
-        if kind not in ("default", None):
-            raise ConfigError(f"{source}: rope scaling {kind!r} is not implemented; minillm runs the default "
-                              "rotary embedding only")
-        theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        theta = hf_rope(cfg, source)[1]                         # the default rotation only (one line otherwise)
         method = cfg.get("topk_method", "noaux_tc")
         score = cfg.get("scoring_func", "sigmoid")
         if method != "noaux_tc" or score != "sigmoid":

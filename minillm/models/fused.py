@@ -32,26 +32,12 @@ DENSE_ROWS = (1, 256)  # float32: rows of x for which the fused kernels run (a l
 class FusedQuant(QuantMatrix):
     """A QuantMatrix whose product is the fused kernel (see the module's docstring)."""
 
-    @classmethod
-    def of(cls, w: QuantMatrix) -> "FusedQuant":
-        """The same planes (no copy), multiplied by the fused kernel."""
-        return cls(w.fmt, np.ascontiguousarray(w.q), np.ascontiguousarray(w.d),
-                   None if w.m is None else np.ascontiguousarray(w.m))
-
     def __init__(self, fmt, q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> None:
         super().__init__(fmt, q, d, m)
         self.planes = products.planes(q, d, m)  # the kernel's arguments, made once (not per product)
 
     def __repr__(self) -> str:
         return "Fused" + super().__repr__()
-
-    @property
-    def n_in(self) -> int:
-        return self.shape[1]
-
-    @property
-    def n_out(self) -> int:
-        return self.shape[0]
 
     def fused(self, T: int, dtype=np.float32) -> bool:
         """Does a product of T rows of `dtype` run the fused kernel?"""

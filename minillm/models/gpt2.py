@@ -54,6 +54,7 @@ class GPT2Config(Layout):
     n_ctx: int = 1024        # longest sequence (the number of learned positions, `n_positions`)
     vocab_size: int = 50257  # V: GPT-2's BPE vocabulary
     ln_eps: float = 1e-5     # layer-norm epsilon
+    tied = True              # (a class attribute) its LM head is the token table
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "n_embd", "n_ctx", "vocab_size"):

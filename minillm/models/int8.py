@@ -21,12 +21,6 @@ from .quant import QK, QuantMatrix
 class Int8Quant(QuantMatrix):
     """A QuantMatrix multiplied by the integer kernels (see the module's docstring)."""
 
-    @classmethod
-    def of(cls, w: QuantMatrix) -> "Int8Quant":
-        """The same planes (no copy), multiplied in integers."""
-        return cls(w.fmt, np.ascontiguousarray(w.q), np.ascontiguousarray(w.d),
-                   None if w.m is None else np.ascontiguousarray(w.m))
-
     def __init__(self, fmt, q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> None:
         super().__init__(fmt, q, d, m)
         self.planes = int8.planes(q, d, m)      # the kernel's arguments, made once
@@ -34,14 +28,6 @@ class Int8Quant(QuantMatrix):
 
     def __repr__(self) -> str:
         return "Int8" + super().__repr__()
-
-    @property
-    def n_in(self) -> int:
-        return self.shape[1]
-
-    @property
-    def n_out(self) -> int:
-        return self.shape[0]
 
     def matmul(self, x: np.ndarray) -> np.ndarray:
         """x [T, C] @ this^T -> [T, R] float32: x rounded to int8 blocks, the blocks multiplied in

@@ -39,7 +39,7 @@ from typing import Callable
 
 from ..kernels import runtime
 from . import ops
-from .target import ENV, KERNEL_SETS, NAMES, default, spec, why_default  # noqa: F401  (the table's names)
+from .target import ENV, KERNEL_SETS, NAMES, default, default_described, described, spec, why_default  # noqa: F401  (the table's names)
 
 
 @dataclass(frozen=True)

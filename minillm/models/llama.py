@@ -38,11 +38,8 @@ from typing import Iterator
 
 import numpy as np
 
-import math
-from dataclasses import asdict, dataclass
-
 from .. import backend
-from ..config import Layout, MAX_CONTEXT, MAX_COUNT, hf_model_type, whole
+from ..config import Layout, MAX_CONTEXT, MAX_COUNT, hf_model_type, hf_rope, whole
 from ..errors import ConfigError, WeightsError
 from . import ops
 from .base import RANDOM_SEED, CausalLM
@@ -118,13 +115,7 @@ class LlamaConfig(Layout):
             raise ConfigError(f"{source}: hidden_act={act!r}; minillm implements SwiGLU with silu")
         if cfg.get("use_sliding_window"):
             raise ConfigError(f"{source}: use_sliding_window is on; minillm implements full attention only")
-        rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
-        scaling = cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else {}
-        kind = scaling.get("rope_type", scaling.get("type")) or rope.get("rope_type", "default")
-        if kind not in ("default", None):
-            raise ConfigError(f"{source}: rope scaling {kind!r} is not implemented; minillm runs the "
-                              "default rotary embedding only")
-        theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        theta = hf_rope(cfg, source)[1]                         # the default rotation only (one line otherwise)
         for field in need:
             whole(cfg[field], field, source)
         H = cfg["num_attention_heads"]

@@ -178,7 +178,7 @@ class NoStaticState(MiniLLMError):
     """A static decode step asked for a hybrid: its slots carry block tables, no state."""
 
 
-class StaticDecode(BatchedDecode):
+class StaticPlan(BatchedDecode):
     """The plan of a decode step with static shapes, for a CUDA graph (engine/static.py): B slots,
     each owning a fixed row of a [B, nb] block table from the start, their token ids and positions
     in buffers on the device, read by the step and refilled between steps, so the step reads no host

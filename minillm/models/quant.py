@@ -187,6 +187,13 @@ class QuantMatrix:
 
     ndim = 2
     dtype = np.dtype(np.float32)      # what it computes in by default
+    @classmethod
+    def of(cls, w: "QuantMatrix") -> "QuantMatrix":
+        """w's planes (no copy where they are contiguous already) as this class: a kernel set's own
+        quantized weight (models/fused.py's FusedQuant, models/int8.py's Int8Quant)."""
+        return cls(w.fmt, np.ascontiguousarray(w.q), np.ascontiguousarray(w.d),
+                   None if w.m is None else np.ascontiguousarray(w.m))
+
     n_in = property(lambda self: self.shape[1])     # the weight interface (models/weights.py):
     n_out = property(lambda self: self.shape[0])    # y [T, R] = x [T, C] times these rows
 

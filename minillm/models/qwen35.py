@@ -111,17 +111,9 @@ class Qwen35Config(Layout):
     def linear_layers(self) -> tuple[int, ...]:
         return tuple(i for i, t in enumerate(self.layer_types) if t == LINEAR)
 
-    @property
-    def key_dim(self) -> int:
-        return self.lin_k_heads * self.lin_k_dim           # Hk·dk: the width of q, and of k
-
-    @property
-    def value_dim(self) -> int:
-        return self.lin_v_heads * self.lin_v_dim           # Dv = Hv·dv: the width of v, z and o
-
-    @property
-    def conv_dim(self) -> int:
-        return 2 * self.key_dim + self.value_dim           # C: the convolution's channels, q|k|v
+    key_dim = property(lambda self: self.deltanet.key_dim)         # Hk·dk: the width of q, and of k
+    value_dim = property(lambda self: self.deltanet.value_dim)     # Dv = Hv·dv: the width of v, z and o
+    conv_dim = property(lambda self: self.deltanet.conv_dim)       # C: the convolution's channels, q|k|v
 
     # -- what a sequence keeps --
 
@@ -392,6 +384,8 @@ class Qwen35(CausalLM):
     def gathered(self) -> tuple[str, ...]:
         return () if self.config.tied else ("embed_tokens.weight",)
 
+    head = norm_head                   # the final RMS norm and the LM head (models/blocks.py)
+
     def new_cache(self) -> HybridKVCache:
         c = self.config
         return HybridKVCache(c, self.dtype, xp=self.xp)
@@ -410,8 +404,6 @@ class Qwen35(CausalLM):
             x = ops.add(x, h)
             x = ops.add(x, mlp(K.rms_norm(x, p["post_attention_layernorm.weight"], c.eps), p, K.swiglu))
         return x
-
-    head = norm_head                   # the final RMS norm and the LM head (models/blocks.py)
 
     def __repr__(self) -> str:
         c = self.config

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -40,12 +41,15 @@ class KernelsUnavailable(MiniLLMError):
 
 @dataclass(frozen=True)
 class Spec:
-    """What a kernel set needs (models/kernel_sets.py builds what it offers)."""
+    """What a kernel set needs (models/kernel_sets.py builds what it offers), and when it is the default."""
     name: str
     needs_numba: bool = False
     cpu_only: bool = False
     float32_only: bool = False
     about: str = ""
+    cpu_default: bool = False                # the default on the CPU in float32 where numba runs
+    formats: tuple[str, ...] = ()            # weight formats it is the default for there, where...
+    faster: Callable[[str], bool] | None = None   # ...it measured faster than the CPU default for that format
 
     def check(self) -> None:
         """One line if this set cannot run in this process."""
@@ -54,15 +58,27 @@ class Spec:
             if not st.usable:
                 raise KernelsUnavailable(f"--kernels {self.name} needs numba, which cannot run here: {st.reason}")
 
+    def preferred_for(self, weights: str) -> bool:
+        """Is it the default for these weights (on the CPU in float32, numba running)?"""
+        return weights in self.formats and (self.faster is None or self.faster(weights))
+
+
+def _int8_faster(weights: str) -> bool:
+    """Did the integer kernels measure faster than the fused ones for this format on this CPU's
+    instruction set (kernels/int8.py: `faster_than_fused`; native: a GGUF's blocks, taken as Q4_1)?"""
+    from ..kernels import int8
+    return int8.faster_than_fused("q4_1" if weights == "native" else weights)
+
 
 KERNEL_SETS: dict[str, Spec] = {s.name: s for s in (
-    Spec("numpy", about="the reference every other set is tested equal to"),
-    Spec("fused", needs_numba=True, cpu_only=True, float32_only=True,
+    Spec("numpy", about="the readable reference every other set is tested equal to"),
+    Spec("fused", needs_numba=True, cpu_only=True, float32_only=True, cpu_default=True,
          about="numba: products that read each weight once, attention without a score matrix"),
     Spec("batch-invariant", needs_numba=True, cpu_only=True,
          about="fixed-order products and attention: each request's tokens as it would get alone"),
-    Spec("int8", needs_numba=True, cpu_only=True, float32_only=True,
-         about="the fused set, quantized products in integers (x rounded to int8 blocks: W8A8, W4A8)"),
+    Spec("int8", needs_numba=True, cpu_only=True, float32_only=True, formats=("q8_0", "q4_0", "q4_1", "native"),
+         faster=_int8_faster,
+         about="the fused set with quantized products in integers, x rounded to int8 blocks: W8A8, W4A8"),
 )}
 NAMES = tuple(KERNEL_SETS)
 
@@ -77,20 +93,32 @@ def spec(name) -> Spec:
 
 def default(on_cpu: bool, dtype, weights: str) -> str:
     """The set a model computes with unless told: MINILLM_KERNELS when it names one; else on the CPU
-    in float32 where numba runs here, int8 for quantized weights (q8_0, q4_0, q4_1, and native, a
-    GGUF's blocks) where the integer kernels measured faster than the fused ones for that format on
-    this CPU's instruction set (kernels/int8.py: `faster_than_fused`; all within their error bound),
-    else fused; else numpy (`why_default` says why)."""
+    in float32 where numba runs here, the first row preferred for these weights (`Spec.preferred_for`:
+    int8 for quantized ones where its integer kernels measured faster on this CPU), else the row that
+    is the CPU's default (fused); else numpy (`why_default` says why)."""
     want = os.environ.get(ENV, "").strip().lower()
     if want in KERNEL_SETS:
         return want
     if on_cpu and np.dtype(dtype) == np.float32 and runtime.status().usable:
-        if weights in ("q8_0", "q4_0", "q4_1", "native"):
-            from ..kernels import int8
-            if int8.faster_than_fused("q4_1" if weights == "native" else weights):
-                return "int8"
-        return "fused"
+        rows = KERNEL_SETS.values()
+        return next((s.name for s in rows if s.preferred_for(weights)), None) or \
+            next(s.name for s in rows if s.cpu_default)
     return "numpy"
+
+
+def described() -> str:
+    """The kernel sets in words, from the rows: 'numpy (the readable reference ...), fused (...), ...'
+    (the CLI's help and the docstrings that list them)."""
+    return ", ".join(f"{s.name} ({s.about})" for s in KERNEL_SETS.values())
+
+
+def default_described() -> str:
+    """`default`'s rule in words, from the rows."""
+    rows = KERNEL_SETS.values()
+    cpu = next(s.name for s in rows if s.cpu_default)
+    prefer = "".join(f", {s.name} for {'/'.join(s.formats)} weights where it measured faster on this CPU"
+                     for s in rows if s.formats)
+    return f"{cpu} on the CPU in float32 where numba works{prefer}; numpy otherwise"
 
 
 def why_default() -> str | None:
