@@ -199,3 +199,54 @@ def test_a_sink_adds_one_logit_per_head_to_the_attention_count():
     H, L = model.config.n_head, model.config.n_layer
     assert steps[0].ops["attention"]["flops"] - steps[1].ops["attention"]["flops"] == 5 * H * L
     assert steps[0].bytes == steps[1].bytes
+
+
+@pytest.mark.parametrize("name", ["gemma3-tiny", "gptoss-tiny"])
+def test_batch_invariant_rows_are_bit_identical_to_alone(name):
+    """With the batch-invariant set (its attention kernel declines a window and sinks: NumPy's form,
+    one sequence at a time), a sequence's logits in a step shared with others are its logits alone."""
+    from minillm.errors import MiniLLMError
+    from minillm.models import kernel_sets
+    try:
+        kernel_sets.spec("batch-invariant").check()
+    except MiniLLMError:
+        pytest.skip("batch-invariant cannot run here")
+    model = minillm.load(f"tests/fixtures/w6/{name}", kernels="batch-invariant")
+    rng = np.random.default_rng(3)
+    ps = [rng.integers(0, 500, n) for n in (5, 13, 3)]
+    alone = []
+    for p in ps:
+        logits, cache = model.prefill(p)
+        alone.append([logits] + [model.decode_step(t, cache) for t in (7, 8, 9)])
+    pool = PagedKVPool(model.config, 32, 4)
+    caches = [pool.sequence() for _ in ps]
+    for cache, p in zip(caches, ps):
+        cache.reserve(len(p))
+    rows = [[r] for r in model.step(list(zip(ps, caches)))]
+    for t in (7, 8, 9):
+        for cache in caches:
+            cache.reserve(1)
+        for i, r in enumerate(model.step([(np.array([t]), cache) for cache in caches])):
+            rows[i].append(r)
+    for got, want in zip(rows, alone):
+        np.testing.assert_array_equal(np.array(got), np.array(want))
+
+
+@settings(max_examples=8, deadline=None)
+@given(configs(), st.integers(1, 24), st.sampled_from(["fused", "int8"]), st.integers(0, 2**31))
+def test_every_kernel_set_equals_numpy(c, T, kernels, seed):
+    """A random windowed model through another kernel set (its products, norms and rotations; NumPy's
+    attention where its kernel declines the window or the sinks) gives NumPy's logits, cached and not."""
+    from minillm.errors import MiniLLMError
+    from minillm.models import kernel_sets
+    try:
+        kernel_sets.spec(kernels).check()
+    except MiniLLMError:
+        pytest.skip(f"{kernels} cannot run here")
+    family = gemma3 if isinstance(c, gemma3.Gemma3Config) else gptoss
+    t = family.random_params(c, seed=0, std=0.3, dtype=np.float32)
+    ref = family.MODEL(c, t, Target.numpy(np.float32))
+    other = family.MODEL(c, t, Target.resolve(kernels=kernels))
+    ids = np.random.default_rng(seed).integers(0, c.vocab_size, T)
+    tol = 2e-2 if kernels == "int8" else 1e-4
+    np.testing.assert_allclose(other.forward(ids), ref.forward(ids), rtol=0, atol=tol)
