@@ -150,3 +150,20 @@ def test_capacity_counts_a_windowed_layers_kv_as_min_context_window():
     for T in (512, 1024, 32768, 131072):
         assert kv_bytes_per_sequence(s, T, 2) == per_layer * (10 * T + 52 * min(T, 1024))
     assert capacity(s, 131072, 80e9)["kv_bytes_per_sequence"] == per_layer * (10 * 131072 + 52 * 1024)
+
+
+def test_lesson_19s_window_claim_holds_and_fails_when_capacity_ignores_the_window(monkeypatch):
+    """The lesson's third way: its claim is computed from the capacity function; with every layer
+    counted at the whole context it no longer holds."""
+    import importlib
+    from minillm.measure import shapes
+    lesson = importlib.import_module("minillm.lessons.19_state")
+    common = importlib.import_module("minillm.lessons._common")
+    L = common.Lesson(19, "A state that does not grow", fast=True, no_pause=True)
+    lesson.the_third_way(L)
+    assert any("Gemma 3 27B" in c for c in L.claims)
+    flat = shapes.kv_bytes_per_sequence
+    monkeypatch.setattr(shapes, "kv_bytes_per_sequence",
+                        lambda s, context, b: flat({k: v for k, v in s.items() if k != "window"}, context, b))
+    with pytest.raises(common.ClaimFailed):
+        lesson.the_third_way(common.Lesson(19, "A state that does not grow", fast=True, no_pause=True))
