@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 import minillm
 from minillm import meter
@@ -133,3 +134,27 @@ def test_bench_ranks_by_the_closeness_rule_and_notes_a_busy_machine_in_json(caps
     assert "Tokens/s by batch: no winner (B = 1 against B = 2: one run" in text or "Tokens/s by batch: no winner" \
         in text
     assert "A bare pass is no ceiling" in text and "% of the faster" not in text
+
+
+def test_the_modes_exclusions_come_from_their_rows():
+    """Each mode's row names the flags it does not combine with; the first mode given is the one run,
+    and a flag it excludes is one line naming it."""
+    import argparse
+
+    from minillm.cli.bench import MODES, chosen_mode
+    from minillm.errors import MiniLLMError
+
+    def args(**given):
+        return argparse.Namespace(**{"context_sweep": False, "weights": None, "speculate": None, "batch": None,
+                                     **given})
+    assert chosen_mode(args()).flag is None and chosen_mode(args(batch="2")).flag == "--batch"
+    for mode in MODES:
+        for flag in mode.excludes:
+            asked = {mode.flag[2:].replace("-", "_"): True if mode.flag == "--context-sweep" else "2",
+                     flag[2:].replace("-", "_"): "2"}
+            with pytest.raises(MiniLLMError, match=f"{mode.flag} .*leave out {flag}"):
+                chosen_mode(args(**asked))
+    for pair in ({"weights": "q8_0", "speculate": "2"}, {"weights": "q8_0", "batch": "2"},
+                 {"speculate": "2", "batch": "2"}, {"context_sweep": True, "speculate": "2"}):
+        with pytest.raises(MiniLLMError, match="leave out"):
+            chosen_mode(args(**pair))

@@ -517,3 +517,15 @@ def test_speculative_decoding_verifies_drafts_through_the_latent():
     for way in deepseek.MLA_DECODE:
         new, _ = minillm.speculative_generate(load(path, way), e["input_ids"], 20, draft="ngram", k=3)
         assert new == e["greedy_ids"][:20].tolist()
+
+
+def test_a_header_says_when_the_kernel_set_attends_with_numpys_form():
+    """The fused set's attention kernel declines latent attention's options (its scale, narrower
+    values): the set is left as it is (no edit), and the command's header says NumPy's form attends."""
+    if not minillm.kernels.available():
+        pytest.skip(f"the fused kernels: {minillm.kernels.status().reason}")
+    from minillm.cli.common import kernels_label
+    model = minillm.load(FIXTURES / NAMES[0], kernels="fused")
+    assert model.kernel_set is minillm.models.kernel_sets.get("fused")
+    assert "attention in NumPy's form" in kernels_label(model) and "scale, value_width" in kernels_label(model)
+    assert "NumPy's form" not in kernels_label(minillm.load("random-tiny", kernels="fused"))

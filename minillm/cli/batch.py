@@ -20,7 +20,8 @@ from ..bpe import tokenizer
 from .. import closeness
 from ..measure.comparisons import comparison_threads
 from ..threads import blas_threads, limited
-from .common import model_options, add_model, add_sampling, at_least_one, err, kernels_label, load_model, note_if_busy, out
+from .common import (add_model, add_sampling, at_least_one, err, kernels_label, load_model, model_options,
+                     note_if_busy, out)
 
 
 def add_arguments(p) -> None:

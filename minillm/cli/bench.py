@@ -7,6 +7,8 @@ with a progress bar on stderr and prints their tables."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import Callable
 
 from rich import box
 from rich.markup import escape
@@ -160,32 +162,58 @@ def trace_runs(args) -> None:
     (err if args.json else out).print(f"[dim]{escape(trace_line(args.trace, meters))}[/]", soft_wrap=False)
 
 
+def given(args, flag: str) -> bool:
+    """Was this flag given on the command line (a value, or a switch that is on)?"""
+    return vars(args).get(flag[2:].replace("-", "_")) not in (None, False)
+
+
+def chosen_mode(args) -> "Mode":
+    """The mode the flags ask for (MODES, the first given; none: the context lengths), and one line
+    when a flag it does not combine with is given too."""
+    mode = next(m for m in MODES if m.flag is None or given(args, m.flag))
+    clash = [f for f in mode.excludes if given(args, f)]
+    if clash:
+        listed = clash[0] if len(clash) == 1 else f"{', '.join(clash[:-1])} and {clash[-1]}"
+        raise MiniLLMError(f"{mode.flag} {mode.what}: leave out {listed}")
+    return mode
+
+
 def _run(args) -> int:
-    if getattr(args, "context_sweep", False):
-        return bench_context_sweep(args)
+    return chosen_mode(args).run(args)
+
+
+def _checked(args) -> tuple[list[int], list[str]]:
+    """What every mode but the sweep checks first: the contexts, the kernel sets, the repeats, a CPU."""
     contexts = parse_contexts(args.contexts or DEFAULT_CONTEXTS)
     kernels = args.kernel_list = parse_kernels(args.kernels)
     if args.repeats < 1:
         raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
-    batches = parse_contexts(args.batch, "--batch") if args.batch is not None else None
-    ks = parse_contexts(args.speculate, "--speculate") if args.speculate is not None else None
-    if ks is not None:
-        if batches is not None:
-            raise MiniLLMError("--batch and --speculate measure different things: give one of them")
-        if not ks or any(not 1 <= k <= MAX_K for k in ks):
-            raise MiniLLMError(f"--speculate {args.speculate}: each K must be 1 to {MAX_K}, e.g. 1,2,4,8")
-        if args.prompts < 1 or args.new_tokens < 2:
-            raise MiniLLMError("--prompts must be at least 1 and --new-tokens at least 2")
     if get_device(args.device).is_gpu:       # without a GPU: get_device's one line
         raise MiniLLMError("bench measures the CPU's NumPy steps against its bare passes (a GPU's figures are "
                            "printed beside them); a model's steps on the GPU: minillm learn 17, or "
                            "python benchmarks/gpu_check.py")
-    if args.weights is not None:
-        if batches is not None or ks is not None:
-            raise MiniLLMError("--weights measures weight formats alone: leave out --batch and --speculate")
-        from ..measure.quantization import parse_formats
-        parse_formats(args.weights)
-        return bench_weights(args, machine(progress=not args.json), kernels if args.kernels is not None else None)
+    return contexts, kernels
+
+
+def _bench_formats(args) -> int:
+    """--weights: each weight format's decode and prefill, interleaved (measure/quantization.py)."""
+    _, kernels = _checked(args)
+    from ..measure.quantization import parse_formats
+    parse_formats(args.weights)
+    return bench_weights(args, machine(progress=not args.json), kernels if args.kernels is not None else None)
+
+
+def _bench_steps(args) -> int:
+    """The model's steps: decode against the context lengths (the default), --batch's batched decode
+    against the roofline, or --speculate's drafts against plain decode."""
+    batches = parse_contexts(args.batch, "--batch") if args.batch is not None else None
+    ks = parse_contexts(args.speculate, "--speculate") if args.speculate is not None else None
+    if ks is not None:
+        if not ks or any(not 1 <= k <= MAX_K for k in ks):
+            raise MiniLLMError(f"--speculate {args.speculate}: each K must be 1 to {MAX_K}, e.g. 1,2,4,8")
+        if args.prompts < 1 or args.new_tokens < 2:
+            raise MiniLLMError("--prompts must be at least 1 and --new-tokens at least 2")
+    contexts, kernels = _checked(args)
     if len(kernels) > 1 and batches is None:
         raise MiniLLMError(f"--kernels {','.join(kernels)} compares kernel sets with --weights or --batch: give one of "
                            "them (or one kernel set)")
@@ -536,9 +564,6 @@ def bench_context_sweep(args) -> int:
     """`--context-sweep`: measure/contexts.py's sweep, one table per context, the crossover named; a
     latent-attention model once per way (--mla-decode), with its attention's FLOPs per KV byte."""
     from ..measure.contexts import CONTEXTS, run_context_sweep
-    if args.batch is not None or args.speculate is not None or args.weights is not None:
-        raise MiniLLMError("--context-sweep measures batch-1 decode against the context: leave out --batch, "
-                           "--speculate and --weights")
     if args.repeats < 1:
         raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
     contexts = parse_contexts(args.contexts) if args.contexts else list(CONTEXTS)
@@ -596,3 +621,23 @@ def bench_context_sweep(args) -> int:
                                      f"{first}'s step is not below {second}'s at {result['contexts'][-1]:,} tokens"))
     out.print(f"[dim]{_blas(result)}; {result['kernels_title']}[/]")
     return 0
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One thing bench measures: the flag that asks for it (None: the default), what it measures (for
+    a refusal), the flags it does not combine with, and what runs it (args -> exit code)."""
+    flag: str | None
+    what: str
+    excludes: tuple[str, ...]
+    run: Callable[..., int]
+
+
+MODES = (
+    Mode("--context-sweep", "measures batch-1 decode against the context", ("--batch", "--speculate", "--weights"),
+         bench_context_sweep),
+    Mode("--weights", "measures weight formats alone", ("--batch", "--speculate"), _bench_formats),
+    Mode("--speculate", "measures speculative decoding against plain decode", ("--batch",), _bench_steps),
+    Mode("--batch", "measures batched decode against the roofline", (), _bench_steps),
+    Mode(None, "measures decode against the context lengths", (), _bench_steps),
+)

@@ -20,7 +20,7 @@ from ..engine.sequence import SamplingParams
 from ..errors import MiniLLMError, PromptError
 from ..meter import Meter
 from ..bpe import tokenizer
-from .common import model_options, TextStream, add_model, add_sampling, err, load_model
+from .common import add_model, add_sampling, err, load_model, model_options, TextStream
 
 
 def add_arguments(p) -> None:

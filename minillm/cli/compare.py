@@ -20,8 +20,8 @@ from ..measure.gpu import as_hardware, gpu_figures, summary as gpu_summary
 from ..meter import Meter
 from ..bpe import tokenizer
 from ..ui import report
-from .common import (model_options, add_model, add_sampling, add_speculative, encode_prompt, load_draft, load_model, note_if_busy, out,
-                     warm_up)
+from .common import (add_model, add_sampling, add_speculative, encode_prompt, load_draft, load_model, model_options,
+                     note_if_busy, out, warm_up)
 
 
 def add_compare_arguments(p) -> None:

@@ -25,7 +25,7 @@ from ..measure.chips import get_chip, roofline
 from ..measure.shapes import capacity, shape_of
 from ..meter import Meter, totals
 from ..ui import report
-from .common import model_options, MODEL_HELP, add_device, add_weights, load_model, note_if_busy, out
+from .common import add_device, add_weights, load_model, MODEL_HELP, model_options, note_if_busy, out
 
 FP16 = 0.5          # the chip columns assume fp16 weights and activations: half the float32 bytes
 BATCHES = (1, 8, 32)

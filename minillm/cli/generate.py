@@ -13,8 +13,8 @@ from ..engine.speculative import check_k, speculative_generate
 from ..errors import MiniLLMError, PromptError
 from ..paths import expand_user, read_named_file
 from ..trace import check_path, trace_line, traced
-from .common import (model_options, TextStream, add_model, add_sampling, add_speculative, add_trace, encode_prompt, err, load_draft,
-                     load_model, kernels_label, note_if_busy)
+from .common import (add_model, add_sampling, add_speculative, add_trace, encode_prompt, err, kernels_label,
+                     load_draft, load_model, model_options, note_if_busy, TextStream)
 
 
 MAX_PROMPT_BYTES = 16 << 20  # far beyond any context (1,024 tokens are ~4 KB of text)

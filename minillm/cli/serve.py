@@ -15,8 +15,8 @@ from ..serving.http import Limits, Server
 from ..serving.loop import EngineLoop
 from ..ui.live import LiveView
 from ..trace import TraceMeter, check_path, trace_line
-from .common import (model_options, add_batch_limits, add_kv_options, add_model, add_trace, at_least_one, err, load_model,
-                     note_if_busy, parse_bytes)
+from .common import (add_batch_limits, add_kv_options, add_model, add_trace, at_least_one, err, kernels_label,
+                     load_model, model_options, note_if_busy, parse_bytes)
 
 TRACE_EVENTS = 1_000_000    # --trace keeps the last this many slices (about 10,000 steps of a small model)
 
@@ -117,7 +117,7 @@ def run(args) -> int:
               f"KV pool {loop.pool.num_blocks} blocks of {args.block_size} positions, up to {args.max_seqs} "
               f"sequences and {args.max_batched_tokens} tokens a step"
               f"{', prefix cache on' if args.prefix_cache else ''}"
-              f", {model.kernel_set.about}. "
+              f", {kernels_label(model)}. "
               "Ctrl-C stops.", soft_wrap=False)
     note_if_busy(args)
     print(f"listening on http://{shown}:{port}", flush=True)

@@ -26,8 +26,8 @@ from ..serving.workloads import WORKLOADS, WorkItem, load_workload, write_trace
 from ..ui.live import LiveView
 from ..ui.report import budget_verdict, diagnosis, disagg_verdict, favours, fmt_bytes, fmt_flops, fmt_time, slo_text
 from ..measure.busy import busy_note
-from .common import (model_options, add_batch_limits, add_kv_options, add_model, at_least_one, err, load_model, out, warm_up,
-                     parse_bytes)
+from .common import (add_batch_limits, add_kv_options, add_model, at_least_one, err, load_model, model_options, out,
+                     parse_bytes, warm_up)
 
 BUDGETS = (32, 128, 512, 2048, None)       # --compare budget; None: no chunking
 COMPARE = {"policies": "sequential, static and continuous", "prefix-cache": "continuous without and with it",
