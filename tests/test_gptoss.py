@@ -161,6 +161,35 @@ def test_a_model_with_mxfp4_experts_equals_its_widened_twin():
                            GptOss(c, t).forward(ids), atol=1e-6)
 
 
+def test_a_folder_with_mxfp4_experts_loads_widened(tmp_path):
+    """The fixture with its experts' gate|up packed as the release packs them (U8 `*_blocks` / `*_scales`)
+    loads through minillm.load and gives the model of the same experts widened."""
+    from minillm.checkpoints.safetensors import read_safetensors, write_safetensors
+    folder = copy_fixture(tmp_path)
+    raw, _ = read_safetensors(folder / "model.safetensors")
+    widened = dict(raw)
+    for key in [k for k in raw if k.endswith("experts.gate_up_proj")]:     # (down's rows, 48, are not blocks of 32)
+        blocks, scales = pack_mxfp4(np.swapaxes(raw[key], -1, -2))
+        widened[key] = np.swapaxes(gptoss.mxfp4_dequantize(blocks, scales), -1, -2)
+        del raw[key]
+        raw[key + "_blocks"], raw[key + "_scales"] = blocks, scales
+    write_safetensors(folder / "model.safetensors", raw)
+    packed = minillm.load(folder, kernels="numpy")
+    twin = GptOss(packed.config, {k.removeprefix("model."): v for k, v in widened.items()})
+    ids = np.arange(20) % 600
+    np.testing.assert_array_equal(packed.forward(ids), twin.forward(ids))
+
+
+def test_a_folder_with_other_integer_tensors_is_still_refused(tmp_path):
+    from minillm.checkpoints.safetensors import read_safetensors, write_safetensors
+    folder = copy_fixture(tmp_path)
+    raw, _ = read_safetensors(folder / "model.safetensors")
+    raw["model.norm.weight"] = raw["model.norm.weight"].astype(np.int8)
+    write_safetensors(folder / "model.safetensors", raw)
+    with pytest.raises(WeightsError, match="not as floats"):
+        minillm.load(folder)
+
+
 def test_mxfp4_blocks_without_scales_are_one_line():
     with pytest.raises(WeightsError, match="scales"):
         gptoss.unpack_mxfp4({"a_blocks": np.zeros((1, 1, 16), np.uint8)})

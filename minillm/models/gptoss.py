@@ -282,6 +282,8 @@ class GptOss(MoE):
     CONFIG = GptOssConfig
     manifest = staticmethod(iter_expected)
     ATTENTION_ASKS = frozenset({"window", "sinks"})
+    PACKED = ("_blocks", "_scales")           # MXFP4 experts, as released
+    unpack = staticmethod(lambda tensors: unpack_mxfp4(tensors))
 
     def __init__(self, config: GptOssConfig, tensors: dict, target: Target | None = None, *, name: str = "",
                  eos_ids: tuple[int, ...] = ()) -> None:
