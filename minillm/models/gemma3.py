@@ -244,7 +244,6 @@ class Gemma3(Llama):
 
     CONFIG = Gemma3Config
     manifest = staticmethod(iter_expected)
-    ATTENTION_ASKS = frozenset({"window", "scale"})
 
     def __init__(self, config: Gemma3Config, tensors: dict, target: Target | None = None, *, name: str = "",
                  eos_ids: tuple[int, ...] = ()) -> None:
@@ -252,6 +251,7 @@ class Gemma3(Llama):
         super().__init__(config, gains(tensors, target.dtype), target,
                          name=name or f"gemma3-{config.n_layer}x{config.n_embd}", eos_ids=eos_ids)
         self.specs = [attention_spec(config, kind) for kind in config.layer_types]
+        self.ATTENTION_ASKS = frozenset().union(*(s.asks() for s in self.specs))   # what its layers ask
         self.embed_scale = float(np.asarray(math.sqrt(config.n_embd), dtype=self.dtype))   # as transformers rounds it
 
     def block_params(self, tensors: dict, i: int) -> Block:

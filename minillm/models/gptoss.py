@@ -281,7 +281,6 @@ class GptOss(MoE):
 
     CONFIG = GptOssConfig
     manifest = staticmethod(iter_expected)
-    ATTENTION_ASKS = frozenset({"window", "sinks"})
     PACKED = ("_blocks", "_scales")           # MXFP4 experts, as released
     unpack = staticmethod(lambda tensors: unpack_mxfp4(tensors))
 
@@ -290,6 +289,7 @@ class GptOss(MoE):
         super().__init__(config, unpack_mxfp4(tensors), target,
                          name=name or f"gpt-oss-{config.n_layer}x{config.n_embd}-{config.n_expert}e", eos_ids=eos_ids)
         self.specs = [attention_spec(config, kind, p["sinks"]) for kind, p in zip(config.layer_types, self.blocks)]
+        self.ATTENTION_ASKS = frozenset().union(*(s.asks() for s in self.specs))   # what its layers ask
 
     def block_params(self, tensors: dict, i: int) -> Block:
         """Attention (q|k|v and o with biases) and norms as Llama's, the sinks [H], the router [d, E]
