@@ -250,3 +250,79 @@ def test_every_kernel_set_equals_numpy(c, T, kernels, seed):
     ids = np.random.default_rng(seed).integers(0, c.vocab_size, T)
     tol = 2e-2 if kernels == "int8" else 1e-4
     np.testing.assert_allclose(other.forward(ids), ref.forward(ids), rtol=0, atol=tol)
+
+
+# -- blocks given back behind the window -------------------------------------------------------------------
+
+def all_sliding(c):
+    return replace(c, layer_types=("sliding_attention",) * c.n_layer)
+
+
+@settings(max_examples=10, deadline=None)
+@given(configs(), st.integers(1, 4), st.integers(1, 30), st.integers(0, 2**31))
+def test_a_long_sequence_decodes_in_a_pool_the_size_of_its_window(c, block_size, extra, seed):
+    """Every layer sliding: a sequence decodes far past what its pool could hold, the blocks behind
+    the window going back as it moves (counted), with the tokens of a contiguous cache."""
+    c = all_sliding(c)
+    model, _ = build(c)
+    ids = np.random.default_rng(seed).integers(0, c.vocab_size, 3)
+    T = c.window + 2 * block_size + extra
+    want = minillm.generate(model, ids, T)
+    blocks = -(-(c.window + 1) // block_size) + 1          # the window's positions and the one being written
+    pool = PagedKVPool(c, blocks, block_size, np.float64)
+    cache = pool.sequence()
+    logits, _ = model.prefill(ids, cache)
+    got = [int(np.argmax(logits))]
+    for _ in range(T - 1):
+        got.append(int(np.argmax(model.decode_step(got[-1], cache))))
+    assert got == want
+    assert pool.dropped == cache.dropped > 0 and cache.dropped == (cache.length - c.window + 1) // block_size
+    assert pool.allocator.n_used == len(cache.table) - cache.dropped
+    cache.free()
+    assert pool.allocator.n_free == pool.num_blocks
+
+
+@settings(max_examples=10, deadline=None)
+@given(configs(), st.lists(st.tuples(st.lists(st.integers(0, 60), min_size=1, max_size=14), st.integers(1, 12)),
+                           min_size=1, max_size=4),
+       st.integers(1, 4), st.integers(1, 12), st.booleans())
+def test_an_engine_gives_back_blocks_behind_the_window_and_the_tokens_do_not_change(c, reqs, block_size, budget,
+                                                                                   prefix_cache):
+    """Every layer sliding, in the engine (chunked prefill, batched decode, preemption, the prefix
+    cache on or off, repeated prompts sharing blocks): every request's tokens are its tokens alone,
+    and at the end every block is back in the pool."""
+    from minillm.engine.engine import Engine
+    c = all_sliding(c)
+    model, _ = build(c)
+    reqs = reqs + reqs[:1]                                   # a repeated prompt: the prefix cache shares it
+    biggest = max(-(-(len(p) + n) // block_size) for p, n in reqs)
+    engine = Engine(model, num_blocks=biggest + 2, block_size=block_size, max_batched_tokens=budget,
+                    prefix_cache=prefix_cache)
+    rs = [engine.add_request(p, n) for p, n in reqs]
+    engine.run()
+    for (p, n), r in zip(reqs, rs):
+        assert r.output == minillm.generate(model, p, n)
+    assert engine.pool.allocator.n_free == engine.pool.num_blocks
+
+
+def test_a_global_layer_keeps_every_block():
+    """Gemma 3's fixture (one global layer): nothing is given back, whatever the length."""
+    model = minillm.load("tests/fixtures/w6/gemma3-tiny", kernels="numpy")
+    pool = PagedKVPool(model.config, 16, 4)
+    cache = pool.sequence()
+    model.prefill(np.arange(30), cache)
+    assert cache.dropped == pool.dropped == 0 and pool.allocator.n_used == 8
+
+
+def test_going_back_behind_a_given_back_block_is_one_line():
+    from minillm.errors import PromptError
+    c = gemma3.Gemma3Config(n_layer=1, n_head=2, n_kv_head=1, head_dim=8, n_embd=16, n_ctx=64, vocab_size=61, ffn=8,
+                            layer_types=("sliding_attention",), window=4)
+    model, _ = build(c)
+    cache = PagedKVPool(c, 16, 2, np.float64).sequence()
+    model.prefill(np.arange(20), cache)
+    assert cache.dropped == 8
+    cache.truncate(19)                                       # the next query's window still in the blocks kept
+    with pytest.raises(PromptError) as e:
+        cache.truncate(10)
+    assert "fell behind the sliding window" in str(e.value) and "\n" not in str(e.value)
