@@ -571,9 +571,9 @@ def test_lesson_15s_claims_fail_when_the_meter_misses_the_union(wrong, monkeypat
     import numpy as np
 
     from minillm import meter
-    from minillm.models import moe
+    from minillm.models import mixture, moe
 
-    real_route, real_mlp, chosen = moe.route, moe.experts_mlp, []
+    real_route, real_mlp, chosen = mixture.route, moe.experts_mlp, []
 
     def route(x, router, k, norm_topk):
         top, w = real_route(x, router, k, norm_topk)
@@ -590,7 +590,7 @@ def test_lesson_15s_claims_fail_when_the_meter_misses_the_union(wrong, monkeypat
                                           for e, n in enumerate(extra)))
         return y
 
-    monkeypatch.setattr(moe, "route", route)
+    monkeypatch.setattr(mixture, "route", route)            # the router the mixture's layer calls
     monkeypatch.setattr(moe, "experts_mlp", experts_mlp)
     assert _lesson(15).main(["--fast", "--no-pause"]) == 1
     out = " ".join(capsys.readouterr().out.split())
