@@ -75,6 +75,7 @@ def lesson(L: Lesson) -> None:
     context_sweep(L, hybrid, full)
     capacity_at_32k(L)
     what_it_costs(L, hybrid)
+    the_third_way(L)
     L.try_it(f"""
         `minillm bench --context-sweep --model {HYBRID},{FULL_NAME}` measures this lesson's sweep as a
         command (256 to 16,384 tokens), in interleaved rounds, with the crossover named. The chunk size
@@ -356,6 +357,55 @@ def what_it_costs(L: Lesson, model) -> None:
         prefix needs a copy of the state per draft or per block (this engine keeps one, and refuses
         both), and the state holds a summary of the past, not the past.
     """)
+
+
+def the_third_way(L: Lesson) -> None:
+    L.section("The third way: a window that slides")
+    L.say("""
+        Latent attention (lesson 18) makes each position's KV small; a state (above) makes part of it
+        fixed. The way most open models take is a **sliding window**: most layers attend to the last
+        `window` positions only, so their KV stops growing there; a few **global** layers still see
+        everything. Gemma 3 slides on five layers of six (window 1,024 in 27B); gpt-oss on every other
+        layer (window 128), with a learned **sink** per head: one more logit in each softmax that takes
+        no value, so a head can attend to nothing. minillm runs both (models/gemma3.py, gptoss.py).
+    """)
+    b = 2
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("bf16 KV", "a token", "32k seq", "128k seq", "fit 32k", "fit 128k"):
+        t.add_column(col, justify="right", no_wrap=True)
+    fit = {}
+    for name in ("gemma-3-27b", "gpt-oss-20b"):
+        s = shape(name)
+        every = {k: v for k, v in s.items() if k not in ("window", "local_layers")}      # no layer slides
+        for label, x in ((name, s), ("  all global", every)):
+            caps = [capacity(x, ctx, get_chip("h200").memory_gb * 1e9, bytes_per_weight=None, kv_bytes_per_value=b)
+                    for ctx in (32768, 131072)]
+            fit[(name, label == name)] = [cap["sequences"] for cap in caps]
+            t.add_row(label, fmt_bytes(caps[0]["kv_bytes_per_token"]), fmt_bytes(caps[0]["kv_bytes_per_sequence"]),
+                      fmt_bytes(caps[1]["kv_bytes_per_sequence"]), *(f"{n:,}" for n in fit[(name, label == name)]))
+    L.show(t, f"[dim]sequences that fit on an H200 beside the weights as released, KV in bf16, {UTILISATION:.0%} "
+              "of the memory; published configs[/]")
+    for name in ("gemma-3-27b", "gpt-oss-20b"):
+        s = shape(name)
+        L.fact(f"{name}: {s['local_layers']} of {s['n_layer']} layers keep {s['window']:,} positions, so past "
+               f"them a token costs only the {s['n_layer'] - s['local_layers']} global layers' KV")
+    L.claim(all(fit[(n, True)][i] >= fit[(n, False)][i] for n in ("gemma-3-27b", "gpt-oss-20b") for i in (0, 1))
+            and any(fit[(n, True)][1] > fit[(n, False)][1] for n in ("gemma-3-27b", "gpt-oss-20b")),
+            f"at 128k, {fit[('gemma-3-27b', True)][1]} Gemma 3 27B sequences fit on an H200 against "
+            f"{fit[('gemma-3-27b', False)][1]} with every layer global; gpt-oss-20b: "
+            f"{fit[('gpt-oss-20b', True)][1]} against {fit[('gpt-oss-20b', False)][1]}")
+    L.say("""
+        Why not slide on every layer? A windowed layer cannot see past its window, and information
+        from further back reaches a token only hop by hop through the layers; Gemma 3's report found
+        that five local layers to one global, with a window of 1,024, kept perplexity where all-global
+        had it (Gemma Team 2025, arXiv 2503.19786, §2 and its ablations). Without anything global, a
+        window also loses the first tokens, onto which softmax heads pile the attention they have
+        nowhere else to put: StreamingLLM kept four of them to fix it (Xiao et al. 2023, arXiv
+        2309.17453); gpt-oss learns a sink logit per head instead (OpenAI 2025, arXiv 2508.10925).
+        `minillm bench --context-sweep --model random-gemma3,random-gemma3-global` times a windowed
+        model's decode step against its all-global twin's.
+    """)
+    L.pause()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,11 +53,15 @@ class Layout:
                          values too (multi-head latent attention, models/deepseek.py); 0: K and V apart
         linear_layers    the blocks that keep a fixed-size state per sequence instead of KV
                          (a hybrid, models/qwen35.py; cache/state.py holds it); () for none
+        window_layers    the blocks whose queries see only the last `window` positions (a sliding
+                         window: models/gemma3.py, models/gptoss.py); () for none
         state_shapes()   one such layer's state: name -> shape ({} for none)
         state_bytes(b)   a sequence's whole state in bytes at b bytes a value (0 for none)
     """
     values_in_keys = 0
     linear_layers: tuple = ()
+    window_layers: tuple = ()
+    window: int | None = None
 
     def state_shapes(self) -> dict:
         return {}

@@ -14,9 +14,11 @@ Every cache speaks the same small protocol, and the model uses nothing else:
     capacity                  positions it has room for now (a step may fill up to this)
     reserve(n)                make room for n more positions, or raise PromptError saying why not
     write(layer, pos, k, v)   store keys and values [Hkv, n, hd] of positions pos .. pos+n-1
-    read(layer, t)            keys and values of positions 0 .. t-1, [Hkv, t, hd] each; reports the read
-    read_rows(layer, t)       the same for a kernel told t (the fused attention): arrays whose first t
-                              rows per head are those positions (CacheBase's default: `read`)
+    read(layer, t, start=0)   keys and values of positions start .. t-1, [Hkv, t - start, hd] each;
+                              reports the read (start > 0: a sliding window's, the positions behind
+                              it neither read nor counted)
+    read_rows(layer, t, start=0)  the same for a kernel told t (the fused attention): arrays whose
+                              first t - start rows per head are those positions (CacheBase's: `read`)
     advance(n)                the step is done: n more positions are filled
     truncate(t)               forget every position from t on (speculative decoding's roll-back)
     free()                    give the memory back (a paged cache returns its blocks)
@@ -86,10 +88,10 @@ class CacheBase:
     def advance(self, n: int) -> None:
         self.length += n
 
-    def read_rows(self, layer: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+    def read_rows(self, layer: int, t: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """`read`, for a kernel told the row count (the fused attention): keys and values whose first
-        t rows of each head are positions 0 .. t-1, [Hkv, >= t, hd]. Here `read`'s own arrays."""
-        return self.read(layer, t)
+        t - start rows of each head are positions start .. t-1, [Hkv, >= t - start, hd]. Here `read`'s."""
+        return self.read(layer, t, start)
 
     def check_truncate(self, t: int) -> None:
         if not 0 <= t <= self.length:
@@ -204,12 +206,12 @@ class KVCache(CacheBase):
         if m is not None:
             m.count("kv_write", kv_write=k.nbytes + (0 if v is None else v.nbytes))
 
-    def read(self, layer: int, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """Views (no copy) of the keys and values of the first t positions of one layer: [Hkv, t, hd] each.
-        Attention streams them once: counted here as the KV-cache read."""
-        k, v = self.k[layer, :, :t], self.v[layer, :, :t]
+    def read(self, layer: int, t: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Views (no copy) of the keys and values of positions start .. t-1 of one layer: [Hkv, t - start,
+        hd] each. Attention streams them once: counted here as the KV-cache read."""
+        k, v = self.k[layer, :, start:t], self.v[layer, :, start:t]
         if self.kv_dtype == "int8":
-            sk, sv = self.k_scale[layer, :, :t], self.v_scale[layer, :, :t]
+            sk, sv = self.k_scale[layer, :, start:t], self.v_scale[layer, :, start:t]
             wk = (k * sk).astype(self.dtype, copy=False)                       # [Hkv, t, hd], widened
             own_v = not self.shared                                            # (a latent cache's: the keys' columns)
             wv = (v * sv).astype(self.dtype, copy=False) if own_v else wk[..., :self.shared]
@@ -223,11 +225,12 @@ class KVCache(CacheBase):
             m.count("kv_read", kv_read=k.nbytes + (0 if self.shared else v.nbytes))
         return k, v
 
-    def read_rows(self, layer: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+    def read_rows(self, layer: int, t: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """The layer's whole arrays, [Hkv, capacity, hd] each and C-contiguous (no copy, no view to
-        undo), of which the first t rows of each head are read: counted as `read` counts them."""
-        if self.kv_dtype == "int8" or self.xp is not np:
-            return self.read(layer, t)
+        undo), of which the first t rows of each head are read: counted as `read` counts them
+        (start > 0: `read`'s views of positions start .. t-1)."""
+        if self.kv_dtype == "int8" or self.xp is not np or start:
+            return self.read(layer, t, start)
         m = meter.active()
         if m is not None:
             m.count("kv_read", kv_read=(1 if self.shared else 2) * self.k[layer, :, :t].nbytes)
@@ -268,8 +271,8 @@ class PassKV:
     def write(self, layer: int, pos: int, k: np.ndarray, v: np.ndarray) -> None:
         self._k, self._v = k, v
 
-    def read(self, layer: int, t: int) -> tuple[np.ndarray, np.ndarray]:
-        k, v = self._k, self._v
+    def read(self, layer: int, t: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        k, v = self._k[:, start:], self._v[:, start:]                # (a whole pass: start is 0)
         m = meter.active()
         if m is not None:
             m.count("attention", activations=k.nbytes + v.nbytes)

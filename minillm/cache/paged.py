@@ -113,6 +113,7 @@ class PagedKVPool:
 
     state_blocks = 0
     states = None
+    dropped = 0          # blocks given back behind a sliding window (`PagedKVCache.drop_behind`), counted
 
     @classmethod
     def state_blocks_for(cls, config, block_size: int = 16, dtype=np.float32) -> int:
@@ -170,8 +171,17 @@ class PagedKVPool:
         return PagedKVCache(self, table, length)
 
 
+DROPPED = -1   # a table entry whose block was given back: every position in it fell behind the window
+
+
 class PagedKVCache(CacheBase):
-    """One sequence's view of a pool: its block table and its length. Speaks the cache protocol."""
+    """One sequence's view of a pool: its block table and its length. Speaks the cache protocol.
+
+    A model whose every layer slides (config.Layout's window_layers: all of them) never reads a
+    position again once it fell behind the window of the next query: after each step the blocks
+    wholly behind it go back to the pool (`drop_behind`, their entries DROPPED). Where some layer sees
+    every position (Gemma 3's and gpt-oss's global layers) no block is given back: a block holds
+    its positions for every layer at once."""
 
     def __init__(self, pool: PagedKVPool, table: list[int] | None = None, length: int = 0) -> None:
         self.pool = pool
@@ -179,6 +189,7 @@ class PagedKVCache(CacheBase):
         self.dtype = pool.k.dtype
         self.table: list[int] = table if table is not None else []
         self.length = length
+        self.dropped = 0                     # leading table entries given back behind the window
         self._run = self._run_length(0, 0)   # how many leading blocks form one ascending run
 
     def _run_length(self, start: int, run: int) -> int:
@@ -243,24 +254,31 @@ class PagedKVCache(CacheBase):
         reserve and truncate: change the table only through them.)"""
         return n_blocks <= self._run
 
-    def read(self, layer: int, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """Keys and values of positions 0 .. t-1, [Hkv, t, hd] each: a view of the pool when the blocks
-        are one ascending run, else a copy gathered through the block table."""
+    def read(self, layer: int, t: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Keys and values of positions start .. t-1, [Hkv, t - start, hd] each: a view of the pool when
+        their blocks are one ascending run, else a copy gathered through the block table (start > 0: a
+        sliding window's positions, from the block that holds `start`)."""
         bs = self.block_size
-        nb = -(-t // bs)
+        first, nb = start // bs, -(-t // bs)                       # the blocks read: first .. nb-1
+        if first < self.dropped:
+            raise MiniLLMError(f"positions {start} .. {t - 1}: the blocks before position {self.dropped * bs} "
+                               "fell behind the sliding window and went back to the pool")
+        lo, hi = start - first * bs, t - first * bs                # the positions' rows in them
         H, hd = self.config.n_kv_head, self.config.head_dim
         shared = self.pool.shared                                  # a latent pool: keys only, values in them
         pools = (self.pool.k[layer],) if shared else (self.pool.k[layer], self.pool.v[layer])   # [Hkv, blocks, bs, hd]
-        if self.contiguous(nb):
-            b0 = self.table[0]
-            kv = [p[:, b0:b0 + nb].reshape(H, nb * bs, hd)[:, :t] for p in pools]   # views: no copy
+        run = self.contiguous(nb) if first == 0 else self.contiguous_from(first, nb)
+        n = nb - first
+        if run:
+            b0 = self.table[first]
+            kv = [p[:, b0:b0 + n].reshape(H, n * bs, hd)[:, lo:hi] for p in pools]   # views: no copy
             gathered = 0
         else:
             xp = backend.namespace(pools[0])
-            idx = xp.asarray(np.asarray(self.table[:nb], dtype=np.intp))   # a gather: one copy of nb blocks (take
-            kv = [xp.take(p, idx, axis=1).reshape(H, nb * bs, hd)[:, :t]   # writes it C-ordered, so the
-                  for p in pools]                                          # reshape is free; p[:, idx] is not)
-            gathered = len(pools) * H * nb * bs * hd * pools[0].itemsize
+            idx = xp.asarray(np.asarray(self.table[first:nb], dtype=np.intp))   # a gather: one copy of n blocks
+            kv = [xp.take(p, idx, axis=1).reshape(H, n * bs, hd)[:, lo:hi]      # (take writes it C-ordered, so
+                  for p in pools]                                               # the reshape is free)
+            gathered = len(pools) * H * n * bs * hd * pools[0].itemsize
         k, v = kv[0], kv[0][..., :shared] if shared else kv[1]
         m = meter.active()
         if m is not None:
@@ -271,13 +289,41 @@ class PagedKVCache(CacheBase):
                 m.count("kv_read", kv_read=used)
         return k, v
 
+    def contiguous_from(self, first: int, nb: int) -> bool:
+        """Are blocks first .. nb-1 of the table one ascending run?"""
+        t = self.table
+        return all(t[i + 1] == t[i] + 1 for i in range(first, nb - 1))
+
+    def advance(self, n: int) -> None:
+        self.length += n
+        self.drop_behind()
+
+    def drop_behind(self) -> None:
+        """If every layer of the model slides: give back the blocks whose positions all fell behind the
+        window of the next query (at position `length`, its first key at length - window + 1)."""
+        c = self.config
+        if not c.window_layers or len(c.window_layers) < c.n_layer:
+            return
+        behind = min(max(0, self.length - c.window + 1) // self.block_size, len(self.table))
+        while self.dropped < behind:
+            self.pool.allocator.release(self.table[self.dropped])
+            self.table[self.dropped] = DROPPED
+            self.dropped += 1
+            self.pool.dropped += 1
+
     def truncate(self, t: int) -> None:
-        """Keep positions 0 .. t-1 and give back the blocks past them."""
+        """Keep positions 0 .. t-1 and give back the blocks past them (back to a position whose window
+        reaches a block already given back: one line)."""
         self.check_truncate(t)
+        if t and self.dropped and t - self.config.window + 1 < self.dropped * self.block_size:
+            raise PromptError(f"truncate({t}): the blocks before position {self.dropped * self.block_size} fell "
+                              "behind the sliding window and went back to the pool")
         keep = -(-t // self.block_size)
         for b in reversed(self.table[keep:]):   # a prompt's last blocks go first to the free list
-            self.pool.allocator.release(b)
+            if b != DROPPED:
+                self.pool.allocator.release(b)
         del self.table[keep:]
+        self.dropped = min(self.dropped, keep)
         self._run = min(self._run, keep)
         self.length = t
 
@@ -295,8 +341,10 @@ class PagedKVCache(CacheBase):
             b = self.pool.allocator.allocate()
             self.pool.copy_block(self.table[full], b)
             tail.append(b)
-        table = [self.pool.allocator.share(b) for b in self.table[:full]]
-        return PagedKVCache(self.pool, table + tail, self.length)
+        table = [b if b == DROPPED else self.pool.allocator.share(b) for b in self.table[:full]]
+        other = PagedKVCache(self.pool, table + tail, self.length)
+        other.dropped = self.dropped
+        return other
 
 
 def reserve_step(items) -> None:

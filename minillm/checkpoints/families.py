@@ -6,6 +6,8 @@
     moe     models/moe     mixtral, qwen3_moe        (none yet)           llama_load.py
     qwen35  models/qwen35  qwen3_5_text              (none yet)           llama_load.py
     deepseek models/deepseek deepseek_v3           (none yet: deepseek2) llama_load.py
+    gemma3  models/gemma3  gemma3_text               (none yet)           llama_load.py
+    gptoss  models/gptoss  gpt_oss                   (none yet)           llama_load.py
 
 A family is its model module plus its row. The module owns what the family is: its config class
 (`CONFIG`, read by `from_hf`), its model (`MODEL`, a `CausalLM`), its manifest (`MODEL.manifest`:
@@ -30,7 +32,7 @@ from types import ModuleType
 from typing import Callable
 
 from ..errors import ConfigError, ModelNotFoundError
-from ..models import deepseek, gpt2, llama, moe, qwen35
+from ..models import deepseek, gemma3, gpt2, gptoss, llama, moe, qwen35
 from ..models.base import CausalLM
 from ..models.options import Option, check_options
 from ..models.target import Target
@@ -74,6 +76,10 @@ FAMILIES: tuple[Family, ...] = (
     Family("deepseek", deepseek, deepseek.MODEL_TYPES, (),     # llama.cpp's deepseek2: no reader yet
            GGUFNames("layers", deepseek.GGUF_BLOCK_NAMES, llama.GGUF_TOP_NAMES),
            partial(llama_from_folder, model=deepseek.DeepSeekV3), None, llama_tokenizer),
+    Family("gemma3", gemma3, gemma3.MODEL_TYPES, (), GGUFNames("layers", {}, {}),       # no GGUF reader yet
+           partial(llama_from_folder, model=gemma3.Gemma3), None, llama_tokenizer),
+    Family("gptoss", gptoss, gptoss.MODEL_TYPES, (), GGUFNames("layers", {}, {}),       # no GGUF reader yet
+           partial(llama_from_folder, model=gptoss.GptOss), None, llama_tokenizer),
 )
 
 

@@ -31,9 +31,10 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
-def read_tensors(folder: Path, file: Path | None = None) -> dict[str, np.ndarray]:
+def read_tensors(folder: Path, file: Path | None = None, packed: tuple = ()) -> dict[str, np.ndarray]:
     """Every tensor of a folder's `model.safetensors`, or of all shards its index names (each inside
-    the folder: `paths.folder_file`)."""
+    the folder: `paths.folder_file`); floats only, but those whose names end in one of `packed` (a
+    family's packed weights: models/base.py's PACKED)."""
     if file is not None:
         files = [file]
     elif (index_path := folder_file(folder, INDEX)).is_file():
@@ -60,7 +61,7 @@ def read_tensors(folder: Path, file: Path | None = None) -> dict[str, np.ndarray
     tensors = {}
     for f in files:
         part, _ = read_safetensors(f)
-        check_float_tensors(part, f)
+        check_float_tensors({k: v for k, v in part.items() if not (packed and k.endswith(packed))}, f)
         tensors.update({re.sub(r"^model\.", "", k): v for k, v in part.items()})
     return tensors
 
@@ -77,7 +78,7 @@ def llama_from_folder(path: Path, target: Target, name: str | None = None, *, mo
     folder, file = (path.parent, path) if path.is_file() else (path, None)
     config_path = folder_file(folder, "config.json")
     raw = read_json(config_path)
-    tensors = read_tensors(folder, file)
+    tensors = model.unpack(read_tensors(folder, file, model.PACKED))
     layers = raw.get("num_hidden_layers") if isinstance(raw, dict) else None
     if isinstance(layers, int) and not isinstance(layers, bool) and 1 <= layers <= MAX_COUNT:   # else: from_hf says
         drop_next_token_blocks(tensors, layers, raw.get("num_nextn_predict_layers"))

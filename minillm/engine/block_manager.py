@@ -106,7 +106,7 @@ class BlockManager:
         return self.blocks_for(n_positions) + self.state_blocks <= self.num_blocks
 
     def blocks_held(self, seq: Sequence) -> int:
-        return len(seq.cache.table) if seq.cache is not None else 0
+        return len(seq.cache.table) - seq.cache.dropped if seq.cache is not None else 0
 
     def usage(self, seqs) -> tuple[int, int]:
         """(positions stored, positions reserved) in the blocks these sequences hold; a shared block
@@ -114,7 +114,7 @@ class BlockManager:
         bs, filled = self.block_size, {}
         for s in seqs:
             c = s.cache
-            for j, b in enumerate(c.table):
+            for j, b in enumerate(c.table[c.dropped:], c.dropped):     # (the blocks behind a window: given back)
                 filled[b] = max(filled.get(b, 0), min(bs, max(0, c.length - j * bs)))
         return sum(filled.values()), len(filled) * bs
 
@@ -217,7 +217,7 @@ class BlockManager:
         for j in range(len(known), full):
             h, b = block_hash(known[-1] if known else None, tokens[j * bs:(j + 1) * bs]), cache.table[j]
             known.append(h)
-            if h not in self.cached and b not in self.hash_of:
+            if b >= 0 and h not in self.cached and b not in self.hash_of:    # (b < 0: given back behind a window)
                 self.cached[h] = b
                 self.hash_of[b] = h
 

@@ -36,6 +36,7 @@ from ..models.llama import LlamaConfig
 
 from ..models.gpt2 import GPT2_SIZES
 from ..errors import MiniLLMError
+from ..models import gemma3
 from ..models.qwen35 import FULL, LINEAR, Qwen35Config
 from .experts import PUBLISHED, held_bytes, moe_shape, read_bytes
 
@@ -103,6 +104,9 @@ HYBRID_SHAPES: dict[str, Qwen35Config] = {
 # kept wider than the KV; the convolution's window stays in the KV's dtype. Bytes a value.
 STATE_DTYPE_BYTES: dict[str, int] = {"qwen3.5-27b": 4}
 
+# Families with a window of their own (models/gemma3.py's released shapes, read from their configs).
+WINDOWED_SHAPES = dict(gemma3.RELEASED)
+
 UTILISATION = 0.9    # the share of a GPU's memory a server takes: vLLM's gpu_memory_utilization default
 KV_DTYPES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0}
 
@@ -127,6 +131,8 @@ def shape_of(c, name: str = "") -> dict:
         conv, ssm = (len(c.linear_layers) * math.prod(v) for v in c.state_shapes().values())
         out.update(kv_layers=len(c.full_layers), state_values=c.state_bytes(1), linear_layers=len(c.linear_layers),
                    state_conv_values=conv, state_ssm_values=ssm)
+    if c.window_layers:                                    # a sliding window on some layers (config.Layout)
+        out.update(window=c.window, local_layers=len(c.window_layers))
     return out
 
 
@@ -142,6 +148,8 @@ def shape(name: str) -> dict:
         out = {**shape_of(HYBRID_SHAPES[key], key), **_released_dense(key, HYBRID_SHAPES[key])}
         if key in STATE_DTYPE_BYTES:
             out["ssm_bytes"] = STATE_DTYPE_BYTES[key]
+    elif key in WINDOWED_SHAPES:
+        out = {**shape_of(WINDOWED_SHAPES[key], key), **_released_dense(key, WINDOWED_SHAPES[key])}
     elif key in MOE_SHAPES:
         out = {"name": key, **moe_shape(MOE_SHAPES[key])}
     elif key in OTHER_SHAPES:
@@ -156,7 +164,7 @@ def shape(name: str) -> dict:
         if key in WINDOWS:
             out["window"], out["local_layers"] = WINDOWS[key]
         return out
-    names = [*SHAPES, *MOE_SHAPES, *OTHER_SHAPES, *HYBRID_SHAPES, *(f"gpt2-{k}" for k in GPT2_SIZES)]
+    names = [*SHAPES, *MOE_SHAPES, *OTHER_SHAPES, *HYBRID_SHAPES, *WINDOWED_SHAPES, *(f"gpt2-{k}" for k in GPT2_SIZES)]
     close = difflib.get_close_matches(key, names, n=1)
     hint = f" Did you mean {close[0]}?" if close else ""
     raise MiniLLMError(f"unknown shape {name!r}.{hint} Known shapes: {', '.join(names)}")

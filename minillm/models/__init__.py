@@ -21,6 +21,8 @@
     moe          mixtures of experts (Mixtral, Qwen3-MoE): a Llama whose MLP is routed experts
     qwen35       Qwen3.5: a hybrid of Gated DeltaNet layers and gated full attention
     deepseek     the DeepSeek-V3 family: latent attention and DeepSeek's mixture
+    gemma3       Gemma 3: sliding-window and global layers, Gemma's norms, GeGLU
+    gptoss       gpt-oss: sliding and full layers with a sink per head, YaRN, a biased mixture (MXFP4 read)
 
 What the families assemble (a family module imports these, never another family's; each counts
 what it does):

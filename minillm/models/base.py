@@ -80,6 +80,13 @@ class CausalLM:
     ATTENTION_ASKS: frozenset = frozenset()   # the attention options it attends with (ops.AttentionSpec)
     OPTIONS: tuple = ()          # its family's options (models/options.py), each a constructor keyword
     POOL = PagedKVPool           # its paged pool (cache/paged.py; a hybrid's also pays for its states)
+    PACKED: tuple = ()           # suffixes of the integer tensors its checkpoints pack weights in (gpt-oss's
+                                 # MXFP4 "_blocks", "_scales"), read as they are, then `unpack`ed to floats
+
+    @staticmethod
+    def unpack(tensors: dict) -> dict:
+        """A checkpoint's tensors with its packed ones (`PACKED`) as the floats its manifest names."""
+        return tensors
 
     def use_target(self, target: Target) -> None:
         """Take the target's device and kernel set (a constructor's first step)."""

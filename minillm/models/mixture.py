@@ -44,12 +44,12 @@ def routes():
         _ROUTES.reset(token)
 
 
-def route(x: np.ndarray, router, k: int, norm_topk: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Which k experts each row uses, and how much. x [N, d], router [d, E] ->
+def route(x: np.ndarray, router, k: int, norm_topk: bool, bias=None) -> tuple[np.ndarray, np.ndarray]:
+    """Which k experts each row uses, and how much. x [N, d], router [d, E] (bias [E]: gpt-oss's) ->
     (experts [N, k] ints, weights [N, k]), the largest probability first.
     Counted: the router's product (ops.linear), then per row a softmax over E (5 FLOPs an entry)
     and, renormalised, k divisions."""
-    logits = ops.linear(x, router)                                          # [N, E]
+    logits = ops.linear(x, router, bias)                                    # [N, E]
     probs = ops.softmax(logits)                                             # [N, E], in place
     top = np.argsort(-probs, axis=-1, kind="stable")[:, :k]                 # [N, k]: ties to the lower id
     w = np.take_along_axis(probs, top, axis=-1)                             # [N, k]
@@ -70,9 +70,11 @@ def record_route(top: np.ndarray) -> None:
         found.append(top)
 
 
-def expert(p: Block, e: int) -> Block:
-    """Expert e of a sparse block: its {"gate_up.weight", "down_proj.weight"}, as `llama.mlp` takes them."""
-    return {"gate_up.weight": p[f"experts.{e}.gate_up.weight"], "down_proj.weight": p[f"experts.{e}.down_proj.weight"]}
+def expert(p: Block, e: int, biases: bool = False) -> Block:
+    """Expert e of a sparse block: its {"gate_up.weight", "down_proj.weight"}, as `llama.mlp` takes them
+    (biases: with their biases too, where it has them: gpt-oss's)."""
+    names = ("gate_up.weight", "down_proj.weight") + (("gate_up.bias", "down_proj.bias") if biases else ())
+    return {n: p[f"experts.{e}.{n}"] for n in names if f"experts.{e}.{n}" in p}
 
 
 def experts_mlp(x: np.ndarray, p: Block, c, act=ops.swiglu) -> np.ndarray:
@@ -86,7 +88,7 @@ def experts_mlp(x: np.ndarray, p: Block, c, act=ops.swiglu) -> np.ndarray:
     Counted besides, per (row, expert) pair of d values: the gather (read, write), scaling the
     output and adding it into y (read it, read y, write y; 2 FLOPs a value); and y's zeros.
     c: the counts (top_k, norm_topk); act: the experts' SwiGLU (the kernel set's)."""
-    experts, weights = route(x, p["router.weight"], c.top_k, c.norm_topk)  # [N, k] each
+    experts, weights = route(x, p["router.weight"], c.top_k, c.norm_topk, p.get("router.bias"))  # [N, k] each
     return dispatch(x, experts, weights, p, act)
 
 
@@ -102,7 +104,7 @@ def dispatch(x: np.ndarray, experts: np.ndarray, weights: np.ndarray, p: Block, 
     y = np.zeros_like(x)                                                    # [N, d]
     for s, t in zip(starts, ends):
         r = rows[s:t]                                                       # the rows expert `by[s]` serves
-        h = mlp(x[r], expert(p, by[s]), act)                                # [n_e, d]
+        h = mlp(x[r], expert(p, by[s], True), act)                              # [n_e, d]
         h *= w[s:t, None]
         y[r] += h
     m = meter.active()

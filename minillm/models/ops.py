@@ -29,12 +29,13 @@ from .weights import as_weight, matmul  # noqa: F401  (matmul: the BLAS-shaped p
 GELU_C = math.sqrt(2.0 / math.pi)
 
 
-def embedding(wte, wpe, ids: np.ndarray, positions=None) -> np.ndarray:
+def embedding(wte, wpe, ids: np.ndarray, positions=None, scale: float | None = None) -> np.ndarray:
     """Token embeddings, plus position embeddings where the model learns them (GPT-2).
     wte: the token table as a weight (its rows are the embeddings; a plain [V, d] array is taken as
     one); ids [N]; wpe [n_ctx, d] or None (rotary models: positions come later); positions: the rows
     of wpe, an index array [N], a slice (one sequence's consecutive positions: a view, no gather) or
-    the first position, an int, the others following it -> x [N, d].
+    the first position, an int, the others following it; scale: a factor on every row (Gemma's √d)
+    -> x [N, d].
 
     Reads only the rows it gathers: N rows of wte (quantized: their blocks, widened straight into x)
     and N rows of wpe.
@@ -46,11 +47,13 @@ def embedding(wte, wpe, ids: np.ndarray, positions=None) -> np.ndarray:
     if wpe is not None:
         pos = wpe[positions:positions + N] if np.isscalar(positions) else wpe[positions]   # [N, d]
         x += pos
+    if scale is not None:
+        x *= scale
     m = meter.active()
     if m is not None:
         c = wte.rows_counts(N)
         m.count("embedding", weights=c["weights"] + (0 if pos is None else pos.nbytes), activations=x.nbytes,
-                other=0 if pos is None else x.size, dequant=c["dequant"])
+                other=(0 if pos is None else x.size) + (0 if scale is None else x.size), dequant=c["dequant"])
     return x
 
 
@@ -448,4 +451,36 @@ def swiglu(gate_up: np.ndarray, kernel=None) -> np.ndarray:
     m = meter.active()
     if m is not None:
         m.count("swiglu", activations=gate_up.nbytes + y.nbytes, other=6 * y.size)
+    return y
+
+
+def geglu(gate_up: np.ndarray) -> np.ndarray:
+    """The GeGLU gate (Gemma): gelu_tanh(gate) · up, with `gelu` (counted there, 8 an element).
+    gate_up [N, 2F] (the gate and up projections side by side, one product) -> [N, F].
+    Counted here: the product with up (1 an element)."""
+    F = gate_up.shape[-1] // 2
+    y = gelu(gate_up[:, :F])                                    # [N, F], a new array
+    y *= gate_up[:, F:]
+    m = meter.active()
+    if m is not None:
+        m.count("geglu", activations=gate_up.nbytes // 2 + 2 * y.nbytes, other=y.size)
+    return y
+
+
+def clamped_swiglu(gate_up: np.ndarray, limit: float, alpha: float) -> np.ndarray:
+    """gpt-oss's SwiGLU: (clip(up, -limit, limit) + 1) · g · sigmoid(alpha · g), g = min(gate, limit),
+    the sigmoid in its tanh form (as `swiglu`). gate_up [N, 2F] (gate, then up) -> [N, F].
+    Counted 9 an element: two clips, the scaled sigmoid's four, the products and the + 1."""
+    F = gate_up.shape[-1] // 2
+    xp = backend.namespace(gate_up)
+    g = xp.minimum(gate_up[:, :F], limit)                       # [N, F]
+    y = g * (0.5 * alpha)
+    xp.tanh(y, out=y)
+    y += 1.0
+    y *= 0.5                                                    # sigmoid(alpha · g)
+    y *= g
+    y *= xp.clip(gate_up[:, F:], -limit, limit) + 1.0
+    m = meter.active()
+    if m is not None:
+        m.count("swiglu", activations=gate_up.nbytes + y.nbytes, other=9 * y.size)
     return y

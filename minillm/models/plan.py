@@ -91,10 +91,11 @@ class PerSequence:
         if table is not None and not spec.asks():                          # plain: the paged kernel, in place
             pool = s.cache.pool
             return self.K.paged_decode(q, pool.k[layer], pool.v[layer], table, [s.pos + 1])
-        k_all, v_all = s.cache.read_rows(layer, s.pos + s.n)               # [Hkv, >= pos+n, hd]
+        lo = 0 if spec.window is None else max(0, s.pos - spec.window + 1)   # a window: its first query's first key
+        k_all, v_all = s.cache.read_rows(layer, s.pos + s.n, lo)           # [Hkv, >= pos+n-lo, hd]: lo .. pos+n-1
         if spec.expand is not None:
-            k_all, v_all = spec.expand(k_all[:, :s.pos + s.n], v_all[:, :s.pos + s.n])
-        return self.K.attention(q, k_all, v_all, s.pos + s.n, spec)        # [H, n, hd_v]
+            k_all, v_all = spec.expand(k_all[:, :s.pos + s.n - lo], v_all[:, :s.pos + s.n - lo])
+        return self.K.attention(q, k_all, v_all, s.pos + s.n - lo, spec)   # [H, n, hd_v]
 
 
 def paged_float32(cache):
