@@ -263,7 +263,7 @@ def test_random_presets_build_and_read_what_they_should(monkeypatch):
     dense twin's reads, but the routers."""
     small = dict(n_layer=2, n_head=2, n_kv_head=1, head_dim=16, n_embd=32, n_ctx=64, vocab_size=64, tied=True)
     monkeypatch.setitem(MOE_PRESETS, "random-moe-16x2", MoEConfig(**small, ffn=32, n_expert=8, top_k=2))
-    monkeypatch.setitem(MOE_PRESETS, "random-moe-16x2-dense", moe.LlamaConfig(**small, ffn=64))
+    monkeypatch.setitem(MOE_PRESETS, "random-moe-16x2-dense", moe.DecoderConfig(**small, ffn=64))
     mix, dense = random_model("random-moe-16x2"), random_model("random-moe-16x2-dense")
     assert isinstance(mix, MoE) and not isinstance(dense, MoE)
     read = []

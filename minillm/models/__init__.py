@@ -28,8 +28,11 @@ What the families assemble (a family module imports these, never another family'
 what it does):
 
     blocks       the SwiGLU MLP, the final norm and head, the gates, a checkpoint's parameter names
+    decoder      the pre-norm decoder Llama brought (`DecoderConfig`, `Decoder`): its block as small
+                 functions, its checkpoint's tensors; llama, moe, gemma3 and gptoss build on it
     mixture      a mixture's routers (softmax top-k, DeepSeek's grouped) and dispatch; `routes()`
-                 records the experts each step chose (for lessons)
+                 records the experts each step chose (for lessons); `SparseDecoder`, the decoder
+                 whose sparse layers are mixtures (moe's and gptoss's model)
     mla          multi-head latent attention (`MLAShape`): the latent cache row, absorbed or decompressed
     deltanet     Gated DeltaNet (`DeltaNetShape`): the convolution and the delta rule, a state per sequence
 """

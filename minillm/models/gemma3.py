@@ -19,8 +19,8 @@
 What the window buys. Only the global layers' KV grows with the context: a 27B model with 62 layers,
 52 of them windowed at 1,024, holds 10 layers' KV per token past the window, not 62. The window is
 one option of the attention (`ops.AttentionSpec(window=...)`): the plan hands it to the kernel set,
-whose kernel takes it or attends with NumPy's form (a header says which). The rest is the Llama
-family's (models/llama.py): its q|k|v and gate|up stacking, its attention function, its head.
+whose kernel takes it or attends with NumPy's form (a header says which). The rest is the pre-norm
+decoder's (models/decoder.py): its q|k|v and gate|up stacking, its attention function, its head.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from . import ops
 from .base import RANDOM_SEED
 from .blocks import mlp
 from .factory import on_device
-from .llama import Block, Llama, self_attention, stack_block
+from .decoder import Block, Decoder, self_attention, stack_block
 from .target import Target
 
 MODEL_TYPES = ("gemma3_text",)
@@ -66,7 +66,7 @@ class Gemma3Config(Layout):
     rope_factor: float = 1.0  # the full layers' positions divided by it (linear scaling; 4B and up: 8)
     tied: bool = True
 
-    # what models/llama.py's stacking and attention ask of a config
+    # what models/decoder.py's stacking and attention ask of a config
     qkv_bias = o_bias = mlp_bias = False
     qk_norm = True
     arch = "gemma3_text"
@@ -238,9 +238,10 @@ def attention_spec(c: Gemma3Config, kind: str) -> ops.AttentionSpec:
 
 # -- the model ----------------------------------------------------------------------------------------
 
-class Gemma3(Llama):
-    """A Gemma 3 model: the Llama family's stacked weights and attention, Gemma's norms, GeGLU, scaled
-    embedding and per-layer attention (`attention_spec`). Its norms' gains are 1 + w (`gains`)."""
+class Gemma3(Decoder):
+    """A Gemma 3 model: the decoder's stacked weights and attention (models/decoder.py), Gemma's norms,
+    GeGLU, scaled embedding and per-layer attention (`attention_spec`). Its norms' gains are 1 + w
+    (`gains`)."""
 
     CONFIG = Gemma3Config
     manifest = staticmethod(iter_expected)

@@ -38,9 +38,8 @@ from ..errors import ConfigError, WeightsError
 from . import ops
 from .base import RANDOM_SEED
 from .factory import make_weight, on_device
-from .llama import Block, stack_block, transformer_block
-from .mixture import experts_mlp
-from .moe import MoE
+from .decoder import Block, stack_block, transformer_block
+from .mixture import SparseDecoder, experts_mlp
 from .target import Target
 
 MODEL_TYPES = ("gpt_oss",)
@@ -74,7 +73,7 @@ class GptOssConfig(Layout):
     swiglu_alpha: float = 1.702
     tied: bool = False
 
-    # what models/llama.py's stacking and models/moe.py's layer ask of a config
+    # what models/decoder.py's stacking and models/mixture.py's layer ask of a config
     qkv_bias = o_bias = True
     mlp_bias = qk_norm = False
     norm_topk = True
@@ -274,10 +273,10 @@ def attention_spec(c: GptOssConfig, kind: str, sinks) -> ops.AttentionSpec:
 
 # -- the model ----------------------------------------------------------------------------------------
 
-class GptOss(MoE):
-    """A gpt-oss model: the Llama family's attention with biases and a sink per head, a window on its
-    sliding layers, YaRN positions; every block a mixture (models/moe.py's routing and dispatch) of
-    experts with biases and the clamped SwiGLU."""
+class GptOss(SparseDecoder):
+    """A gpt-oss model: the decoder's attention (models/decoder.py) with biases and a sink per head, a
+    window on its sliding layers, YaRN positions; every block a mixture (models/mixture.py's routing,
+    dispatch and `SparseDecoder`) of experts with biases and the clamped SwiGLU."""
 
     CONFIG = GptOssConfig
     manifest = staticmethod(iter_expected)

@@ -8,6 +8,8 @@ once on all of its rows. Every operation here reports its bytes and FLOPs to the
     experts_mlp(x, p, c)              route, then dispatch
     routes()                          records every router's choice while active (lessons, tools)
     expected_distinct_experts(E, k, B) the experts B uniformly routed tokens read: the closed form
+    step_weight_bytes(c, distinct)    the weight bytes a step reads: the closed form
+    SparseDecoder                     a decoder whose sparse layers are mixtures (Mixtral's, gpt-oss's)
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ import numpy as np
 from .. import meter
 from . import ops
 from .blocks import mlp
+from .decoder import Decoder
+from .quant import FORMATS
+from .target import Target, cpu_only
+from .weights import check_blocks
 
 Block = dict   # one block's parameters, stacked names
 
@@ -150,3 +156,88 @@ def expected_distinct_experts(E: int, k: int, B: int) -> float:
     """Experts a layer reads for B tokens that each choose k of E uniformly at random: E·(1 − (1 − k/E)^B).
     (Expert e escapes one token with probability 1 − k/E, all B with (1 − k/E)^B.) B = 1 gives k."""
     return E * (1.0 - (1.0 - k / E) ** B)
+
+
+# -- the model a mixture's families share ---------------------------------------------------------------
+
+class SparseDecoder(Decoder):
+    """A pre-norm decoder (models/decoder.py) whose sparse layers' MLP is a router and E experts: what
+    models/moe.py's `MoE` and models/gptoss.py's `GptOss` share (the CPU-only rule, a float router,
+    the experts' counts and the products a step multiplies). A family brings its config (`n_expert`,
+    `top_k`, `expert_ffn`, `sparse_layers`, ...), its block's parameters and its `ffn`."""
+
+    def __init__(self, config, tensors: dict, target: Target | None = None, *, name: str = "",
+                 eos_ids: tuple[int, ...] = ()) -> None:
+        """target: as Decoder's. The routing and the grouping of rows by expert are NumPy's (argsort on
+        the host), so a mixture runs on the CPU only; its products take the target's kernel set
+        (the experts' too), the router kept float."""
+        c = config
+        target = target or Target.numpy()
+        name = name or f"{c.model_type}-{c.n_layer}x{c.n_embd}-{c.n_expert}e"
+        if not target.on_cpu:
+            raise cpu_only(f"{name}: a mixture of experts (its routing is NumPy's)", target.device,
+                           "use --device cpu")
+        check_blocks({"expert FFN": c.expert_ffn}, target.weights, name)
+        self.router_target = target.with_(weights="float32")                            # the router stays float
+        super().__init__(config, tensors, target, name=name, eos_ids=eos_ids)
+
+    @property
+    def experts(self) -> tuple[int, int]:
+        """(E, k): experts per sparse layer, and how many each token uses."""
+        return self.config.n_expert, self.config.top_k
+
+    def step_weight_bytes(self, n_tokens: int = 1, distinct=None) -> float:
+        """The weight bytes a decode step of n_tokens rows reads when its sparse layers' rows chose
+        `distinct` experts each (a list per sparse layer; default: uniform routing's expectation,
+        `expected_distinct_experts`, exactly k at one token, so a float past it). `step_weight_bytes` below."""
+        c = self.config
+        if distinct is None:
+            n = expected_distinct_experts(c.n_expert, c.top_k, n_tokens)
+            distinct = [c.top_k if n_tokens == 1 else n] * len(c.sparse_layers)
+        return step_weight_bytes(c, distinct, n_tokens, self.dtype.itemsize, self.weights)
+
+    def matrices(self, head: bool = True, chosen=None) -> list:
+        """The products a step multiplies, each once: attention, dense MLPs, the chosen experts of each
+        sparse layer, then the LM head (head=False: not it). Not the router, kept float.
+        chosen: per sparse layer, the experts the step's rows chose (the sets a `routes()` record
+        holds); default the first k of each, a one-token step (every expert has the same shapes and
+        bytes, so which k does not change a count); "all": every expert, what memory holds."""
+        c = self.config
+        if chosen is None:
+            chosen = [range(c.top_k)] * len(c.sparse_layers)
+        elif isinstance(chosen, str):                                       # "all"
+            chosen = [range(c.n_expert)] * len(c.sparse_layers)
+        sets = dict(zip(c.sparse_layers, chosen, strict=True))
+        out = []
+        for i, p in enumerate(self.blocks):
+            out += [p["qkv.weight"], p["o_proj.weight"]]
+            if i in sets:
+                out += [w for e in sorted(set(sets[i])) for w in expert(p, e).values()]
+            else:
+                out += [p["gate_up.weight"], p["down_proj.weight"]]
+        return out + [self.head_w] if head else out
+
+
+# -- closed forms: what a step reads -----------------------------------------------------------------
+
+def step_weight_bytes(c, distinct, n_tokens: int = 1, itemsize: int = 4, weights: str = "float32"):
+    """The weight bytes a step of n_tokens rows reads, from the config alone: every parameter once,
+    except the embedding table (its n_tokens rows; a tied table is read whole as the head) and the
+    experts no row chose. distinct: per sparse layer (in order), how many distinct experts the step's
+    rows chose (k at one token; `expected_distinct_experts` under uniform routing). weights: the
+    matrices' format ("float32": itemsize bytes a value; "q8_0" ...: their blocks, router kept float).
+    c: a mixture's config (models/moe.py's `MoEConfig`). The meter's count of a step equals it
+    (tests/test_moe.py)."""
+    b = itemsize
+    per = (lambda values: values * b) if weights not in FORMATS else \
+        (lambda values: values * FORMATS[weights].block_bytes // 32)      # a matrix of `values` values
+    L, d, V, H, Hkv, hd = c.n_layer, c.n_embd, c.vocab_size, c.n_head, c.n_kv_head, c.head_dim
+    attention = (per(d * (H + 2 * Hkv) * hd) + per(H * hd * d) + b * (2 * d + 2 * hd * c.qk_norm
+                 + (H + 2 * Hkv) * hd * c.qkv_bias + d * c.o_bias))      # q|k|v, o, two norms, q/k norms, biases
+    dense = per(3 * d * c.ffn) + b * (2 * c.ffn + d) * c.mlp_bias
+    router, one_expert = b * d * c.n_expert, per(c.expert_params())
+    distinct = list(distinct)
+    if len(distinct) != len(c.sparse_layers):
+        raise ValueError(f"distinct: one count per sparse layer ({len(c.sparse_layers)}), got {len(distinct)}")
+    blocks = L * attention + (L - len(distinct)) * dense + sum(router + n * one_expert for n in distinct)
+    return per(n_tokens * d) + blocks + b * d + per(V * d)                # embedding rows, blocks, norm, head

@@ -42,17 +42,16 @@ import numpy as np
 
 from ..config import hf_model_type
 from ..errors import ConfigError
-from . import llama
+from . import decoder
 from .base import RANDOM_SEED
 from .blocks import mlp
-from .llama import Block, Llama, LlamaConfig, stack_block
+from .decoder import Block, Decoder, DecoderConfig, stack_block
 from .mixture import dispatch, expected_distinct_experts, expert, experts_mlp, record_route, route, routes  # noqa: F401  (the mixture's ops, named where the family is too)
+from .mixture import SparseDecoder, step_weight_bytes  # noqa: F401  (its closed form, named here too)
 from .factory import make_weight
-from .quant import FORMATS
-from .target import Target, cpu_only
-from .weights import check_blocks
+from .target import Target
 
-# Hugging Face model_type -> (the attention it shares with models/llama.py, the layer's prefix for the
+# Hugging Face model_type -> (the attention's flavour, models/decoder.py's, the layer's prefix for the
 # router and the experts, the experts' gate, up and down names)
 MOE_TYPES = {
     "mixtral": ("llama", "block_sparse_moe.", ("w1", "w3", "w2")),
@@ -63,8 +62,9 @@ MOE_TYPES = {
 # -- the config -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class MoEConfig(LlamaConfig):
-    """A Llama config (attention, norms, vocabulary; `ffn` is the dense MLP's width) plus the experts."""
+class MoEConfig(DecoderConfig):
+    """A decoder's config (models/decoder.py: attention, norms, vocabulary; `ffn` is the dense MLP's
+    width) plus the experts."""
     n_expert: int = 8                 # E: experts per sparse layer
     top_k: int = 2                    # k: experts each token uses
     expert_ffn: int = 0               # F_e: each expert's inner width (0: `ffn`)
@@ -105,7 +105,7 @@ class MoEConfig(LlamaConfig):
     def n_params(self) -> int:
         """Every parameter (the total, what memory holds; the tied head counted once)."""
         S, d = len(self.sparse_layers), self.n_embd
-        dense_mlps = 3 * d * self.ffn + (2 * self.ffn + d) * self.mlp_bias       # in LlamaConfig's count
+        dense_mlps = 3 * d * self.ffn + (2 * self.ffn + d) * self.mlp_bias       # in DecoderConfig's count
         return super().n_params() - S * dense_mlps + S * (d * self.n_expert + self.n_expert * self.expert_params())
 
     def active_params(self) -> int:
@@ -131,7 +131,7 @@ class MoEConfig(LlamaConfig):
                               "minillm implements full attention only")
         attention = {**cfg, "model_type": MOE_TYPES[kind][0],
                      "tie_word_embeddings": cfg.get("tie_word_embeddings", False)}
-        base = LlamaConfig.from_hf(attention, source)
+        base = DecoderConfig.from_hf(attention, source)
         try:
             return cls(**base.asdict(), n_expert=E, top_k=cfg["num_experts_per_tok"],
                        expert_ffn=cfg["moe_intermediate_size"] if kind == "qwen3_moe" else base.ffn,
@@ -158,10 +158,10 @@ def router_name(c: MoEConfig, layer: int) -> str:
 
 
 def iter_expected(c: MoEConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
-    """Every tensor of the checkpoint, with its shape: the Llama family's table (models/llama.py),
+    """Every tensor of the checkpoint, with its shape: the decoder's table (models/decoder.py),
     each sparse layer's dense MLP replaced by its router [E, d] and E experts."""
     d, F = c.n_embd, c.expert_ffn
-    for name, shape in llama.iter_expected(c):
+    for name, shape in decoder.iter_expected(c):
         parts = name.split(".")                        # layers.{i}.mlp.gate_proj.weight
         if parts[0] == "layers" and parts[2] == "mlp" and c.is_sparse(int(parts[1])):
             if parts[3] == "gate_proj" and parts[4] == "weight":
@@ -175,34 +175,19 @@ def iter_expected(c: MoEConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
 
 
 def random_params(c: MoEConfig, seed: int = 0, std: float = 0.02, dtype=np.float32) -> dict[str, np.ndarray]:
-    """Checkpoint-shaped random weights, seeded (`llama.random_params` on this family's manifest)."""
-    return llama.random_params(c, seed, std, dtype, expected=iter_expected)
+    """Checkpoint-shaped random weights, seeded (`decoder.random_params` on this family's manifest)."""
+    return decoder.random_params(c, seed, std, dtype, expected=iter_expected)
 
 
 # -- the model ----------------------------------------------------------------------------------------
 
-class MoE(Llama):
-    """A Llama whose sparse layers have a router and E experts instead of one MLP. Built from
-    checkpoint tensors (Hugging Face names without `model.`) like `Llama`; `weights="q8_0"` /
-    `"q4_0"` / `"q4_1"` quantizes every expert (the router stays float)."""
+class MoE(SparseDecoder):
+    """A Llama whose sparse layers have a router and E experts instead of one MLP (models/mixture.py's
+    `SparseDecoder`: CPU only, the router float). Built from checkpoint tensors (Hugging Face names
+    without `model.`) like `Llama`; `weights="q8_0"` / `"q4_0"` / `"q4_1"` quantizes every expert."""
 
     CONFIG = MoEConfig
     manifest = staticmethod(iter_expected)
-
-    def __init__(self, config: MoEConfig, tensors: dict, target: Target | None = None, *, name: str = "",
-                 eos_ids: tuple[int, ...] = ()) -> None:
-        """target: as Llama's. The routing and the grouping of rows by expert are NumPy's (argsort on
-        the host), so a mixture runs on the CPU only; its products take the target's kernel set
-        (the experts' too), the router kept float."""
-        c = config
-        target = target or Target.numpy()
-        name = name or f"{c.model_type}-{c.n_layer}x{c.n_embd}-{c.n_expert}e"
-        if not target.on_cpu:
-            raise cpu_only(f"{name}: a mixture of experts (its routing is NumPy's)", target.device,
-                           "use --device cpu")
-        check_blocks({"expert FFN": c.expert_ffn}, target.weights, name)
-        self.router_target = target.with_(weights="float32")                            # the router stays float
-        super().__init__(config, tensors, target, name=name, eos_ids=eos_ids)
 
     def block_params(self, tensors: dict, i: int) -> Block:
         """Attention and norms as Llama's; then a dense MLP, or the router [d, E] and per expert
@@ -222,72 +207,12 @@ class MoE(Llama):
         act = self.kernel_set.swiglu
         return partial(experts_mlp, c=self.config, act=act) if self.config.is_sparse(layer) else partial(mlp, act=act)
 
-    @property
-    def experts(self) -> tuple[int, int]:
-        """(E, k): experts per sparse layer, and how many each token uses."""
-        return self.config.n_expert, self.config.top_k
-
-    def step_weight_bytes(self, n_tokens: int = 1, distinct=None) -> float:
-        """The weight bytes a decode step of n_tokens rows reads when its sparse layers' rows chose
-        `distinct` experts each (a list per sparse layer; default: uniform routing's expectation,
-        `expected_distinct_experts`, exactly k at one token, so a float past it). `step_weight_bytes` below."""
-        c = self.config
-        if distinct is None:
-            n = expected_distinct_experts(c.n_expert, c.top_k, n_tokens)
-            distinct = [c.top_k if n_tokens == 1 else n] * len(c.sparse_layers)
-        return step_weight_bytes(c, distinct, n_tokens, self.dtype.itemsize, self.weights)
-
-    def matrices(self, head: bool = True, chosen=None) -> list:
-        """The products a step multiplies, each once: attention, dense MLPs, the chosen experts of each
-        sparse layer, then the LM head (head=False: not it). Not the router, kept float.
-        chosen: per sparse layer, the experts the step's rows chose (the sets a `routes()` record
-        holds); default the first k of each, a one-token step (every expert has the same shapes and
-        bytes, so which k does not change a count); "all": every expert, what memory holds."""
-        c = self.config
-        if chosen is None:
-            chosen = [range(c.top_k)] * len(c.sparse_layers)
-        elif isinstance(chosen, str):                                       # "all"
-            chosen = [range(c.n_expert)] * len(c.sparse_layers)
-        sets = dict(zip(c.sparse_layers, chosen, strict=True))
-        out = []
-        for i, p in enumerate(self.blocks):
-            out += [p["qkv.weight"], p["o_proj.weight"]]
-            if i in sets:
-                out += [w for e in sorted(set(sets[i])) for w in expert(p, e).values()]
-            else:
-                out += [p["gate_up.weight"], p["down_proj.weight"]]
-        return out + [self.head_w] if head else out
-
     def __repr__(self) -> str:
         c = self.config
         return (f"MoE({self.name!r}: {c.model_type}, {c.n_layer} layers ({len(c.sparse_layers)} with "
                 f"{c.n_expert} experts, top-{c.top_k}, expert FFN {c.expert_ffn}), {c.n_head} heads / "
                 f"{c.n_kv_head} KV heads of {c.head_dim}, width {c.n_embd}, context {c.n_ctx}, vocab "
                 f"{c.vocab_size}, {self.n_params():,} params ({c.active_params():,} active), {self.weights})")
-
-
-# -- closed forms: what a step reads -----------------------------------------------------------------
-
-def step_weight_bytes(c: MoEConfig, distinct, n_tokens: int = 1, itemsize: int = 4, weights: str = "float32"):
-    """The weight bytes a step of n_tokens rows reads, from the config alone: every parameter once,
-    except the embedding table (its n_tokens rows; a tied table is read whole as the head) and the
-    experts no row chose. distinct: per sparse layer (in order), how many distinct experts the step's
-    rows chose (k at one token; `expected_distinct_experts` under uniform routing). weights: the
-    matrices' format ("float32": itemsize bytes a value; "q8_0" ...: their blocks, router kept float).
-    The meter's count of a step equals it (tests/test_moe.py)."""
-    b = itemsize
-    per = (lambda values: values * b) if weights not in FORMATS else \
-        (lambda values: values * FORMATS[weights].block_bytes // 32)      # a matrix of `values` values
-    L, d, V, H, Hkv, hd = c.n_layer, c.n_embd, c.vocab_size, c.n_head, c.n_kv_head, c.head_dim
-    attention = (per(d * (H + 2 * Hkv) * hd) + per(H * hd * d) + b * (2 * d + 2 * hd * c.qk_norm
-                 + (H + 2 * Hkv) * hd * c.qkv_bias + d * c.o_bias))      # q|k|v, o, two norms, q/k norms, biases
-    dense = per(3 * d * c.ffn) + b * (2 * c.ffn + d) * c.mlp_bias
-    router, one_expert = b * d * c.n_expert, per(c.expert_params())
-    distinct = list(distinct)
-    if len(distinct) != len(c.sparse_layers):
-        raise ValueError(f"distinct: one count per sparse layer ({len(c.sparse_layers)}), got {len(distinct)}")
-    blocks = L * attention + (L - len(distinct)) * dense + sum(router + n * one_expert for n in distinct)
-    return per(n_tokens * d) + blocks + b * d + per(V * d)                # embedding rows, blocks, norm, head
 
 
 # -- random presets: a mixture beyond the cache, and the dense model of its active size --------------
@@ -298,9 +223,9 @@ def step_weight_bytes(c: MoEConfig, distinct, n_tokens: int = 1, itemsize: int =
 
 _ATTENTION = dict(n_layer=8, n_head=8, n_kv_head=2, head_dim=64, n_embd=512, n_ctx=1024, vocab_size=8192,
                   eps=1e-5, theta=1e4, tied=True)
-SHAPES: dict[str, LlamaConfig] = {
+SHAPES: dict[str, DecoderConfig] = {
     "random-moe-16x2": MoEConfig(**_ATTENTION, ffn=256, n_expert=16, top_k=2, expert_ffn=256),
-    "random-moe-16x2-dense": LlamaConfig(**_ATTENTION, ffn=2 * 256),
+    "random-moe-16x2-dense": DecoderConfig(**_ATTENTION, ffn=2 * 256),
     # random-mla's GQA twin (models/deepseek.py, lesson 18): the same width, layers, heads of the value width, 4 KV
     # heads (g = 4), the same experts with k + 1 routed in place of the shared one, the first block dense:
     # a token reads about the same weights, and its cache holds 2·4·64 = 512 values a layer against 288
@@ -311,11 +236,11 @@ SHAPES: dict[str, LlamaConfig] = {
 }
 
 
-def random(config: LlamaConfig, target: Target | None = None, name: str = "", seed: int = RANDOM_SEED) -> Llama:
+def random(config: DecoderConfig, target: Target | None = None, name: str = "", seed: int = RANDOM_SEED) -> Decoder:
     """A seeded model of this shape with random weights (normal(0, 0.02)): an `MoE` for a mixture's
-    config, a `Llama` for a dense one (the preset's twin)."""
+    config, a dense `Decoder` (models/decoder.py: a Llama's) for a dense one (the preset's twin)."""
     if not isinstance(config, MoEConfig):
-        return llama.random(config, target, name, seed)
+        return decoder.random(config, target, name, seed)
     return MoE(config, random_params(config, seed, 0.02, (target or Target.numpy()).dtype), target, name=name)
 
 
