@@ -69,7 +69,7 @@ def read_tensors(folder: Path, file: Path | None = None, packed: tuple = ()) -> 
 def llama_from_folder(path: Path, target: Target, name: str | None = None, *, model=None, **options):
     """A Llama-family model from a Hugging Face folder (or one of its safetensors files), with its
     own tokenizer attached as `.tokenizer` (None when absent). model: the class to build, a `Llama`
-    or a subclass of it (the mixture of experts' row passes `models.moe.MoE`); its `CONFIG` reads
+    or another family's model (the mixture of experts' row passes `models.moe.MoE`); its `CONFIG` reads
     config.json and its `manifest` checks the tensors; options: its family's (models/options.py)."""
     from .. import model_tokenizer as mt
     from ..models.llama import Llama
