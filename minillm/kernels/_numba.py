@@ -447,13 +447,19 @@ def flash_attention(q, k, v, Tk, out, scale, bq, bk):
                     out[hk * g + h, i0 + ii, e] = acc[row, e] * inv
 
 
+DECODE_TILE = 16   # paged decode: keys per softmax update, at multiples of 16 from a chunk's start
+
+
 @njit(parallel=True, cache=True, fastmath=FAST)
 def paged_decode_attention(q, kp, vp, table, lengths, out, scale, chunk):
     """One query per sequence over its paged keys, FlashDecoding's split. q [H, B, hd]; kp, vp
     [Hkv, blocks, bs, hd] (one layer's pool); table [B, nb] block numbers; lengths [B] keys per
-    sequence; out [H, B, hd]. A sequence's keys go in chunks of `chunk` (a multiple of bs): one work
-    item is a sequence, a KV head and a chunk, each key's row read once for the g query heads that
-    share it; the chunks' partial results (max, sum, unnormalised output) are combined at the end."""
+    sequence; out [H, B, hd]. A sequence's keys go in chunks of `chunk`: one work item is a
+    sequence, a KV head and a chunk, each key's row read once for the g query heads that share it;
+    the chunks' partial results (max, sum, unnormalised output) are combined at the end. Within a
+    chunk the running max and sum are updated every DECODE_TILE keys, whatever the block size (a key
+    j is row j % bs of block table[b, j // bs]): the same keys in the same tiles give the same bits
+    over any blocks, a contiguous cache's rows seen as one block included."""
     H, B, hd = q.shape
     Hkv, bs = kp.shape[0], kp.shape[2]
     g = H // Hkv
@@ -477,15 +483,21 @@ def paged_decode_attention(q, kp, vp, table, lengths, out, scale, chunk):
         mx = np.full(g, -np.inf, np.float32)
         l = np.zeros(g, np.float32)
         acc = np.zeros((g, hd), np.float32)
-        s = np.empty((g, bs), np.float32)
-        for pb in range(p0, p1, bs):                     # one block of the page table at a time
-            blk = table[b, pb // bs]
-            nk = min(p1, pb + bs) - pb
+        s = np.empty((g, DECODE_TILE), np.float32)
+        blks = np.empty(DECODE_TILE, np.intp)
+        rws = np.empty(DECODE_TILE, np.intp)
+        for t0 in range(p0, p1, DECODE_TILE):            # one tile of keys at a time
+            nk = min(p1, t0 + DECODE_TILE) - t0
             for j in range(nk):
+                blks[j] = table[b, (t0 + j) // bs]
+                rws[j] = (t0 + j) % bs
+            for j in range(nk):
+                blk = blks[j]
+                rw = rws[j]
                 for h in range(g):
                     a = np.float32(0.0)
                     for e in range(hd):
-                        a += qs[h, e] * kp[hk, blk, j, e]
+                        a += qs[h, e] * kp[hk, blk, rw, e]
                     s[h, j] = a
             for h in range(g):
                 mnew = mx[h]
@@ -503,8 +515,10 @@ def paged_decode_attention(q, kp, vp, table, lengths, out, scale, chunk):
                     acc[h, e] *= corr
                 for j in range(nk):                      # the weighted sum of values
                     p = s[h, j]
+                    blk = blks[j]
+                    rw = rws[j]
                     for e in range(hd):
-                        acc[h, e] += p * vp[hk, blk, j, e]
+                        acc[h, e] += p * vp[hk, blk, rw, e]
         for h in range(g):
             pm[b, hk, c, h] = mx[h]
             pl[b, hk, c, h] = l[h]
