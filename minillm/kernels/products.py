@@ -23,8 +23,8 @@ except ImportError:                                        # pragma: no cover - 
 from . import _numba as K
 from . import checks
 
-_NO_MIN = np.empty((0, 0), np.uint16)
-_ONE_BLOCK = np.zeros((1, 1), np.intp)   # a contiguous cache's rows as block 0 of a one-block pool    # Q4_0 has no minimums: the kernel's m is empty
+_NO_MIN = np.empty((0, 0), np.uint16)    # Q4_0 has no minimums: the kernel's m is empty
+_ONE_BLOCK = np.zeros((1, 1), np.intp)   # a contiguous cache's rows as block 0 of a one-block pool
 QUERY_TILE = 32       # flash attention: queries per tile (of each of a group's g heads)
 KEY_TILE = 64         # flash attention: keys per tile
 DECODE_CHUNK = 256    # paged decode: keys per work item at least (FlashDecoding's split)
@@ -139,8 +139,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
             k, v = np.ascontiguousarray(k[:, :Tk]), np.ascontiguousarray(v[:, :Tk])
             copied_k, copied_v = copied_k + 2 * k.nbytes, copied_v + 2 * v.nbytes
         S = k.shape[1]
-        K.paged_decode_attention(_f32(q), k.reshape(Hkv, 1, S, hd), v.reshape(Hkv, 1, S, hd), _ONE_BLOCK,
-                                 np.array([Tk], np.intp), out, scale, chunk)
+        run = K.paged_decode_attention_serial if Tk <= SHORT_DECODE else K.paged_decode_attention
+        run(_f32(q), k.reshape(Hkv, 1, S, hd), v.reshape(Hkv, 1, S, hd), _ONE_BLOCK, np.array([Tk], np.intp),
+            out, scale, chunk)
     elif Tq == 1 and Tk <= SHORT_DECODE:                  # one thread, the scores kept whole
         out = np.empty((H, 1, hd), np.float32)
         K.decode_attention_short(_f32(q), k, v, Tk, out, scale)
