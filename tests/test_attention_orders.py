@@ -2,10 +2,10 @@
 
 The int8 set rounds each product's input to int8, so a last-bit difference in attention's output can
 move a product by a quantum of its block's scale and change a greedy token. Its decode attention
-therefore splits a sequence's keys in fixed chunks (products.DECODE_CHUNK) and updates the softmax
-every _numba.DECODE_TILE keys, counted from the sequence's first key, whatever the blocks: over a
-contiguous cache's rows (products.attention(..., chunk)) and over a pool of any block size, in any
-batch (products.paged_decode_attention(..., chunk)), the bits are the same. Then `generate_batch`
+therefore splits a sequence's keys in fixed chunks (products.DECODE_CHUNK), each chunk's scores kept
+whole, whatever the blocks: over a contiguous cache's rows (products.attention(..., chunk)) and over
+a pool of any block size, in any batch (products.paged_decode_attention(..., chunk)), the bits are
+the same. Then `generate_batch`
 gives `generate`'s tokens with the int8 set, as it does with the sets that claim it already.
 """
 
@@ -59,12 +59,12 @@ def test_decode_over_a_pool_is_the_contiguous_bits(Hkv, g, hd, lengths, bs, seed
         assert np.array_equal(got[:, b:b + 1], alone), f"sequence {b} of {n} keys, block size {bs}"
 
 
-def test_a_chunk_off_the_tiles_is_refused_in_one_line():
+def test_a_chunk_of_no_keys_is_refused_in_one_line():
     from minillm.kernels import products
     q = np.zeros((2, 1, 4), np.float32)
     k = np.zeros((2, 8, 4), np.float32)
-    with pytest.raises(ValueError, match="a positive multiple of 16 keys"):
-        products.attention(q, k, k, 8, chunk=100)
+    with pytest.raises(ValueError, match="a positive number of keys"):
+        products.attention(q, k, k, 8, chunk=0)
 
 
 GPT2_CFG = GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=400, vocab_size=96)

@@ -39,8 +39,6 @@ layers with uint8, int32 and uint32 operands: 6.9-7.3 ms against 4.1-4.3).
 
 from __future__ import annotations
 
-import types
-
 import numpy as np
 from numba import njit, prange
 
@@ -449,19 +447,17 @@ def flash_attention(q, k, v, Tk, out, scale, bq, bk):
                     out[hk * g + h, i0 + ii, e] = acc[row, e] * inv
 
 
-DECODE_TILE = 16   # paged decode: keys per softmax update, at multiples of 16 from a chunk's start
-
-
 @njit(parallel=True, cache=True, fastmath=FAST)
 def paged_decode_attention(q, kp, vp, table, lengths, out, scale, chunk):
     """One query per sequence over its paged keys, FlashDecoding's split. q [H, B, hd]; kp, vp
     [Hkv, blocks, bs, hd] (one layer's pool); table [B, nb] block numbers; lengths [B] keys per
     sequence; out [H, B, hd]. A sequence's keys go in chunks of `chunk`: one work item is a
-    sequence, a KV head and a chunk, each key's row read once for the g query heads that share it;
-    the chunks' partial results (max, sum, unnormalised output) are combined at the end. Within a
-    chunk the running max and sum are updated every DECODE_TILE keys, whatever the block size (a key
-    j is row j % bs of block table[b, j // bs]): the same keys in the same tiles give the same bits
-    over any blocks, a contiguous cache's rows seen as one block included."""
+    sequence, a KV head and a chunk, each key's row read once for the g query heads that share it,
+    its scores kept whole (two passes: the scores and their max, then the weights and the weighted
+    sum of values); the chunks' partial results (max, sum, unnormalised output) are combined at the
+    end. Key j is row j % bs of block table[b, j // bs], and nothing else depends on the blocks: the
+    same keys in the same chunks give the same bits over any block size, a contiguous cache's rows
+    seen as one block included."""
     H, B, hd = q.shape
     Hkv, bs = kp.shape[0], kp.shape[2]
     g = H // Hkv
@@ -477,53 +473,44 @@ def paged_decode_attention(q, kp, vp, table, lengths, out, scale, chunk):
         hk = (item // nch) % Hkv
         c = item % nch
         p0 = c * chunk
-        p1 = min(lengths[b], p0 + chunk)
+        nk = max(0, min(lengths[b], p0 + chunk) - p0)
         qs = np.empty((g, hd), np.float32)
         for h in range(g):
             for e in range(hd):
                 qs[h, e] = q[hk * g + h, b, e] * scale
-        mx = np.full(g, -np.inf, np.float32)
-        l = np.zeros(g, np.float32)
         acc = np.zeros((g, hd), np.float32)
-        s = np.empty((g, DECODE_TILE), np.float32)
-        blks = np.empty(DECODE_TILE, np.intp)
-        rws = np.empty(DECODE_TILE, np.intp)
-        for t0 in range(p0, p1, DECODE_TILE):            # one tile of keys at a time
-            nk = min(p1, t0 + DECODE_TILE) - t0
-            for j in range(nk):
-                blks[j] = table[b, (t0 + j) // bs]
-                rws[j] = (t0 + j) % bs
-            for j in range(nk):
-                blk = blks[j]
-                rw = rws[j]
-                for h in range(g):
-                    a = np.float32(0.0)
-                    for e in range(hd):
-                        a += qs[h, e] * kp[hk, blk, rw, e]
-                    s[h, j] = a
+        s = np.empty((g, nk), np.float32)
+        blks = np.empty(nk, np.intp)
+        rws = np.empty(nk, np.intp)
+        for j in range(nk):                              # scores: each key read once for g heads
+            blks[j] = table[b, (p0 + j) // bs]
+            rws[j] = (p0 + j) % bs
+            blk = blks[j]
+            rw = rws[j]
             for h in range(g):
-                mnew = mx[h]
-                for j in range(nk):
-                    mnew = max(mnew, s[h, j])
-                corr = fexp(mx[h] - mnew)
-                lsum = np.float32(0.0)
-                for j in range(nk):                      # weights, vectorized
-                    p = fexp(s[h, j] - mnew)
-                    s[h, j] = p
-                    lsum += p
-                l[h] = l[h] * corr + lsum
-                mx[h] = mnew
+                a = np.float32(0.0)
                 for e in range(hd):
-                    acc[h, e] *= corr
-                for j in range(nk):                      # the weighted sum of values
-                    p = s[h, j]
-                    blk = blks[j]
-                    rw = rws[j]
-                    for e in range(hd):
-                        acc[h, e] += p * vp[hk, blk, rw, e]
+                    a += qs[h, e] * kp[hk, blk, rw, e]
+                s[h, j] = a
         for h in range(g):
-            pm[b, hk, c, h] = mx[h]
-            pl[b, hk, c, h] = l[h]
+            mx = np.float32(-np.inf)
+            for j in range(nk):
+                mx = max(mx, s[h, j])
+            lsum = np.float32(0.0)
+            for j in range(nk):                          # weights, vectorized
+                p = fexp(s[h, j] - mx)
+                s[h, j] = p
+                lsum += p
+            pm[b, hk, c, h] = mx
+            pl[b, hk, c, h] = lsum
+        for j in range(nk):                              # the weighted sum: each value read once
+            blk = blks[j]
+            rw = rws[j]
+            for h in range(g):
+                p = s[h, j]
+                for e in range(hd):
+                    acc[h, e] += p * vp[hk, blk, rw, e]
+        for h in range(g):
             for e in range(hd):
                 pacc[b, hk, c, h, e] = acc[h, e]
     for item in prange(B * H):                           # combine the chunks by their max and sum
@@ -547,19 +534,6 @@ def paged_decode_attention(q, kp, vp, table, lengths, out, scale, chunk):
         inv = np.float32(1.0) / L
         for e in range(hd):
             out[hq, b, e] *= inv
-
-
-# The same kernel on one thread (prange runs as range): the same bits, no parallel launch, which on a
-# short context costs more than it saves (products.SHORT_DECODE).
-def _renamed(f, name):
-    """f's code under another name (numba's cache files are named by it: the twin keeps its own)."""
-    g = types.FunctionType(f.__code__.replace(co_name=name, co_qualname=name), f.__globals__, name, f.__defaults__)
-    g.__qualname__ = name
-    return g
-
-
-paged_decode_attention_serial = njit(cache=True, fastmath=FAST)(
-    _renamed(paged_decode_attention.py_func, "paged_decode_attention_serial"))
 
 
 # -- a step's small elementwise chains, each one pass (the NumPy reference: models/ops.py) ----------

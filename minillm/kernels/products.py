@@ -119,10 +119,11 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
     -> (out [H, Tq, hd] float32, bytes of k and v copied to rows first: 0 unless they came strided).
     With Tk, k and v may hold more rows per head than the Tk keys (a cache's whole arrays,
     `read_rows`): the first Tk are attended. No pair past the diagonal is computed
-    (ops.attention counts what it does). chunk (a multiple of _numba.DECODE_TILE): for Tq == 1 the
-    paged decode kernel with this fixed chunk, the rows seen as one block, at any Tk: the bits
-    `paged_decode_attention(..., chunk)` gives the same keys in a paged pool of any block size, in
-    any batch (the int8 set passes DECODE_CHUNK: a token's bits alone == batched)."""
+    (ops.attention counts what it does). chunk (keys): for Tq == 1 the paged decode kernel with
+    this fixed chunk, the rows seen as one block, at any Tk (that one compiled kernel: a one-thread
+    copy of it, compiled apart, gave other last bits): the bits `paged_decode_attention(..., chunk)`
+    gives the same keys in a paged pool of any block size, in any batch (the int8 set passes
+    DECODE_CHUNK: a token's bits alone == batched)."""
     _check_float32(q, k, v)
     Tk = checks.attention(q, k, v, Tk)
     H, Tq, hd = q.shape
@@ -139,9 +140,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
             k, v = np.ascontiguousarray(k[:, :Tk]), np.ascontiguousarray(v[:, :Tk])
             copied_k, copied_v = copied_k + 2 * k.nbytes, copied_v + 2 * v.nbytes
         S = k.shape[1]
-        run = K.paged_decode_attention_serial if Tk <= SHORT_DECODE else K.paged_decode_attention
-        run(_f32(q), k.reshape(Hkv, 1, S, hd), v.reshape(Hkv, 1, S, hd), _ONE_BLOCK, np.array([Tk], np.intp),
-            out, scale, chunk)
+        K.paged_decode_attention(_f32(q), k.reshape(Hkv, 1, S, hd), v.reshape(Hkv, 1, S, hd), _ONE_BLOCK,
+                                 np.array([Tk], np.intp), out, scale, chunk)
     elif Tq == 1 and Tk <= SHORT_DECODE:                  # one thread, the scores kept whole
         out = np.empty((H, 1, hd), np.float32)
         K.decode_attention_short(_f32(q), k, v, Tk, out, scale)
@@ -160,8 +160,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
 
 
 def _check_chunk(chunk) -> None:
-    if not isinstance(chunk, (int, np.integer)) or chunk <= 0 or chunk % K.DECODE_TILE:
-        raise ValueError(f"chunk={chunk!r}: a positive multiple of {K.DECODE_TILE} keys")
+    if not isinstance(chunk, (int, np.integer)) or chunk <= 0:
+        raise ValueError(f"chunk={chunk!r}: a positive number of keys")
 
 
 def decode_chunk(longest: int, B: int, Hkv: int, block_size: int) -> int:
@@ -182,8 +182,7 @@ def paged_decode_attention(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray
     table [B, nb] each sequence's blocks in order (rows may be padded past their length); lengths
     [B] each sequence's keys. -> [H, B, hd] float32, what ops.decode_attention gives over the
     gathered, padded and masked keys (ops.paged_decode_attention counts it: each sequence's own
-    keys read from the pool, no copy, no padding). chunk: keys per work item, a multiple of
-    _numba.DECODE_TILE; None: `decode_chunk`'s, which depends on the batch (its size, its longest
+    keys read from the pool, no copy, no padding). chunk: keys per work item; None: `decode_chunk`'s, which depends on the batch (its size, its longest
     sequence). A fixed chunk splits every sequence the same way in any batch and over any blocks, so
     its result is bit for bit the same as alone, and as `attention(..., chunk)` over a contiguous
     cache's rows (the int8 kernel set passes DECODE_CHUNK)."""
