@@ -10,8 +10,9 @@ of every (model, B) in turn (the caches cut back to the prompt after each, so ev
 the same length), medians over the rounds with their ranges. A step's operations come from its trace
 (minillm.trace.TraceMeter, what `--trace` writes): each slice is the time since the previous report,
 so it holds the operation's Python and dispatch as well as its compute. "at bandwidth" is its bytes
-over `minillm hardware`'s figure; "beyond" is the slice's median less that (what is not bytes: small
-operations are nearly all of it). No figure is printed that this run did not measure.
+over `minillm hardware`'s figure; "beyond" is the slice's median less that, in µs (what is not
+bytes: small operations are nearly all of it). B = 1 decodes over a contiguous cache, B > 1 over one
+paged pool. No figure is printed that this run did not measure.
 """
 
 from __future__ import annotations
@@ -77,15 +78,19 @@ def _fixed_costs(reps: int):
             "meter report": meter_report}
 
 
-def _setup(spec: str, kernels: str, B: int, context: int):
-    """spec: a model's name, or name:weights (smollm2-135m:native)."""
+def _setup(spec: str, kernels: str, B: int, context: int, steps: int):
+    """spec: a model's name, or name:weights (smollm2-135m:native). B = 1: a contiguous cache (what
+    `generate` uses); B > 1: one paged pool of 16-position blocks (what `generate_batch` and the
+    engine use: the set's paged kernel attends the batch in one call)."""
     import minillm
+    from minillm.cache.paged import PagedKVPool
     name, _, weights = spec.partition(":")
     model = minillm.load(name, weights=weights or "float32", kernels=kernels, quiet=True)
     rng = np.random.default_rng(B)
+    pool = PagedKVPool(model.config, B * -(-(context + steps + 1) // 16) + 1, 16) if B > 1 else None
     caches = []
     for _ in range(B):
-        c = model.new_cache()
+        c = model.new_cache() if pool is None else pool.sequence()
         model.prefill(rng.integers(0, model.config.vocab_size, context), c)
         caches.append(c)
     return model, caches
@@ -135,7 +140,7 @@ def main(argv=None) -> int:
     from minillm.kernels import runtime
     from minillm.measure import hardware
     try:
-        configs = {(m, B): _setup(m, a.kernels, B, a.context)
+        configs = {(m, B): _setup(m, a.kernels, B, a.context, a.steps)
                    for m in a.model.split(",") if m.strip() for B in batches}
     except MiniLLMError as e:
         print(f"step_overhead: {e}", file=sys.stderr)
@@ -156,28 +161,29 @@ def main(argv=None) -> int:
                 per[k][0][op].extend(xs)
             per[k][1].append(statistics.median(steps))
 
-    print(f"{hw.name}, {hw.bandwidth_gbs:.1f} GB/s ({hardware.provenance(hw)}); {runtime.threads()} threads; "
-          f"{a.kernels} kernels; medians of {a.rounds} interleaved rounds [range]")
-    print("\nfixed cost of one                       µs per call")
+    print(f"{hw.name}: {hw.bandwidth_gbs:.1f} GB/s (minillm hardware), {runtime.threads()} threads,")
+    print(f"{a.kernels} kernels; medians of {a.rounds} interleaved rounds [range]")
+    print("\nfixed cost of one                      µs per call")
     for name, xs in fx.items():
-        print(f"  {name:36s} {statistics.median(xs):7.2f} [{min(xs):.2f}-{max(xs):.2f}]")
+        print(f"  {name:34s} {statistics.median(xs):8.2f} [{min(xs):.2f}-{max(xs):.2f}]")
     for (m, B), (ops, steps) in per.items():
         model = configs[(m, B)][0]
         calls = sum(len(xs) for xs in ops.values()) / (a.rounds * a.steps)
         byts = sum(b for xs in ops.values() for _, b in xs) / (a.rounds * a.steps)
         step = statistics.median(steps)
-        print(f"\n{m} ({model.weights}), B = {B}: a decode step {step:.0f} µs [{min(steps):.0f}-{max(steps):.0f}], "
-              f"{byts / 1e6:.2f} MB = {byts / bw * 1e6:.0f} µs at bandwidth, {calls:.0f} operations")
-        print("  operation            calls/step  µs/call   bytes/call  at bandwidth  beyond (µs/call)")
+        print(f"\n{m.partition(':')[0]} ({model.weights}), B = {B}: a decode step {step:.0f} µs "
+              f"[{min(steps):.0f}-{max(steps):.0f}],")
+        print(f"  {byts / 1e6:.2f} MB = {byts / bw * 1e6:.0f} µs at bandwidth, {calls:.0f} operations")
+        print("  operation      calls  µs/call   bytes/call  at bandwidth  beyond")
         rows = []
         for op, xs in ops.items():
             us = statistics.median(d for d, _ in xs)
             b = statistics.median(b for _, b in xs)
             rows.append((len(xs) / (a.rounds * a.steps), op, us, b, b / bw * 1e6))
         for n, op, us, b, at in sorted(rows, key=lambda r: -r[0] * (r[2] - r[4])):
-            print(f"  {op[:20]:20s} {n:10.0f} {us:8.2f} {b:12,.0f} {at:12.2f} {us - at:12.2f}")
+            print(f"  {op[:14]:14s} {n:5.0f} {us:8.2f} {b:12,.0f} {at:13.2f} {us - at:7.2f}")
         beyond = sum(n * max(us - at, 0.0) for n, _, us, _, at in rows)
-        print(f"  beyond the bytes: {beyond:.0f} µs a step of {step:.0f} ({beyond / step:.0%})")
+        print(f"  calls x median beyond the bytes: {beyond:.0f} µs a step")
     return 0
 
 
