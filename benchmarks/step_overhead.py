@@ -126,14 +126,17 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=8, help="decode steps traced per round (default: 8)")
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default: 7)")
     p.add_argument("--reps", type=int, default=2000, help="calls per fixed-cost timing (default: 2000)")
+    p.add_argument("--bandwidth", type=float, default=None, metavar="GBS",
+                   help="GB/s to price the bytes at (default: what `minillm hardware` measured)")
     a = p.parse_args(argv)
     try:
         batches = [int(b) for b in a.batch.split(",") if b.strip()]
-        if not batches or min(batches) < 1 or a.rounds < 1 or a.steps < 1 or a.context < 1 or a.reps < 1:
+        if (not batches or min(batches) < 1 or a.rounds < 1 or a.steps < 1 or a.context < 1 or a.reps < 1
+                or (a.bandwidth is not None and not a.bandwidth > 0)):
             raise ValueError
     except ValueError:
         print(f"step_overhead: --batch takes positive integers (got {a.batch!r}); --rounds, --steps, --context "
-              "and --reps positive", file=sys.stderr)
+              "--reps and --bandwidth positive", file=sys.stderr)
         return 2
 
     from minillm.errors import MiniLLMError
@@ -145,8 +148,12 @@ def main(argv=None) -> int:
     except MiniLLMError as e:
         print(f"step_overhead: {e}", file=sys.stderr)
         return 2
-    hw = hardware.machine(progress=False)
-    bw = hw.bandwidth_gbs * 1e9
+    if a.bandwidth is None:
+        hw = hardware.machine(progress=False)
+        where, gbs = f"{hw.name}: {hw.bandwidth_gbs:.1f} GB/s (minillm hardware)", hw.bandwidth_gbs
+    else:
+        where, gbs = f"{a.bandwidth:.1f} GB/s (--bandwidth)", a.bandwidth
+    bw = gbs * 1e9
     fixed = _fixed_costs(a.reps)
     for (model, caches) in configs.values():                      # warm: compiled, caches touched
         _trace_steps(model, caches, 1, a.context)
@@ -161,7 +168,7 @@ def main(argv=None) -> int:
                 per[k][0][op].extend(xs)
             per[k][1].append(statistics.median(steps))
 
-    print(f"{hw.name}: {hw.bandwidth_gbs:.1f} GB/s (minillm hardware), {runtime.threads()} threads,")
+    print(f"{where}, {runtime.threads()} threads,")
     print(f"{a.kernels} kernels; medians of {a.rounds} interleaved rounds [range]")
     print("\nfixed cost of one                      µs per call")
     for name, xs in fx.items():
