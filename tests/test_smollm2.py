@@ -212,3 +212,38 @@ def test_lesson_12s_real_model_section_runs_on_smollm2(home, monkeypatch):
     text = " ".join(console.file.getvalue().split())
     assert "Prefill ran" in text and "tokens/s" in text and "Skipped" not in text
     assert all(len(line) <= 80 for line in console.file.getvalue().splitlines())
+
+
+@pytest.mark.slow
+def test_int8_decode_gives_the_same_bits_and_tokens_alone_and_batched(home):
+    """The int8 set on SmolLM2 (issue 51): three prompts decoded together in a paged pool give, bit
+    for bit, the logits each gives alone over a contiguous cache, and `generate_batch` gives
+    `generate`'s greedy tokens."""
+    from minillm import kernels
+    from minillm.cache.paged import PagedKVPool
+    if not kernels.available():
+        pytest.skip(f"the int8 kernels: {kernels.status().reason}")
+    old = os.environ.get("MINILLM_HOME")
+    os.environ["MINILLM_HOME"] = str(home)
+    try:
+        model = minillm.load("smollm2-135m", weights="native", kernels="int8")
+    finally:
+        os.environ.pop("MINILLM_HOME") if old is None else os.environ.__setitem__("MINILLM_HOME", old)
+    tok = minillm.tokenizer(model)
+    prompts = [tok.encode(t) for t in ("The capital of France is", "def fibonacci(n):",
+                                       "Once upon a time, a small robot named Pip")]
+    pool = PagedKVPool(model.config, 3 * 8, 16)
+    caches = []
+    for p in prompts:
+        c = pool.sequence()
+        model.prefill(p, c)
+        caches.append(c)
+    alone = [model.prefill(p)[1] for p in prompts]
+    for t in (13, 290, 4):
+        for c in caches:
+            c.reserve(1)
+        batched = model.step([(np.array([t]), c) for c in caches])
+        for i, c in enumerate(alone):
+            assert np.array_equal(batched[i], model.decode_step(t, c)), f"prompt {i}, token {t}"
+    got = minillm.generate_batch(model, prompts, [12] * 3)
+    assert got == [minillm.generate(model, p, 12) for p in prompts]

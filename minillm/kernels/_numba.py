@@ -451,9 +451,13 @@ def flash_attention(q, k, v, Tk, out, scale, bq, bk):
 def paged_decode_attention(q, kp, vp, table, lengths, out, scale, chunk):
     """One query per sequence over its paged keys, FlashDecoding's split. q [H, B, hd]; kp, vp
     [Hkv, blocks, bs, hd] (one layer's pool); table [B, nb] block numbers; lengths [B] keys per
-    sequence; out [H, B, hd]. A sequence's keys go in chunks of `chunk` (a multiple of bs): one work
-    item is a sequence, a KV head and a chunk, each key's row read once for the g query heads that
-    share it; the chunks' partial results (max, sum, unnormalised output) are combined at the end."""
+    sequence; out [H, B, hd]. A sequence's keys go in chunks of `chunk`: one work item is a
+    sequence, a KV head and a chunk, each key's row read once for the g query heads that share it,
+    its scores kept whole (two passes: the scores and their max, then the weights and the weighted
+    sum of values); the chunks' partial results (max, sum, unnormalised output) are combined at the
+    end. Key j is row j % bs of block table[b, j // bs], and nothing else depends on the blocks: the
+    same keys in the same chunks give the same bits over any block size, a contiguous cache's rows
+    seen as one block included."""
     H, B, hd = q.shape
     Hkv, bs = kp.shape[0], kp.shape[2]
     g = H // Hkv
@@ -469,45 +473,44 @@ def paged_decode_attention(q, kp, vp, table, lengths, out, scale, chunk):
         hk = (item // nch) % Hkv
         c = item % nch
         p0 = c * chunk
-        p1 = min(lengths[b], p0 + chunk)
+        nk = max(0, min(lengths[b], p0 + chunk) - p0)
         qs = np.empty((g, hd), np.float32)
         for h in range(g):
             for e in range(hd):
                 qs[h, e] = q[hk * g + h, b, e] * scale
-        mx = np.full(g, -np.inf, np.float32)
-        l = np.zeros(g, np.float32)
         acc = np.zeros((g, hd), np.float32)
-        s = np.empty((g, bs), np.float32)
-        for pb in range(p0, p1, bs):                     # one block of the page table at a time
-            blk = table[b, pb // bs]
-            nk = min(p1, pb + bs) - pb
-            for j in range(nk):
-                for h in range(g):
-                    a = np.float32(0.0)
-                    for e in range(hd):
-                        a += qs[h, e] * kp[hk, blk, j, e]
-                    s[h, j] = a
+        s = np.empty((g, nk), np.float32)
+        blks = np.empty(nk, np.intp)
+        rws = np.empty(nk, np.intp)
+        for j in range(nk):                              # scores: each key read once for g heads
+            blks[j] = table[b, (p0 + j) // bs]
+            rws[j] = (p0 + j) % bs
+            blk = blks[j]
+            rw = rws[j]
             for h in range(g):
-                mnew = mx[h]
-                for j in range(nk):
-                    mnew = max(mnew, s[h, j])
-                corr = fexp(mx[h] - mnew)
-                lsum = np.float32(0.0)
-                for j in range(nk):                      # weights, vectorized
-                    p = fexp(s[h, j] - mnew)
-                    s[h, j] = p
-                    lsum += p
-                l[h] = l[h] * corr + lsum
-                mx[h] = mnew
+                a = np.float32(0.0)
                 for e in range(hd):
-                    acc[h, e] *= corr
-                for j in range(nk):                      # the weighted sum of values
-                    p = s[h, j]
-                    for e in range(hd):
-                        acc[h, e] += p * vp[hk, blk, j, e]
+                    a += qs[h, e] * kp[hk, blk, rw, e]
+                s[h, j] = a
         for h in range(g):
-            pm[b, hk, c, h] = mx[h]
-            pl[b, hk, c, h] = l[h]
+            mx = np.float32(-np.inf)
+            for j in range(nk):
+                mx = max(mx, s[h, j])
+            lsum = np.float32(0.0)
+            for j in range(nk):                          # weights, vectorized
+                p = fexp(s[h, j] - mx)
+                s[h, j] = p
+                lsum += p
+            pm[b, hk, c, h] = mx
+            pl[b, hk, c, h] = lsum
+        for j in range(nk):                              # the weighted sum: each value read once
+            blk = blks[j]
+            rw = rws[j]
+            for h in range(g):
+                p = s[h, j]
+                for e in range(hd):
+                    acc[h, e] += p * vp[hk, blk, rw, e]
+        for h in range(g):
             for e in range(hd):
                 pacc[b, hk, c, h, e] = acc[h, e]
     for item in prange(B * H):                           # combine the chunks by their max and sum

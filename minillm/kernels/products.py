@@ -24,6 +24,7 @@ from . import _numba as K
 from . import checks
 
 _NO_MIN = np.empty((0, 0), np.uint16)    # Q4_0 has no minimums: the kernel's m is empty
+_ONE_BLOCK = np.zeros((1, 1), np.intp)   # a contiguous cache's rows as block 0 of a one-block pool
 QUERY_TILE = 32       # flash attention: queries per tile (of each of a group's g heads)
 KEY_TILE = 64         # flash attention: keys per tile
 DECODE_CHUNK = 256    # paged decode: keys per work item at least (FlashDecoding's split)
@@ -109,7 +110,8 @@ def _rows(k: np.ndarray) -> tuple[np.ndarray, int]:
     return c, 2 * c.nbytes
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None) -> tuple[np.ndarray, int]:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None,
+              chunk: int | None = None) -> tuple[np.ndarray, int]:
     """ops.attention's semantics (causal, query i at position Tk - Tq + i, GQA H = g·Hkv), without a
     score matrix: FlashAttention's tiles and running max/sum for Tq > 1; for Tq == 1 a one-thread
     kernel up to SHORT_DECODE keys, else the paged decode kernel (one page holding all Tk keys,
@@ -117,7 +119,11 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
     -> (out [H, Tq, hd] float32, bytes of k and v copied to rows first: 0 unless they came strided).
     With Tk, k and v may hold more rows per head than the Tk keys (a cache's whole arrays,
     `read_rows`): the first Tk are attended. No pair past the diagonal is computed
-    (ops.attention counts what it does)."""
+    (ops.attention counts what it does). chunk (keys): for Tq == 1 the paged decode kernel with
+    this fixed chunk, the rows seen as one block, at any Tk (that one compiled kernel: a one-thread
+    copy of it, compiled apart, gave other last bits): the bits `paged_decode_attention(..., chunk)`
+    gives the same keys in a paged pool of any block size, in any batch (the int8 set passes
+    DECODE_CHUNK: a token's bits alone == batched)."""
     _check_float32(q, k, v)
     Tk = checks.attention(q, k, v, Tk)
     H, Tq, hd = q.shape
@@ -127,7 +133,16 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
         copied_k = copied_v = 0
     else:
         (k, copied_k), (v, copied_v) = _rows(k), _rows(v)            # [Hkv, S >= Tk, hd], C-contiguous
-    if Tq == 1 and Tk <= SHORT_DECODE:                  # one thread, the scores kept whole
+    if Tq == 1 and chunk is not None:                    # fixed chunks: a paged pool's bits
+        _check_chunk(chunk)
+        out = np.empty((H, 1, hd), np.float32)
+        if k.shape[1] != v.shape[1]:                     # rows of two lengths: the Tk keys copied
+            k, v = np.ascontiguousarray(k[:, :Tk]), np.ascontiguousarray(v[:, :Tk])
+            copied_k, copied_v = copied_k + 2 * k.nbytes, copied_v + 2 * v.nbytes
+        S = k.shape[1]
+        K.paged_decode_attention(_f32(q), k.reshape(Hkv, 1, S, hd), v.reshape(Hkv, 1, S, hd), _ONE_BLOCK,
+                                 np.array([Tk], np.intp), out, scale, chunk)
+    elif Tq == 1 and Tk <= SHORT_DECODE:                  # one thread, the scores kept whole
         out = np.empty((H, 1, hd), np.float32)
         K.decode_attention_short(_f32(q), k, v, Tk, out, scale)
     elif Tq == 1:                                        # the rows as pages: FlashDecoding's split
@@ -142,6 +157,11 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
         out = np.empty((H, Tq, hd), np.float32)
         K.flash_attention(_f32(q), k, v, Tk, out, scale, QUERY_TILE, KEY_TILE)
     return out, copied_k + copied_v
+
+
+def _check_chunk(chunk) -> None:
+    if not isinstance(chunk, (int, np.integer)) or chunk <= 0:
+        raise ValueError(f"chunk={chunk!r}: a positive number of keys")
 
 
 def decode_chunk(longest: int, B: int, Hkv: int, block_size: int) -> int:
@@ -162,16 +182,17 @@ def paged_decode_attention(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray
     table [B, nb] each sequence's blocks in order (rows may be padded past their length); lengths
     [B] each sequence's keys. -> [H, B, hd] float32, what ops.decode_attention gives over the
     gathered, padded and masked keys (ops.paged_decode_attention counts it: each sequence's own
-    keys read from the pool, no copy, no padding). chunk: keys per work item (rounded up to whole
-    blocks); None: `decode_chunk`'s, which depends on the batch (its size, its longest sequence). A
-    fixed chunk splits every sequence the same way in any batch, so its result is bit for bit the
-    same as alone (the int8 kernel set passes DECODE_CHUNK)."""
+    keys read from the pool, no copy, no padding). chunk: keys per work item; None: `decode_chunk`'s, which depends on the batch (its size, its longest
+    sequence). A fixed chunk splits every sequence the same way in any batch and over any blocks, so
+    its result is bit for bit the same as alone, and as `attention(..., chunk)` over a contiguous
+    cache's rows (the int8 kernel set passes DECODE_CHUNK)."""
     _check_float32(q, k_pool, v_pool)
     table, lengths = checks.paged(q, k_pool, v_pool, table, lengths)
+    if chunk is not None:
+        _check_chunk(chunk)
     H, B, hd = q.shape
     Hkv, bs = k_pool.shape[0], k_pool.shape[2]
     out = np.empty((H, B, hd), np.float32)
     K.paged_decode_attention(_f32(q), k_pool, v_pool, table, lengths, out, np.float32(1.0 / math.sqrt(hd)),
-                             decode_chunk(int(lengths.max()), B, Hkv, bs) if chunk is None
-                             else -(-chunk // bs) * bs)
+                             decode_chunk(int(lengths.max()), B, Hkv, bs) if chunk is None else chunk)
     return out

@@ -124,9 +124,10 @@ def _batch_invariant() -> KernelSet:
 
 
 def _int8() -> KernelSet:
-    """The fused set with integer products; its paged decode splits every sequence's keys in fixed
-    chunks, so that a decode step gives each sequence the bits it gets in a step of its own (its
-    products are row by row already: kernels/int8.py)."""
+    """The fused set with integer products; its decode attention splits every sequence's keys in fixed
+    chunks and tiles, over a paged pool and over a contiguous cache alike, so that a decode step gives
+    each sequence the bits it gets in a step of its own and alone in a contiguous cache (its products
+    are row by row already: kernels/int8.py): `generate_batch` gives `generate`'s tokens."""
     from functools import partial
 
     from ..kernels import elementwise, int8, products
@@ -134,7 +135,8 @@ def _int8() -> KernelSet:
     return KernelSet("int8", f"integer kernels ({int8.describe()}; {runtime.status().reason})", weight=integer,
                      lays_out=True, norm_kernel=elementwise.rms_norm, layer_norm_kernel=elementwise.layer_norm,
                      gelu_kernel=elementwise.gelu, rope_kernel=elementwise.rope,
-                     swiglu_kernel=elementwise.swiglu, attention_kernel=products.attention,
+                     swiglu_kernel=elementwise.swiglu,
+                     attention_kernel=partial(products.attention, chunk=products.DECODE_CHUNK),
                      paged_kernel=partial(products.paged_decode_attention, chunk=products.DECODE_CHUNK))
 
 

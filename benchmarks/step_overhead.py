@@ -1,0 +1,198 @@
+"""Where a small step goes: each operation's time in a decode step against the time its bytes take
+at this machine's measured bandwidth, and the fixed cost of what every operation pays whatever its
+bytes (a Python call, a numba call, a parallel region, an argument check, a meter report).
+
+    python benchmarks/step_overhead.py                                  # the bundled model, fused
+    python benchmarks/step_overhead.py --model small,smollm2-135m:native --kernels int8
+
+One process, interleaved rounds: each round times every fixed cost and traces --steps decode steps
+of every (model, B) in turn (the caches cut back to the prompt after each, so every round decodes at
+the same length), medians over the rounds with their ranges. A step's operations come from its trace
+(minillm.trace.TraceMeter, what `--trace` writes): each slice is the time since the previous report,
+so it holds the operation's Python and dispatch as well as its compute. "at bandwidth" is its bytes
+over `minillm hardware`'s figure; "beyond" is the slice's median less that, in µs (what is not
+bytes: small operations are nearly all of it). B = 1 decodes over a contiguous cache, B > 1 over one
+paged pool. No figure is printed that this run did not measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+
+import numpy as np
+
+
+def _fixed_costs(reps: int):
+    """name -> callable timing `reps` calls of one fixed cost, µs per call."""
+    from numba import njit, prange
+
+    from minillm.kernels import checks, runtime
+    from minillm.meter import Meter
+
+    @njit(cache=False)
+    def noop(x, y):
+        return None
+
+    @njit(parallel=True, cache=False)
+    def region(x, y):
+        for i in prange(y.shape[0]):
+            y[i] = x[i]
+
+    def py(x, y):
+        return None
+
+    n = max(1, runtime.threads() or 1)
+    x = np.ones((n, 16), np.float32)
+    y = np.empty((n, 16), np.float32)
+    wt = np.ones((64, 64), np.float32)
+    xr = np.ones((1, 64), np.float32)
+    noop(x, y)
+    region(x, y)
+
+    def timed(f):
+        def run():
+            t = time.perf_counter()
+            for _ in range(reps):
+                f()
+            return (time.perf_counter() - t) / reps * 1e6
+        return run
+
+    def meter_report():
+        m = Meter()
+        m.begin("decode", 0, 1)
+        t = time.perf_counter()
+        for _ in range(reps):
+            m.count("op", activations=64, matmul=64)
+        dt = time.perf_counter() - t
+        m.end()
+        return dt / reps * 1e6
+
+    return {"Python call": timed(lambda: py(x, y)),
+            "numba call (no work)": timed(lambda: noop(x, y)),
+            f"parallel region ({n} items)": timed(lambda: region(x, y)),
+            "argument check (a product's)": timed(lambda: checks.dense_product(wt, xr)),
+            "meter report": meter_report}
+
+
+def _setup(spec: str, kernels: str, B: int, context: int, steps: int):
+    """spec: a model's name, or name:weights (smollm2-135m:native). B = 1: a contiguous cache (what
+    `generate` uses); B > 1: one paged pool of 16-position blocks (what `generate_batch` and the
+    engine use: the set's paged kernel attends the batch in one call)."""
+    import minillm
+    from minillm.cache.paged import PagedKVPool
+    name, _, weights = spec.partition(":")
+    model = minillm.load(name, weights=weights or "float32", kernels=kernels, quiet=True)
+    rng = np.random.default_rng(B)
+    pool = PagedKVPool(model.config, B * -(-(context + steps + 1) // 16) + 1, 16) if B > 1 else None
+    caches = []
+    for _ in range(B):
+        c = model.new_cache() if pool is None else pool.sequence()
+        model.prefill(rng.integers(0, model.config.vocab_size, context), c)
+        caches.append(c)
+    return model, caches
+
+
+def _trace_steps(model, caches, steps: int, context: int):
+    """Per operation name: list of (µs, bytes) of each slice; the steps' µs."""
+    from minillm.trace import TraceMeter
+    tm = TraceMeter()
+    with tm:
+        for _ in range(steps):
+            for c in caches:
+                c.reserve(1)
+            model.step([(np.array([7]), c) for c in caches])
+    for c in caches:
+        c.truncate(context)
+    ops, step_us = defaultdict(list), []
+    for e in tm.events:
+        if e["cat"] == "op":
+            ops[e["name"]].append((e["dur"], e["args"].get("bytes", 0)))
+        elif e["name"] != "after the last operation":
+            step_us.append(e["dur"])
+    return ops, step_us
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="small", help="models, comma-separated, each NAME or NAME:WEIGHTS "
+                   "(smollm2-135m:native; default: small, the bundled one, float32)")
+    p.add_argument("--kernels", default="fused", help="kernel set (default: fused)")
+    p.add_argument("--batch", default="1,8", help="batch sizes B, comma-separated (default: 1,8)")
+    p.add_argument("--context", type=int, default=32, help="prompt tokens each sequence decodes after (default: 32)")
+    p.add_argument("--steps", type=int, default=8, help="decode steps traced per round (default: 8)")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default: 7)")
+    p.add_argument("--reps", type=int, default=2000, help="calls per fixed-cost timing (default: 2000)")
+    p.add_argument("--bandwidth", type=float, default=None, metavar="GBS",
+                   help="GB/s to price the bytes at (default: what `minillm hardware` measured)")
+    a = p.parse_args(argv)
+    try:
+        batches = [int(b) for b in a.batch.split(",") if b.strip()]
+        if (not batches or min(batches) < 1 or a.rounds < 1 or a.steps < 1 or a.context < 1 or a.reps < 1
+                or (a.bandwidth is not None and not a.bandwidth > 0)):
+            raise ValueError
+    except ValueError:
+        print(f"step_overhead: --batch takes positive integers (got {a.batch!r}); --rounds, --steps, --context "
+              "--reps and --bandwidth positive", file=sys.stderr)
+        return 2
+
+    from minillm.errors import MiniLLMError
+    from minillm.kernels import runtime
+    from minillm.measure import hardware
+    try:
+        configs = {(m, B): _setup(m, a.kernels, B, a.context, a.steps)
+                   for m in a.model.split(",") if m.strip() for B in batches}
+    except MiniLLMError as e:
+        print(f"step_overhead: {e}", file=sys.stderr)
+        return 2
+    if a.bandwidth is None:
+        hw = hardware.machine(progress=False)
+        where, gbs = f"{hw.name}: {hw.bandwidth_gbs:.1f} GB/s (minillm hardware)", hw.bandwidth_gbs
+    else:
+        where, gbs = f"{a.bandwidth:.1f} GB/s (--bandwidth)", a.bandwidth
+    bw = gbs * 1e9
+    fixed = _fixed_costs(a.reps)
+    for (model, caches) in configs.values():                      # warm: compiled, caches touched
+        _trace_steps(model, caches, 1, a.context)
+    fx = defaultdict(list)
+    per = {k: (defaultdict(list), []) for k in configs}
+    for r in range(a.rounds):
+        for name, f in fixed.items():
+            fx[name].append(f())
+        for k, (model, caches) in configs.items():
+            ops, steps = _trace_steps(model, caches, a.steps, a.context)
+            for op, xs in ops.items():
+                per[k][0][op].extend(xs)
+            per[k][1].append(statistics.median(steps))
+
+    print(f"{where}, {runtime.threads()} threads,")
+    print(f"{a.kernels} kernels; medians of {a.rounds} interleaved rounds [range]")
+    print("\nfixed cost of one                      µs per call")
+    for name, xs in fx.items():
+        print(f"  {name:34s} {statistics.median(xs):8.2f} [{min(xs):.2f}-{max(xs):.2f}]")
+    for (m, B), (ops, steps) in per.items():
+        model = configs[(m, B)][0]
+        calls = sum(len(xs) for xs in ops.values()) / (a.rounds * a.steps)
+        byts = sum(b for xs in ops.values() for _, b in xs) / (a.rounds * a.steps)
+        step = statistics.median(steps)
+        print(f"\n{m.partition(':')[0]} ({model.weights}), B = {B}: a decode step {step:.0f} µs "
+              f"[{min(steps):.0f}-{max(steps):.0f}],")
+        print(f"  {byts / 1e6:.2f} MB = {byts / bw * 1e6:.0f} µs at bandwidth, {calls:.0f} operations")
+        print("  operation      calls  µs/call   bytes/call  at bandwidth  beyond")
+        rows = []
+        for op, xs in ops.items():
+            us = statistics.median(d for d, _ in xs)
+            b = statistics.median(b for _, b in xs)
+            rows.append((len(xs) / (a.rounds * a.steps), op, us, b, b / bw * 1e6))
+        for n, op, us, b, at in sorted(rows, key=lambda r: -r[0] * (r[2] - r[4])):
+            print(f"  {op[:14]:14s} {n:5.0f} {us:8.2f} {b:12,.0f} {at:13.2f} {us - at:7.2f}")
+        beyond = sum(n * max(us - at, 0.0) for n, _, us, _, at in rows)
+        print(f"  calls x median beyond the bytes: {beyond:.0f} µs a step")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

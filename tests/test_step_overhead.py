@@ -1,0 +1,35 @@
+"""benchmarks/step_overhead.py runs for real (a tiny model, one short round) and refuses bad input in
+one line. No timing is asserted: only that each figure is printed and the lines fit 80 columns."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minillm import kernels
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "step_overhead.py"
+
+
+@pytest.mark.skipif(not kernels.available(), reason=f"numba kernels: {kernels.status().reason}")
+def test_the_table_names_every_fixed_cost_and_operation(tmp_path):
+    env = {**os.environ, "MINILLM_HOME": str(tmp_path)}
+    r = subprocess.run([sys.executable, str(SCRIPT), "--model", "random-tiny", "--batch", "1,2", "--rounds", "1",
+                        "--steps", "1", "--reps", "5", "--context", "4", "--bandwidth", "10"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    for name in ("Python call", "numba call", "parallel region", "argument check", "meter report",
+                 "B = 1: a decode step", "B = 2: a decode step", "linear", "attention", "beyond the bytes"):
+        assert name in out, name
+    assert all(len(line) <= 80 for line in out.splitlines())
+
+
+@pytest.mark.parametrize("args", [["--batch", "0"], ["--batch", "x"], ["--rounds", "0"], ["--bandwidth", "-1"]])
+def test_bad_input_is_one_line(args):
+    r = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
