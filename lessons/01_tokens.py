@@ -229,6 +229,8 @@ GLOSSARY = (
     ("recurrent form", "one token's read, update and write", 19),
     ("hybrid", "linear layers beside a few full ones", 19),
     ("Gated DeltaNet", "the delta rule with a decay, exp(g), a token", 19),
+    ("sliding window, global", "a layer sees the last w positions; or all", 19),
+    ("sink", "a learned logit a head in each softmax", 19),
 )
 
 

@@ -576,8 +576,8 @@ def test_lesson_15s_claims_fail_when_the_meter_misses_the_union(wrong, monkeypat
 
     real_route, real_mlp, chosen = mixture.route, moe.experts_mlp, []
 
-    def route(x, router, k, norm_topk):
-        top, w = real_route(x, router, k, norm_topk)
+    def route(x, router, k, norm_topk, bias=None):
+        top, w = real_route(x, router, k, norm_topk, bias)
         chosen.append(top)
         return top, w
 

@@ -233,7 +233,7 @@ def load_f16x16(typingctx, arr, off, valid):
 
 def _target_features() -> frozenset:
     """The features both the host and numba's target have (int8.cpu_features): what may be emitted."""
-    from .int8 import cpu_features
+    from .cpu import cpu_features
     return cpu_features()
 
 
