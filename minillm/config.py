@@ -5,6 +5,7 @@ class lives in its model module (models/gpt2.py's GPT2Config, models/llama.py's 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Protocol
 
@@ -28,6 +29,23 @@ def whole(value, field: str, source, hi: int = MAX_COUNT) -> int:
         raise ConfigError(f"{source}: {field} = {shown} must be an integer from 1 to {hi:,}; "
                           "is the file damaged or edited by hand?")
     return value
+
+
+def check_heads(c, hint: str = "num_key_value_heads must divide them") -> None:
+    """A rotary grouped-query attention's shape: H query heads split over Hkv, hd even; one line else."""
+    if c.n_head % c.n_kv_head:
+        raise ConfigError(f"config: {c.n_head} query heads do not split into groups over "
+                          f"{c.n_kv_head} key/value heads; {hint}")
+    if c.head_dim % 2:
+        raise ConfigError(f"config head_dim={c.head_dim}: the rotary embedding turns pairs, it must be even")
+
+
+def check_positive(c, names) -> None:
+    """Each named field of a config a positive finite number (not a bool), else one line naming it."""
+    for name in names:
+        value = getattr(c, name)
+        if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 < value < math.inf):
+            raise ConfigError(f"config {name}={value!r}: must be a positive finite number")
 
 
 class ModelConfig(Protocol):
@@ -57,6 +75,11 @@ class Layout:
                          window: models/gemma3.py, models/gptoss.py); () for none
         state_shapes()   one such layer's state: name -> shape ({} for none)
         state_bytes(b)   a sequence's whole state in bytes at b bytes a value (0 for none)
+        kv_bytes_per_token(b)   what one position costs in the KV cache: 2·L·Hkv·hd·b, K and V in
+                         every layer (a sliding layer keeps only `window` of them; a latent or a
+                         hybrid config overrides it)
+
+    and, for every config (a dataclass), `asdict()`: its fields as a dict.
     """
     values_in_keys = 0
     linear_layers: tuple = ()
@@ -68,6 +91,12 @@ class Layout:
 
     def state_bytes(self, itemsize: int = 4) -> int:
         return 0
+
+    def kv_bytes_per_token(self, itemsize: int = 4) -> int:
+        return 2 * self.n_layer * self.n_kv_head * self.head_dim * itemsize
+
+    def asdict(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 def hf_model_type(cfg, source: str, types, refusal: str) -> str:

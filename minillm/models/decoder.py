@@ -17,15 +17,14 @@ stacked, `[in, out]`, or quantized `[out, in]` rows).
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from typing import Iterator
 
 import numpy as np
 
 from .. import backend
-from ..config import Layout, MAX_CONTEXT, MAX_COUNT, hf_model_type, hf_rope, whole
+from ..config import Layout, MAX_CONTEXT, MAX_COUNT, check_heads, check_positive, hf_model_type, hf_rope, whole
 from ..errors import ConfigError
 from . import ops
 from .base import RANDOM_SEED, CausalLM
@@ -63,15 +62,8 @@ class DecoderConfig(Layout):
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "n_kv_head", "head_dim", "n_embd", "n_ctx", "vocab_size", "ffn"):
             whole(getattr(self, name), name, "config", MAX_CONTEXT if name == "n_ctx" else MAX_COUNT)
-        if self.n_head % self.n_kv_head:
-            raise ConfigError(f"config: {self.n_head} query heads do not split into groups over "
-                              f"{self.n_kv_head} key/value heads; n_kv_heads must divide n_heads")
-        if self.head_dim % 2:
-            raise ConfigError(f"config head_dim={self.head_dim}: the rotary embedding turns pairs, it must be even")
-        for name in ("eps", "theta"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and 0 < value < math.inf):
-                raise ConfigError(f"config {name}={value!r}: must be a positive finite number")
+        check_heads(self, "n_kv_heads must divide n_heads")
+        check_positive(self, ("eps", "theta"))
         if self.arch not in ARCHS:
             raise ConfigError(f"config arch={self.arch!r}: minillm runs {', '.join(ARCHS)}")
 
@@ -83,10 +75,6 @@ class DecoderConfig(Layout):
                      + (q + 2 * kv) * self.qkv_bias + d * self.o_bias + (2 * F + d) * self.mlp_bias
                      + 2 * self.head_dim * self.qk_norm)
         return V * d * (1 if self.tied else 2) + L * per_block + d
-
-    def kv_bytes_per_token(self, itemsize: int = 4) -> int:
-        """2·L·Hkv·hd·b: what every position costs in the KV cache."""
-        return 2 * self.n_layer * self.n_kv_head * self.head_dim * itemsize
 
     @classmethod
     def from_hf(cls, cfg: dict, source: str = "config.json") -> "DecoderConfig":
@@ -125,9 +113,6 @@ class DecoderConfig(Layout):
         except (TypeError, ValueError, OverflowError) as e:
             raise ConfigError(f"{source}: a field has the wrong type ({e}); re-download the checkpoint") from None
 
-    def asdict(self) -> dict:
-        return asdict(self)
-
 
 Block = dict   # one block's parameters, stacked names (see `stack_block`)
 MATRICES = ("qkv.weight", "o_proj.weight", "gate_up.weight", "down_proj.weight")   # a block's products
@@ -135,24 +120,34 @@ MATRICES = ("qkv.weight", "o_proj.weight", "gate_up.weight", "down_proj.weight")
 
 # -- the checkpoint's tensors ------------------------------------------------------------------------
 
+def attention_tensors(h: str, c, *, qkv_bias: bool = False, qk_norm: bool = False,
+                      o_bias: bool = False) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """One block's grouped-query attention as a Hugging Face checkpoint names it (h: the block's
+    prefix, `layers.{i}.`): q, k, v [rows, d] (each with its bias), q/k norms [hd], o [d, H·hd] (its
+    bias). Every family with this attention lists it from here (config.ModelConfig's counts)."""
+    d, q, kv = c.n_embd, c.n_head * c.head_dim, c.n_kv_head * c.head_dim
+    a = h + "self_attn."
+    for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+        yield a + f"{name}.weight", (rows, d)
+        if qkv_bias:
+            yield a + f"{name}.bias", (rows,)
+    if qk_norm:
+        yield a + "q_norm.weight", (c.head_dim,)
+        yield a + "k_norm.weight", (c.head_dim,)
+    yield a + "o_proj.weight", (d, q)
+    if o_bias:
+        yield a + "o_proj.bias", (d,)
+
+
 def iter_expected(c: DecoderConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Every tensor of a Hugging Face checkpoint of this config (without the `model.` prefix), with
     its shape, one at a time (a check stops at the first missing one: bounded by the file)."""
-    d, q, kv, F = c.n_embd, c.n_head * c.head_dim, c.n_kv_head * c.head_dim, c.ffn
+    d, F = c.n_embd, c.ffn
     yield "embed_tokens.weight", (c.vocab_size, d)
     for i in range(c.n_layer):
         h = f"layers.{i}."
         yield h + "input_layernorm.weight", (d,)
-        for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
-            yield h + f"self_attn.{name}.weight", (rows, d)
-            if c.qkv_bias:
-                yield h + f"self_attn.{name}.bias", (rows,)
-        if c.qk_norm:
-            yield h + "self_attn.q_norm.weight", (c.head_dim,)
-            yield h + "self_attn.k_norm.weight", (c.head_dim,)
-        yield h + "self_attn.o_proj.weight", (d, q)
-        if c.o_bias:
-            yield h + "self_attn.o_proj.bias", (d,)
+        yield from attention_tensors(h, c, qkv_bias=c.qkv_bias, qk_norm=c.qk_norm, o_bias=c.o_bias)
         yield h + "post_attention_layernorm.weight", (d,)
         for name, shape in (("gate_proj", (F, d)), ("up_proj", (F, d)), ("down_proj", (d, F))):
             yield h + f"mlp.{name}.weight", shape

@@ -31,14 +31,13 @@ DeepSeek's mixture (`mixture`):
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from typing import Iterator
 
 import numpy as np
 
-from ..config import Layout, MAX_CONTEXT, MAX_COUNT, hf_model_type, hf_rope, whole
+from ..config import Layout, MAX_CONTEXT, MAX_COUNT, check_positive, hf_model_type, hf_rope, whole
 from ..errors import ConfigError
 from . import ops
 from .base import RANDOM_SEED, CausalLM
@@ -103,10 +102,7 @@ class DeepSeekConfig(Layout):
         if self.top_k > self.topk_group * (E // G):
             raise ConfigError(f"config: each token uses top_k={self.top_k} experts but its {self.topk_group} "
                               f"group(s) of {E // G} hold only {self.topk_group * (E // G)}")
-        for name in ("eps", "theta", "routed_scale"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-                raise ConfigError(f"config {name}={value!r}: must be a positive finite number")
+        check_positive(self, ("eps", "theta", "routed_scale"))
 
     # -- what the KV cache reads (config.ModelConfig): one row of r + dr values a token a layer --
 
@@ -177,9 +173,6 @@ class DeepSeekConfig(Layout):
     def active_params(self) -> int:
         """What one token multiplies by: k routed experts (and the shared ones) instead of all E."""
         return self.n_params() - len(self.sparse_layers) * (self.n_expert - self.top_k) * self.expert_params()
-
-    def asdict(self) -> dict:
-        return asdict(self)
 
     @classmethod
     def from_hf(cls, cfg: dict, source: str = "config.json") -> "DeepSeekConfig":

@@ -26,19 +26,19 @@ decoder's (models/decoder.py): its q|k|v and gate|up stacking, its attention fun
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from typing import Iterator
 
 import numpy as np
 
-from ..config import Layout, MAX_CONTEXT, MAX_COUNT, hf_model_type, whole
+from ..config import Layout, MAX_CONTEXT, MAX_COUNT, check_heads, check_positive, hf_model_type, whole
 from ..errors import ConfigError
 from . import ops
 from .base import RANDOM_SEED
 from .blocks import mlp
 from .factory import on_device
-from .decoder import Block, Decoder, self_attention, stack_block
+from .decoder import Block, Decoder, attention_tensors, self_attention, stack_block
 from .target import Target
 
 MODEL_TYPES = ("gemma3_text",)
@@ -74,20 +74,13 @@ class Gemma3Config(Layout):
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "n_kv_head", "head_dim", "n_embd", "n_ctx", "vocab_size", "ffn", "window"):
             whole(getattr(self, name), name, "config", MAX_CONTEXT if name in ("n_ctx", "window") else MAX_COUNT)
-        if self.n_head % self.n_kv_head:
-            raise ConfigError(f"config: {self.n_head} query heads do not split into groups over "
-                              f"{self.n_kv_head} key/value heads; num_key_value_heads must divide them")
-        if self.head_dim % 2:
-            raise ConfigError(f"config head_dim={self.head_dim}: the rotary embedding turns pairs, it must be even")
+        check_heads(self)
         object.__setattr__(self, "layer_types", tuple(self.layer_types))
         if len(self.layer_types) != self.n_layer or not set(self.layer_types) <= {SLIDING, FULL}:
             raise ConfigError(f"config layer_types: {self.n_layer} entries, each {SLIDING!r} or {FULL!r}")
         if not self.query_scalar:
             object.__setattr__(self, "query_scalar", self.head_dim)
-        for name in ("eps", "theta", "local_theta", "rope_factor", "query_scalar"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 < value < math.inf):
-                raise ConfigError(f"config {name}={value!r}: must be a positive finite number")
+        check_positive(self, ("eps", "theta", "local_theta", "rope_factor", "query_scalar"))
 
     # the layout a sequence keeps (config.Layout): K and V in every layer, the sliding ones windowed
     @property
@@ -104,13 +97,6 @@ class Gemma3Config(Layout):
         q, kv = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
         per_block = d * (q + 2 * kv) + q * d + 3 * d * F + 4 * d + 2 * self.head_dim
         return V * d * (1 if self.tied else 2) + L * per_block + d
-
-    def kv_bytes_per_token(self, itemsize: int = 4) -> int:
-        """2·L·Hkv·hd·b: one position in every layer (a sliding layer keeps only `window` of them)."""
-        return 2 * self.n_layer * self.n_kv_head * self.head_dim * itemsize
-
-    def asdict(self) -> dict:
-        return asdict(self)
 
     @classmethod
     def from_hf(cls, cfg: dict, source: str = "config.json") -> "Gemma3Config":
@@ -192,16 +178,12 @@ NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layerno
 
 def iter_expected(c: Gemma3Config) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Every tensor of a Hugging Face checkpoint (without `model.`), with its shape."""
-    d, q, kv, F = c.n_embd, c.n_head * c.head_dim, c.n_kv_head * c.head_dim, c.ffn
+    d, F = c.n_embd, c.ffn
     yield "embed_tokens.weight", (c.vocab_size, d)
     for i in range(c.n_layer):
         h = f"layers.{i}."
         yield from ((h + n + ".weight", (d,)) for n in NORMS)
-        for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
-            yield h + f"self_attn.{name}.weight", (rows, d)
-        yield h + "self_attn.q_norm.weight", (c.head_dim,)
-        yield h + "self_attn.k_norm.weight", (c.head_dim,)
-        yield h + "self_attn.o_proj.weight", (d, q)
+        yield from attention_tensors(h, c, qk_norm=True)
         for name, shape in (("gate_proj", (F, d)), ("up_proj", (F, d)), ("down_proj", (d, F))):
             yield h + f"mlp.{name}.weight", shape
     yield "norm.weight", (d,)

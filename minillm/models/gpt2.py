@@ -26,7 +26,7 @@ and the embedding gathers its d values per token from the same array: one copy o
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 import hashlib
 from functools import partial
 from typing import Iterator
@@ -130,9 +130,6 @@ class GPT2Config(Layout):
                        vocab_size=cfg["vocab_size"], ln_eps=eps)
         except ConfigError as e:
             raise ConfigError(f"{source}: {e}") from None
-
-    def asdict(self) -> dict:
-        return asdict(self)
 
 
 # The four GPT-2 sizes OpenAI released (parameter counts with the tied LM head counted once).

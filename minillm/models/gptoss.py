@@ -27,18 +27,18 @@ them at load to the model's floats (not kept packed: a decode step reads the wid
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from typing import Iterator
 
 import numpy as np
 
-from ..config import Layout, MAX_CONTEXT, MAX_COUNT, hf_model_type, whole
+from ..config import Layout, MAX_CONTEXT, MAX_COUNT, check_heads, check_positive, hf_model_type, whole
 from ..errors import ConfigError, WeightsError
 from . import ops
 from .base import RANDOM_SEED
 from .factory import make_weight, on_device
-from .decoder import Block, stack_block, transformer_block
+from .decoder import Block, attention_tensors, stack_block, transformer_block
 from .mixture import SparseDecoder, experts_mlp
 from .target import Target
 
@@ -84,20 +84,13 @@ class GptOssConfig(Layout):
         for name in ("n_layer", "n_head", "n_kv_head", "head_dim", "n_embd", "n_ctx", "vocab_size", "expert_ffn",
                      "n_expert", "top_k", "window", "rope_original"):
             whole(getattr(self, name), name, "config", MAX_CONTEXT if name in ("n_ctx", "window") else MAX_COUNT)
-        if self.n_head % self.n_kv_head:
-            raise ConfigError(f"config: {self.n_head} query heads do not split into groups over "
-                              f"{self.n_kv_head} key/value heads; num_key_value_heads must divide them")
-        if self.head_dim % 2:
-            raise ConfigError(f"config head_dim={self.head_dim}: the rotary embedding turns pairs, it must be even")
+        check_heads(self)
         if self.top_k > self.n_expert:
             raise ConfigError(f"config: num_experts_per_tok={self.top_k} is more than the {self.n_expert} experts")
         object.__setattr__(self, "layer_types", tuple(self.layer_types))
         if len(self.layer_types) != self.n_layer or not set(self.layer_types) <= {SLIDING, FULL}:
             raise ConfigError(f"config layer_types: {self.n_layer} entries, each {SLIDING!r} or {FULL!r}")
-        for name in ("eps", "theta", "rope_factor", "beta_fast", "beta_slow", "swiglu_limit", "swiglu_alpha"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 < value < math.inf):
-                raise ConfigError(f"config {name}={value!r}: must be a positive finite number")
+        check_positive(self, ("eps", "theta", "rope_factor", "beta_fast", "beta_slow", "swiglu_limit", "swiglu_alpha"))
 
     @property
     def ffn(self) -> int:
@@ -124,12 +117,6 @@ class GptOssConfig(Layout):
 
     def active_params(self) -> int:
         return self.n_params() - self.n_layer * (self.n_expert - self.top_k) * self.expert_params()
-
-    def kv_bytes_per_token(self, itemsize: int = 4) -> int:
-        return 2 * self.n_layer * self.n_kv_head * self.head_dim * itemsize
-
-    def asdict(self) -> dict:
-        return asdict(self)
 
     @classmethod
     def from_hf(cls, cfg: dict, source: str = "config.json") -> "GptOssConfig":
@@ -184,16 +171,12 @@ class GptOssConfig(Layout):
 
 def iter_expected(c: GptOssConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Every tensor of a Hugging Face float checkpoint (without `model.`), with its shape."""
-    d, q, kv, F, E = c.n_embd, c.n_head * c.head_dim, c.n_kv_head * c.head_dim, c.expert_ffn, c.n_expert
+    d, F, E = c.n_embd, c.expert_ffn, c.n_expert
     yield "embed_tokens.weight", (c.vocab_size, d)
     for i in range(c.n_layer):
         h = f"layers.{i}."
         yield h + "input_layernorm.weight", (d,)
-        for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
-            yield h + f"self_attn.{name}.weight", (rows, d)
-            yield h + f"self_attn.{name}.bias", (rows,)
-        yield h + "self_attn.o_proj.weight", (d, q)
-        yield h + "self_attn.o_proj.bias", (d,)
+        yield from attention_tensors(h, c, qkv_bias=True, o_bias=True)
         yield h + "self_attn.sinks", (c.n_head,)
         yield h + "post_attention_layernorm.weight", (d,)
         yield h + "mlp.router.weight", (E, d)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Iterator
 
@@ -38,7 +38,7 @@ import numpy as np
 
 from .. import backend
 from ..cache.state import HybridKVCache, HybridPagedPool
-from ..config import Layout, MAX_CONTEXT, hf_model_type, whole
+from ..config import Layout, MAX_CONTEXT, check_positive, hf_model_type, whole
 from ..errors import ConfigError
 from . import ops
 from .base import RANDOM_SEED, CausalLM
@@ -97,10 +97,7 @@ class Qwen35Config(Layout):
         if self.lin_v_heads % self.lin_k_heads:
             raise ConfigError(f"config: {self.lin_v_heads} linear value heads do not split over {self.lin_k_heads} "
                               "key heads; linear_num_key_heads must divide linear_num_value_heads")
-        for name in ("eps", "theta"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and 0 < value < math.inf):
-                raise ConfigError(f"config {name}={value!r}: must be a positive finite number")
+        check_positive(self, ("eps", "theta"))
 
     # -- the layers and their widths --
 
@@ -151,9 +148,6 @@ class Qwen35Config(Layout):
         linear = d * (C + Dv + 2 * Hv) + C * K + 2 * Hv + self.lin_v_dim + Dv * d
         return (V * d * (1 if self.tied else 2) + d + self.n_layer * mlp_norms
                 + len(self.full_layers) * full + len(self.linear_layers) * linear)
-
-    def asdict(self) -> dict:
-        return asdict(self)
 
     @classmethod
     def from_hf(cls, cfg: dict, source: str = "config.json") -> "Qwen35Config":
