@@ -530,13 +530,13 @@ def test_the_block_manager_admits_by_positions_and_state_together():
 
 def test_bench_context_sweep_prints_the_sweep_and_names_the_crossovers(monkeypatch, capsys):
     import json as _json
-    from minillm.cli import bench
+    from minillm.cli import bench_modes            # the context sweep's mode loads its models
     from minillm.cli import main
     tiny = dict(n_layer=4, n_head=2, n_kv_head=1, head_dim=8, n_embd=16, n_ctx=256, vocab_size=50, ffn=16,
                 lin_k_heads=1, lin_v_heads=2, lin_k_dim=4, lin_v_dim=4)
     presets = {"h": Qwen35Config(**tiny, layer_types=(LINEAR, LINEAR, LINEAR, FULL)),
                "f": Qwen35Config(**tiny, layer_types=(FULL,) * 4)}
-    monkeypatch.setattr(bench, "load", lambda n, kernels=None: qwen35.random(presets[n], name=n))
+    monkeypatch.setattr(bench_modes, "load", lambda n, kernels=None: qwen35.random(presets[n], name=n))
     args = ["bench", "--context-sweep", "--model", "h,f", "--contexts", "8,64,200", "--repeats", "1"]
     assert main(args) == 0
     out = capsys.readouterr().out

@@ -12,6 +12,7 @@
     monitor     `monitor`               download  `download`
     quantize    `quantize`              train     `train`, `eval`
     learn       `learn`
+    bench_modes, bench_options   `bench`'s modes and tables, and what its lists mean
 """
 
 from .. import _starting_the_command
