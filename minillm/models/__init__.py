@@ -20,7 +20,9 @@
     llama        the Llama family (Llama 2/3, SmolLM2, Qwen2, Qwen3): the same, with RoPE, GQA, SwiGLU
     moe          mixtures of experts (Mixtral, Qwen3-MoE): a Llama whose MLP is routed experts
     qwen35       Qwen3.5: a hybrid of Gated DeltaNet layers and gated full attention
+    qwen35_config  its config.json and checkpoint: `Qwen35Config`, the tensors' names and shapes
     deepseek     the DeepSeek-V3 family: latent attention and DeepSeek's mixture
+    deepseek_config  its config.json and checkpoint: `DeepSeekConfig`, the tensors' names and shapes
     gemma3       Gemma 3: sliding-window and global layers, Gemma's norms, GeGLU
     gptoss       gpt-oss: sliding and full layers with a sink per head, YaRN, a biased mixture (MXFP4 read)
 
