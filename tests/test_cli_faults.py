@@ -142,6 +142,14 @@ def test_stdout_full_or_closed(home):
     user_error(subprocess.CompletedProcess(args, r.returncode, "", r.stderr), "standard output is closed")
 
 
+def ctrl_c_reaches_it() -> None:
+    """In the child before it starts: SIGINT as a terminal's Ctrl-C finds it. A test run started in the
+    background of a shell without job control inherits SIGINT ignored, and an ignored SIGINT stays
+    ignored in every child (Python installs its handler only over the default): the child would
+    finish its 250 tokens and exit 0 (seen beside two CPU burners, started that way)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.skipif(not hasattr(__import__("fcntl"), "F_SETPIPE_SZ"), reason="needs Linux's F_SETPIPE_SZ "
                     "to size the pipe the generation writes to")
 def test_ctrl_c_while_generating(home):
@@ -156,7 +164,7 @@ def test_ctrl_c_while_generating(home):
     os.write(w, b"." * (size - len("ROMEO:")))                   # the pipe full but for the prompt
     p = subprocess.Popen([sys.executable, "-m", "minillm", "generate", "ROMEO:", "--model", "random-tiny",
                           "--max-new-tokens", "250", "--no-cache"], stdout=w, stderr=subprocess.PIPE,
-                         text=True, env=cli_env(home), cwd=REPO)
+                         text=True, env=cli_env(home), cwd=REPO, preexec_fn=ctrl_c_reaches_it)
     os.close(w)
     try:
         t0 = time.monotonic()
@@ -206,7 +214,8 @@ def test_ctrl_c_while_the_command_is_still_starting(home, delay):
     exit, never a KeyboardInterrupt traceback."""
     import time
     p = subprocess.Popen([sys.executable, "-m", "minillm", "traffic", "--model", "random-tiny"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(home), cwd=REPO)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(home), cwd=REPO,
+                         preexec_fn=ctrl_c_reaches_it)
     time.sleep(delay)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
