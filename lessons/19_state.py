@@ -361,13 +361,15 @@ def what_it_costs(L: Lesson, model) -> None:
 
 def the_third_way(L: Lesson) -> None:
     L.section("The third way: a window that slides")
-    L.say("""
+    g, o = shape("gemma-3-27b"), shape("gpt-oss-20b")          # the published configs
+    L.say(f"""
         Latent attention (lesson 18) makes each position's KV small; a state (above) makes part of it
         fixed. The way most open models take is a **sliding window**: most layers attend to the last
         `window` positions only, so their KV stops growing there; a few **global** layers still see
-        everything. Gemma 3 slides on five layers of six (window 1,024 in 27B); gpt-oss on every other
-        layer (window 128), with a learned **sink** per head: one more logit in each softmax that takes
-        no value, so a head can attend to nothing. minillm runs both (models/gemma3.py, gptoss.py).
+        everything. Gemma 3 27B slides on {g['local_layers']} of its {g['n_layer']} layers (window
+        {g['window']:,}); gpt-oss-20b on {o['local_layers']} of {o['n_layer']} (window {o['window']:,}),
+        with a learned **sink** per head: one more logit in each softmax that takes no value, so a head
+        can attend to nothing. minillm runs both (models/gemma3.py, gptoss.py).
     """)
     b = 2
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
