@@ -3,12 +3,16 @@ each exits 0, that its checked sentences read the same once the numbers are mask
 differs between the two runs except where the closeness rule said "no winner" in one of them, and that
 no line is wider than 80 columns.
 
-    python benchmarks/lessons_under_load.py [--fast] [--burners 2] [--only 1,2,3] [--out DIR]
+    python benchmarks/lessons_under_load.py [--fast] [--burners 2] [--only 1,2,3] [--out DIR] [--repeat N]
 
 Why: a lesson's claims must hold on a busy machine (claims rest on counts; timed sentences choose
 their words from the numbers, and rank only when their rounds agree beyond their spread:
 minillm/closeness.py). Each run's output is kept in DIR (default: lesson-runs/) as
 NN-quiet.txt and NN-busy.txt, with the wall time of each run and every check in summary.txt.
+
+With --repeat N the quiet and busy runs are made N times each (NN-quiet-2.txt, NN-busy-2.txt, ...) and every
+run is checked against the first quiet one: the same checked sentences, no ranking flipped, and (the
+stricter count issue 53 asks for) how many verdicts differ at all, a winner against "no winner" included.
 """
 
 from __future__ import annotations
@@ -152,7 +156,11 @@ def main() -> int:
                    help="where each run's output and summary.txt go (default: lesson-runs/)")
     p.add_argument("--modes", default="quiet,busy", metavar="quiet,busy",
                    help="which runs, in order (default: quiet,busy; the checks need both)")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="make each run N times and compare every run with the first (default: 1)")
     args = p.parse_args()
+    if args.repeat < 1:
+        p.error(f"--repeat {args.repeat}: at least 1")
     if not set(args.modes.split(",")) <= {"quiet", "busy"}:
         p.error(f"--modes {args.modes!r}: name quiet, busy or both, e.g. --modes quiet,busy")
     lessons = sorted(ROOT.joinpath("lessons").glob("[0-9][0-9]_*.py"))
@@ -170,7 +178,12 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     ok = True
     summary = []
-    for mode in args.modes.split(","):
+    runs = [(mode, i) for i in range(1, args.repeat + 1) for mode in args.modes.split(",")]
+
+    def path(f: Path, mode: str, i: int) -> Path:
+        return out / (f"{f.name[:2]}-{mode}.txt" if i == 1 else f"{f.name[:2]}-{mode}-{i}.txt")
+
+    for mode, i in runs:
         burners = []
         if mode == "busy":
             burners = [multiprocessing.Process(target=burn, daemon=True) for _ in range(args.burners)]
@@ -179,35 +192,52 @@ def main() -> int:
         try:
             for f in lessons:
                 rc, text, secs = run(f, args.fast)
-                (out / f"{f.name[:2]}-{mode}.txt").write_text(text)
-                summary.append(f"{f.name[:2]} {mode:5} rc={rc} {secs / 60:5.1f} min")
+                path(f, mode, i).write_text(text)
+                summary.append(f"{f.name[:2]} {mode:5} run {i} rc={rc} {secs / 60:5.1f} min "
+                               f"(load {os.getloadavg()[0]:.1f})")
                 print(summary[-1], flush=True)
                 ok &= rc == 0
         finally:
             for b in burners:
                 b.terminate()
+    differing = verdicts = 0
     for f in lessons:
-        a, b = (out / f"{f.name[:2]}-{m}.txt" for m in ("quiet", "busy"))
-        for p in (a, b):
-            if p.exists() and too_wide(p.read_text()):
-                summary.append(f"{p.name}: {len(too_wide(p.read_text()))} lines over 80 columns")
+        texts = {}
+        for mode, i in runs:
+            q = path(f, mode, i)
+            if not q.exists():
+                continue
+            texts[mode, i] = q.read_text()
+            if too_wide(texts[mode, i]):
+                summary.append(f"{q.name}: {len(too_wide(texts[mode, i]))} lines over 80 columns")
                 print(summary[-1], flush=True)
                 ok = False
-        if a.exists() and b.exists():
-            ta, tb = a.read_text(), b.read_text()
+        first = runs[0]
+        if first not in texts:
+            continue
+        ta = texts[first]
+        n = len(rankings(ta))
+        verdicts += n * (len(texts) - 1)
+        for key, tb in texts.items():
+            if key == first:
+                continue
+            label = f"{f.name[:2]} {first[0]} run {first[1]} / {key[0]} run {key[1]}"
             same = checked_sentences(ta) == checked_sentences(tb)
-            summary.append(f"{f.name[:2]} checked sentences, numbers masked: {'same' if same else 'DIFFER'}")
+            summary.append(f"{label}: checked sentences, numbers masked: {'same' if same else 'DIFFER'}")
             print(summary[-1], flush=True)
             ok &= same
             flips = flipped(rankings(ta), rankings(tb))
             moved = changed(rankings(ta), rankings(tb))
-            n = len(rankings(ta))
-            summary.append(f"{f.name[:2]} rankings: {n} in the quiet run, "
+            differing += len(flips) + len(moved)
+            summary.append(f"{label}: rankings: {n} in the first run, "
                            + ("none flipped" if not flips else "FLIPPED: " + "; ".join(flips))
                            + (f"; {len(moved)} changed between a winner and no winner: " + "; ".join(moved)
                               if moved else "; none changed between a winner and no winner"))
             print(summary[-1], flush=True)
             ok &= not flips
+    summary.append(f"{len(runs)} runs of {len(lessons)} lessons; {verdicts} verdicts compared with the first run's: "
+                   f"{differing} differ")
+    print(summary[-1], flush=True)
     (out / "summary.txt").write_text("\n".join(summary) + "\n")
     return 0 if ok else 1
 

@@ -1,22 +1,28 @@
 """minillm beside llama.cpp on the same weights and the same threads, every case interleaved round by
-round (minillm's side, then llama.cpp's), medians of the rounds: the integer kernels' goals.
+round (minillm's side, then each llama.cpp build's), medians of the rounds with their ranges: issue 51's goals.
 
-    python benchmarks/vs_llamacpp.py --llama-bin PATH/TO/llama.cpp/build/bin
-    python benchmarks/vs_llamacpp.py --llama-bin BIN --rounds 5 --threads 2 --cases smollm2,gpt2,batch
+    python benchmarks/vs_llamacpp.py --llama-bin BUILD/bin [--llama-bin OTHER/bin] --rounds 7 --threads 2
+    python benchmarks/vs_llamacpp.py --llama-bin BIN --cases smollm2,gpt2,batch
     python benchmarks/vs_llamacpp.py --cases q8                        # minillm alone: int8 Q8_0 against NumPy
 
 Build llama.cpp yourself (from the `llama-cpp-python` sdist's vendored copy, say; llama-bench and
-llama-batched-bench); the script only runs the binaries in --llama-bin. Needs `minillm download
-smollm2-135m` for the SmolLM2 cases; the GPT-2 cases write random-124m (seeded, so the same weights
-minillm loads) as a float32 GGUF with `minillm quantize` into a temporary folder, or take --gpt2-gguf.
+llama-batched-bench); the script only runs the binaries in each --llama-bin. Give several builds (a native
+one and one without AMX, say): a build that dies on this CPU (SIGILL) is left out and said so, and every row
+is compared with the fastest build that ran it. Needs `minillm download smollm2-135m` for the SmolLM2
+cases; the GPT-2 cases write random-124m (seeded, so the same weights minillm loads) as a float32 GGUF with
+`minillm quantize` into a temporary folder, or take --gpt2-gguf.
 
 Cases (tokens/s; llama-bench runs -r 1 a round, after its own warm-up):
-    q8        random-124m decode: --kernels int8 on Q8_0 against NumPy float32 (goal 2.5x)
+    q8        random-124m decode: --kernels int8 on Q8_0 against NumPy float32
     smollm2   SmolLM2-135M's native Q4_1: decode of 64 tokens from a 1-token prompt (llama-bench tg64)
-              and a 512-token prefill (pp512), minillm's int8 and fused sets (goal: >= llama.cpp)
-    gpt2      random-124m float32: decode (tg64) and prefill (pp512), minillm's fused set (goal 1.0x)
+              and a 512-token prefill (pp512), minillm's int8 and fused sets; decode against its byte
+              ceiling (the meter's bytes of a step at this machine's bandwidth, measured at the start)
+    gpt2      random-124m float32: decode (tg64) and prefill (pp512), minillm's fused set
     batch     random-124m float32, B sequences of 16 prompt tokens decoding 32 steps together:
-              B·32 / the decode time (llama-batched-bench's S_TG), B = 1..32 (goal 0.9x)
+              B·32 / the decode time (llama-batched-bench's S_TG), B = 1..32
+
+Goals (issue 51): SmolLM2 Q4_1 decode >= 70% of its byte ceiling; GPT-2 f32 decode, prefill and every
+batch size >= 1.2x the fastest llama.cpp build. A ratio whose two sides' ranges overlap is "not ranked".
 """
 
 from __future__ import annotations
@@ -103,17 +109,72 @@ def llama_batched(bin_dir: Path, gguf: Path, threads: int, batches) -> dict[int,
     return rates
 
 
+def build_name(bin_dir: Path) -> str:
+    """'build-noamx' for .../build-noamx/bin: the folder that names the build."""
+    return bin_dir.parent.name if bin_dir.name == "bin" else bin_dir.name
+
+
+def dies_here(bin_dir: Path, gguf: Path, threads: int) -> str | None:
+    """Why this build cannot run on this CPU (a signal, e.g. SIGILL for AMX code on a host without it), or None."""
+    out = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", "2",
+                          "-r", "1", "-o", "json"], capture_output=True, text=True)
+    if out.returncode < 0:
+        import signal
+        return f"killed by {signal.Signals(-out.returncode).name}"
+    if out.returncode:
+        return f"exit {out.returncode}: {(out.stderr.strip().splitlines() or ['?'])[-1][:80]}"
+    return None
+
+
+def host_words() -> str:
+    """The CPU by name, LLVM's name for it (what numba compiles for), the int8 dot and BLAS's kernels."""
+    name = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import llvmlite.binding as ll
+    from threadpoolctl import threadpool_info
+    blas = ", ".join(f"{i.get('internal_api')} {i.get('architecture', '?')}" for i in threadpool_info()
+                     if i.get("user_api") == "blas")
+    return f"{name} ({ll.get_host_cpu_name()}); {int8.describe()}; BLAS: {blas or '?'}"
+
+
+def step_bytes(model, position: int = 32) -> int:
+    """The meter's bytes of one decode step at `position` (the middle of llama-bench's tg64)."""
+    from minillm.meter import Meter
+    _, cache = model.prefill(np.arange(1, position + 1) % model.config.vocab_size)
+    with Meter() as m:
+        model.decode_step(1, cache)
+    return m.steps[0].total_bytes
+
+
+def overlap(a: list[float], b: list[float]) -> bool:
+    return min(a) <= max(b) and min(b) <= max(a)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--llama-bin", type=Path, help="folder with llama-bench and llama-batched-bench")
+    ap.add_argument("--llama-bin", type=Path, action="append", default=[],
+                    help="folder with llama-bench and llama-batched-bench (repeat it for several builds)")
     ap.add_argument("--cases", default="q8,smollm2,gpt2,batch")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gpt2-gguf", type=Path, help="random-124m as a float32 GGUF (default: written to a temp folder)")
     args = ap.parse_args()
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    if any(c != "q8" for c in cases) and not (args.llama_bin and (args.llama_bin / "llama-bench").is_file()):
-        sys.exit("--llama-bin: give the folder holding llama-bench and llama-batched-bench (or --cases q8)")
+    unknown = [c for c in cases if c not in ("q8", "smollm2", "gpt2", "batch")]
+    if unknown:
+        sys.exit(f"--cases: unknown {', '.join(unknown)} (known: q8, smollm2, gpt2, batch)")
+    if args.rounds < 1:
+        sys.exit("--rounds: at least 1")
+    missing = [str(b) for b in args.llama_bin if not (b / "llama-bench").is_file()]
+    if missing or (any(c != "q8" for c in cases) and not args.llama_bin):
+        sys.exit(f"--llama-bin: no llama-bench in {', '.join(missing)}" if missing else
+                 "--llama-bin: give the folder holding llama-bench and llama-batched-bench (or --cases q8)")
     tmp = tempfile.TemporaryDirectory()
     gpt2_gguf = args.gpt2_gguf
     if ("gpt2" in cases or "batch" in cases) and gpt2_gguf is None:
@@ -127,13 +188,25 @@ def main() -> int:
         if smol_gguf is None or smol_gguf.suffix != ".gguf":
             sys.exit("SmolLM2's GGUF is missing: minillm download smollm2-135m")
     t = args.threads
-    sides: dict[str, list[float]] = {}
+    builds: dict[str, Path] = {}
+    probe = smol_gguf or gpt2_gguf
+    for b in args.llama_bin:
+        why = dies_here(b, probe, t) if probe else None
+        if why:
+            print(f"llama.cpp {build_name(b)} left out: it does not run here ({why})", file=sys.stderr)
+        else:
+            builds[build_name(b)] = b
+    if any(c != "q8" for c in cases) and not builds:
+        sys.exit("no llama.cpp build given runs on this CPU")
+    rows: dict[str, dict[str, list[float]]] = {}        # case -> side -> tokens/s, one per round
 
-    def add(name: str, value: float) -> None:
-        sides.setdefault(name, []).append(value)
+    def add(case: str, side: str, value: float) -> None:
+        rows.setdefault(case, {}).setdefault(side, []).append(value)
 
     with limited(t):
         kernels.set_threads(t)
+        from minillm.measure.hardware import machine
+        hw = machine(remeasure=True, progress=False)       # this machine's bandwidth, now, at these threads
         models = {}
         if "q8" in cases:
             models["q8 numpy f32"] = minillm.load("random-124m", kernels="numpy")
@@ -145,53 +218,87 @@ def main() -> int:
             models["gpt2 fused"] = minillm.load("random-124m", kernels="fused")
         for m in models.values():                                      # compile, page in
             decode_rate(m, 2)
-        print(f"{int8.describe()}; minillm and llama.cpp on {t} threads; {args.rounds} interleaved rounds",
-              file=sys.stderr)
+            prefill_rate(m, 512)
+        smol_bytes = step_bytes(models["smollm2 int8"]) if "smollm2" in cases else 0
+        print(f"{host_words()}\n{hw.bandwidth_gbs:.1f} GB/s measured now ({hw.method}); minillm and llama.cpp "
+              f"({', '.join(builds) or 'none'}) on {t} threads; {args.rounds} interleaved rounds", file=sys.stderr)
         for r in range(args.rounds):
             if "q8" in cases:
-                add("random-124m decode: NumPy float32", decode_rate(models["q8 numpy f32"]))
-                add("random-124m decode: int8 Q8_0", decode_rate(models["q8 int8"]))
+                add("random-124m decode", "minillm NumPy float32", decode_rate(models["q8 numpy f32"]))
+                add("random-124m decode", "minillm int8 Q8_0", decode_rate(models["q8 int8"]))
             if "smollm2" in cases:
                 for k in ("int8", "fused"):
-                    add(f"SmolLM2 Q4_1 decode: minillm {k}", decode_rate(models[f"smollm2 {k}"]))
-                add("SmolLM2 Q4_1 decode: llama.cpp", llama_bench(args.llama_bin, smol_gguf, t, 0, 64))
+                    add("SmolLM2 Q4_1 decode", f"minillm {k}", decode_rate(models[f"smollm2 {k}"]))
+                for name, b in builds.items():
+                    add("SmolLM2 Q4_1 decode", f"llama.cpp {name}", llama_bench(b, smol_gguf, t, 0, 64))
                 for k in ("int8", "fused"):
-                    add(f"SmolLM2 Q4_1 prefill 512: minillm {k}", prefill_rate(models[f"smollm2 {k}"]))
-                add("SmolLM2 Q4_1 prefill 512: llama.cpp", llama_bench(args.llama_bin, smol_gguf, t, 512, 0))
+                    add("SmolLM2 Q4_1 prefill 512", f"minillm {k}", prefill_rate(models[f"smollm2 {k}"]))
+                for name, b in builds.items():
+                    add("SmolLM2 Q4_1 prefill 512", f"llama.cpp {name}", llama_bench(b, smol_gguf, t, 512, 0))
             if "gpt2" in cases:
-                add("GPT-2 f32 decode: minillm fused", decode_rate(models["gpt2 fused"]))
-                add("GPT-2 f32 decode: llama.cpp", llama_bench(args.llama_bin, gpt2_gguf, t, 0, 64))
-                add("GPT-2 f32 prefill 512: minillm fused", prefill_rate(models["gpt2 fused"]))
-                add("GPT-2 f32 prefill 512: llama.cpp", llama_bench(args.llama_bin, gpt2_gguf, t, 512, 0))
+                add("GPT-2 f32 decode", "minillm fused", decode_rate(models["gpt2 fused"]))
+                for name, b in builds.items():
+                    add("GPT-2 f32 decode", f"llama.cpp {name}", llama_bench(b, gpt2_gguf, t, 0, 64))
+                add("GPT-2 f32 prefill 512", "minillm fused", prefill_rate(models["gpt2 fused"]))
+                for name, b in builds.items():
+                    add("GPT-2 f32 prefill 512", f"llama.cpp {name}", llama_bench(b, gpt2_gguf, t, 512, 0))
             if "batch" in cases:
                 for B in BATCHES:
-                    add(f"GPT-2 f32 batch {B:2d}: minillm fused", batch_rate(models["gpt2 fused"], B))
-                for B, v in llama_batched(args.llama_bin, gpt2_gguf, t, BATCHES).items():
-                    add(f"GPT-2 f32 batch {B:2d}: llama.cpp", v)
+                    add(f"GPT-2 f32 batch {B:2d}", "minillm fused", batch_rate(models["gpt2 fused"], B))
+                for name, b in builds.items():
+                    for B, v in llama_batched(b, gpt2_gguf, t, BATCHES).items():
+                        add(f"GPT-2 f32 batch {B:2d}", f"llama.cpp {name}", v)
             print(f"round {r + 1} of {args.rounds} done", file=sys.stderr)
-    med = {k: statistics.median(v) for k, v in sides.items()}
-    print(f"{'case':44} {'tok/s':>9} {'range':>17}")
-    for k, v in sides.items():
-        print(f"{k:44} {med[k]:9.1f} {min(v):8.1f}-{max(v):<8.1f}")
-    print("\nagainst the goals (medians):")
-    goals = []
+    med = {(c, side): statistics.median(v) for c, sides in rows.items() for side, v in sides.items()}
+    print(f"{'case':26} {'side':24} {'tok/s':>9} {'range':>17}")
+    for c, sides in rows.items():
+        for side, v in sides.items():
+            print(f"{c:26} {side:24} {med[c, side]:9.1f} {min(v):8.1f}-{max(v):<8.1f}")
+
+    def fastest_llama(c: str) -> str | None:
+        ours = [s for s in rows.get(c, {}) if s.startswith("llama.cpp")]
+        return max(ours, key=lambda s: med[c, s]) if ours else None
+
+    print(f"\nagainst the goals (medians of {args.rounds} rounds; ranges that overlap: not ranked):")
+    goals = []                                            # (what, ratio, goal, ranked?)
     if "q8" in cases:
-        goals.append(("int8 Q8_0 / NumPy float32, random-124m decode", med["random-124m decode: int8 Q8_0"]
-                      / med["random-124m decode: NumPy float32"], 2.5))
-    for what in ("decode", "prefill 512"):
-        if "smollm2" in cases:
-            goals.append((f"SmolLM2 Q4_1 {what}: int8 / llama.cpp", med[f"SmolLM2 Q4_1 {what}: minillm int8"]
-                          / med[f"SmolLM2 Q4_1 {what}: llama.cpp"], 1.0))
-        if "gpt2" in cases:
-            goals.append((f"GPT-2 f32 {what}: fused / llama.cpp", med[f"GPT-2 f32 {what}: minillm fused"]
-                          / med[f"GPT-2 f32 {what}: llama.cpp"], 1.0))
+        c = "random-124m decode"
+        goals.append(("int8 Q8_0 / NumPy float32, random-124m decode",
+                      med[c, "minillm int8 Q8_0"] / med[c, "minillm NumPy float32"], 2.5,
+                      not overlap(rows[c]["minillm int8 Q8_0"], rows[c]["minillm NumPy float32"])))
+    if "smollm2" in cases:
+        ceiling = hw.bandwidth_gbs * 1e9 / smol_bytes
+        c = "SmolLM2 Q4_1 decode"
+        share = med[c, "minillm int8"] / ceiling
+        print(f"  SmolLM2 Q4_1 decode step: {smol_bytes / 1e6:.1f} MB (the meter's, at position 32); at "
+              f"{hw.bandwidth_gbs:.1f} GB/s its ceiling is {ceiling:.0f} tok/s")
+        lo, hi = min(rows[c]["minillm int8"]) / ceiling, max(rows[c]["minillm int8"]) / ceiling
+        print(f"  {'SmolLM2 Q4_1 decode: int8 / byte ceiling':52} {100 * share:5.0f}%  "
+              f"(rounds {100 * lo:.0f}-{100 * hi:.0f}%)  goal 70%: {'met' if share >= 0.7 else 'missed'}")
+        ll = fastest_llama(c)
+        print(f"  {'SmolLM2 Q4_1 decode: ' + ll + ' / byte ceiling':52} {100 * med[c, ll] / ceiling:5.0f}%")
+        for what in ("decode", "prefill 512"):
+            c = f"SmolLM2 Q4_1 {what}"
+            ll = fastest_llama(c)
+            goals.append((f"SmolLM2 Q4_1 {what}: int8 / {ll}", med[c, "minillm int8"] / med[c, ll],
+                          1.4 if what == "decode" else 1.2, not overlap(rows[c]["minillm int8"], rows[c][ll])))
+    if "gpt2" in cases:
+        for what in ("decode", "prefill 512"):
+            c = f"GPT-2 f32 {what}"
+            ll = fastest_llama(c)
+            goals.append((f"GPT-2 f32 {what}: fused / {ll}", med[c, "minillm fused"] / med[c, ll], 1.2,
+                          not overlap(rows[c]["minillm fused"], rows[c][ll])))
     if "batch" in cases:
-        for B in BATCHES[1:]:
-            a, b = f"GPT-2 f32 batch {B:2d}: minillm fused", f"GPT-2 f32 batch {B:2d}: llama.cpp"
-            if a in med and b in med:
-                goals.append((f"GPT-2 f32 batch {B}: fused / llama.cpp", med[a] / med[b], 0.9))
-    for what, ratio, goal in goals:
-        print(f"  {what:48} {ratio:6.2f}x  goal {goal:.1f}x: {'met' if ratio >= goal else 'missed'}")
+        for B in BATCHES:
+            c = f"GPT-2 f32 batch {B:2d}"
+            ll = fastest_llama(c)
+            if ll and (c, "minillm fused") in med:
+                goals.append((f"GPT-2 f32 batch {B}: fused / {ll}", med[c, "minillm fused"] / med[c, ll], 1.2,
+                              not overlap(rows[c]["minillm fused"], rows[c][ll])))
+    for what, ratio, goal, ranked in goals:
+        verdict = "met" if ratio >= goal else "missed"
+        side = "ahead" if ratio > 1 else "behind"
+        print(f"  {what:52} {ratio:5.2f}x  {side if ranked else 'not ranked'}; goal {goal:.1f}x: {verdict}")
     tmp.cleanup()
     return 0
 
