@@ -1,5 +1,7 @@
-"""Gemma 3 (models/gemma3.py) against transformers' fixture (a window of 8 under 13 + 40 tokens, so
-attending past the window changes the logits), its config readers, and its presets."""
+"""Gemma 3 (models/gemma3.py) against transformers' fixtures (gemma3-tiny: a window of 8 under 13 + 40
+tokens, so attending past the window changes the logits; gemma3-bf16: bfloat16, another layer pattern,
+a window of 5, a query scale that is not 1/sqrt(hd), a linear rotary factor, its own head), its config
+readers, and its presets."""
 
 from __future__ import annotations
 
@@ -17,11 +19,12 @@ from minillm.models.gemma3 import FULL, SLIDING, Gemma3Config
 
 FIXTURES = Path(__file__).parent / "fixtures" / "w6"
 NAME = "gemma3-tiny"
+BF16 = "gemma3-bf16"       # benchmarks/reference/make_w6_bf16.py: what the float32 one does not have
 ATOL = 1e-4
 
 
-def load(**kw):
-    return minillm.load(FIXTURES / NAME, kernels=kw.pop("kernels", "numpy"), **kw)
+def load(name=NAME, **kw):
+    return minillm.load(FIXTURES / name, kernels=kw.pop("kernels", "numpy"), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -29,40 +32,46 @@ def fixture():
     return load(), np.load(FIXTURES / NAME / "expected.npz")
 
 
-def test_fixture_logits_match_transformers(fixture):
-    m, e = fixture
+@pytest.fixture(scope="module", params=[NAME, BF16])
+def each(request):
+    """Each of the two checkpoints, with what transformers computed from it."""
+    return load(request.param), np.load(FIXTURES / request.param / "expected.npz")
+
+
+def test_fixture_logits_match_transformers(each):
+    m, e = each
     ids = np.concatenate([e["input_ids"], e["greedy_ids"]])
     np.testing.assert_allclose(m.forward(ids), e["logits"], rtol=0, atol=ATOL)
 
 
 @pytest.mark.parametrize("kv_cache", [True, False])
-def test_fixture_greedy_matches_transformers(fixture, kv_cache):
-    m, e = fixture
+def test_fixture_greedy_matches_transformers(each, kv_cache):
+    m, e = each
     assert minillm.generate(m, e["input_ids"], len(e["greedy_ids"]), kv_cache=kv_cache) == e["greedy_ids"].tolist()
 
 
-def test_fixture_prefill_and_decode_rows(fixture):
-    m, e = fixture
+def test_fixture_prefill_and_decode_rows(each):
+    m, e = each
     P = len(e["input_ids"])
     logits, cache = m.prefill(e["input_ids"])
     rows = [logits] + [m.decode_step(int(t), cache) for t in e["greedy_ids"][:-1]]
     np.testing.assert_allclose(np.array(rows), e["logits"][P - 1:-1], rtol=0, atol=ATOL)
 
 
-def test_the_window_matters_in_the_fixture(fixture):
+def test_the_window_matters_in_the_fixture(each):
     """The same weights attending every position (all layers full) give other logits: the test above
     would fail if the window were forgotten."""
-    m, e = fixture
+    m, e = each
     c = m.config
     full = gemma3.Gemma3(Gemma3Config(**{**c.asdict(), "layer_types": (FULL,) * c.n_layer}),
-                         {k: np.asarray(v) for k, v in raw_tensors().items()})
+                         {k: np.asarray(v) for k, v in raw_tensors(m.name).items()})
     ids = np.concatenate([e["input_ids"], e["greedy_ids"]])
     assert np.abs(full.forward(ids) - e["logits"]).max() > 100 * ATOL
 
 
-def raw_tensors():
+def raw_tensors(name=NAME):
     from minillm.checkpoints.llama_load import read_tensors
-    return read_tensors(FIXTURES / NAME)
+    return read_tensors(FIXTURES / name)
 
 
 def test_fixture_config_read_as_written(fixture):
@@ -71,6 +80,46 @@ def test_fixture_config_read_as_written(fixture):
     assert (c.window, c.theta, c.local_theta, c.query_scalar, c.tied, c.scale) == (8, 1e6, 1e4, 32, True, None)
     m = fixture[0]
     assert m.n_params() == c.n_params() == sum(int(np.prod(s)) for _, s in gemma3.iter_expected(c))
+
+
+def stored_dtypes(name):
+    """The dtypes model.safetensors' header gives its tensors."""
+    raw = (FIXTURES / name / "model.safetensors").read_bytes()
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    return {v["dtype"] for k, v in header.items() if k != "__metadata__"}
+
+
+def test_bf16_fixture_config_read_as_written():
+    """Its own pattern (the full layers 3rd and 5th, not `_sliding_window_pattern`'s 6th, which its
+    config.json still carries), window 5, 2 KV heads of 16 on a width of 48, a query scale of 24^-1/2,
+    the full layers' linear rotary factor 8, an untied head; every tensor stored as bfloat16."""
+    m = load(BF16)
+    c = m.config
+    assert c.layer_types == (SLIDING, SLIDING, FULL, SLIDING, FULL) and c.window_layers == (0, 1, 3)
+    assert (c.window, c.n_head, c.n_kv_head, c.head_dim, c.n_embd) == (5, 4, 2, 16, 48)
+    assert (c.query_scalar, c.scale, c.rope_factor, c.theta, c.local_theta, c.tied) == \
+        (24, 24 ** -0.5, 8.0, 1e6, 1e4, False)
+    assert m.n_params() == c.n_params() == sum(int(np.prod(s)) for _, s in gemma3.iter_expected(c))
+    assert stored_dtypes(BF16) == {"BF16"} and "lm_head.weight" in raw_tensors(BF16)
+
+
+@pytest.mark.parametrize("change", ["query scale 1/sqrt(hd)", "no rotary factor", "tied head",
+                                    "the float32 one's pattern"])
+def test_what_is_new_in_the_bf16_fixture_matters(change):
+    """Each thing gemma3-bf16 adds changes its logits: the match above would fail without it."""
+    e, t = np.load(FIXTURES / BF16 / "expected.npz"), dict(raw_tensors(BF16))
+    c = load(BF16).config.asdict()
+    if change == "query scale 1/sqrt(hd)":
+        c["query_scalar"] = c["head_dim"]
+    elif change == "no rotary factor":
+        c["rope_factor"] = 1.0
+    elif change == "tied head":
+        c["tied"] = True
+        del t["lm_head.weight"]
+    else:
+        c["layer_types"] = (SLIDING,) * 4 + (FULL,)
+    ids = np.concatenate([e["input_ids"], e["greedy_ids"]])
+    assert np.abs(gemma3.Gemma3(Gemma3Config(**c), t).forward(ids) - e["logits"]).max() > 100 * ATOL
 
 
 def test_fixture_through_the_fused_set(fixture):

@@ -1,6 +1,7 @@
-"""gpt-oss (models/gptoss.py) against transformers' fixture (sliding and full layers alternating, a
-window of 8 under 12 + 40 tokens, a sink per head, YaRN, biased experts with the clamped SwiGLU), its
-config reader, and MXFP4 experts widened at load."""
+"""gpt-oss (models/gptoss.py) against transformers' fixtures (gptoss-tiny: sliding and full layers
+alternating, a window of 8 under 12 + 40 tokens, a sink per head, YaRN, biased experts with the clamped
+SwiGLU; gptoss-bf16: bfloat16, full first then two sliding, a window of 6, 6 experts top-3, YaRN's ramp
+truncated, another clamp), its config reader, and MXFP4 experts widened at load."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ from minillm.models.gptoss import FULL, SLIDING, GptOss, GptOssConfig
 
 FIXTURES = Path(__file__).parent / "fixtures" / "w6"
 NAME = "gptoss-tiny"
+BF16 = "gptoss-bf16"       # benchmarks/reference/make_w6_bf16.py: what the float32 one does not have
 ATOL = 1e-4
 
 
-def load(**kw):
-    return minillm.load(FIXTURES / NAME, kernels=kw.pop("kernels", "numpy"), **kw)
+def load(name=NAME, **kw):
+    return minillm.load(FIXTURES / name, kernels=kw.pop("kernels", "numpy"), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -30,25 +32,31 @@ def fixture():
     return load(), np.load(FIXTURES / NAME / "expected.npz")
 
 
-def raw_tensors():
+@pytest.fixture(scope="module", params=[NAME, BF16])
+def each(request):
+    """Each of the two checkpoints, with what transformers computed from it."""
+    return load(request.param), np.load(FIXTURES / request.param / "expected.npz")
+
+
+def raw_tensors(name=NAME):
     from minillm.checkpoints.llama_load import read_tensors
-    return read_tensors(FIXTURES / NAME)
+    return read_tensors(FIXTURES / name)
 
 
-def test_fixture_logits_match_transformers(fixture):
-    m, e = fixture
+def test_fixture_logits_match_transformers(each):
+    m, e = each
     ids = np.concatenate([e["input_ids"], e["greedy_ids"]])
     np.testing.assert_allclose(m.forward(ids), e["logits"], rtol=0, atol=ATOL)
 
 
 @pytest.mark.parametrize("kv_cache", [True, False])
-def test_fixture_greedy_matches_transformers(fixture, kv_cache):
-    m, e = fixture
+def test_fixture_greedy_matches_transformers(each, kv_cache):
+    m, e = each
     assert minillm.generate(m, e["input_ids"], len(e["greedy_ids"]), kv_cache=kv_cache) == e["greedy_ids"].tolist()
 
 
-def test_fixture_prefill_and_decode_rows(fixture):
-    m, e = fixture
+def test_fixture_prefill_and_decode_rows(each):
+    m, e = each
     P = len(e["input_ids"])
     logits, cache = m.prefill(e["input_ids"])
     rows = [logits] + [m.decode_step(int(t), cache) for t in e["greedy_ids"][:-1]]
@@ -56,10 +64,10 @@ def test_fixture_prefill_and_decode_rows(fixture):
 
 
 @pytest.mark.parametrize("change", ["no sinks", "no window"])
-def test_the_sinks_and_the_window_matter_in_the_fixture(fixture, change):
+def test_the_sinks_and_the_window_matter_in_the_fixture(each, change):
     """Without its sinks (each -inf) or its window, the same weights give other logits."""
-    m, e = fixture
-    t = dict(raw_tensors())
+    m, e = each
+    t = dict(raw_tensors(m.name))
     c = m.config
     if change == "no sinks":
         t.update({k: np.full_like(v, -np.inf) for k, v in t.items() if k.endswith("sinks")})
@@ -75,6 +83,36 @@ def test_fixture_config_read_as_written(fixture):
     assert (c.theta, c.rope_factor, c.rope_original, c.rope_truncate, c.n_expert, c.top_k, c.tied) == \
         (150000.0, 4.0, 128, False, 8, 2, False)
     assert fixture[0].n_params() == c.n_params()
+
+
+def test_bf16_fixture_config_read_as_written():
+    """Full first, then two sliding layers; window 6; 6 experts, 3 a token; 6 heads / 2 KV heads of 16
+    on a width of 48; YaRN 8x over 64 positions with its ramp's ends rounded (`truncate`); the clamp
+    at 5 and the gate's sigmoid at 1.5; every tensor stored as bfloat16."""
+    m = load(BF16)
+    c = m.config
+    assert c.layer_types == (FULL, SLIDING, SLIDING) and c.window_layers == (1, 2) and c.window == 6
+    assert (c.n_expert, c.top_k, c.expert_ffn, c.n_head, c.n_kv_head, c.head_dim, c.n_embd) == (6, 3, 32, 6, 2, 16, 48)
+    assert (c.theta, c.rope_factor, c.rope_original, c.rope_truncate, c.swiglu_limit, c.swiglu_alpha, c.tied) == \
+        (50000.0, 8.0, 64, True, 5.0, 1.5, False)
+    assert m.n_params() == c.n_params()
+    raw = (FIXTURES / BF16 / "model.safetensors").read_bytes()
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}
+
+
+@pytest.mark.parametrize("change", ["ramp not truncated", "the clamp at 7", "the sigmoid's 1.702", "top-2",
+                                    "the float32 one's pattern"])
+def test_what_is_new_in_the_bf16_fixture_matters(change):
+    """Each thing gptoss-bf16 adds changes its logits: the match above would fail without it."""
+    e = np.load(FIXTURES / BF16 / "expected.npz")
+    c = load(BF16).config.asdict()
+    c.update({"ramp not truncated": {"rope_truncate": False},
+              "the clamp at 7": {"swiglu_limit": 7.0}, "the sigmoid's 1.702": {"swiglu_alpha": 1.702},
+              "top-2": {"top_k": 2},
+              "the float32 one's pattern": {"layer_types": (SLIDING, FULL, SLIDING)}}[change])
+    ids = np.concatenate([e["input_ids"], e["greedy_ids"]])
+    assert np.abs(GptOss(GptOssConfig(**c), raw_tensors(BF16)).forward(ids) - e["logits"]).max() > 100 * ATOL
 
 
 def test_fixture_through_the_fused_set(fixture):
