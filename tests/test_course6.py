@@ -413,3 +413,84 @@ def test_a_steps_verdict_names_the_threads_of_the_bandwidth_it_is_read_against()
     finally:
         mp.undo()
     assert said.endswith("of its 94 GFLOP/s at 1 BLAS thread")
+
+
+# -- the fourth teaching review's concepts (X28, X30-X33) ---------------------------------------------
+
+def _lesson(n: str):
+    import importlib
+    return importlib.import_module(f"minillm.lessons.{n}")
+
+
+def test_x30_a_fixed_state_forgets_and_the_sentence_reads_the_table():
+    """X30: N random pairs written into a [dk, dk] state and read back. Additive linear attention piles
+    every write on the others (its error grows with N and it recalls no pair past N = dk); the delta
+    rule overwrites: the last pair exact, a bounded number recalled however many are written. The
+    concluding sentence is drawn from the rows (rounded as printed), seeded, counted."""
+    from minillm.models import deltanet
+    m19 = _lesson("19_state")
+    rows = m19.forget_rows(dk=32, ratios=(0.5, 1, 2, 4), heads=4)
+    add = [x["additive"]["error"] for x in rows]
+    assert all(a < b for a, b in zip(add, add[1:]))                  # the pile grows with N
+    assert rows[-1]["additive"]["recalled"] < 1 <= min(x["delta"]["recalled"] for x in rows)
+    assert all(x["delta"]["last"] < 1e-4 for x in rows) and all(x["additive"]["last"] > 0.1 for x in rows)
+    assert all(x["delta"]["error"] < x["additive"]["error"] for x in rows)
+    assert m19.forget_rows(dk=32, ratios=(1,), heads=4) == m19.forget_rows(dk=32, ratios=(1,), heads=4)
+    words = " ".join(m19.forget_words(rows, dk=32).split())
+    first_add = next(x["ratio"] for x in rows if round(x["additive"]["error"], 2) > m19.RECALLED)
+    assert f"additive from N/dk = {first_add:g}" in words
+    kept = [x["delta"]["recalled"] for x in rows if x["n"] >= 32]
+    assert f"recalls {min(kept):.1f} to {max(kept):.1f} pairs" in words
+    fake = [{"n": 8, "ratio": 1, "delta": {"error": 0.1, "recalled": 5.0, "last": 0.0},
+             "additive": {"error": 0.2, "recalled": 3.0, "last": 0.5}}]
+    assert "additive at no N measured, the delta rule at no N measured" in " ".join(m19.forget_words(fake, 8).split())
+    with pytest.raises(ValueError, match="rule must be one of"):
+        deltanet.recall_errors(4, 8, 8, "nope")
+
+
+def test_x31_a_hybrids_long_prefill_counts_against_its_twins():
+    """X31: the chunked form's FLOPs grow as T, full attention's as T². prefill_flops' linear part is
+    what the meter counts for delta_rule_chunked (over several pieces), its products within 1% of the
+    meter's matmul, its attention at most the meter's; at the published shape the twin/hybrid ratio
+    grows with the prompt and passes 1.9 at 128k."""
+    import minillm
+    from minillm.models import deltanet, qwen35
+    rng = np.random.default_rng(0)
+    H, n, dk, dv = 2, 64 * deltanet.PIECE + 40, 16, 8                  # more than one piece, a ragged chunk
+    k = rng.standard_normal((H, n, dk)).astype(np.float32)
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)                      # unit keys, as the layer makes them
+    args = (k, k, rng.standard_normal((H, n, dv)).astype(np.float32), -np.ones((H, n), np.float32) * 0.1,
+            np.ones((H, n), np.float32) * 0.5, np.zeros((H, dk, dv), np.float32))
+    with minillm.Meter() as m:
+        deltanet.delta_rule_chunked(*args)
+    assert m.steps[0].flops["attention"] == deltanet.chunked_flops(H, n, dk, dv)
+    assert deltanet.chunked_flops(H, 2 * 640, dk, dv) == 2 * deltanet.chunked_flops(H, 640, dk, dv)   # linear in T
+    m19 = _lesson("19_state")
+    c = m19.FAST_PRESETS[m19.HYBRID]
+    model = qwen35.random(c, name="small")
+    with minillm.Meter() as m:
+        model.prefill(np.arange(200) % c.vocab_size)
+    want, step = qwen35.prefill_flops(c, 200), m.steps[0]
+    assert step.ops["delta_rule"]["flops"] == want["linear"]
+    assert abs(step.flops["matmul"] / want["products"] - 1) < 0.01
+    assert want["attention"] <= step.ops["attention"]["flops"]
+    rows = m19.prefill_rows((8192, 32768, 131072))
+    ratios = [x["f_total"] / x["h_total"] for x in rows]
+    assert ratios[0] < ratios[1] < ratios[2] and 1.9 < ratios[2] < 2.2
+    assert all(x["twin"]["linear"] == 0 for x in rows)
+
+
+def test_x28_sparse_attention_reads_the_indexer_key_of_every_token_and_the_top_2048_latents():
+    """X28: DeepSeek-V3.2's DSA. A decode step reads the FP8 indexer key (128 values + a float32 scale)
+    of every cached token and the bf16 latent of the top 2,048 only; without it, every latent. At 32k and
+    128k, from the published numbers (61 layers, 576 values, index_topk 2048, index_head_dim 128)."""
+    m18 = _lesson("18_latent_attention")
+    assert (m18.DSA_TOPK, m18.DSA_INDEX_DIM, m18.DSA_INDEX_BYTES) == (2048, 128, 132)
+    a, b = m18.dsa_rows((32768, 131072))
+    assert a["dense"] == 32768 * 61 * 576 * 2 and b["dense"] == 4 * a["dense"]
+    assert a["top"] == b["top"] == 2048 * 61 * 576 * 2                 # the selection stops growing
+    assert b["index"] == 131072 * 61 * 132
+    assert 5.5 < a["dense"] / a["sparse"] < 5.8 and 7.5 < b["dense"] / b["sparse"] < 7.9
+    short = m18.dsa_rows((1024,))[0]
+    assert short["top"] == 1024 * 61 * 576 * 2 and short["sparse"] > short["dense"]   # below 2,048: no saving
+    assert "DeepSeek-V3.2" in m18.SOURCES
