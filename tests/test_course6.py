@@ -494,3 +494,44 @@ def test_x28_sparse_attention_reads_the_indexer_key_of_every_token_and_the_top_2
     short = m18.dsa_rows((1024,))[0]
     assert short["top"] == 1024 * 61 * 576 * 2 and short["sparse"] > short["dense"]   # below 2,048: no saving
     assert "DeepSeek-V3.2" in m18.SOURCES
+
+
+def test_shape_comparisons_say_the_kv_dtype_beside_the_bytes(capsys):
+    """Issue 53 list 4: shape comparisons mixed float32 and bf16 KV without saying the dtype explains half
+    the gap (GPT-2's 72 KiB a token in float32 against SmolLM2's 22.5 KiB in bf16). `hardware --shape`
+    says the dtype beside the bytes, and a non-16-bit KV in bf16 too; lesson 10's reload table, which
+    sets this machine's float32 model beside bf16 shapes, says each row's dtype."""
+    assert main(["hardware", "--shape", "gpt2-124m", "--chip", "h100"]) == 0
+    gpt2 = " ".join(capsys.readouterr().out.split())
+    assert "KV per token (fp32, b = 4): 2·L·Hkv·hd·b = 72 KiB; 36 KiB in bf16" in gpt2
+    assert "the dtype alone doubles it" in gpt2
+    assert main(["hardware", "--shape", "smollm2-135m", "--chip", "h100"]) == 0
+    smol = " ".join(capsys.readouterr().out.split())
+    assert "KV per token (bf16, b = 2): 2·L·Hkv·hd·b = 22.5 KiB" in smol and "in bf16, as" not in smol
+    assert main(["hardware", "--shape", "llama-2-7b", "--fit", "4096", "--memory", "80GB", "--kv-dtype", "int8"]) == 0
+    assert "(int8, b = 1): 2·L·Hkv·hd·b = 256 KiB; 512 KiB in bf16" in " ".join(capsys.readouterr().out.split())
+    import minillm
+    from minillm.measure.chips import Hardware
+    m10 = _lesson("10_prefix_caching")
+    model = minillm.load("random-tiny", quiet=True)
+    hw = Hardware(name="here", bandwidth_gbs=10.0, peak_gflops=100.0)
+    rows = m10.reload_rows(model, hw)
+    assert rows[0]["kv_dtype"] == "fp32" and {r["kv_dtype"] for r in rows[1:]} == {"bf16"}
+    import inspect
+    assert "r['kv_dtype']" in inspect.getsource(m10.offload)
+
+
+def test_x33_an_outlier_coarsens_only_its_block_with_a_scale_per_block():
+    """X33: where the activation scale sits. One row with an outlier channel rounded to int8 by the
+    integer set's own quantizer (a scale per block of 32) and with one scale for the row: the other
+    channels' error is about ten times smaller per block, and the paragraph prints both, from
+    scale_errors, beside the formats table's Q8_0 and NVFP4 rows."""
+    import inspect
+    m14 = _lesson("14_quantization")
+    e = m14.scale_errors()
+    assert e["block_size"] == 32 and e["block"] < 0.02 and e["row"] > 5 * e["block"]
+    flat = m14.scale_errors(outlier=1.0)                               # no outlier: the two ways agree closely
+    assert flat["row"] < 2 * flat["block"]
+    src = inspect.getsource(m14.where_the_scale_sits)
+    assert "scale_errors()" in src and "Q8_0" in src and "NVFP4" in src and "SmoothQuant" in src
+    assert "where_the_scale_sits(L, ppl)" in inspect.getsource(m14.integers)
