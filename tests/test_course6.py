@@ -535,3 +535,16 @@ def test_x33_an_outlier_coarsens_only_its_block_with_a_scale_per_block():
     src = inspect.getsource(m14.where_the_scale_sits)
     assert "scale_errors()" in src and "Q8_0" in src and "NVFP4" in src and "SmoothQuant" in src
     assert "where_the_scale_sits(L, ppl)" in inspect.getsource(m14.integers)
+
+
+def test_x32_cross_layer_sharing_is_among_the_ways_to_a_smaller_cache():
+    """X32: later layers reusing an earlier layer's K and V. Gemma 3n E4B (35 layers, the last 15
+    sharing, 2 KV heads of 256) caches 2·20·2·256·2 = 40 KiB a token in bf16 against 70 KiB; CLA2 halves
+    Llama-3-8B's 128 KiB. Lesson 12 lists it and prints those bytes from shared_kv_bytes."""
+    import inspect
+    m12 = _lesson("12_gqa")
+    assert m12.GEMMA3N_E4B == (35, 15, 2, 256)
+    assert m12.shared_kv_bytes(35, 15, 2, 256, 2) == 40 * 1024 and m12.shared_kv_bytes(35, 0, 2, 256, 2) == 70 * 1024
+    assert m12.shared_kv_bytes(32, 16, 8, 128, 2) == 64 * 1024
+    src = inspect.getsource(m12.smaller_kv)
+    assert "Cross-layer sharing" in src and "one of six ways" in src and "shared_kv_bytes(" in src
