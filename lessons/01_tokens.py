@@ -30,8 +30,11 @@ def lesson(L: Lesson) -> None:
     the_vocabulary(L, enc)
     L.pause()
     endoftext(L, enc, n_tokens)
-    L.pause()
-    glossary(L)
+    L.say(f"""
+        The lessons introduce about {len(GLOSSARY)} words (KV cache, roofline, paged attention, ...).
+        `minillm learn glossary` lists them, each with the lesson that introduces it: look one up when
+        you meet it.
+    """)
 
 
 def token_table(enc, ids: list[int]) -> Table:
@@ -234,15 +237,17 @@ GLOSSARY = (
 )
 
 
-def glossary(L: Lesson) -> None:
-    L.section("Words you will meet")
-    t = Table(header_style="bold", box=None, pad_edge=False, show_header=True)
+def glossary_table() -> Table:
+    """The words the lessons introduce, each with the lesson that does: `minillm learn glossary` (kept
+    out of lesson 1's run, where the learner has met none of them yet)."""
+    t = Table(title="Words you will meet (#: the lesson that introduces it)", title_justify="left",
+              header_style="bold", box=None, pad_edge=False, show_header=True)
     t.add_column("#", justify="right", no_wrap=True)
     t.add_column("word", style="bold", no_wrap=True)
     t.add_column("what it means", no_wrap=True)
     for word, meaning, n in GLOSSARY:
         t.add_row(str(n), word, meaning)
-    L.show(t, "[dim]#: the lesson that introduces it; this list again: minillm learn 1[/]")
+    return t
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -548,3 +548,18 @@ def test_x32_cross_layer_sharing_is_among_the_ways_to_a_smaller_cache():
     assert m12.shared_kv_bytes(32, 16, 8, 128, 2) == 64 * 1024
     src = inspect.getsource(m12.smaller_kv)
     assert "Cross-layer sharing" in src and "one of six ways" in src and "shared_kv_bytes(" in src
+
+
+def test_the_glossary_left_lesson_1s_run_for_learn_glossary(capsys):
+    """The fourth teaching review's course cuts: lesson 1 printed 76 glossary rows before the learner
+    had met any of the words. Lesson 1 now ends with one line pointing to `minillm learn glossary`,
+    which prints every word with its lesson."""
+    m1 = _lesson("01_tokens")
+    assert main(["learn", "glossary"]) == 0
+    out = capsys.readouterr().out
+    assert "Words you will meet" in out and all(word in out for word, _, _ in m1.GLOSSARY[:5])
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert m1.main(["--fast", "--no-pause"]) == 0
+    lesson = " ".join(capsys.readouterr().out.split())
+    assert "minillm learn glossary" in lesson and "Words you will meet" not in lesson
+    assert f"about {len(m1.GLOSSARY)} words" in lesson
