@@ -201,6 +201,7 @@ GLOSSARY = (
     ("attention sinks", "the first tokens kept beside a window", 12),
     ("eviction", "dropping tokens that drew little attention", 12),
     ("KIVI", "2-bit KV: keys per channel, values per token", 12),
+    ("cross-layer sharing", "a layer reusing an earlier layer's K and V", 12),
     ("chunked prefill", "a long prompt split over steps (a budget)", 13),
     ("disaggregation", "prefill and decode on separate engines", 13),
     ("capacity", "the highest rate that meets the targets", 13),
@@ -225,6 +226,8 @@ GLOSSARY = (
     ("fusion", "fewer, larger kernels", 17),
     ("absorbed, decompressed", "MLA decode in the latent; K, V rebuilt", 18),
     ("data-parallel attention", "each GPU attends for its own sequences", 18),
+    ("sparse attention (DSA)", "attention over the top-scored cached tokens", 18),
+    ("lightning indexer", "DSA's small FP8 scorer of every cached token", 18),
     ("linear attention", "a layer that folds the past into one state", 19),
     ("state of fixed size", "what such a layer keeps, at any context", 19),
     ("delta rule", "the state moved toward each new key's value", 19),
@@ -234,6 +237,7 @@ GLOSSARY = (
     ("Gated DeltaNet", "the delta rule with a decay, exp(g), a token", 19),
     ("sliding window, global", "a layer sees the last w positions; or all", 19),
     ("sink", "a learned logit a head in each softmax", 19),
+    ("additive linear attention", "S += k·vᵀ: each write piled on the others", 19),
 )
 
 
