@@ -3,7 +3,8 @@ latent per token and layer instead of every head's keys and values: MHA → GQA 
 counted by the meter; the two ways to attend over the latent (every head's K and V rebuilt from it, or
 kv_b absorbed into the query and the output), equal, and what each reads and does; where the absorbed
 decode sits against the ridge, measured beside a GQA model of the same width; why engines serve MLA
-attention data-parallel and the experts expert-parallel; published mixtures in their released dtypes.
+attention data-parallel and the experts expert-parallel; DeepSeek-V3.2's sparse attention over the
+cache (a decode step's KV bytes with and without it); published mixtures in their released dtypes.
 
 Run:  python lessons/18_latent_attention.py        (or: minillm learn 18)
 """

@@ -2,7 +2,8 @@
 three (Gated DeltaNet) fold the past into a fixed-size state per sequence. Its two forms on one
 example (chunked for a prompt, recurrent for decode: the same numbers, compute against memory); a
 decode step's time and bytes against the context for a hybrid and an all-attention model of the same
-width and depth, counted and timed; how many sequences fit at 32k; what a fixed state costs.
+width and depth, counted and timed; how many sequences fit at 32k; a long prefill's FLOPs against the
+twin's; what a fixed state forgets; what it costs.
 
 Run:  python lessons/19_state.py        (or: minillm learn 19)
 """
