@@ -30,8 +30,11 @@ def lesson(L: Lesson) -> None:
     the_vocabulary(L, enc)
     L.pause()
     endoftext(L, enc, n_tokens)
-    L.pause()
-    glossary(L)
+    L.say(f"""
+        The lessons introduce about {len(GLOSSARY)} words (KV cache, roofline, paged attention, ...).
+        `minillm learn glossary` lists them, each with the lesson that introduces it: look one up when
+        you meet it.
+    """)
 
 
 def token_table(enc, ids: list[int]) -> Table:
@@ -198,6 +201,7 @@ GLOSSARY = (
     ("attention sinks", "the first tokens kept beside a window", 12),
     ("eviction", "dropping tokens that drew little attention", 12),
     ("KIVI", "2-bit KV: keys per channel, values per token", 12),
+    ("cross-layer sharing", "a layer reusing an earlier layer's K and V", 12),
     ("chunked prefill", "a long prompt split over steps (a budget)", 13),
     ("disaggregation", "prefill and decode on separate engines", 13),
     ("capacity", "the highest rate that meets the targets", 13),
@@ -222,6 +226,8 @@ GLOSSARY = (
     ("fusion", "fewer, larger kernels", 17),
     ("absorbed, decompressed", "MLA decode in the latent; K, V rebuilt", 18),
     ("data-parallel attention", "each GPU attends for its own sequences", 18),
+    ("sparse attention (DSA)", "attention over the top-scored cached tokens", 18),
+    ("lightning indexer", "DSA's small FP8 scorer of every cached token", 18),
     ("linear attention", "a layer that folds the past into one state", 19),
     ("state of fixed size", "what such a layer keeps, at any context", 19),
     ("delta rule", "the state moved toward each new key's value", 19),
@@ -231,18 +237,21 @@ GLOSSARY = (
     ("Gated DeltaNet", "the delta rule with a decay, exp(g), a token", 19),
     ("sliding window, global", "a layer sees the last w positions; or all", 19),
     ("sink", "a learned logit a head in each softmax", 19),
+    ("additive linear attention", "S += k·vᵀ: each write piled on the others", 19),
 )
 
 
-def glossary(L: Lesson) -> None:
-    L.section("Words you will meet")
-    t = Table(header_style="bold", box=None, pad_edge=False, show_header=True)
+def glossary_table() -> Table:
+    """The words the lessons introduce, each with the lesson that does: `minillm learn glossary` (kept
+    out of lesson 1's run, where the learner has met none of them yet)."""
+    t = Table(title="Words you will meet (#: the lesson that introduces it)", title_justify="left",
+              header_style="bold", box=None, pad_edge=False, show_header=True)
     t.add_column("#", justify="right", no_wrap=True)
     t.add_column("word", style="bold", no_wrap=True)
     t.add_column("what it means", no_wrap=True)
     for word, meaning, n in GLOSSARY:
         t.add_row(str(n), word, meaning)
-    L.show(t, "[dim]#: the lesson that introduces it; this list again: minillm learn 1[/]")
+    return t
 
 
 def main(argv: list[str] | None = None) -> int:

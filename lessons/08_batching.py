@@ -269,10 +269,8 @@ def the_ridge(L: Lesson, model, sweep: dict, hw) -> None:
 def attention_rows() -> list[dict]:
     """Decode attention's FLOPs per byte of KV read, bf16, per layout (measure/shapes.py's published
     shapes): per position, H query heads do 2·hd FLOPs for q·k and 2·hd for p·v, and the cache gives
-    2·Hkv·hd values of 2 bytes, so MHA ≈ 1 and GQA ≈ g = H ÷ Hkv. MLA absorbed (FlashMLA, FlashInfer):
-    the H heads attend in the latent, q·k over its 576 values and p·v over its first 512, one KV head
-    of 576 values for all: 2·H·(576 + 512) FLOPs per 576·2 bytes. MTP's verify step reads the latent
-    once for two query tokens."""
+    2·Hkv·hd values of 2 bytes, so MHA ≈ 1 and GQA ≈ g = H ÷ Hkv. Latent attention (one KV head for
+    all H) is lesson 18's, which computes its ≈ 1.9·H against the same ridges."""
     from minillm.measure.shapes import shape
     rows = []
     for name, label in (("llama-2-7b", "MHA"), ("llama-3-8b", "GQA"), ("qwen2.5-7b", "GQA")):
@@ -281,11 +279,6 @@ def attention_rows() -> list[dict]:
         nbytes = 2 * s["n_kv_head"] * s["head_dim"] * 2
         rows.append({"shape": name, "layout": f"{label}, {s['n_head']}/{s['n_kv_head']} heads",
                      "intensity": flops / nbytes})
-    ds = shape("deepseek-v3")
-    H, latent, values = ds["n_head"], ds["kv_latent"], ds["kv_latent"] - 64
-    one = 2 * H * (latent + values) / (latent * 2)
-    rows.append({"shape": "deepseek-v3", "layout": f"MLA absorbed, {H}/1", "intensity": one})
-    rows.append({"shape": "deepseek-v3", "layout": "MLA + MTP, 2 tokens", "intensity": 2 * one})
     return rows
 
 
@@ -301,16 +294,14 @@ def attention_intensity(L: Lesson) -> None:
     L.show("[bold]Decode attention's FLOPs per byte of KV read, bf16, whatever the batch[/]", t,
            "[dim]the chip columns: against each one's fp16 ridge (" + ", ".join(f"{c.name} {c.ridge:.0f}"
                                                                             for c in chips) + ")[/]")
-    mla = next(r for r in rows if r["layout"].startswith("MLA absorbed"))
-    where = "; ".join(f"{'past' if mla['intensity'] > c.ridge else 'below'} the {c.name}'s {c.ridge:.0f}"
-                      for c in chips)
+    top = max(rows, key=lambda r: r["intensity"])
+    under = [c.name for c in chips if top["intensity"] < c.ridge]
+    where = ("below every ridge above, so the KV read bounds decode attention at any batch"
+             if len(under) == len(chips) else f"below the ridge of {', '.join(under) or 'none of them'}")
     L.say(f"""
         With one KV head per query head, attention does about 1 FLOP per bf16 byte; grouped-query attention
-        about g. Latent attention, absorbed as DeepSeek's kernels run it, does about 1.9·H: {mla['intensity']:.0f}
-        with 128 heads ({where}), and twice that when multi-token prediction's verify step reads the latent
-        once for two tokens. Why engines then serve its attention data-parallel (each GPU its own
-        sequences) and its experts expert-parallel is lesson 18's (the latent held once, not once a GPU)
-        and lesson 15's.
+        about g, {top['intensity']:.0f} at most here ({top['shape']}), {where}. Latent attention, where all
+        heads share one KV head, is the layout that changes that: lesson 18.
     """)
 
 

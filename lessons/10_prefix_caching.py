@@ -129,12 +129,14 @@ def reload_rows(model, hw) -> list[dict]:
     from minillm.measure.shapes import kv_bytes_per_token, shape
     c = model.config
     rows = [{"what": model.name, "chip": "here", "kv": 2 * c.n_layer * c.n_kv_head * c.head_dim * model.dtype.itemsize,
+             "kv_dtype": {4: "fp32", 2: "bf16"}.get(model.dtype.itemsize, str(model.dtype)),
              "flops": 2 * model.n_params(), "link": hw.bandwidth_gbs, "link_name": "memory", "peak": hw.peak_gflops}]
     h100 = get_chip("h100-sxm")
     for name in ("llama-2-7b", "llama-3-8b"):
         s = shape(name)
         for link in ("pcie5", "nvme4"):
-            rows.append({"what": name, "chip": "H100", "kv": kv_bytes_per_token(s, 2), "flops": 2 * s["n_params"],
+            rows.append({"what": name, "chip": "H100", "kv": kv_bytes_per_token(s, 2), "kv_dtype": "bf16",
+                         "flops": 2 * s["n_params"],
                          "link": LINKS[link][0], "link_name": {"pcie5": "PCIe 5", "nvme4": "NVMe"}[link],
                          "peak": h100.peak_gflops})
     for r in rows:
@@ -150,7 +152,7 @@ def offload(L: Lesson, model, hw) -> None:
     for col in ("model", "chip", "from", "KV/token", "reload", "recompute", "cheaper"):
         t.add_column(col, justify="left" if col in ("model", "chip", "from") else "right", no_wrap=True)
     for r in rows:
-        t.add_row(r["what"], r["chip"], r["link_name"], f"{r['kv'] / 1024:,.4g} KiB", fmt_time(r["reload_s"]),
+        t.add_row(r["what"], r["chip"], r["link_name"], f"{r['kv'] / 1024:,.4g} KiB {r['kv_dtype']}", fmt_time(r["reload_s"]),
                   fmt_time(r["compute_s"]), "reload" if r["reload_s"] < r["compute_s"] else "recompute")
     L.say("""
         A GPU's memory holds only so many prefixes. With **KV offloading** engines keep more in host memory
@@ -159,8 +161,9 @@ def offload(L: Lesson, model, hw) -> None:
         **reload when KV bytes ÷ link bandwidth < prefill FLOPs ÷ peak**. Per prompt token:
     """)
     L.show(t, "[dim]reload: one token's KV over the link (here: this machine's measured memory bandwidth; PCIe 5 x16 "
-              "64 GB/s and one NVMe drive 7 GB/s: published, measure/chips.LINKS); recompute: 2 FLOPs per weight "
-              "at the peak, attention's aside, so at least that[/]")
+              "64 GB/s and one NVMe drive 7 GB/s: published, measure/chips.LINKS); KV/token in its dtype: this "
+              "model's own, the published shapes' bf16 as served; recompute: 2 FLOPs per weight at the peak, "
+              "attention's aside, so at least that[/]")
     here = rows[0]
     L.say(f"""
         Here, {'reloading' if here['reload_s'] < here['compute_s'] else 'computing again'} is cheaper, by

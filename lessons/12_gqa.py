@@ -29,7 +29,7 @@ def fmt_kib(n: float) -> str:
     return f"{n / 1024:,.4g} KiB"
 
 TITLE = "Today's architecture: GQA and the KV cache"
-MINUTES = 8
+MINUTES = 9  # 1,800 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "KV bytes per token, MHA against GQA; a real chat model"
 
 QUESTIONS = ("What is the capital of France?", "Name three primary colors.")
@@ -138,10 +138,22 @@ LAYOUTS = (("llama-2-7b", "MHA, 32 KV heads"), ("llama-3-8b", "GQA, 8 KV heads")
            ("deepseek-v3", "MLA: latent 512+64"), ("qwen3.5-27b", "GQA; 3 of 4 layers linear"))
 
 
+# Gemma 3n E4B (transformers' Gemma3nTextConfig, whose defaults are E4B's): num_hidden_layers 35,
+# num_kv_shared_layers 15 (the last 15 reuse the K and V of the last earlier layer of their kind),
+# num_key_value_heads 2, head_dim 256. Its sliding windows aside: bytes a token, before any window.
+GEMMA3N_E4B = (35, 15, 2, 256)
+
+
+def shared_kv_bytes(n_layer: int, shared: int, n_kv_head: int, head_dim: int, b: float) -> float:
+    """KV bytes a token when `shared` of `n_layer` layers reuse another layer's K and V (cross-layer
+    sharing): only the other layers cache them, 2·(L − shared)·Hkv·hd·b."""
+    return 2 * (n_layer - shared) * n_kv_head * head_dim * b
+
+
 def smaller_kv(L: Lesson) -> None:
     L.section("Other ways to a smaller KV cache")
     L.say("""
-        GQA is one of five ways today's models shrink the cache:
+        GQA is one of six ways today's models shrink the cache:
 
         - **Latent attention** (MLA, DeepSeek-V2/V3) caches one compressed vector per layer and token,
           `d_c + d_rope = 512 + 64` values: `L·576·b` bytes. By definition every head's K and V are
@@ -154,6 +166,9 @@ def smaller_kv(L: Lesson) -> None:
           Past the window, the local layers' KV stops growing.
         - **Linear attention** (Qwen3.5, Qwen3-Next: lesson 19): three layers in four keep a fixed-size
           state per sequence instead of K and V, so only the full-attention quarter grows.
+        - **Cross-layer sharing** (Cross-Layer Attention, Brandon et al. 2024; Gemma 3n): a later layer
+          reuses an earlier layer's K and V instead of making its own, so only the layers that make
+          them cache them (below).
         - **8-bit values** halve fp16's bytes, each with its scales: vLLM's `--kv-cache-dtype fp8` keeps
           one scale per tensor per layer (per KV head with calibration; 1.0 without), llama.cpp's
           `-ctk q8_0` one fp16 scale per 32 values, and minillm's int8 cache one per head vector (below).
@@ -180,6 +195,14 @@ def smaller_kv(L: Lesson) -> None:
     L.fact(f"DeepSeek-V3 caches L·(d_c + d_rope)·2 = {ds['n_layer']}·576·2 = {kv_bytes_per_token(ds, 2):,.0f} "
            f"bytes per token in bf16; as plain multi-head attention ({ds['n_head']} heads of K {ds['head_dim']} and "
            f"V {ds['v_head_dim']}) it would be {fmt_bytes(ds['n_layer'] * ds['n_head'] * (ds['head_dim'] + ds['v_head_dim']) * 2)}")
+    L_, shared, hkv, hd = GEMMA3N_E4B
+    own, every = shared_kv_bytes(L_, shared, hkv, hd, 2), shared_kv_bytes(L_, 0, hkv, hd, 2)
+    l3 = shape("llama-3-8b")
+    cla = shared_kv_bytes(l3["n_layer"], l3["n_layer"] // 2, l3["n_kv_head"], l3["head_dim"], 2)
+    L.fact(f"Gemma 3n E4B: {L_} layers of {hkv} KV heads of {hd}, the last {shared} reusing earlier layers' "
+           f"K and V: 2·{L_ - shared}·{hkv}·{hd}·2 = {fmt_kib(own)} a token in bf16 against {fmt_kib(every)} "
+           f"if every layer kept its own ({own / every:.0%}); Llama-3-8B's shape with pairs of layers sharing "
+           f"(CLA2): {fmt_kib(cla)} against {fmt_kib(kv_bytes_per_token(l3, 2))}")
     L.say("""
         The 8-bit cache is easy to build in NumPy: `KVCache(config, kv_dtype="int8")` keeps each head's
         key and value vectors as 127 levels of their largest magnitude plus one float32 scale, and widens

@@ -24,7 +24,7 @@ from minillm.models.quant import FORMATS, QK, QuantMatrix
 from minillm.ui.report import fmt_bytes, fmt_time
 
 TITLE = "Quantization: fewer bytes — is it faster?"
-MINUTES = 8
+MINUTES = 16  # 3,246 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "Q8_0 and Q4_0 blocks, bytes per step, the widening's cost, the quality"
 
 SHOWN = ("float32", "q8_0", "q4_0")
@@ -545,6 +545,7 @@ def integers(L: Lesson, fused_rows: dict, int_rows: dict) -> None:
     L.claim(abs(ppl) <= int8.ERROR_BOUND,
             f"rounding the activations to int8 moved the held-out perplexity (exp of the loss) by {ppl:+.3%}, "
             f"within the {int8.ERROR_BOUND:.1%} this project holds the integer set to")
+    where_the_scale_sits(L, ppl)
     L.say(f"""
         So the integer set changes the arithmetic, not the bytes: the same blocks, multiplied in 8-bit
         integers, and a rounding of the activations whose cost in accuracy
@@ -555,6 +556,47 @@ def integers(L: Lesson, fused_rows: dict, int_rows: dict) -> None:
         order, each row is rounded with its own scales, and a row's blocks are added in one order, so a
         row's result does not depend on the rows beside it; lesson 8's batch-invariant floats pay to
         fix the order for the same property.
+    """)
+
+
+OUTLIER, OUTLIER_WIDTH = 50.0, 4096     # X33: one channel this large among N(0, 1) ones (this lesson's choice)
+
+
+def scale_errors(width: int = OUTLIER_WIDTH, outlier: float = OUTLIER, seed: int = 0) -> dict:
+    """X33: one activation row of `width` N(0, 1) values with one channel set to `outlier`, rounded to
+    int8 two ways: per block of 32 with its own scale (the integer set's own `int8.quantize_x_ref`, as
+    llama.cpp does), and with one scale for the whole row (a per-token scale, as GPU W8A8 commonly
+    keeps). -> the relative RMS error of the other channels under each."""
+    from minillm.kernels import int8
+    x = np.random.default_rng(seed).standard_normal((1, width)).astype(np.float32)   # [1, C]
+    x[0, width // 3] = outlier
+    q, d, _, _ = int8.quantize_x_ref(x)
+    block = (q.astype(np.float32) * d[..., None]).reshape(1, width)                 # q·d per block of 32
+    d_row = np.abs(x).max() / 127
+    row = np.clip(np.rint(x / d_row), -127, 127) * d_row                             # one scale a row
+    rest = np.arange(width) != width // 3
+    rms = lambda y: float(np.sqrt(np.mean((y[0, rest] - x[0, rest]) ** 2)) / np.sqrt(np.mean(x[0, rest] ** 2)))
+    return {"block": rms(block), "row": rms(row), "block_size": int8.QK}
+
+
+def where_the_scale_sits(L: Lesson, ppl: float) -> None:
+    """X33: why W4A8 with a scale per block of 32 costs so little, tied to the formats table."""
+    from minillm.kernels.int8 import ERROR_BOUND as bound
+    e = scale_errors()
+    L.say(f"""
+        **Where the activation scale sits** decides what an outlier costs. Activations have a few
+        channels far larger than the rest; a scale must fit the largest value it covers, so every value
+        under the same scale is rounded in steps of that value ÷ 127. Here each block of {e['block_size']}
+        activations has its own scale, the layout of the formats table's Q8_0 row (32 values, one
+        scale), so an outlier coarsens only its own block. One row of {OUTLIER_WIDTH:,} values with one channel at
+        {OUTLIER:g} (the others N(0, 1); the size is this lesson's choice), rounded both ways: the other
+        channels' error is {e['block']:.2%} with a scale per block, {e['row']:.1%} with one scale for
+        the row, {fmt_x(e['row'] / e['block'])} more: one reason the perplexity above moved by
+        {ppl:+.3%} (the bound: {bound:.1%}). GPU W8A8 usually keeps
+        one scale per token (a row), so it first moves the outliers' size into the weights
+        (SmoothQuant, Xiao et al. 2023: each channel divided by a factor, the weights' matching row
+        multiplied by it); NVFP4 goes to blocks of {NVFP4_BLOCK} (its row in the table) for the same
+        reason, with only 4 bits a value to spend.
     """)
 
 

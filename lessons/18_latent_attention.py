@@ -3,7 +3,8 @@ latent per token and layer instead of every head's keys and values: MHA → GQA 
 counted by the meter; the two ways to attend over the latent (every head's K and V rebuilt from it, or
 kv_b absorbed into the query and the output), equal, and what each reads and does; where the absorbed
 decode sits against the ridge, measured beside a GQA model of the same width; why engines serve MLA
-attention data-parallel and the experts expert-parallel; published mixtures in their released dtypes.
+attention data-parallel and the experts expert-parallel; DeepSeek-V3.2's sparse attention over the
+cache (a decode step's KV bytes with and without it); published mixtures in their released dtypes.
 
 Run:  python lessons/18_latent_attention.py        (or: minillm learn 18)
 """
@@ -31,7 +32,7 @@ from minillm.models.llama import LlamaConfig
 from minillm.ui.report import fmt_bytes, fmt_flops
 
 TITLE = "A KV cache of 576 values"
-MINUTES = 9
+MINUTES = 10  # 1,962 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "MHA, GQA and MLA bytes a token; absorbed decode against the ridge"
 
 MLA, GQA = "random-mla", "random-mla-gqa"
@@ -44,6 +45,7 @@ def lesson(L: Lesson) -> None:
     against_the_ridge(L)
     L.pause()
     serving_it(L)
+    sparse_over_the_cache(L)
     released(L)
     L.try_it("""
         `minillm bench --context-sweep --model random-mla,random-mla-gqa --contexts 256,1024,4096,8192 --kernels numpy`
@@ -63,7 +65,9 @@ def fmt_kib(n: float) -> str:
 # W27: what this lesson rests on
 SOURCES = ("Sources: DeepSeek-AI, \"DeepSeek-V2\" (2024: multi-head latent attention, its decoupled "
            "rotary key and the absorption); \"DeepSeek-V3 Technical Report\" (2024) and its config.json; "
-           "FlashMLA, DeepSeek's decode kernel for the absorbed form.")
+           "FlashMLA, DeepSeek's decode kernel for the absorbed form; \"DeepSeek-V3.2-Exp: Boosting "
+           "Long-Context Efficiency with DeepSeek Sparse Attention\" (2025) and its config.json (index_topk, "
+           "index_n_heads, index_head_dim).")
 
 
 # -- the models: the one place they are built -----------------------------------------------------------
@@ -347,6 +351,70 @@ def serving_it(L: Lesson) -> None:
     L.fact(f"expert-parallel on {gpus} GPUs: {E // gpus} of the {E} routed experts of each layer per GPU; "
            f"routed to its top {k} inside {open_} of {G} groups, a token's experts sit on at most {open_} "
            f"GPUs when a group is a GPU (DeepSeek-V3's node-limited routing, n_group 8, topk_group 4)")
+
+
+# -- 4b. sparse attention over the cache (X28) ------------------------------------------------------------
+#
+# DeepSeek-V3.2-Exp (its config.json and report, "DeepSeek-V3.2-Exp: Boosting Long-Context Efficiency with
+# DeepSeek Sparse Attention", 2025): V3's MLA and 61 layers, plus a lightning indexer in every layer,
+# index_n_heads 64 of index_head_dim 128, whose one 128-value key a token is kept in FP8 with a float32
+# scale per 128 values (vLLM's indexer cache: 132 bytes a token and layer); MLA attends over the
+# index_topk = 2048 positions it scores highest.
+
+DSA_TOPK, DSA_INDEX_HEADS, DSA_INDEX_DIM = 2048, 64, 128
+DSA_INDEX_BYTES = DSA_INDEX_DIM * 1 + (DSA_INDEX_DIM // 128) * 4      # FP8 values + a float32 scale per 128
+
+
+def dsa_rows(contexts=(32768, 131072)) -> list[dict]:
+    """A batch-1 decode step's KV bytes (all 61 layers, one sequence) at each context: MLA reading every
+    latent (bf16, as this lesson counts it), and with DeepSeek Sparse Attention: the indexer's FP8 key
+    of every cached token, then the latents of the top DSA_TOPK only."""
+    ds = shape("deepseek-v3")
+    latent, L_ = kv_bytes_per_token(ds, 2), ds["n_layer"]
+    rows = []
+    for T in contexts:
+        index = T * L_ * DSA_INDEX_BYTES
+        top = min(T, DSA_TOPK) * latent
+        rows.append({"T": T, "dense": T * latent, "index": index, "top": top, "sparse": index + top})
+    return rows
+
+
+def sparse_over_the_cache(L: Lesson) -> None:
+    L.section("Reading fewer latents: sparse attention over the cache")
+    ds = shape("deepseek-v3")
+    L.say(f"""
+        The latent makes each token's KV small; a decode step still reads all of it, so its attention
+        read grows with the context (lesson 6). DeepSeek-V3.2 adds **sparse attention** (DSA): in each
+        layer a small **lightning indexer** ({DSA_INDEX_HEADS} heads of {DSA_INDEX_DIM}, in FP8) scores
+        every cached token against the new one, using one {DSA_INDEX_DIM}-value key a token it caches
+        beside the latent; MLA then attends over the top {DSA_TOPK:,} positions only. The step still
+        touches every token, but through {DSA_INDEX_BYTES} bytes a layer instead of the latent's
+        {kv_bytes_per_token(ds, 2) / ds['n_layer']:,.0f}.
+    """)
+    rows = dsa_rows()
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("context", "MLA, every latent", "indexer keys", f"top {DSA_TOPK:,}", "DSA", "less"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for x in rows:
+        t.add_row(f"{x['T']:,}", fmt_bytes(x["dense"]), fmt_bytes(x["index"]), fmt_bytes(x["top"]),
+                  fmt_bytes(x["sparse"]), fmt_x(x["dense"] / x["sparse"]))
+    L.show(t, f"[dim]a batch-1 decode step's KV read, one sequence, {ds['n_layer']} layers; latent in bf16 "
+              f"({kv_bytes_per_token(ds, 2):,.0f} B a token), indexer key in FP8 + a float32 scale "
+              f"({DSA_INDEX_BYTES} B a token and layer); DeepSeek-V3.2-Exp's config.json and report[/]")
+    a, b = rows
+    grow_dense, grow_sparse = (b["dense"] - a["dense"]), (b["sparse"] - a["sparse"])
+    L.fact(f"from {a['T']:,} to {b['T']:,} tokens the full read grows by {fmt_bytes(grow_dense)} and the "
+           f"sparse one by {fmt_bytes(grow_sparse)}, all of it the indexer's keys: "
+           f"{fmt_x(grow_dense / grow_sparse)} slower growth, the latent's bytes over the key's")
+    H, lat = ds["n_head"], ds["kv_latent"]
+    index_f, mla_f = 2 * DSA_INDEX_HEADS * DSA_INDEX_DIM, 2 * H * (lat + lat - 64)
+    L.say(f"""
+        The indexer does {index_f:,} FLOPs a cached token and layer (2·{DSA_INDEX_HEADS}·{DSA_INDEX_DIM},
+        in FP8), against {mla_f:,} for absorbed MLA's attention over a token (2·{H}·(576 + 512)):
+        {fmt_x(mla_f / index_f)} fewer, on every token instead of the top {DSA_TOPK:,}. Whether the
+        top {DSA_TOPK:,} keep the quality is the paper's measurement, not this lesson's.
+    """)
+    L.pause()
 
 
 # -- 5. released dtypes ------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 three (Gated DeltaNet) fold the past into a fixed-size state per sequence. Its two forms on one
 example (chunked for a prompt, recurrent for decode: the same numbers, compute against memory); a
 decode step's time and bytes against the context for a hybrid and an all-attention model of the same
-width and depth, counted and timed; how many sequences fit at 32k; what a fixed state costs.
+width and depth, counted and timed; how many sequences fit at 32k; a long prefill's FLOPs against the
+twin's; what a fixed state forgets; what it costs.
 
 Run:  python lessons/19_state.py        (or: minillm learn 19)
 """
@@ -27,7 +28,7 @@ from minillm.models.qwen35 import FULL, LINEAR, Qwen35Config, decode_step_bytes
 from minillm.ui.report import fmt_bytes, fmt_flops, fmt_time
 
 TITLE = "A state that does not grow"
-MINUTES = 8
+MINUTES = 14  # 2,805 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "chunked == recurrent, decode bytes against context, capacity at 32k"
 
 HYBRID, FULL_NAME = "random-hybrid", "random-hybrid-full"
@@ -74,6 +75,8 @@ def lesson(L: Lesson) -> None:
     two_forms(L, hybrid)
     context_sweep(L, hybrid, full)
     capacity_at_32k(L)
+    long_prefill(L, hybrid)
+    what_it_forgets(L)
     what_it_costs(L, hybrid)
     the_third_way(L)
     L.try_it(f"""
@@ -295,6 +298,140 @@ def capacity_at_32k(L: Lesson) -> None:
             f"at 32k, {fit['Qwen3.5-27B'][0]} Qwen3.5-27B sequences fit on an H100 beside the weights against "
             f"{fit['all full'][0]} with every layer full; {fit['Qwen3.5-27B'][1]} against {fit['all full'][1]} "
             "on an H200")
+    L.pause()
+
+
+def prefill_rows(contexts=(8192, 32768, 131072)) -> list[dict]:
+    """X31: a prefill's FLOPs at Qwen3.5-27B's published shape and its all-attention twin's, by
+    qwen35.prefill_flops (closed forms; the linear layers' the count the chunked form reports)."""
+    c = HYBRID_SHAPES["qwen3.5-27b"]
+    twin = Qwen35Config(**{**c.asdict(), "layer_types": (FULL,) * c.n_layer})
+    rows = []
+    for T in contexts:
+        h, f = qwen35.prefill_flops(c, T), qwen35.prefill_flops(twin, T)
+        rows.append({"T": T, "hybrid": h, "twin": f, "h_total": sum(h.values()), "f_total": sum(f.values())})
+    return rows
+
+
+def long_prefill(L: Lesson, model) -> None:
+    L.section("A long prompt: linear in T, not quadratic")
+    L.say("""
+        The state also changes the first token's wait. A full layer compares each of a prompt's T tokens
+        with every earlier one: T(T + 1)/2 pairs of 4·H·hd FLOPs, growing with the square of the prompt. The
+        chunked form does its quadratic work only inside chunks of C tokens: 6·C·dk + 4·C·dv + 2·C²/3 +
+        6·dk·dv FLOPs a token and head, whatever T. Below, a prefill's FLOPs at Qwen3.5-27B's published shape and its
+        all-attention twin's, by `qwen35.prefill_flops`: counted, not timed.
+    """)
+    c = model.config
+    T = L.pick(512, 300)
+    with minillm.Meter() as m:
+        model.prefill(np.arange(T) % c.vocab_size)
+    step, want = m.steps[0], qwen35.prefill_flops(c, T)
+    counted = {"linear": step.ops["delta_rule"]["flops"], "products": step.flops["matmul"],
+               "attention": step.ops["attention"]["flops"]}
+    L.claim(counted["linear"] == want["linear"] and abs(counted["products"] / want["products"] - 1) < 0.01
+            and counted["attention"] >= want["attention"],
+            f"on {model.name}, a {T}-token prefill under the meter: its linear layers counted "
+            f"{fmt_flops(counted['linear'])}, the closed form's exactly; its products "
+            f"{fmt_flops(counted['products'])} against {fmt_flops(want['products'])} (norms and the "
+            f"convolution are not products); its full layers' attention {fmt_flops(counted['attention'])}, "
+            f"at least the causal pairs' {fmt_flops(want['attention'])} (NumPy scores whole blocks)")
+    rows = prefill_rows()
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("prompt", "products", "attention", "linear", "hybrid", "all full", "ratio"):
+        t.add_column(col, justify="right", no_wrap=True)
+    pf = lambda n: f"{n / 1e15:,.3g}"
+    for x in rows:
+        h = x["hybrid"]
+        t.add_row(f"{x['T']:,}", pf(h["products"]), pf(h["attention"]), pf(h["linear"]),
+                  pf(x["h_total"]), pf(x["f_total"]), fmt_x(x["f_total"] / x["h_total"]))
+    c = HYBRID_SHAPES["qwen3.5-27b"]
+    L.show(t, f"[dim]PFLOP (10¹⁵). Qwen3.5-27B: its products, its {len(c.full_layers)} full layers' attention, "
+              f"its {len(c.linear_layers)} linear layers' chunked delta rule (chunks of {deltanet.CHUNK}), and "
+              "their sum; all full: the same shape, every layer full; ratio: all full ÷ hybrid; published "
+              "config[/]")
+    ratios = [x["f_total"] / x["h_total"] for x in rows]
+    L.claim(all(a < b for a, b in zip(ratios, ratios[1:])),
+            f"the all-attention twin's prefill costs {fmt_x(ratios[0])} the hybrid's FLOPs at "
+            f"{rows[0]['T']:,} tokens and {fmt_x(ratios[-1])} at {rows[-1]['T']:,}: the gap grows with "
+            "every longer prompt")
+    last = rows[-1]
+    L.fact(f"at {last['T']:,} tokens the hybrid's linear layers do "
+           f"{last['hybrid']['linear'] / last['h_total']:.1%} of its prefill's FLOPs, its "
+           f"{len(c.full_layers)} full layers' attention {last['hybrid']['attention'] / last['h_total']:.0%}: "
+           "the quadratic part left is theirs")
+    L.pause()
+
+
+FORGET_DK, FORGET_RATIOS, RECALLED = 64, (0.25, 0.5, 1, 2, 4, 8), 0.5
+
+
+def forget_rows(dk: int = FORGET_DK, ratios=FORGET_RATIOS, heads: int = 8) -> list[dict]:
+    """X30: N random pairs written into a [dk, dk] state by each rule (deltanet.recall_errors), read
+    back: the mean relative error, and how many pairs a state recalls within RECALLED, per N/dk."""
+    rows = []
+    for r in ratios:
+        n = int(r * dk)
+        row = {"n": n, "ratio": r}
+        for rule in deltanet.RULES:
+            e = deltanet.recall_errors(n, dk, dk, rule, heads=heads)           # [heads, n]
+            row[rule] = {"error": float(e.mean()), "recalled": float((e < RECALLED).sum(-1).mean()),
+                         "last": float(e[:, -1].max())}
+        rows.append(row)
+    return rows
+
+
+def forget_words(rows: list[dict], dk: int = FORGET_DK) -> str:
+    """The sentence that concludes X30, from the rows beside it: where each rule's mean error first
+    passes RECALLED, where additive recalls no pair, and the delta rule's range of recalled pairs
+    from N = dk on."""
+    def first(pred):
+        return next((x["ratio"] for x in rows if pred(x)), None)
+    a_err = first(lambda x: round(x["additive"]["error"], 2) > RECALLED)       # as the table prints it
+    d_err = first(lambda x: round(x["delta"]["error"], 2) > RECALLED)
+    a_none = first(lambda x: x["additive"]["recalled"] < 1)
+    kept = [x["delta"]["recalled"] for x in rows if x["n"] >= dk]
+    said = lambda r: "at no N measured" if r is None else f"from N/dk = {r:g}"
+    out = (f"Mean error past {RECALLED}: additive {said(a_err)}, the delta rule {said(d_err)}. "
+           f"Additive recalls fewer than one pair a state {said(a_none)}: every write lands on every "
+           "other key, and the pile grows with N. ")
+    if kept:
+        out += (f"From N = dk on, the delta rule still recalls {min(kept):.1f} to {max(kept):.1f} pairs "
+                f"(of dk = {dk}): it overwrites, keeping the latest writes and losing the oldest, so "
+                "what it holds stays bounded however much it is told.")
+    return out
+
+
+def what_it_forgets(L: Lesson) -> None:
+    L.section("What a fixed state forgets")
+    dk = FORGET_DK
+    L.say(f"""
+        A `[dk, dv]` state maps keys to values: at most dk independent directions to file them under.
+        Below, N random pairs (unit keys, as the layer makes them) are written into a [{dk}, {dk}]
+        state, then every key is read back with the final state (`deltanet.recall_errors`, 8 states,
+        seeded): once with the **delta rule** the layer runs (no decay, write strength 1), once with
+        plain **additive** linear attention, `S += k·vᵀ`. Error: ||Sᵀk − v|| ÷ ||v||, 0 when recalled
+        exactly, 1 when as far off as reading nothing. Counted, not timed: it reads the same each run.
+    """)
+    rows = forget_rows()
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("N", "N/dk", "delta error", "additive error", "delta recalls", "additive recalls"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for x in rows:
+        d, a = x["delta"], x["additive"]
+        t.add_row(f"{x['n']:,}", f"{x['ratio']:g}", f"{d['error']:.2f}", f"{a['error']:.2f}",
+                  f"{d['recalled']:.1f}", f"{a['recalled']:.1f}")
+    L.show(t, f"[dim]mean relative error over all N pairs; recalls: pairs read back within {RECALLED} "
+              f"(mean over 8 states); dk = dv = {dk}; float32[/]")
+    L.claim(all(x["delta"]["last"] < 1e-4 for x in rows),
+            "the delta rule recalls the last pair it wrote exactly in every state (error under 1e-4): "
+            "a write with strength 1 replaces what the state held for that key")
+    L.say(forget_words(rows))
+    L.say("""
+        That is why Qwen3.5 keeps one layer in four full: the linear layers hold a bounded summary, and
+        the full layers can still look up any token exactly. The ratio of the two trades recall for
+        memory.
+    """)
     L.pause()
 
 

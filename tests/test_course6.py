@@ -413,3 +413,153 @@ def test_a_steps_verdict_names_the_threads_of_the_bandwidth_it_is_read_against()
     finally:
         mp.undo()
     assert said.endswith("of its 94 GFLOP/s at 1 BLAS thread")
+
+
+# -- the fourth teaching review's concepts (X28, X30-X33) ---------------------------------------------
+
+def _lesson(n: str):
+    import importlib
+    return importlib.import_module(f"minillm.lessons.{n}")
+
+
+def test_x30_a_fixed_state_forgets_and_the_sentence_reads_the_table():
+    """X30: N random pairs written into a [dk, dk] state and read back. Additive linear attention piles
+    every write on the others (its error grows with N and it recalls no pair past N = dk); the delta
+    rule overwrites: the last pair exact, a bounded number recalled however many are written. The
+    concluding sentence is drawn from the rows (rounded as printed), seeded, counted."""
+    from minillm.models import deltanet
+    m19 = _lesson("19_state")
+    rows = m19.forget_rows(dk=32, ratios=(0.5, 1, 2, 4), heads=4)
+    add = [x["additive"]["error"] for x in rows]
+    assert all(a < b for a, b in zip(add, add[1:]))                  # the pile grows with N
+    assert rows[-1]["additive"]["recalled"] < 1 <= min(x["delta"]["recalled"] for x in rows)
+    assert all(x["delta"]["last"] < 1e-4 for x in rows) and all(x["additive"]["last"] > 0.1 for x in rows)
+    assert all(x["delta"]["error"] < x["additive"]["error"] for x in rows)
+    assert m19.forget_rows(dk=32, ratios=(1,), heads=4) == m19.forget_rows(dk=32, ratios=(1,), heads=4)
+    words = " ".join(m19.forget_words(rows, dk=32).split())
+    first_add = next(x["ratio"] for x in rows if round(x["additive"]["error"], 2) > m19.RECALLED)
+    assert f"additive from N/dk = {first_add:g}" in words
+    kept = [x["delta"]["recalled"] for x in rows if x["n"] >= 32]
+    assert f"recalls {min(kept):.1f} to {max(kept):.1f} pairs" in words
+    fake = [{"n": 8, "ratio": 1, "delta": {"error": 0.1, "recalled": 5.0, "last": 0.0},
+             "additive": {"error": 0.2, "recalled": 3.0, "last": 0.5}}]
+    assert "additive at no N measured, the delta rule at no N measured" in " ".join(m19.forget_words(fake, 8).split())
+    with pytest.raises(ValueError, match="rule must be one of"):
+        deltanet.recall_errors(4, 8, 8, "nope")
+
+
+def test_x31_a_hybrids_long_prefill_counts_against_its_twins():
+    """X31: the chunked form's FLOPs grow as T, full attention's as T². prefill_flops' linear part is
+    what the meter counts for delta_rule_chunked (over several pieces), its products within 1% of the
+    meter's matmul, its attention at most the meter's; at the published shape the twin/hybrid ratio
+    grows with the prompt and passes 1.9 at 128k."""
+    import minillm
+    from minillm.models import deltanet, qwen35
+    rng = np.random.default_rng(0)
+    H, n, dk, dv = 2, 64 * deltanet.PIECE + 40, 16, 8                  # more than one piece, a ragged chunk
+    k = rng.standard_normal((H, n, dk)).astype(np.float32)
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)                      # unit keys, as the layer makes them
+    args = (k, k, rng.standard_normal((H, n, dv)).astype(np.float32), -np.ones((H, n), np.float32) * 0.1,
+            np.ones((H, n), np.float32) * 0.5, np.zeros((H, dk, dv), np.float32))
+    with minillm.Meter() as m:
+        deltanet.delta_rule_chunked(*args)
+    assert m.steps[0].flops["attention"] == deltanet.chunked_flops(H, n, dk, dv)
+    assert deltanet.chunked_flops(H, 2 * 640, dk, dv) == 2 * deltanet.chunked_flops(H, 640, dk, dv)   # linear in T
+    m19 = _lesson("19_state")
+    c = m19.FAST_PRESETS[m19.HYBRID]
+    model = qwen35.random(c, name="small")
+    with minillm.Meter() as m:
+        model.prefill(np.arange(200) % c.vocab_size)
+    want, step = qwen35.prefill_flops(c, 200), m.steps[0]
+    assert step.ops["delta_rule"]["flops"] == want["linear"]
+    assert abs(step.flops["matmul"] / want["products"] - 1) < 0.01
+    assert want["attention"] <= step.ops["attention"]["flops"]
+    rows = m19.prefill_rows((8192, 32768, 131072))
+    ratios = [x["f_total"] / x["h_total"] for x in rows]
+    assert ratios[0] < ratios[1] < ratios[2] and 1.9 < ratios[2] < 2.2
+    assert all(x["twin"]["linear"] == 0 for x in rows)
+
+
+def test_x28_sparse_attention_reads_the_indexer_key_of_every_token_and_the_top_2048_latents():
+    """X28: DeepSeek-V3.2's DSA. A decode step reads the FP8 indexer key (128 values + a float32 scale)
+    of every cached token and the bf16 latent of the top 2,048 only; without it, every latent. At 32k and
+    128k, from the published numbers (61 layers, 576 values, index_topk 2048, index_head_dim 128)."""
+    m18 = _lesson("18_latent_attention")
+    assert (m18.DSA_TOPK, m18.DSA_INDEX_DIM, m18.DSA_INDEX_BYTES) == (2048, 128, 132)
+    a, b = m18.dsa_rows((32768, 131072))
+    assert a["dense"] == 32768 * 61 * 576 * 2 and b["dense"] == 4 * a["dense"]
+    assert a["top"] == b["top"] == 2048 * 61 * 576 * 2                 # the selection stops growing
+    assert b["index"] == 131072 * 61 * 132
+    assert 5.5 < a["dense"] / a["sparse"] < 5.8 and 7.5 < b["dense"] / b["sparse"] < 7.9
+    short = m18.dsa_rows((1024,))[0]
+    assert short["top"] == 1024 * 61 * 576 * 2 and short["sparse"] > short["dense"]   # below 2,048: no saving
+    assert "DeepSeek-V3.2" in m18.SOURCES
+
+
+def test_shape_comparisons_say_the_kv_dtype_beside_the_bytes(capsys):
+    """Issue 53 list 4: shape comparisons mixed float32 and bf16 KV without saying the dtype explains half
+    the gap (GPT-2's 72 KiB a token in float32 against SmolLM2's 22.5 KiB in bf16). `hardware --shape`
+    says the dtype beside the bytes, and a non-16-bit KV in bf16 too; lesson 10's reload table, which
+    sets this machine's float32 model beside bf16 shapes, says each row's dtype."""
+    assert main(["hardware", "--shape", "gpt2-124m", "--chip", "h100"]) == 0
+    gpt2 = " ".join(capsys.readouterr().out.split())
+    assert "KV per token (fp32, b = 4): 2·L·Hkv·hd·b = 72 KiB; 36 KiB in bf16" in gpt2
+    assert "the dtype alone doubles it" in gpt2
+    assert main(["hardware", "--shape", "smollm2-135m", "--chip", "h100"]) == 0
+    smol = " ".join(capsys.readouterr().out.split())
+    assert "KV per token (bf16, b = 2): 2·L·Hkv·hd·b = 22.5 KiB" in smol and "in bf16, as" not in smol
+    assert main(["hardware", "--shape", "llama-2-7b", "--fit", "4096", "--memory", "80GB", "--kv-dtype", "int8"]) == 0
+    assert "(int8, b = 1): 2·L·Hkv·hd·b = 256 KiB; 512 KiB in bf16" in " ".join(capsys.readouterr().out.split())
+    import minillm
+    from minillm.measure.chips import Hardware
+    m10 = _lesson("10_prefix_caching")
+    model = minillm.load("random-tiny", quiet=True)
+    hw = Hardware(name="here", bandwidth_gbs=10.0, peak_gflops=100.0)
+    rows = m10.reload_rows(model, hw)
+    assert rows[0]["kv_dtype"] == "fp32" and {r["kv_dtype"] for r in rows[1:]} == {"bf16"}
+    import inspect
+    assert "r['kv_dtype']" in inspect.getsource(m10.offload)
+
+
+def test_x33_an_outlier_coarsens_only_its_block_with_a_scale_per_block():
+    """X33: where the activation scale sits. One row with an outlier channel rounded to int8 by the
+    integer set's own quantizer (a scale per block of 32) and with one scale for the row: the other
+    channels' error is about ten times smaller per block, and the paragraph prints both, from
+    scale_errors, beside the formats table's Q8_0 and NVFP4 rows."""
+    import inspect
+    m14 = _lesson("14_quantization")
+    e = m14.scale_errors()
+    assert e["block_size"] == 32 and e["block"] < 0.02 and e["row"] > 5 * e["block"]
+    flat = m14.scale_errors(outlier=1.0)                               # no outlier: the two ways agree closely
+    assert flat["row"] < 2 * flat["block"]
+    src = inspect.getsource(m14.where_the_scale_sits)
+    assert "scale_errors()" in src and "Q8_0" in src and "NVFP4" in src and "SmoothQuant" in src
+    assert "where_the_scale_sits(L, ppl)" in inspect.getsource(m14.integers)
+
+
+def test_x32_cross_layer_sharing_is_among_the_ways_to_a_smaller_cache():
+    """X32: later layers reusing an earlier layer's K and V. Gemma 3n E4B (35 layers, the last 15
+    sharing, 2 KV heads of 256) caches 2·20·2·256·2 = 40 KiB a token in bf16 against 70 KiB; CLA2 halves
+    Llama-3-8B's 128 KiB. Lesson 12 lists it and prints those bytes from shared_kv_bytes."""
+    import inspect
+    m12 = _lesson("12_gqa")
+    assert m12.GEMMA3N_E4B == (35, 15, 2, 256)
+    assert m12.shared_kv_bytes(35, 15, 2, 256, 2) == 40 * 1024 and m12.shared_kv_bytes(35, 0, 2, 256, 2) == 70 * 1024
+    assert m12.shared_kv_bytes(32, 16, 8, 128, 2) == 64 * 1024
+    src = inspect.getsource(m12.smaller_kv)
+    assert "Cross-layer sharing" in src and "one of six ways" in src and "shared_kv_bytes(" in src
+
+
+def test_the_glossary_left_lesson_1s_run_for_learn_glossary(capsys):
+    """The fourth teaching review's course cuts: lesson 1 printed 76 glossary rows before the learner
+    had met any of the words. Lesson 1 now ends with one line pointing to `minillm learn glossary`,
+    which prints every word with its lesson."""
+    m1 = _lesson("01_tokens")
+    assert main(["learn", "glossary"]) == 0
+    out = capsys.readouterr().out
+    assert "Words you will meet" in out and all(word in out for word, _, _ in m1.GLOSSARY[:5])
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert m1.main(["--fast", "--no-pause"]) == 0
+    lesson = " ".join(capsys.readouterr().out.split())
+    assert "minillm learn glossary" in lesson and "Words you will meet" not in lesson
+    assert f"about {len(m1.GLOSSARY)} words" in lesson

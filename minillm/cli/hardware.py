@@ -275,12 +275,14 @@ def run_shape(args: argparse.Namespace) -> int:
              f"{s['n_layer']} layers, {s['n_head']} heads, "
              + (f"a latent of {s['kv_latent']} values per layer cached (multi-head latent attention)"
                 if s.get("kv_latent") else f"{s['n_kv_head']} KV heads of {s['head_dim']}")]
+    beside = kv_dtype_words(kv_bytes_per_token(s, KV_DTYPES["bf16"]), kvb)
     if s.get("kv_latent"):
-        lines.append(f"  KV per token: L·(d_c + d_rope)·b = {kv_tok / 1024:,.4g} KiB")
+        lines.append(f"  KV per token ({kvd}, b = {kvb:g}): L·(d_c + d_rope)·b = {kv_tok / 1024:,.4g} KiB{beside}")
     else:
         mha = kv_tok * s["n_head"] / s["n_kv_head"]
-        lines.append(f"  KV per token: 2·L·Hkv·hd·b = {kv_tok / 1024:,.4g} KiB"
-                     + (f" ({mha / 1024:,.0f} KiB with a KV head per query head)" if mha != kv_tok else ""))
+        lines.append(f"  KV per token ({kvd}, b = {kvb:g}): 2·L·Hkv·hd·b = {kv_tok / 1024:,.4g} KiB"
+                     + (f" ({mha / 1024:,.0f} KiB with a KV head per query head)" if mha != kv_tok else "")
+                     + beside)
     if s.get("state_values"):
         lines += [f"  hybrid: only {s['kv_layers']} of the {s['n_layer']} layers keep K and V; the other "
                   f"{s['linear_layers']} (linear",
@@ -316,6 +318,17 @@ def run_shape(args: argparse.Namespace) -> int:
     if moe and fit is None:
         moe_ceilings(s, context, b, kvb, [hw] if args.chip else [c for c in CHIPS.values() if c.memory_gb])
     return 0
+
+
+def kv_dtype_words(bf16_bytes: float, kvb: float) -> str:
+    """Beside a KV size in another dtype than bf16, the same in bf16: shapes of different KV dtypes
+    (GPT-2's float32 against SmolLM2's bf16) are then compared byte for byte, and the dtype's factor
+    is not read as the layout's."""
+    if kvb == KV_DTYPES["bf16"]:
+        return ""
+    f = kvb / KV_DTYPES["bf16"]
+    does = {2.0: "doubles it", 0.5: "halves it"}.get(f, f"makes it {f:g}×")
+    return f"; {bf16_bytes / 1024:,.4g} KiB in bf16, as the 16-bit shapes: the dtype alone {does}"
 
 
 def fmt_ratio(x: float) -> str:

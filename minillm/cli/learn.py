@@ -7,6 +7,7 @@ TITLE, MINUTES, WHAT_YOU_WILL_SEE and `main(argv=None) -> int`. They are found w
     minillm learn              the list: number, title, track, minutes, what you will see
     minillm learn --track core the short path (about 30 minutes), or any track (TRACKS)
     minillm learn 3            run lesson 3 (also `03`, or its slug: `prefill`)
+    minillm learn glossary     the words the lessons introduce, each with its lesson
     minillm learn 3 --fast     smaller models and fewer steps
     minillm learn 3 --no-pause do not wait for Enter between parts
 """
@@ -120,7 +121,8 @@ def find(which: str) -> LessonInfo:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `minillm learn`."""
     parser.add_argument("lesson", nargs="?", metavar="NN",
-                        help="the lesson to run: its number (1-%d) or name; without it, list the lessons" % len(lesson_files()))
+                        help="the lesson to run: its number (1-%d) or name; without it, list the lessons; "
+                             "'glossary': the words the lessons introduce" % len(lesson_files()))
     parser.add_argument("--track", default=None, metavar="NAME",
                         help="list one track's lessons in order: " + ", ".join(t.name for t in TRACKS)
                              + " (core: the short path, about 30 minutes; start there)")
@@ -198,6 +200,11 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"  [dim]{len(lessons)} lessons, about {total} minutes in all. Options: --fast (quick "
                       "run, smaller models), --no-pause, --model NAME, --threads N. Each lesson is also a script: "
                       "python lessons/01_tokens.py in a checkout[/]")
+        return 0
+    if str(which).strip().lower() == "glossary":
+        from rich.console import Console
+        tokens = next(info for info in discover() if info.number == 1)
+        Console(emoji=False).print(importlib.import_module(tokens.module).glossary_table())
         return 0
     info = find(str(which))
     argv = []

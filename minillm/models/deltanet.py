@@ -131,6 +131,33 @@ def delta_rule_recurrent(q, k, v, g, beta, S):
     return o, S
 
 
+RULES = ("delta", "additive")
+
+
+def recall_errors(n: int, dk: int, dv: int, rule: str, heads: int = 8, seed: int = 0) -> np.ndarray:
+    """What a fixed state forgets (lesson 19): write n random (key, value) pairs into a [dk, dv] state
+    that starts at zero, then read every key back with the final state. `rule` "delta": the delta rule
+    as the layer runs it (`delta_rule_recurrent`, no decay, write strength 1); "additive": plain linear
+    attention, S += k vᵀ, which piles every write on the others. Keys unit length, as the layer
+    normalizes them; `heads` independent states, seeded. -> [heads, n] relative errors
+    ||Sᵀk_i − v_i|| / ||v_i||, in the order written (0 = recalled exactly; 1 = as far off as reading
+    nothing)."""
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {', '.join(RULES)}, not {rule!r}")
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((heads, n, dk)).astype(np.float32)
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)                          # [H, n, dk]
+    v = rng.standard_normal((heads, n, dv)).astype(np.float32)              # [H, n, dv]
+    S = np.zeros((heads, dk, dv), dtype=np.float32)                         # [H, dk, dv]
+    if rule == "delta":
+        g, beta = np.zeros((heads, n), np.float32), np.ones((heads, n), np.float32)
+        _, S = delta_rule_recurrent(k, k, v, g, beta, S)
+    else:
+        S = S + np.swapaxes(k, -1, -2) @ v                                  # Σ_i k_i v_iᵀ
+    got = k @ S                                                             # [H, n, dv]: Sᵀk_i
+    return np.linalg.norm(got - v, axis=-1) / np.linalg.norm(v, axis=-1)
+
+
 def ut_inverse(A: np.ndarray) -> np.ndarray:
     """(I + A)^-1 for A [..., C, C] strictly lower triangular, by forward substitution: row i of
     the inverse is e_i minus what rows 0..i-1 already account for. A new [..., C, C], lower
@@ -208,9 +235,17 @@ def _chunks(q, k, v, g, beta, S, C):
         u = U[:, i] - W[:, i] @ S                                           # [H, C, dv]: the chunk's writes
         o[:, i] = qd[:, i] @ S + QK[:, i] @ u
         S = S * last[:, i, None, None] + kd[:, i].swapaxes(-1, -2) @ u      # [H, dk, dv]
-    flops = H * nc * (2 * C * C * dk * 2 + C ** 3 // 3 * 2 + 2 * C * C * dv + 2 * C * C * dk    # A, qk^T, T, U, W
-                      + 2 * C * dk * dv * 3 + 2 * C * C * dv)                                     # the scan
-    return o.reshape(H, nc * C, dv)[:, :n], S, flops
+    return o.reshape(H, nc * C, dv)[:, :n], S, chunked_flops(H, n, dk, dv, C)
+
+
+def chunked_flops(H: int, n: int, dk: int, dv: int, C: int = CHUNK) -> int:
+    """The chunked form's products over n tokens (what `delta_rule_chunked` counts as `attention`): per
+    head and chunk of C, A, q kᵀ, T, U and W, then the scan's three state products and the in-chunk
+    read. Linear in n: 6·C·dk + 4·C·dv + 2·C²/3 + 6·dk·dv a token and head, where full attention
+    pays 2·t·(dk + dv) at position t."""
+    nc = -(-n // C)
+    return H * nc * (2 * C * C * dk * 2 + C ** 3 // 3 * 2 + 2 * C * C * dv + 2 * C * C * dk    # A, qk^T, T, U, W
+                     + 2 * C * dk * dv * 3 + 2 * C * C * dv)                                     # the scan
 
 
 def delta_rule(q, k, v, g, beta, S, chunk: int = CHUNK):

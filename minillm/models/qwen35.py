@@ -40,7 +40,7 @@ from . import ops
 from .base import RANDOM_SEED, CausalLM
 from .qwen35_config import FULL, LINEAR, Qwen35Config, manifest
 from .qwen35_config import MODEL_TYPES, AttentionView, check_state  # noqa: F401  (the row and tests read them here)
-from .deltanet import CHUNK, linear_attention
+from .deltanet import CHUNK, chunked_flops, linear_attention
 from .factory import make_weight
 from .blocks import checkpoint_params, mlp, norm_head, output_gate
 from .ops import merge_heads
@@ -232,6 +232,20 @@ def crossover_context(a: Qwen35Config, b: Qwen35Config, itemsize: int = 4) -> in
     if gap < 0:
         return 0
     return None if slope <= 0 else gap // slope + 1
+
+
+def prefill_flops(c: Qwen35Config, T: int, chunk: int = CHUNK) -> dict[str, int]:
+    """A prefill of T tokens by the config alone (lesson 19, linear-time prefill): "products", 2 FLOPs a
+    weight a token (the embedding a lookup, the head on the last row only; norms' and the convolution's
+    few weights included: the meter's `matmul` is within 1% of it); "attention", the full layers'
+    causal q·k and p·v, 4·H·hd a query-key pair over T(T+1)/2 pairs (what a fused kernel computes;
+    NumPy's prefill scores whole blocks, a little more); "linear", the linear layers' chunked delta
+    rule (`deltanet.chunked_flops`, exactly what `delta_rule_chunked` reports)."""
+    d, V = c.n_embd, c.vocab_size
+    body = c.n_params() - V * d * (1 if c.tied else 2)
+    return {"products": 2 * T * body + 2 * V * d,
+            "attention": len(c.full_layers) * 4 * c.n_head * c.head_dim * (T * (T + 1) // 2),
+            "linear": len(c.linear_layers) * chunked_flops(c.lin_v_heads, T, c.lin_k_dim, c.lin_v_dim, chunk)}
 
 
 # -- random presets: a hybrid, and the all-attention model of the same width and depth -----------------
