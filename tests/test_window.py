@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import minillm
 from minillm import meter
-from minillm.cache.paged import PagedKVPool
+from minillm.cache.paged import PagedKVPool, layer_groups
 from minillm.models import gemma3, gptoss
 from minillm.models.target import Target
 
@@ -93,7 +93,8 @@ def test_paged_and_batched_equal_contiguous_and_alone(c, prompts, steps, block_s
     for p, t in zip(ps, ts):
         logits, cache = model.prefill(p)
         alone.append([logits] + [model.decode_step(int(x), cache) for x in t])
-    pool = PagedKVPool(c, sum(-(-(len(p) + steps) // block_size) for p in ps) + 1, block_size, np.float64)
+    pool = PagedKVPool(c, sum(PagedKVPool.blocks_for_positions(c, len(p) + steps, block_size) for p in ps) + 1,
+                       block_size, np.float64)
     caches = [pool.sequence() for _ in ps]
     for cache, p in zip(caches, ps):
         cache.reserve(len(p))
@@ -144,9 +145,9 @@ def test_engine_gives_every_request_its_tokens_alone(c, reqs, block_size, budget
     every request's tokens equal `minillm.generate` alone; every block is free at the end."""
     from minillm.engine.engine import Engine
     model, _ = build(c)
-    biggest = max(-(-(len(p) + n) // block_size) for p, n in reqs)
-    engine = Engine(model, num_blocks=biggest + 2, block_size=block_size, max_batched_tokens=budget,
-                    prefix_cache=prefix_cache)
+    biggest = max(PagedKVPool.blocks_for_positions(c, len(p) + n, block_size) for p, n in reqs)
+    engine = Engine(model, num_blocks=biggest + 2 * len(layer_groups(c)), block_size=block_size,
+                    max_batched_tokens=budget, prefix_cache=prefix_cache)
     rs = [engine.add_request(p, n) for p, n in reqs]
     engine.run()
     for (p, n), r in zip(reqs, rs):
@@ -167,10 +168,17 @@ def kv_read_closed_form(c, position: int, itemsize: int) -> int:
 @pytest.mark.parametrize("name", ["gemma3-tiny", "gptoss-tiny"])
 @pytest.mark.parametrize("paged", [False, True])
 def test_a_windowed_decode_step_reads_min_position_window(name, paged):
-    """Past the window, a step's KV read grows only by the full layers' bytes."""
+    """Past the window, a step's KV read grows only by the full layers' bytes. (Paged: each group's
+    blocks laid out as one run, read as views; blocks that are not a run are gathered whole, and the
+    gather counts the whole blocks it reads.)"""
     model = minillm.load(f"tests/fixtures/w6/{name}", kernels="numpy")
     c = model.config
-    cache = PagedKVPool(c, 32, 4).sequence() if paged else model.new_cache()
+    if paged:
+        pool = PagedKVPool(c, 8 * len(layer_groups(c)), 4)
+        blocks = pool.allocator.allocate_many(pool.num_blocks)
+        cache = pool.sequence(tables=[blocks[g:g + 8] for g in range(0, len(blocks), 8)])
+    else:
+        cache = model.new_cache()
     model.prefill(np.arange(3), cache)
     reads = {}
     for pos in range(3, 30):
@@ -218,7 +226,8 @@ def test_batch_invariant_rows_are_bit_identical_to_alone(name):
     for p in ps:
         logits, cache = model.prefill(p)
         alone.append([logits] + [model.decode_step(t, cache) for t in (7, 8, 9)])
-    pool = PagedKVPool(model.config, 32, 4)
+    pool = PagedKVPool(model.config, sum(PagedKVPool.blocks_for_positions(model.config, len(p) + 3, 4)
+                                         for p in ps), 4)
     caches = [pool.sequence() for _ in ps]
     for cache, p in zip(caches, ps):
         cache.reserve(len(p))
@@ -305,13 +314,18 @@ def test_an_engine_gives_back_blocks_behind_the_window_and_the_tokens_do_not_cha
     assert engine.pool.allocator.n_free == engine.pool.num_blocks
 
 
-def test_a_global_layer_keeps_every_block():
-    """Gemma 3's fixture (one global layer): nothing is given back, whatever the length."""
+def test_a_global_layer_keeps_every_block_and_the_sliding_ones_give_theirs_back():
+    """Gemma 3's fixture (5 sliding layers, then 1 global; window 8): six groups of one layer. After 30
+    positions in blocks of 4 the global group holds all 8 of its blocks; each sliding group gave back
+    the (30 - 8 + 1) // 4 = 5 wholly behind the next query's window and holds 3."""
     model = minillm.load("tests/fixtures/w6/gemma3-tiny", kernels="numpy")
-    pool = PagedKVPool(model.config, 16, 4)
+    pool = PagedKVPool(model.config, 48, 4)
+    assert [len(layers) for layers, _ in pool.groups] == [1] * 6 and pool.groups[0] == ((5,), None)
     cache = pool.sequence()
     model.prefill(np.arange(30), cache)
-    assert cache.dropped == pool.dropped == 0 and pool.allocator.n_used == 8
+    assert cache.dropped == 5 and pool.dropped == 5 * 5
+    assert cache.tables[0] == list(range(8)) and all(t[:5] == [-1] * 5 for t in cache.tables[1:])
+    assert pool.allocator.n_used == cache.blocks_held() == 8 + 5 * 3
 
 
 def test_going_back_behind_a_given_back_block_is_one_line():

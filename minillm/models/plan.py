@@ -99,9 +99,9 @@ class PerSequence:
 
 
 def paged_float32(cache):
-    """The cache's paged pool when its keys are float32 (a paged kernel's input), else None."""
+    """The cache's paged pool when its keys are float32 (a paged kernel's input) in one table, else None."""
     pool = cache.pool
-    return pool if pool is not None and pool.k.dtype == np.float32 else None
+    return pool if pool is not None and pool.k.dtype == np.float32 and len(pool.groups) == 1 else None
 
 
 class BatchedDecode:
@@ -234,8 +234,8 @@ def batched_decode(spans: list[Span], K: KernelSet) -> BatchedDecode | None:
     if not K.gather_decode or len(spans) < 2 or any(s.n != 1 for s in spans):
         return None
     pool = spans[0].cache.pool
-    if pool is None or any(s.cache.pool is not pool for s in spans):
-        return None
+    if pool is None or len(pool.groups) > 1 or any(s.cache.pool is not pool for s in spans):
+        return None                   # (several groups, several tables: each sequence over its own)
     if K.paged_decode is not None and paged_float32(spans[0].cache) is not None:
         return BatchedDecode(pool, [s.cache for s in spans], K.paged_decode)
     if max(s.pos for s in spans) >= BATCHED_DECODE_KEYS:
