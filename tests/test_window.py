@@ -340,3 +340,105 @@ def test_going_back_behind_a_given_back_block_is_one_line():
     with pytest.raises(PromptError) as e:
         cache.truncate(10)
     assert "fell behind the sliding window" in str(e.value) and "\n" not in str(e.value)
+
+
+# -- models that mix sliding and global layers: one block table per group ------------------------------------
+
+@st.composite
+def mixed_configs(draw):
+    """A random config with both kinds of layer: Gemma 3's pattern (k sliding, then one global, over
+    and over) or gpt-oss's (sliding and global alternating)."""
+    c = draw(configs())
+    if isinstance(c, gemma3.Gemma3Config):
+        k = draw(st.integers(1, 5))
+        L = draw(st.integers(k + 1, min(k + 3, 6)))
+        kinds = tuple(KINDS[1] if (i + 1) % (k + 1) == 0 else KINDS[0] for i in range(L))
+    else:
+        L = draw(st.integers(2, 4))
+        kinds = tuple(KINDS[i % 2] for i in range(L))
+    return replace(c, n_layer=L, layer_types=kinds)
+
+
+def group_counts(c) -> tuple[int, int]:
+    """(global groups, sliding groups) of a config's pool."""
+    windows = [w for _, w in layer_groups(c)]
+    return windows.count(None), len(windows) - windows.count(None)
+
+
+@settings(max_examples=12, deadline=None)
+@given(mixed_configs(), st.integers(1, 4), st.integers(0, 20), st.integers(0, 2**31))
+def test_mixed_layers_give_back_the_sliding_groups_blocks_and_the_logits_do_not_change(c, block_size, extra,
+                                                                                       seed):
+    """Sliding and global layers mixed: a sequence decodes far past its window in a paged pool, its
+    sliding groups' blocks wholly behind the next query's window back in the pool (counted: that many
+    per sliding group), its global groups' all kept, with the logits of a contiguous cache."""
+    model, _ = build(c)
+    rng = np.random.default_rng(seed)
+    ids, ts = rng.integers(0, c.vocab_size, 3), rng.integers(0, c.vocab_size, c.window + 2 * block_size + extra)
+    logits, ref = model.prefill(ids)
+    want = [logits] + [model.decode_step(int(t), ref) for t in ts]
+    pool = PagedKVPool(c, PagedKVPool.blocks_for_positions(c, ref.length, block_size), block_size, np.float64)
+    cache = pool.sequence()
+    logits, _ = model.prefill(ids, cache)
+    got = [logits] + [model.decode_step(int(t), cache) for t in ts]
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=0, atol=EXACT)
+    n_global, n_sliding = group_counts(c)
+    behind, nb = (cache.length - c.window + 1) // block_size, -(-cache.length // block_size)
+    assert n_global >= 1 and n_sliding >= 1 and behind >= 2 and cache.dropped == behind
+    assert pool.dropped == n_sliding * behind
+    assert pool.allocator.n_used == cache.blocks_held() == n_global * nb + n_sliding * (nb - behind)
+    for table, (_, window) in zip(cache.tables, pool.groups):
+        assert len(table) == nb and (table[:behind] == [-1] * behind) == (window is not None)
+    cache.free()
+    assert pool.allocator.n_free == pool.num_blocks
+
+
+@settings(max_examples=10, deadline=None)
+@given(mixed_configs(), st.lists(st.tuples(st.lists(st.integers(0, 60), min_size=1, max_size=14),
+                                           st.integers(1, 16)), min_size=1, max_size=3),
+       st.integers(1, 4), st.integers(1, 12), st.booleans())
+def test_an_engine_of_mixed_layers_gives_back_blocks_and_the_tokens_do_not_change(c, reqs, block_size, budget,
+                                                                                 prefix_cache):
+    """Sliding and global layers mixed, in the engine (chunked prefill, batched decode, preemption, the
+    prefix cache on or off, a repeated prompt sharing every group's blocks): every request's greedy
+    tokens are its tokens alone, the sliding groups gave blocks back wherever a request went a block
+    past its window, and at the end every block is back in the pool."""
+    from minillm.engine.engine import Engine
+    model, _ = build(c)
+    reqs = reqs + reqs[:1]
+    biggest = max(PagedKVPool.blocks_for_positions(c, len(p) + n, block_size) for p, n in reqs)
+    engine = Engine(model, num_blocks=biggest + 2 * len(layer_groups(c)), block_size=block_size,
+                    max_batched_tokens=budget, prefix_cache=prefix_cache)
+    rs = [engine.add_request(p, n) for p, n in reqs]
+    engine.run()
+    for (p, n), r in zip(reqs, rs):
+        assert r.output == minillm.generate(model, p, n)
+    longest = max(len(p) + n - 1 for p, n in reqs)          # the positions the longest one cached
+    assert (engine.pool.dropped > 0) == (longest >= c.window + block_size - 1)
+    assert engine.pool.allocator.n_free == engine.pool.num_blocks
+
+
+@settings(max_examples=8, deadline=None)
+@given(mixed_configs(), st.integers(2, 3), st.integers(1, 4), st.integers(0, 2**31))
+def test_giving_blocks_back_buys_capacity(c, B, block_size, seed):
+    """B sequences decoding together, long past the window, in a pool smaller than their blocks with
+    every group keeping every block: admitted at once, none preempted, every token as alone. (The
+    pool holds each one's global groups' blocks and a window's blocks per sliding group.)"""
+    from minillm.engine.engine import Engine
+    model, _ = build(c)
+    rng = np.random.default_rng(seed)
+    prompts, n_new = [rng.integers(0, c.vocab_size, 2) for _ in range(B)], c.window + 4 * block_size
+    n = 2 + n_new
+    n_global, n_sliding = group_counts(c)
+    kept = PagedKVPool.blocks_for_positions(c, n, block_size)          # one sequence, nothing given back
+    live = n_global * -(-n // block_size) + n_sliding * (-(-c.window // block_size) + 2)
+    num_blocks = max(B * live, kept)
+    assert num_blocks < B * kept                                       # too small for all kept
+    engine = Engine(model, num_blocks=num_blocks, block_size=block_size, max_batched_tokens=2 * B, max_seqs=B)
+    rs = [engine.add_request(p, n_new) for p in prompts]
+    engine.step()
+    assert len(engine.scheduler.running) == B
+    engine.run()
+    assert engine.scheduler.preemptions == 0
+    for p, r in zip(prompts, rs):
+        assert r.output == minillm.generate(model, p, n_new)
