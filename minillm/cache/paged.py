@@ -19,7 +19,11 @@ divisor of the two kinds' counts, so every block is the same size and one free l
 A block holds one group's P layers for block_size positions; a sequence keeps one block table per
 group (`tables`, every table the same length). A global group keeps every block; a sliding group
 gives a block back once every position in it fell behind the next query's window (`drop_behind`).
-Every other model is one group of all its layers: one table, as before.
+One pool for both kinds, not one each: a block a sliding group gives back can hold a global group's
+next positions, and no split of the memory between the kinds has to be guessed. A layer writes and
+reads through its own group's table (`write`, `read`); a pool of several groups is attended
+sequence by sequence (models/plan.py: its batched gather and paged kernels take one table). Every
+other model is one group of all its layers, one table: P = L below.
 
     pool.k  [P, Hkv, num_blocks, block_size, hd]   layer l at row pool.slot_of[l] of its group's blocks
 
@@ -166,7 +170,8 @@ class PagedKVPool:
     def block_nbytes_for(cls, config: ModelConfig, block_size: int, dtype=np.float32) -> int:
         """One block's bytes: its group's layers' K and V for block_size positions."""
         arrays = 1 if config.values_in_keys else 2
-        return arrays * len(layer_groups(config)[0][0]) * config.n_kv_head * config.head_dim * block_size * np.dtype(dtype).itemsize
+        layers = len(layer_groups(config)[0][0])
+        return arrays * layers * config.n_kv_head * config.head_dim * block_size * np.dtype(dtype).itemsize
 
     @classmethod
     def from_memory(cls, config: ModelConfig, nbytes: int, block_size: int = 16, dtype=np.float32,

@@ -117,7 +117,9 @@ class BlockManager:
                 for b in range(0, self.num_blocks, stride)]
 
     def fits(self, n_positions: int) -> bool:
-        """Could a sequence of n_positions ever run here (with the whole pool to itself)?"""
+        """Could a sequence of n_positions ever run here (with the whole pool to itself)? Counted with
+        no block given back behind a window: a preempted sequence is admitted again with every position
+        it has, its blocks all reserved before its sliding groups give any back."""
         return self.blocks_for(n_positions) + self.state_blocks <= self.num_blocks
 
     def blocks_held(self, seq: Sequence) -> int:
