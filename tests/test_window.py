@@ -442,3 +442,13 @@ def test_giving_blocks_back_buys_capacity(c, B, block_size, seed):
     assert engine.scheduler.preemptions == 0
     for p, r in zip(prompts, rs):
         assert r.output == minillm.generate(model, p, n_new)
+
+
+def test_serve_says_what_a_block_holds_where_the_layers_form_groups():
+    """`minillm serve`'s first line: a block of a pool of several groups is one group's layers."""
+    from minillm.cli.serve import groups_note
+    gemma = minillm.load("tests/fixtures/w6/gemma3-tiny", kernels="numpy").config
+    gptoss_ = minillm.load("tests/fixtures/w6/gptoss-tiny", kernels="numpy").config
+    assert groups_note(PagedKVPool(gemma, 6, 4)) == " (a block: one group's 1 layer, 6 groups)"
+    assert groups_note(PagedKVPool(gptoss_, 6, 4)) == " (a block: one group's 2 layers, 2 groups)"
+    assert groups_note(PagedKVPool(all_sliding(gemma), 6, 4)) == ""
