@@ -127,7 +127,8 @@ class BlockManager:
 
     def usage(self, seqs) -> tuple[int, int]:
         """(positions stored, positions reserved) in the blocks these sequences hold; a shared block
-        counts once."""
+        counts once, and where the layers form several groups each group's blocks count (a position
+        is stored once per group)."""
         bs, filled = self.block_size, {}
         for s in seqs:
             c = s.cache
