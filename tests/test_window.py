@@ -452,3 +452,43 @@ def test_serve_says_what_a_block_holds_where_the_layers_form_groups():
     assert groups_note(PagedKVPool(gemma, 6, 4)) == " (a block: one group's 1 layer, 6 groups)"
     assert groups_note(PagedKVPool(gptoss_, 6, 4)) == " (a block: one group's 2 layers, 2 groups)"
     assert groups_note(PagedKVPool(all_sliding(gemma), 6, 4)) == ""
+
+
+@pytest.mark.parametrize("kernels", ["fused", "int8"])
+def test_a_pool_of_groups_runs_its_global_layers_through_the_paged_kernel(kernels, monkeypatch):
+    """Gemma 3's fixture (its global layer attends plainly) in a pool of six groups, three sequences
+    decoding together past the window with a kernel set's paged kernel: the global layer's step reads
+    its own group's blocks in place (the kernel called once a sequence and step), and every row is
+    NumPy's alone in a contiguous cache."""
+    from minillm.errors import MiniLLMError
+    from minillm.models import kernel_sets, ops
+    try:
+        kernel_sets.spec(kernels).check()
+    except MiniLLMError:
+        pytest.skip(f"{kernels} cannot run here")
+    calls = []
+    paged = ops.paged_decode_attention
+    monkeypatch.setattr(ops, "paged_decode_attention", lambda *a, **k: calls.append(1) or paged(*a, **k))
+    ref = minillm.load("tests/fixtures/w6/gemma3-tiny", kernels="numpy")
+    model = minillm.load("tests/fixtures/w6/gemma3-tiny", kernels=kernels)
+    rng = np.random.default_rng(5)
+    ps, ts = [rng.integers(0, 500, n) for n in (5, 13, 3)], rng.integers(0, 500, 14)
+    alone = []
+    for p in ps:
+        logits, cache = ref.prefill(p)
+        alone.append([logits] + [ref.decode_step(int(t), cache) for t in ts])
+    pool = PagedKVPool(model.config, sum(PagedKVPool.blocks_for_positions(model.config, len(p) + 14, 4)
+                                         for p in ps), 4)
+    caches = [pool.sequence() for _ in ps]
+    for cache, p in zip(caches, ps):
+        cache.reserve(len(p))
+    rows = [[r] for r in model.step(list(zip(ps, caches)))]
+    for t in ts:
+        for cache in caches:
+            cache.reserve(1)
+        for i, r in enumerate(model.step([(np.array([t]), cache) for cache in caches])):
+            rows[i].append(r)
+    assert len(calls) == 3 * len(ts) and pool.dropped > 0
+    tol = 2e-2 if kernels == "int8" else 1e-4
+    for got, want in zip(rows, alone):
+        np.testing.assert_allclose(np.array(got), np.array(want), rtol=0, atol=tol)

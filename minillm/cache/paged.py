@@ -21,8 +21,8 @@ group (`tables`, every table the same length). A global group keeps every block;
 gives a block back once every position in it fell behind the next query's window (`drop_behind`).
 One pool for both kinds, not one each: a block a sliding group gives back can hold a global group's
 next positions, and no split of the memory between the kinds has to be guessed. A layer writes and
-reads through its own group's table (`write`, `read`); a pool of several groups is attended
-sequence by sequence (models/plan.py: its batched gather and paged kernels take one table). Every
+reads through its own group's table (`write`, `read`, and models/plan.py's paged kernel call); a
+pool of several groups is attended sequence by sequence (the batched gather takes one table). Every
 other model is one group of all its layers, one table: P = L below.
 
     pool.k  [P, Hkv, num_blocks, block_size, hd]   layer l at row pool.slot_of[l] of its group's blocks
