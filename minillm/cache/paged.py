@@ -13,6 +13,20 @@ Blocks are numbered; the allocator keeps a free list and a reference count per b
 can be shared by several sequences (a common prompt prefix) and returns to the free list only when
 its last user lets it go.
 
+KV cache groups (vLLM's name): a model that mixes sliding and global layers (Gemma 3: 5 to 1;
+gpt-oss: alternating) splits its layers by kind into groups of P layers each, P the greatest common
+divisor of the two kinds' counts, so every block is the same size and one free list serves them all.
+A block holds one group's P layers for block_size positions; a sequence keeps one block table per
+group (`tables`, every table the same length). A global group keeps every block; a sliding group
+gives a block back once every position in it fell behind the next query's window (`drop_behind`).
+One pool for both kinds, not one each: a block a sliding group gives back can hold a global group's
+next positions, and no split of the memory between the kinds has to be guessed. A layer writes and
+reads through its own group's table (`write`, `read`, and models/plan.py's paged kernel call); a
+pool of several groups is attended sequence by sequence (the batched gather takes one table). Every
+other model is one group of all its layers, one table: P = L below.
+
+    pool.k  [P, Hkv, num_blocks, block_size, hd]   layer l at row pool.slot_of[l] of its group's blocks
+
 Reading a sequence's keys for attention: when its blocks are one ascending run (b, b+1, ...), the
 [Hkv, t, hd] keys are a view of the pool, no copy; otherwise they are gathered through the block
 table into a fresh array. That gather is a real copy, counted as such: the pool is read (kv_read),
@@ -21,6 +35,7 @@ the copy written and then read again by attention (activations).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import numpy as np
@@ -104,6 +119,19 @@ class BlockAllocator:
         return False
 
 
+def layer_groups(config) -> list[tuple[tuple[int, ...], int | None]]:
+    """The pool's KV cache groups, (their layers, their window: None for global), global groups first.
+    Every layer global, or every layer sliding: one group of them all. Mixed: each kind's layers in
+    runs of P = gcd(global count, sliding count), so that every group's block has the same bytes."""
+    L, sliding = config.n_layer, tuple(config.window_layers)
+    full = tuple(layer for layer in range(L) if layer not in sliding)
+    if not sliding or not full:
+        return [(tuple(range(L)), config.window if sliding else None)]
+    P = math.gcd(len(full), len(sliding))
+    return ([(full[i:i + P], None) for i in range(0, len(full), P)]
+            + [(sliding[i:i + P], config.window) for i in range(0, len(sliding), P)])
+
+
 class PagedKVPool:
     """The memory: K and V blocks for every layer, shared by all sequences, and their allocator.
 
@@ -128,15 +156,22 @@ class PagedKVPool:
         self.config = config
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
-        shape = (config.n_layer, config.n_kv_head, num_blocks, block_size, config.head_dim)
+        self.groups = layer_groups(config)          # [(layers, window)]: one group unless kinds mix
+        self.group_of, self.slot_of = [0] * config.n_layer, [0] * config.n_layer
+        for g, (layers, _) in enumerate(self.groups):
+            for j, layer in enumerate(layers):
+                self.group_of[layer], self.slot_of[layer] = g, j
+        shape = (len(self.groups[0][0]), config.n_kv_head, num_blocks, block_size, config.head_dim)
         self.k = untouched_zeros(shape, dtype, xp)   # [L, Hkv, blocks, bs, hd]; pages are touched as blocks fill
         self.shared = config.values_in_keys          # a latent pool: the values are the keys' first columns
         self.v = self.k[..., :self.shared] if self.shared else untouched_zeros(shape, dtype, xp)
 
     @classmethod
     def block_nbytes_for(cls, config: ModelConfig, block_size: int, dtype=np.float32) -> int:
+        """One block's bytes: its group's layers' K and V for block_size positions."""
         arrays = 1 if config.values_in_keys else 2
-        return arrays * config.n_layer * config.n_kv_head * config.head_dim * block_size * np.dtype(dtype).itemsize
+        layers = len(layer_groups(config)[0][0])
+        return arrays * layers * config.n_kv_head * config.head_dim * block_size * np.dtype(dtype).itemsize
 
     @classmethod
     def from_memory(cls, config: ModelConfig, nbytes: int, block_size: int = 16, dtype=np.float32,
@@ -148,6 +183,11 @@ class PagedKVPool:
                 f"a KV memory of {nbytes:,} bytes holds no block: one block of {block_size} positions takes "
                 f"{per_block:,} bytes for this model; give at least that much")
         return cls(config, nbytes // per_block, block_size, dtype, xp)
+
+    @classmethod
+    def blocks_for_positions(cls, config: ModelConfig, n_positions: int, block_size: int = 16) -> int:
+        """The blocks n_positions take with none given back: a block per group per block_size positions."""
+        return len(layer_groups(config)) * -(-n_positions // block_size)
 
     @property
     def num_blocks(self) -> int:
@@ -161,40 +201,66 @@ class PagedKVPool:
         return self.k.nbytes + (0 if self.shared else self.v.nbytes)
 
     def copy_block(self, src: int, dst: int) -> None:
-        """Block dst's keys and values become a copy of block src's, every layer."""
+        """Block dst's keys and values become a copy of block src's, every layer of its group."""
         self.k[:, :, dst] = self.k[:, :, src]
         if not self.shared:
             self.v[:, :, dst] = self.v[:, :, src]
 
-    def sequence(self, table: list[int] | None = None, length: int = 0) -> "PagedKVCache":
-        """A new sequence in this pool (empty, or holding `length` positions in `table`'s blocks)."""
-        return PagedKVCache(self, table, length)
+    def sequence(self, table: list[int] | None = None, length: int = 0,
+                 tables: list[list[int]] | None = None) -> "PagedKVCache":
+        """A new sequence in this pool (empty, or holding `length` positions in `table`'s blocks, or in
+        `tables`', one per group, where the model's layers form several groups)."""
+        return PagedKVCache(self, table, length, tables)
 
 
 DROPPED = -1   # a table entry whose block was given back: every position in it fell behind the window
 
 
 class PagedKVCache(CacheBase):
-    """One sequence's view of a pool: its block table and its length. Speaks the cache protocol.
+    """One sequence's view of a pool: its block tables (one per KV cache group) and its length.
+    Speaks the cache protocol.
 
-    A model whose every layer slides (config.Layout's window_layers: all of them) never reads a
-    position again once it fell behind the window of the next query: after each step the blocks
-    wholly behind it go back to the pool (`drop_behind`, their entries DROPPED). Where some layer sees
-    every position (Gemma 3's and gpt-oss's global layers) no block is given back: a block holds
-    its positions for every layer at once."""
+    A sliding group's layers never read a position again once it fell behind the window of the next
+    query: after each step its blocks wholly behind it go back to the pool (`drop_behind`, their
+    entries DROPPED, counted in `dropped`). A global group (Gemma 3's and gpt-oss's global layers)
+    keeps every block. `table` is the first group's table (the only one unless the kinds mix)."""
 
-    def __init__(self, pool: PagedKVPool, table: list[int] | None = None, length: int = 0) -> None:
+    def __init__(self, pool: PagedKVPool, table: list[int] | None = None, length: int = 0,
+                 tables: list[list[int]] | None = None) -> None:
         self.pool = pool
         self.config = pool.config
         self.dtype = pool.k.dtype
-        self.table: list[int] = table if table is not None else []
+        n = len(pool.groups)
+        if tables is None:
+            if table and n > 1:
+                raise MiniLLMError("this model mixes sliding and global layers: its paged sequences keep one "
+                                   f"block table per group ({n}), not one")
+            tables = [table if table is not None else []] + [[] for _ in range(n - 1)]
+        self.tables: list[list[int]] = tables
+        self.slides = [window is not None for _, window in pool.groups]
         self.length = length
-        self.dropped = 0                     # leading table entries given back behind the window
-        self._run = self._run_length(0, 0)   # how many leading blocks form one ascending run
+        self.dropped = 0                     # leading entries of each sliding group's table given back
+        self._runs = [self._run_length(t, 0, 0) for t in tables]   # each table's leading ascending run
 
-    def _run_length(self, start: int, run: int) -> int:
-        """The ascending run at the table's head, given `run` over its first `start` blocks."""
-        t = self.table
+    @property
+    def table(self) -> list[int]:
+        return self.tables[0]
+
+    @table.setter
+    def table(self, value: list[int]) -> None:
+        self.tables[0] = value
+
+    @property
+    def _run(self) -> int:
+        return self._runs[0]
+
+    @_run.setter
+    def _run(self, value: int) -> None:
+        self._runs[0] = value
+
+    @staticmethod
+    def _run_length(t: list[int], start: int, run: int) -> int:
+        """The ascending run at the head of table t, given `run` over its first `start` blocks."""
         if run < start or not t:
             return run
         run = max(run, 1)
@@ -211,9 +277,13 @@ class PagedKVCache(CacheBase):
         """Positions its blocks hold room for (up to the context)."""
         return min(len(self.table) * self.block_size, self.n_ctx)
 
+    def blocks_held(self) -> int:
+        """Blocks it holds now, every group's (those given back behind a window not counted)."""
+        return sum(len(t) - (self.dropped if s else 0) for t, s in zip(self.tables, self.slides))
+
     def blocks_needed(self, n_new: int) -> int:
-        """How many more blocks n_new more positions take."""
-        return max(0, -(-(self.length + n_new) // self.block_size) - len(self.table))
+        """How many more blocks n_new more positions take (one per group per new block of positions)."""
+        return len(self.tables) * max(0, -(-(self.length + n_new) // self.block_size) - len(self.table))
 
     def reserve(self, n_new: int) -> None:
         """Room for n_new more positions: new blocks from the pool, all or none."""
@@ -221,61 +291,65 @@ class PagedKVCache(CacheBase):
         self.extend(self.pool.allocator.allocate_many(self.blocks_needed(n_new)))
 
     def extend(self, blocks: list[int]) -> None:
-        """Append blocks (already allocated to this sequence) to the table."""
-        before = len(self.table)
-        self.table.extend(blocks)
-        self._run = self._run_length(before, self._run)
+        """Append blocks (already allocated to this sequence) to the tables: as many to each group's."""
+        n = len(blocks) // len(self.tables)
+        for g, t in enumerate(self.tables):
+            before = len(t)
+            t.extend(blocks[g * n:(g + 1) * n])
+            self._runs[g] = self._run_length(t, before, self._runs[g])
 
-    def _where(self, pos: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    def _where(self, table: list[int], pos: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         p = np.arange(pos, pos + n)                                # laid out on the host, moved to the pool's device
         xp = backend.namespace(self.pool.k)
-        return xp.asarray(np.asarray(self.table, dtype=np.intp)[p // self.block_size]), xp.asarray(p % self.block_size)
+        return xp.asarray(np.asarray(table, dtype=np.intp)[p // self.block_size]), xp.asarray(p % self.block_size)
 
     def write(self, layer: int, pos: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store keys and values [Hkv, n, hd] of positions pos .. pos+n-1 into their blocks."""
         n = k.shape[1]
         v = None if self.pool.shared else v                       # a latent pool: the keys hold the values
+        table, row = self.tables[self.pool.group_of[layer]], self.pool.slot_of[layer]
         if n == 1:
-            b, o = self.table[pos // self.block_size], pos % self.block_size
-            self.pool.k[layer, :, b, o] = k[:, 0]
+            b, o = table[pos // self.block_size], pos % self.block_size
+            self.pool.k[row, :, b, o] = k[:, 0]
             if v is not None:
-                self.pool.v[layer, :, b, o] = v[:, 0]
+                self.pool.v[row, :, b, o] = v[:, 0]
         else:
-            blocks, offsets = self._where(pos, n)
-            self.pool.k[layer][:, blocks, offsets] = k
+            blocks, offsets = self._where(table, pos, n)
+            self.pool.k[row][:, blocks, offsets] = k
             if v is not None:
-                self.pool.v[layer][:, blocks, offsets] = v
+                self.pool.v[row][:, blocks, offsets] = v
         m = meter.active()
         if m is not None:
             m.count("kv_write", kv_write=k.nbytes + (0 if v is None else v.nbytes))
 
-    def contiguous(self, n_blocks: int) -> bool:
-        """Are the first n_blocks of the table one ascending run (b, b+1, ...)? (Kept up to date by
-        reserve and truncate: change the table only through them.)"""
-        return n_blocks <= self._run
+    def contiguous(self, n_blocks: int, group: int = 0) -> bool:
+        """Are the first n_blocks of a group's table one ascending run (b, b+1, ...)? (Kept up to date
+        by reserve and truncate: change the tables only through them.)"""
+        return n_blocks <= self._runs[group]
 
     def read(self, layer: int, t: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Keys and values of positions start .. t-1, [Hkv, t - start, hd] each: a view of the pool when
-        their blocks are one ascending run, else a copy gathered through the block table (start > 0: a
-        sliding window's positions, from the block that holds `start`)."""
-        bs = self.block_size
+        their blocks are one ascending run, else a copy gathered through the layer's block table
+        (start > 0: a sliding window's positions, from the block that holds `start`)."""
+        bs, g = self.block_size, self.pool.group_of[layer]
+        table, row = self.tables[g], self.pool.slot_of[layer]
         first, nb = start // bs, -(-t // bs)                       # the blocks read: first .. nb-1
-        if first < self.dropped:
+        if self.slides[g] and first < self.dropped:
             raise MiniLLMError(f"positions {start} .. {t - 1}: the blocks before position {self.dropped * bs} "
                                "fell behind the sliding window and went back to the pool")
         lo, hi = start - first * bs, t - first * bs                # the positions' rows in them
         H, hd = self.config.n_kv_head, self.config.head_dim
         shared = self.pool.shared                                  # a latent pool: keys only, values in them
-        pools = (self.pool.k[layer],) if shared else (self.pool.k[layer], self.pool.v[layer])   # [Hkv, blocks, bs, hd]
-        run = self.contiguous(nb) if first == 0 else self.contiguous_from(first, nb)
+        pools = (self.pool.k[row],) if shared else (self.pool.k[row], self.pool.v[row])   # [Hkv, blocks, bs, hd]
+        run = self.contiguous(nb, g) if first == 0 else self.contiguous_from(first, nb, table)
         n = nb - first
         if run:
-            b0 = self.table[first]
+            b0 = table[first]
             kv = [p[:, b0:b0 + n].reshape(H, n * bs, hd)[:, lo:hi] for p in pools]   # views: no copy
             gathered = 0
         else:
             xp = backend.namespace(pools[0])
-            idx = xp.asarray(np.asarray(self.table[first:nb], dtype=np.intp))   # a gather: one copy of n blocks
+            idx = xp.asarray(np.asarray(table[first:nb], dtype=np.intp))        # a gather: one copy of n blocks
             kv = [xp.take(p, idx, axis=1).reshape(H, n * bs, hd)[:, lo:hi]      # (take writes it C-ordered, so
                   for p in pools]                                               # the reshape is free)
             gathered = len(pools) * H * n * bs * hd * pools[0].itemsize
@@ -289,9 +363,9 @@ class PagedKVCache(CacheBase):
                 m.count("kv_read", kv_read=used)
         return k, v
 
-    def contiguous_from(self, first: int, nb: int) -> bool:
-        """Are blocks first .. nb-1 of the table one ascending run?"""
-        t = self.table
+    def contiguous_from(self, first: int, nb: int, table: list[int] | None = None) -> bool:
+        """Are blocks first .. nb-1 of the table (the first group's unless given) one ascending run?"""
+        t = self.table if table is None else table
         return all(t[i + 1] == t[i] + 1 for i in range(first, nb - 1))
 
     def advance(self, n: int) -> None:
@@ -299,17 +373,19 @@ class PagedKVCache(CacheBase):
         self.drop_behind()
 
     def drop_behind(self) -> None:
-        """If every layer of the model slides: give back the blocks whose positions all fell behind the
-        window of the next query (at position `length`, its first key at length - window + 1)."""
+        """Give back each sliding group's blocks whose positions all fell behind the window of the next
+        query (at position `length`, its first key at length - window + 1); a global group keeps all."""
         c = self.config
-        if not c.window_layers or len(c.window_layers) < c.n_layer:
+        if not any(self.slides):
             return
         behind = min(max(0, self.length - c.window + 1) // self.block_size, len(self.table))
         while self.dropped < behind:
-            self.pool.allocator.release(self.table[self.dropped])
-            self.table[self.dropped] = DROPPED
+            for t, slides in zip(self.tables, self.slides):
+                if slides:
+                    self.pool.allocator.release(t[self.dropped])
+                    t[self.dropped] = DROPPED
+                    self.pool.dropped += 1
             self.dropped += 1
-            self.pool.dropped += 1
 
     def truncate(self, t: int) -> None:
         """Keep positions 0 .. t-1 and give back the blocks past them (back to a position whose window
@@ -319,12 +395,13 @@ class PagedKVCache(CacheBase):
             raise PromptError(f"truncate({t}): the blocks before position {self.dropped * self.block_size} fell "
                               "behind the sliding window and went back to the pool")
         keep = -(-t // self.block_size)
-        for b in reversed(self.table[keep:]):   # a prompt's last blocks go first to the free list
-            if b != DROPPED:
-                self.pool.allocator.release(b)
-        del self.table[keep:]
+        for g, table in enumerate(self.tables):
+            for b in reversed(table[keep:]):   # a prompt's last blocks go first to the free list
+                if b != DROPPED:
+                    self.pool.allocator.release(b)
+            del table[keep:]
+            self._runs[g] = min(self._runs[g], keep)
         self.dropped = min(self.dropped, keep)
-        self._run = min(self._run, keep)
         self.length = t
 
     def free(self) -> None:
@@ -333,16 +410,17 @@ class PagedKVCache(CacheBase):
 
     def fork(self) -> "PagedKVCache":
         """A second sequence with the same positions: full blocks are shared (one more reference
-        each), the partly filled last block is copied so both can write past it."""
+        each), each group's partly filled last block is copied so both can write past it."""
         bs = self.block_size
         full = self.length // bs
-        tail = []
-        if self.length % bs:                      # first the one allocation that can fail
-            b = self.pool.allocator.allocate()
-            self.pool.copy_block(self.table[full], b)
-            tail.append(b)
-        table = [b if b == DROPPED else self.pool.allocator.share(b) for b in self.table[:full]]
-        other = PagedKVCache(self.pool, table + tail, self.length)
+        tails = []
+        if self.length % bs:                      # first the allocations that can fail
+            tails = self.pool.allocator.allocate_many(len(self.tables))
+            for t, b in zip(self.tables, tails):
+                self.pool.copy_block(t[full], b)
+        tables = [[b if b == DROPPED else self.pool.allocator.share(b) for b in t[:full]] + tails[g:g + 1]
+                  for g, t in enumerate(self.tables)]
+        other = PagedKVCache(self.pool, None, self.length, tables=tables)
         other.dropped = self.dropped
         return other
 

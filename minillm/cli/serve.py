@@ -114,7 +114,8 @@ def run(args) -> int:
     key = "API key required" if args.api_key else "no API key"
     shown = f"[{host}]" if ":" in host else host
     err.print(f"minillm serve: {escape(model.name)} on http://{shown}:{port} ({where}; {key}); "
-              f"KV pool {loop.pool.num_blocks} blocks of {args.block_size} positions, up to {args.max_seqs} "
+              f"KV pool {loop.pool.num_blocks} blocks of {args.block_size} positions"
+              f"{groups_note(loop.pool)}, up to {args.max_seqs} "
               f"sequences and {args.max_batched_tokens} tokens a step"
               f"{', prefix cache on' if args.prefix_cache else ''}"
               f", {kernels_label(model)}. "
@@ -140,6 +141,15 @@ def run(args) -> int:
             err.print(trace_line(args.trace, [tm]), soft_wrap=False)
     err.print("minillm serve: stopped")
     return 0
+
+
+def groups_note(pool) -> str:
+    """What a block holds where a model's layers form several KV cache groups (cache/paged.py)."""
+    groups = getattr(pool, "groups", ())
+    if len(groups) < 2:
+        return ""
+    n = len(groups[0][0])
+    return f" (a block: one group's {n} layer{'s' * (n > 1)}, {len(groups)} groups)"
 
 
 def _log(line: str) -> None:

@@ -83,7 +83,8 @@ def generate_batch(model, prompts, max_new_tokens, *, temperature: float = 0.0, 
             raise PromptError(f"prompt {i}: {e}") from None
         checked.append((ids, int(limit)))
     per_state = model.POOL.state_blocks_for(model.config, block_size, model.dtype)   # a hybrid's states
-    blocks = sum(-(-(ids.size + limit) // block_size) + per_state for ids, limit in checked)
+    blocks = sum(model.POOL.blocks_for_positions(model.config, ids.size + limit, block_size) + per_state
+                 for ids, limit in checked)
     engine = Engine(model, num_blocks=max(blocks, 1), block_size=block_size, cache=cache, policy="static",
                     max_seqs=n, max_batched_tokens=max(sum(ids.size for ids, _ in checked), 1), meter=False,
                     on_step=None if on_step is None else (lambda e, info: on_step(info.sequences)))

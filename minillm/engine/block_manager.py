@@ -13,6 +13,13 @@ any more stays on the allocator's free list with its contents: a later hit takes
 (`revive`); a new allocation takes the block freed longest ago and the cache forgets it
 (least recently used eviction, the allocator's `on_reuse` hook).
 
+A model that mixes sliding and global layers keeps one block table per KV cache group (cache/paged.py).
+Its groups meet the prefix cache simply: the first group's block is named by the chain's hash as
+above, group g's by that hash with g in it (`group_hash`), and a block of positions is a hit only when
+every group's block for it is still in the pool (held, or given back and not yet handed out again). A
+sliding group's block given back behind a window stays findable that way until it is reused; once it
+is, the prefix from there on is computed again.
+
 A prompt that is cached whole still computes its last position (its logits give the first new
 token): its last cached block is copied into a fresh block, and the sequence starts one position
 before the end of the prompt.
@@ -43,6 +50,12 @@ def block_hash(parent: bytes | None, tokens) -> bytes:
     return h.digest()
 
 
+def group_hash(h: bytes, group: int) -> bytes:
+    """Group g's name for the block the chain names h (group 0's is h itself; a token id is never
+    negative, so -g names no block of positions)."""
+    return h if group == 0 else block_hash(h, (-group,))
+
+
 def write_all(cache, k: np.ndarray, v: np.ndarray) -> None:
     """Every layer's keys and values of positions 0..T-1, k, v [L, Hkv, T, hd], into an empty cache
     that has room for them; the cache then holds T positions."""
@@ -70,6 +83,7 @@ class BlockManager:
         self.state_blocks = pool.state_blocks   # what a sequence's fixed state costs (a hybrid)
         self.allocator = pool.allocator
         self.block_size = pool.block_size
+        self.n_groups = len(pool.groups)         # blocks a block of positions takes: one per group
         self.prefix_cache = prefix_cache
         self.cached: dict[bytes, int] = {}      # block hash -> block number
         self.hash_of: dict[int, bytes] = {}     # block number -> its hash
@@ -91,7 +105,8 @@ class BlockManager:
         return self.allocator.num_blocks
 
     def blocks_for(self, n_positions: int) -> int:
-        return -(-n_positions // self.block_size)
+        """Blocks n_positions take with none given back (one per group per block of positions)."""
+        return self.n_groups * -(-n_positions // self.block_size)
 
     def block_states(self, stride: int = 1) -> list[str]:
         """Every `stride`-th block's state, in block order: "shared" (held by several sequences),
@@ -102,20 +117,25 @@ class BlockManager:
                 for b in range(0, self.num_blocks, stride)]
 
     def fits(self, n_positions: int) -> bool:
-        """Could a sequence of n_positions ever run here (with the whole pool to itself)?"""
+        """Could a sequence of n_positions ever run here (with the whole pool to itself)? Counted with
+        no block given back behind a window: a preempted sequence is admitted again with every position
+        it has, its blocks all reserved before its sliding groups give any back."""
         return self.blocks_for(n_positions) + self.state_blocks <= self.num_blocks
 
     def blocks_held(self, seq: Sequence) -> int:
-        return len(seq.cache.table) - seq.cache.dropped if seq.cache is not None else 0
+        return seq.cache.blocks_held() if seq.cache is not None else 0
 
     def usage(self, seqs) -> tuple[int, int]:
         """(positions stored, positions reserved) in the blocks these sequences hold; a shared block
-        counts once."""
+        counts once, and where the layers form several groups each group's blocks count (a position
+        is stored once per group)."""
         bs, filled = self.block_size, {}
         for s in seqs:
             c = s.cache
-            for j, b in enumerate(c.table[c.dropped:], c.dropped):     # (the blocks behind a window: given back)
-                filled[b] = max(filled.get(b, 0), min(bs, max(0, c.length - j * bs)))
+            for table, slides in zip(c.tables, c.slides):
+                skip = c.dropped if slides else 0                       # (the blocks behind a window: given back)
+                for j, b in enumerate(table[skip:], skip):
+                    filled[b] = max(filled.get(b, 0), min(bs, max(0, c.length - j * bs)))
         return sum(filled.values()), len(filled) * bs
 
     def _forget(self, block: int) -> None:
@@ -132,7 +152,7 @@ class BlockManager:
     def room(self, seq: Sequence) -> int:
         """How many more positions the sequence can take now: its blocks' room and every free block."""
         c = seq.cache
-        return (len(c.table) + self.n_free) * self.block_size - c.length
+        return (len(c.table) + self.n_free // self.n_groups) * self.block_size - c.length
 
     def append(self, seq: Sequence, n: int) -> None:
         """Blocks for n more positions (all or none)."""
@@ -149,7 +169,7 @@ class BlockManager:
         hashes: list[bytes] = []
         for j in range(len(tokens) // bs):
             h = block_hash(hashes[-1] if hashes else None, tokens[j * bs:(j + 1) * bs])
-            if h not in self.cached:
+            if any(group_hash(h, g) not in self.cached for g in range(self.n_groups)):
                 break
             hashes.append(h)
         return Match(min(len(hashes) * bs, len(tokens) - 1), hashes)
@@ -158,8 +178,9 @@ class BlockManager:
         """Free blocks admitting the sequence takes: its whole pending length's blocks, less the cached
         ones it shares (a cached block nobody holds is taken off the free list: it counts)."""
         shared = m.cached // self.block_size
-        revived = sum(1 for h in m.hashes[:shared] if self.allocator.refs[self.cached[h]] == 0)
-        return self.blocks_for(len(seq)) - shared + revived + self.state_blocks
+        revived = sum(1 for h in m.hashes[:shared] for g in range(self.n_groups)
+                      if self.allocator.refs[self.cached[group_hash(h, g)]] == 0)
+        return self.blocks_for(len(seq)) - shared * self.n_groups + revived + self.state_blocks
 
     def can_admit(self, seq: Sequence, m: Match) -> bool:
         states = self.pool.states               # a hybrid's: a free state slot too (blocks of no bytes)
@@ -173,23 +194,32 @@ class BlockManager:
         if self.prefix_cache:
             self.lookup_tokens += len(seq)
         full = m.cached // bs
-        table = [a.share(b) if a.refs[b] else a.revive(b) for b in (self.cached[h] for h in m.hashes[:full])]
+        tables = [[a.share(b) if a.refs[b] else a.revive(b)
+                   for b in (self.cached[group_hash(h, g)] for h in m.hashes[:full])] for g in range(self.n_groups)]
         cache = None
         try:
             if m.cached % bs:             # the whole prompt was cached: copy its last block, write after it
-                src = self.cached[m.hashes[full]]
-                b = a.allocate()          # first: an unheld src stays intact unless it is the block handed out
-                if b != src:              # (b == src: the block already holds what the copy would write)
-                    self.pool.copy_block(src, b)
-                table.append(b)
-            cache = self.pool.sequence(table, m.cached)     # a hybrid's: its state's blocks taken too
+                srcs = [self.cached[group_hash(m.hashes[full], g)] for g in range(self.n_groups)]
+                fresh = a.allocate_many(self.n_groups)   # first: an unheld src stays intact unless handed out
+                spare = [b for b in fresh if b not in srcs]
+                for table, src in zip(tables, srcs):
+                    if src in fresh:      # handed out: it already holds what the copy would write
+                        table.append(src)
+                    else:                 # (a spare block is no group's src: the copy overwrites none)
+                        table.append(spare.pop())
+                        self.pool.copy_block(src, table[-1])
+            if self.n_groups == 1:        # a hybrid's: its state's blocks taken too
+                cache = self.pool.sequence(tables[0], m.cached)
+            else:
+                cache = self.pool.sequence(None, m.cached, tables)
             cache.reserve(len(seq) - m.cached)
         except KVCacheFullError:
             if cache is not None:
                 cache.free()
             else:
-                for t in reversed(table):
-                    a.release(t)
+                for table in reversed(tables):
+                    for t in reversed(table):
+                        a.release(t)
             raise
         self.hit_tokens += m.cached
         self.hashes[seq.id] = m.hashes[:full]
@@ -215,11 +245,13 @@ class BlockManager:
         known = self.hashes.setdefault(seq.id, [])
         tokens = seq.tokens
         for j in range(len(known), full):
-            h, b = block_hash(known[-1] if known else None, tokens[j * bs:(j + 1) * bs]), cache.table[j]
+            h = block_hash(known[-1] if known else None, tokens[j * bs:(j + 1) * bs])
             known.append(h)
-            if b >= 0 and h not in self.cached and b not in self.hash_of:    # (b < 0: given back behind a window)
-                self.cached[h] = b
-                self.hash_of[b] = h
+            for g, table in enumerate(cache.tables):
+                hg, b = group_hash(h, g), table[j]
+                if b >= 0 and hg not in self.cached and b not in self.hash_of:   # (b < 0: given back behind a window)
+                    self.cached[hg] = b
+                    self.hash_of[b] = hg
 
     def free(self, seq: Sequence) -> None:
         """Every block of the sequence back (cached ones stay findable until they are evicted)."""

@@ -64,7 +64,8 @@ def step(model, seqs: list[Sequence]) -> None:
 def start(model, B: int, context: int, steps: int, rng) -> list[Sequence]:
     """B sequences, prompts of `context` random tokens, prefilled in one batched step."""
     c = model.config
-    pool = PagedKVPool(model.config, B * -(-(context + steps + 1) // 16), 16, model.dtype, model.xp)
+    pool = PagedKVPool(model.config, B * PagedKVPool.blocks_for_positions(model.config, context + steps + 1),
+                       16, model.dtype, model.xp)
     seqs = [Sequence(rng.integers(0, c.vocab_size, context), steps + 1) for _ in range(B)]
     for s in seqs:
         s.cache = pool.sequence()

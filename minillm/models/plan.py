@@ -62,8 +62,8 @@ class PerSequence:
         self.spans = spans
         self.K = K
         self.tables = {}
-        if K.paged_decode is not None:                                     # [1, blocks], once a step
-            self.tables = {id(s): np.asarray(s.cache.table, dtype=np.intp)[None]
+        if K.paged_decode is not None:                                     # [1, blocks] a group, once a step
+            self.tables = {id(s): [np.asarray(t, dtype=np.intp)[None] for t in s.cache.tables]
                            for s in spans if s.n == 1 and paged_float32(s.cache) is not None}
 
     def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
@@ -87,10 +87,10 @@ class PerSequence:
         kernel where it takes them, else NumPy's form); spec.expand(k, v) -> (k, v): what attention
         takes, made from the positions the cache read (a latent cache's rows decompressed)."""
         s.cache.write(layer, s.pos, k, v)
-        table = self.tables.get(id(s))
-        if table is not None and not spec.asks():                          # plain: the paged kernel, in place
-            pool = s.cache.pool
-            return self.K.paged_decode(q, pool.k[layer], pool.v[layer], table, [s.pos + 1])
+        tables = self.tables.get(id(s))
+        if tables is not None and not spec.asks():                         # plain: the paged kernel, in place
+            pool, row = s.cache.pool, s.cache.pool.slot_of[layer]          # its rows, its group's table
+            return self.K.paged_decode(q, pool.k[row], pool.v[row], tables[pool.group_of[layer]], [s.pos + 1])
         lo = 0 if spec.window is None else max(0, s.pos - spec.window + 1)   # a window: its first query's first key
         k_all, v_all = s.cache.read_rows(layer, s.pos + s.n, lo)           # [Hkv, >= pos+n-lo, hd]: lo .. pos+n-1
         if spec.expand is not None:
@@ -234,8 +234,8 @@ def batched_decode(spans: list[Span], K: KernelSet) -> BatchedDecode | None:
     if not K.gather_decode or len(spans) < 2 or any(s.n != 1 for s in spans):
         return None
     pool = spans[0].cache.pool
-    if pool is None or any(s.cache.pool is not pool for s in spans):
-        return None
+    if pool is None or len(pool.groups) > 1 or any(s.cache.pool is not pool for s in spans):
+        return None                   # (several KV cache groups, several tables: each sequence on its own)
     if K.paged_decode is not None and paged_float32(spans[0].cache) is not None:
         return BatchedDecode(pool, [s.cache for s in spans], K.paged_decode)
     if max(s.pos for s in spans) >= BATCHED_DECODE_KEYS:
