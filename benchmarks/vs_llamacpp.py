@@ -117,7 +117,7 @@ def build_name(bin_dir: Path) -> str:
 def dies_here(bin_dir: Path, gguf: Path, threads: int) -> str | None:
     """Why this build cannot run on this CPU (a signal, e.g. SIGILL for AMX code on a host without it), or None."""
     out = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", "2",
-                          "-r", "1", "-o", "json"], capture_output=True, text=True)
+                          "-r", "1", "-o", "json"], capture_output=True, text=True)   
     if out.returncode < 0:
         import signal
         return f"killed by {signal.Signals(-out.returncode).name}"
@@ -153,7 +153,8 @@ def step_bytes(model, position: int = 32) -> int:
 
 
 def overlap(a: list[float], b: list[float]) -> bool:
-    return min(a) <= max(b) and min(b) <= max(a)
+    """True when the two sides' rounds overlap, or there are too few rounds (under 3) to rank at all."""
+    return len(a) < 3 or len(b) < 3 or (min(a) <= max(b) and min(b) <= max(a))
 
 
 def main() -> int:
@@ -203,6 +204,28 @@ def main() -> int:
     def add(case: str, side: str, value: float) -> None:
         rows.setdefault(case, {}).setdefault(side, []).append(value)
 
+    dead: set[tuple[str, str]] = set()                  # (case, build) that died on this CPU: said once, not run again
+
+    def llama(case: str, name: str, run) -> None:
+        """One llama.cpp measurement (run() gives tokens/s, or a dict of B -> tokens/s for the batch cases)."""
+        if (case, name) in dead:
+            return
+        try:
+            v = run()
+        except subprocess.CalledProcessError as exc:
+            if exc.returncode >= 0:
+                raise
+            import signal
+            dead.add((case, name))
+            print(f"llama.cpp {name} left out of {case}: killed by {signal.Signals(-exc.returncode).name} "
+                  "on this CPU", file=sys.stderr)
+            return
+        if isinstance(v, dict):
+            for B, rate in v.items():
+                add(f"GPT-2 f32 batch {B:2d}", f"llama.cpp {name}", rate)
+        else:
+            add(case, f"llama.cpp {name}", v)
+
     with limited(t):
         kernels.set_threads(t)
         from minillm.measure.hardware import machine
@@ -230,24 +253,23 @@ def main() -> int:
                 for k in ("int8", "fused"):
                     add("SmolLM2 Q4_1 decode", f"minillm {k}", decode_rate(models[f"smollm2 {k}"]))
                 for name, b in builds.items():
-                    add("SmolLM2 Q4_1 decode", f"llama.cpp {name}", llama_bench(b, smol_gguf, t, 0, 64))
+                    llama("SmolLM2 Q4_1 decode", name, lambda: llama_bench(b, smol_gguf, t, 0, 64))
                 for k in ("int8", "fused"):
                     add("SmolLM2 Q4_1 prefill 512", f"minillm {k}", prefill_rate(models[f"smollm2 {k}"]))
                 for name, b in builds.items():
-                    add("SmolLM2 Q4_1 prefill 512", f"llama.cpp {name}", llama_bench(b, smol_gguf, t, 512, 0))
+                    llama("SmolLM2 Q4_1 prefill 512", name, lambda: llama_bench(b, smol_gguf, t, 512, 0))
             if "gpt2" in cases:
                 add("GPT-2 f32 decode", "minillm fused", decode_rate(models["gpt2 fused"]))
                 for name, b in builds.items():
-                    add("GPT-2 f32 decode", f"llama.cpp {name}", llama_bench(b, gpt2_gguf, t, 0, 64))
+                    llama("GPT-2 f32 decode", name, lambda: llama_bench(b, gpt2_gguf, t, 0, 64))
                 add("GPT-2 f32 prefill 512", "minillm fused", prefill_rate(models["gpt2 fused"]))
                 for name, b in builds.items():
-                    add("GPT-2 f32 prefill 512", f"llama.cpp {name}", llama_bench(b, gpt2_gguf, t, 512, 0))
+                    llama("GPT-2 f32 prefill 512", name, lambda: llama_bench(b, gpt2_gguf, t, 512, 0))
             if "batch" in cases:
                 for B in BATCHES:
                     add(f"GPT-2 f32 batch {B:2d}", "minillm fused", batch_rate(models["gpt2 fused"], B))
                 for name, b in builds.items():
-                    for B, v in llama_batched(b, gpt2_gguf, t, BATCHES).items():
-                        add(f"GPT-2 f32 batch {B:2d}", f"llama.cpp {name}", v)
+                    llama("GPT-2 f32 batches", name, lambda: llama_batched(b, gpt2_gguf, t, BATCHES))
             print(f"round {r + 1} of {args.rounds} done", file=sys.stderr)
     med = {(c, side): statistics.median(v) for c, sides in rows.items() for side, v in sides.items()}
     print(f"{'case':26} {'side':24} {'tok/s':>9} {'range':>17}")
@@ -259,7 +281,7 @@ def main() -> int:
         ours = [s for s in rows.get(c, {}) if s.startswith("llama.cpp")]
         return max(ours, key=lambda s: med[c, s]) if ours else None
 
-    print(f"\nagainst the goals (medians of {args.rounds} rounds; ranges that overlap: not ranked):")
+    print(f"\nagainst the goals (medians of {args.rounds} rounds; ranges that overlap, or under 3 rounds: not ranked):")
     goals = []                                            # (what, ratio, goal, ranked?)
     if "q8" in cases:
         c = "random-124m decode"
