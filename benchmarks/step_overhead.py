@@ -222,8 +222,9 @@ def _trees(a, batches, argv, gbs: float, where: str) -> int:
     bw = gbs * 1e9
     names = [t.name for t in trees]
     print(f"{where}, threads: " + ", ".join(f"{n} {r['threads']}" for n, r in zip(names, ready)))
-    print(f"medians of {a.rounds} interleaved rounds [range]; trees: "
-          + ", ".join(f"{n} = {r['from']}" for n, r in zip(names, ready)))
+    print(f"medians of {a.rounds} interleaved rounds [range]; the trees' minillm:")
+    for n, r in zip(names, ready):
+        print(f"  {n} = {r['from']}")
     print("\nfixed cost of one, µs a call   " + "".join(f" {n[:23]:>23s}" for n in names))
     for name in rounds[0][0]["fixed"]:
         cells = []
