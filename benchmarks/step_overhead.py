@@ -19,8 +19,8 @@ paged pool. No figure is printed that this run did not measure.
 --trees A,B: the same run over each source tree's minillm (before and after a change), one worker
 process a tree (PYTHONPATH=the tree), each with its models loaded once; the rounds alternate between
 them, one worker timing while the others wait on their input, the order reversed every round. Then
-per (model, B) the step's µs beyond its bytes, its median over the rounds of each round's sum, with
-the range, tree beside tree.
+per (model, B) the step's µs beyond its bytes, its median over the rounds of each round's sum, and
+each operation's µs a call (the median of each round's medians), with their ranges, tree beside tree.
 """
 
 from __future__ import annotations
@@ -243,6 +243,13 @@ def _trees(a, batches, argv, gbs: float, where: str) -> int:
                 xs = [f(r["configs"][k]) for r in rs]
                 cells.append(f"{statistics.median(xs):.0f} [{min(xs):.0f}-{max(xs):.0f}]")
             print(f"  {label:28s} " + "".join(f" {c:>23s}" for c in cells))
+        for op in rounds[0][0]["configs"][k]["ops"]:          # each operation: µs a call, each round's median
+            cells = []
+            for rs in rounds:
+                xs = [statistics.median(d for d, _ in r["configs"][k]["ops"][op]) for r in rs
+                      if r["configs"][k]["ops"].get(op)]
+                cells.append(f"{statistics.median(xs):.1f} [{min(xs):.1f}-{max(xs):.1f}]" if xs else "-")
+            print(f"  {op[:14] + ', µs a call':28s} " + "".join(f" {c:>23s}" for c in cells))
     return 0
 
 
