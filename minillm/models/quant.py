@@ -65,7 +65,7 @@ def kept_counts(counts):
         memo = self.__dict__.get("_counts_kept")
         if memo is None:
             memo = self.__dict__["_counts_kept"] = {}
-        key = (counts, T, itemsize)                    # the function: a subclass's and its base's apart
+        key = (counts.__qualname__, T, itemsize)       # a subclass's and its base's apart
         c = memo.get(key)
         if c is None:
             c = counts(self, T, itemsize)
