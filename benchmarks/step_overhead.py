@@ -4,6 +4,8 @@ bytes (a Python call, a numba call, a parallel region, an argument check, a mete
 
     python benchmarks/step_overhead.py                                  # the bundled model, fused
     python benchmarks/step_overhead.py --model small,smollm2-135m:native --kernels int8
+    python benchmarks/step_overhead.py --model smollm2-135m:native@int8,random-124m@fused \
+        --trees /tmp/base,.                                             # two source trees, A/B
 
 One process, interleaved rounds: each round times every fixed cost and traces --steps decode steps
 of every (model, B) in turn (the caches cut back to the prompt after each, so every round decodes at
@@ -13,15 +15,25 @@ so it holds the operation's Python and dispatch as well as its compute. "at band
 over `minillm hardware`'s figure; "beyond" is the slice's median less that, in µs (what is not
 bytes: small operations are nearly all of it). B = 1 decodes over a contiguous cache, B > 1 over one
 paged pool. No figure is printed that this run did not measure.
+
+--trees A,B: the same run over each source tree's minillm (before and after a change), one worker
+process a tree (PYTHONPATH=the tree), each with its models loaded once; the rounds alternate between
+them, one worker timing while the others wait on their input, the order reversed every round. Then
+per (model, B) the step's µs beyond its bytes, its median over the rounds of each round's sum, and
+each operation's µs a call (the median of each round's medians), with their ranges, tree beside tree.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 
@@ -84,8 +96,9 @@ def _setup(spec: str, kernels: str, B: int, context: int, steps: int):
     engine use: the set's paged kernel attends the batch in one call)."""
     import minillm
     from minillm.cache.paged import PagedKVPool
+    spec, _, own = spec.partition("@")                  # NAME[:WEIGHTS][@KERNELS]: this model's own set
     name, _, weights = spec.partition(":")
-    model = minillm.load(name, weights=weights or "float32", kernels=kernels, quiet=True)
+    model = minillm.load(name, weights=weights or "float32", kernels=own or kernels, quiet=True)
     rng = np.random.default_rng(B)
     pool = PagedKVPool(model.config, B * -(-(context + steps + 1) // 16) + 1, 16) if B > 1 else None
     caches = []
@@ -116,6 +129,130 @@ def _trace_steps(model, caches, steps: int, context: int):
     return ops, step_us
 
 
+def _round(fixed: dict, configs: dict, a) -> dict:
+    """One round: every fixed cost, then --steps traced decode steps of every (model, B) in turn."""
+    out = {"fixed": {name: f() for name, f in fixed.items()}, "configs": {}}
+    for k, (model, caches) in configs.items():
+        ops, steps = _trace_steps(model, caches, a.steps, a.context)
+        out["configs"][k] = {"ops": dict(ops), "step": statistics.median(steps)}
+    return out
+
+
+def _beyond(ops: dict, per: int, bw: float) -> float:
+    """µs a step beyond the bytes: over the operations, calls a step x (median µs - its bytes' µs)."""
+    total = 0.0
+    for xs in ops.values():
+        us = statistics.median(d for d, _ in xs)
+        at = statistics.median(b for _, b in xs) / bw * 1e6
+        total += len(xs) / per * max(us - at, 0.0)
+    return total
+
+
+def _keys(a, batches) -> list[str]:
+    return [f"{m}|{B}" for m in a.model.split(",") if m.strip() for B in batches]
+
+
+def _worker(a, batches) -> int:
+    """--worker: load the configs, warm them, then answer each "round" line on stdin with one JSON line
+    (prefixed @@, so that anything else the package prints is ignored) until stdin closes."""
+    from minillm.errors import MiniLLMError
+    from minillm.kernels import runtime
+    try:
+        configs = {k: _setup(k.split("|")[0], a.kernels, int(k.split("|")[1]), a.context, a.steps)
+                   for k in _keys(a, batches)}
+    except MiniLLMError as e:
+        print(f"@@{json.dumps({'error': str(e)})}", flush=True)
+        return 2
+    fixed = _fixed_costs(a.reps)
+    for (model, caches) in configs.values():
+        _trace_steps(model, caches, 1, a.context)
+    import minillm
+    print("@@" + json.dumps({"ready": True, "threads": runtime.threads(), "from": str(Path(minillm.__file__).parent),
+                             "weights": {k: str(m.weights) for k, (m, _) in configs.items()},
+                             "kernels": {k: m.kernel_set.name for k, (m, _) in configs.items()}}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "round":
+            break
+        print("@@" + json.dumps(_round(fixed, configs, a)), flush=True)
+    return 0
+
+
+def _answer(proc) -> dict:
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError("a worker stopped before answering (its stderr is above)")
+        if line.startswith("@@"):
+            return json.loads(line[2:])
+
+
+def _trees(a, batches, argv, gbs: float, where: str) -> int:
+    """--trees: one worker per tree, rounds alternating between them; the table tree beside tree."""
+    trees = [Path(t).resolve() for t in a.trees.split(",") if t.strip()]
+    for t in trees:
+        if not (t / "minillm" / "__init__.py").is_file():
+            print(f"step_overhead: {t} holds no minillm package (minillm/__init__.py)", file=sys.stderr)
+            return 2
+    args = [x for x in (argv if argv is not None else sys.argv[1:])]
+    args = [x for i, x in enumerate(args) if not (x.startswith("--trees") or (i and args[i - 1] == "--trees"))]
+    args = [x for i, x in enumerate(args) if not (x.startswith("--bandwidth") or (i and args[i - 1] == "--bandwidth"))]
+    workers, ready = [], []
+    try:
+        for t in trees:
+            env = {**os.environ, "PYTHONPATH": str(t)}
+            workers.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *args, "--worker",
+                                             "--bandwidth", str(gbs)], cwd=str(t), env=env,
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+            ready.append(_answer(workers[-1]))       # one loads at a time: loading is not timed
+            if "error" in ready[-1]:
+                print(f"step_overhead: {ready[-1]['error']}", file=sys.stderr)
+                return 2
+        rounds = [[] for _ in trees]
+        for r in range(a.rounds):
+            order = list(range(len(trees)))
+            for i in (order if r % 2 == 0 else order[::-1]):
+                workers[i].stdin.write("round\n")
+                workers[i].stdin.flush()
+                rounds[i].append(_answer(workers[i]))
+    finally:
+        for w in workers:
+            if w.stdin:
+                w.stdin.close()
+            w.wait(timeout=60)
+    bw = gbs * 1e9
+    names = [t.name for t in trees]
+    print(f"{where}, threads: " + ", ".join(f"{n} {r['threads']}" for n, r in zip(names, ready)))
+    print(f"medians of {a.rounds} interleaved rounds [range]; the trees' minillm:")
+    for n, r in zip(names, ready):
+        print(f"  {n} = {r['from']}")
+    print("\nfixed cost of one, µs a call   " + "".join(f" {n[:23]:>23s}" for n in names))
+    for name in rounds[0][0]["fixed"]:
+        cells = []
+        for rs in rounds:
+            xs = [r["fixed"][name] for r in rs]
+            cells.append(f"{statistics.median(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]")
+        print(f"  {name[:28]:28s} " + "".join(f" {c:>23s}" for c in cells))
+    per = a.steps
+    print("\nµs a step: the step, and beyond its bytes (each round's sum)")
+    for k in rounds[0][0]["configs"]:
+        m, B = k.split("|")
+        print(f"{m.split(':')[0].split('@')[0]} ({ready[0]['weights'][k]}, {ready[0]['kernels'][k]}), B = {B}")
+        for label, f in (("step", lambda c: c["step"]), ("beyond the bytes", lambda c: _beyond(c["ops"], per, bw))):
+            cells = []
+            for rs in rounds:
+                xs = [f(r["configs"][k]) for r in rs]
+                cells.append(f"{statistics.median(xs):.0f} [{min(xs):.0f}-{max(xs):.0f}]")
+            print(f"  {label:28s} " + "".join(f" {c:>23s}" for c in cells))
+        for op in rounds[0][0]["configs"][k]["ops"]:          # each operation: µs a call, each round's median
+            cells = []
+            for rs in rounds:
+                xs = [statistics.median(d for d, _ in r["configs"][k]["ops"][op]) for r in rs
+                      if r["configs"][k]["ops"].get(op)]
+                cells.append(f"{statistics.median(xs):.1f} [{min(xs):.1f}-{max(xs):.1f}]" if xs else "-")
+            print(f"  {op[:14] + ', µs a call':28s} " + "".join(f" {c:>23s}" for c in cells))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="small", help="models, comma-separated, each NAME or NAME:WEIGHTS "
@@ -128,6 +265,9 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=2000, help="calls per fixed-cost timing (default: 2000)")
     p.add_argument("--bandwidth", type=float, default=None, metavar="GBS",
                    help="GB/s to price the bytes at (default: what `minillm hardware` measured)")
+    p.add_argument("--trees", default=None, metavar="A,B",
+                   help="source trees to compare, each a folder holding minillm/: rounds alternate between them")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     try:
         batches = [int(b) for b in a.batch.split(",") if b.strip()]
@@ -139,9 +279,18 @@ def main(argv=None) -> int:
               "--reps and --bandwidth positive", file=sys.stderr)
         return 2
 
+    if a.worker:
+        return _worker(a, batches)
     from minillm.errors import MiniLLMError
     from minillm.kernels import runtime
     from minillm.measure import hardware
+    if a.trees is not None:
+        if a.bandwidth is None:
+            hw = hardware.machine(progress=False)
+            where, gbs = f"{hw.name}: {hw.bandwidth_gbs:.1f} GB/s (minillm hardware)", hw.bandwidth_gbs
+        else:
+            where, gbs = f"{a.bandwidth:.1f} GB/s (--bandwidth)", a.bandwidth
+        return _trees(a, batches, argv, gbs, where)
     try:
         configs = {(m, B): _setup(m, a.kernels, B, a.context, a.steps)
                    for m in a.model.split(",") if m.strip() for B in batches}
@@ -178,7 +327,7 @@ def main(argv=None) -> int:
         calls = sum(len(xs) for xs in ops.values()) / (a.rounds * a.steps)
         byts = sum(b for xs in ops.values() for _, b in xs) / (a.rounds * a.steps)
         step = statistics.median(steps)
-        print(f"\n{m.partition(':')[0]} ({model.weights}), B = {B}: a decode step {step:.0f} µs "
+        print(f"\n{m.split('@')[0].partition(':')[0]} ({model.weights}), B = {B}: a decode step {step:.0f} µs "
               f"[{min(steps):.0f}-{max(steps):.0f}],")
         print(f"  {byts / 1e6:.2f} MB = {byts / bw * 1e6:.0f} µs at bandwidth, {calls:.0f} operations")
         print("  operation      calls  µs/call   bytes/call  at bandwidth  beyond")

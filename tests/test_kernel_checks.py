@@ -241,3 +241,29 @@ def test_every_case_again_with_numba_checking_every_index(tmp_path):
                        timeout=1800)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and "IndexError" not in r.stdout
+
+
+def test_a_read_only_table_is_checked_once_and_still_refused_when_bad():
+    """A step's read-only table and lengths (models/plan.py's BatchedDecode) have their maxima kept
+    after the first check: a bad one is refused at the first call and at every later one, and a
+    writeable pair is checked whole each time."""
+    from minillm.kernels import checks
+    q = np.zeros((4, 2, 8), np.float32)
+    pool = np.zeros((2, 3, 4, 8), np.float32)
+    bad = np.array([[0, 1], [2, 3]], np.intp)          # block 3 of a pool of 3
+    lengths = np.array([5, 6], np.intp)
+    bad.flags.writeable = lengths.flags.writeable = False
+    for _ in range(2):
+        with pytest.raises(ValueError, match="block ids"):
+            checks.paged(q, pool, pool, bad, lengths)
+    good = np.array([[0, 1], [2, 0]], np.intp)
+    good.flags.writeable = False
+    for _ in range(2):
+        assert checks.paged(q, pool, pool, good, lengths)[0] is good
+    with pytest.raises(ValueError, match="lengths"):                    # the same table, a pool of 1 row a block
+        checks.paged(q, pool[:, :, :1], pool[:, :, :1], good, lengths)
+    mutable, n = np.array([[0, 1], [2, 0]], np.intp), np.array([5, 6], np.intp)
+    checks.paged(q, pool, pool, mutable, n)
+    mutable[1, 1] = 7                                                  # writeable: checked again, whole
+    with pytest.raises(ValueError, match="block ids"):
+        checks.paged(q, pool, pool, mutable, n)

@@ -33,3 +33,25 @@ def test_the_table_names_every_fixed_cost_and_operation(tmp_path):
 def test_bad_input_is_one_line(args):
     r = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.skipif(not kernels.available(), reason=f"numba kernels: {kernels.status().reason}")
+def test_two_trees_in_one_run(tmp_path):
+    """--trees: one worker a tree, the table tree beside tree (here the same tree twice)."""
+    root = SCRIPT.parents[1]
+    env = {**os.environ, "MINILLM_HOME": str(tmp_path)}
+    r = subprocess.run([sys.executable, str(SCRIPT), "--model", "random-tiny@fused", "--batch", "1", "--rounds", "2",
+                        "--steps", "1", "--reps", "5", "--context", "4", "--bandwidth", "10",
+                        "--trees", f"{root},{root}"], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    for name in ("medians of 2 interleaved rounds", "parallel region", "random-tiny (float32, fused), B = 1",
+                 "beyond the bytes"):
+        assert name in r.stdout, name
+    assert r.stdout.count(f"{root.name} = {root / 'minillm'}") == 2
+    assert all(len(line) <= 80 for line in r.stdout.splitlines() if str(root) not in line)
+
+
+def test_a_tree_without_minillm_is_one_line(tmp_path):
+    r = subprocess.run([sys.executable, str(SCRIPT), "--trees", f"{tmp_path},{tmp_path}", "--bandwidth", "10"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "minillm" in r.stderr, r.stderr

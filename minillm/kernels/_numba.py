@@ -465,6 +465,10 @@ def paged_decode_attention(q, kp, vp, table, lengths, out, scale, chunk):
     for b in range(B):
         longest = max(longest, lengths[b])
     nch = max(1, (longest + chunk - 1) // chunk)
+    # A sequence whose keys fit in one chunk (its own length, whatever the batch's longest) is
+    # finished by its work items, out = acc / l: its other chunks hold no key (l = 0), so combining
+    # them adds nothing. The combining loop, a second parallel region, runs only for the others,
+    # and only when there are some (a decode step of short sequences: one region, not two).
     pm = np.empty((B, Hkv, nch, g), np.float32)
     pl = np.empty((B, Hkv, nch, g), np.float32)
     pacc = np.empty((B, Hkv, nch, g, hd), np.float32)
@@ -510,11 +514,22 @@ def paged_decode_attention(q, kp, vp, table, lengths, out, scale, chunk):
                 p = s[h, j]
                 for e in range(hd):
                     acc[h, e] += p * vp[hk, blk, rw, e]
-        for h in range(g):
-            for e in range(hd):
-                pacc[b, hk, c, h, e] = acc[h, e]
+        if lengths[b] <= chunk:                          # its one chunk: the output itself
+            if c == 0:
+                for h in range(g):
+                    inv = np.float32(1.0) / pl[b, hk, c, h]
+                    for e in range(hd):
+                        out[hk * g + h, b, e] = acc[h, e] * inv
+        else:
+            for h in range(g):
+                for e in range(hd):
+                    pacc[b, hk, c, h, e] = acc[h, e]
+    if longest <= chunk:
+        return
     for item in prange(B * H):                           # combine the chunks by their max and sum
         b = item // H
+        if lengths[b] <= chunk:
+            continue
         hq = item % H
         hk = hq // g
         h = hq % g

@@ -102,6 +102,9 @@ def attention(q, k, v, Tk: int | None) -> int:
                      f"at most the {min(rows, vrows)} rows k and v hold")
 
 
+_SEEN: list = [None]    # (table, lengths, max of lengths - 1, max id): the last read-only pair checked
+
+
 def paged(q, kp, vp, table, lengths) -> tuple[np.ndarray, np.ndarray]:
     """paged_decode_attention: q [H, B, hd], pools [Hkv, blocks, bs, hd], table [B, nb] of block ids
     in the pool, lengths [B] of 1 .. nb·bs. -> (table, lengths) as intp arrays."""
@@ -117,11 +120,22 @@ def paged(q, kp, vp, table, lengths) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"paged decode: {B} queries need a table of {B} rows and {B} lengths; got a "
                          f"{table.shape} table and lengths {lengths.shape}")
     # One max each, read as unsigned: a negative value becomes one past any bound (a length of 0
-    # too, less one), so each max checks both ends.
-    if (lengths - 1).view(np.uintp).max() >= table.shape[1] * bs:
+    # too, less one), so each max checks both ends. A step's table and lengths, arrays of their own
+    # made read-only by their maker (models/plan.py's BatchedDecode), are the same arrays for every
+    # layer (nothing can change them): their maxima are found at the first layer's check and kept
+    # (`_SEEN`), each later layer compares two numbers.
+    seen = _SEEN[0]
+    if seen is not None and seen[0] is table and seen[1] is lengths:
+        longest, top = seen[2], seen[3]
+    else:
+        longest = (lengths - 1).view(np.uintp).max()
+        top = table.view(np.uintp).max() if table.size else 0
+        if not (table.flags.writeable or lengths.flags.writeable) and table.base is None and lengths.base is None:
+            _SEEN[0] = (table, lengths, longest, top)
+    if longest >= table.shape[1] * bs:
         raise ValueError(f"paged decode: {B} queries need lengths of at least 1 key, each within its table row's "
                          f"{table.shape[1]} blocks of {bs}; got lengths {lengths.tolist()[:8]}")
-    if table.size and table.view(np.uintp).max() >= blocks:
+    if top >= blocks:
         raise ValueError(f"paged decode: the table's block ids run from {table.min()} to {table.max()}; the "
                          f"pool holds blocks 0 to {blocks - 1}")
     return table, lengths

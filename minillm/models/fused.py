@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import products
-from .quant import QK, QuantMatrix
+from .quant import QK, QuantMatrix, kept_counts
 from .weights import Dense
 
 FUSED_ROWS = 32       # quantized: rows of x up to which the fused kernel runs (more: widening + BLAS)
@@ -49,6 +49,7 @@ class FusedQuant(QuantMatrix):
             return products.quant_matmul_t(self.planes, x)
         return super().matmul(x)
 
+    @kept_counts
     def counts(self, T: int, itemsize: int = 4) -> dict:
         """What a product of T rows tells the meter. Fused: weights = the blocks' bytes, read once
         (rows of x go in fours, the later fours finding the row in the L1 cache); no scratch;

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..kernels import int8
 from .fused import fuse
-from .quant import QK, QuantMatrix
+from .quant import QK, QuantMatrix, kept_counts
 
 
 class Int8Quant(QuantMatrix):
@@ -48,6 +48,7 @@ class Int8Quant(QuantMatrix):
     def take_rows(self, order: np.ndarray) -> "Int8Quant":
         return Int8Quant(self.fmt, self.q[order], self.d[order], None if self.m is None else self.m[order])
 
+    @kept_counts
     def counts(self, T: int, itemsize: int = 4) -> dict:
         """What a product of T rows tells the meter (its 2·T·R·C multiply-adds, integer here, are
         ops.linear's `matmul`). weights = the blocks' bytes, read once (the passes after the first

@@ -131,6 +131,7 @@ class BatchedDecode:
             row = c.table[:nb]
             table[i, :len(row)] = row
             table[i, len(row):] = row[0]
+        table.flags.writeable = self.lengths.flags.writeable = False        # the step's: checked once (kernels/checks.py)
         self.table = xp.asarray(table)                                     # [B, nb]  (laid out on the host,
         self.blocks = xp.asarray(table[np.arange(B), pos // bs])          # where each new key goes   moved once
         self.offsets = xp.asarray(pos % bs)                                #                           a step)

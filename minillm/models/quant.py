@@ -53,6 +53,29 @@ OUT_TILE = 256            # the fixed-order product (`fixed_matmul`): output row
 DECODE_ROWS = 8            # up to this many rows of x: the scale after the product (see above)
 
 
+COUNTS_KEPT = 64           # rows of x up to which a weight keeps what it told the meter (`kept_counts`)
+
+
+def kept_counts(counts):
+    """A weight's `counts(T, itemsize)`, kept per (T, itemsize) for T up to COUNTS_KEPT rows: a decode
+    step asks each weight the same question every step (some 120 products a SmolLM2 step, a few µs
+    of arithmetic each); the answer depends on nothing else (a weight's planes never change). The
+    same dict is given again: its readers (ops.linear, ops.lm_head) only read it."""
+    def kept(self, T: int, itemsize: int = 4) -> dict:
+        memo = self.__dict__.get("_counts_kept")
+        if memo is None:
+            memo = self.__dict__["_counts_kept"] = {}
+        key = (counts.__qualname__, T, itemsize)       # a subclass's and its base's apart
+        c = memo.get(key)
+        if c is None:
+            c = counts(self, T, itemsize)
+            if T <= COUNTS_KEPT:
+                memo[key] = c
+        return c
+    kept.__doc__, kept.__name__, kept.__qualname__ = counts.__doc__, counts.__name__, counts.__qualname__
+    return kept
+
+
 @dataclass(frozen=True)
 class Format:
     name: str              # "q8_0", "q4_0", "q4_1"
@@ -381,6 +404,7 @@ class QuantMatrix:
             np.matmul(xo, w.T, out=y[:, r0:r1])
         return y
 
+    @kept_counts
     def counts(self, T: int, itemsize: int = 4) -> dict:
         """What `matmul` on T rows tells the meter (besides the product's 2·T·R·C FLOPs):
         weights = nbytes; scratch = each widened value and each widened scale (and minimum) written
