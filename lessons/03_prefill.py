@@ -16,7 +16,7 @@ from minillm.lessons._common import (Lesson, Timing, bar_chart, fmt_bytes, fmt_f
 from minillm.measure.chips import CHIPS
 
 TITLE = "Prefill: the whole prompt in one pass"
-MINUTES = 4
+MINUTES = 6  # 1,206 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "a prompt's FLOPs and bytes, the KV cache it leaves, intensity rising with length"
 
 PROMPT = ("JULIET: O Romeo, Romeo! wherefore art thou Romeo? Deny thy father and refuse thy name; "
