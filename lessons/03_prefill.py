@@ -66,7 +66,7 @@ def intro(L: Lesson, n: int) -> None:
     L.say(f"""
         Generating text has two phases. **Prefill** runs the whole prompt through the model at once:
         all {n} tokens go through every block together, as one [T, d] matrix: lesson 2's pass, except
-        that each block stores the **keys and values** of every position in a **KV cache**. Later
+        that each block stores the keys and values of every position in a **KV cache**. Later
         tokens' queries must meet them; earlier queries are never needed again.
 
         ```python

@@ -58,8 +58,8 @@ def intro(L: Lesson, N: int) -> None:
     L.say(f"""
         In lesson 4 every step recomputed the keys and values of every earlier position, although
         they never change. The fix: **keep them**. `model.prefill(ids)` fills a cache with the
-        prompt's keys and values (lesson 3); then each `model.decode_step(token, cache)` runs **only
-        the new token** through the blocks, appends its key and value, and attends over the cache.
+        prompt's keys and values (lesson 3); then each `model.decode_step(token, cache)` runs
+        **only the new token** through the blocks, appends its key and value, and attends over the cache.
 
         ```python
         logits, cache = model.prefill(ids)            # the prompt, once

@@ -204,7 +204,7 @@ def a_big_model_on_a_gpu(L: Lesson, model, hw, r) -> None:
     L.say(f"""
         The article's example: a 7B-parameter model in fp16 is **{seed['gb_per_token']:.0f} GB** of weights.
         On an A100 80 GB ({seed['bandwidth_gbs']:,.0f} GB/s) reading them once takes
-        **{seed['ms_per_token']:.1f} ms**: at most about **{seed['tokens_per_s']:.0f} tokens/s** at batch 1
+        **{seed['ms_per_token']:.1f} ms**: at most about {seed['tokens_per_s']:.0f} tokens/s at batch 1
         (the arithmetic, at 312 TFLOP/s, would take {seed['compute_ms_per_token']:.3f} ms). Memory delivers
         80-90% of its datasheet figure, so about
         {0.8 * seed['tokens_per_s']:.0f}-{0.9 * seed['tokens_per_s']:.0f} tokens/s.

@@ -221,8 +221,8 @@ def the_ridge(L: Lesson, model, sweep: dict, hw) -> None:
     L.say(f"""
         Each letter is one batch size: its counted FLOPs per byte and the GFLOP/s it reached. Batching
         slides decode right along the roof, toward this machine's ridge, {ridge:.1f} FLOP/byte
-        ({hw.peak_gflops:.0f} GFLOP/s ÷ {hw.bandwidth_gbs:.1f} GB/s at {plural(hw.blas_threads or 1, 'BLAS thread')}:
-        it moves with the thread count and the load).
+        ({hw.peak_gflops:.0f} GFLOP/s ÷ {hw.bandwidth_gbs:.1f} GB/s at {plural(hw.blas_threads or 1, 'BLAS thread')}):
+        it and the critical batch move with the thread count and the load, not with the work.
 
         **The critical batch.** A step of B sequences does about 2·params·B FLOPs and reads the weights,
         params·b bytes, once: its intensity, about 2B/b, reaches the ridge at **B\\* ≈ ridge · b / 2** =
