@@ -16,7 +16,7 @@ from minillm.lessons._common import (Lesson, Timing, bar_chart, fmt_bytes, fmt_f
 from minillm.measure.chips import CHIPS
 
 TITLE = "Prefill: the whole prompt in one pass"
-MINUTES = 5  # 968 words printed (a fast run) at 200 a minute
+MINUTES = 5  # 999 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "a prompt's FLOPs and bytes, the KV cache it leaves, intensity rising with length"
 
 PROMPT = ("JULIET: O Romeo, Romeo! wherefore art thou Romeo? Deny thy father and refuse thy name; "
@@ -119,10 +119,8 @@ def the_kv_cache_it_leaves(L: Lesson, model, ids, pre, cache) -> None:
     t.add_column("")
     t.add_column("tokens", justify="right")
     t.add_column("KV cache", justify="right")
-    t.add_row("per token: cache.bytes_per_token()", "1", fmt_bytes(per_token))
     t.add_row("the prompt: cache.nbytes_used() after prefill", f"{len(ids)}", fmt_bytes(prompt_kv))
-    t.add_row("a full context", f"{c.n_ctx:,}", fmt_bytes(per_token * c.n_ctx))
-    t.add_row("allocated up front: cache.k + cache.v", f"{cache.capacity:,}",
+    t.add_row("a full context, allocated up front: cache.k + cache.v", f"{cache.capacity:,}",
               fmt_bytes(cache.k.nbytes + cache.v.nbytes))
     small = minillm.KVCache(GPT2_SIZES["124m"])
     t.add_row("GPT-2 small, full context (1,024)", "1,024", fmt_bytes(small.bytes_per_token() * 1024))

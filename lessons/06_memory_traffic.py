@@ -17,10 +17,9 @@ from minillm.lessons._common import (Lesson, Timing, bar, bar_chart, fmt_bytes, 
 from minillm.measure import residency
 from minillm.measure.chips import CHIPS
 from minillm.measure.chips import decode_ceiling
-from minillm.measure.probe import MB
 
 TITLE = "Memory traffic: why decode waits on memory"
-MINUTES = 7  # 1,322 words printed (a fast run) at 200 a minute
+MINUTES = 7  # 1,313 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "a decode step's bytes, this machine's bandwidth, the decode ceiling, 7B on an A100"
 
 PROMPT = "ROMEO: But soft, what light through yonder window breaks?"
@@ -72,8 +71,8 @@ def what_one_decode_step_moves(L: Lesson, model, r) -> None:
                       f"[{KIND_STYLE[kind]}]{bar(n, total, 40)}[/]")
     kinds.add_row("[bold]total[/]", fmt_bytes(total), "", stacked_bar([(n, KIND_STYLE[k]) for k, n in r.bytes.items()], total, 40))
     L.show(f"[bold]Decode step at position {r.position} (attending over {t} positions), from the meter[/]", kinds)
-    ops = sorted(r.ops.items(), key=lambda kv: -kv[1]["bytes"])
-    L.show(bar_chart("The same bytes by operation:",
+    ops = sorted(r.ops.items(), key=lambda kv: -kv[1]["bytes"])[:3]
+    L.show(bar_chart("The same bytes by operation, the three biggest:",
                      [(f"{name} ×{o['calls']}", o["bytes"], f"{fmt_bytes(o['bytes'])}  {o['bytes'] / total:.0%}") for name, o in ops],
                      style="blue"))
     L.claim(r.bytes["weights"] > total / 2, f"weights are most of what a decode step moves: {r.bytes['weights'] / total:.0%}")
@@ -117,19 +116,8 @@ def can_memory_keep_up(L: Lesson, model, ids, steps):
     r, n_steps = steps[-1], len(steps)
     with L.status("measuring this machine's memory bandwidth and matmul peak (once; then cached)…"):
         hw = L.machine()
-    ht = Table(show_header=False, box=None)
-    ht.add_column(style="bold")
-    ht.add_column()
-    ht.add_row("CPU", f"{escape(str(hw.cpu))}, {plural(hw.threads, 'thread')}")
-    ht.add_row("memory read bandwidth", f"{hw.bandwidth_gbs:,.1f} GB/s  [dim](best of {', '.join(hw.methods)}; "
-                                        f"{hw.buffer_mb} MB buffer)[/]")
-    ht.add_row("float32 matmul peak", f"{hw.peak_gflops:,.1f} GFLOP/s")
-    ht.add_row("ridge point", f"{hw.ridge:,.1f} FLOP/byte  [dim](peak ÷ bandwidth)[/]")
-    if hw.llc_bytes:
-        ht.add_row("last-level cache", f"{hw.llc_bytes / MB:g} MiB  [dim](what the operating system reports)[/]")
-    if hw.fast:
-        ht.add_row("[yellow]note[/]", "fast mode: a small buffer, rough figures")
-    L.show("[bold]minillm.measure.hardware.machine()[/]", ht)
+    if hw.fast:     # the figures above are minillm.measure.hardware.machine()'s
+        L.note("fast mode: a small buffer, rough figures")
     side = "below" if r.intensity < hw.ridge else "above"
     L.say(f"""
         The **ridge** is peak ÷ bandwidth: the FLOPs a piece of work must do per byte it moves to keep

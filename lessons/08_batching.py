@@ -13,14 +13,14 @@ from rich.table import Table
 
 import minillm
 from minillm import kernels
-from minillm.lessons._common import (Lesson, bar_chart, faster_words, fmt_bytes, fmt_time, fmt_x, growth_words,
+from minillm.lessons._common import (Lesson, faster_words, fmt_bytes, fmt_time, fmt_x, growth_words,
                                      plural, roofline_plot, run_lesson, time_interleaved)
 from minillm import closeness
 from minillm.measure.batching import run_batch_bench
 from minillm.measure.chips import get_chip
 
 TITLE = "Batching: one weight read, many tokens"
-MINUTES = 8  # 1,571 words printed (a fast run) at 200 a minute
+MINUTES = 8  # 1,593 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "B sequences per decode step, tokens/s against the roofline, the small-batch cliff"
 
 PROMPTS = ["ROMEO:", "JULIET:", "First Citizen:", "KING RICHARD III:", "HAMLET:", "MENENIUS:",
@@ -51,9 +51,8 @@ def intro(L: Lesson, model) -> None:
         {fmt_bytes(model.nbytes())} of weights, about 2 FLOPs per parameter, so about
         {2 / np.dtype(model.dtype).itemsize:.2g} FLOP per byte: below this machine's ridge (lesson 6).
 
-        Every serving engine answers the same way: run **B sequences in one step**. Their B new tokens
-        are B rows of one matrix, so every weight, read once, is used B times. Only attention looks at
-        each sequence on its own, over its own cache.
+        Serving engines run **B sequences in one step**: their B new tokens are B rows of one matrix,
+        so every weight, read once, is used B times. Only attention reads each sequence's own cache.
     """)
     L.pause()
 
@@ -139,7 +138,7 @@ def the_sweep(L: Lesson, model, sweep: dict, hw) -> None:
     for r in rows:
         t.add_row(str(r["batch"]), f"{r['tok_s']:.0f}", f"{r['ms_step']:.1f}", f"{r['roofline_ms']:.1f}",
                   r["bound"], fmt_bytes(r["bytes"]), f"{r['flops'] / 1e9:.2f} G")
-    L.show(t, bar_chart("tokens per second", [(f"B = {r['batch']}", r["tok_s"], f"{r['tok_s']:.0f}") for r in rows]))
+    L.show(t)
     L.busy_note()
     ranking = closeness.rank({f"B = {r['batch']}": r["tok_s_rounds"] for r in rows}, higher=True)
     L.claim(rows[-1]["bytes"] < 2 * base["bytes"],
