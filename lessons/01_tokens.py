@@ -12,13 +12,13 @@ import minillm
 from minillm.lessons._common import Lesson, run_lesson, token_text
 
 TITLE = "Tokens: text becomes numbers"
-MINUTES = 3
+MINUTES = 5  # 1,039 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "a sentence as GPT-2 token ids, the 50,257-id vocabulary, <|endoftext|>"
 TIMED = False   # nothing here is timed: no busy-machine note
 
 # Edit these and run the lesson again.
 SENTENCE = "ROMEO: But soft, what light through yonder window breaks?"
-TRICKY = "Tokenization isn't free: 3.14159, 2024, naïve, 東京, and antidisestablishmentarianism."
+TRICKY = "Tokens: 3.14159, naïve, 東京, antidisestablishmentarianism."
 
 
 def lesson(L: Lesson) -> None:
@@ -58,8 +58,7 @@ def opening(L: Lesson, enc) -> int:
         GPT-2 uses *byte-pair encoding* (BPE): start from single bytes and repeatedly glue together
         the pair that was most frequent in the training text. Common words become one token, rare
         words several. minillm builds GPT-2's tokenizer with `tiktoken` from the rank table it ships
-        (`gpt2.tiktoken`, beside the bundled model: each token's bytes and its rank, from which the
-        merges follow), so nothing is downloaded:
+        (`gpt2.tiktoken`), so nothing is downloaded:
 
         ```python
         import minillm
@@ -89,9 +88,8 @@ def where_tokenization_gets_lumpy(L: Lesson, enc) -> None:
     L.show(f"[bold]{escape(repr(TRICKY))}[/]\n[bold]{len(TRICKY)} characters → {len(tricky)} tokens[/]", token_table(enc, tricky))
     L.say("""
         Numbers split into arbitrary chunks, a rare word costs several tokens, and characters outside
-        ASCII can be split *inside* their UTF-8 bytes (shown as `\\x..`): a single token is not always
-        valid text on its own. Costs in an LLM are counted in tokens, not words: the same sentence
-        can cost very different amounts of work depending on how it tokenizes.
+        ASCII can be split *inside* their UTF-8 bytes (shown as `\\x..`). Costs in an LLM are counted
+        in tokens, not words.
     """)
     L.fact("decoding all the tokens " + ("gave back even the split characters intact" if enc.decode(tricky) == TRICKY
                                          else "did not give back the text"))
@@ -125,9 +123,8 @@ def endoftext(L: Lesson, enc, n_tokens: int) -> None:
     as_text = enc.encode("<|endoftext|>", disallowed_special=())
     L.say(f"""
         The one special token, `<|endoftext|>` (id **{eot}**), marks the boundary between documents
-        in training: after it, the model expects a fresh, unrelated text. Generating it means "this
-        text is finished". Because typed text should not be able to fake it, `tiktoken` refuses to
-        encode the string unless you allow it:
+        in training; generating it means "this text is finished". So that typed text cannot fake it,
+        `tiktoken` refuses to encode the string unless you allow it:
 
         - allowed: `enc.encode("<|endoftext|>", allowed_special={{"<|endoftext|>"}})` → `{special}`
         - as plain text: `enc.encode("<|endoftext|>", disallowed_special=())` → `{as_text}`

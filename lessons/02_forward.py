@@ -15,7 +15,7 @@ from minillm.lessons._common import Lesson, bar_chart, fmt_bytes, fmt_flops, fmt
 from minillm.models import ops
 
 TITLE = "One forward pass: ids in, probabilities out"
-MINUTES = 4
+MINUTES = 5  # 1,056 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "real array shapes through every layer, the top-5 next tokens, parameters by part"
 TIMED = False   # counts only: no busy-machine note
 
@@ -133,15 +133,13 @@ def shapes_through_the_model(L: Lesson, model, ids) -> np.ndarray:
         vocabulary entry. Here T = {T} tokens of `{escape(PROMPT)}`, d = {d}, L = {c.n_layer},
         H = {H} heads, V = {V:,}.
 
-        Inside attention each position makes three vectors: a **query** (what it looks for), a
-        **key** (what it offers to later queries) and a **value** (what it passes on when a query
-        matches its key).
+        In attention each position makes a **query** (what it looks for), a **key** (what it offers)
+        and a **value** (what it passes on when a query matches its key).
     """)
     L.pause()
     L.say("""
-        Below, every shape was read from the array that minillm's own functions returned: the lesson
-        calls `ops.embedding`, `ops.layer_norm`, `ops.linear`, `ops.attention`, `ops.gelu`,
-        `ops.lm_head` by hand (the `block` function at the top of this file), for every block.
+        Below, every shape was read from the arrays that minillm's own `ops` functions returned,
+        called by hand (the `block` function at the top of this file) for every block.
     """)
     wte, wpe = model.params["wte.weight"], model.params["wpe.weight"]
     rows: list[tuple[str, str, str]] = []
@@ -169,9 +167,8 @@ def shapes_through_the_model(L: Lesson, model, ids) -> np.ndarray:
             f"calling the ops by hand gives model.forward(ids)'s logits, [T, V] = [{T}, {V:,}] "
             f"(largest difference {np.abs(logits - reference).max():.1e})")
     L.say("""
-        Two things to notice. **Attention is the only place positions talk to each other**; every
-        other operation works on each row alone. And the **last** row of the logits is the one that
-        predicts the next token: row i predicts token i + 1 (training uses all of them at once).
+        **Attention is the only place positions talk to each other**; every other operation works on
+        each row alone. Row i of the logits predicts token i + 1: the **last** row, the next token.
     """)
     return logits
 
@@ -189,10 +186,9 @@ def the_next_token_distribution(L: Lesson, model, enc, logits) -> None:
     rng = np.random.default_rng(0)
     draws = [minillm.sample(logits[-1], temperature=0.8, top_k=5, rng=rng) for _ in range(8)]
     L.say(f"""
-        The model does not output a token, it outputs a **distribution**. A *sampler* picks one:
-        `minillm.sample(logits, temperature=0)` takes the most likely (greedy);
-        `minillm.sample(logits, temperature=0.8, top_k=5, rng=...)` draws among the top 5. Eight
-        draws: {" ".join(f"`{token_text(enc, t)}`" for t in draws)}.
+        The model outputs a **distribution**; a *sampler* picks a token: `temperature=0` the most
+        likely (greedy), `minillm.sample(logits, temperature=0.8, top_k=5, rng=...)` one of the top 5.
+        Eight draws: {" ".join(f"`{token_text(enc, t)}`" for t in draws)}.
     """)
     V = model.config.vocab_size
     if probs[top[0]] < 10.0 / V:
@@ -220,8 +216,6 @@ def where_the_parameters_are(L: Lesson, model, ids) -> None:
                   f"{theirs[part]:,}", fmt_bytes(4 * theirs[part]), f"{theirs[part] / total_small:.1%}")
     t.add_row("[bold]total[/]", f"{model.n_params():,}", "", f"{total_small:,}", fmt_bytes(4 * total_small), "")
     L.show(t)
-    L.show(bar_chart("GPT-2 small, bytes by part (float32):",
-                     [(part, 4 * n, fmt_bytes(4 * n)) for part, n in theirs.items()], style="blue"))
     share = theirs[PARTS[0]] / total_small
     L.claim(sum(mine.values()) == model.n_params() == c.n_params(),
             f"the loaded arrays hold {sum(mine.values()):,} numbers: the model's n_params() and its config's "
@@ -229,10 +223,9 @@ def where_the_parameters_are(L: Lesson, model, ids) -> None:
     L.fact(f"GPT-2 small's tied token embedding wte is {share:.1%} of its {total_small:,} parameters "
            "(from its shapes)")
     L.say(f"""
-        The LM head has **no weights of its own**: GPT-2 multiplies by `wte` transposed
-        (`ops.lm_head(x, wte)` is `x @ wte.T`). So `wte` is read twice per pass: a few rows for the
-        embedding, and **all** of it for the logits. Remember this in lesson 6: for GPT-2 small the
-        LM head alone is {share:.0%} of the weight bytes every generated token has to read.
+        The LM head has **no weights of its own**: `ops.lm_head(x, wte)` is `x @ wte.T`. So `wte` is
+        read twice per pass: a few rows for the embedding, **all** of it for the logits. For GPT-2
+        small that is {share:.0%} of the weight bytes every generated token reads (lesson 6).
     """)
 
     with minillm.Meter() as m:
@@ -245,8 +238,7 @@ def where_the_parameters_are(L: Lesson, model, ids) -> None:
     L.takeaway(f"""
         One forward pass over {T} tokens: {fmt_flops(r.total_flops)} and {fmt_bytes(r.total_bytes)} of memory
         traffic, {r.total_flops / r.total_bytes:.2g} FLOPs per byte. The shapes never depend on the text,
-        only on T: the cost of a pass is set by **how many tokens** go through it. The next lessons are
-        about what that means when you generate text one token at a time.
+        only on T: the cost of a pass is set by **how many tokens** go through it.
     """)
     L.try_it(f"""
         `minillm learn 2 --model random-124m --no-pause` runs the same walk at GPT-2

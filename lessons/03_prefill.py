@@ -16,7 +16,7 @@ from minillm.lessons._common import (Lesson, Timing, bar_chart, fmt_bytes, fmt_f
 from minillm.measure.chips import CHIPS
 
 TITLE = "Prefill: the whole prompt in one pass"
-MINUTES = 4
+MINUTES = 5  # 999 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "a prompt's FLOPs and bytes, the KV cache it leaves, intensity rising with length"
 
 PROMPT = ("JULIET: O Romeo, Romeo! wherefore art thou Romeo? Deny thy father and refuse thy name; "
@@ -65,16 +65,14 @@ def step_table(records: list) -> Table:
 def intro(L: Lesson, n: int) -> None:
     L.say(f"""
         Generating text has two phases. **Prefill** runs the whole prompt through the model at once:
-        all {n} tokens of our prompt go through every block together, as one [T, d] matrix.
-        That is the same pass as lesson 2, with one addition: each block stores the **keys and
-        values** it computed for every position in a **KV cache**. A new token's query must meet
-        every earlier key and value, but earlier queries are never needed again: so keys and
-        values are kept, and later tokens attend to the prompt without recomputing it.
+        all {n} tokens go through every block together, as one [T, d] matrix: lesson 2's pass, except
+        that each block stores the keys and values of every position in a **KV cache**. Later
+        tokens' queries must meet them; earlier queries are never needed again.
 
         ```python
         with minillm.Meter() as m:
-            logits, cache = model.prefill(ids)   # logits of the last position, and the filled cache
-        record = m.steps[0]                      # what the pass read, wrote and computed
+            logits, cache = model.prefill(ids)   # last position's logits, the cache
+        record = m.steps[0]                      # what the pass read and computed
         ```
     """)
     L.pause()
@@ -93,12 +91,10 @@ def one_prefill(L: Lesson, model, ids):
     L.show(f"[bold]{escape(model.name)}: prefill of the prompt, and then one decode step for comparison[/]",
            step_table([(f"prefill ({pre.n_tokens} tokens)", pre), ("one decode step", dec)]))
     L.say(f"""
-        The prefill read the weights **once** ({fmt_bytes(pre.bytes['weights'])}) and used them for all
-        {pre.n_tokens} tokens: {fmt_flops(pre.total_flops / pre.n_tokens)} of arithmetic per token for
-        only {fmt_bytes(pre.bytes['weights'] / pre.n_tokens)} of weights per token. The decode step
-        read about as many weight bytes ({fmt_bytes(dec.bytes['weights'])}) for a **single** token.
-        The ratio of the two, FLOPs per byte moved, is the **arithmetic intensity**: it says whether a
-        piece of work waits on arithmetic (high) or on memory (low).
+        The prefill read the weights **once** ({fmt_bytes(pre.bytes['weights'])}) for all
+        {pre.n_tokens} tokens; the decode step read about as many ({fmt_bytes(dec.bytes['weights'])})
+        for a **single** token. FLOPs per byte moved is the **arithmetic intensity**: it says whether
+        a piece of work waits on arithmetic (high) or on memory (low).
     """)
     L.claim(pre.kind == "prefill" and pre.n_tokens == len(ids), f"one prefill step processed all {len(ids)} prompt tokens")
     L.claim(pre.intensity > dec.intensity,
@@ -113,21 +109,18 @@ def the_kv_cache_it_leaves(L: Lesson, model, ids, pre, cache) -> None:
     prompt_kv = pre.bytes["kv_write"]
     b = np.dtype(model.dtype).itemsize
     L.say(f"""
-        For every position, every layer keeps one key and one value vector for each of its KV heads:
+        For every position, every layer keeps a key and a value vector for each of its KV heads:
         **2 · L · H_kv · hd · b** bytes per token (H_kv KV heads of hd numbers; GPT-2 has one KV head
-        per query head, so H_kv · hd = d) = 2 · {c.n_layer} · {c.n_kv_head} · {c.head_dim} · {b} =
+        per query head) = 2 · {c.n_layer} · {c.n_kv_head} · {c.head_dim} · {b} =
         **{per_token:,} bytes** ({per_token / 1024:g} KiB) for `{escape(model.name)}` in
-        {np.dtype(model.dtype).name}. Models with grouped-query attention share each KV head among
-        several query heads: Llama-3-8B keeps 8 KV heads for 32 query heads, 4× less cache per token.
+        {np.dtype(model.dtype).name}.
     """)
     t = Table(header_style="bold")
     t.add_column("")
     t.add_column("tokens", justify="right")
     t.add_column("KV cache", justify="right")
-    t.add_row("per token: cache.bytes_per_token()", "1", fmt_bytes(per_token))
     t.add_row("the prompt: cache.nbytes_used() after prefill", f"{len(ids)}", fmt_bytes(prompt_kv))
-    t.add_row("a full context", f"{c.n_ctx:,}", fmt_bytes(per_token * c.n_ctx))
-    t.add_row("allocated up front: cache.k + cache.v", f"{cache.capacity:,}",
+    t.add_row("a full context, allocated up front: cache.k + cache.v", f"{cache.capacity:,}",
               fmt_bytes(cache.k.nbytes + cache.v.nbytes))
     small = minillm.KVCache(GPT2_SIZES["124m"])
     t.add_row("GPT-2 small, full context (1,024)", "1,024", fmt_bytes(small.bytes_per_token() * 1024))
@@ -139,9 +132,8 @@ def the_kv_cache_it_leaves(L: Lesson, model, ids, pre, cache) -> None:
     L.claim(cache.nbytes_used() == prompt_kv + per_token,
             "the cache holds the prompt's keys and values, and one more token's after the decode step")
     L.say("""
-        minillm allocates the cache for the whole context once, up front, so a decode step never
-        copies it; the pages are only touched as positions fill. Real servers cannot afford that for
-        thousands of concurrent requests: managing this memory is lesson 7's *KV-cache management*.
+        minillm allocates the cache for the whole context up front, so a decode step never copies it;
+        the pages are only touched as positions fill.
     """)
 
 
@@ -180,16 +172,13 @@ def longer_prompts_higher_intensity(L: Lesson, model, enc) -> None:
         timed = (f"ended at {fmt_x(cheap)} the 1-token figure: in this run the times do not show it (on a busy "
                  "machine, try --threads 1)")
     L.say(f"""
-        The weights are read once per pass whatever the number of tokens, while the arithmetic grows
-        with every token: intensity climbs with prompt length until the activations (which also
-        grow with T) take over. Measured, the time per prompt token {timed}.
+        The weights are read once per pass, while the arithmetic grows with every token: intensity
+        climbs with prompt length. Measured, the time per prompt token {timed}.
 
-        When the intensity passes the chip's **ridge** (its peak FLOP/s ÷ its bandwidth, lesson 7), the
-        arithmetic, not the memory, sets the pace: that is why the article calls prefill
-        **compute-bound**. It holds for prompts longer than about the ridge in tokens: in fp16 a prefill
-        does about one FLOP per weight byte per prompt token, and an A100's ridge is
-        {CHIPS['a100-80gb'].ridge:.0f} FLOP/byte, an H100's {CHIPS['h100-sxm'].ridge:.0f}. A 25-token prompt on
-        a GPU still waits on memory. A CPU core's ridge is much lower (lesson 7 measures this one's).
+        Past the chip's **ridge** (peak FLOP/s ÷ bandwidth, lesson 6), arithmetic sets the pace: the
+        article calls prefill **compute-bound**. In fp16 a prefill does about one FLOP per weight byte
+        per prompt token, so it takes about ridge-many tokens: an A100's ridge is
+        {CHIPS['a100-80gb'].ridge:.0f} FLOP/byte, an H100's {CHIPS['h100-sxm'].ridge:.0f}.
     """)
     head = records[-1].ops["lm_head"]["bytes"] / records[-1].total_bytes
     if head > 0.5:
@@ -199,8 +188,7 @@ def longer_prompts_higher_intensity(L: Lesson, model, enc) -> None:
                "bytes in the blocks, which every token shares.")
     L.takeaway(f"""
         Prefill: all prompt tokens in **one** pass, high FLOPs per byte, and a KV cache of
-        {fmt_bytes(per_token)} per token left behind. Next: generating the answer, one token at a
-        time, first without the cache (lesson 4), then with it (lesson 5).
+        {fmt_bytes(per_token)} per token left behind.
     """)
     small = GPT2_SIZES["124m"]
     small_kv = 2 * small.n_layer * small.n_embd * np.dtype(np.float32).itemsize   # 2·L·d·b, float32

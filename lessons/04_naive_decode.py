@@ -14,7 +14,7 @@ from minillm.lessons._common import (Lesson, bar_chart, fmt_bytes, fmt_flops, fm
 from minillm.ui import report
 
 TITLE = "Naive decode: recompute everything"
-MINUTES = 3
+MINUTES = 4  # 842 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "per-step cost growing with position, total cost growing with length²"
 
 PROMPT = "ROMEO:"
@@ -47,9 +47,9 @@ def intro(L: Lesson, P: int, N: int) -> None:
             seq.append(minillm.sample(logits[0]))
         ```
 
-        That is what `minillm.generate(model, ids, n, kv_cache=False)` does. Step *i* pushes all
-        {P} + *i* tokens through every block, although only the newest one is new: the other
-        positions produce exactly the same keys, values and hidden states as in the step before.
+        That is `minillm.generate(model, ids, n, kv_cache=False)`. Step *i* pushes all {P} + *i*
+        tokens through every block, though only the newest is new: the others produce the same keys,
+        values and hidden states as in the step before.
     """)
     L.pause()
 
@@ -67,7 +67,7 @@ def naive_run(L: Lesson, model, enc, ids, N: int):
               title_justify="left")
     for col in ("step", "tokens run", "FLOPs", "of which LM head", "bytes moved", "time (one run)"):
         t.add_column(col, justify="right")
-    for i in report.select(steps, 10):
+    for i in report.select(steps, 7):
         r = steps[i]
         t.add_row(str(i), str(r.n_tokens), fmt_flops(r.total_flops), fmt_flops(r.ops["lm_head"]["flops"]),
                   fmt_bytes(r.total_bytes), fmt_time(r.seconds))
@@ -83,10 +83,6 @@ def naive_run(L: Lesson, model, enc, ids, N: int):
 
 def cost_per_step_grows(L: Lesson, model, steps, seq) -> None:
     L.section("Cost per step grows with position")
-    shown = report.select(steps, 12)
-    L.show(bar_chart("FLOPs per step (counted):",
-                     [(f"step {i}", steps[i].total_flops, fmt_flops(steps[i].total_flops)) for i in shown],
-                     style="red"))
     P, last = steps[0].n_tokens, len(steps) - 1
     with L.status("timing the first and the last step again, in turns…"):
         times = time_interleaved({"first": lambda: model.forward(seq[:P], last_only=True),
@@ -98,14 +94,12 @@ def cost_per_step_grows(L: Lesson, model, steps, seq) -> None:
     L.timing_note()
     flop_growth = steps[-1].total_flops / steps[0].total_flops
     ratio = ratio_range(times["last"], times["first"])
-    why = ("Each step also has fixed costs (reading the whole LM head, the Python and NumPy overhead of each "
-           "operation): they are why the time grew less than the FLOPs here; `--model random-124m` has less of "
-           "them in proportion." if ratio[0] < 0.8 * flop_growth else "")
+    why = ("Fixed costs per step (the whole LM head's read, NumPy's overhead per operation) are why the "
+           "time grew less than the FLOPs here." if ratio[0] < 0.8 * flop_growth else "")
     L.say(f"""
-        The last step did {fmt_x(flop_growth)} the FLOPs of the first and took
-        {fmt_ratio(ratio)} its time: the time {growth_words(ratio[0], flop_growth)}. The LM head is the
-        one part that does not grow: it runs on the last position only. Everything else is recomputed
-        for every token of the sequence. {why}
+        The last step did {fmt_x(flop_growth)} the FLOPs of the first (the table above) and took
+        {fmt_ratio(ratio)} its time: the time {growth_words(ratio[0], flop_growth)}. Only the LM head,
+        run on the last position alone, does not grow. {why}
     """)
     L.claim(steps[-1].total_flops - steps[-1].ops["lm_head"]["flops"]
             > (P + last) / P * 0.99 * (steps[0].total_flops - steps[0].ops["lm_head"]["flops"]),
@@ -118,11 +112,9 @@ def total_cost_grows_quadratically(L: Lesson, steps) -> None:
     L.section("Total cost grows with the square of the length")
     P, N = steps[0].n_tokens, len(steps)
     L.say(f"""
-        Step *i* costs about (P + *i*) tokens' worth of matrix work, so generating *n* tokens costs about
-        P·n + n²/2 tokens' worth: **double the answer, roughly four times the work** once the answer
-        is long compared with the prompt (here P = {P}). Attention grows one power faster (step *i*
-        compares P + *i* queries with P + *i* keys, so its total grows like n³), but at these lengths
-        it is a small part of the FLOPs.
+        Step *i* costs about (P + *i*) tokens' worth of matrix work, so *n* tokens cost about
+        P·n + n²/2: **double the answer, roughly four times the work** once the answer is long
+        compared with the prompt (here P = {P}).
     """)
     t = Table(header_style="bold")
     for col in ("tokens generated", "total FLOPs", "recomputed (all but the LM head)", "× previous", "time (one run)"):
@@ -144,10 +136,9 @@ def total_cost_grows_quadratically(L: Lesson, steps) -> None:
     L.claim(ratio > 3.0, f"doubling the answer from {half} to {N} tokens multiplies the recomputed work by "
                          f"{ratio:.2f}: nearer 4 (= 2², the mark of n² growth) than 2 (the mark of linear growth)")
     L.takeaway(f"""
-        Naive decode does the prompt's work again for every new token and the answer's work again for
-        every later token. For {N} tokens it pushed {sum(r.n_tokens for r in steps):,} token-positions
-        through the blocks, of which only {P + N - 1} were ever new. The keys and values of old positions
-        never change, so the rest is waste: lesson 5 keeps them in the **KV cache** instead.
+        Naive decode redoes every earlier token's work at every step. For {N} tokens it pushed
+        {sum(r.n_tokens for r in steps):,} token-positions through the blocks, of which only {P + N - 1}
+        were ever new: lesson 5 keeps the old keys and values in the **KV cache** instead.
     """)
     L.try_it("""
         `minillm generate "ROMEO:" --no-cache --max-new-tokens 200` streams text the naive way: watch

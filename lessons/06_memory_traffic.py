@@ -14,13 +14,12 @@ from rich.table import Table
 import minillm
 from minillm.lessons._common import (Lesson, Timing, bar, bar_chart, fmt_bytes, fmt_time, fmt_x, plural, run_lesson,
                                      stacked_bar)
-from minillm.measure import hardware, residency
+from minillm.measure import residency
 from minillm.measure.chips import CHIPS
 from minillm.measure.chips import decode_ceiling
-from minillm.measure.probe import MB
 
 TITLE = "Memory traffic: why decode waits on memory"
-MINUTES = 6
+MINUTES = 7  # 1,313 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "a decode step's bytes, this machine's bandwidth, the decode ceiling, 7B on an A100"
 
 PROMPT = "ROMEO: But soft, what light through yonder window breaks?"
@@ -52,9 +51,8 @@ def lesson(L: Lesson) -> None:
 
 def intro(L: Lesson, model) -> None:
     L.say(f"""
-        Lesson 5 made decode do one token's worth of arithmetic per step. But one token's worth of
-        arithmetic still needs **all** the weights: every matrix of every block, and the whole LM head,
-        is read from memory to produce a single token. This lesson counts those bytes on
+        Lesson 5 made decode do one token's worth of arithmetic per step, but that still needs
+        **all** the weights, read from memory for a single token. This lesson counts those bytes on
         `{escape(model.name)}` ({model.n_params():,} parameters, {fmt_bytes(model.nbytes())} in
         {np.dtype(model.dtype).name}) and sets them against this machine's measured bandwidth.
     """)
@@ -73,17 +71,15 @@ def what_one_decode_step_moves(L: Lesson, model, r) -> None:
                       f"[{KIND_STYLE[kind]}]{bar(n, total, 40)}[/]")
     kinds.add_row("[bold]total[/]", fmt_bytes(total), "", stacked_bar([(n, KIND_STYLE[k]) for k, n in r.bytes.items()], total, 40))
     L.show(f"[bold]Decode step at position {r.position} (attending over {t} positions), from the meter[/]", kinds)
-    ops = sorted(r.ops.items(), key=lambda kv: -kv[1]["bytes"])
-    L.show(bar_chart("The same bytes by operation:",
+    ops = sorted(r.ops.items(), key=lambda kv: -kv[1]["bytes"])[:3]
+    L.show(bar_chart("The same bytes by operation, the three biggest:",
                      [(f"{name} ×{o['calls']}", o["bytes"], f"{fmt_bytes(o['bytes'])}  {o['bytes'] / total:.0%}") for name, o in ops],
                      style="blue"))
     L.claim(r.bytes["weights"] > total / 2, f"weights are most of what a decode step moves: {r.bytes['weights'] / total:.0%}")
     head = r.ops["lm_head"]["bytes"] / total
     L.say(f"""
         The biggest single read is the **LM head**: all of `wte` ({fmt_bytes(model.params['wte.weight'].nbytes)}) to score
-        {V:,} candidates for one position ({head:.0%} of the step). The blocks' matrices are the rest of
-        the weights. The KV cache read grows with the position; the activations are tiny, because there
-        is only one token.
+        {V:,} candidates for one position ({head:.0%} of the step). The KV read grows with the position.
     """)
 
 
@@ -120,28 +116,16 @@ def can_memory_keep_up(L: Lesson, model, ids, steps):
     r, n_steps = steps[-1], len(steps)
     with L.status("measuring this machine's memory bandwidth and matmul peak (once; then cached)…"):
         hw = L.machine()
-    ht = Table(show_header=False, box=None)
-    ht.add_column(style="bold")
-    ht.add_column()
-    ht.add_row("CPU", f"{escape(str(hw.cpu))}, {plural(hw.threads, 'thread')}")
-    ht.add_row("memory read bandwidth", f"{hw.bandwidth_gbs:,.1f} GB/s  [dim](best of {', '.join(hw.methods)}; "
-                                        f"{hw.buffer_mb} MB buffer)[/]")
-    ht.add_row("float32 matmul peak", f"{hw.peak_gflops:,.1f} GFLOP/s")
-    ht.add_row("ridge point", f"{hw.ridge:,.1f} FLOP/byte  [dim](peak ÷ bandwidth)[/]")
-    if hw.llc_bytes:
-        ht.add_row("last-level cache", f"{hw.llc_bytes / MB:g} MiB  [dim](what the operating system reports)[/]")
-    if hw.fast:
-        ht.add_row("[yellow]note[/]", "fast mode: a small buffer, rough figures")
-    L.show("[bold]minillm.measure.hardware.machine()[/]", ht)
+    if hw.fast:     # the figures above are minillm.measure.hardware.machine()'s
+        L.note("fast mode: a small buffer, rough figures")
     side = "below" if r.intensity < hw.ridge else "above"
     L.say(f"""
         The **ridge** is peak ÷ bandwidth: the FLOPs a piece of work must do per byte it moves to keep
-        the arithmetic busy. Below it, work waits on memory; above it, on arithmetic (lesson 7 draws
-        it). Decode's {r.intensity:.3g} FLOP/byte is {side} this machine's ridge of {hw.ridge:.3g}:
+        the arithmetic busy. Below it, work waits on memory; above it, on arithmetic. Decode's
+        {r.intensity:.3g} FLOP/byte is {side} this machine's ridge of {hw.ridge:.3g} (float32,
+        {plural(hw.blas_threads, "BLAS thread") if hw.blas_threads else "? BLAS threads"}):
         {"decode is memory-bound here" if side == "below" else "decode is compute-bound here"}.
-        The ridge {hw.ridge:.3g} is one measurement of this CPU in float32 at
-        {plural(hw.blas_threads, "BLAS thread") if hw.blas_threads else "? BLAS threads"}; a server CPU with wide vector units and more cores has a ridge of tens of
-        FLOP/byte, a GPU's tensor cores in fp16 of hundreds.
+        A GPU's ridge in fp16 is in the hundreds.
     """)
     sec = statistics.median(s.seconds for s in steps)
     spread = Timing(tuple(s.seconds for s in steps))
@@ -149,19 +133,16 @@ def can_memory_keep_up(L: Lesson, model, ids, steps):
     achieved = step_bytes / sec / 1e9
     ceiling = hw.bandwidth_gbs * 1e9 / step_bytes
     measured = 1.0 / sec
-    L.show(bar_chart("Decode speed, tokens per second:", [
-        ("ceiling: bandwidth ÷ bytes", ceiling, f"{ceiling:,.1f} tok/s"),
-        ("measured (median step)", measured, f"{measured:,.1f} tok/s"),
-    ], style="green"))
     L.roofline(hw, [("decode step (median)", r.intensity, r.total_flops / sec / 1e9)])
     L.say(f"""
         A step moves {fmt_bytes(step_bytes)}; at {hw.bandwidth_gbs:,.1f} GB/s that takes at least
         {fmt_time(step_bytes / (hw.bandwidth_gbs * 1e9))}, so **{ceiling:,.1f} tokens/s is the ceiling**
         however fast the arithmetic. minillm's {len(steps)} decode steps took {spread.text()}: at the median,
-        {achieved:,.1f} GB/s achieved, {achieved / hw.bandwidth_gbs:.0%} of the measured bandwidth. Arithmetic at
-        the matmul peak would take only {fmt_time(r.total_flops / (hw.peak_gflops * 1e9))}.
+        {measured:,.1f} tokens/s, {achieved:,.1f} GB/s, {achieved / hw.bandwidth_gbs:.0%} of the measured
+        bandwidth. Arithmetic at the matmul peak would take only
+        {fmt_time(r.total_flops / (hw.peak_gflops * 1e9))}.
     """)
-    L.console.print(f"[dim]bandwidth: {escape(hardware.provenance(hw))}; steps timed under {L.conditions()}[/]")
+    L.console.print(f"[dim]steps timed under {L.conditions()}[/]")
     L.console.print()
     fastest = max(s.gbps for s in steps)
     bigger = residency.larger_model(L.model_name or model.name, model.nbytes())
@@ -211,12 +192,10 @@ def a_big_model_on_a_gpu(L: Lesson, model, hw, r) -> None:
     L.say(f"""
         The article's example: a 7B-parameter model in fp16 is **{seed['gb_per_token']:.0f} GB** of weights.
         On an A100 80 GB ({seed['bandwidth_gbs']:,.0f} GB/s) reading them once takes
-        **{seed['ms_per_token']:.1f} ms**: batch-1 decode makes at most one token per full read of the
-        weights, about **{seed['tokens_per_s']:.0f} tokens/s**; the arithmetic (2 FLOPs per weight at
-        312 TFLOP/s) would take only {seed['compute_ms_per_token']:.3f} ms. In practice memory delivers
-        80-90% of the datasheet figure and the KV cache adds its bytes, so about
-        {0.8 * seed['tokens_per_s']:.0f}-{0.9 * seed['tokens_per_s']:.0f} tokens/s; speculative decoding
-        (lesson 11) makes several tokens per read and beats it.
+        **{seed['ms_per_token']:.1f} ms**: at most about {seed['tokens_per_s']:.0f} tokens/s at batch 1
+        (the arithmetic, at 312 TFLOP/s, would take {seed['compute_ms_per_token']:.3f} ms). Memory delivers
+        80-90% of its datasheet figure, so about
+        {0.8 * seed['tokens_per_s']:.0f}-{0.9 * seed['tokens_per_s']:.0f} tokens/s.
         `minillm.measure.chips.decode_ceiling(7e9, "fp16", "a100-80gb")` computes it:
     """)
     weights_read = r.bytes["weights"]
@@ -236,10 +215,8 @@ def a_big_model_on_a_gpu(L: Lesson, model, hw, r) -> None:
                    f"{big['tokens_per_s']:,.1f} tok/s", f"{q4['tokens_per_s']:,.1f} tok/s")
     L.show("[bold]Decode ceilings, batch 1 (bandwidth ÷ weight bytes; the KV cache would add to the bytes)[/]", ct)
     L.say("""
-        The int4 column is the ideal, 4 bits a weight. Real 4-bit formats carry a scale (and often a
-        zero point) per group of 32-128 weights, about 4.25-4.5 bits in all, often keep the embeddings
-        and the LM head in fp16, and their kernels at batch 1 rarely reach full bandwidth: 3-3.5× the
-        fp16 speed is typical, not 4×.
+        The int4 column is the ideal, 4 bits a weight; real 4-bit formats carry scales (about 4.25-4.5
+        bits in all) and reach 3-3.5× the fp16 speed, not 4× (lesson 14 measures them).
     """)
     L.pause()
     long_context(L, model, r)
@@ -265,18 +242,15 @@ def long_context(L: Lesson, model, r) -> None:
     t_here = r.bytes["weights"] / per_token
     kv7, w7 = 2 * 32 * 32 * 128 * 2, 2 * 6.74e9      # Llama-2-7B in fp16: MHA, 32 layers, 32 KV heads of 128
     L.say(f"""
-        A decode step at position t reads t positions of keys and values: 2·L·H_kv·hd·b·t bytes. In this
-        run that was {fmt_bytes(r.bytes['kv_read'])} against {fmt_bytes(r.bytes['weights'])} of weights, at
-        t = {r.attended}. One sequence's KV read equals the weights at t ≈ weights ÷ (KV bytes per token) =
-        **{t_here:,.0f} positions** for `{escape(model.name)}` (its context is {c.n_ctx:,}).
+        A decode step at position t reads 2·L·H_kv·hd·b·t bytes of keys and values: here
+        {fmt_bytes(r.bytes['kv_read'])} against {fmt_bytes(r.bytes['weights'])} of weights, at t = {r.attended}.
+        They are equal at t ≈ weights ÷ (KV bytes per token) = **{t_here:,.0f} positions** for
+        `{escape(model.name)}` (its context is {c.n_ctx:,}).
 
-        For a 7B model with one KV head per query head (Llama-2-7B, fp16): {kv7 / 1024:,.0f} KiB per token,
-        so one sequence reads as much KV as weights at {w7 / kv7:,.0f} tokens, and a batch of 32
-        sequences at 4,096 tokens reads {fmt_bytes(32 * 4096 * kv7)} of KV per step against
-        {fmt_bytes(w7)} of weights: {fmt_x(32 * 4096 * kv7 / w7)}. Batching shares the weight read, never the
-        KV read (each sequence has its own). That is why grouped-query attention and KV caches in 8 bits
-        matter: they cut those bytes. FlashDecoding does not cut them: it splits one long sequence's read
-        over all the chip's cores, so that the read runs at full bandwidth when the batch is small.
+        Llama-2-7B in fp16 keeps {kv7 / 1024:,.0f} KiB a token, so a sequence reads as much KV as weights at
+        {w7 / kv7:,.0f} tokens, and 32 sequences at 4,096 tokens read {fmt_bytes(32 * 4096 * kv7)} of KV per
+        step against {fmt_bytes(w7)} of weights: {fmt_x(32 * 4096 * kv7 / w7)}. Batching shares the weight
+        read, never the KV read: grouped-query attention and 8-bit KV caches cut those bytes.
     """)
 
 

@@ -13,14 +13,14 @@ from rich.table import Table
 
 import minillm
 from minillm import kernels
-from minillm.lessons._common import (Lesson, bar_chart, faster_words, fmt_bytes, fmt_time, fmt_x, growth_words,
+from minillm.lessons._common import (Lesson, faster_words, fmt_bytes, fmt_time, fmt_x, growth_words,
                                      plural, roofline_plot, run_lesson, time_interleaved)
 from minillm import closeness
 from minillm.measure.batching import run_batch_bench
 from minillm.measure.chips import get_chip
 
 TITLE = "Batching: one weight read, many tokens"
-MINUTES = 5
+MINUTES = 8  # 1,565 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "B sequences per decode step, tokens/s against the roofline, the small-batch cliff"
 
 PROMPTS = ["ROMEO:", "JULIET:", "First Citizen:", "KING RICHARD III:", "HAMLET:", "MENENIUS:",
@@ -47,14 +47,12 @@ def lesson(L: Lesson) -> None:
 
 def intro(L: Lesson, model) -> None:
     L.say(f"""
-        Lesson 6 showed that a decode step reads every weight to make **one** token: for
-        `{escape(model.name)}`, {fmt_bytes(model.nbytes())} of weights, about 2 FLOPs per parameter, so
-        about {2 / np.dtype(model.dtype).itemsize:.2g} FLOP per byte: below this machine's ridge (lesson 6).
+        A decode step reads every weight to make **one** token: for `{escape(model.name)}`,
+        {fmt_bytes(model.nbytes())} of weights, about 2 FLOPs per parameter, so about
+        {2 / np.dtype(model.dtype).itemsize:.2g} FLOP per byte: below this machine's ridge (lesson 6).
 
-        Every serving engine answers the same way: run **B sequences in one step**. Their B new tokens
-        are B rows of one matrix, so every weight, read once, is used B times. `model.step` takes a list
-        of (tokens, KV cache) pairs, one per sequence; only attention looks at each sequence on its own,
-        over its own cache.
+        Serving engines run **B sequences in one step**: their B new tokens are B rows of one matrix,
+        so every weight, read once, is used B times. Only attention reads each sequence's own cache.
     """)
     L.pause()
 
@@ -89,7 +87,7 @@ def same_tokens(L: Lesson, model, invariant_model) -> None:
     if invariant:
         t.add_column("batch-invariant: alone", justify="center")
     for i, (p, a, b) in enumerate(zip(PROMPTS, alone, batched)):
-        cells = [escape(p), escape(enc.decode(b)[:48].replace("\n", " ")), "same" if a == b else "differs"]
+        cells = [escape(p), escape(enc.decode(b)[:32].replace("\n", " ")), "same" if a == b else "differs"]
         if invariant:
             cells.append("same" if batched_det[i] == alone_det[i] else "differs")
         t.add_row(*cells)
@@ -98,20 +96,11 @@ def same_tokens(L: Lesson, model, invariant_model) -> None:
         {len(prompts)} prompts × {n} tokens: batched {fmt_time(tb)}, one at a time {fmt_time(ta)}
         (medians of {len(times['alone'])} paired rounds, the order alternated): batched took
         **{fmt_x(tb / ta)}** the time.
-        **{same} of {len(prompts)}** sequences got exactly the tokens they get alone. Nothing a sequence
-        samples with is shared: its logits are its own rows of each product, and its random generator is
-        its own. But in float32 a batched product sums in another order than a single row's, so its
-        logits differ in the last bits: a greedy token can flip where the two best logits tie within
-        rounding, and a sampled one where the random draw lands within rounding of the boundary between
-        two tokens. The tokens still come from the same distribution; after a flip a sequence goes its own
-        way. In float64 the tests find the tokens equal.
-
-        The batch is not the only thing that changes the order of a sum. A prompt prefilled in chunks
-        (lesson 13), or found in the prefix cache (lesson 10), reaches its keys through other products
-        than one whole pass; GPU kernels split a long reduction over blocks (split-K) differently for
-        different shapes. So the same request can get other last bits, and at a near tie another token,
-        with or without a cache hit. Engines now offer **batch-invariant** (deterministic) modes that
-        fix every reduction's order whatever the batch, at a measured cost in throughput.
+        **{same} of {len(prompts)}** sequences got exactly the tokens they get alone. Each sequence's
+        logits and random generator are its own, but a batched product sums in another order than one
+        row's, so in float32 its logits differ in the last bits, and where two tokens tie within
+        rounding one can flip (in float64 the tests find the tokens equal). Engines offer
+        **batch-invariant** modes that fix every sum's order, at a cost in throughput.
     """)
     if not invariant:
         L.note(f"the batch-invariant kernels cannot run here ({escape(invariant.reason)}), so their column is left out")
@@ -120,11 +109,10 @@ def same_tokens(L: Lesson, model, invariant_model) -> None:
     kept = sum(a == b for a, b in zip(alone_det, batched_det))
     ti = statistics.median(times["invariant"])
     L.say(f"""
-        The last column is the **batch-invariant kernel set** (`minillm.load(..., kernels="batch-invariant")`,
-        `minillm serve --kernels batch-invariant`): every product sums each row over its inputs in one fixed
-        order, and every query attends over exactly its own keys in tiles from key 0, so no row's
-        arithmetic depends on the rows beside it. There **{kept} of {len(prompts)}** sequences got
-        exactly their tokens alone (alone with the same set), against {same} of {len(prompts)} above.
+        The last column is minillm's **batch-invariant kernel set** (`kernels="batch-invariant"`):
+        each row sums over its inputs in one fixed order, and each query attends over its own keys in
+        tiles from key 0. There **{kept} of {len(prompts)}** sequences got exactly their tokens alone
+        (alone with the same set), against {same} of {len(prompts)} above.
         The price, this run: batched with that set took {fmt_time(ti)} against {fmt_time(tb)}:
         {faster_words(timed["invariant"], timed["batched"], "it", "the default batched run")}.
     """)
@@ -149,7 +137,7 @@ def the_sweep(L: Lesson, model, sweep: dict, hw) -> None:
     for r in rows:
         t.add_row(str(r["batch"]), f"{r['tok_s']:.0f}", f"{r['ms_step']:.1f}", f"{r['roofline_ms']:.1f}",
                   r["bound"], fmt_bytes(r["bytes"]), f"{r['flops'] / 1e9:.2f} G")
-    L.show(t, bar_chart("tokens per second", [(f"B = {r['batch']}", r["tok_s"], f"{r['tok_s']:.0f}") for r in rows]))
+    L.show(t)
     L.busy_note()
     ranking = closeness.rank({f"B = {r['batch']}": r["tok_s_rounds"] for r in rows}, higher=True)
     L.claim(rows[-1]["bytes"] < 2 * base["bytes"],
@@ -163,12 +151,11 @@ def the_sweep(L: Lesson, model, sweep: dict, hw) -> None:
     work = rows[-1]["batch"] / base["batch"]
     memory = [r["batch"] for r in rows if r["bound"] == "memory"]
     L.say(f"""
-        The roofline column is max(bytes ÷ {hw.bandwidth_gbs:.1f} GB/s, FLOPs ÷ {hw.peak_gflops:.0f} GFLOP/s) for
-        each step's counted bytes and FLOPs: the fastest this machine could run that step. From B = 1 to
-        B = {rows[-1]['batch']} the measured time per step {growth_words(grow, work)}. While a step is
-        memory-bound (here B = {', '.join(map(str, memory)) or 'none'}), the roofline time barely grows: the
-        bytes barely grow (B rows of activations and B sequences' KV caches), the FLOPs grow B times but
-        stay under the memory time. Past that, the FLOPs set the time.
+        The roofline column is max(bytes ÷ {hw.bandwidth_gbs:.1f} GB/s, FLOPs ÷ {hw.peak_gflops:.0f} GFLOP/s):
+        the fastest this machine could run the step's counted work. From B = 1 to B = {rows[-1]['batch']}
+        the measured time per step {growth_words(grow, work)}. While a step is memory-bound (here
+        B = {', '.join(map(str, memory)) or 'none'}), its bytes barely grow, so neither does its roofline
+        time; past that, the FLOPs set it.
     """)
     L.pause()
 
@@ -193,19 +180,16 @@ def the_cliff(L: Lesson, sweep: dict) -> None:
                 + f"`ops.matmul` took {fmt_x(two['bare_engine_ms'] / one)}. ")
     wins = [r["batch"] for r in rows if r["batch"] > 1 and r["bare_engine_ms"] < r["bare_plain_ms"]]
     losses = [r["batch"] for r in rows if r["batch"] > 1 and r["bare_engine_ms"] >= r["bare_plain_ms"]]
-    here += (f"In this run `ops.matmul` was faster than the plain product at B = {', '.join(map(str, wins)) or 'none'}"
-             + (f" and not at B = {', '.join(map(str, losses))}" if losses else "") + ". ")
+    here += (f"In this run `ops.matmul` was faster than the plain product at B = {', '.join(map(str, wins))}"
+             + (f" and not at B = {', '.join(map(str, losses))}" if losses else "") + ". " if wins else
+             "In this run `ops.matmul` was not faster than the plain product at any B above 1. ")
     L.say(f"""
-        Each column is the time of one bare pass of B rows over every weight of the model, nothing else
-        (the median of this run's interleaved rounds). The roofline says 2 rows should cost about what 1 row costs.
-        {here}Why not: with OpenBLAS, 1 row runs as a matrix-vector product. 2-7 rows run as a
-        matrix-matrix product, which copies ("packs") the weights into its own layout and works in panels
-        of 8 rows, so a few rows pay for 8. A row count that is not a multiple of 8 also lands on slower
-        edge kernels. minillm's `ops.matmul` was chosen by measuring those shapes, for weights of 1 MB and
-        more: 2 rows run as two matrix-vector products in one call, and 3-63 rows are padded with zero
-        rows to a multiple of 8. That choice was measured on another machine; the table says whether it
-        wins on this one. The padding rows are computed but never counted: the meter counts the model's
-        work, not the kernel's.
+        One bare pass of B rows over every weight, nothing else (medians of interleaved rounds). The
+        roofline says 2 rows should cost about what 1 row costs. {here}Why not: OpenBLAS runs 1 row as a
+        matrix-vector product, but 2-7 rows as a matrix-matrix product that copies ("packs") the weights
+        into its own layout and works in panels of 8 rows, so a few rows pay for 8. `ops.matmul` runs 2
+        rows as two matrix-vector products and pads 3-63 rows with zero rows to a multiple of 8: chosen
+        on another machine, so the table says whether it wins on this one (the padding is never counted).
     """)
     L.pause()
 
@@ -234,30 +218,23 @@ def the_ridge(L: Lesson, model, sweep: dict, hw) -> None:
     else:
         table = f"the measured rows turn compute-bound between B = {last_mem} and B = {first}, by their own counts"
     L.say(f"""
-        Each letter is one batch size: its counted FLOPs per byte and the GFLOP/s it reached. Batching slides
-        decode to the right along the roof. This machine's ridge is {ridge:.1f} FLOP/byte
-        ({hw.peak_gflops:.0f} GFLOP/s ÷ {hw.bandwidth_gbs:.1f} GB/s, measured at
-        {plural(hw.blas_threads or 1, 'BLAS thread')}): the ridge, and the critical batch with it, move with the
-        thread count and the load, not with the work; `minillm bench --batch` on the same threads computes
-        the same.
+        Each letter is one batch size: its counted FLOPs per byte and the GFLOP/s it reached. Batching
+        slides decode right along the roof, toward this machine's ridge, {ridge:.1f} FLOP/byte
+        ({hw.peak_gflops:.0f} GFLOP/s ÷ {hw.bandwidth_gbs:.1f} GB/s at {plural(hw.blas_threads or 1, 'BLAS thread')}):
+        it and the critical batch move with the thread count and the load, not with the work.
 
         **The critical batch.** A step of B sequences does about 2·params·B FLOPs and reads the weights,
-        params·b bytes, once: its intensity is about 2B/b, which reaches the ridge at
-        **B\\* ≈ ridge · b / 2** = {ridge:.1f} · {b} / 2 = **{ridge * b / 2:.0f}** from the weights alone.
-        Each sequence's own bytes (KV cache, activations) add to the bytes and push B\\* up: per token, a
-        batched step reads about weights ÷ B plus that sequence's own KV cache. From the counted
-        bytes and FLOPs at B = 1 and 2, decode reaches the ridge at **B ≈ {cb if cb is not None else 'never'}**
-        with {sweep['context']}-token contexts; {table}. Past the critical batch more sequences cost more time
-        per step: the step waits on arithmetic, like a prefill.
+        params·b bytes, once: its intensity, about 2B/b, reaches the ridge at **B\\* ≈ ridge · b / 2** =
+        {ridge:.1f} · {b} / 2 = **{ridge * b / 2:.0f}** from the weights alone. Each sequence's own KV
+        cache adds bytes and pushes B\\* up: from the counted bytes and FLOPs at B = 1 and 2, decode
+        reaches the ridge at **B ≈ {cb if cb is not None else 'never'}** with {sweep['context']}-token
+        contexts; {table}.
 
-        On a GPU the ridge is far higher (an A100 80 GB in fp16: {a100.peak_gflops / 1e3:.0f} TFLOP/s ÷
-        {a100.bandwidth_gbs:,.0f} GB/s = {a100.ridge:.0f} FLOP/byte, so B\\* ≈ {a100.ridge:.0f} · 2 / 2 =
-        {a100.ridge:.0f} from the weights), which is why servers batch dozens to hundreds of sequences.
-        Attention does not share that way: each sequence's KV cache is read by its own queries only, so
-        attention's FLOPs per byte do not grow with B (the table below). That is why each sequence's KV
-        cache, which grows with its length, decides how many fit (lesson 5).
-        minillm's batches keep their caches in one pool of fixed-size blocks (`minillm.PagedKVPool`):
-        a sequence takes a block only when it needs one.
+        An A100's ridge is far higher ({a100.peak_gflops / 1e3:.0f} TFLOP/s ÷ {a100.bandwidth_gbs:,.0f} GB/s
+        in fp16 = {a100.ridge:.0f} FLOP/byte, so B\\* ≈ {a100.ridge:.0f}): servers batch dozens to hundreds
+        of sequences. Attention does not share: each KV cache is read by its own queries only, so its
+        FLOPs per byte do not grow with B (below), and each sequence's KV cache decides how many fit
+        (lesson 5).
     """)
     attention_intensity(L)
     L.takeaway("""
@@ -299,9 +276,8 @@ def attention_intensity(L: Lesson) -> None:
     where = ("below every ridge above, so the KV read bounds decode attention at any batch"
              if len(under) == len(chips) else f"below the ridge of {', '.join(under) or 'none of them'}")
     L.say(f"""
-        With one KV head per query head, attention does about 1 FLOP per bf16 byte; grouped-query attention
-        about g, {top['intensity']:.0f} at most here ({top['shape']}), {where}. Latent attention, where all
-        heads share one KV head, is the layout that changes that: lesson 18.
+        MHA does about 1 FLOP per bf16 byte, GQA about g: {top['intensity']:.0f} at most here
+        ({top['shape']}), {where}. Latent attention changes that: lesson 18.
     """)
 
 

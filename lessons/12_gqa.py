@@ -29,7 +29,7 @@ def fmt_kib(n: float) -> str:
     return f"{n / 1024:,.4g} KiB"
 
 TITLE = "Today's architecture: GQA and the KV cache"
-MINUTES = 9  # 1,800 words printed (a fast run) at 200 a minute
+MINUTES = 9  # 1,889 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "KV bytes per token, MHA against GQA; a real chat model"
 
 QUESTIONS = ("What is the capital of France?", "Name three primary colors.")

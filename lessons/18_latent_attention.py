@@ -32,7 +32,7 @@ from minillm.models.llama import LlamaConfig
 from minillm.ui.report import fmt_bytes, fmt_flops
 
 TITLE = "A KV cache of 576 values"
-MINUTES = 10  # 1,962 words printed (a fast run) at 200 a minute
+MINUTES = 10  # 2,083 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "MHA, GQA and MLA bytes a token; absorbed decode against the ridge"
 
 MLA, GQA = "random-mla", "random-mla-gqa"

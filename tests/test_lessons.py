@@ -65,6 +65,10 @@ def test_lesson_runs_in_fast_mode_and_what_it_prints_holds(info, capsys, monkeyp
     first = out.split(PAUSE)[0].splitlines()
     assert PAUSE in out and len(first) <= FIRST_PAGE, (len(first), first[-5:])
     assert os.environ.get("MINILLM_FAST") is None   # the lesson put the environment back
+    # the minutes it announces are its reading time: the words it prints at 200 a minute, the pace of
+    # prose dense with numbers and tables (a fast run prints within a few % of a full one)
+    words = len(out.split()) - out.count(PAUSE)
+    assert abs(module.MINUTES - words / 200) <= max(1, 0.15 * words / 200), (module.MINUTES, words)
 
 
 @pytest.mark.parametrize("info", learn.LESSONS, ids=lambda info: f"{info.number:02d}_{info.slug}")

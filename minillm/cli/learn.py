@@ -5,7 +5,7 @@ TITLE, MINUTES, WHAT_YOU_WILL_SEE and `main(argv=None) -> int`. They are found w
 (`discover()`, or `LESSONS`), never when this module loads: a broken lesson breaks only itself.
 
     minillm learn              the list: number, title, track, minutes, what you will see
-    minillm learn --track core the short path (about 30 minutes), or any track (TRACKS)
+    minillm learn --track core the short path, or any track (TRACKS)
     minillm learn 3            run lesson 3 (also `03`, or its slug: `prefill`)
     minillm learn glossary     the words the lessons introduce, each with its lesson
     minillm learn 3 --fast     smaller models and fewer steps
@@ -46,9 +46,9 @@ class Track:
     builds_on: str
 
 
-# Every lesson in exactly one track (tests/test_course6.py). The core carries the mission, in about
-# 30 minutes: tokens -> forward pass -> prefill -> naive decode -> KV cache -> memory traffic and the
-# roofline -> batching. The others are independent parts a learner picks after it.
+# Every lesson in exactly one track (tests/test_course6.py). The core carries the mission: tokens ->
+# forward pass -> prefill -> naive decode -> KV cache -> memory traffic and the roofline -> batching.
+# Its minutes are its lessons' MINUTES. The others are independent parts a learner picks after it.
 TRACKS = (
     Track("core", "why decode is memory-bound, cached against naive, and what batching buys",
           (1, 2, 3, 4, 5, 6, 8), "nothing: start here"),
@@ -125,7 +125,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "'glossary': the words the lessons introduce" % len(lesson_files()))
     parser.add_argument("--track", default=None, metavar="NAME",
                         help="list one track's lessons in order: " + ", ".join(t.name for t in TRACKS)
-                             + " (core: the short path, about 30 minutes; start there)")
+                             + " (core: the short path; start there)")
     parser.add_argument("--no-pause", action="store_true", help="do not wait for Enter between parts")
     parser.add_argument("--fast", action="store_true",
                         help="smaller models and fewer steps (also: environment MINILLM_FAST=1)")
