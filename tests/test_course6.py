@@ -567,3 +567,24 @@ def test_the_glossary_left_lesson_1s_run_for_learn_glossary(capsys):
     lesson = " ".join(capsys.readouterr().out.split())
     assert "minillm learn glossary" in lesson and "Words you will meet" not in lesson
     assert f"about {len(m1.GLOSSARY)} words" in lesson
+
+
+# -- lesson 19: a time crossing moves with load; the crossing is named in bytes ------------------------
+
+def test_lesson_19_ranks_time_at_its_longest_context_and_names_the_crossing_in_bytes(capsys, monkeypatch):
+    """Lesson 19 said "below the other's from 2,048 tokens on" on a quiet run and "from 16,384" beside
+    two burners: where two timed curves cross moves with the load. Time is ranked at the longest context
+    only; the crossing is said in counted bytes."""
+    monkeypatch.setenv("COLUMNS", "80")
+    m19 = _lesson("19_state")
+    real = m19.run_context_sweep
+
+    def crossing_mid_sweep(models, contexts, **kw):        # as a quiet run found it: below from the 2nd context
+        r = real(models, contexts, **kw)
+        return {**r, "crossover_time": contexts[1]}
+    monkeypatch.setattr(m19, "run_context_sweep", crossing_mid_sweep)
+    assert m19.main(["--fast", "--no-pause"]) == 0
+    out = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    said = out[out.index("In time, the hybrid's step"):][:300]
+    assert "tokens on, at every longer" not in said
+    assert "below the other's at 4,096 tokens" in said and "in bytes, by the closed form, they cross at" in said, said
