@@ -231,7 +231,8 @@ def test_hardware_shape_command():
     done = subprocess.run([sys.executable, "-m", "minillm", "hardware", "--chip", "a100", "--shape", "llama-3-8b",
                            "--context", "8192"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "128 KiB (512 KiB with a KV head per query head)" in done.stdout
+    said = " ".join(done.stdout.split())                     # wrapped at 80 columns
+    assert "KV per token (bf16, b = 2): 2·L·Hkv·hd·b = 128 KiB (512 KiB with a KV head per query head)" in said
     # (80e9 × 0.9 − 16,060,522,496) ÷ (8,192 × 131,072) = 52.1: the capacity function, the chip's memory
     assert "sequences of 8,192 tokens that fit in a100-80gb's 80 GB: 52" in done.stdout
     assert max(len(line) for line in done.stdout.splitlines()) <= 80
