@@ -137,12 +137,9 @@ def test_a_sink_of_minus_infinity_is_no_sink(c, T, seed):
 
 
 @settings(max_examples=10, deadline=None)
-@given(configs(), st.lists(st.tuples(st.lists(st.integers(0, 60), min_size=1, max_size=14), st.integers(1, 8)),
-                           min_size=1, max_size=4),
-       st.integers(1, 5), st.integers(1, 12), st.booleans())
-def test_engine_gives_every_request_its_tokens_alone(c, reqs, block_size, budget, prefix_cache):
-    """Chunked prefill, batched decode and preemption in a small pool, the prefix cache on or off:
-    every request's tokens equal `minillm.generate` alone; every block is free at the end."""
+def run_engine_alone_equal(c, reqs, block_size: int, budget: int, prefix_cache: bool):
+    """The engine over `reqs` in a pool just big enough for the longest (two blocks a group to spare),
+    every request's tokens checked against `minillm.generate` alone; returns the engine."""
     from minillm.engine.engine import Engine
     model, _ = build(c)
     biggest = max(PagedKVPool.blocks_for_positions(c, len(p) + n, block_size) for p, n in reqs)
@@ -152,6 +149,16 @@ def test_engine_gives_every_request_its_tokens_alone(c, reqs, block_size, budget
     engine.run()
     for (p, n), r in zip(reqs, rs):
         assert r.output == minillm.generate(model, p, n)
+    return engine
+
+
+@given(configs(), st.lists(st.tuples(st.lists(st.integers(0, 60), min_size=1, max_size=14), st.integers(1, 8)),
+                           min_size=1, max_size=4),
+       st.integers(1, 5), st.integers(1, 12), st.booleans())
+def test_engine_gives_every_request_its_tokens_alone(c, reqs, block_size, budget, prefix_cache):
+    """Chunked prefill, batched decode and preemption in a small pool, the prefix cache on or off:
+    every request's tokens equal `minillm.generate` alone; every block is free at the end."""
+    engine = run_engine_alone_equal(c, reqs, block_size, budget, prefix_cache)
     assert engine.pool.allocator.n_free == engine.pool.num_blocks or prefix_cache
 
 
@@ -403,16 +410,8 @@ def test_an_engine_of_mixed_layers_gives_back_blocks_and_the_tokens_do_not_chang
     prefix cache on or off, a repeated prompt sharing every group's blocks): every request's greedy
     tokens are its tokens alone, the sliding groups gave blocks back wherever a request went a block
     past its window, and at the end every block is back in the pool."""
-    from minillm.engine.engine import Engine
-    model, _ = build(c)
     reqs = reqs + reqs[:1]
-    biggest = max(PagedKVPool.blocks_for_positions(c, len(p) + n, block_size) for p, n in reqs)
-    engine = Engine(model, num_blocks=biggest + 2 * len(layer_groups(c)), block_size=block_size,
-                    max_batched_tokens=budget, prefix_cache=prefix_cache)
-    rs = [engine.add_request(p, n) for p, n in reqs]
-    engine.run()
-    for (p, n), r in zip(reqs, rs):
-        assert r.output == minillm.generate(model, p, n)
+    engine = run_engine_alone_equal(c, reqs, block_size, budget, prefix_cache)
     longest = max(len(p) + n - 1 for p, n in reqs)          # the positions the longest one cached
     assert (engine.pool.dropped > 0) == (longest >= c.window + block_size - 1)
     assert engine.pool.allocator.n_free == engine.pool.num_blocks
