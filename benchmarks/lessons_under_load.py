@@ -4,6 +4,7 @@ differs between the two runs except where the closeness rule said "no winner" in
 no line is wider than 80 columns.
 
     python benchmarks/lessons_under_load.py [--fast] [--burners 2] [--only 1,2,3] [--out DIR] [--repeat N]
+                                            [--modes quiet,busy] [--check-only]
 
 Why: a lesson's claims must hold on a busy machine (claims rest on counts; timed sentences choose
 their words from the numbers, and rank only when their rounds agree beyond their spread:
@@ -158,6 +159,9 @@ def main() -> int:
                    help="which runs, in order (default: quiet,busy; the checks need both)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="make each run N times and compare every run with the first (default: 1)")
+    p.add_argument("--check-only", action="store_true",
+                   help="run nothing: check the outputs already in DIR for these modes and repeats "
+                        "(runs made at different times, e.g. the busy ones while other work ran)")
     args = p.parse_args()
     if args.repeat < 1:
         p.error(f"--repeat {args.repeat}: at least 1")
@@ -183,7 +187,7 @@ def main() -> int:
     def path(f: Path, mode: str, i: int) -> Path:
         return out / (f"{f.name[:2]}-{mode}.txt" if i == 1 else f"{f.name[:2]}-{mode}-{i}.txt")
 
-    for mode, i in runs:
+    for mode, i in ([] if args.check_only else runs):
         burners = []
         if mode == "busy":
             burners = [multiprocessing.Process(target=burn, daemon=True) for _ in range(args.burners)]
@@ -206,6 +210,10 @@ def main() -> int:
         for mode, i in runs:
             q = path(f, mode, i)
             if not q.exists():
+                if args.check_only:
+                    summary.append(f"{q.name}: missing")
+                    print(summary[-1], flush=True)
+                    ok = False
                 continue
             texts[mode, i] = q.read_text()
             if too_wide(texts[mode, i]):

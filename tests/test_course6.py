@@ -588,3 +588,24 @@ def test_lesson_19_ranks_time_at_its_longest_context_and_names_the_crossing_in_b
     said = out[out.index("In time, the hybrid's step"):][:300]
     assert "tokens on, at every longer" not in said
     assert "below the other's at 4,096 tokens" in said and "in bytes, by the closed form, they cross at" in said, said
+
+
+def test_lessons_under_load_checks_runs_made_apart_and_counts_each_verdict_that_differs(tmp_path):
+    """--check-only runs no lesson: it compares the outputs already in DIR (the quiet runs made on an
+    idle machine, the busy ones later), counts every differing verdict, and fails on a missing run."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "lessons_under_load.py"
+    line = "Throughput favours no chunking (12 tok/s (11-13 tok/s);\nbudget 16: 5 tok/s (4-6 tok/s)), ranked.\n"
+    (tmp_path / "13-quiet.txt").write_text(line)
+    (tmp_path / "13-busy.txt").write_text(line.replace("no chunking (12", "budget 16 (12"))
+    args = [sys.executable, str(script), "--check-only", "--only", "13", "--out", str(tmp_path)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "FLIPPED" in proc.stdout
+    assert "2 runs of 1 lessons; 1 verdicts compared with the first run's: 1 differ" in proc.stdout
+    (tmp_path / "13-busy.txt").write_text(line)
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "0 differ" in proc.stdout and "rc=" not in proc.stdout
+    proc = subprocess.run(args + ["--repeat", "2"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "13-quiet-2.txt: missing" in proc.stdout
