@@ -232,8 +232,8 @@ def where_the_parameters_are(L: Lesson, model, ids) -> None:
             f"{fmt_flops(r.flops['matmul'])} (counted by minillm.Meter)")
     L.takeaway(f"""
         One pass over {T} tokens: {fmt_flops(r.total_flops)}, {fmt_bytes(r.total_bytes)} moved,
-        {r.total_flops / r.total_bytes:.2g} FLOPs per byte. The shapes depend only on T: **how many
-        tokens** go through sets a pass's cost.
+        {r.total_flops / r.total_bytes:.2g} FLOPs per byte. The shapes depend only on T:
+        **how many tokens** go through sets a pass's cost.
     """)
     L.try_it(f"""
         `minillm learn 2 --model random-124m --no-pause` runs the same walk at GPT-2
