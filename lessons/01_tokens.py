@@ -12,7 +12,7 @@ import minillm
 from minillm.lessons._common import Lesson, run_lesson, token_text
 
 TITLE = "Tokens: text becomes numbers"
-MINUTES = 4  # 846 words printed (a fast run) at 200 a minute
+MINUTES = 4  # 767 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "a sentence as GPT-2 token ids, the 50,257-id vocabulary, <|endoftext|>"
 TIMED = False   # nothing here is timed: no busy-machine note
 
@@ -37,15 +37,16 @@ def lesson(L: Lesson) -> None:
 
 
 def token_table(enc, ids: list[int], with_ids: bool = True) -> Table:
+    """One row a token: its id and text (with_ids), or its text and UTF-8 bytes."""
     t = Table(header_style="bold")
     if with_ids:
-        t.add_column("#", justify="right")
         t.add_column("id", justify="right")
     t.add_column("token text", style="cyan")
-    t.add_column("bytes", justify="right")
-    for i, token in enumerate(ids):
-        cells = (token_text(enc, token), str(len(enc.decode_single_token_bytes(token))))
-        t.add_row(*((str(i), str(token)) if with_ids else ()), *cells)
+    if not with_ids:
+        t.add_column("bytes", justify="right")
+    for token in ids:
+        text = token_text(enc, token)
+        t.add_row(*((str(token), text) if with_ids else (text, str(len(enc.decode_single_token_bytes(token))))))
     return t
 
 
@@ -99,9 +100,9 @@ def the_vocabulary(L: Lesson, enc) -> None:
     first = [token_text(enc, i) for i in (0, 1, 2, 64, 65, 255)]
     L.say(f"""
         GPT-2's vocabulary has **{n_vocab:,}** ids: 256 single bytes (so *any* text can be encoded),
-        {n_vocab - 257:,} merged pieces learned from web text, and one special token.
-        Ids 0, 1, 2, 64, 65, 255 are the bytes {", ".join(f"`{t}`" for t in first)};
-        the last merged piece, id {n_vocab - 2:,}, is `{token_text(enc, n_vocab - 2)}`.
+        {n_vocab - 257:,} merged pieces learned from web text, and one special token. Ids 0, 1, 2,
+        64, 65, 255 are {", ".join(f"`{t}`" for t in first)}; the last merge, {n_vocab - 2:,}, is
+        `{token_text(enc, n_vocab - 2)}`.
     """)
     model = L.load_model()
     L.say(f"""
@@ -135,12 +136,10 @@ def endoftext(L: Lesson, enc, n_tokens: int) -> None:
     """)
     hello = enc.encode(" hello world")
     L.try_it(f"""
-        {L.copy_hint(__file__, "tokens")} Change `SENTENCE` at its top (your name, a line of code,
-        a sentence in another language). English runs around 4 characters per token; other scripts
-        can cost one token per byte.
-
-        Or from Python: `python -c "import minillm; print(minillm.tokenizer().encode(' hello world'))"`
-        prints `{hello}`.
+        {L.copy_hint(__file__, "tokens")} Change `SENTENCE` (a line of code, another language):
+        English runs around 4 characters per token, other scripts up to a token a byte.
+        `python -c "import minillm; print(minillm.tokenizer().encode(' hello world'))"` prints
+        `{hello}`.
     """)
 
 
