@@ -15,7 +15,7 @@ from minillm.lessons._common import Lesson, bar_chart, fmt_bytes, fmt_flops, fmt
 from minillm.models import ops
 
 TITLE = "One forward pass: ids in, probabilities out"
-MINUTES = 4  # 900 words printed (a fast run) at 200 a minute
+MINUTES = 4  # 841 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "real array shapes through every layer, the top-5 next tokens, parameters by part"
 TIMED = False   # counts only: no busy-machine note
 
@@ -67,17 +67,17 @@ def block(x: np.ndarray, p: dict, n_head: int, eps: float, rows: list | None = N
     q, k, v = split_heads(qkv, n_head)
     note("  split_heads(qkv, H) → q, k, v", q, f"{n_head} heads of {q.shape[-1]} numbers each")
     a = note("  ops.attention(q, k, v)", ops.attention(q, k, v), "mixes values of positions ≤ i")
-    merged = note("  merge_heads(a)", merge_heads(a), "heads joined")
+    merged = note("  merge_heads(a)", merge_heads(a))
     att = note(f"  ops.linear(·, attn.c_proj {shape('attn.c_proj.weight')})",
                ops.linear(merged, p["attn.c_proj.weight"], p["attn.c_proj.bias"]))
-    x = note("  x = ops.add(x, ·)", ops.add(x, att), "residual add")
+    x = note("  x = ops.add(x, ·)", ops.add(x, att), "the residual")
     h = note("  ops.layer_norm(x, ln_2)", ops.layer_norm(x, p["ln_2.weight"], p["ln_2.bias"], eps))
     up = note(f"  ops.linear(h, c_fc {shape('mlp.c_fc.weight')})",
               ops.linear(h, p["mlp.c_fc.weight"], p["mlp.c_fc.bias"]), "MLP: 4× wider")
     g = note("  ops.gelu(·)", ops.gelu(up), "element-wise")
     down = note(f"  ops.linear(·, mlp.c_proj {shape('mlp.c_proj.weight')})",
                 ops.linear(g, p["mlp.c_proj.weight"], p["mlp.c_proj.bias"]), "back to width d")
-    return note("  x = ops.add(x, ·)", ops.add(x, down), "residual add")
+    return note("  x = ops.add(x, ·)", ops.add(x, down))
 
 
 def block_params(model, layer: int) -> dict:
@@ -128,11 +128,11 @@ def shapes_through_the_model(L: Lesson, model, ids) -> np.ndarray:
 
         GPT-2 turns **T** token ids into **T** rows of **d** numbers (the *residual stream*), passes
         them through **L** *blocks*, normalises, and multiplies by the embedding table again: a
-        score (*logit*) per vocabulary entry. Here T = {T} tokens of
-        `{escape(PROMPT)}`, d = {d}, L = {c.n_layer}, H = {H} heads, V = {V:,}.
+        score (*logit*) per vocabulary entry. Here T = {T} tokens, d = {d},
+        L = {c.n_layer}, H = {H} heads, V = {V:,}.
 
         In attention each position makes a **query** (what it looks for), a **key** (what it offers)
-        and a **value** (what it passes on when a query matches its key).
+        and a **value** (what it passes on to a matching query).
     """)
     L.pause()
     L.say("""
@@ -146,9 +146,9 @@ def shapes_through_the_model(L: Lesson, model, ids) -> np.ndarray:
     for layer in range(1, c.n_layer):
         x = block(x, block_params(model, layer), H, c.ln_eps)
     if c.n_layer > 1:
-        rows.append((f"block(x, ...) × {c.n_layer - 1}", f"[{T}, {d}]", f"blocks 1..{c.n_layer - 1}"))
+        rows.append((f"block(x, ...) × {c.n_layer - 1}", f"[{T}, {d}]", ""))
     x = ops.layer_norm(x, model.params["ln_f.weight"], model.params["ln_f.bias"], c.ln_eps)
-    rows.append(("ops.layer_norm(x, ln_f)", f"[{T}, {d}]", "final norm"))
+    rows.append(("ops.layer_norm(x, ln_f)", f"[{T}, {d}]", ""))
     logits = ops.lm_head(x, wte)
     rows.append(("ops.lm_head(x, wte)  # x @ wte.T", "[" + ", ".join(map(str, logits.shape)) + "]",
                  "a score per id, per position"))
@@ -183,8 +183,8 @@ def the_next_token_distribution(L: Lesson, model, enc, logits) -> None:
     rng = np.random.default_rng(0)
     draws = [minillm.sample(logits[-1], temperature=0.8, top_k=5, rng=rng) for _ in range(8)]
     L.say(f"""
-        A *sampler* picks from this **distribution**: `temperature=0` the most likely (greedy),
-        `minillm.sample(logits, temperature=0.8, top_k=5, rng=...)` one of the top 5. Eight draws:
+        A *sampler* picks from this **distribution**: greedy (`temperature=0`) the top token;
+        `minillm.sample(logits, temperature=0.8, top_k=5, rng=...)` drew
         {" ".join(f"`{token_text(enc, t)}`" for t in draws)}.
     """)
     V = model.config.vocab_size
@@ -206,12 +206,11 @@ def where_the_parameters_are(L: Lesson, model, ids) -> None:
     t.add_column("this model", justify="right", no_wrap=True)
     t.add_column("share", justify="right", no_wrap=True)
     t.add_column("GPT-2 small", justify="right", no_wrap=True)
-    t.add_column("float32", justify="right", no_wrap=True)
     t.add_column("share", justify="right", no_wrap=True)
     for part in theirs:
         t.add_row(part, f"{mine[part]:,}", f"{mine[part] / model.n_params():.1%}",
-                  f"{theirs[part]:,}", fmt_bytes(4 * theirs[part]), f"{theirs[part] / total_small:.1%}")
-    t.add_row("[bold]total[/]", f"{model.n_params():,}", "", f"{total_small:,}", fmt_bytes(4 * total_small), "")
+                  f"{theirs[part]:,}", f"{theirs[part] / total_small:.1%}")
+    t.add_row("[bold]total[/]", f"{model.n_params():,}", "", f"{total_small:,}", "")
     L.show(t)
     share = theirs[PARTS[0]] / total_small
     L.claim(sum(mine.values()) == model.n_params() == c.n_params(),
@@ -236,9 +235,9 @@ def where_the_parameters_are(L: Lesson, model, ids) -> None:
         **how many tokens** go through sets a pass's cost.
     """)
     L.try_it(f"""
-        `minillm learn 2 --model random-124m --no-pause` runs the same walk at GPT-2
-        small's real width: d = 768, 12 heads of 64, MLP of 3,072, logits [T, 50257]. Or change
-        `PROMPT` and watch the top-5 change (with a trained model): {L.copy_hint(__file__, "forward")}
+        `minillm learn 2 --model random-124m --no-pause`: the same walk at GPT-2 small's width
+        (d = 768, 12 heads of 64). Or change `PROMPT` and watch the top 5:
+        {L.copy_hint(__file__, "forward")}
     """)
 
 
