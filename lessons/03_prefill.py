@@ -16,7 +16,7 @@ from minillm.lessons._common import (Lesson, Timing, bar_chart, fmt_bytes, fmt_f
 from minillm.measure.chips import CHIPS
 
 TITLE = "Prefill: the whole prompt in one pass"
-MINUTES = 4  # 850 words printed (a fast run) at 200 a minute
+MINUTES = 4  # 793 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "a prompt's FLOPs and bytes, the KV cache it leaves, intensity rising with length"
 
 PROMPT = ("JULIET: O Romeo, Romeo! wherefore art thou Romeo? Deny thy father and refuse thy name; "
@@ -52,10 +52,8 @@ def step_table(records: list) -> Table:
         ("  KV cache written", lambda r: fmt_bytes(r.bytes["kv_write"])),
         ("  activations", lambda r: fmt_bytes(r.bytes["activations"])),
         ("[bold]FLOPs per byte[/]", lambda r: f"[bold]{r.intensity:.3g}[/]"),
-        ("FLOPs per token", lambda r: fmt_flops(r.total_flops / r.n_tokens)),
         ("weight bytes per token", lambda r: fmt_bytes(r.bytes["weights"] / r.n_tokens)),
         ("wall time (one run)", lambda r: fmt_time(r.seconds)),
-        ("time per token (one run)", lambda r: fmt_time(r.seconds / r.n_tokens)),
     ]
     for label, fn in rows:
         t.add_row(label, *(fn(r) for _, r in records))
@@ -91,9 +89,8 @@ def one_prefill(L: Lesson, model, ids):
            step_table([(f"prefill ({pre.n_tokens} tokens)", pre), ("one decode step", dec)]))
     L.say(f"""
         The prefill read the weights **once** ({fmt_bytes(pre.bytes['weights'])}) for
-        {pre.n_tokens} tokens; the decode step about as many ({fmt_bytes(dec.bytes['weights'])})
-        for a **single** token. FLOPs per byte is the **arithmetic intensity**: high, work waits on
-        arithmetic; low, on memory.
+        {pre.n_tokens} tokens, the decode step as many for a **single** token. FLOPs per byte is the
+        **arithmetic intensity**: high, work waits on arithmetic; low, on memory.
     """)
     L.claim(pre.kind == "prefill" and pre.n_tokens == len(ids), f"one prefill step processed all {len(ids)} prompt tokens")
     L.claim(pre.intensity > dec.intensity,
@@ -179,16 +176,15 @@ def longer_prompts_higher_intensity(L: Lesson, model, enc) -> None:
                "bytes, for the last position's logits only: no prompt token shares it, and it holds the "
                "intensity down (GPT-2 small's bytes are mostly in its shared blocks).")
     L.takeaway(f"""
-        Prefill: all prompt tokens in **one** pass, high FLOPs per byte, and a KV cache of
-        {fmt_bytes(per_token)} per token left behind.
+        Prefill: the prompt in **one** pass, many FLOPs per byte, and {fmt_bytes(per_token)} of KV
+        cache per token left behind.
     """)
     small = GPT2_SIZES["124m"]
     small_kv = 2 * small.n_layer * small.n_embd * np.dtype(np.float32).itemsize   # 2·L·d·b, float32
     L.try_it(f"""
         `minillm learn 3 --model random-124m --no-pause`: GPT-2 small's prefill reaches far higher
-        intensity (its blocks, which every prompt token shares, are most of its weights, and each
-        token's activations are small next to its d² arithmetic), and its KV cache is
-        {small_kv // 1024} KiB per token. Lesson 7 puts these numbers on this machine's roofline.
+        intensity (its shared blocks are most of its weights), and its KV cache is
+        {small_kv // 1024} KiB per token.
     """)
 
 
