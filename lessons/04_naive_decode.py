@@ -14,7 +14,7 @@ from minillm.lessons._common import (Lesson, bar_chart, fmt_bytes, fmt_flops, fm
 from minillm.ui import report
 
 TITLE = "Naive decode: recompute everything"
-MINUTES = 3  # 692 words printed (a fast run) at 200 a minute
+MINUTES = 3  # 679 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "per-step cost growing with position, total cost growing with length²"
 
 PROMPT = "ROMEO:"
@@ -111,9 +111,8 @@ def total_cost_grows_quadratically(L: Lesson, steps) -> None:
     L.section("Total cost grows with the square of the length")
     P, N = steps[0].n_tokens, len(steps)
     L.say(f"""
-        Step *i* costs about (P + *i*) tokens' work, so *n* tokens cost about P·n + n²/2:
-        **double the answer, roughly four times the work** once it is long against the prompt
-        (P = {P}).
+        Step *i* costs about P + *i* tokens' work, so *n* tokens cost about P·n + n²/2 (P = {P}):
+        **double the answer, roughly four times the work** once it outgrows the prompt.
     """)
     t = Table(header_style="bold")
     for col in ("tokens generated", "total FLOPs", "recomputed (no LM head)", "× previous", "time (one run)"):
@@ -135,13 +134,13 @@ def total_cost_grows_quadratically(L: Lesson, steps) -> None:
     L.claim(ratio > 3.0, f"doubling the answer from {half} to {N} tokens multiplies the recomputed work by "
                          f"{ratio:.2f}: nearer 4 (= 2², the mark of n² growth) than 2 (the mark of linear growth)")
     L.takeaway(f"""
-        Naive decode redoes all earlier work every step: {sum(r.n_tokens for r in steps):,}
-        token-positions through the blocks for {N} tokens, only {P + N - 1} of them new. Lesson 5
-        keeps the old keys and values in the **KV cache** instead.
+        Naive decode pushed {sum(r.n_tokens for r in steps):,} token-positions through the blocks
+        for {N} tokens, only {P + N - 1} of them new. Lesson 5 keeps the old keys and values in the
+        **KV cache** instead.
     """)
     L.try_it("""
-        `minillm generate "ROMEO:" --no-cache --max-new-tokens 200` streams text the naive way: watch
-        it slow down as the text gets longer. Then drop `--no-cache` and compare (lesson 5 measures it).
+        `minillm generate "ROMEO:" --no-cache --max-new-tokens 200` streams text the naive way:
+        watch it slow down. Then drop `--no-cache` (lesson 5 measures the difference).
     """)
 
 
