@@ -19,7 +19,7 @@ from minillm.measure.chips import CHIPS
 from minillm.measure.chips import decode_ceiling
 
 TITLE = "Memory traffic: why decode waits on memory"
-MINUTES = 6  # 1,127 words printed (a fast run) at 200 a minute
+MINUTES = 5  # 1,048 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "a decode step's bytes, this machine's bandwidth, the decode ceiling, 7B on an A100"
 
 PROMPT = "ROMEO: But soft, what light through yonder window breaks?"
@@ -119,12 +119,10 @@ def can_memory_keep_up(L: Lesson, model, ids, steps):
         L.note("fast mode: a small buffer, rough figures")
     side = "below" if r.intensity < hw.ridge else "above"
     L.say(f"""
-        The **ridge**, peak ÷ bandwidth, is the FLOPs per byte that keep the arithmetic busy: below
-        it work waits on memory, above it on arithmetic. Decode's {r.intensity:.3g} FLOP/byte is
-        {side} this machine's ridge of {hw.ridge:.3g} (float32,
+        The **ridge**, peak ÷ bandwidth, is the FLOPs per byte that keep the arithmetic busy.
+        Decode's {r.intensity:.3g} FLOP/byte is {side} this machine's ridge of {hw.ridge:.3g} (float32,
         {plural(hw.blas_threads, "BLAS thread") if hw.blas_threads else "? BLAS threads"}):
         {"decode is memory-bound here" if side == "below" else "decode is compute-bound here"}.
-        A GPU's fp16 ridge is in the hundreds.
     """)
     sec = statistics.median(s.seconds for s in steps)
     spread = Timing(tuple(s.seconds for s in steps))
@@ -200,28 +198,25 @@ def a_big_model_on_a_gpu(L: Lesson, model, hw, r) -> None:
             f"within 5% of all {model.n_params():,} parameters × {b} bytes ({fmt_bytes(all_weights)}; a "
             "step reads one row of the position table)")
     ct = Table(header_style="bold")
-    for col in ("chip", "bandwidth", f"{model.name} ({model.n_params() / 1e6:.0f}M, fp32)", "7B, fp16", "7B, int4"):
+    for col in ("chip", "bandwidth", "7B, fp16", "7B, int4"):      # this model's ceiling here: the text above
         ct.add_column(col, justify="right" if col != "chip" else "left")
     for chip in (hw, CHIPS["a100-80gb"], CHIPS["h100-sxm"], CHIPS["rtx-4090"], CHIPS["m1-pro"]):
-        mine = decode_ceiling(model.n_params(), "fp32", chip)
         big = decode_ceiling(7e9, "fp16", chip)
         q4 = decode_ceiling(7e9, "int4", chip)
-        ct.add_row(chip.name, f"{chip.bandwidth_gbs:,.0f} GB/s", f"{mine['tokens_per_s']:,.0f} tok/s",
-                   f"{big['tokens_per_s']:,.1f} tok/s", f"{q4['tokens_per_s']:,.1f} tok/s")
+        ct.add_row(chip.name, f"{chip.bandwidth_gbs:,.0f} GB/s", f"{big['tokens_per_s']:,.1f} tok/s",
+                   f"{q4['tokens_per_s']:,.1f} tok/s")
     L.show("[bold]Decode ceilings, batch 1: bandwidth ÷ weight bytes (int4: the ideal; lesson 14)[/]", ct)
     L.pause()
     long_context(L, model, r)
     L.takeaway(f"""
-        A decode step reads every weight for one token: about {2 / b:.2g} FLOP per byte, below every
-        known chip's ridge. Its speed is **bandwidth ÷ bytes per token**: more bandwidth or fewer bytes
-        a token (quantization, batching, speculative decoding) speed it up, not FLOP/s. Decode is
-        **memory-bound**.
+        A decode step reads every weight for one token, about {2 / b:.2g} FLOP per byte: decode is
+        **memory-bound**. Its speed is **bandwidth ÷ bytes per token**: fewer bytes a token
+        (quantization, batching, speculative decoding) speed it up, not FLOP/s.
     """)
     L.try_it("""
-        `minillm hardware --params 7B --dtype int4` prints the decode ceiling of a 7B model in 4-bit
-        weights for every known chip: the ideal 4× the fp16 tokens/s, from 4× fewer bytes.
-        `minillm traffic --model large --steps 8` prints this lesson's counters for every step
-        (`--model random-124m` for GPT-2 small's size).
+        `minillm hardware --params 7B --dtype int4`: a 7B model's 4-bit decode ceiling on every
+        known chip. `minillm traffic --model large --steps 8`: this lesson's counters, every step
+        (`--model random-124m` for GPT-2 small).
     """)
 
 
@@ -238,9 +233,9 @@ def long_context(L: Lesson, model, r) -> None:
         They are equal at t ≈ weights ÷ KV bytes per token = **{t_here:,.0f} positions** for
         `{escape(model.name)}` (context {c.n_ctx:,}).
 
-        Llama-2-7B in fp16 keeps {kv7 / 1024:,.0f} KiB a token: equal at {w7 / kv7:,.0f} tokens, and 32
-        sequences of 4,096 read {fmt_bytes(32 * 4096 * kv7)} of KV a step against {fmt_bytes(w7)} of
-        weights ({fmt_x(32 * 4096 * kv7 / w7)}). Batching shares the weight read, never the KV read.
+        Llama-2-7B in fp16 keeps {kv7 / 1024:,.0f} KiB a token: 32 sequences of 4,096 read
+        {fmt_bytes(32 * 4096 * kv7)} of KV a step against {fmt_bytes(w7)} of weights
+        ({fmt_x(32 * 4096 * kv7 / w7)}). Batching shares the weight read, never the KV read.
     """)
 
 
