@@ -105,7 +105,7 @@ def per_step_cost_is_flat(L: Lesson, model, mn, mc) -> None:
     L.claim(all(a.total_flops > b.total_flops for a, b in zip(mn.steps[1:], mc.steps[1:])),
             "after the prefill, every cached step does fewer FLOPs than the naive step at the same position")
     L.say(f"""
-        {N} tokens: naive {fmt_flops(mn.total('total_flops'))}, cached
+        Totals for {N} tokens: naive {fmt_flops(mn.total('total_flops'))}, cached
         {fmt_flops(mc.total('total_flops'))}. In exchange the cache takes memory, and each step reads
         **all** earlier keys and values ({fmt_bytes(decode[-1].bytes['kv_read'])} at the last).
     """)
