@@ -12,7 +12,7 @@ import minillm
 from minillm.lessons._common import Lesson, run_lesson, token_text
 
 TITLE = "Tokens: text becomes numbers"
-MINUTES = 4  # 767 words printed (a fast run) at 200 a minute
+MINUTES = 4  # 752 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "a sentence as GPT-2 token ids, the 50,257-id vocabulary, <|endoftext|>"
 TIMED = False   # nothing here is timed: no busy-machine note
 
@@ -127,7 +127,6 @@ def endoftext(L: Lesson, enc, n_tokens: int) -> None:
         - as plain text: `enc.encode("<|endoftext|>", disallowed_special=())` → `{as_text}`
           ({len(as_text)} ordinary tokens: {" ".join(f"`{token_text(enc, t)}`" for t in as_text)})
     """)
-    L.fact(f"<|endoftext|>, allowed, encodes to {special}; typed as text, to {len(as_text)} ordinary tokens")
 
     L.takeaway(f"""
         Everything is counted in tokens: {n_tokens} for our sentence. The **prompt**'s ids are

@@ -16,7 +16,7 @@ from minillm.lessons._common import (Lesson, Timing, bar_chart, fmt_bytes, fmt_f
 from minillm.measure.chips import CHIPS
 
 TITLE = "Prefill: the whole prompt in one pass"
-MINUTES = 4  # 793 words printed (a fast run) at 200 a minute
+MINUTES = 4  # 782 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "a prompt's FLOPs and bytes, the KV cache it leaves, intensity rising with length"
 
 PROMPT = ("JULIET: O Romeo, Romeo! wherefore art thou Romeo? Deny thy father and refuse thy name; "
@@ -172,9 +172,8 @@ def longer_prompts_higher_intensity(L: Lesson, model, enc) -> None:
     """)
     head = records[-1].ops["lm_head"]["bytes"] / records[-1].total_bytes
     if head > 0.5:
-        L.note(f"here the LM head's read of wte is {head:.0%} of the {records[-1].n_tokens}-token prefill's "
-               "bytes, for the last position's logits only: no prompt token shares it, and it holds the "
-               "intensity down (GPT-2 small's bytes are mostly in its shared blocks).")
+        L.note(f"the LM head's read of wte is {head:.0%} of the {records[-1].n_tokens}-token prefill's bytes, "
+               "for the last position only: no prompt token shares it, so it holds the intensity down.")
     L.takeaway(f"""
         Prefill: the prompt in **one** pass, many FLOPs per byte, and {fmt_bytes(per_token)} of KV
         cache per token left behind.

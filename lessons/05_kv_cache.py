@@ -18,7 +18,7 @@ from minillm.measure.shapes import UTILISATION, capacity, shape
 from minillm.ui import report
 
 TITLE = "The KV cache: compute each token once"
-MINUTES = 5  # 1,077 words printed (a fast run) at 200 a minute
+MINUTES = 5  # 1,075 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "same tokens, flat per-step cost, measured speedups, 72 KiB a token, two classic bugs"
 
 PROMPT = "JULIET: O Romeo, Romeo! wherefore art thou Romeo?"
@@ -210,7 +210,7 @@ def article(n: float) -> str:
 
 
 def two_classic_bugs(L: Lesson, model, enc, ids, rows) -> None:
-    L.section("Two classic bugs, and how minillm avoids them")
+    L.section("Two classic bugs, avoided")
     P, c = len(ids), model.config
     logits, cache = model.prefill(ids)
     token = int(np.argmax(logits))
