@@ -85,7 +85,8 @@ def opening(L: Lesson, enc) -> int:
 def where_tokenization_gets_lumpy(L: Lesson, enc) -> None:
     L.section("Where tokenization gets lumpy")
     tricky = enc.encode(TRICKY)
-    L.show(f"[bold]{escape(repr(TRICKY))}[/]\n[bold]{len(TRICKY)} characters → {len(tricky)} tokens[/]", token_table(enc, tricky, with_ids=False))
+    L.show(f"[bold]{escape(repr(TRICKY))}[/]\n[bold]{len(TRICKY)} characters → {len(tricky)} tokens[/]",
+           token_table(enc, tricky, with_ids=False))
     L.say("""
         Numbers split into arbitrary chunks, a rare word costs several tokens, and non-ASCII
         characters can split *inside* their UTF-8 bytes (`\\x..`). Costs are counted in tokens.

@@ -16,7 +16,7 @@ from minillm.lessons._common import (Lesson, Timing, bar_chart, fmt_bytes, fmt_f
 from minillm.measure.chips import CHIPS
 
 TITLE = "Prefill: the whole prompt in one pass"
-MINUTES = 4  # 782 words printed (a fast run) at 200 a minute
+MINUTES = 4  # 784 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "a prompt's FLOPs and bytes, the KV cache it leaves, intensity rising with length"
 
 PROMPT = ("JULIET: O Romeo, Romeo! wherefore art thou Romeo? Deny thy father and refuse thy name; "
@@ -175,7 +175,7 @@ def longer_prompts_higher_intensity(L: Lesson, model, enc) -> None:
         L.note(f"the LM head's read of wte is {head:.0%} of the {records[-1].n_tokens}-token prefill's bytes, "
                "for the last position only: no prompt token shares it, so it holds the intensity down.")
     L.takeaway(f"""
-        Prefill: the prompt in **one** pass, many FLOPs per byte, and {fmt_bytes(per_token)} of KV
+        Prefill: the prompt in **one** pass, more FLOPs per byte than decode, and {per_token / 1024:g} KiB of KV
         cache per token left behind.
     """)
     small = GPT2_SIZES["124m"]

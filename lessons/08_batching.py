@@ -144,9 +144,9 @@ def the_sweep(L: Lesson, model, sweep: dict, hw) -> None:
     memory = [r["batch"] for r in rows if r["bound"] == "memory"]
     L.say(f"""
         The roofline column, max(bytes ÷ {hw.bandwidth_gbs:.1f} GB/s, FLOPs ÷ {hw.peak_gflops:.0f} GFLOP/s),
-        is the least time the counted work allows. From B = 1 to B = {rows[-1]['batch']} the time per step {growth_words(grow, work)}. While
-        memory-bound (here B = {', '.join(map(str, memory)) or 'none'}) the bytes barely grow; past that
-        the FLOPs set the time.
+        is the least time the counted work allows. From B = 1 to B = {rows[-1]['batch']} the time per
+        step {growth_words(grow, work)}. While memory-bound (here B = {', '.join(map(str, memory)) or 'none'})
+        the bytes barely grow; past that the FLOPs set the time.
     """)
     L.pause()
 
