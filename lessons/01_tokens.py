@@ -12,7 +12,7 @@ import minillm
 from minillm.lessons._common import Lesson, run_lesson, token_text
 
 TITLE = "Tokens: text becomes numbers"
-MINUTES = 5  # 1,039 words printed (a fast run) at 200 a minute
+MINUTES = 4  # 752 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "a sentence as GPT-2 token ids, the 50,257-id vocabulary, <|endoftext|>"
 TIMED = False   # nothing here is timed: no busy-machine note
 
@@ -31,34 +31,34 @@ def lesson(L: Lesson) -> None:
     L.pause()
     endoftext(L, enc, n_tokens)
     L.say(f"""
-        The lessons introduce about {len(GLOSSARY)} words (KV cache, roofline, paged attention, ...).
-        `minillm learn glossary` lists them, each with the lesson that introduces it: look one up when
-        you meet it.
+        The course introduces about {len(GLOSSARY)} words; `minillm learn glossary` lists each with
+        its lesson.
     """)
 
 
-def token_table(enc, ids: list[int]) -> Table:
+def token_table(enc, ids: list[int], with_ids: bool = True) -> Table:
+    """One row a token: its id and text (with_ids), or its text and UTF-8 bytes."""
     t = Table(header_style="bold")
-    t.add_column("#", justify="right")
-    t.add_column("id", justify="right")
+    if with_ids:
+        t.add_column("id", justify="right")
     t.add_column("token text", style="cyan")
-    t.add_column("bytes", justify="right")
-    for i, token in enumerate(ids):
-        t.add_row(str(i), str(token), token_text(enc, token), str(len(enc.decode_single_token_bytes(token))))
+    if not with_ids:
+        t.add_column("bytes", justify="right")
+    for token in ids:
+        text = token_text(enc, token)
+        t.add_row(*((str(token), text) if with_ids else (text, str(len(enc.decode_single_token_bytes(token))))))
     return t
 
 
 def opening(L: Lesson, enc) -> int:
     L.say("""
-        A language model is a function from **integers to integers**. Before GPT-2 sees your text,
-        a *tokenizer* cuts it into pieces from a fixed list, the **vocabulary**, and replaces each
-        piece by its position in that list: its **token id**. The model predicts the next id; the
-        tokenizer turns ids back into text.
+        A language model is a function from **integers to integers**. A *tokenizer* cuts text
+        into pieces from a fixed list, the **vocabulary**, and replaces each by its place in that
+        list: its **token id**. The model predicts the next id.
 
-        GPT-2 uses *byte-pair encoding* (BPE): start from single bytes and repeatedly glue together
-        the pair that was most frequent in the training text. Common words become one token, rare
-        words several. minillm builds GPT-2's tokenizer with `tiktoken` from the rank table it ships
-        (`gpt2.tiktoken`), so nothing is downloaded:
+        GPT-2's *byte-pair encoding* (BPE) starts from single bytes and keeps gluing the pair most
+        frequent in the training text: common words become one token, rare words several. minillm
+        builds it with `tiktoken` from the table it ships, so nothing is downloaded:
 
         ```python
         import minillm
@@ -70,8 +70,8 @@ def opening(L: Lesson, enc) -> int:
     ids = enc.encode(SENTENCE)
     L.show(f"[bold]{escape(repr(SENTENCE))} → {len(ids)} tokens[/]", token_table(enc, ids))
     L.say("""
-        `␣` marks a space. Notice that the space belongs to the *following* word: `␣soft` is one
-        token. `soft` at the start of a line would be a different token.
+        `␣` marks a space, which belongs to the *following* word: `␣soft` is one token, `soft`
+        another.
     """)
     bare, spaced = enc.encode("soft"), enc.encode(" soft")
     L.show(f"enc.encode('soft') = {bare}    enc.encode(' soft') = {spaced}")
@@ -85,11 +85,11 @@ def opening(L: Lesson, enc) -> int:
 def where_tokenization_gets_lumpy(L: Lesson, enc) -> None:
     L.section("Where tokenization gets lumpy")
     tricky = enc.encode(TRICKY)
-    L.show(f"[bold]{escape(repr(TRICKY))}[/]\n[bold]{len(TRICKY)} characters → {len(tricky)} tokens[/]", token_table(enc, tricky))
+    L.show(f"[bold]{escape(repr(TRICKY))}[/]\n[bold]{len(TRICKY)} characters → {len(tricky)} tokens[/]",
+           token_table(enc, tricky, with_ids=False))
     L.say("""
-        Numbers split into arbitrary chunks, a rare word costs several tokens, and characters outside
-        ASCII can be split *inside* their UTF-8 bytes (shown as `\\x..`). Costs in an LLM are counted
-        in tokens, not words.
+        Numbers split into arbitrary chunks, a rare word costs several tokens, and non-ASCII
+        characters can split *inside* their UTF-8 bytes (`\\x..`). Costs are counted in tokens.
     """)
     L.fact("decoding all the tokens " + ("gave back even the split characters intact" if enc.decode(tricky) == TRICKY
                                          else "did not give back the text"))
@@ -101,16 +101,14 @@ def the_vocabulary(L: Lesson, enc) -> None:
     first = [token_text(enc, i) for i in (0, 1, 2, 64, 65, 255)]
     L.say(f"""
         GPT-2's vocabulary has **{n_vocab:,}** ids: 256 single bytes (so *any* text can be encoded),
-        {n_vocab - 257:,} merged pieces learned from web text, and one special token.
-        Ids 0, 1, 2, 64, 65, 255 are the bytes {", ".join(f"`{t}`" for t in first)};
-        the last merged piece, id {n_vocab - 2:,}, is `{token_text(enc, n_vocab - 2)}`.
+        {n_vocab - 257:,} merged pieces learned from web text, and one special token. Ids 0, 1, 2,
+        64, 65, 255 are {", ".join(f"`{t}`" for t in first)}; the last merge, {n_vocab - 2:,}, is
+        `{token_text(enc, n_vocab - 2)}`.
     """)
     model = L.load_model()
     L.say(f"""
-        The model holds one row of numbers per id: its token-embedding table `wte` has shape
-        **{tuple(model.wte.shape)}** ({model.config.vocab_size:,} ids × {model.config.n_embd} numbers
-        each, for the model `{model.name}`). Looking a token up is reading one row; lesson 2 follows
-        those rows through the network.
+        The model holds one row per id: `{model.name}`'s embedding table `wte` has shape
+        **{tuple(model.wte.shape)}**. Looking a token up reads one row; lesson 2 follows it.
     """)
     L.fact(f"the tokenizer has {n_vocab:,} ids, the model {escape(model.name)} {model.config.vocab_size:,} rows"
            + ("" if n_vocab == model.config.vocab_size else ": they differ"))
@@ -122,29 +120,26 @@ def endoftext(L: Lesson, enc, n_tokens: int) -> None:
     special = enc.encode("<|endoftext|>", allowed_special={"<|endoftext|>"})
     as_text = enc.encode("<|endoftext|>", disallowed_special=())
     L.say(f"""
-        The one special token, `<|endoftext|>` (id **{eot}**), marks the boundary between documents
-        in training; generating it means "this text is finished". So that typed text cannot fake it,
-        `tiktoken` refuses to encode the string unless you allow it:
+        The special token `<|endoftext|>` (id **{eot}**) separates documents in training;
+        generating it means "finished". So typed text cannot fake it, `tiktoken` encodes it only
+        when allowed:
 
         - allowed: `enc.encode("<|endoftext|>", allowed_special={{"<|endoftext|>"}})` → `{special}`
         - as plain text: `enc.encode("<|endoftext|>", disallowed_special=())` → `{as_text}`
           ({len(as_text)} ordinary tokens: {" ".join(f"`{token_text(enc, t)}`" for t in as_text)})
     """)
-    L.fact(f"<|endoftext|>, allowed, encodes to {special}; typed as text, to {len(as_text)} ordinary tokens")
 
     L.takeaway(f"""
-        Everything the model does is counted in tokens: {n_tokens} of them for our sentence. The
-        **prompt** is a list of ids the model processes all at once (prefill, lesson 3); each
-        **generated** token is one more id, produced one at a time (decode, lessons 4 to 6).
+        Everything is counted in tokens: {n_tokens} for our sentence. The **prompt**'s ids are
+        processed at once (prefill, lesson 3); each **generated** token comes one at a time
+        (decode, lessons 4 to 6).
     """)
     hello = enc.encode(" hello world")
     L.try_it(f"""
-        {L.copy_hint(__file__, "tokens")} Change `SENTENCE` at its top (your name, a line of code,
-        a sentence in another language). English runs around 4 characters per token; other scripts
-        can cost one token per byte.
-
-        Or from Python: `python -c "import minillm; print(minillm.tokenizer().encode(' hello world'))"`
-        prints `{hello}`.
+        {L.copy_hint(__file__, "tokens")} Change `SENTENCE` (a line of code, another language):
+        English runs around 4 characters per token, other scripts up to a token a byte.
+        `python -c "import minillm; print(minillm.tokenizer().encode(' hello world'))"` prints
+        `{hello}`.
     """)
 
 

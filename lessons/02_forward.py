@@ -15,7 +15,7 @@ from minillm.lessons._common import Lesson, bar_chart, fmt_bytes, fmt_flops, fmt
 from minillm.models import ops
 
 TITLE = "One forward pass: ids in, probabilities out"
-MINUTES = 5  # 1,056 words printed (a fast run) at 200 a minute
+MINUTES = 4  # 841 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "real array shapes through every layer, the top-5 next tokens, parameters by part"
 TIMED = False   # counts only: no busy-machine note
 
@@ -61,23 +61,23 @@ def block(x: np.ndarray, p: dict, n_head: int, eps: float, rows: list | None = N
         return "[" + ", ".join(str(n) for n in p[name].shape) + "]"
 
     h = note("  ops.layer_norm(x, ln_1)", ops.layer_norm(x, p["ln_1.weight"], p["ln_1.bias"], eps),
-             "each row: mean 0, variance 1, then scale, shift")
+             "each row: mean 0, variance 1")
     qkv = note(f"  ops.linear(h, c_attn {shape('attn.c_attn.weight')})",
-               ops.linear(h, p["attn.c_attn.weight"], p["attn.c_attn.bias"]), "queries, keys, values side by side")
+               ops.linear(h, p["attn.c_attn.weight"], p["attn.c_attn.bias"]), "q, k, v side by side")
     q, k, v = split_heads(qkv, n_head)
     note("  split_heads(qkv, H) → q, k, v", q, f"{n_head} heads of {q.shape[-1]} numbers each")
-    a = note("  ops.attention(q, k, v)", ops.attention(q, k, v), "each position mixes the values of positions ≤ it")
-    merged = note("  merge_heads(a)", merge_heads(a), "heads side by side again")
+    a = note("  ops.attention(q, k, v)", ops.attention(q, k, v), "mixes values of positions ≤ i")
+    merged = note("  merge_heads(a)", merge_heads(a))
     att = note(f"  ops.linear(·, attn.c_proj {shape('attn.c_proj.weight')})",
                ops.linear(merged, p["attn.c_proj.weight"], p["attn.c_proj.bias"]))
-    x = note("  x = ops.add(x, ·)", ops.add(x, att), "residual: add the result to the stream")
+    x = note("  x = ops.add(x, ·)", ops.add(x, att), "the residual")
     h = note("  ops.layer_norm(x, ln_2)", ops.layer_norm(x, p["ln_2.weight"], p["ln_2.bias"], eps))
     up = note(f"  ops.linear(h, c_fc {shape('mlp.c_fc.weight')})",
               ops.linear(h, p["mlp.c_fc.weight"], p["mlp.c_fc.bias"]), "MLP: 4× wider")
-    g = note("  ops.gelu(·)", ops.gelu(up), "tanh-GELU, element by element")
+    g = note("  ops.gelu(·)", ops.gelu(up), "element-wise")
     down = note(f"  ops.linear(·, mlp.c_proj {shape('mlp.c_proj.weight')})",
                 ops.linear(g, p["mlp.c_proj.weight"], p["mlp.c_proj.bias"]), "back to width d")
-    return note("  x = ops.add(x, ·)", ops.add(x, down), "end of the block")
+    return note("  x = ops.add(x, ·)", ops.add(x, down))
 
 
 def block_params(model, layer: int) -> dict:
@@ -87,14 +87,14 @@ def block_params(model, layer: int) -> dict:
 
 def part_of(name: str) -> str:
     if name.startswith("wte."):
-        return "wte (token embedding = LM head)"
+        return "wte (= LM head)"
     if name.startswith("wpe."):
-        return "wpe (position embedding)"
+        return "wpe (positions)"
     if ".attn." in name:
-        return "attention (c_attn, c_proj)"
+        return "attention"
     if ".mlp." in name:
-        return "MLP (c_fc, c_proj)"
-    return "layer norms (ln_1, ln_2, ln_f)"
+        return "MLP"
+    return "layer norms"
 
 
 def gpt2_sizes(c) -> dict[str, int]:
@@ -110,8 +110,7 @@ def gpt2_sizes(c) -> dict[str, int]:
     return sizes
 
 
-PARTS = ["wte (token embedding = LM head)", "wpe (position embedding)", "attention (c_attn, c_proj)",
-         "MLP (c_fc, c_proj)", "layer norms (ln_1, ln_2, ln_f)"]
+PARTS = ["wte (= LM head)", "wpe (positions)", "attention", "MLP", "layer norms"]
 
 
 def by_part(sizes: dict[str, int]) -> dict[str, int]:
@@ -128,47 +127,45 @@ def shapes_through_the_model(L: Lesson, model, ids) -> np.ndarray:
         `{escape(repr(model))}`
 
         GPT-2 turns **T** token ids into **T** rows of **d** numbers (the *residual stream*), passes
-        them through **L** *blocks* (identical in shape, each with its own weights), normalises them
-        once more, and multiplies by the embedding table again to get one score (*logit*) per
-        vocabulary entry. Here T = {T} tokens of `{escape(PROMPT)}`, d = {d}, L = {c.n_layer},
-        H = {H} heads, V = {V:,}.
+        them through **L** *blocks*, normalises, and multiplies by the embedding table again: a
+        score (*logit*) per vocabulary entry. Here T = {T} tokens, d = {d},
+        L = {c.n_layer}, H = {H} heads, V = {V:,}.
 
         In attention each position makes a **query** (what it looks for), a **key** (what it offers)
-        and a **value** (what it passes on when a query matches its key).
+        and a **value** (what it passes on to a matching query).
     """)
     L.pause()
     L.say("""
-        Below, every shape was read from the arrays that minillm's own `ops` functions returned,
-        called by hand (the `block` function at the top of this file) for every block.
+        Each shape below is an array minillm's `ops` returned, called by hand (`block`, in this file).
     """)
     wte, wpe = model.params["wte.weight"], model.params["wpe.weight"]
     rows: list[tuple[str, str, str]] = []
     x = ops.embedding(wte, wpe, ids, 0)
-    rows.append(("ops.embedding(wte, wpe, ids, 0)", f"[{T}, {d}]", "row ids of wte + rows 0..T-1 of wpe"))
+    rows.append(("ops.embedding(wte, wpe, ids, 0)", f"[{T}, {d}]", "wte[ids] + wpe[0..T-1]"))
     x = block(x, block_params(model, 0), H, c.ln_eps, rows)
     for layer in range(1, c.n_layer):
         x = block(x, block_params(model, layer), H, c.ln_eps)
     if c.n_layer > 1:
-        rows.append((f"block(x, ...) × {c.n_layer - 1}", f"[{T}, {d}]", f"blocks 1..{c.n_layer - 1}, same shapes"))
+        rows.append((f"block(x, ...) × {c.n_layer - 1}", f"[{T}, {d}]", ""))
     x = ops.layer_norm(x, model.params["ln_f.weight"], model.params["ln_f.bias"], c.ln_eps)
-    rows.append(("ops.layer_norm(x, ln_f)", f"[{T}, {d}]", "final norm"))
+    rows.append(("ops.layer_norm(x, ln_f)", f"[{T}, {d}]", ""))
     logits = ops.lm_head(x, wte)
     rows.append(("ops.lm_head(x, wte)  # x @ wte.T", "[" + ", ".join(map(str, logits.shape)) + "]",
-                 "a score for every id, at every position"))
+                 "a score per id, per position"))
     t = Table(header_style="bold")
     t.add_column("call")
     t.add_column("shape", justify="right", style="cyan", no_wrap=True)
     t.add_column("what", style="dim")
     for call, s_, what in rows:
-        t.add_row(escape(call), s_, what)
+        t.add_row(escape(call), s_, escape(what))
     L.show(f"[bold]Shapes through {escape(model.name)}, T = {T}[/]", t)
     reference = model.forward(ids)
     L.claim(logits.shape == reference.shape == (T, V) and np.allclose(logits, reference, rtol=1e-5, atol=1e-5),
             f"calling the ops by hand gives model.forward(ids)'s logits, [T, V] = [{T}, {V:,}] "
             f"(largest difference {np.abs(logits - reference).max():.1e})")
     L.say("""
-        **Attention is the only place positions talk to each other**; every other operation works on
-        each row alone. Row i of the logits predicts token i + 1: the **last** row, the next token.
+        **Attention is the only place positions talk to each other**; all else works row by row.
+        Row i of the logits predicts token i + 1: the **last** row, the next token.
     """)
     return logits
 
@@ -186,9 +183,9 @@ def the_next_token_distribution(L: Lesson, model, enc, logits) -> None:
     rng = np.random.default_rng(0)
     draws = [minillm.sample(logits[-1], temperature=0.8, top_k=5, rng=rng) for _ in range(8)]
     L.say(f"""
-        The model outputs a **distribution**; a *sampler* picks a token: `temperature=0` the most
-        likely (greedy), `minillm.sample(logits, temperature=0.8, top_k=5, rng=...)` one of the top 5.
-        Eight draws: {" ".join(f"`{token_text(enc, t)}`" for t in draws)}.
+        A *sampler* picks from this **distribution**: greedy (`temperature=0`) the top token;
+        `minillm.sample(logits, temperature=0.8, top_k=5, rng=...)` drew
+        {" ".join(f"`{token_text(enc, t)}`" for t in draws)}.
     """)
     V = model.config.vocab_size
     if probs[top[0]] < 10.0 / V:
@@ -209,23 +206,20 @@ def where_the_parameters_are(L: Lesson, model, ids) -> None:
     t.add_column("this model", justify="right", no_wrap=True)
     t.add_column("share", justify="right", no_wrap=True)
     t.add_column("GPT-2 small", justify="right", no_wrap=True)
-    t.add_column("float32", justify="right", no_wrap=True)
     t.add_column("share", justify="right", no_wrap=True)
     for part in theirs:
         t.add_row(part, f"{mine[part]:,}", f"{mine[part] / model.n_params():.1%}",
-                  f"{theirs[part]:,}", fmt_bytes(4 * theirs[part]), f"{theirs[part] / total_small:.1%}")
-    t.add_row("[bold]total[/]", f"{model.n_params():,}", "", f"{total_small:,}", fmt_bytes(4 * total_small), "")
+                  f"{theirs[part]:,}", f"{theirs[part] / total_small:.1%}")
+    t.add_row("[bold]total[/]", f"{model.n_params():,}", "", f"{total_small:,}", "")
     L.show(t)
     share = theirs[PARTS[0]] / total_small
     L.claim(sum(mine.values()) == model.n_params() == c.n_params(),
             f"the loaded arrays hold {sum(mine.values()):,} numbers: the model's n_params() and its config's "
             "closed form (V·d + n_ctx·d + L·(12·d² + 13·d) + 2·d) agree")
-    L.fact(f"GPT-2 small's tied token embedding wte is {share:.1%} of its {total_small:,} parameters "
-           "(from its shapes)")
     L.say(f"""
-        The LM head has **no weights of its own**: `ops.lm_head(x, wte)` is `x @ wte.T`. So `wte` is
-        read twice per pass: a few rows for the embedding, **all** of it for the logits. For GPT-2
-        small that is {share:.0%} of the weight bytes every generated token reads (lesson 6).
+        The LM head has **no weights of its own**: `ops.lm_head(x, wte)` is `x @ wte.T`, so every
+        pass reads **all** of `wte`: for GPT-2 small (its shapes), {share:.1%} of the weight bytes
+        each generated token reads (lesson 6).
     """)
 
     with minillm.Meter() as m:
@@ -236,14 +230,14 @@ def where_the_parameters_are(L: Lesson, model, ids) -> None:
             f"the matrix products of this pass did 2 FLOPs per weight per token: 2 × {T} × {weights_used:,} = "
             f"{fmt_flops(r.flops['matmul'])} (counted by minillm.Meter)")
     L.takeaway(f"""
-        One forward pass over {T} tokens: {fmt_flops(r.total_flops)} and {fmt_bytes(r.total_bytes)} of memory
-        traffic, {r.total_flops / r.total_bytes:.2g} FLOPs per byte. The shapes never depend on the text,
-        only on T: the cost of a pass is set by **how many tokens** go through it.
+        One pass over {T} tokens: {fmt_flops(r.total_flops)}, {fmt_bytes(r.total_bytes)} moved,
+        {r.total_flops / r.total_bytes:.2g} FLOPs per byte. The shapes depend only on T:
+        **how many tokens** go through sets a pass's cost.
     """)
     L.try_it(f"""
-        `minillm learn 2 --model random-124m --no-pause` runs the same walk at GPT-2
-        small's real width: d = 768, 12 heads of 64, MLP of 3,072, logits [T, 50257]. Or change
-        `PROMPT` and watch the top-5 change (with a trained model): {L.copy_hint(__file__, "forward")}
+        `minillm learn 2 --model random-124m --no-pause`: the same walk at GPT-2 small's width
+        (d = 768, 12 heads of 64). Or change `PROMPT` and watch the top 5:
+        {L.copy_hint(__file__, "forward")}
     """)
 
 

@@ -16,7 +16,7 @@ from minillm.lessons._common import (Lesson, Timing, bar_chart, fmt_bytes, fmt_f
 from minillm.measure.chips import CHIPS
 
 TITLE = "Prefill: the whole prompt in one pass"
-MINUTES = 5  # 999 words printed (a fast run) at 200 a minute
+MINUTES = 4  # 784 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "a prompt's FLOPs and bytes, the KV cache it leaves, intensity rising with length"
 
 PROMPT = ("JULIET: O Romeo, Romeo! wherefore art thou Romeo? Deny thy father and refuse thy name; "
@@ -52,10 +52,8 @@ def step_table(records: list) -> Table:
         ("  KV cache written", lambda r: fmt_bytes(r.bytes["kv_write"])),
         ("  activations", lambda r: fmt_bytes(r.bytes["activations"])),
         ("[bold]FLOPs per byte[/]", lambda r: f"[bold]{r.intensity:.3g}[/]"),
-        ("FLOPs per token", lambda r: fmt_flops(r.total_flops / r.n_tokens)),
         ("weight bytes per token", lambda r: fmt_bytes(r.bytes["weights"] / r.n_tokens)),
         ("wall time (one run)", lambda r: fmt_time(r.seconds)),
-        ("time per token (one run)", lambda r: fmt_time(r.seconds / r.n_tokens)),
     ]
     for label, fn in rows:
         t.add_row(label, *(fn(r) for _, r in records))
@@ -64,10 +62,9 @@ def step_table(records: list) -> Table:
 
 def intro(L: Lesson, n: int) -> None:
     L.say(f"""
-        Generating text has two phases. **Prefill** runs the whole prompt through the model at once:
-        all {n} tokens go through every block together, as one [T, d] matrix: lesson 2's pass, except
-        that each block stores the keys and values of every position in a **KV cache**. Later
-        tokens' queries must meet them; earlier queries are never needed again.
+        Generating text has two phases. **Prefill** runs all {n} prompt tokens through the model at
+        once, as one [T, d] matrix: lesson 2's pass, except that each block keeps every position's
+        keys and values in a **KV cache** for later tokens' queries.
 
         ```python
         with minillm.Meter() as m:
@@ -88,13 +85,12 @@ def one_prefill(L: Lesson, model, ids):
     with minillm.Meter() as m1:
         model.decode_step(first, cache)
     dec = m1.steps[0]
-    L.show(f"[bold]{escape(model.name)}: prefill of the prompt, and then one decode step for comparison[/]",
+    L.show(f"[bold]{escape(model.name)}: the prompt's prefill, then one decode step[/]",
            step_table([(f"prefill ({pre.n_tokens} tokens)", pre), ("one decode step", dec)]))
     L.say(f"""
-        The prefill read the weights **once** ({fmt_bytes(pre.bytes['weights'])}) for all
-        {pre.n_tokens} tokens; the decode step read about as many ({fmt_bytes(dec.bytes['weights'])})
-        for a **single** token. FLOPs per byte moved is the **arithmetic intensity**: it says whether
-        a piece of work waits on arithmetic (high) or on memory (low).
+        The prefill read the weights **once** ({fmt_bytes(pre.bytes['weights'])}) for
+        {pre.n_tokens} tokens, the decode step as many for a **single** token. FLOPs per byte is the
+        **arithmetic intensity**: high, work waits on arithmetic; low, on memory.
     """)
     L.claim(pre.kind == "prefill" and pre.n_tokens == len(ids), f"one prefill step processed all {len(ids)} prompt tokens")
     L.claim(pre.intensity > dec.intensity,
@@ -109,32 +105,26 @@ def the_kv_cache_it_leaves(L: Lesson, model, ids, pre, cache) -> None:
     prompt_kv = pre.bytes["kv_write"]
     b = np.dtype(model.dtype).itemsize
     L.say(f"""
-        For every position, every layer keeps a key and a value vector for each of its KV heads:
-        **2 · L · H_kv · hd · b** bytes per token (H_kv KV heads of hd numbers; GPT-2 has one KV head
-        per query head) = 2 · {c.n_layer} · {c.n_kv_head} · {c.head_dim} · {b} =
-        **{per_token:,} bytes** ({per_token / 1024:g} KiB) for `{escape(model.name)}` in
-        {np.dtype(model.dtype).name}.
+        Each layer keeps a key and a value per KV head (hd numbers; GPT-2 has one per query head)
+        for every position: **2 · L · H_kv · hd · b** bytes per token = 2 · {c.n_layer} ·
+        {c.n_kv_head} · {c.head_dim} · {b} = **{per_token:,} bytes** ({per_token / 1024:g} KiB) for
+        `{escape(model.name)}` in {np.dtype(model.dtype).name} (`cache.bytes_per_token()`).
     """)
     t = Table(header_style="bold")
     t.add_column("")
     t.add_column("tokens", justify="right")
     t.add_column("KV cache", justify="right")
-    t.add_row("the prompt: cache.nbytes_used() after prefill", f"{len(ids)}", fmt_bytes(prompt_kv))
-    t.add_row("a full context, allocated up front: cache.k + cache.v", f"{cache.capacity:,}",
+    t.add_row("the prompt (cache.nbytes_used())", f"{len(ids)}", fmt_bytes(prompt_kv))
+    t.add_row("the context, allocated up front (cache.k, .v)", f"{cache.capacity:,}",
               fmt_bytes(cache.k.nbytes + cache.v.nbytes))
     small = minillm.KVCache(GPT2_SIZES["124m"])
     t.add_row("GPT-2 small, full context (1,024)", "1,024", fmt_bytes(small.bytes_per_token() * 1024))
     L.show(t)
-    L.fact(f"bytes per token = 2·L·H_kv·hd·b = {per_token:,} (cache.bytes_per_token() is this formula)")
     L.claim(pre.bytes["kv_write"] == len(ids) * per_token,
             f"the meter saw the prefill write exactly {len(ids)} tokens' worth of keys and values "
             f"({fmt_bytes(pre.bytes['kv_write'])})")
     L.claim(cache.nbytes_used() == prompt_kv + per_token,
             "the cache holds the prompt's keys and values, and one more token's after the decode step")
-    L.say("""
-        minillm allocates the cache for the whole context up front, so a decode step never copies it;
-        the pages are only touched as positions fill.
-    """)
 
 
 def longer_prompts_higher_intensity(L: Lesson, model, enc) -> None:
@@ -172,31 +162,28 @@ def longer_prompts_higher_intensity(L: Lesson, model, enc) -> None:
         timed = (f"ended at {fmt_x(cheap)} the 1-token figure: in this run the times do not show it (on a busy "
                  "machine, try --threads 1)")
     L.say(f"""
-        The weights are read once per pass, while the arithmetic grows with every token: intensity
-        climbs with prompt length. Measured, the time per prompt token {timed}.
+        The weights are read once a pass while the arithmetic grows with every token, so intensity
+        climbs with length. The time per prompt token {timed}.
 
-        Past the chip's **ridge** (peak FLOP/s ÷ bandwidth, lesson 6), arithmetic sets the pace: the
-        article calls prefill **compute-bound**. In fp16 a prefill does about one FLOP per weight byte
-        per prompt token, so it takes about ridge-many tokens: an A100's ridge is
-        {CHIPS['a100-80gb'].ridge:.0f} FLOP/byte, an H100's {CHIPS['h100-sxm'].ridge:.0f}.
+        Past the chip's **ridge** (peak FLOP/s ÷ bandwidth, lesson 6) arithmetic sets the pace: the
+        work is **compute-bound**. In fp16 a prefill does about one FLOP per weight byte per token,
+        so it gets there at about ridge-many tokens: {CHIPS['a100-80gb'].ridge:.0f} on an A100,
+        {CHIPS['h100-sxm'].ridge:.0f} on an H100.
     """)
     head = records[-1].ops["lm_head"]["bytes"] / records[-1].total_bytes
     if head > 0.5:
-        L.note(f"in this model the LM head's read of wte is {head:.0%} of the {records[-1].n_tokens}-token prefill's "
-               "bytes. Prefill needs logits for the last position only, so that read is not shared by the prompt's "
-               "tokens, and it holds the intensity down. GPT-2 small (--model random-124m) spends most of its "
-               "bytes in the blocks, which every token shares.")
+        L.note(f"the LM head's read of wte is {head:.0%} of the {records[-1].n_tokens}-token prefill's bytes, "
+               "for the last position only: no prompt token shares it, so it holds the intensity down.")
     L.takeaway(f"""
-        Prefill: all prompt tokens in **one** pass, high FLOPs per byte, and a KV cache of
-        {fmt_bytes(per_token)} per token left behind.
+        Prefill: the prompt in **one** pass, more FLOPs per byte than decode, and {per_token / 1024:g} KiB of KV
+        cache per token left behind.
     """)
     small = GPT2_SIZES["124m"]
     small_kv = 2 * small.n_layer * small.n_embd * np.dtype(np.float32).itemsize   # 2·L·d·b, float32
     L.try_it(f"""
         `minillm learn 3 --model random-124m --no-pause`: GPT-2 small's prefill reaches far higher
-        intensity (its blocks, which every prompt token shares, are most of its weights, and each
-        token's activations are small next to its d² arithmetic), and its KV cache is
-        {small_kv // 1024} KiB per token. Lesson 7 puts these numbers on this machine's roofline.
+        intensity (its shared blocks are most of its weights), and its KV cache is
+        {small_kv // 1024} KiB per token.
     """)
 
 

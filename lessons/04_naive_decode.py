@@ -14,7 +14,7 @@ from minillm.lessons._common import (Lesson, bar_chart, fmt_bytes, fmt_flops, fm
 from minillm.ui import report
 
 TITLE = "Naive decode: recompute everything"
-MINUTES = 4  # 842 words printed (a fast run) at 200 a minute
+MINUTES = 3  # 679 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "per-step cost growing with position, total cost growing with length²"
 
 PROMPT = "ROMEO:"
@@ -37,8 +37,8 @@ def lesson(L: Lesson) -> None:
 
 def intro(L: Lesson, P: int, N: int) -> None:
     L.say(f"""
-        The model predicts **one** next token per pass. To write {N} tokens, the simplest loop is:
-        run the whole sequence, take the last position's logits, pick a token, append it, repeat.
+        The model predicts **one** next token per pass. To write {N} tokens, the simplest loop runs the
+        whole sequence, picks a token from the last logits, appends it, and repeats.
 
         ```python
         seq = list(ids)
@@ -48,8 +48,7 @@ def intro(L: Lesson, P: int, N: int) -> None:
         ```
 
         That is `minillm.generate(model, ids, n, kv_cache=False)`. Step *i* pushes all {P} + *i*
-        tokens through every block, though only the newest is new: the others produce the same keys,
-        values and hidden states as in the step before.
+        tokens through every block, though only the newest is new.
     """)
     L.pause()
 
@@ -63,11 +62,11 @@ def naive_run(L: Lesson, model, enc, ids, N: int):
     steps = m.steps
     L.sample_panel(PROMPT, enc.decode(new), f"{escape(model.name)}, sampled ({SAMPLING_TEXT}), the first lines")
 
-    t = Table(header_style="bold", title=f"{N} steps, each one a full forward pass (every step is in m.steps)",
+    t = Table(header_style="bold", title=f"{N} steps, each a full forward pass (m.steps)",
               title_justify="left")
-    for col in ("step", "tokens run", "FLOPs", "of which LM head", "bytes moved", "time (one run)"):
+    for col in ("step", "tokens run", "FLOPs", "LM head", "bytes moved", "time (one run)"):
         t.add_column(col, justify="right")
-    for i in report.select(steps, 7):
+    for i in report.select(steps, 5):
         r = steps[i]
         t.add_row(str(i), str(r.n_tokens), fmt_flops(r.total_flops), fmt_flops(r.ops["lm_head"]["flops"]),
                   fmt_bytes(r.total_bytes), fmt_time(r.seconds))
@@ -87,19 +86,19 @@ def cost_per_step_grows(L: Lesson, model, steps, seq) -> None:
     with L.status("timing the first and the last step again, in turns…"):
         times = time_interleaved({"first": lambda: model.forward(seq[:P], last_only=True),
                                   "last": lambda: model.forward(seq[:P + last], last_only=True)}, L.rounds())
-    L.show(bar_chart("Wall time of the first and the last step, timed again (median, ± half the range):",
+    L.show(bar_chart("The first and last step, timed again (median, ± half the range):",
                      [(f"step 0 ({P} tokens)", times["first"].median, times["first"].short()),
                       (f"step {last} ({P + last} tokens)", times["last"].median, times["last"].short())],
                      style="yellow"))
     L.timing_note()
     flop_growth = steps[-1].total_flops / steps[0].total_flops
     ratio = ratio_range(times["last"], times["first"])
-    why = ("Fixed costs per step (the whole LM head's read, NumPy's overhead per operation) are why the "
-           "time grew less than the FLOPs here." if ratio[0] < 0.8 * flop_growth else "")
+    why = ("Fixed costs a step (the LM head's read, NumPy's per-call overhead) explain the gap."
+           if ratio[0] < 0.8 * flop_growth else "")
     L.say(f"""
-        The last step did {fmt_x(flop_growth)} the FLOPs of the first (the table above) and took
-        {fmt_ratio(ratio)} its time: the time {growth_words(ratio[0], flop_growth)}. Only the LM head,
-        run on the last position alone, does not grow. {why}
+        The last step did {fmt_x(flop_growth)} the FLOPs of the first and took {fmt_ratio(ratio)}
+        its time: the time {growth_words(ratio[0], flop_growth)}. Only the LM head (the last
+        position alone) does not grow. {why}
     """)
     L.claim(steps[-1].total_flops - steps[-1].ops["lm_head"]["flops"]
             > (P + last) / P * 0.99 * (steps[0].total_flops - steps[0].ops["lm_head"]["flops"]),
@@ -112,12 +111,11 @@ def total_cost_grows_quadratically(L: Lesson, steps) -> None:
     L.section("Total cost grows with the square of the length")
     P, N = steps[0].n_tokens, len(steps)
     L.say(f"""
-        Step *i* costs about (P + *i*) tokens' worth of matrix work, so *n* tokens cost about
-        P·n + n²/2: **double the answer, roughly four times the work** once the answer is long
-        compared with the prompt (here P = {P}).
+        Step *i* costs about P + *i* tokens' work, so *n* tokens cost about P·n + n²/2 (P = {P}):
+        **double the answer, roughly four times the work** once it outgrows the prompt.
     """)
     t = Table(header_style="bold")
-    for col in ("tokens generated", "total FLOPs", "recomputed (all but the LM head)", "× previous", "time (one run)"):
+    for col in ("tokens generated", "total FLOPs", "recomputed (no LM head)", "× previous", "time (one run)"):
         t.add_column(col, justify="right")
     marks = sorted({max(1, N // 4), max(1, N // 2), N})
     prev = None
@@ -136,13 +134,13 @@ def total_cost_grows_quadratically(L: Lesson, steps) -> None:
     L.claim(ratio > 3.0, f"doubling the answer from {half} to {N} tokens multiplies the recomputed work by "
                          f"{ratio:.2f}: nearer 4 (= 2², the mark of n² growth) than 2 (the mark of linear growth)")
     L.takeaway(f"""
-        Naive decode redoes every earlier token's work at every step. For {N} tokens it pushed
-        {sum(r.n_tokens for r in steps):,} token-positions through the blocks, of which only {P + N - 1}
-        were ever new: lesson 5 keeps the old keys and values in the **KV cache** instead.
+        Naive decode pushed {sum(r.n_tokens for r in steps):,} token-positions through the blocks
+        for {N} tokens, only {P + N - 1} of them new. Lesson 5 keeps the old keys and values in the
+        **KV cache** instead.
     """)
     L.try_it("""
-        `minillm generate "ROMEO:" --no-cache --max-new-tokens 200` streams text the naive way: watch
-        it slow down as the text gets longer. Then drop `--no-cache` and compare (lesson 5 measures it).
+        `minillm generate "ROMEO:" --no-cache --max-new-tokens 200` streams text the naive way:
+        watch it slow down. Then drop `--no-cache` (lesson 5 measures the difference).
     """)
 
 

@@ -18,7 +18,7 @@ from minillm.measure.shapes import UTILISATION, capacity, shape
 from minillm.ui import report
 
 TITLE = "The KV cache: compute each token once"
-MINUTES = 7  # 1,430 words printed (a fast run) at 200 a minute
+MINUTES = 5  # 1,075 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "same tokens, flat per-step cost, measured speedups, 72 KiB a token, two classic bugs"
 
 PROMPT = "JULIET: O Romeo, Romeo! wherefore art thou Romeo?"
@@ -27,7 +27,7 @@ SAMPLING = {"temperature": 0.8, "top_k": 40, "seed": 1}   # a seeded sample: gre
 # Published shapes of two 7-8B models (measure/shapes.py, from their configs) and GPUs (measure/chips.py,
 # with each chip's own memory): the capacity function sizes the KV cache for lesson 12 and the commands too.
 BIG_MODELS = {"Llama-2-7B (MHA: 32 KV heads)": "llama-2-7b", "Llama-3-8B (GQA: 8 KV heads)": "llama-3-8b"}
-GPUS = ("a100-80gb", "h100-sxm", "h200")
+GPUS = ("a100-80gb", "h200")   # an H100 SXM holds 80 GB too: its column was the A100's
 
 
 def metered_generate(model, ids, n: int, kv_cache: bool, **sampling) -> tuple[list[int], minillm.Meter]:
@@ -56,10 +56,10 @@ def lesson(L: Lesson) -> None:
 
 def intro(L: Lesson, N: int) -> None:
     L.say(f"""
-        In lesson 4 every step recomputed the keys and values of every earlier position, although
-        they never change. The fix: **keep them**. `model.prefill(ids)` fills a cache with the
-        prompt's keys and values (lesson 3); then each `model.decode_step(token, cache)` runs
-        **only the new token** through the blocks, appends its key and value, and attends over the cache.
+        Lesson 4 recomputed every earlier position's keys and values each step, though they never
+        change. The fix: **keep them**. `model.prefill(ids)` fills a cache (lesson 3); then each
+        `model.decode_step(token, cache)` runs **only the new token**, appends its key and value,
+        and attends over the cache.
 
         ```python
         logits, cache = model.prefill(ids)            # the prompt, once
@@ -68,7 +68,7 @@ def intro(L: Lesson, N: int) -> None:
             logits = model.decode_step(token, cache)  # one token, reading the cache
         ```
 
-        `minillm.generate(model, ids, n)` is this loop. Same prompt, {N} tokens, same seed, both ways.
+        `minillm.generate(model, ids, n)` is this loop. Here: {N} tokens, one seed, both ways.
     """)
     L.pause()
 
@@ -91,7 +91,7 @@ def same_tokens(L: Lesson, model, enc, ids, N: int):
 def per_step_cost_is_flat(L: Lesson, model, mn, mc) -> None:
     L.section("Per-step cost: flat instead of growing")
     c, decode, N = model.config, mc.of_kind("decode"), len(mc.steps)
-    shown = report.select(mn.steps, 5)
+    shown = report.select(mn.steps, 3)
     L.show(paired_chart("FLOPs per step, on one scale (counted by the meter):",
                         [(f"step {i}", mn.steps[i].total_flops, mc.steps[i].total_flops,
                           fmt_flops(mn.steps[i].total_flops), fmt_flops(mc.steps[i].total_flops)) for i in shown],
@@ -105,10 +105,9 @@ def per_step_cost_is_flat(L: Lesson, model, mn, mc) -> None:
     L.claim(all(a.total_flops > b.total_flops for a, b in zip(mn.steps[1:], mc.steps[1:])),
             "after the prefill, every cached step does fewer FLOPs than the naive step at the same position")
     L.say(f"""
-        Totals for the {N} tokens: naive {fmt_flops(mn.total('total_flops'))}, cached
-        {fmt_flops(mc.total('total_flops'))}. In exchange, the cache takes memory, and every decode
-        step reads the keys and values of **all** earlier positions
-        ({fmt_bytes(decode[-1].bytes['kv_read'])} at the last step here; lesson 6 weighs that).
+        Totals for {N} tokens: naive {fmt_flops(mn.total('total_flops'))}, cached
+        {fmt_flops(mc.total('total_flops'))}. In exchange the cache takes memory, and each step reads
+        **all** earlier keys and values ({fmt_bytes(decode[-1].bytes['kv_read'])} at the last).
     """)
 
 
@@ -145,10 +144,6 @@ def speedup_measured(L: Lesson, model, ids) -> list:
     # Timed: words from the rounds, never a claim (a busy machine changes the words, not the exit status).
     L.say(f"For {n} new tokens, saving {fmt_x(fr)} the FLOPs, "
           + faster_words(s_c, s_n, "the cache", "naive decode") + ".")
-    L.say("""
-        Naive decode's FLOPs grow with the square of the length, cached decode's about linearly; at
-        short lengths the costs both share (the LM head, per-operation overhead) hide part of that.
-    """)
     return rows
 
 
@@ -156,39 +151,35 @@ def what_the_cache_costs(L: Lesson, model, decode) -> None:
     L.section("What the cache costs: memory")
     c = model.config
     t = Table(header_style="bold")
-    for col in ("model", "KV/token", "context", "KV, full", "weights", "KV/weights"):
+    for col in ("model", "KV/token", "context", "KV, full", "KV/weights"):
         t.add_column(col, justify="right", no_wrap=True)
     per = {}
     for name, cfg in GPT2_SIZES.items():
         per[name] = minillm.KVCache(cfg).bytes_per_token()   # allocates lazily: no page is touched
         full = per[name] * cfg.n_ctx
         t.add_row(f"GPT-2 {name}", f"{per[name] / 1024:g} KiB", f"{cfg.n_ctx:,}",
-                  fmt_bytes(full), fmt_bytes(4 * cfg.n_params()), f"{full / (4 * cfg.n_params()):.0%}")
+                  fmt_bytes(full), f"{full / (4 * cfg.n_params()):.0%}")
     mine = model.new_cache().bytes_per_token()
     t.add_row(escape(model.name), f"{mine / 1024:g} KiB", f"{c.n_ctx:,}",
-              fmt_bytes(mine * c.n_ctx), fmt_bytes(model.nbytes()), f"{mine * c.n_ctx / model.nbytes():.0%}")
-    L.show("[bold]KV cache size, float32 (KVCache(config).bytes_per_token()), at each model's full context[/]", t)
+              fmt_bytes(mine * c.n_ctx), f"{mine * c.n_ctx / model.nbytes():.0%}")
+    L.show("[bold]KV cache, float32, at each model's full context[/]", t)
     small = GPT2_SIZES["124m"]
     written = {r.bytes["kv_write"] for r in decode}
     L.claim(written == {mine} and mine == 2 * c.n_layer * c.n_embd * np.dtype(model.dtype).itemsize,
             f"every decode step of this run wrote exactly one token of cache, {mine:,} bytes = 2·L·d·b "
             f"(counted by the meter, sized by the cache)")
-    L.fact(f"GPT-2 small keeps 2·L·d·4 = {per['124m']:,} bytes = {per['124m'] / 1024:g} KiB per token, "
-           f"{fmt_bytes(per['124m'] * small.n_ctx)} for a full {small.n_ctx:,}-token context")
     users = int(4 * small.n_params() // (per["124m"] * small.n_ctx)) + 1
     L.say(f"""
-        Modest next to the weights, but the weights are shared by every request and the cache is
-        not: {users} users at full context on GPT-2 small need more memory for their caches than for
-        the model. With long contexts the cache decides how many requests fit on a GPU:
+        Requests share the weights but each has its own cache: {users} at full context on GPT-2
+        small outweigh the model. So the cache decides how many fit:
 
         **sequences that fit = (GPU memory × {UTILISATION} − weights) ÷ (KV bytes per token × context)**
-
-        ({UTILISATION:.0%}: vLLM's default `gpu_memory_utilization`; the rest is the runtime's.)
+        ({UTILISATION}: vLLM's default `gpu_memory_utilization`)
     """)
     L.pause()
     ctx = 4096
     gpus = [get_chip(g) for g in GPUS]
-    t = Table(header_style="bold", title=f"fp16, {ctx:,}-token contexts, {UTILISATION:.0%} of memory used",
+    t = Table(header_style="bold", title=f"fp16, {ctx:,}-token contexts",
               title_justify="left")
     t.add_column("model")
     t.add_column("KV/token", justify="right")
@@ -204,13 +195,10 @@ def what_the_cache_costs(L: Lesson, model, decode) -> None:
     mha, gqa = fits.values()
     gib = [capacity(shape(key), ctx, gpus[0].memory_gb * 2 ** 30)["sequences"] for key in BIG_MODELS.values()]
     L.say(f"""
-        The memory is each chip's listed figure counted in 10⁹ bytes. {article(gpus[0].memory_gb).capitalize()}
-        {gpus[0].memory_gb:g} GB card holds {gpus[0].memory_gb:g} GiB, {gpus[0].memory_gb * 2 ** 30 / 1e9:.1f}·10⁹
-        bytes: counted so, the
-        {gpus[0].name} fits {gib[0]} and {gib[1]} sequences instead of {mha[0]} and {gqa[0]}.
-
-        Grouped-query attention (GQA) keeps fewer KV heads than query heads, so the same GPU holds
-        {fmt_x(gqa[0] / max(1, mha[0]))} the sequences.
+        GB here are 10⁹ bytes; {article(gpus[0].memory_gb)} "{gpus[0].memory_gb:g} GB" card holds
+        {gpus[0].memory_gb:g} GiB ({gpus[0].memory_gb * 2 ** 30 / 1e9:.1f}·10⁹): so counted, the
+        {gpus[0].name} fits {gib[0]} and {gib[1]}. GQA's fewer KV heads hold
+        {fmt_x(gqa[0] / max(1, mha[0]))} the sequences (lesson 12).
     """)
 
 
@@ -222,7 +210,7 @@ def article(n: float) -> str:
 
 
 def two_classic_bugs(L: Lesson, model, enc, ids, rows) -> None:
-    L.section("Two classic bugs, and how minillm avoids them")
+    L.section("Two classic bugs, avoided")
     P, c = len(ids), model.config
     logits, cache = model.prefill(ids)
     token = int(np.argmax(logits))
@@ -233,11 +221,9 @@ def two_classic_bugs(L: Lesson, model, enc, ids, rows) -> None:
     wrong = model.forward([token])[-1]
     d_right, d_wrong = np.abs(right - reference).max(), np.abs(wrong - reference).max()
     L.say(f"""
-        **1. The position offset.** A decode step must embed the new token at position *t* (the
-        number of tokens cached), store its key and value at slot *t*, and attend over slots 0..*t*.
-        Forget it and the token is embedded as the first one, attending to itself alone: that is
-        `model.forward([token])`. Below, the token `{token_text(enc, token)}` after the {P}-token
-        prompt, three ways:
+        **1. The position offset.** A decode step embeds the new token at position *t* (tokens
+        cached), stores its key and value at slot *t*, and attends over 0..*t*. Forget *t* and it is
+        `model.forward([token])`. The token `{token_text(enc, token)}` after the {P}-token prompt:
     """)
     t = Table(header_style="bold")
     for col in ("", "largest |logit − truth|", "next token"):
@@ -250,12 +236,10 @@ def two_classic_bugs(L: Lesson, model, enc, ids, rows) -> None:
     L.claim(d_right < 1e-3, "decode_step with the cache gives the logits of a full forward pass (to float32 rounding)")
     L.claim(d_wrong > 100 * max(d_right, 1e-7), "the missing offset gives different logits: a silent wrong answer")
     L.say("""
-        In minillm the caller never passes a position: `decode_step(token, cache)` reads it from
-        `cache.length` and advances it.
+        In minillm `decode_step(token, cache)` reads the position from `cache.length`.
 
-        **2. The context limit.** GPT-2 learned 1,024 positions. Past the end there is no position
-        embedding and no cache slot: a loop that does not check crashes or quietly reuses rows.
-        minillm checks before doing any work:
+        **2. The context limit.** Past the learned positions an unchecked loop crashes or reuses
+        rows; minillm refuses first:
     """)
     for what, fn in ((f"minillm.generate(model, ids, {c.n_ctx})", lambda: minillm.generate(model, ids, c.n_ctx)),
                      (f"model.prefill({c.n_ctx + 1} tokens)", lambda: model.prefill(np.zeros(c.n_ctx + 1, dtype=np.intp)))):
@@ -268,18 +252,14 @@ def two_classic_bugs(L: Lesson, model, enc, ids, rows) -> None:
             raised = False
         L.claim(raised, f"{what} raises PromptError instead of running past the context")
     L.takeaway(f"""
-        The KV cache turns decode into **one token's work per step**: same tokens,
-        {fmt_x(rows[-1][3])} fewer FLOPs for {rows[-1][0]} tokens here (and
-        {fmt_x(ratio_range(rows[-1][1], rows[-1][2])[0])} the speed, measured), paid for with
-        2·L·H_kv·hd·b bytes of memory per token. Each step
-        still reads **every weight** to produce a single token. Lesson 6 measures what that costs.
+        The KV cache makes decode **one token's work per step**: same tokens, {fmt_x(rows[-1][3])}
+        fewer FLOPs for {rows[-1][0]} tokens, for 2·L·H_kv·hd·b bytes a token. Each step still reads
+        **every weight** for one token: lesson 6 measures that.
     """)
     L.try_it("""
-        `minillm compare "ROMEO:" --max-new-tokens 200`: both decodes side by side, with the
-        counters of every step and the measured speedup. Expect identical text, flat cached steps,
-        and a speedup that grows if you raise `--max-new-tokens`. `compare` reports **time**, this
-        lesson's "speedup (time)" column: it grows slower than the FLOPs saved, because every step
-        still reads every weight once.
+        `minillm compare "ROMEO:" --max-new-tokens 200`: both decodes side by side, every step's
+        counters, the speedup in **time**. It grows with `--max-new-tokens`, slower than the FLOPs
+        saved: every step still reads every weight.
     """)
 
 

@@ -19,7 +19,7 @@ from minillm.measure.chips import CHIPS
 from minillm.measure.chips import decode_ceiling
 
 TITLE = "Memory traffic: why decode waits on memory"
-MINUTES = 7  # 1,313 words printed (a fast run) at 200 a minute
+MINUTES = 5  # 1,048 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "a decode step's bytes, this machine's bandwidth, the decode ceiling, 7B on an A100"
 
 PROMPT = "ROMEO: But soft, what light through yonder window breaks?"
@@ -51,10 +51,9 @@ def lesson(L: Lesson) -> None:
 
 def intro(L: Lesson, model) -> None:
     L.say(f"""
-        Lesson 5 made decode do one token's worth of arithmetic per step, but that still needs
-        **all** the weights, read from memory for a single token. This lesson counts those bytes on
-        `{escape(model.name)}` ({model.n_params():,} parameters, {fmt_bytes(model.nbytes())} in
-        {np.dtype(model.dtype).name}) and sets them against this machine's measured bandwidth.
+        Lesson 5 left one token's arithmetic per step, but it still reads **all** the weights for
+        that token. Here are those bytes on `{escape(model.name)}` ({model.n_params():,} parameters,
+        {fmt_bytes(model.nbytes())} in {np.dtype(model.dtype).name}) against this machine's bandwidth.
     """)
     L.pause()
 
@@ -70,7 +69,7 @@ def what_one_decode_step_moves(L: Lesson, model, r) -> None:
         kinds.add_row(f"[{KIND_STYLE[kind]}]{kind}[/]", fmt_bytes(n), f"{n / total:.1%}",
                       f"[{KIND_STYLE[kind]}]{bar(n, total, 40)}[/]")
     kinds.add_row("[bold]total[/]", fmt_bytes(total), "", stacked_bar([(n, KIND_STYLE[k]) for k, n in r.bytes.items()], total, 40))
-    L.show(f"[bold]Decode step at position {r.position} (attending over {t} positions), from the meter[/]", kinds)
+    L.show(f"[bold]A decode step at position {r.position} ({t} attended), from the meter[/]", kinds)
     ops = sorted(r.ops.items(), key=lambda kv: -kv[1]["bytes"])[:3]
     L.show(bar_chart("The same bytes by operation, the three biggest:",
                      [(f"{name} ×{o['calls']}", o["bytes"], f"{fmt_bytes(o['bytes'])}  {o['bytes'] / total:.0%}") for name, o in ops],
@@ -78,8 +77,8 @@ def what_one_decode_step_moves(L: Lesson, model, r) -> None:
     L.claim(r.bytes["weights"] > total / 2, f"weights are most of what a decode step moves: {r.bytes['weights'] / total:.0%}")
     head = r.ops["lm_head"]["bytes"] / total
     L.say(f"""
-        The biggest single read is the **LM head**: all of `wte` ({fmt_bytes(model.params['wte.weight'].nbytes)}) to score
-        {V:,} candidates for one position ({head:.0%} of the step). The KV read grows with the position.
+        The biggest read is the **LM head**: all of `wte` ({fmt_bytes(model.params['wte.weight'].nbytes)},
+        {head:.0%} of the step) to score {V:,} ids. The KV read grows with the position.
     """)
 
 
@@ -101,13 +100,13 @@ def counters_equal_closed_forms(L: Lesson, model, r) -> None:
     for name, form, counted, expected in forms:
         ft.add_row(name, form, f"{expected:,}", f"{counted:,}")
     L.show(f"[bold]L = {L_}, d = {d}, V = {V:,}, b = {b} bytes, t = {t}[/]  "
-           "[dim](the 2·d·b: one row each of wte and wpe for the embedding)[/]", ft)
+           "[dim](2·d·b: the embedding's rows of wte and wpe)[/]", ft)
     for name, _, counted, expected in forms:
         L.claim(counted == expected, f"{name}: the meter's count equals the formula")
     L.say(f"""
-        So a decode step does about **2 FLOPs per weight** (one multiply, one add) and reads **{b} bytes
-        per weight**: an arithmetic intensity of about 2/{b} = {2 / b:.2g} FLOP/byte, whatever the model
-        size. The meter says {r.intensity:.3g}.
+        So a decode step does about **2 FLOPs per weight** (a multiply, an add) and reads **{b} bytes
+        per weight**: about 2/{b} = {2 / b:.2g} FLOP/byte at any model size. The meter says
+        {r.intensity:.3g}.
     """)
 
 
@@ -120,12 +119,10 @@ def can_memory_keep_up(L: Lesson, model, ids, steps):
         L.note("fast mode: a small buffer, rough figures")
     side = "below" if r.intensity < hw.ridge else "above"
     L.say(f"""
-        The **ridge** is peak ÷ bandwidth: the FLOPs a piece of work must do per byte it moves to keep
-        the arithmetic busy. Below it, work waits on memory; above it, on arithmetic. Decode's
-        {r.intensity:.3g} FLOP/byte is {side} this machine's ridge of {hw.ridge:.3g} (float32,
+        The **ridge**, peak ÷ bandwidth, is the FLOPs per byte that keep the arithmetic busy.
+        Decode's {r.intensity:.3g} FLOP/byte is {side} this machine's ridge of {hw.ridge:.3g} (float32,
         {plural(hw.blas_threads, "BLAS thread") if hw.blas_threads else "? BLAS threads"}):
         {"decode is memory-bound here" if side == "below" else "decode is compute-bound here"}.
-        A GPU's ridge in fp16 is in the hundreds.
     """)
     sec = statistics.median(s.seconds for s in steps)
     spread = Timing(tuple(s.seconds for s in steps))
@@ -136,11 +133,11 @@ def can_memory_keep_up(L: Lesson, model, ids, steps):
     L.roofline(hw, [("decode step (median)", r.intensity, r.total_flops / sec / 1e9)])
     L.say(f"""
         A step moves {fmt_bytes(step_bytes)}; at {hw.bandwidth_gbs:,.1f} GB/s that takes at least
-        {fmt_time(step_bytes / (hw.bandwidth_gbs * 1e9))}, so **{ceiling:,.1f} tokens/s is the ceiling**
-        however fast the arithmetic. minillm's {len(steps)} decode steps took {spread.text()}: at the median,
-        {measured:,.1f} tokens/s, {achieved:,.1f} GB/s, {achieved / hw.bandwidth_gbs:.0%} of the measured
-        bandwidth. Arithmetic at the matmul peak would take only
-        {fmt_time(r.total_flops / (hw.peak_gflops * 1e9))}.
+        {fmt_time(step_bytes / (hw.bandwidth_gbs * 1e9))}: **{ceiling:,.1f} tokens/s is the ceiling**
+        however fast the arithmetic (at the matmul peak it would take only
+        {fmt_time(r.total_flops / (hw.peak_gflops * 1e9))}). minillm's {len(steps)} steps took
+        {spread.text()}: at the median, {measured:,.1f} tokens/s, {achieved:,.1f} GB/s,
+        {achieved / hw.bandwidth_gbs:.0%} of the measured bandwidth.
     """)
     L.console.print(f"[dim]steps timed under {L.conditions()}[/]")
     L.console.print()
@@ -152,16 +149,15 @@ def can_memory_keep_up(L: Lesson, model, ids, steps):
     else:       # faster than DRAM: a cache, or a DRAM figure measured while the machine was busier
         probe = residency.probe_at(model.nbytes())
         if residency.verdict(model.nbytes(), hw, probe_gbs=probe) == "cache":
-            L.note(f"the fastest decode step read {fastest:,.1f} GB/s, above the {hw.bandwidth_gbs:,.1f} GB/s "
-                   f"measured for DRAM, and a read of {fmt_bytes(model.nbytes())} (this model's weights) ran at "
-                   f"{probe:,.1f} GB/s: this run read its weights from a cache, and a step may beat the DRAM "
-                   "ceiling (or, this small, be held back by per-call overhead instead)"
+            L.note(f"the fastest step read {fastest:,.1f} GB/s, above DRAM's {hw.bandwidth_gbs:,.1f} GB/s, "
+                   f"and a read of {fmt_bytes(model.nbytes())} (these weights) ran at {probe:,.1f} GB/s: the "
+                   "weights came from a cache, so a step may beat the DRAM ceiling (or, this small, be held "
+                   "back by per-call overhead)"
                    + (f". Run with --model {bigger} to measure DRAM." if bigger else "."))
         else:
-            L.note(f"the fastest decode step reached {fastest:,.1f} GB/s, above the {hw.bandwidth_gbs:,.1f} GB/s "
-                   f"measured for this machine, though a read of {fmt_bytes(model.nbytes())} ran at {probe:,.1f} "
-                   "GB/s: that figure was measured while the machine was busier; `minillm hardware --remeasure` "
-                   "on a quiet machine measures it again")
+            L.note(f"the fastest step reached {fastest:,.1f} GB/s, above the {hw.bandwidth_gbs:,.1f} GB/s "
+                   f"measured here, and a read of {fmt_bytes(model.nbytes())} ran at {probe:,.1f} GB/s: the "
+                   "bandwidth was measured on a busier machine (`minillm hardware --remeasure` when quiet)")
     if not L.fast and L.model_name is None and not residency.outran(fastest, hw):
         small = minillm.load(quiet=True)
         with L.status(f"the same on the default model ({small.name})…"):
@@ -172,14 +168,12 @@ def can_memory_keep_up(L: Lesson, model, ids, steps):
             why = ("Its steps read faster than DRAM: they read the weights from a cache, so DRAM is not their "
                    "limit.")
         else:   # slower than DRAM's figure, though its bytes are few: per-call overhead can outweigh them
-            why = ("Its steps did not read faster than DRAM. With so few bytes per call, a step is a few dozen "
-                   "small NumPy calls whose fixed overhead of microseconds each can outweigh the reading.")
+            why = ("Its steps did not read faster than DRAM: with so few bytes, a step's few dozen NumPy "
+                   "calls cost microseconds each, which can outweigh the reading.")
         L.say(f"""
-            Compare the default model `{escape(small.name)}` (what `minillm.load()` gives): {fmt_bytes(small.nbytes())}
-            of weights. Its decode steps achieved **{s_gbs:,.1f} GB/s** ({s_gbs / hw.bandwidth_gbs:.0%} of this
-            machine's DRAM bandwidth). {why} GPUs have the same trap: a small model's step is many short
-            kernel launches, each with a fixed cost, which is why engines capture a decode step once as a CUDA
-            graph and replay it (lesson 17).
+            The default model `{escape(small.name)}` ({fmt_bytes(small.nbytes())} of weights) reached
+            **{s_gbs:,.1f} GB/s** ({s_gbs / hw.bandwidth_gbs:.0%} of DRAM's). {why} On a GPU a small
+            model's step is many short kernel launches: lesson 17's CUDA graphs.
         """)
     L.busy_note()
     return hw
@@ -190,47 +184,39 @@ def a_big_model_on_a_gpu(L: Lesson, model, hw, r) -> None:
     b = np.dtype(model.dtype).itemsize
     seed = decode_ceiling(7e9, "fp16", "a100-80gb")
     L.say(f"""
-        The article's example: a 7B-parameter model in fp16 is **{seed['gb_per_token']:.0f} GB** of weights.
-        On an A100 80 GB ({seed['bandwidth_gbs']:,.0f} GB/s) reading them once takes
-        **{seed['ms_per_token']:.1f} ms**: at most about {seed['tokens_per_s']:.0f} tokens/s at batch 1
-        (the arithmetic, at 312 TFLOP/s, would take {seed['compute_ms_per_token']:.3f} ms). Memory delivers
-        80-90% of its datasheet figure, so about
-        {0.8 * seed['tokens_per_s']:.0f}-{0.9 * seed['tokens_per_s']:.0f} tokens/s.
-        `minillm.measure.chips.decode_ceiling(7e9, "fp16", "a100-80gb")` computes it:
+        The article's example: a 7B model in fp16 is **{seed['gb_per_token']:.0f} GB** of weights; an
+        A100 80 GB ({seed['bandwidth_gbs']:,.0f} GB/s) reads them in **{seed['ms_per_token']:.1f} ms**:
+        at most about {seed['tokens_per_s']:.0f} tokens/s at batch 1 (the arithmetic would take
+        {seed['compute_ms_per_token']:.3f} ms), or {0.8 * seed['tokens_per_s']:.0f}-{0.9 * seed['tokens_per_s']:.0f}
+        at the 80-90% of datasheet bandwidth memory delivers. `decode_ceiling(7e9, "fp16", "a100-80gb")`
+        (`minillm.measure.chips`) computes it:
     """)
     weights_read = r.bytes["weights"]
     all_weights = model.n_params() * b
     L.claim(abs(weights_read - all_weights) < 0.05 * all_weights,
             f"the ceiling's premise holds in this run: a decode step read {fmt_bytes(weights_read)} of weights, "
-            f"within 5% of all {model.n_params():,} parameters × {b} bytes ({fmt_bytes(all_weights)}; the "
-            "difference is the position table, of which a step reads one row)")
+            f"within 5% of all {model.n_params():,} parameters × {b} bytes ({fmt_bytes(all_weights)}; a "
+            "step reads one row of the position table)")
     ct = Table(header_style="bold")
-    for col in ("chip", "bandwidth", f"{model.name} ({model.n_params() / 1e6:.0f}M, fp32)", "7B, fp16", "7B, int4"):
+    for col in ("chip", "bandwidth", "7B, fp16", "7B, int4"):      # this model's ceiling here: the text above
         ct.add_column(col, justify="right" if col != "chip" else "left")
     for chip in (hw, CHIPS["a100-80gb"], CHIPS["h100-sxm"], CHIPS["rtx-4090"], CHIPS["m1-pro"]):
-        mine = decode_ceiling(model.n_params(), "fp32", chip)
         big = decode_ceiling(7e9, "fp16", chip)
         q4 = decode_ceiling(7e9, "int4", chip)
-        ct.add_row(chip.name, f"{chip.bandwidth_gbs:,.0f} GB/s", f"{mine['tokens_per_s']:,.0f} tok/s",
-                   f"{big['tokens_per_s']:,.1f} tok/s", f"{q4['tokens_per_s']:,.1f} tok/s")
-    L.show("[bold]Decode ceilings, batch 1 (bandwidth ÷ weight bytes; the KV cache would add to the bytes)[/]", ct)
-    L.say("""
-        The int4 column is the ideal, 4 bits a weight; real 4-bit formats carry scales (about 4.25-4.5
-        bits in all) and reach 3-3.5× the fp16 speed, not 4× (lesson 14 measures them).
-    """)
+        ct.add_row(chip.name, f"{chip.bandwidth_gbs:,.0f} GB/s", f"{big['tokens_per_s']:,.1f} tok/s",
+                   f"{q4['tokens_per_s']:,.1f} tok/s")
+    L.show("[bold]Decode ceilings, batch 1: bandwidth ÷ weight bytes (int4: the ideal; lesson 14)[/]", ct)
     L.pause()
     long_context(L, model, r)
     L.takeaway(f"""
-        A decode step reads every weight once to make one token: about {2 / b:.2g} FLOP per byte here, below
-        the ridge of every chip minillm knows. Its speed is **bandwidth ÷ bytes per token**, so what speeds it up is more bandwidth
-        or fewer bytes (smaller weights: quantization; several sequences sharing one read: batching; several
-        tokens per read: speculative decoding), not more FLOP/s. This is why decode is called **memory-bound**.
+        A decode step reads every weight for one token, about {2 / b:.2g} FLOP per byte: decode is
+        **memory-bound**. Its speed is **bandwidth ÷ bytes per token**: fewer bytes a token
+        (quantization, batching, speculative decoding) speed it up, not FLOP/s.
     """)
     L.try_it("""
-        `minillm hardware --params 7B --dtype int4` prints the decode ceiling of a 7B model in 4-bit
-        weights for every known chip: the ideal 4× the fp16 tokens/s, from 4× fewer bytes.
-        `minillm traffic --model large --steps 8` prints this lesson's counters for every step
-        (`--model random-124m` for GPT-2 small's size).
+        `minillm hardware --params 7B --dtype int4`: a 7B model's 4-bit decode ceiling on every
+        known chip. `minillm traffic --model large --steps 8`: this lesson's counters, every step
+        (`--model random-124m` for GPT-2 small).
     """)
 
 
@@ -242,15 +228,14 @@ def long_context(L: Lesson, model, r) -> None:
     t_here = r.bytes["weights"] / per_token
     kv7, w7 = 2 * 32 * 32 * 128 * 2, 2 * 6.74e9      # Llama-2-7B in fp16: MHA, 32 layers, 32 KV heads of 128
     L.say(f"""
-        A decode step at position t reads 2·L·H_kv·hd·b·t bytes of keys and values: here
-        {fmt_bytes(r.bytes['kv_read'])} against {fmt_bytes(r.bytes['weights'])} of weights, at t = {r.attended}.
-        They are equal at t ≈ weights ÷ (KV bytes per token) = **{t_here:,.0f} positions** for
-        `{escape(model.name)}` (its context is {c.n_ctx:,}).
+        At position t a step reads 2·L·H_kv·hd·b·t bytes of keys and values: here
+        {fmt_bytes(r.bytes['kv_read'])} against {fmt_bytes(r.bytes['weights'])} of weights (t = {r.attended}).
+        They are equal at t ≈ weights ÷ KV bytes per token = **{t_here:,.0f} positions** for
+        `{escape(model.name)}` (context {c.n_ctx:,}).
 
-        Llama-2-7B in fp16 keeps {kv7 / 1024:,.0f} KiB a token, so a sequence reads as much KV as weights at
-        {w7 / kv7:,.0f} tokens, and 32 sequences at 4,096 tokens read {fmt_bytes(32 * 4096 * kv7)} of KV per
-        step against {fmt_bytes(w7)} of weights: {fmt_x(32 * 4096 * kv7 / w7)}. Batching shares the weight
-        read, never the KV read: grouped-query attention and 8-bit KV caches cut those bytes.
+        Llama-2-7B in fp16 keeps {kv7 / 1024:,.0f} KiB a token: 32 sequences of 4,096 read
+        {fmt_bytes(32 * 4096 * kv7)} of KV a step against {fmt_bytes(w7)} of weights
+        ({fmt_x(32 * 4096 * kv7 / w7)}). Batching shares the weight read, never the KV read.
     """)
 
 

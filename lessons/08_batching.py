@@ -20,7 +20,7 @@ from minillm.measure.batching import run_batch_bench
 from minillm.measure.chips import get_chip
 
 TITLE = "Batching: one weight read, many tokens"
-MINUTES = 8  # 1,565 words printed (a fast run) at 200 a minute
+MINUTES = 6  # 1,232 words printed (a fast run) at 200 a minute
 WHAT_YOU_WILL_SEE = "B sequences per decode step, tokens/s against the roofline, the small-batch cliff"
 
 PROMPTS = ["ROMEO:", "JULIET:", "First Citizen:", "KING RICHARD III:", "HAMLET:", "MENENIUS:",
@@ -38,21 +38,18 @@ def lesson(L: Lesson) -> None:
     the_cliff(L, sweep)
     the_ridge(L, model, sweep, hw)
     L.try_it("""
-        `minillm bench --batch 1,2,4,8,16,32` is this lesson's sweep, with `--json` for scripts.
-        `minillm generate-batch prompts.txt --compare` runs your own prompts (one per line) in shared
-        steps and one at a time, and says how much faster the first was and whether the tokens agree.
-        In Python: `minillm.generate_batch(model, [ids1, ids2, ...], 50)`.
+        `minillm bench --batch 1,2,4,8,16,32` is this lesson's sweep (`--json` for scripts).
+        `minillm generate-batch prompts.txt --compare` runs your prompts (one a line) batched and
+        alone, timed, tokens compared. In Python: `minillm.generate_batch(model, [ids1, ids2], 50)`.
     """)
 
 
 def intro(L: Lesson, model) -> None:
     L.say(f"""
-        A decode step reads every weight to make **one** token: for `{escape(model.name)}`,
-        {fmt_bytes(model.nbytes())} of weights, about 2 FLOPs per parameter, so about
-        {2 / np.dtype(model.dtype).itemsize:.2g} FLOP per byte: below this machine's ridge (lesson 6).
-
-        Serving engines run **B sequences in one step**: their B new tokens are B rows of one matrix,
-        so every weight, read once, is used B times. Only attention reads each sequence's own cache.
+        A decode step reads every weight to make **one** token ({fmt_bytes(model.nbytes())} for
+        `{escape(model.name)}`, about {2 / np.dtype(model.dtype).itemsize:.2g} FLOP per byte: lesson 6).
+        Serving engines run **B sequences in one step**: B rows of one matrix, so each weight, read
+        once, is used B times. Only attention reads each sequence's own cache.
     """)
     L.pause()
 
@@ -80,14 +77,13 @@ def same_tokens(L: Lesson, model, invariant_model) -> None:
     times = {k: list(v.seconds) for k, v in timed.items()}
     tb, ta = statistics.median(times["batched"]), statistics.median(times["alone"])
     same = sum(a == b for a, b in zip(alone, batched))
-    t = Table(header_style="bold")
+    t = Table(header_style="bold", title="batched tokens against alone (seed 7)", title_justify="left")
     t.add_column("prompt")
-    t.add_column("batched continuation (sampled, seed 7)")
     t.add_column("alone", justify="center")
     if invariant:
         t.add_column("batch-invariant: alone", justify="center")
     for i, (p, a, b) in enumerate(zip(PROMPTS, alone, batched)):
-        cells = [escape(p), escape(enc.decode(b)[:32].replace("\n", " ")), "same" if a == b else "differs"]
+        cells = [escape(p), "same" if a == b else "differs"]     # the text itself: generate-batch shows it
         if invariant:
             cells.append("same" if batched_det[i] == alone_det[i] else "differs")
         t.add_row(*cells)
@@ -96,11 +92,9 @@ def same_tokens(L: Lesson, model, invariant_model) -> None:
         {len(prompts)} prompts × {n} tokens: batched {fmt_time(tb)}, one at a time {fmt_time(ta)}
         (medians of {len(times['alone'])} paired rounds, the order alternated): batched took
         **{fmt_x(tb / ta)}** the time.
-        **{same} of {len(prompts)}** sequences got exactly the tokens they get alone. Each sequence's
-        logits and random generator are its own, but a batched product sums in another order than one
-        row's, so in float32 its logits differ in the last bits, and where two tokens tie within
-        rounding one can flip (in float64 the tests find the tokens equal). Engines offer
-        **batch-invariant** modes that fix every sum's order, at a cost in throughput.
+        **{same} of {len(prompts)}** sequences got exactly their tokens alone. A batched product sums
+        in another order than one row's, so float32 logits differ in the last bits and a near-tie
+        can flip, unless every sum's order is fixed.
     """)
     if not invariant:
         L.note(f"the batch-invariant kernels cannot run here ({escape(invariant.reason)}), so their column is left out")
@@ -109,10 +103,8 @@ def same_tokens(L: Lesson, model, invariant_model) -> None:
     kept = sum(a == b for a, b in zip(alone_det, batched_det))
     ti = statistics.median(times["invariant"])
     L.say(f"""
-        The last column is minillm's **batch-invariant kernel set** (`kernels="batch-invariant"`):
-        each row sums over its inputs in one fixed order, and each query attends over its own keys in
-        tiles from key 0. There **{kept} of {len(prompts)}** sequences got exactly their tokens alone
-        (alone with the same set), against {same} of {len(prompts)} above.
+        The last column is minillm's **batch-invariant kernel set** (`kernels="batch-invariant"`),
+        as engines offer: one summation order a row, attention in tiles from key 0 (checked below).
         The price, this run: batched with that set took {fmt_time(ti)} against {fmt_time(tb)}:
         {faster_words(timed["invariant"], timed["batched"], "it", "the default batched run")}.
     """)
@@ -151,11 +143,10 @@ def the_sweep(L: Lesson, model, sweep: dict, hw) -> None:
     work = rows[-1]["batch"] / base["batch"]
     memory = [r["batch"] for r in rows if r["bound"] == "memory"]
     L.say(f"""
-        The roofline column is max(bytes ÷ {hw.bandwidth_gbs:.1f} GB/s, FLOPs ÷ {hw.peak_gflops:.0f} GFLOP/s):
-        the fastest this machine could run the step's counted work. From B = 1 to B = {rows[-1]['batch']}
-        the measured time per step {growth_words(grow, work)}. While a step is memory-bound (here
-        B = {', '.join(map(str, memory)) or 'none'}), its bytes barely grow, so neither does its roofline
-        time; past that, the FLOPs set it.
+        The roofline column, max(bytes ÷ {hw.bandwidth_gbs:.1f} GB/s, FLOPs ÷ {hw.peak_gflops:.0f} GFLOP/s),
+        is the least time the counted work allows. From B = 1 to B = {rows[-1]['batch']} the time per
+        step {growth_words(grow, work)}. While memory-bound (here B = {', '.join(map(str, memory)) or 'none'})
+        the bytes barely grow; past that the FLOPs set the time.
     """)
     L.pause()
 
@@ -184,12 +175,10 @@ def the_cliff(L: Lesson, sweep: dict) -> None:
              + (f" and not at B = {', '.join(map(str, losses))}" if losses else "") + ". " if wins else
              "In this run `ops.matmul` was not faster than the plain product at any B above 1. ")
     L.say(f"""
-        One bare pass of B rows over every weight, nothing else (medians of interleaved rounds). The
-        roofline says 2 rows should cost about what 1 row costs. {here}Why not: OpenBLAS runs 1 row as a
-        matrix-vector product, but 2-7 rows as a matrix-matrix product that copies ("packs") the weights
-        into its own layout and works in panels of 8 rows, so a few rows pay for 8. `ops.matmul` runs 2
-        rows as two matrix-vector products and pads 3-63 rows with zero rows to a multiple of 8: chosen
-        on another machine, so the table says whether it wins on this one (the padding is never counted).
+        One bare pass of B rows over every weight (medians of interleaved rounds); the roofline says
+        2 rows cost about what 1 does. {here}OpenBLAS runs 2-7 rows as a matrix-matrix product in
+        panels of 8, so a few rows pay for 8; `ops.matmul` splits 2 rows and pads 3-63 to a multiple
+        of 8 (never counted).
     """)
     L.pause()
 
@@ -218,28 +207,25 @@ def the_ridge(L: Lesson, model, sweep: dict, hw) -> None:
     else:
         table = f"the measured rows turn compute-bound between B = {last_mem} and B = {first}, by their own counts"
     L.say(f"""
-        Each letter is one batch size: its counted FLOPs per byte and the GFLOP/s it reached. Batching
-        slides decode right along the roof, toward this machine's ridge, {ridge:.1f} FLOP/byte
-        ({hw.peak_gflops:.0f} GFLOP/s ÷ {hw.bandwidth_gbs:.1f} GB/s at {plural(hw.blas_threads or 1, 'BLAS thread')}):
-        it and the critical batch move with the thread count and the load, not with the work.
+        Each letter is a batch size at its counted FLOPs per byte: batching slides decode along the
+        roof toward this machine's ridge, {ridge:.1f} FLOP/byte ({hw.peak_gflops:.0f} GFLOP/s ÷
+        {hw.bandwidth_gbs:.1f} GB/s at {plural(hw.blas_threads or 1, 'BLAS thread')}): it and the
+        critical batch move with the thread count and the load, not with the work.
 
-        **The critical batch.** A step of B sequences does about 2·params·B FLOPs and reads the weights,
-        params·b bytes, once: its intensity, about 2B/b, reaches the ridge at **B\\* ≈ ridge · b / 2** =
-        {ridge:.1f} · {b} / 2 = **{ridge * b / 2:.0f}** from the weights alone. Each sequence's own KV
-        cache adds bytes and pushes B\\* up: from the counted bytes and FLOPs at B = 1 and 2, decode
-        reaches the ridge at **B ≈ {cb if cb is not None else 'never'}** with {sweep['context']}-token
-        contexts; {table}.
+        **The critical batch.** B sequences do about 2·params·B FLOPs for one read of params·b bytes:
+        intensity about 2B/b, at the ridge when **B\\* ≈ ridge · b / 2** = {ridge:.1f} · {b} / 2 =
+        **{ridge * b / 2:.0f}** from the weights alone. Each sequence's KV cache adds bytes and pushes
+        it up: from the counted bytes and FLOPs at B = 1 and 2, the ridge comes at
+        **B ≈ {cb if cb is not None else 'never'}** with {sweep['context']}-token contexts; {table}.
 
-        An A100's ridge is far higher ({a100.peak_gflops / 1e3:.0f} TFLOP/s ÷ {a100.bandwidth_gbs:,.0f} GB/s
-        in fp16 = {a100.ridge:.0f} FLOP/byte, so B\\* ≈ {a100.ridge:.0f}): servers batch dozens to hundreds
-        of sequences. Attention does not share: each KV cache is read by its own queries only, so its
-        FLOPs per byte do not grow with B (below), and each sequence's KV cache decides how many fit
-        (lesson 5).
+        An A100's fp16 ridge is {a100.ridge:.0f} FLOP/byte, so B\\* ≈ {a100.ridge:.0f}: servers batch
+        dozens to hundreds. Attention does not share: each KV cache serves its own queries, so its
+        FLOPs per byte do not grow with B.
     """)
     attention_intensity(L)
     L.takeaway("""
-        A decode step costs one read of the weights, whether it makes one token or B. Batching B sequences
-        makes B tokens for that read, until the arithmetic catches up with the memory traffic at the ridge.
+        A decode step costs one read of the weights, for one token or B. Batching makes B tokens a
+        read, until the arithmetic catches up with the memory traffic at the ridge.
     """)
 
 
@@ -263,21 +249,19 @@ def attention_intensity(L: Lesson) -> None:
     rows = attention_rows()
     chips = [get_chip(c) for c in ("a100-80gb", "h100-sxm", "h200")]
     t = Table(header_style="bold")
-    for col in ("shape", "attention", "FLOP/byte", *(c.name for c in chips)):
+    for col in ("shape", "attention", "FLOP/byte"):
         t.add_column(col, justify="left" if col in ("shape", "attention") else "right", no_wrap=True)
     for r in rows:
-        t.add_row(r["shape"], r["layout"], f"{r['intensity']:,.0f}",
-                  *("above" if r["intensity"] > c.ridge else "below" for c in chips))
+        t.add_row(r["shape"], r["layout"], f"{r['intensity']:,.0f}")
     L.show("[bold]Decode attention's FLOPs per byte of KV read, bf16, whatever the batch[/]", t,
-           "[dim]the chip columns: against each one's fp16 ridge (" + ", ".join(f"{c.name} {c.ridge:.0f}"
-                                                                            for c in chips) + ")[/]")
+           "[dim]fp16 ridges: " + ", ".join(f"{c.name} {c.ridge:.0f}" for c in chips) + "[/]")
     top = max(rows, key=lambda r: r["intensity"])
     under = [c.name for c in chips if top["intensity"] < c.ridge]
-    where = ("below every ridge above, so the KV read bounds decode attention at any batch"
+    where = ("below every ridge above: the KV read bounds decode attention at any batch"
              if len(under) == len(chips) else f"below the ridge of {', '.join(under) or 'none of them'}")
     L.say(f"""
-        MHA does about 1 FLOP per bf16 byte, GQA about g: {top['intensity']:.0f} at most here
-        ({top['shape']}), {where}. Latent attention changes that: lesson 18.
+        MHA does about 1 FLOP per bf16 byte, GQA about g: {top['intensity']:.0f} at most
+        ({top['shape']}), {where}. Latent attention changes that (lesson 18).
     """)
 
 
