@@ -117,6 +117,8 @@ def fall_words(time_ratio: float, work_ratio: float, what: str = "time") -> str:
 
 
 GPUS = ("a100-80gb", "h200", "h100-sxm")     # the data-centre GPUs the lessons compare with
+QUANT_SHOWN = ("float32", "q8_0", "q4_0")    # the weights lessons 14 and 20 load and compare
+NVFP4_BLOCK = 16          # NVFP4: 16 E2M1 values share one E4M3 scale (and a float32 scale per tensor)
 
 
 def gpu_ridge_range() -> str:
