@@ -260,6 +260,28 @@ def which_phase_dominates(L: Lesson, model, hw, rng) -> dict:
             "results": results, "sys_ids": sys_ids}
 
 
+# Every optimisation the course measures: what it cuts (bytes, FLOPs or waiting) and the lesson that
+# measures it. Lesson 7 comes last in its track and refers back to each (tests: every lesson of the
+# other tracks has a row).
+OPTIMISATIONS = (
+    ("batching", "bytes: a weight read shared by B tokens", 8),
+    ("paged KV blocks", "bytes held: KV memory", 9),
+    ("continuous batching", "waiting: a finished slot refilled", 9),
+    ("prefix caching", "FLOPs: a shared prompt prefilled once", 10),
+    ("speculative decoding", "waiting: tokens a weight read", 11),
+    ("GQA, windows", "bytes: KV a token", 12),
+    ("chunked prefill", "waiting: decode behind a prefill", 13),
+    ("quantized weights", "bytes: weights", 14),
+    ("mixture of experts", "bytes and FLOPs: active weights", 15),
+    ("flash attention", "bytes: the T×T scores", 16),
+    ("a GPU", "time: bandwidth and peak", 17),
+    ("latent attention", "bytes: KV a token", 18),
+    ("a fixed state", "bytes: KV growing with context", 19),
+    ("fused, integer kernels", "passes; FLOP time (8-bit math)", 20),
+    ("tensor parallelism", "bytes a GPU reads", 7),
+)
+
+
 def what_each_buys(L: Lesson, model, hw, dec, work: dict) -> None:
     """Section 3: one table, a row an optimisation: what it cuts, this run's figure where this lesson
     computes one, and the lesson that measures it (the course's lessons, referred back to)."""
@@ -283,44 +305,32 @@ def what_each_buys(L: Lesson, model, hw, dec, work: dict) -> None:
     own = report.fused_bytes(dec, c, 4) - W                      # a sequence's own bytes, fused, fp32
     b_star = critical_batch(dec.total_flops, W * FP16, own * FP16, a100.ridge)
     ceil = {dt: decode_ceiling(model.n_params(), dt, hw)["tokens_per_s"] for dt in ("fp32", "int4")}
-    L.say("""
+    L.say(f"""
         Every optimisation in the course cuts one of three things: the *bytes* a step moves, the
         *FLOPs* it does, or the *waiting* between useful steps. Section 2 says which a workload needs:
         a long prompt's prefill wants fewer FLOPs, a long answer's decode fewer bytes, many requests
         less waiting. Below, each optimisation with the lesson that measures it, and this run's own
-        figure where this lesson computes one (workload C: its four requests sharing one prompt).
+        figure where this lesson computes one (workload C: its {len(QUESTIONS)} requests sharing one prompt).
     """)
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     t.add_column("optimisation")
     t.add_column("cuts")
     t.add_column("this run")
     t.add_column("lesson", justify="right", no_wrap=True)
-    rows = [
-        ("batching", "bytes: a weight read shared by B tokens",
-         f"A100: compute-bound near B ≈ {b_star:,.0f}" if b_star else "A100: memory-bound at any B", "8"),
-        ("paged KV blocks", "bytes held: KV memory",
-         f"C used {used / reserved:.1%} of whole-context KV; 16-token pages held {fmt_x(paged / used)} it", "9"),
-        ("continuous batching", "waiting: a finished slot refilled", "", "9"),
-        ("prefix caching", "FLOPs: a shared prompt prefilled once",
-         f"C: {1 - after / before:.0%} fewer prefill FLOPs", "10"),
-        ("speculative decoding", "waiting: tokens a weight read", "", "11"),
-        ("GQA, windows", "bytes: KV a token", f"{fmt_bytes(caches[0].bytes_per_token())} a token here", "12"),
-        ("chunked prefill", "waiting: decode behind a prefill", "", "13"),
-        ("quantized weights", "bytes: weights",
-         f"ceiling here {ceil['fp32']:,.0f} → {ceil['int4']:,.0f} tok/s (fp32 → int4)", "14"),
-        ("mixture of experts", "bytes and FLOPs: active weights", "", "15"),
-        ("flash attention", "bytes: the T×T scores", "", "16"),
-        ("a GPU", "time: bandwidth and peak",
-         f"A100: {fmt_x(a100.bandwidth_gbs / hw.bandwidth_gbs)} this bandwidth", "17"),
-        ("latent attention", "bytes: KV a token", "", "18"),
-        ("a fixed state", "bytes: KV growing with context", "", "19"),
-        ("fused, integer kernels", "passes; FLOP time (8-bit math)", "", "20"),
-        ("tensor parallelism", "bytes a GPU reads", "below", "7"),
-    ]
-    for row in rows:
-        t.add_row(*row)
-    L.show(t, "[dim]this run: computed by this lesson from its own counts (blank: the lesson named "
-              "measures it); A100 figures in fp16, ideal fusion[/]")
+    figure = {   # this run's own figures, where this lesson computes one
+        "batching": f"A100: compute-bound near B ≈ {b_star:,.0f}" if b_star else "A100: memory-bound at any B",
+        "paged KV blocks": f"C used {used / reserved:.1%} of whole-context KV; 16-token pages held "
+                           f"{fmt_x(paged / used)} it",
+        "prefix caching": f"C: {1 - after / before:.0%} fewer prefill FLOPs",
+        "GQA, windows": f"{fmt_bytes(caches[0].bytes_per_token())} a token here",
+        "quantized weights": f"ceiling here {ceil['fp32']:,.0f} → {ceil['int4']:,.0f} tok/s (fp32 → int4)",
+        "a GPU": f"A100: {fmt_x(a100.bandwidth_gbs / hw.bandwidth_gbs)} this bandwidth",
+        "tensor parallelism": "below",
+    }
+    for name, cuts, number in OPTIMISATIONS:
+        t.add_row(name, cuts, figure.get(name, ""), str(number))
+    L.show(t, "[dim]this run: computed here from this run's counts and this machine's figures (blank: "
+              "the lesson named measures it); A100 figures in fp16, ideal fusion[/]")
     L.claim(after < before, f"prefix caching cut the prefill FLOPs of workload C by {1 - after / before:.0%}")
     L.claim(logit_gap < 1e-3, f"and gives the same logits as prefilling the whole prompt (largest difference "
                               f"{logit_gap:.1e})")
