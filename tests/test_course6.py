@@ -128,6 +128,20 @@ def test_lesson_14_splits_into_formats_and_kernels():
     assert "Lesson 14" in inspect.getsource(m20.measure) and "Lesson 20 builds on" in inspect.getsource(m14)
 
 
+
+def test_the_readmes_lesson_list_names_every_lesson_with_its_minutes():
+    """The README's list follows the lessons discovered (a split or a new lesson gets its line), each
+    with the minutes it announces."""
+    from pathlib import Path
+
+    from minillm.cli import learn
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    entries = {int(line[4:6]): line for line in readme.splitlines() if line.startswith("- **") and line[4:6].isdigit()}
+    for info in learn.discover():
+        assert info.number in entries, info.number
+        assert f"** (~{info.minutes} min" in entries[info.number], (info.number, info.minutes)
+
+
 # -- list 4: a compile never timed as a step ----------------------------------------------------------
 
 def test_the_warm_up_reaches_the_decode_kernel_past_short_decode(monkeypatch):
