@@ -23,7 +23,7 @@ from minillm.ui import report
 
 TITLE = "Diagnose your bottleneck"
 MINUTES = 13  # 2,505 words printed (a fast run) at 200 a minute
-WHAT_YOU_WILL_SEE = "the roofline, which phase dominates three workloads, what each optimization buys"
+WHAT_YOU_WILL_SEE = "the roofline, which phase dominates three workloads, what each optimization cuts"
 
 SYSTEM = ("You are a helpful assistant who answers every question in the manner of William Shakespeare. "
           "Answer briefly, in verse when you can, and never break character. Address the user as 'good "

@@ -635,7 +635,7 @@ def fast_from_env() -> bool:
 def _reference_kernels() -> Iterator[None]:
     """While a lesson runs, the models it loads compute with the NumPy kernels, the reference the
     lessons count and explain (MINILLM_KERNELS=numpy: minillm.load's default). A lesson that shows
-    the fused kernels asks for them by name (`minillm.load(..., kernels="fused")`: lessons 14, 16)."""
+    the fused kernels asks for them by name (`minillm.load(..., kernels="fused")`: lessons 20, 16)."""
     from minillm.models.kernel_sets import ENV
     old = os.environ.get(ENV)
     os.environ[ENV] = "numpy"
