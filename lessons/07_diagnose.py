@@ -15,16 +15,15 @@ from rich.table import Table
 
 import minillm
 from minillm.models.gpt2 import GPT2_SIZES as MODELS
-from minillm.lessons._common import (Lesson, bar_chart, faster_words, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural,
-                                     roofline_plot, run_lesson, time_interleaved)
+from minillm.lessons._common import (Lesson, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural, roofline_plot,
+                                     run_lesson)
 from minillm import closeness
-from minillm.measure.batching import run_batch_bench
 from minillm.measure.chips import CHIPS, decode_ceiling, roofline
 from minillm.ui import report
 
 TITLE = "Diagnose your bottleneck"
-MINUTES = 17  # 3,368 words printed (a fast run) at 200 a minute
-WHAT_YOU_WILL_SEE = "the roofline, which phase dominates three workloads, what each optimization buys"
+MINUTES = 13  # 2,505 words printed (a fast run) at 200 a minute
+WHAT_YOU_WILL_SEE = "the roofline, which phase dominates three workloads, what each optimization cuts"
 
 SYSTEM = ("You are a helpful assistant who answers every question in the manner of William Shakespeare. "
           "Answer briefly, in verse when you can, and never break character. Address the user as 'good "
@@ -72,13 +71,7 @@ def lesson(L: Lesson) -> None:
     L.pause()
     work = which_phase_dominates(L, model, hw, rng)
     L.pause()
-    caches = prefix_caching(L, model, hw, work)
-    L.pause()
-    kv_cache_management(L, model, caches, len(work["sys_ids"]))
-    L.pause()
-    batching(L, model, dec, hw)
-    L.pause()
-    quantization(L, model, hw)
+    what_each_buys(L, model, hw, dec, work)
     L.pause()
     on_a_gpu(L)
     L.pause()
@@ -88,7 +81,8 @@ def lesson(L: Lesson) -> None:
 def intro(L: Lesson, model, hw) -> None:
     L.say(f"""
         The article closes with a diagnosis guide: find out **which phase** your workload spends its time
-        in, then pick the optimization that attacks **that** phase. This lesson does it with numbers, on
+        in, then pick the optimization that attacks **that** phase. The other lessons each measure one
+        optimization; this one asks which of them a workload needs. It does it with numbers, on
         `{escape(model.name)}` and on this machine ({hw.bandwidth_gbs:,.1f} GB/s, {hw.peak_gflops:,.0f} GFLOP/s,
         ridge {hw.ridge:.3g} FLOP/byte), beside two GPUs whose published figures minillm carries.
 
@@ -266,119 +260,94 @@ def which_phase_dominates(L: Lesson, model, hw, rng) -> dict:
             "results": results, "sys_ids": sys_ids}
 
 
-def prefix_caching(L: Lesson, model, hw, work: dict) -> list:
-    L.section("3a. Prefix caching: compute a shared prompt once")
-    mc, n_answer, plain_answers = work["mc"], work["n_answer"], work["plain_answers"]
-    q_ids, sys_ids = work["q_ids"], work["sys_ids"]
-    L.say(f"""
-        Workload C sends the same {len(sys_ids)}-token system prompt with every question, and each request
-        prefilled it again. With **prefix caching** a server keeps the KV cache of the shared prefix and
-        prefills only each request's new tokens. A real server (vLLM, SGLang) shares the prefix's KV
-        blocks by reference and copies at most a partly filled last block; the contiguous `KVCache`
-        below copies the prefix with `fork()`, the simple version (lesson 10 shows the real one).
-        `model.prefill(ids, cache)` continues a cache that already holds tokens.
+# Every optimisation the course measures: what it cuts (bytes, FLOPs or waiting) and the lesson that
+# measures it. Lesson 7 comes last in its track and refers back to each (tests: every lesson of the
+# other tracks has a row).
+OPTIMISATIONS = (
+    ("batching", "bytes: a weight read shared by B tokens", 8),
+    ("paged KV blocks", "bytes held: KV memory", 9),
+    ("continuous batching", "waiting: a finished slot refilled", 9),
+    ("prefix caching", "FLOPs: a shared prompt prefilled once", 10),
+    ("speculative decoding", "waiting: tokens a weight read", 11),
+    ("GQA, windows", "bytes: KV a token", 12),
+    ("chunked prefill", "waiting: decode behind a prefill", 13),
+    ("quantized weights", "bytes: weights", 14),
+    ("mixture of experts", "bytes and FLOPs: active weights", 15),
+    ("flash attention", "bytes: the T×T scores", 16),
+    ("a GPU", "time: bandwidth and peak", 17),
+    ("latent attention", "bytes: KV a token", 18),
+    ("a fixed state", "bytes: KV growing with context", 19),
+    ("fused, integer kernels", "passes; FLOP time (8-bit math)", 20),
+    ("tensor parallelism", "bytes a GPU reads", 7),
+)
 
-        ```python
-        _, base = model.prefill(system_ids)                 # once
-        for q in questions:
-            cache = base.fork()                     # the prefix's keys and values
-            logits, cache = model.prefill(q, cache)         # only the question
-            ...decode_step(token, cache) as before
-        ```
-    """)
-    caches, cached_answers = [], []
-    with L.status("C again, with the system prompt's KV cache computed once…"):
+
+def what_each_buys(L: Lesson, model, hw, dec, work: dict) -> None:
+    """Section 3: one table, a row an optimisation: what it cuts, this run's figure where this lesson
+    computes one, and the lesson that measures it (the course's lessons, referred back to)."""
+    L.section("3. What each optimisation buys, and the lesson that measures it")
+    c = model.config
+    q_ids, sys_ids = work["q_ids"], work["sys_ids"]
+    with L.status("C again, its system prompt's KV cache computed once…"):
         with minillm.Meter() as mp:
-            _, base = model.prefill(sys_ids)
-            for q in q_ids:
-                cache = base.fork()
-                logits, cache = model.prefill(q, cache)
-                out = [minillm.sample(logits)]
-                for _ in range(n_answer - 1):
-                    out.append(minillm.sample(model.decode_step(out[-1], cache)))
-                cached_answers.append(out)
-                caches.append(cache)
-    full_logits, _ = model.prefill(sys_ids + q_ids[-1])                  # the whole prompt at once
+            _, base = model.prefill(sys_ids)                       # the shared prefix, once
+            caches = [model.prefill(q, base.fork())[1] for q in q_ids]
+    full_logits, _ = model.prefill(sys_ids + q_ids[-1])          # the whole prompt at once
     part_logits, _ = model.prefill(q_ids[-1], base.fork())       # the question after the cached prefix
     logit_gap = float(np.abs(full_logits - part_logits).max())
-    before, after = phases(mc, hw, model)["prefill"], phases(mp, hw, model)["prefill"]
-    def with_prefix():
-        _, shared = model.prefill(sys_ids)            # the prefix once, in the time as in the FLOPs
-        return [model.prefill(q, shared.fork()) for q in q_ids]
-
-    with L.status("timing both ways of prefilling C's prompts, in turns…"):
-        times = time_interleaved({
-            "full": lambda: [model.prefill(sys_ids + q) for q in q_ids],
-            "prefix": with_prefix,
-        }, L.rounds())
-    t = Table(header_style="bold")
-    for col in ("", "prefill calls", "tokens", "FLOPs", "bytes", "time"):
-        t.add_column(col, justify="left" if not col else "right", no_wrap=bool(col))
-    t.add_row("every request prefills everything", str(before["steps"]), f"{before['tokens']:,}",
-              fmt_flops(before["flops"]), fmt_bytes(before["bytes"]), times["full"].short())
-    t.add_row("prefix computed once", str(after["steps"]), f"{after['tokens']:,}", fmt_flops(after["flops"]),
-              fmt_bytes(after["bytes"]), times["prefix"].short())
-    L.show(t)
-    L.timing_note()
-    said = faster_words(times["prefix"], times["full"], "the prefix computed once", "prefilling everything")
-    L.say(f"""
-        Both rows count and time the same work: the second includes the prefix's own prefill, done once.
-        Timed in turns, {said}. Time
-        follows FLOPs only partly: every prefill call reads all the weights once, whatever its length,
-        so short prefills gain less than their FLOPs suggest. The saving grows with the length of the
-        shared prefix.
-    """)
-    L.claim(after["flops"] < before["flops"],
-            f"prefix caching cut the prefill FLOPs of workload C by {1 - after['flops'] / before['flops']:.0%}")
-    L.claim(logit_gap < 1e-3, f"and gives the same logits as prefilling the whole prompt (largest difference {logit_gap:.1e})")
-    L.busy_note()
-    same = sum(a == b for a, b in zip(plain_answers, cached_answers))
-    L.say(f"""
-        Same answers: {same} of {len(q_ids)} requests generated identical tokens both ways. Prefix caching attacks
-        **prefill**: the decode steps that follow do the same FLOPs. It helps decode indirectly: shared
-        blocks free KV memory, so more sequences fit in a batch, and attention kernels that read a shared
-        prefix once for many sequences (cascade attention) can cut decode's KV reads too.
-    """)
-    return caches
-
-
-def kv_cache_management(L: Lesson, model, caches, n_system: int) -> None:
-    L.section("3b. KV-cache management: memory reserved vs used")
-    c = model.config
-    per_tok = caches[0].bytes_per_token()
+    before, after = work["mc"].totals("prefill").flops, mp.totals("prefill").flops
     lengths = [cache.length for cache in caches]
-    block = 16
     reserved = sum(cache.k.nbytes + cache.v.nbytes for cache in caches)
     used = sum(cache.nbytes_used() for cache in caches)
-    paged = paged_bytes(c, lengths, block, 0)                  # a real paged pool, filled to these lengths
-    shared_blocks = n_system // block
-    paged_shared = paged_bytes(c, lengths, block, n_system)  # ... the system prompt's full blocks shared
-    t = Table(header_style="bold")
-    for col in ("policy", f"KV memory for these {len(caches)} requests", "vs used", "requests per GB"):
-        t.add_column(col, justify="left" if col == "policy" else "right")
-    for name, total in ((f"whole context ({c.n_ctx}) each, KVCache", reserved),
-                        ("exactly what is used", used),
-                        (f"{block}-token pages, PagedKVPool", paged),
-                        ("pages, prefix pages shared", paged_shared)):
-        t.add_row(name, fmt_bytes(total), fmt_x(total / used), f"{1e9 / (total / len(caches)):,.0f}")
-    L.show(t)
+    paged = paged_bytes(c, lengths, 16, 0)                       # a real paged pool, 16-token blocks
+    a100 = CHIPS[GPUS[0]]
+    W = dec.bytes["weights"]
+    own = report.fused_bytes(dec, c, 4) - W                      # a sequence's own bytes, fused, fp32
+    b_star = critical_batch(dec.total_flops, W * FP16, own * FP16, a100.ridge)
+    ceil = {dt: decode_ceiling(model.n_params(), dt, hw)["tokens_per_s"] for dt in ("fp32", "int4")}
+    L.say(f"""
+        Every optimisation in the course cuts one of three things: the *bytes* a step moves, the
+        *FLOPs* it does, or the *waiting* between useful steps. Section 2 says which a workload needs:
+        a long prompt's prefill wants fewer FLOPs, a long answer's decode fewer bytes, many requests
+        less waiting. Below, each optimisation with the lesson that measures it, and this run's own
+        figure where this lesson computes one (workload C: its {len(QUESTIONS)} requests sharing one prompt).
+    """)
+    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("optimisation")
+    t.add_column("cuts")
+    t.add_column("this run")
+    t.add_column("lesson", justify="right", no_wrap=True)
+    figure = {   # this run's own figures, where this lesson computes one
+        "batching": f"A100: compute-bound near B ≈ {b_star:,.0f}" if b_star else "A100: memory-bound at any B",
+        "paged KV blocks": f"C used {used / reserved:.1%} of whole-context KV; 16-token pages held "
+                           f"{fmt_x(paged / used)} it",
+        "prefix caching": f"C: {1 - after / before:.0%} fewer prefill FLOPs",
+        "GQA, windows": f"{fmt_bytes(caches[0].bytes_per_token())} a token here",
+        "quantized weights": f"ceiling here {ceil['fp32']:,.0f} → {ceil['int4']:,.0f} tok/s (fp32 → int4)",
+        "a GPU": f"A100: {fmt_x(a100.bandwidth_gbs / hw.bandwidth_gbs)} this bandwidth",
+        "tensor parallelism": "below",
+    }
+    for name, cuts, number in OPTIMISATIONS:
+        t.add_row(name, cuts, figure.get(name, ""), str(number))
+    L.show(t, "[dim]this run: computed here from this run's counts and this machine's figures (blank: "
+              "the lesson named measures it); A100 figures in fp16, ideal fusion[/]")
+    L.claim(after < before, f"prefix caching cut the prefill FLOPs of workload C by {1 - after / before:.0%}")
+    L.claim(logit_gap < 1e-3, f"and gives the same logits as prefilling the whole prompt (largest difference "
+                              f"{logit_gap:.1e})")
     L.claim(reserved > paged >= used,
             f"the requests use {used / reserved:.1%} of what a whole-context reservation sets aside, and the "
             f"paged pool held {fmt_x(paged / used)} what they use")
-    L.fact(f"{block}-token pages waste less than one page per request: a request takes a page only when its "
-           f"last one is full ({fmt_bytes(paged - used)} here, under {len(caches)} × {fmt_bytes(block * per_tok)})")
-    if shared_blocks:
-        L.claim(paged_shared < paged, f"sharing the prefix's {plural(shared_blocks, 'full page')} saves another "
-                                      f"{fmt_bytes(paged - paged_shared)}")
-    L.say(f"""
-        Each request here holds {min(lengths)}–{max(lengths)} positions of a {c.n_ctx}-position cache. Reserving
-        the maximum per request (simple, and what the lessons' `KVCache` does) wastes most of the memory;
-        allocating the cache in small pages on demand, as vLLM's PagedAttention does and minillm's
-        `PagedKVPool` does (the page rows above are that pool's blocks in use), lets a server fit many
-        more requests in the same memory, and pages of a shared prefix can be stored once. Lesson 9
-        measures the waste over a whole workload (`minillm serve-sim --compare block-size`), lesson 10
-        what prefix sharing saves (`--compare prefix-cache`).
-    """)
+    # The ceiling's premise, checked on the engine: a step's weight bytes scale with the bytes per weight.
+    tiny = {np.dtype(dt).itemsize: minillm.load("random-tiny", dtype=dt, quiet=True) for dt in (np.float32, np.float64)}
+    read = {}
+    for size, m in tiny.items():
+        with minillm.Meter() as mm:
+            minillm.generate(m, [1, 2, 3], 2)
+        read[size] = mm.of_kind("decode")[0].bytes["weights"]
+    L.claim(read[8] == 2 * read[4] and read[4] > 0,
+            f"the engine's decode step reads weight bytes in proportion to the bytes per weight (random-tiny: "
+            f"{fmt_bytes(read[8])} in float64, {fmt_bytes(read[4])} in float32, measured)")
+    L.say(batching_words(dec.total_flops, W * FP16, own * FP16, a100.ridge, dec.attended))
 
 
 def paged_bytes(c, lengths: list[int], block: int, shared: int) -> int:
@@ -397,53 +366,6 @@ def paged_bytes(c, lengths: list[int], block: int, shared: int) -> int:
     return pool.allocator.n_used * pool.block_nbytes
 
 
-def batching(L: Lesson, model, dec, hw) -> None:
-    L.section("3c. Batching: share each read of the weights")
-    measured = L.pick([1, 4, 16], [1, 4])
-    with L.status(f"decode steps with B = {', '.join(map(str, measured))} sequences at once…"):
-        sweep = run_batch_bench(model, measured, hw, context=16, repeats=L.pick(3, 2))
-    rows = sweep["rows"]
-    one, top = rows[0], rows[-1]
-    per_seq = (top["bytes"] - one["bytes"]) / (top["batch"] - 1)       # each extra sequence's own bytes
-    per_flops = (top["flops"] - one["flops"]) / (top["batch"] - 1)
-    L.say(f"""
-        `minillm.generate_batch` and `model.step` decode **B** sequences in one step: their B tokens are B
-        rows of every product, so the weights are read once for all of them. The rows below are measured
-        with the engine at {sweep['context']}-token contexts (lesson 8 has the whole sweep); larger B are
-        projected from the meter's counts at B = {one['batch']} and {top['batch']}: a step at B = 1 moved
-        {fmt_bytes(one['bytes'])}, each further sequence added {fmt_bytes(per_seq)} and {fmt_flops(per_flops)}.
-    """)
-    # The GPU columns: the ideal fused view in fp16, from a real B = 1 decode step (`dec`, section 1).
-    W = dec.bytes["weights"]
-    own = report.fused_bytes(dec, model.config, 4) - W               # a sequence's own bytes, fused, fp32
-    a100 = CHIPS[GPUS[0]]
-    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("B", "FLOP/byte", "tok/s", "from", "bound", "A100", "A100 tok/s"):
-        t.add_column(col, justify="right", no_wrap=True)
-    inten = []
-    for B in measured + [64, 256, 1024]:
-        row = next((r for r in rows if r["batch"] == B), None)
-        nbytes, flops = (row["bytes"], row["flops"]) if row else (one["bytes"] + (B - 1) * per_seq, B * per_flops)
-        here = roofline(nbytes, flops, hw)
-        gpu = roofline((W + B * own) * FP16, B * dec.total_flops, a100)
-        inten.append(here.intensity)
-        speed, how = (f"{row['tok_s']:,.0f}", "measured") if row else (f"{B / here.seconds:,.0f}", "roofline")
-        t.add_row(str(B), f"{here.intensity:.3g}", speed, how, here.bound, gpu.bound, f"{B / gpu.seconds:,.0f}")
-    L.show(t, "[dim]B, FLOP/byte, tok/s, bound: this machine (tok/s measured, or by its roofline); A100: its "
-              "roofline's verdict and tokens/s, fp16, ideal fusion[/]")
-    L.busy_note()
-    L.claim(all(y > x for x, y in zip(inten, inten[1:])),
-            "the more sequences share a weight read, the higher the intensity (counted at the measured B)")
-    gain = top["tok_s"] / one["tok_s"]
-    L.say(f"B = {top['batch']} made {fmt_x(gain)} the tokens per second of B = 1 on this machine, measured "
-          f"({'more' if gain > 1 else 'no more'} tokens from the same weight read).")
-    L.say(batching_words(dec.total_flops, W * FP16, own * FP16, a100.ridge, dec.attended))
-    L.say("""
-        Servers batch continuously (*continuous batching*): a finished sequence leaves the batch and a
-        waiting one joins at the next step, which is also the answer to "many short requests".
-    """)
-
-
 def dominates(prefill_over_decode: float) -> str:
     """Which phase a prefill ÷ decode time ratio says takes longer (within 10%: neither)."""
     if prefill_over_decode > 1.1:
@@ -453,16 +375,22 @@ def dominates(prefill_over_decode: float) -> str:
     return "prefill about equals decode"
 
 
-def batching_words(flops: float, weight_bytes: float, own_bytes: float, ridge: float, context: int) -> str:
-    """Where decode turns compute-bound on a GPU, from one sequence's FLOPs and bytes against the ridge.
+def critical_batch(flops: float, weight_bytes: float, own_bytes: float, ridge: float) -> float | None:
+    """The batch B* where decode turns compute-bound, from one sequence's FLOPs and bytes (None: never).
 
     A step of B sequences does B·flops over weight_bytes + B·own_bytes: its intensity rises with B
     toward the cap flops ÷ own_bytes. The crossing B* = ridge·weight_bytes ÷ (flops − ridge·own_bytes)
     exists only when the cap is above the ridge; weights alone (own_bytes = 0) give ridge·b ÷ 2."""
     cap = flops / own_bytes if own_bytes else math.inf
+    return ridge * weight_bytes / (flops - ridge * own_bytes) if cap > ridge else None
+
+
+def batching_words(flops: float, weight_bytes: float, own_bytes: float, ridge: float, context: int) -> str:
+    """Where decode turns compute-bound on a GPU, in words (`critical_batch`), against the ridge."""
+    cap = flops / own_bytes if own_bytes else math.inf
     weights_only = ridge * weight_bytes / flops
-    if cap > ridge:
-        b_star = ridge * weight_bytes / (flops - ridge * own_bytes)
+    b_star = critical_batch(flops, weight_bytes, own_bytes, ridge)
+    if b_star is not None:
         return (f"On the A100 (ideal fusion, fp16) decode turns compute-bound near **B ≈ {b_star:,.0f}**: the "
                 f"weights alone would give B\\* ≈ ridge·b/2 = {weights_only:,.0f}, and each sequence's own bytes "
                 f"(KV cache at {context} positions, activations) raise it. The intensity can rise to "
@@ -474,65 +402,17 @@ def batching_words(flops: float, weight_bytes: float, own_bytes: float, ridge: f
             "attention share keys and values between heads.")
 
 
-def quantization(L: Lesson, model, hw) -> None:
-    L.section("3d. Quantization: fewer bytes per weight")
-    t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    t.add_column("weights in", no_wrap=True)
-    t.add_column("model bytes", justify="right", no_wrap=True)
-    t.add_column("ceiling here", justify="right", no_wrap=True)
-    t.add_column("ceiling, A100", justify="right", no_wrap=True)
-    ceil = {}
-    for dt in ("fp32", "fp16", "int8", "int4"):
-        here = decode_ceiling(model.n_params(), dt, hw)
-        gpu = decode_ceiling(model.n_params(), dt, GPUS[0])
-        ceil[dt] = here["tokens_per_s"]
-        t.add_row(dt, fmt_bytes(here["bytes_per_token"]), f"{here['tokens_per_s']:,.0f} tok/s", f"{gpu['tokens_per_s']:,.0f} tok/s")
-    L.show(f"[bold]{escape(model.name)}, {model.n_params():,} parameters, batch 1: chips.decode_ceiling[/]", t,
-           "[dim]ceiling: the most decode tokens/s the bytes allow at the bandwidth[/]")
-    L.show(bar_chart("Decode ceiling on this machine:", [(dt, v, f"{v:,.0f} tok/s") for dt, v in ceil.items()], style="green"))
-    # The ceiling's premise, checked on the engine: a step's weight bytes scale with the bytes per weight.
-    tiny = {np.dtype(dt).itemsize: minillm.load("random-tiny", dtype=dt, quiet=True) for dt in (np.float32, np.float64)}
-    read = {}
-    for size, m in tiny.items():
-        with minillm.Meter() as mm:
-            minillm.generate(m, [1, 2, 3], 2)
-        read[size] = mm.of_kind("decode")[0].bytes["weights"]
-    L.claim(read[8] == 2 * read[4] and read[4] > 0,
-            f"the engine's decode step reads weight bytes in proportion to the bytes per weight (random-tiny: "
-            f"{fmt_bytes(read[8])} in float64, {fmt_bytes(read[4])} in float32, measured)")
-    L.say(f"""
-        The int4 row is the ceiling's formula at 4 bits a weight ({ceil['int4'] / ceil['fp32']:.0f}× float32):
-        the ideal, not measured here. Real 4-bit formats spend about 4.25-4.5 bits a weight (a scale per
-        group) and keep the KV cache and activations in 16 bits.
-
-        Quantization helps **decode** directly, because decode's time is bytes ÷ bandwidth. For prefill
-        it depends on the kind. **Weight-only** formats (GPTQ, AWQ on Marlin-style kernels: *W4A16*) turn
-        the weights back into fp16 and compute in fp16: fewer bytes, the same FLOP time, so they help
-        decode and not a long prefill (the unpacking can even slow it). llama.cpp's GGUF kernels also
-        quantize the activations to 8 bits per block and multiply integers: *W4A8* in effect. **Weights and activations** in 8 bits (*W8A8*
-        INT8, or FP8) use the tensor cores' faster 8-bit math: fewer bytes *and* faster FLOPs, so they
-        help both. Every format trades some accuracy; KV caches can be quantized too (FP8 KV).
-        Lesson 14 runs real Q8_0 and Q4_0 weights here and measures how close NumPy gets to these ceilings.
-    """)
-
-
 def on_a_gpu(L: Lesson) -> None:
-    L.section("Beyond this machine: diagnosing a GPU")
+    L.section("Beyond this machine: one GPU, then several")
     h100 = CHIPS["h100-sxm"]
     big = decode_ceiling(70e9, "fp16", h100)
     L.say(f"""
-        minillm measures its own steps. On a GPU, the same questions have their own tools:
+        On a GPU the questions are the same and lesson 17 asks them: each step's % BW and % peak
+        there are what GPU people call MBU and MFU. (`nvidia-smi dmon`'s sm% and mem% are the share of
+        time a kernel ran or memory was busy, not of the peak used: a memory-bound decode can show sm
+        100%.) Lesson 17 stays on one GPU; below, what splitting a model over several costs.
 
-        - **MBU and MFU** (model bandwidth and FLOP utilisation): bytes a step must move ÷ its time ÷ the
-          datasheet bandwidth, and FLOPs ÷ time ÷ peak. They are this project's "% BW" and "% of peak".
-        - `nvidia-smi dmon -s u` shows *sm%* and *mem%*: the share of time **any** kernel ran and the
-          share of time memory was read or written, not the share of FLOPs or bandwidth used; a
-          memory-bound decode can show sm 100%. (`-s p` is power and temperature, not bandwidth.)
-          DCGM's DRAM-active metric and Nsight Compute give real bandwidth use.
-        - The serving engine's own metrics (vLLM's `/metrics`, minillm's too): time to first token,
-          time between tokens, batch size, KV blocks in use.
-
-        A model that does not fit one GPU: 70B parameters in fp16 are {big['gb_per_token']:.0f} GB, more
+        70B parameters in fp16 are {big['gb_per_token']:.0f} GB, more
         than an 80 GB H100 holds, so `minillm hardware --chip h100 --params 70B` prints a ceiling
         ({big['tokens_per_s']:.0f} tokens/s) no single H100 can run. **Tensor parallelism** splits every
         weight matrix over n GPUs: each reads 1/n of the weights per step, so the ceiling becomes n ×
@@ -589,18 +469,17 @@ def the_diagnosis(L: Lesson, dec, hw, results) -> None:
           with fused kernels, past about the chip's ridge in tokens ({CHIPS['a100-80gb'].ridge:.0f} on an A100),
           sooner on this CPU (ridge {hw.ridge:.2g}). In this run, A's prefill did
           {a['prefill']['flops'] / (a['prefill']['flops'] + a['decode']['flops']):.0%} of the FLOPs.
-          What helps: more FLOP/s (8-bit math: W8A8, FP8), prefix caching when prompts repeat, fewer
-          prompt tokens, several GPUs (tensor parallelism). Separate prefill machines (disaggregation) do
-          not make a prefill cheaper: they stop it stalling others' decode, and let each phase be
-          provisioned and parallelised on its own.
+          What helps: more FLOP/s (8-bit math: W8A8, FP8; lesson 20), prefix caching when prompts
+          repeat (10), fewer prompt tokens, several GPUs (tensor parallelism). Separate prefill machines
+          (disaggregation, 13) do not make a prefill cheaper: they stop it stalling others' decode.
         - **Long answers** → *decode*, which waits on memory. B's decode moved
           {b_['decode']['bytes'] / (b_['prefill']['bytes'] + b_['decode']['bytes']):.0%} of the bytes, at
-          {dec.intensity:.2g} FLOP/byte. What helps: more bandwidth, quantization, batching, a lean KV cache,
-          speculative decoding.
+          {dec.intensity:.2g} FLOP/byte. What helps: more bandwidth (17), quantization (weight-only
+          or not, 14), batching (8), a lean KV cache (12, 18, 19), speculative decoding (11).
         - **Many short requests** → the weights are read again for every request's every step. C made
           {cc['decode']['steps']} decode steps, each reading {fmt_bytes(W)} of weights, and prefilled the same
-          system prompt {len(QUESTIONS)} times. What helps: continuous batching, prefix caching, paged KV memory
-          so more requests fit.
+          system prompt {len(QUESTIONS)} times. What helps: continuous batching and paged KV memory (9),
+          prefix caching (10).
     """)
     L.takeaway("""
         When someone says an inference engine is faster, ask: **faster at prefill or at decode?** Did it

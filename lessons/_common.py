@@ -117,6 +117,8 @@ def fall_words(time_ratio: float, work_ratio: float, what: str = "time") -> str:
 
 
 GPUS = ("a100-80gb", "h200", "h100-sxm")     # the data-centre GPUs the lessons compare with
+QUANT_SHOWN = ("float32", "q8_0", "q4_0")    # the weights lessons 14 and 20 load and compare
+NVFP4_BLOCK = 16          # NVFP4: 16 E2M1 values share one E4M3 scale (and a float32 scale per tensor)
 
 
 def gpu_ridge_range() -> str:
@@ -633,7 +635,7 @@ def fast_from_env() -> bool:
 def _reference_kernels() -> Iterator[None]:
     """While a lesson runs, the models it loads compute with the NumPy kernels, the reference the
     lessons count and explain (MINILLM_KERNELS=numpy: minillm.load's default). A lesson that shows
-    the fused kernels asks for them by name (`minillm.load(..., kernels="fused")`: lessons 14, 16)."""
+    the fused kernels asks for them by name (`minillm.load(..., kernels="fused")`: lessons 20, 16)."""
     from minillm.models.kernel_sets import ENV
     old = os.environ.get(ENV)
     os.environ[ENV] = "numpy"

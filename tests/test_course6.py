@@ -95,6 +95,53 @@ def test_each_lesson_names_the_next_of_its_track():
     assert "Next in the serving track: `minillm learn 10`" in next_words(9)
 
 
+def test_lesson_7_is_the_capstone_and_its_table_refers_back_to_every_other_track():
+    """Lesson 7's sections 3a-3d (a trailer for lessons not yet taught) became one table: what each
+    optimisation cuts and the lesson that measures it. It comes last in its track, and every lesson of
+    the tracks beyond the core has a row, each naming a lesson that exists."""
+    import importlib
+
+    from minillm.cli import learn
+    m7 = importlib.import_module("minillm.lessons.07_diagnose")
+    named = {n for _, cuts, n in m7.OPTIMISATIONS}
+    assert all(cuts.split(":")[0].split()[0] in ("bytes", "FLOPs", "waiting", "passes;", "time") for _, cuts, _ in
+               m7.OPTIMISATIONS)
+    others = {n for t in learn.TRACKS if t.name != "core" for n in t.lessons} - {7}
+    assert others <= named and named <= {i.number for i in learn.discover()}
+    assert learn.find_track("hardware").lessons[-1] == 7
+
+
+def test_lesson_14_splits_into_formats_and_kernels():
+    """Lesson 14 (17 minutes) split: 14 keeps formats, bytes and quality; 20 takes the fused and integer
+    kernels and the math's precision, says it builds on 14, and follows it in the kernels track."""
+    import importlib
+    import inspect
+
+    from minillm.cli import learn
+    from minillm.lessons._common import next_words
+    assert learn.find_track("kernels").lessons == (14, 20, 16)
+    assert "`minillm learn 20`" in next_words(14) and "`minillm learn 16`" in next_words(20)
+    m14 = importlib.import_module("minillm.lessons.14_quantization")
+    m20 = importlib.import_module("minillm.lessons.20_quantized_kernels")
+    for moved in ("fused", "integers", "ridge_and_format", "reach_words", "scale_errors"):
+        assert hasattr(m20, moved) and not hasattr(m14, moved), moved
+    assert "Lesson 14" in inspect.getsource(m20.measure) and "Lesson 20 builds on" in inspect.getsource(m14)
+
+
+
+def test_the_readmes_lesson_list_names_every_lesson_with_its_minutes():
+    """The README's list follows the lessons discovered (a split or a new lesson gets its line), each
+    with the minutes it announces."""
+    from pathlib import Path
+
+    from minillm.cli import learn
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    entries = {int(line[4:6]): line for line in readme.splitlines() if line.startswith("- **") and line[4:6].isdigit()}
+    for info in learn.discover():
+        assert info.number in entries, info.number
+        assert f"** (~{info.minutes} min" in entries[info.number], (info.number, info.minutes)
+
+
 # -- list 4: a compile never timed as a step ----------------------------------------------------------
 
 def test_the_warm_up_reaches_the_decode_kernel_past_short_decode(monkeypatch):
@@ -220,17 +267,21 @@ def test_lesson_8_prices_the_batch_invariant_set_by_the_verdict_rule(capsys):
     assert any(w in said for w in ("no winner (", ": slower, ", ": faster, "))
 
 
-# -- list 3: lesson 14's two Q8_0 figures ------------------------------------------------------------
+# -- list 3: lesson 14's two Q8_0 figures (the kernels now lesson 20's) -------------------------------
 
-def test_lesson_14_measures_every_kernel_set_once_so_a_figure_is_one_measurement():
-    """Lesson 14 showed fused Q8_0 at 110.7 tok/s, then 50.7 in the next table: two measurements. One
-    run now holds every kernel set (numpy, fused, int8) in the same rounds, and section 6 reuses it."""
+def test_lesson_20_measures_every_kernel_set_once_so_a_figure_is_one_measurement():
+    """Lesson 14 showed fused Q8_0 at 110.7 tok/s, then 50.7 in the next table: two measurements. The
+    kernels moved to lesson 20, where one run holds every kernel set (numpy, fused, int8) in the same
+    rounds and the integer section reuses it; lesson 14 measures NumPy's alone, once."""
     import importlib
     import inspect
-    m = importlib.import_module("minillm.lessons.14_quantization")
+    m = importlib.import_module("minillm.lessons.20_quantized_kernels")
     assert inspect.getsource(m).count("run_quant_bench(") == 1
-    assert "int8" in inspect.getsource(m.bytes_and_speed)
+    assert "int8" in inspect.getsource(m.measure)
     assert "run_quant_bench" not in inspect.getsource(m.integers)
+    assert "run_quant_bench" not in inspect.getsource(m.fused)
+    m14 = importlib.import_module("minillm.lessons.14_quantization")
+    assert inspect.getsource(m14).count("run_quant_bench(") == 1
 
 
 # -- list 4: diagnose's batched table counts the answer's KV ----------------------------------------
@@ -326,14 +377,14 @@ def test_qwen35_state_is_sized_in_float32_as_released():
     assert state_bytes(plain, 2) == plain["state_values"] * 2
 
 
-# -- the review's lesson 14 items: E24, C24, W26 -------------------------------------------------------
+# -- the review's lesson 14 items: E24, C24, W26 (the kernels now lesson 20's) --------------------------
 
-def test_lesson_14_says_which_set_quantized_weights_get_and_reads_a_ratio_past_the_bytes(monkeypatch):
+def test_lesson_20_says_which_set_quantized_weights_get_and_reads_a_ratio_past_the_bytes(monkeypatch):
     import importlib
 
     from minillm.models import target
     from minillm.models.kernel_sets import ENV
-    m = importlib.import_module("minillm.lessons.14_quantization")
+    m = importlib.import_module("minillm.lessons.20_quantized_kernels")
     monkeypatch.setenv(ENV, "numpy")                             # as inside a lesson
     said = m.default_words()                                     # E24: the learner's default, not the lesson's
     monkeypatch.delenv(ENV)
@@ -531,14 +582,14 @@ def test_x33_an_outlier_coarsens_only_its_block_with_a_scale_per_block():
     channels' error is about ten times smaller per block, and the paragraph prints both, from
     scale_errors, beside the formats table's Q8_0 and NVFP4 rows."""
     import inspect
-    m14 = _lesson("14_quantization")
-    e = m14.scale_errors()
+    m20 = _lesson("20_quantized_kernels")             # the integer section moved from lesson 14 to 20
+    e = m20.scale_errors()
     assert e["block_size"] == 32 and e["block"] < 0.02 and e["row"] > 5 * e["block"]
-    flat = m14.scale_errors(outlier=1.0)                               # no outlier: the two ways agree closely
+    flat = m20.scale_errors(outlier=1.0)                               # no outlier: the two ways agree closely
     assert flat["row"] < 2 * flat["block"]
-    src = inspect.getsource(m14.where_the_scale_sits)
+    src = inspect.getsource(m20.where_the_scale_sits)
     assert "scale_errors()" in src and "Q8_0" in src and "NVFP4" in src and "SmoothQuant" in src
-    assert "where_the_scale_sits(L, ppl)" in inspect.getsource(m14.integers)
+    assert "where_the_scale_sits(L, ppl)" in inspect.getsource(m20.integers)
 
 
 def test_x32_cross_layer_sharing_is_among_the_ways_to_a_smaller_cache():

@@ -493,9 +493,9 @@ def test_lesson_16s_claims_fail_when_fused_attention_counts_scores_or_the_recurr
     assert "did not hold" in capsys.readouterr().out
 
 
-def test_lesson_14s_fused_claim_fails_when_the_fused_product_counts_a_scratch(monkeypatch, capsys):
-    """Lesson 14's fused half: a fused quantized product that reports a widening buffer (as NumPy's
-    does) is not what the kernel reads, and fails the lesson."""
+def test_lesson_20s_fused_claim_fails_when_the_fused_product_counts_a_scratch(monkeypatch, capsys):
+    """Lesson 20 (lesson 14's fused half): a fused quantized product that reports a widening buffer (as
+    NumPy's does) is not what the kernel reads, and fails the lesson."""
     from minillm import kernels
     if not kernels.available():
         pytest.skip(kernels.status().reason)
@@ -503,7 +503,7 @@ def test_lesson_14s_fused_claim_fails_when_the_fused_product_counts_a_scratch(mo
     real = FusedQuant.counts
     monkeypatch.setattr(FusedQuant, "counts", lambda self, T, itemsize=4: {
         **real(self, T, itemsize), "scratch": 4 * self.n_in})
-    assert _lesson(14).main(["--fast", "--no-pause"]) == 1
+    assert _lesson(20).main(["--fast", "--no-pause"]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "did not hold" in out and "what a fused decode step reads" in out.split("did not hold")[1]
 

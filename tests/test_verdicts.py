@@ -163,8 +163,8 @@ def test_lesson_7_names_the_phase_that_takes_longer_and_calls_a_near_tie_one():
     assert dominates(1.05) == dominates(0.95) == "prefill about equals decode"
 
 
-def test_lesson_14_measures_a_speedup_against_the_byte_ratio_that_bounds_it():
-    reach = _lesson(14).reach_words
+def test_lesson_20_measures_a_speedup_against_the_byte_ratio_that_bounds_it():
+    reach = _lesson(20).reach_words
     assert reach(3.5, 3.7) == "the byte ratio reached (within 10%)"
     assert reach(2.0, 4.0) == "50% of the byte ratio"
     assert reach(0.5, 3.7).startswith("no gain at all from the bytes, 14%")

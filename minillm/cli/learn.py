@@ -57,9 +57,9 @@ TRACKS = (
     Track("models", "fewer bytes a token: GQA and windows, latent attention, a fixed state, experts",
           (12, 18, 19, 15), "core (the KV cache, 5; memory traffic, 6)"),
     Track("kernels", "fewer bytes and passes: quantized weights and their kernels, flash attention",
-          (14, 16), "core (memory traffic and the roofline, 6)"),
-    Track("hardware", "one workload diagnosed, then the same regimes on a GPU",
-          (7, 17), "core (the roofline, 6); 7 points into every other track"),
+          (14, 20, 16), "core (memory traffic and the roofline, 6); 20 builds on 14"),
+    Track("hardware", "the same regimes on a GPU, then one workload diagnosed: which lessons it needs",
+          (17, 7), "core (the roofline, 6); 7 last: it refers back to every other track"),
 )
 
 
