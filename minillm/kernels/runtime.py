@@ -26,8 +26,9 @@ def _wide_vectors() -> None:
     28.7 GB/s against 53%; its 154 MB head 8.5 (6.7-9.0) against 10.0 ms (8.7-11.7), faster in each
     of the six pairs. The integer kernels write their 512-bit vectors explicitly: the same speed
     either way (SmolLM2's 120 Q4_1 products 7.8 against 7.7 ms). numba reads
-    NUMBA_CPU_FEATURES when it first compiles; a NUMBA_CPU_NAME or NUMBA_CPU_FEATURES of the
-    user's wins (the seam test pins NUMBA_CPU_NAME=znver4: its saved bits are untouched)."""
+    NUMBA_CPU_FEATURES when it is imported (minillm.kernels imports this module first; numba
+    imported before it keeps its own target); a NUMBA_CPU_NAME or NUMBA_CPU_FEATURES of the user's
+    wins (the seam test pins NUMBA_CPU_NAME=znver4: its saved bits are untouched)."""
     if os.environ.get("NUMBA_CPU_NAME") or "NUMBA_CPU_FEATURES" in os.environ:
         return
     try:
