@@ -4,6 +4,7 @@ the reason is said once."""
 from __future__ import annotations
 
 import os
+import sys
 
 # numba's OpenMP pool spins after each parallel kernel, waiting for the next; on a 2-core machine that
 # spin took the cores from the BLAS products and NumPy operations between kernels (a SmolLM2 prefill of
@@ -26,9 +27,10 @@ def _wide_vectors() -> None:
     28.7 GB/s against 53%; its 154 MB head 8.5 (6.7-9.0) against 10.0 ms (8.7-11.7), faster in each
     of the six pairs. The integer kernels write their 512-bit vectors explicitly: the same speed
     either way (SmolLM2's 120 Q4_1 products 7.8 against 7.7 ms). numba reads
-    NUMBA_CPU_FEATURES when it is imported (minillm.kernels imports this module first; numba
-    imported before it keeps its own target); a NUMBA_CPU_NAME or NUMBA_CPU_FEATURES of the user's
-    wins (the seam test pins NUMBA_CPU_NAME=znver4: its saved bits are untouched)."""
+    NUMBA_CPU_FEATURES when it is imported and makes its target at its first compile: both are
+    set here (a numba that has compiled already keeps its target); a NUMBA_CPU_NAME or
+    NUMBA_CPU_FEATURES of the user's wins (the seam test pins NUMBA_CPU_NAME=znver4: its saved bits
+    are untouched)."""
     if os.environ.get("NUMBA_CPU_NAME") or "NUMBA_CPU_FEATURES" in os.environ:
         return
     try:
@@ -38,6 +40,9 @@ def _wide_vectors() -> None:
         return
     if features.get("avx512f"):
         os.environ["NUMBA_CPU_FEATURES"] = features.flatten() + ",-prefer-256-bit"
+        config = sys.modules.get("numba.core.config")    # numba imported first: its setting read already
+        if config is not None:
+            config.CPU_FEATURES = os.environ["NUMBA_CPU_FEATURES"]
 
 
 _wide_vectors()
