@@ -35,6 +35,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+_GIVEN_ENV = dict(os.environ)   # before minillm's kernels set numba's target here: each --trees worker's own
+                                # minillm chooses it (a tree before or after a change of it)
+
 import numpy as np
 
 
@@ -199,7 +202,7 @@ def _trees(a, batches, argv, gbs: float, where: str) -> int:
     workers, ready = [], []
     try:
         for t in trees:
-            env = {**os.environ, "PYTHONPATH": str(t)}
+            env = {**_GIVEN_ENV, "PYTHONPATH": str(t)}
             workers.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *args, "--worker",
                                              "--bandwidth", str(gbs)], cwd=str(t), env=env,
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))

@@ -108,6 +108,64 @@ def test_int8_decode_in_a_batched_pool_is_alone_in_a_contiguous_cache(family, we
             assert np.array_equal(batched[t][i], want), f"step {t}, sequence of {p.size}, block size {bs}"
 
 
+def test_alone_and_batched_the_decode_runs_one_compiled_kernel(monkeypatch):
+    """The int8 set's decode alone over a contiguous cache and batched over a pool give each fused
+    kernel the same argument types: numba compiles (and caches on disk) one machine code per type
+    signature, a read-only array being another type, and two copies of a kernel with reassociated
+    sums agree only while LLVM compiles them alike (not under other CPU features: a disk cache
+    written with another vector width). One copy for both: the same bits by construction."""
+    import numba
+    from minillm.cache.paged import PagedKVPool
+    from minillm.kernels import _numba as K
+    seen = {}
+
+    def record(phase, name, kernel):
+        def call(*args):
+            seen.setdefault((phase[0], name), set()).add(tuple(numba.typeof(a) for a in args))
+            return kernel(*args)
+        return call
+
+    phase = ["batched"]
+    for name, kernel in list(vars(K).items()):
+        if isinstance(kernel, numba.core.dispatcher.Dispatcher):
+            monkeypatch.setattr(K, name, record(phase, name, kernel))
+    for family in ("gpt2", "llama"):
+        model = build(family, "q8_0", "int8", 0)
+        prompts = [np.arange(n) % 96 for n in (3, 300)]                 # one chunk of keys, and two
+        pool = PagedKVPool(model.config, 40, 16)
+        caches = [pool.sequence() for _ in prompts]
+        for p, c in zip(prompts, caches):
+            model.prefill(p, c)
+        phase[0] = "batched"
+        for c in caches:
+            c.reserve(1)
+        model.step([(np.array([5]), c) for c in caches])
+        phase[0] = "alone"
+        for p in prompts:
+            alone = model.new_cache()
+            model.prefill(p, alone)
+            model.decode_step(5, alone)
+    assert ("alone", "paged_decode_attention") in seen and ("batched", "paged_decode_attention") in seen, seen.keys()
+    for (where, name), sigs in seen.items():
+        if where == "alone" and ("batched", name) in seen and name not in ELEMENTWISE:
+            both = sigs | seen["batched", name]
+            assert len(both) == 1, f"{name}: {len(both)} compiled copies for one step, alone and batched: {both}"
+    # rope: q and k, one row alone, are C-contiguous; a batch's are a view of the qkv product. No sum
+    # to reorder (each output its own two products): its two copies compared bit for bit here.
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((5, 9, 64), dtype=np.float32) * 10
+    strided = base[:, :6].transpose(1, 0, 2)                            # [6, 5, 64], a view
+    angle = rng.standard_normal((5, 32)).astype(np.float32) * 100
+    cos, sin = np.cos(angle), np.sin(angle)
+    y_view, y_rows = np.empty((6, 5, 64), np.float32), np.empty((6, 5, 64), np.float32)
+    K.rope(strided, cos, sin, y_view)
+    K.rope(np.ascontiguousarray(strided), cos, sin, y_rows)
+    assert np.array_equal(y_view, y_rows)
+
+
+ELEMENTWISE = {"rope"}      # kernels whose outputs are each computed alone, no sum (checked above)
+
+
 # the sets whose tokens in a batch are their tokens alone (numpy: tests/test_batch.py's random models)
 CLAIMS = ["int8", "batch-invariant"]
 

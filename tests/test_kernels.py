@@ -506,3 +506,40 @@ def test_fused_gelu_equals_numpy_at_extreme_values(values):
     assert not bad.any(), (x[~nan][bad], f[bad], r[bad])
     neg_zero = (r == 0) & np.signbit(r) & (x[~nan] < -1)
     assert (f[neg_zero] <= 0).all() and np.signbit(f[neg_zero]).all(), (x[~nan][neg_zero], f[neg_zero])
+
+
+WIDTH_SCRIPT = r"""
+import os, re
+before = os.environ.get("NUMBA_CPU_FEATURES")
+import numpy as np
+FIRST
+from numba import njit
+from minillm.kernels import _numba as K
+f = njit(parallel=True, fastmath=K.FAST)(K.dense_matmul_t.py_func)    # compiled here, not from the cache
+f(np.ones((64, 768), np.float32), np.ones((1, 768), np.float32), np.empty((1, 64), np.float32))
+asm = f.inspect_asm(f.signatures[0])
+print(len(re.findall(r"vfmadd\w+\s+[^\n]*zmm", asm)), before == os.environ.get("NUMBA_CPU_FEATURES"))
+"""
+
+
+def test_the_fused_products_run_512_bits_wide_where_the_cpu_has_avx512():
+    """LLVM tunes Intel's AVX-512 CPUs to 256-bit vectors ("prefer-256-bit"); kernels/runtime.py lifts
+    that before numba compiles, so the float32 product multiplies in zmm registers here as on Zen 4;
+    a NUMBA_CPU_FEATURES of the user's is left as given."""
+    import os
+    import subprocess
+    llvm = pytest.importorskip("llvmlite.binding")
+    features = llvm.get_host_cpu_features()
+    if not features.get("avx512f"):
+        pytest.skip("this CPU has no AVX-512")
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")}
+    for first in ("import minillm.kernels.runtime", "import numba"):        # numba imported before minillm too
+        r = subprocess.run([sys.executable, "-c", WIDTH_SCRIPT.replace("FIRST", first)], capture_output=True,
+                           text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        zmm, _ = r.stdout.split()
+        assert int(zmm) > 0, (first, r.stdout)
+    own = features.flatten()
+    r = subprocess.run([sys.executable, "-c", WIDTH_SCRIPT.replace("FIRST", "")], capture_output=True, text=True,
+                       env=env | {"NUMBA_CPU_FEATURES": own}, timeout=600)
+    assert r.returncode == 0 and r.stdout.split()[1] == "True", (r.stdout, r.stderr[-3000:])

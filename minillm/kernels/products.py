@@ -25,6 +25,7 @@ from . import checks
 
 _NO_MIN = np.empty((0, 0), np.uint16)    # Q4_0 has no minimums: the kernel's m is empty
 _ONE_BLOCK = np.zeros((1, 1), np.intp)   # a contiguous cache's rows as block 0 of a one-block pool
+_ONE_BLOCK.flags.writeable = False        # read-only, as the engine's tables: see _paged_decode
 QUERY_TILE = 32       # flash attention: queries per tile (of each of a group's g heads)
 KEY_TILE = 64         # flash attention: keys per tile
 DECODE_CHUNK = 256    # paged decode: keys per work item at least (FlashDecoding's split)
@@ -140,8 +141,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
             k, v = np.ascontiguousarray(k[:, :Tk]), np.ascontiguousarray(v[:, :Tk])
             copied_k, copied_v = copied_k + 2 * k.nbytes, copied_v + 2 * v.nbytes
         S = k.shape[1]
-        K.paged_decode_attention(_f32(q), k.reshape(Hkv, 1, S, hd), v.reshape(Hkv, 1, S, hd), _ONE_BLOCK,
-                                 np.array([Tk], np.intp), out, scale, chunk)
+        _paged_decode(_f32(q), k.reshape(Hkv, 1, S, hd), v.reshape(Hkv, 1, S, hd), _ONE_BLOCK,
+                      np.array([Tk], np.intp), out, scale, chunk)
     elif Tq == 1 and Tk <= SHORT_DECODE:                  # one thread, the scores kept whole
         out = np.empty((H, 1, hd), np.float32)
         K.decode_attention_short(_f32(q), k, v, Tk, out, scale)
@@ -151,8 +152,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
         bs = PAGE if S % PAGE == 0 and v.shape[1] == S else S   # else one page: no split
         kp, vp = k.reshape(Hkv, S // bs, bs, hd), v.reshape(Hkv, S // bs, bs, hd)     # views, no copy
         table = np.arange(-(-Tk // bs), dtype=np.intp)[None]                        # [1, pages] in order
-        K.paged_decode_attention(_f32(q), kp, vp, table, np.array([Tk], np.intp), out,
-                                 scale, decode_chunk(Tk, 1, Hkv, bs))
+        _paged_decode(_f32(q), kp, vp, table, np.array([Tk], np.intp), out, scale, decode_chunk(Tk, 1, Hkv, bs))
     else:
         out = np.empty((H, Tq, hd), np.float32)
         K.flash_attention(_f32(q), k, v, Tk, out, scale, QUERY_TILE, KEY_TILE)
@@ -193,6 +193,28 @@ def paged_decode_attention(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray
     H, B, hd = q.shape
     Hkv, bs = k_pool.shape[0], k_pool.shape[2]
     out = np.empty((H, B, hd), np.float32)
-    K.paged_decode_attention(_f32(q), k_pool, v_pool, table, lengths, out, np.float32(1.0 / math.sqrt(hd)),
-                             decode_chunk(int(lengths.max()), B, Hkv, bs) if chunk is None else chunk)
+    _paged_decode(_f32(q), k_pool, v_pool, table, lengths, out, np.float32(1.0 / math.sqrt(hd)),
+                  decode_chunk(int(lengths.max()), B, Hkv, bs) if chunk is None else chunk)
     return out
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
+def _paged_decode(q, kp, vp, table, lengths, out, scale, chunk) -> None:
+    """Every call of the paged decode kernel (a contiguous cache's rows, a pool, alone or in a
+    batch) with the same argument types, so one compiled specialization runs them all. numba
+    compiles (and caches on disk) one machine code per type signature, and a read-only array is
+    another type: the engine's step passes read-only tables (models/plan.py), a contiguous cache's
+    decode passed writable ones, and the two copies of the kernel, each with fastmath's reassociated
+    sums, agreed only as long as LLVM compiled them alike. Compiled under other CPU features (the
+    256- and 512-bit vectors of kernels/runtime.py: the same keys gave other last bits in 46,591 of
+    54,208 outputs), as a disk cache written by processes with other settings can hand one
+    process, they did not: the int8 set's batched step then left `generate`'s bits, which the
+    fixed chunk is there to keep. q, kp, vp, out: C-contiguous float32 (the callers make them so);
+    table, lengths: intp, passed read-only."""
+    K.paged_decode_attention(q, kp, vp, _readonly(table), _readonly(lengths), out, scale, chunk)
