@@ -13,10 +13,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from minillm.cache.paged import PagedKVPool
-from minillm.lessons._common import Lesson, bar_chart, fmt_x, gpu_ridge_range, run_lesson
+from minillm.lessons._common import Lesson, bar_chart, fmt_x, gpu_ridge_range, roofline_clock, run_lesson
 from minillm import closeness
-from minillm.serving.disagg import run_interleaved
-from minillm.serving.metrics import engine_for, merge_rounds, serve, summarize
+from minillm.serving.metrics import serve, summarize
 from minillm.serving.workloads import WorkItem, generate_workload
 from minillm.ui.report import fmt_bytes, fmt_time
 
@@ -29,13 +28,14 @@ def lesson(L: Lesson) -> None:
     model = L.load_model(default="random-124m", fast="random-tiny")
     hw = L.machine()
     intro(L)
-    items, per_request = workload(L, model)
-    runs = policies(L, model, items, hw)
+    clock = roofline_clock(L)
+    items, per_request = workload(L, model, clock)
+    runs = policies(L, model, items, hw, clock)
     L.pause()
-    goodput(L, runs, per_request)
+    goodput(L, runs, per_request, clock)
     L.pause()
     kv_waste(L, model, runs)
-    preemption(L, model, items)
+    preemption(L, model, items, clock)
     adapters_and_grammars(L)
     L.try_it("""
         `minillm serve-sim --workload poisson --rate 4 --requests 64 --compare` is this lesson's comparison
@@ -59,8 +59,12 @@ def intro(L: Lesson) -> None:
           the others' decode tokens under a token budget per step (*chunked prefill*, from
           Sarathi-Serve; vLLM's `--enable-chunked-prefill`).
 
-        Time is the engine's own: every step really runs, and a clock advanced by each step's measured
-        duration decides which requests have arrived. So the three policies see the same arrivals.
+        Time here is **priced, not stopwatched**. Every step really runs: the tokens are real, and the
+        meter counts every byte and FLOP. But the engine's clock advances by the step's price on this
+        machine's roofline, max(bytes ÷ bandwidth, FLOPs ÷ peak), at the figures above. So the three
+        policies see the same arrivals, and a run served again, or beside other work, is the same run:
+        its verdicts cannot flip with the load. What the roofline leaves out (Python, dispatch, kernels
+        below peak) shows as the measured time beside it.
     """)
     L.pause()
     L.say("""
@@ -74,20 +78,20 @@ def intro(L: Lesson) -> None:
     """)
 
 
-def workload(L: Lesson, model) -> tuple[list[WorkItem], float]:
-    """Poisson arrivals at a rate one-at-a-time cannot keep up with: measured, not guessed."""
+def workload(L: Lesson, model, clock) -> tuple[list[WorkItem], float]:
+    """Poisson arrivals at a rate one-at-a-time cannot keep up with: priced, not guessed."""
     c = model.config
     probe = generate_workload("poisson", rate=1.0, n=3, seed=1, vocab_size=c.vocab_size, n_ctx=c.n_ctx)
     probe = [WorkItem(0.0, w.prompt, w.max_tokens) for w in probe]
     with L.status("timing a few requests alone…"):
-        r, _ = serve(model, probe, policy="sequential")
+        r, _ = serve(model, probe, policy="sequential", step_time=clock)
     per_request = r["duration_s"] / len(probe)
     rate = 3.0 / per_request
     n = L.pick(24, 16)
     items = generate_workload("poisson", rate=rate, n=n, seed=0, vocab_size=c.vocab_size, n_ctx=c.n_ctx)
     items = [WorkItem(w.arrival, w.prompt, w.max_tokens, 0.8, top_k=40, seed=i) for i, w in enumerate(items)]
     L.say(f"""
-        One request alone took about {fmt_time(per_request)} here, so one at a time serves about
+        One request alone took about {fmt_time(per_request)} on {clock.words()}, so one at a time serves about
         {1 / per_request:.2g} request{'' if f'{1 / per_request:.2g}' == '1' else 's'} a second. The workload: {n} requests arriving at **{rate:.2g} per second**
         (three times that), prompts of {min(len(w.prompt) for w in items)}-{max(len(w.prompt) for w in items)}
         tokens, answers of {min(w.max_tokens for w in items)}-{max(w.max_tokens for w in items)}, sampled at
@@ -96,26 +100,24 @@ def workload(L: Lesson, model) -> tuple[list[WorkItem], float]:
     return items, per_request
 
 
-def policies(L: Lesson, model, items, hw) -> dict:
+def policies(L: Lesson, model, items, hw, clock) -> dict:
     L.section("Three schedulers, one workload")
-    R = L.serve_rounds()
     names = ("sequential", "static", "continuous")
-    engines = {p: [engine_for(model, items, policy=p, max_seqs=8) for _ in range(R)] for p in names}
-    with L.status(f"serving {len(items)} requests three ways, {R} rounds each, step by step in turn…"):
-        run_interleaved([e for es in engines.values() for e in es])
-    runs = {p: (merge_rounds([summarize(e, p, hw) for e in es]), es) for p, es in engines.items()}
+    with L.status(f"serving {len(items)} requests three ways, step by step…"):
+        runs = {p: serve(model, items, label=p, hw=hw, policy=p, max_seqs=8, step_time=clock) for p in names}
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("policy", "tok/s", "TTFT p50", "TTFT p95", "TBT p50", "TBT p95", "batch", "steps"):
         t.add_column(col, justify="right", no_wrap=True)
     for p, (r, _) in runs.items():
         t.add_row(p, f"{r['output_tokens_per_s']:.1f}", fmt_time(r["ttft_p50_s"]), fmt_time(r["ttft_p95_s"]),
                   fmt_time(r["tbt_p50_s"]), fmt_time(r["tbt_p95_s"]), f"{r['mean_batch']:.1f}", str(r["steps"]))
-    L.show(t, f"[dim]medians of {R} rounds, every policy's steps in turn; tok/s: output tokens per second; batch: "
-              "sequences per step, on average; steps: the first round's[/]",
+    share = [r["roofline_share"] for r, _ in runs.values() if r.get("roofline_share")]
+    L.show(t, f"[dim]on {clock.words()}; tok/s: output tokens per second; batch: sequences per step, on "
+              f"average. Measured ({L.conditions()}), the model steps took {fmt_x(1 / max(share))}-"
+              f"{fmt_x(1 / min(share))} their price[/]",
            bar_chart("output tokens per second", [(p, r["output_tokens_per_s"], f"{r['output_tokens_per_s']:.1f}")
                                                      for p, (r, _) in runs.items()]))
-    L.busy_note()
-    outs = {p: [q.output for q in es[0].requests.values()] for p, (_, es) in runs.items()}
+    outs = {p: [q.output for q in e.requests.values()] for p, (_, e) in runs.items()}
     L.claim(outs["sequential"] == outs["static"] == outs["continuous"],
             f"every one of the {len(items)} requests got the same tokens under all three schedulers "
             "(its sampling stream is its own; what it is batched with does not enter)")
@@ -124,25 +126,20 @@ def policies(L: Lesson, model, items, hw) -> dict:
             f"continuous batching ran {con['steps']} steps for the {con['output_tokens']} tokens; one at a time "
             f"ran {seq['steps']}: {con['mean_batch']:.1f} sequences share each weight read on average")
     speed = con["output_tokens_per_s"] / seq["output_tokens_per_s"]
-    faster = closeness.apart(con["rounds"]["output_tokens_per_s"], seq["rounds"]["output_tokens_per_s"])
-    sooner = closeness.apart(con["rounds"]["ttft_p95_s"], sta["rounds"]["ttft_p95_s"])
+    faster = closeness.priced_apart(con["output_tokens_per_s"], seq["output_tokens_per_s"])
+    sooner = closeness.priced_apart(con["ttft_p95_s"], sta["ttft_p95_s"])
     ttft = sta["ttft_p95_s"] / con["ttft_p95_s"]
     tbt = con["tbt_p50_s"] / seq["tbt_p50_s"]
     L.say(f"""
-        Measured ({L.conditions()}): continuous batching served {fmt_x(speed)} the output tokens per second
-        of one at a time: {"more, by " + closeness.rule_words(len(con["rounds"]["output_tokens_per_s"])) +
-        ", with fewer steps sharing each weight read" if faster > 0 else "fewer, by " +
-        closeness.rule_words(len(con["rounds"]["output_tokens_per_s"])) if faster < 0 else
-        "no winner (" + closeness.why_not(con['rounds']['output_tokens_per_s'], seq['rounds']['output_tokens_per_s'])
-        + "; a busy machine can hide what sharing weight reads saves)"}.
+        Priced: continuous batching served {fmt_x(speed)} the output tokens per second
+        of one at a time: {"more, with fewer steps sharing each weight read" if faster > 0 else "fewer"
+        if faster < 0 else "no winner (within 5%)"} ({closeness.PRICED_RULE}).
 
         One at a time, requests **queue**: time to first token is mostly waiting. Static batching shares
         the weight reads, but a request that arrives while a batch runs waits for the whole batch to finish.
         Here static batching's p95 TTFT was {fmt_time(sta['ttft_p95_s'])} and continuous batching's
-        {fmt_time(con['ttft_p95_s'])} ({fmt_x(ttft)}): {"continuous admitted late arrivals sooner, ranked"
-        if sooner < 0 else "continuous was later, ranked" if sooner > 0 else "no winner (" +
-        closeness.why_not(con['rounds']['ttft_p95_s'], sta['rounds']['ttft_p95_s']) + ")"}
-        ({closeness.holds_for()}).
+        {fmt_time(con['ttft_p95_s'])} ({fmt_x(ttft)}): {"continuous admitted late arrivals sooner"
+        if sooner < 0 else "continuous was later" if sooner > 0 else "no winner (within 5%)"}.
     """)
     L.say(tbt_words(tbt, con["mean_batch"]))
     return runs
@@ -172,27 +169,22 @@ def tpot_target(runs: dict) -> tuple[float, str]:
     return 1.5 * runs[slowest][0]["tbt_p50_s"], slowest
 
 
-def goodput(L: Lesson, runs: dict, per_request: float) -> None:
+def goodput(L: Lesson, runs: dict, per_request: float, clock) -> None:
     L.section("Latency targets and goodput")
     ttft_slo = 2 * per_request
     tpot_slo, slowest = tpot_target(runs)
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("policy", "requests", "meet both", "goodput, req/s", "tok/s"):
         t.add_column(col, justify="right", no_wrap=True)
-    good, per_round, met_counts = {}, {}, {}
-    for p, (r, es) in runs.items():
-        per_round[p], met_counts[p] = [], []
-        for e in es:
-            reqs = list(e.requests.values())
-            ok = [q for q in reqs if q.ttft is not None and q.ttft <= ttft_slo
-                  and (not q.tbt or statistics.mean(q.tbt) <= tpot_slo)]
-            dur = summarize(e)["duration_s"]
-            per_round[p].append(len(ok) / dur if dur else 0.0)
-            met_counts[p].append(len(ok))
-            if e is es[0]:
-                met = len(ok)
-        good[p] = statistics.median(per_round[p])
-        t.add_row(p, str(len(reqs)), str(met), f"{good[p]:.2f}", f"{r['output_tokens_per_s']:.1f}")
+    good, met_counts = {}, {}
+    for p, (r, e) in runs.items():
+        reqs = list(e.requests.values())
+        ok = [q for q in reqs if q.ttft is not None and q.ttft <= ttft_slo
+              and (not q.tbt or statistics.mean(q.tbt) <= tpot_slo)]
+        dur = r["duration_s"]
+        good[p] = len(ok) / dur if dur else 0.0
+        met_counts[p] = [len(ok)]
+        t.add_row(p, str(len(reqs)), str(len(ok)), f"{good[p]:.2f}", f"{r['output_tokens_per_s']:.1f}")
     L.claim(any(max(c) > 0 for c in met_counts.values()),
             "at least one policy met both targets for some request: the targets separate the policies "
             "instead of failing them all")
@@ -205,8 +197,8 @@ def goodput(L: Lesson, runs: dict, per_request: float) -> None:
         Comparing systems by goodput means sweeping the request rate and finding the highest rate that
         still meets the targets (DistServe's figures; lesson 13 runs `minillm serve-sim --rates`).
     """)
-    L.show(t, f"[dim]meet both: in the first round; goodput: the median of {len(per_round['continuous'])} rounds[/]")
-    ranking = closeness.rank(per_round, higher=True, counts=met_counts)   # goodput counts requests
+    L.show(t, f"[dim]on {clock.words()}[/]")
+    ranking = closeness.rank_priced(good, higher=True)
     L.say(f"""
         {closeness.best_words(ranking, "Goodput on this run", lambda v: f"{v:.2f} requests/s")} Bigger batches
         raise throughput until each step's time pushes TPOT past its target: the batch a server should run is
@@ -249,15 +241,16 @@ def kv_waste(L: Lesson, model, runs: dict) -> None:
     L.pause()
 
 
-def preemption(L: Lesson, model, items) -> None:
+def preemption(L: Lesson, model, items, clock) -> None:
     L.section("When the blocks run out: preemption by recompute")
     c = model.config
     bs = 16
     biggest = max(-(-(len(w.prompt) + w.max_tokens) // bs) for w in items)
     blocks = biggest + 2
     with L.status(f"serving with {blocks} KV blocks…"):
-        r, e = serve(model, items, policy="continuous", max_seqs=8, num_blocks=blocks, block_size=bs)
-        roomy, e2 = serve(model, items, policy="continuous", max_seqs=8, block_size=bs)
+        r, e = serve(model, items, policy="continuous", max_seqs=8, num_blocks=blocks, block_size=bs,
+                     step_time=clock)
+        roomy, e2 = serve(model, items, policy="continuous", max_seqs=8, block_size=bs, step_time=clock)
     same = [q.output for q in e.requests.values()] == [q.output for q in e2.requests.values()]
     L.claim(r["preemptions"] > 0 and same,
             f"with {blocks} blocks ({blocks * bs} positions) the scheduler preempted {r['preemptions']} times, "
@@ -268,7 +261,7 @@ def preemption(L: Lesson, model, items) -> None:
         and the tokens it had made again, as one prompt, and continues. Its random stream was not touched,
         so it continues exactly where it was. The price is the recomputation:
         {r['prefill_tokens']:,} prompt positions ran here against {roomy['prefill_tokens']:,} with room, and a
-        throughput of {r['output_tokens_per_s']:.1f} tokens/s against {roomy['output_tokens_per_s']:.1f}.
+        throughput of {r['output_tokens_per_s']:.1f} tokens/s against {roomy['output_tokens_per_s']:.1f}, priced.
         Context {c.n_ctx}, so one request can never need more than {-(-c.n_ctx // bs)} blocks.
     """)
     L.takeaway("""

@@ -403,6 +403,7 @@ class Lesson:
     _probed: bool = False                                   # this section's timings probed the machine
     _threads_free: bool = False                             # no --threads: a busy machine may drop to one
     _stack: contextlib.ExitStack | None = None              # run_lesson's: a thread limit set mid-lesson
+    _asked_threads: int | None = None                       # the thread count asked for (or BLAS's at start)
 
     def _gap(self) -> None:
         """A blank line between a run of checked claims and what follows."""
@@ -618,6 +619,17 @@ class Lesson:
         return hw
 
 
+def roofline_clock(L: Lesson):
+    """The serving lessons' clock: each step priced on this machine's roofline (`RooflineClock`), at
+    the thread count the lesson was asked for (BLAS's own when none was), even where a busy machine
+    made the steps run on one: so a busy run prices the same steps the same and reaches the same
+    verdicts as a quiet one."""
+    from minillm.serving.metrics import RooflineClock
+    with limited(L._asked_threads):
+        hw = hardware.machine(progress=L.console.is_terminal)
+    return RooflineClock(hw)
+
+
 def add_options(parser: argparse.ArgumentParser) -> None:
     add_threads_option(parser)
     parser.add_argument("--no-pause", action="store_true", help="never wait for Enter between parts")
@@ -709,6 +721,7 @@ def run_lesson(body: Callable[[Lesson], None], argv: list[str] | None = None, *,
     L = Lesson(number, title, fast=fast, no_pause=args.no_pause, model_name=args.model, console=console)
     threads, busy = args.threads, busy_line() if timed else None
     L._threads_free, L._busy_said, L._busy = args.threads is None, bool(busy), busy is not None if timed else None
+    L._asked_threads = args.threads if args.threads is not None else blas_threads()
     if busy and threads is None and (blas_threads() or 1) > 1:
         # runs on different thread counts rank upside down on a contended machine: every side on one
         threads = 1

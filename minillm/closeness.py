@@ -32,6 +32,11 @@ events with the load: two requests against one is not a ranking. Given the count
 round's count of the one exceeds every round's count of the other by more than COUNT_Z × √(a + b):
 twice the spread two Poisson counts of these sizes would show.
 
+A figure priced from counts (a run on the roofline clock: each step's counted bytes and FLOPs at this
+machine's measured bandwidth and peak, `serving.metrics.RooflineClock`) is the same in every run,
+busy or not: it has no rounds and needs no test. `rank_priced` ranks such figures by the minimum
+effect alone (apart by more than CLOSE), and says so: a verdict that cannot flip with the load.
+
 A comparison of shares within one run (loadgen's "which phase took the server's time", the split of
 one run's seconds) has no rounds: `one_run_apart` ranks it only beyond the CLOSE band and says that
 it is one run.
@@ -205,6 +210,7 @@ class Ranking:
     winner: str | None                  # the best, ranked above every other side by the rule; else None
     loser: str | None                   # the worst, ranked below every other side by the rule; else None
     reason: str                         # why there is no winner ("" when there is one)
+    priced: str = ""                    # rank_priced: what the figures were priced on ("" for timed rounds)
 
     @property
     def best(self) -> str:
@@ -251,6 +257,40 @@ def rank(sides: Mapping[str, Sequence[float]], higher: bool = True, close: float
                    {k: len(v) for k, v in rounds.items()}, winner, loser, reason)
 
 
+PRICED_RULE = f"priced from counts, the same every run: apart by over {CLOSE:.0%}"
+
+
+def rank_priced(sides: Mapping[str, float], higher: bool = True, on: str = "the roofline clock",
+                close: float = CLOSE) -> Ranking:
+    """Rank figures priced from counts (one value a side, the same in every run: `RooflineClock`) by
+    the minimum effect alone: a winner only when it is better than every other side by more than
+    `close` of the larger; `on` names what priced them (said in `best_words`)."""
+    vals = {k: float(v) for k, v in sides.items()}
+    if not vals:
+        raise ValueError("rank_priced: no side")
+    order = tuple(sorted(vals, key=lambda k: vals[k], reverse=higher))
+    sign = 1 if higher else -1
+
+    def above(a: str, b: str) -> bool:
+        return sign * one_run_apart(vals[a], vals[b], close) > 0
+
+    best, worst = order[0], order[-1]
+    others = [k for k in order if k != best]
+    winner = best if others and all(above(best, k) for k in others) else None
+    loser = worst if len(order) > 1 and all(above(k, worst) for k in order if k != worst) else None
+    reason = ""
+    if winner is None and others:
+        closest = next(k for k in others if not above(best, k))
+        reason = f"{closest} against {best}: within {close:.0%}"
+    return Ranking(order, vals, {k: (v, v) for k, v in vals.items()}, {k: 1 for k in vals}, winner, loser,
+                   reason, priced=on)
+
+
+def priced_apart(a: float, b: float, close: float = CLOSE) -> int:
+    """Two figures priced from counts (the same every run): +1, -1, or 0 within `close`."""
+    return one_run_apart(a, b, close)
+
+
 def _span(c: Sequence[int]) -> str:
     return str(min(c)) if min(c) == max(c) else f"{min(c)}-{max(c)}"
 
@@ -280,6 +320,13 @@ def best_words(r: Ranking, what: str, fmt: Callable[[float], str], threads: int 
     winner" with the reason and every side's figures."""
     n = max(r.rounds.values())
     where = holds_for(threads)
+    if r.priced:
+        if r.winner is not None:
+            rest = ", ".join(f"{k} {fmt(r.medians[k])}" for k in r.order[1:])
+            return (f"{what}: {r.winner} best, {fmt(r.medians[r.winner])} ({rest}); on {r.priced}, "
+                    f"{PRICED_RULE}.")
+        sides = ", ".join(f"{k} {fmt(r.medians[k])}" for k in r.order)
+        return f"{what}: no winner ({r.reason}): {sides}; on {r.priced}."
     if r.winner is not None:
         rest = ", ".join(f"{k} {spread_text(r, k, fmt)}" for k in r.order[1:])
         return (f"{what}: {r.winner} best, {spread_text(r, r.winner, fmt)}, ranked by {rule_words(n)} "

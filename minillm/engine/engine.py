@@ -21,7 +21,11 @@ Time. By default it is simulated: a clock that starts at 0 and advances by each 
 duration, and jumps ahead to the next arrival when nothing can run. Every step really runs, so
 the numbers are this machine's, but a run does not depend on what else the computer did between
 steps, and policies compare on the same arrivals. Give `clock=time.monotonic` for wall time (a
-server).
+server). Give `step_time=` (a function of the step's StepInfo, its meter record in `info.record`)
+to advance the simulated clock by a price instead of the measured duration: the serving lessons
+and `serve-sim --clock roofline` price each step by the roofline (`serving.metrics.RooflineClock`:
+its counted bytes and FLOPs at this machine's measured bandwidth and peak), so a run's schedule,
+and every verdict drawn from it, is the same however busy the machine is.
 
 Batch invariance. A model loaded with kernels="batch-invariant" (models/kernel_sets.py) runs every
 step in a fixed order per row: each request's tokens, greedy or seeded, are bit-identical to the
@@ -143,8 +147,12 @@ class Engine:
     def __init__(self, model, *, kv_memory: int | None = None, num_blocks: int | None = None,
                  block_size: int = 16, cache: str = "paged", prefix_cache: bool = False,
                  policy: str = "continuous", max_seqs: int = 16, max_batched_tokens: int = 256, clock=None,
-                 meter: bool = True, keep_steps: int | None = None, on_step=None) -> None:
+                 meter: bool = True, keep_steps: int | None = None, on_step=None, step_time=None) -> None:
         self.model = model
+        if step_time is not None and (clock is not None or not meter):
+            raise MiniLLMError("step_time prices a step from its meter record on simulated time: it needs "
+                               "meter=True and no clock")
+        self.step_time = step_time
         if cache == "contiguous":
             if prefix_cache:
                 raise MiniLLMError("prefix_cache needs cache='paged': contiguous caches share no blocks")
@@ -287,7 +295,7 @@ class Engine:
         info.lengths = [s.n_computed for s in self.scheduler.running]
         self.scheduler.finish_step(batch)
         if self.clock is None:
-            self.time += time.perf_counter() - t0
+            self.time += self.step_time(info) if self.step_time is not None else time.perf_counter() - t0
         end = self.now()
         info.made = self._stamp(seqs, tokens, end)
         info.seconds, info.free_blocks = end - start, self.blocks.n_free

@@ -114,13 +114,15 @@ class Disaggregated:
     def __init__(self, model, *, p_threads: int, d_threads: int, link_gbps: float, kv_memory: int | None = None,
                  num_blocks: int | None = None, block_size: int = 16, max_seqs: int = 16,
                  max_batched_tokens: int = 256, prefill_batched_tokens: int | None = None, on_step=None,
-                 keep_kv: bool = False) -> None:
+                 keep_kv: bool = False, step_time=None) -> None:
         """prefill_batched_tokens: the prefill engine's own budget (default: max_batched_tokens). With no
         decode beside it, that engine has nothing to chunk a prompt for; a budget above the longest
-        prompt takes each whole, as DistServe's prefill instances do."""
+        prompt takes each whole, as DistServe's prefill instances do. step_time: both engines' clocks
+        priced (`metrics.RooflineClock`) instead of measured."""
         if not link_gbps > 0:
             raise MiniLLMError(f"--link-gbps {link_gbps}: the link's speed must be above 0 Gb/s")
-        kw = dict(kv_memory=kv_memory, num_blocks=num_blocks, block_size=block_size, max_seqs=max_seqs)
+        kw = dict(kv_memory=kv_memory, num_blocks=num_blocks, block_size=block_size, max_seqs=max_seqs,
+                  step_time=step_time)
         self.prefill = Engine(model, **kw, max_batched_tokens=prefill_batched_tokens or max_batched_tokens)
         self.decode = Engine(model, **kw, max_batched_tokens=max_batched_tokens)
         self.p_threads, self.d_threads = p_threads, d_threads
@@ -284,6 +286,11 @@ def run_summary(rows: list[tuple], engines: list[Engine], slo: dict | None, labe
     duration = end - start
     out_tokens = sum(len(t) for _, t, _ in rows)
     steps = [s for e in engines for s in e.steps]
+    clock = {"clock": "measured"}
+    if all(getattr(e, "step_time", None) is not None for e in engines):
+        priced, measured = sum(s.seconds for s in steps), sum(s.model_seconds for s in steps)
+        clock = {"clock": "roofline", "measured_model_s": measured,
+                 "roofline_share": priced / measured if measured > 0 else None}
     busy = [sum(s.seconds for s in e.steps) / duration if duration > 0 else 0.0 for e in engines]
     return {"label": label, "requests": len(rows), "duration_s": duration, "output_tokens": out_tokens,
             "output_tokens_per_s": out_tokens / duration if duration > 0 else 0.0,
@@ -291,7 +298,8 @@ def run_summary(rows: list[tuple], engines: list[Engine], slo: dict | None, labe
             "steps": len(steps), "busy": busy,
             "prefill_tokens": sum(s.prefill_tokens for s in steps),
             "fit": [step_fit(e.steps) for e in engines],
-            "per_request": per_request(rows, ids if ids is not None else list(range(len(rows)))), **extra}
+            "per_request": per_request(rows, ids if ids is not None else list(range(len(rows)))), **clock,
+            **extra}
 
 
 def colocated_summary(e: Engine, threads: int | None, slo: dict | None = None, label: str = "") -> dict:

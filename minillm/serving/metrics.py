@@ -27,6 +27,11 @@
                           roofline's verdict for each: bound by memory or compute, and how close
                           the measured time came to the roofline's best case
     scheduler_overhead_share   the engine's time outside the model (scheduling, sampling, bookkeeping)
+    clock                 "measured" (each step advances the simulated clock by its measured duration)
+                          or "roofline" (by its price: RooflineClock); on the roofline clock
+                          `measured_model_s` is what the model steps really took, and
+                          `roofline_share` the priced seconds over them (how near this machine's
+                          steps came to its roofline)
 """
 
 from __future__ import annotations
@@ -38,6 +43,38 @@ from ..errors import MiniLLMError
 from ..meter import totals
 
 OTHER_BLOCK_SIZES = (1, 8, 16, 32, 64)
+
+
+class RooflineClock:
+    """A step's price on the roofline: max(its counted bytes ÷ bandwidth, its counted FLOPs ÷ peak), at
+    a machine's two measured figures (`Hardware`). Given to an engine as `step_time`, it advances the
+    simulated clock instead of the step's measured duration: the steps still run (the tokens are
+    real, the meter counts every byte), but when a request arrives relative to a step, and so every
+    schedule, latency and ranking drawn from the run, depends on counts, not on what else the
+    machine did. A busy machine cannot change it; a run served twice is the same run.
+
+    What it leaves out, and says: the time a step spends outside the roofline (Python, dispatch,
+    the scheduler, kernels below peak). `roofline_share` in a run's summary gives that gap: the
+    priced seconds over the measured ones."""
+
+    def __init__(self, hw) -> None:
+        if not hw.peak_gflops or not hw.bandwidth_gbs:
+            raise MiniLLMError(f"the roofline clock needs a bandwidth and a FLOP/s peak; {hw.name} has "
+                               f"{'no peak' if not hw.peak_gflops else 'no bandwidth'}")
+        self.hw = hw
+
+    def __call__(self, info) -> float:
+        r = info.record
+        return self.hw.roofline(r.total_bytes, r.total_flops).seconds
+
+    def copy_gbps(self) -> float:
+        """A link priced as a copy in this machine's memory: every byte read once and written once, at
+        the measured bandwidth (in gigabits per second, as links are quoted)."""
+        return self.hw.bandwidth_gbs * 8 / 2
+
+    def words(self) -> str:
+        """'the roofline clock (21.4 GB/s, 204 GFLOP/s)'."""
+        return f"the roofline clock ({self.hw.bandwidth_gbs:.3g} GB/s, {self.hw.peak_gflops:.3g} GFLOP/s)"
 
 
 SLO_KEYS = {"ttft": "time to first token", "tpot": "time per output token"}
@@ -177,6 +214,7 @@ def summarize(engine, label: str | None = None, hw=None, slo: dict | None = None
     by_bs = {bs: 1 - total_len / sum(-(-n // bs) * bs for n in lengths) if total_len else 0.0
              for bs in OTHER_BLOCK_SIZES}
     prefill_flops = sum(prefill_share(s) for s in steps)
+    priced = getattr(engine, "step_time", None) is not None
     sched = engine.scheduler
     result = {
         "policy": label or sched.policy,
@@ -211,9 +249,22 @@ def summarize(engine, label: str | None = None, hw=None, slo: dict | None = None
         "worst_stall": worst_stall(steps),
         "per_request": per_request([(r.arrival, r.token_times, r.done) for r in reqs], [r.id for r in reqs]),
         "scheduler_overhead_share": 1 - sum(s.model_seconds for s in steps if s.record is not None) / (
-            sum(s.seconds for s in steps) or 1.0) if steps and steps[0].record is not None else None,
+            sum(s.seconds for s in steps) or 1.0) if steps and steps[0].record is not None and not priced else None,
+        **clock_fields(engine),
     }
     return result
+
+
+def clock_fields(engine) -> dict:
+    """Which clock a run's times are on and, on the roofline clock, how the steps' measured time
+    compares with their price."""
+    if getattr(engine, "step_time", None) is None:
+        return {"clock": "measured"}
+    steps = engine.steps
+    priced = sum(s.seconds for s in steps)
+    measured = sum(s.model_seconds for s in steps)
+    return {"clock": "roofline", "measured_model_s": measured,
+            "roofline_share": priced / measured if measured > 0 else None}
 
 
 def prefill_share(s) -> float:
