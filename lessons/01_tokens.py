@@ -169,6 +169,7 @@ GLOSSARY = (
     ("batch, B", "sequences sharing one step: one weight read", 8),
     ("critical batch, B*", "the B at which decode turns compute-bound", 8),
     ("batch-invariant kernel set", "every sum in one order, whatever the batch", 8),
+    ("roofline clock", "steps timed by their roofline price", 9),
     ("TTFT", "time to first token: arrival to first token", 9),
     ("TBT", "time between tokens: one gap of one request", 9),
     ("TPOT", "time per output token: a request's mean gap", 9),

@@ -263,12 +263,14 @@ def test_token_prices_split_the_engines_seconds_by_phase_and_charge_the_idle_tim
     assert "input 0.556 engine-hours ($2,000.00)" in said and "An output token costs 10×" in said
 
 
-def test_lesson_9_serves_the_three_policies_in_interleaved_rounds_and_ranks_by_the_rule(capsys):
-    """The static-against-continuous verdict changed between separate runs (2 threads) and --compare (1):
-    the lesson now serves all three in the same interleaved rounds and ranks by the closeness rule."""
+def test_lesson_9_serves_the_three_policies_on_the_roofline_clock_and_ranks_priced_figures(capsys):
+    """The static-against-continuous verdict changed between separate runs (2 threads) and --compare (1),
+    then, with interleaved rounds and the sign test, between a winner and no winner at the rule's edge
+    (issue 53): the lesson now serves each policy once on the roofline clock and ranks priced figures."""
     out = " ".join(_run(9, capsys).split())
-    assert "medians of 2 rounds, every policy's steps in turn" in out
-    assert "Goodput on this run:" in out and "this machine, " in out
+    assert "on the roofline clock (" in out and "their price" in out
+    assert "Goodput on this run:" in out and "on the roofline clock, priced from counts" in out
+    assert "rounds" not in out
 
 
 # -- lesson 1: the glossary covers every term the lessons introduce; tokenizer facts as facts ----------
