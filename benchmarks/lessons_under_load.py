@@ -4,7 +4,7 @@ differs between the two runs except where the closeness rule said "no winner" in
 no line is wider than 80 columns.
 
     python benchmarks/lessons_under_load.py [--fast] [--burners 2] [--only 1,2,3] [--out DIR] [--repeat N]
-                                            [--modes quiet,busy] [--check-only]
+                                            [--modes quiet,busy] [--check-only] [--command NAME=ARGS ...]
 
 Why: a lesson's claims must hold on a busy machine (claims rest on counts; timed sentences choose
 their words from the numbers, and rank only when their rounds agree beyond their spread:
@@ -14,6 +14,10 @@ NN-quiet.txt and NN-busy.txt, with the wall time of each run and every check in 
 With --repeat N the quiet and busy runs are made N times each (NN-quiet-2.txt, NN-busy-2.txt, ...) and every
 run is checked against the first quiet one: the same checked sentences, no ranking flipped, and (the
 stricter count issue 53 asks for) how many verdicts differ at all, a winner against "no winner" included.
+
+With --command NAME=ARGS (repeatable) the same runs and checks are made of `minillm ARGS` (e.g.
+--command "disagg=serve-sim --requests 16 --compare disagg"), its output kept as NAME-quiet.txt, ...;
+with --command and no --only, only the commands run.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import argparse
 import multiprocessing
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -137,10 +142,28 @@ def too_wide(text: str, columns: int = 80) -> list[str]:
     return [line for line in text.splitlines() if len(line) > columns]
 
 
-def run(lesson: Path, fast: bool) -> tuple[int, str, float]:
+class Target:
+    """A lesson (its file) or a command (`minillm ARGS`), named for its output files."""
+
+    def __init__(self, name: str, argv: list[str]) -> None:
+        self.name, self.argv = name, argv
+
+    @classmethod
+    def lesson(cls, f: Path, fast: bool) -> "Target":
+        return cls(f.name[:2], [str(f), "--no-pause", *(["--fast"] if fast else [])])
+
+    @classmethod
+    def command(cls, spec: str) -> "Target":
+        name, sep, args = spec.partition("=")
+        if not sep or not re.fullmatch(r"[\w-]+", name) or not args.strip():
+            raise ValueError(f"--command {spec!r}: give NAME=ARGS, e.g. disagg=serve-sim --compare disagg")
+        return cls(name, ["-m", "minillm", *shlex.split(args)])
+
+
+def run(target: Target) -> tuple[int, str, float]:
     env = dict(os.environ, COLUMNS="80")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(lesson), "--no-pause", *(["--fast"] if fast else [])],
+    proc = subprocess.run([sys.executable, *target.argv],
                           cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     return proc.returncode, proc.stdout + proc.stderr, time.perf_counter() - t0
 
@@ -159,6 +182,9 @@ def main() -> int:
                    help="which runs, in order (default: quiet,busy; the checks need both)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="make each run N times and compare every run with the first (default: 1)")
+    p.add_argument("--command", action="append", default=[], metavar="NAME=ARGS",
+                   help="also (or, without --only, instead) run `minillm ARGS` the same way, its output kept as "
+                        "NAME-quiet.txt, ... (repeatable)")
     p.add_argument("--check-only", action="store_true",
                    help="run nothing: check the outputs already in DIR for these modes and repeats "
                         "(runs made at different times, e.g. the busy ones while other work ran)")
@@ -178,14 +204,20 @@ def main() -> int:
             p.error(f"--only {args.only!r}: no lesson {', '.join(map(str, sorted(keep - set(numbers))))} "
                     f"(they are numbered {numbers[0]}-{numbers[-1]})")
         lessons = [f for f in lessons if int(f.name[:2]) in keep]
+    elif args.command:
+        lessons = []
+    try:
+        targets = [Target.lesson(f, args.fast) for f in lessons] + [Target.command(c) for c in args.command]
+    except ValueError as e:
+        p.error(str(e))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ok = True
     summary = []
     runs = [(mode, i) for i in range(1, args.repeat + 1) for mode in args.modes.split(",")]
 
-    def path(f: Path, mode: str, i: int) -> Path:
-        return out / (f"{f.name[:2]}-{mode}.txt" if i == 1 else f"{f.name[:2]}-{mode}-{i}.txt")
+    def path(f: Target, mode: str, i: int) -> Path:
+        return out / (f"{f.name}-{mode}.txt" if i == 1 else f"{f.name}-{mode}-{i}.txt")
 
     for mode, i in ([] if args.check_only else runs):
         burners = []
@@ -194,10 +226,10 @@ def main() -> int:
             for b in burners:
                 b.start()
         try:
-            for f in lessons:
-                rc, text, secs = run(f, args.fast)
+            for f in targets:
+                rc, text, secs = run(f)
                 path(f, mode, i).write_text(text)
-                summary.append(f"{f.name[:2]} {mode:5} run {i} rc={rc} {secs / 60:5.1f} min "
+                summary.append(f"{f.name} {mode:5} run {i} rc={rc} {secs / 60:5.1f} min "
                                f"(load {os.getloadavg()[0]:.1f})")
                 print(summary[-1], flush=True)
                 ok &= rc == 0
@@ -205,7 +237,7 @@ def main() -> int:
             for b in burners:
                 b.terminate()
     differing = verdicts = 0
-    for f in lessons:
+    for f in targets:
         texts = {}
         for mode, i in runs:
             q = path(f, mode, i)
@@ -229,7 +261,7 @@ def main() -> int:
         for key, tb in texts.items():
             if key == first:
                 continue
-            label = f"{f.name[:2]} {first[0]} run {first[1]} / {key[0]} run {key[1]}"
+            label = f"{f.name} {first[0]} run {first[1]} / {key[0]} run {key[1]}"
             same = checked_sentences(ta) == checked_sentences(tb)
             summary.append(f"{label}: checked sentences, numbers masked: {'same' if same else 'DIFFER'}")
             print(summary[-1], flush=True)
@@ -243,7 +275,8 @@ def main() -> int:
                               if moved else "; none changed between a winner and no winner"))
             print(summary[-1], flush=True)
             ok &= not flips
-    summary.append(f"{len(runs)} runs of {len(lessons)} lessons; {verdicts} verdicts compared with the first run's: "
+    what = f"{len(lessons)} lessons" + (f" and {len(args.command)} commands" if args.command else "")
+    summary.append(f"{len(runs)} runs of {what}; {verdicts} verdicts compared with the first run's: "
                    f"{differing} differ")
     print(summary[-1], flush=True)
     (out / "summary.txt").write_text("\n".join(summary) + "\n")

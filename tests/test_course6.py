@@ -362,6 +362,23 @@ def test_the_under_load_check_reports_winner_no_winner_changes():
     assert m.changed(a, b) == ["Throughput: no chunking / no winner"]
 
 
+def test_the_under_load_harness_runs_commands_as_it_runs_lessons(tmp_path):
+    """Issue 53 asks the same count for `serve-sim --compare` and `bench`: `--command NAME=ARGS` runs
+    `minillm ARGS` through the same runs and checks, its output kept as NAME-quiet.txt, ..."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "lessons_under_load.py"
+    proc = subprocess.run([sys.executable, str(path), "--modes", "quiet", "--repeat", "2", "--out", str(tmp_path),
+                           "--command", "help=bench --help"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "help-quiet.txt").read_text().startswith("usage: minillm bench")
+    assert (tmp_path / "help-quiet-2.txt").exists() and not list(tmp_path.glob("0*"))   # no lesson ran
+    assert "2 runs of 0 lessons and 1 commands; 0 verdicts compared" in (tmp_path / "summary.txt").read_text()
+    bad = subprocess.run([sys.executable, str(path), "--command", "no name"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "give NAME=ARGS" in bad.stderr
+
+
 # -- E23: Qwen3.5's state in float32, as released -----------------------------------------------------
 
 def test_qwen35_state_is_sized_in_float32_as_released():
