@@ -83,6 +83,13 @@ RANKINGS = [
                r"split|no winner) (?:[\d.,]+ ?(?:tok/s|ms|µs|s)|rounds close)"),
     re.compile(r"(?P<subject>In time, the hybrid's step) (?:was (?P<verdict>below the other's [^(]+?) \(|"
                r"was not ranked below)"),
+    # minillm bench: kernel sets at each B, a weight format's decode against float32's, the step against the bare
+    # pass (the tokens/s by batch and speculation rankings are "X: Y best" / "X: no winner" above)
+    re.compile(r"(?P<subject>B = \d+) [\d.]+× \((?P<verdict>faster|slower|no winner)"),
+    re.compile(r"(?P<subject>\b[\w.]+(?: [\w-]+)?): [^:]{0,60}?, decode [\d.]+× [^(]{0,40}\("
+               r"(?P<verdict>faster|slower|no winner)"),
+    re.compile(r"(?P<subject>the engine's step took) [\d.]+× the faster, (?:(?P<verdict>faster|slower) than the bare "
+               r"pass|no winner against the bare pass)"),
     re.compile(r"(?P<subject>At B = 1 a step of the mixture)[^;]*?(?:; in tokens/s the rule ranks neither|, yet "
                r"(?P<verdict>the mixture|the twin) made more)"),
 ]
