@@ -289,7 +289,7 @@ def speed(L: Lesson, models: dict, runs: dict, counts: dict) -> dict:
         too, read once for all rows. So the whole step, once every expert is read, needs about
         **total ÷ active** times the dense batch: E/k only if the experts were all of the weights.
         Both models now decode at every B, interleaved, on the same threads. The point is bytes and
-        FLOPs, so the comparisons below are **priced**: each step's counted bytes and FLOPs at this
+        FLOPs, so the comparisons below are priced: each step's counted bytes and FLOPs at this
         machine's roofline, the same every run; the measured tokens/s stand beside them.
     """)
     L.machine()
