@@ -94,8 +94,13 @@ def test_lesson_15_says_where_the_mixture_reached_the_dense_gain_from_priced_cou
     assert words in said
     assert "batching bought the dense model more (priced from counts" in said
     assert "Measured, the gains at B = 32 were 1× and 50×, timed and not ranked" in said
+    read = _under_load().rankings(said)                             # the under-load check reads both verdicts
+    assert read[0] == ("batching bought", "the dense model") and read[1][0] == "the mixture's gain"
+    assert read[1][1] in words
     pgain.update({("mixture", 32): 31.0})                           # within 5% of the dense model's 32
-    assert "batching bought them about the same (within 5%): no winner" in m.gain_words(pgain, gain)
+    said = m.gain_words(pgain, gain)
+    assert "batching bought them about the same (within 5%): no winner" in said
+    assert _under_load().rankings(said)[0] == ("batching bought", None)
 
 
 # -- lesson 17 ------------------------------------------------------------------------------------------
