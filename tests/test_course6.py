@@ -225,6 +225,43 @@ def test_lesson_15_ranks_the_twin_at_b1_on_priced_counts_never_on_its_times():
     assert h.rankings(said) == [("At B = # a step of the mixture", "fewer")]
 
 
+def test_lesson_15s_twin_verdict_is_the_priced_one_whatever_the_rounds():
+    """Property: for any priced tokens/s and any measured rounds, the verdict the under-load check reads
+    is the priced one (more, fewer, or no winner within 5%), and the words, numbers masked, are one of
+    three shapes: the rounds choose no word."""
+    import importlib
+    from hypothesis import given, settings, strategies as st
+
+    from minillm import closeness
+    m = importlib.import_module("minillm.lessons.15_experts")
+    h = _under_load_module()
+    speed = st.floats(1.0, 1e4, allow_nan=False)
+    rounds = st.lists(speed, min_size=1, max_size=8)
+
+    @settings(max_examples=60, deadline=None)
+    @given(speed, speed, rounds, rounds)
+    def check(p_mix, p_dense, t_mix, t_dense):
+        n = min(len(t_mix), len(t_dense))
+        said = m.twin_words({("mixture", 1): p_mix, ("dense", 1): p_dense},
+                            {("mixture", 1): t_mix[:n], ("dense", 1): t_dense[:n]}, {"mixture": 1e6, "dense": 1e6}, 2)
+        want = {1: "more", -1: "fewer", 0: None}[closeness.priced_apart(p_mix, p_dense)]
+        assert h.rankings(said) == [("At B = # a step of the mixture", want)]
+        masked = h.NUMBER.sub("#", said.split("Measured, it made")[1].split("the twin's tokens/s")[0])
+        assert masked.strip() in ("#× (#×–#× over the rounds)",)
+
+    check()
+
+
+def _under_load_module():
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "lessons_under_load", Path(__file__).resolve().parents[1] / "benchmarks" / "lessons_under_load.py")
+    h = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(h)
+    return h
+
+
 def test_lesson_15_prices_its_steps_at_the_threads_asked_for():
     """The priced tokens/s are B ÷ the roofline price of the step's counted bytes and FLOPs, on the
     lessons' roofline clock (the figures of the thread count asked for, even where a busy machine ran
@@ -348,6 +385,28 @@ def test_lesson_20_states_its_kernel_times_and_draws_no_verdict_from_them():
     src = inspect.getsource(m)
     assert "faster_words(" not in src and "closeness" not in src       # no verdict rule on a time here
     assert src.count("timed_words(") == 5 and "L.say(UNRANKED)" in inspect.getsource(m.fused)
+
+
+def test_lesson_20s_timed_words_never_carry_a_verdict():
+    """Property: whatever two sides' paired rounds are, lesson 20's sentence on them has one shape once
+    numbers are masked, and the under-load check reads no ranking in it."""
+    import importlib
+    from hypothesis import given, settings, strategies as st
+
+    from minillm.lessons._common import Timing
+    m = importlib.import_module("minillm.lessons.20_quantized_kernels")
+    h = _under_load_module()
+    secs = st.floats(1e-6, 10.0, allow_nan=False)
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(st.tuples(secs, secs), min_size=1, max_size=12))
+    def check(pairs):
+        a, b = Timing(tuple(x for x, _ in pairs)), Timing(tuple(y for _, y in pairs))
+        said = m.timed_words(a, b, "a W·A8 decode step", "the W·A32 one")
+        assert h.rankings("Measured, Q4_0: " + said + ".") == []
+        assert h.NUMBER.sub("#", said) == "a W·A# decode step took #× the time of the W·A# one (#×–#× in # paired rounds)"
+
+    check()
 
 
 # -- list 4: diagnose's batched table counts the answer's KV ----------------------------------------
