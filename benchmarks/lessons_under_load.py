@@ -69,7 +69,7 @@ RANKINGS = [
     re.compile(START + r"(?P<subject>[A-Z][^:.;()]{2,70}) favours (?P<verdict>[^(;]+?) \("),
     re.compile(r"(?P<subject>\b[\w' ]{2,60}) took [^:]*? the time of (?P<than>[\w' ]+?): "
                r"(?P<verdict>faster|slower|no winner)"),
-    re.compile(r"(?P<subject>batching bought) (?P<verdict>the dense model|the mixture) more"),
+    re.compile(r"(?P<subject>batching bought) (?:(?P<verdict>the dense model|the mixture) more|them about the same)"),
     re.compile(r"(?P<subject>the mixture) was ranked below it up to B = \d+, and (?P<verdict>above it at B = \d+)"),
     re.compile(r"(?P<subject>tokens per second) (?:(?P<verdict>peaked at [\w ]+?|grew up to the largest)[,:]|"
                r"showed no batch apart)"),
@@ -92,6 +92,12 @@ RANKINGS = [
                r"pass|no winner against the bare pass)"),
     re.compile(r"(?P<subject>At B = 1 a step of the mixture)[^;]*?(?:; in tokens/s the rule ranks neither|, yet "
                r"(?P<verdict>the mixture|the twin) made more)"),
+    # lesson 15 on the roofline clock (priced from counts): the twin at B = 1, where the gain reached the dense one's
+    re.compile(r"(?P<subject>At B = 1 a step of the mixture)[^;]*?; priced, the mixture made [^:]*?: "
+               r"(?P<verdict>more|fewer|no winner)"),
+    re.compile(r"(?P<subject>the mixture's gain) (?P<verdict>stayed below it up to B = \d+|was below it up to "
+               r"B = \d+, and (?:above|within \d+% of) it at B = \d+|was (?:above|within \d+% of) it "
+               r"(?:already at|from) B = \d+)"),
 ]
 SUBJECT_NUMBER = re.compile(r"[-+]?\d[\d,.]*")
 

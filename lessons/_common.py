@@ -573,10 +573,12 @@ class Lesson:
             parts.append(f"load average {load:.2f} on {plural(probe.cpu_threads(), 'hardware thread')}")
         return ", ".join(parts)
 
-    def timing_note(self) -> None:
-        """A dim line under a timing: how it was measured, and under what conditions."""
+    def timing_note(self, ranked: bool = True) -> None:
+        """A dim line under a timing: how it was measured, and under what conditions. `ranked=False`:
+        the times are stated beside the figures, and no verdict is drawn from them."""
         n = self.rounds()
-        why = (" (fast mode: too few for a verdict)" if n < closeness.MIN_ROUNDS else
+        why = (", stated, not ranked" if not ranked else
+               " (fast mode: too few for a verdict)" if n < closeness.MIN_ROUNDS else
                " or more, until the verdict rule decides")
         self.console.print(f"[dim]times: median and range of {n} interleaved rounds{why}; "
                            f"{self.conditions()}[/]")

@@ -604,20 +604,21 @@ def test_lesson_15s_claims_fail_when_the_meter_misses_the_union(wrong, monkeypat
     assert ("at every B" in said) == (wrong == "once per row"), said[:300]
 
 
-@pytest.mark.parametrize("rounds, words", [
-    (([8.0, 7.5] * 3, [4.0, 3.5] * 3), "bought the dense model more, by a sign test on 6 paired rounds"),
-    (([3.0, 3.2] * 3, [4.0, 3.5] * 3), "bought the mixture more, by a sign test on 6 paired rounds"),
-    (([8.0, 3.0] * 3, [4.0, 3.5] * 3), "this run does not rank them"),
+@pytest.mark.parametrize("priced, words", [
+    ((8.0, 4.0), "batching bought the dense model more (priced from counts"),
+    ((3.0, 4.0), "batching bought the mixture more (priced from counts"),
+    ((4.1, 4.0), "batching bought them about the same (within 5%): no winner"),
 ])
-def test_lesson_15s_batching_verdict_ranks_only_when_every_round_agrees(rounds, words):
-    """On a busy machine one round can invert the order: the lesson ranks the two models' gains from
-    batching only by the one closeness rule (tokens/s at B = 1 are 1 in these rounds, so a gain is B = 32's)."""
+def test_lesson_15s_batching_verdict_ranks_the_priced_gains_whatever_the_rounds_say(priced, words):
+    """On a busy machine one round can invert the order, and a timed verdict at the rule's edge changed
+    between runs (issue 53): the lesson ranks the two models' gains from batching on the roofline clock's
+    priced gains (counts), by the minimum effect; the measured gains, here the other way, are said only."""
     m = _lesson(15)
-    dense, mix = rounds
-    tps = {(name, B): [1.0] * 6 for name in ("dense", "mixture") for B in m.BATCHES}
-    tps.update({("dense", 32): dense, ("mixture", 32): mix})
+    pgain = {(name, B): 1.0 for name in ("dense", "mixture") for B in m.BATCHES}
+    pgain.update({("dense", 32): priced[0], ("mixture", 32): priced[1]})
     gain = {(name, B): 1.0 for name in ("dense", "mixture") for B in m.BATCHES}
-    assert words in m.measured_words(tps, gain)
+    gain.update({("dense", 32): priced[1], ("mixture", 32): 3 * priced[0]})
+    assert words in m.gain_words(pgain, gain)
 
 
 @pytest.mark.parametrize("crit, words", [({"dense": 6, "mixture": 22}, "3.67× the batch, about its total"),
