@@ -7,6 +7,8 @@ Run:  python lessons/13_two_phases.py        (or: minillm learn 13)
 
 from __future__ import annotations
 
+import math
+
 from minillm.lessons._common import Lesson, bar_chart, fmt_x, paired_chart, roofline_clock, run_lesson
 from minillm import closeness
 
@@ -48,8 +50,7 @@ def lesson(L: Lesson) -> None:
     L.pause()
     rates_and_prices(L, model, clock)
     L.pause()
-    split = disaggregation(L, model, items, clock,
-                           chunk=min(r["budget"] for r in sweep["results"] if r["budget"]))
+    split = disaggregation(L, model, items, clock, sweep)
     L.pause()
     remedies(L, model, sweep, split, clock)
     L.try_it("""
@@ -327,13 +328,14 @@ def rates_and_prices(L: Lesson, model, clock) -> None:
            "mostly by its output and cached-input columns")
 
 
-def disaggregation(L: Lesson, model, items, clock, chunk: int) -> dict:
+def disaggregation(L: Lesson, model, items, clock, sweep: dict) -> dict:
     """One engine against the split, every engine on the roofline clock; the remedies' table's other two
-    options (whole prompts, the smallest budget) are served here too, so each configuration has one
-    run and one set of figures."""
+    options (whole prompts, the sweep's smallest budget) are served here again: priced, they give the
+    budget sweep's figures, checked."""
     from minillm.ui.report import disagg_verdict
     L.section("Splitting the phases: two engines, KV on the wire")
     link = clock.copy_gbps()
+    chunk = min(r["budget"] for r in sweep["results"] if r["budget"])
     budget = L.pick(32, 16)
     uncapped = model.config.n_ctx * 16   # a budget above any prompt: no chunking
     L.recheck()
@@ -367,6 +369,12 @@ def disaggregation(L: Lesson, model, items, clock, chunk: int) -> dict:
             "position")
     L.claim(all(split.outputs()[k] == one.requests[k].output for k in split.outputs()),
             "every request got the same tokens from the split as from one engine")
+    swept = {r["budget"]: r for r in sweep["results"]}
+    again = [(r, swept[k]) for r, k in ((whole, None), (chunked, chunk), (a, budget)) if k in swept]
+    L.claim(all(math.isclose(r[f], s[f], rel_tol=1e-9) for r, s in again
+                for f in ("output_tokens_per_s", "ttft_p95_s", "tbt_p99_s")),
+            f"served again here, {', '.join(r['label'] for r, _ in again)} gave the budget sweep's "
+            "tokens/s, TTFT p95 and TBT p99: priced, a configuration served twice is the same run")
     at25 = expect * 8 / 25e9
     L.console.print()
     for line in disagg_verdict([{**a, "link_gbps": link}, {**b, "link_gbps": link}], priced=clock.words()):
