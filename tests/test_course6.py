@@ -727,3 +727,16 @@ def test_the_under_load_check_reads_lesson_13s_priced_verdicts():
                                 ("The p# gap between tokens, priced", "lowered"),
                                 ("the split", "wins on TTFT p95; loses on tok/s per engine, TPOT p95"),
                                 ("TTFT p#", None), ("TBT p#", "budget 16")]
+
+
+def test_a_priced_rate_sweep_calls_a_lower_rates_miss_its_schedule_not_noise():
+    """On the roofline clock a rate sweep is the same every run: a lower rate that missed the targets is
+    the workload's, and is not called noise; measured, it still is (serve-sim's words unchanged)."""
+    from minillm.serving.rates import capacity_words
+    run = {"attainment": 1.0}
+    h = {"rate": 4.0, "run": run, "attainment": 0.9, "all_met": False, "below": [2.0], "tokens_per_s": 10.0,
+         "engine_s_per_mtok": 1e5}
+    priced = " ".join(capacity_words(h, "the targets", priced=True))
+    measured = " ".join(capacity_words(h, "the targets"))
+    assert "A lower rate missed it (2/s): priced, the same every run" in priced and "noisy" not in priced
+    assert "the runs are noisy here" in measured
