@@ -141,7 +141,8 @@ def capacity_words(h: dict, slo_text: str, price_per_hour: float | None = None, 
                 else ".")]
     if h["below"] and priced:
         lines.append("  A lower rate missed it (" + ", ".join(f"{r:g}/s" for r in h["below"]) + "): priced, the "
-                     "same every run, so its arrivals' bursts, not noise; the capacity is this workload's.")
+                     "same every run, so not noise: attainment need not fall steadily with the rate; the "
+                     "capacity is this workload's.")
     elif h["below"]:
         lines.append("  A lower rate missed it (" + ", ".join(f"{r:g}/s" for r in h["below"]) + "): the runs are "
                      "noisy here; treat the capacity as approximate.")
