@@ -66,21 +66,23 @@ START = r"(?<!the time of )\b"             # not the other side of a faster_word
 RANKINGS = [
     re.compile(START + r"(?P<subject>[A-Z][^:.;()]{2,70}): (?:no winner|no (?:budget|run) stands out|"
                r"(?P<verdict>[^,:;()]+?) best)[,. (]"),
-    re.compile(START + r"(?P<subject>[A-Z][^:.;()]{2,70}) favours (?P<verdict>[^(;]+?) \("),
+    re.compile(START + r"(?P<subject>[A-Z][^:.;()]{2,70}(?: \([^():;]*\))?) favours (?P<verdict>[^(;]+?) \("),
+    re.compile(START + r"(?P<subject>tok/s): (?:no winner|(?P<verdict>[^,:;()]+?) best)[,. (]"),
     re.compile(r"(?P<subject>\b[\w' ]{2,60}) took [^:]*? the time of (?P<than>[\w' ]+?): "
                r"(?P<verdict>faster|slower|no winner)"),
     re.compile(r"(?P<subject>batching bought) (?:(?P<verdict>the dense model|the mixture) more|them about the same)"),
     re.compile(r"(?P<subject>the mixture) was ranked below it up to B = \d+, and (?P<verdict>above it at B = \d+)"),
     re.compile(r"(?P<subject>tokens per second) (?:(?P<verdict>peaked at [\w ]+?|grew up to the largest)[,:]|"
                r"showed no batch apart)"),
-    re.compile(r"(?P<subject>The p99 gap between tokens, median of)[^:]*:[^:]*: (?:chunking (?P<verdict>lowered|raised)"
-               r" it|no winner)"),
-    re.compile(r"(?P<subject>the split) (?P<verdict>wins on [^;,.]+|loses on [^;,.]+)"),
+    re.compile(r"(?P<subject>The p99 gap between tokens, (?:median of|priced))[^:]*:[^:]*: (?:chunking "
+               r"(?P<verdict>lowered|raised) it|no winner)"),
+    re.compile(r"(?P<subject>the split) (?P<verdict>(?:wins on|loses on|has no winner against it on) [^(]+?)"
+               r"(?:, by the verdict rule| \()"),
     re.compile(r"(?P<subject>output tokens per second of one at a time): (?P<verdict>more|fewer|no winner)"),
     re.compile(r"(?P<subject>and continuous batching's) [^:]{1,30}: (?P<verdict>continuous admitted late arrivals "
                r"sooner|continuous was later|no winner)"),
     re.compile(r"(?P<subject>tok/s per engine|TTFT p95|TBT p99) (?P<verdict>no chunking|budget \d+|"
-               r"split|no winner) (?:[\d.,]+ ?(?:tok/s|ms|µs|s)|rounds close)"),
+               r"split|no winner) (?:[\d.,]+ ?(?:tok/s|ms|µs|s)|rounds close|within \d+%)"),
     re.compile(r"(?P<subject>In time, the hybrid's step) (?:was (?P<verdict>below the other's [^(]+?) \(|"
                r"was not ranked below)"),
     # minillm bench: kernel sets at each B, a weight format's decode against float32's, the step against the bare

@@ -7,20 +7,19 @@ Run:  python lessons/13_two_phases.py        (or: minillm learn 13)
 
 from __future__ import annotations
 
-from dataclasses import replace
+import math
 
-from minillm.lessons._common import Lesson, bar_chart, fmt_x, paired_chart, plural, run_lesson
+from minillm.lessons._common import Lesson, bar_chart, fmt_x, paired_chart, roofline_clock, run_lesson
 from minillm import closeness
 
 from rich import box
 from rich.table import Table
 
 from minillm.measure.chips import get_chip, roofline
-from minillm.measure.comparisons import comparison_threads, fit_problem
-from minillm.threads import blas_threads, limited
-from minillm.serving.disagg import (OnThreads, colocated_summary, disaggregated_engines,
-                                    measure_copy_gbps, run_interleaved)
-from minillm.serving.metrics import engine_for, merge_rounds, serve, step_fit, summarize
+from minillm.measure.comparisons import fit_problem
+from minillm.threads import blas_threads
+from minillm.serving.disagg import colocated, disaggregated
+from minillm.serving.metrics import serve, step_fit, summarize
 from minillm.serving.rates import (capacity_words, highest_rate, price_lines, rate_engines, rate_summaries,
                                    token_prices)
 from minillm.serving.workloads import WorkItem, generate_workload
@@ -40,20 +39,20 @@ def fmt_rate(rate: float) -> str:
 
 def lesson(L: Lesson) -> None:
     model = L.load_model(default="large", fast="random-tiny")
-    items, alone = workload(L, model)
+    clock = roofline_clock(L)
+    items = workload(L, model, clock)
     L.pause()
-    interference(L, model, items)
+    interference(L, model, items, clock)
     L.pause()
-    sweep = budgets(L, model, items)
+    sweep = budgets(L, model, items, clock)
     L.pause()
-    goodput_vs_throughput(L, model)
+    goodput_vs_throughput(L, model, clock)
     L.pause()
-    rates_and_prices(L, model)
+    rates_and_prices(L, model, clock)
     L.pause()
-    split = disaggregation(L, model, items, chunk=min(r["budget"] for r in sweep["results"] if r["budget"]),
-                           alone=alone)
+    split = disaggregation(L, model, items, clock, sweep)
     L.pause()
-    remedies(L, model, sweep, split)
+    remedies(L, model, sweep, split, clock)
     L.try_it("""
         `minillm serve-sim --workload mixed --compare budget --slo ttft=2,tpot=0.1` sweeps the budget
         on your machine; `--compare disagg` (with `--link-gbps 25` for a real network link) puts the
@@ -61,21 +60,33 @@ def lesson(L: Lesson) -> None:
     """)
 
 
-def alone_seconds(model) -> float:
-    """Seconds a request takes served alone here, now: two seeded requests one after the other."""
+def alone_seconds(model, clock) -> float:
+    """Seconds a request takes served alone on `clock` (the roofline clock: the same every run): two
+    seeded requests one after the other."""
     c = model.config
     probe = [WorkItem(0.0, w.prompt, w.max_tokens) for w in
              generate_workload("poisson", rate=1.0, n=2, seed=1, vocab_size=c.vocab_size, n_ctx=c.n_ctx)]
-    r, _ = serve(model, probe, policy="sequential")
+    r, _ = serve(model, probe, policy="sequential", step_time=clock)
     return r["duration_s"] / 2
 
 
-def workload(L: Lesson, model) -> tuple[list[WorkItem], float]:
+def price_words(L: Lesson, runs: list[dict]) -> str:
+    """The measured time beside the priced: how long the model steps of `runs` took against their
+    price (each run's `roofline_share`), and under what conditions. No verdict on it."""
+    share = [r["roofline_share"] for r in runs if r.get("roofline_share")]
+    if not share:
+        return "the model steps' measured time was not recorded"
+    lo, hi = 1 / max(share), 1 / min(share)
+    span = fmt_x(lo) if f"{lo:.2g}" == f"{hi:.2g}" else f"{fmt_x(lo)}-{fmt_x(hi)}"
+    return f"measured ({L.conditions()}), the model steps took {span} their price"
+
+
+def workload(L: Lesson, model, clock) -> list[WorkItem]:
     """`mixed`: short chats and, one in eight, a long document, at a rate that keeps several running
-    (four requests in the time of one alone) -> the requests, and that time."""
+    (four requests in the time of one alone, priced) -> the requests."""
     c = model.config
-    with L.status("timing two requests alone…"):
-        alone = alone_seconds(model)
+    with L.status("pricing two requests alone…"):
+        alone = alone_seconds(model, clock)
     rate = 4.0 / alone
     n = L.pick(24, 16)
     items = generate_workload("mixed", rate=rate, n=n, seed=0, vocab_size=c.vocab_size, n_ctx=c.n_ctx)
@@ -89,9 +100,17 @@ def workload(L: Lesson, model) -> tuple[list[WorkItem], float]:
         The workload (`--workload mixed`): {n} requests at {fmt_rate(rate)}, short chats (prompts
         {min(len(w.prompt) for w in items if w not in long)}-{max(len(w.prompt) for w in items if w not in long)}
         tokens) and {len(long)} long documents of {', '.join(str(len(w.prompt)) for w in long)} tokens on
-        `{model.name}` (context {c.n_ctx}).
+        `{model.name}` (context {c.n_ctx}): four requests in the time one takes alone
+        ({fmt_time(alone)}).
+
+        Time here is **priced, not stopwatched**, as in lesson 9. Every step really runs (the tokens are
+        real, the meter counts every byte and FLOP), but the engine's clock advances by the step's price
+        on {clock.words()}: max(bytes ÷ bandwidth, FLOPs ÷ peak). So every configuration below sees the
+        same arrivals, and a run served again, or beside other work, is the same run: its verdicts cannot
+        flip with the load. What the roofline leaves out (Python, dispatch, kernels below peak) is said
+        beside each table as the measured time.
     """)
-    return items, alone
+    return items
 
 
 def gaps_of(req) -> list[float]:
@@ -99,15 +118,13 @@ def gaps_of(req) -> list[float]:
     return [b - a for a, b in zip(t, t[1:])]
 
 
-def interference(L: Lesson, model, items) -> None:
+def interference(L: Lesson, model, items, clock) -> None:
     L.section("Interference, in one picture")
     budget = L.pick(32, 16)
-    R = L.serve_rounds()
-    wholes = [engine_for(model, items, max_batched_tokens=model.config.n_ctx * 16) for _ in range(R)]
-    chunks = [engine_for(model, items, max_batched_tokens=budget) for _ in range(R)]
-    with L.status(f"serving the workload whole and in chunks, {R} rounds each, step by step in turn…"):
-        run_interleaved([e for pair in zip(wholes, chunks) for e in pair])
-    whole, chunked = wholes[0], chunks[0]           # the picture: the first round's
+    L.recheck()
+    with L.status("serving the workload whole and in chunks…"):
+        a, whole = serve(model, items, max_batched_tokens=model.config.n_ctx * 16, step_time=clock)
+        b, chunked = serve(model, items, max_batched_tokens=budget, step_time=clock)
     # the step that ran the most prompt tokens beside running decodes, and a request that waited in it
     stall = max((s for s in whole.steps if s.decode_tokens), key=lambda s: (s.prefill_tokens, s.seconds))
     end = stall.start + stall.seconds
@@ -120,52 +137,48 @@ def interference(L: Lesson, model, items) -> None:
     L.show(paired_chart(f"request {victim.id}: the gap before each of its tokens", rows,
                         ("whole", f"chunk {budget}")),
            f"[dim]◆ the step that ran {stall.prefill_tokens} prompt tokens beside {stall.decode_tokens} "
-           f"decodes: {fmt_time(stall.seconds)} (the first of {R} rounds)[/]")
-    L.claim(stall.prefill_tokens > budget and max(s.n_tokens for e in chunks for s in e.steps) <= budget,
+           f"decodes: {fmt_time(stall.seconds)}; on {clock.words()}; {price_words(L, [a, b])}[/]")
+    L.claim(stall.prefill_tokens > budget and max(s.n_tokens for s in chunked.steps) <= budget,
             f"without chunking, a step ran {stall.prefill_tokens} prompt tokens beside {stall.decode_tokens} "
             f"decodes; with a budget of {budget} no step ran more than {budget} tokens")
     decode_only = sorted(s.seconds for s in whole.steps if not s.prefill_tokens)
-    if decode_only:                      # a timing: words from the numbers, never a failing claim
+    if decode_only:                      # priced: words from the numbers, the same every run
         typical = decode_only[len(decode_only) // 2]
         r = stall.seconds / typical
         how = "longer than" if r > 1.25 else "shorter than" if r < 0.8 else "about as long as"
-        L.say(f"That step took {fmt_time(stall.seconds)}: {fmt_x(r)} a median decode-only step "
+        L.say(f"That step's price: {fmt_time(stall.seconds)}, {fmt_x(r)} a median decode-only step "
               f"({fmt_time(typical)}), {how} one.")
-    a = merge_rounds([summarize(e) for e in wholes])
-    b = merge_rounds([summarize(e) for e in chunks])
-    same = all(w.requests[k].output == c.requests[k].output for w, c in zip(wholes, chunks) for k in w.requests)
-    L.claim(same, "in every round both runs gave every request the same tokens: only the timing changed")
-    t = closeness.test(b["rounds"]["tbt_p99_s"], a["rounds"]["tbt_p99_s"])
-    how = (f"chunking {'lowered' if t.side < 0 else 'raised'} it, {closeness.rule_words(t.n)} "
-           f"({closeness.holds_for()})" if t.side else f"no winner ({t.reason})")
-    L.say(f"The p99 gap between tokens, median of {R} rounds: {fmt_time(a['tbt_p99_s'])} with whole prompts, "
+    same = all(whole.requests[k].output == chunked.requests[k].output for k in whole.requests)
+    L.claim(same, "both runs gave every request the same tokens: only the timing changed")
+    side = closeness.priced_apart(b["tbt_p99_s"], a["tbt_p99_s"])
+    how = (f"chunking {'lowered' if side < 0 else 'raised'} it ({closeness.PRICED_RULE})" if side
+           else f"no winner (within {closeness.CLOSE:.0%})")
+    L.say(f"The p99 gap between tokens, priced: {fmt_time(a['tbt_p99_s'])} with whole prompts, "
           f"{fmt_time(b['tbt_p99_s'])} in chunks of {budget}: {how}.")
     L.say(f"""
         A running sequence gets its next token only when the step it is in ends. A step that also runs
         a {stall.prefill_tokens}-token prompt lasts as long as that prompt's arithmetic: every decode
-        in it waits ({fmt_time(stall.seconds)} here). Chunked prefill (Sarathi-Serve; always on in vLLM V1)
+        in it waits ({fmt_time(stall.seconds)} here, priced). Chunked prefill (Sarathi-Serve; always on in vLLM V1)
         caps the prompt tokens per step, so the long prompt is spread over several steps, each longer than
         a pure decode step by its chunk's work (the budget sweep below fits how much).
     """)
 
 
-def budgets(L: Lesson, model, items) -> dict:
+def budgets(L: Lesson, model, items, clock) -> dict:
     L.section("The budget sweep")
     from minillm.ui.report import budget_verdict
     c = model.config
     sizes = L.pick((16, 32, 64, 128, None), (16, 64, None))
-    R = L.serve_rounds()
-    engines = [[engine_for(model, items, max_batched_tokens=b or c.n_ctx * 16) for _ in range(R)] for b in sizes]
-    with L.status(f"serving the workload at {len(sizes)} budgets, {R} rounds each, interleaved…"):
-        run_interleaved([e for es in engines for e in es])
-    probe = summarize(engines[-1][0])
+    L.recheck()
+    with L.status(f"serving the workload at {len(sizes)} budgets…"):
+        engines = [serve(model, items, max_batched_tokens=b or c.n_ctx * 16, step_time=clock)[1] for b in sizes]
+    probe = summarize(engines[-1])
     slo = {"ttft": round(2 * probe["ttft_p50_s"], 3), "tpot": round(1.5 * probe["tbt_p50_s"], 4)}
     results = []
-    for b, es in zip(sizes, engines):
-        r = merge_rounds([summarize(e, "no chunking" if b is None else f"budget {b}", slo=slo) for e in es])
+    for b, e in zip(sizes, engines):
+        r = summarize(e, "no chunking" if b is None else f"budget {b}", slo=slo)
         r["budget"], r["threads"] = b, blas_threads()
         results.append(r)
-    engines = [e for es in engines for e in es]
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("budget", "tok/s", "TTFT p50", "p95", "TBT p95", "p99", "good/s"):
         t.add_column(col, justify="right", no_wrap=True)
@@ -174,16 +187,13 @@ def budgets(L: Lesson, model, items) -> dict:
                   fmt_time(r["ttft_p50_s"]), fmt_time(r["ttft_p95_s"]), fmt_time(r["tbt_p95_s"]),
                   fmt_time(r["tbt_p99_s"]), f"{r['goodput_rps']:.2f}")
     fit = step_fit([s for e in engines for s in e.steps])
-    L.show(t, f"[dim]medians of {R} rounds; targets: TTFT ≤ {fmt_time(slo['ttft'])} (twice the no-chunking run's "
+    L.show(t, f"[dim]on {clock.words()}; targets: TTFT ≤ {fmt_time(slo['ttft'])} (twice the no-chunking run's "
               f"median), TPOT ≤ {fmt_time(slo['tpot'])} (1.5× its median gap); good/s: requests per second "
-              "meeting both[/]")
-    L.busy_note()
+              f"meeting both; {price_words(L, results)}[/]")
     problem = fit_problem(fit)
     if problem is not None:                 # a fit that explains nothing: say so, conclude nothing from it
-        L.note(f"the fit of step time against tokens is not used: {problem}. Run again with --threads 1 on a "
-               "quieter machine for the budget's per-token cost.")
-    read = model.nbytes() / (L.machine().bandwidth_gbs * 1e9)
-    for line in budget_verdict(results, None if problem else fit, slo, weight_read_s=read):
+        L.note(f"the fit of step time against tokens is not used: {problem}.")
+    for line in budget_verdict(results, None if problem else fit, slo, weight_read_s=None, priced=clock.words()):
         L.console.print(line)
     L.console.print()
     if problem is None:
@@ -192,11 +202,12 @@ def budgets(L: Lesson, model, items) -> dict:
         rows = [(f"decode step, {B} seqs", a + B * b, fmt_time(a + B * b))] + [
             (f"+ chunk of {n}", a + (B + n) * b, f"{fmt_time(a + (B + n) * b)} ({fmt_x((a + (B + n) * b) / (a + B * b))})")
             for n in CHUNKS]
-        L.show(bar_chart(f"a step by the fit: {fmt_time(a)} + {fmt_time(b)} per token (r² {fit['r2']:.2f})", rows))
+        L.show(bar_chart(f"a step by the fit: {fmt_time(a)} + {fmt_time(b)} per token (r² {fit['r2']:.2f})", rows),
+               "[dim]the fit of the steps' prices against their tokens[/]")
         worst = rows[-1][1] / rows[0][1]
         how = ("hardly longer" if worst < 1.25 else "somewhat longer" if worst < 2 else "much longer")
         L.say(f"A step that carries a chunk of up to {CHUNKS[-1]} prompt tokens beside {B} decodes is {how} than a pure "
-              f"decode step here: up to {fmt_x(worst)}, by the fit.")
+              f"decode step here: up to {fmt_x(worst)}, by the fit of the prices.")
         L.say("""
             The budget is a dial. Small: every step stays short, so the gap between tokens stays close to a
             pure decode step, but a long prompt takes many steps to finish, each paying the step's fixed
@@ -206,30 +217,29 @@ def budgets(L: Lesson, model, items) -> dict:
     return {"results": results, "fit": fit, "slo": slo}
 
 
-def goodput_vs_throughput(L: Lesson, model) -> None:
+def goodput_vs_throughput(L: Lesson, model, clock) -> None:
     L.section("Goodput is not throughput")
     c = model.config
     n = L.pick(16, 8)
     items = [WorkItem(0.0, w.prompt, L.pick(16, 8)) for w in
              generate_workload("poisson", rate=1.0, n=n, seed=2, vocab_size=c.vocab_size, n_ctx=c.n_ctx)]
     caps = L.pick((1, 2, 4, 8, 16), (1, 4, 8))
-    R = L.serve_rounds()
-    engines = [[engine_for(model, items, max_seqs=b) for _ in range(R)] for b in caps]
-    with L.status(f"serving {n} requests with batches of {', '.join(map(str, caps))}, {R} rounds, interleaved…"):
-        run_interleaved([e for es in engines for e in es])
-    lo_, hi_ = merge_rounds([summarize(e) for e in engines[0]]), merge_rounds([summarize(e) for e in engines[-1]])
+    L.recheck()
+    with L.status(f"serving {n} requests with batches of {', '.join(map(str, caps))}…"):
+        engines = [serve(model, items, max_seqs=b, step_time=clock)[1] for b in caps]
+    lo_, hi_ = summarize(engines[0]), summarize(engines[-1])
     slo = {"tpot": (lo_["tpot_p50_s"] * hi_["tpot_p50_s"]) ** 0.5}   # between the smallest and largest batch
-    rs = [merge_rounds([summarize(e, f"batch {b}", slo=slo) for e in es]) for b, es in zip(caps, engines)]
+    rs = [summarize(e, f"batch {b}", slo=slo) for b, e in zip(caps, engines)]
     L.show(bar_chart("output tokens per second", [(r["policy"], r["output_tokens_per_s"],
                                                   f"{r['output_tokens_per_s']:.1f}") for r in rs]),
            bar_chart(f"goodput: requests/s with TPOT ≤ {fmt_time(slo['tpot'])}",
                      [(r["policy"], r["goodput_rps"], f"{r['goodput_rps']:.2f} ({r['slo_met']['all']:.0%})")
                       for r in rs], style="green"),
-           f"[dim]medians of {R} rounds; the target: halfway (geometric mean) between the median TPOT of batch "
-           f"{caps[0]} ({fmt_time(lo_['tpot_p50_s'])}) and of batch {caps[-1]} ({fmt_time(hi_['tpot_p50_s'])})[/]")
-    tput = closeness.rank({r["policy"]: r["rounds"]["output_tokens_per_s"] for r in rs})
-    good = closeness.rank({r["policy"]: r["rounds"]["goodput_rps"] for r in rs},      # goodput counts requests
-                          counts={r["policy"]: r["rounds"]["good_requests"] for r in rs})
+           f"[dim]on {clock.words()}; the target: halfway (geometric mean) between the median TPOT of batch "
+           f"{caps[0]} ({fmt_time(lo_['tpot_p50_s'])}) and of batch {caps[-1]} ({fmt_time(hi_['tpot_p50_s'])}); "
+           f"{price_words(L, rs)}[/]")
+    tput = closeness.rank_priced({r["policy"]: r["output_tokens_per_s"] for r in rs})
+    good = closeness.rank_priced({r["policy"]: r["goodput_rps"] for r in rs})
     L.say(closeness.best_words(tput, "Tokens per second", lambda v: f"{v:.1f}") + " "
           + closeness.best_words(good, "Goodput", lambda v: f"{v:.2f}/s"))
     L.say(f"""
@@ -246,32 +256,34 @@ def goodput_vs_throughput(L: Lesson, model) -> None:
 
 
 def peak_words(ranking, order: list[str]) -> str:
-    """Where tokens/s peaked over the batch caps, by the closeness rule: 'grew up to the largest batch'
-    only when the largest is apart from every other; 'peaked at' a smaller one only when every larger
-    batch fell beyond the rounds' spread; else no batch stands out."""
+    """Where tokens/s peaked over the batch caps, by the ranking (`closeness.rank_priced`: apart by over
+    5%): 'grew up to the largest batch' only when the largest is apart from every other; 'peaked at' a
+    smaller one only when it is apart from every larger batch; else no batch stands out."""
     if ranking.winner is None:
         return f"showed no batch apart from the others ({ranking.reason})"
     if ranking.winner == order[-1]:
-        return f"grew up to the largest batch, {order[-1]}, beyond every other batch's spread"
-    return (f"peaked at {ranking.winner}, below the largest ({order[-1]}): the larger batches fell beyond the "
-            "rounds' spread")
+        return f"grew up to the largest batch, {order[-1]}, apart from every other batch"
+    return f"peaked at {ranking.winner}, below the largest ({order[-1]}): the larger batches fell apart from it"
 
 
-def rates_and_prices(L: Lesson, model) -> None:
+def rates_and_prices(L: Lesson, model, clock) -> None:
     """X16, X26: the rate sweep `serve-sim --rates` runs, and what a token costs at the capacity found."""
     L.section("Goodput against the request rate, and what a token costs")
     c = model.config
     probe = [WorkItem(0.0, w.prompt, w.max_tokens) for w in
              generate_workload("poisson", rate=1.0, n=2, seed=3, vocab_size=c.vocab_size, n_ctx=c.n_ctx)]
-    with L.status("timing two requests alone…"):
-        alone, _ = serve(model, probe, policy="sequential")
+    with L.status("pricing two requests alone…"):
+        alone, _ = serve(model, probe, policy="sequential", step_time=clock)
     per = alone["duration_s"] / len(probe)
     rates = [float(f"{x / per:.3g}") for x in L.pick((0.5, 1, 2, 4, 8), (0.5, 1, 2, 4))]
     n = L.pick(16, 8)
-    with L.status(f"serving {n} requests at {len(rates)} rates, interleaved…"):
-        engines = rate_engines(model, rates, workload="poisson", n=n, seed=0)
+    L.recheck()
+    with L.status(f"serving {n} requests at {len(rates)} rates…"):
+        engines = rate_engines(model, rates, workload="poisson", n=n, seed=0, step_time=clock)
     first, last = (summarize(e) for e in (engines[0], engines[-1]))      # the targets: between the two ends
-    slo = {"ttft": round((first["ttft_p95_s"] * last["ttft_p95_s"]) ** 0.5, 4),
+    # TTFT: twice the lowest rate's p95 (priced, TTFT hardly grows over these rates: the batches absorb
+    # them, so a target between the two ends could fail the lowest rate); TPOT: between the two ends
+    slo = {"ttft": round(2 * first["ttft_p95_s"], 4),
            "tpot": round((first["tpot_p95_s"] * last["tpot_p95_s"]) ** 0.5, 5)}
     runs = rate_summaries(engines, rates, slo)
     h = highest_rate(runs)
@@ -287,21 +299,23 @@ def rates_and_prices(L: Lesson, model) -> None:
         `minillm serve-sim --rates` serves the same seeded requests at each rate (the arrivals scaled),
         every rate's engine stepped in turn, and finds the highest rate at which 90% of the requests meet
         every target: one engine's **capacity**. Here {n} requests at {len(rates)} rates, from half the pace
-        of one request alone ({fmt_time(per)}) up; targets TTFT ≤ {fmt_time(slo['ttft'])} and TPOT ≤
-        {fmt_time(slo['tpot'])}, halfway (geometric mean) between the lowest and the highest rate's p95.
+        of one request alone ({fmt_time(per)}, priced) up; targets TTFT ≤ {fmt_time(slo['ttft'])}, twice the
+        lowest rate's p95, and TPOT ≤ {fmt_time(slo['tpot'])}, halfway (geometric mean) between the lowest and
+        the highest rate's p95.
     """)
-    L.show(t, "[dim]met: the share of requests that met every target; ◆ the highest rate where 90% did[/]")
-    for line in capacity_words(h, "the targets"):
+    L.show(t, f"[dim]on {clock.words()}; met: the share of requests that met every target; ◆ the highest "
+              f"rate where 90% did; {price_words(L, runs)}[/]")
+    for line in capacity_words(h, "the targets", priced=True):
         L.console.print(line)
     L.console.print()
     run = h["run"] or runs[0]
     kv_tok = 2 * c.n_layer * c.n_kv_head * c.head_dim * model.dtype.itemsize
-    hw = L.machine()
+    hw = clock.hw                       # the figures the steps were priced at
     prices = token_prices(run, kv_tok, hw.bandwidth_gbs)
     L.say(f"""
         Providers price **input**, **cached input** and **output** tokens apart (cached input often about
         a tenth of input). The same run says why, {'at the capacity found' if h['run'] else 'at the lowest rate'}
-        ({fmt_rate(run['rate'])}): split each step's seconds between its prompt and its output tokens by their
+        ({fmt_rate(run['rate'])}): split each step's priced seconds between its prompt and its output tokens by their
         FLOPs, charge the idle time to both, and a cached prompt token costs only the reload of its KV
         ({kv_tok:,} bytes at this machine's {hw.bandwidth_gbs:.1f} GB/s, lesson 10), not its prefill. At an
         example ${PRICE_PER_HOUR:g} an engine-hour (`PRICE_PER_HOUR` at the top of this lesson):
@@ -314,42 +328,28 @@ def rates_and_prices(L: Lesson, model) -> None:
            "mostly by its output and cached-input columns")
 
 
-def disaggregation(L: Lesson, model, items, chunk: int, alone: float) -> dict:
-    """One engine against the split, in interleaved rounds on one thread count; the remedies' table's
-    other two options (whole prompts, the smallest budget) ride in the same rounds, so the three are
-    ranked from one measurement, not from two taken minutes apart. alone: the seconds a request took
-    alone when the workload was paced (`workload`)."""
+def disaggregation(L: Lesson, model, items, clock, sweep: dict) -> dict:
+    """One engine against the split, every engine on the roofline clock; the remedies' table's other two
+    options (whole prompts, the sweep's smallest budget) are served here again: priced, they give the
+    budget sweep's figures, checked."""
     from minillm.ui.report import disagg_verdict
     L.section("Splitting the phases: two engines, KV on the wire")
-    with L.status("measuring this machine's copy bandwidth…"):
-        link = measure_copy_gbps()
+    link = clock.copy_gbps()
+    chunk = min(r["budget"] for r in sweep["results"] if r["budget"])
     budget = L.pick(32, 16)
     uncapped = model.config.n_ctx * 16   # a budget above any prompt: no chunking
-    threads, why = comparison_threads(blas_threads())
-    T = threads or 1
-    R = L.serve_rounds()
-    # Each round paces the workload by a request timed alone just before it, on the same threads: the
-    # engines then run as loaded as the first section's, however busy the machine has become since
-    # (a fixed pace on a machine slowed later overloads one engine and not the split's two).
-    ones, splits, wholes, chunks = [], [], [], []
+    L.recheck()
+    T = blas_threads() or 1              # every engine's steps alike (their price does not depend on it)
     with L.status(f"serving the workload on one engine and split (and whole prompts, budget {chunk} for the "
-                  f"last section), {R} rounds, every step on {plural(T, 'thread')}, interleaved…"):
-        for _ in range(R):
-            with limited(T):
-                pace = alone_seconds(model)
-            paced = [replace(w, arrival=w.arrival * pace / alone) for w in items]
-            four = [OnThreads(engine_for(model, paced, max_batched_tokens=budget), T),
-                    disaggregated_engines(model, paced, p_threads=T, d_threads=T, link_gbps=link,
-                                          max_batched_tokens=budget, prefill_batched_tokens=uncapped),
-                    OnThreads(engine_for(model, paced, max_batched_tokens=uncapped), T),
-                    OnThreads(engine_for(model, paced, max_batched_tokens=chunk), T)]
-            for group, x in zip((ones, splits, wholes, chunks), four):
-                group.append(x)
-            run_interleaved(four)
-    a = merge_rounds([colocated_summary(o.engine, T, label="one engine") for o in ones])
-    b = merge_rounds([sp.summary(label="split") for sp in splits])
-    whole = merge_rounds([colocated_summary(o.engine, T, label="no chunking") for o in wholes])
-    chunked = merge_rounds([colocated_summary(o.engine, T, label=f"budget {chunk}") for o in chunks])
+                  "last section)…"):
+        one = colocated(model, items, threads=T, label="one engine", max_batched_tokens=budget, step_time=clock)
+        b, split = disaggregated(model, items, label="split", p_threads=T, d_threads=T, link_gbps=link,
+                                 max_batched_tokens=budget, prefill_batched_tokens=uncapped, step_time=clock)
+        whole, _ = colocated(model, items, threads=T, label="no chunking", max_batched_tokens=uncapped,
+                             step_time=clock)
+        chunked, _ = colocated(model, items, threads=T, label=f"budget {chunk}", max_batched_tokens=chunk,
+                               step_time=clock)
+    a, one = one
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("", "tok/s", "per engine", "TTFT p95", "TPOT p95", "TBT p99", "KV moved"):
         t.add_column(col, justify="right", no_wrap=True)
@@ -357,25 +357,27 @@ def disaggregation(L: Lesson, model, items, chunk: int, alone: float) -> dict:
         t.add_row(r["label"], f"{r['output_tokens_per_s']:.1f}", f"{r['output_tokens_per_s'] / n:.1f}",
                   fmt_time(r["ttft_p95_s"]), fmt_time(r["tpot_p95_s"]), fmt_time(r["tbt_p99_s"]),
                   fmt_bytes(r["kv_bytes_moved"]))
-    L.show(t, f"[dim]medians of {R} rounds, all four served in the same rounds, each paced by a request timed "
-              f"alone just before it; every step of every engine on {plural(T, 'BLAS thread')}; link: "
-              f"{link:.3g} Gb/s, this machine's measured copy; per engine: tok/s ÷ the engines that served; "
-              f"one engine: the split's decode budget, {budget}. The budget sweep's rows are another measurement (a fixed pace, earlier): compare within a "
-              "table, not across[/]")
-    if why:
-        L.note(why)
+    L.show(t, f"[dim]on {clock.words()}; link: {link:.3g} Gb/s, a copy in this machine's memory priced at "
+              f"its bandwidth (each byte read and written once); per engine: tok/s ÷ the engines that served; "
+              f"one engine: the split's decode budget, {budget}; {price_words(L, [a, b, whole, chunked])}[/]")
     c = model.config
     per_pos = 2 * c.n_layer * c.n_kv_head * c.head_dim * model.dtype.itemsize
     expect = sum(per_pos * len(w.prompt) for w in items if w.max_tokens > 1)
-    L.claim(all(sp.summary()["kv_bytes_moved"] == expect for sp in splits),
-            f"the KV handed over, every round: {fmt_bytes(expect)} = 2 (K, V) × {c.n_layer} layers × "
+    L.claim(b["kv_bytes_moved"] == expect,
+            f"the KV handed over: {fmt_bytes(expect)} = 2 (K, V) × {c.n_layer} layers × "
             f"{c.n_kv_head} heads × {c.head_dim} × {model.dtype.itemsize} bytes = {per_pos:,} bytes per prompt "
             "position")
-    L.claim(all(sp.outputs()[k] == o.engine.requests[k].output for sp, o in zip(splits, ones) for k in sp.outputs()),
-            "every request got the same tokens from the split as from one engine, every round")
+    L.claim(all(split.outputs()[k] == one.requests[k].output for k in split.outputs()),
+            "every request got the same tokens from the split as from one engine")
+    swept = {r["budget"]: r for r in sweep["results"]}
+    again = [(r, swept[k]) for r, k in ((whole, None), (chunked, chunk), (a, budget)) if k in swept]
+    L.claim(all(math.isclose(r[f], s[f], rel_tol=1e-9) for r, s in again
+                for f in ("output_tokens_per_s", "ttft_p95_s", "tbt_p99_s")),
+            f"served again here, {', '.join(r['label'] for r, _ in again)} gave the budget sweep's "
+            "tokens/s, TTFT p95 and TBT p99: priced, a configuration served twice is the same run")
     at25 = expect * 8 / 25e9
     L.console.print()
-    for line in disagg_verdict([{**a, "link_gbps": link}, {**b, "link_gbps": link}]):
+    for line in disagg_verdict([{**a, "link_gbps": link}, {**b, "link_gbps": link}], priced=clock.words()):
         if not line.startswith("  "):            # the rankings; the details are in the table and below
             L.console.print(line.removesuffix(" Measured:"))
     L.console.print()
@@ -384,7 +386,7 @@ def disaggregation(L: Lesson, model, items, chunk: int, alone: float) -> dict:
         step with a decode, and each can have its own batch and budget: here the prefill engine takes
         each prompt whole (no decode waits behind it, so nothing to chunk for), the decode engine
         keeps the budget of {budget}. Each engine steps on
-        {plural(T, 'thread')}, as the one engine does: two devices like this one against one, as DistServe
+        the same roofline as the one engine: two devices like this one against one, as DistServe
         puts prefill and decode on GPUs of their own (each with its full bandwidth and its own
         parallelism). The price: one of them idles whenever its phase has no work (busy
         {b['busy'][0]:.0%} and {b['busy'][1]:.0%} here), and every prompt's KV crosses a link
@@ -404,7 +406,7 @@ def disaggregation(L: Lesson, model, items, chunk: int, alone: float) -> dict:
 
 def split_rows(one: dict, split: dict, whole: dict, chunked: dict) -> list[tuple[dict, int]]:
     """The split table's rows, (summary, engines that served): one engine with the decode budget, the
-    split, and the remedies' other two options from the same rounds, so each configuration shows one
+    split, and the remedies' other two options from the same section, so each configuration shows one
     throughput (issue 53: "no chunking" was printed with three)."""
     rows = [(one, 1), (split, 2), (whole, 1), (chunked, 1)]
     labels = [r["label"] for r, _ in rows]
@@ -413,30 +415,29 @@ def split_rows(one: dict, split: dict, whole: dict, chunked: dict) -> list[tuple
     return rows
 
 
-def remedies(L: Lesson, model, sweep: dict, split: dict) -> None:
+def remedies(L: Lesson, model, sweep: dict, split: dict, clock) -> None:
     L.section("Which remedy, for which target, here and on a GPU")
-    # from one interleaved measurement (disaggregation's rounds); per engine: the split serves with
-    # two engines' steps, the others with one
+    # the runs of disaggregation's section; per engine: the split serves with two engines' steps, the
+    # others with one
     options = {"no chunking": (split["whole"], 1), split["chunked"]["label"]: (split["chunked"], 1),
                "split": (split["split"], 2)}
 
-    def rounds(r, n, key):
+    def figure(r, n, key):
         if key == "per_engine":
-            return [x / n for x in r["rounds"]["output_tokens_per_s"]]
-        return r["rounds"][key]
+            return r["output_tokens_per_s"] / n
+        return r[key]
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("target", "best here", "its figure", "worst"):
         t.add_column(col, no_wrap=True)
     for key, what, high in (("per_engine", "tok/s per engine", True), ("ttft_p95_s", "TTFT p95", False),
                             ("tbt_p99_s", "TBT p99", False)):
-        ranking = closeness.rank({k: rounds(r, n, key) for k, (r, n) in options.items()}, higher=high)
+        ranking = closeness.rank_priced({k: figure(r, n, key) for k, (r, n) in options.items()}, higher=high)
         f = (lambda x: f"{x:.1f} tok/s") if high else fmt_time
         t.add_row(what, ranking.winner or "no winner",
-                  f(ranking.medians[ranking.winner]) if ranking.winner else "rounds close",
+                  f(ranking.medians[ranking.winner]) if ranking.winner else f"within {closeness.CLOSE:.0%}",
                   ranking.loser or "—")
-    L.show(t, f"[dim]the mixed workload, the three served in the same interleaved rounds; by the closeness rule "
-              f"({closeness.holds_for(split['threads'])}): a best or worst only beyond every other option's "
-              "spread over the rounds[/]")
+    L.show(t, f"[dim]the mixed workload, the previous section's runs, on {clock.words()}: a best or worst only "
+              f"apart by over {closeness.CLOSE:.0%} from every other option[/]")
     fit = sweep["fit"]
     n_params, wbytes = model.n_params(), model.nbytes()
     fp16 = wbytes / model.dtype.itemsize * 2
@@ -467,14 +468,22 @@ def remedies(L: Lesson, model, sweep: dict, split: dict) -> None:
     """)
     problem = fit_problem(fit)
     if problem is None:
-        read = wbytes / (L.machine().bandwidth_gbs * 1e9)
+        bw = clock.hw.bandwidth_gbs
+        read = wbytes / (bw * 1e9)
         rest = fit["fixed_s"] - read
+        if closeness.priced_apart(fit["fixed_s"], read) == 0:
+            part = f"about all of it (within {closeness.CLOSE:.0%})"
+        elif rest > 0:
+            part = (f"{fmt_time(read)} of it; the rest, {fmt_time(rest)}, is the straight line's estimate of what "
+                    "else a step reads (the KV cache, activations)")
+        else:
+            part = f"{fmt_time(read)}, more than the fit's fixed part: a straight line through the steps' prices"
         L.say(f"""
-            Here, the fit's fixed part per step is {fmt_time(fit['fixed_s'])}. Reading the weights once
-            ({fmt_bytes(wbytes)} at this machine's {L.machine().bandwidth_gbs:.1f} GB/s) takes
-            {fmt_time(read)} of it; {'the rest, ' + fmt_time(rest) + ', is overhead' if rest > 0 else 'the fit puts it below the read'}
-            (NumPy's and Python's per-step work, and what the token count does not capture). The GPU's knee
-            above is another quantity: where arithmetic overtakes that read.
+            Here, on the roofline clock, the fit's fixed part per step is {fmt_time(fit['fixed_s'])}. Reading
+            the weights once ({fmt_bytes(wbytes)} at this machine's {bw:.1f} GB/s) takes {part}.
+            The time the roofline leaves out (NumPy's and Python's per-step work) is not in it:
+            {price_words(L, sweep['results'])}. The GPU's knee above is another quantity: where
+            arithmetic overtakes that read.
         """)
     else:
         L.note(f"no comparison with this machine's step: its fit is not used ({problem}).")

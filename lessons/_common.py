@@ -627,8 +627,12 @@ def roofline_clock(L: Lesson):
     made the steps run on one: so a busy run prices the same steps the same and reaches the same
     verdicts as a quiet one."""
     from minillm.serving.metrics import RooflineClock
+    now = blas_threads()
     with limited(L._asked_threads):
         hw = hardware.machine(progress=L.console.is_terminal)
+    if now is not None and blas_threads() != now and L._stack is not None:
+        # a BLAS loaded while measuring kept its own thread count: the rest of the lesson on the lesson's
+        L._stack.enter_context(limited(now))
     return RooflineClock(hw)
 
 

@@ -802,3 +802,83 @@ def test_lessons_under_load_checks_runs_made_apart_and_counts_each_verdict_that_
     assert proc.returncode == 0 and "0 differ" in proc.stdout and "rc=" not in proc.stdout
     proc = subprocess.run(args + ["--repeat", "2"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "13-quiet-2.txt: missing" in proc.stdout
+
+
+# -- issue 53: lesson 13 on the roofline clock: its verdicts cannot depend on a step's measured time -------
+
+def _lesson_13_text(monkeypatch, capsys, stall: bool) -> str:
+    """Lesson 13 --fast on a quiet machine (as probed), every model step stalled by a seeded random sleep
+    when `stall`; the output flattened, what is measured (load, the steps' time against their price)
+    masked."""
+    import random
+    import re
+    import time
+
+    from minillm.engine import engine as engine_mod
+    from minillm.lessons import _common
+    monkeypatch.setattr(_common, "busy_line", lambda: None)
+    if stall:
+        real, rng = engine_mod.run_step, random.Random(0)
+
+        def stalled(*a, **kw):                 # a busy machine's stalls, in every step of every engine
+            time.sleep(rng.choice((0.0, 0.0, 0.0005, 0.003)))
+            return real(*a, **kw)
+        monkeypatch.setattr(engine_mod, "run_step", stalled)
+    assert _lesson("13_two_phases").main(["--fast", "--no-pause"]) == 0
+    out = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    out = re.sub(r"load average [\d.]+", "load average #", out)
+    out = re.sub(r"measured [^,)]*? ago at load [\d.]+", "measured # ago", out)
+    return re.sub(r"the model steps took [\d.×-]+ their price", "the model steps took # their price", out)
+
+
+def test_lesson_13s_verdicts_are_the_same_whatever_its_steps_measured(monkeypatch, capsys):
+    """Issue 53: lesson 13's verdicts flipped between runs and beside CPU burners. On the roofline clock
+    every schedule, figure and ranking comes from counts: a run whose every model step is stalled at
+    random prints the same text, every ranking sentence and figure included, as one that is not."""
+    import importlib.util
+    from pathlib import Path
+
+    from minillm import closeness
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "lessons_under_load.py"
+    spec = importlib.util.spec_from_file_location("lessons_under_load", path)
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    calm = _lesson_13_text(monkeypatch, capsys, stall=False)
+    stalled = _lesson_13_text(monkeypatch, capsys, stall=True)
+    verdicts = harness.rankings(calm)
+    assert len(verdicts) >= 12 and calm.count(closeness.PRICED_RULE) >= 8
+    assert harness.rankings(stalled) == verdicts
+    assert stalled == calm
+
+
+def test_the_under_load_check_reads_lesson_13s_priced_verdicts():
+    """The harness's patterns capture the sentences lesson 13 words on the roofline clock."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "lessons_under_load.py"
+    spec = importlib.util.spec_from_file_location("lessons_under_load", path)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    text = ("The p99 gap between tokens, priced: 913 µs with whole prompts, 701 µs in chunks of 16: chunking "
+            "lowered it (priced from counts). Goodput (TTFT≤2 ms, TPOT≤1 ms) favours no chunking (325.65 req/s; "
+            "budget 16: 113.31 req/s), priced. tok/s: split best, 4839.50 (one engine 4494.67); on the "
+            "roofline clock. Against one engine, on the roofline clock (21.4 GB/s), the split wins on TTFT p95; "
+            "loses on tok/s per engine, TPOT p95 (priced from counts). target best here its figure worst "
+            "TTFT p95 no winner within 5% — TBT p99 budget 16 701 µs split")
+    assert m.rankings(text) == [("Goodput (TTFT≤# ms, TPOT≤# ms)", "no chunking"), ("tok/s", "split"),
+                                ("The p# gap between tokens, priced", "lowered"),
+                                ("the split", "wins on TTFT p95; loses on tok/s per engine, TPOT p95"),
+                                ("TTFT p#", None), ("TBT p#", "budget 16")]
+
+
+def test_a_priced_rate_sweep_calls_a_lower_rates_miss_its_schedule_not_noise():
+    """On the roofline clock a rate sweep is the same every run: a lower rate that missed the targets is
+    the workload's, and is not called noise; measured, it still is (serve-sim's words unchanged)."""
+    from minillm.serving.rates import capacity_words
+    run = {"attainment": 1.0}
+    h = {"rate": 4.0, "run": run, "attainment": 0.9, "all_met": False, "below": [2.0], "tokens_per_s": 10.0,
+         "engine_s_per_mtok": 1e5}
+    priced = " ".join(capacity_words(h, "the targets", priced=True))
+    measured = " ".join(capacity_words(h, "the targets"))
+    assert "A lower rate missed it (2/s): priced, the same every run" in priced and "noisy" not in priced
+    assert "the runs are noisy here" in measured
