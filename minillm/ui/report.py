@@ -187,11 +187,23 @@ def counts_of(results: list[dict], key: str, name) -> dict | None:
             for r in results if r.get(key) is not None}
 
 
-def favours(results: list[dict], key: str, high: bool, what: str, show, name) -> str:
+def favours(results: list[dict], key: str, high: bool, what: str, show, name, priced: str | None = None) -> str:
     """One sentence of a sweep: which run a figure favours, by the one closeness rule on each run's rounds
     (closeness.py): a run is favoured only when the sign test on the paired rounds ranks it above every other;
-    otherwise no run stands out, said with the reason. The words say what the ranking holds for."""
+    otherwise no run stands out, said with the reason. The words say what the ranking holds for.
+
+    priced: the runs were served once on a clock priced from counts (`serving.metrics.RooflineClock`;
+    its words, e.g. "the roofline clock (21.4 GB/s, 204 GFLOP/s)"): each figure is ranked as it is,
+    by `closeness.rank_priced` (apart by over 5%), and the sentence says so."""
     have = [r for r in results if r.get(key) is not None]
+    if priced is not None:
+        ranking = closeness.rank_priced({name(r): r[key] for r in have}, higher=high, on=priced)
+        if ranking.winner is None:
+            figs = ", ".join(f"{k} {show(ranking.medians[k])}" for k in ranking.order)
+            return f"{what}: no budget stands out ({ranking.reason}): {figs}; on {priced}."
+        w, lo = ranking.winner, ranking.worst
+        return (f"{what} favours {w} ({show(ranking.medians[w])}; {lo}: {show(ranking.medians[lo])}), on "
+                f"{priced}, {closeness.PRICED_RULE}.")
     ranking = closeness.rank({name(r): rounds_of(r, key) for r in have}, higher=high,
                              counts=counts_of(have, key, name))
     threads = next((r.get("threads") for r in have if isinstance(r.get("threads"), int)), None)
@@ -205,10 +217,12 @@ def favours(results: list[dict], key: str, high: bool, what: str, show, name) ->
             f"{closeness.holds_for(threads)}.")
 
 
-def budget_verdict(results: list[dict], fit: dict | None, slo: dict, weight_read_s: float | None = None) -> list[str]:
+def budget_verdict(results: list[dict], fit: dict | None, slo: dict, weight_read_s: float | None = None,
+                   priced: str | None = None) -> list[str]:
     """Which budget this machine favours for which target, from the runs and the fit of step time. A fit
     that `fit_problem` finds meaningless is named and nothing is concluded from it. `weight_read_s`: the
-    model's bytes ÷ this machine's bandwidth, printed beside the fit's fixed part (the rest is overhead)."""
+    model's bytes ÷ this machine's bandwidth, printed beside the fit's fixed part (the rest is overhead).
+    priced: the runs' clock words when they were priced from counts, one run each (`favours`)."""
     lines = []
     name = lambda r: r["policy"]  # noqa: E731
     if fit is not None and fit_problem(fit) is not None:
@@ -216,7 +230,7 @@ def budget_verdict(results: list[dict], fit: dict | None, slo: dict, weight_read
         fit = None
     if fit is not None:
         a, b = fit["fixed_s"], fit["per_token_s"]
-        lines.append(f"Step time ≈ {fmt_time(a)} + {fmt_time(b)} per token (least squares over "
+        lines.append(f"Step {'price' if priced else 'time'} ≈ {fmt_time(a)} + {fmt_time(b)} per token (least squares over "
                      f"{fit['steps']} steps of every budget, r² {fit['r2']:.2f}).")
         read = ("" if weight_read_s is None else
                 f" (reading the weights once is {fmt_time(weight_read_s)} of it; the rest, per-step overhead)"
@@ -224,9 +238,10 @@ def budget_verdict(results: list[dict], fit: dict | None, slo: dict, weight_read
         lines.append(f"The fixed part{read} costs as much as {a / b:.0f} tokens: a budget well below that "
                      f"pays it in many more steps; a prompt of N tokens in one step holds every running "
                      f"decode about N × {fmt_time(b)}.")
-    lines.append(favours(results, "output_tokens_per_s", True, "Throughput", lambda v: f"{v:.1f} tok/s", name))
-    lines.append(favours(results, "tbt_p99_s", False, "The p99 gap between tokens", fmt_time, name))
-    lines.append(favours(results, "ttft_p95_s", False, "TTFT p95", fmt_time, name))
+    lines.append(favours(results, "output_tokens_per_s", True, "Throughput", lambda v: f"{v:.1f} tok/s", name,
+                         priced))
+    lines.append(favours(results, "tbt_p99_s", False, "The p99 gap between tokens", fmt_time, name, priced))
+    lines.append(favours(results, "ttft_p95_s", False, "TTFT p95", fmt_time, name, priced))
     if slo:
         if fit is not None and "tpot" in slo and fit["per_token_s"] > 0:
             room = (slo["tpot"] - fit["fixed_s"]) / fit["per_token_s"]
@@ -242,7 +257,7 @@ def budget_verdict(results: list[dict], fit: dict | None, slo: dict, weight_read
             lines.append(f"Goodput ({slo_text(slo)}) is the same at every budget ({hi['goodput_rps']:.2f} req/s).")
         else:
             lines.append(favours(results, "goodput_rps", True, f"Goodput ({slo_text(slo)})",
-                                 lambda v: f"{v:.2f} req/s", name))
+                                 lambda v: f"{v:.2f} req/s", name, priced))
     return lines
 
 
@@ -273,8 +288,11 @@ def diagnosis(r: dict) -> str:
             + (bigger if bound == "memory" else "run with the machine's figures for a verdict"))
 
 
-def disagg_verdict(results: list[dict]) -> list[str]:
-    """Where the split wins and where it loses, and why, from the runs' own figures."""
+def disagg_verdict(results: list[dict], priced: str | None = None) -> list[str]:
+    """Where the split wins and where it loses, and why, from the runs' own figures.
+
+    priced: the runs were served once on a clock priced from counts (its words: `RooflineClock.words`):
+    every figure ranked as it is by `closeness.rank_priced` / `priced_apart`, and the words say so."""
     lines = []
     one = [r for r in results if r["split"] == "colocated"]
     splits = [r for r in results if r["split"] != "colocated"]
@@ -287,6 +305,16 @@ def disagg_verdict(results: list[dict]) -> list[str]:
         if not have:
             continue
         f = (lambda x: f"{x:.2f}") if key in ("output_tokens_per_s", "goodput_rps") else fmt_time
+        if priced is not None:
+            ranking = closeness.rank_priced({escape(r["label"]): r[key] for r in have}, higher=high, on=priced)
+            if ranking.winner is None:
+                lines.append(f"{what}: no winner ({ranking.reason}): " + ", ".join(
+                    f"{k} {f(ranking.medians[k])}" for k in ranking.order) + ".")
+            else:
+                lines.append(f"{what}: best {ranking.winner} ({f(ranking.medians[ranking.winner])}), worst "
+                             f"{ranking.worst} ({f(ranking.medians[ranking.worst])}); apart by over "
+                             f"{closeness.CLOSE:.0%}.")
+            continue
         ranking = closeness.rank({escape(r["label"]): rounds_of(r, key) for r in have}, higher=high,
                                  counts=counts_of(have, key, lambda r: escape(r["label"])))
         if ranking.winner is None:
@@ -311,16 +339,25 @@ def disagg_verdict(results: list[dict]) -> list[str]:
         return rounds_of(r, key)
     known = [(key, what, high) for key, what, high in figures
              if (key == "tok_s_per_engine" or (s.get(key) is not None and c.get(key) is not None))]
-    side = {what: closeness.apart(rounds(s, key), rounds(c, key)) * (1 if high else -1) for key, what, high in known}
+    if priced is not None:
+        side = {what: closeness.priced_apart(rounds(s, key)[0], rounds(c, key)[0]) * (1 if high else -1)
+                for key, what, high in known}
+    else:
+        side = {what: closeness.apart(rounds(s, key), rounds(c, key)) * (1 if high else -1)
+                for key, what, high in known}
     tied = [what for what, v in side.items() if v == 0]
     lost = [what for what, v in side.items() if v < 0]
     won = [what for what, v in side.items() if v > 0]
     verdict = "; ".join(x for x in (f"wins on {', '.join(won)}" if won else "",
                                     f"loses on {', '.join(lost)}" if lost else "",
                                     f"has no winner against it on {', '.join(tied)}" if tied else "") if x)
-    lines.append(f"Against {escape(c['label'])} the split {verdict}, by the verdict rule "
-                 f"({closeness.rule_words(len(rounds(c, known[0][0])))}); every engine's steps alike: "
-                 f"{closeness.holds_for(c['threads'])}. Measured:")
+    if priced is not None:
+        lines.append(f"Against {escape(c['label'])} the split {verdict}, on {priced}: "
+                     f"{closeness.PRICED_RULE}. Priced:")
+    else:
+        lines.append(f"Against {escape(c['label'])} the split {verdict}, by the verdict rule "
+                     f"({closeness.rule_words(len(rounds(c, known[0][0])))}); every engine's steps alike: "
+                     f"{closeness.holds_for(c['threads'])}. Measured:")
     lines.append(f"  busy: prefill engine {s['busy'][0]:.0%}, decode engine {s['busy'][1]:.0%} of the run "
                  f"(one engine: {c['busy'][0]:.0%}); an engine idles when its phase has no work.")
     fp, fd, fc = s["fit"][0], s["fit"][1], c["fit"][0]
