@@ -191,7 +191,7 @@ def test_serve_sim_budget_sweep_table_fits_80_columns(home):
                env={**cli_env(home), "COLUMNS": "80"}))
     words = " ".join(r.stdout.split())
     assert ("favours" in words or "no budget stands out" in words) and "no chunking" in words
-    assert "rounds" in words                                            # the closeness rule's words
+    assert "Clock: the roofline clock" in words and "; on the roofline clock" in words   # the default, said
     assert "per token" in words or "the fit is not used (" in words      # a fit explains the steps, or is named
     assert all(len(line) <= 80 for line in r.stdout.splitlines())
 

@@ -137,3 +137,91 @@ def test_the_live_view_draws_the_queue_and_the_block_map():
     lines = text.splitlines()          # the header in whole lines, none cut or wrapped mid-phrase
     assert lines[0].strip() == "continuous" and lines[1].startswith("t = ") and lines[1].rstrip().endswith("/5")
     assert lines[2].startswith("tokens out ") and "preemptions " in lines[2]
+
+
+# ------------------------------------------------------------------ --clock: roofline and measured
+
+# The real command with every batched model step slowed by a sleep inside the model's metered step:
+# what a busy machine does to the steps it shares, on purpose.
+SLOWED = """
+import sys, time
+from minillm.models.gpt2 import GPT2
+run = GPT2.run
+def slow(self, plan):
+    if len(getattr(plan, "spans", ())) > 1:
+        time.sleep(0.004)
+    return run(self, plan)
+GPT2.run = slow
+from minillm.cli.commands import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _verdicts(stdout: str) -> str:
+    """The ranking sentences of `serve-sim --compare` (policies): from the first one to the diagnoses."""
+    flat = " ".join(stdout.split())
+    return "Throughput" + flat.split(" Throughput", 1)[1].split(" sequential: ", 1)[0]
+
+
+def test_serve_sim_compare_on_the_roofline_clock_reads_the_same_verdicts_when_the_steps_are_slowed(home):
+    """Two `serve-sim --compare` runs, one with every batched step slowed 4 ms: on the roofline clock
+    (the default of a comparison) every verdict, figure for figure, is the same; only the measured
+    time said beside it differs."""
+    import subprocess
+    import sys
+
+    import importlib.util
+
+    from test_cli import REPO, cli_env
+
+    spec = importlib.util.spec_from_file_location("lessons_under_load", REPO / "benchmarks" / "lessons_under_load.py")
+    under_load = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(under_load)
+
+    args = ["serve-sim", "--model", str(TINY_A), "--requests", "8", "--rate", "20000", "--compare", "--no-live"]
+    plain = ok(run(home, *args))
+    slowed = ok(subprocess.run([sys.executable, "-c", SLOWED, *args], capture_output=True, text=True,
+                               encoding="utf-8", cwd=REPO, env=cli_env(home), timeout=300))
+    for r in (plain, slowed):
+        assert r.stdout.lstrip().startswith("Clock: the roofline clock (")      # said before any number
+    assert _verdicts(plain.stdout) == _verdicts(slowed.stdout)
+    ranked = under_load.rankings(plain.stdout)      # the harness that counts differing verdicts reads them
+    assert len(ranked) == 3 and any(v is not None for _, v in ranked), ranked
+    beside = [[line for line in r.stdout.splitlines() if "their price" in line] for r in (plain, slowed)]
+    assert beside[0] and beside[0] != beside[1]            # the sleep was real: the measured time moved
+
+
+def test_serve_sim_clock_measured_still_serves_rounds(home):
+    r = ok(run(home, "serve-sim", "--model", TINY_A, "--requests", "4", "--rate", "50", "--compare",
+               "prefix-cache", "--clock", "measured", "--repeats", "2", "--json"))
+    res = json.loads(r.stdout)
+    assert all(list(x)[0] == "clock" and x["clock"] == "measured" and x["n_rounds"] == 2 for x in res)
+    assert all("roofline_share" not in x for x in res)
+    r = ok(run(home, "serve-sim", "--model", TINY_A, "--requests", "4", "--rate", "50", "--compare",
+               "--clock", "measured", "--repeats", "2", "--no-live"))
+    words = " ".join(r.stdout.split())
+    assert words.startswith("Clock: measured:") and "2 rounds of each, interleaved" in words
+    assert "roofline clock" not in words
+
+
+def test_serve_sim_json_says_the_clock_first(home):
+    one = json.loads(ok(run(home, "serve-sim", "--model", TINY_A, "--requests", "3", "--json")).stdout)
+    assert [list(x)[0] for x in one] == ["clock"] and one[0]["clock"] == "measured"     # one run: real latency
+    priced = json.loads(ok(run(home, "serve-sim", "--model", TINY_A, "--requests", "3", "--clock", "roofline",
+                               "--json")).stdout)[0]
+    assert list(priced)[0] == "clock" and priced["clock"] == "roofline"
+    assert priced["clock_priced_at"]["bandwidth_gbs"] > 0 and priced["measured_model_s"] > 0
+    assert priced["roofline_share"] > 0
+    rates = json.loads(ok(run(home, "serve-sim", "--model", TINY_A, "--requests", "3", "--rates", "1,1000",
+                              "--slo", "ttft=60", "--json")).stdout)
+    assert list(rates)[0] == "clock" and rates["clock"] == "roofline"
+    assert {x["clock"] for x in rates["runs"]} == {"roofline"}
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--clock", "wall"], ["--clock wall", "roofline", "measured"]),
+    (["--compare", "--repeats", "3"], ["--repeats 3", "--clock measured"]),
+])
+def test_serve_sim_bad_clock_is_one_clear_line(home, args, words):
+    r = run(home, "serve-sim", "--model", TINY_A, "--requests", "2", *args)
+    assert len(user_error(r, *words).splitlines()) == 1 and r.returncode == 1
