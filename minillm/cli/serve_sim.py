@@ -52,7 +52,8 @@ def add_arguments(p) -> None:
                    help="with --rates: what an engine costs an hour, for the cost per million tokens")
     p.add_argument("--requests", type=int, default=64, help="how many requests (default 64)")
     p.add_argument("--repeats", type=int, default=None, metavar="N",
-                   help="with --compare: serve every configuration N times, all interleaved, and rank a figure "
+                   help="with --compare --clock measured: serve every configuration N times, all interleaved, "
+                        "and rank a figure "
                         "only by a sign test on the paired rounds at 5%%, which needs 6 (default 6)")
     p.add_argument("--clock", default=None, metavar="{roofline,measured}",
                    help="what advances a run's clock each step. roofline: the step's price, max(its counted "

@@ -230,7 +230,8 @@ def budget_verdict(results: list[dict], fit: dict | None, slo: dict, weight_read
         fit = None
     if fit is not None:
         a, b = fit["fixed_s"], fit["per_token_s"]
-        lines.append(f"Step {'price' if priced else 'time'} ≈ {fmt_time(a)} + {fmt_time(b)} per token (least squares over "
+        step = "Step price" if priced else "Step time"
+        lines.append(f"{step} ≈ {fmt_time(a)} + {fmt_time(b)} per token (least squares over "
                      f"{fit['steps']} steps of every budget, r² {fit['r2']:.2f}).")
         read = ("" if weight_read_s is None else
                 f" (reading the weights once is {fmt_time(weight_read_s)} of it; the rest, per-step overhead)"
