@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minillm.models.gpt2 import GPT2Config
 from minillm.engine.engine import Engine
@@ -226,3 +228,20 @@ def test_serve_sim_json_says_the_clock_first(home):
 def test_serve_sim_bad_clock_is_one_clear_line(home, args, words):
     r = run(home, "serve-sim", "--model", TINY_A, "--requests", "2", *args)
     assert len(user_error(r, *words).splitlines()) == 1 and r.returncode == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0.01, 1000), st.lists(st.floats(0.8, 1.25), min_size=2, max_size=5), st.booleans())
+def test_a_priced_sweep_favours_a_run_only_apart_from_every_other_by_over_5_percent(base, ratios, high):
+    """`favours(..., priced=)`: one value a run (no rounds); a run is favoured exactly when its figure
+    beats every other's by more than 5% of the larger, and the sentence names the clock."""
+    from minillm.ui.report import favours
+
+    values = [base * r for r in ratios]             # near one another: around the 5% edge
+    results = [{"policy": f"run {i}", "x": v} for i, v in enumerate(values)]
+    words = "the roofline clock (1 GB/s, 2 GFLOP/s)"
+    line = favours(results, "x", high, "X", lambda v: f"{v:.6g}", lambda r: r["policy"], priced=words)
+    best = max(range(len(values)), key=lambda i: values[i] if high else -values[i])
+    apart = all(abs(values[best] - v) > 0.05 * max(values[best], v) for i, v in enumerate(values) if i != best)
+    assert (f"X favours run {best} (" in line) == apart, line
+    assert ("no budget stands out" in line) == (not apart) and f"on {words}" in line
