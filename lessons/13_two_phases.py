@@ -305,7 +305,7 @@ def rates_and_prices(L: Lesson, model, clock) -> None:
     """)
     L.show(t, f"[dim]on {clock.words()}; met: the share of requests that met every target; ◆ the highest "
               f"rate where 90% did; {price_words(L, runs)}[/]")
-    for line in capacity_words(h, "the targets", priced=True):
+    for line in capacity_words(h, "the targets", priced=clock.words()):
         L.console.print(line)
     L.console.print()
     run = h["run"] or runs[0]
@@ -379,7 +379,7 @@ def disaggregation(L: Lesson, model, items, clock, sweep: dict) -> dict:
     L.console.print()
     for line in disagg_verdict([{**a, "link_gbps": link}, {**b, "link_gbps": link}], priced=clock.words()):
         if not line.startswith("  "):            # the rankings; the details are in the table and below
-            L.console.print(line.removesuffix(" Measured:"))
+            L.console.print(line.removesuffix(" Measured:").removesuffix(" Priced:"))
     L.console.print()
     L.say(f"""
         The prefill engine runs prompts only, the decode engine decodes only: no prompt ever shares a

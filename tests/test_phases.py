@@ -191,7 +191,7 @@ def test_serve_sim_budget_sweep_table_fits_80_columns(home):
                env={**cli_env(home), "COLUMNS": "80"}))
     words = " ".join(r.stdout.split())
     assert ("favours" in words or "no budget stands out" in words) and "no chunking" in words
-    assert "rounds" in words                                            # the closeness rule's words
+    assert "Clock: the roofline clock" in words and "; on the roofline clock" in words   # the default, said
     assert "per token" in words or "the fit is not used (" in words      # a fit explains the steps, or is named
     assert all(len(line) <= 80 for line in r.stdout.splitlines())
 
@@ -202,6 +202,8 @@ def test_serve_sim_disaggregation_compare(home):
                "--compare", "disagg", "--slo", "ttft=0.5,tpot=0.05", "--link-gbps", "100", env=env, timeout=300))
     words = " ".join(r.stdout.split())
     assert "split 1:1" in words and "KV sent" in words and "busy" in words
+    assert words.startswith("Clock: the roofline clock (") and "Against one, chunk" in words
+    assert "on the roofline clock" in words and "one run of each (priced)" in words
     assert all(len(line) <= 80 for line in r.stdout.splitlines())
     r = ok(run(home, "serve-sim", "--model", TINY_A, "--workload", "mixed", "--requests", "6", "--rate", "50",
                "--disaggregate", "1:1", "--json", timeout=300))
@@ -223,6 +225,7 @@ def test_serve_sim_rates_finds_the_highest_rate_meeting_the_target(home):
                "--price-per-hour", "2", timeout=300, env={**cli_env(home), "COLUMNS": "80"}))
     words = " ".join(r.stdout.split())
     assert "Capacity: 1000 requests/s is the highest swept rate" in words and "engine-hours" in words
+    assert words.startswith("Clock: the roofline clock (") and "their price" in words
 
 
 @pytest.mark.parametrize("args, words", [

@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minillm.models.gpt2 import GPT2Config
 from minillm.engine.engine import Engine
@@ -137,3 +139,109 @@ def test_the_live_view_draws_the_queue_and_the_block_map():
     lines = text.splitlines()          # the header in whole lines, none cut or wrapped mid-phrase
     assert lines[0].strip() == "continuous" and lines[1].startswith("t = ") and lines[1].rstrip().endswith("/5")
     assert lines[2].startswith("tokens out ") and "preemptions " in lines[2]
+
+
+# ------------------------------------------------------------------ --clock: roofline and measured
+
+# The real command with every batched model step slowed by a sleep inside the model's metered step:
+# what a busy machine does to the steps it shares, on purpose.
+SLOWED = """
+import sys, time
+from minillm.models.gpt2 import GPT2
+run = GPT2.run
+def slow(self, plan):
+    if len(getattr(plan, "spans", ())) > 1:
+        time.sleep(0.004)
+    return run(self, plan)
+GPT2.run = slow
+from minillm.cli.commands import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _verdicts(stdout: str) -> str:
+    """The sentences of `serve-sim --compare` (policies) after its table: the rankings, then each run's
+    diagnosis (which kind of step took the time, what bound it)."""
+    flat = " ".join(stdout.split())
+    return "Throughput" + flat.split(" Throughput", 1)[1]
+
+
+def test_serve_sim_compare_on_the_roofline_clock_reads_the_same_verdicts_when_the_steps_are_slowed(home):
+    """Two `serve-sim --compare` runs, one with every batched step slowed 4 ms: on the roofline clock
+    (the default of a comparison) every verdict and diagnosis, figure for figure, is the same; only the
+    measured time said beside it differs."""
+    import subprocess
+    import sys
+
+    import importlib.util
+
+    from test_cli import REPO, cli_env
+
+    spec = importlib.util.spec_from_file_location("lessons_under_load", REPO / "benchmarks" / "lessons_under_load.py")
+    under_load = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(under_load)
+
+    args = ["serve-sim", "--model", str(TINY_A), "--requests", "8", "--rate", "20000", "--compare", "--no-live"]
+    plain = ok(run(home, *args))
+    slowed = ok(subprocess.run([sys.executable, "-c", SLOWED, *args], capture_output=True, text=True,
+                               encoding="utf-8", cwd=REPO, env=cli_env(home), timeout=300))
+    for r in (plain, slowed):
+        assert r.stdout.lstrip().startswith("Clock: the roofline clock (")      # said before any number
+    assert _verdicts(plain.stdout) == _verdicts(slowed.stdout)
+    ranked = under_load.rankings(plain.stdout)      # the harness that counts differing verdicts reads them
+    assert len(ranked) == 3 and any(v is not None for _, v in ranked), ranked
+    beside = [[line for line in r.stdout.splitlines() if "their price" in line] for r in (plain, slowed)]
+    assert beside[0] and beside[0] != beside[1]            # the sleep was real: the measured time moved
+
+
+def test_serve_sim_clock_measured_still_serves_rounds(home):
+    r = ok(run(home, "serve-sim", "--model", TINY_A, "--requests", "4", "--rate", "50", "--compare",
+               "prefix-cache", "--clock", "measured", "--repeats", "2", "--json"))
+    res = json.loads(r.stdout)
+    assert all(list(x)[0] == "clock" and x["clock"] == "measured" and x["n_rounds"] == 2 for x in res)
+    assert all("roofline_share" not in x for x in res)
+    r = ok(run(home, "serve-sim", "--model", TINY_A, "--requests", "4", "--rate", "50", "--compare",
+               "--clock", "measured", "--repeats", "2", "--no-live"))
+    words = " ".join(r.stdout.split())
+    assert words.startswith("Clock: measured:") and "2 rounds of each, interleaved" in words
+    assert "roofline clock" not in words
+
+
+def test_serve_sim_json_says_the_clock_first(home):
+    one = json.loads(ok(run(home, "serve-sim", "--model", TINY_A, "--requests", "3", "--json")).stdout)
+    assert [list(x)[0] for x in one] == ["clock"] and one[0]["clock"] == "measured"     # one run: real latency
+    priced = json.loads(ok(run(home, "serve-sim", "--model", TINY_A, "--requests", "3", "--clock", "roofline",
+                               "--json")).stdout)[0]
+    assert list(priced)[0] == "clock" and priced["clock"] == "roofline"
+    assert priced["clock_priced_at"]["bandwidth_gbs"] > 0 and priced["measured_model_s"] > 0
+    assert priced["roofline_share"] > 0
+    rates = json.loads(ok(run(home, "serve-sim", "--model", TINY_A, "--requests", "3", "--rates", "1,1000",
+                              "--slo", "ttft=60", "--json")).stdout)
+    assert list(rates)[0] == "clock" and rates["clock"] == "roofline"
+    assert {x["clock"] for x in rates["runs"]} == {"roofline"}
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--clock", "wall"], ["--clock wall", "roofline", "measured"]),
+    (["--compare", "--repeats", "3"], ["--repeats 3", "--clock measured"]),
+])
+def test_serve_sim_bad_clock_is_one_clear_line(home, args, words):
+    r = run(home, "serve-sim", "--model", TINY_A, "--requests", "2", *args)
+    assert len(user_error(r, *words).splitlines()) == 1 and r.returncode == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0.01, 1000), st.lists(st.floats(0.8, 1.25), min_size=2, max_size=5), st.booleans())
+def test_a_priced_sweep_favours_a_run_only_apart_from_every_other_by_over_5_percent(base, ratios, high):
+    """`favours(..., priced=)`: one value a run (no rounds); a run is favoured exactly when its figure
+    beats every other's by more than 5% of the larger, and the sentence names the clock."""
+    from minillm.ui.report import favours
+
+    values = [base * r for r in ratios]             # near one another: around the 5% edge
+    results = [{"policy": f"run {i}", "x": v} for i, v in enumerate(values)]
+    words = "the roofline clock (1 GB/s, 2 GFLOP/s)"
+    line = favours(results, "x", high, "X", lambda v: f"{v:.6g}", lambda r: r["policy"], priced=words)
+    best = max(range(len(values)), key=lambda i: values[i] if high else -values[i])
+    apart = all(abs(values[best] - v) > 0.05 * max(values[best], v) for i, v in enumerate(values) if i != best)
+    assert (f"X favours run {best} (" in line) == apart, line
+    assert ("no budget stands out" in line) == (not apart) and f"on {words}" in line

@@ -20,7 +20,7 @@ from ..threads import blas_kernel, blas_threads, limited
 from ..engine.engine import Engine
 from ..serving.disagg import (OnThreads, colocated_summary, disaggregated_engines,
                               measure_copy_gbps, parse_split, run_interleaved)
-from ..serving.metrics import engine_for, merge_rounds, parse_slo, step_fit, summarize
+from ..serving.metrics import RooflineClock, engine_for, merge_rounds, parse_slo, step_fit, summarize
 from ..measure.busy import conditions
 from ..serving.rates import ATTAINMENT, capacity_words, highest_rate, parse_rates, price_lines, rate_sweep, token_prices
 from ..serving.workloads import WORKLOADS, WorkItem, load_workload, write_trace
@@ -36,6 +36,7 @@ COMPARE = {"policies": "sequential, static and continuous", "prefix-cache": "con
            "budget": "step token budgets 32, 128, 512, 2048 and no chunking",
            "disagg": "prefill/decode split against one engine, every engine on the same thread count, with "
                      "and without chunking"}
+CLOCKS = ("roofline", "measured")          # --clock: what advances a run's simulated clock
 
 def add_arguments(p) -> None:
     p.add_argument("--workload", default="poisson", metavar="NAME|FILE.jsonl",
@@ -51,8 +52,17 @@ def add_arguments(p) -> None:
                    help="with --rates: what an engine costs an hour, for the cost per million tokens")
     p.add_argument("--requests", type=int, default=64, help="how many requests (default 64)")
     p.add_argument("--repeats", type=int, default=None, metavar="N",
-                   help="with --compare: serve every configuration N times, all interleaved, and rank a figure "
+                   help="with --compare --clock measured: serve every configuration N times, all interleaved, "
+                        "and rank a figure "
                         "only by a sign test on the paired rounds at 5%%, which needs 6 (default 6)")
+    p.add_argument("--clock", default=None, metavar="{roofline,measured}",
+                   help="what advances a run's clock each step. roofline: the step's price, max(its counted "
+                        "bytes / bandwidth, its FLOPs / peak) at this machine's measured figures for the "
+                        "threads asked for: the same every run, busy or not, so a comparison serves each "
+                        "side once and no verdict can flip (the measured time is said beside it). measured: "
+                        "the step's stopwatch time, this machine's real latency; a comparison serves "
+                        "--repeats rounds and ranks by a sign test. Default: roofline with --compare or "
+                        "--rates, measured for one run")
     p.add_argument("--seed", type=int, default=0, help="the workload's seed (default 0)")
     p.add_argument("--policy", default="continuous", choices=POLICIES, help="(default continuous)")
     p.add_argument("--compare", nargs="?", const="policies", choices=list(COMPARE), default=None,
@@ -83,6 +93,10 @@ def budget_of(args) -> int:
 
 
 def check(args) -> None:
+    clock = getattr(args, "clock", None)
+    if clock is not None and clock not in CLOCKS:
+        raise MiniLLMError(f"--clock {clock}: give roofline (each step priced from its counted bytes and "
+                           "FLOPs) or measured (each step's stopwatch time)")
     at_least_one(args, "requests", "block_size", "max_seqs", "max_batched_tokens")
     if args.repeats is not None and args.repeats < 1:
         raise MiniLLMError(f"--repeats {args.repeats}: must be at least 1")
@@ -101,6 +115,12 @@ def check(args) -> None:
             raise MiniLLMError("--rates needs latency targets to meet: add --slo ttft=S,tpot=S (either alone)")
         if not 0 < args.attainment <= 1:
             raise MiniLLMError(f"--attainment {args.attainment}: give a share above 0 and at most 1 (e.g. 0.9)")
+    if clock is None:                      # comparisons and sweeps rank: on counts; one run: real latency
+        clock = "roofline" if args.compare or args.rate_list is not None else "measured"
+    args.clock = clock
+    if clock == "roofline" and args.repeats is not None:
+        raise MiniLLMError(f"--repeats {args.repeats}: the roofline clock serves each side once (its prices are "
+                           "the same every run); rounds are for --clock measured")
     if args.price_per_hour is not None and not 0 < args.price_per_hour < float("inf"):
         raise MiniLLMError(f"--price-per-hour {args.price_per_hour}: must be a finite number above 0")
     if args.link_gbps is not None and not args.link_gbps > 0:
@@ -146,7 +166,7 @@ def make_engine(model, items: list[WorkItem], run: dict, args) -> Engine:
     budget = run.get("budget", budget_of(args)) or no_chunking(model, args)
     return engine_for(model, items, kv_memory=parse_bytes(args.kv_memory), block_size=run["block_size"],
                       prefix_cache=run["prefix_cache"], policy=run["policy"], max_seqs=args.max_seqs,
-                      max_batched_tokens=budget)
+                      max_batched_tokens=budget, step_time=getattr(args, "step_time", None))
 
 
 def result(engine: Engine, name: str, args, hw) -> dict:
@@ -170,9 +190,48 @@ def simulate(model, items: list[WorkItem], run: dict, args, live: bool, hw) -> d
 
 
 def repeats_of(args) -> int:
-    """Rounds of each configuration in a comparison: --repeats, or closeness.MIN_ROUNDS (6: the fewest the
-    verdict rule's sign test ranks)."""
+    """Rounds of each configuration in a comparison: one on the roofline clock (every run the same);
+    else --repeats, or closeness.MIN_ROUNDS (6: the fewest the verdict rule's sign test ranks)."""
+    if getattr(args, "clock", None) == "roofline":
+        return 1
     return args.repeats if args.repeats is not None else MIN_ROUNDS
+
+
+def priced(args) -> str | None:
+    """The roofline clock's words when the run is on it (the verdicts rank priced figures), else None."""
+    c = getattr(args, "step_time", None)
+    return c.words() if c is not None else None
+
+
+def clock_line(args, hw) -> str:
+    """The first line of a run's text: which clock its times are on."""
+    if args.clock == "roofline":
+        return (f"Clock: {args.step_time.words()} at {_threads(hw.blas_threads or 1)}: each step priced "
+                "from its counted bytes and FLOPs, the same every run, busy or not; the measured time "
+                "is said beside it.")
+    rounds = f"; {repeats_of(args)} rounds of each, interleaved" if args.compare else ""
+    return f"Clock: measured: each step advances the clock by its stopwatch time on this machine{rounds}."
+
+
+def clock_json(args, hw) -> dict:
+    """What --json carries of the clock, first in every object."""
+    if args.clock != "roofline":
+        return {"clock": "measured"}
+    return {"clock": "roofline", "clock_priced_at": {"bandwidth_gbs": hw.bandwidth_gbs,
+                                                     "peak_gflops": hw.peak_gflops,
+                                                     "blas_threads": hw.blas_threads}}
+
+
+def measured_beside(results: list[dict], threads) -> str | None:
+    """On the roofline clock: what the model steps really took against their price (no verdict rests on it)."""
+    shares = [r["roofline_share"] for r in results if r.get("roofline_share")]
+    if not shares:
+        return None
+    x = lambda v: f"{v:,.0f}×" if v >= 100 else f"{v:.2g}×"  # noqa: E731
+    lo, hi = x(1 / max(shares)), x(1 / min(shares))
+    span = lo if lo == hi else f"{lo}-{hi}"
+    return (f"[dim]Measured on {_threads(threads or 1)}, the model steps took {span} their price (every "
+            "figure and verdict above is priced)[/]")
 
 
 def sweep(model, items: list[WorkItem], args, hw, threads: int | None = None) -> tuple[list[dict], dict | None]:
@@ -249,7 +308,8 @@ def run(args) -> int:
                           args.seed + i if w.seed is None else w.seed) for i, w in enumerate(items)]
     if args.save_trace:
         write_trace(items, output_file(args.save_trace, "--save-trace"))
-    hw = machine(progress=not args.json)
+    hw = machine(progress=not args.json)        # at the threads asked for: the roofline clock's figures
+    args.step_time = RooflineClock(hw) if args.clock == "roofline" else None
     live = not args.json and not args.no_live and out.is_terminal
     # every side of a comparison on one thread count: the one asked for, or one on a busy machine
     threads, why = comparison_threads(getattr(args, "threads", None), default=blas_threads())
@@ -260,6 +320,9 @@ def run(args) -> int:
     if why:                                # on stderr, --json too (the JSON carries it in `conditions`)
         err.print(f"[yellow]note:[/] {escape(why)}", soft_wrap=False)
     args.conditions = conditions(threads, why)
+    args.run_threads = threads or blas_threads()
+    if not args.json:
+        out.print(clock_line(args, hw))
     warm_up(model, items[0].prompt, engine=True)    # compile time and first touches: not a step of any run
     if args.rate_list is not None:
         return rates(model, args, threads, hw)
@@ -272,26 +335,36 @@ def run(args) -> int:
         else:
             results = [simulate(model, items, r, args, live, hw) for r in runs(args)]
     if args.json:
-        print(json.dumps([{**r, "conditions": args.conditions} for r in results], indent=2))
+        print(json.dumps([{**clock_json(args, hw), **r, "conditions": args.conditions} for r in results],
+                         indent=2))
         return 0
     out.print(budget_table(results) if args.compare == "budget" else table(results))
+    beside = measured_beside(results, args.run_threads)
+    if beside:
+        out.print(beside)
     if args.compare == "budget":
         out.print("[dim]budget: tokens one step may run (none: every prompt whole, no chunking); good/s: "
                   "requests per second that met every target; met: their share[/]")
-        out.print(f"[dim]{escape(setting(args, results[0]))}; {repeats_of(args)} rounds of each[/]")
-        read = model.nbytes() / (hw.bandwidth_gbs * 1e9) if hw.blas_threads == results[0].get("threads") else None
-        for line in budget_verdict(results, fit, args.slo_targets, weight_read_s=read):
+        out.print(f"[dim]{escape(setting(args, results[0]))}; {rounds_words(args)}[/]")
+        read = (model.nbytes() / (hw.bandwidth_gbs * 1e9)
+                if priced(args) or hw.blas_threads == results[0].get("threads") else None)
+        for line in budget_verdict(results, fit, args.slo_targets, weight_read_s=read, priced=priced(args)):
             out.print(line)
         return 0
     if args.compare:
-        out.print(f"[dim]{escape(setting(args, results[0]))}; {repeats_of(args)} rounds of each, interleaved[/]")
+        out.print(f"[dim]{escape(setting(args, results[0]))}; {rounds_words(args)}[/]")
         for key, what, high in (("output_tokens_per_s", "Throughput", True), ("ttft_p95_s", "TTFT p95", False),
                                 ("tbt_p99_s", "The p99 gap between tokens", False)):
             out.print(favours(results, key, high, what, (lambda v: f"{v:.1f} tok/s") if high else fmt_time,
-                              lambda r: r["policy"]).replace("no budget stands out", "no run stands out"))
+                              lambda r: r["policy"], priced(args)).replace("no budget stands out",
+                                                                           "no run stands out"))
     for r in results:
         out.print(diagnosis(r))
     return 0
+
+
+def rounds_words(args) -> str:
+    return "one run of each (priced)" if priced(args) else f"{repeats_of(args)} rounds of each, interleaved"
 
 
 def setting(args, r: dict) -> str:
@@ -310,7 +383,8 @@ def rates(model, args, threads: int | None, hw=None) -> int:
         runs_ = rate_sweep(model, args.rate_list, args.slo_targets, workload=args.workload, n=args.requests,
                            seed=args.seed, threads=threads, kv_memory=parse_bytes(args.kv_memory),
                            block_size=args.block_size, prefix_cache=args.prefix_cache, policy=args.policy,
-                           max_seqs=args.max_seqs, max_batched_tokens=budget_of(args))
+                           max_seqs=args.max_seqs, max_batched_tokens=budget_of(args),
+                           step_time=getattr(args, "step_time", None))
     h = highest_rate(runs_, args.attainment)
     prices = None
     if h["run"] is not None and hw is not None:
@@ -319,7 +393,8 @@ def rates(model, args, threads: int | None, hw=None) -> int:
         prices = token_prices(h["run"], kv_tok, hw.bandwidth_gbs)
         h["prices"] = prices
     if args.json:
-        print(json.dumps({"runs": runs_, "capacity": {k: v for k, v in h.items() if k != "run"},
+        print(json.dumps({**clock_json(args, hw), "runs": runs_,
+                          "capacity": {k: v for k, v in h.items() if k != "run"},
                           "conditions": args.conditions}, indent=2))
         return 0
     slo = slo_text(args.slo_targets)
@@ -332,10 +407,13 @@ def rates(model, args, threads: int | None, hw=None) -> int:
         t.add_row(f"{r['rate']:g}/s{mark}", f"{r['output_tokens_per_s']:.1f}", _s(r["ttft_p95_s"]),
                   _s(r["tpot_p95_s"]), f"{r['goodput_rps']:.2f}/s", f"{r['attainment']:.0%}")
     out.print(t)
+    beside = measured_beside(runs_, threads)
+    if beside:
+        out.print(beside)
     out.print(f"[dim]{args.requests} requests of {args.workload}, seed {args.seed}, the same at every rate; "
               f"{_threads(threads or blas_threads() or 1)} for every rate; met: the share that met every "
               f"target; ◆ the highest rate where {args.attainment:.0%} did[/]")
-    for line in capacity_words(h, slo, args.price_per_hour):
+    for line in capacity_words(h, slo, args.price_per_hour, priced=priced(args)):
         out.print(line)
     if prices:
         for line in price_lines(prices, args.price_per_hour):
@@ -343,34 +421,54 @@ def rates(model, args, threads: int | None, hw=None) -> int:
     return 0
 
 
+def clock_at(args, hw, n: int):
+    """The roofline clock at n BLAS threads (this machine's figures for n, measured once and cached)."""
+    if args.step_time is None or n == hw.blas_threads:
+        return args.step_time
+    with limited(n):
+        return RooflineClock(machine(progress=not args.json))
+
+
 def disagg(model, items: list[WorkItem], args, hw, threads: int | None = None) -> int:
     """--disaggregate P:D, and --compare disagg: the split against one engine, every engine's steps on
-    the same thread count (T:T beside T; one thread when the machine is busy)."""
+    the same thread count (T:T beside T; one thread when the machine is busy). On the roofline clock
+    each engine is priced, and named, at the threads asked for (busy or not: the same run), and the
+    link, unless given, is priced as a copy in this machine's memory."""
     T = threads or 1
     p, d = args.split or (T, T)
     if args.split and threads == 1 and (p, d) != (1, 1) and comparison_threads(getattr(args, "threads", None),
                                                                                 default=blas_threads())[1]:
         p, d = 1, 1                          # busy: every side on one thread (the note above said so)
+    A = hw.blas_threads or T                 # the threads asked for: what the roofline clock prices at
+    pp, pd = (args.split or (A, A)) if priced(args) else (p, d)     # the split's names and prices
     kv = parse_bytes(args.kv_memory)
-    if args.link_gbps is None:
+    if args.link_gbps is not None:
+        link, link_name = args.link_gbps, "given"
+    elif priced(args):
+        link, link_name = args.step_time.copy_gbps(), "priced as a copy in this machine's memory"
+    else:
         with err.status("measuring this machine's copy bandwidth…"):
             link = measure_copy_gbps()
         link_name = "this machine's copy"
-    else:
-        link, link_name = args.link_gbps, "given"
     kw = dict(block_size=args.block_size, max_seqs=args.max_seqs)
     budget = budget_of(args)
     R = repeats_of(args) if args.compare == "disagg" else 1
     runners = []                                   # (name, [one runner per round])
     if args.compare == "disagg":
+        one = clock_at(args, hw, pp if pp == pd else A)
         for b, name in ((budget, f"one, chunk {budget}"), (no_chunking(model, args), "one, whole")):
-            runners.append((name, [OnThreads(engine_for(model, items, kv_memory=2 * kv, max_batched_tokens=b, **kw),
+            runners.append((name, [OnThreads(engine_for(model, items, kv_memory=2 * kv, max_batched_tokens=b,
+                                                        step_time=one, **kw),
                                              p if p == d else T) for _ in range(R)]))
     links = [link] + ([REAL_LINK_GBPS] if args.compare == "disagg" and abs(link - REAL_LINK_GBPS) > 1e-9 else [])
     for g in links:
-        runners.append((f"split {p}:{d} {g:.3g}G", [
-            disaggregated_engines(model, items, p_threads=p, d_threads=d, link_gbps=g, kv_memory=kv,
-                                  max_batched_tokens=budget, **kw) for _ in range(R)]))
+        splits = [disaggregated_engines(model, items, p_threads=p, d_threads=d, link_gbps=g, kv_memory=kv,
+                                        max_batched_tokens=budget, step_time=clock_at(args, hw, pp), **kw)
+                  for _ in range(R)]
+        for sp in splits:
+            if priced(args) and pd != pp:
+                sp.decode.step_time = clock_at(args, hw, pd)     # each engine at its own thread count's figures
+        runners.append((f"split {pp}:{pd} {g:.3g}G", splits))
     with err.status(f"serving {len(items)} requests, {len(runners)} ways × {R} rounds, interleaved…"):
         run_interleaved([r for _, rs in runners for r in rs])
     results = []
@@ -379,15 +477,24 @@ def disagg(model, items: list[WorkItem], args, hw, threads: int | None = None) -
                      else r.summary(args.slo_targets, name) for r in rs]
         s = merge_rounds(summaries)
         s["blas"] = blas_kernel()
+        if priced(args):                   # priced at the threads asked for; the steps ran on run_threads
+            s["run_threads"] = s["threads"]
+            s["threads"] = (pp if pp == pd else A) if s["split"] == "colocated" else pp + pd
+            if s["split"] != "colocated":
+                s["split"] = f"{pp}:{pd}"
         results.append(s)
     if args.json:
-        print(json.dumps([{**r, "conditions": args.conditions} for r in results], indent=2))
+        print(json.dumps([{**clock_json(args, hw), **r, "conditions": args.conditions} for r in results],
+                         indent=2))
         return 0
     out.print(disagg_table(results))
+    beside = measured_beside(results, p if p == d else f"{p}:{d}")
+    if beside:
+        out.print(beside)
     out.print(f"[dim]{escape(setting(args, {'threads': f'{p}:{d}', 'blas': blas_kernel()}))}; link "
               f"{link:.3g} Gb/s ({link_name}); the split's engines have {args.kv_memory} of KV each, the one "
-              "engine both[/]")
-    for line in disagg_verdict(results):
+              f"engine both; {rounds_words(args)}[/]")
+    for line in disagg_verdict(results, priced=priced(args)):
         out.print(line)
     return 0
 

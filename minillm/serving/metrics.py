@@ -245,7 +245,7 @@ def summarize(engine, label: str | None = None, hw=None, slo: dict | None = None
         "kv_waste": 1 - used / reserved if reserved else 0.0,
         "kv_waste_contiguous": 1 - total_len / contiguous if contiguous else 0.0,
         "kv_waste_by_block_size": {str(k): v for k, v in by_bs.items()},
-        "phases": phases(steps, hw),
+        "phases": phases(steps, hw, priced=priced),
         "worst_stall": worst_stall(steps),
         "per_request": per_request([(r.arrival, r.token_times, r.done) for r in reqs], [r.id for r in reqs]),
         "scheduler_overhead_share": 1 - sum(s.model_seconds for s in steps if s.record is not None) / (
@@ -279,29 +279,37 @@ def prefill_share(s) -> float:
     return (r.total_flops - head) * s.prefill_tokens / s.n_tokens + head * s.prefill_scored / rows
 
 
-def phases(steps, hw=None) -> dict:
-    """Seconds, share of the model's time, bytes, FLOPs and the roofline's verdict, per step kind."""
-    total = sum(s.record.seconds for s in steps if s.record is not None) or 1.0
+def phases(steps, hw=None, priced: bool = False) -> dict:
+    """Seconds, share of the model's time, bytes, FLOPs and the roofline's verdict, per step kind.
+    priced: the steps ran on a priced clock (`RooflineClock`): each kind's seconds, its share and the
+    time-weighted bound read the steps' prices (the same every run); GB/s, GFLOP/s and `of_roofline`
+    stay measured."""
+    def cost(s) -> float:
+        return s.seconds if priced else s.record.seconds
+
+    total = sum(cost(s) for s in steps if s.record is not None) or 1.0
     out = {}
     for kind in ("prefill", "mixed", "decode"):
-        recs = [s.record for s in steps if s.record is not None and s.record.kind == kind]
+        mine = [s for s in steps if s.record is not None and s.record.kind == kind]
+        recs = [s.record for s in mine]
         if not recs:
             continue
         t = totals(recs)
-        secs = t.seconds
+        secs = sum(cost(s) for s in mine)
         d = {"steps": t.steps, "seconds": secs, "share": secs / total, "bytes": t.bytes, "flops": t.flops,
              "intensity": t.intensity, "gbps": t.gbps, "gflops": t.gflops}
         if hw is not None and hw.peak_gflops:
             # the verdict of each step on its own, then time-weighted
             bound = {"memory": 0.0, "compute": 0.0}
             best = 0.0
-            for r in recs:
+            for st in mine:
+                r = st.record
                 rl = hw.roofline(r.total_bytes, r.total_flops)
-                bound[rl.bound] += r.seconds
+                bound[rl.bound] += cost(st)
                 best += rl.seconds
             d["bound"] = max(bound, key=bound.get)
             d["bound_share"] = bound[d["bound"]] / secs if secs else 0.0
-            d["of_roofline"] = best / secs if secs else 0.0
+            d["of_roofline"] = best / t.seconds if t.seconds else 0.0
         out[kind] = d
     return out
 

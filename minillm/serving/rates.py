@@ -128,9 +128,11 @@ def price_lines(p: dict, price_per_hour: float | None) -> list[str]:
     return lines
 
 
-def capacity_words(h: dict, slo_text: str, price_per_hour: float | None = None, priced: bool = False) -> list[str]:
-    """The capacity plan in sentences, from `highest_rate`'s figures. `priced`: the runs were on a priced
-    clock (the same every run), so a lower rate that missed is the workload's schedule, not noise."""
+def capacity_words(h: dict, slo_text: str, price_per_hour: float | None = None,
+                   priced: str | None = None) -> list[str]:
+    """The capacity plan in sentences, from `highest_rate`'s figures. priced: the runs' clock words when
+    each step was priced from counts (`metrics.RooflineClock`): a lower rate that missed is then the
+    schedule's doing, the same every run, not noise."""
     share = f"{h['attainment']:.0%}"
     if h["rate"] is None:
         return [f"No swept rate kept {share} of requests within {slo_text}: the capacity is below the lowest "
@@ -139,13 +141,11 @@ def capacity_words(h: dict, slo_text: str, price_per_hour: float | None = None, 
              f"{slo_text} ({h['run']['attainment']:.0%} did)"
              + ("; every rate swept met it, so the capacity may be higher: sweep higher rates." if h["all_met"]
                 else ".")]
-    if h["below"] and priced:
-        lines.append("  A lower rate missed it (" + ", ".join(f"{r:g}/s" for r in h["below"]) + "): priced, the "
-                     "same every run, so not noise: attainment need not fall steadily with the rate; the "
-                     "capacity is this workload's.")
-    elif h["below"]:
-        lines.append("  A lower rate missed it (" + ", ".join(f"{r:g}/s" for r in h["below"]) + "): the runs are "
-                     "noisy here; treat the capacity as approximate.")
+    if h["below"]:
+        missed = "  A lower rate missed it (" + ", ".join(f"{r:g}/s" for r in h["below"]) + "): "
+        lines.append(missed + ("the runs are noisy here; treat the capacity as approximate." if priced is None
+                               else f"on {priced} every run is the same, so this is how the arrivals fell "
+                               "at that rate, not noise; attainment need not fall steadily with the rate."))
     if h["engine_s_per_mtok"]:
         hours = h["engine_s_per_mtok"] / 3600
         cost = f", ${price_per_hour * hours:,.2f} at ${price_per_hour:g} an hour" if price_per_hour else ""

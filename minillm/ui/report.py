@@ -190,18 +190,20 @@ def counts_of(results: list[dict], key: str, name) -> dict | None:
 def favours(results: list[dict], key: str, high: bool, what: str, show, name, priced: str | None = None) -> str:
     """One sentence of a sweep: which run a figure favours, by the one closeness rule on each run's rounds
     (closeness.py): a run is favoured only when the sign test on the paired rounds ranks it above every other;
-    otherwise no run stands out, said with the reason. The words say what the ranking holds for. `priced`
-    (runs on a priced clock, one each: what priced them, "the roofline clock (...)"): ranked by
-    `closeness.rank_priced`, the figures the same every run."""
+    otherwise no run stands out, said with the reason. The words say what the ranking holds for.
+
+    priced: the runs were served once on a clock priced from counts (`serving.metrics.RooflineClock`;
+    its words, e.g. "the roofline clock (21.4 GB/s, 204 GFLOP/s)"): each figure is ranked as it is,
+    by `closeness.rank_priced` (apart by over 5%), and the sentence says so."""
     have = [r for r in results if r.get(key) is not None]
     if priced is not None:
         ranking = closeness.rank_priced({name(r): r[key] for r in have}, higher=high, on=priced)
-        figs = ", ".join(f"{k} {show(ranking.medians[k])}" for k in ranking.order)
         if ranking.winner is None:
+            figs = ", ".join(f"{k} {show(ranking.medians[k])}" for k in ranking.order)
             return f"{what}: no budget stands out ({ranking.reason}): {figs}; on {priced}."
         w, lo = ranking.winner, ranking.worst
-        return (f"{what} favours {w} ({show(ranking.medians[w])}; {lo}: {show(ranking.medians[lo])}), "
-                f"{closeness.PRICED_RULE}; on {priced}.")
+        return (f"{what} favours {w} ({show(ranking.medians[w])}; {lo}: {show(ranking.medians[lo])}), on "
+                f"{priced}, {closeness.PRICED_RULE}.")
     ranking = closeness.rank({name(r): rounds_of(r, key) for r in have}, higher=high,
                              counts=counts_of(have, key, name))
     threads = next((r.get("threads") for r in have if isinstance(r.get("threads"), int)), None)
@@ -220,7 +222,7 @@ def budget_verdict(results: list[dict], fit: dict | None, slo: dict, weight_read
     """Which budget this machine favours for which target, from the runs and the fit of step time. A fit
     that `fit_problem` finds meaningless is named and nothing is concluded from it. `weight_read_s`: the
     model's bytes ÷ this machine's bandwidth, printed beside the fit's fixed part (the rest is overhead).
-    `priced`: the runs are on a priced clock (`favours`)."""
+    priced: the runs' clock words when they were priced from counts, one run each (`favours`)."""
     lines = []
     name = lambda r: r["policy"]  # noqa: E731
     if fit is not None and fit_problem(fit) is not None:
@@ -228,7 +230,8 @@ def budget_verdict(results: list[dict], fit: dict | None, slo: dict, weight_read
         fit = None
     if fit is not None:
         a, b = fit["fixed_s"], fit["per_token_s"]
-        lines.append(f"Step time{', priced,' if priced else ''} ≈ {fmt_time(a)} + {fmt_time(b)} per token (least squares over "
+        step = "Step price" if priced else "Step time"
+        lines.append(f"{step} ≈ {fmt_time(a)} + {fmt_time(b)} per token (least squares over "
                      f"{fit['steps']} steps of every budget, r² {fit['r2']:.2f}).")
         read = ("" if weight_read_s is None else
                 f" (reading the weights once is {fmt_time(weight_read_s)} of it; the rest, per-step overhead)"
@@ -287,8 +290,10 @@ def diagnosis(r: dict) -> str:
 
 
 def disagg_verdict(results: list[dict], priced: str | None = None) -> list[str]:
-    """Where the split wins and where it loses, and why, from the runs' own figures. `priced` (runs on a
-    priced clock, one each: what priced them): every ranking by `closeness.rank_priced`/`priced_apart`."""
+    """Where the split wins and where it loses, and why, from the runs' own figures.
+
+    priced: the runs were served once on a clock priced from counts (its words: `RooflineClock.words`):
+    every figure ranked as it is by `closeness.rank_priced` / `priced_apart`, and the words say so."""
     lines = []
     one = [r for r in results if r["split"] == "colocated"]
     splits = [r for r in results if r["split"] != "colocated"]
@@ -302,8 +307,14 @@ def disagg_verdict(results: list[dict], priced: str | None = None) -> list[str]:
             continue
         f = (lambda x: f"{x:.2f}") if key in ("output_tokens_per_s", "goodput_rps") else fmt_time
         if priced is not None:
-            lines.append(closeness.best_words(closeness.rank_priced({escape(r["label"]): r[key] for r in have},
-                                                                    higher=high, on=priced), what, f))
+            ranking = closeness.rank_priced({escape(r["label"]): r[key] for r in have}, higher=high, on=priced)
+            if ranking.winner is None:
+                lines.append(f"{what}: no winner ({ranking.reason}): " + ", ".join(
+                    f"{k} {f(ranking.medians[k])}" for k in ranking.order) + ".")
+            else:
+                lines.append(f"{what}: best {ranking.winner} ({f(ranking.medians[ranking.winner])}), worst "
+                             f"{ranking.worst} ({f(ranking.medians[ranking.worst])}); apart by over "
+                             f"{closeness.CLOSE:.0%}.")
             continue
         ranking = closeness.rank({escape(r["label"]): rounds_of(r, key) for r in have}, higher=high,
                                  counts=counts_of(have, key, lambda r: escape(r["label"])))
@@ -342,8 +353,8 @@ def disagg_verdict(results: list[dict], priced: str | None = None) -> list[str]:
                                     f"loses on {', '.join(lost)}" if lost else "",
                                     f"has no winner against it on {', '.join(tied)}" if tied else "") if x)
     if priced is not None:
-        lines.append(f"Against {escape(c['label'])}, on {priced}, the split {verdict} "
-                     f"({closeness.PRICED_RULE}). Measured:")
+        lines.append(f"Against {escape(c['label'])} the split {verdict}, on {priced}: "
+                     f"{closeness.PRICED_RULE}. Priced:")
     else:
         lines.append(f"Against {escape(c['label'])} the split {verdict}, by the verdict rule "
                      f"({closeness.rule_words(len(rounds(c, known[0][0])))}); every engine's steps alike: "
