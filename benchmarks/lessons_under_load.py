@@ -64,6 +64,8 @@ def checked_sentences(text: str) -> list[str]:
 # the subject (what is ranked, numbers masked) and the verdict (a name, or None for "no winner").
 START = r"(?<!the time of )\b"             # not the other side of a faster_words sentence
 RANKINGS = [
+    # disagg_verdict's figures on a priced clock: "tok/s: best split (…), worst one engine (…)", or no winner
+    re.compile(r"(?<![\w/])(?P<subject>tok/s|TTFT p95|TPOT p95|goodput): (?:best (?P<verdict>[^(]+?) \(|no winner \()"),
     re.compile(START + r"(?P<subject>[A-Z][^:.;()]{2,70}): (?:no winner|no (?:budget|run) stands out|"
                r"(?P<verdict>[^,:;()]+?) best)[,. (]"),
     re.compile(START + r"(?P<subject>[A-Z][^:.;()]{2,70}(?: \([^():;]*\))?) favours (?P<verdict>[^(;]+?) \("),
