@@ -103,7 +103,7 @@ def workload(L: Lesson, model, clock) -> list[WorkItem]:
         `{model.name}` (context {c.n_ctx}): four requests in the time one takes alone
         ({fmt_time(alone)}).
 
-        Time here is **priced, not stopwatched**, as in lesson 9. Every step really runs (the tokens are
+        Time here is priced, not stopwatched, on the roofline clock of lesson 9. Every step really runs (the tokens are
         real, the meter counts every byte and FLOP), but the engine's clock advances by the step's price
         on {clock.words()}: max(bytes ÷ bandwidth, FLOPs ÷ peak). So every configuration below sees the
         same arrivals, and a run served again, or beside other work, is the same run: its verdicts cannot

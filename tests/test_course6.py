@@ -846,7 +846,7 @@ def test_lesson_13s_verdicts_are_the_same_whatever_its_steps_measured(monkeypatc
     calm = _lesson_13_text(monkeypatch, capsys, stall=False)
     stalled = _lesson_13_text(monkeypatch, capsys, stall=True)
     verdicts = harness.rankings(calm)
-    assert len(verdicts) >= 12 and calm.count(closeness.PRICED_RULE) >= 8
+    assert len(verdicts) >= 12 and calm.count(closeness.PRICED_RULE) >= 4 and calm.count("apart by over 5%") >= 8
     assert harness.rankings(stalled) == verdicts
     assert stalled == calm
 
@@ -878,7 +878,8 @@ def test_a_priced_rate_sweep_calls_a_lower_rates_miss_its_schedule_not_noise():
     run = {"attainment": 1.0}
     h = {"rate": 4.0, "run": run, "attainment": 0.9, "all_met": False, "below": [2.0], "tokens_per_s": 10.0,
          "engine_s_per_mtok": 1e5}
-    priced = " ".join(capacity_words(h, "the targets", priced=True))
+    priced = " ".join(capacity_words(h, "the targets", priced="the roofline clock (20 GB/s, 200 GFLOP/s)"))
     measured = " ".join(capacity_words(h, "the targets"))
-    assert "A lower rate missed it (2/s): priced, the same every run" in priced and "noisy" not in priced
+    assert ("A lower rate missed it (2/s): on the roofline clock (20 GB/s, 200 GFLOP/s) every run is the same"
+            in priced and "noisy" not in priced)
     assert "the runs are noisy here" in measured
