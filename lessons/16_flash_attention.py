@@ -135,8 +135,7 @@ def score_bytes(L: Lesson) -> tuple[int, float]:
     price = {k: hw.roofline(*got[T, k, "step"]).seconds for k in ("numpy", "fused")}
     L.say(f"The whole prefill of {T:,} tokens: "
           f"{priced_words(price['fused'], price['numpy'], 'the fused one', 'NumPy' + chr(39) + 's', times['fused'], times['numpy'])} "
-          "The products run on the same BLAS in both for a prompt this long; the price leaves out what runs "
-          "below this machine's peak (dispatch, a kernel's own loops), which the measured ratio holds.")
+          "The products run on the same BLAS in both for a prompt this long.")
     L.timing_note()
     why_so_little(L, ref, c, T, got[T, "forms"][1], times["numpy"].median)
     L.pause()

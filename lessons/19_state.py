@@ -227,7 +227,7 @@ def context_sweep(L: Lesson, hybrid, full) -> None:
     a, b = rows[(hybrid.name, hi)], rows[(full.name, hi)]
     L.say(priced_words(hw.roofline(a["bytes"], a["flops"]).seconds, hw.roofline(b["bytes"], b["flops"]).seconds,
                        f"At {hi:,} tokens the hybrid's step", "the all-attention one's", Timing(tuple(a["ms_rounds"])),
-                       Timing(tuple(b["ms_rounds"])))
+                       Timing(tuple(b["ms_rounds"])), unit=1e-3)
           + f" In bytes, by the closed form, the two cross at {T_bytes:,}.")
     L.pause()
 

@@ -423,7 +423,7 @@ def test_lesson_18_says_why_the_twin_can_be_faster_and_which_roof_explains_a_ste
     mla = {"ms_rounds": [72.5] * 6, "kv_read": 5e6, "bytes": 275e6, "flops": 1e6}
     said = m.twin_words(twin, mla, 512, 1.78, 15.1, hw)
     assert "the GQA twin's step costs 0.909× the time of MLA's absorbed one on the roofline: faster" in said
-    assert "Measured: 1.24× (1.24×–1.24× over 6 rounds)." in said, said
+    assert "Measured: 1.24× (1.24×–1.24× over 6 rounds); the two took 11.8× and 8.65× their price" in said, said
     assert "moves 250 MB against the latent's 275 MB" in said and "the KV is 2% of the absorbed step's bytes" in said
     assert "past this CPU's ridge of 3.0" in said
     fast = m.twin_words({**twin, "ms_rounds": [50.0] * 6}, mla, 512, 1.78, 15.1, hw)
