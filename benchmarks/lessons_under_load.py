@@ -102,6 +102,32 @@ RANKINGS = [
     re.compile(r"(?P<subject>the mixture's gain) (?P<verdict>stayed below it up to B = \d+|was below it up to "
                r"B = \d+, and (?:above|within \d+% of) it at B = \d+|was (?:above|within \d+% of) it "
                r"(?:already at|from) B = \d+)"),
+    # priced from counts (lessons/_common.py priced_words): the same every run by design
+    re.compile(r"(?P<subject>\b[\w' ]{2,60}) costs [^:]*? the time of (?P<than>[\w' -]+?) on the roofline: "
+               r"(?P<verdict>faster|slower|no winner)"),
+    # growth_words and fall_words: a time against the work (numbers masked from the verdict)
+    re.compile(r"(?P<subject>the time per step) (?P<mverdict>hardly grew|grew [\d.,]+×, less than|grew about in "
+               r"proportion|grew more than)"),
+    re.compile(r"(?P<subject>the median time to first token) fell [\d.,]+×, (?P<verdict>more than|less than|"
+               r"about as much as) the"),
+    # lesson 8's cliff and its ops.matmul against the plain product, batch by batch
+    re.compile(r"(?P<subject>2 rows through the plain product) took [^:]*?: (?:(?P<verdict>the cliff)|this run "
+               r"shows no cliff)"),
+    re.compile(r"(?P<subject>`?ops\.matmul`? against the plain product): (?P<verdict>(?:(?:faster|slower|not ranked) "
+               r"at B = [\d, ]+(?:; )?)+)"),
+    # lesson 10's diagnosis (one run's shares, the closeness band) and lesson 12's prefill against decode
+    re.compile(r"(?P<subject>long prompts|long answers): (?:\d+% of the model's time went to (?P<verdict>prefill|"
+               r"decode) steps|prompt and decode steps took about the same share)"),
+    re.compile(r"(?P<subject>Prefill ran) [^:]{1,80}: prefill was (?:(?P<verdict>faster per token in every answer)|"
+               r"not faster per token)"),
+    # lesson 14: where a Q8_0 step's time goes, and what each format did to the loss (counted)
+    re.compile(r"(?P<subject>Widening its integers to floats), alone, took [^,]+, (?P<verdict>more than|less than|"
+               r"about what) the read"),
+    re.compile(r"(?P<subject>Q4_0 moved it) by [-+\d.]+: (?P<mverdict>no more than Q8_0|more than Q8_0|"
+               r"[\d.,]+× Q8_0's change)"),
+    # lesson 17: a batched step's FLOPs a byte against the GPUs' ridges (counted)
+    re.compile(r"(?P<subject>per byte can only tend to one row's FLOPs ÷ its own KV bytes), [\d.,]+: "
+               r"(?P<verdict>below|above) the"),
 ]
 SUBJECT_NUMBER = re.compile(r"[-+]?\d[\d,.]*")
 
@@ -116,7 +142,10 @@ def rankings(text: str) -> list[tuple[str, str | None]]:
             subject = SUBJECT_NUMBER.sub("#", m.group("subject") or pattern.pattern[:30]).strip()
             if "than" in pattern.groupindex and m.group("than"):
                 subject += " / " + m.group("than")
-            verdict = (m.group("verdict") or "").strip()
+            if "mverdict" in pattern.groupindex:          # a verdict that carries a measured number: masked
+                verdict = SUBJECT_NUMBER.sub("#", m.group("mverdict") or "").strip()
+            else:
+                verdict = (m.group("verdict") or "").strip()
             out.append((subject, None if verdict in ("", "no winner") else verdict))
     return out
 

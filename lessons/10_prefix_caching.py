@@ -10,7 +10,7 @@ from __future__ import annotations
 from rich import box
 from rich.table import Table
 
-from minillm.lessons._common import Lesson, fall_words, fmt_x, run_lesson
+from minillm.lessons._common import Lesson, fall_words, fmt_x, roofline_clock, run_lesson
 from minillm import closeness
 
 from minillm.serving.metrics import serve
@@ -54,9 +54,12 @@ def with_and_without(L: Lesson, model, items, system: int, hw) -> None:
     """)
     L.pause()
     runs = {}
+    # On the roofline clock: which request finds the prompt's blocks, and each TTFT, follow from counts,
+    # so the fall of TTFT against the work (more or less than it) is the same on a busy run as a quiet one.
+    clock = roofline_clock(L)
     for pc in (False, True):
         with L.status(f"serving, prefix cache {'on' if pc else 'off'}…"):
-            runs[pc] = serve(model, items, prefix_cache=pc, hw=hw)
+            runs[pc] = serve(model, items, prefix_cache=pc, hw=hw, step_time=clock)
     t = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("prefix cache", "prompt run", "prefill FLOPs", "hits", "TTFT p50", "TTFT p95", "tok/s"):
         t.add_column(col, justify="right", no_wrap=True)
@@ -64,8 +67,10 @@ def with_and_without(L: Lesson, model, items, system: int, hw) -> None:
         t.add_row("on" if pc else "off", f"{r['prefill_tokens']:,}", fmt_flops(r["prefill_flops"]),
                   f"{r['prefix_hit_rate']:.0%}" if pc else "—", fmt_time(r["ttft_p50_s"]), fmt_time(r["ttft_p95_s"]),
                   f"{r['output_tokens_per_s']:.1f}")
-    L.show(t)
-    L.busy_note()
+    took = ", ".join(f"{fmt_x(1 / r['roofline_share'])} (cache {'on' if pc else 'off'})"
+                     for pc, (r, _) in runs.items() if r.get("roofline_share"))
+    L.show(t, f"[dim]times and tok/s on {clock.words()}: each step priced from its counted bytes and FLOPs; "
+              f"the model steps took {took} their price, measured[/]")
     off, on = runs[False][0], runs[True][0]
     same = [q.output for q in runs[False][1].requests.values()] == [q.output for q in runs[True][1].requests.values()]
     L.claim(same, "every request got the same tokens with the prefix cache as without it (greedy)")
@@ -85,7 +90,7 @@ def with_and_without(L: Lesson, model, items, system: int, hw) -> None:
         The first request computes the system prompt; later ones find its blocks. Requests that arrive
         together, before the first has finished its prefill, all miss: the cache holds only what has been
         computed. A prompt cached whole still computes its last position, because its logits give the first
-        new token. Measured: the median {fall_words(ttft_fell, flops_fell, "time to first token")} (prefill
+        new token. Priced: the median {fall_words(ttft_fell, flops_fell, "time to first token")} (prefill
         FLOPs). {why}
     """)
     L.pause()

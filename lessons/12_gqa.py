@@ -392,11 +392,7 @@ def real_model(L: Lesson) -> None:
         if dec:
             dec_tps.append(len(dec) / sum(s.seconds for s in dec))
     if dec_tps:                          # a timing: words from the numbers, never a failing claim
-        how = ("faster per token in every answer" if min(pre_tps) > max(dec_tps) else
-               "not faster per token in every answer on this run (a busy machine blurs it)")
-        L.say(f"Prefill ran {min(pre_tps):,.0f}-{max(pre_tps):,.0f} tokens/s, decode {min(dec_tps):,.1f}-"
-              f"{max(dec_tps):,.1f}: prefill was {how}. The prompt's tokens share each weight read; "
-              "decode's one token per step does not.")
+        L.say(prefill_words(pre_tps, dec_tps))
     L.takeaway("""
         Grouped-query attention cuts the KV cache's bytes by H/Hkv, per token and per step, and so raises
         how many sequences a batch can hold by about as much. Ainslie et al. (2023) found the quality cost
@@ -404,6 +400,16 @@ def real_model(L: Lesson) -> None:
         windows and 8-bit values cut it further. The arithmetic of the earlier lessons is the same; the
         bytes per token now come from the layout, not from d.
     """)
+
+
+def prefill_words(pre_tps: list[float], dec_tps: list[float]) -> str:
+    """Prefill's tokens per second against decode's over the answers: faster only when every answer's
+    prefill beat every answer's decode (about ten times apart here)."""
+    how = ("faster per token in every answer" if min(pre_tps) > max(dec_tps) else
+           "not faster per token in every answer on this run (a busy machine blurs it)")
+    return (f"Prefill ran {min(pre_tps):,.0f}-{max(pre_tps):,.0f} tokens/s, decode {min(dec_tps):,.1f}-"
+            f"{max(dec_tps):,.1f}: prefill was {how}. The prompt's tokens share each weight read; "
+            "decode's one token per step does not.")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -185,11 +185,9 @@ def bytes_and_speed(L: Lesson) -> dict:
     L.say(f"Measured: {faster_words(Timing(tuple(q8['decode_rounds_s'])), Timing(tuple(f32['decode_rounds_s'])), 'a Q8_0 decode step', 'a float32 one')}.")
     saved_s = (f32["step_bytes"] - q8["step_bytes"]) / bw
     widen_s = q8["widen_ms"] / 1e3
-    more = "more than" if widen_s > 1.1 * saved_s else "less than" if widen_s < saved_s / 1.1 else "about what"
     L.say(f"""
         Where the time goes: reading the bytes Q8_0 saves would take {fmt_time(saved_s)} at
-        {hw.bandwidth_gbs:.1f} GB/s. Widening its integers to floats, alone, took {fmt_time(widen_s)},
-        {more} the read it saves, and the products and the scales come on top. The meter counts that work
+        {hw.bandwidth_gbs:.1f} GB/s. {widen_words(widen_s, saved_s)}, and the products and the scales come on top. The meter counts that work
         too: a Q8_0 step wrote and read {fmt_bytes(q8['scratch_bytes'])} of floats in the cache
         (`scratch`) and did {q8['dequant_flops'] / 1e6:,.0f} million widening operations (`dequant`), beside
         {fmt_bytes(q8['weight_bytes'])} of weights from memory.
@@ -266,14 +264,25 @@ def quality(L: Lesson) -> None:
     d8, d4 = loss["q8_0"] - loss["float32"], loss["q4_0"] - loss["float32"]
     L.claim(abs(d8) < 0.005 * loss["float32"],
             f"Q8_0 moved the loss by {d8:+.4f} nats, under 0.5% of {loss['float32']:.4f}")
+    L.say(loss_words(d4, d8))
+    L.pause()
+
+
+def loss_words(d4: float, d8: float) -> str:
+    """What Q4_0 did to the loss against what Q8_0 did (both counted: the same every run)."""
     if abs(d4) <= abs(d8):
         how = "no more than Q8_0"
     elif d8 * d4 <= 0 or abs(d8) < 0.1 * abs(d4):     # a ratio to a change near zero means nothing
         how = "more than Q8_0, which hardly moved it"
     else:
         how = f"{fmt_x(abs(d4) / abs(d8))} Q8_0's change"
-    L.say(f"Q4_0 moved it by {d4:+.4f}: {how}.")
-    L.pause()
+    return f"Q4_0 moved it by {d4:+.4f}: {how}."
+
+
+def widen_words(widen_s: float, saved_s: float) -> str:
+    """The time a Q8_0 step spent widening its integers against the time its saved bytes would take."""
+    more = "more than" if widen_s > 1.1 * saved_s else "less than" if widen_s < saved_s / 1.1 else "about what"
+    return f"Widening its integers to floats, alone, took {fmt_time(widen_s)}, {more} the read it saves"
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

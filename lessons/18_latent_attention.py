@@ -11,7 +11,8 @@ Run:  python lessons/18_latent_attention.py        (or: minillm learn 18)
 
 from __future__ import annotations
 
-from minillm.lessons._common import Lesson, Timing, faster_words, fmt_x, plural, run_lesson
+from minillm.lessons._common import (Lesson, Timing, faster_words, fmt_x, plural, priced_words, roofline_clock,
+                                     run_lesson)
 
 import dataclasses
 
@@ -29,6 +30,7 @@ from minillm.meter import Meter
 from minillm.models import deepseek, moe
 from minillm.models.deepseek import DeepSeekConfig, decode_attention_cost
 from minillm.models.llama import LlamaConfig
+from minillm import closeness
 from minillm.ui.report import fmt_bytes, fmt_flops
 
 TITLE = "A KV cache of 576 values"
@@ -287,7 +289,7 @@ def against_the_ridge(L: Lesson) -> None:
             f"one's grow by {fmt_flops(grew['decompressed'])}: kv_b over the {T1 - T0:,} more rows")
     a, d = (Timing(tuple(by[n, mla, way]["ms_rounds"])) for way in ("absorbed", "decompressed"))
     L.say(f"Measured: {faster_words(a, d, f'at {n:,} tokens an absorbed decode step', 'a decompressed one')}.")
-    L.say(twin_words(by[n, gqa, None], by[n, mla, "absorbed"], n, kv_ratio, absorbed_fb, ridge))
+    L.say(twin_words(by[n, gqa, None], by[n, mla, "absorbed"], n, kv_ratio, absorbed_fb, roofline_clock(L).hw))
 
 
 def bound_cell(x: dict, hw) -> str:
@@ -300,26 +302,27 @@ def bound_cell(x: dict, hw) -> str:
     return f"{kind} {share:.0%}" if share >= 0.5 else f"neither {share:.0%}"
 
 
-def twin_words(twin: dict, mla: dict, n: int, kv_ratio: float, absorbed_fb: float, ridge: float) -> str:
-    """C23: MLA's absorbed step against the GQA twin, by the verdict rule, with why a cache 1.78× larger
-    can be the faster one here: the KV's share of a batch-1 step, the absorbed attention past this
-    CPU's ridge, and (on a GPU) the same 242 FLOPs a byte against its ridge."""
-    from minillm import closeness
-    t = closeness.test(twin["ms_rounds"], mla["ms_rounds"])
+def twin_words(twin: dict, mla: dict, n: int, kv_ratio: float, absorbed_fb: float, hw) -> str:
+    """C23: MLA's absorbed step against the GQA twin, priced on the roofline (each step's counted bytes
+    and FLOPs at this machine's bandwidth and peak, `hw`: the same every run, where the paired times sat
+    at the verdict rule's edge), the measured ratio beside it; and, when the twin's step costs no more
+    while reading 1.78× the KV bytes, why, from the counts: the KV's share of a batch-1 step's bytes,
+    and the absorbed attention's FLOPs a byte against the ridge."""
+    price = {k: hw.roofline(x["bytes"], x["flops"]) for k, x in (("twin", twin), ("mla", mla))}
+    times = {k: Timing(tuple(x["ms_rounds"])) for k, x in (("twin", twin), ("mla", mla))}
+    head = priced_words(price["twin"].seconds, price["mla"].seconds, f"At {n:,} tokens the GQA twin's step",
+                        "MLA's absorbed one", times["twin"], times["mla"], unit=1e-3)
+    if closeness.priced_apart(price["twin"].seconds, price["mla"].seconds) > 0:
+        return head
     share = mla["kv_read"] / mla["bytes"]
-    head = f"At {n:,} tokens the GQA twin's step, reading {kv_ratio:.2f}× the latent's KV bytes, was "
-    if not t.side:
-        return head + f"not ranked against MLA's absorbed one ({t.reason})."
-    how = "faster" if t.side < 0 else "slower"
-    why = (f" Why fewer KV bytes need not win here: at batch 1 the KV is {share:.0%} of the absorbed step's "
-           f"bytes (the weights are the rest); its attention does {absorbed_fb:.0f} FLOPs a KV byte, "
-           + (f"past this CPU's ridge of {ridge:.1f}, so it waits on arithmetic, not on the bytes it saves"
-              if absorbed_fb > ridge else f"below this CPU's ridge of {ridge:.1f}")
-           + "; and the latent "
-           "model runs more, smaller products a layer. On a GPU the same absorbed attention does 242 FLOPs a "
-           "KV byte at DeepSeek-V3's 128 heads, about an H200's ridge of 206: there the saved bytes count."
-           if t.side < 0 else "")
-    return head + f"{how} than MLA's absorbed one, by {closeness.rule_words(t.n)} ({closeness.holds_for()})." + why
+    ridge = hw.peak_gflops / hw.bandwidth_gbs
+    return head + (
+        f" Why reading {kv_ratio:.2f}× the latent's KV bytes need not cost more: the twin's whole step moves {fmt_bytes(twin['bytes'])} "
+        f"against the latent's {fmt_bytes(mla['bytes'])} (at batch 1 the KV is {share:.0%} of the absorbed "
+        f"step's bytes; the weights are the rest), and the absorbed attention does {absorbed_fb:.0f} FLOPs a KV "
+        f"byte, {'past' if absorbed_fb > ridge else 'below'} this CPU's ridge of {ridge:.1f}. On a GPU the same "
+        "absorbed attention does 242 FLOPs a KV byte at DeepSeek-V3's 128 heads, about an H200's ridge of "
+        "206: there the saved bytes count.")
 
 
 # -- 4. serving it --------------------------------------------------------------------------------------

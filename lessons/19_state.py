@@ -10,7 +10,8 @@ Run:  python lessons/19_state.py        (or: minillm learn 19)
 
 from __future__ import annotations
 
-from minillm.lessons._common import Lesson, faster_words, fmt_x, plural, run_lesson, time_interleaved
+from minillm.lessons._common import (Lesson, Timing, faster_words, fmt_x, plural, priced_words, roofline_clock,
+                                     run_lesson, time_interleaved)
 
 import numpy as np
 from rich import box
@@ -218,18 +219,16 @@ def context_sweep(L: Lesson, hybrid, full) -> None:
            f"layers' extra weights and its state ({fmt_bytes(2 * h.state_bytes(4))} read and written) against "
            f"{fmt_bytes(f.kv_bytes_per_token(4) - h.kv_bytes_per_token(4))} less KV per position")
     L.say(published_crossover())
-    T_time = r["crossover_time"]
-    rule = "ranked by the verdict rule on the paired rounds"
-    # Where the two cross in time moves with the machine's load (a busy run ranked the hybrid below from
-    # 16,384 tokens where a quiet one did from 2,048): the crossing is named in bytes, which are counted,
-    # and time is ranked at the longest context only, where the gap is widest.
-    if T_time is None:
-        L.say(f"In time, the hybrid's step was not ranked below the other's at {hi:,} tokens on this run "
-              f"({rule}).")
-    else:
-        L.say(f"In time, the hybrid's step was below the other's at {hi:,} tokens ({rule}). Where the two "
-              f"cross in time moves with the machine's load; in bytes, by the closed form, they cross at "
-              f"{T_bytes:,}.")
+    # The verdict at the longest context, where the gap is widest, on the two steps' prices (their counted
+    # bytes and FLOPs on this machine's roofline: the same every run); the measured ratio beside it. Timed,
+    # where the two crossed moved with the machine's load (a busy run ranked the hybrid below from 16,384
+    # tokens where a quiet one did from 2,048), and a context picked from a timed sweep is a verdict too.
+    hw = roofline_clock(L).hw
+    a, b = rows[(hybrid.name, hi)], rows[(full.name, hi)]
+    L.say(priced_words(hw.roofline(a["bytes"], a["flops"]).seconds, hw.roofline(b["bytes"], b["flops"]).seconds,
+                       f"At {hi:,} tokens the hybrid's step", "the all-attention one's", Timing(tuple(a["ms_rounds"])),
+                       Timing(tuple(b["ms_rounds"])), unit=1e-3)
+          + f" In bytes, by the closed form, the two cross at {T_bytes:,}.")
     L.pause()
 
 

@@ -99,6 +99,28 @@ def faster_words(a: "Timing", b: "Timing", what: str, than: str) -> str:
     return f"{what} took {fmt_ratio(ratio_range(a, b))} the time of {than}: {how}"
 
 
+def priced_words(a_price: float, b_price: float, what: str, than: str, measured: "Timing | None" = None,
+                 against: "Timing | None" = None, unit: float = 1.0) -> str:
+    """'X costs 0.6× the time of Y on the roofline: faster (apart by over 5%; priced from counts, the
+    same every run). Measured: 0.9× (0.8×–1.1× over 6 rounds).' The verdict is drawn from the two
+    prices alone (each side's counted bytes and FLOPs at this machine's bandwidth and peak:
+    `closeness.priced_apart`), so it cannot flip with the load; the measured ratio, when given, is
+    said beside it with no verdict word of its own, and how many times its price each side took (the
+    measured times in seconds × `unit`): what the roofline leaves out, where the two disagree."""
+    side = closeness.priced_apart(a_price, b_price)
+    band = f"{closeness.CLOSE:.0%}"
+    how = (f"no winner (within {band}" if side == 0 else f"faster (apart by over {band}" if side < 0
+           else f"slower (apart by over {band}")
+    out = (f"{what} costs {fmt_x(a_price / b_price)} the time of {than} on the roofline: {how}; "
+           f"priced from counts, the same every run).")
+    if measured is not None and against is not None:
+        mid, lo, hi = ratio_range(measured, against)
+        out += (f" Measured: {fmt_x(mid)} ({fmt_x(lo)}–{fmt_x(hi)} over {plural(measured.n, 'round')}); the two "
+                f"took {fmt_x(measured.median * unit / a_price)} and {fmt_x(against.median * unit / b_price)} their "
+                "price: what the roofline leaves out (Python, dispatch, kernels below peak).")
+    return out
+
+
 def rank_words(sides: dict, what: str, fmt, higher: bool = True) -> str:
     """The one closeness rule's sentence on several sides' rounds ({name: values}): a winner only
     when its rounds lie beyond every other side's spread (closeness.py)."""
