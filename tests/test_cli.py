@@ -564,3 +564,17 @@ def test_non_editable_install(home, tmp_path):
                            stdin=subprocess.DEVNULL, capture_output=True, text=True, encoding="utf-8",
                            errors="replace", cwd=cwd, env=env, timeout=120)
         ok(r)
+
+
+def test_every_commands_help_fits_80_columns(capsys, monkeypatch):
+    """serve-sim's usage line listed --compare's five choices in one 88-column line: every command's
+    --help fits the 80 columns a terminal gives."""
+    from minillm.cli import main as cli_main
+    monkeypatch.setenv("COLUMNS", "80")
+    commands = ("learn generate chat generate-batch serve-sim serve loadgen monitor compare traffic hardware "
+                "diagnose roofline bench train eval quantize download").split()
+    for c in commands:
+        with pytest.raises(SystemExit):
+            cli_main([c, "--help"])
+        wide = [line for line in capsys.readouterr().out.splitlines() if len(line) > 80]
+        assert not wide, (c, wide)

@@ -65,9 +65,9 @@ def add_arguments(p) -> None:
                         "--rates, measured for one run")
     p.add_argument("--seed", type=int, default=0, help="the workload's seed (default 0)")
     p.add_argument("--policy", default="continuous", choices=POLICIES, help="(default continuous)")
-    p.add_argument("--compare", nargs="?", const="policies", choices=list(COMPARE), default=None,
+    p.add_argument("--compare", nargs="?", const="policies", choices=list(COMPARE), default=None, metavar="WHAT",
                    help="run the same workload several ways, side by side: " +
-                        "; ".join(f"{k}: {v}" for k, v in COMPARE.items()) + " (default policies)")
+                        "; ".join(f"{k}: {v}" for k, v in COMPARE.items()) + " (default policies; WHAT is one of " + ", ".join(COMPARE) + ")")
     p.add_argument("--prefix-cache", action="store_true", help="share the KV blocks of common prompt prefixes")
     add_kv_options(p)
     add_batch_limits(p)
