@@ -73,6 +73,9 @@ def _sentences() -> list[tuple[str, str, str | list | None]]:
     rows = [{"batch": b, "bare_plain_ms": p, "bare_engine_ms": e, "bare_plain_rounds_ms": [p] * 6,
              "bare_engine_rounds_ms": [e] * 6} for b, (p, e) in bare.items()]
     out.append(("8", m8.cliff_words(rows), "the cliff"))
+    sweep = [{"batch": b, "tok_s": t, "tok_s_rounds": [t * (1 + 0.01 * i) for i in range(6)]}
+             for b, t in ((1, 40.0), (16, 330.0), (32, 320.0))]                 # a plateau: 16 above 32
+    out.append(("8", m8.sweep_words(sweep), "B = 32"))                           # the largest against B = 1
     out.append(("8", m8.cliff_words([{**r, "bare_plain_ms": 20.0} for r in rows]), None))
     out.append(("8", m8.matmul_words(rows), "faster at B = 2; not ranked at B = 4, 8"))
     for shares, verdict in (((0.88, 0.12), "prefill"), ((0.5, 0.52), None)):                   # 10
