@@ -69,9 +69,9 @@ def test_a_priced_run_is_the_same_run_on_a_slowed_machine(model, monkeypatch):
         assert busy[key] == quiet[key], key
     assert [r["token_times_s"] for r in busy["per_request"]] == [r["token_times_s"] for r in quiet["per_request"]]
     assert quiet["clock"] == busy["clock"] == "roofline"
-    assert busy["roofline_share"] < quiet["roofline_share"]          # the measured time did see the load
-    stopwatch, _ = serve(model, work)                                  # on the stopwatch the load shows
-    assert stopwatch["clock"] == "measured" and stopwatch["tbt_p50_s"] > 0.003
+    assert busy["roofline_share"] > 0 and busy["measured_model_s"] > 0      # the measured time is kept beside
+    stopwatch, _ = serve(model, work)          # on the stopwatch the stall shows: every gap holds a 3 ms sleep
+    assert stopwatch["clock"] == "measured" and stopwatch["tbt_p50_s"] > 0.003 > busy["tbt_p50_s"]
 
 
 def test_a_split_on_the_roofline_clock_is_the_same_run_when_slowed(model, monkeypatch):
