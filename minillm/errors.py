@@ -3,6 +3,20 @@
 The CLI catches `MiniLLMError` and prints its message on one line; anything else is a bug.
 """
 
+from __future__ import annotations
+
+
+def interrupted(exc: BaseException | None) -> bool:
+    """Whether `exc` is Ctrl-C, or carries it: a KeyboardInterrupt raised while Python runs a class
+    body's `__set_name__` (rich's Console, imported as the command starts) reaches the caller as a
+    RuntimeError whose cause is the interrupt."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
 
 class MiniLLMError(Exception):
     """Base of every error minillm raises on purpose (bad input, missing file, ...)."""

@@ -229,6 +229,23 @@ def test_ctrl_c_while_the_command_is_still_starting(home, delay):
         assert p.returncode in (0, 130, -signal.SIGINT), (p.returncode, err)
 
 
+def test_ctrl_c_inside_a_class_bodys_set_name_counts_as_ctrl_c():
+    """CI, busy: Ctrl-C at 0.12 s landed in rich's `ConsoleThreadLocals` dataclass, and Python handed it
+    on as "RuntimeError: Error calling __set_name__" with the interrupt as its cause: a traceback
+    through minillm's modules. The start-up's handlers look for the interrupt down the chain."""
+    from minillm.errors import interrupted
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as k:
+            raise RuntimeError("Error calling __set_name__ on 'Field' instance 'buffer'") from k
+    except RuntimeError as e:
+        assert interrupted(e)
+    assert interrupted(KeyboardInterrupt()) and not interrupted(RuntimeError("x")) and not interrupted(None)
+    main = (REPO / "minillm" / "__main__.py").read_text()
+    assert "except BaseException as e:" in main and "interrupted(e)" in main
+
+
 def test_a_config_json_over_the_cap(home, tmp_path):
     """config.json is read with the 16 MiB cap of every JSON file a folder holds: a bigger one (valid
     JSON, padded) is one line, not parsed."""
