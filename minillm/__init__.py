@@ -61,12 +61,15 @@ def _starting_the_command() -> bool:
     return first in ("minillm", "-m") or _sys.argv[0].endswith(_os.path.join("minillm", "__main__.py"))
 
 
-from .errors import interrupted as _interrupted
-
 try:
+    from .errors import interrupted as _interrupted
     from . import _checkout  # noqa: F401  (lessons/ and weights/ found from a checkout)
     from .bpe import tokenizer       # the function; its module is `minillm.bpe` (no name shadows a module)
-except BaseException as _e:        # Ctrl-C while the command is still starting (maybe wrapped): exit quietly
-    if _interrupted(_e) and _starting_the_command():
+except KeyboardInterrupt:          # Ctrl-C while the command is still starting: exit quietly
+    if _starting_the_command():
+        raise SystemExit(130) from None
+    raise
+except BaseException as _e:        # ... or Ctrl-C wrapped by Python (errors.interrupted, loaded first)
+    if _starting_the_command() and _interrupted(_e):
         raise SystemExit(130) from None
     raise

@@ -243,7 +243,7 @@ def test_ctrl_c_inside_a_class_bodys_set_name_counts_as_ctrl_c():
         assert interrupted(e)
     assert interrupted(KeyboardInterrupt()) and not interrupted(RuntimeError("x")) and not interrupted(None)
     main = (REPO / "minillm" / "__main__.py").read_text()
-    assert "except BaseException as e:" in main and "interrupted(e)" in main
+    assert "except BaseException as e:" in main and "interrupted(e)" in main and "except KeyboardInterrupt:" in main
 
 
 def test_a_config_json_over_the_cap(home, tmp_path):
