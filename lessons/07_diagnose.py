@@ -225,7 +225,7 @@ def which_phase_dominates(L: Lesson, model, hw, rng) -> dict:
     def dominant(ph, key):
         return "prefill" if ph["prefill"][key] > ph["decode"][key] else "decode"
 
-    here = closeness.one_run_apart(a["prefill"]["seconds"], a["decode"]["seconds"])   # one run: the rule's band
+    here = closeness.figures_apart(a["prefill"]["seconds"], a["decode"]["seconds"])   # one run: the rule's band
     took = ("prefill took longer here" if here > 0 else "decode took longer here" if here < 0 else
             f"prefill and decode took about as long here (within {closeness.CLOSE:.0%}, one run)")
     L.say(f"""

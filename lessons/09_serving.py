@@ -126,8 +126,8 @@ def policies(L: Lesson, model, items, hw, clock) -> dict:
             f"continuous batching ran {con['steps']} steps for the {con['output_tokens']} tokens; one at a time "
             f"ran {seq['steps']}: {con['mean_batch']:.1f} sequences share each weight read on average")
     speed = con["output_tokens_per_s"] / seq["output_tokens_per_s"]
-    faster = closeness.priced_apart(con["output_tokens_per_s"], seq["output_tokens_per_s"])
-    sooner = closeness.priced_apart(con["ttft_p95_s"], sta["ttft_p95_s"])
+    faster = closeness.figures_apart(con["output_tokens_per_s"], seq["output_tokens_per_s"])
+    sooner = closeness.figures_apart(con["ttft_p95_s"], sta["ttft_p95_s"])
     ttft = sta["ttft_p95_s"] / con["ttft_p95_s"]
     tbt = con["tbt_p50_s"] / seq["tbt_p50_s"]
     L.say(f"""

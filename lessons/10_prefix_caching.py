@@ -237,7 +237,7 @@ def diagnosis_words(long_prompt: tuple, long_answer: tuple) -> str:
     """Which phase took each workload's time, and what bound it, read from the run (share, share, verdicts)."""
     out = []
     for name, (pre, dec, pv, dv) in (("long prompts", long_prompt), ("long answers", long_answer)):
-        if closeness.one_run_apart(pre, dec) == 0:          # one run's shares: the closeness rule's band
+        if closeness.figures_apart(pre, dec) == 0:          # one run's shares: the closeness rule's band
             out.append(f"{name}: prompt and decode steps took about the same share of the model's time "
                        f"({pre:.0%} and {dec:.0%}, within {closeness.CLOSE:.0%})")
             continue

@@ -150,7 +150,7 @@ def interference(L: Lesson, model, items, clock) -> None:
               f"({fmt_time(typical)}), {how} one.")
     same = all(whole.requests[k].output == chunked.requests[k].output for k in whole.requests)
     L.claim(same, "both runs gave every request the same tokens: only the timing changed")
-    side = closeness.priced_apart(b["tbt_p99_s"], a["tbt_p99_s"])
+    side = closeness.figures_apart(b["tbt_p99_s"], a["tbt_p99_s"])
     how = (f"chunking {'lowered' if side < 0 else 'raised'} it ({closeness.PRICED_RULE})" if side
            else f"no winner (within {closeness.CLOSE:.0%})")
     L.say(f"The p99 gap between tokens, priced: {fmt_time(a['tbt_p99_s'])} with whole prompts, "
@@ -190,7 +190,7 @@ def budgets(L: Lesson, model, items, clock) -> dict:
     L.show(t, f"[dim]on {clock.words()}; targets: TTFT ≤ {fmt_time(slo['ttft'])} (twice the no-chunking run's "
               f"median), TPOT ≤ {fmt_time(slo['tpot'])} (1.5× its median gap); good/s: requests per second "
               f"meeting both; {price_words(L, results)}[/]")
-    problem = fit_problem(fit)
+    problem = fit_problem(fit, priced=True)   # served on the roofline clock
     if problem is not None:                 # a fit that explains nothing: say so, conclude nothing from it
         L.note(f"the fit of step time against tokens is not used: {problem}.")
     for line in budget_verdict(results, None if problem else fit, slo, weight_read_s=None, priced=clock.words()):
@@ -466,12 +466,12 @@ def remedies(L: Lesson, model, sweep: dict, split: dict, clock) -> None:
         vLLM's "about 2048 for latency" is that compromise, not a free lunch. (A model this small on a
         GPU is bound by its kernels' count and size, not by this roofline: lesson 17 measures it.)
     """)
-    problem = fit_problem(fit)
+    problem = fit_problem(fit, priced=True)   # served on the roofline clock
     if problem is None:
         bw = clock.hw.bandwidth_gbs
         read = wbytes / (bw * 1e9)
         rest = fit["fixed_s"] - read
-        if closeness.priced_apart(fit["fixed_s"], read) == 0:
+        if closeness.figures_apart(fit["fixed_s"], read) == 0:
             part = f"about all of it (within {closeness.CLOSE:.0%})"
         elif rest > 0:
             part = (f"{fmt_time(read)} of it; the rest, {fmt_time(rest)}, is the straight line's estimate of what "

@@ -333,7 +333,7 @@ def twin_words(priced: dict, tps: dict, step_bytes: dict, k: int) -> str:
     a winner and "no winner" from run to run); the measured ratio and its rounds are said beside it,
     unranked, with what the roofline leaves out (issue 53: 174 against 108 tok/s was called noise)."""
     r = priced["mixture", 1] / priced["dense", 1]
-    side = closeness.priced_apart(priced["mixture", 1], priced["dense", 1])
+    side = closeness.figures_apart(priced["mixture", 1], priced["dense", 1])
     verdict = "more" if side > 0 else "fewer" if side < 0 else f"no winner, within {closeness.CLOSE:.0%}"
     mix, dense = tps["mixture", 1], tps["dense", 1]
     per_round = [x / y for x, y in zip(mix, dense) if y > 0]
@@ -373,7 +373,7 @@ def gain_words(pgain: dict, gain: dict) -> str:
     last = BATCHES[-1]
     head = (f"Priced, B = {last} gave the dense model {fmt_x(pgain['dense', last])} its B = 1 tokens/s and the "
             f"mixture {fmt_x(pgain['mixture', last])}: ")
-    side = closeness.priced_apart(pgain["dense", last], pgain["mixture", last])
+    side = closeness.figures_apart(pgain["dense", last], pgain["mixture", last])
     if side:
         head += f"batching bought {'the dense model' if side > 0 else 'the mixture'} more"
     else:
@@ -381,7 +381,7 @@ def gain_words(pgain: dict, gain: dict) -> str:
     head += f" ({closeness.PRICED_RULE})."
     mid = BATCHES[len(BATCHES) // 2]
     target = pgain["dense", mid]
-    status = [closeness.priced_apart(pgain["mixture", B], target) for B in BATCHES]
+    status = [closeness.figures_apart(pgain["mixture", B], target) for B in BATCHES]
     first = next((i for i, a in enumerate(status) if a >= 0), None)
     head += f" The dense model's priced gain at B = {mid} was {fmt_x(target)}; the mixture's gain "
     if first is None:

@@ -312,7 +312,7 @@ def twin_words(twin: dict, mla: dict, n: int, kv_ratio: float, absorbed_fb: floa
     times = {k: Timing(tuple(x["ms_rounds"])) for k, x in (("twin", twin), ("mla", mla))}
     head = priced_words(price["twin"].seconds, price["mla"].seconds, f"At {n:,} tokens the GQA twin's step",
                         "MLA's absorbed one", times["twin"], times["mla"], unit=1e-3)
-    if closeness.priced_apart(price["twin"].seconds, price["mla"].seconds) > 0:
+    if closeness.figures_apart(price["twin"].seconds, price["mla"].seconds) > 0:
         return head
     share = mla["kv_read"] / mla["bytes"]
     ridge = hw.peak_gflops / hw.bandwidth_gbs

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from minillm.lessons._common import (NVFP4_BLOCK, QUANT_SHOWN as SHOWN, Lesson, Timing, fmt_x, ratio_range,
+from minillm.lessons._common import (NVFP4_BLOCK, QUANT_SHOWN as SHOWN, Lesson, Timing, fmt_x, timed_words,
                                      run_lesson)
 
 import numpy as np
@@ -154,13 +154,6 @@ UNRANKED = ("""
     thread a busy machine drops to. So this lesson states each ratio with the spread of its paired
     rounds and ranks none: a ratio near 1× would be called a winner on one run and not on the next.
 """)
-
-
-def timed_words(a: Timing, b: Timing, what: str, than: str) -> str:
-    """'X took 0.65× the time of Y (0.61×–0.70× in 6 paired rounds)': the ratio of the medians and of
-    the same rounds' times, stated, with no verdict drawn from them (`UNRANKED`)."""
-    mid, lo, hi = ratio_range(a, b)
-    return f"{what} took {fmt_x(mid)} the time of {than} ({fmt_x(lo)}–{fmt_x(hi)} in {a.n} paired rounds)"
 
 
 def reach_words(speed: float, byte_ratio: float) -> str:

@@ -99,15 +99,23 @@ def faster_words(a: "Timing", b: "Timing", what: str, than: str) -> str:
     return f"{what} took {fmt_ratio(ratio_range(a, b))} the time of {than}: {how}"
 
 
+def timed_words(a: Timing, b: Timing, what: str, than: str) -> str:
+    """'X took 0.65× the time of Y (0.61×–0.70× in 6 paired rounds)': the ratio of the medians and of
+    the same rounds' times, stated, with no verdict drawn from them: where the time is the point and
+    a verdict drawn from it changed with the load (issue 53: lesson 20's kernels, lesson 8's price)."""
+    mid, lo, hi = ratio_range(a, b)
+    return f"{what} took {fmt_x(mid)} the time of {than} ({fmt_x(lo)}–{fmt_x(hi)} in {a.n} paired rounds)"
+
+
 def priced_words(a_price: float, b_price: float, what: str, than: str, measured: "Timing | None" = None,
                  against: "Timing | None" = None, unit: float = 1.0) -> str:
     """'X costs 0.6× the time of Y on the roofline: faster (apart by over 5%; priced from counts, the
     same every run). Measured: 0.9× (0.8×–1.1× over 6 rounds).' The verdict is drawn from the two
     prices alone (each side's counted bytes and FLOPs at this machine's bandwidth and peak:
-    `closeness.priced_apart`), so it cannot flip with the load; the measured ratio, when given, is
+    `closeness.figures_apart`), so it cannot flip with the load; the measured ratio, when given, is
     said beside it with no verdict word of its own, and how many times its price each side took (the
     measured times in seconds × `unit`): what the roofline leaves out, where the two disagree."""
-    side = closeness.priced_apart(a_price, b_price)
+    side = closeness.figures_apart(a_price, b_price)
     band = f"{closeness.CLOSE:.0%}"
     how = (f"no winner (within {band}" if side == 0 else f"faster (apart by over {band}" if side < 0
            else f"slower (apart by over {band}")
@@ -202,20 +210,22 @@ def ratio_range(a: Timing, b: Timing) -> tuple[float, float, float]:
     return a.median / b.median, min(per_round), max(per_round)
 
 
-def time_interleaved(work: dict[str, Callable[[], object]], rounds: int, warmup: bool = True) -> dict[str, Timing]:
+def time_interleaved(work: dict[str, Callable[[], object]], rounds: int, warmup: bool = True,
+                     settle: bool = True) -> dict[str, Timing]:
     """Time each piece of work once per round, in turn, for `rounds` rounds (after one untimed warm-up each),
     the order reversed every other round (`closeness.round_order`).
 
     Interleaving puts every piece of work under the same passing load: a busy moment of the machine
     slows one round of each, not every sample of one of them; the rounds are paired, for the verdict
     rule (closeness.py). Two pieces of work given `rounds` >= closeness.MIN_ROUNDS get more rounds, up to
-    closeness.CAP, until the rule ranks them or can no longer (`closeness.settled`)."""
+    closeness.CAP, until the rule ranks them or can no longer (`closeness.settled`); `settle=False` where
+    no verdict is drawn from the times (a ratio stated, or a verdict priced from counts): `rounds` alone."""
     if warmup:
         for fn in work.values():
             fn()
     times: dict[str, list[float]] = {name: [] for name in work}
     names = list(work)
-    adaptive = len(names) == 2 and rounds >= closeness.MIN_ROUNDS
+    adaptive = settle and len(names) == 2 and rounds >= closeness.MIN_ROUNDS
     i = 0
     while True:
         for name in closeness.round_order(names, i):

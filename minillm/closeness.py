@@ -38,7 +38,7 @@ busy or not: it has no rounds and needs no test. `rank_priced` ranks such figure
 effect alone (apart by more than CLOSE), and says so: a verdict that cannot flip with the load.
 
 A comparison of shares within one run (loadgen's "which phase took the server's time", the split of
-one run's seconds) has no rounds: `one_run_apart` ranks it only beyond the CLOSE band and says that
+one run's seconds) has no rounds: `figures_apart` ranks it only beyond the CLOSE band and says that
 it is one run.
 """
 
@@ -176,8 +176,9 @@ def _how(t: Test) -> str:
     return f"every round beyond the other's, p = {t.p:.2g}"
 
 
-def one_run_apart(a: float, b: float, close: float = CLOSE) -> int:
-    """Two figures of one run (shares of its time, not repeated timings): +1, -1, or 0 within `close`."""
+def figures_apart(a: float, b: float, close: float = CLOSE) -> int:
+    """Two figures with no rounds to test: one run's shares of its time, or prices from counts (the
+    same every run: `rank_priced`). +1, -1, or 0 within `close` of the larger."""
     if _rel(a, b) <= close:
         return 0
     return 1 if a > b else -1
@@ -221,6 +222,21 @@ class Ranking:
         return self.order[-1]
 
 
+def _ends(order: tuple[str, ...], above: Callable[[str, str], bool],
+          reason_for: Callable[[str, str], str]) -> tuple[str | None, str | None, str]:
+    """The winner (ranked above every other side), the loser (below every other) and, with no winner,
+    why not: the closest side against the best, in `reason_for`'s words. `order` is best first."""
+    best, worst = order[0], order[-1]
+    others = order[1:]
+    winner = best if others and all(above(best, k) for k in others) else None
+    loser = worst if others and all(above(k, worst) for k in order[:-1]) else None
+    reason = ""
+    if winner is None and others:
+        closest = next(k for k in others if not above(best, k))
+        reason = f"{closest} against {best}: {reason_for(best, closest)}"
+    return winner, loser, reason
+
+
 def rank(sides: Mapping[str, Sequence[float]], higher: bool = True, close: float = CLOSE,
          counts: Mapping[str, Sequence[int]] | None = None) -> Ranking:
     """Rank `sides` ({name: its rounds}, round i of every side measured in the same round) by the rule:
@@ -245,14 +261,7 @@ def rank(sides: Mapping[str, Sequence[float]], higher: bool = True, close: float
         return (f"counts too close to rank, {_span(counts[b])} against {_span(counts[a])} per round, not apart by "
                 f"{COUNT_Z:g}·√ of their sum")
 
-    best, worst = order[0], order[-1]
-    others = [k for k in order if k != best]
-    winner = best if others and all(above(best, k) for k in others) else None
-    loser = worst if len(order) > 1 and all(above(k, worst) for k in order if k != worst) else None
-    reason = ""
-    if winner is None and others:
-        closest = next(k for k in others if not above(best, k))
-        reason = f"{closest} against {best}: {reason_for(best, closest)}"
+    winner, loser, reason = _ends(order, above, reason_for)
     return Ranking(order, med, {k: (min(v), max(v)) for k, v in rounds.items()},
                    {k: len(v) for k, v in rounds.items()}, winner, loser, reason)
 
@@ -272,23 +281,11 @@ def rank_priced(sides: Mapping[str, float], higher: bool = True, on: str = "the 
     sign = 1 if higher else -1
 
     def above(a: str, b: str) -> bool:
-        return sign * one_run_apart(vals[a], vals[b], close) > 0
+        return sign * figures_apart(vals[a], vals[b], close) > 0
 
-    best, worst = order[0], order[-1]
-    others = [k for k in order if k != best]
-    winner = best if others and all(above(best, k) for k in others) else None
-    loser = worst if len(order) > 1 and all(above(k, worst) for k in order if k != worst) else None
-    reason = ""
-    if winner is None and others:
-        closest = next(k for k in others if not above(best, k))
-        reason = f"{closest} against {best}: within {close:.0%}"
+    winner, loser, reason = _ends(order, above, lambda a, b: f"within {close:.0%}")
     return Ranking(order, vals, {k: (v, v) for k, v in vals.items()}, {k: 1 for k in vals}, winner, loser,
                    reason, priced=on)
-
-
-def priced_apart(a: float, b: float, close: float = CLOSE) -> int:
-    """Two figures priced from counts (the same every run): +1, -1, or 0 within `close`."""
-    return one_run_apart(a, b, close)
 
 
 def _span(c: Sequence[int]) -> str:

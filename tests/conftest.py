@@ -50,3 +50,15 @@ def reference(request) -> Reference:
     expected = np.load(path / "expected.npz")
     return Reference(request.param, path, minillm.load(path), expected["input_ids"],
                      expected["greedy_ids"], expected["logits"])
+
+
+@pytest.fixture(scope="session")
+def under_load():
+    """benchmarks/lessons_under_load.py, the harness that counts differing verdicts, loaded once: the
+    tests that check a sentence is one it reads (`rankings`) share it."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "lessons_under_load", Path(__file__).resolve().parents[1] / "benchmarks" / "lessons_under_load.py")
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m

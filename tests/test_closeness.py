@@ -107,8 +107,8 @@ def test_a_ranking_names_a_winner_only_when_the_test_ranks_it_above_every_other_
 
 
 def test_one_run_shares_use_the_band():
-    assert closeness.one_run_apart(1.0, 1.04) == 0
-    assert closeness.one_run_apart(1.2, 1.0) == 1 and closeness.one_run_apart(1.0, 1.2) == -1
+    assert closeness.figures_apart(1.0, 1.04) == 0
+    assert closeness.figures_apart(1.2, 1.0) == 1 and closeness.figures_apart(1.0, 1.2) == -1
 
 
 def test_the_lessons_words_go_through_the_rule():
@@ -138,6 +138,9 @@ def test_time_interleaved_alternates_and_adds_rounds_until_settled():
     out = _common.time_interleaved({"a": noisy, "b": noisy}, rounds=closeness.MIN_ROUNDS, warmup=False)
     assert closeness.MIN_ROUNDS <= len(out["a"].seconds) <= closeness.CAP
     assert closeness.settled(out["a"].seconds, out["b"].seconds)
+    out = _common.time_interleaved({"a": noisy, "b": noisy}, rounds=closeness.MIN_ROUNDS, warmup=False,
+                                   settle=False)       # no verdict drawn from the times: the rounds asked
+    assert len(out["a"].seconds) == closeness.MIN_ROUNDS
 
 
 counts = st.lists(st.integers(0, 60), min_size=2, max_size=5)

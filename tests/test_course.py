@@ -128,6 +128,15 @@ def test_a_fit_that_explains_nothing_is_named(fit, problem):
     assert (said is None) if problem is None else (problem in said)
 
 
+def test_a_priced_fit_blames_no_noise():
+    """A fit of priced steps (the roofline clock: no noise in them) names the cost's shape, not the
+    machine's load; a timed fit may name the load."""
+    fit = {"r2": 0.01, "fixed_s": 0.05, "per_token_s": 1e-3}
+    priced, timed = comparisons.fit_problem(fit, priced=True), comparisons.fit_problem(fit)
+    assert "noise" in timed and "busy" in timed
+    assert "busy" not in priced and "no noise" in priced
+
+
 def test_lesson_13_draws_no_conclusion_from_a_meaningless_fit(monkeypatch, capsys):
     """The budget sweep's fit, made meaningless on purpose (r² 0.01): the lesson says so and prints no
     fixed-part sentence, no chunk-cost chart and no comparison with the GPU built on it."""

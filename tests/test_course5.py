@@ -80,7 +80,7 @@ def test_lesson_15_says_which_regime_the_rows_matter_in(bound, words):
     ({1: 1, 2: 1.5, 4: 2.0, 8: 3.0, 16: 5.1, 32: 20}, "was below it up to B = 8, and within 5% of it at B = 16"),
     ({B: 1.05 for B in (1, 2, 4, 8, 16, 32)}, "stayed below it up to B = 32"),
 ])
-def test_lesson_15_says_where_the_mixture_reached_the_dense_gain_from_priced_counts(mix_priced, words):
+def test_lesson_15_says_where_the_mixture_reached_the_dense_gain_from_priced_counts(mix_priced, words, under_load):
     """Issue 53: where the mixture's gain reached the dense model's, and which one batching bought more,
     were ranked on timed rounds and changed between runs. They are drawn from the priced gains (counts
     on the roofline clock) alone: measured gains that say the opposite do not move a word."""
@@ -94,13 +94,13 @@ def test_lesson_15_says_where_the_mixture_reached_the_dense_gain_from_priced_cou
     assert words in said
     assert "batching bought the dense model more (priced from counts" in said
     assert "Measured, the gains at B = 32 were 1× and 50×, timed and not ranked" in said
-    read = _under_load().rankings(said)                             # the under-load check reads both verdicts
+    read = under_load.rankings(said)                             # the under-load check reads both verdicts
     assert read[0] == ("batching bought", "the dense model") and read[1][0] == "the mixture's gain"
     assert read[1][1] in words
     pgain.update({("mixture", 32): 31.0})                           # within 5% of the dense model's 32
     said = m.gain_words(pgain, gain)
     assert "batching bought them about the same (within 5%): no winner" in said
-    assert _under_load().rankings(said)[0] == ("batching bought", None)
+    assert under_load.rankings(said)[0] == ("batching bought", None)
 
 
 # -- lesson 17 ------------------------------------------------------------------------------------------
@@ -477,16 +477,8 @@ def test_lesson_9_sizes_a_lora_adapter_against_its_base():
 UNDER_LOAD = Path(__file__).parents[1] / "benchmarks" / "lessons_under_load.py"
 
 
-def _under_load():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("lessons_under_load", UNDER_LOAD)
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    return m
-
-
-def test_the_under_load_check_finds_a_flipped_ranking_and_forgives_no_winner():
-    m = _under_load()
+def test_the_under_load_check_finds_a_flipped_ranking_and_forgives_no_winner(under_load):
+    m = under_load
     quiet = ("Measured, the whole prefill: the fused one took 0.5× (0.4×–0.6× over the rounds) the time of "
              "NumPy's: faster, every round beyond the other's spread (this machine, 1 BLAS thread, now). "
              "Throughput favours no chunking (12 tok/s (11-13 tok/s); budget 16: 5 tok/s (4-6 tok/s)), beyond.")

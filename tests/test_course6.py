@@ -3,7 +3,10 @@ lists 3 and 4, each a test broken once on purpose."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
+
 import pytest
 
 from minillm.cli.commands import main
@@ -196,18 +199,14 @@ def test_fit_beyond_the_models_context_is_refused(capsys):
 
 # -- list 3: lesson 15's mixture against its dense twin of equal bytes -------------------------------
 
-def test_lesson_15_ranks_the_twin_at_b1_on_priced_counts_never_on_its_times():
+def test_lesson_15_ranks_the_twin_at_b1_on_priced_counts_never_on_its_times(under_load):
     """Issue 53: the mixture against its dense twin at B = 1 was ranked on timed rounds and changed between
     a winner and "no winner" from run to run. The verdict is drawn from the priced tokens/s (counts on the
     roofline clock) alone; the measured ratio is said beside it, unranked, and never called noise."""
     import importlib
     import importlib.util
-    from pathlib import Path
     m = importlib.import_module("minillm.lessons.15_experts")
-    spec = importlib.util.spec_from_file_location(
-        "lessons_under_load", Path(__file__).resolve().parents[1] / "benchmarks" / "lessons_under_load.py")
-    h = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(h)
+    h = under_load
     b = {"mixture": 1.0e6, "dense": 1.0e6}
     ahead = {("mixture", 1): [174.0, 170.0] * 3, ("dense", 1): [108.0, 110.0] * 3}   # timed: 1.6× every round
     behind = {("mixture", 1): [100.0, 98.0] * 3, ("dense", 1): [174.0, 170.0] * 3}
@@ -225,7 +224,7 @@ def test_lesson_15_ranks_the_twin_at_b1_on_priced_counts_never_on_its_times():
     assert h.rankings(said) == [("At B = # a step of the mixture", "fewer")]
 
 
-def test_lesson_15s_twin_verdict_is_the_priced_one_whatever_the_rounds():
+def test_lesson_15s_twin_verdict_is_the_priced_one_whatever_the_rounds(under_load):
     """Property: for any priced tokens/s and any measured rounds, the verdict the under-load check reads
     is the priced one (more, fewer, or no winner within 5%), and the words, numbers masked, are one of
     three shapes: the rounds choose no word."""
@@ -234,7 +233,7 @@ def test_lesson_15s_twin_verdict_is_the_priced_one_whatever_the_rounds():
 
     from minillm import closeness
     m = importlib.import_module("minillm.lessons.15_experts")
-    h = _under_load_module()
+    h = under_load
     speed = st.floats(1.0, 1e4, allow_nan=False)
     rounds = st.lists(speed, min_size=1, max_size=8)
 
@@ -244,22 +243,12 @@ def test_lesson_15s_twin_verdict_is_the_priced_one_whatever_the_rounds():
         n = min(len(t_mix), len(t_dense))
         said = m.twin_words({("mixture", 1): p_mix, ("dense", 1): p_dense},
                             {("mixture", 1): t_mix[:n], ("dense", 1): t_dense[:n]}, {"mixture": 1e6, "dense": 1e6}, 2)
-        want = {1: "more", -1: "fewer", 0: None}[closeness.priced_apart(p_mix, p_dense)]
+        want = {1: "more", -1: "fewer", 0: None}[closeness.figures_apart(p_mix, p_dense)]
         assert h.rankings(said) == [("At B = # a step of the mixture", want)]
         masked = h.NUMBER.sub("#", said.split("Measured, it made")[1].split("the twin's tokens/s")[0])
         assert masked.strip() in ("#× (#×–#× over the rounds)",)
 
     check()
-
-
-def _under_load_module():
-    import importlib.util
-    from pathlib import Path
-    spec = importlib.util.spec_from_file_location(
-        "lessons_under_load", Path(__file__).resolve().parents[1] / "benchmarks" / "lessons_under_load.py")
-    h = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(h)
-    return h
 
 
 def test_lesson_15_prices_its_steps_at_the_threads_asked_for():
@@ -325,10 +314,11 @@ def test_lesson_13s_split_table_names_each_configuration_once():
 
 # -- list 3: lesson 8's batch-invariant price --------------------------------------------------------
 
-def test_lesson_8_prices_the_batch_invariant_set_by_the_verdict_rule(capsys):
+def test_lesson_8_states_the_batch_invariant_price_and_draws_no_verdict(capsys, under_load):
     """Lesson 8 priced the batch-invariant set at "1×" with the same 2.94 s on both sides (from 2-3
-    rounds, not alternated). The price is now the paired rounds' ratio and range, and the rule's
-    verdict on them."""
+    rounds, not alternated). Then a verdict on its paired rounds changed between "slower" (2 threads,
+    idle) and "no winner" (1 thread, busy; issue 53). The price is the paired rounds' ratio and range,
+    stated with no verdict word, and nothing in it is a ranking the under-load check reads."""
     import importlib
 
     from minillm import kernels
@@ -337,9 +327,11 @@ def test_lesson_8_prices_the_batch_invariant_set_by_the_verdict_rule(capsys):
     m = importlib.import_module("minillm.lessons.08_batching")
     assert m.main(["--fast", "--no-pause"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    said = out.split("The price, this run:")[1][:400]
-    assert "the time of the default batched run:" in said and "over the rounds" in said
-    assert any(w in said for w in ("no winner (", ": slower, ", ": faster, "))
+    said = out.split("The price, this run:")[1].split("checked:")[0]
+    assert re.search(r"it took [\d.]+× the time of the default batched run \([\d.]+×–[\d.]+× in \d+ paired "
+                     r"rounds\)\. A figure, not a verdict", said), said
+    assert not any(w in said for w in ("no winner", "slower", "faster", "wins"))
+    assert under_load.rankings(said) == []
 
 
 # -- list 3: lesson 14's two Q8_0 figures (the kernels now lesson 20's) -------------------------------
@@ -359,21 +351,17 @@ def test_lesson_20_measures_every_kernel_set_once_so_a_figure_is_one_measurement
     assert inspect.getsource(m14).count("run_quant_bench(") == 1
 
 
-def test_lesson_20_states_its_kernel_times_and_draws_no_verdict_from_them():
+def test_lesson_20_states_its_kernel_times_and_draws_no_verdict_from_them(under_load):
     """Issue 53: W4A8's prefill against W4A32's was ranked idle and not beside two burners. The kernels'
     time is the point of lesson 20, so it is stated: the ratio and its paired rounds, the same words
     whatever the rounds say (far apart either way, or equal), and no ranking the under-load check reads."""
     import importlib
     import importlib.util
     import inspect
-    from pathlib import Path
 
     from minillm.lessons._common import Timing
     m = importlib.import_module("minillm.lessons.20_quantized_kernels")
-    spec = importlib.util.spec_from_file_location(
-        "lessons_under_load", Path(__file__).resolve().parents[1] / "benchmarks" / "lessons_under_load.py")
-    h = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(h)
+    h = under_load
     base = Timing((1.0, 1.02) * 3)
     shapes = set()
     for a in ((0.5, 0.51) * 3, (2.0, 2.1) * 3, (1.0, 1.02) * 3, (0.9, 1.1) * 3):
@@ -384,10 +372,10 @@ def test_lesson_20_states_its_kernel_times_and_draws_no_verdict_from_them():
     assert m.timed_words(Timing((0.5, 0.5) * 3), base, "a", "b") == "a took 0.495× the time of b (0.49×–0.5× in 6 paired rounds)"
     src = inspect.getsource(m)
     assert "faster_words(" not in src and "closeness" not in src       # no verdict rule on a time here
-    assert src.count("timed_words(") == 5 and "L.say(UNRANKED)" in inspect.getsource(m.fused)
+    assert src.count("timed_words(") == 4 and "L.say(UNRANKED)" in inspect.getsource(m.fused)
 
 
-def test_lesson_20s_timed_words_never_carry_a_verdict():
+def test_lesson_20s_timed_words_never_carry_a_verdict(under_load):
     """Property: whatever two sides' paired rounds are, lesson 20's sentence on them has one shape once
     numbers are masked, and the under-load check reads no ranking in it."""
     import importlib
@@ -395,7 +383,7 @@ def test_lesson_20s_timed_words_never_carry_a_verdict():
 
     from minillm.lessons._common import Timing
     m = importlib.import_module("minillm.lessons.20_quantized_kernels")
-    h = _under_load_module()
+    h = under_load
     secs = st.floats(1e-6, 10.0, allow_nan=False)
 
     @settings(max_examples=60, deadline=None)
@@ -469,13 +457,8 @@ def test_the_b1_ceiling_says_which_context_its_kv_is(capsys):
 
 # -- item 1: the harness reports every change between a winner and no winner -------------------------
 
-def test_the_under_load_check_reports_winner_no_winner_changes():
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "lessons_under_load.py"
-    spec = importlib.util.spec_from_file_location("lessons_under_load", path)
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
+def test_the_under_load_check_reports_winner_no_winner_changes(under_load):
+    m = under_load
     quiet = ("Throughput favours no chunking (12 tok/s (11-13 tok/s); budget 16: 5 tok/s (4-6 tok/s)), ranked. "
              "In time, the hybrid's step was below the other's from 1,024 tokens on, at every longer context "
              "measured (ranked by the verdict rule).")
@@ -848,18 +831,13 @@ def _lesson_13_text(monkeypatch, capsys, stall: bool) -> str:
     return re.sub(r"the model steps took [\d.×-]+ their price", "the model steps took # their price", out)
 
 
-def test_lesson_13s_verdicts_are_the_same_whatever_its_steps_measured(monkeypatch, capsys):
+def test_lesson_13s_verdicts_are_the_same_whatever_its_steps_measured(monkeypatch, capsys, under_load):
     """Issue 53: lesson 13's verdicts flipped between runs and beside CPU burners. On the roofline clock
     every schedule, figure and ranking comes from counts: a run whose every model step is stalled at
     random prints the same text, every ranking sentence and figure included, as one that is not."""
-    import importlib.util
-    from pathlib import Path
 
     from minillm import closeness
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "lessons_under_load.py"
-    spec = importlib.util.spec_from_file_location("lessons_under_load", path)
-    harness = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(harness)
+    harness = under_load
     calm = _lesson_13_text(monkeypatch, capsys, stall=False)
     stalled = _lesson_13_text(monkeypatch, capsys, stall=True)
     verdicts = harness.rankings(calm)
@@ -868,14 +846,9 @@ def test_lesson_13s_verdicts_are_the_same_whatever_its_steps_measured(monkeypatc
     assert stalled == calm
 
 
-def test_the_under_load_check_reads_lesson_13s_priced_verdicts():
+def test_the_under_load_check_reads_lesson_13s_priced_verdicts(under_load):
     """The harness's patterns capture the sentences lesson 13 words on the roofline clock."""
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "lessons_under_load.py"
-    spec = importlib.util.spec_from_file_location("lessons_under_load", path)
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
+    m = under_load
     text = ("The p99 gap between tokens, priced: 913 µs with whole prompts, 701 µs in chunks of 16: chunking "
             "lowered it (priced from counts). Goodput (TTFT≤2 ms, TPOT≤1 ms) favours no chunking (325.65 req/s; "
             "budget 16: 113.31 req/s), priced. tok/s: split best, 4839.50 (one engine 4494.67); on the "

@@ -113,5 +113,5 @@ def test_priced_figures_rank_by_the_minimum_effect_alone(sides, higher):
 
 
 def test_priced_apart_is_the_band():
-    assert closeness.priced_apart(1.06, 1.0) == 1 and closeness.priced_apart(1.0, 1.06) == -1
-    assert closeness.priced_apart(1.04, 1.0) == 0
+    assert closeness.figures_apart(1.06, 1.0) == 1 and closeness.figures_apart(1.0, 1.06) == -1
+    assert closeness.figures_apart(1.04, 1.0) == 0

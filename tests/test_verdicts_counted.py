@@ -22,13 +22,6 @@ from minillm.measure.chips import Hardware
 UNDER_LOAD = Path(__file__).resolve().parents[1] / "benchmarks" / "lessons_under_load.py"
 
 
-def _harness():
-    spec = importlib.util.spec_from_file_location("lessons_under_load", UNDER_LOAD)
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    return m
-
-
 def _lesson(n: str):
     return importlib.import_module(f"minillm.lessons.{n}")
 
@@ -94,10 +87,10 @@ def _sentences() -> list[tuple[str, str, str | list | None]]:
     return out
 
 
-def test_every_ranking_sentence_of_the_lessons_is_one_the_harness_counts():
+def test_every_ranking_sentence_of_the_lessons_is_one_the_harness_counts(under_load):
     """Each sentence, wrapped as printed, gives exactly one (subject, verdict) per thing it ranks, with the
     verdict it says (None: no winner). A sentence the harness missed would be a verdict no repeated run could count."""
-    m = _harness()
+    m = under_load
     for lesson, sentence, verdict in _sentences():
         found = m.rankings(_printed(sentence))
         want = verdict if isinstance(verdict, list) else [verdict]
@@ -107,15 +100,15 @@ def test_every_ranking_sentence_of_the_lessons_is_one_the_harness_counts():
 @settings(max_examples=40, deadline=None)
 @given(st.floats(0.01, 100.0), st.floats(0.01, 100.0), st.lists(st.floats(0.1, 10.0), min_size=6, max_size=12),
        st.lists(st.floats(0.1, 10.0), min_size=6, max_size=12))
-def test_a_priced_verdict_is_the_prices_alone_whatever_the_rounds(pa, pb, ra, rb):
+def test_a_priced_verdict_is_the_prices_alone_whatever_the_rounds(under_load, pa, pb, ra, rb):
     """priced_words: the verdict follows the two prices by the minimum effect, and no round moves it;
     the measured ratio stands beside it with no verdict word."""
-    m = _harness()
+    m = under_load
     n = min(len(ra), len(rb))
     said = _common.priced_words(pa, pb, "the fused one", "NumPy's", Timing(tuple(ra[:n])), Timing(tuple(rb[:n])))
     same = _common.priced_words(pa, pb, "the fused one", "NumPy's", Timing(tuple(rb[:n])), Timing(tuple(ra[:n])))
     assert said.split(" Measured:")[0] == same.split(" Measured:")[0]
-    side = closeness.priced_apart(pa, pb)
+    side = closeness.figures_apart(pa, pb)
     want = None if side == 0 else "faster" if side < 0 else "slower"
     assert m.rankings(_printed(said)) == [("the fused one / NumPy's", want)]
     measured = said.split(" Measured:")[1]
@@ -131,8 +124,8 @@ def test_lesson_16_prices_the_fused_prefill_whatever_the_rounds_say(capsys, monk
     real = m16.time_interleaved
     outs = []
     for slow in (1.0, 3.0):
-        def skewed(work, rounds, warmup=True, slow=slow):
-            t = real(work, rounds, warmup)
+        def skewed(work, rounds, warmup=True, settle=True, slow=slow):
+            t = real(work, rounds, warmup, settle)
             return {**t, "fused": Timing(tuple(slow * x for x in t["numpy"].seconds))}
         monkeypatch.setattr(m16, "time_interleaved", skewed)
         assert m16.main(["--fast", "--no-pause"]) == 0

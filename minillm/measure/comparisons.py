@@ -29,13 +29,17 @@ def comparison_threads(requested: int | None, default: int | None = None) -> tup
                "counts rank upside down on a contended machine.")
 
 
-def fit_problem(fit: dict | None, min_r2: float = MIN_R2) -> str | None:
-    """Why a fit of step time against tokens supports no conclusion, or None when it may be used."""
+def fit_problem(fit: dict | None, min_r2: float = MIN_R2, priced: bool = False) -> str | None:
+    """Why a fit of step time against tokens supports no conclusion, or None when it may be used.
+    priced: the steps' times were priced from counts (the roofline clock), so no noise is in them and
+    a poor fit is the cost's own shape (a roofline is flat until the arithmetic passes the read)."""
     if fit is None:
         return "too few steps of different sizes to fit"
     if fit["r2"] < min_r2:
-        return (f"r² {fit['r2']:.2f}: the tokens in a step explain little of its time here (a busy machine's "
-                "noise, or per-step costs the token count does not capture)")
+        why = ("priced from counts, so no noise: per-step costs the token count does not capture, as a "
+               "weight read that every step pays whatever its size" if priced else
+               "a busy machine's noise, or per-step costs the token count does not capture")
+        return f"r² {fit['r2']:.2f}: the tokens in a step explain little of its time here ({why})"
     if fit["per_token_s"] <= 0:
         return "the fitted time per token is not above zero: step time did not grow with tokens on this run"
     if fit["fixed_s"] <= 0:

@@ -19,7 +19,7 @@ server gave (`phase_verdict`).
 
 from __future__ import annotations
 
-from ..closeness import CLOSE, one_run_apart    # the one closeness rule
+from ..closeness import CLOSE, figures_apart    # the one closeness rule
 
 NO_TIMINGS = "no phase timings exposed by this server"
 
@@ -117,5 +117,5 @@ def phase_verdict(delta: dict) -> str | None:
     if pre is None and dec is None or not (pre or dec):
         return None
     pre, dec = pre or 0.0, dec or 0.0
-    side = one_run_apart(pre, dec)       # one run's shares: ranked only beyond the closeness rule's band
+    side = figures_apart(pre, dec)       # one run's shares: ranked only beyond the closeness rule's band
     return "prefill" if side > 0 else "decode" if side < 0 else "neither"

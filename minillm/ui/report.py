@@ -225,8 +225,8 @@ def budget_verdict(results: list[dict], fit: dict | None, slo: dict, weight_read
     priced: the runs' clock words when they were priced from counts, one run each (`favours`)."""
     lines = []
     name = lambda r: r["policy"]  # noqa: E731
-    if fit is not None and fit_problem(fit) is not None:
-        lines.append(f"Step time against tokens: the fit is not used ({fit_problem(fit)}).")
+    if fit is not None and fit_problem(fit, priced=priced is not None) is not None:
+        lines.append(f"Step time against tokens: the fit is not used ({fit_problem(fit, priced=priced is not None)}).")
         fit = None
     if fit is not None:
         a, b = fit["fixed_s"], fit["per_token_s"]
@@ -293,7 +293,7 @@ def disagg_verdict(results: list[dict], priced: str | None = None) -> list[str]:
     """Where the split wins and where it loses, and why, from the runs' own figures.
 
     priced: the runs were served once on a clock priced from counts (its words: `RooflineClock.words`):
-    every figure ranked as it is by `closeness.rank_priced` / `priced_apart`, and the words say so."""
+    every figure ranked as it is by `closeness.rank_priced` / `figures_apart`, and the words say so."""
     lines = []
     one = [r for r in results if r["split"] == "colocated"]
     splits = [r for r in results if r["split"] != "colocated"]
@@ -341,7 +341,7 @@ def disagg_verdict(results: list[dict], priced: str | None = None) -> list[str]:
     known = [(key, what, high) for key, what, high in figures
              if (key == "tok_s_per_engine" or (s.get(key) is not None and c.get(key) is not None))]
     if priced is not None:
-        side = {what: closeness.priced_apart(rounds(s, key)[0], rounds(c, key)[0]) * (1 if high else -1)
+        side = {what: closeness.figures_apart(rounds(s, key)[0], rounds(c, key)[0]) * (1 if high else -1)
                 for key, what, high in known}
     else:
         side = {what: closeness.apart(rounds(s, key), rounds(c, key)) * (1 if high else -1)
@@ -364,7 +364,7 @@ def disagg_verdict(results: list[dict], priced: str | None = None) -> list[str]:
     fp, fd, fc = s["fit"][0], s["fit"][1], c["fit"][0]
     bad = [f"{who}: {fit_problem(f).split(':')[0]}" for who, f in (("prefill engine", fp), ("decode engine", fd),
                                                                      ("one engine", fc))
-           if f is not None and fit_problem(f) is not None]
+           if f is not None and fit_problem(f) is not None]      # the words before the colon: no noise named
     if bad:
         lines.append("  fits of step time against tokens not used, they explain too little here ("
                      + "; ".join(bad) + ").")
