@@ -11,7 +11,7 @@ from rich.table import Table
 
 import minillm
 from minillm.models.gpt2 import GPT2_SIZES
-from minillm.lessons._common import (Lesson, Timing, bar_chart, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural,
+from minillm.lessons._common import (Lesson, Timing, bar_chart, fmt_bytes, fmt_flops, fmt_kib, fmt_time, fmt_x, plural,
                                      run_lesson, time_interleaved)
 from minillm.measure.chips import CHIPS
 
@@ -107,7 +107,7 @@ def the_kv_cache_it_leaves(L: Lesson, model, ids, pre, cache) -> None:
     L.say(f"""
         Each layer keeps a key and a value per KV head (hd numbers; GPT-2 has one per query head)
         for every position: **2 · L · H_kv · hd · b** bytes per token = 2 · {c.n_layer} ·
-        {c.n_kv_head} · {c.head_dim} · {b} = **{per_token:,} bytes** ({per_token / 1024:g} KiB) for
+        {c.n_kv_head} · {c.head_dim} · {b} = **{per_token:,} bytes** ({fmt_kib(per_token)}) for
         `{escape(model.name)}` in {np.dtype(model.dtype).name} (`cache.bytes_per_token()`).
     """)
     t = Table(header_style="bold")
@@ -175,7 +175,7 @@ def longer_prompts_higher_intensity(L: Lesson, model, enc) -> None:
         L.note(f"the LM head's read of wte is {head:.0%} of the {records[-1].n_tokens}-token prefill's bytes, "
                "for the last position only: no prompt token shares it, so it holds the intensity down.")
     L.takeaway(f"""
-        Prefill: the prompt in **one** pass, more FLOPs per byte than decode, and {per_token / 1024:g} KiB of KV
+        Prefill: the prompt in **one** pass, more FLOPs per byte than decode, and {fmt_kib(per_token)} of KV
         cache per token left behind.
     """)
     small = GPT2_SIZES["124m"]
@@ -183,7 +183,7 @@ def longer_prompts_higher_intensity(L: Lesson, model, enc) -> None:
     L.try_it(f"""
         `minillm learn 3 --model random-124m --no-pause`: GPT-2 small's prefill reaches far higher
         intensity (its shared blocks are most of its weights), and its KV cache is
-        {small_kv // 1024} KiB per token.
+        {fmt_kib(small_kv)} per token.
     """)
 
 

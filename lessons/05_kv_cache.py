@@ -11,7 +11,7 @@ from rich.table import Table
 
 import minillm
 from minillm.models.gpt2 import GPT2_SIZES
-from minillm.lessons._common import (Lesson, faster_words, fmt_bytes, fmt_flops, fmt_x, paired_chart,
+from minillm.lessons._common import (Lesson, faster_words, fmt_bytes, fmt_flops, fmt_kib, fmt_x, paired_chart,
                                      ratio_range, run_lesson, time_interleaved, token_text)
 from minillm.measure.chips import get_chip
 from minillm.measure.shapes import UTILISATION, capacity, shape
@@ -157,10 +157,10 @@ def what_the_cache_costs(L: Lesson, model, decode) -> None:
     for name, cfg in GPT2_SIZES.items():
         per[name] = minillm.KVCache(cfg).bytes_per_token()   # allocates lazily: no page is touched
         full = per[name] * cfg.n_ctx
-        t.add_row(f"GPT-2 {name}", f"{per[name] / 1024:g} KiB", f"{cfg.n_ctx:,}",
+        t.add_row(f"GPT-2 {name}", fmt_kib(per[name]), f"{cfg.n_ctx:,}",
                   fmt_bytes(full), f"{full / (4 * cfg.n_params()):.0%}")
     mine = model.new_cache().bytes_per_token()
-    t.add_row(escape(model.name), f"{mine / 1024:g} KiB", f"{c.n_ctx:,}",
+    t.add_row(escape(model.name), fmt_kib(mine), f"{c.n_ctx:,}",
               fmt_bytes(mine * c.n_ctx), f"{mine * c.n_ctx / model.nbytes():.0%}")
     L.show("[bold]KV cache, float32, at each model's full context[/]", t)
     small = GPT2_SIZES["124m"]
@@ -190,7 +190,7 @@ def what_the_cache_costs(L: Lesson, model, decode) -> None:
         s = shape(key)
         caps = [capacity(s, ctx, gpu.memory_gb * 1e9) for gpu in gpus]
         fits[name] = [c["sequences"] for c in caps]
-        t.add_row(name, f"{caps[0]['kv_bytes_per_token'] / 1024:g} KiB", *(f"{f} seqs" for f in fits[name]))
+        t.add_row(name, fmt_kib(caps[0]["kv_bytes_per_token"]), *(f"{f} seqs" for f in fits[name]))
     L.show(t, "[dim]the same function answers `minillm hardware --shape llama-2-7b --fit 4096 --chip a100`[/]")
     mha, gqa = fits.values()
     gib = [capacity(shape(key), ctx, gpus[0].memory_gb * 2 ** 30)["sequences"] for key in BIG_MODELS.values()]

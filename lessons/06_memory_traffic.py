@@ -12,8 +12,8 @@ from rich.markup import escape
 from rich.table import Table
 
 import minillm
-from minillm.lessons._common import (Lesson, Timing, bar, bar_chart, fmt_bytes, fmt_time, fmt_x, plural, run_lesson,
-                                     stacked_bar)
+from minillm.lessons._common import (Lesson, Timing, bar, bar_chart, fmt_bytes, fmt_kib, fmt_time, fmt_x, plural,
+                                     run_lesson, stacked_bar)
 from minillm.measure import residency
 from minillm.measure.chips import CHIPS
 from minillm.measure.chips import decode_ceiling
@@ -233,7 +233,7 @@ def long_context(L: Lesson, model, r) -> None:
         They are equal at t ≈ weights ÷ KV bytes per token = **{t_here:,.0f} positions** for
         `{escape(model.name)}` (context {c.n_ctx:,}).
 
-        Llama-2-7B in fp16 keeps {kv7 / 1024:,.0f} KiB a token: 32 sequences of 4,096 read
+        Llama-2-7B in fp16 keeps {fmt_kib(kv7)} a token: 32 sequences of 4,096 read
         {fmt_bytes(32 * 4096 * kv7)} of KV a step against {fmt_bytes(w7)} of weights
         ({fmt_x(32 * 4096 * kv7 / w7)}). Batching shares the weight read, never the KV read.
     """)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from rich import box
 from rich.table import Table
 
-from minillm.lessons._common import Lesson, fall_words, fmt_x, roofline_clock, run_lesson
+from minillm.lessons._common import Lesson, fall_words, fmt_kib, fmt_x, roofline_clock, run_lesson
 from minillm import closeness
 
 from minillm.serving.metrics import serve
@@ -157,7 +157,7 @@ def offload(L: Lesson, model, hw) -> None:
     for col in ("model", "chip", "from", "KV/token", "reload", "recompute", "cheaper"):
         t.add_column(col, justify="left" if col in ("model", "chip", "from") else "right", no_wrap=True)
     for r in rows:
-        t.add_row(r["what"], r["chip"], r["link_name"], f"{r['kv'] / 1024:,.4g} KiB {r['kv_dtype']}", fmt_time(r["reload_s"]),
+        t.add_row(r["what"], r["chip"], r["link_name"], f"{fmt_kib(r['kv'])} {r['kv_dtype']}", fmt_time(r["reload_s"]),
                   fmt_time(r["compute_s"]), "reload" if r["reload_s"] < r["compute_s"] else "recompute")
     L.say("""
         A GPU's memory holds only so many prefixes. With **KV offloading** engines keep more in host memory

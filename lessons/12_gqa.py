@@ -21,12 +21,8 @@ from minillm.measure.chips import get_chip
 from minillm.measure.shapes import (SHAPES, UTILISATION, capacity, decode_step_bytes, kv_bytes_per_sequence,
                                     kv_bytes_per_token, shape)
 from minillm.models.llama import Llama, random_params
-from minillm.ui.report import fmt_bytes, fmt_flops
+from minillm.ui.report import fmt_bytes, fmt_flops, fmt_kib
 
-
-def fmt_kib(n: float) -> str:
-    """KV bytes per token in KiB, as `minillm hardware --shape` and lesson 5 print them."""
-    return f"{n / 1024:,.4g} KiB"
 
 TITLE = "Today's architecture: GQA and the KV cache"
 MINUTES = 9  # 1,889 words printed (a fast run) at 200 a minute

@@ -336,7 +336,7 @@ def disaggregation(L: Lesson, model, items, clock, sweep: dict) -> dict:
     L.section("Splitting the phases: two engines, KV on the wire")
     link = clock.copy_gbps()
     chunk = min(r["budget"] for r in sweep["results"] if r["budget"])
-    budget = L.pick(32, 16)
+    budget = L.pick(32, 64)           # fast: not the sweep's smallest (16), a row of its own
     uncapped = model.config.n_ctx * 16   # a budget above any prompt: no chunking
     L.recheck()
     T = blas_threads() or 1              # every engine's steps alike (their price does not depend on it)

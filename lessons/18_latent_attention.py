@@ -31,7 +31,7 @@ from minillm.models import deepseek, moe
 from minillm.models.deepseek import DeepSeekConfig, decode_attention_cost
 from minillm.models.llama import LlamaConfig
 from minillm import closeness
-from minillm.ui.report import fmt_bytes, fmt_flops
+from minillm.ui.report import fmt_bytes, fmt_flops, fmt_kib
 
 TITLE = "A KV cache of 576 values"
 MINUTES = 10  # 2,083 words printed (a fast run) at 200 a minute
@@ -57,11 +57,6 @@ def lesson(L: Lesson) -> None:
         (`model_type` deepseek_v3, float32 or bfloat16) loads with `minillm.load(folder)`.
     """)
     L.say(SOURCES)
-
-
-def fmt_kib(n: float) -> str:
-    """KV bytes a token in KiB, as lesson 12 and `minillm hardware --shape` print them (W20, W31)."""
-    return f"{n / 1024:,.4g} KiB"
 
 
 # W27: what this lesson rests on

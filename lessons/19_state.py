@@ -26,7 +26,7 @@ from minillm.measure.contexts import run_context_sweep
 from minillm.measure.shapes import HYBRID_SHAPES, UTILISATION, capacity, shape, shape_of, state_bytes
 from minillm.models import deltanet, qwen35
 from minillm.models.qwen35 import FULL, LINEAR, Qwen35Config, decode_step_bytes
-from minillm.ui.report import fmt_bytes, fmt_flops, fmt_time
+from minillm.ui.report import fmt_bytes, fmt_flops, fmt_kib, fmt_time
 
 TITLE = "A state that does not grow"
 MINUTES = 15  # 2,911 words printed (a fast run) at 200 a minute
@@ -87,11 +87,6 @@ def lesson(L: Lesson) -> None:
         `minillm hardware --shape qwen3.5-27b --fit 32768 --memory 80GB` does the capacity arithmetic.
     """)
     L.say(SOURCES)
-
-
-def fmt_kib(n: float) -> str:
-    """KV bytes a token in KiB, as lesson 12 and `minillm hardware --shape` print them (W20, W31)."""
-    return f"{n / 1024:,.4g} KiB"
 
 
 # W27: what this lesson rests on

@@ -48,7 +48,7 @@ from minillm import closeness
 from minillm.measure import hardware, probe
 from minillm.cli.commands import add_threads_option
 from minillm.threads import blas_threads, limited
-from minillm.ui.report import fmt_bytes, fmt_flops, fmt_time  # noqa: F401  (re-exported to the lessons)
+from minillm.ui.report import fmt_bytes, fmt_flops, fmt_kib, fmt_time  # noqa: F401  (re-exported to the lessons)
 
 try:   # one line on a busy machine, with the fix (shared with the commands)
     from minillm.measure.busy import busy_note as _busy_line

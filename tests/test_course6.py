@@ -873,3 +873,21 @@ def test_a_priced_rate_sweep_calls_a_lower_rates_miss_its_schedule_not_noise():
     assert ("A lower rate missed it (2/s): on the roofline clock (20 GB/s, 200 GFLOP/s) every run is the same"
             in priced and "noisy" not in priced)
     assert "the runs are noisy here" in measured
+
+
+def test_a_kv_size_a_token_is_printed_in_kib_by_one_function_everywhere():
+    """Issue 53, list 4: a KV size a token was printed in kB on one screen (decimal, `fmt_bytes`) and in
+    KiB on another, each lesson with its own formatting. Every lesson and `hardware` now prints it with
+    `report.fmt_kib`: no module defines its own, and no source formats `/ 1024 ... KiB` by hand."""
+    import re
+    from pathlib import Path
+
+    from minillm.ui.report import fmt_kib
+    root = Path(__file__).resolve().parents[1]
+    assert fmt_kib(73_728) == "72 KiB" and fmt_kib(1_179_648) == "1,152 KiB" and fmt_kib(70 * 1024) == "70 KiB"
+    by_hand = re.compile(r"/+ ?1024[^}\n]*\}\s*KiB")
+    for f in [*sorted((root / "lessons").glob("*.py")), *sorted((root / "minillm").rglob("*.py"))]:
+        src = f.read_text(encoding="utf-8")
+        assert "def fmt_kib" not in src or f.name == "report.py", f"{f.name} defines its own fmt_kib"
+        if f.name != "report.py":                                   # where fmt_kib is written
+            assert not by_hand.search(src), f"{f.name}: {by_hand.search(src).group(0)!r}, not fmt_kib"

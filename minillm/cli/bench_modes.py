@@ -22,7 +22,7 @@ from ..measure.speculation import heldout_prompts, run_speculation_bench
 from .. import closeness
 from ..measure import residency
 from ..threads import blas_kernel, blas_name, blas_spin, blas_threads
-from ..ui.report import fmt_bytes
+from ..ui.report import fmt_bytes, fmt_mib
 from ..checkpoints.families import all_options
 from .bench_options import DEFAULT_CONTEXTS, kernels_title, parse_contexts, parse_kernels, parse_option_values
 from .common import err, out
@@ -322,7 +322,7 @@ def bench_weights(args, hw, kernels=None) -> int:
     out.print(f"[dim]{residency.os_reports(hw)}; where the weights came from is the measurement's to say[/]")
     load_note = f"; load average {result['load_average']:.1f}" if result["load_average"] is not None else ""
     out.print(f"{_blas(result)}; widening: "
-              f"NumPy, one thread, tiles of {TILE_BYTES // 1024} KiB{load_note}")
+              f"NumPy, one thread, tiles of {fmt_mib(TILE_BYTES)}{load_note}")
     return 0
 
 

@@ -17,6 +17,7 @@ from ..measure.gpu import as_hardware, gpu_figures
 from ..measure.hardware import STALE_DAYS, age_seconds, cache_path, cached, fmt_age, is_stale, machine, was_busy
 from ..measure.probe import MB, METHODS
 from ..measure.shapes import KV_DTYPES, UTILISATION, gpus_needed, state_bytes
+from ..ui.report import fmt_kib
 from .common import note_if_busy, out
 
 
@@ -189,7 +190,7 @@ def capacity_lines(cap: dict, s: dict, weight_dtype: str, kv_dtype: str, where: 
              f"{_sig(cap['left_bytes'] / 1e9) if cap['left_bytes'] > 0 else 'nothing'}"
              + (" GB" if cap["left_bytes"] > 0 else ": the weights alone do not fit"),
              f"    ÷ KV of one sequence ({kv_dtype}): {_sig(cap['kv_bytes_per_sequence'] / 1e9)} GB "
-             f"({cap['kv_bytes_per_token'] / 1024:,.4g} KiB per token)"] + ([f"    {window[2:]}"] if window else [])
+             f"({fmt_kib(cap['kv_bytes_per_token'])} per token)"] + ([f"    {window[2:]}"] if window else [])
     if cap.get("state_bytes_per_sequence"):
         lines.append(f"      of which a fixed state of {_sig(cap['state_bytes_per_sequence'] / 1e9)} GB "
                      "(the linear layers')")
@@ -277,11 +278,11 @@ def run_shape(args: argparse.Namespace) -> int:
                 if s.get("kv_latent") else f"{s['n_kv_head']} KV heads of {s['head_dim']}")]
     beside = kv_dtype_words(kv_bytes_per_token(s, KV_DTYPES["bf16"]), kvb)
     if s.get("kv_latent"):
-        lines.append(f"  KV per token ({kvd}, b = {kvb:g}): L·(d_c + d_rope)·b = {kv_tok / 1024:,.4g} KiB{beside}")
+        lines.append(f"  KV per token ({kvd}, b = {kvb:g}): L·(d_c + d_rope)·b = {fmt_kib(kv_tok)}{beside}")
     else:
         mha = kv_tok * s["n_head"] / s["n_kv_head"]
-        lines.append(f"  KV per token ({kvd}, b = {kvb:g}): 2·L·Hkv·hd·b = {kv_tok / 1024:,.4g} KiB"
-                     + (f" ({mha / 1024:,.0f} KiB with a KV head per query head)" if mha != kv_tok else "")
+        lines.append(f"  KV per token ({kvd}, b = {kvb:g}): 2·L·Hkv·hd·b = {fmt_kib(kv_tok)}"
+                     + (f" ({fmt_kib(mha)} with a KV head per query head)" if mha != kv_tok else "")
                      + beside)
     if s.get("state_values"):
         lines += [f"  hybrid: only {s['kv_layers']} of the {s['n_layer']} layers keep K and V; the other "
@@ -328,7 +329,7 @@ def kv_dtype_words(bf16_bytes: float, kvb: float) -> str:
         return ""
     f = kvb / KV_DTYPES["bf16"]
     does = {2.0: "doubles it", 0.5: "halves it"}.get(f, f"makes it {f:g}×")
-    return f"; {bf16_bytes / 1024:,.4g} KiB in bf16, as the 16-bit shapes: the dtype alone {does}"
+    return f"; {fmt_kib(bf16_bytes)} in bf16, as the 16-bit shapes: the dtype alone {does}"
 
 
 def fmt_ratio(x: float) -> str:

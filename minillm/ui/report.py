@@ -135,6 +135,12 @@ def verdict(r: StepRecord, hw: Hardware, path: str) -> str:
             f"and {100 * r.gflops / hw.peak_gflops:.0f}% of its {hw.peak_gflops:.0f} GFLOP/s{at}")   # the threads said
 
 
+def fmt_kib(n: float) -> str:
+    """KV bytes a token in KiB, on every screen that prints one (the lessons, `hardware --shape`), so
+    two screens never compare kB with KiB (issue 53): 72 KiB, 1,152 KiB."""
+    return f"{n / 1024:,.4g} KiB"
+
+
 def fmt_mib(n: float) -> str:
     """A cache size in binary units, as CPUs quote them: 32 MiB, 512 KiB."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
