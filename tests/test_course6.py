@@ -891,3 +891,23 @@ def test_a_kv_size_a_token_is_printed_in_kib_by_one_function_everywhere():
         assert "def fmt_kib" not in src or f.name == "report.py", f"{f.name} defines its own fmt_kib"
         if f.name != "report.py":                                   # where fmt_kib is written
             assert not by_hand.search(src), f"{f.name}: {by_hand.search(src).group(0)!r}, not fmt_kib"
+
+
+@pytest.mark.parametrize("item, where, words", [
+    ("E25", "lessons/19_state.py", ["Kimi Linear 3:1", "Nemotron-H Mamba-2", "MiniMax-01 lightning attention 7:1"]),
+    ("M48", "lessons/18_latent_attention.py", ["Why engines serve MLA attention data-parallel"]),
+    ("M50", "lessons/18_latent_attention.py", ["--contexts 256,1024,4096,8192 --kernels numpy"]),
+    ("C19", "README.md", ["past the A100's (153) and H200's (206) ridges, below the H100's (295)"]),
+    ("C22", "lessons/19_state.py", ['"state in and out"']),
+    ("W30", "lessons/19_state.py", ["a short convolution's last K − 1"]),
+    ("W32", "lessons/20_quantized_kernels.py", ["datasheets (the H100's FP8 twice its bf16"]),
+    ("X29", "lessons/18_latent_attention.py", ["Why the rotary key is apart", "could not be absorbed"]),
+    ("X34", "lessons/20_quantized_kernels.py", ["batch-invariant by construction"]),
+])
+def test_the_fourth_reviews_wording_fixes_stay_in_the_text(item, where, words):
+    """The fourth teaching review's items fixed in prose alone (a sentence was wrong or missing): each
+    sentence is where the review asked for it, so taking it out again fails here."""
+    from pathlib import Path
+    text = " ".join((Path(__file__).resolve().parents[1] / where).read_text(encoding="utf-8").split())
+    for w in words:
+        assert " ".join(w.split()) in text, f"{item}: {w!r} not in {where}"
