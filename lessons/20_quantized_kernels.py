@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from minillm.lessons._common import (NVFP4_BLOCK, QUANT_SHOWN as SHOWN, Lesson, Timing, fmt_x, timed_words,
-                                     run_lesson)
+from minillm.lessons._common import (NVFP4_BLOCK, QUANT_SHOWN as SHOWN, Lesson, Timing, fmt_x, run_lesson,
+                                     timed_words)
 
 import numpy as np
 from rich import box
