@@ -110,11 +110,9 @@ RANKINGS = [
                r"proportion|grew more than)"),
     re.compile(r"(?P<subject>the median time to first token) fell [\d.,]+×, (?P<verdict>more than|less than|"
                r"about as much as) the"),
-    # lesson 8's cliff and its ops.matmul against the plain product, batch by batch
+    # lesson 8's cliff (ops.matmul against the plain product is stated, no verdict: the threads decide it)
     re.compile(r"(?P<subject>2 rows through the plain product) took [^:]*?: (?:(?P<verdict>the cliff)|this run "
                r"shows no cliff)"),
-    re.compile(r"(?P<subject>`?ops\.matmul`? against the plain product): (?P<verdict>(?:(?:faster|slower|not ranked) "
-               r"at B = [\d, ]+(?:; )?)+)"),
     # lesson 10's diagnosis (one run's shares, the closeness band) and lesson 12's prefill against decode
     re.compile(r"(?P<subject>long prompts|long answers): (?:\d+% of the model's time went to (?P<verdict>prefill|"
                r"decode) steps|prompt and decode steps took about the same share)"),
