@@ -118,9 +118,7 @@ RANKINGS = [
                r"decode) steps|prompt and decode steps took about the same share)"),
     re.compile(r"(?P<subject>Prefill ran) [^:]{1,80}: prefill was (?:(?P<verdict>faster per token in every answer)|"
                r"not faster per token)"),
-    # lesson 14: where a Q8_0 step's time goes, and what each format did to the loss (counted)
-    re.compile(r"(?P<subject>Widening its integers to floats), alone, took [^,]+, (?P<verdict>more than|less than|"
-               r"about what) the read"),
+    # lesson 14: what each format did to the loss (counted; where a step's time goes is stated, unranked)
     re.compile(r"(?P<subject>Q4_0 moved it) by [-+\d.]+: (?P<mverdict>no more than Q8_0|more than Q8_0|"
                r"[\d.,]+× Q8_0's change)"),
     # lesson 17: a batched step's FLOPs a byte against the GPUs' ridges (counted)
