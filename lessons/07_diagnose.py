@@ -15,8 +15,8 @@ from rich.table import Table
 
 import minillm
 from minillm.models.gpt2 import GPT2_SIZES as MODELS
-from minillm.lessons._common import (Lesson, fmt_bytes, fmt_flops, fmt_time, fmt_x, plural, roofline_plot,
-                                     run_lesson)
+from minillm.lessons._common import (Lesson, fmt_bytes, fmt_flops, fmt_kib, fmt_time, fmt_x, plural,
+                                     roofline_plot, run_lesson)
 from minillm import closeness
 from minillm.measure.chips import CHIPS, decode_ceiling, roofline
 from minillm.ui import report
@@ -322,7 +322,7 @@ def what_each_buys(L: Lesson, model, hw, dec, work: dict) -> None:
         "paged KV blocks": f"C used {used / reserved:.1%} of whole-context KV; 16-token pages held "
                            f"{fmt_x(paged / used)} it",
         "prefix caching": f"C: {1 - after / before:.0%} fewer prefill FLOPs",
-        "GQA, windows": f"{fmt_bytes(caches[0].bytes_per_token())} a token here",
+        "GQA, windows": f"{fmt_kib(caches[0].bytes_per_token())} a token here",
         "quantized weights": f"ceiling here {ceil['fp32']:,.0f} → {ceil['int4']:,.0f} tok/s (fp32 → int4)",
         "a GPU": f"A100: {fmt_x(a100.bandwidth_gbs / hw.bandwidth_gbs)} this bandwidth",
         "tensor parallelism": "below",

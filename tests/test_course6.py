@@ -891,6 +891,8 @@ def test_a_kv_size_a_token_is_printed_in_kib_by_one_function_everywhere():
         assert "def fmt_kib" not in src or f.name == "report.py", f"{f.name} defines its own fmt_kib"
         if f.name != "report.py":                                   # where fmt_kib is written
             assert not by_hand.search(src), f"{f.name}: {by_hand.search(src).group(0)!r}, not fmt_kib"
+        decimal = re.search(r"fmt_bytes\([^()]*bytes_per_token\(\)\)", src)   # a KV size a token in decimal kB
+        assert decimal is None, f"{f.name}: {decimal.group(0)!r}, not fmt_kib"
 
 
 @pytest.mark.parametrize("item, where, words", [

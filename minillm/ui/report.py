@@ -231,8 +231,9 @@ def budget_verdict(results: list[dict], fit: dict | None, slo: dict, weight_read
     priced: the runs' clock words when they were priced from counts, one run each (`favours`)."""
     lines = []
     name = lambda r: r["policy"]  # noqa: E731
-    if fit is not None and fit_problem(fit, priced=priced is not None) is not None:
-        lines.append(f"Step time against tokens: the fit is not used ({fit_problem(fit, priced=priced is not None)}).")
+    problem = fit_problem(fit, priced=priced is not None) if fit is not None else None
+    if problem is not None:
+        lines.append(f"Step time against tokens: the fit is not used ({problem}).")
         fit = None
     if fit is not None:
         a, b = fit["fixed_s"], fit["per_token_s"]
