@@ -210,3 +210,18 @@ def test_lesson_14_states_numpys_q8_0_time_against_float32_with_no_verdict(under
     widen = m14.widen_words(0.0303, 0.0275)                 # at the former bands' edge: "about what", "more than"
     assert widen == "Widening its integers to floats, alone, took 30.3 ms, 1.1× the time of the read it saves"
     assert under_load.rankings(_printed(widen + ".")) == []
+
+
+def test_bench_states_one_kernel_set_against_another_with_no_verdict(under_load):
+    """`bench --batch 1,8 --kernels numpy,fused` said "no winner" for fused against NumPy at B = 1 idle on
+    2 threads and "slower" (0.82×, 6 of 6 rounds) beside two burners on 1 (issue 53): the same counted work
+    on both sides, so the ratio is the kernels' at a thread count the load decides. It is stated per B,
+    with the range of the paired rounds, and no verdict word."""
+    from minillm.cli.bench_modes import sets_words
+    base = {1: {"tok_s": 40.0, "tok_s_rounds": [40.0, 42.0, 38.0]}, 8: {"tok_s": 120.0, "tok_s_rounds": [120.0] * 3}}
+    rows = {1: {"tok_s": 34.0, "tok_s_rounds": [34.0, 33.6, 34.2]}, 8: {"tok_s": 200.0, "tok_s_rounds": [204.0] * 3}}
+    said = " ".join(sets_words("random-124m", "fused", "numpy", rows, base).split())
+    assert "B = 1 0.85× (0.80×–0.90×), B = 8 1.67× (1.70×–1.70×)" in said, said
+    assert "the range over 3 paired rounds" in said and "Figures, not ranked" in said
+    assert not any(w in said for w in ("faster", "slower", "no winner")), said
+    assert under_load.rankings(_printed(said)) == []

@@ -41,6 +41,25 @@ def _verdict(a_rounds, b_rounds) -> str:
     return "faster" if side > 0 else "slower" if side < 0 else f"no winner: {closeness.why_not(a_rounds, b_rounds)}"
 
 
+def sets_words(name: str, k: str, first: str, rows: dict, base: dict) -> str:
+    """One kernel set's tokens/s against another's at each B: the ratio of the medians and the smallest
+    and largest ratio of the same rounds, stated with no verdict word. Both sets do the same counted
+    work, so the ratio is what the kernels make of it at this thread count, and the thread count follows
+    the load: fused against NumPy at B = 1 read "no winner" idle on 2 threads and "slower" beside two
+    burners on 1 (issue 53), as lesson 8's `ops.matmul` and lesson 14's Q8_0 step did."""
+    shared = sorted(set(base) & set(rows))
+    n = min(len(rows[B]["tok_s_rounds"]) for B in shared) if shared else 0
+
+    def ratio(B: int) -> str:
+        per_round = [x / y for x, y in zip(rows[B]["tok_s_rounds"], base[B]["tok_s_rounds"]) if y > 0]
+        return (f"B = {B} {rows[B]['tok_s'] / base[B]['tok_s']:.2f}× "
+                f"({min(per_round):.2f}×–{max(per_round):.2f}×)")
+    return (f"{escape(name)}, {k} against {first} at the same B, tokens/s (the medians' ratio; the range "
+            f"over {n} paired rounds): " + ", ".join(ratio(B) for B in shared) + ". Figures, not ranked: "
+            f"both sets do the same counted work, so the ratio is what the kernels make of it at this "
+            f"run's thread count (above), and a busy machine sets that count to 1.")
+
+
 def print_growth(rows: list[dict]) -> None:
     """Each batch's tokens/s against B = 1's, by the closeness rule on the paired rounds. Not "which B is
     best": past the critical batch the curve flattens, and neighbours on a plateau rank one way or the
@@ -122,10 +141,7 @@ def bench_batches(args, models: dict, batches: list[int], hw):
             base = {r["batch"]: r for r in by[first]["rows"]}
             for k in others:
                 rows = {r["batch"]: r for r in by[k]["rows"]}
-                out.print(f"{escape(name)}, {k} against {first} at the same B (tokens/s): " + ", ".join(
-                    f"B = {B} {rows[B]['tok_s'] / base[B]['tok_s']:.2f}× "
-                    f"({_verdict(rows[B]['tok_s_rounds'], base[B]['tok_s_rounds'])})"
-                    for B in sorted(set(base) & set(rows))))
+                out.print(sets_words(name, k, first, rows, base))
                 if by[k]["prefill_timed"]:
                     out.print(sets_table(by[first], by[k], first, k))
 
