@@ -16,13 +16,20 @@ from .errors import MiniLLMError
 
 
 def _blas_pools() -> list[dict]:
-    """threadpoolctl's view of the BLAS pools NumPy loaded (none if threadpoolctl is missing)."""
-    import numpy  # noqa: F401  (threadpoolctl sees only the libraries already loaded)
+    """threadpoolctl's view of the BLAS pools loaded in this process (none if threadpoolctl is missing),
+    NumPy's own first: SciPy, when something loads it, brings its own OpenBLAS, and threadpoolctl lists
+    the libraries in an order that changes from run to run."""
+    import os
+
+    import numpy  # (threadpoolctl sees only the libraries already loaded)
     try:
         from threadpoolctl import threadpool_info
     except ImportError:
         return []
-    return [p for p in threadpool_info() if p.get("user_api") == "blas"]
+    home = os.path.dirname(os.path.abspath(numpy.__file__))          # .../site-packages/numpy
+    own = (home + os.sep, home + ".libs" + os.sep)                    # and the wheel's numpy.libs beside it
+    pools = [p for p in threadpool_info() if p.get("user_api") == "blas"]
+    return sorted(pools, key=lambda p: not os.path.abspath(p.get("filepath") or "").startswith(own))
 
 
 def blas_threads() -> int | None:

@@ -251,6 +251,29 @@ def test_blas_spin_reads_back_what_openblas_takes(monkeypatch):
     assert threads.blas_spin() is None
 
 
+def test_the_blas_named_is_numpys_own_whatever_order_threadpoolctl_lists_them(monkeypatch):
+    """`bench` printed "openblas 0.3.30" on 2 threads and "0.3.31.188.0" on 1 in the same session: SciPy's
+    OpenBLAS was loaded beside NumPy's, and the first pool threadpoolctl listed was named. NumPy's own
+    library (in its package, or the wheel's numpy.libs beside it) is named first in either order."""
+    import os
+
+    import numpy
+    import threadpoolctl
+
+    from minillm import threads
+    home = os.path.dirname(os.path.abspath(numpy.__file__))
+    mine = {"user_api": "blas", "internal_api": "openblas", "version": "9.9.mine", "architecture": "Mine",
+            "filepath": os.path.join(home + ".libs", "libscipy_openblas64_-x.so")}
+    other = {"user_api": "blas", "internal_api": "openblas", "version": "1.0.other", "architecture": "Other",
+             "filepath": os.path.join(os.path.dirname(home), "scipy.libs", "libscipy_openblas-y.so")}
+    omp = {"user_api": "openmp", "internal_api": "openmp", "version": None, "filepath": "/lib/libgomp.so"}
+    for listed in ([other, omp, mine], [mine, other], [omp, other, mine]):
+        monkeypatch.setattr(threadpoolctl, "threadpool_info", lambda listed=listed: listed)
+        assert threads.blas_name() == "openblas 9.9.mine" and threads.blas_kernel() == "Mine", listed
+    monkeypatch.setattr(threadpoolctl, "threadpool_info", lambda: [other, omp])   # NumPy's not found: the first
+    assert threads.blas_name() == "openblas 1.0.other"
+
+
 def test_the_minillm_command_sets_the_spin_before_numpy_loads():
     code = "import minillm, os, numpy; print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"
     env = {k: v for k, v in __import__("os").environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
