@@ -206,8 +206,7 @@ class Timing:
 
 def ratio_range(a: Timing, b: Timing) -> tuple[float, float, float]:
     """a ÷ b: the ratio of the medians, and the smallest and largest ratio of the same rounds' times."""
-    per_round = [x / y for x, y in zip(a.seconds, b.seconds) if y > 0]
-    return a.median / b.median, min(per_round), max(per_round)
+    return (a.median / b.median, *closeness.ratio_span(a.seconds, b.seconds))
 
 
 def time_interleaved(work: dict[str, Callable[[], object]], rounds: int, warmup: bool = True,

@@ -176,6 +176,13 @@ def _how(t: Test) -> str:
     return f"every round beyond the other's, p = {t.p:.2g}"
 
 
+def ratio_span(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+    """The smallest and largest a ÷ b of the same rounds: a paired measurement's spread, stated beside a
+    ratio where no verdict is drawn (lessons 8, 14, 20; `bench`'s kernel sets)."""
+    per_round = [x / y for x, y in zip(a, b) if y > 0]
+    return min(per_round), max(per_round)
+
+
 def figures_apart(a: float, b: float, close: float = CLOSE) -> int:
     """Two figures with no rounds to test: one run's shares of its time, or prices from counts (the
     same every run: `rank_priced`). +1, -1, or 0 within `close` of the larger."""

@@ -168,3 +168,10 @@ def test_a_goodput_ranking_needs_its_counts_apart_too():
     assert r.winner is None and "counts too close to rank, 2 against 2" in r.reason
     r = closeness.rank(per_s, counts={"static": [20, 21, 22] * 2, "sequential": [5, 6, 5] * 2})
     assert r.winner == "static" and r.loser == "sequential"
+
+
+def test_ratio_span_is_the_same_rounds_smallest_and_largest_ratio():
+    """The spread stated beside a ratio with no verdict (lessons 8, 14, 20 and `bench`'s kernel sets):
+    round against the same round, never the fastest of one side against the slowest of the other."""
+    assert closeness.ratio_span([2.0, 3.0, 4.0], [1.0, 3.0, 2.0]) == (1.0, 2.0)
+    assert closeness.ratio_span([1.0, 5.0], [0.0, 5.0]) == (1.0, 1.0)          # a zero round is left out

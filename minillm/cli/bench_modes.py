@@ -51,9 +51,8 @@ def sets_words(name: str, k: str, first: str, rows: dict, base: dict) -> str:
     n = min(len(rows[B]["tok_s_rounds"]) for B in shared) if shared else 0
 
     def ratio(B: int) -> str:
-        per_round = [x / y for x, y in zip(rows[B]["tok_s_rounds"], base[B]["tok_s_rounds"]) if y > 0]
-        return (f"B = {B} {rows[B]['tok_s'] / base[B]['tok_s']:.2f}× "
-                f"({min(per_round):.2f}×–{max(per_round):.2f}×)")
+        lo, hi = closeness.ratio_span(rows[B]["tok_s_rounds"], base[B]["tok_s_rounds"])
+        return f"B = {B} {rows[B]['tok_s'] / base[B]['tok_s']:.2f}× ({lo:.2f}×–{hi:.2f}×)"     # the table's ratio
     return (f"{escape(name)}, {k} against {first} at the same B, tokens/s (the medians' ratio; the range "
             f"over {n} paired rounds): " + ", ".join(ratio(B) for B in shared) + ". Figures, not ranked: "
             f"both sets do the same counted work, so the ratio is what the kernels make of this machine "
