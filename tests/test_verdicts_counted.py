@@ -225,3 +225,45 @@ def test_bench_states_one_kernel_set_against_another_with_no_verdict(under_load)
     assert "the range over 3 paired rounds" in said and "Figures, not ranked" in said
     assert not any(w in said for w in ("faster", "slower", "no winner")), said
     assert under_load.rankings(_printed(said)) == []
+
+
+def test_bench_batch_adds_rounds_until_each_b_against_b1_is_settled(monkeypatch):
+    """`bench --batch 1,2,4,8,16,32` read B = 2 against B = 1 "no winner" in one busy run (1.36×, 5 of 6
+    rounds) and "faster" in the others (issue 53): 6 fixed rounds. It now adds rounds, up to closeness.CAP,
+    until the rule ranks each B against B = 1 or can no longer. Here B = 2 is 1.2× B = 1 in rounds 0-4
+    and 0.8× after: 5 of 6 at 6 rounds (p = 0.22) could still reach 10 of 12; 5 of 8 no longer can."""
+    import minillm
+    from minillm.measure import batching
+    seconds = {1: lambda i: 1.0, 2: lambda i: 2 / 1.2 if i < 5 else 2 / 0.8}
+    calls = {1: 0, 2: 0}
+
+    def fake_steps(model, seqs, steps):
+        B = len(seqs)
+        i, calls[B] = calls[B], calls[B] + 1
+        return seconds[B](i)
+    monkeypatch.setattr(batching, "decode_steps", fake_steps)
+    model, hw = minillm.load("random-tiny", quiet=True), Hardware("test", 26.2, 199.0)
+    more, ticks = [], []
+    result = batching.run_batch_bench(model, [1, 2], hw, context=8, repeats=6, steps=2,
+                                      progress=lambda: ticks.append(1))
+    assert result["repeats"] == 8 and result["repeats_asked"] == 6, result["repeats"]
+    assert [len(r["tok_s_rounds"]) for r in result["rows"]] == [8, 8] and len(ticks) == 8
+    calls.update({1: 0, 2: 0})
+    result = batching.run_batch_benches({model.name: model}, [1, 2], hw, context=8, repeats=6, steps=2,
+                                        more=lambda: more.append(1))[model.name]
+    assert result["repeats"] == 8 and len(more) == 2
+    seconds[2] = lambda i: 2 / 1.2 if i % 2 else 2 / 0.8            # never ranks: stops once it cannot
+    for asked, taken in ((6, 6), (2, 2), (12, 12)):                   # 3 of 6 each way: settled at 6
+        calls.update({1: 0, 2: 0})
+        result = batching.run_batch_bench(model, [1, 2], hw, context=8, repeats=asked, steps=2)
+        assert result["repeats"] == taken, (asked, result["repeats"])
+    seconds[2] = lambda i: 2 / 1.2 if i % 6 else 2 / 0.8            # 5 of 6 every 6: ranks at 12, not before
+    calls.update({1: 0, 2: 0})
+    assert batching.run_batch_bench(model, [1, 2], hw, context=8, repeats=6, steps=2)["repeats"] == 12
+
+
+def test_bench_batch_titles_say_the_rounds_taken():
+    from minillm.cli.bench_modes import rounds_words
+    assert rounds_words({"repeats": 6, "repeats_asked": 6}) == "6 rounds"
+    said = rounds_words({"repeats": 9, "repeats_asked": 6})
+    assert said.startswith("9 rounds: 6 asked, 3 more until each B against B = 1 was ranked") and "12" in said

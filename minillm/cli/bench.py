@@ -49,7 +49,9 @@ def add_arguments(parser) -> None:
                              "and the context where the first becomes the cheaper")
     parser.add_argument("--repeats", type=int, default=6,
                         help="interleaved rounds, the order alternated; medians are reported, and a verdict needs "
-                             "6, the fewest a sign test at 5%% ranks (default 6)")
+                             "6, the fewest a sign test at 5%% ranks (default 6). With --batch and 6 or more, "
+                             "rounds are added, up to 12, until each B against B = 1 is ranked or can no "
+                             "longer be; the table says how many ran")
     parser.add_argument("--batch", default=None, metavar="B,B,...",
                         help="instead: decode with B sequences at once, for each B (e.g. 1,2,4,8,16,32), against "
                              "the roofline and bare passes over the weights; shows this machine's critical batch")

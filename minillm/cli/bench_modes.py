@@ -29,10 +29,18 @@ from .common import err, out
 
 
 def _run_with_bar(args, title: str, total: int, work):
-    """`work(tick)` under a progress bar on stderr (none with --json); the busy note was said in `run`."""
+    """`work(tick)` under a progress bar on stderr (none with --json); the busy note was said in `run`.
+    `tick()` advances it a step; `tick(more=n)` adds n steps to its total (rounds added to settle)."""
     with Progress(console=err, transient=True, disable=args.json) as bar:
-        task = bar.add_task(title, total=total)
-        return work(lambda: bar.advance(task))
+        task, planned = bar.add_task(title, total=total), [total]
+
+        def tick(more: int = 0):
+            if more:
+                planned[0] += more
+                bar.update(task, total=planned[0])
+            else:
+                bar.advance(task)
+        return work(tick)
 
 
 def _verdict(a_rounds, b_rounds) -> str:
@@ -69,6 +77,15 @@ def print_growth(rows: list[dict]) -> None:
     out.print("Tokens/s against B = 1's: " + ", ".join(
         f"B = {r['batch']} {r['tok_s'] / one['tok_s']:.2f}× ({_verdict(r['tok_s_rounds'], one['tok_s_rounds'])})"
         for r in rows if r is not one) + f"; {closeness.holds_for()}.")
+
+
+def rounds_words(result: dict) -> str:
+    """'6 rounds', or '9 rounds: 6 asked, 3 more until each B against B = 1 was settled' (closeness.settled)."""
+    taken, asked = result["repeats"], result.get("repeats_asked", result["repeats"])
+    if taken == asked:
+        return f"{taken} rounds"
+    return (f"{taken} rounds: {asked} asked, {taken - asked} more until each B against B = 1 was ranked or "
+            f"could not be by {closeness.CAP}")
 
 
 def _blas(result) -> str:
@@ -121,7 +138,8 @@ def bench_batches(args, models: dict, batches: list[int], hw):
     results = _run_with_bar(args, f"batched decode, {names}", args.repeats,
                             lambda tick: run_batch_benches(models, batches, hw, context=args.batch_context,
                                                            repeats=args.repeats, progress=tick,
-                                                           prefill="batch-invariant" in args.kernel_list))
+                                                           prefill="batch-invariant" in args.kernel_list,
+                                                           more=lambda: tick(more=1)))
     machine_ = {"bandwidth_gbs": hw.bandwidth_gbs, "method": hw.method, "peak_gflops": hw.peak_gflops}
     for label, r in results.items():
         r["machine"] = machine_
@@ -151,7 +169,7 @@ def _show_batches(args, name: str, result: dict, hw, together: str, blas: str) -
     moe = result["experts"] is not None
     cols = ["B", "tok/s", "ms/step", "weights/step", "roofline", "FLOP/byte", "GB/s", "x @ W", "engine"]
     t = _table(f"{escape(name)}: decode with B sequences at once, prompts of {result['context']} "
-               f"(medians of {args.repeats} rounds{together})", cols)
+               f"(medians of {rounds_words(result)}{together})", cols)
     for r in result["rows"]:
         cells = [str(r["batch"]), f"{r['tok_s']:.0f}", f"{r['ms_step']:.1f}", fmt_bytes(r["weight_bytes"]),
                  f"{r['roofline_ms']:.1f} {r['bound'][:3]}", f"{r['intensity']:.1f}", f"{r['gbps']:.1f}",

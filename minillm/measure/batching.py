@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from ..cache.paged import PagedKVPool, reserve_step
+from .. import closeness
 from ..closeness import round_order
 from ..engine.runner import run_step
 from ..engine.sequence import Sequence
@@ -148,18 +149,22 @@ def critical_batch(model, counts: dict, hw, limit: int = CRITICAL_BATCH_LIMIT) -
 
 
 def time_steps(models: dict, runs: dict, context: int, steps: int, rounds: int, progress=None,
-               each=None, prefill: bool = False) -> dict:
+               each=None, prefill: bool = False, settle=None, more=None) -> dict:
     """Seconds per decode step of each (name, B) in `runs` (B sequences of `models[name]`, from
     `start`). In every round each (B, name) runs once in turn (interleaved: a busy moment slows one
     sample of each), the median of `steps` steps each time, then rewinds. `each(name, B)` runs after
     each sample (`minillm bench --batch`'s bare passes); `progress()` after every round.
     -> {(name, B): [seconds, one per round]}. With `prefill`, each sample also times the prompts'
-    prefill again, under (name, B, "prefill")."""
+    prefill again, under (name, B, "prefill"). `settle(out)`: after `rounds` rounds, more are run, up
+    to closeness.CAP, until it holds (`more()` as each extra round starts, for a progress bar)."""
     out = {key: [] for key in runs}
     if prefill:
         out.update({(*key, "prefill"): [] for key in runs})
     batches = list(dict.fromkeys(B for _, B in runs))
-    for i in range(rounds):
+    i = 0
+    while i < rounds or (settle and i < max(rounds, closeness.CAP) and not settle(out)):
+        if i >= rounds and more:
+            more()
         for B in batches:
             for name in round_order(list(models), i):      # the order reversed every other round
                 model = models[name]
@@ -173,7 +178,17 @@ def time_steps(models: dict, runs: dict, context: int, steps: int, rounds: int, 
                     each(name, B)
         if progress:
             progress()
+        i += 1
     return out
+
+
+def growth_settled(models: dict, batches: list[int]):
+    """`time_steps`'s `settle` for `minillm bench --batch`: every B's tokens/s against B = 1's, for each
+    model, is settled by the closeness rule (`closeness.settled`), the comparison its table prints."""
+    def settle(out: dict) -> bool:
+        return all(closeness.settled([B / t for t in out[name, B]], [1 / t for t in out[name, 1]])
+                   for name in models for B in batches if B != 1 and 1 in batches)
+    return settle
 
 
 def check_batches(model, batches: list[int], context: int = 16, steps: int = 4) -> None:
@@ -192,9 +207,12 @@ def run_batch_bench(model, batches: list[int], hw, context: int = 16, repeats: i
 
 
 def run_batch_benches(models: dict, batches: list[int], hw, context: int = 16, repeats: int = 5, steps: int = 4,
-                      progress=None, prefill: bool = False) -> dict:
+                      progress=None, prefill: bool = False, more=None) -> dict:
     """The sweep above for each of `models` ({name: model}), all in the same interleaved rounds
-    (`progress()` after each; `prefill`: the prompts' prefill timed too). -> {name: its result}."""
+    (`progress()` after each; `prefill`: the prompts' prefill timed too). -> {name: its result}.
+    `repeats` of at least closeness.MIN_ROUNDS: more rounds, up to closeness.CAP, until each B's tokens/s
+    against B = 1's is settled (`growth_settled`; `more()` as each extra round starts); the result's
+    "repeats" is the rounds taken, "repeats_asked" the number asked for."""
     for model in models.values():
         check_batches(model, batches, context, steps)
     rng = np.random.default_rng(0)
@@ -226,9 +244,12 @@ def run_batch_benches(models: dict, batches: list[int], hw, context: int = 16, r
                 matvec_pass_out_in(oi, np.ascontiguousarray(head.T))
                 layout_oi[name].append(time.perf_counter() - t0)
 
-    step_s = time_steps(models, runs, context, steps, repeats, progress, each=bare, prefill=prefill)
-    return {name: _result(model, name, batches, hw, context, repeats, steps, counts, chose, step_s, plain, shaped,
-                          layout_io[name], layout_oi[name], rng)
+    settle = growth_settled(models, batches) if repeats >= closeness.MIN_ROUNDS else None
+    step_s = time_steps(models, runs, context, steps, repeats, progress, each=bare, prefill=prefill,
+                        settle=settle, more=more)
+    taken = len(next(iter(step_s.values())))
+    return {name: {**_result(model, name, batches, hw, context, taken, steps, counts, chose, step_s, plain, shaped,
+                             layout_io[name], layout_oi[name], rng), "repeats_asked": repeats}
             for name, model in models.items()}
 
 
