@@ -80,7 +80,8 @@ def print_growth(rows: list[dict]) -> None:
 
 
 def rounds_words(result: dict) -> str:
-    """'6 rounds', or '9 rounds: 6 asked, 3 more until each B against B = 1 was settled' (closeness.settled)."""
+    """'6 rounds', or '9 rounds: 6 asked, 3 more until each B against B = 1 was ranked or could not be by
+    12' (`closeness.settled`, up to closeness.CAP)."""
     taken, asked = result["repeats"], result.get("repeats_asked", result["repeats"])
     if taken == asked:
         return f"{taken} rounds"

@@ -162,7 +162,7 @@ def time_steps(models: dict, runs: dict, context: int, steps: int, rounds: int, 
         out.update({(*key, "prefill"): [] for key in runs})
     batches = list(dict.fromkeys(B for _, B in runs))
     i = 0
-    while i < rounds or (settle and i < max(rounds, closeness.CAP) and not settle(out)):
+    while i < rounds or (settle and i < closeness.CAP and not settle(out)):
         if i >= rounds and more:
             more()
         for B in batches:
@@ -186,8 +186,9 @@ def growth_settled(models: dict, batches: list[int]):
     """`time_steps`'s `settle` for `minillm bench --batch`: every B's tokens/s against B = 1's, for each
     model, is settled by the closeness rule (`closeness.settled`), the comparison its table prints."""
     def settle(out: dict) -> bool:
-        return all(closeness.settled([B / t for t in out[name, B]], [1 / t for t in out[name, 1]])
-                   for name in models for B in batches if B != 1 and 1 in batches)
+        return 1 not in batches or all(
+            closeness.settled([B / t for t in out[name, B]], [1 / t for t in out[name, 1]])
+            for name in models for B in batches if B != 1)
     return settle
 
 
