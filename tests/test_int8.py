@@ -167,12 +167,15 @@ def test_the_error_against_the_float_product_is_within_the_roundings_bound(w, T,
 
 @pytest.mark.parametrize("fmt", FMTS)
 def test_shapes_of_real_models_equal_the_reference(fmt):
-    """The widths of GPT-2 and SmolLM2 (768, 3072; 576, 1536), their patterns 3, 6, 9 and 3."""
+    """The widths of GPT-2 and SmolLM2 (768, 3072; 576, 1536), their patterns 3, 6, 9 and 3, for one
+    row of x (a decode step's own path: the accumulator in a register) and for five."""
     rng = np.random.default_rng(0)
     for R, C in ((50, 768), (17, 3072), (40, 576), (33, 1536)):
         w = QuantMatrix.quantize(rng.standard_normal((R, C)).astype(np.float32), fmt)
-        x = rng.standard_normal((5, C)).astype(np.float32)
-        assert same(int8.matmul(pl(w), x), int8.matmul_ref(pl(w), x))
+        for T in (1, 5):
+            x = rng.standard_normal((T, C)).astype(np.float32)
+            for name in ISAS:
+                assert same(int8.matmul(pl(w), x, name), int8.matmul_ref(pl(w), x)), (R, C, T, name)
 
 
 # -- the instruction set, and refusals ------------------------------------------------------------------

@@ -71,6 +71,8 @@ from numba.extending import (NativeValue, intrinsic, models, overload, register_
 QK = 32          # values per block
 GROUP = 16       # blocks per group: one lane each
 ROWS = 16        # weight rows per parallel work item (16 rows of nb blocks: whole groups, for any nb)
+AHEAD = 128      # blocks: how far ahead a one-row product asks for the weights (the prefetcher alone
+                 # left SmolLM2's decode products at 1.1-1.4x the time, 2,048 bytes of Q4 ahead as fast as 4,096)
 TILE = 32        # rows of x per pass over a work item's groups (a group's x: TILE·512 bytes, in L1)
 
 
@@ -325,6 +327,28 @@ def tree_sum(typingctx, v):
     return types.float32(v), cg
 
 
+@intrinsic
+def prefetch(typingctx, arr, off):
+    """A hint, no load: the cache line holding flat byte `off` of arr is fetched toward L1 (past the
+    array's end it is dropped, never a fault)."""
+    def cg(context, builder, sig, args):
+        a = context.make_array(sig.args[0])(context, builder, args[0])
+        p = builder.gep(builder.bitcast(a.data, _I8.as_pointer()), [args[1]])
+        _call(builder, "llvm.prefetch.p0", ir.VoidType(), [p, _c32(0), _c32(3), _c32(1)])
+        return context.get_dummy_value()
+    return types.none(arr, off), cg
+
+
+@njit(inline="always")
+def _prefetch_group(q, d, f, block_bytes):
+    """The group AHEAD blocks past flat block f: its weight bytes (16 blocks of block_bytes) and its
+    scales (a Q4_1 caller its minimums too)."""
+    b = f + AHEAD
+    for j in range(0, GROUP * block_bytes, 64):
+        prefetch(q, b * block_bytes + j)
+    prefetch(d, 2 * b)
+
+
 # -- a group's weights, block per lane -----------------------------------------------------------------
 
 def _transpose_plan(n_vec: int, n_word: int) -> list:
@@ -435,19 +459,30 @@ def store_w8(typingctx, a, off, w):
     return types.none(a, off, w), cg
 
 
+def _high_in_place(isa: str) -> bool:
+    """Are a Q4 group's high nibbles multiplied where they are (16·n, one mask, no shift; dot8 then
+    shifts their int32 sums right by 4, exact: each is 16 times an integer)? Not on AVX2, whose
+    vpmaddubsw adds two products in int16 with saturation (240·127·2 > 32767)."""
+    return isa != "avx2"
+
+
 @intrinsic
-def q4_group(typingctx, q, off, valid):
+def q4_group(typingctx, isa, q, off, valid):
     """A Q4 group: 16 blocks (256 packed bytes from flat byte `off`, `valid` of them read) as 8
-    vectors of nibbles 0..15, block per lane: vector k < 4 the low nibbles of each block's bytes
-    4k..4k+3 (its values 4k..4k+3), vector k + 4 their high nibbles (values 16+4k..19+4k)."""
+    vectors, block per lane: vector k < 4 the low nibbles of each block's bytes 4k..4k+3 (its values
+    4k..4k+3), vector k + 4 their high nibbles (values 16+4k..19+4k), as n or, where
+    `_high_in_place`, as 16·n (the byte masked: one operation fewer per vector)."""
     def cg(context, builder, sig, args):
-        base = _ptr(context, builder, sig.args[0], args[0], args[1], _I8)
-        words = _transpose(builder, _load_group(builder, base, 256, args[2]), _Q4_PLAN)
+        base = _ptr(context, builder, sig.args[1], args[1], args[2], _I8)
+        words = _transpose(builder, _load_group(builder, base, 256, args[3]), _Q4_PLAN)
         m = _splat(I32x16.llvm, 0x0F0F0F0F)
         lo = [builder.bitcast(builder.and_(w, m), I8x64.llvm) for w in words]
-        hi = [builder.bitcast(builder.and_(builder.lshr(w, _splat(I32x16.llvm, 4)), m), I8x64.llvm) for w in words]
+        if _high_in_place(sig.args[0].isa):
+            hi = [builder.bitcast(builder.and_(w, _splat(I32x16.llvm, -0x0F0F0F10)), I8x64.llvm) for w in words]
+        else:
+            hi = [builder.bitcast(builder.and_(builder.lshr(w, _splat(I32x16.llvm, 4)), m), I8x64.llvm) for w in words]
         return context.make_tuple(builder, W8, lo + hi)
-    return W8(q, off, valid), cg
+    return W8(isa, q, off, valid), cg
 
 
 # -- the integer dot --------------------------------------------------------------------------------------
@@ -499,9 +534,13 @@ def dot8(typingctx, isa, q8, acc, w, x, xoff):
         signed = sig.args[1].literal_value and isa_name not in VNNI
         base = _ptr(context, builder, sig.args[4], args[4], args[5], _I8)
         accs = [args[2], ir.Constant(I32x16.llvm, None)]    # two chains: a dot instruction waits for
-        for k in range(8):                                  # the one before on its accumulator
+        split = not sig.args[1].literal_value and _high_in_place(isa_name)      # the one before on its
+        for k in range(8):                                  # accumulator (Q4's 16·n: the high ones apart)
             xk = builder.load(builder.bitcast(builder.gep(base, [_c32(64 * k)]), I8x64.llvm.as_pointer()), align=1)
-            accs[k % 2] = _dot_one(builder, isa_name, signed, accs[k % 2], builder.extract_value(args[3], k), xk)
+            c = k // 4 if split else k % 2
+            accs[c] = _dot_one(builder, isa_name, signed, accs[c], builder.extract_value(args[3], k), xk)
+        if split:
+            return builder.add(accs[0], builder.ashr(accs[1], _splat(I32x16.llvm, 4)))
         return builder.add(accs[0], accs[1])
     return I32x16(isa, q8, acc, w, x, xoff), cg
 
@@ -624,6 +663,81 @@ def _accumulate(acc, t, a, f, rend, simple):
 
 
 @njit(inline="always")
+def _row_ends(y, r, r1, rend, nb, f, nv, acc, a):
+    """The rows of y's one row that end in the group at flat block f (nv blocks): acc (the row's
+    sum so far, its lanes up to the row's end already added) goes to y[0, r] in the fixed tree, then
+    the next row starts from +0.0 plus this group's lanes past that end (the spill, as _accumulate's
+    callers add it). -> (acc, r, rend) for the group after."""
+    while rend <= f + nv:
+        y[0, r] = tree_sum(acc)
+        lo = rend - f
+        r += 1
+        rend += nb
+        acc = zero_f32x16()
+        if r < r1 and lo < nv:
+            acc = acc + lanes(a, lo, min(nv, rend - f))
+    return acc, r, rend
+
+
+@njit(inline="always")
+def _q8_0_row(isa, q, d, xq, xd, xs, y, P):
+    """_q8_0_matmul for one row of x (a decode step): the same float operations in the same order,
+    the row's accumulator a register (no array per work item, no store and load per group) and
+    the pattern counted up (no integer division per group)."""
+    R, C = q.shape
+    nb = C // QK
+    for c in prange((R + ROWS - 1) // ROWS):
+        r0, r1 = c * ROWS, min(R, c * ROWS + ROWS)
+        acc = zero_f32x16()
+        r = r0
+        rend = (r0 + 1) * nb
+        g = (r0 * nb // GROUP) % P
+        for f in range(r0 * nb, r1 * nb, GROUP):
+            nv = min(GROUP, r1 * nb - f)
+            ox = g * GROUP
+            _prefetch_group(q, d, f, QK)
+            w = q8_group(isa, q, f * QK, nv * QK)
+            i = dot8(isa, True, block_init(isa, True, xs, ox), w, xq, ox * QK)
+            a = (load_f16x16(d, f, nv) * load_f32x16(xd, ox)) * to_f32(i)
+            g = g + 1 if g + 1 < P else 0
+            acc = acc + a if rend >= f + GROUP else acc + lanes(a, 0, rend - f)
+            if rend <= f + nv:                         # rows ending in this group
+                acc, r, rend = _row_ends(y, r, r1, rend, nb, f, nv, acc, a)
+
+
+@njit(inline="always")
+def _q4_row(isa, q, d, m, xq, xd, xs, xm, y, P):
+    """_q4_matmul for one row of x, as _q8_0_row is _q8_0_matmul's."""
+    R, H = q.shape
+    nb = H // 16
+    has_min = m.shape[0] > 0
+    for c in prange((R + ROWS - 1) // ROWS):
+        r0, r1 = c * ROWS, min(R, c * ROWS + ROWS)
+        acc = zero_f32x16()
+        r = r0
+        rend = (r0 + 1) * nb
+        g = (r0 * nb // GROUP) % P
+        for f in range(r0 * nb, r1 * nb, GROUP):
+            nv = min(GROUP, r1 * nb - f)
+            ox = g * GROUP
+            _prefetch_group(q, d, f, 16)
+            if has_min:
+                prefetch(m, 2 * (f + AHEAD))
+            w = q4_group(isa, q, f * 16, nv * 16)
+            dw = load_f16x16(d, f, nv)
+            if has_min:
+                i = dot8(isa, False, zero_i32x16(), w, xq, ox * QK)
+                a = (dw * load_f32x16(xd, ox)) * to_f32(i) + load_f16x16(m, f, nv) * load_f32x16(xm, ox)
+            else:
+                i = dot8(isa, False, block_init(isa, False, xs, ox), w, xq, ox * QK)
+                a = (dw * load_f32x16(xd, ox)) * to_f32(i)
+            g = g + 1 if g + 1 < P else 0
+            acc = acc + a if rend >= f + GROUP else acc + lanes(a, 0, rend - f)
+            if rend <= f + nv:                         # rows ending in this group
+                acc, r, rend = _row_ends(y, r, r1, rend, nb, f, nv, acc, a)
+
+
+@njit(inline="always")
 def _q8_0_matmul(isa, q, d, x, y):
     """Q8_0: y [T, R] float32 = x [T, C] float32 @ W^T, W's q int8 [R, C] and d uint16 [R, C/32]
     (float16 bits); x rounded to int8 blocks first (_quantize)."""
@@ -632,6 +746,9 @@ def _q8_0_matmul(isa, q, d, x, y):
     xq, xd, xs, xm = _quantize(x)
     P = xd.shape[1] // GROUP
     T = y.shape[0]
+    if T == 1:
+        _q8_0_row(isa, q, d, xq, xd, xs, y, P)
+        return
     for c in prange((R + ROWS - 1) // ROWS):
         r0, r1 = c * ROWS, min(R, c * ROWS + ROWS)
         acc = np.empty((TILE, GROUP), np.float32)
@@ -680,6 +797,9 @@ def _q4_matmul(isa, q, d, m, x, y):
     xq, xd, xs, xm = _quantize(x)
     P = xd.shape[1] // GROUP
     T = y.shape[0]
+    if T == 1:
+        _q4_row(isa, q, d, m, xq, xd, xs, xm, y, P)
+        return
     has_min = m.shape[0] > 0
     for c in prange((R + ROWS - 1) // ROWS):
         r0, r1 = c * ROWS, min(R, c * ROWS + ROWS)
@@ -693,7 +813,7 @@ def _q4_matmul(isa, q, d, m, x, y):
             rend = (r0 + 1) * nb
             for f in range(r0 * nb, r1 * nb, GROUP):
                 nv = min(GROUP, r1 * nb - f)
-                w = q4_group(q, f * 16, nv * 16)
+                w = q4_group(isa, q, f * 16, nv * 16)
                 dw = load_f16x16(d, f, nv)
                 o = (f // GROUP) % P * GROUP
                 simple = rend >= f + GROUP
