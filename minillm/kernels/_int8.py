@@ -68,6 +68,8 @@ from numba.core.imputils import lower_constant
 from numba.extending import (NativeValue, intrinsic, models, overload, register_model, typeof_impl,
                              unbox)
 
+from ._numba import prefetch
+
 QK = 32          # values per block
 GROUP = 16       # blocks per group: one lane each
 ROWS = 16        # weight rows per parallel work item (16 rows of nb blocks: whole groups, for any nb)
@@ -325,18 +327,6 @@ def tree_sum(typingctx, v):
             n //= 2
         return builder.extract_element(v, _c32(0))
     return types.float32(v), cg
-
-
-@intrinsic
-def prefetch(typingctx, arr, off):
-    """A hint, no load: the cache line holding flat byte `off` of arr is fetched toward L1 (past the
-    array's end it is dropped, never a fault)."""
-    def cg(context, builder, sig, args):
-        a = context.make_array(sig.args[0])(context, builder, args[0])
-        p = builder.gep(builder.bitcast(a.data, _I8.as_pointer()), [args[1]])
-        _call(builder, "llvm.prefetch.p0", ir.VoidType(), [p, _c32(0), _c32(3), _c32(1)])
-        return context.get_dummy_value()
-    return types.none(arr, off), cg
 
 
 @njit(inline="always")
