@@ -12,6 +12,7 @@ by row; attention takes ops.attention's q [H, Tq, hd], k, v [Hkv, Tk, hd] and th
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -142,7 +143,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
             copied_k, copied_v = copied_k + 2 * k.nbytes, copied_v + 2 * v.nbytes
         S = k.shape[1]
         _paged_decode(_f32(q), k.reshape(Hkv, 1, S, hd), v.reshape(Hkv, 1, S, hd), _ONE_BLOCK,
-                      np.array([Tk], np.intp), out, scale, chunk)
+                      _length(Tk), out, scale, chunk)
     elif Tq == 1 and Tk <= SHORT_DECODE:                  # one thread, the scores kept whole
         out = np.empty((H, 1, hd), np.float32)
         K.decode_attention_short(_f32(q), k, v, Tk, out, scale)
@@ -152,11 +153,21 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
         bs = PAGE if S % PAGE == 0 and v.shape[1] == S else S   # else one page: no split
         kp, vp = k.reshape(Hkv, S // bs, bs, hd), v.reshape(Hkv, S // bs, bs, hd)     # views, no copy
         table = np.arange(-(-Tk // bs), dtype=np.intp)[None]                        # [1, pages] in order
-        _paged_decode(_f32(q), kp, vp, table, np.array([Tk], np.intp), out, scale, decode_chunk(Tk, 1, Hkv, bs))
+        _paged_decode(_f32(q), kp, vp, table, _length(Tk), out, scale, decode_chunk(Tk, 1, Hkv, bs))
     else:
         out = np.empty((H, Tq, hd), np.float32)
         K.flash_attention(_f32(q), k, v, Tk, out, scale, QUERY_TILE, KEY_TILE)
     return out, copied_k + copied_v
+
+
+@lru_cache(maxsize=1 << 16)
+def _length(Tk: int) -> np.ndarray:
+    """[Tk] as the paged kernel's lengths for one sequence: a read-only intp array, made once per
+    length (a decode step of one sequence asks for the same one in every layer; read-only, so shared
+    safely, and the type `_paged_decode` passes anyway: no view made per call)."""
+    a = np.array([Tk], np.intp)
+    a.flags.writeable = False
+    return a
 
 
 def _check_chunk(chunk) -> None:

@@ -23,8 +23,25 @@ class Int8Quant(QuantMatrix):
 
     def __init__(self, fmt, q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> None:
         super().__init__(fmt, q, d, m)
-        self.planes = int8.planes(q, d, m)      # the kernel's arguments, made once
+        self.planes = int8.lane_order(int8.planes(q, d, m))   # the kernel's arguments, made once: Q4's
+        self._q = self.planes[0] if self.fmt.bits == 8 else None   # nibbles in lane order, kept only so
         self._kernel = None
+
+    @property
+    def q(self) -> np.ndarray:
+        """q in GGUF's order ([R, C] int8, or [R, C/2] uint8 nibbles): Q8_0's as kept; Q4's made from
+        the lane order the kernels read (a copy: the weight keeps its bytes once)."""
+        return self._q if self._q is not None else self.q_rows(slice(None))
+
+    @q.setter
+    def q(self, q: np.ndarray) -> None:          # QuantMatrix's __init__; the planes replace it
+        self._q = q
+
+    def q_rows(self, rows) -> np.ndarray:
+        if self._q is not None:
+            return self._q[rows]
+        R, nb = self.d.shape
+        return int8.gguf_rows(self.planes[0], R, nb, rows)
 
     def __repr__(self) -> str:
         return "Int8" + super().__repr__()

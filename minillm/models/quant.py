@@ -206,7 +206,7 @@ class QuantMatrix:
     @property
     def nbytes(self) -> int:
         """Bytes in memory: the integers, the scales and the minimums (GGUF's bytes exactly)."""
-        return self.q.nbytes + self.d.nbytes + (self.m.nbytes if self.m is not None else 0)
+        return self.size * self.fmt.bits // 8 + self.d.nbytes + (self.m.nbytes if self.m is not None else 0)
 
     ndim = 2
     dtype = np.dtype(np.float32)      # what it computes in by default
@@ -276,7 +276,12 @@ class QuantMatrix:
 
     def take_rows(self, order: np.ndarray) -> "QuantMatrix":
         """The rows in another order (a row keeps its blocks whole: reordering costs no rounding)."""
-        return QuantMatrix(self.fmt, self.q[order], self.d[order], None if self.m is None else self.m[order])
+        return QuantMatrix(self.fmt, self.q_rows(order), self.d[order], None if self.m is None else self.m[order])
+
+    def q_rows(self, rows) -> np.ndarray:
+        """Rows `rows` (indices or a slice) of q, in GGUF's order (a subclass that lays q out its own
+        way, models/int8.py's, gathers them)."""
+        return self.q[rows]
 
     def to_gguf_blocks(self) -> np.ndarray:
         """The planes back as GGUF's bytes: uint8 [R, C/32 · block_bytes]."""
@@ -285,7 +290,7 @@ class QuantMatrix:
         parts = [self.d.reshape(R, nb, 1).view(np.uint8)]
         if self.m is not None:
             parts.append(self.m.reshape(R, nb, 1).view(np.uint8))
-        parts.append(self.q.view(np.uint8).reshape(R, nb, -1))
+        parts.append(self.q_rows(slice(None)).view(np.uint8).reshape(R, nb, -1))
         return np.concatenate(parts, axis=2).reshape(R, -1)
 
     # -- values ------------------------------------------------------------------------------------
@@ -299,7 +304,7 @@ class QuantMatrix:
         only those rows' blocks."""
         n = len(ids)
         out = np.empty((n, self.shape[1]), dtype or np.float32)
-        self._widen(self.q[ids], f16_to_f32(self.d[ids]),
+        self._widen(self.q_rows(ids), f16_to_f32(self.d[ids]),
                     None if self.m is None else f16_to_f32(self.m[ids]), out, scaled=True)
         return out
 
@@ -381,7 +386,7 @@ class QuantMatrix:
             for r0 in range(0, R, rows):
                 r1 = min(R, r0 + rows)
                 n = r1 - r0
-                w = self._widen_raw(self.q[r0:r1], scratch[:n])                      # [n, C]
+                w = self._widen_raw(self.q_rows(slice(r0, r1)), scratch[:n])                      # [n, C]
                 p = np.matmul(w.reshape(n, h * nb, gs).transpose(1, 0, 2), xg)       # [groups, n, T]
                 if h == 2:
                     p = np.add(p[:nb], p[nb:], out=p[:nb])                           # [nb, n, T] block sums
@@ -394,7 +399,7 @@ class QuantMatrix:
         for r0 in range(0, R, rows):
             r1 = min(R, r0 + rows)
             n = r1 - r0
-            w = self._widen_raw(self.q[r0:r1], scratch[:n])                          # [n, C]
+            w = self._widen_raw(self.q_rows(slice(r0, r1)), scratch[:n])                          # [n, C]
             w4 = w.reshape(n, h, nb, gs)
             if self.fmt.name == "q4_0":
                 w4 -= 8
