@@ -178,6 +178,35 @@ def test_shapes_of_real_models_equal_the_reference(fmt):
                 assert same(int8.matmul(pl(w), x, name), int8.matmul_ref(pl(w), x)), (R, C, T, name)
 
 
+@settings(max_examples=40)
+@given(quant_matrices(), st.integers(0, 2**32 - 1))
+def test_an_integer_weight_keeps_q4_in_lane_order_and_gives_ggufs_bytes_back(w, seed):
+    """Int8Quant holds Q4's nibbles once, in the kernels' lane order (int8.lane_order): each byte of
+    block L of group G at 64·(i // 4) + 4·L + i % 4 of the group's 256, the last group padded with
+    zeros; q, rows, take_rows, the float product and nbytes are the QuantMatrix's own."""
+    from minillm.models.int8 import Int8Quant
+    rng = np.random.default_rng(seed)
+    i = Int8Quant.of(w)
+    R, C = w.shape
+    nb = C // QK
+    assert i.nbytes == w.nbytes and np.array_equal(i.q, w.q)
+    ids = rng.integers(0, R, 5)
+    assert same(i.rows(ids), w.rows(ids)) and np.array_equal(i.take_rows(ids[::-1]).q, w.q[ids[::-1]])
+    if w.fmt.bits == 8:
+        assert i.planes[0] is i.q                                      # Q8_0: kept as it is
+        return
+    lanes = i.planes[0]
+    assert lanes.shape == (int8.groups(R, nb) * 256,)
+    b, byte = np.arange(R * nb)[:, None], np.arange(16)[None, :]     # every block's bytes, by the rule
+    at = b // 16 * 256 + 64 * (byte // 4) + 4 * (b % 16) + byte % 4
+    assert np.array_equal(lanes[at], w.q.reshape(-1, 16))
+    pad = np.ones(lanes.size, bool)
+    pad[at] = False
+    assert not lanes[pad].any()                                         # the rest: the zeros of the padding
+    x = rng.standard_normal((2, C))                                     # float64: QuantMatrix's product
+    assert same(i.matmul(x), w.matmul(x))
+
+
 # -- the instruction set, and refusals ------------------------------------------------------------------
 
 def test_the_instruction_set_follows_the_cpus_features():
