@@ -64,7 +64,7 @@ def widen_pass(mats: list[QuantMatrix]) -> None:
         scratch = _scratch(rows * C, np.float32).reshape(rows, C)
         for r0 in range(0, R, rows):
             r1 = min(R, r0 + rows)
-            w._widen_raw(w.q[r0:r1], scratch[:r1 - r0])
+            w._widen_raw(w.q_rows(slice(r0, r1)), scratch[:r1 - r0])
 
 
 def _time(fn) -> float:

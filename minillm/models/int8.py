@@ -2,10 +2,12 @@
 multiplies them, W8A8 / W4A8 (minillm/kernels/int8.py: the arithmetic, its exact NumPy reference and
 what it costs in accuracy; _int8.py: the kernels and their measured forms).
 
-Int8Quant is a QuantMatrix (same planes, same bytes, same `rows`, `dequantize`, `fixed_matmul`)
+Int8Quant is a QuantMatrix (same values, same bytes, same `rows`, `dequantize`, `fixed_matmul`)
 whose product rounds each row of x to int8 blocks once and multiplies the blocks in integers, for
 any number of rows: one pass over the weight's groups serves all of x's rows (32 at a time from the
-cache), so decode rows and a prefill's tiles are the same kernel. Float weights (a float32 model,
+cache), so decode rows and a prefill's tiles are the same kernel. A Q4 weight keeps its nibbles in
+the order the kernels read them (kernels/int8.py's lane order), not GGUF's, and only so: `q` and
+`q_rows` give GGUF's order back, a copy of the rows asked for. Float weights (a float32 model,
 norms aside) are the fused set's (models/fused.py): the integer set changes quantized products only.
 """
 
@@ -23,8 +25,8 @@ class Int8Quant(QuantMatrix):
 
     def __init__(self, fmt, q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> None:
         super().__init__(fmt, q, d, m)
-        self.planes = int8.lane_order(int8.planes(q, d, m))   # the kernel's arguments, made once: Q4's
-        self._q = self.planes[0] if self.fmt.bits == 8 else None   # nibbles in lane order, kept only so
+        self.planes = int8.lane_order(int8.planes(q, d, m))       # the kernel's arguments, made once
+        self._q = self.planes[0] if self.fmt.bits == 8 else None    # Q4: the lane order is the only copy
         self._kernel = None
 
     @property
