@@ -7,9 +7,10 @@ bytes (a Python call, a numba call, a parallel region, an argument check, a mete
     python benchmarks/step_overhead.py --model smollm2-135m:native@int8,random-124m@fused \
         --trees /tmp/base,.                                             # two source trees, A/B
 
-One process, interleaved rounds: each round times every fixed cost and traces --steps decode steps
-of every (model, B) in turn (the caches cut back to the prompt after each, so every round decodes at
-the same length), medians over the rounds with their ranges. A step's operations come from its trace
+One process, interleaved rounds: each round times every fixed cost, then --steps decode steps of
+every (model, B) in turn with no meter (the step `generate` pays), then traces as many (the caches
+cut back to the prompt after each, so every round decodes at the same length), medians over the
+rounds with their ranges. A step's operations come from its trace
 (minillm.trace.TraceMeter, what `--trace` writes): each slice is the time since the previous report,
 so it holds the operation's Python and dispatch as well as its compute. "at bandwidth" is its bytes
 over `minillm hardware`'s figure; "beyond" is the slice's median less that, in µs (what is not
@@ -19,7 +20,7 @@ paged pool. No figure is printed that this run did not measure.
 --trees A,B: the same run over each source tree's minillm (before and after a change), one worker
 process a tree (PYTHONPATH=the tree), each with its models loaded once; the rounds alternate between
 them, one worker timing while the others wait on their input, the order reversed every round. Then
-per (model, B) the step's µs beyond its bytes, its median over the rounds of each round's sum, and
+per (model, B) the step's µs untraced and traced, its µs beyond its bytes, its median over the rounds of each round's sum, and
 each operation's µs a call (the median of each round's medians), with their ranges, tree beside tree.
 """
 
@@ -132,12 +133,28 @@ def _trace_steps(model, caches, steps: int, context: int):
     return ops, step_us
 
 
+def _plain_steps(model, caches, steps: int, context: int) -> list:
+    """µs of each of `steps` decode steps with no meter and no trace (what `generate` pays)."""
+    out = []
+    for _ in range(steps):
+        for c in caches:
+            c.reserve(1)
+        t0 = time.perf_counter()
+        model.step([(np.array([7]), c) for c in caches])
+        out.append((time.perf_counter() - t0) * 1e6)
+    for c in caches:
+        c.truncate(context)
+    return out
+
+
 def _round(fixed: dict, configs: dict, a) -> dict:
-    """One round: every fixed cost, then --steps traced decode steps of every (model, B) in turn."""
+    """One round: every fixed cost, then --steps decode steps of every (model, B) in turn, untraced,
+    then traced."""
     out = {"fixed": {name: f() for name, f in fixed.items()}, "configs": {}}
     for k, (model, caches) in configs.items():
+        plain = statistics.median(_plain_steps(model, caches, a.steps, a.context))
         ops, steps = _trace_steps(model, caches, a.steps, a.context)
-        out["configs"][k] = {"ops": dict(ops), "step": statistics.median(steps)}
+        out["configs"][k] = {"ops": dict(ops), "step": statistics.median(steps), "plain": plain}
     return out
 
 
@@ -240,7 +257,8 @@ def _trees(a, batches, argv, gbs: float, where: str) -> int:
     for k in rounds[0][0]["configs"]:
         m, B = k.split("|")
         print(f"{m.split(':')[0].split('@')[0]} ({ready[0]['weights'][k]}, {ready[0]['kernels'][k]}), B = {B}")
-        for label, f in (("step", lambda c: c["step"]), ("beyond the bytes", lambda c: _beyond(c["ops"], per, bw))):
+        for label, f in (("step, untraced", lambda c: c["plain"]), ("step, traced", lambda c: c["step"]),
+                         ("beyond the bytes", lambda c: _beyond(c["ops"], per, bw))):
             cells = []
             for rs in rounds:
                 xs = [f(r["configs"][k]) for r in rs]
@@ -310,11 +328,12 @@ def main(argv=None) -> int:
     for (model, caches) in configs.values():                      # warm: compiled, caches touched
         _trace_steps(model, caches, 1, a.context)
     fx = defaultdict(list)
-    per = {k: (defaultdict(list), []) for k in configs}
+    per = {k: (defaultdict(list), [], []) for k in configs}
     for r in range(a.rounds):
         for name, f in fixed.items():
             fx[name].append(f())
         for k, (model, caches) in configs.items():
+            per[k][2].append(statistics.median(_plain_steps(model, caches, a.steps, a.context)))
             ops, steps = _trace_steps(model, caches, a.steps, a.context)
             for op, xs in ops.items():
                 per[k][0][op].extend(xs)
@@ -325,13 +344,14 @@ def main(argv=None) -> int:
     print("\nfixed cost of one                      µs per call")
     for name, xs in fx.items():
         print(f"  {name:34s} {statistics.median(xs):8.2f} [{min(xs):.2f}-{max(xs):.2f}]")
-    for (m, B), (ops, steps) in per.items():
+    for (m, B), (ops, steps, plain) in per.items():
         model = configs[(m, B)][0]
         calls = sum(len(xs) for xs in ops.values()) / (a.rounds * a.steps)
         byts = sum(b for xs in ops.values() for _, b in xs) / (a.rounds * a.steps)
         step = statistics.median(steps)
         print(f"\n{m.split('@')[0].partition(':')[0]} ({model.weights}), B = {B}: a decode step {step:.0f} µs "
               f"[{min(steps):.0f}-{max(steps):.0f}],")
+        print(f"  untraced {statistics.median(plain):.0f} µs [{min(plain):.0f}-{max(plain):.0f}] (no meter),")
         print(f"  {byts / 1e6:.2f} MB = {byts / bw * 1e6:.0f} µs at bandwidth, {calls:.0f} operations")
         print("  operation      calls  µs/call   bytes/call  at bandwidth  beyond")
         rows = []

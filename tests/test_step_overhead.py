@@ -24,7 +24,8 @@ def test_the_table_names_every_fixed_cost_and_operation(tmp_path):
     assert r.returncode == 0, r.stderr
     out = r.stdout
     for name in ("Python call", "numba call", "parallel region", "argument check", "meter report",
-                 "B = 1: a decode step", "B = 2: a decode step", "linear", "attention", "beyond the bytes"):
+                 "B = 1: a decode step", "B = 2: a decode step", "untraced", "linear", "attention",
+                 "beyond the bytes"):
         assert name in out, name
     assert all(len(line) <= 80 for line in out.splitlines())
 
@@ -45,7 +46,7 @@ def test_two_trees_in_one_run(tmp_path):
                         "--trees", f"{root},{root}"], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr
     for name in ("medians of 2 interleaved rounds", "parallel region", "random-tiny (float32, fused), B = 1",
-                 "beyond the bytes"):
+                 "step, untraced", "step, traced", "beyond the bytes"):
         assert name in r.stdout, name
     assert r.stdout.count(f"{root.name} = {root / 'minillm'}") == 2
     assert all(len(line) <= 80 for line in r.stdout.splitlines() if str(root) not in line)

@@ -51,9 +51,10 @@ F16_FIX = np.float32(2.0 ** 112)
 # fastmath without "nnan" and "ninf": the online softmax starts from a max of -inf, and extreme
 # inputs must give what NumPy gives. "reassoc" lets LLVM split a row's sum into vector lanes.
 FAST = {"nsz", "arcp", "contract", "afn", "reassoc"}
-AHEAD_BYTES = 4096   # how far ahead of a one-row product's weight row the next bytes are asked for: GPT-2's
-                     # products and head, one row, 2 threads, 1.05-1.14x with it (4,096 bytes ahead; 8,192
-                     # and 16,384 no better), the hardware prefetcher alone lagging
+AHEAD_BYTES = 4096   # how far ahead of the row form's weight row the next bytes are asked for: GPT-2's
+                     # products and head, 1 / 2 / 4 rows of x, 2 threads, 1.05-1.14 / 1.14 / 1.14x with it
+                     # (4,096 bytes ahead; 8,192 and 16,384 no better). The blocked form (8 rows and more)
+                     # asks for nothing: the next four rows asked for gave 0.94-1.13x, no steady gain
 
 
 @intrinsic
@@ -271,8 +272,6 @@ def dense_matmul_t_blocked(wt, x, y):
     T = x.shape[0]
     for rr in prange((R + 3) // 4):
         r = 4 * rr
-        for j in range(0, 16 * C, 64):                 # the next four rows' bytes, asked for
-            prefetch(wt, 4 * (r + 4) * C + j)
         if r + 3 < R:
             t = 0
             while t + 4 <= T:
