@@ -20,8 +20,9 @@ paged pool. No figure is printed that this run did not measure.
 --trees A,B: the same run over each source tree's minillm (before and after a change), one worker
 process a tree (PYTHONPATH=the tree), each with its models loaded once; the rounds alternate between
 them, one worker timing while the others wait on their input, the order reversed every round. Then
-per (model, B) the step's µs untraced and traced, its µs beyond its bytes, its median over the rounds of each round's sum, and
-each operation's µs a call (the median of each round's medians), with their ranges, tree beside tree.
+per (model, B) the step's µs untraced and traced, its µs beyond its bytes, its median over the rounds
+of each round's sum, and each operation's µs a call (the median of each round's medians), with their
+ranges, tree beside tree.
 """
 
 from __future__ import annotations

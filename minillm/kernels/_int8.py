@@ -62,11 +62,11 @@ integer dot wants "block per lane": vector k (k = 0..7) holds in its lane L (4 b
 lane of its own, no horizontal sums. The weights are put in that order in registers as they are
 loaded, a transpose of 4-byte words (Q8_0: 16 blocks x 8 words, three rounds of two-register
 shuffles), or laid out that way once when the weight is made (Q4: int8.lane_order, 4 plain loads a
-group, then each word's low and high nibbles are vectors k and k + 4). The activations are quantized straight into it: a weight's block b of row r lies in lane
-(r·nb + b) mod 16 of its group, so the x vector a group needs repeats every P = nb / gcd(nb, 16)
-groups; _quantize writes those P patterns (P·16 blocks, x's nb blocks repeated) once per product.
-Groups that run across row ends cost nothing extra: the 18-block rows of a 576-wide matrix take 18
-blocks of work each, not 32.
+group, then each word's low and high nibbles are vectors k and k + 4). The activations are quantized
+straight into it: a weight's block b of row r lies in lane (r·nb + b) mod 16 of its group, so the x
+vector a group needs repeats every P = nb / gcd(nb, 16) groups; _quantize writes those P patterns
+(P·16 blocks, x's nb blocks repeated) once per product. Groups that run across row ends cost nothing
+extra: the 18-block rows of a 576-wide matrix take 18 blocks of work each, not 32.
 """
 
 from __future__ import annotations
@@ -210,6 +210,31 @@ def _masked_load(builder, ptr, vty: ir.VectorType, mask):
                                       ir.Constant(vty, None)])
 
 
+def _whole_or_masked(builder, base, vty: ir.VectorType, n: int, valid) -> list:
+    """n vectors of vty one after another from `base` (a pointer to vty's element), the first `valid`
+    elements read and the rest 0: plain loads when all n·count elements are valid (the likely case),
+    masked loads otherwise (a matrix's last, partial group), joined by phis."""
+    c = vty.count
+    whole = builder.icmp_signed(">=", valid, ir.Constant(valid.type, n * c))
+    with builder.if_else(whole, likely=True) as (then, otherwise):
+        with then:
+            full = [builder.load(builder.bitcast(builder.gep(base, [_c32(c * i)]), vty.as_pointer()), align=1)
+                    for i in range(n)]
+            blk_full = builder.block
+        with otherwise:
+            part = [_masked_load(builder, builder.gep(base, [_c32(c * i)]), vty,
+                                 _mask(builder, c, builder.sub(valid, ir.Constant(valid.type, c * i))))
+                    for i in range(n)]
+            blk_part = builder.block
+    phis = []
+    for f, p in zip(full, part):                   # phis first: they lead their block
+        phi = builder.phi(vty)
+        phi.add_incoming(f, blk_full)
+        phi.add_incoming(p, blk_part)
+        phis.append(phi)
+    return phis
+
+
 def _shuffle(builder, a, b, idx: list[int]):
     return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(idx)), idx))
 
@@ -241,18 +266,7 @@ def load_f16x16(typingctx, arr, off, valid):
     0), to float32 exactly (LLVM's fpext: vcvtph2ps with F16C; inf and NaN stay inf and NaN)."""
     def cg(context, builder, sig, args):
         p = _ptr(context, builder, sig.args[0], args[0], args[1], _I16)
-        vty = ir.VectorType(_I16, 16)
-        whole = builder.icmp_signed(">=", args[2], ir.Constant(args[2].type, 16))
-        with builder.if_else(whole, likely=True) as (then, otherwise):
-            with then:                                  # a whole group's: a plain load, no mask made
-                blk_full = builder.block
-                full = builder.load(builder.bitcast(p, vty.as_pointer()), align=2)
-            with otherwise:
-                part = _masked_load(builder, p, vty, _mask(builder, 16, args[2]))
-                blk_part = builder.block
-        h = builder.phi(vty)
-        h.add_incoming(full, blk_full)
-        h.add_incoming(part, blk_part)
+        h = _whole_or_masked(builder, p, ir.VectorType(_I16, 16), 1, args[2])[0]
         if "f16c" in _target_features():
             return builder.fpext(builder.bitcast(h, ir.VectorType(_F16, 16)), F32x16.llvm)
         return _f16_bits_to_f32(builder, h)
@@ -409,27 +423,9 @@ def _transpose(builder, vecs: list, plan) -> list:
 
 def _load_group(builder, base, nbytes: int, valid):
     """nbytes // 64 vectors of <16 x i32> from `base` (an i8 pointer); the first `valid` bytes read,
-    the rest 0 (a matrix's last, partial group: masked loads, taken only there)."""
-    vty = ir.VectorType(_I8, 64)
-    n = nbytes // 64
-    whole = builder.icmp_signed(">=", valid, ir.Constant(valid.type, nbytes))
-    with builder.if_else(whole, likely=True) as (then, otherwise):
-        with then:
-            blk_full = builder.block
-            full = [builder.load(builder.bitcast(builder.gep(base, [_c32(64 * i)]), vty.as_pointer()), align=1)
-                    for i in range(n)]
-        with otherwise:
-            part = [_masked_load(builder, builder.gep(base, [_c32(64 * i)]), vty,
-                                 _mask(builder, 64, builder.sub(valid, ir.Constant(valid.type, 64 * i))))
-                    for i in range(n)]
-            blk_part = builder.block
-    phis = []
-    for f, p in zip(full, part):                   # phis first: they lead their block
-        phi = builder.phi(vty)
-        phi.add_incoming(f, blk_full)
-        phi.add_incoming(p, blk_part)
-        phis.append(phi)
-    return [builder.bitcast(phi, I32x16.llvm) for phi in phis]
+    the rest 0 (`_whole_or_masked`)."""
+    return [builder.bitcast(v, I32x16.llvm) for v in _whole_or_masked(builder, base, ir.VectorType(_I8, 64),
+                                                                       nbytes // 64, valid)]
 
 
 @intrinsic
@@ -678,11 +674,12 @@ def _accumulate(acc, t, a, f, rend, simple):
 
 
 @njit(inline="always")
-def _row_ends(y, r, r1, rend, nb, f, nv, acc, a):
-    """The rows of y's one row that end in the group at flat block f (nv blocks): acc (the row's
-    sum so far, its lanes up to the row's end already added) goes to y[0, r] in the fixed tree, then
-    the next row starts from +0.0 plus this group's lanes past that end (the spill, as _accumulate's
-    callers add it). -> (acc, r, rend) for the group after."""
+def _add_group(y, acc, a, r, r1, rend, nb, f, nv):
+    """A one-row path's group results `a` (flat block f, nv blocks) into the row's accumulator acc:
+    all lanes while the row goes on past the group, else its lanes up to the row's end; then each row
+    ending in the group goes to y[0, r] in the fixed tree, and the next row starts from +0.0 plus the
+    group's lanes past that end (as _accumulate and the spill do). -> (acc, r, rend) for the next group."""
+    acc = acc + a if rend >= f + GROUP else acc + lanes(a, 0, rend - f)
     while rend <= f + nv:
         y[0, r] = tree_sum(acc)
         lo = rend - f
@@ -715,9 +712,7 @@ def _q8_0_row(isa, q, d, xq, xd, xs, y, P):
             i = dot8(isa, True, block_init(isa, True, xs, ox), w, xq, ox * QK)
             a = (load_f16x16(d, f, nv) * load_f32x16(xd, ox)) * to_f32(i)
             g = g + 1 if g + 1 < P else 0
-            acc = acc + a if rend >= f + GROUP else acc + lanes(a, 0, rend - f)
-            if rend <= f + nv:                         # rows ending in this group
-                acc, r, rend = _row_ends(y, r, r1, rend, nb, f, nv, acc, a)
+            acc, r, rend = _add_group(y, acc, a, r, r1, rend, nb, f, nv)
 
 
 @njit(inline="always")
@@ -746,9 +741,7 @@ def _q4_row(isa, q, d, m, xq, xd, xs, xm, y, P):
                 i = dot8(isa, False, block_init(isa, False, xs, ox), w, xq, ox * QK)
                 a = (dw * load_f32x16(xd, ox)) * to_f32(i)
             g = g + 1 if g + 1 < P else 0
-            acc = acc + a if rend >= f + GROUP else acc + lanes(a, 0, rend - f)
-            if rend <= f + nv:                         # rows ending in this group
-                acc, r, rend = _row_ends(y, r, r1, rend, nb, f, nv, acc, a)
+            acc, r, rend = _add_group(y, acc, a, r, r1, rend, nb, f, nv)
 
 
 @njit(inline="always")
