@@ -543,3 +543,14 @@ def test_the_fused_products_run_512_bits_wide_where_the_cpu_has_avx512():
     r = subprocess.run([sys.executable, "-c", WIDTH_SCRIPT.replace("FIRST", "")], capture_output=True, text=True,
                        env=env | {"NUMBA_CPU_FEATURES": own}, timeout=600)
     assert r.returncode == 0 and r.stdout.split()[1] == "True", (r.stdout, r.stderr[-3000:])
+
+
+@pytest.mark.parametrize("name,ahead", [("znver3", False), ("znver4", False), ("emeraldrapids", True),
+                                        ("skylake-avx512", True), ("generic", True)])
+def test_the_float_row_form_asks_for_bytes_ahead_on_the_cpus_where_it_measured_faster(monkeypatch, name, ahead):
+    """kernels/_numba.py's row form prefetches the weight bytes ahead on Intel's CPUs (faster on a Xeon)
+    and not on AMD's Zen (slower on a Zen 3), decided by the CPU numba compiles for."""
+    pytest.importorskip("numba")
+    from minillm.kernels import _numba as K
+    monkeypatch.setenv("NUMBA_CPU_NAME", name)
+    assert K._rows_ahead() is ahead

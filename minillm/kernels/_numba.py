@@ -39,6 +39,8 @@ layers with uint8, int32 and uint32 operands: 6.9-7.3 ms against 4.1-4.3).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -51,10 +53,32 @@ F16_FIX = np.float32(2.0 ** 112)
 # fastmath without "nnan" and "ninf": the online softmax starts from a max of -inf, and extreme
 # inputs must give what NumPy gives. "reassoc" lets LLVM split a row's sum into vector lanes.
 FAST = {"nsz", "arcp", "contract", "afn", "reassoc"}
-AHEAD_BYTES = 4096   # how far ahead of the row form's weight row the next bytes are asked for: GPT-2's
-                     # products and head, 1 / 2 / 4 rows of x, 2 threads, 1.05-1.14 / 1.14 / 1.14x with it
-                     # (4,096 bytes ahead; 8,192 and 16,384 no better). The blocked form (8 rows and more)
-                     # asks for nothing: the next four rows asked for gave 0.94-1.13x, no steady gain
+AHEAD_BYTES = 4096   # how far ahead of the row form's weight row the next bytes are asked for, where
+                     # ROWS_AHEAD (Intel Xeon VM: GPT-2's products and head, 1 / 2 / 4 rows of x, 2 threads,
+                     # 1.05-1.14 / 1.14 / 1.14x with it; 8,192 and 16,384 bytes no better). The blocked
+                     # form (8 rows and more) asks for nothing: the next four rows asked for gave
+                     # 0.94-1.13x, no steady gain
+
+
+def _rows_ahead() -> bool:
+    """Does the float32 row form ask for the bytes ahead of its weight row? Measured, each in one
+    process interleaved: on an Intel Xeon VM (Emerald Rapids) yes (above); on an AMD EPYC Zen 3 VM
+    the same products ran slower with it, 0.81 / 0.74 / 0.69x at 1 / 2 / 4 rows (14.4 against 17.7 ms
+    at one row, medians of 9 rounds), so not on AMD's Zen. Decided by the CPU numba compiles for (its
+    name is part of numba's disk-cache key, so a cached kernel was compiled with the same answer);
+    the integer kernels' prefetch (_int8.py) gains on both (Zen 3: SmolLM2's products 1.10x, its
+    head 1.17x)."""
+    name = os.environ.get("NUMBA_CPU_NAME", "").strip().lower()
+    if not name or name == "host":
+        try:
+            import llvmlite.binding as llvm
+            name = llvm.get_host_cpu_name().lower()
+        except Exception:                     # pragma: no cover - llvmlite missing or odd
+            return True
+    return not name.startswith(("znver", "bdver", "btver", "amdfam"))
+
+
+ROWS_AHEAD = _rows_ahead()
 
 
 @intrinsic
@@ -221,8 +245,9 @@ def dense_matmul_t(wt, x, y):
     R, C = wt.shape
     T = x.shape[0]
     for r in prange(R):
-        for j in range(0, 4 * C, 64):                  # the bytes AHEAD_BYTES past this row's, asked for
-            prefetch(wt, 4 * r * C + AHEAD_BYTES + j)
+        if ROWS_AHEAD:
+            for j in range(0, 4 * C, 64):              # the bytes AHEAD_BYTES past this row's, asked for
+                prefetch(wt, 4 * r * C + AHEAD_BYTES + j)
         t = 0
         while t + 4 <= T:
             a0 = np.float32(0.0)
