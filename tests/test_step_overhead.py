@@ -56,3 +56,18 @@ def test_a_tree_without_minillm_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, str(SCRIPT), "--trees", f"{tmp_path},{tmp_path}", "--bandwidth", "10"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "minillm" in r.stderr, r.stderr
+
+
+def test_vs_llamacpps_goal_is_met_only_by_a_ranked_ratio():
+    """benchmarks/vs_llamacpp.py calls a goal met only where the medians' ratio reaches it and the rounds
+    do not overlap (a busy round can lift a median): the same words whatever the rounds measured."""
+    import importlib.util
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_llamacpp.py"
+    spec = importlib.util.spec_from_file_location("vs_llamacpp", path)
+    vs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vs)
+    assert vs.verdict(1.84, 1.2, not vs.overlap([194.0, 290.0, 315.2], [143.1, 157.2, 219.2])) == \
+        "not shown (the rounds overlap)"
+    assert vs.verdict(1.63, 1.2, not vs.overlap([251.7, 273.5, 291.4], [150.4, 167.7, 176.4])) == "met"
+    assert vs.verdict(0.98, 1.4, True) == "missed" and vs.verdict(0.98, 1.4, False) == "missed"
+    assert vs.overlap([1.0, 2.0], [5.0, 6.0])           # under 3 rounds: never ranked
