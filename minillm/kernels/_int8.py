@@ -556,7 +556,8 @@ def _dot8(builder, isa: str, q8: bool, acc, w: list, base):
     """dot8's IR: acc plus the group's eight vectors w against x's 8·64 bytes from `base`."""
     if isa == "avx2" and not q8:
         halves = [_halves(builder, wk, 64) for wk in w]
-        return _avx2_q4_sums(builder, acc, [[_pmadd16(builder, halves[k][h], _x_vector(builder, base, 64 * k + 32 * h, 32))
+        return _avx2_q4_sums(builder, acc, [[_pmadd16(builder, halves[k][h],
+                                                      _x_vector(builder, base, 64 * k + 32 * h, 32))
                                              for k in range(8)] for h in range(2)])
     signed = q8 and isa not in VNNI
     accs = [acc, ir.Constant(I32x16.llvm, None)]        # two chains: a dot instruction waits for the
