@@ -8,7 +8,7 @@ own matrices, the tied head included), B rows of x, medians of the rounds.
 Forms (each computes the same exact integers; all int8 forms equal the NumPy reference bit for bit,
 checked before timing on the first matrix):
     numpy f32        ops.matmul on float32 [in, out] (BLAS)
-    fused            kernels.FusedQuant (float32 arithmetic on the widened blocks)
+    fused            models.fused.FusedQuant (float32 arithmetic on the widened blocks)
     int8 <isa>       kernels.int8 on each instruction set this CPU has (x rounded inside the call)
     int8 plain loop  the same arithmetic as plain numba loops over int8 (numba types an int8 product
                      as int64), x rounded before the timer starts (its time leaves that out)
@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from minillm import kernels                                     # noqa: E402
 from minillm.kernels import int8                                # noqa: E402
 from minillm.models import ops                                  # noqa: E402
+from minillm.models.fused import FusedQuant                    # noqa: E402
 from minillm.models.quant import QK, QuantMatrix, get_format   # noqa: E402
 from minillm.threads import blas_threads, limited              # noqa: E402
 
@@ -88,7 +89,7 @@ def build(model: str, fmt: str, rng) -> tuple[dict, list]:
     qs = [random_quant(rng, fmt, o, i) for i, o in shapes]
     dense = [rng.standard_normal(s, dtype=np.float32) * 0.02 for s in shapes]
     v = {"numpy f32": [(lambda x, w=w: ops.matmul(x, w), w.shape[0], w.nbytes) for w in dense]}
-    fused = [kernels.FusedQuant.of(w) for w in qs]
+    fused = [FusedQuant.of(w) for w in qs]
     v[f"fused {fmt}"] = [(w.matmul, w.shape[1], w.nbytes) for w in fused]
     for name in int8.supported():
         v[f"int8 {name}"] = [(lambda x, p=int8.planes(w.q, w.d, w.m), n=name: int8.matmul(p, x, n), w.shape[1], w.nbytes)

@@ -7,6 +7,9 @@ stays within the bound its rounding allows; the refusals.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -368,3 +371,21 @@ def test_the_instruction_set_follows_numbas_target_features(monkeypatch):
     assert int8.supported(host & int8.target_features(host)) == ("generic",)
     monkeypatch.setattr(config, "CPU_FEATURES", None)
     assert int8.target_features(host) == host
+
+
+def test_the_int8_bench_runs_its_forms_side_by_side():
+    """benchmarks/int8_bench.py runs for real (a tiny model of its kind, one round): the float and
+    integer forms in one table per B, each checked against the reference first."""
+    import subprocess
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "int8_bench.py"
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('int8_bench', {str(path)!r})\n"
+            "b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)\n"
+            "b.MODELS['tiny'] = dict(layer=[(64, 96), (96, 64)], L=1, head=(128, 64))\n"
+            "sys.argv = ['int8_bench.py', '--model', 'tiny', '--format', 'q4_1', '--batch', '1,2', '--rounds', '1',"
+            " '--threads', '1', '--no-plain']\n"
+            "raise SystemExit(b.main())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for want in ("numpy f32", "fused q4_1", "int8 generic", "B = 1", "B = 2"):
+        assert want in r.stdout, (want, r.stdout)
