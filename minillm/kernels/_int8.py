@@ -515,7 +515,7 @@ def q4_group(typingctx, isa, q, off):
 
 def _dot_one(builder, isa: str, signed_w: bool, acc, w, x):
     """acc (<16 x i32>) plus, per lane, the four products of w's and x's bytes there. w unsigned
-    bytes (signed when signed_w: Q8_0 outside the VNNI forms), x signed."""
+    bytes (signed when signed_w: Q8_0 outside the VNNI forms, the only w the AVX2 form gets), x signed."""
     v32 = I32x16.llvm
     if isa == "avx512-vnni":
         return _call(builder, "llvm.x86.avx512.vpdpbusd.512", v32,
@@ -525,13 +525,13 @@ def _dot_one(builder, isa: str, signed_w: bool, acc, w, x):
         parts = [_call(builder, "llvm.x86.avx512.vpdpbusd.256", v8, [a, builder.bitcast(wh, v8), builder.bitcast(xh, v8)])
                  for a, wh, xh in zip(_halves(builder, acc, 16), _halves(builder, w, 64), _halves(builder, x, 64))]
         return _shuffle(builder, parts[0], parts[1], list(range(16)))
-    if isa == "avx2":
+    if isa == "avx2":                     # Q8_0 only (Q4 on AVX2: _avx2_q4_sums)
         b32, w16, d8 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)
         parts = []
         for wh, xh in zip(_halves(builder, w, 64), _halves(builder, x, 64)):
-            if signed_w:                  # |w| (unsigned, at most 128) times x with w's sign: pairs fit int16
-                xh = _call(builder, "llvm.x86.avx2.psign.b", b32, [xh, wh])
-                wh = _call(builder, "llvm.abs.v32i8", b32, [wh, ir.Constant(ir.IntType(1), 0)])
+            # |w| (unsigned, at most 128) times x with w's sign: pairs of products fit int16
+            xh = _call(builder, "llvm.x86.avx2.psign.b", b32, [xh, wh])
+            wh = _call(builder, "llvm.abs.v32i8", b32, [wh, ir.Constant(ir.IntType(1), 0)])
             p16 = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", w16, [wh, xh])
             parts.append(_call(builder, "llvm.x86.avx2.pmadd.wd", d8, [p16, _splat(w16, 1)]))
         return builder.add(acc, _shuffle(builder, parts[0], parts[1], list(range(16))))
