@@ -58,16 +58,44 @@ def test_a_tree_without_minillm_is_one_line(tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "minillm" in r.stderr, r.stderr
 
 
-def test_vs_llamacpps_goal_is_met_only_by_a_ranked_ratio():
-    """benchmarks/vs_llamacpp.py calls a goal met only where the medians' ratio reaches it and the rounds
-    do not overlap (a busy round can lift a median): the same words whatever the rounds measured."""
+def _vs_llamacpp():
     import importlib.util
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_llamacpp.py"
     spec = importlib.util.spec_from_file_location("vs_llamacpp", path)
     vs = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(vs)
+    return vs
+
+
+def test_vs_llamacpps_goal_is_met_only_by_a_ranked_ratio():
+    """benchmarks/vs_llamacpp.py calls a goal met only where the medians' ratio reaches it and the rounds
+    do not overlap (a busy round can lift a median): the same words whatever the rounds measured."""
+    vs = _vs_llamacpp()
     assert vs.verdict(1.84, 1.2, not vs.overlap([194.0, 290.0, 315.2], [143.1, 157.2, 219.2])) == \
         "not shown (the rounds overlap)"
     assert vs.verdict(1.63, 1.2, not vs.overlap([251.7, 273.5, 291.4], [150.4, 167.7, 176.4])) == "met"
     assert vs.verdict(0.98, 1.4, True) == "missed" and vs.verdict(0.98, 1.4, False) == "missed"
     assert vs.overlap([1.0, 2.0], [5.0, 6.0])           # under 3 rounds: never ranked
+
+
+def test_vs_llamacpps_byte_ceiling_words_come_from_the_share():
+    """A goal's rate over a step's byte ceiling: beyond it only where the share passes 100% (the
+    ceiling is the fastest read of the run, so a busy read only lowers it, never the words' basis)."""
+    vs = _vs_llamacpp()
+    assert vs.ceiling_words(1.2 * 0.95).startswith("beyond the ceiling")
+    assert vs.ceiling_words(1.2 * 0.80) == "within the ceiling"
+    assert vs.ceiling_words(1.0) == "within the ceiling"
+
+
+@pytest.mark.skipif(not kernels.available(), reason=f"numba kernels: {kernels.status().reason}")
+def test_vs_llamacpps_step_bytes_are_the_meters_alone_and_batched(tmp_path, monkeypatch):
+    """The ceilings' bytes: one sequence in a paged pool at position 32 reads what a contiguous cache's
+    step at 32 reads; a batch reads the weights once, so its bytes a token fall as B grows."""
+    import minillm
+    monkeypatch.setenv("MINILLM_HOME", str(tmp_path))
+    vs = _vs_llamacpp()
+    model = minillm.load("random-tiny", kernels="fused", quiet=True)
+    one = vs.batch_step_bytes(model, 1)
+    assert one == vs.step_bytes(model, 32)
+    per_token = [vs.batch_step_bytes(model, B) / B for B in (1, 2, 4)]
+    assert per_token[0] > per_token[1] > per_token[2]
