@@ -13,6 +13,12 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # (kernels="fused": tests/test_fused_model.py, test_kernels.py); the default elsewhere is fused
 # where numba works. MINILLM_KERNELS=fused runs the whole suite on the fused default instead.
 os.environ.setdefault("MINILLM_KERNELS", "numpy")
+# pytest-xdist's workers (`-n auto`, the README's command) start with COLUMNS=80 and LINES=24 set;
+# the commands the tests run then lay out their output for 80 columns instead of a pipe's 150. A
+# worker runs them as the single process does: the tests that want a width set it themselves.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
 
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
