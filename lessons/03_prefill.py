@@ -76,7 +76,6 @@ def intro(L: Lesson, n: int) -> None:
 
 
 def one_prefill(L: Lesson, model, ids):
-    c = model.config
     model.prefill(ids[:4])  # warm-up: first touches of the weights and of a cache
     with minillm.Meter() as m:
         logits, cache = model.prefill(ids)

@@ -15,7 +15,7 @@ from rich.table import Table
 from minillm.cache.paged import PagedKVPool
 from minillm.lessons._common import Lesson, bar_chart, fmt_x, gpu_ridge_range, roofline_clock, run_lesson
 from minillm import closeness
-from minillm.serving.metrics import serve, summarize
+from minillm.serving.metrics import serve
 from minillm.serving.workloads import WorkItem, generate_workload
 from minillm.ui.report import fmt_bytes, fmt_time
 

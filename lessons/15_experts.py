@@ -277,7 +277,7 @@ def priced_tps(counts: dict, hw) -> dict:
 
 def speed(L: Lesson, models: dict, runs: dict, counts: dict) -> dict:
     L.section("Tokens per second against B: when does each stop waiting for memory?")
-    mix, dense = models["mixture"], models["dense"]
+    mix = models["mixture"]
     c = mix.config
     E, k = c.n_expert, c.top_k
     L.say(f"""

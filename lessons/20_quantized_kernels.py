@@ -248,7 +248,7 @@ def integers(L: Lesson, fused_rows: dict, int_rows: dict) -> str | None:
             f"rounding the activations to int8 moved the held-out perplexity (exp of the loss) by {ppl:+.3%}, "
             f"within the {int8.ERROR_BOUND:.1%} this project holds the integer set to")
     where_the_scale_sits(L, ppl)
-    L.say(f"""
+    L.say("""
         So the integer set changes the arithmetic, not the bytes: the same blocks, multiplied in 8-bit
         integers, and a rounding of the activations whose cost in accuracy
         is measured above. `minillm bench
@@ -343,12 +343,12 @@ def format_rows(chip_name: str) -> list[dict]:
     kinds = (("bf16 (W16A16)", "bf16", 2.0), ("FP8 (W8A8)", "fp8", 1.0 + 4 / 16384),
              ("4-bit weight-only (W4A16)", "bf16", 18 / 32), ("NVFP4 (W4A4)", "fp4", (NVFP4_BLOCK // 2 + 1) / NVFP4_BLOCK))
     out = []
-    for name, math, b in kinds:
-        peak = peak_for(chip, math)
+    for name, kind, b in kinds:
+        peak = peak_for(chip, kind)
         if peak is None:
             continue
         ridge = peak / chip.bandwidth_gbs
-        out.append({"format": name, "math": math, "peak_tflops": peak / 1e3, "ridge": ridge, "bytes": b,
+        out.append({"format": name, "math": kind, "peak_tflops": peak / 1e3, "ridge": ridge, "bytes": b,
                     "b_star": ridge * b / 2})
     return out
 
