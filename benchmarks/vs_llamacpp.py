@@ -26,9 +26,9 @@ sides: the host's speed moves) give the tokens/s the bytes allow. Each memory-bo
 share of it at the median read, and what a goal's rate would take at the median read and at the fastest
 ("beyond the ceiling" only past the fastest: no engine reads a step's bytes faster than this machine did).
 
-Goals (issue 51): SmolLM2 Q4_1 decode >= 70% of its byte ceiling; GPT-2 f32 decode, prefill and every
-batch size >= 1.2x the fastest llama.cpp build. A ratio whose two sides' ranges overlap is "not ranked",
-and a goal it reaches is "not shown": met needs both.
+Goals (issue 51): SmolLM2 Q4_1 decode >= 70% of its byte ceiling at the fastest read; GPT-2 f32 decode,
+prefill and every batch size >= 1.2x the fastest llama.cpp build. A ratio whose two sides' ranges overlap
+is "not ranked", and a goal it reaches is "not shown": met needs both.
 """
 
 from __future__ import annotations
@@ -305,7 +305,7 @@ def main() -> int:
         print(f"{host_words()}\n{hw.bandwidth_gbs:.1f} GB/s measured now ({hw.method}); minillm and llama.cpp "
               f"({', '.join(builds) or 'none'}) on {t} threads; {args.rounds} interleaved rounds", file=sys.stderr)
         reads = [hw.bandwidth_gbs]                     # GB/s: the start's, then one read a round (the host's
-        for r in range(args.rounds):                   # speed moves: the ceiling is the fastest of them)
+        for r in range(args.rounds):                   # speed moves): their median and their fastest
             reads.append(measure_bandwidth(repeats=1)["bandwidth_gbs"])
             if "q8" in cases:
                 add("random-124m decode", "minillm NumPy float32", decode_rate(models["q8 numpy f32"]))
@@ -346,8 +346,8 @@ def main() -> int:
     if step_mb:
         print(f"\nbyte ceilings: {len(reads)} reads of memory in this run (one at the start, one a round) took "
               f"{min(reads):.1f}-{fast:.1f} GB/s, median {typical:.1f}. Per case: a step's MB (a batched step's "
-              f"per token), the tokens/s they allow at the median read, each side's median as a share of that "
-              f"(minillm's rounds), and the goal (its share at the median read / the fastest):")
+              "per token), the tokens/s they allow at the median read, each side's median as a share of that "
+              "(minillm's rounds), and the goal (its share at the median read / the fastest):")
         print(f"  {'case':22} {'MB':>6} {'tok/s':>7}  {'minillm':15} {'llama.cpp':9}  goal")
     for c, mb in step_mb.items():
         ceiling = typical * 1e3 / mb                              # tokens/s at the median read
@@ -363,7 +363,8 @@ def main() -> int:
                     f"{'met' if share * to_fast >= 0.7 else 'missed'}")
         else:
             need = 1.2 * theirs
-            goal = f"1.2x llama.cpp {100 * need:.0f}% / {100 * need * to_fast:.0f}%: {ceiling_words(need, need * to_fast)}"
+            goal = (f"1.2x llama.cpp {100 * need:.0f}% / {100 * need * to_fast:.0f}%: "
+                    f"{ceiling_words(need, need * to_fast)}")
         cell = f"{100 * share:3.0f}% ({100 * lo:.0f}-{100 * hi:.0f}%)"
         print(f"  {c:22} {mb:6.1f} {ceiling:7.1f}  {cell:15} {100 * theirs:3.0f}%{'':5}  {goal}")
     print(f"\nagainst the goals (medians of {args.rounds} rounds; ranges that overlap, or under 3 rounds: not ranked):")
