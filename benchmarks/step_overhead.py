@@ -114,28 +114,9 @@ def _setup(spec: str, kernels: str, B: int, context: int, steps: int):
     return model, caches
 
 
-def _trace_steps(model, caches, steps: int, context: int):
-    """Per operation name: list of (µs, bytes) of each slice; the steps' µs."""
-    from minillm.trace import TraceMeter
-    tm = TraceMeter()
-    with tm:
-        for _ in range(steps):
-            for c in caches:
-                c.reserve(1)
-            model.step([(np.array([7]), c) for c in caches])
-    for c in caches:
-        c.truncate(context)
-    ops, step_us = defaultdict(list), []
-    for e in tm.events:
-        if e["cat"] == "op":
-            ops[e["name"]].append((e["dur"], e["args"].get("bytes", 0)))
-        elif e["name"] != "after the last operation":
-            step_us.append(e["dur"])
-    return ops, step_us
-
-
-def _plain_steps(model, caches, steps: int, context: int) -> list:
-    """µs of each of `steps` decode steps with no meter and no trace (what `generate` pays)."""
+def _steps(model, caches, steps: int, context: int) -> list:
+    """µs of each of `steps` decode steps of every cache, the caches cut back to `context` after (with
+    no meter and no trace: what `generate` pays; `_trace_steps` runs it under a trace)."""
     out = []
     for _ in range(steps):
         for c in caches:
@@ -148,12 +129,27 @@ def _plain_steps(model, caches, steps: int, context: int) -> list:
     return out
 
 
+def _trace_steps(model, caches, steps: int, context: int):
+    """Per operation name: list of (µs, bytes) of each slice; the steps' µs."""
+    from minillm.trace import TraceMeter
+    tm = TraceMeter()
+    with tm:
+        _steps(model, caches, steps, context)
+    ops, step_us = defaultdict(list), []
+    for e in tm.events:
+        if e["cat"] == "op":
+            ops[e["name"]].append((e["dur"], e["args"].get("bytes", 0)))
+        elif e["name"] != "after the last operation":
+            step_us.append(e["dur"])
+    return ops, step_us
+
+
 def _round(fixed: dict, configs: dict, a) -> dict:
     """One round: every fixed cost, then --steps decode steps of every (model, B) in turn, untraced,
     then traced."""
     out = {"fixed": {name: f() for name, f in fixed.items()}, "configs": {}}
     for k, (model, caches) in configs.items():
-        plain = statistics.median(_plain_steps(model, caches, a.steps, a.context))
+        plain = statistics.median(_steps(model, caches, a.steps, a.context))
         ops, steps = _trace_steps(model, caches, a.steps, a.context)
         out["configs"][k] = {"ops": dict(ops), "step": statistics.median(steps), "plain": plain}
     return out
@@ -334,7 +330,7 @@ def main(argv=None) -> int:
         for name, f in fixed.items():
             fx[name].append(f())
         for k, (model, caches) in configs.items():
-            per[k][2].append(statistics.median(_plain_steps(model, caches, a.steps, a.context)))
+            per[k][2].append(statistics.median(_steps(model, caches, a.steps, a.context)))
             ops, steps = _trace_steps(model, caches, a.steps, a.context)
             for op, xs in ops.items():
                 per[k][0][op].extend(xs)
