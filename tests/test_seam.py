@@ -86,19 +86,22 @@ def test_logits_and_meter_counts_equal_the_saved_ones_bit_for_bit(kernels, name,
         if not minillm.kernels.available():
             pytest.skip(f"the {kernels} kernels: {minillm.kernels.status().reason}")
     BEFORE = globals()["BEFORE"][kernels]
+
+    def here():                 # the case computed in this process
+        return seam_cases.pack(name, seam_cases.run(seam_cases.cases(tmp, kernels=kernels)[name]()))
+
     if kernels == "numpy":
         from minillm.threads import blas_kernel
         exact = (blas_kernel() or "").lower() == seam_cases.BLAS_KERNEL.lower()
-        got = seam_cases.pack(name, seam_cases.run(seam_cases.cases(tmp, kernels=kernels)[name]()))
+        got = here()
         if not exact:
             print(f"NumPy runs {blas_kernel()}'s BLAS kernels, not {seam_cases.BLAS_KERNEL}'s: {name} compared to 1e-5")
     elif seam_cases.TARGETS[kernels] is None or kernels in pinned:
         exact = not any(q4 in name.lower() for q4 in ("q4", "native"))
-        got = pinned[kernels] if kernels in pinned else \
-            seam_cases.pack(name, seam_cases.run(seam_cases.cases(tmp, kernels=kernels)[name]()))
+        got = pinned[kernels] if kernels in pinned else here()
     else:   # this CPU cannot run the saved target's code: its own code generation, to 1e-5
         exact = False
-        got = seam_cases.pack(name, seam_cases.run(seam_cases.cases(tmp, kernels=kernels)[name]()))
+        got = here()
         print(f"this CPU cannot run code compiled for {seam_cases.TARGETS[kernels]}: {name} compared to 1e-5")
     steps = sorted({int(k.split("/")[1]) for k in BEFORE.files if k.startswith(name + "/")})
     assert steps, name
