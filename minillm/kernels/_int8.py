@@ -525,7 +525,8 @@ def _dot_one(builder, isa: str, signed_w: bool, acc, w, x):
         parts = [_call(builder, "llvm.x86.avx512.vpdpbusd.256", v8, [a, builder.bitcast(wh, v8), builder.bitcast(xh, v8)])
                  for a, wh, xh in zip(_halves(builder, acc, 16), _halves(builder, w, 64), _halves(builder, x, 64))]
         return _shuffle(builder, parts[0], parts[1], list(range(16)))
-    if isa == "avx2":                     # Q8_0 only (Q4 on AVX2: _avx2_q4_sums)
+    if isa == "avx2":
+        assert signed_w, "AVX2 takes Q8_0 here; Q4 goes through _avx2_q4_sums"   # checked as the IR is built
         b32, w16, d8 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)
         parts = []
         for wh, xh in zip(_halves(builder, w, 64), _halves(builder, x, 64)):
