@@ -183,29 +183,34 @@ def test_shapes_of_real_models_equal_the_reference(fmt):
 
 @settings(max_examples=40)
 @given(quant_matrices(), st.integers(0, 2**32 - 1))
-def test_an_integer_weight_keeps_q4_in_lane_order_and_gives_ggufs_bytes_back(w, seed):
-    """Int8Quant holds Q4's nibbles once, in the kernels' lane order (int8.lane_order): each byte of
-    block L of group G at 64·(i // 4) + 4·L + i % 4 of the group's 256, the last group padded with
-    zeros; q, rows, take_rows, the float product and nbytes are the QuantMatrix's own."""
+def test_an_integer_weight_keeps_its_bytes_in_lane_order_and_gives_ggufs_back(w, seed):
+    """Int8Quant holds q once, in the kernels' lane order (int8.lane_order): byte i of block L of
+    group G at 64·(i // 4) + 4·L + i % 4 of the group's 16·bb (bb a block's bytes: Q8_0's 32
+    values, Q4's 16 bytes of nibbles), the last group padded with zeros; q, rows, take_rows, the
+    float product and nbytes are the QuantMatrix's own."""
     from minillm.models.int8 import Int8Quant
     rng = np.random.default_rng(seed)
     i = Int8Quant.of(w)
     R, C = w.shape
     nb = C // QK
-    assert i.nbytes == w.nbytes and np.array_equal(i.q, w.q)
+    assert i.nbytes == w.nbytes and np.array_equal(i.q, w.q) and i.q.dtype == w.q.dtype
     ids = rng.integers(0, R, 5)
     assert same(i.rows(ids), w.rows(ids)) and np.array_equal(i.take_rows(ids[::-1]).q, w.q[ids[::-1]])
-    if w.fmt.bits == 8:
-        assert i.planes[0] is i.q                                      # Q8_0: kept as it is
-        return
     lanes = i.planes[0]
-    assert lanes.shape == (int8.groups(R, nb) * 256,)
-    b, byte = np.arange(R * nb)[:, None], np.arange(16)[None, :]     # every block's bytes, by the rule
-    at = b // 16 * 256 + 64 * (byte // 4) + 4 * (b % 16) + byte % 4
-    assert np.array_equal(lanes[at], w.q.reshape(-1, 16))
+    bb = 32 if w.fmt.bits == 8 else 16
+    assert lanes.shape == (int8.groups(R, nb) * 16 * bb,) and lanes.dtype == w.q.dtype
+    b, byte = np.arange(R * nb)[:, None], np.arange(bb)[None, :]     # every block's bytes, by the rule
+    at = b // 16 * 16 * bb + 64 * (byte // 4) + 4 * (b % 16) + byte % 4
+    assert np.array_equal(lanes[at], w.q.reshape(-1, bb))
     pad = np.ones(lanes.size, bool)
     pad[at] = False
     assert not lanes[pad].any()                                         # the rest: the zeros of the padding
+    for rows in (ids, -1 - ids, slice(1, None, 2)):                     # the compiled gather and NumPy's
+        assert np.array_equal(int8.lane_rows(lanes, R, nb, rows), w.q[rows])
+        assert np.array_equal(int8.gguf_rows(lanes, R, nb, rows), w.q[rows])
+    for past in ([R], [-R - 1]):
+        with pytest.raises(IndexError):
+            int8.lane_rows(lanes, R, nb, past)
     x = rng.standard_normal((2, C))                                     # float64: QuantMatrix's product
     assert same(i.matmul(x), w.matmul(x))
 
@@ -269,9 +274,9 @@ def test_no_kernel_reads_past_a_plane_that_ends_at_a_guard_page(fmt):
         for R, nb in [(1, n) for n in range(1, 17)] + [(3, n) for n in (1, 5, 7, 17, 21)]:
             w = QuantMatrix.quantize(rng.standard_normal((R, nb * QK)).astype(np.float32), fmt)
             p = pl(w)
-            lanes = int8.lane_order(p)                    # Q4's nibbles as the kernels read them
+            lanes = int8.lane_order(p)                    # q as the kernels read it
             gp = int8.planes(g.place(w.q), g.place(w.d), None if w.m is None else g.place(w.m))
-            gp = (g.place(lanes[0]),) + tuple(gp[1:]) if len(p) == 3 else gp
+            gp = (g.place(lanes[0]),) + tuple(gp[1:])
             x = g.place(rng.standard_normal((3, nb * QK)).astype(np.float32))
             want = int8.matmul_ref(p, x)
             for name in ISAS:
@@ -299,6 +304,9 @@ def test_planes_that_disagree_and_a_narrow_x_are_refused_in_one_line():
         (q41p[0][:, :16], q41p[1], q41p[2]),               # nibbles for one block, scales for two
         (q41p[0].view(np.int8), q41p[1], q41p[2]),         # Q4's nibbles as signed
         (q41p[0],),                                        # one plane
+        (int8.lane_order(q8p)[0][:-64], q8p[1]),           # Q8_0 in lane order, a group short
+        (int8.lane_order(q8p)[0].view(np.uint8), q8p[1]),  # ... as unsigned
+        (int8.lane_order(q41p)[0][:-1],) + q41p[1:],       # Q4 in lane order, a byte short
         (np.zeros((4, 0), np.int8), np.zeros((4, 0), np.uint16)),   # rows of no values
     ]
     for p in bad:

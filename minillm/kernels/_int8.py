@@ -4,7 +4,7 @@ where numba works; compiled on first call for the Isa passed, cached on disk as 
 checks only the file of the function it compiled).
 
     quantize_x(x) -> (xq, xd, xs, xm)       activations to int8 blocks, in the kernels' layout
-    KERNELS[("q8_0", isa)](q, d, x, y)      y [T, R] = x @ W^T, W Q8_0 (x rounded inside, once)
+    KERNELS[("q8_0", isa)](q, d, x, y)      y [T, R] = x @ W^T, W Q8_0, q in lane order (x rounded inside, once)
     KERNELS[("q4", isa)](q, d, m, x, y)     Q4_0 (m empty) and Q4_1, q in lane order (int8.lane_order)
 
 The arithmetic is int8.py's reference, bit for bit (see its docstring).
@@ -69,14 +69,15 @@ Blocks per lane. A group is 16 consecutive blocks of the weight, taken in storag
 blocks, then the next row's: a group may hold the end of one row and the start of the next). The
 integer dot wants "block per lane": vector k (k = 0..7) holds in its lane L (4 bytes) values
 4k..4k+3 of the group's block L, so that eight dot instructions leave each block's integer sum in a
-lane of its own, no horizontal sums. The weights are put in that order in registers as they are
-loaded, a transpose of 4-byte words (Q8_0: 16 blocks x 8 words, three rounds of two-register
-shuffles), or laid out that way once when the weight is made (Q4: int8.lane_order, 4 plain loads a
-group, then each word's low and high nibbles are vectors k and k + 4). The activations are quantized
-straight into it: a weight's block b of row r lies in lane (r·nb + b) mod 16 of its group, so the x
-vector a group needs repeats every P = nb / gcd(nb, 16) groups; _quantize writes those P patterns
-(P·16 blocks, x's nb blocks repeated) once per product. Groups that run across row ends cost nothing
-extra: the 18-block rows of a 576-wide matrix take 18 blocks of work each, not 32.
+lane of its own, no horizontal sums. The weights are laid out in that order once, when the weight
+is made (int8.lane_order), and read with plain loads: a Q8_0 group 8, a Q4 group 4 (each word's low
+and high nibbles are vectors k and k + 4). Q8_0 was put in that order in registers as it was loaded,
+a transpose of 16 blocks x 8 four-byte words in three rounds of shuffles a group, until the layout
+(int8.py gives its measured factor). The activations are quantized straight into it: a weight's
+block b of row r lies in lane (r·nb + b) mod 16 of its group, so the x vector a group needs repeats
+every P = nb / gcd(nb, 16) groups; _quantize writes those P patterns (P·16 blocks, x's nb blocks
+repeated) once per product. Groups that run across row ends cost nothing extra: the 18-block rows
+of a 576-wide matrix take 18 blocks of work each, not 32.
 """
 
 from __future__ import annotations
@@ -431,26 +432,21 @@ def _transpose(builder, vecs: list, plan) -> list:
     return vecs
 
 
-def _load_group(builder, base, nbytes: int, valid):
-    """nbytes // 64 vectors of <16 x i32> from `base` (an i8 pointer); the first `valid` bytes read,
-    the rest 0 (`_whole_or_masked`)."""
-    return [builder.bitcast(v, I32x16.llvm) for v in _whole_or_masked(builder, base, ir.VectorType(_I8, 64),
-                                                                       nbytes // 64, valid)]
-
-
 @intrinsic
-def q8_group(typingctx, isa, q, off, valid):
-    """A Q8_0 group: 16 blocks from flat byte `off` of q (`valid` bytes of it; the rest 0), block per
-    lane. For the VNNI forms each byte is flipped to w + 128 (xor 0x80): the instruction's first
-    operand is unsigned; the kernel starts each block's sum at -128·Σx (block_init)."""
+def q8_group(typingctx, isa, q, off):
+    """A Q8_0 group in lane order (int8.lane_order: 512 bytes from flat byte `off`, all read; a
+    weight's last group is padded with zeros) as 8 vectors, block per lane: vector k the bytes
+    4k..4k+3 of each block (its values 4k..4k+3), eight plain loads. For the VNNI forms each byte is
+    flipped to w + 128 (xor 0x80): the instruction's first operand is unsigned; the kernel starts
+    each block's sum at -128·Σx (block_init)."""
     def cg(context, builder, sig, args):
         base = _ptr(context, builder, sig.args[1], args[1], args[2], _I8)
         out = []
-        for v in _transpose(builder, _load_group(builder, base, 512, args[3]), _Q8_PLAN):
-            v = builder.bitcast(v, I8x64.llvm)
+        for k in range(8):
+            v = builder.load(builder.bitcast(builder.gep(base, [_c32(64 * k)]), I8x64.llvm.as_pointer()), align=1)
             out.append(builder.xor(v, _splat(I8x64.llvm, 0x80)) if sig.args[0].isa in VNNI else v)
         return context.make_tuple(builder, W8, out)
-    return W8(isa, q, off, valid), cg
+    return W8(isa, q, off), cg
 
 
 @intrinsic
@@ -651,6 +647,26 @@ def block_init(typingctx, isa, q8, xs, off):
 # == the kernels ==========================================================================================
 
 @njit(cache=True)
+def gather_rows(words, R, nb, ids, out):
+    """int8.lane_rows: rows ids (counted from the end where negative) of an R-row weight in lane
+    order, back in GGUF's order, a 4-byte word at a time: words the lane order viewed as int32, out
+    [n, ww·nb] int32 (ww = a block's words: 8 for Q8_0, 4 for Q4). False, out unwritten, where an
+    id lies past either end."""
+    ww = out.shape[1] // nb
+    for n in range(ids.shape[0]):
+        if ids[n] >= R or ids[n] < -R:
+            return False
+    for n in range(ids.shape[0]):
+        r = ids[n] + R if ids[n] < 0 else ids[n]
+        for j in range(nb):
+            f = r * nb + j                                     # the block's flat number
+            base = f // GROUP * GROUP * ww + f % GROUP        # its first word: word w 16 words on
+            for w in range(ww):
+                out[n, j * ww + w] = words[base + GROUP * w]
+    return True
+
+
+@njit(cache=True)
 def patterns(nb):
     """nb / gcd(nb, 16): how many different x vectors a weight's groups need (see above)."""
     a, b = nb, GROUP
@@ -771,8 +787,7 @@ def _q8_0_row(isa, q, d, xq, xd, xs, y, P):
     """_q8_0_matmul for one row of x (a decode step): the same float operations in the same order,
     the row's accumulator a register (no array per work item, no store and load per group) and
     the pattern counted up (no integer division per group)."""
-    R, C = q.shape
-    nb = C // QK
+    R, nb = d.shape
     for c in prange((R + ROWS - 1) // ROWS):
         r0, r1 = c * ROWS, min(R, c * ROWS + ROWS)
         acc = zero_f32x16()
@@ -783,7 +798,7 @@ def _q8_0_row(isa, q, d, xq, xd, xs, y, P):
             nv = min(GROUP, r1 * nb - f)
             ox = g * GROUP
             _prefetch_group(q, d, f, QK)
-            w = q8_group(isa, q, f * QK, nv * QK)
+            w = q8_group(isa, q, f * QK)
             i = dot8(isa, True, block_init(isa, True, xs, ox), w, xq, ox * QK)
             a = (load_f16x16(d, f, nv) * load_f32x16(xd, ox)) * to_f32(i)
             g = g + 1 if g + 1 < P else 0
@@ -820,10 +835,10 @@ def _q4_row(isa, q, d, m, xq, xd, xs, xm, y, P):
 
 @njit(inline="always")
 def _q8_0_matmul(isa, q, d, x, y):
-    """Q8_0: y [T, R] float32 = x [T, C] float32 @ W^T, W's q int8 [R, C] and d uint16 [R, C/32]
-    (float16 bits); x rounded to int8 blocks first (_quantize)."""
-    R, C = q.shape
-    nb = C // QK
+    """Q8_0: y [T, R] float32 = x [T, C] float32 @ W^T, W's values q in lane order (int8.lane_order:
+    int8 [groups·512]) and d uint16 [R, C/32] (float16 bits); x rounded to int8 blocks first
+    (_quantize)."""
+    R, nb = d.shape
     xq, xd, xs, xm = _quantize(x)
     P = xd.shape[1] // GROUP
     T = y.shape[0]
@@ -842,7 +857,7 @@ def _q8_0_matmul(isa, q, d, x, y):
             rend = (r0 + 1) * nb                       # flat block where row r ends
             for f in range(r0 * nb, r1 * nb, GROUP):
                 nv = min(GROUP, r1 * nb - f)
-                w = q8_group(isa, q, f * QK, nv * QK)
+                w = q8_group(isa, q, f * QK)
                 dw = load_f16x16(d, f, nv)
                 o = (f // GROUP) % P * GROUP
                 simple = rend >= f + GROUP

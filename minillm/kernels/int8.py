@@ -149,15 +149,18 @@ def planes(q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> tuple:
 def check_planes(p: tuple) -> tuple:
     """p as the kernels read it, or a ValueError in one line: kernels/checks.py's agreement of shapes
     and dtypes (q int8 [R, 32·nb] with d uint16 [R, nb]; or q uint8 [R, 16·nb], d and m uint16
-    [R, nb], m [0, 0] for Q4_0), at least one block a row, and each plane C-contiguous (the kernels
-    read them by flat offsets: a strided plane would be read as if it were not)."""
+    [R, nb], m [0, 0] for Q4_0; or q in lane order, `lane_order`'s 1-D array), at least one block a
+    row, and each plane C-contiguous (the kernels read them by flat offsets: a strided plane would be
+    read as if it were not)."""
     from . import checks
-    if len(p) == 3 and getattr(p[0], "ndim", 0) == 1:         # Q4 in lane order: the q it stands for
+    if len(p) in (2, 3) and getattr(p[0], "ndim", 0) == 1:    # in lane order: the q it stands for
         R, nb = checks._shape(p[1], 2, "quantized product's d")
-        if p[0].dtype != np.uint8 or p[0].shape != (groups(R, nb) * 256,):
-            raise Int8Error(f"integer product: Q4 nibbles in lane order {p[0].shape} {p[0].dtype} do not match "
-                            f"scales [{R}, {nb}] (uint8 [{groups(R, nb) * 256}]: lane_order makes them)")
-        checks.planes((np.broadcast_to(np.uint8(0), (R, 16 * nb)),) + tuple(p[1:]))   # scales, minimums
+        kind, dt, bb = ("Q8_0 values", np.int8, QK) if len(p) == 2 else ("Q4 nibbles", np.uint8, QK // 2)
+        if p[0].dtype != dt or p[0].shape != (groups(R, nb) * GROUP * bb,):
+            raise Int8Error(f"integer product: {kind} in lane order {p[0].shape} {p[0].dtype} do not match "
+                            f"scales [{R}, {nb}] ({dt.__name__} [{groups(R, nb) * GROUP * bb}]: lane_order "
+                            "makes them)")
+        checks.planes((np.broadcast_to(dt(0), (R, bb * nb)),) + tuple(p[1:]))   # scales, minimums
         p = checks.Planes(p)
         p.n_in = nb * QK
     else:
@@ -176,59 +179,90 @@ def _shape(p: tuple) -> tuple[int, int]:
     return R, nb * QK
 
 
-# -- Q4 in lane order ---------------------------------------------------------------------------------
+# -- in lane order -------------------------------------------------------------------------------------
 #
-# The Q4 kernels read a group of 16 blocks "block per lane" (_int8.py): vector k (k = 0..3) holds in its
-# lane L the 4 bytes k of the group's block L. GGUF stores a block's 16 bytes together, so a kernel
-# reading GGUF's order turns each group around in registers (two rounds of shuffles, 8 a group); a
-# weight laid out in that order once, when it is made, is read with 4 plain loads. Lane order: the
-# weight's blocks in storage order (row after row) cut in groups of 16, group G's 256 bytes holding
+# The kernels read a group of 16 blocks "block per lane" (_int8.py): vector k holds in its lane L the
+# 4 bytes k of the group's block L (Q8_0: 8 vectors, a block's 32 values; Q4: 4, its 16 bytes of
+# nibbles). GGUF stores a block's bytes together, so a kernel reading GGUF's order turns each group
+# around in registers (rounds of shuffles, every group); a weight laid out in that order once, when it
+# is made, is read with plain loads. Lane order: the weight's blocks in storage order (row after row)
+# cut in groups of 16, group G's 16·bb bytes (bb a block's bytes: 32 for Q8_0, 16 for Q4) holding
 # byte i of its block L at 64·(i // 4) + 4·L + i % 4, the last group padded with zero bytes: a 1-D
-# uint8 array of 256 bytes a group. Measured (SmolLM2-135M's 120 Q4_1 products, one row, 2 threads,
-# medians of 11 interleaved rounds, Intel Xeon VM): 1.07x against the shuffles in registers (a first
-# look, the shuffles simply left out: 1.18x).
+# array (int8 for Q8_0, uint8 for Q4) of 16·bb bytes a group. Measured: Q4 (SmolLM2-135M's 120 Q4_1
+# products, one row, 2 threads, medians of 11 interleaved rounds, Intel Xeon VM) 1.07x against the
+# shuffles in registers (a first look, the shuffles simply left out: 1.18x). Q8_0 (SmolLM2's head,
+# 49152x576, three copies in turn so that each comes from memory, 2 threads, AVX2 on an AMD EPYC Zen
+# 3, both forms in one process, medians of 15 interleaved rounds): one row of x 1.46x (ranges apart),
+# 8 rows 0.94x (each round's ratio 0.89-0.96), 32 rows 0.98x (0.68-1.13); with the group's loads
+# moved into the loop over x's rows, 0.98x at 8 rows but 0.92x at 32: kept as it is.
 
 def groups(R: int, nb: int) -> int:
     """Groups of 16 blocks in a weight of R rows of nb blocks (the last one possibly partial)."""
     return -(-R * nb // GROUP)
 
 
-def _lane_index(R: int, nb: int, rows=slice(None)) -> np.ndarray:
-    """[n, 16·nb] positions in lane order of the GGUF-order bytes of rows `rows` of an R x nb-block
-    weight (the inverse of laying it out)."""
-    r = np.arange(R)[rows]                                                   # [n]
+def row_ids(R: int, rows) -> np.ndarray:
+    """Rows `rows` (a slice, or indices counted from the end where negative) of an R-row weight as
+    int64 [n] in 0..R-1; an index past either end is an IndexError. (No arange(R) for a few ids: an
+    embedding looks up a step's tokens in a 49,152-row weight.)"""
+    if isinstance(rows, slice):
+        return np.arange(*rows.indices(R))
+    r = np.asarray(rows, np.int64).reshape(-1)
+    if r.size and (r.max() >= R or r.min() < -R):
+        raise IndexError(f"row {r.max() if r.max() >= R else r.min()} of a weight of {R} rows")
+    return np.where(r < 0, r + R, r)
+
+
+def _lane_index(R: int, nb: int, bb: int, rows=slice(None)) -> np.ndarray:
+    """[n, bb·nb] positions in lane order of the GGUF-order bytes of rows `rows` of an R x nb-block
+    weight of bb bytes a block (the inverse of laying it out)."""
+    r = row_ids(R, rows)                                                     # [n]
     b = r[:, None] * nb + np.arange(nb)[None, :]                             # [n, nb] flat blocks
-    i = np.arange(16)                                                        # byte of a block
-    pos = (b // GROUP * 256 + b % GROUP * 4)[..., None] + (64 * (i // 4) + i % 4)   # [n, nb, 16]
-    return pos.reshape(len(r), 16 * nb)
+    i = np.arange(bb)                                                        # byte of a block
+    pos = (b // GROUP * GROUP * bb + b % GROUP * 4)[..., None] + (64 * (i // 4) + i % 4)   # [n, nb, bb]
+    return pos.reshape(len(r), bb * nb)
 
 
 def lane_order(p: tuple) -> tuple:
-    """Planes with Q4's nibbles laid out in lane order (a new array: (lanes uint8 [groups·256], d, m));
-    Q8_0's planes, and planes in lane order already, as they are."""
-    if len(p) == 2 or p[0].ndim == 1:
+    """Planes with q (Q8_0's values, Q4's nibbles) laid out in lane order (a new array: (lanes [groups·
+    16·bb], d[, m])); planes in lane order already, as they are."""
+    if p[0].ndim == 1:
         return p
     q, d = p[0], p[1]
     R, nb = d.shape
-    lanes = np.zeros(groups(R, nb) * 256, np.uint8)
-    for r0 in range(0, R, 4096):                    # a few rows at a time: the index is 8 bytes a byte
-        lanes[_lane_index(R, nb, slice(r0, r0 + 4096))] = q[r0:r0 + 4096]
+    bb = q.shape[1] // nb
+    lanes = np.zeros(groups(R, nb) * GROUP * bb, q.dtype)
+    step = max(1, 65536 // (bb * nb))               # a few rows at a time: the index is 8 bytes a byte
+    for r0 in range(0, R, step):
+        lanes[_lane_index(R, nb, bb, slice(r0, r0 + step))] = q[r0:r0 + step]
     return check_planes((lanes,) + tuple(p[1:]))
 
 
 def gguf_rows(lanes: np.ndarray, R: int, nb: int, rows=slice(None)) -> np.ndarray:
-    """Rows `rows` of a Q4 weight in lane order, back in GGUF's order: uint8 [n, 16·nb] (a copy,
-    reading only those rows' bytes)."""
-    return lanes[_lane_index(R, nb, rows)]
+    """Rows `rows` of a weight in lane order, back in GGUF's order: [n, bb·nb] of lanes' dtype (int8
+    Q8_0 values, uint8 Q4 nibbles; a copy, reading only those rows' bytes). The NumPy form, by the
+    rule; `lane_rows` gathers the same bytes in one compiled loop."""
+    return lanes[_lane_index(R, nb, lanes.size // (groups(R, nb) * GROUP), rows)]
+
+
+def lane_rows(lanes: np.ndarray, R: int, nb: int, rows=slice(None)) -> np.ndarray:
+    """gguf_rows, gathered by a numba loop (what a weight's q_rows, an embedding's lookup, uses: the
+    index arrays of gguf_rows cost a decode step's lookup of one token 20-30 µs, the loop ~1)."""
+    from ._int8 import gather_rows
+    ids = np.arange(*rows.indices(R)) if isinstance(rows, slice) else np.asarray(rows).reshape(-1)
+    out = np.empty((len(ids), lanes.size // (groups(R, nb) * GROUP) * nb), lanes.dtype)
+    if not gather_rows(lanes.view(np.int32), R, nb, ids, out.view(np.int32)):   # ids checked there
+        row_ids(R, ids)                                        # the IndexError, in words
+    return out
 
 
 def weight_ints(p: tuple) -> np.ndarray:
     """Step 2's integers of every weight, [R, nb, 32] int8 in value order (Q8_0 q; Q4_0 n - 8; Q4_1 n)."""
     R, C = _shape(p)
     nb = C // QK
-    if len(p) == 2:
-        return p[0].view(np.int8).reshape(R, nb, QK)
     q = gguf_rows(p[0], R, nb) if p[0].ndim == 1 else p[0]
+    if len(p) == 2:
+        return q.view(np.int8).reshape(R, nb, QK)
     b = q.reshape(R, nb, 16)
     n = np.concatenate([b & 15, b >> 4], axis=2).astype(np.int8)                 # [R, nb, 32]
     return n if p[2].shape[0] else n - 8
@@ -309,7 +343,7 @@ def _current_isa() -> str:
 
 def kernel(q8: bool, isa_name: str | None = None):
     """The compiled product for Q8_0 (q8) or Q4 planes on an instruction set (default `isa()`):
-    kernel(*planes, x, y) with x [T, C] float32 C-contiguous and y [T, R] float32, Q4's planes in
+    kernel(*planes, x, y) with x [T, C] float32 C-contiguous and y [T, R] float32, the planes in
     lane order (`lane_order`) (what a weight class calls per product, without this module's checks)."""
     from ._int8 import KERNELS
     name = isa_name or _current_isa()
@@ -321,7 +355,7 @@ def kernel(q8: bool, isa_name: str | None = None):
 
 def matmul(p: tuple, x: np.ndarray, isa_name: str | None = None) -> np.ndarray:
     """x [T, C] @ w^T -> [T, R] float32 in integers (x rounded to int8 blocks inside, once), w given
-    by its `planes` (Q4's in GGUF's order are laid out in lane order first, a copy: a weight class
+    by its `planes` (in GGUF's order they are laid out in lane order first, a copy: a weight class
     keeps them so); equal to `matmul_ref` bit for bit. isa_name: one of `supported()` (default `isa()`)."""
     p = lane_order(check_planes(p))
     R, C = _shape(p)

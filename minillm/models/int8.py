@@ -5,9 +5,10 @@ what it costs in accuracy; _int8.py: the kernels and their measured forms).
 Int8Quant is a QuantMatrix (same values, same bytes, same `rows`, `dequantize`, `fixed_matmul`)
 whose product rounds each row of x to int8 blocks once and multiplies the blocks in integers, for
 any number of rows: one pass over the weight's groups serves all of x's rows (32 at a time from the
-cache), so decode rows and a prefill's tiles are the same kernel. A Q4 weight keeps its nibbles in
-the order the kernels read them (kernels/int8.py's lane order), not GGUF's, and only so: `q` and
-`q_rows` give GGUF's order back, a copy of the rows asked for. Float weights (a float32 model,
+cache), so decode rows and a prefill's tiles are the same kernel. A weight keeps its values (Q8_0)
+or nibbles (Q4) in the order the kernels read them (kernels/int8.py's lane order), not GGUF's, and
+only so: `q` and `q_rows` give GGUF's order back, a copy of the rows asked for (an embedding's
+lookup reads those rows alone). Float weights (a float32 model,
 norms aside) are the fused set's (models/fused.py): the integer set changes quantized products only.
 """
 
@@ -26,24 +27,21 @@ class Int8Quant(QuantMatrix):
     def __init__(self, fmt, q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> None:
         super().__init__(fmt, q, d, m)
         self.planes = int8.lane_order(int8.planes(q, d, m))       # the kernel's arguments, made once
-        self._q = self.planes[0] if self.fmt.bits == 8 else None    # Q4: the lane order is the only copy
         self._kernel = None
 
     @property
     def q(self) -> np.ndarray:
-        """q in GGUF's order ([R, C] int8, or [R, C/2] uint8 nibbles): Q8_0's as kept; Q4's made from
-        the lane order the kernels read (a copy: the weight keeps its bytes once)."""
-        return self._q if self._q is not None else self.q_rows(slice(None))
+        """q in GGUF's order ([R, C] int8, or [R, C/2] uint8 nibbles), made from the lane order the
+        kernels read (a copy: the weight keeps its bytes once)."""
+        return self.q_rows(slice(None))
 
     @q.setter
-    def q(self, q: np.ndarray) -> None:          # QuantMatrix's __init__; the planes replace it
-        self._q = q
+    def q(self, q: np.ndarray) -> None:          # QuantMatrix's __init__: the planes hold it, laid out
+        pass
 
     def q_rows(self, rows) -> np.ndarray:
-        if self._q is not None:
-            return self._q[rows]
         R, nb = self.d.shape
-        return int8.gguf_rows(self.planes[0], R, nb, rows)
+        return int8.lane_rows(self.planes[0], R, nb, rows)
 
     def __repr__(self) -> str:
         return "Int8" + super().__repr__()
