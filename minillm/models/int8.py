@@ -8,8 +8,8 @@ any number of rows: one pass over the weight's groups serves all of x's rows (32
 cache), so decode rows and a prefill's tiles are the same kernel. A weight keeps its values (Q8_0)
 or nibbles (Q4) in the order the kernels read them (kernels/int8.py's lane order), not GGUF's, and
 only so: `q` and `q_rows` give GGUF's order back, a copy of the rows asked for (an embedding's
-lookup reads those rows alone). Float weights (a float32 model,
-norms aside) are the fused set's (models/fused.py): the integer set changes quantized products only.
+lookup reads those rows alone). Float weights (a float32 model, norms aside) are the fused set's
+(models/fused.py): the integer set changes quantized products only.
 """
 
 from __future__ import annotations
