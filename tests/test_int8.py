@@ -206,7 +206,7 @@ def test_an_integer_weight_keeps_its_bytes_in_lane_order_and_gives_ggufs_back(w,
     pad[at] = False
     assert not lanes[pad].any()                                         # the rest: the zeros of the padding
     mask = rng.random(R) < 0.5
-    for rows in (ids, -1 - ids, slice(1, None, 2), mask):               # the compiled gather and NumPy's
+    for rows in (ids, -1 - ids, ids.astype(np.uint64), slice(1, None, 2), mask):   # compiled gather, NumPy's
         assert np.array_equal(int8.lane_rows(lanes, R, nb, rows), w.q[rows])
         assert np.array_equal(int8.gguf_rows(lanes, R, nb, rows), w.q[rows])
     for past in ([R], [-R - 1]):

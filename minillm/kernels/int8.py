@@ -256,6 +256,7 @@ def lane_rows(lanes: np.ndarray, R: int, nb: int, rows=slice(None)) -> np.ndarra
     ids = np.asarray(rows).reshape(-1) if not isinstance(rows, slice) else None
     if ids is None or ids.dtype.kind not in "iu":               # a slice, a mask: row_ids
         ids = row_ids(R, rows)
+    ids = ids.astype(np.int64, copy=False)                     # one compiled form (uint64 + int64 is a float)
     out = np.empty((len(ids), lanes.size // (groups(R, nb) * GROUP) * nb), lanes.dtype)
     if not gather_rows(lanes.view(np.int32), R, nb, ids, out.view(np.int32)):   # ids checked there
         row_ids(R, ids)                                        # the IndexError, in words

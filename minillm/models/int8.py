@@ -63,7 +63,7 @@ class Int8Quant(QuantMatrix):
         return y
 
     def take_rows(self, order: np.ndarray) -> "Int8Quant":
-        return Int8Quant(self.fmt, self.q[order], self.d[order], None if self.m is None else self.m[order])
+        return Int8Quant(self.fmt, self.q_rows(order), self.d[order], None if self.m is None else self.m[order])
 
     @kept_counts
     def counts(self, T: int, itemsize: int = 4) -> dict:
