@@ -152,6 +152,60 @@ def test_paged_equals_contiguous(family, weights, P, bs, seed):
         assert_close(model.decode_step(int(t), mine), model.decode_step(int(t), contiguous), "paged decode")
 
 
+def _counted_blocks(monkeypatch) -> list:
+    """Blocks run in three calls (kernels/_block.py), counted."""
+    from minillm.kernels import _block
+    calls, real = [], _block.before_attention
+    monkeypatch.setattr(_block, "before_attention", lambda *a: (calls.append(1), real(*a))[1])
+    return calls
+
+
+@settings(max_examples=10, deadline=None)
+@given(WEIGHTS, st.integers(1, 300), st.integers(1, 4), st.integers(0, 2**16))
+def test_a_block_in_one_call_is_its_operations_bit_for_bit(weights, P, n, seed):
+    """One sequence's decode over a contiguous cache runs each block in three calls (models/int8.py's
+    one_call_blocks); under a meter the step runs the operations one by one. The same logits and the
+    same cache rows, bit for bit, before and past the attention's 256-key chunk."""
+    with pytest.MonkeyPatch.context() as mp:
+        calls = _counted_blocks(mp)
+        model = build("llama", weights, "int8", seed % 3)
+        ids = np.random.default_rng(seed).integers(0, 96, P + n)
+        (_, fast), (_, slow) = model.prefill(ids[:P]), model.prefill(ids[:P])
+        calls.clear()                                   # (a one-token prompt is such a step too)
+        for t in ids[P:]:
+            got = model.decode_step(int(t), fast)
+            with meter.Meter():
+                want = model.decode_step(int(t), slow)
+            assert np.array_equal(got, want)
+        assert len(calls) == n * LLAMA_CFG.n_layer, "the decode steps ran the blocks in three calls"
+        for a, b in ((fast.k, slow.k), (fast.v, slow.v)):
+            assert np.array_equal(a[:, :, :P + n], b[:, :, :P + n])
+
+
+def test_a_block_runs_its_operations_where_one_call_is_not_that_block(monkeypatch):
+    """Not taken under a meter, over a paged pool, for a prompt, with per-head norms (Qwen3), or with a
+    product that is not the integer kernel's own (the reference's): the operations run, as written."""
+    calls = _counted_blocks(monkeypatch)
+    model = build("llama", "q4_1", "int8")
+    _, cache = model.prefill(np.arange(5))                          # a prompt: the operations
+    with meter.Meter():
+        model.decode_step(3, cache)
+    pool = PagedKVPool(model.config, 4, 16)
+    c = pool.sequence()
+    model.prefill(np.arange(5), c)
+    c.reserve(1)
+    model.step([(np.array([3]), c)])
+    qwen3 = llama.Llama(LlamaConfig(**{**LLAMA_CFG.__dict__, "arch": "qwen3", "qk_norm": True}),
+                        llama.random_params(LlamaConfig(**{**LLAMA_CFG.__dict__, "arch": "qwen3", "qk_norm": True}),
+                                            0, std=0.1), Target.resolve(weights="q4_1", kernels="int8"))
+    qwen3.decode_step(3, qwen3.prefill(np.arange(5))[1])
+    ref = reference("llama", "q8_0")
+    ref.decode_step(3, ref.prefill(np.arange(5))[1])
+    assert calls == []
+    model.decode_step(3, cache)                                      # and the plain case takes it
+    assert len(calls) == LLAMA_CFG.n_layer
+
+
 def product_forms(w, T: int) -> dict:
     """One integer product's closed forms over T rows, a weight of R rows of nb blocks and its
     patterns P = nb / gcd(nb, 16): weights its stored bytes; scratch x's rounded copy, 2·T·P·704

@@ -21,13 +21,14 @@ from . import checks
 from .products import _check_float32
 
 
-def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """ops.rms_norm for float32 rows: x [..., n], w [n] -> [..., n]."""
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float, kernel=K.rms_norm) -> np.ndarray:
+    """ops.rms_norm for float32 rows: x [..., n], w [n] -> [..., n]. kernel: _numba's, or the same
+    compiled in IEEE order (_exact.py's, the int8 set's)."""
     _check_float32(x, w)
     checks.rms_norm(x, w)
     rows = np.ascontiguousarray(x).reshape(-1, x.shape[-1])            # [N, n]
     y = np.empty_like(rows)
-    K.rms_norm(rows, w, eps, y)
+    kernel(rows, w, eps, y)
     return y.reshape(x.shape)
 
 
@@ -51,21 +52,21 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return y.reshape(x.shape)
 
 
-def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, kernel=K.rope) -> np.ndarray:
     """ops.rope for float32: x [H, N, hd] (a view of the qkv product is read in place), cos, sin
     [N, hd/2] -> [H, N, hd], a new array."""
     _check_float32(x, cos, sin)
     checks.rope(x, cos, sin)
     y = np.empty(x.shape, np.float32)
-    K.rope(x, cos, sin, y)
+    kernel(x, cos, sin, y)
     return y
 
 
-def swiglu(gate_up: np.ndarray) -> np.ndarray:
+def swiglu(gate_up: np.ndarray, kernel=K.swiglu) -> np.ndarray:
     """ops.swiglu for float32 rows: gate_up [N, 2F] -> silu(gate)·up [N, F], a new array."""
     _check_float32(gate_up)
     checks.swiglu(gate_up)
     h = np.ascontiguousarray(gate_up)
     y = np.empty((h.shape[0], h.shape[1] // 2), np.float32)
-    K.swiglu(h, y)
+    kernel(h, y)
     return y

@@ -307,9 +307,21 @@ class Decoder(CausalLM):
         x = ops.embedding(self.embed_w, None, plan.ids)                            # [N, d]
         c = self.config
         cos, sin = ops.rope_tables(plan.positions, c.head_dim, c.theta, self.dtype)  # [N, hd/2], on its device
+        one_call = plan.kernels.one_call and plan.kernels.one_call(self, plan, cos, sin)
         for layer, p in enumerate(self.blocks):
-            x = transformer_block(x, p, c, cos, sin, partial(plan.attend, layer), self.ffn(layer), plan.kernels)
+            if one_call:                       # the set's block in one call: the same kernels, the same bits
+                x = one_call(layer, x)
+            else:
+                x = transformer_block(x, p, c, cos, sin, partial(plan.attend, layer), self.ffn(layer), plan.kernels)
         return x
+
+    @property
+    def plain_block(self) -> bool:
+        """Is every block `transformer_block` with `mlp` exactly (no biases, no per-head norms, this
+        class's parameters and MLP): what a kernel set's one-call block (KernelSet.one_call) computes?"""
+        c, cls = self.config, type(self)
+        return (not (c.qkv_bias or c.o_bias or c.mlp_bias or c.qk_norm) and cls.run is Decoder.run
+                and cls.ffn is Decoder.ffn and cls.block_params is Decoder.block_params)
 
     head = norm_head                   # the final RMS norm and the LM head (models/blocks.py)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import meter
 from ..kernels import int8
 from .fused import fuse
 from .quant import QK, QuantMatrix, kept_counts
@@ -97,3 +98,80 @@ def integer(w):
     if isinstance(w, QuantMatrix):
         return Int8Quant.of(w)
     return fuse(w)
+
+
+def one_call_blocks(model, plan, cos: np.ndarray, sin: np.ndarray):
+    """The integer set's decode of one sequence, a block in three calls: None, or a function (layer,
+    x [1, d]) -> x that runs the block as kernels/_block.py's two compiled halves around the attention
+    kernel (the same kernels the operations call, in the same order, on the same arrays: the same
+    bits, the same cache rows) in place of `transformer_block`'s dozen Python calls. Taken only where it is that block exactly: a
+    plain Llama block (`model.plain_block`) of integer products, one new token over a contiguous
+    float32 cache on the CPU, and no meter listening (a meter, and so a trace or a lesson, sees every
+    operation: the step then runs them one by one)."""
+    if meter.active() is not None or len(plan.spans) != 1 or not model.plain_block:
+        return None
+    s = plan.spans[0]
+    cache = s.cache
+    if (s.n != 1 or cache.pool is not None or cache.kv_dtype is not None or cache.shared
+            or not isinstance(cache.k, np.ndarray) or cache.k.dtype != np.float32):
+        return None
+    params = _block_params(model)
+    if params is None:
+        return None
+    from ..kernels import _block, products
+    c = model.config
+    pos, eps = s.pos, c.eps
+    table, lengths = products._ONE_BLOCK, products._length(pos + 1)
+    scale, chunk = np.float32(1.0 / np.sqrt(c.head_dim)), products.DECODE_CHUNK
+    H, Hkv, hd = c.n_head, c.n_kv_head, c.head_dim
+    ks, vs = cache.k, cache.v
+    S = ks.shape[2]
+
+    def block(layer: int, x: np.ndarray) -> np.ndarray:
+        isa, n1, n2, qkv, o, gu, down = params[layer]
+        k, v = ks[layer], vs[layer]                                  # [Hkv, S, hd]
+        q = _block.before_attention(isa, x, n1, eps, qkv, cos, sin, k, v, pos, H, Hkv)
+        a = np.empty((H, 1, hd), np.float32)
+        products._paged_decode(q, k.reshape(Hkv, 1, S, hd), v.reshape(Hkv, 1, S, hd), table, lengths, a,
+                               scale, chunk)                         # as products.attention calls it
+        _block.after_attention(isa, x, a, n2, eps, o, gu, down)
+        return x
+    return block
+
+
+def _block_params(model):
+    """Per block: (instruction set, its two norms, its four products' planes), made at the first call
+    and kept on the model; None where a block has a product that is not exactly an Int8Quant (a
+    float weight, a subclass with its own product) or whose products disagree on the instructions."""
+    got = getattr(model, "_one_call_params", False)
+    if got is not False:
+        return got
+    from ..kernels._int8 import KERNELS
+    entries = {k: name for (_, name), k in KERNELS.items()}
+    out = []
+    for p in model.blocks:
+        mats = [p[n] for n in ("qkv.weight", "o_proj.weight", "gate_up.weight", "down_proj.weight")]
+        if any(type(w) is not Int8Quant for w in mats):
+            out = None
+            break
+        for w in mats:
+            if w._kernel is None:
+                w._kernel = int8.kernel(len(w.planes) == 2)
+        isas = {entries.get(w._kernel) for w in mats}
+        if len(isas) != 1 or None in isas:
+            out = None
+            break
+        out.append((_isa(isas.pop()), p["input_layernorm.weight"], p["post_attention_layernorm.weight"],
+                    *(tuple(w.planes) for w in mats)))
+    model._one_call_params = out
+    return out
+
+
+_ISAS: dict = {}
+
+
+def _isa(name: str):
+    from ..kernels._int8 import Isa
+    if name not in _ISAS:
+        _ISAS[name] = Isa(name)
+    return _ISAS[name]
