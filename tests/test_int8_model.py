@@ -162,9 +162,9 @@ def _counted_blocks(monkeypatch) -> list:
 
 @settings(max_examples=10, deadline=None)
 @given(WEIGHTS, st.integers(1, 300), st.integers(1, 4), st.integers(0, 2**16))
-def test_a_block_in_one_call_is_its_operations_bit_for_bit(weights, P, n, seed):
+def test_a_compiled_block_is_its_operations_bit_for_bit(weights, P, n, seed):
     """One sequence's decode over a contiguous cache runs each block in three calls (models/int8.py's
-    one_call_blocks); under a meter the step runs the operations one by one. The same logits and the
+    compiled_blocks); under a meter the step runs the operations one by one. The same logits and the
     same cache rows, bit for bit, before and past the attention's 256-key chunk."""
     with pytest.MonkeyPatch.context() as mp:
         calls = _counted_blocks(mp)
@@ -182,7 +182,7 @@ def test_a_block_in_one_call_is_its_operations_bit_for_bit(weights, P, n, seed):
             assert np.array_equal(a[:, :, :P + n], b[:, :, :P + n])
 
 
-def test_a_block_runs_its_operations_where_one_call_is_not_that_block(monkeypatch):
+def test_a_block_runs_its_operations_where_the_compiled_block_is_not_that_block(monkeypatch):
     """Not taken under a meter, over a paged pool, for a prompt, with per-head norms (Qwen3), or with a
     product that is not the integer kernel's own (the reference's): the operations run, as written."""
     calls = _counted_blocks(monkeypatch)

@@ -1,5 +1,5 @@
 """A Llama block's decode step of one sequence in three calls (the integer set's, models/int8.py
-`one_call_blocks`): what comes before the attention in one compiled call, the attention kernel,
+`compiled_blocks`): what comes before the attention in one compiled call, the attention kernel,
 what comes after it in another, where the operations make a dozen calls from Python (each, in a
 step, 3-10 µs of Python, checks and dispatch; the operations' own work at one row is a few µs).
 

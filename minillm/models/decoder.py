@@ -307,10 +307,10 @@ class Decoder(CausalLM):
         x = ops.embedding(self.embed_w, None, plan.ids)                            # [N, d]
         c = self.config
         cos, sin = ops.rope_tables(plan.positions, c.head_dim, c.theta, self.dtype)  # [N, hd/2], on its device
-        one_call = plan.kernels.one_call and plan.kernels.one_call(self, plan, cos, sin)
+        compiled = plan.kernels.compiled_block and plan.kernels.compiled_block(self, plan, cos, sin)
         for layer, p in enumerate(self.blocks):
-            if one_call:                       # the set's block in one call: the same kernels, the same bits
-                x = one_call(layer, x)
+            if compiled:                       # the set's block in compiled calls: the same kernels, the same bits
+                x = compiled(layer, x)
             else:
                 x = transformer_block(x, p, c, cos, sin, partial(plan.attend, layer), self.ffn(layer), plan.kernels)
         return x
@@ -318,7 +318,7 @@ class Decoder(CausalLM):
     @property
     def plain_block(self) -> bool:
         """Is every block `transformer_block` with `mlp` exactly (no biases, no per-head norms, this
-        class's parameters and MLP): what a kernel set's one-call block (KernelSet.one_call) computes?"""
+        class's parameters and MLP): what a kernel set's compiled block (`compiled_block`) computes?"""
         c, cls = self.config, type(self)
         return (not (c.qkv_bias or c.o_bias or c.mlp_bias or c.qk_norm) and cls.run is Decoder.run
                 and cls.ffn is Decoder.ffn and cls.block_params is Decoder.block_params)

@@ -100,14 +100,14 @@ def integer(w):
     return fuse(w)
 
 
-def one_call_blocks(model, plan, cos: np.ndarray, sin: np.ndarray):
+def compiled_blocks(model, plan, cos: np.ndarray, sin: np.ndarray):
     """The integer set's decode of one sequence, a block in three calls: None, or a function (layer,
     x [1, d]) -> x that runs the block as kernels/_block.py's two compiled halves around the attention
     kernel (the same kernels the operations call, in the same order, on the same arrays: the same
-    bits, the same cache rows) in place of `transformer_block`'s dozen Python calls. Taken only where it is that block exactly: a
-    plain Llama block (`model.plain_block`) of integer products, one new token over a contiguous
-    float32 cache on the CPU, and no meter listening (a meter, and so a trace or a lesson, sees every
-    operation: the step then runs them one by one)."""
+    bits, the same cache rows) in place of `transformer_block`'s dozen Python calls. Taken only where
+    it is that block exactly: a plain Llama block (`model.plain_block`) of integer products, one new
+    token over a contiguous float32 cache on the CPU, and no meter listening (a meter, and so a trace
+    or a lesson, sees every operation: the step then runs them one by one)."""
     if meter.active() is not None or len(plan.spans) != 1 or not model.plain_block:
         return None
     s = plan.spans[0]
@@ -143,7 +143,7 @@ def _block_params(model):
     """Per block: (instruction set, its two norms, its four products' planes), made at the first call
     and kept on the model; None where a block has a product that is not exactly an Int8Quant (a
     float weight, a subclass with its own product) or whose products disagree on the instructions."""
-    got = getattr(model, "_one_call_params", False)
+    got = getattr(model, "_compiled_params", False)
     if got is not False:
         return got
     from ..kernels._int8 import KERNELS
@@ -163,7 +163,7 @@ def _block_params(model):
             break
         out.append((_isa(isas.pop()), p["input_layernorm.weight"], p["post_attention_layernorm.weight"],
                     *(tuple(w.planes) for w in mats)))
-    model._one_call_params = out
+    model._compiled_params = out
     return out
 
 

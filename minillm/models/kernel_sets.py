@@ -25,10 +25,11 @@ where, said in one place) and what it offers (`KernelSet`, built here):
     K.paged_decode           (q, k_pool, v_pool, table, lengths) -> out: one query per sequence over its
                              blocks in a paged pool, no gather; None: the step gathers (models/plan.py)
     K.gather_decode          may a decode batch of short sequences attend as one gather?
-    K.one_call               (model, plan, cos, sin) -> None, or (layer, x) -> x: a whole block of this
-                             set's kernels in one compiled call, the same kernels in the same order
-                             (the int8 set's, for one sequence's decode: models/int8.py); never with a
-                             meter listening, so every count below is made as written
+    K.compiled_block         (model, plan, cos, sin) -> None, or (layer, x) -> x: a whole block of this
+                             set's kernels in compiled calls (not one per operation), the same kernels
+                             in the same order (the int8 set's, for one sequence's decode:
+                             models/int8.py); never with a meter listening: every count below is made
+                             as written
 
 Every one of these is counted once, in models/ops.py, whichever implementation ran: a set passes
 its compute kernel to the op (`ops.rms_norm(x, w, eps, kernel=...)`). Adding a set is one builder
@@ -63,7 +64,7 @@ class KernelSet:
     paged_kernel: Callable | None = None         # None: no paged kernel, a decode batch is gathered
     gather_decode: bool = True
     batch_invariant: bool = False                # a row's results never depend on the others in its step
-    one_call: Callable | None = None             # (model, plan, cos, sin) -> a block in one call, or None
+    compiled_block: Callable | None = None       # (model, plan, cos, sin) -> a block in three calls, or None
 
     # The operations, counted in ops (looked up there at each call: bench strips their counting code).
 
@@ -134,11 +135,11 @@ def _int8() -> KernelSet:
     each sequence the bits it gets in a step of its own and alone in a contiguous cache (its products
     are row by row already: kernels/int8.py): `generate_batch` gives `generate`'s tokens. Its RMS norm,
     rotation and SwiGLU are the fused set's compiled in IEEE order (kernels/_exact.py), so that one
-    sequence's decode, a block in three calls (`one_call`), computes the bits of the operations."""
+    sequence's decode, a block in three calls (`compiled_block`), computes the bits of the operations."""
     from functools import partial
 
     from ..kernels import _exact, elementwise, int8, products
-    from .int8 import integer, one_call_blocks
+    from .int8 import compiled_blocks, integer
     return KernelSet("int8", f"integer kernels ({int8.describe()}; {runtime.status().reason})", weight=integer,
                      lays_out=True, norm_kernel=partial(elementwise.rms_norm, kernel=_exact.rms_norm),
                      layer_norm_kernel=elementwise.layer_norm, gelu_kernel=elementwise.gelu,
@@ -146,7 +147,7 @@ def _int8() -> KernelSet:
                      swiglu_kernel=partial(elementwise.swiglu, kernel=_exact.swiglu),
                      attention_kernel=partial(products.attention, chunk=products.DECODE_CHUNK),
                      paged_kernel=partial(products.paged_decode_attention, chunk=products.DECODE_CHUNK),
-                     one_call=one_call_blocks)
+                     compiled_block=compiled_blocks)
 
 
 BUILDERS: dict[str, Callable[[], KernelSet]] = {
