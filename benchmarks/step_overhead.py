@@ -14,14 +14,16 @@ rounds with their ranges. A step's operations come from its trace
 (minillm.trace.TraceMeter, what `--trace` writes): each slice is the time since the previous report,
 so it holds the operation's Python and dispatch as well as its compute. "at bandwidth" is its bytes
 over `minillm hardware`'s figure; "beyond" is the slice's median less that, in µs (what is not
-bytes: small operations are nearly all of it). B = 1 decodes over a contiguous cache, B > 1 over one
-paged pool. No figure is printed that this run did not measure.
+bytes: small operations are nearly all of it). The untraced step less its bytes' time is what the
+step itself pays beyond them (a meter makes the int8 set run a block's operations one by one, where
+a step with none runs it in compiled calls: the traced rows are the operations'). B = 1 decodes over
+a contiguous cache, B > 1 over one paged pool. No figure is printed that this run did not measure.
 
 --trees A,B: the same run over each source tree's minillm (before and after a change), one worker
 process a tree (PYTHONPATH=the tree), each with its models loaded once; the rounds alternate between
 them, one worker timing while the others wait on their input, the order reversed every round. Then
-per (model, B) the step's µs untraced and traced, its µs beyond its bytes, its median over the rounds
-of each round's sum, and each operation's µs a call (the median of each round's medians), with their
+per (model, B) the step's µs untraced and traced, each beyond its bytes, the traced one as the median
+over the rounds of each round's sum over the operations, and each operation's µs a call (the median of each round's medians), with their
 ranges, tree beside tree.
 """
 
@@ -165,6 +167,11 @@ def _beyond(ops: dict, per: int, bw: float) -> float:
     return total
 
 
+def _step_bytes(ops: dict, per: int) -> float:
+    """A step's bytes: every operation's, over the traced steps."""
+    return sum(b for xs in ops.values() for _, b in xs) / per
+
+
 def _keys(a, batches) -> list[str]:
     return [f"{m}|{B}" for m in a.model.split(",") if m.strip() for B in batches]
 
@@ -254,8 +261,10 @@ def _trees(a, batches, argv, gbs: float, where: str) -> int:
     for k in rounds[0][0]["configs"]:
         m, B = k.split("|")
         print(f"{m.split(':')[0].split('@')[0]} ({ready[0]['weights'][k]}, {ready[0]['kernels'][k]}), B = {B}")
-        for label, f in (("step, untraced", lambda c: c["plain"]), ("step, traced", lambda c: c["step"]),
-                         ("beyond the bytes", lambda c: _beyond(c["ops"], per, bw))):
+        for label, f in (("step, untraced", lambda c: c["plain"]),
+                         ("untraced, beyond its bytes", lambda c: c["plain"] - _step_bytes(c["ops"], per) / bw * 1e6),
+                         ("step, traced", lambda c: c["step"]),
+                         ("traced, beyond the bytes", lambda c: _beyond(c["ops"], per, bw))):
             cells = []
             for rs in rounds:
                 xs = [f(r["configs"][k]) for r in rs]
@@ -344,11 +353,12 @@ def main(argv=None) -> int:
     for (m, B), (ops, steps, plain) in per.items():
         model = configs[(m, B)][0]
         calls = sum(len(xs) for xs in ops.values()) / (a.rounds * a.steps)
-        byts = sum(b for xs in ops.values() for _, b in xs) / (a.rounds * a.steps)
+        byts = _step_bytes(ops, a.rounds * a.steps)
         step = statistics.median(steps)
         print(f"\n{m.split('@')[0].partition(':')[0]} ({model.weights}), B = {B}: a decode step {step:.0f} µs "
               f"[{min(steps):.0f}-{max(steps):.0f}],")
-        print(f"  untraced {statistics.median(plain):.0f} µs [{min(plain):.0f}-{max(plain):.0f}] (no meter),")
+        print(f"  untraced {statistics.median(plain):.0f} µs [{min(plain):.0f}-{max(plain):.0f}] (no meter: "
+              f"{statistics.median(plain) - byts / bw * 1e6:.0f} µs beyond its bytes),")
         print(f"  {byts / 1e6:.2f} MB = {byts / bw * 1e6:.0f} µs at bandwidth, {calls:.0f} operations")
         print("  operation      calls  µs/call   bytes/call  at bandwidth  beyond")
         rows = []
