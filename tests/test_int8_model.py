@@ -15,6 +15,8 @@ wrong position) moves logits by their own scale.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -180,6 +182,37 @@ def test_a_compiled_block_is_its_operations_bit_for_bit(weights, P, n, seed):
         assert len(calls) == n * LLAMA_CFG.n_layer, "the decode steps ran the blocks in three calls"
         for a, b in ((fast.k, slow.k), (fast.v, slow.v)):
             assert np.array_equal(a[:, :, :P + n], b[:, :, :P + n])
+
+
+@settings(max_examples=8, deadline=None)
+@given(WEIGHTS, st.lists(st.integers(1, 300), min_size=2, max_size=4), st.sampled_from([1, 16]),
+       st.integers(0, 2**16))
+def test_a_compiled_batch_step_is_its_operations_bit_for_bit(weights, lengths, bs, seed):
+    """B sequences of a paged pool decoding together: the compiled blocks and the operations (under a
+    meter) give the same logits and write the same pool, bit for bit."""
+    with pytest.MonkeyPatch.context() as mp:
+        calls = _counted_blocks(mp)
+        model = build("llama", weights, "int8", seed % 3)
+        rng = np.random.default_rng(seed)
+        prompts = [rng.integers(0, 96, p) for p in lengths]
+        nxt = [np.array([t]) for t in rng.integers(0, 96, len(lengths))]
+        pools, steps = [], []
+        for metered in (False, True):
+            pool = PagedKVPool(model.config, sum(-(-(p + 2) // bs) for p in lengths) + 2, bs)
+            caches = []
+            for p in prompts:
+                c = pool.sequence()
+                model.prefill(p, c)
+                c.reserve(1)
+                caches.append(c)
+            calls.clear()
+            with meter.Meter() if metered else contextlib.nullcontext():
+                steps.append(model.step(list(zip(nxt, caches))))
+            assert len(calls) == (0 if metered else LLAMA_CFG.n_layer)
+            pools.append(pool)
+        for got, want in zip(*steps):
+            assert np.array_equal(got, want)
+        assert np.array_equal(pools[0].k, pools[1].k) and np.array_equal(pools[0].v, pools[1].v)
 
 
 def test_a_block_runs_its_operations_where_the_compiled_block_is_not_that_block(monkeypatch):

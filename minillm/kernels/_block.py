@@ -1,7 +1,7 @@
-"""A Llama block's decode step of one sequence in three calls (the integer set's, models/int8.py
-`compiled_blocks`): what comes before the attention in one compiled call, the attention kernel,
-what comes after it in another, where the operations make a dozen calls from Python (each, in a
-step, 3-10 µs of Python, checks and dispatch; the operations' own work at one row is a few µs).
+"""A Llama block's decode step in three calls (the integer set's, models/int8.py `compiled_blocks`):
+what comes before the attention in one compiled call, the attention kernel, what comes after it in
+another, where the operations make a dozen calls from Python (each, in a step, 3-10 µs of Python,
+checks and dispatch; the operations' own work at one row is a few µs).
 
 The same kernels run, called in the same order with arrays of the same types (a C-contiguous array
 is typed apart from a strided one, and numba compiles each type anew): every product is its
@@ -23,7 +23,7 @@ from ._int8 import KERNELS
 
 
 def product(isa, planes, x, y):
-    """y [1, R] = x [1, C] @ W^T in integers: W's planes in lane order (Q8_0: (q, d); Q4: (q, d, m)),
+    """y [N, R] = x [N, C] @ W^T in integers: W's planes in lane order (Q8_0: (q, d); Q4: (q, d, m)),
     the entry `Int8Quant.matmul` calls for this format and instruction set."""
 
 
@@ -36,40 +36,48 @@ def _product(isa, planes, x, y):
 
 
 @njit(cache=True)
-def before_attention(isa, x, norm1, eps, qkv, cos, sin, k, v, pos, H, Hkv):
-    """The block (models/decoder.py's transformer_block) up to its attention, for one token: x [1, d]
-    float32, the residual stream; norm1 [d] and eps (a Python float, as the operations pass it); qkv
-    the product's planes; cos, sin [1, hd/2] the token's rotation; k, v [Hkv, S, hd] the layer's
-    cache, the token's key and value written at row `pos`. -> q [H, 1, hd], rotated."""
-    d = x.shape[1]
-    hd = k.shape[2]
-    h = np.empty((1, d), np.float32)
-    E.rms_norm(x, norm1, eps, h)                                      # [1, d]
-    y = np.empty((1, (H + 2 * Hkv) * hd), np.float32)
-    product(isa, qkv, h, y)                                           # [1, (H + 2·Hkv)·hd]: q | k | v
-    qk = np.empty((H + Hkv, 1, hd), np.float32)
-    E.rope(y.reshape(H + 2 * Hkv, 1, hd)[:H + Hkv], cos, sin, qk)     # q and k turned: [H + Hkv, 1, hd]
-    for j in range(Hkv):                                              # the cache's new row
-        for e in range(hd):
-            k[j, pos, e] = qk[H + j, 0, e]
-            v[j, pos, e] = y[0, (H + Hkv + j) * hd + e]
+def before_attention(isa, x, norm1, eps, qkv, cos, sin, k, v, blocks, offsets, H, Hkv):
+    """The block (models/decoder.py's transformer_block) up to its attention, for N tokens, one a
+    sequence: x [N, d] float32, the residual stream; norm1 [d] and eps (a Python float, as the
+    operations pass it); qkv the product's planes; cos, sin [N, hd/2] the tokens' rotations; k, v
+    [Hkv, blocks, bs, hd] the layer's keys and values as pages (a contiguous cache's rows: one page),
+    token n's written at row offsets[n] of page blocks[n]. -> q [H, N, hd], rotated."""
+    N, d = x.shape
+    hd = k.shape[3]
+    h = np.empty((N, d), np.float32)
+    E.rms_norm(x, norm1, eps, h)                                      # [N, d]
+    y = np.empty((N, (H + 2 * Hkv) * hd), np.float32)
+    product(isa, qkv, h, y)                                           # [N, (H + 2·Hkv)·hd]: q | k | v
+    qk = np.empty((H + Hkv, N, hd), np.float32)
+    E.rope(y.reshape(N, H + 2 * Hkv, hd)[:, :H + Hkv].transpose((1, 0, 2)), cos, sin, qk)   # [H + Hkv, N, hd]
+    for n in range(N):                                                # the caches' new rows
+        for j in range(Hkv):
+            for e in range(hd):
+                k[j, blocks[n], offsets[n], e] = qk[H + j, n, e]
+                v[j, blocks[n], offsets[n], e] = y[n, (H + Hkv + j) * hd + e]
     return qk[:H]
 
 
 @njit(cache=True)
 def after_attention(isa, x, a, norm2, eps, o, gate_up, down):
-    """The block after its attention: a [H, 1, hd] the attention's output; o, gate_up, down the
-    products' planes. x [1, d] gets both residuals, in place."""
-    d = x.shape[1]
-    r = np.empty((1, d), np.float32)
-    product(isa, o, a.reshape(1, a.shape[0] * a.shape[2]), r)         # [1, d]
+    """The block after its attention: a [H, N, hd] the attention's output; o, gate_up, down the
+    products' planes. x [N, d] gets both residuals, in place."""
+    N, d = x.shape
+    H, hd = a.shape[0], a.shape[2]
+    m = np.empty((N, H * hd), np.float32)                             # the heads side by side
+    for n in range(N):
+        for i in range(H):
+            for e in range(hd):
+                m[n, i * hd + e] = a[i, n, e]
+    r = np.empty((N, d), np.float32)
+    product(isa, o, m, r)                                             # [N, d]
     x += r
-    h = np.empty((1, d), np.float32)
+    h = np.empty((N, d), np.float32)
     E.rms_norm(x, norm2, eps, h)
     F2 = gate_up[1].shape[0]
-    g = np.empty((1, F2), np.float32)
-    product(isa, gate_up, h, g)                                       # [1, 2F]: gate | up
-    s = np.empty((1, F2 // 2), np.float32)
-    E.swiglu(g, s)                                                    # [1, F]
-    product(isa, down, s, r)                                          # [1, d]
+    g = np.empty((N, F2), np.float32)
+    product(isa, gate_up, h, g)                                       # [N, 2F]: gate | up
+    s = np.empty((N, F2 // 2), np.float32)
+    E.swiglu(g, s)                                                    # [N, F]
+    product(isa, down, s, r)                                          # [N, d]
     x += r

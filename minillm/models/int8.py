@@ -8,7 +8,7 @@ any number of rows: one pass over the weight's groups serves all of x's rows (32
 cache), so decode rows and a prefill's tiles are the same kernel. A weight keeps its values (Q8_0)
 or nibbles (Q4) in the order the kernels read them (kernels/int8.py's lane order), not GGUF's, and
 only so: `q` and `q_rows` give GGUF's order back, a copy of the rows asked for (an embedding's
-lookup reads those rows alone). Float weights (a float32 model, norms aside) are the fused set's
+lookup reads those rows alone). `compiled_blocks`: the set's decode step, a block in three calls. Float weights (a float32 model, norms aside) are the fused set's
 (models/fused.py): the integer set changes quantized products only.
 """
 
@@ -101,42 +101,65 @@ def integer(w):
 
 
 def compiled_blocks(model, plan, cos: np.ndarray, sin: np.ndarray):
-    """The integer set's decode of one sequence, a block in three calls: None, or a function (layer,
-    x [1, d]) -> x that runs the block as kernels/_block.py's two compiled halves around the attention
-    kernel (the same kernels the operations call, in the same order, on the same arrays: the same
-    bits, the same cache rows) in place of `transformer_block`'s dozen Python calls. Taken only where
-    it is that block exactly: a plain Llama block (`model.plain_block`) of integer products, one new
-    token over a contiguous float32 cache on the CPU, and no meter listening (a meter, and so a trace
-    or a lesson, sees every operation: the step then runs them one by one)."""
-    if meter.active() is not None or len(plan.spans) != 1 or not model.plain_block:
+    """The integer set's decode step, a block in three calls: None, or a function (layer, x [N, d]) -> x
+    that runs the block as kernels/_block.py's two compiled halves around the attention kernel (the
+    same kernels the operations call, in the same order, on the same values: the same bits, the
+    same cache rows) in place of `transformer_block`'s dozen Python calls. Taken only where it is
+    that block exactly: a plain Llama block (`model.plain_block`) of integer products, one new token
+    a sequence, either one sequence over a contiguous float32 cache or a batch the plan attends in
+    one call over its paged pool (`BatchedDecode` with the set's paged kernel), and no meter
+    listening (a meter, and so a trace or a lesson, sees every operation: the step then runs them
+    one by one)."""
+    if meter.active() is not None or not model.plain_block or any(s.n != 1 for s in plan.spans):
         return None
-    s = plan.spans[0]
-    cache = s.cache
-    if (s.n != 1 or cache.pool is not None or cache.kv_dtype is not None or cache.shared
-            or not isinstance(cache.k, np.ndarray) or cache.k.dtype != np.float32):
-        return None
-    params = _block_params(model)
-    if params is None:
+    pages = _pages(plan, model.config)
+    params = pages and _block_params(model)
+    if not params:
         return None
     from ..kernels import _block, products
     c = model.config
-    pos, eps = s.pos, c.eps
-    table, lengths = products._ONE_BLOCK, products._length(pos + 1)
-    scale, chunk = np.float32(1.0 / np.sqrt(c.head_dim)), products.DECODE_CHUNK
-    H, Hkv, hd = c.n_head, c.n_kv_head, c.head_dim
-    ks, vs = cache.k, cache.v
-    S = ks.shape[2]
+    kv, blocks, offsets, table, lengths = pages
+    eps, scale, chunk = c.eps, np.float32(1.0 / np.sqrt(c.head_dim)), products.DECODE_CHUNK
+    H, Hkv, hd, N = c.n_head, c.n_kv_head, c.head_dim, len(plan.spans)
 
     def block(layer: int, x: np.ndarray) -> np.ndarray:
         isa, n1, n2, qkv, o, gu, down = params[layer]
-        k, v = ks[layer], vs[layer]                                  # [Hkv, S, hd]
-        q = _block.before_attention(isa, x, n1, eps, qkv, cos, sin, k, v, pos, H, Hkv)
-        a = np.empty((H, 1, hd), np.float32)
-        products._paged_decode(q, k.reshape(Hkv, 1, S, hd), v.reshape(Hkv, 1, S, hd), table, lengths, a,
-                               scale, chunk)                         # as products.attention calls it
+        k, v = kv(layer)                                                 # [Hkv, blocks, bs, hd]
+        q = _block.before_attention(isa, x, n1, eps, qkv, cos, sin, k, v, blocks, offsets, H, Hkv)
+        a = np.empty((H, N, hd), np.float32)
+        products._paged_decode(q, k, v, table, lengths, a, scale, chunk)   # as the operations call it
         _block.after_attention(isa, x, a, n2, eps, o, gu, down)
         return x
     return block
+
+
+def _pages(plan, c):
+    """Where a step's keys go and are read, as pages: (layer -> k, v [Hkv, blocks, bs, hd], each new
+    key's page [N] and row in it [N], the pages' table [N, nb], the lengths [N]), the table and
+    lengths the ones the operations pass the attention kernel; None where the step is not one of
+    the two the compiled block takes."""
+    from ..kernels import products
+    from .plan import BatchedDecode
+    if len(plan.spans) == 1:
+        s = plan.spans[0]
+        cache = s.cache
+        if (cache.pool is not None or cache.kv_dtype is not None or cache.shared
+                or not isinstance(cache.k, np.ndarray) or cache.k.dtype != np.float32):
+            return None
+        S = cache.k.shape[2]
+        ks, vs = cache.k, cache.v                                        # [L, Hkv, S, hd]: one page of S rows
+        return (lambda layer: (ks[layer].reshape(c.n_kv_head, 1, S, c.head_dim),
+                               vs[layer].reshape(c.n_kv_head, 1, S, c.head_dim)),
+                _ZERO, np.array([s.pos], np.intp), products._ONE_BLOCK, products._length(s.pos + 1))
+    b = plan.attention
+    if not isinstance(b, BatchedDecode) or b.paged_decode is None or not isinstance(b.pool.k, np.ndarray):
+        return None
+    pool = b.pool
+    return (lambda layer: (pool.k[layer], pool.v[layer]), np.asarray(b.blocks, np.intp),
+            np.asarray(b.offsets, np.intp), b.table, b.lengths)
+
+
+_ZERO = np.zeros(1, np.intp)      # a contiguous cache's one page
 
 
 def _block_params(model):
