@@ -3,13 +3,13 @@ what comes before the attention in one compiled call, the attention kernel, what
 another, where the operations make a dozen calls from Python (each, in a step, 3-10 µs of Python,
 checks and dispatch; the operations' own work at one row is a few µs).
 
-The same kernels run, called in the same order with arrays of the same types (a C-contiguous array
-is typed apart from a strided one, and numba compiles each type anew): every product is its
-format's entry in _int8.py (`KERNELS`, the one `Int8Quant.matmul` calls), the norm, rotation and
-SwiGLU _exact.py's, compiled without fastmath, so that their copies linked into these functions
-compute what the operations' do, bit for bit (a fastmath kernel's bits are those of one
-compilation: _exact.py); the attention is the fastmath kernel itself, called from Python between
-the two halves as the operations call it. tests/test_int8_model.py holds the two paths equal.
+The same kernels run, called in the same order on the same values: every product is its format's
+entry in _int8.py (`KERNELS`, the one `Int8Quant.matmul` calls), the norm, rotation and SwiGLU
+_exact.py's, compiled without fastmath, so that their copies linked into these functions compute
+what the operations' do, bit for bit (a fastmath kernel's bits are those of one compilation:
+_exact.py); the attention is the fastmath kernel itself, called from Python between the two
+halves as the operations call it. tests/test_int8_model.py holds the two paths equal, one
+sequence and a batch.
 """
 
 from __future__ import annotations

@@ -8,11 +8,14 @@ any number of rows: one pass over the weight's groups serves all of x's rows (32
 cache), so decode rows and a prefill's tiles are the same kernel. A weight keeps its values (Q8_0)
 or nibbles (Q4) in the order the kernels read them (kernels/int8.py's lane order), not GGUF's, and
 only so: `q` and `q_rows` give GGUF's order back, a copy of the rows asked for (an embedding's
-lookup reads those rows alone). `compiled_blocks`: the set's decode step, a block in three calls. Float weights (a float32 model, norms aside) are the fused set's
-(models/fused.py): the integer set changes quantized products only.
+lookup reads those rows alone). Float weights (a float32 model, norms aside) are the fused set's
+(models/fused.py): the integer set changes quantized products only. `compiled_blocks`: the set's
+decode step, a block in three calls.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 import numpy as np
 
@@ -190,11 +193,8 @@ def _block_params(model):
     return out
 
 
-_ISAS: dict = {}
-
-
+@lru_cache(maxsize=None)
 def _isa(name: str):
+    """The instruction set's constant, which types a compiled block for it (one per name)."""
     from ..kernels._int8 import Isa
-    if name not in _ISAS:
-        _ISAS[name] = Isa(name)
-    return _ISAS[name]
+    return Isa(name)
