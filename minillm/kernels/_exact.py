@@ -11,11 +11,11 @@ did the second of two copies of the block compiled in one process. Without fastm
 compilation computes each value in the order written, so the block, the operations one by one and a
 batch's step give the same bits wherever numba compiled them, which the int8 set promises
 (`generate_batch` gives `generate`'s tokens). What it costs: the norm's sum of squares is added in
-order, not in vector lanes (1.3 against 0.8 µs a row of 576; SwiGLU 6.5 against 5.3 µs a row of 1,536;
-one row each, one process, a busy Zen 3). The attention stays the fastmath
-kernel, called from Python by both paths (one compiled copy, the same bits): compiled without
-fastmath, its scores summed in order, it took 1.8x the time at 33 keys and 3.2x at 1,024 (a SmolLM2
-layer: 412 against 128 µs).
+order, not in vector lanes (1.3 against 0.8 µs a row of 576; SwiGLU 6.5 against 5.3 µs a row of
+1,536; one row each, one process, a busy Zen 3). The attention stays the fastmath kernel, called
+from Python by both paths (one compiled copy, the same bits): compiled without fastmath, its scores
+summed in order, it took 1.8x the time at 33 keys and 3.2x at 1,024 (a SmolLM2 layer: 412 against
+128 µs).
 """
 
 from __future__ import annotations
