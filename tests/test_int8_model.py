@@ -237,6 +237,48 @@ def test_a_block_runs_its_operations_where_the_compiled_block_is_not_that_block(
     assert calls == []
     model.decode_step(3, cache)                                      # and the plain case takes it
     assert len(calls) == LLAMA_CFG.n_layer
+    from minillm.models.int8 import runs_compiled_blocks             # what `bench` says of its meter line
+    assert runs_compiled_blocks(model) and not runs_compiled_blocks(qwen3) and not runs_compiled_blocks(ref)
+    assert not runs_compiled_blocks(build("llama", "float32", "int8")) and not runs_compiled_blocks(
+        build("llama", "q4_1", "fused")) and not runs_compiled_blocks(build("gpt2", "q4_1", "int8"))
+
+
+def test_the_compiled_block_leaves_other_steps_to_their_operations():
+    """Steps the compiled block does not take run as before: a one-token forward (its pass-through
+    cache), a static decode step (its plan has no sequences), and a cache of another model's shape,
+    which the operations refuse in one line where the block would have written past its rows."""
+    from minillm.engine.static import StaticDecode
+    model = build("llama", "q4_1", "int8")
+    assert np.array_equal(model.forward(np.array([5])), reference("llama", "q4_1").forward(np.array([5])))
+    sd = StaticDecode(model, batch=2, context=16, block_size=4)
+    first = sd.start([[1, 2, 3], [4, 5]])
+    got = [[t] for t in first]
+    for _ in range(3):
+        for row, t in zip(got, sd.step()):
+            row.append(t)
+    assert got == [minillm.generate(model, p, 4) for p in ([1, 2, 3], [4, 5])]
+    sd.close()
+    narrow = llama.Llama(LlamaConfig(**{**LLAMA_CFG.__dict__, "n_kv_head": 1}),
+                         llama.random_params(LlamaConfig(**{**LLAMA_CFG.__dict__, "n_kv_head": 1}), 0, std=0.1),
+                         Target.resolve(weights="q4_1", kernels="int8"))
+    _, other = narrow.prefill(np.arange(4))                         # 1 KV head where the model has 2
+    other.reserve(1)
+    with pytest.raises(ValueError):
+        model.step([(np.array([3]), other)])
+
+
+def test_the_compiled_halves_are_typed_by_the_kernels_they_link():
+    """numba keeps a compiled function on disk until its own file changes: the halves' first argument
+    is typed with a hash of the files whose kernels they link in, so a new version of those compiles
+    them again."""
+    import hashlib
+    from pathlib import Path
+
+    import numba
+
+    from minillm.kernels import _block, _exact, _int8, _numba
+    want = hashlib.sha1(b"".join(Path(m.__file__).read_bytes() for m in (_int8, _numba, _exact))).hexdigest()[:16]
+    assert _block.SOURCES == want and want in numba.typeof(_block.isa("generic")).name
 
 
 def product_forms(w, T: int) -> dict:

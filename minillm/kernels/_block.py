@@ -9,22 +9,42 @@ _exact.py's, compiled without fastmath, so that their copies linked into these f
 what the operations' do, bit for bit (a fastmath kernel's bits are those of one compilation:
 _exact.py); the attention is the fastmath kernel itself, called from Python between the two
 halves as the operations call it. tests/test_int8_model.py holds the two paths equal, one
-sequence and a batch.
+sequence and a batch. The callers check the shapes (models/plan.py `decode_pages`): these trust
+them.
 """
 
 from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 from numba import njit
 from numba.extending import overload
 
 from . import _exact as E
-from ._int8 import KERNELS
+from . import _int8, _numba
+from ._int8 import KERNELS, Isa
+
+# numba keeps a compiled function on disk until its own file changes; these two link in copies of the
+# products (_int8.py) and of the elementwise kernels (_numba.py's source, _exact.py's flags). A hash
+# of those files is part of the type of their first argument (`isa`), so that an edit there (a new
+# version installed) compiles them again rather than loading halves whose kernels the operations no
+# longer run.
+SOURCES = hashlib.sha1(b"".join(Path(m.__file__).read_bytes() for m in (_int8, _numba, E))).hexdigest()[:16]
+
+
+@lru_cache(maxsize=None)
+def isa(name: str) -> Isa:
+    """The halves' first argument: the instruction set of the products, typed with `SOURCES`."""
+    return Isa(name, SOURCES)
 
 
 def product(isa, planes, x, y):
     """y [N, R] = x [N, C] @ W^T in integers: W's planes in lane order (Q8_0: (q, d); Q4: (q, d, m)),
-    the entry `Int8Quant.matmul` calls for this format and instruction set."""
+    the entry `Int8Quant.matmul` calls for this format and instruction set. Compiled code only."""
+    raise TypeError("_block.product is called from compiled code (its overload), not from Python")
 
 
 @overload(product)

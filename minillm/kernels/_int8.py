@@ -136,9 +136,9 @@ VNNI = ("avx512-vnni", "avx-vnni")
 
 
 class IsaType(types.Type):
-    def __init__(self, isa: str) -> None:
+    def __init__(self, isa: str, sources: str = "") -> None:
         self.isa = isa
-        super().__init__(name=f"Isa({isa})")
+        super().__init__(name=f"Isa({isa}, {sources})" if sources else f"Isa({isa})")
 
 
 register_model(IsaType)(models.OpaqueModel)
@@ -146,13 +146,14 @@ register_model(IsaType)(models.OpaqueModel)
 
 class Isa:
     """Which integer-dot instructions a kernel is compiled for (one of ISAS): a constant of the
-    kernel (the entries at the end of this file), whose numba type names the instruction set."""
+    kernel (the entries at the end of this file), whose numba type names the instruction set (and,
+    given `sources`, a version of the code a compiled caller links in: kernels/_block.py's)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, sources: str = "") -> None:
         if name not in ISAS:
             raise ValueError(f"unknown integer instruction set {name!r}; one of {', '.join(ISAS)}")
         self.name = name
-        self._numba_type_ = IsaType(name)
+        self._numba_type_ = IsaType(name, sources)
 
     def __repr__(self) -> str:
         return f"Isa({self.name!r})"

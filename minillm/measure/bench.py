@@ -31,6 +31,7 @@ import numpy as np
 from .. import cache, models
 from ..errors import MiniLLMError
 from ..meter import Meter
+from ..models.int8 import runs_compiled_blocks
 
 
 # -- the ceiling ---------------------------------------------------------------------------------
@@ -232,5 +233,6 @@ def run_bench(model, contexts: list[int], repeats: int = 5, decode_steps: int = 
         "meter_idle_ms": med(idle) * 1e3,
         "meter_removed_ms": med(stripped) * 1e3,
         "meter_on_ms": med(metered) * 1e3,
+        "meter_compiled": runs_compiled_blocks(model),     # "meter on" then also runs the operations one by one
         "rows": rows,
     }

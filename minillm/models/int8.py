@@ -15,8 +15,6 @@ decode step, a block in three calls.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 
 from .. import meter
@@ -110,12 +108,13 @@ def compiled_blocks(model, plan, cos: np.ndarray, sin: np.ndarray):
     same cache rows) in place of `transformer_block`'s dozen Python calls. Taken only where it is
     that block exactly: a plain Llama block (`model.plain_block`) of integer products, one new token
     a sequence, either one sequence over a contiguous float32 cache or a batch the plan attends in
-    one call over its paged pool (`BatchedDecode` with the set's paged kernel), and no meter
-    listening (a meter, and so a trace or a lesson, sees every operation: the step then runs them
-    one by one)."""
-    if meter.active() is not None or not model.plain_block or any(s.n != 1 for s in plan.spans):
+    one call over its paged pool (the plan's `decode_pages`, which checks the caches' shapes against
+    the model's), and no meter listening (a meter, and so a trace or a lesson, sees every
+    operation: the step then runs them one by one)."""
+    pages = getattr(plan, "decode_pages", None)
+    if meter.active() is not None or pages is None or not model.plain_block:
         return None
-    pages = _pages(plan, model.config)
+    pages = pages(model.config)
     params = pages and _block_params(model)
     if not params:
         return None
@@ -123,7 +122,7 @@ def compiled_blocks(model, plan, cos: np.ndarray, sin: np.ndarray):
     c = model.config
     kv, blocks, offsets, table, lengths = pages
     eps, scale, chunk = c.eps, np.float32(1.0 / np.sqrt(c.head_dim)), products.DECODE_CHUNK
-    H, Hkv, hd, N = c.n_head, c.n_kv_head, c.head_dim, len(plan.spans)
+    H, Hkv, hd, N = c.n_head, c.n_kv_head, c.head_dim, len(blocks)
 
     def block(layer: int, x: np.ndarray) -> np.ndarray:
         isa, n1, n2, qkv, o, gu, down = params[layer]
@@ -136,33 +135,12 @@ def compiled_blocks(model, plan, cos: np.ndarray, sin: np.ndarray):
     return block
 
 
-def _pages(plan, c):
-    """Where a step's keys go and are read, as pages: (layer -> k, v [Hkv, blocks, bs, hd], each new
-    key's page [N] and row in it [N], the pages' table [N, nb], the lengths [N]), the table and
-    lengths the ones the operations pass the attention kernel; None where the step is not one of
-    the two the compiled block takes."""
-    from ..kernels import products
-    from .plan import BatchedDecode
-    if len(plan.spans) == 1:
-        s = plan.spans[0]
-        cache = s.cache
-        if (cache.pool is not None or cache.kv_dtype is not None or cache.shared
-                or not isinstance(cache.k, np.ndarray) or cache.k.dtype != np.float32):
-            return None
-        S = cache.k.shape[2]
-        ks, vs = cache.k, cache.v                                        # [L, Hkv, S, hd]: one page of S rows
-        return (lambda layer: (ks[layer].reshape(c.n_kv_head, 1, S, c.head_dim),
-                               vs[layer].reshape(c.n_kv_head, 1, S, c.head_dim)),
-                _ZERO, np.array([s.pos], np.intp), products._ONE_BLOCK, products._length(s.pos + 1))
-    b = plan.attention
-    if not isinstance(b, BatchedDecode) or b.paged_decode is None or not isinstance(b.pool.k, np.ndarray):
-        return None
-    pool = b.pool
-    return (lambda layer: (pool.k[layer], pool.v[layer]), np.asarray(b.blocks, np.intp),
-            np.asarray(b.offsets, np.intp), b.table, b.lengths)
-
-
-_ZERO = np.zeros(1, np.intp)      # a contiguous cache's one page
+def runs_compiled_blocks(model) -> bool:
+    """Does this model's decode step, with no meter listening, run its blocks in compiled calls (a
+    kernel set with `compiled_block`, plain blocks, every product an Int8Quant)?"""
+    ks = getattr(model, "kernel_set", None)
+    return (getattr(ks, "compiled_block", None) is compiled_blocks and getattr(model, "plain_block", False)
+            and bool(_block_params(model)))
 
 
 def _block_params(model):
@@ -172,6 +150,7 @@ def _block_params(model):
     got = getattr(model, "_compiled_params", False)
     if got is not False:
         return got
+    from ..kernels import _block
     from ..kernels._int8 import KERNELS
     entries = {k: name for (_, name), k in KERNELS.items()}
     out = []
@@ -187,14 +166,7 @@ def _block_params(model):
         if len(isas) != 1 or None in isas:
             out = None
             break
-        out.append((_isa(isas.pop()), p["input_layernorm.weight"], p["post_attention_layernorm.weight"],
+        out.append((_block.isa(isas.pop()), p["input_layernorm.weight"], p["post_attention_layernorm.weight"],
                     *(tuple(w.planes) for w in mats)))
     model._compiled_params = out
     return out
-
-
-@lru_cache(maxsize=None)
-def _isa(name: str):
-    """The instruction set's constant, which types a compiled block for it (one per name)."""
-    from ..kernels._int8 import Isa
-    return Isa(name)

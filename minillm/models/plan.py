@@ -40,6 +40,7 @@ from .kernel_sets import KernelSet, get as get_kernel_set
 
 NO_STATIC_STATE = ("a static decode step has no per-sequence state: a model with linear-attention layers "
                    "(a hybrid) decodes with eager steps; leave out the static step")
+_FIRST_PAGE = np.zeros(1, np.intp)      # a contiguous cache's rows: one page, the first
 BATCHED_DECODE_KEYS = 128   # up to this many keys per sequence, a decode batch is attended as one gather
 SCORES = ("last", "all", None)
 
@@ -297,6 +298,39 @@ class StepPlan:
         if spec.asks():
             return self.each.attend(layer, q, k, v, spec)
         return self.attention.attend(layer, q, k, v)
+
+    def decode_pages(self, config: ModelConfig):
+        """Where a decode step's keys go and are read, as pages of one layer, for a kernel set's compiled
+        block (KernelSet.compiled_block): (layer -> k, v [Hkv, blocks, bs, hd], each new key's page [N]
+        and its row there [N], the pages' table [N, nb] and the lengths [N] as the attention kernel
+        takes them, read-only). Only for one token a sequence, either one sequence over a contiguous
+        float32 cache on the CPU (its rows one page) or a batch attended in one call over its paged
+        pool (`BatchedDecode` with the set's paged kernel), the arrays of the model's shape (a cache
+        of another shape is the operations' to refuse); else None."""
+        from ..cache.contiguous import KVCache
+        from ..kernels import products
+        if any(s.n != 1 for s in self.spans):
+            return None
+        shape = (config.n_layer, config.n_kv_head)
+        if len(self.spans) == 1:
+            s = self.spans[0]
+            c = s.cache
+            if (type(c) is not KVCache or c.kv_dtype is not None or c.shared or not isinstance(c.k, np.ndarray)
+                    or c.k.dtype != np.float32 or c.k.shape[:2] + c.k.shape[3:] != shape + (config.head_dim,)):
+                return None
+            S = c.k.shape[2]
+            ks, vs = c.k.reshape(shape + (1, S, config.head_dim)), c.v.reshape(shape + (1, S, config.head_dim))
+            return (lambda layer: (ks[layer], vs[layer]), _FIRST_PAGE, np.array([s.pos], np.intp),
+                    products._ONE_BLOCK, products._length(s.pos + 1))
+        b = self.attention
+        if not isinstance(b, BatchedDecode) or b.paged_decode is None:
+            return None
+        k = b.pool.k
+        if (not isinstance(k, np.ndarray) or k.dtype != np.float32 or k.ndim != 5 or b.pool.v.shape != k.shape
+                or k.shape[:2] + k.shape[4:] != shape + (config.head_dim,)):
+            return None
+        return (lambda layer: (b.pool.k[layer], b.pool.v[layer]), np.asarray(b.blocks, np.intp),
+                np.asarray(b.offsets, np.intp), b.table, b.lengths)
 
     @property
     def n_tokens(self) -> int:
