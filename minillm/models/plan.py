@@ -316,7 +316,8 @@ class StepPlan:
             s = self.spans[0]
             c = s.cache
             if (type(c) is not KVCache or c.kv_dtype is not None or c.shared or not isinstance(c.k, np.ndarray)
-                    or c.k.dtype != np.float32 or c.k.shape[:2] + c.k.shape[3:] != shape + (config.head_dim,)):
+                    or c.k.dtype != np.float32 or c.k.shape[:2] + c.k.shape[3:] != shape + (config.head_dim,)
+                    or not (c.k.flags.c_contiguous and c.v.flags.c_contiguous)):   # (reshaped: views, not copies)
                 return None
             S = c.k.shape[2]
             ks, vs = c.k.reshape(shape + (1, S, config.head_dim)), c.v.reshape(shape + (1, S, config.head_dim))
