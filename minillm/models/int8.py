@@ -107,9 +107,9 @@ def compiled_blocks(model, plan, cos: np.ndarray, sin: np.ndarray):
     same kernels the operations call, in the same order, on the same values: the same bits, the
     same cache rows) in place of `transformer_block`'s dozen Python calls. Taken only where it is
     that block exactly: a plain Llama block (`model.plain_block`) of integer products, one new token
-    a sequence, either one sequence over a contiguous float32 cache or a batch the plan attends in
-    one call over its paged pool (the plan's `decode_pages`, which checks the caches' shapes against
-    the model's), and no meter listening (a meter, and so a trace or a lesson, sees every
+    a sequence over a contiguous float32 cache or a paged pool the set's paged kernel reads in place
+    (the plan's `decode_pages`, which checks the caches' shapes against the model's), and no meter
+    listening (a meter, and so a trace or a lesson, sees every
     operation: the step then runs them one by one)."""
     pages = getattr(plan, "decode_pages", None)
     if meter.active() is not None or pages is None or not model.plain_block:

@@ -28,7 +28,7 @@ where, said in one place) and what it offers (`KernelSet`, built here):
     K.compiled_block         (model, plan, cos, sin) -> None, or (layer, x) -> x: a whole block of this
                              set's kernels in compiled calls (not one per operation), the same kernels
                              in the same order (the int8 set's, for a decode step over a contiguous
-                             cache or a paged batch: models/int8.py); never with a meter listening:
+                             cache or a paged pool: models/int8.py); never with a meter listening:
                              every count below is made as written
 
 Every one of these is counted once, in models/ops.py, whichever implementation ran: a set passes

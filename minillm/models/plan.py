@@ -228,6 +228,13 @@ class StaticPlan(BatchedDecode):
         return logits                           # [B, V], left on the device (a greedy argmax follows there)
 
 
+def _pool_fits(pool, shape: tuple) -> bool:
+    """Does a pool hold float32 keys and values of this [L, Hkv, (blocks, bs,) hd] on the CPU?"""
+    k = pool.k
+    return (isinstance(k, np.ndarray) and k.dtype == np.float32 and k.ndim == 5 and pool.v.shape == k.shape
+            and k.shape[:2] + k.shape[4:] == shape)
+
+
 def batched_decode(spans: list[Span], K: KernelSet) -> BatchedDecode | None:
     """B > 1 decode tokens in one paged pool, attended as one batch: with the kernel set's paged kernel
     at any lengths (it gathers nothing), else as one gather per layer while no sequence has more than
@@ -303,15 +310,25 @@ class StepPlan:
         """Where a decode step's keys go and are read, as pages of one layer, for a kernel set's compiled
         block (KernelSet.compiled_block): (layer -> k, v [Hkv, blocks, bs, hd], each new key's page [N]
         and its row there [N], the pages' table [N, nb] and the lengths [N] as the attention kernel
-        takes them, read-only). Only for one token a sequence, either one sequence over a contiguous
-        float32 cache on the CPU (its rows one page) or a batch attended in one call over its paged
-        pool (`BatchedDecode` with the set's paged kernel), the arrays of the model's shape (a cache
-        of another shape is the operations' to refuse); else None."""
+        takes them, read-only). Only for one token a sequence: one sequence over a contiguous float32
+        cache on the CPU (its rows one page), one sequence of a paged pool the set's paged kernel reads
+        in place (`PerSequence`'s table), or a batch attended in one call over its paged pool
+        (`BatchedDecode` with that kernel); the arrays of the model's shape (a cache of another shape
+        is the operations' to refuse), float32 on the CPU; else None."""
         from ..cache.contiguous import KVCache
         from ..kernels import products
         if any(s.n != 1 for s in self.spans):
             return None
         shape = (config.n_layer, config.n_kv_head)
+        if len(self.spans) == 1 and self.spans[0].cache.pool is not None:       # one sequence of a pool
+            s = self.spans[0]
+            pool, tables = s.cache.pool, self.each.tables.get(id(s))          # its table, as the kernel takes it
+            if tables is None or len(tables) != 1 or not _pool_fits(pool, shape + (config.head_dim,)):
+                return None
+            bs, rows = pool.block_size, pool.slot_of
+            return (lambda layer: (pool.k[rows[layer]], pool.v[rows[layer]]),
+                    np.array([s.cache.tables[0][s.pos // bs]], np.intp), np.array([s.pos % bs], np.intp),
+                    tables[0], products._length(s.pos + 1))
         if len(self.spans) == 1:
             s = self.spans[0]
             c = s.cache
@@ -324,11 +341,8 @@ class StepPlan:
             return (lambda layer: (ks[layer], vs[layer]), _FIRST_PAGE, np.array([s.pos], np.intp),
                     products._ONE_BLOCK, products._length(s.pos + 1))
         b = self.attention
-        if not isinstance(b, BatchedDecode) or b.paged_decode is None:
-            return None
-        k = b.pool.k
-        if (not isinstance(k, np.ndarray) or k.dtype != np.float32 or k.ndim != 5 or b.pool.v.shape != k.shape
-                or k.shape[:2] + k.shape[4:] != shape + (config.head_dim,)):
+        if (not isinstance(b, BatchedDecode) or b.paged_decode is None
+                or not _pool_fits(b.pool, shape + (config.head_dim,))):
             return None
         return (lambda layer: (b.pool.k[layer], b.pool.v[layer]), np.asarray(b.blocks, np.intp),
                 np.asarray(b.offsets, np.intp), b.table, b.lengths)
