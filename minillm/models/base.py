@@ -59,6 +59,8 @@ class CausalLM:
         target            what runs where (models/target.py): device, dtype, weights, kernels
         kernel_set        the implementations it computes with (models/kernel_sets.py), chosen once
                           from the target; `kernels` its name
+        plain_block       are its blocks what a kernel set's compiled block computes? (False here;
+                          models/decoder.py's Decoder says for its own)
         device, xp        where its arrays live (backend.Device) and their module: numpy, or cupy
                           on a GPU (`load(..., device="cuda")`); the ops take theirs from the arrays
     """
@@ -67,6 +69,7 @@ class CausalLM:
     name: str
     dtype: np.dtype
     eos_ids: tuple = ()          # token ids that end a sequence (a server stops there)
+    plain_block = False          # no kernel set's compiled block (KernelSet.compiled_block) runs its blocks
     MATRICES: tuple = ()
     blocks: list
     embed_w: object

@@ -102,19 +102,18 @@ def integer(w):
 
 
 def compiled_blocks(model, plan, cos: np.ndarray, sin: np.ndarray):
-    """The integer set's decode step, a block in three calls: None, or a function (layer, x [N, d]) -> x
-    that runs the block as kernels/_block.py's two compiled halves around the attention kernel (the
-    same kernels the operations call, in the same order, on the same values: the same bits, the
+    """The integer set's decode step, a block in three calls: None, or a function (layer, x [N, d])
+    -> x that runs the block as kernels/_block.py's two compiled halves around the attention kernel
+    (the same kernels the operations call, in the same order, on the same values: the same bits, the
     same cache rows) in place of `transformer_block`'s dozen Python calls. Taken only where it is
     that block exactly: a plain Llama block (`model.plain_block`) of integer products, one new token
     a sequence over a contiguous float32 cache or a paged pool the set's paged kernel reads in place
     (the plan's `decode_pages`, which checks the caches' shapes against the model's), and no meter
-    listening (a meter, and so a trace or a lesson, sees every
-    operation: the step then runs them one by one)."""
-    pages = getattr(plan, "decode_pages", None)
-    if meter.active() is not None or pages is None or not model.plain_block:
+    listening (a meter, and so a trace or a lesson, sees every operation: the step then runs them
+    one by one)."""
+    if meter.active() is not None or not model.plain_block:
         return None
-    pages = pages(model.config)
+    pages = plan.decode_pages(model.config)
     params = pages and _block_params(model)
     if not params:
         return None
@@ -138,9 +137,7 @@ def compiled_blocks(model, plan, cos: np.ndarray, sin: np.ndarray):
 def runs_compiled_blocks(model) -> bool:
     """Does this model's decode step, with no meter listening, run its blocks in compiled calls (a
     kernel set with `compiled_block`, plain blocks, every product an Int8Quant)?"""
-    ks = getattr(model, "kernel_set", None)
-    return (getattr(ks, "compiled_block", None) is compiled_blocks and getattr(model, "plain_block", False)
-            and bool(_block_params(model)))
+    return model.kernel_set.compiled_block is compiled_blocks and model.plain_block and bool(_block_params(model))
 
 
 def _block_params(model):

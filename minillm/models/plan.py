@@ -17,6 +17,12 @@ and, for a layer that keeps a fixed state per sequence instead (a hybrid's linea
     states(layer)    (rows, that sequence's state for the layer) per sequence (cache/state.py); a plan
                      that cannot carry one (the static step) refuses in one line
 
+and, for a kernel set's compiled block (KernelSet.compiled_block), where a decode step's keys go:
+
+    decode_pages(config)  the layer's keys and values as pages, each new key's page and row, the
+                     table and lengths the attention kernel takes; None where the step runs its
+                     operations (the static step, always)
+
 `plan_step` builds it once (in the spirit of nano-vllm's prepare_prefill/prepare_decode), choosing
 how attention runs: a decode batch in one paged pool as one batch per layer (`BatchedDecode`: one
 gather of short sequences, or the kernel set's paged kernel over any lengths), anything else
@@ -217,6 +223,9 @@ class StaticPlan(BatchedDecode):
 
     def meter_step(self):
         return meter.NO_STEP                    # the slots' owner records the step (outside a capture)
+
+    def decode_pages(self, config: ModelConfig):
+        return None                             # its keys' places are device buffers: the operations run
 
     def states(self, layer: int):
         raise NoStaticState(NO_STATIC_STATE)
