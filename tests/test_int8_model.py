@@ -107,6 +107,14 @@ def test_cached_equals_naive(family, weights, P, n, seed):
         assert_close(model.decode_step(int(ids[i]), cache), want[i], f"decode at {i}")
 
 
+def prefilled(model, pool, prompt):
+    """A new sequence of `pool` holding `prompt`, with room for one more token."""
+    c = pool.sequence()
+    model.prefill(prompt, c)
+    c.reserve(1)
+    return c
+
+
 @settings(max_examples=10, deadline=None)
 @given(FAMILIES, WEIGHTS, st.lists(st.integers(1, 390), min_size=2, max_size=5), st.sampled_from([1, 4, 16]),
        st.integers(0, 2**16))
@@ -118,19 +126,12 @@ def test_batched_equals_alone_bit_for_bit(family, weights, lengths, bs, seed):
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(0, 96, p) for p in lengths]
     nxt = [int(t) for t in rng.integers(0, 96, len(lengths))]
-
-    def prefilled(pool, p):
-        c = pool.sequence()
-        model.prefill(p, c)
-        c.reserve(1)
-        return c
-
     pool = PagedKVPool(model.config, sum(-(-(p + 1) // bs) for p in lengths) + 3, bs)
-    caches = [prefilled(pool, p) for p in prompts]
+    caches = [prefilled(model, pool, p) for p in prompts]
     batched = model.step([(np.array([t]), c) for t, c in zip(nxt, caches)])
     for p, t, got in zip(prompts, nxt, batched):
         own = PagedKVPool(model.config, -(-(p.size + 1) // bs) + 1, bs)
-        (alone,) = model.step([(np.array([t]), prefilled(own, p))])
+        (alone,) = model.step([(np.array([t]), prefilled(model, own, p))])
         assert np.array_equal(got, alone), f"sequence of {p.size}"
 
 
@@ -200,12 +201,7 @@ def test_a_compiled_batch_step_is_its_operations_bit_for_bit(weights, lengths, b
         pools, steps = [], []
         for metered in (False, True):
             pool = PagedKVPool(model.config, sum(-(-(p + 2) // bs) for p in lengths) + 2, bs)
-            caches = []
-            for p in prompts:
-                c = pool.sequence()
-                model.prefill(p, c)
-                c.reserve(1)
-                caches.append(c)
+            caches = [prefilled(model, pool, p) for p in prompts]
             calls.clear()
             with meter.Meter() if metered else contextlib.nullcontext():
                 steps.append(model.step(list(zip(nxt, caches))))
