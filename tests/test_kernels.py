@@ -24,7 +24,7 @@ from minillm.models import kernel_sets, ops
 from minillm.models.quant import QK, QuantMatrix
 
 if kernels.available():
-    from minillm.kernels import elementwise, products
+    from minillm.kernels import _exact, elementwise, products
     from minillm.models.fused import FUSED_ROWS, FusedDense, FusedQuant, fuse
     from minillm.models.weights import Dense
     FUSED = kernel_sets.get("fused")
@@ -143,7 +143,8 @@ def test_fused_dense_product_equals_numpy(n_out, n_in, T, seed):
        st.sampled_from([0.01, 1.0, 300.0]), st.integers(0, 2**32 - 1))
 def test_fused_rms_norm_equals_numpy(lead, N, n, eps, spread, seed):
     """One pass against ops.rms_norm's four, on [..., n] rows of any scale: both within float32
-    rounding of the exact norm (n + 8 roundings of each output's size). (Its count is ops.rms_norm's own:
+    rounding of the exact norm (n + 8 roundings of each output's size), and so is the same source
+    compiled in IEEE order (the int8 set's, kernels/_exact.py). (Its count is ops.rms_norm's own:
     the fused set passes the kernel to the op, which counts once, whichever ran.)"""
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((lead, N, n)) * spread).astype(np.float32)
@@ -156,6 +157,7 @@ def test_fused_rms_norm_equals_numpy(lead, N, n, eps, spread, seed):
     assert fused.shape == x.shape and fused.dtype == np.float32
     assert np.all(np.abs(reference - exact) <= bound) and np.all(np.abs(fused - exact) <= bound)
     assert np.array_equal(fused, elementwise.rms_norm(x, w, eps))
+    assert np.all(np.abs(elementwise.rms_norm(x, w, eps, kernel=_exact.rms_norm) - exact) <= bound)
 
 
 @settings(max_examples=40, deadline=None)
@@ -164,7 +166,7 @@ def test_fused_rms_norm_equals_numpy(lead, N, n, eps, spread, seed):
 def test_fused_swiglu_equals_numpy(N, F, spread, view, seed):
     """silu(gate)·up in two vectorized passes against ops.swiglu's tanh form, gates from ±0.1 to
     beyond ±88 (exp's cap), on a contiguous [N, 2F] or a strided view: both within a few roundings of
-    each output's |gate·up| of the exact value."""
+    each output's |gate·up| of the exact value; so is the int8 set's, compiled in IEEE order."""
     rng = np.random.default_rng(seed)
     h = (rng.standard_normal((N, 2 * F + (3 if view else 0))) * spread).astype(np.float32)[:, :2 * F]
     g, u = h[:, :F].astype(np.float64), h[:, F:].astype(np.float64)
@@ -174,6 +176,7 @@ def test_fused_swiglu_equals_numpy(N, F, spread, view, seed):
     reference = ops.swiglu(h)
     assert fused.shape == (N, F) and fused.dtype == np.float32
     assert np.all(np.abs(reference - exact) <= bound) and np.all(np.abs(fused - exact) <= bound)
+    assert np.all(np.abs(elementwise.swiglu(h, kernel=_exact.swiglu) - exact) <= bound)
 
 
 @settings(max_examples=40, deadline=None)
@@ -226,7 +229,8 @@ def test_fused_gelu_equals_numpy(N, F, spread, view, seed):
 @given(st.integers(1, 12), st.integers(1, 9), st.sampled_from([8, 64, 128]), st.booleans(), st.integers(0, 2**32 - 1))
 def test_fused_rope_equals_numpy(G, N, hd, view, seed):
     """The rotation in one pass against ops.rope, on a contiguous array or (as the model passes it)
-    a transposed view of a [N, G, hd] product: within 3 roundings of each output's terms."""
+    a transposed view of a [N, G, hd] product: within 3 roundings of each output's terms, as the
+    int8 set's, compiled in IEEE order."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((N, G + 1, hd)).astype(np.float32)[:, :G].transpose(1, 0, 2) if view else \
         rng.standard_normal((G, N, hd)).astype(np.float32)
@@ -239,6 +243,7 @@ def test_fused_rope_equals_numpy(G, N, hd, view, seed):
     fused = FUSED.rope(x, cos, sin)
     reference = ops.rope(x, cos, sin)
     assert np.all(np.abs(reference - exact) <= bound) and np.all(np.abs(fused - exact) <= bound)
+    assert np.all(np.abs(elementwise.rope(x, cos, sin, kernel=_exact.rope) - exact) <= bound)
 
 
 # -- attention -------------------------------------------------------------------------------------
