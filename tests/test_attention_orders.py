@@ -113,7 +113,8 @@ def test_alone_and_batched_the_decode_runs_one_compiled_kernel(monkeypatch):
     kernel the same argument types: numba compiles (and caches on disk) one machine code per type
     signature, a read-only array being another type, and two copies of a kernel with reassociated
     sums agree only while LLVM compiles them alike (not under other CPU features: a disk cache
-    written with another vector width). One copy for both: the same bits by construction."""
+    written with another vector width). One copy for both: the same bits by construction. (Its
+    attention, kernels/_exact.py's, sums in IEEE order: every copy gives the same bits.)"""
     import numba
     from minillm.cache.paged import PagedKVPool
     from minillm.kernels import _numba as K
@@ -145,7 +146,10 @@ def test_alone_and_batched_the_decode_runs_one_compiled_kernel(monkeypatch):
             alone = model.new_cache()
             model.prefill(p, alone)
             model.decode_step(5, alone)
-    assert ("alone", "paged_decode_attention") in seen and ("batched", "paged_decode_attention") in seen, seen.keys()
+    # the fixed-chunk attention is _exact.py's, in IEEE order (any copy of it gives its bits): never
+    # the fastmath kernel, whose copies may differ
+    assert ("alone", "paged_decode_attention") not in seen and ("batched", "paged_decode_attention") not in seen
+    assert seen, "the fastmath kernels the steps ran were recorded"
     for (where, name), sigs in seen.items():
         if where == "alone" and ("batched", name) in seen and name not in ELEMENTWISE:
             both = sigs | seen["batched", name]

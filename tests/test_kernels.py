@@ -300,7 +300,7 @@ def test_fused_decode_over_a_caches_whole_arrays(Hkv, g, Tk, spare, hd, seed):
 def paged_batches(draw):
     """A pool of shuffled blocks and B sequences holding random, distinct blocks of it."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    Hkv, g, hd = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.sampled_from([8, 64]))
+    Hkv, g, hd = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.sampled_from([8, 24, 64]))
     bs = draw(st.sampled_from([1, 4, 16]))
     lengths = np.array(draw(st.lists(st.integers(1, 300), min_size=1, max_size=6)), np.intp)
     need = -(-lengths // bs)
@@ -347,6 +347,21 @@ def test_fused_paged_decode_equals_batched_decode(batch, chunk_blocks):
     finally:
         products.DECODE_CHUNK = keep
     assert np.abs(fused - exact).max() <= bound
+
+
+@settings(max_examples=60, deadline=None)
+@given(paged_batches(), st.sampled_from([1, 3, 16]))
+def test_fixed_chunk_paged_decode_in_ieee_order_equals_batched_decode(batch, chunk_blocks):
+    """A fixed chunk (the int8 set's): kernels/_exact.py's kernel, without fastmath, each score summed in
+    16 lanes and a fixed tree (a head width of 8: in order; 24: a vector and 8 in order), within the
+    same bound of the exact value as the fastmath kernel, split and combined or not."""
+    q, kp, vp, table, lengths = batch
+    exact = batched_decode_reference(*(a.astype(np.float64) if a.dtype == np.float32 else a
+                                       for a in (q, kp, vp, table, lengths)))
+    bound = attention_bound(q, kp.reshape(kp.shape[0], -1, kp.shape[-1]), vp, int(lengths.max()))
+    from minillm.kernels import products
+    got = products.paged_decode_attention(q, kp, vp, table, lengths, chunk=chunk_blocks * kp.shape[2])
+    assert np.abs(got - exact).max() <= bound
 
 
 def test_paged_decode_over_a_real_pool_equals_the_plan():

@@ -1,16 +1,15 @@
-"""A Llama block's decode step in three calls (the integer set's, models/int8.py `compiled_blocks`):
-what comes before the attention in one compiled call, the attention kernel, what comes after it in
-another, where the operations make a dozen calls from Python (each, in a step, 3-10 µs of Python,
-checks and dispatch; the operations' own work at one row is a few µs).
+"""A Llama decode step's blocks in one compiled call (the integer set's, models/int8.py
+`compiled_blocks`): `decode_layers` runs, for each block, what comes before the attention
+(`before_attention`), the attention kernel, and what comes after it (`after_attention`), where the
+operations make a dozen calls from Python a block (each, in a step, 3-10 µs of Python, checks and
+dispatch; the operations' own work at one row is a few µs).
 
 The same kernels run, called in the same order on the same values: every product is its format's
-entry in _int8.py (`KERNELS`, the one `Int8Quant.matmul` calls), the norm, rotation and SwiGLU
-_exact.py's, compiled without fastmath, so that their copies linked into these functions compute
-what the operations' do, bit for bit (a fastmath kernel's bits are those of one compilation:
-_exact.py); the attention is the fastmath kernel itself, called from Python between the two
-halves as the operations call it. tests/test_int8_model.py holds the two paths equal, one
-sequence and a batch. The callers check the shapes (models/plan.py `decode_pages`): these trust
-them.
+entry in _int8.py (`KERNELS`, the one `Int8Quant.matmul` calls); the norm, rotation, SwiGLU and the
+attention are _exact.py's, compiled without fastmath, so that their copies linked into these
+functions compute what the operations' do, bit for bit (a fastmath kernel's bits are those of one
+compilation: _exact.py). tests/test_int8_model.py holds the two paths equal, one sequence and a
+batch. The callers check the shapes (models/plan.py `decode_pages`): these trust them.
 """
 
 from __future__ import annotations
@@ -101,3 +100,36 @@ def after_attention(isa, x, a, norm2, eps, o, gate_up, down):
     E.swiglu(g, s)                                                    # [N, F]
     product(isa, down, s, r)                                          # [N, d]
     x += r
+
+
+
+def at(planes, layer):
+    """A stacked weight's planes (each [L, ...], a layer a row) -> layer `layer`'s, as `product` takes
+    them. Compiled code only."""
+    raise TypeError("_block.at is called from compiled code (its overload), not from Python")
+
+
+@overload(at)
+def _at(planes, layer):
+    if len(planes) == 2:
+        return lambda planes, layer: (planes[0][layer], planes[1][layer])
+    return lambda planes, layer: (planes[0][layer], planes[1][layer], planes[2][layer])
+
+
+@njit(cache=True)
+def decode_layers(isa, x, norm1, norm2, qkv, o, gate_up, down, cos, sin, kp, vp, blocks, offsets, table, lengths,
+                  H, Hkv, eps, scale, chunk):
+    """Every block of a decode step, one call: for each layer, `before_attention`, the attention
+    (_exact.py's `paged_decode`, the kernel the operations call with the set's fixed chunk), then
+    `after_attention`. The blocks' weights stacked, a layer a row: norm1, norm2 [L, d]; qkv, o,
+    gate_up, down each product's planes, every one [L, ...]; kp, vp [L, Hkv, blocks, bs, hd] every
+    layer's pages; the rest as the halves and the kernel take them. x [N, d] gets every block, in
+    place."""
+    N = x.shape[0]
+    hd = kp.shape[4]
+    for layer in range(norm1.shape[0]):
+        k, v = kp[layer], vp[layer]
+        q = before_attention(isa, x, norm1[layer], eps, at(qkv, layer), cos, sin, k, v, blocks, offsets, H, Hkv)
+        a = np.empty((H, N, hd), np.float32)
+        E.paged_decode(q, k, v, table, lengths, a, scale, chunk)
+        after_attention(isa, x, a, norm2[layer], eps, at(o, layer), at(gate_up, layer), at(down, layer))

@@ -343,6 +343,15 @@ def zero_i32x16(typingctx):
 
 
 @intrinsic
+def splat_f32x16(typingctx, x):
+    """A float32 in all 16 lanes."""
+    def cg(context, builder, sig, args):
+        v = builder.insert_element(ir.Constant(F32x16.llvm, None), args[0], _c32(0))
+        return builder.shuffle_vector(v, ir.Constant(F32x16.llvm, None), ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
+    return (F32x16(x), cg) if x == types.float32 else None
+
+
+@intrinsic
 def to_f32(typingctx, v):
     """int32 lanes -> float32 lanes (exact below 2^24, as every block sum here is)."""
     def cg(context, builder, sig, args):

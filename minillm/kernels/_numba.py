@@ -364,13 +364,13 @@ def dense_matmul_t_blocked(wt, x, y):
 
 # -- attention without the score matrix ------------------------------------------------------------
 
-@njit(inline="always", cache=True, fastmath=FAST)
-def fexp(x):
+def exp_polynomial(x):
     """exp(x) in float32 arithmetic that LLVM can vectorize (libm's expf is one call per value):
     x = n·ln2 + r with |r| <= ln2/2, exp(r) by Cephes' expf polynomial (about 1 ulp), 2^n built in
     the exponent's bits. Below -87 it gives exp(-87) ~ 1.6e-38 instead of a smaller number or 0: a
     weight of that size is lost in any sum it enters (the first tile's correction exp(-inf) so
-    multiplies a running sum and output that are still 0)."""
+    multiplies a running sum and output that are still 0). The source, compiled twice: `fexp` below
+    with fastmath, kernels/_exact.py's without."""
     x = max(x, np.float32(-87.0))
     n = np.floor(x * np.float32(1.44269504088896341) + np.float32(0.5))
     r = x - n * np.float32(0.693359375) - n * np.float32(-2.12194440e-4)
@@ -382,6 +382,9 @@ def fexp(x):
     p = p * r + np.float32(5.0000001201e-1)
     p = p * r * r + r + np.float32(1.0)
     return p * np.int32((np.int32(n) + np.int32(127)) << np.int32(23)).view(np.float32)
+
+
+fexp = njit(inline="always", cache=True, fastmath=FAST)(exp_polynomial)
 
 
 @njit(parallel=True, cache=True, fastmath=FAST)

@@ -21,8 +21,8 @@ try:
 except ImportError:                                        # pragma: no cover - NumPy 1.x
     from numpy import byte_bounds
 
+from . import _exact, checks
 from . import _numba as K
-from . import checks
 
 _NO_MIN = np.empty((0, 0), np.uint16)    # Q4_0 has no minimums: the kernel's m is empty
 _ONE_BLOCK = np.zeros((1, 1), np.intp)   # a contiguous cache's rows as block 0 of a one-block pool
@@ -122,10 +122,10 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
     With Tk, k and v may hold more rows per head than the Tk keys (a cache's whole arrays,
     `read_rows`): the first Tk are attended. No pair past the diagonal is computed
     (ops.attention counts what it does). chunk (keys): for Tq == 1 the paged decode kernel with
-    this fixed chunk, the rows seen as one block, at any Tk (that one compiled kernel: a one-thread
-    copy of it, compiled apart, gave other last bits): the bits `paged_decode_attention(..., chunk)`
-    gives the same keys in a paged pool of any block size, in any batch (the int8 set passes
-    DECODE_CHUNK: a token's bits alone == batched)."""
+    this fixed chunk in IEEE order (kernels/_exact.py), the rows seen as one block, at any Tk: the
+    bits `paged_decode_attention(..., chunk)` gives the same keys in a paged pool of any block size,
+    in any batch, and the int8 set's compiled step gives them (the int8 set passes DECODE_CHUNK: a
+    token's bits alone == batched)."""
     _check_float32(q, k, v)
     Tk = checks.attention(q, k, v, Tk)
     H, Tq, hd = q.shape
@@ -142,7 +142,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, Tk: int | None = None
             k, v = np.ascontiguousarray(k[:, :Tk]), np.ascontiguousarray(v[:, :Tk])
             copied_k, copied_v = copied_k + 2 * k.nbytes, copied_v + 2 * v.nbytes
         S = k.shape[1]
-        _paged_decode(_f32(q), k.reshape(Hkv, 1, S, hd), v.reshape(Hkv, 1, S, hd), _ONE_BLOCK,
+        _fixed_chunks(_f32(q), k.reshape(Hkv, 1, S, hd), v.reshape(Hkv, 1, S, hd), _ONE_BLOCK,
                       _length(Tk), out, scale, chunk)
     elif Tq == 1 and Tk <= SHORT_DECODE:                  # one thread, the scores kept whole
         out = np.empty((H, 1, hd), np.float32)
@@ -193,10 +193,11 @@ def paged_decode_attention(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray
     table [B, nb] each sequence's blocks in order (rows may be padded past their length); lengths
     [B] each sequence's keys. -> [H, B, hd] float32, what ops.decode_attention gives over the
     gathered, padded and masked keys (ops.paged_decode_attention counts it: each sequence's own
-    keys read from the pool, no copy, no padding). chunk: keys per work item; None: `decode_chunk`'s, which depends on the batch (its size, its longest
-    sequence). A fixed chunk splits every sequence the same way in any batch and over any blocks, so
-    its result is bit for bit the same as alone, and as `attention(..., chunk)` over a contiguous
-    cache's rows (the int8 kernel set passes DECODE_CHUNK)."""
+    keys read from the pool, no copy, no padding). chunk: keys per work item; None: `decode_chunk`'s,
+    which depends on the batch (its size, its longest sequence). A fixed chunk splits every sequence
+    the same way in any batch and over any blocks, in IEEE order (kernels/_exact.py), so its result
+    is bit for bit the same as alone, and as `attention(..., chunk)` over a contiguous cache's rows
+    (the int8 kernel set passes DECODE_CHUNK)."""
     _check_float32(q, k_pool, v_pool)
     table, lengths = checks.paged(q, k_pool, v_pool, table, lengths)
     if chunk is not None:
@@ -204,8 +205,11 @@ def paged_decode_attention(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray
     H, B, hd = q.shape
     Hkv, bs = k_pool.shape[0], k_pool.shape[2]
     out = np.empty((H, B, hd), np.float32)
-    _paged_decode(_f32(q), k_pool, v_pool, table, lengths, out, np.float32(1.0 / math.sqrt(hd)),
-                  decode_chunk(int(lengths.max()), B, Hkv, bs) if chunk is None else chunk)
+    scale = np.float32(1.0 / math.sqrt(hd))
+    if chunk is None:
+        _paged_decode(_f32(q), k_pool, v_pool, table, lengths, out, scale, decode_chunk(int(lengths.max()), B, Hkv, bs))
+    else:
+        _fixed_chunks(_f32(q), k_pool, v_pool, table, lengths, out, scale, chunk)
     return out
 
 
@@ -229,3 +233,10 @@ def _paged_decode(q, kp, vp, table, lengths, out, scale, chunk) -> None:
     fixed chunk is there to keep. q, kp, vp, out: C-contiguous float32 (the callers make them so);
     table, lengths: intp, passed read-only."""
     K.paged_decode_attention(q, kp, vp, _readonly(table), _readonly(lengths), out, scale, chunk)
+
+
+def _fixed_chunks(q, kp, vp, table, lengths, out, scale, chunk) -> None:
+    """Every call with a fixed chunk (the int8 set's): the kernel in IEEE order (kernels/_exact.py
+    `paged_decode`), whose bits are the same wherever numba compiles it, from Python here and inside
+    the int8 set's compiled step (kernels/_block.py); arguments as `_paged_decode`'s."""
+    _exact.paged_decode(q, kp, vp, _readonly(table), _readonly(lengths), out, scale, chunk)

@@ -308,11 +308,10 @@ class Decoder(CausalLM):
         c = self.config
         cos, sin = ops.rope_tables(plan.positions, c.head_dim, c.theta, self.dtype)  # [N, hd/2], on its device
         compiled = plan.kernels.compiled_block and plan.kernels.compiled_block(self, plan, cos, sin)
+        if compiled:                           # the set's blocks in one compiled call: the same kernels, the same bits
+            return compiled(x)
         for layer, p in enumerate(self.blocks):
-            if compiled:                       # the set's block in compiled calls: the same kernels, the same bits
-                x = compiled(layer, x)
-            else:
-                x = transformer_block(x, p, c, cos, sin, partial(plan.attend, layer), self.ffn(layer), plan.kernels)
+            x = transformer_block(x, p, c, cos, sin, partial(plan.attend, layer), self.ffn(layer), plan.kernels)
         return x
 
     @property

@@ -10,7 +10,7 @@ or nibbles (Q4) in the order the kernels read them (kernels/int8.py's lane order
 only so: `q` and `q_rows` give GGUF's order back, a copy of the rows asked for (an embedding's
 lookup reads those rows alone). Float weights (a float32 model, norms aside) are the fused set's
 (models/fused.py): the integer set changes quantized products only. `compiled_blocks`: the set's
-decode step, a block in three calls.
+decode step, its blocks in one compiled call.
 """
 
 from __future__ import annotations
@@ -102,36 +102,31 @@ def integer(w):
 
 
 def compiled_blocks(model, plan, cos: np.ndarray, sin: np.ndarray):
-    """The integer set's decode step, a block in three calls: None, or a function (layer, x [N, d])
-    -> x that runs the block as kernels/_block.py's two compiled halves around the attention kernel
-    (the same kernels the operations call, in the same order, on the same values: the same bits, the
-    same cache rows) in place of `transformer_block`'s dozen Python calls. Taken only where it is
-    that block exactly: a plain Llama block (`model.plain_block`) of integer products, one new token
-    a sequence over a contiguous float32 cache or a paged pool the set's paged kernel reads in place
-    (the plan's `decode_pages`, which checks the caches' shapes against the model's), and no meter
-    listening (a meter, and so a trace or a lesson, sees every operation: the step then runs them
-    one by one)."""
+    """The integer set's decode step, its blocks in one compiled call: None, or a function x [N, d]
+    -> x that runs every block through kernels/_block.py's `decode_layers` (the same kernels the
+    operations call, in the same order, on the same values: the same bits, the same cache rows) in
+    place of `transformer_block`'s dozen Python calls a block. Taken only where it is that block
+    exactly: plain Llama blocks (`model.plain_block`) of integer products, one new token a sequence
+    over a contiguous float32 cache or a paged pool the set's paged kernel reads in place (the plan's
+    `decode_pages`, which checks the caches' shapes against the model's), and no meter listening (a
+    meter, and so a trace or a lesson, sees every operation: the step then runs them one by one)."""
     if meter.active() is not None or not model.plain_block:
         return None
     pages = plan.decode_pages(model.config)
-    params = pages and _block_params(model)
-    if not params:
+    runs = pages and _block_params(model)
+    if not runs:
         return None
     from ..kernels import _block, products
     c = model.config
-    kv, blocks, offsets, table, lengths = pages
+    kp, vp, blocks, offsets, table, lengths = pages
     eps, scale, chunk = c.eps, np.float32(1.0 / np.sqrt(c.head_dim)), products.DECODE_CHUNK
-    H, Hkv, hd, N = c.n_head, c.n_kv_head, c.head_dim, len(blocks)
 
-    def block(layer: int, x: np.ndarray) -> np.ndarray:
-        isa, n1, n2, qkv, o, gu, down = params[layer]
-        k, v = kv(layer)                                                 # [Hkv, blocks, bs, hd]
-        q = _block.before_attention(isa, x, n1, eps, qkv, cos, sin, k, v, blocks, offsets, H, Hkv)
-        a = np.empty((H, N, hd), np.float32)
-        products._paged_decode(q, k, v, table, lengths, a, scale, chunk)   # as the operations call it
-        _block.after_attention(isa, x, a, n2, eps, o, gu, down)
+    def blocks_of(x: np.ndarray) -> np.ndarray:
+        for first, n, isa, stacked in runs:                              # one run a kind of block (most: one)
+            _block.decode_layers(isa, x, *stacked, cos, sin, kp[first:first + n], vp[first:first + n], blocks,
+                                 offsets, table, lengths, c.n_head, c.n_kv_head, eps, scale, chunk)
         return x
-    return block
+    return blocks_of
 
 
 def runs_compiled_blocks(model) -> bool:
@@ -140,9 +135,16 @@ def runs_compiled_blocks(model) -> bool:
     return model.kernel_set.compiled_block is compiled_blocks and model.plain_block and bool(_block_params(model))
 
 
+_PRODUCTS = ("qkv.weight", "o_proj.weight", "gate_up.weight", "down_proj.weight")
+
+
 def _block_params(model):
-    """Per block: (instruction set, its two norms, its four products' planes), made at the first call
-    and kept on the model; None where a block has a product that is not exactly an Int8Quant (a
+    """The blocks as `decode_layers` takes them: runs of consecutive blocks whose products share their
+    formats, shapes and instruction set (most models: one run), each (first block, blocks,
+    instruction set, (norm1, norm2, then each product's planes), every array stacked, a block a row).
+    Made at the first call and kept on the model; the products' planes are stacked once and each
+    weight's planes become its rows of the stack (views: the bytes are kept once, where its own
+    product reads them too). None where a block has a product that is not exactly an Int8Quant (a
     float weight, a subclass with its own product) or whose products disagree on the instructions."""
     got = getattr(model, "_compiled_params", False)
     if got is not False:
@@ -150,20 +152,38 @@ def _block_params(model):
     from ..kernels import _block
     from ..kernels._int8 import KERNELS
     entries = {k: name for (_, name), k in KERNELS.items()}
-    out = []
-    for p in model.blocks:
-        mats = [p[n] for n in ("qkv.weight", "o_proj.weight", "gate_up.weight", "down_proj.weight")]
+    runs = []
+    for i, p in enumerate(model.blocks):
+        mats = [p[n] for n in _PRODUCTS]
         if any(type(w) is not Int8Quant for w in mats):
-            out = None
+            runs = None
             break
         for w in mats:
             if w._kernel is None:
                 w._kernel = int8.kernel(len(w.planes) == 2)
         isas = {entries.get(w._kernel) for w in mats}
         if len(isas) != 1 or None in isas:
-            out = None
+            runs = None
             break
-        out.append((_block.isa(isas.pop()), p["input_layernorm.weight"], p["post_attention_layernorm.weight"],
-                    *(tuple(w.planes) for w in mats)))
-    model._compiled_params = out
-    return out
+        isa = _block.isa(isas.pop())
+        kind = [(w.fmt.name, w.shape) for w in mats]
+        if runs and runs[-1][2] is isa and runs[-1][3] == kind:
+            runs[-1][1].append(p)
+        else:
+            runs.append([i, [p], isa, kind])
+    model._compiled_params = runs and [(first, len(ps), isa, _stacked(ps)) for first, ps, isa, _ in runs]
+    return model._compiled_params
+
+
+def _stacked(blocks) -> tuple:
+    """(norm1, norm2, each product's planes) of these blocks stacked, a block a row; each weight's
+    planes then its rows of the stack."""
+    norms = tuple(np.stack([p[n] for p in blocks]) for n in ("input_layernorm.weight", "post_attention_layernorm.weight"))
+    out = []
+    for name in _PRODUCTS:
+        ws = [p[name] for p in blocks]
+        planes = tuple(np.stack([w.planes[j] for w in ws]) for j in range(len(ws[0].planes)))
+        for i, w in enumerate(ws):
+            w.planes = tuple(a[i] for a in planes)
+        out.append(planes)
+    return norms + tuple(out)

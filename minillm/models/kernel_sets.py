@@ -25,11 +25,11 @@ where, said in one place) and what it offers (`KernelSet`, built here):
     K.paged_decode           (q, k_pool, v_pool, table, lengths) -> out: one query per sequence over its
                              blocks in a paged pool, no gather; None: the step gathers (models/plan.py)
     K.gather_decode          may a decode batch of short sequences attend as one gather?
-    K.compiled_block         (model, plan, cos, sin) -> None, or (layer, x) -> x: a whole block of this
-                             set's kernels in compiled calls (not one per operation), the same kernels
-                             in the same order (the int8 set's, for a decode step over a contiguous
-                             cache or a paged pool: models/int8.py); never with a meter listening:
-                             every count below is made as written
+    K.compiled_block         (model, plan, cos, sin) -> None, or x -> x: every block of a step in one
+                             compiled call of this set's kernels (not a call per operation), the same
+                             kernels in the same order (the int8 set's, for a decode step over a
+                             contiguous cache or a paged pool: models/int8.py); never with a meter
+                             listening: every count below is made as written
 
 Every one of these is counted once, in models/ops.py, whichever implementation ran: a set passes
 its compute kernel to the op (`ops.rms_norm(x, w, eps, kernel=...)`). Adding a set is one builder
@@ -64,7 +64,7 @@ class KernelSet:
     paged_kernel: Callable | None = None         # None: no paged kernel, a decode batch is gathered
     gather_decode: bool = True
     batch_invariant: bool = False                # a row's results never depend on the others in its step
-    compiled_block: Callable | None = None       # (model, plan, cos, sin) -> a block in three calls, or None
+    compiled_block: Callable | None = None       # (model, plan, cos, sin) -> the blocks in one call, or None
 
     # The operations, counted in ops (looked up there at each call: bench strips their counting code).
 
@@ -134,8 +134,9 @@ def _int8() -> KernelSet:
     chunks and tiles, over a paged pool and over a contiguous cache alike, so that a decode step gives
     each sequence the bits it gets in a step of its own and alone in a contiguous cache (its products
     are row by row already: kernels/int8.py): `generate_batch` gives `generate`'s tokens. Its RMS norm,
-    rotation and SwiGLU are the fused set's compiled in IEEE order (kernels/_exact.py), so that a decode
-    step, a block in three calls (`compiled_block`), computes the bits of the operations."""
+    rotation and SwiGLU are the fused set's compiled in IEEE order, and so is its attention's fixed-chunk
+    kernel (kernels/_exact.py), so that a decode step, its blocks in one compiled call
+    (`compiled_block`), computes the bits of the operations."""
     from functools import partial
 
     from ..kernels import _exact, elementwise, int8, products

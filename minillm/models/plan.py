@@ -17,9 +17,9 @@ and, for a layer that keeps a fixed state per sequence instead (a hybrid's linea
     states(layer)    (rows, that sequence's state for the layer) per sequence (cache/state.py); a plan
                      that cannot carry one (the static step) refuses in one line
 
-and, for a kernel set's compiled block (KernelSet.compiled_block), where a decode step's keys go:
+and, for a kernel set's compiled step (KernelSet.compiled_block), where a decode step's keys go:
 
-    decode_pages(config)  the layer's keys and values as pages, each new key's page and row, the
+    decode_pages(config)  every layer's keys and values as pages, each new key's page and row, the
                      table and lengths the attention kernel takes; None where the step runs its
                      operations (the static step, always)
 
@@ -316,14 +316,15 @@ class StepPlan:
         return self.attention.attend(layer, q, k, v)
 
     def decode_pages(self, config: ModelConfig):
-        """Where a decode step's keys go and are read, as pages of one layer, for a kernel set's compiled
-        block (KernelSet.compiled_block): (layer -> k, v [Hkv, blocks, bs, hd], each new key's page [N]
-        and its row there [N], the pages' table [N, nb] and the lengths [N] as the attention kernel
-        takes them, read-only). Only for one token a sequence: one sequence over a contiguous float32
-        cache on the CPU (its rows one page), one sequence of a paged pool the set's paged kernel reads
-        in place (`PerSequence`'s table), or a batch attended in one call over its paged pool
-        (`BatchedDecode` with that kernel); the arrays of the model's shape (a cache of another shape
-        is the operations' to refuse), float32 on the CPU; else None."""
+        """Where a decode step's keys go and are read, as pages, for a kernel set's compiled step
+        (KernelSet.compiled_block): (k, v [L, Hkv, blocks, bs, hd], layer l's pages at [l]; each new
+        key's page [N] and its row there [N]; the pages' table [N, nb] and the lengths [N] as the
+        attention kernel takes them, read-only). Only for one token a sequence: one sequence over a
+        contiguous float32 cache on the CPU (its rows one page), one sequence of a paged pool the
+        set's paged kernel reads in place (`PerSequence`'s table), or a batch attended in one call
+        over its paged pool (`BatchedDecode` with that kernel); the arrays of the model's shape, one
+        row a layer (a cache of another shape is the operations' to refuse), float32 on the CPU;
+        else None."""
         from ..cache.contiguous import KVCache
         from ..kernels import products
         if any(s.n != 1 for s in self.spans):
@@ -332,12 +333,12 @@ class StepPlan:
         if len(self.spans) == 1 and self.spans[0].cache.pool is not None:       # one sequence of a pool
             s = self.spans[0]
             pool, tables = s.cache.pool, self.each.tables.get(id(s))          # its table, as the kernel takes it
-            if tables is None or len(tables) != 1 or not _pool_fits(pool, shape + (config.head_dim,)):
+            if (tables is None or len(tables) != 1 or not _pool_fits(pool, shape + (config.head_dim,))
+                    or list(pool.slot_of) != list(range(config.n_layer))):
                 return None
-            bs, rows = pool.block_size, pool.slot_of
-            return (lambda layer: (pool.k[rows[layer]], pool.v[rows[layer]]),
-                    np.array([s.cache.tables[0][s.pos // bs]], np.intp), np.array([s.pos % bs], np.intp),
-                    tables[0], products._length(s.pos + 1))
+            bs = pool.block_size
+            return (pool.k, pool.v, np.array([s.cache.tables[0][s.pos // bs]], np.intp),
+                    np.array([s.pos % bs], np.intp), tables[0], products._length(s.pos + 1))
         if len(self.spans) == 1:
             s = self.spans[0]
             c = s.cache
@@ -346,15 +347,13 @@ class StepPlan:
                     or not (c.k.flags.c_contiguous and c.v.flags.c_contiguous)):   # (reshaped: views, not copies)
                 return None
             S = c.k.shape[2]
-            ks, vs = c.k.reshape(shape + (1, S, config.head_dim)), c.v.reshape(shape + (1, S, config.head_dim))
-            return (lambda layer: (ks[layer], vs[layer]), _FIRST_PAGE, np.array([s.pos], np.intp),
-                    products._ONE_BLOCK, products._length(s.pos + 1))
+            return (c.k.reshape(shape + (1, S, config.head_dim)), c.v.reshape(shape + (1, S, config.head_dim)),
+                    _FIRST_PAGE, np.array([s.pos], np.intp), products._ONE_BLOCK, products._length(s.pos + 1))
         b = self.attention
         if (not isinstance(b, BatchedDecode) or b.paged_decode is None
                 or not _pool_fits(b.pool, shape + (config.head_dim,))):
             return None
-        return (lambda layer: (b.pool.k[layer], b.pool.v[layer]), np.asarray(b.blocks, np.intp),
-                np.asarray(b.offsets, np.intp), b.table, b.lengths)
+        return (b.pool.k, b.pool.v, np.asarray(b.blocks, np.intp), np.asarray(b.offsets, np.intp), b.table, b.lengths)
 
     @property
     def n_tokens(self) -> int:
