@@ -359,7 +359,6 @@ def test_fixed_chunk_paged_decode_in_ieee_order_equals_batched_decode(batch, chu
     exact = batched_decode_reference(*(a.astype(np.float64) if a.dtype == np.float32 else a
                                        for a in (q, kp, vp, table, lengths)))
     bound = attention_bound(q, kp.reshape(kp.shape[0], -1, kp.shape[-1]), vp, int(lengths.max()))
-    from minillm.kernels import products
     got = products.paged_decode_attention(q, kp, vp, table, lengths, chunk=chunk_blocks * kp.shape[2])
     assert np.abs(got - exact).max() <= bound
 

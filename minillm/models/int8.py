@@ -178,7 +178,8 @@ def _block_params(model):
 def _stacked(blocks) -> tuple:
     """(norm1, norm2, each product's planes) of these blocks stacked, a block a row; each weight's
     planes then its rows of the stack."""
-    norms = tuple(np.stack([p[n] for p in blocks]) for n in ("input_layernorm.weight", "post_attention_layernorm.weight"))
+    norms = tuple(np.stack([p[n] for p in blocks])
+                  for n in ("input_layernorm.weight", "post_attention_layernorm.weight"))
     out = []
     for name in _PRODUCTS:
         ws = [p[name] for p in blocks]
