@@ -16,8 +16,9 @@ so it holds the operation's Python and dispatch as well as its compute. "at band
 over `minillm hardware`'s figure; "beyond" is the slice's median less that, in µs (what is not
 bytes: small operations are nearly all of it). The untraced step less its bytes' time is what the
 step itself pays beyond them (a meter makes the int8 set run a block's operations one by one, where
-a step with none runs it in compiled calls: the traced rows are the operations'). B = 1 decodes over
-a contiguous cache, B > 1 over one paged pool. No figure is printed that this run did not measure.
+a step with none runs every block in one compiled call: the traced rows are the operations'). B = 1
+decodes over a contiguous cache, B > 1 over one paged pool. No figure is printed that this run did
+not measure.
 
 --trees A,B: the same run over each source tree's minillm (before and after a change), one worker
 process a tree (PYTHONPATH=the tree), each with its models loaded once; the rounds alternate between

@@ -130,7 +130,7 @@ def bench_contexts(args, model, contexts: list[int], hw):
         out.print(f"the meter's cost, decode step at context {contexts[0]}: no meter {result['meter_idle_ms']:.2f} ms, "
                   f"counting code removed {result['meter_removed_ms']:.2f} ms, meter on {result['meter_on_ms']:.2f} ms")
         if result.get("meter_compiled"):
-            out.print("[dim]with no meter this model's decode step runs each block in compiled calls, with one its "
+            out.print("[dim]with no meter this model's decode step runs its blocks in one compiled call, with one its "
                       "operations one by one: \"meter on\" is both the meter and those calls[/]")
         out.print(f"[dim]this machine: {hw.bandwidth_gbs:.1f} GB/s ({hw.method}), {hw.peak_gflops:.0f} GFLOP/s; "
                   f"{_blas(result)}; {result['kernels_title']}[/]")

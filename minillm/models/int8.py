@@ -130,7 +130,7 @@ def compiled_blocks(model, plan, cos: np.ndarray, sin: np.ndarray):
 
 
 def runs_compiled_blocks(model) -> bool:
-    """Does this model's decode step, with no meter listening, run its blocks in compiled calls (a
+    """Does this model's decode step, with no meter listening, run its blocks in one compiled call (a
     kernel set with `compiled_block`, plain blocks, every product an Int8Quant)?"""
     return model.kernel_set.compiled_block is compiled_blocks and model.plain_block and bool(_block_params(model))
 
