@@ -235,6 +235,26 @@ def test_a_block_runs_its_operations_where_the_compiled_block_is_not_that_block(
         build("llama", "q4_1", "fused")) and not runs_compiled_blocks(build("gpt2", "q4_1", "int8"))
 
 
+@pytest.mark.parametrize("weights", ["q8_0", "q4_0", "q4_1"])
+def test_the_compiled_step_keeps_each_products_bytes_once(weights):
+    """The compiled step stacks the blocks' products, a layer a row; each weight's planes, scales and
+    minimums become its row of the stack (views, no second copy), its values and products unchanged."""
+    from minillm.models.int8 import _PRODUCTS
+    model = build("llama", weights, "int8")
+    rng = np.random.default_rng(0)
+    weights_of = [[p[n] for n in _PRODUCTS] for p in model.blocks]
+    xs = {w.shape[1]: rng.standard_normal((3, w.shape[1])).astype(np.float32) for ws in weights_of for w in ws}
+    before = [[(w.dequantize(), w.matmul(xs[w.shape[1]])) for w in ws] for ws in weights_of]
+    model.decode_step(3, model.prefill(np.arange(4))[1])
+    ((first, n, _, stacked),) = model._compiled_params
+    assert (first, n) == (0, LLAMA_CFG.n_layer)
+    for layer, ws in enumerate(weights_of):
+        for w, planes, (values, y) in zip(ws, stacked[2:], before[layer]):
+            assert all(np.shares_memory(a, s) for a, s in zip(w.planes, planes) if a.size)   # (Q4_0: no minimums)
+            assert np.shares_memory(w.d, planes[1]) and (w.m is None or np.shares_memory(w.m, planes[2]))
+            assert np.array_equal(w.dequantize(), values) and np.array_equal(w.matmul(xs[w.shape[1]]), y)
+
+
 def test_the_compiled_block_leaves_other_steps_to_their_operations():
     """Steps the compiled block does not take run as before: a one-token forward (its pass-through
     cache), a static decode step (its plan has no sequences), and a cache of another model's shape,

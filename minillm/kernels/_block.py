@@ -102,7 +102,6 @@ def after_attention(isa, x, a, norm2, eps, o, gate_up, down):
     x += r
 
 
-
 def at(planes, layer):
     """A stacked weight's planes (each [L, ...], a layer a row) -> layer `layer`'s, as `product` takes
     them. Compiled code only."""

@@ -20,7 +20,9 @@ against 128 µs); with each score summed in 16 lanes of explicit vectors (_int8.
 fastmath flags: the order written) and the weighted sum of values too, 1.14x at 33 keys, 1.26x at
 1,024 and 1.17x for 8 sequences of 100 (SmolLM2's 9 and 3 heads of 64, medians of 9 interleaved
 rounds, a Zen 3, 2 threads). So the compiled step (kernels/_block.py) calls it inside, one call
-for every block, where it called the fastmath kernel from Python between two halves a block.
+for every block, where it called the fastmath kernel from Python between two halves a block. It
+links in _int8.py's vector operations and _numba.py's exp: numba checks only this file for its disk
+cache, so an edit there wants an edit here (kernels/_block.py's halves carry a hash of all three).
 """
 
 from __future__ import annotations

@@ -177,7 +177,8 @@ def _block_params(model):
 
 def _stacked(blocks) -> tuple:
     """(norm1, norm2, each product's planes) of these blocks stacked, a block a row; each weight's
-    planes then its rows of the stack."""
+    planes (and its scales and minimums, `d`, `m`) then its rows of the stack, so that the bytes are
+    held once (while one product's are stacked, twice)."""
     norms = tuple(np.stack([p[n] for p in blocks])
                   for n in ("input_layernorm.weight", "post_attention_layernorm.weight"))
     out = []
@@ -186,5 +187,8 @@ def _stacked(blocks) -> tuple:
         planes = tuple(np.stack([w.planes[j] for w in ws]) for j in range(len(ws[0].planes)))
         for i, w in enumerate(ws):
             w.planes = tuple(a[i] for a in planes)
+            w.d = w.planes[1].view(w.d.dtype)
+            if w.m is not None:
+                w.m = w.planes[2].view(w.m.dtype)
         out.append(planes)
     return norms + tuple(out)
