@@ -54,6 +54,7 @@ swiglu = _in_order(K.swiglu)
 # -- the fixed-chunk decode attention, in IEEE order ------------------------------------------------------
 
 fexp = njit(inline="always")(K.exp_polynomial)   # _numba.py's exp, without fastmath
+combine = njit(inline="always")(K.combine_chunks)   # and its combining of chunks
 
 
 @njit(inline="always")
@@ -154,25 +155,4 @@ def paged_decode(q, kp, vp, table, lengths, out, scale, chunk):
     if longest <= chunk:
         return
     for item in prange(B * H):                            # combine the chunks by their max and sum
-        b = item // H
-        if lengths[b] <= chunk:
-            continue
-        hq = item % H
-        hk = hq // g
-        h = hq % g
-        M = -np.inf
-        for c in range(nch):
-            if pl[b, hk, c, h] > 0:
-                M = max(M, pm[b, hk, c, h])
-        L = np.float32(0.0)
-        for e in range(hd):
-            out[hq, b, e] = 0.0
-        for c in range(nch):
-            if pl[b, hk, c, h] > 0:
-                f = np.exp(pm[b, hk, c, h] - M)
-                L += pl[b, hk, c, h] * f
-                for e in range(hd):
-                    out[hq, b, e] += pacc[b, hk, c, h, e] * f
-        inv = np.float32(1.0) / L
-        for e in range(hd):
-            out[hq, b, e] *= inv
+        combine(lengths, out, chunk, pm, pl, pacc, item)

@@ -580,28 +580,42 @@ def paged_decode_attention(q, kp, vp, table, lengths, out, scale, chunk):
     if longest <= chunk:
         return
     for item in prange(B * H):                           # combine the chunks by their max and sum
-        b = item // H
-        if lengths[b] <= chunk:
-            continue
-        hq = item % H
-        hk = hq // g
-        h = hq % g
-        M = -np.inf
-        for c in range(nch):
-            if pl[b, hk, c, h] > 0:
-                M = max(M, pm[b, hk, c, h])
-        L = np.float32(0.0)
-        for e in range(hd):
-            out[hq, b, e] = 0.0
-        for c in range(nch):
-            if pl[b, hk, c, h] > 0:
-                f = np.exp(pm[b, hk, c, h] - M)
-                L += pl[b, hk, c, h] * f
-                for e in range(hd):
-                    out[hq, b, e] += pacc[b, hk, c, h, e] * f
-        inv = np.float32(1.0) / L
-        for e in range(hd):
-            out[hq, b, e] *= inv
+        combine(lengths, out, chunk, pm, pl, pacc, item)
+
+
+def combine_chunks(lengths, out, chunk, pm, pl, pacc, item):
+    """paged_decode_attention's last step for query head `item` of B·H (a sequence, a head): its
+    chunks' unnormalised outputs pacc [B, Hkv, nch, g, hd] combined by their maxima pm and sums pl
+    [B, Hkv, nch, g] into out [H, B, hd]; nothing for a sequence of one chunk (its work items wrote
+    its output). The source, compiled twice: `combine` below with fastmath, kernels/_exact.py's
+    without."""
+    H, B, hd = out.shape
+    nch, g = pm.shape[2], pm.shape[3]
+    b = item // H
+    if lengths[b] <= chunk:
+        return
+    hq = item % H
+    hk = hq // g
+    h = hq % g
+    M = -np.inf
+    for c in range(nch):
+        if pl[b, hk, c, h] > 0:
+            M = max(M, pm[b, hk, c, h])
+    L = np.float32(0.0)
+    for e in range(hd):
+        out[hq, b, e] = 0.0
+    for c in range(nch):
+        if pl[b, hk, c, h] > 0:
+            f = np.exp(pm[b, hk, c, h] - M)
+            L += pl[b, hk, c, h] * f
+            for e in range(hd):
+                out[hq, b, e] += pacc[b, hk, c, h, e] * f
+    inv = np.float32(1.0) / L
+    for e in range(hd):
+        out[hq, b, e] *= inv
+
+
+combine = njit(inline="always", cache=True, fastmath=FAST)(combine_chunks)
 
 
 # -- a step's small elementwise chains, each one pass (the NumPy reference: models/ops.py) ----------
