@@ -363,6 +363,27 @@ def test_fixed_chunk_paged_decode_in_ieee_order_equals_batched_decode(batch, chu
     assert np.abs(got - exact).max() <= bound
 
 
+@pytest.mark.parametrize("hd", [8, 24, 64])
+def test_the_fixed_chunk_kernel_reads_nothing_past_its_pools(hd):
+    """kernels/_exact.py's attention loads 16 floats at a time by hand (numba's bounds checks cannot
+    see them): the pools, q and the tables end at an unreadable page, the last key read is the pool's
+    last row, split in chunks and not; a read past any of them would kill the process. The bits are
+    those of the same arrays anywhere else."""
+    from guard_pages import guarded
+    rng = np.random.default_rng(hd)
+    Hkv, g, bs, n_blocks = 2, 3, 4, 9
+    kp, vp = rng.standard_normal((2, Hkv, n_blocks, bs, hd)).astype(np.float32)
+    q = rng.standard_normal((g * Hkv, 2, hd)).astype(np.float32)
+    table = np.array([[8, 0, 1, 2, 3, 4, 5, 6], [7, 8, 0, 0, 0, 0, 0, 0]], np.intp)   # both end in block 8
+    lengths = np.array([32, 8], np.intp)
+    for chunk in (4, 8, 256):
+        want = products.paged_decode_attention(q, kp, vp, table, lengths, chunk=chunk)
+        with guarded() as gp:
+            got = products.paged_decode_attention(gp.place(q), gp.place(kp), gp.place(vp), gp.place(table),
+                                                  gp.place(lengths), chunk=chunk)
+        assert np.array_equal(got, want)
+
+
 def test_paged_decode_over_a_real_pool_equals_the_plan():
     """Through cache/paged.py and plan.BatchedDecode: the fused kernel over the pool the engine fills
     gives what the plan's gather and decode_attention give."""
