@@ -54,6 +54,10 @@ multiplied in place (16·n, summed apart and shifted right by 4: one operation f
 1.05x; the weights asked for AHEAD blocks ahead (`prefetch`) 1.11-1.13x the products, 1.18-1.41x the
 head; Q4 laid out in lane order when the weight is made (no shuffles) 1.07x the products; a whole
 group's scales loaded without a mask (made per group before) 1.04x the products, 1.10x the head.
+Rounding x (_quantize_row), each block's max |v| and its rounding in two vectors (`block_absmax`,
+`block_round`) where a scalar loop had run: the same bits (IEEE division and rint lane by lane; the
+max of values >= 0 in any order), 1.48x / 1.99x a row of 576 / 1,536 (one thread, compiled loops of
+2,000, medians of 9 interleaved rounds, Intel Xeon VM): 0.46 and 1.14 µs fewer per product.
 
 AVX2 (no VNNI: a Zen 3, say) multiplies Q4 with vpmaddubsw, whose int16 pair sums of a nibble and an
 int8 are at most 3,840: a group's eight add in int16 exactly, one vpmaddwd a half widens them
@@ -388,6 +392,63 @@ def tree_sum(typingctx, v):
     return types.float32(v), cg
 
 
+def _c_float32(x) -> bool:
+    return isinstance(x, types.Array) and x.dtype == types.float32 and x.layout == "C"
+
+
+def _block_vectors(context, builder, arrty, arr, off) -> list:
+    """The 32 float32 of a block from flat index `off` of a C-contiguous array: two <16 x float>."""
+    p = _ptr(context, builder, arrty, arr, off, _F32)
+    return [builder.load(builder.bitcast(builder.gep(p, [_c32(16 * i)]), F32x16.llvm.as_pointer()), align=4)
+            for i in range(2)]
+
+
+@intrinsic
+def block_absmax(typingctx, x, off):
+    """A block of x's rounding (_quantize_row): the 32 float32 from flat index `off` of C-contiguous x
+    -> (max |v|, whether any is inf or NaN, i.e. v - v != 0). The maximum of values >= 0 is the same
+    in any order; where one is inf or NaN the caller ignores it."""
+    def cg(context, builder, sig, args):
+        v = _block_vectors(context, builder, sig.args[0], args[0], args[1])
+        a = [_call(builder, "llvm.fabs.v16f32", F32x16.llvm, [u]) for u in v]
+        m, n = builder.select(builder.fcmp_ordered(">", a[0], a[1]), a[0], a[1]), 16
+        while n > 1:
+            lo, hi = _shuffle(builder, m, m, list(range(n // 2))), _shuffle(builder, m, m, list(range(n // 2, n)))
+            m, n = builder.select(builder.fcmp_ordered(">", lo, hi), lo, hi), n // 2
+        zero = ir.Constant(F32x16.llvm, None)
+        odd = builder.or_(*(builder.fcmp_unordered("!=", builder.fsub(u, u), zero) for u in v))
+        bad = builder.icmp_unsigned("!=", builder.bitcast(odd, ir.IntType(16)), ir.Constant(ir.IntType(16), 0))
+        return context.make_tuple(builder, sig.return_type, [builder.extract_element(m, _c32(0)), bad])
+    return (types.Tuple((types.float32, types.boolean))(x, off), cg) if _c_float32(x) else None
+
+
+@intrinsic
+def block_round(typingctx, x, off, d, q, qoff):
+    """The block's values rounded: clip(rint(v / d), ±127) of the 32 float32 from flat index `off` of
+    C-contiguous x, d > 0 finite (IEEE division and rint, lane by lane: the scalar loop's bits), stored
+    as int8 at flat index `qoff` of C-contiguous q -> their sum (int32, exact)."""
+    def cg(context, builder, sig, args):
+        v = _block_vectors(context, builder, sig.args[0], args[0], args[1])
+        ty = F32x16.llvm
+        dv = builder.shuffle_vector(builder.insert_element(ir.Constant(ty, None), args[2], _c32(0)),
+                                    ir.Constant(ty, None), ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
+        lo, hi = _splat(ty, -127.0), _splat(ty, 127.0)
+        ints = []
+        for u in v:
+            r = _call(builder, "llvm.rint.v16f32", ty, [builder.fdiv(u, dv)])
+            r = builder.select(builder.fcmp_ordered(">", r, lo), r, lo)
+            r = builder.select(builder.fcmp_ordered("<", r, hi), r, hi)
+            ints.append(builder.fptosi(r, I32x16.llvm))
+        qp = _ptr(context, builder, sig.args[3], args[3], args[4], _I8)
+        for i, n in enumerate(ints):
+            builder.store(builder.trunc(n, ir.VectorType(_I8, 16)),
+                          builder.bitcast(builder.gep(qp, [_c32(16 * i)]), ir.VectorType(_I8, 16).as_pointer()), align=1)
+        return _call(builder, "llvm.vector.reduce.add.v16i32", _I32, [builder.add(ints[0], ints[1])])
+    ok = _c_float32(x) and d == types.float32 and isinstance(q, types.Array) and q.dtype == types.int8 \
+        and q.layout == "C"
+    return (types.int32(x, off, d, q, qoff), cg) if ok else None
+
+
 @njit(inline="always")
 def _prefetch_group(q, d, f, block_bytes):
     """The group AHEAD blocks past flat block f: its weight bytes (16 blocks of block_bytes) and its
@@ -696,12 +757,8 @@ def _quantize_row(x, t, P, xq, xd, xs, xm, qb, db, sb):
     lanes are 16 consecutive blocks, put block per lane in registers (block_per_lane)."""
     nb = x.shape[1] // QK
     for b in range(nb):
-        amax = np.float32(0.0)
-        bad = False
-        for i in range(QK):
-            v = x[t, QK * b + i]
-            bad |= v - v != np.float32(0.0)           # inf or NaN
-            amax = max(amax, abs(v))
+        off = t * x.shape[1] + QK * b                 # the block's first value, a flat index
+        amax, bad = block_absmax(x, off)              # bad: an inf or NaN
         d = amax / np.float32(127.0)
         s = np.int32(0)
         if bad or d == np.float32(0.0):
@@ -710,10 +767,7 @@ def _quantize_row(x, t, P, xq, xd, xs, xm, qb, db, sb):
             if bad:
                 d = np.float32(np.nan)
         else:
-            for i in range(QK):
-                qi = np.int32(min(max(np.rint(x[t, QK * b + i] / d), np.float32(-127.0)), np.float32(127.0)))
-                qb[b, i] = qi
-                s += qi
+            s = block_round(x, off, d, qb, QK * b)
         db[b] = d
         sb[b] = s
     for j in range(GROUP):                            # the wrap: blocks 0, 1, ... again after nb
