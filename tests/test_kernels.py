@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minillm import kernels, meter
+from minillm.kernels.aligned import aligned, is_aligned
 from minillm.models import kernel_sets, ops
 from minillm.models.quant import QK, QuantMatrix
 
@@ -492,12 +493,16 @@ def test_fuse_picks_the_fused_implementation_where_there_is_one():
     rng = np.random.default_rng(0)
     qm = QuantMatrix.quantize(rng.standard_normal((8, 64)).astype(np.float32), "q4_1")
     fq = fuse(qm)
-    assert isinstance(fq, FusedQuant) and fq.q is qm.q and fuse(fq) is fq
+    assert isinstance(fq, FusedQuant) and np.array_equal(fq.q, qm.q) and fuse(fq) is fq
+    assert fq.q is fq.planes[0]                                                       # held once: the planes
+    assert np.shares_memory(fq.d, fq.planes[1]) and np.shares_memory(fq.m, fq.planes[2])
+    assert all(is_aligned(p) for p in fq.planes)                                      # on 64-byte boundaries
     W = rng.standard_normal((64, 8)).astype(np.float32)
     fd = fuse(Dense(W))
     assert isinstance(fd, FusedDense) and isinstance(fd, Dense) and (fd.n_in, fd.n_out) == (64, 8)
-    Wt = np.ascontiguousarray(W.T)
-    assert np.shares_memory(fuse(Dense(Wt.T)).wt, Wt)                       # [out, in] rows kept, no copy
+    assert is_aligned(fd.wt)
+    Wt = aligned(np.ascontiguousarray(W.T))
+    assert np.shares_memory(fuse(Dense(Wt.T)).wt, Wt)              # [out, in] rows on a boundary kept, no copy
     other = Dense(W.astype(np.float64))
     assert fuse(other) is other
 

@@ -788,6 +788,32 @@ def _quantize_row(x, t, P, xq, xd, xs, xm, qb, db, sb):
 PARALLEL_ROWS = 8     # rows of x from which their rounding runs on all threads
 
 
+@intrinsic
+def address(typingctx, a):
+    """Where an array's first element lies in memory (an integer)."""
+    def cg(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        return builder.ptrtoint(ary.data, context.get_value_type(types.intp))
+    return types.intp(a), cg
+
+
+@njit(inline="always")
+def _aligned_i8(n):
+    """n int8 from a 64-byte boundary (numba's own arrays start 32 bytes past one, half the time:
+    then every 64-byte load spans two cache lines; kernels/aligned.py)."""
+    buf = np.empty(n + 64, np.int8)
+    o = (64 - address(buf) % 64) % 64
+    return buf[o:o + n]
+
+
+@njit(inline="always")
+def _aligned_f32(n):
+    """n float32 from a 64-byte boundary (as _aligned_i8)."""
+    buf = np.empty(n + 16, np.float32)
+    o = (64 - address(buf) % 64) % 64 // 4
+    return buf[o:o + n]
+
+
 @njit(inline="always")
 def _quantize(x):
     """All rows of x, in the kernels' layout: (xq, xd, xs, xm); on one thread for a few rows (a
@@ -795,8 +821,8 @@ def _quantize(x):
     T, C = x.shape
     nb = C // QK
     P = patterns(nb)
-    xq = np.empty((T, P, 8, 64), np.int8)
-    f = np.empty((3, T, GROUP * P), np.float32)        # one allocation for the three (each costs)
+    xq = _aligned_i8(T * P * 512).reshape((T, P, 8, 64))
+    f = _aligned_f32(3 * T * GROUP * P).reshape((3, T, GROUP * P))   # one allocation for the three (each costs)
     xd, xm, xs = f[0], f[1], f[2].view(np.int32)
     if T < PARALLEL_ROWS:
         qb = np.empty((nb + GROUP, QK), np.int8)

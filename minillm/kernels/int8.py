@@ -57,6 +57,7 @@ import os
 import numpy as np
 
 from ..errors import MiniLLMError
+from .aligned import aligned, aligned_zeros
 from .cpu import cpu_features, target_features  # noqa: F401 (public here too)
 
 ERROR_BOUND = 0.005      # relative perplexity, W·A8 against W·A32 on the same weights (measured above)
@@ -139,11 +140,10 @@ def planes(q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> tuple:
     [R, C]: Q8_0; uint8 [R, C/2]: Q4's nibbles in GGUF's order), C-contiguous, then the scales (and
     Q4_1's minimums; for Q4_0 an empty array) as float16 bits, uint16 [R, C/32], checked to agree
     (`check_planes`)."""
-    q = np.ascontiguousarray(q)
-    d = np.ascontiguousarray(d).view(np.uint16)
+    d = aligned(np.ascontiguousarray(d).view(np.uint16))
     if q.dtype == np.int8:
-        return check_planes((q, d))
-    return check_planes((q, d, _NO_MIN if m is None else np.ascontiguousarray(m).view(np.uint16)))
+        return check_planes((aligned(q), d))
+    return check_planes((aligned(q), d, _NO_MIN if m is None else aligned(np.ascontiguousarray(m).view(np.uint16))))
 
 
 def check_planes(p: tuple) -> tuple:
@@ -234,7 +234,7 @@ def lane_order(p: tuple) -> tuple:
     q, d = p[0], p[1]
     R, nb = d.shape
     bb = q.shape[1] // nb
-    lanes = np.zeros(groups(R, nb) * GROUP * bb, q.dtype)
+    lanes = aligned_zeros(groups(R, nb) * GROUP * bb, q.dtype)   # on a 64-byte boundary (aligned.py)
     step = max(1, 65536 // (bb * nb))               # a few rows at a time: the index is 8 bytes a byte
     for r0 in range(0, R, step):
         lanes[_lane_index(R, nb, bb, slice(r0, r0 + step))] = q[r0:r0 + step]

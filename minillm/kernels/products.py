@@ -23,6 +23,7 @@ except ImportError:                                        # pragma: no cover - 
 
 from . import _exact, checks
 from . import _numba as K
+from .aligned import aligned
 
 _NO_MIN = np.empty((0, 0), np.uint16)    # Q4_0 has no minimums: the kernel's m is empty
 _ONE_BLOCK = np.zeros((1, 1), np.intp)   # a contiguous cache's rows as block 0 of a one-block pool
@@ -54,10 +55,10 @@ def planes(q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> tuple:
     Q4's nibbles), then the scales (and Q4_1's minimums; for Q4_0 an empty array) as float16 bits,
     uint16, checked to agree (`checks.Planes`: a product then checks only x). Made once per weight
     (models/fused.py keeps them)."""
-    d = d.view(np.uint16)
+    d = aligned(d.view(np.uint16))
     if q.dtype == np.int8:
-        return checks.planes((q, d))
-    return checks.planes((q, d, _NO_MIN if m is None else m.view(np.uint16)))
+        return checks.planes((aligned(q), d))
+    return checks.planes((aligned(q), d, _NO_MIN if m is None else aligned(m.view(np.uint16))))
 
 
 def quant_matmul_t(p: tuple, x: np.ndarray) -> np.ndarray:
@@ -82,7 +83,7 @@ def dense_matmul_t(wt: np.ndarray, x: np.ndarray) -> np.ndarray:
     rows against four rows of x: _numba.py says why)."""
     _check_float32(x, wt)
     checks.dense_product(wt, x)
-    x = _f32(x)
+    x = aligned(_f32(x))                                     # its rows on 64-byte boundaries (aligned.py)
     y = np.empty((x.shape[0], wt.shape[0]), np.float32)
     (K.dense_matmul_t_blocked if x.shape[0] >= BLOCKED_FROM else K.dense_matmul_t)(wt, x, y)
     return y

@@ -22,7 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import products
-from .quant import QK, QuantMatrix, kept_counts
+from ..kernels.aligned import aligned
+from .quant import QK, QuantMatrix, kept_counts, kept_once
 from .weights import Dense
 
 FUSED_ROWS = 32       # quantized: rows of x up to which the fused kernel runs (more: widening + BLAS)
@@ -34,7 +35,8 @@ class FusedQuant(QuantMatrix):
 
     def __init__(self, fmt, q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> None:
         super().__init__(fmt, q, d, m)
-        self.planes = products.planes(q, d, m)  # the kernel's arguments, made once (not per product)
+        self.planes = products.planes(q, d, m)  # the kernel's arguments, made once (not per product),
+        kept_once(self)                          # on 64-byte boundaries: the weight holds them alone
 
     def __repr__(self) -> str:
         return "Fused" + super().__repr__()
@@ -79,7 +81,7 @@ class FusedDense(Dense):
     def __init__(self, w: np.ndarray, transposed: bool = False) -> None:
         """w: W [in, out], or Wt [out, in] if `transposed` (then no copy is made)."""
         w = np.asarray(w, dtype=np.float32)
-        self.wt = np.ascontiguousarray(w if transposed else w.T)     # [out, in]
+        self.wt = aligned(w if transposed else w.T)                  # [out, in], on a 64-byte boundary
         super().__init__(self.wt.T)                                   # a: [in, out], a view
 
     def __repr__(self) -> str:

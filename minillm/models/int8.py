@@ -19,8 +19,9 @@ import numpy as np
 
 from .. import meter
 from ..kernels import int8
+from ..kernels.aligned import aligned_empty
 from .fused import fuse
-from .quant import QK, QuantMatrix, kept_counts
+from .quant import QK, QuantMatrix, kept_counts, kept_once
 
 
 class Int8Quant(QuantMatrix):
@@ -28,7 +29,8 @@ class Int8Quant(QuantMatrix):
 
     def __init__(self, fmt, q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> None:
         super().__init__(fmt, q, d, m)
-        self.planes = int8.lane_order(int8.planes(q, d, m))       # the kernel's arguments, made once
+        self.planes = int8.lane_order(int8.planes(q, d, m))       # the kernel's arguments, made once, on
+        kept_once(self)                                            # 64-byte boundaries (kernels/aligned.py)
         self._kernel = None
 
     @property
@@ -184,7 +186,7 @@ def _stacked(blocks) -> tuple:
     out = []
     for name in _PRODUCTS:
         ws = [p[name] for p in blocks]
-        planes = tuple(np.stack([w.planes[j] for w in ws]) for j in range(len(ws[0].planes)))
+        planes = tuple(_stack([w.planes[j] for w in ws]) for j in range(len(ws[0].planes)))
         for i, w in enumerate(ws):
             w.planes = tuple(a[i] for a in planes)
             w.d = w.planes[1].view(w.d.dtype)
@@ -192,3 +194,12 @@ def _stacked(blocks) -> tuple:
                 w.m = w.planes[2].view(w.m.dtype)
         out.append(planes)
     return norms + tuple(out)
+
+
+def _stack(arrays: list) -> np.ndarray:
+    """np.stack on a 64-byte boundary (kernels/aligned.py): each row too, where a row's bytes are a
+    multiple of 64 (SmolLM2's planes all are)."""
+    out = aligned_empty((len(arrays),) + arrays[0].shape, arrays[0].dtype)
+    for i, a in enumerate(arrays):
+        out[i] = a
+    return out

@@ -182,6 +182,18 @@ def check_planes(fmt: Format, q: np.ndarray, d: np.ndarray, m: np.ndarray | None
                                f"{'s' if bad > 1 else ''}; the weights are damaged")
 
 
+def kept_once(w) -> None:
+    """A kernel set's quantized weight w, whose `planes` may be copies of its q, d and m (put on
+    64-byte boundaries: kernels/aligned.py): q, d and m become views of the planes (a plane in the
+    kernels' own order stands for q itself), so that the weight holds its bytes once."""
+    p = w.planes
+    if p[0].ndim == 2:
+        w.q = p[0]
+    w.d = p[1].view(w.d.dtype)
+    if w.m is not None:
+        w.m = p[2].view(w.m.dtype)
+
+
 class QuantMatrix:
     """R rows of C values, quantized in blocks of 32 along each row, kept quantized in memory.
 
