@@ -439,10 +439,10 @@ def block_round(typingctx, x, off, d, q, qoff):
             r = builder.select(builder.fcmp_ordered(">", r, lo), r, lo)
             r = builder.select(builder.fcmp_ordered("<", r, hi), r, hi)
             ints.append(builder.fptosi(r, I32x16.llvm))
-        qp = _ptr(context, builder, sig.args[3], args[3], args[4], _I8)
+        qp, b16 = _ptr(context, builder, sig.args[3], args[3], args[4], _I8), ir.VectorType(_I8, 16)
         for i, n in enumerate(ints):
-            builder.store(builder.trunc(n, ir.VectorType(_I8, 16)),
-                          builder.bitcast(builder.gep(qp, [_c32(16 * i)]), ir.VectorType(_I8, 16).as_pointer()), align=1)
+            builder.store(builder.trunc(n, b16), builder.bitcast(builder.gep(qp, [_c32(16 * i)]), b16.as_pointer()),
+                          align=1)
         return _call(builder, "llvm.vector.reduce.add.v16i32", _I32, [builder.add(ints[0], ints[1])])
     ok = _c_float32(x) and d == types.float32 and isinstance(q, types.Array) and q.dtype == types.int8 \
         and q.layout == "C"
