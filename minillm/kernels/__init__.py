@@ -11,6 +11,7 @@ sets of models/kernel_sets.py choose among them, and models/ops.py counts what t
     int8             quantized products in integers: x rounded to int8 blocks, the CPU's dot instructions
     checks           each kernel's argument checks, before it runs (one line for a wrong array)
     cpu              the features the CPU and numba's target both have (what the integer kernels may emit)
+    aligned          arrays that start on a 64-byte boundary (the weights, the products' inputs)
     _numba, _batch_invariant, _int8   the numba code itself (loop forms measured and written beside them)
 
 Everything but `status`, `available`, `set_threads` and `threads` needs numba: importing it
