@@ -99,13 +99,7 @@ def paged_decode(q, kp, vp, table, lengths, out, scale, chunk):
     H, B, hd = q.shape
     Hkv, nblk, bs = kp.shape[0], kp.shape[1], kp.shape[2]
     g = H // Hkv
-    longest = 0
-    for b in range(B):
-        longest = max(longest, lengths[b])
-    nch = max(1, (longest + chunk - 1) // chunk)
-    pm = np.empty((B, Hkv, nch, g), np.float32)
-    pl = np.empty((B, Hkv, nch, g), np.float32)
-    pacc = np.empty((B, Hkv, nch, g, hd), np.float32)
+    longest, nch, pm, pl, pacc = K.chunk_partials(lengths, chunk, B, Hkv, g, hd)
     kf, vf = kp.reshape(-1), vp.reshape(-1)
     for item in prange(B * Hkv * nch):
         b = item // (Hkv * nch)

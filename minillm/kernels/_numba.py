@@ -514,17 +514,11 @@ def paged_decode_attention(q, kp, vp, table, lengths, out, scale, chunk):
     H, B, hd = q.shape
     Hkv, bs = kp.shape[0], kp.shape[2]
     g = H // Hkv
-    longest = 0
-    for b in range(B):
-        longest = max(longest, lengths[b])
-    nch = max(1, (longest + chunk - 1) // chunk)
     # A sequence whose keys fit in one chunk (its own length, whatever the batch's longest) is
     # finished by its work items, out = acc / l: its other chunks hold no key (l = 0), so combining
     # them adds nothing. The combining loop, a second parallel region, runs only for the others,
     # and only when there are some (a decode step of short sequences: one region, not two).
-    pm = np.empty((B, Hkv, nch, g), np.float32)
-    pl = np.empty((B, Hkv, nch, g), np.float32)
-    pacc = np.empty((B, Hkv, nch, g, hd), np.float32)
+    longest, nch, pm, pl, pacc = chunk_partials(lengths, chunk, B, Hkv, g, hd)
     for item in prange(B * Hkv * nch):
         b = item // (Hkv * nch)
         hk = (item // nch) % Hkv
@@ -581,6 +575,22 @@ def paged_decode_attention(q, kp, vp, table, lengths, out, scale, chunk):
         return
     for item in prange(B * H):                           # combine the chunks by their max and sum
         combine(lengths, out, chunk, pm, pl, pacc, item)
+
+
+@njit(inline="always", cache=True)
+def chunk_partials(lengths, chunk, B, Hkv, g, hd):
+    """paged_decode_attention's chunks and their partial results: the longest sequence's keys, the
+    chunks nch it takes, and arrays for each work item's max pm and sum pl [B, Hkv, nch, g] and
+    unnormalised output pacc [B, Hkv, nch, g, hd] (kernels/_exact.py's copy calls it too: no float
+    arithmetic, the same in both)."""
+    longest = 0
+    for b in range(B):
+        longest = max(longest, lengths[b])
+    nch = max(1, (longest + chunk - 1) // chunk)
+    pm = np.empty((B, Hkv, nch, g), np.float32)
+    pl = np.empty((B, Hkv, nch, g), np.float32)
+    pacc = np.empty((B, Hkv, nch, g, hd), np.float32)
+    return longest, nch, pm, pl, pacc
 
 
 def combine_chunks(lengths, out, chunk, pm, pl, pacc, item):
