@@ -140,10 +140,10 @@ def planes(q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> tuple:
     [R, C]: Q8_0; uint8 [R, C/2]: Q4's nibbles in GGUF's order), C-contiguous, then the scales (and
     Q4_1's minimums; for Q4_0 an empty array) as float16 bits, uint16 [R, C/32], checked to agree
     (`check_planes`)."""
-    d = aligned(np.ascontiguousarray(d).view(np.uint16))
+    d = aligned(np.asarray(d).view(np.uint16))
     if q.dtype == np.int8:
         return check_planes((aligned(q), d))
-    return check_planes((aligned(q), d, _NO_MIN if m is None else aligned(np.ascontiguousarray(m).view(np.uint16))))
+    return check_planes((aligned(q), d, _NO_MIN if m is None else aligned(np.asarray(m).view(np.uint16))))
 
 
 def check_planes(p: tuple) -> tuple:

@@ -189,9 +189,7 @@ def _stacked(blocks) -> tuple:
         planes = tuple(_stack([w.planes[j] for w in ws]) for j in range(len(ws[0].planes)))
         for i, w in enumerate(ws):
             w.planes = tuple(a[i] for a in planes)
-            w.d = w.planes[1].view(w.d.dtype)
-            if w.m is not None:
-                w.m = w.planes[2].view(w.m.dtype)
+            kept_once(w)                                             # d and m: views of its rows
         out.append(planes)
     return norms + tuple(out)
 
