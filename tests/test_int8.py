@@ -88,11 +88,8 @@ def activations(rng, T: int, C: int, kind: str) -> np.ndarray:
 
 
 def unpack(xq, xd, xs, xm, nb):
-    """The kernels' layout back to blocks: (q [T, nb, 32], d, s, m [T, nb]); pattern p's lane L
-    holds block (16p + L) mod nb: the first nb lanes in order are blocks 0..nb-1."""
-    T = xq.shape[0]
-    q = xq.reshape(T, -1, 8, 16, 4).transpose(0, 1, 3, 2, 4).reshape(T, -1, QK)[:, :nb]
-    return q, xd[:, :nb], xs[:, :nb], xm[:, :nb]
+    """The kernels' rounded x as the reference gives it: (q [T, nb, 32], d, s, m [T, nb])."""
+    return xq.reshape(xq.shape[0], nb, QK), xd, xs, xm
 
 
 rows = st.one_of(st.integers(1, 9), st.integers(30, 70))         # past the tile of 32 and 8 rows
@@ -102,16 +99,12 @@ rows = st.one_of(st.integers(1, 9), st.integers(30, 70))         # past the tile
 
 @settings(max_examples=60)
 @given(st.integers(1, 40), rows, st.sampled_from(["normal", "wide", "nonfinite"]), st.integers(0, 2**32 - 1))
-def test_rounding_x_matches_the_reference_and_every_lane_pattern(nb, T, kind, seed):
+def test_rounding_x_matches_the_reference(nb, T, kind, seed):
     x = activations(np.random.default_rng(seed), T, nb * QK, kind)
     got = int8.quantize_x(x)
     want = int8.quantize_x_ref(x)
     for g, w in zip(unpack(*got, nb), want):
-        assert same(g, w) if g.dtype.kind == "f" else np.array_equal(g, w)
-    P = int8.patterns(nb)
-    lanes = (np.arange(16 * P) % nb)                              # every pattern's lanes, in order
-    assert np.array_equal(got[2], want[2][:, lanes])
-    assert same(got[1], want[1][:, lanes])
+        assert g.shape == w.shape and (same(g, w) if g.dtype.kind == "f" else np.array_equal(g, w))
 
 
 def test_rounding_halves_to_even_and_clips():
@@ -170,7 +163,7 @@ def test_the_error_against_the_float_product_is_within_the_roundings_bound(w, T,
 
 @pytest.mark.parametrize("fmt", FMTS)
 def test_shapes_of_real_models_equal_the_reference(fmt):
-    """The widths of GPT-2 and SmolLM2 (768, 3072; 576, 1536), their patterns 3, 6, 9 and 3, for one
+    """The widths of GPT-2 and SmolLM2 (768, 3072; 576, 1536), rows not a multiple of 16, for one
     row of x (a decode step's own path: the accumulator in a register) and for five."""
     rng = np.random.default_rng(0)
     for R, C in ((50, 768), (17, 3072), (40, 576), (33, 1536)):
@@ -184,9 +177,10 @@ def test_shapes_of_real_models_equal_the_reference(fmt):
 @settings(max_examples=40)
 @given(quant_matrices(), st.integers(0, 2**32 - 1))
 def test_an_integer_weight_keeps_its_bytes_in_lane_order_and_gives_ggufs_back(w, seed):
-    """Int8Quant holds q once, in the kernels' lane order (int8.lane_order): byte i of block L of
-    group G at 64·(i // 4) + 4·L + i % 4 of the group's 16·bb (bb a block's bytes: Q8_0's 32
-    values, Q4's 16 bytes of nibbles), the last group padded with zeros; q, rows, take_rows, the
+    """Int8Quant holds its planes once, in the kernels' lane order (int8.lane_order): rows padded to
+    16, row r's block j in group g = (r // 16)·nb + j, lane r % 16: its byte i at 64·(i // 4) +
+    4·lane + i % 4 of the group's 16·bb (bb a block's bytes: Q8_0's 32 values, Q4's 16 bytes of
+    nibbles), its scale (and minimum) at [g, lane], the padding zeros; q, d, m, rows, take_rows, the
     float product and nbytes are the QuantMatrix's own."""
     from minillm.models.int8 import Int8Quant
     rng = np.random.default_rng(seed)
@@ -194,17 +188,28 @@ def test_an_integer_weight_keeps_its_bytes_in_lane_order_and_gives_ggufs_back(w,
     R, C = w.shape
     nb = C // QK
     assert i.nbytes == w.nbytes and np.array_equal(i.q, w.q) and i.q.dtype == w.q.dtype
+    assert np.array_equal(i.d, w.d) and (w.m is None) == (i.m is None) and (w.m is None or np.array_equal(i.m, w.m))
     ids = rng.integers(0, R, 5)
     assert same(i.rows(ids), w.rows(ids)) and np.array_equal(i.take_rows(ids[::-1]).q, w.q[ids[::-1]])
     lanes = i.planes[0]
     bb = 32 if w.fmt.bits == 8 else 16
     assert lanes.shape == (int8.groups(R, nb) * 16 * bb,) and lanes.dtype == w.q.dtype
-    b, byte = np.arange(R * nb)[:, None], np.arange(bb)[None, :]     # every block's bytes, by the rule
-    at = b // 16 * 16 * bb + 64 * (byte // 4) + 4 * (b % 16) + byte % 4
+    r, j = np.divmod(np.arange(R * nb)[:, None], nb)                  # every block's row and number
+    g, lane, byte = r // 16 * nb + j, r % 16, np.arange(bb)[None, :]
+    at = g * 16 * bb + 64 * (byte // 4) + 4 * lane + byte % 4         # its bytes, by the rule
     assert np.array_equal(lanes[at], w.q.reshape(-1, bb))
     pad = np.ones(lanes.size, bool)
     pad[at] = False
     assert not lanes[pad].any()                                         # the rest: the zeros of the padding
+    for plane, want in zip(i.planes[1:], (w.d, w.m)):
+        if want is None:
+            assert plane.shape[0] == 0
+            continue
+        assert plane.shape == (int8.groups(R, nb), 16)
+        assert np.array_equal(plane[g[:, 0], lane[:, 0]], want.view(np.uint16).reshape(-1))
+        pad = np.ones(plane.shape, bool)
+        pad[g[:, 0], lane[:, 0]] = False
+        assert not plane[pad].any()
     mask = rng.random(R) < 0.5
     for rows in (ids, -1 - ids, ids.astype(np.uint64), slice(1, None, 2), mask):   # compiled gather, NumPy's
         assert np.array_equal(int8.lane_rows(lanes, R, nb, rows), w.q[rows])
@@ -266,22 +271,23 @@ def test_float64_and_strided_x_are_taken_as_float32():
 @pytest.mark.parametrize("fmt", FMTS)
 def test_no_kernel_reads_past_a_plane_that_ends_at_a_guard_page(fmt):
     """Every plane and x end exactly where an unreadable page begins: a load of one byte past any of
-    them kills the process. Every instruction set, every size of a weight's last, partial group of
-    16 blocks (1..15 blocks; numba's bounds checks cannot see the kernels' hand-written loads), in a
-    row of its own (R = 1) and across rows (R = 3), and a whole last group for contrast."""
+    them kills the process. Every instruction set, weights of 1..17 rows (a last group of 16 rows
+    partly padding, numba's bounds checks cannot see the kernels' hand-written loads; the kernels
+    ask for bytes ahead, a hint that never faults), one block a row and several, 1 and 3 rows of x
+    (the one-row path and the tiled one)."""
     from guard_pages import guarded
     rng = np.random.default_rng(11)
     with guarded() as g:
-        for R, nb in [(1, n) for n in range(1, 17)] + [(3, n) for n in (1, 5, 7, 17, 21)]:
+        for R, nb in [(r, 1) for r in range(1, 18)] + [(3, 5), (7, 17), (16, 2), (17, 21)]:
             w = QuantMatrix.quantize(rng.standard_normal((R, nb * QK)).astype(np.float32), fmt)
             p = pl(w)
-            lanes = int8.lane_order(p)                    # q as the kernels read it
-            gp = int8.planes(g.place(w.q), g.place(w.d), None if w.m is None else g.place(w.m))
-            gp = (g.place(lanes[0]),) + tuple(gp[1:])
-            x = g.place(rng.standard_normal((3, nb * QK)).astype(np.float32))
-            want = int8.matmul_ref(p, x)
-            for name in ISAS:
-                assert same(int8.matmul(gp, x, name), want), (name, R, nb)
+            lanes = int8.lane_order(p)                    # the planes as the kernels read them
+            gp = int8.lane_planes(tuple(g.place(a) if a.size else a for a in lanes), lanes.shape)
+            for T in (1, 3):
+                x = g.place(rng.standard_normal((T, nb * QK)).astype(np.float32))
+                want = int8.matmul_ref(p, x)
+                for name in ISAS:
+                    assert same(int8.matmul(gp, x, name), want), (name, R, nb, T)
 
 
 def test_planes_that_disagree_and_a_narrow_x_are_refused_in_one_line():
@@ -293,6 +299,7 @@ def test_planes_that_disagree_and_a_narrow_x_are_refused_in_one_line():
     q8 = QuantMatrix.quantize(rng.standard_normal((4, 64)).astype(np.float32), "q8_0")
     q41 = QuantMatrix.quantize(rng.standard_normal((4, 64)).astype(np.float32), "q4_1")
     q8p, q41p = pl(q8), pl(q41)
+    lo8, lo41 = int8.lane_order(q8p), int8.lane_order(q41p)
     x = np.ones((2, 64), np.float32)
     bad = [
         (q8p[0][:, :32], q8p[1]),                          # q narrower than its scales say
@@ -305,9 +312,12 @@ def test_planes_that_disagree_and_a_narrow_x_are_refused_in_one_line():
         (q41p[0][:, :16], q41p[1], q41p[2]),               # nibbles for one block, scales for two
         (q41p[0].view(np.int8), q41p[1], q41p[2]),         # Q4's nibbles as signed
         (q41p[0],),                                        # one plane
-        (int8.lane_order(q8p)[0][:-64], q8p[1]),           # Q8_0 in lane order, a group short
-        (int8.lane_order(q8p)[0].view(np.uint8), q8p[1]),  # ... as unsigned
-        (int8.lane_order(q41p)[0][:-1],) + q41p[1:],       # Q4 in lane order, a byte short
+        int8.lane_planes((lo8[0][:-64], lo8[1]), lo8.shape),            # Q8_0 in lane order, a group short
+        int8.lane_planes((lo8[0].view(np.uint8), lo8[1]), lo8.shape),   # ... as unsigned
+        int8.lane_planes((lo41[0][:-1],) + lo41[1:], lo41.shape),       # Q4 in lane order, a byte short
+        int8.lane_planes((lo41[0], lo41[1][:-1], lo41[2]), lo41.shape), # ... scales a group short
+        int8.lane_planes((lo41[0], lo41[1], lo41[2].T.copy()), lo41.shape),   # ... minimums turned
+        tuple(lo8),                                                     # ... without the weight's shape
         (np.zeros((4, 0), np.int8), np.zeros((4, 0), np.uint16)),   # rows of no values
     ]
     for p in bad:

@@ -93,7 +93,7 @@ def after_attention(isa, x, a, norm2, eps, o, gate_up, down):
     x += r
     h = np.empty((N, d), np.float32)
     E.rms_norm(x, norm2, eps, h)
-    F2 = gate_up[1].shape[0]
+    F2 = 2 * (down[1].shape[0] // ((d + 15) // 16) * 32)            # down's groups: 16 rows' block each
     g = np.empty((N, F2), np.float32)
     product(isa, gate_up, h, g)                                       # [N, 2F]: gate | up
     s = np.empty((N, F2 // 2), np.float32)

@@ -99,11 +99,10 @@ from numba.extending import (NativeValue, intrinsic, models, overload, register_
 from ._numba import prefetch
 
 QK = 32          # values per block
-GROUP = 16       # blocks per group: one lane each
-ROWS = 16        # weight rows per parallel work item (16 rows of nb blocks: whole groups, for any nb)
-AHEAD = 128      # blocks: how far ahead a one-row product asks for the weights (the prefetcher alone
-                 # left SmolLM2's decode products at 1.1-1.4x the time, 2,048 bytes of Q4 ahead as fast as 4,096)
-TILE = 32        # rows of x per pass over a work item's groups (a group's x: TILE·512 bytes, in L1)
+GROUP = 16       # rows per group: a row a lane (a group is 16 rows' block j: int8.lane_order)
+AHEAD = 16       # groups: how far ahead a one-row product asks for the weights (Q4: 4 KB; the
+                 # prefetcher alone left SmolLM2's decode products at 1.8x the time, measured below)
+TILE = 32        # rows of x per pass over a work item's groups
 
 
 # == vector values in numba ===========================================================================
@@ -364,25 +363,9 @@ def to_f32(typingctx, v):
 
 
 @intrinsic
-def lanes(typingctx, v, lo, hi):
-    """v's lanes lo..hi-1, the others +0.0 (added to an accumulator, +0.0 leaves it exactly as it was:
-    a sum that starts at +0.0 is never -0.0)."""
-    def cg(context, builder, sig, args):
-        vt = ir.VectorType(ir.IntType(64), 16)
-        iota = ir.Constant(vt, list(range(16)))
-        bl = builder.shuffle_vector(builder.insert_element(ir.Constant(vt, None), _i64(builder, args[1]), _c32(0)),
-                                    ir.Constant(vt, None), ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
-        bh = builder.shuffle_vector(builder.insert_element(ir.Constant(vt, None), _i64(builder, args[2]), _c32(0)),
-                                    ir.Constant(vt, None), ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
-        on = builder.and_(builder.icmp_signed(">=", iota, bl), builder.icmp_signed("<", iota, bh))
-        return builder.select(on, args[0], ir.Constant(F32x16.llvm, None))
-    return F32x16(v, lo, hi), cg
-
-
-@intrinsic
 def tree_sum(typingctx, v):
     """The 16 float32 lanes added in a fixed tree: a_i = v_i + v_i+8 (i < 8), then the same halving
-    to 4, 2 and 1 lanes (the reference adds in this order)."""
+    to 4, 2 and 1 lanes (_exact.py's attention sums in this order)."""
     def cg(context, builder, sig, args):
         v, n = args[0], 16
         while n > 1:
@@ -449,65 +432,13 @@ def block_round(typingctx, x, off, d, q, qoff):
     return (types.int32(x, off, d, q, qoff), cg) if ok else None
 
 
-@njit(inline="always")
-def _prefetch_group(q, d, f, block_bytes):
-    """The group AHEAD blocks past flat block f: its weight bytes (16 blocks of block_bytes) and its
-    scales (a Q4_1 caller its minimums too)."""
-    b = f + AHEAD
-    for j in range(0, GROUP * block_bytes, 64):
-        prefetch(q, b * block_bytes + j)
-    prefetch(d, 2 * b)
-
-
 # -- a group's weights, block per lane -----------------------------------------------------------------
-
-def _transpose_plan(n_vec: int, n_word: int) -> list:
-    """Shuffle rounds turning n_vec vectors of 16 int32 lanes, which hold a row-major [16 blocks,
-    n_word words] matrix, into n_word vectors whose lane L is block L's word k (n_vec = n_word, a
-    power of 2). Round s pairs the vectors that differ in bit s of their number and swaps that bit
-    with bit s of the word index; each mask is found by following where every element goes."""
-    pos = [[v * 16 + lane for lane in range(16)] for v in range(n_vec)]   # element f = block·n_word + word
-    rounds_n = n_vec.bit_length() - 1
-    rounds = []
-    for s in range(rounds_n):
-        bit = 1 << s
-        new = [None] * n_vec
-        masks = []
-        for a in range(n_vec):
-            if a & bit:
-                continue
-            both = pos[a] + pos[a | bit]
-            for half in (0, 1):
-                sel = [i for i in range(32) if bool((both[i] % n_word) & bit) == bool(half)]
-                if s == rounds_n - 1:                   # the last round puts lanes in block order
-                    sel.sort(key=lambda i: both[i] // n_word)
-                out = a | (bit if half else 0)
-                new[out] = [both[i] for i in sel]
-                masks.append((a, a | bit, out, sel))
-        pos = new
-        rounds.append(masks)
-    for k in range(n_vec):
-        assert pos[k] == [lane * n_word + k for lane in range(16)], pos[k]
-    return rounds
-
-
-_Q8_PLAN = _transpose_plan(8, 8)
-
-
-def _transpose(builder, vecs: list, plan) -> list:
-    for masks in plan:
-        new = list(vecs)
-        for a, b, out, sel in masks:
-            new[out] = _shuffle(builder, vecs[a], vecs[b], sel)
-        vecs = new
-    return vecs
-
 
 @intrinsic
 def q8_group(typingctx, isa, q, off):
-    """A Q8_0 group in lane order (int8.lane_order: 512 bytes from flat byte `off`, all read; a
-    weight's last group is padded with zeros) as 8 vectors, block per lane: vector k the bytes
-    4k..4k+3 of each block (its values 4k..4k+3), eight plain loads. For the VNNI forms each byte is
+    """A Q8_0 group in lane order (int8.lane_order: 512 bytes from flat byte `off`, 16 rows' block j;
+    rows past the weight's end are zeros) as 8 vectors, a row per lane: vector k the bytes 4k..4k+3
+    of each row's block (its values 4k..4k+3), eight plain loads. For the VNNI forms each byte is
     flipped to w + 128 (xor 0x80): the instruction's first operand is unsigned; the kernel starts
     each block's sum at -128·Σx (block_init)."""
     def cg(context, builder, sig, args):
@@ -518,31 +449,6 @@ def q8_group(typingctx, isa, q, off):
             out.append(builder.xor(v, _splat(I8x64.llvm, 0x80)) if sig.args[0].isa in VNNI else v)
         return context.make_tuple(builder, W8, out)
     return W8(isa, q, off), cg
-
-
-@intrinsic
-def block_per_lane(typingctx, a, off):
-    """16 blocks of 32 int8 values from flat byte `off` of `a` (all 512 bytes read), block per lane
-    (the activations' side of q8_group: no flip)."""
-    def cg(context, builder, sig, args):
-        base = _ptr(context, builder, sig.args[0], args[0], args[1], _I8)
-        vecs = [builder.load(builder.bitcast(builder.gep(base, [_c32(64 * i)]), I32x16.llvm.as_pointer()), align=1)
-                for i in range(8)]
-        out = [builder.bitcast(v, I8x64.llvm) for v in _transpose(builder, vecs, _Q8_PLAN)]
-        return context.make_tuple(builder, W8, out)
-    return W8(a, off), cg
-
-
-@intrinsic
-def store_w8(typingctx, a, off, w):
-    """The 8 vectors of w to flat byte `off` of `a`, one after another (512 bytes)."""
-    def cg(context, builder, sig, args):
-        base = _ptr(context, builder, sig.args[0], args[0], args[1], _I8)
-        for k in range(8):
-            builder.store(builder.extract_value(args[2], k),
-                          builder.bitcast(builder.gep(base, [_c32(64 * k)]), I8x64.llvm.as_pointer()), align=1)
-        return context.get_dummy_value()
-    return types.none(a, off, w), cg
 
 
 def _high_in_place(isa: str) -> bool:
@@ -567,9 +473,9 @@ def _q4_vectors(builder, isa: str, base) -> list:
 
 @intrinsic
 def q4_group(typingctx, isa, q, off):
-    """A Q4 group in lane order (int8.lane_order: 256 bytes from flat byte `off`, all read; a weight's
-    last group is padded with zeros) as 8 vectors, block per lane: vector k < 4 the low nibbles of
-    each block's bytes 4k..4k+3 (its values 4k..4k+3), vector k + 4 their high nibbles (values
+    """A Q4 group in lane order (int8.lane_order: 256 bytes from flat byte `off`, 16 rows' block j;
+    rows past the weight's end are zeros) as 8 vectors, a row per lane: vector k < 4 the low nibbles
+    of each row's bytes 4k..4k+3 (its values 4k..4k+3), vector k + 4 their high nibbles (values
     16+4k..19+4k), as n or, where `_high_in_place`, as 16·n (the byte masked: one operation fewer
     per vector)."""
     def cg(context, builder, sig, args):
@@ -615,9 +521,14 @@ def _dot_one(builder, isa: str, signed_w: bool, acc, w, x):
     return builder.add(acc, quads)
 
 
-def _x_vector(builder, base, k: int, n: int = 64):
-    """n bytes of x from byte k of `base` (a vector k·64 in, or half of one)."""
-    return builder.load(builder.bitcast(builder.gep(base, [_c32(k)]), ir.VectorType(_I8, n).as_pointer()), align=1)
+def _x_word(builder, base, k: int, n: int = 64):
+    """Word k (bytes 4k..4k+3) of x's block from `base`, in every 4-byte lane of an n-byte vector
+    (every lane is a row of the weight, and every row takes the same x: a broadcast load)."""
+    w = builder.load(builder.bitcast(builder.gep(base, [_c32(4 * k)]), _I32.as_pointer()), align=1)
+    vt = ir.VectorType(_I32, n // 4)
+    v = builder.shuffle_vector(builder.insert_element(ir.Constant(vt, None), w, _c32(0)), ir.Constant(vt, None),
+                               ir.Constant(ir.VectorType(_I32, n // 4), [0] * (n // 4)))
+    return builder.bitcast(v, ir.VectorType(_I8, n))
 
 
 def _dot8(builder, isa: str, q8: bool, acc, w: list, base):
@@ -625,14 +536,14 @@ def _dot8(builder, isa: str, q8: bool, acc, w: list, base):
     if isa == "avx2" and not q8:
         halves = [_halves(builder, wk, 64) for wk in w]
         return _avx2_q4_sums(builder, acc, [[_pmadd16(builder, halves[k][h],
-                                                      _x_vector(builder, base, 64 * k + 32 * h, 32))
+                                                      _x_word(builder, base, k, 32))
                                              for k in range(8)] for h in range(2)])
     signed = q8 and isa not in VNNI
     accs = [acc, ir.Constant(I32x16.llvm, None)]        # two chains: a dot instruction waits for the
     split = not q8 and _high_in_place(isa)              # one before on its accumulator (Q4's 16·n:
     for k in range(8):                                  # the high ones apart)
         c = k // 4 if split else k % 2
-        accs[c] = _dot_one(builder, isa, signed, accs[c], w[k], _x_vector(builder, base, 64 * k))
+        accs[c] = _dot_one(builder, isa, signed, accs[c], w[k], _x_word(builder, base, k))
     if split:
         return builder.add(accs[0], builder.ashr(accs[1], _splat(I32x16.llvm, 4)))
     return builder.add(accs[0], accs[1])
@@ -659,8 +570,8 @@ def _pmadd16(builder, w, x):
 
 @intrinsic
 def dot8(typingctx, isa, q8, acc, w, x, xoff):
-    """acc + Σ_k (per lane, the four byte products of w[k] and the k-th 64 bytes of x from flat
-    `xoff`): block per lane, each block's integer dot product in its lane. q8: a literal bool, w a
+    """acc + Σ_k (per lane, the four byte products of w[k] and word k of x's block from flat byte
+    `xoff`, the same in every lane): a row per lane, each row's block dot product in its lane. q8: a literal bool, w a
     Q8_0 group from q8_group (signed bytes, or w + 128 on the VNNI forms), else Q4 nibbles."""
     if not isinstance(q8, types.BooleanLiteral):
         return None
@@ -691,18 +602,18 @@ def q4_dot8(typingctx, isa, q, off, acc, x, xoff):
             for h in range(2):
                 word = builder.load(builder.bitcast(builder.gep(qb, [_c32(64 * i + 32 * h)]), v8.as_pointer()), align=1)
                 lo = builder.bitcast(builder.and_(word, m), b32)
-                products[h][i] = _pmadd16(builder, lo, _x_vector(builder, xb, 64 * i + 32 * h, 32))
+                products[h][i] = _pmadd16(builder, lo, _x_word(builder, xb, i, 32))
                 hi = builder.bitcast(builder.and_(builder.lshr(word, _splat(v8, 4)), m), b32)
-                products[h][i + 4] = _pmadd16(builder, hi, _x_vector(builder, xb, 64 * (i + 4) + 32 * h, 32))
+                products[h][i + 4] = _pmadd16(builder, hi, _x_word(builder, xb, i + 4, 32))
         return _avx2_q4_sums(builder, args[3], products)
     return I32x16(isa, q, off, acc, x, xoff), cg
 
 
 @intrinsic
-def block_init(typingctx, isa, q8, xs, off):
-    """Where a group's integer sums start, per lane: minus an offset times the activations' block
-    sums xs[off:off+16]. Q8_0 on the VNNI forms multiplies w + 128 (q8_group): -128·Σx; Q4_0
-    (q8 False; n - 8 multiplied as n): -8·Σx; Q8_0 otherwise 0 (xs unread)."""
+def block_init(typingctx, isa, q8, s):
+    """Where a group's integer sums start, in every lane: minus an offset times the activations' block
+    sum s (int32). Q8_0 on the VNNI forms multiplies w + 128 (q8_group): -128·s; Q4_0 (q8 False;
+    n - 8 multiplied as n): -8·s; Q8_0 otherwise 0."""
     if not isinstance(q8, types.BooleanLiteral):
         return None
 
@@ -710,9 +621,23 @@ def block_init(typingctx, isa, q8, xs, off):
         q8v = sig.args[1].literal_value
         if q8v and sig.args[0].isa not in VNNI:
             return ir.Constant(I32x16.llvm, None)
-        v = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], I32x16.llvm), align=4)
-        return builder.sub(ir.Constant(I32x16.llvm, None), builder.shl(v, _splat(I32x16.llvm, 7 if q8v else 3)))
-    return I32x16(isa, q8, xs, off), cg
+        v32 = I32x16.llvm
+        v = builder.shuffle_vector(builder.insert_element(ir.Constant(v32, None), args[2], _c32(0)),
+                                   ir.Constant(v32, None), ir.Constant(v32, [0] * 16))
+        return builder.sub(ir.Constant(v32, None), builder.shl(v, _splat(v32, 7 if q8v else 3)))
+    return I32x16(isa, q8, types.int32), cg
+
+
+@intrinsic
+def store_f32_lanes(typingctx, arr, off, v, n):
+    """The first n lanes of v to flat index `off` of a float32 array (the rest not written)."""
+    def cg(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], args[1], _F32)
+        mask = _mask(builder, 16, _i64(builder, args[3]))
+        _call(builder, "llvm.masked.store.v16f32.p0", ir.VoidType(),
+              [args[2], builder.bitcast(p, F32x16.llvm.as_pointer()), _c32(4), mask])
+        return context.get_dummy_value()
+    return types.none(arr, off, v, n), cg
 
 
 # == the kernels ==========================================================================================
@@ -730,110 +655,54 @@ def gather_rows(words, R, nb, ids, out):
     for n in range(ids.shape[0]):
         r = ids[n] + R if ids[n] < 0 else ids[n]
         for j in range(nb):
-            f = r * nb + j                                     # the block's flat number
-            base = f // GROUP * GROUP * ww + f % GROUP        # its first word: word w 16 words on
+            g = r // GROUP * nb + j                           # the group holding the row's block j
+            base = g * GROUP * ww + r % GROUP                 # its first word: word w 16 words on
             for w in range(ww):
                 out[n, j * ww + w] = words[base + GROUP * w]
     return True
 
 
-@njit(cache=True)
-def patterns(nb):
-    """nb / gcd(nb, 16): how many different x vectors a weight's groups need (see above)."""
-    a, b = nb, GROUP
-    while b:
-        a, b = b, a % b
-    return nb // a
-
-
 @njit(inline="always")
-def _quantize_row(x, t, P, xq, xd, xs, xm, qb, db, sb):
+def _quantize_row(x, t, xq, xd, xs, xm):
     """Row t of x [T, C] float32 -> per block of 32 values d = max|x| / 127, q = clip(rint(x / d),
     ±127) (q = 0 where d is 0; d = NaN and q = 0 where the block holds inf or NaN), s = Σq,
-    m = d·float(s), written for P group patterns (lane L of pattern p: x's block (16p + L) mod nb):
-    xq [T, P, 8, 64] (pattern p's vector k, lane L: values 4k..4k+3 of that block), xd, xm float32
-    and xs int32 [T, 16·P]. Scratch: qb int8 [nb + 16, 32], db float32, sb int32 [nb + 16], each
-    holding its first blocks again past nb (block nb + j is block j mod nb), so that a pattern's 16
-    lanes are 16 consecutive blocks, put block per lane in registers (block_per_lane)."""
-    nb = x.shape[1] // QK
-    for b in range(nb):
-        off = t * x.shape[1] + QK * b                 # the block's first value, a flat index
+    m = d·float(s): xq int8 [T, C], xd, xm float32 and xs int32 [T, nb] (the reference's step 1)."""
+    C = x.shape[1]
+    for b in range(C // QK):
+        off = t * C + QK * b                          # the block's first value, a flat index
         amax, bad = block_absmax(x, off)              # bad: an inf or NaN
         d = amax / np.float32(127.0)
         s = np.int32(0)
         if bad or d == np.float32(0.0):
             for i in range(QK):
-                qb[b, i] = 0
+                xq[t, QK * b + i] = 0
             if bad:
                 d = np.float32(np.nan)
         else:
-            s = block_round(x, off, d, qb, QK * b)
-        db[b] = d
-        sb[b] = s
-    for j in range(GROUP):                            # the wrap: blocks 0, 1, ... again after nb
-        b = j % nb
-        for i in range(QK):
-            qb[nb + j, i] = qb[b, i]
-        db[nb + j] = db[b]
-        sb[nb + j] = sb[b]
-    for p in range(P):
-        b0 = (GROUP * p) % nb
-        store_w8(xq, (t * P + p) * 512, block_per_lane(qb, b0 * QK))
-        for lane in range(GROUP):
-            xd[t, GROUP * p + lane] = db[b0 + lane]
-            xs[t, GROUP * p + lane] = sb[b0 + lane]
-            xm[t, GROUP * p + lane] = db[b0 + lane] * np.float32(sb[b0 + lane])
+            s = block_round(x, off, d, xq, off)
+        xd[t, b] = d
+        xs[t, b] = s
+        xm[t, b] = d * np.float32(s)
 
 
 PARALLEL_ROWS = 8     # rows of x from which their rounding runs on all threads
 
 
-@intrinsic
-def address(typingctx, a):
-    """Where an array's first element lies in memory (an integer)."""
-    def cg(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        return builder.ptrtoint(ary.data, context.get_value_type(types.intp))
-    return types.intp(a), cg
-
-
-@njit(inline="always")
-def _aligned_i8(n):
-    """n int8 from a 64-byte boundary (numba's own arrays start 32 bytes past one, half the time:
-    then every 64-byte load spans two cache lines; kernels/aligned.py)."""
-    buf = np.empty(n + 64, np.int8)
-    o = (64 - address(buf) % 64) % 64
-    return buf[o:o + n]
-
-
-@njit(inline="always")
-def _aligned_f32(n):
-    """n float32 from a 64-byte boundary (as _aligned_i8)."""
-    buf = np.empty(n + 16, np.float32)
-    o = (64 - address(buf) % 64) % 64 // 4
-    return buf[o:o + n]
-
-
 @njit(inline="always")
 def _quantize(x):
-    """All rows of x, in the kernels' layout: (xq, xd, xs, xm); on one thread for a few rows (a
-    parallel region costs more than rounding a decode row), on all from PARALLEL_ROWS."""
+    """All rows of x: (xq, xd, xs, xm); on one thread for a few rows (a parallel region costs more
+    than rounding a decode row), on all from PARALLEL_ROWS."""
     T, C = x.shape
     nb = C // QK
-    P = patterns(nb)
-    xq = _aligned_i8(T * P * 512).reshape((T, P, 8, 64))
-    f = _aligned_f32(3 * T * GROUP * P).reshape((3, T, GROUP * P))   # one allocation for the three (each costs)
+    xq = np.empty((T, C), np.int8)                     # read 4 bytes at a time (broadcast): no boundary wanted
+    f = np.empty((3, T, nb), np.float32)               # one allocation for the three (each costs)
     xd, xm, xs = f[0], f[1], f[2].view(np.int32)
     if T < PARALLEL_ROWS:
-        qb = np.empty((nb + GROUP, QK), np.int8)
-        ds = np.empty((2, nb + GROUP), np.float32)
         for t in range(T):
-            _quantize_row(x, t, P, xq, xd, xs, xm, qb, ds[0], ds[1].view(np.int32))
+            _quantize_row(x, t, xq, xd, xs, xm)
     else:
         for t in prange(T):
-            qb = np.empty((nb + GROUP, QK), np.int8)
-            ds = np.empty((2, nb + GROUP), np.float32)
-            _quantize_row(x, t, P, xq, xd, xs, xm, qb, ds[0], ds[1].view(np.int32))
+            _quantize_row(x, t, xq, xd, xs, xm)
     return xq, xd, xs, xm
 
 
@@ -844,193 +713,111 @@ def quantize_x(x):
 
 
 @njit(inline="always")
-def _accumulate(acc, t, a, f, rend, simple):
-    """Add a group's float results `a` (16 lanes, x row t) into row accumulator acc[t]: all lanes when
-    the group lies within the row (simple), else only the lanes up to the row's end `rend` (flat)."""
-    o = t * GROUP
-    if simple:
-        store_f32x16(acc, o, load_f32x16(acc, o) + a)
+def _prefetch_group(q, d, m, g, group_bytes):
+    """Group g + AHEAD's weight bytes, scales (and Q4_1's minimums): asked for before they are read."""
+    b = (g + AHEAD) * group_bytes
+    for j in range(0, group_bytes, 64):
+        prefetch(q, b + j)
+    prefetch(d, 2 * GROUP * (g + AHEAD))
+    if m.shape[0] > 0:
+        prefetch(m, 2 * GROUP * (g + AHEAD))
+
+
+@njit(inline="always")
+def _store_rows(y, t, r0, R, acc):
+    """Lane L of acc to y[t, r0 + L], for the rows that exist (a weight's last 16 may be fewer)."""
+    if r0 + GROUP <= R:
+        store_f32x16(y, t * R + r0, acc)
     else:
-        store_f32x16(acc, o, load_f32x16(acc, o) + lanes(a, 0, rend - f))
-
-
-@njit(inline="always")
-def _add_group(y, acc, a, r, r1, rend, nb, f, nv):
-    """A one-row path's group results `a` (flat block f, nv blocks) into the row's accumulator acc:
-    all lanes while the row goes on past the group, else its lanes up to the row's end; then each row
-    ending in the group goes to y[0, r] in the fixed tree, and the next row starts from +0.0 plus the
-    group's lanes past that end (as _accumulate and the spill do). -> (acc, r, rend) for the next group."""
-    acc = acc + a if rend >= f + GROUP else acc + lanes(a, 0, rend - f)
-    while rend <= f + nv:
-        y[0, r] = tree_sum(acc)
-        lo = rend - f
-        r += 1
-        rend += nb
-        acc = zero_f32x16()
-        if r < r1 and lo < nv:
-            acc = acc + lanes(a, lo, min(nv, rend - f))
-    return acc, r, rend
-
-
-@njit(inline="always")
-def _q8_0_row(isa, q, d, xq, xd, xs, y, P):
-    """_q8_0_matmul for one row of x (a decode step): the same float operations in the same order,
-    the row's accumulator a register (no array per work item, no store and load per group) and
-    the pattern counted up (no integer division per group)."""
-    R, nb = d.shape
-    for c in prange((R + ROWS - 1) // ROWS):
-        r0, r1 = c * ROWS, min(R, c * ROWS + ROWS)
-        acc = zero_f32x16()
-        r = r0
-        rend = (r0 + 1) * nb
-        g = (r0 * nb // GROUP) % P
-        for f in range(r0 * nb, r1 * nb, GROUP):
-            nv = min(GROUP, r1 * nb - f)
-            ox = g * GROUP
-            _prefetch_group(q, d, f, QK)
-            w = q8_group(isa, q, f * QK)
-            i = dot8(isa, True, block_init(isa, True, xs, ox), w, xq, ox * QK)
-            a = (load_f16x16(d, f, nv) * load_f32x16(xd, ox)) * to_f32(i)
-            g = g + 1 if g + 1 < P else 0
-            acc, r, rend = _add_group(y, acc, a, r, r1, rend, nb, f, nv)
-
-
-@njit(inline="always")
-def _q4_row(isa, q, d, m, xq, xd, xs, xm, y, P):
-    """_q4_matmul for one row of x, as _q8_0_row is _q8_0_matmul's."""
-    R, nb = d.shape
-    has_min = m.shape[0] > 0
-    for c in prange((R + ROWS - 1) // ROWS):
-        r0, r1 = c * ROWS, min(R, c * ROWS + ROWS)
-        acc = zero_f32x16()
-        r = r0
-        rend = (r0 + 1) * nb
-        g = (r0 * nb // GROUP) % P
-        for f in range(r0 * nb, r1 * nb, GROUP):
-            nv = min(GROUP, r1 * nb - f)
-            ox = g * GROUP
-            _prefetch_group(q, d, f, 16)
-            if has_min:
-                prefetch(m, 2 * (f + AHEAD))
-            dw = load_f16x16(d, f, nv)
-            if has_min:
-                i = q4_dot8(isa, q, f * 16, zero_i32x16(), xq, ox * QK)
-                a = (dw * load_f32x16(xd, ox)) * to_f32(i) + load_f16x16(m, f, nv) * load_f32x16(xm, ox)
-            else:
-                i = q4_dot8(isa, q, f * 16, block_init(isa, False, xs, ox), xq, ox * QK)
-                a = (dw * load_f32x16(xd, ox)) * to_f32(i)
-            g = g + 1 if g + 1 < P else 0
-            acc, r, rend = _add_group(y, acc, a, r, r1, rend, nb, f, nv)
+        store_f32_lanes(y, t * R + r0, acc, R - r0)
 
 
 @njit(inline="always")
 def _q8_0_matmul(isa, q, d, x, y):
-    """Q8_0: y [T, R] float32 = x [T, C] float32 @ W^T, W's values q in lane order (int8.lane_order:
-    int8 [groups·512]) and d uint16 [R, C/32] (float16 bits); x rounded to int8 blocks first
-    (_quantize)."""
-    R, nb = d.shape
+    """Q8_0: y [T, R] float32 = x [T, C] float32 @ W^T, W's values q and scales d in lane order
+    (int8.lane_order: int8 [groups·512], uint16 [groups, 16]); x rounded to int8 blocks first
+    (_quantize). Each parallel item is 16 rows: its groups c·nb .. c·nb + nb - 1 in turn, each read
+    once for up to TILE rows of x, the rows' sums in 16 lanes."""
+    T, R = y.shape
+    nb = x.shape[1] // QK
     xq, xd, xs, xm = _quantize(x)
-    P = xd.shape[1] // GROUP
-    T = y.shape[0]
-    if T == 1:
-        _q8_0_row(isa, q, d, xq, xd, xs, y, P)
+    if T == 1:                                         # a decode step: the sum a register
+        for c in prange((R + GROUP - 1) // GROUP):
+            acc = zero_f32x16()
+            for j in range(nb):
+                g = c * nb + j
+                _prefetch_group(q, d, xm[:0], g, 512)
+                i = dot8(isa, True, block_init(isa, True, xs[0, j]), q8_group(isa, q, g * 512), xq, QK * j)
+                acc = acc + (load_f16x16(d, g * GROUP, GROUP) * splat_f32x16(xd[0, j])) * to_f32(i)
+            _store_rows(y, 0, c * GROUP, R, acc)
         return
-    for c in prange((R + ROWS - 1) // ROWS):
-        r0, r1 = c * ROWS, min(R, c * ROWS + ROWS)
+    for c in prange((R + GROUP - 1) // GROUP):
         acc = np.empty((TILE, GROUP), np.float32)
-        spill = np.empty((TILE, GROUP), np.float32)    # a group's results past a row's end
         for t0 in range(0, T, TILE):
             nt = min(TILE, T - t0)
             for t in range(nt):
                 store_f32x16(acc, t * GROUP, zero_f32x16())
-            r = r0
-            rend = (r0 + 1) * nb                       # flat block where row r ends
-            for f in range(r0 * nb, r1 * nb, GROUP):
-                nv = min(GROUP, r1 * nb - f)
-                w = q8_group(isa, q, f * QK)
-                dw = load_f16x16(d, f, nv)
-                o = (f // GROUP) % P * GROUP
-                simple = rend >= f + GROUP
+            for j in range(nb):
+                g = c * nb + j
+                w = q8_group(isa, q, g * 512)
+                dw = load_f16x16(d, g * GROUP, GROUP)
                 for t in range(nt):
-                    ox = (t0 + t) * P * GROUP + o
-                    i = dot8(isa, True, block_init(isa, True, xs, ox), w, xq, ox * QK)
-                    a = (dw * load_f32x16(xd, ox)) * to_f32(i)
-                    _accumulate(acc, t, a, f, rend, simple)
-                    if not simple:
-                        store_f32x16(spill, t * GROUP, a)
-                lo = 0
-                while rend <= f + nv:                  # rows ending in this group
-                    for t in range(nt):
-                        y[t0 + t, r] = tree_sum(load_f32x16(acc, t * GROUP))
-                        store_f32x16(acc, t * GROUP, zero_f32x16())
-                    lo = rend - f
-                    r += 1
-                    rend += nb
-                    if r < r1 and lo < nv:            # the next row's lanes of this group (0 + a, as
-                                                      # the reference adds: never -0.0)
-                        for t in range(nt):
-                            store_f32x16(acc, t * GROUP, load_f32x16(acc, t * GROUP)
-                                         + lanes(load_f32x16(spill, t * GROUP), lo, min(nv, rend - f)))
+                    i = dot8(isa, True, block_init(isa, True, xs[t0 + t, j]), w, xq, (t0 + t) * x.shape[1] + QK * j)
+                    a = (dw * splat_f32x16(xd[t0 + t, j])) * to_f32(i)
+                    store_f32x16(acc, t * GROUP, load_f32x16(acc, t * GROUP) + a)
+            for t in range(nt):
+                _store_rows(y, t0 + t, c * GROUP, R, load_f32x16(acc, t * GROUP))
 
 
 @njit(inline="always")
 def _q4_matmul(isa, q, d, m, x, y):
-    """Q4_0 and Q4_1: y [T, R] = x [T, C] @ W^T, W's nibbles q in lane order (int8.lane_order: uint8
-    [groups·256]), d uint16 [R, C/32] and m uint16 [R, C/32] (Q4_1: value = d·n + m) or an empty
-    [0, 0] array (Q4_0: value = d·(n - 8)); x rounded to int8 blocks first (_quantize)."""
-    R, nb = d.shape
+    """Q4_0 and Q4_1: y [T, R] = x [T, C] @ W^T, W's nibbles q, scales d and minimums m in lane order
+    (int8.lane_order: uint8 [groups·256], uint16 [groups, 16] each; Q4_1: value = d·n + m; Q4_0: m
+    [0, 16], value = d·(n - 8)); x rounded to int8 blocks first (_quantize). As _q8_0_matmul."""
+    T, R = y.shape
+    C = x.shape[1]
+    nb = C // QK
     xq, xd, xs, xm = _quantize(x)
-    P = xd.shape[1] // GROUP
-    T = y.shape[0]
-    if T == 1:
-        _q4_row(isa, q, d, m, xq, xd, xs, xm, y, P)
-        return
     has_min = m.shape[0] > 0
-    for c in prange((R + ROWS - 1) // ROWS):
-        r0, r1 = c * ROWS, min(R, c * ROWS + ROWS)
+    if T == 1:
+        for c in prange((R + GROUP - 1) // GROUP):
+            acc = zero_f32x16()
+            for j in range(nb):
+                g = c * nb + j
+                _prefetch_group(q, d, m, g, 256)
+                dw = load_f16x16(d, g * GROUP, GROUP)
+                if has_min:
+                    i = q4_dot8(isa, q, g * 256, zero_i32x16(), xq, QK * j)
+                    a = (dw * splat_f32x16(xd[0, j])) * to_f32(i) + load_f16x16(m, g * GROUP, GROUP) * splat_f32x16(xm[0, j])
+                else:
+                    i = q4_dot8(isa, q, g * 256, block_init(isa, False, xs[0, j]), xq, QK * j)
+                    a = (dw * splat_f32x16(xd[0, j])) * to_f32(i)
+                acc = acc + a
+            _store_rows(y, 0, c * GROUP, R, acc)
+        return
+    for c in prange((R + GROUP - 1) // GROUP):
         acc = np.empty((TILE, GROUP), np.float32)
-        spill = np.empty((TILE, GROUP), np.float32)
         for t0 in range(0, T, TILE):
             nt = min(TILE, T - t0)
             for t in range(nt):
                 store_f32x16(acc, t * GROUP, zero_f32x16())
-            r = r0
-            rend = (r0 + 1) * nb
-            for f in range(r0 * nb, r1 * nb, GROUP):
-                nv = min(GROUP, r1 * nb - f)
-                w = q4_group(isa, q, f * 16)
-                dw = load_f16x16(d, f, nv)
-                o = (f // GROUP) % P * GROUP
-                simple = rend >= f + GROUP
+            for j in range(nb):
+                g = c * nb + j
+                w = q4_group(isa, q, g * 256)
+                dw = load_f16x16(d, g * GROUP, GROUP)
                 if has_min:
-                    mw = load_f16x16(m, f, nv)
+                    mw = load_f16x16(m, g * GROUP, GROUP)
                     for t in range(nt):
-                        ox = (t0 + t) * P * GROUP + o
-                        i = dot8(isa, False, zero_i32x16(), w, xq, ox * QK)
-                        a = (dw * load_f32x16(xd, ox)) * to_f32(i) + mw * load_f32x16(xm, ox)
-                        _accumulate(acc, t, a, f, rend, simple)
-                        if not simple:
-                            store_f32x16(spill, t * GROUP, a)
+                        i = dot8(isa, False, zero_i32x16(), w, xq, (t0 + t) * C + QK * j)
+                        a = (dw * splat_f32x16(xd[t0 + t, j])) * to_f32(i) + mw * splat_f32x16(xm[t0 + t, j])
+                        store_f32x16(acc, t * GROUP, load_f32x16(acc, t * GROUP) + a)
                 else:
                     for t in range(nt):
-                        ox = (t0 + t) * P * GROUP + o
-                        i = dot8(isa, False, block_init(isa, False, xs, ox), w, xq, ox * QK)
-                        a = (dw * load_f32x16(xd, ox)) * to_f32(i)
-                        _accumulate(acc, t, a, f, rend, simple)
-                        if not simple:
-                            store_f32x16(spill, t * GROUP, a)
-                lo = 0
-                while rend <= f + nv:
-                    for t in range(nt):
-                        y[t0 + t, r] = tree_sum(load_f32x16(acc, t * GROUP))
-                        store_f32x16(acc, t * GROUP, zero_f32x16())
-                    lo = rend - f
-                    r += 1
-                    rend += nb
-                    if r < r1 and lo < nv:
-                        for t in range(nt):
-                            store_f32x16(acc, t * GROUP, load_f32x16(acc, t * GROUP)
-                                         + lanes(load_f32x16(spill, t * GROUP), lo, min(nv, rend - f)))
+                        i = dot8(isa, False, block_init(isa, False, xs[t0 + t, j]), w, xq, (t0 + t) * C + QK * j)
+                        a = (dw * splat_f32x16(xd[t0 + t, j])) * to_f32(i)
+                        store_f32x16(acc, t * GROUP, load_f32x16(acc, t * GROUP) + a)
+            for t in range(nt):
+                _store_rows(y, t0 + t, c * GROUP, R, load_f32x16(acc, t * GROUP))
 
 
 # -- the entries: one per format and instruction set (an argument typed by a Python object costs

@@ -21,11 +21,7 @@ NumPy, and each kernel equals it bit for bit. For x [T, C] and one weight row w 
   4. Per block, in float32, each operation rounded as written, no fused multiply-add:
          Q8_0, Q4_0:  P_b = (d_w · d_x) · float(I_b)
          Q4_1:        P_b = ((d_w · d_x) · float(I_b)) + (m_w · m_x)
-  5. Sixteen float32 lanes per row: the row's block b goes to lane (r·nb + b) mod 16 (r the row's
-     number in the weight: the kernels take a weight's blocks 16 at a time in storage order, across
-     row ends), and each lane adds its blocks in order from +0.0: A_L = ((0 + P_b) + P_b') + ...
-     Then y = the lanes added as a tree: a_i = A_i + A_i+8 (i < 8), b_i = a_i + a_i+4,
-     c_i = b_i + b_i+2, y = c_0 + c_1.
+  5. Each row adds its blocks in order, from +0.0:  y = ((0 + P_0) + P_1) + ... + P_{nb-1}.
 
 Integer sums are exact in any order, so every instruction set gives the same I_b and the float
 steps are the same operations in the same order: the answer does not depend on the CPU. Nor does a
@@ -51,7 +47,6 @@ within 0.5% of the same weights' with float activations (`ERROR_BOUND`).
 
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
@@ -62,7 +57,7 @@ from .cpu import cpu_features, target_features  # noqa: F401 (public here too)
 
 ERROR_BOUND = 0.005      # relative perplexity, W·A8 against W·A32 on the same weights (measured above)
 QK = 32                  # values per block (models/quant.py's)
-GROUP = 16                       # blocks per group: the kernels' lanes and the reference's step 5
+GROUP = 16                       # rows per group: the kernels' lanes (a row a lane)
 ENV = "MINILLM_INT8_ISA"         # pin the instruction set (one the CPU has): tests, measurements
 ISA_WORDS = {
     "avx512-vnni": "AVX512-VNNI vpdpbusd, 512-bit",
@@ -114,6 +109,7 @@ def describe(name: str | None = None) -> str:
 
 
 _NO_MIN = np.empty((0, 0), np.uint16)   # Q4_0 has no minimums: the kernel's m is empty
+_NO_MIN_LANES = np.empty((0, GROUP), np.uint16)   # ... in lane order
 
 
 # -- the reference (NumPy) ----------------------------------------------------------------------------
@@ -149,24 +145,25 @@ def planes(q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> tuple:
 def check_planes(p: tuple) -> tuple:
     """p as the kernels read it, or a ValueError in one line: kernels/checks.py's agreement of shapes
     and dtypes (q int8 [R, 32·nb] with d uint16 [R, nb]; or q uint8 [R, 16·nb], d and m uint16
-    [R, nb], m [0, 0] for Q4_0; or q in lane order, `lane_order`'s 1-D array), at least one block a
-    row, and each plane C-contiguous (the kernels read them by flat offsets: a strided plane would be
-    read as if it were not)."""
+    [R, nb], m [0, 0] for Q4_0; or planes in lane order, as `lane_order` makes them, which carry
+    their weight's shape), at least one block a row, and each plane C-contiguous (the kernels read
+    them by flat offsets: a strided plane would be read as if it were not)."""
     from . import checks
-    if len(p) in (2, 3) and getattr(p[0], "ndim", 0) == 1:    # in lane order: the q it stands for
-        R, nb = checks._shape(p[1], 2, "quantized product's d")
+    if len(p) in (2, 3) and getattr(p[0], "ndim", 0) == 1:    # in lane order: the shape they carry
+        R, C = _shape(p)
+        nb = C // QK
         kind, dt, bb = ("Q8_0 values", np.int8, QK) if len(p) == 2 else ("Q4 nibbles", np.uint8, QK // 2)
-        if p[0].dtype != dt or p[0].shape != (groups(R, nb) * GROUP * bb,):
-            raise Int8Error(f"integer product: {kind} in lane order {p[0].shape} {p[0].dtype} do not match "
-                            f"scales [{R}, {nb}] ({dt.__name__} [{groups(R, nb) * GROUP * bb}]: lane_order "
-                            "makes them)")
-        checks.planes((np.broadcast_to(dt(0), (R, bb * nb)),) + tuple(p[1:]))   # scales, minimums
-        p = checks.Planes(p)
-        p.n_in = nb * QK
+        G = groups(R, nb)
+        want_m = (G, GROUP) if len(p) == 3 and p[2].shape[0] else (0, GROUP)
+        if p[0].dtype != dt or p[0].shape != (G * GROUP * bb,) or p[1].dtype != np.uint16 \
+                or p[1].shape != (G, GROUP) or (len(p) == 3 and (p[2].dtype != np.uint16 or p[2].shape != want_m)):
+            raise Int8Error(f"integer product: {kind} in lane order {p[0].shape} {p[0].dtype}, scales "
+                            f"{p[1].shape} do not match a [{R}, {C}] weight ({dt.__name__} [{G * GROUP * bb}], "
+                            f"uint16 [{G}, {GROUP}]: lane_order makes them)")
     else:
         p = checks.planes(tuple(p))
-    if p[1].shape[1] == 0:
-        raise Int8Error(f"integer product: a weight of {p[1].shape[0]} rows of no values; rows need whole "
+    if _shape(p)[1] == 0:
+        raise Int8Error(f"integer product: a weight of {_shape(p)[0]} rows of no values; rows need whole "
                         f"blocks of {QK} values")
     if not all(a.flags.c_contiguous for a in p):
         raise Int8Error("integer product: the planes must be C-contiguous (make them with int8.planes)")
@@ -174,31 +171,49 @@ def check_planes(p: tuple) -> tuple:
 
 
 def _shape(p: tuple) -> tuple[int, int]:
-    """(R, C) of a weight's planes (in GGUF's order or the kernels' lane order)."""
+    """(R, C) of a weight's planes (in GGUF's order, or in lane order: the shape they carry)."""
+    if p[0].ndim == 1:
+        shape = getattr(p, "shape", None)
+        if shape is None:
+            raise Int8Error("integer product: planes in lane order carry their weight's shape; make them "
+                            "with int8.lane_order")
+        return shape
     R, nb = p[1].shape
     return R, nb * QK
 
 
+class LanePlanes(tuple):
+    """A weight's planes in lane order, with the shape [R, C] of the weight they hold (lane order pads
+    R to whole groups of 16 rows, so the arrays alone do not say it)."""
+    shape: tuple
+
+
+def lane_planes(arrays, shape: tuple) -> LanePlanes:
+    """Arrays in lane order (q, d[, m]) as a weight of `shape` [R, C]'s planes (unchecked)."""
+    out = LanePlanes(arrays)
+    out.shape = tuple(shape)
+    return out
+
+
 # -- in lane order -------------------------------------------------------------------------------------
 #
-# The kernels read a group of 16 blocks "block per lane" (_int8.py): vector k holds in its lane L the
-# 4 bytes k of the group's block L (Q8_0: 8 vectors, a block's 32 values; Q4: 4, its 16 bytes of
-# nibbles). GGUF stores a block's bytes together, so a kernel reading GGUF's order turns each group
-# around in registers (rounds of shuffles, every group); a weight laid out in that order once, when it
-# is made, is read with plain loads. Lane order: the weight's blocks in storage order (row after row)
-# cut in groups of 16, group G's 16·bb bytes (bb a block's bytes: 32 for Q8_0, 16 for Q4) holding
-# byte i of its block L at 64·(i // 4) + 4·L + i % 4, the last group padded with zero bytes: a 1-D
-# array (int8 for Q8_0, uint8 for Q4) of 16·bb bytes a group. Measured: Q4 (SmolLM2-135M's 120 Q4_1
-# products, one row, 2 threads, medians of 11 interleaved rounds, Intel Xeon VM) 1.07x against the
-# shuffles in registers (a first look, the shuffles simply left out: 1.18x). Q8_0 (SmolLM2's head,
-# 49152x576, three copies in turn so that each comes from memory, 2 threads, AVX2 on an AMD EPYC Zen
-# 3, both forms in one process, medians of 15 interleaved rounds): one row of x 1.46x (ranges apart),
-# 8 rows 0.94x (each round's ratio 0.89-0.96), 32 rows 0.98x (0.68-1.13); with the group's loads
-# moved into the loop over x's rows, 0.98x at 8 rows but 0.92x at 32: kept as it is.
+# The kernels read a weight 16 rows at a time, a row a lane (_int8.py): a group is 16 rows' block j,
+# and vector k holds in its lane L the 4 bytes k of row L's block (Q8_0: 8 vectors, the block's 32
+# values; Q4: 4, its 16 bytes of nibbles), so that eight dot instructions leave each row's block sum
+# in its own lane, and a row's blocks add up in its lane, with no sum across lanes at the end. GGUF
+# stores a row's blocks one after another; the weight is laid out in the kernels' order once, when it
+# is made. Lane order: rows padded with zeros to a multiple of 16, cut in bands of 16 rows; band c's
+# block j is group g = c·nb + j, whose 16·bb bytes (bb a block's bytes: 32 for Q8_0, 16 for Q4) hold
+# byte i of row 16c + L's block at 64·(i // 4) + 4·L + i % 4 (a 1-D array, int8 for Q8_0, uint8 for
+# Q4); the scales (and Q4_1's minimums) likewise, uint16 [groups, 16], row 16c + L's block j at
+# [g, L]. The rows' x is then the same for every lane: each 4 bytes of x's block j go to all 16 lanes.
+# Measured against the order before (a group was 16 consecutive blocks in storage order, across row
+# ends: each row then ended in a sum across lanes, and a group could hold two rows' lanes): below,
+# _int8.py.
 
 def groups(R: int, nb: int) -> int:
-    """Groups of 16 blocks in a weight of R rows of nb blocks (the last one possibly partial)."""
-    return -(-R * nb // GROUP)
+    """Groups in a weight of R rows of nb blocks: 16 rows' block j each (the rows padded to 16)."""
+    return -(-R // GROUP) * nb
 
 
 def row_ids(R: int, rows) -> np.ndarray:
@@ -216,29 +231,47 @@ def row_ids(R: int, rows) -> np.ndarray:
     return np.where(r < 0, r + R, r)
 
 
+def _group_of(R: int, nb: int, rows) -> tuple[np.ndarray, np.ndarray]:
+    """([n, nb] group of each block of rows `rows`, [n, 1] its lane)."""
+    r = row_ids(R, rows)                                                     # [n]
+    g = (r // GROUP * nb)[:, None] + np.arange(nb)[None, :]                   # [n, nb]
+    return g, (r % GROUP)[:, None]
+
+
 def _lane_index(R: int, nb: int, bb: int, rows=slice(None)) -> np.ndarray:
     """[n, bb·nb] positions in lane order of the GGUF-order bytes of rows `rows` of an R x nb-block
     weight of bb bytes a block (the inverse of laying it out)."""
-    r = row_ids(R, rows)                                                     # [n]
-    b = r[:, None] * nb + np.arange(nb)[None, :]                             # [n, nb] flat blocks
+    g, lane = _group_of(R, nb, rows)
     i = np.arange(bb)                                                        # byte of a block
-    pos = (b // GROUP * GROUP * bb + b % GROUP * 4)[..., None] + (64 * (i // 4) + i % 4)   # [n, nb, bb]
-    return pos.reshape(len(r), bb * nb)
+    pos = (g * GROUP * bb + lane * 4)[..., None] + (64 * (i // 4) + i % 4)   # [n, nb, bb]
+    return pos.reshape(g.shape[0], bb * nb)
+
+
+def _scales_in_lanes(a: np.ndarray, R: int, nb: int) -> np.ndarray:
+    """Scales (or minimums) uint16 [R, nb] -> [groups, 16] in lane order, on a 64-byte boundary."""
+    out = aligned_zeros((groups(R, nb), GROUP), np.uint16)
+    g, lane = _group_of(R, nb, slice(None))
+    out[g, lane] = a
+    return out
 
 
 def lane_order(p: tuple) -> tuple:
-    """Planes with q (Q8_0's values, Q4's nibbles) laid out in lane order (a new array: (lanes [groups·
-    16·bb], d[, m])); planes in lane order already, as they are."""
+    """Planes in lane order (new arrays, on 64-byte boundaries: (lanes [groups·16·bb], d [groups, 16][,
+    m [groups, 16], or [0, 16] for Q4_0]), a LanePlanes carrying the weight's shape); planes in lane
+    order already, as they are."""
     if p[0].ndim == 1:
         return p
     q, d = p[0], p[1]
     R, nb = d.shape
     bb = q.shape[1] // nb
-    lanes = aligned_zeros(groups(R, nb) * GROUP * bb, q.dtype)   # on a 64-byte boundary (aligned.py)
+    lanes = aligned_zeros(groups(R, nb) * GROUP * bb, q.dtype)
     step = max(1, 65536 // (bb * nb))               # a few rows at a time: the index is 8 bytes a byte
     for r0 in range(0, R, step):
         lanes[_lane_index(R, nb, bb, slice(r0, r0 + step))] = q[r0:r0 + step]
-    return check_planes((lanes,) + tuple(p[1:]))
+    out = (lanes, _scales_in_lanes(d, R, nb))
+    if len(p) == 3:
+        out += (_scales_in_lanes(p[2], R, nb) if p[2].shape[0] else _NO_MIN_LANES,)
+    return check_planes(lane_planes(out, (R, nb * QK)))
 
 
 def gguf_rows(lanes: np.ndarray, R: int, nb: int, rows=slice(None)) -> np.ndarray:
@@ -246,6 +279,25 @@ def gguf_rows(lanes: np.ndarray, R: int, nb: int, rows=slice(None)) -> np.ndarra
     Q8_0 values, uint8 Q4 nibbles; a copy, reading only those rows' bytes). The NumPy form, by the
     rule; `lane_rows` gathers the same bytes in one compiled loop."""
     return lanes[_lane_index(R, nb, lanes.size // (groups(R, nb) * GROUP), rows)]
+
+
+def scale_rows(scales: np.ndarray, R: int, nb: int, rows=slice(None)) -> np.ndarray:
+    """Rows `rows` of scales (or minimums) in lane order [groups, 16], back in GGUF's order: uint16
+    [n, nb] (a copy of those rows' alone)."""
+    g, lane = _group_of(R, nb, rows)
+    return scales[g, lane]
+
+
+def gguf_planes(p: tuple) -> tuple:
+    """Planes in lane order back in GGUF's order (copies): (q, d[, m]) as `planes` makes them."""
+    if p[0].ndim == 2:
+        return p
+    R, C = _shape(p)
+    nb = C // QK
+    out = (gguf_rows(p[0], R, nb), scale_rows(p[1], R, nb))
+    if len(p) == 3:
+        out += (scale_rows(p[2], R, nb) if p[2].shape[0] else _NO_MIN,)
+    return out
 
 
 def lane_rows(lanes: np.ndarray, R: int, nb: int, rows=slice(None)) -> np.ndarray:
@@ -265,9 +317,10 @@ def lane_rows(lanes: np.ndarray, R: int, nb: int, rows=slice(None)) -> np.ndarra
 
 def weight_ints(p: tuple) -> np.ndarray:
     """Step 2's integers of every weight, [R, nb, 32] int8 in value order (Q8_0 q; Q4_0 n - 8; Q4_1 n)."""
+    p = gguf_planes(p)
     R, C = _shape(p)
     nb = C // QK
-    q = gguf_rows(p[0], R, nb) if p[0].ndim == 1 else p[0]
+    q = p[0]
     if len(p) == 2:
         return q.view(np.int8).reshape(R, nb, QK)
     b = q.reshape(R, nb, 16)
@@ -286,6 +339,7 @@ def block_sums_ref(wi: np.ndarray, qx: np.ndarray) -> np.ndarray:
 def matmul_ref(p: tuple, x: np.ndarray, rows_at_once: int = 64) -> np.ndarray:
     """x [T, C] @ w^T -> [T, R] float32 by steps 1-5 (the kernels' exact answer), w given by its
     `planes`, `rows_at_once` rows of x at a time (step 3's [T, R, nb] array is the large one)."""
+    p = gguf_planes(p)
     R, C = _shape(p)
     x = _check(C, np.asarray(x))
     T = x.shape[0]
@@ -301,25 +355,14 @@ def matmul_ref(p: tuple, x: np.ndarray, rows_at_once: int = 64) -> np.ndarray:
             P = (dw[None] * dx[:, None, :]) * I.astype(np.float32)               # step 4
             if mw is not None:
                 P = P + mw[None] * mx[:, None, :]
-            A = np.zeros(P.shape[:2] + (GROUP,), np.float32)                     # step 5
-            lane = (np.arange(R)[:, None] * nb + np.arange(nb)[None, :]) % GROUP     # [R, nb]
-            rows = np.arange(R)
+            A = np.zeros(P.shape[:2], np.float32)                                # step 5: in order
             for b in range(nb):
-                A[:, rows, lane[:, b]] = A[:, rows, lane[:, b]] + P[:, :, b]
-            while A.shape[-1] > 1:
-                h = A.shape[-1] // 2
-                A = A[..., :h] + A[..., h:]
-        y[t0:t0 + rows_at_once] = A[..., 0]
+                A = A + P[:, :, b]
+        y[t0:t0 + rows_at_once] = A
     return y
 
 
 # -- the kernels --------------------------------------------------------------------------------------
-
-def patterns(nb: int) -> int:
-    """How many different 16-block x vectors a weight of nb blocks a row needs: its block b of row r
-    sits in lane (r·nb + b) mod 16, so the pattern repeats every nb / gcd(nb, 16) groups."""
-    return nb // math.gcd(nb, GROUP)
-
 
 def _check(C: int, x) -> np.ndarray:
     if x.ndim != 2 or x.shape[1] != C:
@@ -330,7 +373,8 @@ def _check(C: int, x) -> np.ndarray:
 
 
 def quantize_x(x: np.ndarray) -> tuple:
-    """Step 1 by the kernels, in their layout: (xq int8 [T, P, 8, 64], xd, xs, xm [T, 16·P])."""
+    """Step 1 by the kernels: (xq int8 [T, C], xd float32, xs int32, xm float32 [T, nb]), as
+    `quantize_x_ref` gives them (xq flat by row)."""
     from . import _int8
     x = np.asarray(x)
     if x.ndim != 2 or x.shape[1] % QK or x.shape[1] == 0:
@@ -351,7 +395,7 @@ def _current_isa() -> str:
 def kernel(q8: bool, isa_name: str | None = None):
     """The compiled product for Q8_0 (q8) or Q4 planes on an instruction set (default `isa()`):
     kernel(*planes, x, y) with x [T, C] float32 C-contiguous and y [T, R] float32, the planes in
-    lane order (`lane_order`) (what a weight class calls per product, without this module's checks)."""
+    lane order (`lane_order`; the kernel takes R from y) (what a weight class calls per product, without this module's checks)."""
     from ._int8 import KERNELS
     name = isa_name or _current_isa()
     if name not in supported():

@@ -21,7 +21,7 @@ from .. import meter
 from ..kernels import int8
 from ..kernels.aligned import aligned_empty
 from .fused import fuse
-from .quant import QK, QuantMatrix, kept_counts, kept_once
+from .quant import QK, QuantMatrix, kept_counts
 
 
 class Int8Quant(QuantMatrix):
@@ -30,8 +30,11 @@ class Int8Quant(QuantMatrix):
     def __init__(self, fmt, q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> None:
         super().__init__(fmt, q, d, m)
         self.planes = int8.lane_order(int8.planes(q, d, m))       # the kernel's arguments, made once, on
-        kept_once(self)                                            # 64-byte boundaries (kernels/aligned.py)
+        self._has_min = m is not None                              # 64-byte boundaries (kernels/aligned.py)
         self._kernel = None
+
+    # q, d and m live in the planes alone, in lane order: each read gives GGUF's order back, a copy
+    # (a weight keeps its bytes once); q_rows and scale_rows read only the rows asked for.
 
     @property
     def q(self) -> np.ndarray:
@@ -43,9 +46,38 @@ class Int8Quant(QuantMatrix):
     def q(self, q: np.ndarray) -> None:          # QuantMatrix's __init__: the planes hold it, laid out
         pass
 
+    @property
+    def d(self) -> np.ndarray:
+        """The scales in GGUF's order, float16 [R, C/32] (a copy, as q)."""
+        return self.scale_rows(slice(None))[0]
+
+    @d.setter
+    def d(self, d: np.ndarray) -> None:
+        pass
+
+    @property
+    def m(self) -> np.ndarray | None:
+        """Q4_1's minimums in GGUF's order, float16 [R, C/32] (a copy, as q); None for other formats."""
+        return self.scale_rows(slice(None))[1]
+
+    @m.setter
+    def m(self, m: np.ndarray | None) -> None:
+        pass
+
     def q_rows(self, rows) -> np.ndarray:
-        R, nb = self.d.shape
-        return int8.lane_rows(self.planes[0], R, nb, rows)
+        R, C = self.shape
+        return int8.lane_rows(self.planes[0], R, C // QK, rows)
+
+    def scale_rows(self, rows) -> tuple:
+        R, C = self.shape
+        d = int8.scale_rows(self.planes[1], R, C // QK, rows).view(np.float16)
+        return d, int8.scale_rows(self.planes[2], R, C // QK, rows).view(np.float16) if self._has_min else None
+
+    @property
+    def nbytes(self) -> int:
+        """GGUF's bytes of the weight (the blocks read; lane order's padding rows, zeros, are not)."""
+        R, C = self.shape
+        return R * C * self.fmt.bits // 8 + R * (C // QK) * 2 * (2 if self._has_min else 1)
 
     def __repr__(self) -> str:
         return "Int8" + super().__repr__()
@@ -67,30 +99,29 @@ class Int8Quant(QuantMatrix):
         return y
 
     def take_rows(self, order: np.ndarray) -> "Int8Quant":
-        return Int8Quant(self.fmt, self.q_rows(order), self.d[order], None if self.m is None else self.m[order])
+        return Int8Quant(self.fmt, self.q_rows(order), *self.scale_rows(order))
 
     @kept_counts
     def counts(self, T: int, itemsize: int = 4) -> dict:
         """What a product of T rows tells the meter (its 2·T·R·C multiply-adds, integer here, are
         ops.linear's `matmul`). weights = the blocks' bytes, read once (the passes after the first
         32 rows of x find them in the cache); scratch = x's rounded copy, written once and read back
-        (int8 values in P lane patterns of 16 blocks, each lane's scale, sum and d·sum: P·(512 + 192)
-        bytes a row); dequant = the rest: rounding x, 7 per value (|x|, max, divide, round, two
+        (C int8 values and each block's scale, sum and d·sum: C + 12·nb bytes a row); dequant = the rest: rounding x, 7 per value (|x|, max, divide, round, two
         clips, the sum) and 2 per block (the scale, d·sum); per pass of 32 rows over the weight each
         scale (and minimum) widened from float16, 1, and Q4's nibbles split, 1 per value; per block
         and row of x, the block's float work: int to float, d_w·d_x, the product, the add, 4 (Q4_0's
-        -8·Σx in integers +1, Q4_1's m_w·m_x and its add +2); per output, the 16 lanes' tree, 15."""
+        -8·Σx in integers +1, Q4_1's m_w·m_x and its add +2) (a row's blocks add up in its own lane:
+        no sum across lanes)."""
         if itemsize != 4:
             return super().counts(T, itemsize)
         R, C = self.shape
         nb = C // QK
-        P = int8.patterns(nb)
         passes = -(-T // 32)
         n_s = 2 if self.fmt.has_min else 1
         per_block = 4 + {"q8_0": 0, "q4_0": 1, "q4_1": 2}[self.fmt.name]
         dequant = (T * C * 7 + T * nb * 2 + passes * (R * nb * n_s + (R * C if self.fmt.bits == 4 else 0))
-                   + T * R * nb * per_block + T * R * 15)
-        return {"weights": self.nbytes, "scratch": 2 * T * P * (512 + 192), "dequant": dequant}
+                   + T * R * nb * per_block)
+        return {"weights": self.nbytes, "scratch": 2 * T * (C + 12 * nb), "dequant": dequant}
 
 
 def integer(w):
@@ -179,8 +210,8 @@ def _block_params(model):
 
 def _stacked(blocks) -> tuple:
     """(norm1, norm2, each product's planes) of these blocks stacked, a block a row; each weight's
-    planes (and its scales and minimums, `d`, `m`) then its rows of the stack, so that the bytes are
-    held once (while one product's are stacked, twice)."""
+    planes then its rows of the stack, so that the bytes are held once (while one product's are
+    stacked, twice)."""
     norms = tuple(np.stack([p[n] for p in blocks])
                   for n in ("input_layernorm.weight", "post_attention_layernorm.weight"))
     out = []
@@ -188,8 +219,7 @@ def _stacked(blocks) -> tuple:
         ws = [p[name] for p in blocks]
         planes = tuple(_stack([w.planes[j] for w in ws]) for j in range(len(ws[0].planes)))
         for i, w in enumerate(ws):
-            w.planes = tuple(a[i] for a in planes)
-            kept_once(w)                                             # d and m: views of its rows
+            w.planes = int8.lane_planes((a[i] for a in planes), w.shape)   # its rows: the bytes held once
         out.append(planes)
     return norms + tuple(out)
 

@@ -288,12 +288,16 @@ class QuantMatrix:
 
     def take_rows(self, order: np.ndarray) -> "QuantMatrix":
         """The rows in another order (a row keeps its blocks whole: reordering costs no rounding)."""
-        return QuantMatrix(self.fmt, self.q_rows(order), self.d[order], None if self.m is None else self.m[order])
+        return QuantMatrix(self.fmt, self.q_rows(order), *self.scale_rows(order))
 
     def q_rows(self, rows) -> np.ndarray:
         """Rows `rows` (indices or a slice) of q, in GGUF's order (a subclass that lays q out its own
         way, models/int8.py's, gathers them)."""
         return self.q[rows]
+
+    def scale_rows(self, rows) -> tuple:
+        """(d, m) of rows `rows` (m None where the format has none), as q_rows gives q."""
+        return self.d[rows], None if self.m is None else self.m[rows]
 
     def to_gguf_blocks(self) -> np.ndarray:
         """The planes back as GGUF's bytes: uint8 [R, C/32 · block_bytes]."""
@@ -316,8 +320,8 @@ class QuantMatrix:
         only those rows' blocks."""
         n = len(ids)
         out = np.empty((n, self.shape[1]), dtype or np.float32)
-        self._widen(self.q_rows(ids), f16_to_f32(self.d[ids]),
-                    None if self.m is None else f16_to_f32(self.m[ids]), out, scaled=True)
+        d, m = self.scale_rows(ids)
+        self._widen(self.q_rows(ids), f16_to_f32(d), None if m is None else f16_to_f32(m), out, scaled=True)
         return out
 
     def _widen(self, q: np.ndarray, d: np.ndarray | None, m: np.ndarray | None, out: np.ndarray,
