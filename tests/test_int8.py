@@ -214,9 +214,12 @@ def test_an_integer_weight_keeps_its_bytes_in_lane_order_and_gives_ggufs_back(w,
     for rows in (ids, -1 - ids, ids.astype(np.uint64), slice(1, None, 2), mask):   # compiled gather, NumPy's
         assert np.array_equal(int8.lane_rows(lanes, R, nb, rows), w.q[rows])
         assert np.array_equal(int8.gguf_rows(lanes, R, nb, rows), w.q[rows])
+        assert np.array_equal(int8.scale_rows(i.planes[1], R, nb, rows), w.d.view(np.uint16)[rows])
     for past in ([R], [-R - 1]):
         with pytest.raises(IndexError):
             int8.lane_rows(lanes, R, nb, past)
+        with pytest.raises(IndexError):
+            int8.scale_rows(i.planes[1], R, nb, past)
     x = rng.standard_normal((2, C))                                     # float64: QuantMatrix's product
     assert same(i.matmul(x), w.matmul(x))
 

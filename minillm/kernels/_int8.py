@@ -42,7 +42,7 @@ chains: 5% at one row); a division per lane in the pattern copy (an integer % pe
 a 576-wide row's 2.6); an argument typed by a Python object cost numba's dispatcher 0.8-2.9 µs a call
 (hence one entry per instruction set); masks computed for every group's loads instead of the last's.
 
-One row of x (a decode step) has a path of its own (`_q4_row`, `_q8_0_row`): the same float
+One row of x (a decode step) has a path of its own (each kernel's T == 1 branch): the same float
 operations in the same order, but the row's 16-lane accumulator is a register (the general path
 keeps a [32, 16] array per work item of 16 rows, allocated per item, stored and loaded per group)
 and the lane pattern is counted up instead of divided out per group. Measured (Intel Xeon VM,
@@ -51,7 +51,7 @@ interleaved rounds): SmolLM2's Q4_1 576x576 / 960x576 / 3072x576 / 576x1536 1.63
 1.55x the general path, its Q8_0 head's rows 1.39x. Then, each against the one before over SmolLM2's
 120 Q4_1 products and head in turn (2 threads, medians of 11 interleaved rounds): the high nibbles
 multiplied in place (16·n, summed apart and shifted right by 4: one operation fewer a vector) about
-1.05x; the weights asked for AHEAD blocks ahead (`prefetch`) 1.11-1.13x the products, 1.18-1.41x the
+1.05x; the weights asked for 128 blocks ahead (`prefetch`) 1.11-1.13x the products, 1.18-1.41x the
 head; Q4 laid out in lane order when the weight is made (no shuffles) 1.07x the products; a whole
 group's scales loaded without a mask (made per group before) 1.04x the products, 1.10x the head.
 Rounding x (_quantize_row), each block's max |v| and its rounding in two vectors (`block_absmax`,
@@ -69,19 +69,25 @@ first), interleaved in one process: one thread, each weight in cache, medians of
 cache, the rounds' ratios' medians of 21 rounds 1.04x at one row, 1.08x at four (ranges 0.94-1.24
 and 0.62-1.43: not ranked).
 
-Blocks per lane. A group is 16 consecutive blocks of the weight, taken in storage order (a row's
-blocks, then the next row's: a group may hold the end of one row and the start of the next). The
-integer dot wants "block per lane": vector k (k = 0..7) holds in its lane L (4 bytes) values
-4k..4k+3 of the group's block L, so that eight dot instructions leave each block's integer sum in a
-lane of its own, no horizontal sums. The weights are laid out in that order once, when the weight
-is made (int8.lane_order), and read with plain loads: a Q8_0 group 8, a Q4 group 4 (each word's low
-and high nibbles are vectors k and k + 4). Q8_0 was put in that order in registers as it was loaded,
-a transpose of 16 blocks x 8 four-byte words in three rounds of shuffles a group, until the layout
-(int8.py gives its measured factor). The activations are quantized straight into it: a weight's
-block b of row r lies in lane (r·nb + b) mod 16 of its group, so the x vector a group needs repeats
-every P = nb / gcd(nb, 16) groups; _quantize writes those P patterns (P·16 blocks, x's nb blocks
-repeated) once per product. Groups that run across row ends cost nothing extra: the 18-block rows
-of a 576-wide matrix take 18 blocks of work each, not 32.
+A row per lane. A group is 16 rows' block j (int8.lane_order lays the weight out so, once, when it
+is made): vector k (k = 0..7) holds in its lane L (4 bytes) values 4k..4k+3 of row L's block, so that
+eight dot instructions leave each row's block sum in a lane of its own, and x's word k, the same for
+every row, is one 4-byte broadcast (a load the dot instruction can take as its operand). A work item
+is 16 rows: it walks their nb groups in storage order, each row's sum adding up in its own lane from
++0.0 in block order (the reference's step 5), and ends with one 16-lane store. x is rounded in plain
+order (`_quantize`: what the reference gives). Read as Q8_0 8 plain loads a group, Q4 4 (each word's
+low and high nibbles are vectors k and k + 4).
+
+Before, a group was 16 consecutive blocks in storage order, across row ends ("block per lane"): a
+row's blocks spread over the lanes, so every row ended in a sum across the 16 lanes, a group could
+hold the end of one row and the start of the next (masks, a branch), and x was rounded into the lane
+patterns a weight's rows need (nb / gcd(nb, 16) of them). Measured, that form against this one in
+one process (Intel Xeon VM, AVX512-VNNI, medians of interleaved rounds, each round's ratio):
+SmolLM2's Q4_1 products at one row of x, one thread, each weight in the cache (11 rounds): q|k|v
+960x576 1.90x [1.83-2.00], o 576x576 1.74x [1.29-2.11], gate|up 3072x576 1.87x [1.34-1.97], down
+576x1536 1.43x [1.10-1.64]; all 120 in turn from memory, two threads (15 rounds): 5,539 -> 3,564 µs
+a pass, 1.54x [1.17-1.71] (66.4 MB: 18.6 GB/s on a slow hour). The same pass without the bytes
+asked for AHEAD groups ahead: 4,891 against 3,249 µs with them, 1.44x [1.32-1.61].
 """
 
 from __future__ import annotations
@@ -101,7 +107,7 @@ from ._numba import prefetch
 QK = 32          # values per block
 GROUP = 16       # rows per group: a row a lane (a group is 16 rows' block j: int8.lane_order)
 AHEAD = 16       # groups: how far ahead a one-row product asks for the weights (Q4: 4 KB; the
-                 # prefetcher alone left SmolLM2's decode products at 1.8x the time, measured below)
+                 # prefetcher alone left SmolLM2's decode products at 1.44x the time: measured above)
 TILE = 32        # rows of x per pass over a work item's groups
 
 
@@ -646,8 +652,8 @@ def store_f32_lanes(typingctx, arr, off, v, n):
 def gather_rows(words, R, nb, ids, out):
     """int8.lane_rows: rows ids (counted from the end where negative) of an R-row weight in lane
     order, back in GGUF's order, a 4-byte word at a time: words the lane order viewed as int32, out
-    [n, ww·nb] int32 (ww = a block's words: 8 for Q8_0, 4 for Q4). False, out unwritten, where an
-    id lies past either end."""
+    [n, ww·nb] int32 (ww = a block's words: 8 for Q8_0, 4 for Q4); int8.scale_rows: words a plane
+    of scales (uint16, a word each), ww = 1. False, out unwritten, where an id lies past either end."""
     ww = out.shape[1] // nb
     for n in range(ids.shape[0]):
         if ids[n] >= R or ids[n] < -R:

@@ -283,9 +283,13 @@ def gguf_rows(lanes: np.ndarray, R: int, nb: int, rows=slice(None)) -> np.ndarra
 
 def scale_rows(scales: np.ndarray, R: int, nb: int, rows=slice(None)) -> np.ndarray:
     """Rows `rows` of scales (or minimums) in lane order [groups, 16], back in GGUF's order: uint16
-    [n, nb] (a copy of those rows' alone)."""
-    g, lane = _group_of(R, nb, rows)
-    return scales[g, lane]
+    [n, nb] (a copy of those rows' alone, gathered as lane_rows gathers q)."""
+    from ._int8 import gather_rows
+    ids = _ids(R, rows)
+    out = np.empty((len(ids), nb), np.uint16)
+    if not gather_rows(scales.reshape(-1), R, nb, ids, out):
+        row_ids(R, ids)                                        # the IndexError, in words
+    return out
 
 
 def gguf_planes(p: tuple) -> tuple:
@@ -300,15 +304,21 @@ def gguf_planes(p: tuple) -> tuple:
     return out
 
 
+def _ids(R: int, rows) -> np.ndarray:
+    """rows as int64 ids for gather_rows (which checks them): integer ids as they are, a slice or a
+    mask through row_ids."""
+    ids = np.asarray(rows).reshape(-1) if not isinstance(rows, slice) else None
+    if ids is None or ids.dtype.kind not in "iu":               # a slice, a mask: row_ids
+        ids = row_ids(R, rows)
+    return ids.astype(np.int64, copy=False)                    # one compiled form (uint64 + int64 is a float)
+
+
 def lane_rows(lanes: np.ndarray, R: int, nb: int, rows=slice(None)) -> np.ndarray:
     """gguf_rows, gathered by a numba loop: what a weight's q_rows (an embedding's lookup) uses.
     Measured for one row of a 49152x576 Q8_0 weight, interleaved, medians of 15 rounds: gguf_rows'
     index arrays 32.2 µs, this 5.4, GGUF's own order (q[ids]) 1.6."""
     from ._int8 import gather_rows
-    ids = np.asarray(rows).reshape(-1) if not isinstance(rows, slice) else None
-    if ids is None or ids.dtype.kind not in "iu":               # a slice, a mask: row_ids
-        ids = row_ids(R, rows)
-    ids = ids.astype(np.int64, copy=False)                     # one compiled form (uint64 + int64 is a float)
+    ids = _ids(R, rows)
     out = np.empty((len(ids), lanes.size // (groups(R, nb) * GROUP) * nb), lanes.dtype)
     if not gather_rows(lanes.view(np.int32), R, nb, ids, out.view(np.int32)):   # ids checked there
         row_ids(R, ids)                                        # the IndexError, in words
