@@ -64,7 +64,7 @@ def plain_kernel():
         T = qx.shape[0]
         for r in prange(R):
             for t in range(T):
-                A = np.zeros(16, np.float32)
+                a = np.float32(0.0)                 # the row's blocks added in order (step 5)
                 for b in range(nb):
                     s = 0
                     for k in range(QK):
@@ -72,14 +72,8 @@ def plain_kernel():
                     p = (dw[r, b] * dx[t, b]) * np.float32(s)
                     if has_min:
                         p = p + mw[r, b] * mx[t, b]
-                    lane = (r * nb + b) % 16
-                    A[lane] = A[lane] + p
-                h = 8
-                while h >= 1:
-                    for i in range(h):
-                        A[i] = A[i] + A[i + h]
-                    h //= 2
-                y[t, r] = A[0]
+                    a = a + p
+                y[t, r] = a
     return plain
 
 

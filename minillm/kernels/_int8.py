@@ -139,7 +139,7 @@ class _VecModel(models.PrimitiveModel):
 I8x64 = Vec("i8", 64)
 I32x16 = Vec("i32", 16)
 F32x16 = Vec("f32", 16)
-W8 = types.UniTuple(I8x64, 8)       # a group's weights: 8 vectors of 64 bytes, block per lane
+W8 = types.UniTuple(I8x64, 8)       # a group's weights: 8 vectors of 64 bytes, a row per lane
 ISAS = ("avx512-vnni", "avx-vnni", "avx2", "generic")
 VNNI = ("avx512-vnni", "avx-vnni")
 
@@ -438,7 +438,7 @@ def block_round(typingctx, x, off, d, q, qoff):
     return (types.int32(x, off, d, q, qoff), cg) if ok else None
 
 
-# -- a group's weights, block per lane -----------------------------------------------------------------
+# -- a group's weights, a row per lane ---------------------------------------------------------------------
 
 @intrinsic
 def q8_group(typingctx, isa, q, off):
