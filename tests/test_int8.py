@@ -274,10 +274,10 @@ def test_float64_and_strided_x_are_taken_as_float32():
 @pytest.mark.parametrize("fmt", FMTS)
 def test_no_kernel_reads_past_a_plane_that_ends_at_a_guard_page(fmt):
     """Every plane and x end exactly where an unreadable page begins: a load of one byte past any of
-    them kills the process. Every instruction set, weights of 1..17 rows (a last group of 16 rows
-    partly padding, numba's bounds checks cannot see the kernels' hand-written loads; the kernels
-    ask for bytes ahead, a hint that never faults), one block a row and several, 1 and 3 rows of x
-    (the one-row path and the tiled one)."""
+    them kills the process, and so does a store past y. Every instruction set, weights of 1..17 rows
+    (a last group of 16 rows partly padding; numba's bounds checks cannot see the kernels'
+    hand-written loads and stores; the kernels ask for bytes ahead, a hint that never faults), one
+    block a row and several, 1 and 3 rows of x (the one-row path and the tiled one)."""
     from guard_pages import guarded
     rng = np.random.default_rng(11)
     with guarded() as g:
@@ -291,6 +291,9 @@ def test_no_kernel_reads_past_a_plane_that_ends_at_a_guard_page(fmt):
                 want = int8.matmul_ref(p, x)
                 for name in ISAS:
                     assert same(int8.matmul(gp, x, name), want), (name, R, nb, T)
+                    y = g.place(np.zeros((T, R), np.float32))   # the last 16 rows' store stops at y's end
+                    int8.kernel(fmt == "q8_0", name)(*gp, x, y)
+                    assert same(y, want), (name, R, nb, T)
 
 
 def test_planes_that_disagree_and_a_narrow_x_are_refused_in_one_line():

@@ -719,14 +719,19 @@ def quantize_x(x):
 
 
 @njit(inline="always")
-def _prefetch_group(q, d, m, g, group_bytes):
-    """Group g + AHEAD's weight bytes, scales (and Q4_1's minimums): asked for before they are read."""
+def _prefetch_group(q, d, g, group_bytes):
+    """Group g + AHEAD's weight bytes and scales, asked for before they are read (a caller with
+    minimums asks for theirs too: `_prefetch_scales`)."""
     b = (g + AHEAD) * group_bytes
     for j in range(0, group_bytes, 64):
         prefetch(q, b + j)
-    prefetch(d, 2 * GROUP * (g + AHEAD))
-    if m.shape[0] > 0:
-        prefetch(m, 2 * GROUP * (g + AHEAD))
+    _prefetch_scales(d, g)
+
+
+@njit(inline="always")
+def _prefetch_scales(s, g):
+    """Group g + AHEAD's 16 scales (or minimums), uint16 [groups, 16]."""
+    prefetch(s, 2 * GROUP * (g + AHEAD))
 
 
 @njit(inline="always")
@@ -752,7 +757,7 @@ def _q8_0_matmul(isa, q, d, x, y):
             acc = zero_f32x16()
             for j in range(nb):
                 g = c * nb + j
-                _prefetch_group(q, d, xm[:0], g, 512)
+                _prefetch_group(q, d, g, 512)
                 i = dot8(isa, True, block_init(isa, True, xs[0, j]), q8_group(isa, q, g * 512), xq, QK * j)
                 acc = acc + (load_f16x16(d, g * GROUP, GROUP) * splat_f32x16(xd[0, j])) * to_f32(i)
             _store_rows(y, 0, c * GROUP, R, acc)
@@ -790,7 +795,9 @@ def _q4_matmul(isa, q, d, m, x, y):
             acc = zero_f32x16()
             for j in range(nb):
                 g = c * nb + j
-                _prefetch_group(q, d, m, g, 256)
+                _prefetch_group(q, d, g, 256)
+                if has_min:
+                    _prefetch_scales(m, g)
                 dw = load_f16x16(d, g * GROUP, GROUP)
                 if has_min:
                     i = q4_dot8(isa, q, g * 256, zero_i32x16(), xq, QK * j)
