@@ -801,7 +801,8 @@ def _q4_matmul(isa, q, d, m, x, y):
                 dw = load_f16x16(d, g * GROUP, GROUP)
                 if has_min:
                     i = q4_dot8(isa, q, g * 256, zero_i32x16(), xq, QK * j)
-                    a = (dw * splat_f32x16(xd[0, j])) * to_f32(i) + load_f16x16(m, g * GROUP, GROUP) * splat_f32x16(xm[0, j])
+                    a = ((dw * splat_f32x16(xd[0, j])) * to_f32(i)
+                         + load_f16x16(m, g * GROUP, GROUP) * splat_f32x16(xm[0, j]))
                 else:
                     i = q4_dot8(isa, q, g * 256, block_init(isa, False, xs[0, j]), xq, QK * j)
                     a = (dw * splat_f32x16(xd[0, j])) * to_f32(i)

@@ -405,7 +405,8 @@ def _current_isa() -> str:
 def kernel(q8: bool, isa_name: str | None = None):
     """The compiled product for Q8_0 (q8) or Q4 planes on an instruction set (default `isa()`):
     kernel(*planes, x, y) with x [T, C] float32 C-contiguous and y [T, R] float32, the planes in
-    lane order (`lane_order`; the kernel takes R from y) (what a weight class calls per product, without this module's checks)."""
+    lane order (`lane_order`; the kernel takes R from y): what a weight class calls per product,
+    without this module's checks."""
     from ._int8 import KERNELS
     name = isa_name or _current_isa()
     if name not in supported():

@@ -30,7 +30,8 @@ class Int8Quant(QuantMatrix):
     def __init__(self, fmt, q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> None:
         super().__init__(fmt, q, d, m)
         self.planes = int8.lane_order(int8.planes(q, d, m))       # the kernel's arguments, made once, on
-        self._has_min = m is not None                              # 64-byte boundaries (kernels/aligned.py)
+                                                                   # 64-byte boundaries (kernels/aligned.py)
+        self._has_min = m is not None
         self._kernel = None
 
     # q, d and m live in the planes alone, in lane order: each read gives GGUF's order back, a copy
@@ -106,12 +107,12 @@ class Int8Quant(QuantMatrix):
         """What a product of T rows tells the meter (its 2·T·R·C multiply-adds, integer here, are
         ops.linear's `matmul`). weights = the blocks' bytes, read once (the passes after the first
         32 rows of x find them in the cache); scratch = x's rounded copy, written once and read back
-        (C int8 values and each block's scale, sum and d·sum: C + 12·nb bytes a row); dequant = the rest: rounding x, 7 per value (|x|, max, divide, round, two
-        clips, the sum) and 2 per block (the scale, d·sum); per pass of 32 rows over the weight each
-        scale (and minimum) widened from float16, 1, and Q4's nibbles split, 1 per value; per block
-        and row of x, the block's float work: int to float, d_w·d_x, the product, the add, 4 (Q4_0's
-        -8·Σx in integers +1, Q4_1's m_w·m_x and its add +2) (a row's blocks add up in its own lane:
-        no sum across lanes)."""
+        (C int8 values and each block's scale, sum and d·sum: C + 12·nb bytes a row); dequant = the
+        rest: rounding x, 7 per value (|x|, max, divide, round, two clips, the sum) and 2 per block
+        (the scale, d·sum); per pass of 32 rows over the weight each scale (and minimum) widened from
+        float16, 1, and Q4's nibbles split, 1 per value; per block and row of x, the block's float
+        work: int to float, d_w·d_x, the product, the add, 4 (Q4_0's -8·Σx in integers +1, Q4_1's
+        m_w·m_x and its add +2). A row's blocks add up in its own lane: no sum across lanes."""
         if itemsize != 4:
             return super().counts(T, itemsize)
         R, C = self.shape
