@@ -264,6 +264,12 @@ def _halves(builder, v, n: int):
     return _shuffle(builder, v, v, list(range(n // 2))), _shuffle(builder, v, v, list(range(n // 2, n)))
 
 
+def _broadcast(builder, x, vt: ir.VectorType):
+    """A scalar value x in every lane of vt (a constant's lanes: `_splat`)."""
+    return builder.shuffle_vector(builder.insert_element(ir.Constant(vt, None), x, _c32(0)), ir.Constant(vt, None),
+                                  ir.Constant(ir.VectorType(_I32, vt.count), [0] * vt.count))
+
+
 # -- loads, stores, arithmetic ------------------------------------------------------------------------
 
 @intrinsic
@@ -355,8 +361,7 @@ def zero_i32x16(typingctx):
 def splat_f32x16(typingctx, x):
     """A float32 in all 16 lanes."""
     def cg(context, builder, sig, args):
-        v = builder.insert_element(ir.Constant(F32x16.llvm, None), args[0], _c32(0))
-        return builder.shuffle_vector(v, ir.Constant(F32x16.llvm, None), ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
+        return _broadcast(builder, args[0], F32x16.llvm)
     return (F32x16(x), cg) if x == types.float32 else None
 
 
@@ -419,8 +424,7 @@ def block_round(typingctx, x, off, d, q, qoff):
     def cg(context, builder, sig, args):
         v = _block_vectors(context, builder, sig.args[0], args[0], args[1])
         ty = F32x16.llvm
-        dv = builder.shuffle_vector(builder.insert_element(ir.Constant(ty, None), args[2], _c32(0)),
-                                    ir.Constant(ty, None), ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
+        dv = _broadcast(builder, args[2], ty)
         lo, hi = _splat(ty, -127.0), _splat(ty, 127.0)
         ints = []
         for u in v:
@@ -531,10 +535,7 @@ def _x_word(builder, base, k: int, n: int = 64):
     """Word k (bytes 4k..4k+3) of x's block from `base`, in every 4-byte lane of an n-byte vector
     (every lane is a row of the weight, and every row takes the same x: a broadcast load)."""
     w = builder.load(builder.bitcast(builder.gep(base, [_c32(4 * k)]), _I32.as_pointer()), align=1)
-    vt = ir.VectorType(_I32, n // 4)
-    v = builder.shuffle_vector(builder.insert_element(ir.Constant(vt, None), w, _c32(0)), ir.Constant(vt, None),
-                               ir.Constant(ir.VectorType(_I32, n // 4), [0] * (n // 4)))
-    return builder.bitcast(v, ir.VectorType(_I8, n))
+    return builder.bitcast(_broadcast(builder, w, ir.VectorType(_I32, n // 4)), ir.VectorType(_I8, n))
 
 
 def _dot8(builder, isa: str, q8: bool, acc, w: list, base):
@@ -628,8 +629,7 @@ def block_init(typingctx, isa, q8, s):
         if q8v and sig.args[0].isa not in VNNI:
             return ir.Constant(I32x16.llvm, None)
         v32 = I32x16.llvm
-        v = builder.shuffle_vector(builder.insert_element(ir.Constant(v32, None), args[2], _c32(0)),
-                                   ir.Constant(v32, None), ir.Constant(v32, [0] * 16))
+        v = _broadcast(builder, args[2], v32)
         return builder.sub(ir.Constant(v32, None), builder.shl(v, _splat(v32, 7 if q8v else 3)))
     return I32x16(isa, q8, types.int32), cg
 
