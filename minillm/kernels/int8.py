@@ -52,7 +52,7 @@ import os
 import numpy as np
 
 from ..errors import MiniLLMError
-from .aligned import aligned, aligned_zeros
+from .aligned import aligned_zeros
 from .cpu import cpu_features, target_features  # noqa: F401 (public here too)
 
 ERROR_BOUND = 0.005      # relative perplexity, W·A8 against W·A32 on the same weights (measured above)
@@ -135,11 +135,12 @@ def planes(q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> tuple:
     """A quantized matrix's planes as these kernels take them (kernels/products.py's too): q (int8
     [R, C]: Q8_0; uint8 [R, C/2]: Q4's nibbles in GGUF's order), C-contiguous, then the scales (and
     Q4_1's minimums; for Q4_0 an empty array) as float16 bits, uint16 [R, C/32], checked to agree
-    (`check_planes`)."""
-    d = aligned(np.asarray(d).view(np.uint16))
+    (`check_planes`). The kernels read them in lane order (`lane_order`, a copy on 64-byte boundaries)."""
+    d = np.ascontiguousarray(np.asarray(d).view(np.uint16))
+    q = np.ascontiguousarray(q)
     if q.dtype == np.int8:
-        return check_planes((aligned(q), d))
-    return check_planes((aligned(q), d, _NO_MIN if m is None else aligned(np.asarray(m).view(np.uint16))))
+        return check_planes((q, d))
+    return check_planes((q, d, _NO_MIN if m is None else np.ascontiguousarray(np.asarray(m).view(np.uint16))))
 
 
 def check_planes(p: tuple) -> tuple:

@@ -31,7 +31,6 @@ class Int8Quant(QuantMatrix):
         super().__init__(fmt, q, d, m)
         self.planes = int8.lane_order(int8.planes(q, d, m))       # the kernel's arguments, made once, on
                                                                    # 64-byte boundaries (kernels/aligned.py)
-        self._has_min = m is not None
         self._kernel = None
 
     # q, d and m live in the planes alone, in lane order: each read gives GGUF's order back, a copy
@@ -72,13 +71,7 @@ class Int8Quant(QuantMatrix):
     def scale_rows(self, rows) -> tuple:
         R, C = self.shape
         d = int8.scale_rows(self.planes[1], R, C // QK, rows).view(np.float16)
-        return d, int8.scale_rows(self.planes[2], R, C // QK, rows).view(np.float16) if self._has_min else None
-
-    @property
-    def nbytes(self) -> int:
-        """GGUF's bytes of the weight (the blocks read; lane order's padding rows, zeros, are not)."""
-        R, C = self.shape
-        return R * C * self.fmt.bits // 8 + R * (C // QK) * 2 * (2 if self._has_min else 1)
+        return d, int8.scale_rows(self.planes[2], R, C // QK, rows).view(np.float16) if self.fmt.has_min else None
 
     def __repr__(self) -> str:
         return "Int8" + super().__repr__()

@@ -183,12 +183,11 @@ def check_planes(fmt: Format, q: np.ndarray, d: np.ndarray, m: np.ndarray | None
 
 
 def kept_once(w) -> None:
-    """A kernel set's quantized weight w, whose `planes` may be copies of its q, d and m (put on
-    64-byte boundaries: kernels/aligned.py): q, d and m become views of the planes (a plane in the
-    kernels' own order stands for q itself), so that the weight holds its bytes once."""
+    """A kernel set's quantized weight w, whose `planes` (q, d[, m] in GGUF's order) may be copies of
+    its q, d and m (put on 64-byte boundaries: kernels/aligned.py): q, d and m become views of the
+    planes, so that the weight holds its bytes once."""
     p = w.planes
-    if p[0].ndim == 2:
-        w.q = p[0]
+    w.q = p[0]
     w.d = p[1].view(w.d.dtype)
     if w.m is not None:
         w.m = p[2].view(w.m.dtype)
@@ -217,8 +216,9 @@ class QuantMatrix:
 
     @property
     def nbytes(self) -> int:
-        """Bytes in memory: the integers, the scales and the minimums (GGUF's bytes exactly)."""
-        return self.size * self.fmt.bits // 8 + self.d.nbytes + (self.m.nbytes if self.m is not None else 0)
+        """Bytes in memory: the integers, the scales and the minimums (GGUF's bytes exactly; float16
+        scales and minimums, one a block)."""
+        return self.size * self.fmt.bits // 8 + self.size // QK * 2 * (2 if self.fmt.has_min else 1)
 
     ndim = 2
     dtype = np.dtype(np.float32)      # what it computes in by default
