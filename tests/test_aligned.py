@@ -1,6 +1,6 @@
 """The kernels' arrays start on 64-byte boundaries (kernels/aligned.py): every weight a kernel set
-makes (its planes, held once), the stacked planes of the compiled step, the integer kernels' rounded
-x, and the float32 product's x; the same values and the same products as from anywhere else."""
+makes (its planes, held once), the stacked planes of the compiled step, and the float32 product's x;
+the same values and the same products as from anywhere else."""
 
 from __future__ import annotations
 
