@@ -49,7 +49,7 @@ class Int8Quant(QuantMatrix):
     @property
     def d(self) -> np.ndarray:
         """The scales in GGUF's order, float16 [R, C/32] (a copy, as q)."""
-        return self.scale_rows(slice(None))[0]
+        return self._plane_rows(1, slice(None))
 
     @d.setter
     def d(self, d: np.ndarray) -> None:
@@ -58,7 +58,7 @@ class Int8Quant(QuantMatrix):
     @property
     def m(self) -> np.ndarray | None:
         """Q4_1's minimums in GGUF's order, float16 [R, C/32] (a copy, as q); None for other formats."""
-        return self.scale_rows(slice(None))[1]
+        return self._plane_rows(2, slice(None)) if self.fmt.has_min else None
 
     @m.setter
     def m(self, m: np.ndarray | None) -> None:
@@ -69,9 +69,12 @@ class Int8Quant(QuantMatrix):
         return int8.lane_rows(self.planes[0], R, C // QK, rows)
 
     def scale_rows(self, rows) -> tuple:
+        return self._plane_rows(1, rows), self._plane_rows(2, rows) if self.fmt.has_min else None
+
+    def _plane_rows(self, i: int, rows) -> np.ndarray:
+        """Rows `rows` of the scales (i = 1) or minimums (i = 2), float16 in GGUF's order."""
         R, C = self.shape
-        d = int8.scale_rows(self.planes[1], R, C // QK, rows).view(np.float16)
-        return d, int8.scale_rows(self.planes[2], R, C // QK, rows).view(np.float16) if self.fmt.has_min else None
+        return int8.scale_rows(self.planes[i], R, C // QK, rows).view(np.float16)
 
     def __repr__(self) -> str:
         return "Int8" + super().__repr__()
