@@ -515,19 +515,27 @@ def test_a_plain_request_whose_client_leaves_is_cancelled(served):
     assert made < 90, "the request ran to the end for nobody"
 
 
-def test_a_request_expected_to_wait_too_long_is_refused_up_front(model):
-    server, loop = start(model, limits=Limits(max_queue_wait=0.005), max_seqs=1)
+def test_a_request_expected_to_wait_too_long_is_refused_up_front():
+    """Every model step sleeps 20 ms inside the metered step, so the queue's expected wait behind one
+    90-token request (~1.8 s) is far over the 0.5 s limit while that request's own first token (one
+    step) is far under it, however busy the machine: a second request is refused before it queues."""
+    from minillm.models.gpt2 import GPT2
+    slow = random_model(CONFIG, 3, std=0.3)
+    slow.name = "test-model"
+    slow.run = lambda plan: (time.sleep(0.02), GPT2.run(slow, plan))[1]
+    server, loop = start(slow, limits=Limits(max_queue_wait=0.5), max_seqs=1)
     try:
         first = threading.Thread(target=stream_text, args=(server, {"prompt": "x", "max_tokens": 90,
                                                                     "temperature": 0}))
         first.start()
         deadline = time.time() + 10
-        while metrics(server)["minillm_queue_expected_wait_seconds"] <= 0.005 and time.time() < deadline:
+        while metrics(server)["minillm_queue_expected_wait_seconds"] <= 0.5 and time.time() < deadline:
             time.sleep(0.005)
         status, headers, raw = request(server, "POST", "/v1/completions", {"prompt": "a", "max_tokens": 5})
         assert status == 429 and int(headers["Retry-After"]) >= 1, raw
         assert "expected wait" in json.loads(raw)["error"]["message"]
         first.join(timeout=60)
+        assert not first.is_alive()
         assert metrics(server)['minillm_requests_rejected_total{code="429"}'] == 1
     finally:
         server.shutdown()

@@ -233,7 +233,7 @@ class Front:
                 req = parse_completion(body, self.encode, cfg.vocab_size, cfg.n_ctx)
             wait = loop.metrics.get("queue_expected_wait_seconds")
             if wait > limits.max_queue_wait:
-                raise ApiError(429, f"the queue's expected wait is {wait:.0f} s, over this server's limit of "
+                raise ApiError(429, f"the queue's expected wait is {wait:.2g} s, over this server's limit of "
                                f"{limits.max_queue_wait:g} s: try again later", kind="rate_limit_error",
                                headers=self.retry_after(wait - limits.max_queue_wait))
             events = Events(asyncio.get_running_loop())
