@@ -215,7 +215,12 @@ def test_an_integer_weight_keeps_its_bytes_in_lane_order_and_gives_ggufs_back(w,
         assert np.array_equal(int8.lane_rows(lanes, R, nb, rows), w.q[rows])
         assert np.array_equal(int8.gguf_rows(lanes, R, nb, rows), w.q[rows])
         assert np.array_equal(int8.scale_rows(i.planes[1], R, nb, rows), w.d.view(np.uint16)[rows])
+    for rows in (ids, -1 - ids, ids.astype(np.uint64), ids[::2], [R - 1, 0], np.zeros(0, np.int64)):
+        assert same(i.rows(rows), w.rows(np.arange(R)[rows]))              # one compiled lookup, GGUF's floats
+    assert i.rows(ids, np.float64).dtype == np.float64 and same(i.rows(ids, np.float64), w.rows(ids, np.float64))
     for past in ([R], [-R - 1]):
+        with pytest.raises(IndexError):
+            i.rows(np.array(past))
         with pytest.raises(IndexError):
             int8.lane_rows(lanes, R, nb, past)
         with pytest.raises(IndexError):

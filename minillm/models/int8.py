@@ -68,6 +68,13 @@ class Int8Quant(QuantMatrix):
         R, C = self.shape
         return int8.lane_rows(self.planes[0], R, C // QK, rows)
 
+    def rows(self, ids: np.ndarray, dtype=None) -> np.ndarray:
+        """QuantMatrix.rows' floats (GGUF's dequantization) read straight from the lane order in one
+        compiled loop (int8.dequant_rows); other dtypes as QuantMatrix gives them."""
+        if dtype not in (None, np.float32):
+            return super().rows(ids, dtype)
+        return int8.dequant_rows(self.planes, ids)
+
     def scale_rows(self, rows) -> tuple:
         return self._plane_rows(1, rows), self._plane_rows(2, rows) if self.fmt.has_min else None
 
