@@ -119,8 +119,9 @@ def test_fused_quantized_product_equals_numpy(w, T, seed):
 @given(st.integers(1, 80), st.integers(1, 12).map(lambda b: 32 * b),
        st.one_of(st.integers(1, 12), st.integers(60, 70), st.integers(255, 260)), st.integers(0, 2**32 - 1))
 def test_fused_dense_product_equals_numpy(n_out, n_in, T, seed):
-    """1..7 rows: the row form; 8..256: the register-blocked form (odd output and x row counts: its
-    tails); more: BLAS, x @ Wt^T."""
+    """The row form up to BLOCKED_FROM rows, then the register-blocked form of this CPU (odd output and
+    x row counts: its tails), past 256 BLAS, x @ Wt^T; and both blocked forms (4x4, 6x4) whatever
+    this CPU runs, on every shape."""
     rng = np.random.default_rng(seed)
     W = rng.standard_normal((n_in, n_out)).astype(np.float32)
     x = rng.standard_normal((T, n_in)).astype(np.float32)
@@ -129,6 +130,11 @@ def test_fused_dense_product_equals_numpy(n_out, n_in, T, seed):
     fd = FusedDense(W)
     assert np.all(np.abs(kernels.dense_matmul_t(fd.wt, x) - exact) <= bound)
     assert np.all(np.abs(fd.matmul(x) - exact) <= bound)
+    from minillm.kernels import _numba as K
+    for blocked in (K.dense_matmul_t_blocked, K.dense_matmul_t_6x4):
+        y = np.full((T, n_out), np.nan, np.float32)
+        blocked(fd.wt, x, y)
+        assert np.all(np.abs(y - exact) <= bound), blocked.__name__
     assert (fd.n_in, fd.n_out, fd.nbytes) == (n_in, n_out, W.nbytes)
     with meter.Meter() as m:                        # the meter: the weight once, no scratch, whichever ran
         ops.linear(x, fd)

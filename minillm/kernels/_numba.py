@@ -235,10 +235,11 @@ def q4_matmul_t(q, d, m, x, y):
 
 # -- float32 products: y [T, R] = x [T, C] @ Wt^T, Wt [R, C] (an [in, out] weight kept transposed) --
 #
-# The same row form as the quantized kernels for 1..7 rows of x; a register-blocked form past them
-# (`dense_matmul_t_blocked`). Measured against two kernels over the [in, out] layout (column tiles of
-# 64 with the accumulators in an L1-resident [T, 64] array, or four such rows with the x values
-# broadcast): those ran at 0.4-1.0x BLAS, the row form faster than BLAS at 1..8 rows.
+# The same row form as the quantized kernels for the first rows of x; register-blocked forms past them
+# (`dense_matmul_t_blocked`, `dense_matmul_t_6x4`: products.py's BLOCKED_FROM and BLOCKED choose).
+# Measured against two kernels over the [in, out] layout (column tiles of 64 with the accumulators in
+# an L1-resident [T, 64] array, or four such rows with the x values broadcast): those ran at
+# 0.4-1.0x BLAS, the row form faster than BLAS at 1..8 rows.
 
 @njit(parallel=True, cache=True, fastmath=FAST)
 def dense_matmul_t(wt, x, y):
@@ -361,6 +362,82 @@ def dense_matmul_t_blocked(wt, x, y):
                         a0 += wt[j, k] * x[t, k]
                     y[t, j] = a0
 
+
+@njit(parallel=True, cache=True, fastmath=FAST)
+def dense_matmul_t_6x4(wt, x, y):
+    """The blocked form with six output rows against four rows of x: 24 accumulators, and each pass
+    over the six weight rows' values loads 6 weight and 4 x vectors for 24 multiply-adds (the 4x4
+    form: 8 for 16). For CPUs with 32 vector registers (AVX-512): the 24 sums, four x vectors and a
+    weight vector fit them (AVX2's 16 would spill). GPT-2-124M's products and head from memory, AMD
+    EPYC Zen 5 VM, 2 threads, one process, medians of 7 rounds, ms: 4 / 8 / 16 rows of x 16.4 / 21.1
+    / 27.4 against the 4x4 form's 18.7 / 23.0 / 31.0 and the row form's 21.2 / 32.5 / 60.6 (one row:
+    10.5 in the row form); 8x2, 10x2 and 12x2 tiles within 5% of it, 16x1 and 8x3 behind."""
+    R, C = wt.shape
+    T = x.shape[0]
+    for rr in prange((R + 5) // 6):
+        r = 6 * rr
+        if r + 5 < R:
+            t = 0
+            while t + 4 <= T:
+                a0, a1, a2, a3 = np.float32(0.0), np.float32(0.0), np.float32(0.0), np.float32(0.0)
+                b0, b1, b2, b3 = np.float32(0.0), np.float32(0.0), np.float32(0.0), np.float32(0.0)
+                c0, c1, c2, c3 = np.float32(0.0), np.float32(0.0), np.float32(0.0), np.float32(0.0)
+                d0, d1, d2, d3 = np.float32(0.0), np.float32(0.0), np.float32(0.0), np.float32(0.0)
+                e0, e1, e2, e3 = np.float32(0.0), np.float32(0.0), np.float32(0.0), np.float32(0.0)
+                f0, f1, f2, f3 = np.float32(0.0), np.float32(0.0), np.float32(0.0), np.float32(0.0)
+                for k in range(C):
+                    x0, x1, x2, x3 = x[t, k], x[t + 1, k], x[t + 2, k], x[t + 3, k]
+                    w = wt[r, k]
+                    a0 += w * x0
+                    a1 += w * x1
+                    a2 += w * x2
+                    a3 += w * x3
+                    w = wt[r + 1, k]
+                    b0 += w * x0
+                    b1 += w * x1
+                    b2 += w * x2
+                    b3 += w * x3
+                    w = wt[r + 2, k]
+                    c0 += w * x0
+                    c1 += w * x1
+                    c2 += w * x2
+                    c3 += w * x3
+                    w = wt[r + 3, k]
+                    d0 += w * x0
+                    d1 += w * x1
+                    d2 += w * x2
+                    d3 += w * x3
+                    w = wt[r + 4, k]
+                    e0 += w * x0
+                    e1 += w * x1
+                    e2 += w * x2
+                    e3 += w * x3
+                    w = wt[r + 5, k]
+                    f0 += w * x0
+                    f1 += w * x1
+                    f2 += w * x2
+                    f3 += w * x3
+                y[t, r], y[t + 1, r], y[t + 2, r], y[t + 3, r] = a0, a1, a2, a3
+                y[t, r + 1], y[t + 1, r + 1], y[t + 2, r + 1], y[t + 3, r + 1] = b0, b1, b2, b3
+                y[t, r + 2], y[t + 1, r + 2], y[t + 2, r + 2], y[t + 3, r + 2] = c0, c1, c2, c3
+                y[t, r + 3], y[t + 1, r + 3], y[t + 2, r + 3], y[t + 3, r + 3] = d0, d1, d2, d3
+                y[t, r + 4], y[t + 1, r + 4], y[t + 2, r + 4], y[t + 3, r + 4] = e0, e1, e2, e3
+                y[t, r + 5], y[t + 1, r + 5], y[t + 2, r + 5], y[t + 3, r + 5] = f0, f1, f2, f3
+                t += 4
+            while t < T:                                   # the last rows of x, one at a time
+                for j in range(6):
+                    a0 = np.float32(0.0)
+                    for k in range(C):
+                        a0 += wt[r + j, k] * x[t, k]
+                    y[t, r + j] = a0
+                t += 1
+        else:                                              # the last output rows, one at a time
+            for j in range(r, R):
+                for t in range(T):
+                    a0 = np.float32(0.0)
+                    for k in range(C):
+                        a0 += wt[j, k] * x[t, k]
+                    y[t, j] = a0
 
 # -- attention without the score matrix ------------------------------------------------------------
 

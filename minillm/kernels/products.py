@@ -24,6 +24,7 @@ except ImportError:                                        # pragma: no cover - 
 from . import _exact, checks
 from . import _numba as K
 from .aligned import aligned
+from .cpu import cpu_features
 
 _NO_MIN = np.empty((0, 0), np.uint16)    # Q4_0 has no minimums: the kernel's m is empty
 _ONE_BLOCK = np.zeros((1, 1), np.intp)   # a contiguous cache's rows as block 0 of a one-block pool
@@ -74,13 +75,19 @@ def quant_matmul_t(p: tuple, x: np.ndarray) -> np.ndarray:
     return y
 
 
-BLOCKED_FROM = 8      # rows of x from which the float32 product runs the register-blocked form
+WIDE = "avx512f" in cpu_features()   # 32 vector registers: the blocked form six output rows by four
+BLOCKED = K.dense_matmul_t_6x4 if WIDE else K.dense_matmul_t_blocked
+BLOCKED_FROM = 4 if WIDE else 8      # rows of x from which the float32 product runs the blocked form
+                                     # (AMD Zen 5, GPT-2's products, 4 / 6 rows: the 6x4 form 1.14x
+                                     # [0.91-1.21] / 1.23x [1.16-1.27] the row form; the 4x4 form was
+                                     # slower than the row form at 4 rows on a Zen 4: from 8 there)
 
 
 def dense_matmul_t(wt: np.ndarray, x: np.ndarray) -> np.ndarray:
     """x [T, C] @ wt^T -> [T, R], wt float32 [R, C] (a weight [in, out] kept as its transpose): the
-    weight read once, for four rows of x at a time (the row form up to 7 rows, then four output
-    rows against four rows of x: _numba.py says why)."""
+    weight read once, for four rows of x at a time (the row form up to BLOCKED_FROM - 1 rows, then
+    the blocked form: six output rows against four rows of x where the CPU has AVX-512's 32 vector
+    registers, four against four elsewhere; _numba.py says why)."""
     _check_float32(x, wt)
     checks.dense_product(wt, x)
     # x on a 64-byte boundary for the blocked form (aligned.py); the row form reads the weight, not x,
@@ -88,7 +95,7 @@ def dense_matmul_t(wt: np.ndarray, x: np.ndarray) -> np.ndarray:
     # [0.99-1.05] without (against the weights' alignment alone; one process, 11 interleaved rounds)
     x = _f32(x) if x.shape[0] < BLOCKED_FROM else aligned(_f32(x))
     y = np.empty((x.shape[0], wt.shape[0]), np.float32)
-    (K.dense_matmul_t_blocked if x.shape[0] >= BLOCKED_FROM else K.dense_matmul_t)(wt, x, y)
+    (BLOCKED if x.shape[0] >= BLOCKED_FROM else K.dense_matmul_t)(wt, x, y)
     return y
 
 
