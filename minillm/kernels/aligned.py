@@ -3,7 +3,7 @@
 it spans two cache lines, and a product of AVX-512 loads pays for two. The weights are put on a
 64-byte boundary once, when a kernel set makes them (the fused set's float32 weights and planes, the
 integer set's planes in lane order, the compiled step's stacks); the float32 blocked product's input
-at each call (a copy of x, 8 rows or more). (The integer kernels read x 4 bytes at a time.)
+at each call (a copy of x, from products.BLOCKED_FROM rows). (The integer kernels read x 4 bytes at a time.)
 
 Measured (Intel Xeon VM, AVX-512, one process, medians of 7 interleaved rounds, 2 threads, the
 fused float32 product's register-blocked form; the same values at each start): GPT-2's 2304x768 and

@@ -11,8 +11,8 @@ QuantMatrix does, widening a tile at a time for BLAS, and counts as QuantMatrix 
 
 FusedDense is a float32 weight y = x @ W for W [in, out], kept as its transpose [out, in] (the same
 bytes; `rows` are then contiguous, for a tied head's embedding lookup). 1..256 rows of x (DENSE_ROWS)
-run the fused kernels, which read the weight once (the row form to 7 rows, the register-blocked form
-from 8: kernels/_numba.py has their measurements against BLAS); more rows (a long prompt) run BLAS
+run the fused kernels, which read the weight once (the row form for the first rows, then a
+register-blocked form: kernels/products.py's BLOCKED_FROM, kernels/_numba.py their measurements); more rows (a long prompt) run BLAS
 on the same array, x @ Wt.T (at 512 rows 461 ms over GPT-2-124M's products against the blocked
 form's 485; quiet 2-core Zen 4, 2 threads).
 """
