@@ -6,7 +6,11 @@ tests/data/seam_before_fused.npz (the fused kernels, `MINILLM_SEAM_KERNELS=fused
 `NUMBA_CPU_NAME=znver4` on another CPU) first in a checkout of
 0f40f9d, before the target and kernel sets (issue 38; the code after it equalled that file bit for
 bit), then saved again from the code that gave GPT-2's norm and GELU to the fused set (their one-pass
-kernels round otherwise than NumPy's chains: an intended change of the fused GPT-2 cases' last bits);
+kernels round otherwise than NumPy's chains: an intended change of the fused GPT-2 cases' last bits),
+and again when the float32 product's blocked form became six rows by four from 4 rows of x on
+AVX-512 (kernels/products.py BLOCKED_FROM: the 7-token prefill and the batched step of 4 + 3 rows sum
+in that form's order; every case's logits moved by at most 8e-7 of their scale, the Q4 ones by 8e-6,
+no meter count moved; numba's disk cache empty: `NUMBA_CACHE_DIR` a new folder);
 tests/test_seam.py compares the code of the day with both, bit for bit.
 
 Each case: a prefill of a short prompt, then three greedy decode steps, then one batched step of
