@@ -605,3 +605,17 @@ def test_the_float_row_form_asks_for_bytes_ahead_on_the_cpus_where_it_measured_f
     from minillm.kernels import _numba as K
     monkeypatch.setenv("NUMBA_CPU_NAME", name)
     assert K._rows_ahead() is ahead
+
+
+def test_the_float_tiles_bench_explains_itself_and_refuses_bad_input():
+    """benchmarks/float_tiles.py (the float32 product's forms side by side, 498 MB of weights: a command,
+    not a test) says what it times, and a bad batch list is one line, not a traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "float_tiles.py"
+    r = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "6x4" in r.stdout and "BLOCKED_FROM" in r.stdout
+    for bad in ("0", "4,x"):
+        r = subprocess.run([sys.executable, str(path), "--batch", bad], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "--batch" in r.stderr and "Traceback" not in r.stderr, r.stderr
