@@ -668,7 +668,6 @@ def gather_rows(words, R, nb, ids, out):
     return True
 
 
-
 @njit(cache=True)
 def dequant_rows(q, d, m, kind, R, nb, ids, out):
     """int8.dequant_rows: rows ids (counted from the end where negative) of an R-row weight in lane
@@ -707,6 +706,7 @@ def dequant_rows(q, d, m, kind, R, nb, ids, out):
                         out[n, QK * j + i] = a * s + lo
                         out[n, QK * j + i + 16] = h * s + lo
     return True
+
 
 @njit(inline="always")
 def _quantize_row(x, t, xq, xd, xs, xm):

@@ -233,7 +233,8 @@ class Front:
                 req = parse_completion(body, self.encode, cfg.vocab_size, cfg.n_ctx)
             wait = loop.metrics.get("queue_expected_wait_seconds")
             if wait > limits.max_queue_wait:
-                raise ApiError(429, f"the queue's expected wait is {wait:.2g} s, over this server's limit of "
+                shown = f"{wait:.0f}" if wait >= 10 else f"{wait:.2g}"      # 250, 1.8, 0.012
+                raise ApiError(429, f"the queue's expected wait is {shown} s, over this server's limit of "
                                f"{limits.max_queue_wait:g} s: try again later", kind="rate_limit_error",
                                headers=self.retry_after(wait - limits.max_queue_wait))
             events = Events(asyncio.get_running_loop())
