@@ -648,6 +648,15 @@ def store_f32_lanes(typingctx, arr, off, v, n):
 
 # == the kernels ==========================================================================================
 
+@njit(inline="always")
+def _past_either_end(ids, R):
+    """Does an id (counted from the end where negative) lie past either end of an R-row weight?"""
+    for n in range(ids.shape[0]):
+        if ids[n] >= R or ids[n] < -R:
+            return True
+    return False
+
+
 @njit(cache=True)
 def gather_rows(words, R, nb, ids, out):
     """int8.lane_rows: rows ids (counted from the end where negative) of an R-row weight in lane
@@ -655,9 +664,8 @@ def gather_rows(words, R, nb, ids, out):
     [n, ww·nb] int32 (ww = a block's words: 8 for Q8_0, 4 for Q4); int8.scale_rows: words a plane
     of scales (uint16, a word each), ww = 1. False, out unwritten, where an id lies past either end."""
     ww = out.shape[1] // nb
-    for n in range(ids.shape[0]):
-        if ids[n] >= R or ids[n] < -R:
-            return False
+    if _past_either_end(ids, R):
+        return False
     for n in range(ids.shape[0]):
         r = ids[n] + R if ids[n] < 0 else ids[n]
         for j in range(nb):
@@ -678,9 +686,8 @@ def dequant_rows(q, d, m, kind, R, nb, ids, out):
     id lies past either end. One compiled call: an embedding's lookup after the head found the
     NumPy steps' code and data out of the cache (SmolLM2: 135 µs a step for one row)."""
     bb = 32 if kind == 0 else 16                      # q's bytes a block
-    for n in range(ids.shape[0]):
-        if ids[n] >= R or ids[n] < -R:
-            return False
+    if _past_either_end(ids, R):
+        return False
     for n in range(ids.shape[0]):
         r = ids[n] + R if ids[n] < 0 else ids[n]
         lane = r % GROUP

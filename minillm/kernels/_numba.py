@@ -283,6 +283,18 @@ def dense_matmul_t(wt, x, y):
             y[t, r] = a0
 
 
+@njit(inline="always", fastmath=FAST)
+def _one_by_one(wt, x, y, r0, r1, t0):
+    """The blocked forms' tails: y[t, r] for output rows r0..r1-1 and rows of x t0..T-1, each its
+    own sum."""
+    for r in range(r0, r1):
+        for t in range(t0, x.shape[0]):
+            a0 = np.float32(0.0)
+            for k in range(x.shape[1]):
+                a0 += wt[r, k] * x[t, k]
+            y[t, r] = a0
+
+
 @njit(parallel=True, cache=True, fastmath=FAST)
 def dense_matmul_t_blocked(wt, x, y):
     """The same product for 8 rows of x and more: four output rows at a time against four rows of x,
@@ -347,20 +359,9 @@ def dense_matmul_t_blocked(wt, x, y):
                 y[t, r + 2], y[t + 1, r + 2], y[t + 2, r + 2], y[t + 3, r + 2] = c0, c1, c2, c3
                 y[t, r + 3], y[t + 1, r + 3], y[t + 2, r + 3], y[t + 3, r + 3] = d0, d1, d2, d3
                 t += 4
-            while t < T:                                   # the last rows of x, one at a time
-                for j in range(4):
-                    a0 = np.float32(0.0)
-                    for k in range(C):
-                        a0 += wt[r + j, k] * x[t, k]
-                    y[t, r + j] = a0
-                t += 1
-        else:                                              # the last output rows, one at a time
-            for j in range(r, R):
-                for t in range(T):
-                    a0 = np.float32(0.0)
-                    for k in range(C):
-                        a0 += wt[j, k] * x[t, k]
-                    y[t, j] = a0
+            _one_by_one(wt, x, y, r, r + 4, t)         # the last rows of x
+        else:
+            _one_by_one(wt, x, y, r, R, 0)             # the last output rows
 
 
 @njit(parallel=True, cache=True, fastmath=FAST)
@@ -424,20 +425,10 @@ def dense_matmul_t_6x4(wt, x, y):
                 y[t, r + 4], y[t + 1, r + 4], y[t + 2, r + 4], y[t + 3, r + 4] = e0, e1, e2, e3
                 y[t, r + 5], y[t + 1, r + 5], y[t + 2, r + 5], y[t + 3, r + 5] = f0, f1, f2, f3
                 t += 4
-            while t < T:                                   # the last rows of x, one at a time
-                for j in range(6):
-                    a0 = np.float32(0.0)
-                    for k in range(C):
-                        a0 += wt[r + j, k] * x[t, k]
-                    y[t, r + j] = a0
-                t += 1
-        else:                                              # the last output rows, one at a time
-            for j in range(r, R):
-                for t in range(T):
-                    a0 = np.float32(0.0)
-                    for k in range(C):
-                        a0 += wt[j, k] * x[t, k]
-                    y[t, j] = a0
+            _one_by_one(wt, x, y, r, r + 6, t)         # the last rows of x
+        else:
+            _one_by_one(wt, x, y, r, R, 0)             # the last output rows
+
 
 # -- attention without the score matrix ------------------------------------------------------------
 
