@@ -70,11 +70,13 @@ def main(argv=None) -> int:
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
     forms = {"row": K.dense_matmul_t, "4x4": K.dense_matmul_t_blocked, "6x4": K.dense_matmul_t_6x4}
     rng = np.random.default_rng(0)
-    print(f"writing GPT-2-124M's {len(SHAPES)} product weights (random, float32)...", file=sys.stderr, flush=True)
+    print(f"writing GPT-2-124M's {len(SHAPES)} product weights (random, float32)...", file=sys.stderr,
+          flush=True)
     weights = [rng.standard_normal(s, dtype=np.float32) for s in SHAPES]
-    print(f"{cpu_words()}; {int8.describe()}; numba {numba.get_num_threads()} threads; products.py runs the row form below "
-          f"{products.BLOCKED_FROM} rows, then {products.BLOCKED.__name__}; {sum(w.nbytes for w in weights) / 1e6:.0f} MB "
-          f"a pass, medians of {args.rounds} rounds [range]")
+    print(f"{cpu_words()}; {int8.describe()}\n"
+          f"numba {numba.get_num_threads()} threads; the row form below {products.BLOCKED_FROM} rows, then "
+          f"{products.BLOCKED.__name__}\n{sum(w.nbytes for w in weights) / 1e6:.0f} MB a pass; "
+          f"ms, medians of {args.rounds} rounds [range]")
 
     def one_pass(form, xs, ys) -> float:
         t = time.perf_counter()
@@ -102,7 +104,7 @@ def main(argv=None) -> int:
             return f"{statistics.median(rs):.2f}x [{min(rs):.2f}-{max(rs):.2f}]"
         ms = "  ".join(f"{n} {statistics.median(v) * 1e3:.1f} [{min(v) * 1e3:.1f}-{max(v) * 1e3:.1f}]"
                        for n, v in times.items())
-        print(f"{T:3d} rows, ms: {ms};  6x4 against 4x4 {ratio('4x4', '6x4')}, against row {ratio('row', '6x4')}")
+        print(f"{T:3d} rows  {ms}\n          6x4 against 4x4 {ratio('4x4', '6x4')}, against row {ratio('row', '6x4')}")
     return 0
 
 
