@@ -121,11 +121,13 @@ def score_bytes(L: Lesson) -> tuple[int, float]:
                 f"{fmt_bytes(scores)} of scores, written and read")
     T = lengths[-1]
     ratio = got[T, "numpy"][0] / got[T, "numpy"][1]
+    from minillm.kernels import products as tiles                   # needs numba, as this section does
     L.say(f"""
         At {T:,} tokens NumPy's attention moves {fmt_x(ratio)} the bytes of all the weights the prefill reads
         ({'more' if ratio > 1 else 'less'} than the weights), and the scores grow with T² while the rest grows
-        with T. The fused kernel (`minillm/kernels/`, FlashAttention's scheme) takes 32 queries and 64 keys at
-        a time: the tile's scores stay in the CPU's cache and are gone when the tile is done.
+        with T. The fused kernel (`minillm/kernels/`, FlashAttention's scheme) takes {tiles.QUERY_TILE} queries
+        and {tiles.KEY_TILE} keys at a time: the tile's scores stay in the CPU's cache and are gone when the
+        tile is done.
     """)
     ids = rng.integers(0, c.vocab_size, T)
     times = time_interleaved({"numpy": lambda: ref.prefill(ids), "fused": lambda: fused.prefill(ids)}, L.rounds(),

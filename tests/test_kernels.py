@@ -229,6 +229,11 @@ def test_fused_gelu_equals_numpy(N, F, spread, view, seed):
     fused = FUSED.gelu(x)
     reference = ops.gelu(x)
     assert fused.shape == x.shape and fused.dtype == np.float32
+    rows = np.ascontiguousarray(x)
+    one, shared = np.empty_like(rows), np.empty_like(rows)
+    products.K.gelu(rows, one)
+    products.K.gelu_rows(rows, shared)                         # the rows among the threads: the same bits
+    assert np.array_equal(one, shared) and np.array_equal(fused, one)
     assert np.all(np.abs(reference - exact) <= bound) and np.all(np.abs(fused - exact) <= bound)
 
 
@@ -266,11 +271,12 @@ def attention_bound(q, k, v, keys: int) -> float:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 140), st.integers(0, 70),
-       st.sampled_from([8, 16, 64]), st.sampled_from([0.3, 1.0, 4.0]), st.integers(0, 2**32 - 1))
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 300), st.integers(0, 150),
+       st.sampled_from([7, 8, 16, 64]), st.sampled_from([0.3, 1.0, 4.0]), st.integers(0, 2**32 - 1))
 def test_fused_attention_equals_numpy(Hkv, g, Tq, past, hd, spread, seed):
-    """Causal GQA attention, prefill (Tq > 1: flash tiles across query and key tile edges) and
-    decode (Tq = 1: the one-thread kernel, up to SHORT_DECODE keys), peaky scores included (spread)."""
+    """Causal GQA attention, prefill (Tq > 1: flash tiles across query and key tile edges, four
+    rows at a time through the diagonal, an odd last key or lane) and decode (Tq = 1: the one-thread
+    kernel, up to SHORT_DECODE keys), peaky scores included (spread)."""
     rng = np.random.default_rng(seed)
     H, Tk = g * Hkv, Tq + past
     q = (rng.standard_normal((H, Tq, hd)) * spread).astype(np.float32)
@@ -557,6 +563,9 @@ def test_fused_gelu_equals_numpy_at_extreme_values(values):
     assert not bad.any(), (x[~nan][bad], f[bad], r[bad])
     neg_zero = (r == 0) & np.signbit(r) & (x[~nan] < -1)
     assert (f[neg_zero] <= 0).all() and np.signbit(f[neg_zero]).all(), (x[~nan][neg_zero], f[neg_zero])
+    shared = np.empty_like(x)
+    products.K.gelu_rows(x, shared)                            # the rows among the threads: the same bits
+    assert np.array_equal(shared, fused, equal_nan=True)
 
 
 WIDTH_SCRIPT = r"""

@@ -455,17 +455,146 @@ def exp_polynomial(x):
 fexp = njit(inline="always", cache=True, fastmath=FAST)(exp_polynomial)
 
 
+@njit(inline="always", fastmath=FAST)
+def _scores_4(qs, row, k, hk, j0, top, s4):
+    """s4[t, j] = q·k for rows row..row+3 of qs and keys j0 .. j0+top-1 of head hk: two keys at a
+    time (eight sums; a load of a query's lanes serves two keys, of a key's four queries)."""
+    hd = qs.shape[1]
+    j = 0
+    while j + 2 <= top:
+        a0 = np.float32(0.0)
+        a1 = np.float32(0.0)
+        a2 = np.float32(0.0)
+        a3 = np.float32(0.0)
+        b0 = np.float32(0.0)
+        b1 = np.float32(0.0)
+        b2 = np.float32(0.0)
+        b3 = np.float32(0.0)
+        for e in range(hd):
+            kv = k[hk, j0 + j, e]
+            kw = k[hk, j0 + j + 1, e]
+            q0 = qs[row, e]
+            q1 = qs[row + 1, e]
+            q2 = qs[row + 2, e]
+            q3 = qs[row + 3, e]
+            a0 += q0 * kv
+            a1 += q1 * kv
+            a2 += q2 * kv
+            a3 += q3 * kv
+            b0 += q0 * kw
+            b1 += q1 * kw
+            b2 += q2 * kw
+            b3 += q3 * kw
+        s4[0, j], s4[1, j], s4[2, j], s4[3, j] = a0, a1, a2, a3
+        s4[0, j + 1], s4[1, j + 1], s4[2, j + 1], s4[3, j + 1] = b0, b1, b2, b3
+        j += 2
+    if j < top:                                             # an odd last key
+        a0 = np.float32(0.0)
+        a1 = np.float32(0.0)
+        a2 = np.float32(0.0)
+        a3 = np.float32(0.0)
+        for e in range(hd):
+            kv = k[hk, j0 + j, e]
+            a0 += qs[row, e] * kv
+            a1 += qs[row + 1, e] * kv
+            a2 += qs[row + 2, e] * kv
+            a3 += qs[row + 3, e] * kv
+        s4[0, j], s4[1, j], s4[2, j], s4[3, j] = a0, a1, a2, a3
+
+
+@njit(inline="always", fastmath=FAST)
+def _online_softmax(s, lim, top, r, mx, l, acc):
+    """One row's step of the online softmax over a tile's first `lim` scores s[:lim] (the keys it may
+    see): the running max and sum of row r updated, its output so far rescaled, s[:lim] made the
+    weights exp(s - max) and s[lim:top] zero (keys past its position weigh nothing)."""
+    mnew = mx[r]
+    for j in range(lim):
+        mnew = max(mnew, s[j])
+    corr = fexp(mx[r] - mnew)
+    lsum = np.float32(0.0)
+    for j in range(lim):                                    # weights, vectorized
+        p = fexp(s[j] - mnew)
+        s[j] = p
+        lsum += p
+    for j in range(lim, top):
+        s[j] = np.float32(0.0)
+    l[r] = l[r] * corr + lsum
+    mx[r] = mnew
+    for e in range(acc.shape[1]):
+        acc[r, e] *= corr
+
+
+@njit(inline="always", fastmath=FAST)
+def _values_4(s4, vt, top, acc, row):
+    """acc[row + t, e] += sum over the tile's keys j < top of s4[t, j]·vt[e, j], for four rows: the
+    values transposed (vt [hd, keys]), so each sum runs along a row of both; two of a value's lanes at
+    a time (a load of a weight serves two lanes, of a value four rows)."""
+    hd = acc.shape[1]
+    e = 0
+    while e + 2 <= hd:
+        a0 = np.float32(0.0)
+        a1 = np.float32(0.0)
+        a2 = np.float32(0.0)
+        a3 = np.float32(0.0)
+        b0 = np.float32(0.0)
+        b1 = np.float32(0.0)
+        b2 = np.float32(0.0)
+        b3 = np.float32(0.0)
+        for j in range(top):
+            vv = vt[e, j]
+            vw = vt[e + 1, j]
+            p0 = s4[0, j]
+            p1 = s4[1, j]
+            p2 = s4[2, j]
+            p3 = s4[3, j]
+            a0 += p0 * vv
+            a1 += p1 * vv
+            a2 += p2 * vv
+            a3 += p3 * vv
+            b0 += p0 * vw
+            b1 += p1 * vw
+            b2 += p2 * vw
+            b3 += p3 * vw
+        acc[row, e] += a0
+        acc[row + 1, e] += a1
+        acc[row + 2, e] += a2
+        acc[row + 3, e] += a3
+        acc[row, e + 1] += b0
+        acc[row + 1, e + 1] += b1
+        acc[row + 2, e + 1] += b2
+        acc[row + 3, e + 1] += b3
+        e += 2
+    if e < hd:                                              # an odd head size's last lane
+        a0 = np.float32(0.0)
+        a1 = np.float32(0.0)
+        a2 = np.float32(0.0)
+        a3 = np.float32(0.0)
+        for j in range(top):
+            vv = vt[e, j]
+            a0 += s4[0, j] * vv
+            a1 += s4[1, j] * vv
+            a2 += s4[2, j] * vv
+            a3 += s4[3, j] * vv
+        acc[row, e] += a0
+        acc[row + 1, e] += a1
+        acc[row + 2, e] += a2
+        acc[row + 3, e] += a3
+
+
 @njit(parallel=True, cache=True, fastmath=FAST)
 def flash_attention(q, k, v, Tk, out, scale, bq, bk):
     """Causal attention, FlashAttention's online softmax. q [H, Tq, hd], k, v [Hkv, >= Tk, hd] (the
     first Tk rows of each head are the keys: a cache's whole C-contiguous array may be passed),
     out [H, Tq, hd]; query i sits at position Tk - Tq + i. One work item: a KV head and a tile of
-    bq queries of each of its g query heads; keys go in tiles of bk, each tile's keys and values
-    read for all g·bq rows (from the cache after the first), four rows at a time where all four
-    see the whole tile (one load of a key or value row serves four queries). Per row a running max `mx`, a running
-    sum `l` and the unnormalised output `acc`: a new tile's scores s give mx' = max(mx, max s), and
-    l, acc are rescaled by exp(mx - mx') before the tile's exp(s - mx') are added. A row sees only
-    keys <= its position: no mask, no score past the diagonal computed."""
+    bq queries of each of its g query heads; keys go in tiles of bk, each tile's values copied once
+    transposed (vt [hd, keys]) and its keys and values read for all g·bq rows, four rows at a time:
+    the scores of four rows against the tile's keys (`_scores_4`), each row's online-softmax step
+    (`_online_softmax`), then the four rows' weighted sums of values (`_values_4`). Per row a running
+    max `mx`, a running sum `l` and the unnormalised output `acc`: a new tile's scores s give
+    mx' = max(mx, max s), and l, acc are rescaled by exp(mx - mx') before the tile's exp(s - mx')
+    are added. A row sees only keys <= its position: on the diagonal tile the four rows score the
+    keys the fourth sees and each weighs only its own (the rest weigh 0); rows that see none of a
+    tile skip it, and the last rows of a tile (fewer than four) go one at a time. No mask."""
     H, Tq, hd = q.shape
     Hkv = k.shape[0]
     g = H // Hkv
@@ -480,8 +609,8 @@ def flash_attention(q, k, v, Tk, out, scale, bq, bk):
         acc = np.zeros((rows, hd), np.float32)
         mx = np.full(rows, -np.inf, np.float32)
         l = np.zeros(rows, np.float32)
-        s = np.empty(bk, np.float32)
         s4 = np.empty((4, bk), np.float32)
+        vt = np.empty((hd, bk), np.float32)
         for h in range(g):
             for ii in range(n):
                 for e in range(hd):
@@ -489,77 +618,36 @@ def flash_attention(q, k, v, Tk, out, scale, bq, bk):
         last = off + i0 + n                       # the tile's last query sees keys 0 .. last-1
         for j0 in range(0, last, bk):
             nk = min(last, j0 + bk) - j0
+            for j in range(nk):
+                for e in range(hd):
+                    vt[e, j] = v[hk, j0 + j, e]
+            first = max(0, j0 - off - i0)          # the tile's first row that sees key j0
             for h in range(g):
-                ii = 0
-                while ii + 4 <= n and off + i0 + ii + 1 - j0 >= nk:   # four rows that see the whole tile
+                ii = first
+                while ii + 4 <= n:
                     row = h * n + ii
-                    for j in range(nk):                    # scores: each key read once for four rows
-                        a0 = np.float32(0.0)
-                        a1 = np.float32(0.0)
-                        a2 = np.float32(0.0)
-                        a3 = np.float32(0.0)
-                        for e in range(hd):
-                            kv = k[hk, j0 + j, e]
-                            a0 += qs[row, e] * kv
-                            a1 += qs[row + 1, e] * kv
-                            a2 += qs[row + 2, e] * kv
-                            a3 += qs[row + 3, e] * kv
-                        s4[0, j] = a0
-                        s4[1, j] = a1
-                        s4[2, j] = a2
-                        s4[3, j] = a3
+                    lim = off + i0 + ii + 1 - j0       # keys of this tile the first of the four sees
+                    top = min(nk, lim + 3)              # ... and the fourth
+                    _scores_4(qs, row, k, hk, j0, top, s4)
                     for t in range(4):
-                        mnew = mx[row + t]
-                        for j in range(nk):
-                            mnew = max(mnew, s4[t, j])
-                        corr = fexp(mx[row + t] - mnew)
-                        lsum = np.float32(0.0)
-                        for j in range(nk):
-                            p = fexp(s4[t, j] - mnew)
-                            s4[t, j] = p
-                            lsum += p
-                        l[row + t] = l[row + t] * corr + lsum
-                        mx[row + t] = mnew
-                        for e in range(hd):
-                            acc[row + t, e] *= corr
-                    for j in range(nk):                    # values: each read once for four rows
-                        p0 = s4[0, j]
-                        p1 = s4[1, j]
-                        p2 = s4[2, j]
-                        p3 = s4[3, j]
-                        for e in range(hd):
-                            vv = v[hk, j0 + j, e]
-                            acc[row, e] += p0 * vv
-                            acc[row + 1, e] += p1 * vv
-                            acc[row + 2, e] += p2 * vv
-                            acc[row + 3, e] += p3 * vv
+                        _online_softmax(s4[t], min(nk, lim + t), top, row + t, mx, l, acc)
+                    _values_4(s4, vt, top, acc, row)
                     ii += 4
-                for ii in range(ii, n):
-                    lim = min(nk, off + i0 + ii + 1 - j0)   # keys j0 .. j0+lim-1 are visible
-                    if lim <= 0:
-                        continue
+                for ii in range(ii, n):                 # the last rows, one at a time
+                    lim = min(nk, off + i0 + ii + 1 - j0)
                     row = h * n + ii
-                    mnew = mx[row]
-                    for j in range(lim):                    # scores: one dot product per key
+                    s = s4[0]
+                    for j in range(lim):
                         a = np.float32(0.0)
                         for e in range(hd):
                             a += qs[row, e] * k[hk, j0 + j, e]
                         s[j] = a
-                        mnew = max(mnew, a)
-                    corr = fexp(mx[row] - mnew)
-                    lsum = np.float32(0.0)
-                    for j in range(lim):                    # weights, vectorized
-                        p = fexp(s[j] - mnew)
-                        s[j] = p
-                        lsum += p
-                    l[row] = l[row] * corr + lsum
-                    mx[row] = mnew
+                    _online_softmax(s, lim, lim, row, mx, l, acc)
                     for e in range(hd):
-                        acc[row, e] *= corr
-                    for j in range(lim):                    # the weighted sum of values
-                        p = s[j]
-                        for e in range(hd):
-                            acc[row, e] += p * v[hk, j0 + j, e]
+                        a = np.float32(0.0)
+                        for j in range(lim):
+                            a += s[j] * vt[e, j]
+                        acc[row, e] += a
         for h in range(g):
             for ii in range(n):
                 row = h * n + ii
@@ -732,6 +820,17 @@ def layer_norm(x, w, b, eps, y):
             y[r, i] = (x[r, i] - mean) * inv * w[i] + b[i]
 
 
+@njit(inline="always", fastmath=FAST)
+def _gelu_row(x, y, r):
+    for i in range(x.shape[1]):
+        v = x[r, i]
+        minus_2u = np.float32(-1.5957691216057308) * (v + np.float32(0.044715) * v * v * v)
+        e = fexp(min(minus_2u, np.float32(88.0)))
+        y[r, i] = e if minus_2u <= np.float32(88.0) else np.float32(np.inf)
+    for i in range(x.shape[1]):
+        y[r, i] = x[r, i] / (np.float32(1.0) + y[r, i])
+
+
 @njit(cache=True, fastmath=FAST)
 def gelu(x, y):
     """x, y [N, F] float32: GPT-2's tanh GELU, 0.5·x·(1 + tanh(u)) with u = √(2/π)·(x + 0.044715·x³),
@@ -740,15 +839,16 @@ def gelu(x, y):
     about -10, down to -inf, where x³ overflows) exp(-2u) is taken as inf: x / inf is -0, NumPy's tanh
     chain's answer there (the exact value is below 1e-36); capping it at exp(88) instead gave
     x / 1.65e38, -0.06 to -2.06 for x <= -1e37. x = -inf gives NaN, as NumPy's does."""
-    N, F = x.shape
-    for r in range(N):
-        for i in range(F):
-            v = x[r, i]
-            minus_2u = np.float32(-1.5957691216057308) * (v + np.float32(0.044715) * v * v * v)
-            e = fexp(min(minus_2u, np.float32(88.0)))
-            y[r, i] = e if minus_2u <= np.float32(88.0) else np.float32(np.inf)
-        for i in range(F):
-            y[r, i] = x[r, i] / (np.float32(1.0) + y[r, i])
+    for r in range(x.shape[0]):
+        _gelu_row(x, y, r)
+
+
+@njit(parallel=True, cache=True, fastmath=FAST)
+def gelu_rows(x, y):
+    """gelu's values, bit for bit, the rows shared among the threads (elementwise.GELU_PARALLEL_FROM
+    says from how many values)."""
+    for r in prange(x.shape[0]):
+        _gelu_row(x, y, r)
 
 
 @njit(cache=True, fastmath=FAST)

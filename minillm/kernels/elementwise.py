@@ -21,6 +21,11 @@ from . import checks
 from .products import _check_float32
 
 
+GELU_PARALLEL_FROM = 2048   # values from which gelu shares its rows among the threads: compiled as a
+# parallel loop the same row's code ran faster on each thread too (AMD EPYC Zen 5 VM, 2 threads, rows of
+# 3,072, 41 interleaved calls: 1 row 3.7 -> 2.6 µs, 8 rows 26.0 -> 6.9, 512 rows 1,661 -> 455)
+
+
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float, kernel=K.rms_norm) -> np.ndarray:
     """ops.rms_norm for float32 rows: x [..., n], w [n] -> [..., n]. kernel: _numba's, or the same
     compiled in IEEE order (_exact.py's, the int8 set's)."""
@@ -48,7 +53,7 @@ def gelu(x: np.ndarray) -> np.ndarray:
     checks.rows(x, "gelu")
     rows = np.ascontiguousarray(x).reshape(-1, x.shape[-1])            # [N, F]
     y = np.empty_like(rows)
-    K.gelu(rows, y)
+    (K.gelu_rows if rows.size >= GELU_PARALLEL_FROM else K.gelu)(rows, y)
     return y.reshape(x.shape)
 
 
