@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from minillm import kernels
 
@@ -87,6 +89,21 @@ def test_vs_llamacpps_byte_ceiling_words_come_from_the_share():
     assert vs.ceiling_words(1.2 * 0.95, 1.2 * 0.70).startswith("past the median read")
     assert vs.ceiling_words(1.2 * 0.80, 1.2 * 0.60) == "within the ceiling"
     assert vs.ceiling_words(1.0, 0.8) == "within the ceiling"
+
+
+@given(st.floats(0.0, 2.0), st.floats(0.001, 1.5))
+def test_vs_llamacpps_share_never_shows_its_goal_beside_missed(share, goal):
+    """The SmolLM2 goal's words: "met" exactly when the share reaches the goal, the printed share cut,
+    never above the share, and under the goal's own figure whenever it says "missed" (a run printed
+    "70%, missed" for 69.6%)."""
+    vs = _vs_llamacpp()
+    words = vs.goal_words(share, goal)
+    figure, verdict = words.split("%, ")
+    assert verdict == ("met" if share >= goal else "missed")
+    assert float(figure) <= 100 * share + 1e-9
+    if verdict == "missed":
+        assert float(figure) < 100 * goal
+    assert vs.goal_words(0.696, 0.7) == "69.6%, missed"
 
 
 @pytest.mark.skipif(not kernels.available(), reason=f"numba kernels: {kernels.status().reason}")

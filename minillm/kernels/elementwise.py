@@ -21,9 +21,10 @@ from . import checks
 from .products import _check_float32
 
 
-GELU_PARALLEL_FROM = 2048   # values from which gelu shares its rows among the threads: compiled as a
-# parallel loop the same row's code ran faster on each thread too (AMD EPYC Zen 5 VM, 2 threads, rows of
-# 3,072, 41 interleaved calls: 1 row 3.7 -> 2.6 µs, 8 rows 26.0 -> 6.9, 512 rows 1,661 -> 455)
+# Values from which gelu shares its rows among the threads. Compiled as a parallel loop, the same row's
+# code also ran faster on each thread (AMD EPYC Zen 5 VM, 2 threads, rows of 3,072, 41 interleaved
+# calls: 1 row 3.7 -> 2.6 µs, 8 rows 26.0 -> 6.9, 512 rows 1,661 -> 455).
+GELU_PARALLEL_FROM = 2048
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float, kernel=K.rms_norm) -> np.ndarray:
