@@ -23,8 +23,9 @@ from .products import _check_float32
 
 # Values from which gelu shares its rows among the threads. Compiled as a parallel loop, the same row's
 # code also ran faster on each thread (AMD EPYC Zen 5 VM, 2 threads, rows of 3,072, 41 interleaved
-# calls: 1 row 3.7 -> 2.6 µs, 8 rows 26.0 -> 6.9, 512 rows 1,661 -> 455).
-GELU_PARALLEL_FROM = 2048
+# calls: 1 row 3.7 -> 2.6 µs, 8 rows 26.0 -> 6.9, 512 rows 1,661 -> 455). GPT-2-124M's decode row
+# (3,072) stays on one thread: 1 µs a layer is not worth a parallel region on a busy machine.
+GELU_PARALLEL_FROM = 4096
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float, kernel=K.rms_norm) -> np.ndarray:
