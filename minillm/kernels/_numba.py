@@ -456,50 +456,64 @@ fexp = njit(inline="always", cache=True, fastmath=FAST)(exp_polynomial)
 
 
 @njit(inline="always", fastmath=FAST)
-def _scores_4(qs, row, k, hk, j0, top, s4):
-    """s4[t, j] = q·k for rows row..row+3 of qs and keys j0 .. j0+top-1 of head hk: two keys at a
-    time (eight sums; a load of a query's lanes serves two keys, of a key's four queries)."""
+def _dot_4x2(a, r, b, c, n):
+    """The dot products of rows r..r+3 of a with rows c and c+1 of b over their first n columns,
+    eight sums (a load of a's lanes serves two rows of b, one of b's four rows of a): the attention
+    tiles' inner product, for the scores and for the values alike."""
+    a0 = np.float32(0.0)
+    a1 = np.float32(0.0)
+    a2 = np.float32(0.0)
+    a3 = np.float32(0.0)
+    b0 = np.float32(0.0)
+    b1 = np.float32(0.0)
+    b2 = np.float32(0.0)
+    b3 = np.float32(0.0)
+    for i in range(n):
+        u = b[c, i]
+        w = b[c + 1, i]
+        x0 = a[r, i]
+        x1 = a[r + 1, i]
+        x2 = a[r + 2, i]
+        x3 = a[r + 3, i]
+        a0 += x0 * u
+        a1 += x1 * u
+        a2 += x2 * u
+        a3 += x3 * u
+        b0 += x0 * w
+        b1 += x1 * w
+        b2 += x2 * w
+        b3 += x3 * w
+    return a0, a1, a2, a3, b0, b1, b2, b3
+
+
+@njit(inline="always", fastmath=FAST)
+def _dot_4x1(a, r, b, c, n):
+    """_dot_4x2 for one row of b (an odd last one)."""
+    a0 = np.float32(0.0)
+    a1 = np.float32(0.0)
+    a2 = np.float32(0.0)
+    a3 = np.float32(0.0)
+    for i in range(n):
+        u = b[c, i]
+        a0 += a[r, i] * u
+        a1 += a[r + 1, i] * u
+        a2 += a[r + 2, i] * u
+        a3 += a[r + 3, i] * u
+    return a0, a1, a2, a3
+
+
+@njit(inline="always", fastmath=FAST)
+def _scores_4(qs, row, kh, j0, top, s4):
+    """s4[t, j] = q·k for rows row..row+3 of qs and keys j0 .. j0+top-1 of one head's keys kh
+    [keys, hd], two keys at a time."""
     hd = qs.shape[1]
     j = 0
     while j + 2 <= top:
-        a0 = np.float32(0.0)
-        a1 = np.float32(0.0)
-        a2 = np.float32(0.0)
-        a3 = np.float32(0.0)
-        b0 = np.float32(0.0)
-        b1 = np.float32(0.0)
-        b2 = np.float32(0.0)
-        b3 = np.float32(0.0)
-        for e in range(hd):
-            kv = k[hk, j0 + j, e]
-            kw = k[hk, j0 + j + 1, e]
-            q0 = qs[row, e]
-            q1 = qs[row + 1, e]
-            q2 = qs[row + 2, e]
-            q3 = qs[row + 3, e]
-            a0 += q0 * kv
-            a1 += q1 * kv
-            a2 += q2 * kv
-            a3 += q3 * kv
-            b0 += q0 * kw
-            b1 += q1 * kw
-            b2 += q2 * kw
-            b3 += q3 * kw
-        s4[0, j], s4[1, j], s4[2, j], s4[3, j] = a0, a1, a2, a3
-        s4[0, j + 1], s4[1, j + 1], s4[2, j + 1], s4[3, j + 1] = b0, b1, b2, b3
+        s4[0, j], s4[1, j], s4[2, j], s4[3, j], s4[0, j + 1], s4[1, j + 1], s4[2, j + 1], s4[3, j + 1] = \
+            _dot_4x2(qs, row, kh, j0 + j, hd)
         j += 2
     if j < top:                                             # an odd last key
-        a0 = np.float32(0.0)
-        a1 = np.float32(0.0)
-        a2 = np.float32(0.0)
-        a3 = np.float32(0.0)
-        for e in range(hd):
-            kv = k[hk, j0 + j, e]
-            a0 += qs[row, e] * kv
-            a1 += qs[row + 1, e] * kv
-            a2 += qs[row + 2, e] * kv
-            a3 += qs[row + 3, e] * kv
-        s4[0, j], s4[1, j], s4[2, j], s4[3, j] = a0, a1, a2, a3
+        s4[0, j], s4[1, j], s4[2, j], s4[3, j] = _dot_4x1(qs, row, kh, j0 + j, hd)
 
 
 @njit(inline="always", fastmath=FAST)
@@ -527,34 +541,11 @@ def _online_softmax(s, lim, top, r, mx, l, acc):
 @njit(inline="always", fastmath=FAST)
 def _values_4(s4, vt, top, acc, row):
     """acc[row + t, e] += sum over the tile's keys j < top of s4[t, j]·vt[e, j], for four rows: the
-    values transposed (vt [hd, keys]), so each sum runs along a row of both; two of a value's lanes at
-    a time (a load of a weight serves two lanes, of a value four rows)."""
+    values transposed (vt [hd, keys]), so each sum runs along a row of both; two lanes at a time."""
     hd = acc.shape[1]
     e = 0
     while e + 2 <= hd:
-        a0 = np.float32(0.0)
-        a1 = np.float32(0.0)
-        a2 = np.float32(0.0)
-        a3 = np.float32(0.0)
-        b0 = np.float32(0.0)
-        b1 = np.float32(0.0)
-        b2 = np.float32(0.0)
-        b3 = np.float32(0.0)
-        for j in range(top):
-            vv = vt[e, j]
-            vw = vt[e + 1, j]
-            p0 = s4[0, j]
-            p1 = s4[1, j]
-            p2 = s4[2, j]
-            p3 = s4[3, j]
-            a0 += p0 * vv
-            a1 += p1 * vv
-            a2 += p2 * vv
-            a3 += p3 * vv
-            b0 += p0 * vw
-            b1 += p1 * vw
-            b2 += p2 * vw
-            b3 += p3 * vw
+        a0, a1, a2, a3, b0, b1, b2, b3 = _dot_4x2(s4, 0, vt, e, top)
         acc[row, e] += a0
         acc[row + 1, e] += a1
         acc[row + 2, e] += a2
@@ -565,16 +556,7 @@ def _values_4(s4, vt, top, acc, row):
         acc[row + 3, e + 1] += b3
         e += 2
     if e < hd:                                              # an odd head size's last lane
-        a0 = np.float32(0.0)
-        a1 = np.float32(0.0)
-        a2 = np.float32(0.0)
-        a3 = np.float32(0.0)
-        for j in range(top):
-            vv = vt[e, j]
-            a0 += s4[0, j] * vv
-            a1 += s4[1, j] * vv
-            a2 += s4[2, j] * vv
-            a3 += s4[3, j] * vv
+        a0, a1, a2, a3 = _dot_4x1(s4, 0, vt, e, top)
         acc[row, e] += a0
         acc[row + 1, e] += a1
         acc[row + 2, e] += a2
@@ -628,7 +610,7 @@ def flash_attention(q, k, v, Tk, out, scale, bq, bk):
                     row = h * n + ii
                     lim = off + i0 + ii + 1 - j0       # keys of this tile the first of the four sees
                     top = min(nk, lim + 3)              # ... and the fourth
-                    _scores_4(qs, row, k, hk, j0, top, s4)
+                    _scores_4(qs, row, k[hk], j0, top, s4)
                     for t in range(4):
                         _online_softmax(s4[t], min(nk, lim + t), top, row + t, mx, l, acc)
                     _values_4(s4, vt, top, acc, row)
