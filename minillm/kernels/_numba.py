@@ -804,6 +804,7 @@ def layer_norm(x, w, b, eps, y):
 
 @njit(inline="always", fastmath=FAST)
 def _gelu_row(x, y, r):
+    """Row r of gelu (its docstring says how): exp(-2u) in one vectorized pass, the division in another."""
     for i in range(x.shape[1]):
         v = x[r, i]
         minus_2u = np.float32(-1.5957691216057308) * (v + np.float32(0.044715) * v * v * v)
