@@ -291,6 +291,24 @@ def test_fused_attention_equals_numpy(Hkv, g, Tq, past, hd, spread, seed):
 
 
 @settings(max_examples=30, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 2), st.integers(2, 200), st.integers(0, 40), st.sampled_from([7, 64]),
+       st.data())
+def test_fused_attention_keeps_a_later_nan_out_of_earlier_rows(Hkv, g, Tq, past, hd, data):
+    """A NaN in one position's key and value reaches the rows at and after it, never one before it:
+    on the diagonal tile four rows score the keys the fourth sees, but each weighs and sums only its
+    own (a weight of 0 times NaN would be NaN)."""
+    Tk = Tq + past
+    p = data.draw(st.integers(past, Tk - 1), label="position of the NaN")
+    rng = np.random.default_rng(Tk * 131 + p)
+    q = rng.standard_normal((g * Hkv, Tq, hd)).astype(np.float32)
+    k, v = rng.standard_normal((2, Hkv, Tk, hd)).astype(np.float32)
+    k[:, p], v[:, p] = np.nan, np.nan
+    out = kernels.attention(q, k, v)[0]
+    i = p - past                                                  # the query at position p
+    assert np.isfinite(out[:, :i]).all() and np.isnan(out[:, i:]).all()
+
+
+@settings(max_examples=30, deadline=None)
 @given(st.integers(1, 3), st.integers(1, 3), st.sampled_from([1, 2, 255, 256, 257, 700]), st.sampled_from([0, 9, -1]),
        st.sampled_from([8, 64]), st.integers(0, 2**32 - 1))
 def test_fused_decode_over_a_caches_whole_arrays(Hkv, g, Tk, spare, hd, seed):

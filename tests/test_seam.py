@@ -7,7 +7,8 @@ random-tiny, the bundled model, quantized and GGUF variants, and SmolLM2 (float3
 the NumPy kernels; tests/data/seam_before_fused.npz the same with the fused kernels, from the code
 before issue 38 (which the code after it equalled bit for bit), saved again when GPT-2's norm and
 GELU joined the fused set, when the float32 product's blocked form changed and when the prefill's
-attention took four rows at a time through the diagonal in larger tiles (tests/data/seam_cases.py). Each is compared exactly: equal bytes of the logits, equal counts of every op.
+attention took four rows at a time through the diagonal in larger tiles (tests/data/seam_cases.py).
+Each is compared exactly: equal bytes of the logits, equal counts of every op.
 
 One exception, measured: the fused Q4 kernel (kernels/_numba.py, `q4_matmul_t`) gives other last
 bits when numba loads it from its disk cache than when it compiles it in the process (the same code

@@ -103,7 +103,10 @@ def test_vs_llamacpps_share_never_shows_its_goal_beside_missed(share, goal):
     assert float(figure) <= 100 * share + 1e-9
     if verdict == "missed":
         assert float(figure) < 100 * goal
-    assert vs.goal_words(0.696, 0.7) == "69.6%, missed"
+
+
+def test_vs_llamacpps_share_of_696_thousandths_reads_69_6_missed():
+    assert _vs_llamacpp().goal_words(0.696, 0.7) == "69.6%, missed"
 
 
 @pytest.mark.skipif(not kernels.available(), reason=f"numba kernels: {kernels.status().reason}")

@@ -517,10 +517,10 @@ def _scores_4(qs, row, kh, j0, top, s4):
 
 
 @njit(inline="always", fastmath=FAST)
-def _online_softmax(s, lim, top, r, mx, l, acc):
+def _online_softmax(s, lim, r, mx, l, acc):
     """One row's step of the online softmax over a tile's first `lim` scores s[:lim] (the keys it may
     see): the running max and sum of row r updated, its output so far rescaled, s[:lim] made the
-    weights exp(s - max) and s[lim:top] zero (keys past its position weigh nothing)."""
+    weights exp(s - max)."""
     mnew = mx[r]
     for j in range(lim):
         mnew = max(mnew, s[j])
@@ -530,8 +530,6 @@ def _online_softmax(s, lim, top, r, mx, l, acc):
         p = fexp(s[j] - mnew)
         s[j] = p
         lsum += p
-    for j in range(lim, top):
-        s[j] = np.float32(0.0)
     l[r] = l[r] * corr + lsum
     mx[r] = mnew
     for e in range(acc.shape[1]):
@@ -539,13 +537,16 @@ def _online_softmax(s, lim, top, r, mx, l, acc):
 
 
 @njit(inline="always", fastmath=FAST)
-def _values_4(s4, vt, top, acc, row):
-    """acc[row + t, e] += sum over the tile's keys j < top of s4[t, j]·vt[e, j], for four rows: the
-    values transposed (vt [hd, keys]), so each sum runs along a row of both; two lanes at a time."""
+def _values_4(s4, vt, lim, nk, acc, row):
+    """acc[row + t, e] += sum over the keys j row + t sees of s4[t, j]·vt[e, j], for four rows whose
+    first sees the tile's keys j < lim and each next one key more (up to nk): the values transposed
+    (vt [hd, keys]), so each sum runs along a row of both, two lanes at a time over the keys all four
+    see, then each row's own last keys. No row reads a value past its position (a NaN there stays out
+    of the rows before it, as a weight of 0 times it would not)."""
     hd = acc.shape[1]
     e = 0
     while e + 2 <= hd:
-        a0, a1, a2, a3, b0, b1, b2, b3 = _dot_4x2(s4, 0, vt, e, top)
+        a0, a1, a2, a3, b0, b1, b2, b3 = _dot_4x2(s4, 0, vt, e, lim)
         acc[row, e] += a0
         acc[row + 1, e] += a1
         acc[row + 2, e] += a2
@@ -556,11 +557,16 @@ def _values_4(s4, vt, top, acc, row):
         acc[row + 3, e + 1] += b3
         e += 2
     if e < hd:                                              # an odd head size's last lane
-        a0, a1, a2, a3 = _dot_4x1(s4, 0, vt, e, top)
+        a0, a1, a2, a3 = _dot_4x1(s4, 0, vt, e, lim)
         acc[row, e] += a0
         acc[row + 1, e] += a1
         acc[row + 2, e] += a2
         acc[row + 3, e] += a3
+    for t in range(1, 4):                                   # on the diagonal: the keys row + t alone sees
+        for j in range(lim, min(nk, lim + t)):
+            p = s4[t, j]
+            for e in range(hd):
+                acc[row + t, e] += p * vt[e, j]
 
 
 @njit(parallel=True, cache=True, fastmath=FAST)
@@ -575,8 +581,8 @@ def flash_attention(q, k, v, Tk, out, scale, bq, bk):
     max `mx`, a running sum `l` and the unnormalised output `acc`: a new tile's scores s give
     mx' = max(mx, max s), and l, acc are rescaled by exp(mx - mx') before the tile's exp(s - mx')
     are added. A row sees only keys <= its position: on the diagonal tile the four rows score the
-    keys the fourth sees and each weighs only its own (the rest weigh 0); rows that see none of a
-    tile skip it, and the last rows of a tile (fewer than four) go one at a time. No mask."""
+    keys the fourth sees, and each weighs and sums only its own; rows that see none of a tile skip
+    it, and the last rows of a tile (fewer than four) go one at a time. No mask."""
     H, Tq, hd = q.shape
     Hkv = k.shape[0]
     g = H // Hkv
@@ -591,8 +597,8 @@ def flash_attention(q, k, v, Tk, out, scale, bq, bk):
         acc = np.zeros((rows, hd), np.float32)
         mx = np.full(rows, -np.inf, np.float32)
         l = np.zeros(rows, np.float32)
-        s4 = np.empty((4, bk), np.float32)
-        vt = np.empty((hd, bk), np.float32)
+        s4 = np.empty((4, bk), np.float32)              # [4, bk] four rows' scores, then weights
+        vt = np.empty((hd, bk), np.float32)             # [hd, bk] the tile's values, transposed
         for h in range(g):
             for ii in range(n):
                 for e in range(hd):
@@ -608,23 +614,22 @@ def flash_attention(q, k, v, Tk, out, scale, bq, bk):
                 ii = first
                 while ii + 4 <= n:
                     row = h * n + ii
-                    lim = off + i0 + ii + 1 - j0       # keys of this tile the first of the four sees
-                    top = min(nk, lim + 3)              # ... and the fourth
-                    _scores_4(qs, row, k[hk], j0, top, s4)
+                    lim = min(nk, off + i0 + ii + 1 - j0)   # keys of this tile the first of the four sees
+                    _scores_4(qs, row, k[hk], j0, min(nk, lim + 3), s4)   # ... the fourth's, for all four
                     for t in range(4):
-                        _online_softmax(s4[t], min(nk, lim + t), top, row + t, mx, l, acc)
-                    _values_4(s4, vt, top, acc, row)
+                        _online_softmax(s4[t], min(nk, lim + t), row + t, mx, l, acc)
+                    _values_4(s4, vt, lim, nk, acc, row)
                     ii += 4
                 for ii in range(ii, n):                 # the last rows, one at a time
                     lim = min(nk, off + i0 + ii + 1 - j0)
                     row = h * n + ii
-                    s = s4[0]
+                    s = s4[0]                           # the four rows' buffer, free here
                     for j in range(lim):
                         a = np.float32(0.0)
                         for e in range(hd):
                             a += qs[row, e] * k[hk, j0 + j, e]
                         s[j] = a
-                    _online_softmax(s, lim, lim, row, mx, l, acc)
+                    _online_softmax(s, lim, row, mx, l, acc)
                     for e in range(hd):
                         a = np.float32(0.0)
                         for j in range(lim):
