@@ -282,7 +282,8 @@ def test_no_kernel_reads_past_a_plane_that_ends_at_a_guard_page(fmt):
     them kills the process, and so does a store past y. Every instruction set, weights of 1..17 rows
     (a last group of 16 rows partly padding; numba's bounds checks cannot see the kernels'
     hand-written loads and stores; the kernels ask for bytes ahead, a hint that never faults), one
-    block a row and several, 1 and 3 rows of x (the one-row path and the tiled one)."""
+    block a row and several, 1 and 3 rows of x (the one-row path and the tiled one); the embedding's
+    lookup (dequant_rows) of the first and last rows as well."""
     from guard_pages import guarded
     rng = np.random.default_rng(11)
     with guarded() as g:
@@ -299,6 +300,8 @@ def test_no_kernel_reads_past_a_plane_that_ends_at_a_guard_page(fmt):
                     y = g.place(np.zeros((T, R), np.float32))   # the last 16 rows' store stops at y's end
                     int8.kernel(fmt == "q8_0", name)(*gp, x, y)
                     assert same(y, want), (name, R, nb, T)
+            ids = np.array([R - 1, 0, -1, -R], np.int64)            # the embedding's compiled lookup too
+            assert same(int8.dequant_rows(gp, ids), w.rows(ids % R)), (R, nb)
 
 
 def test_planes_that_disagree_and_a_narrow_x_are_refused_in_one_line():

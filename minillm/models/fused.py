@@ -12,9 +12,9 @@ QuantMatrix does, widening a tile at a time for BLAS, and counts as QuantMatrix 
 FusedDense is a float32 weight y = x @ W for W [in, out], kept as its transpose [out, in] (the same
 bytes; `rows` are then contiguous, for a tied head's embedding lookup). 1..256 rows of x (DENSE_ROWS)
 run the fused kernels, which read the weight once (the row form for the first rows, then a
-register-blocked form: kernels/products.py's BLOCKED_FROM, kernels/_numba.py their measurements); more rows (a long prompt) run BLAS
-on the same array, x @ Wt.T (at 512 rows 461 ms over GPT-2-124M's products against the blocked
-form's 485; quiet 2-core Zen 4, 2 threads).
+register-blocked form: kernels/products.py's BLOCKED_FROM, kernels/_numba.py their measurements);
+more rows (a long prompt) run BLAS on the same array, x @ Wt.T (at 512 rows 461 ms over GPT-2-124M's
+products against the blocked form's 485; quiet 2-core Zen 4, 2 threads).
 """
 
 from __future__ import annotations
