@@ -63,6 +63,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.threads < 1:
         ap.error("--rounds and --threads must be 1 or more")
+    from minillm.models.fused import DENSE_ROWS
+    if max(args.batch) > DENSE_ROWS[1]:                      # before any array is made
+        ap.error(f"--batch: at most {DENSE_ROWS[1]} rows of x, the fused forms' reach")
 
     import numba
     from minillm.kernels import _numba as K

@@ -643,6 +643,6 @@ def test_the_float_tiles_bench_explains_itself_and_refuses_bad_input():
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "float_tiles.py"
     r = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "6x4" in r.stdout and "BLOCKED_FROM" in r.stdout
-    for bad in ("0", "4,x"):
+    for bad in ("0", "4,x", "2305843009213693952"):           # 2**61 rows: refused before any array
         r = subprocess.run([sys.executable, str(path), "--batch", bad], capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and "--batch" in r.stderr and "Traceback" not in r.stderr, r.stderr
